@@ -1,0 +1,117 @@
+# Developer entry points. Everything runs from a project-local virtualenv at .venv that
+# this Makefile creates and installs itself, pinned by constraints.txt.
+#
+#   make test      lint, the whole test suite, and the docs build (if mkdocs.yml exists)
+#   make demo      end-to-end demo against the embedded gateway emulator
+#   make emulator  run the gateway emulator in the foreground (API key "demo")
+#   make lock      regenerate constraints.txt from a throwaway venv
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS := test,docs
+
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+EMULATOR_ARGS ?=
+BENCH_ARGS ?=
+
+LOCK_VENV := .cache/lock-venv
+
+# Quieter, reproducible pip runs.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_NO_INPUT := 1
+# mkdocs-material prints a banner about MkDocs 2.0 on every build.
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: help venv install test lint demo emulator bench lock clean distclean check-python
+
+help:
+	@echo "Targets:"
+	@echo "  make test      create $(VENV), install from constraints.txt, lint, run the tests, build the docs"
+	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
+	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
+	@echo "  make lint      ruff check"
+	@echo "  make bench     run the benchmarks (BENCH_ARGS=...)"
+	@echo "  make lock      regenerate constraints.txt"
+	@echo "  make clean     remove caches and build artefacts (distclean also removes $(VENV))"
+	@echo "Variables: PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS)"
+
+check-python:
+	@command -v "$(PYTHON)" >/dev/null 2>&1 || { \
+	  echo "error: '$(PYTHON)' not found; install Python 3.11+ or run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
+	@"$(PYTHON)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
+	  echo "error: Python 3.11+ is required, but $(PYTHON) is $$("$(PYTHON)" -c 'import platform; print(platform.python_version())')." >&2; \
+	  echo "       Run 'make PYTHON=/path/to/python3.11 ...'." >&2; exit 1; }
+
+# The interpreter of the venv; created once.
+$(BIN)/python:
+	@$(MAKE) --no-print-directory check-python
+	$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
+	  echo "error: $(VENV) does not run Python 3.11+; remove it ('make distclean') and retry." >&2; exit 1; }
+
+# (Re)installs when pyproject.toml or constraints.txt changes.
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+	@# No -q here: with mkdocs 1.6 it drops warnings before --strict can count them.
+	@if [ -f mkdocs.yml ]; then \
+	  echo "$(BIN)/mkdocs build --strict -d .cache/site"; \
+	  $(BIN)/mkdocs build --strict -d .cache/site; \
+	else \
+	  echo "mkdocs.yml not found; skipping the docs build"; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
+
+emulator: $(STAMP)
+	$(BIN)/systemzero-emulator --api-key demo $(EMULATOR_ARGS)
+
+bench: $(STAMP)
+	@if [ -d benchmarks ]; then \
+	  echo "$(BIN)/python -m benchmarks $(BENCH_ARGS)"; \
+	  $(BIN)/python -m benchmarks $(BENCH_ARGS); \
+	else \
+	  echo "error: no benchmarks/ directory" >&2; exit 1; \
+	fi
+
+# Resolves the newest versions allowed by pyproject.toml in a throwaway venv, then freezes them.
+lock: check-python
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	{ \
+	  echo "# Reproducible lock of every package the project installs: runtime plus the test and docs extras."; \
+	  echo "# Used as 'pip install -c constraints.txt -e \".[$(EXTRAS)]\"' by 'make install'."; \
+	  echo "# Regenerate with 'make lock' (resolves pyproject.toml unconstrained in a throwaway venv, then"; \
+	  echo "# 'pip freeze --exclude-editable'). Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; \
+	} > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
+	@echo "constraints.txt regenerated; run 'make test' to install and check it."
+
+clean:
+	rm -rf .cache .pytest_cache .ruff_cache .hypothesis site build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

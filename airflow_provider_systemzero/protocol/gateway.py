@@ -1,0 +1,604 @@
+"""The gateway side of one stream connection, as a pure state machine (WIRE.md §2–7).
+
+:class:`GatewaySession` holds no socket and reads no clock: the I/O adapter feeds it frames
+(:meth:`~GatewaySession.receive_text`), decide results (:meth:`~GatewaySession.dispatch_finished`)
+and the passage of time (:meth:`~GatewaySession.tick`, with :meth:`~GatewaySession.next_deadline`
+saying when to call it), and performs the actions it returns, in order:
+
+* :class:`SendMessage` — write one server message (already numbered with ``seq``);
+* :class:`DispatchDecide` — call the ordinary decide API with this body and key, then report the
+  outcome with :meth:`~GatewaySession.dispatch_finished`;
+* :class:`CloseConnection` — close the WebSocket with this code and reason (always last).
+
+Times are seconds on any monotonic origin.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from airflow_provider_systemzero.protocol.body import state_bytes
+from airflow_provider_systemzero.protocol.errors import (
+    ErrorEnvelope,
+    LocalProtocolError,
+    RemoteProtocolError,
+    RetryHint,
+)
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.messages import (
+    PROTOCOL,
+    Ack,
+    Decide,
+    Decision,
+    Error,
+    Goodbye,
+    Hello,
+    Mutation,
+    Ping,
+    Pong,
+    Scheduled,
+    ServerMessage,
+    Start,
+    StreamRequest,
+    decode_client_message,
+    event_id,
+)
+from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
+from airflow_provider_systemzero.protocol.state import StreamState, apply_mutation
+from airflow_provider_systemzero.protocol.validation import (
+    validate_decision_mode,
+    validate_idempotency_key,
+    validate_min_interval_ms,
+)
+
+__all__ = [
+    "CloseConnection",
+    "DecideFailure",
+    "DecideOutcome",
+    "DecideSuccess",
+    "DispatchDecide",
+    "GatewayAction",
+    "GatewaySession",
+    "Phase",
+    "SendMessage",
+    "is_automatically_retryable",
+]
+
+
+class Phase(enum.Enum):
+    """Where a gateway connection is."""
+
+    AWAITING_START = "awaiting_start"
+    OPEN = "open"
+    SHUTTING_DOWN = "shutting_down"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    """Write ``message`` as one text frame."""
+
+    message: ServerMessage
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchDecide:
+    """Call the decide API (``POST`` ``body`` with ``Idempotency-Key: idempotency_key``)."""
+
+    dispatch_id: int
+    state_version: int
+    body: str
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Close the WebSocket with ``code`` and ``reason``."""
+
+    code: int
+    reason: str
+
+
+GatewayAction: TypeAlias = SendMessage | DispatchDecide | CloseConnection
+
+
+@dataclass(frozen=True, slots=True)
+class DecideSuccess:
+    """A decide call answered 200 with ``reply``."""
+
+    reply: dict[str, Any]
+    request_id: str
+    decide_ms: float = 0
+    http_status: int = 200
+    server_timing: Any = None
+    latency_ms: Any = None
+    rate_limit: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecideFailure:
+    """A decide call failed with an HTTP status and the API's error envelope."""
+
+    http_status: int
+    envelope: ErrorEnvelope
+    retry: RetryHint
+    request_id: str
+
+
+DecideOutcome: TypeAlias = DecideSuccess | DecideFailure
+
+
+def is_automatically_retryable(failure: DecideFailure) -> bool:
+    """Whether on_change re-dispatches after this failure (public document: a 429, a 503 other
+    than ``maintenance``, or a 409 ``idempotency_conflict``, with retry permitted)."""
+    if not failure.retry.retryable:
+        return False
+    if failure.http_status == 429:
+        return True
+    if failure.http_status == 503:
+        return failure.envelope.code != "maintenance"
+    return failure.http_status == 409 and failure.envelope.code == "idempotency_conflict"
+
+
+#: Delay before an automatic retry when a retryable failure names none.
+DEFAULT_RETRY_DELAY_MS = 1000
+
+
+@dataclass(slots=True)
+class _InFlight:
+    dispatch_id: int
+    state_version: int
+    started: float
+    queue_ms: float
+
+
+class GatewaySession:
+    """The gateway's state machine for one stream connection.
+
+    :param stream_id: ``szws_`` + 32 lowercase hex.
+    :param now: the time the connection opened (seconds).
+    :param limits: the limits to advertise and enforce.
+    :param request_id: the ``request_id`` of ``hello``.
+    :param rate_limit: the ``rate_limit`` object of ``hello`` (``None``).
+    """
+
+    def __init__(self, *, stream_id: str, now: float, limits: Limits | None = None,
+                 request_id: str | None = None, rate_limit: dict[str, Any] | None = None) -> None:
+        self.stream_id = stream_id
+        self.limits = limits or Limits()
+        self.phase = Phase.AWAITING_START
+        self.opened_at = now
+        self.request: StreamRequest | None = None
+        self.decision_mode: str | None = None
+        self.min_interval_ms = 0
+        self.stream_state: StreamState | None = None
+        self.state_version = 0
+        self.idempotency_key: str | None = None
+        self.body: str | None = None
+        self.success_watermark = 0
+        self.frozen_version = 0
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+        # counters for stats
+        self.accepted_events = 0
+        self.rejections = 0
+        self.refusal_count = 0
+        self.dispatches = 0
+        lim = self.limits
+        self._seq = 0
+        self._actions: list[GatewayAction] = []
+        self._start_deadline = now + lim.start_timeout_ms / 1000
+        self._end_at = now + lim.max_duration_ms / 1000
+        self._last_activity = now
+        self._refusals: deque[float] = deque()
+        self._event_bucket = TokenBucket(lim.max_events_per_second, max(1, lim.event_burst), now)
+        self._message_bucket = TokenBucket(lim.max_messages_per_second, max(1, lim.message_burst), now)
+        self._in_flight: _InFlight | None = None
+        self._dispatch_ids = 0
+        self._pending_intent = False
+        self._pending_since = now
+        self._last_dispatch_start: float | None = None
+        self._retry_at: float | None = None
+        self._failures = 0
+        self._failures_version = 0
+        self._nonce = 0
+        self._next_ping = now + lim.heartbeat_interval_ms / 1000
+        self._pongs_due: dict[int, float] = {}
+        self._settle_deadline: float | None = None
+        self._shutdown_retry_after_ms: int | None = None
+        self._emit(Hello(stream_id, self._next_seq(), PROTOCOL, request_id or self._request_id(1),
+                         self.limits, rate_limit))
+
+    # ------------------------------------------------------------------ outputs
+
+    def actions(self) -> list[GatewayAction]:
+        """Take the actions produced so far, in the order they must be performed."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session has asked for (or seen) the end of the connection."""
+        return self.phase is Phase.CLOSED
+
+    @property
+    def decide_in_flight(self) -> bool:
+        """Whether a decide call is running."""
+        return self._in_flight is not None
+
+    @property
+    def pending_events(self) -> int:
+        """Accepted events not yet frozen into a dispatch."""
+        return self.state_version - self.frozen_version
+
+    def next_deadline(self) -> float | None:
+        """The next time :meth:`tick` has something to do, or ``None``."""
+        if self.closed:
+            return None
+        times = [self._end_at]
+        if self.phase is Phase.AWAITING_START:
+            times.append(self._start_deadline)
+        times.append(self._next_ping)
+        times.extend(self._pongs_due.values())
+        if self.phase is Phase.OPEN and self._in_flight is None and not self._pending_intent:
+            times.append(self._last_activity + self.limits.idle_timeout_ms / 1000)
+        if self.phase is Phase.OPEN and self._pending_intent and self._in_flight is None:
+            times.append(self._eligible_at())
+        if self._settle_deadline is not None:
+            times.append(self._settle_deadline)
+        return min(times)
+
+    # ------------------------------------------------------------------ inputs
+
+    def receive_text(self, text: str, now: float) -> list[GatewayAction]:
+        """Handle one text frame from the client."""
+        self._run_timers(now)
+        if self.closed:
+            return self.actions()
+        if len(text.encode("utf-8")) > self.limits.max_message_bytes:
+            self._close(1009, "message too big")
+            return self.actions()
+        if not self._message_bucket.try_take(now):
+            self._refuse("message_rate_limited",
+                         f"more than {self.limits.max_messages_per_second} messages per second "
+                         f"(burst {self.limits.message_burst}): slow down", now, kind="rate_limit_error")
+            return self.actions()
+        try:
+            message = decode_client_message(text)
+        except RemoteProtocolError as exc:
+            self._refuse(exc.code, exc.message, now)
+            return self.actions()
+        if not isinstance(message, Pong):
+            self._last_activity = now
+        if isinstance(message, Pong):
+            self._on_pong(message)
+        elif isinstance(message, Decide):
+            self._on_decide(message, now)
+        else:
+            self._on_mutation(message, now)
+        self._maybe_dispatch(now)
+        return self.actions()
+
+    def receive_binary(self, now: float) -> list[GatewayAction]:
+        """Handle a binary frame (always a protocol refusal)."""
+        self._run_timers(now)
+        if not self.closed:
+            self._refuse("invalid_message", "binary frames are not allowed: send text JSON messages", now)
+        return self.actions()
+
+    def ping_written(self, nonce: int, now: float) -> None:
+        """The write of JSON ping ``nonce`` completed: the pong is due ``pong_timeout_ms`` from now."""
+        if nonce in self._pongs_due:
+            self._pongs_due[nonce] = now + self.limits.pong_timeout_ms / 1000
+
+    def dispatch_finished(self, dispatch_id: int, outcome: DecideOutcome, now: float) -> list[GatewayAction]:
+        """Report the outcome of a :class:`DispatchDecide`."""
+        flight = self._in_flight
+        if self.closed or flight is None or flight.dispatch_id != dispatch_id:
+            return self.actions()
+        self._in_flight = None
+        self._last_activity = now
+        if isinstance(outcome, DecideSuccess):
+            covered = tuple(event_id(n) for n in range(self.success_watermark + 1, flight.state_version + 1))
+            self.success_watermark = flight.state_version
+            self._failures = 0
+            self._emit(Decision(self.stream_id, self._next_seq(), flight.state_version, covered, outcome.reply,
+                                outcome.request_id, outcome.http_status, outcome.server_timing,
+                                outcome.latency_ms, outcome.rate_limit, round(flight.queue_ms),
+                                round(outcome.decide_ms)))
+        else:
+            self._on_failure(flight, outcome, now)
+        if self.phase is Phase.SHUTTING_DOWN:
+            self._finish_shutdown()
+        else:
+            self._run_timers(now)
+        return self.actions()
+
+    def tick(self, now: float) -> list[GatewayAction]:
+        """Handle every timer due at ``now``."""
+        self._run_timers(now)
+        return self.actions()
+
+    def _run_timers(self, now: float) -> None:
+        if self.closed:
+            return
+        lim = self.limits
+        if self.phase is Phase.AWAITING_START and now >= self._start_deadline:
+            self._error("start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)",
+                        fatal=True)
+            self._close(1008, "start_timeout")
+            return
+        if now >= self._end_at:
+            self._goodbye("max_duration", 0)
+            self._close(1000, "max_duration")
+            return
+        if any(due <= now for due in self._pongs_due.values()):
+            self._close(1013, "slow_reader")
+            return
+        if self._settle_deadline is not None and now >= self._settle_deadline:
+            self._in_flight = None
+            self._finish_shutdown()
+            return
+        if (self.phase is Phase.OPEN and self._in_flight is None and not self._pending_intent
+                and now >= self._last_activity + lim.idle_timeout_ms / 1000):
+            self._goodbye("idle_timeout", 0)
+            self._close(1000, "idle_timeout")
+            return
+        if now >= self._next_ping:
+            self._next_ping = now + lim.heartbeat_interval_ms / 1000
+            if len(self._pongs_due) < max(1, lim.max_pending_probes):
+                self._nonce += 1
+                self._pongs_due[self._nonce] = now + lim.pong_timeout_ms / 1000
+                self._emit(Ping(self.stream_id, self._next_seq(), self._nonce))
+        self._maybe_dispatch(now)
+
+    def begin_shutdown(self, now: float, retry_after_ms: int) -> list[GatewayAction]:
+        """Start the shutdown sequence: mutations are still acknowledged with ``scheduled: false``,
+        an in-flight decide gets up to ``decision_settlement_timeout`` to settle, then ``goodbye``
+        ``shutdown`` and close 1012.
+
+        :param retry_after_ms: the delay advertised in ``goodbye.resume.retry_after_ms``.
+        """
+        if self.closed or self.phase is Phase.SHUTTING_DOWN:
+            return self.actions()
+        self._shutdown_retry_after_ms = retry_after_ms
+        self.phase = Phase.SHUTTING_DOWN
+        self._pending_intent = False
+        self._retry_at = None
+        if self._in_flight is None:
+            self._finish_shutdown()
+        else:
+            self._settle_deadline = now + self.limits.decision_settlement_timeout_ms / 1000
+        return self.actions()
+
+    def send_queue_report(self, *, queued_bytes: int, queued_frames: int, write_stalled_for: float,
+                          now: float) -> list[GatewayAction]:
+        """Enforce the send-queue limits (``max_send_queue_bytes``/``_frames``,
+        ``write_progress_timeout``): close 1013 ``slow_reader`` when one is exceeded.
+
+        :param queued_bytes: bytes written but not yet taken by the transport.
+        :param queued_frames: frames waiting to be written.
+        :param write_stalled_for: seconds since the transport last made write progress while data waited.
+        """
+        lim = self.limits
+        if not self.closed and (queued_bytes > lim.max_send_queue_bytes or queued_frames > lim.max_send_queue_frames
+                                or write_stalled_for >= lim.write_progress_timeout_ms / 1000):
+            self._close(1013, "slow_reader")
+        return self.actions()
+
+    def connection_lost(self) -> None:
+        """The transport is gone; nothing more will be sent."""
+        if not self.closed:
+            self.phase = Phase.CLOSED
+            self._in_flight = None
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_pong(self, message: Pong) -> None:
+        if self._pongs_due.pop(message.nonce, None) is None:
+            self._reject(LocalProtocolError(f"pong.nonce {message.nonce} answers no outstanding ping",
+                                            code="unexpected_pong", field="nonce"), None)
+
+    def _on_decide(self, message: Decide, now: float) -> None:
+        if self.phase is Phase.AWAITING_START:
+            self._reject(LocalProtocolError("decide before start: send start (evt_1) first",
+                                            code="start_required", field="type"), None)
+            return
+        if self.decision_mode != "on_request":
+            self._reject(LocalProtocolError("decide is only for on_request streams; this stream decides on_change",
+                                            code="decide_not_allowed", field="type"), None)
+            return
+        if self.phase is Phase.SHUTTING_DOWN:
+            self._reject(LocalProtocolError("decide during shutdown: the gateway starts no more decides on this "
+                                            "connection; reconnect and replay", code="shutting_down",
+                                            field="type"), None,
+                         retry=RetryHint(True, self._shutdown_retry_after_ms))
+            return
+        if message.state_version != self.state_version:
+            self._reject(LocalProtocolError(
+                f"decide.state_version {message.state_version} is not the current accepted version "
+                f"{self.state_version}: decide must name the current accepted version",
+                code="stale_state_version", field="state_version"), None)
+            return
+        self._emit(Scheduled(self.stream_id, self._next_seq(), message.state_version, self._in_flight is not None))
+        if not self._pending_intent:
+            self._pending_intent = True
+            self._pending_since = now
+
+    def _on_mutation(self, message: Mutation, now: float) -> None:
+        eid = message.event_id
+        if isinstance(message, Start):
+            if self.phase is not Phase.AWAITING_START:
+                self._reject(LocalProtocolError("start was already accepted on this connection: questions, "
+                                                "routing, scheduling and the cache key stay fixed; reconnect "
+                                                "to change them", code="already_started", field="type"), eid)
+                return
+        elif self.phase is Phase.AWAITING_START:
+            self._reject(LocalProtocolError(f"{message.TYPE} before start: send start (evt_1) first",
+                                            code="start_required", field="type"), eid)
+            return
+        expected = event_id(self.state_version + 1)
+        if eid != expected:
+            self._reject(LocalProtocolError(
+                f"event_id {eid!r} is out of sequence: the next event ID is {expected!r} "
+                "(IDs are precisely evt_1, evt_2, … and a rejected update leaves the next ID available)",
+                code="event_id_out_of_sequence", field="event_id"), eid)
+            return
+        if self.state_version >= self.limits.max_events:
+            self._error("event_limit", f"the stream reached max_events ({self.limits.max_events}); reconnect and "
+                        "replay the full state", fatal=True, event_id_=eid)
+            self._goodbye("event_limit", 0)
+            self._close(1008, "event_limit")
+            return
+        try:
+            key = None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
+            request, mode, min_interval = self.request, self.decision_mode, self.min_interval_ms
+            if isinstance(message, Start):
+                message.request.validate()
+                request = message.request
+                mode = validate_decision_mode(message.decision_mode)
+                min_interval = validate_min_interval_ms(message.min_interval_ms,
+                                                        maximum=self.limits.maximum_decision_interval_ms) or 0
+            new_state = apply_mutation(self.stream_state, message)
+            assert request is not None
+            body = request.decide_body(new_state.state, new_state.attachments, stream_id=self.stream_id)
+            body_bytes = len(body.encode("utf-8"))
+            if body_bytes > self.limits.max_decide_body_bytes:
+                raise LocalProtocolError(
+                    f"{message.TYPE} would make the decide body {body_bytes} bytes: the synthesized body may not "
+                    f"exceed max_decide_body_bytes ({self.limits.max_decide_body_bytes})",
+                    code="decide_body_too_large", field="state")
+            if self.pending_events >= self.limits.max_pending_events:
+                raise LocalProtocolError(
+                    f"{self.pending_events} accepted events wait for a dispatch: at most max_pending_events "
+                    f"({self.limits.max_pending_events}) may wait", code="too_many_pending_events", field="event_id")
+        except LocalProtocolError as exc:
+            self._reject(exc, eid)
+            return
+        if not self._event_bucket.try_take(now):
+            delay_ms = math.ceil(self._event_bucket.delay(now) * 1000)
+            self._reject(LocalProtocolError(
+                f"more than {self.limits.max_events_per_second} accepted mutations per second "
+                f"(burst {self.limits.event_burst}): retry after {delay_ms} ms",
+                code="event_rate_limited", field="event_id"), eid, retry=RetryHint(True, delay_ms),
+                kind="rate_limit_error")
+            return
+        # accept
+        if isinstance(message, Start):
+            self.request, self.decision_mode, self.min_interval_ms = request, mode, min_interval
+            self.phase = Phase.OPEN if self.phase is Phase.AWAITING_START else self.phase
+        self.stream_state = new_state
+        self.state_version += 1
+        self.idempotency_key = key
+        self.body = body
+        self.accepted_events += 1
+        scheduled = self.decision_mode == "on_change" and self.phase is Phase.OPEN
+        self._emit(Ack(self.stream_id, self._next_seq(), eid, self.state_version,
+                       state_bytes(new_state.state), body_bytes, scheduled))
+        if scheduled and not self._pending_intent:
+            self._pending_intent = True
+            self._pending_since = now
+
+    def _on_failure(self, flight: _InFlight, failure: DecideFailure, now: float) -> None:
+        fatal = False
+        delay_ms = failure.retry.retry_after_ms
+        retry = (self.decision_mode == "on_change" and self.phase is Phase.OPEN
+                 and is_automatically_retryable(failure))
+        if retry:
+            if self._failures_version == flight.state_version:
+                self._failures += 1
+            else:
+                self._failures, self._failures_version = 1, flight.state_version
+            delay_ms = DEFAULT_RETRY_DELAY_MS if delay_ms is None else delay_ms
+            remaining_ms = (self._end_at - now) * 1000
+            fatal = self._failures >= self.limits.consecutive_retryable_failures or delay_ms >= remaining_ms
+        self._emit(Error(self.stream_id, self._next_seq(), None, flight.state_version, failure.http_status,
+                         failure.request_id, fatal, failure.envelope, failure.retry))
+        if fatal:
+            self._goodbye("overload", delay_ms)
+            self._close(1013, "overload")
+        elif retry:
+            assert delay_ms is not None
+            self._retry_at = now + delay_ms / 1000
+            if not self._pending_intent:
+                self._pending_intent = True
+                self._pending_since = now
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _eligible_at(self) -> float:
+        at = self._retry_at or 0.0
+        if self._last_dispatch_start is not None:
+            at = max(at, self._last_dispatch_start + self.min_interval_ms / 1000)
+        return at
+
+    def _maybe_dispatch(self, now: float) -> None:
+        if (self.phase is not Phase.OPEN or self._in_flight is not None or not self._pending_intent
+                or now < self._eligible_at()):
+            return
+        assert self.body is not None
+        self._dispatch_ids += 1
+        self._in_flight = _InFlight(self._dispatch_ids, self.state_version, now,
+                                    (now - self._pending_since) * 1000)
+        self.frozen_version = self.state_version
+        self._pending_intent = False
+        self._retry_at = None
+        self._last_dispatch_start = now
+        self.dispatches += 1
+        self._actions.append(DispatchDecide(self._dispatch_ids, self.state_version, self.body,
+                                            self.idempotency_key))
+
+    # ------------------------------------------------------------------ emitting
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _request_id(self, seq: int) -> str:
+        return f"req_{self.stream_id.removeprefix('szws_')}_{seq}"
+
+    def _emit(self, message: ServerMessage) -> None:
+        self._actions.append(SendMessage(message))
+
+    def _error(self, code: str, message: str, *, fatal: bool, event_id_: str | None = None,
+               retry: RetryHint | None = None, kind: str = "invalid_request_error") -> None:
+        seq = self._next_seq()
+        self._emit(Error(self.stream_id, seq, event_id_, self.state_version or None, None,
+                         self._request_id(seq), fatal, ErrorEnvelope(kind, code, message),
+                         retry or RetryHint(False)))
+
+    def _reject(self, exc: LocalProtocolError, event_id_: str | None, *, retry: RetryHint | None = None,
+                kind: str = "invalid_request_error") -> None:
+        self.rejections += 1
+        self._error(exc.code, exc.message, fatal=False, event_id_=event_id_, retry=retry, kind=kind)
+
+    def _refuse(self, code: str, message: str, now: float, *, kind: str = "invalid_request_error") -> None:
+        self.refusal_count += 1
+        window = self.limits.protocol_refusal_window_ms / 1000
+        self._refusals.append(now)
+        while self._refusals and self._refusals[0] <= now - window:
+            self._refusals.popleft()
+        fatal = len(self._refusals) >= self.limits.protocol_refusal_limit
+        self._error(code, message, fatal=fatal, kind=kind)
+        if fatal:
+            self._close(1008, "protocol_refusal_limit")
+
+    def _goodbye(self, reason: str, retry_after_ms: int | None) -> None:
+        self._emit(Goodbye(self.stream_id, self._next_seq(), reason, self.state_version or None,
+                           self.success_watermark or None, retry_after_ms))
+
+    def _finish_shutdown(self) -> None:
+        self._settle_deadline = None
+        self._goodbye("shutdown", self._shutdown_retry_after_ms)
+        self._close(1012, "shutdown")
+
+    def _close(self, code: int, reason: str) -> None:
+        self.phase = Phase.CLOSED
+        self.close_code, self.close_reason = code, reason
+        self._pongs_due.clear()
+        self._actions.append(CloseConnection(code, reason))
+

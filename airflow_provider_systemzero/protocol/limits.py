@@ -1,0 +1,109 @@
+"""Every limit of the public System Zero stream document, with its defaults.
+
+The gateway advertises the first group in ``hello.limits`` (the object of the public example,
+in that order). The second group are service rules the document states but ``hello`` does not
+carry; they are fixed for protocol v1 and used by both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+
+__all__ = ["ADVERTISED_LIMITS", "Limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Stream limits; defaults are the public document's numbers. Times are milliseconds."""
+
+    # --- advertised in hello.limits (public example order) ---
+    max_duration_ms: int = 3_600_000
+    idle_timeout_ms: int = 120_000
+    start_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 30_000
+    native_heartbeat_interval_ms: int = 10_000
+    receipt_timeout_ms: int = 240_000
+    max_control_queue_frames: int = 2
+    pong_timeout_ms: int = 10_000
+    max_message_bytes: int = 4_194_304
+    max_decide_body_bytes: int = 3_665_920
+    max_pending_events: int = 4096
+    max_events: int = 100_000
+    max_events_per_second: int = 5
+    max_send_queue_bytes: int = 4_194_304
+    max_send_queue_frames: int = 64
+    min_interval_ms: int = 0
+    event_burst: int = 10
+    max_messages_per_second: int = 40
+    message_burst: int = 80
+    max_streams_per_process: int = 4
+    max_native_control_frames_per_second: int = 8
+    native_control_frame_burst: int = 16
+    max_native_control_bytes_per_second: int = 512
+    native_control_byte_burst: int = 1024
+    # --- service rules stated by the document, not advertised ---
+    maximum_decision_interval_ms: int = 60_000
+    mutation_burst: int = 10
+    application_message_rate: int = 40
+    application_message_burst: int = 80
+    max_pending_probes: int = 2
+    write_progress_timeout_ms: int = 5_000
+    decision_settlement_timeout_ms: int = 5_000
+    close_handshake_timeout_ms: int = 5_000
+    consecutive_retryable_failures: int = 3
+    protocol_refusal_limit: int = 3
+    protocol_refusal_window_ms: int = 60_000
+    account_decision_burst: int = 5
+    account_decision_ceiling_per_minute: int = 60
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"limit {f.name} must be a non-negative integer, got {value!r}")
+
+    def advertised(self) -> dict[str, int]:
+        """The ``hello.limits`` object, in the public example's key order."""
+        return {name: getattr(self, name) for name in ADVERTISED_LIMITS}
+
+    def replace(self, **changes: int) -> Limits:
+        """A copy with some limits changed (the emulator shrinks timeouts for tests).
+
+        :param changes: limit name → new value.
+        """
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hello(cls, data: Any) -> Limits:
+        """Parse ``hello.limits`` strictly.
+
+        Unknown keys (a newer gateway) are ignored; the non-advertised rules keep their
+        document values.
+
+        :raises RemoteProtocolError: a refusal naming the field when a known limit is missing
+            or not a non-negative integer.
+        """
+        if not isinstance(data, Mapping):
+            raise RemoteProtocolError("hello.limits must be an object", code="invalid_message",
+                                      field="limits", refusal=True)
+        values: dict[str, int] = {}
+        for name in ADVERTISED_LIMITS:
+            value = data.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise RemoteProtocolError(
+                    f"hello.limits.{name} must be a non-negative integer, got {value!r}",
+                    code="invalid_message",
+                    field=f"limits.{name}",
+                    refusal=True,
+                )
+            values[name] = value
+        return cls(**values)
+
+
+#: Names of the limits the gateway advertises in ``hello``, in the public example's order.
+ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits))[:24]

@@ -1,0 +1,146 @@
+"""A typed view of the ordinary decide reply that ``decision`` messages embed.
+
+The reply keeps the shape of the public example: ``id`` (``szd_`` + 32 hex), ``model``,
+``served_by``, ``created``, ``context``, ``answers`` (name → answer with ``probability``,
+``confidence``, ``calibration_version``, ``decision``, ``alternatives``, ``calibrated``) and
+``usage``. :class:`DecisionResult` reads it leniently (a missing number is ``None``), keeps the raw
+reply, and converts to a small JSON summary for trigger events and XCom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_systemzero.protocol.messages import Decision
+
+__all__ = ["USAGE_FIELDS", "Answer", "DecisionResult"]
+
+#: The counters of ``reply.usage``.
+USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "media_tokens", "long_input_tokens", "media_items",
+                "thought_tokens")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One question's answer.
+
+    :param name: the question name.
+    :param type: ``boolean`` or ``choice``.
+    :param decision: ``True``/``False`` for boolean questions, the chosen option for choice questions.
+    :param probability: the model's probability for ``decision`` (``None`` if not reported).
+    :param confidence: the calibrated confidence (``None`` if not reported: treat as uncertain).
+    :param alternatives: the other answers, each ``{"decision", "confidence"}``, best first.
+    :param calibrated: whether ``confidence`` is calibrated.
+    :param calibration_version: the calibration's version label.
+    """
+
+    name: str
+    type: str
+    decision: Any
+    probability: float | None
+    confidence: float | None
+    alternatives: tuple[dict[str, Any], ...] = ()
+    calibrated: bool | None = None
+    calibration_version: str | None = None
+
+    @classmethod
+    def from_reply(cls, name: str, data: Mapping[str, Any]) -> Answer:
+        """Read one entry of ``reply.answers``."""
+        alternatives = data.get("alternatives")
+        return cls(
+            name=name,
+            type=str(data.get("type", "")),
+            decision=data.get("decision"),
+            probability=_number(data.get("probability")),
+            confidence=_number(data.get("confidence")),
+            alternatives=tuple(a for a in alternatives if isinstance(a, Mapping)) if isinstance(alternatives, list)
+            else (),
+            calibrated=data.get("calibrated") if isinstance(data.get("calibrated"), bool) else None,
+            calibration_version=data.get("calibration_version")
+            if isinstance(data.get("calibration_version"), str) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"type": self.type, "decision": self.decision, "probability": self.probability,
+                "confidence": self.confidence, "alternatives": [dict(a) for a in self.alternatives],
+                "calibrated": self.calibrated, "calibration_version": self.calibration_version}
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionResult:
+    """A decision: the typed answers plus where it stands in the stream.
+
+    :param reply: the raw decide reply.
+    :param state_version: the version it covers (the coverage watermark).
+    :param covered_event_ids: the events newly covered by this dispatch.
+    :param request_id: the decide call's request ID.
+    :param stream_id: the stream that delivered it.
+    :param answers: question name → :class:`Answer`.
+    """
+
+    reply: dict[str, Any]
+    state_version: int
+    covered_event_ids: tuple[str, ...]
+    request_id: str
+    stream_id: str
+    answers: Mapping[str, Answer] = field(default_factory=dict)
+
+    @classmethod
+    def from_message(cls, message: Decision) -> DecisionResult:
+        """Build from a ``decision`` message."""
+        raw = message.reply.get("answers")
+        answers = {name: Answer.from_reply(name, value) for name, value in raw.items()
+                   if isinstance(value, Mapping)} if isinstance(raw, Mapping) else {}
+        return cls(reply=message.reply, state_version=message.state_version,
+                   covered_event_ids=tuple(message.covered_event_ids), request_id=message.request_id,
+                   stream_id=message.stream_id, answers=answers)
+
+    @property
+    def reply_id(self) -> str | None:
+        """``reply.id`` (``szd_…``)."""
+        value = self.reply.get("id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def model(self) -> str | None:
+        """``reply.model``."""
+        value = self.reply.get("model")
+        return value if isinstance(value, str) else None
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """``reply.usage`` counters (missing ones are 0)."""
+        raw = self.reply.get("usage")
+        raw = raw if isinstance(raw, Mapping) else {}
+        return {key: int(raw[key]) if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) else 0
+                for key in USAGE_FIELDS}
+
+    def answer(self, question: str) -> Answer:
+        """The answer to ``question``.
+
+        :raises KeyError: naming the question and the answers present.
+        """
+        try:
+            return self.answers[question]
+        except KeyError:
+            raise KeyError(f"the reply has no answer for question {question!r}; "
+                           f"answers: {sorted(self.answers)}") from None
+
+    def decisions(self) -> dict[str, Any]:
+        """``{question: decision}`` for every answer."""
+        return {name: answer.decision for name, answer in self.answers.items()}
+
+    def to_summary(self) -> dict[str, Any]:
+        """A small JSON summary (no state content): for trigger events, XCom and logs."""
+        return {"reply_id": self.reply_id, "model": self.model, "state_version": self.state_version,
+                "covered_event_ids": list(self.covered_event_ids), "request_id": self.request_id,
+                "answers": {name: a.to_dict() for name, a in self.answers.items()}, "usage": self.usage}

@@ -1,0 +1,253 @@
+"""Value rules of the stream protocol (public document "Shared fields"; WIRE.md §2–3).
+
+Each function raises :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError`
+with a message that names the field, the problem and the rule, and returns the (normalised)
+value when it is valid. The client calls them before anything is sent; the gateway calls them
+on received messages and turns a failure into a rejection.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+
+__all__ = [
+    "DECISION_MODES",
+    "MODES",
+    "QUESTION_TYPES",
+    "ROUTES",
+    "validate_attachment_name",
+    "validate_data_url",
+    "validate_decision_mode",
+    "validate_idempotency_key",
+    "validate_min_interval_ms",
+    "validate_model",
+    "validate_prompt_cache_key",
+    "validate_question_name",
+    "validate_route_and_mode",
+    "validate_state",
+]
+
+QUESTION_TYPES = ("boolean", "choice")
+ROUTES = ("direct", "committee")
+MODES = ("fast", "deliberate")
+DECISION_MODES = ("on_change", "on_request")
+MAX_NAME_LENGTH = 64
+MAX_KEY_LENGTH = 255
+MAXIMUM_DECISION_INTERVAL_MS = 60_000
+
+_QUESTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ATTACHMENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
+_MIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*\Z")
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*\Z")
+
+
+def _fail(field: str, problem: str, rule: str, code: str) -> LocalProtocolError:
+    return LocalProtocolError(f"{field} {problem}: {rule}", code=code, field=field)
+
+
+def validate_question_name(name: Any, *, field: str = "question name") -> str:
+    """Check a question name: at most 64 ASCII letters, digits and underscores, starting with a
+    letter or underscore.
+
+    :param name: the name.
+    :param field: how to name the field in the error.
+    """
+    rule = "question names use at most 64 ASCII letters, digits and underscores, starting with a letter or underscore"
+    if not isinstance(name, str):
+        raise _fail(field, f"must be a string, got {type(name).__name__}", rule, "invalid_question_name")
+    label = f"{field} {name!r}"
+    if not name:
+        raise _fail(label, "is empty", rule, "invalid_question_name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise _fail(label, f"is {len(name)} characters long", rule, "invalid_question_name")
+    if not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
+        raise LocalProtocolError(
+            f"{label} must start with a letter or underscore: {rule}", code="invalid_question_name", field=field
+        )
+    if not _QUESTION_NAME.match(name):
+        raise _fail(label, "contains a character other than an ASCII letter, digit or underscore", rule,
+                    "invalid_question_name")
+    return name
+
+
+def validate_attachment_name(name: Any, *, field: str = "attachment name") -> str:
+    """Check an attachment name: at most 64 ASCII letters, digits, underscores or hyphens,
+    starting with a letter.
+
+    :param name: the name.
+    :param field: how to name the field in the error.
+    """
+    rule = "attachment names use at most 64 ASCII letters, digits, underscores or hyphens, starting with a letter"
+    if not isinstance(name, str):
+        raise _fail(field, f"must be a string, got {type(name).__name__}", rule, "invalid_attachment_name")
+    label = f"{field} {name!r}"
+    if not name:
+        raise _fail(label, "is empty", rule, "invalid_attachment_name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise _fail(label, f"is {len(name)} characters long", rule, "invalid_attachment_name")
+    if not (name[0].isascii() and name[0].isalpha()):
+        raise LocalProtocolError(f"{label} must start with a letter: {rule}", code="invalid_attachment_name",
+                                 field=field)
+    if not _ATTACHMENT_NAME.match(name):
+        raise _fail(label, "contains a character other than an ASCII letter, digit, underscore or hyphen", rule,
+                    "invalid_attachment_name")
+    return name
+
+
+def validate_data_url(data: Any, *, field: str = "attachment data") -> str:
+    """Check an inline attachment: ``data:<mime>;base64,<payload>`` with a valid base64 payload.
+
+    The MIME type lives in the data URL; there is no separate MIME field.
+
+    :param data: the data URL.
+    :param field: how to name the field in the error.
+    """
+    rule = "inline attachment data is a data URL 'data:<mime>;base64,<payload>'"
+    if not isinstance(data, str):
+        raise _fail(field, f"must be a string, got {type(data).__name__}", rule, "invalid_attachment")
+    if not data.startswith("data:"):
+        raise _fail(field, "does not start with 'data:'", rule, "invalid_attachment")
+    header, sep, payload = data[5:].partition(",")
+    if not sep:
+        raise _fail(field, "has no ',' before the payload", rule, "invalid_attachment")
+    mime, sep, encoding = header.partition(";")
+    if not sep or encoding != "base64":
+        raise _fail(field, "is not base64-encoded (';base64' missing)", rule, "invalid_attachment")
+    if not _MIME.match(mime):
+        raise _fail(field, f"has an invalid MIME type {mime!r}", rule, "invalid_attachment")
+    if not payload:
+        raise _fail(field, "has an empty payload", rule, "invalid_attachment")
+    try:
+        base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise _fail(field, "has a payload that is not valid base64", rule, "invalid_attachment") from None
+    return data
+
+
+def validate_attachments(
+    attachments: Any, *, field: str = "attachments", existing: Iterable[str] = (), allow_empty: bool = True
+) -> list[dict[str, str]]:
+    """Check a list of attachments ``{"name", "data"}``: valid names, unique (also against
+    ``existing`` names), valid data URLs.
+
+    :param attachments: the list.
+    :param field: how to name the field in the error.
+    :param existing: names already present (for ``append_attachments``).
+    :param allow_empty: whether ``[]`` is allowed (``replace``: yes; ``append_attachments``: no).
+    :return: the attachments as plain dicts, in order.
+    """
+    if not isinstance(attachments, list | tuple):
+        raise LocalProtocolError(f"{field} must be an array of attachments, got {type(attachments).__name__}",
+                                 code="invalid_attachment", field=field)
+    if not attachments and not allow_empty:
+        raise LocalProtocolError(f"{field} must not be empty: append_attachments carries at least one attachment",
+                                 code="invalid_attachment", field=field)
+    seen = set(existing)
+    result = []
+    for index, item in enumerate(attachments):
+        where = f"{field}[{index}]"
+        if not isinstance(item, Mapping):
+            raise LocalProtocolError(f"{where} must be an object with 'name' and 'data'",
+                                     code="invalid_attachment", field=where)
+        extra = set(item) - {"name", "data"}
+        if extra:
+            raise LocalProtocolError(
+                f"{where} has unknown field(s) {sorted(extra)}: an attachment is {{name, data}}; "
+                "the MIME type lives in the data URL", code="invalid_attachment", field=where)
+        name = validate_attachment_name(item.get("name"), field=f"{where}.name")
+        if name in seen:
+            raise LocalProtocolError(f"{where}.name {name!r} is used twice: attachment names must be unique",
+                                     code="duplicate_attachment_name", field=f"{where}.name")
+        seen.add(name)
+        result.append({"name": name, "data": validate_data_url(item.get("data"), field=f"{where}.data")})
+    return result
+
+
+def validate_idempotency_key(key: Any, *, field: str = "idempotency_key") -> str:
+    """Check an idempotency key: 1 to 255 printable ASCII characters after trimming surrounding
+    ASCII spaces.
+
+    :param key: the key.
+    :param field: how to name the field in the error.
+    :return: the trimmed key (the value sent as ``Idempotency-Key``).
+    """
+    rule = "idempotency keys contain 1 to 255 printable ASCII characters after trimming surrounding ASCII spaces"
+    if not isinstance(key, str):
+        raise _fail(field, f"must be a string, got {type(key).__name__}", rule, "invalid_idempotency_key")
+    trimmed = key.strip(" ")
+    if not trimmed:
+        raise _fail(field, "is empty after trimming spaces", rule, "invalid_idempotency_key")
+    if len(trimmed) > MAX_KEY_LENGTH:
+        raise _fail(field, f"is {len(trimmed)} characters long", rule, "invalid_idempotency_key")
+    if not _PRINTABLE_ASCII.match(trimmed):
+        raise _fail(field, "contains a character that is not printable ASCII", rule, "invalid_idempotency_key")
+    return trimmed
+
+
+def validate_route_and_mode(route: Any, mode: Any) -> tuple[str | None, str | None]:
+    """Check ``route`` (``direct``/``committee``) and ``mode`` (``fast``/``deliberate``), either may
+    be omitted (``None``); ``committee`` with ``deliberate`` is refused.
+    """
+    if route is not None and route not in ROUTES:
+        raise LocalProtocolError(f"request.route {route!r} is not one of {list(ROUTES)}",
+                                 code="invalid_route", field="request.route")
+    if mode is not None and mode not in MODES:
+        raise LocalProtocolError(f"request.mode {mode!r} is not one of {list(MODES)}",
+                                 code="invalid_mode", field="request.mode")
+    if route == "committee" and mode == "deliberate":
+        raise LocalProtocolError("request.route 'committee' cannot be combined with request.mode 'deliberate': "
+                                 "do not combine route committee with mode deliberate",
+                                 code="incompatible_route_mode", field="request.mode")
+    return route, mode
+
+
+def validate_min_interval_ms(value: Any, *, maximum: int = MAXIMUM_DECISION_INTERVAL_MS) -> int | None:
+    """Check ``min_interval_ms``: an integer from 0 to ``maximum_decision_interval`` (60000), or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise LocalProtocolError(
+            f"min_interval_ms {value!r} is out of range: min_interval_ms is an integer from 0 to {maximum} "
+            "(maximum_decision_interval)", code="invalid_min_interval", field="min_interval_ms")
+    return value
+
+
+def validate_decision_mode(value: Any) -> str:
+    """Check ``decision_mode``: ``on_change`` or ``on_request``."""
+    if value not in DECISION_MODES:
+        raise LocalProtocolError(f"decision_mode {value!r} is not one of {list(DECISION_MODES)}",
+                                 code="invalid_decision_mode", field="decision_mode")
+    return value
+
+
+def validate_state(state: Any, *, field: str = "state") -> Any:
+    """Check that a state is a string, an array or an object (and JSON-serialisable)."""
+    if not isinstance(state, str | list | dict):
+        raise LocalProtocolError(f"{field} must be a string, an array or an object, got {type(state).__name__}: "
+                                 "state is a string, object or array", code="invalid_state", field=field)
+    return state
+
+
+def validate_model(model: Any) -> str:
+    """Check ``request.model``: a non-empty string."""
+    if not isinstance(model, str) or not model.strip():
+        raise LocalProtocolError(f"request.model must be a non-empty string, got {model!r}",
+                                 code="invalid_model", field="request.model")
+    return model
+
+
+def validate_prompt_cache_key(value: Any) -> str | None:
+    """Check ``request.prompt_cache_key``: omitted, or 1 to 255 printable ASCII characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or not _PRINTABLE_ASCII.match(value):
+        raise LocalProtocolError(
+            f"request.prompt_cache_key {value!r} is invalid: a prompt cache key is 1 to 255 printable ASCII characters",
+            code="invalid_prompt_cache_key", field="request.prompt_cache_key")
+    return value

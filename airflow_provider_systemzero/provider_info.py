@@ -1,0 +1,115 @@
+"""Provider metadata read by Airflow's provider discovery.
+
+Airflow finds this provider through the ``apache_airflow_provider`` entry point, calls
+:func:`get_provider_info` and validates the result against its ``provider_info.schema.json``.
+The connection form (field labels, hidden fields and the extra fields stored in
+``Connection.extra``) is declared here too, so the UI can render it without importing the hook.
+
+This module must stay import-light: no Airflow, asyncio or websockets imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PACKAGE_NAME = "airflow-provider-systemzero"
+CONN_TYPE = "systemzero"
+HOOK_CLASS_NAME = "airflow_provider_systemzero.hooks.systemzero.SystemZeroHook"
+INTEGRATION_NAME = "System Zero"
+DOCS_URL = "https://github.com/systemzero/airflow-provider-systemzero/tree/main/docs"
+
+# Kept in step with ``[project] version`` in pyproject.toml; Airflow shows the installed
+# distribution's version, this list is informational only.
+VERSIONS = ["0.1.0"]
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Return the provider-info dict for Airflow's provider discovery."""
+    return {
+        "package-name": PACKAGE_NAME,
+        "name": INTEGRATION_NAME,
+        "description": (
+            "System Zero streaming decision API: a hook for the WebSocket stream protocol, "
+            "a deferrable trigger, sensor and operator."
+        ),
+        "versions": list(VERSIONS),
+        "integrations": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "external-doc-url": DOCS_URL,
+                "tags": ["ai"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": CONN_TYPE,
+                "hook-class-name": HOOK_CLASS_NAME,
+                "hook-name": INTEGRATION_NAME,
+                "ui-field-behaviour": {
+                    "hidden-fields": ["port", "login", "schema"],
+                    "relabeling": {"host": "API origin", "password": "API key"},
+                    "placeholders": {"host": "wss://api.example.com or https://api.example.com"},
+                },
+                "conn-fields": {
+                    "model": {
+                        "label": "Default model",
+                        "description": "Model ID used when a task does not name one.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "prompt_cache_key_prefix": {
+                        "label": "Prompt cache key prefix",
+                        "description": (
+                            "Prefix for prompt cache keys derived by the client when a task "
+                            "does not pass an explicit prompt_cache_key."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "open_timeout": {
+                        "label": "Open timeout (s)",
+                        "description": "Seconds allowed for the TCP, TLS and WebSocket opening handshake.",
+                        "schema": {"type": ["number", "null"], "minimum": 1, "default": 10},
+                    },
+                    "ca_bundle": {
+                        "label": "CA bundle",
+                        "description": (
+                            "Path to a PEM file of CA certificates used to verify the gateway's "
+                            "TLS certificate instead of the system trust store."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "proxy": {
+                        "label": "Proxy URL",
+                        "description": (
+                            "Explicit proxy URL for the connection. Proxies from environment "
+                            "variables are not used unless set here."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_provider_systemzero.hooks.systemzero"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_provider_systemzero.operators.decide"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_provider_systemzero.sensors.decision"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_provider_systemzero.triggers.decision"],
+            }
+        ],
+    }
