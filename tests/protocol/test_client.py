@@ -238,7 +238,7 @@ def test_decision_for_older_state_is_not_current() -> None:
     client.append_text("more\n")
     pair.pump()
     pair.finish(pair.dispatches[0])  # decides version 1 while version 2 is already acknowledged
-    first = [e for e in pair.client_events if isinstance(e, DecisionReceived)][0]
+    first = next(e for e in pair.client_events if isinstance(e, DecisionReceived))
     assert first.result.state_version == 1 and first.current is False
     pair.finish(pair.dispatches[1])
     last = [e for e in pair.client_events if isinstance(e, DecisionReceived)][-1]

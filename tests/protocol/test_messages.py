@@ -58,7 +58,7 @@ def test_server_frames_are_decoded_strictly(frame: str, field: str) -> None:
 @pytest.mark.parametrize("frame", [b"\x00binary", "{", "null", "[]", '{"type": 1}'])
 def test_frames_that_are_not_json_objects_are_refused(frame: Any) -> None:
     for decode in (decode_client_message, decode_server_message):
-        with pytest.raises(RemoteProtocolError, match="binary frames|not valid JSON|not an object|no string 'type'"):
+        with pytest.raises(RemoteProtocolError, match=r"binary frames|not valid JSON|not an object|no string 'type'"):
             decode(frame)
 
 
