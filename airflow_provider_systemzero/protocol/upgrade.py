@@ -12,14 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 
 __all__ = [
     "STREAM_PATH",
     "UpgradeRefusal",
+    "capacity_refusal",
     "check_upgrade",
     "is_loopback_host",
+    "maintenance_refusal",
     "stream_capacity",
     "stream_url",
 ]
@@ -104,9 +107,44 @@ class UpgradeRefusal:
     envelope: ErrorEnvelope
     retry_after_s: int | None = None
 
+    def body(self) -> str:
+        """The response body: the error envelope as compact JSON."""
+        return compact_json(self.envelope.to_dict())
+
+    def headers(self) -> dict[str, str]:
+        """The response headers the refusal needs: ``Content-Type`` and, when set, ``Retry-After``."""
+        headers = {"Content-Type": "application/json"}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return headers
+
+
+def capacity_refusal(capacity: int, *, retry_after_s: int = 1) -> UpgradeRefusal:
+    """The refusal of an upgrade whose account already holds ``capacity`` streams
+    (429 ``stream_capacity`` with ``Retry-After``).
+
+    :param capacity: the account's stream capacity (see :func:`stream_capacity`).
+    :param retry_after_s: the ``Retry-After`` delay in seconds.
+    """
+    return UpgradeRefusal(429, ErrorEnvelope("rate_limit_error", "stream_capacity",
+                                             f"the account already holds its {capacity} streams "
+                                             "(max(1, floor(max_concurrent / 2))): close one or retry later"),
+                          max(0, retry_after_s))
+
+
+def maintenance_refusal(*, retry_after_s: int = 1) -> UpgradeRefusal:
+    """The refusal of an upgrade while the gateway shuts down (503 ``maintenance`` with ``Retry-After``).
+
+    :param retry_after_s: the ``Retry-After`` delay in seconds.
+    """
+    return UpgradeRefusal(503, ErrorEnvelope("overloaded_error", "maintenance",
+                                             "the gateway is shutting down: reconnect after Retry-After"),
+                          max(0, retry_after_s))
+
 
 def check_upgrade(path: str, headers: Mapping[str, str], *, known_key: object) -> UpgradeRefusal | str:
-    """Check an upgrade request against WIRE.md §1 (everything but capacity and shutdown).
+    """Check an upgrade request against WIRE.md §1 (everything but capacity and shutdown, which
+    depend on the gateway's state: see :func:`capacity_refusal` and :func:`maintenance_refusal`).
 
     :param path: the request target (path and query).
     :param headers: the request headers (case-insensitive mapping, multi-valued joined by ``,``).
