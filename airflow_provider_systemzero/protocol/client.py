@@ -33,6 +33,7 @@ from typing import Any, TypeAlias
 
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError, RemoteProtocolError
+from airflow_provider_systemzero.protocol.gateway import DecideFailure, is_automatically_retryable
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
@@ -247,6 +248,10 @@ class ClientSession:
         self._generation = 0
         self._intents: list[_Intent] = []
         self._intent_ids = 0
+        # survive connection loss: the newest generation any connection acknowledged, and (on_change)
+        # the newest generation a decision or a final failure settled
+        self._acked_generation = -1
+        self._settled_generation = -1
         self._conn: _Connection | None = None
         self.last_decision: DecisionResult | None = None
         self.stream_id: str | None = None
@@ -414,11 +419,26 @@ class ClientSession:
         return len(self._intents)
 
     def has_work(self) -> bool:
-        """Whether the session needs a connection: a change to send or a decision to wait for."""
+        """Whether the session needs a connection: a change to send or a decision to wait for.
+
+        Answered across connections: after a connection ends with everything acknowledged (and,
+        on_change, decided), there is no work until the caller changes the state or asks for a
+        decision — so a client can stay disconnected after an ``idle_timeout`` goodbye.
+        """
         if self._intents:
             return True
+        if self._stream_failure is not None:
+            return False
         conn = self._conn
-        return not (conn and conn.started and conn.in_flight is None and conn.acked_generation == self._generation)
+        if conn is not None and not conn.started:
+            return True
+        if conn is not None:
+            synced = conn.in_flight is None and conn.acked_generation == self._generation
+        else:
+            synced = self._acked_generation == self._generation
+        if not synced:
+            return True
+        return self.decision_mode == "on_change" and self._settled_generation < self._generation
 
     # ------------------------------------------------------------------ connection lifecycle
 
@@ -511,6 +531,7 @@ class ClientSession:
         conn.acked_version = ack.state_version
         conn.acked_generation = flight.generation
         conn.version_generation[ack.state_version] = flight.generation
+        self._acked_generation = max(self._acked_generation, flight.generation)
         is_start = isinstance(flight.message, Start)
         if is_start:
             conn.started = True
@@ -535,6 +556,7 @@ class ClientSession:
         if conn.decide_outstanding is not None and message.state_version >= conn.decide_outstanding:
             conn.decide_outstanding = None
         intents = self._resolve(generation)
+        self._settled_generation = max(self._settled_generation, generation)
         return [DecisionReceived(result, current=generation == self._generation, intents=intents)]
 
     def _on_error(self, conn: _Connection, error: Error, now: float) -> list[ClientEvent]:
@@ -546,6 +568,11 @@ class ClientSession:
                 failed = tuple(i.intent_id for i in self._intents)
                 self._intents = []
                 return [DecisionFailed(error, failed)]
+            if not error.fatal and not is_automatically_retryable(
+                    DecideFailure(error.http_status, error.envelope, error.retry, error.request_id)):
+                # the gateway will not retry this state: it is settled until the next change
+                generation = conn.version_generation.get(error.state_version or 0, -1)
+                self._settled_generation = max(self._settled_generation, generation)
             return [DecisionFailed(error, ())]
         if flight is not None and error.event_id == flight.message.event_id and not error.fatal:
             conn.in_flight = None
