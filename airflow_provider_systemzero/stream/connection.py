@@ -1,0 +1,1128 @@
+"""The resilient asyncio client of a System Zero stream: a thin I/O adapter over the sans-I/O core.
+
+:class:`DecisionStream` owns one :class:`~airflow_provider_systemzero.protocol.client.ClientSession`
+(the desired state, pacing, replay, decide intents — every protocol rule lives there) and a
+reconnect loop written around ``async with websockets.asyncio.client.connect(...)``:
+
+* the upgrade follows WIRE.md §1: the exact URL from the origin, ``Authorization: Bearer``, only
+  the ``system-zero.stream.v1`` subprotocol (checked after connecting), no compression, no
+  ``Origin``, no cookies, no proxy from the environment, ``max_size`` from the limits;
+* per connection one reader task feeds frames to the session; the writer flushes
+  ``session.data_to_send(now)`` after every input and at ``session.next_wakeup(now)``; a watchdog
+  treats a peer silent past ``session.receipt_deadline()`` as dead (native pings run too);
+* after ``goodbye``, 1012, 1013, 1006 or a network error it reconnects with full-jitter backoff
+  that never undercuts the server's delay (``goodbye.resume.retry_after_ms``, ``Retry-After-Ms``,
+  ``Retry-After``), then replays the full desired state byte-identically; after an
+  ``idle_timeout`` / ``max_duration`` goodbye (close 1000) it reconnects only when there is work;
+* non-retryable failures (401, 403, other 4xx upgrades, a non-retryable rejection, a contract
+  breach) raise at once as :mod:`~airflow_provider_systemzero.stream.exceptions`.
+
+Every open connection holds a slot of the process-wide :class:`StreamCapacity`.
+
+No Airflow imports here: the benchmarks and the emulator tests use this module directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidProxy,
+    InvalidStatus,
+    InvalidURI,
+)
+from websockets.typing import Subprotocol
+
+from airflow_provider_systemzero.protocol.client import (
+    Acknowledged,
+    ClientEvent,
+    ClientSession,
+    DecisionReceived,
+    GoodbyeReceived,
+    HelloReceived,
+    MutationRejected,
+    ServerError,
+    StreamFailed,
+)
+from airflow_provider_systemzero.protocol.client import DecisionFailed as DecisionFailedEvent
+from airflow_provider_systemzero.protocol.errors import (
+    ErrorEnvelope,
+    LocalProtocolError,
+    RemoteProtocolError,
+    RetryHint,
+)
+from airflow_provider_systemzero.protocol.gateway import DecideFailure, is_automatically_retryable
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.messages import (
+    PROTOCOL,
+    Attachment,
+    Error,
+    Goodbye,
+    Hello,
+    StreamRequest,
+    decode_server_message,
+)
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.protocol.upgrade import stream_url
+from airflow_provider_systemzero.protocol.validation import validate_prompt_cache_key
+from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
+from airflow_provider_systemzero.stream.exceptions import (
+    AuthenticationFailed,
+    DeadlineExceeded,
+    DecisionFailed,
+    ProtocolViolation,
+    StreamClosed,
+    StreamRejected,
+    SystemZeroValidationError,
+    UpgradeRefused,
+)
+
+__all__ = [
+    "DEFAULT_PROMPT_CACHE_KEY_PREFIX",
+    "Backoff",
+    "Decision",
+    "DecisionStream",
+    "Reconnect",
+    "StreamCapacity",
+    "StreamSettings",
+    "build_request",
+    "connect_options",
+    "default_capacity",
+    "derive_prompt_cache_key",
+    "probe",
+    "refusal_error",
+]
+
+log = logging.getLogger(__name__)
+
+#: The typed decision a stream yields: the core's :class:`DecisionResult` (raw reply kept).
+Decision: TypeAlias = DecisionResult
+
+#: Prefix of derived ``prompt_cache_key`` values when the connection sets none.
+DEFAULT_PROMPT_CACHE_KEY_PREFIX = "airflow-systemzero"
+#: Room for frame overhead above ``max_message_bytes`` (server messages embed whole replies).
+_MAX_SIZE_MARGIN = 64 * 1024
+#: Consecutive connections ending in a contract breach before it is raised.
+_MAX_VIOLATIONS = 3
+#: Close codes that a reconnect cannot fix unless the gateway said goodbye first.
+_FATAL_CLOSE_CODES = frozenset({1002, 1003, 1007, 1008, 1009, 1010})
+#: Goodbye reasons after which the client reconnects only when it has work.
+_LAZY_GOODBYES = frozenset({"idle_timeout", "max_duration"})
+_REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
+
+
+def _user_agent() -> str:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("airflow-provider-systemzero")
+    except metadata.PackageNotFoundError:  # pragma: no cover - source tree
+        version = "0"
+    return f"airflow-provider-systemzero/{version}"
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """Where and how to connect. The API key is never shown (``repr``) nor serialised (pickle).
+
+    :param origin: the API origin (``wss://HOST``, ``https://HOST``, a bare host, or ``ws://`` to loopback).
+    :param api_key: the API key, sent only as ``Authorization: Bearer`` on the upgrade.
+    :param open_timeout: seconds for TCP + TLS + the opening handshake.
+    :param ca_bundle: path of a PEM CA bundle for TLS verification (``None``: system trust store).
+    :param proxy: explicit proxy URL (``None``: no proxy; environment proxies are never used).
+    :param user_agent: the ``User-Agent`` header.
+    :param default_model: the model used when a request names none (the connection's ``model``).
+    :param prompt_cache_key_prefix: prefix of derived ``prompt_cache_key`` values.
+    :param conn_id: the Airflow connection the settings came from (for messages only).
+    """
+
+    origin: str
+    api_key: str = field(repr=False)
+    open_timeout: float = 10.0
+    ca_bundle: str | None = None
+    proxy: str | None = None
+    user_agent: str = field(default_factory=_user_agent)
+    default_model: str | None = None
+    prompt_cache_key_prefix: str | None = None
+    conn_id: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"connection {self.conn_id!r}: " if self.conn_id else ""
+        try:
+            stream_url(self.origin)
+        except LocalProtocolError as exc:
+            raise SystemZeroValidationError(f"{where}{exc.message}", code=exc.code, field=exc.field) from None
+        key = self.api_key
+        if not isinstance(key, str) or not key.strip():
+            raise SystemZeroValidationError(f"{where}the API key is empty: set it in the connection's password "
+                                            "field", code="missing_api_key", field="password")
+        if any(not (0x21 <= ord(ch) <= 0x7E) for ch in key.strip()):
+            raise SystemZeroValidationError(f"{where}the API key contains spaces, control or non-ASCII characters: "
+                                            "paste the key exactly as issued", code="invalid_api_key",
+                                            field="password")
+        if isinstance(self.open_timeout, bool) or not isinstance(self.open_timeout, int | float) \
+                or not self.open_timeout > 0:
+            raise SystemZeroValidationError(f"{where}open_timeout must be a positive number of seconds, got "
+                                            f"{self.open_timeout!r}", code="invalid_open_timeout",
+                                            field="open_timeout")
+
+    @property
+    def url(self) -> str:
+        """The exact stream URL (never carries credentials)."""
+        return stream_url(self.origin)
+
+    @property
+    def authorization(self) -> str:
+        """The ``Authorization`` header value. Never log it."""
+        return f"Bearer {self.api_key.strip()}"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("StreamSettings holds an API key and cannot be serialised: pass the Airflow connection "
+                        "ID and resolve the settings where they are used")
+
+    def __str__(self) -> str:
+        return repr(self)
+
+
+class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """websockets logs request headers at DEBUG; this adapter removes the key from every record."""
+
+    def __init__(self, logger: logging.Logger, secret: str) -> None:
+        super().__init__(logger, {})
+        self._secret = secret
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            clean = tuple(self._redact(a) for a in args)
+            super().log(level, self._redact(msg), *clean, **kwargs)
+
+    def _redact(self, value: object) -> object:
+        if isinstance(value, str) and self._secret and self._secret in value:
+            return value.replace(self._secret, "***")
+        return value
+
+
+# ------------------------------------------------------------------------------------ requests
+
+
+def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
+    """A deterministic ``prompt_cache_key``: ``<prefix>-<first 32 hex of sha256(identity)>``.
+
+    The same prefix and identity give the same key in every process, so a replay from another
+    worker or triggerer stays byte-identical (WIRE.md §8).
+
+    :param prefix: the connection's ``prompt_cache_key_prefix`` (``None``: ``airflow-systemzero``).
+    :param identity: the caller's identity for the stream (e.g. DAG, task and a stream name).
+    :raises SystemZeroValidationError: the prefix makes an invalid key.
+    """
+    prefix = DEFAULT_PROMPT_CACHE_KEY_PREFIX if prefix is None or not str(prefix).strip() else str(prefix).strip()
+    key = f"{prefix}-{hashlib.sha256(identity.encode('utf-8')).hexdigest()[:32]}"
+    try:
+        validate_prompt_cache_key(key)
+    except LocalProtocolError as exc:
+        raise SystemZeroValidationError(
+            f"prompt_cache_key_prefix {prefix[:40]!r} does not make a valid prompt_cache_key ({exc.message}): use "
+            "at most 200 printable ASCII characters", code=exc.code, field="prompt_cache_key_prefix") from None
+    return key
+
+
+def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSettings | None = None,
+                  *, identity: str | None = None) -> StreamRequest:
+    """The :class:`StreamRequest` to stream, with an explicit stable ``prompt_cache_key``.
+
+    :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally
+        ``model`` (default: the connection's ``model``), ``route``, ``mode``, ``prompt_cache_key``.
+    :param settings: the connection settings (default model, cache key prefix).
+    :param identity: the caller's identity for the stream; the derived ``prompt_cache_key`` hashes
+        it (default: the model and questions).
+    :raises SystemZeroValidationError: naming the invalid field.
+    """
+    try:
+        if isinstance(request, StreamRequest):
+            built = request
+            built.validate()
+        elif isinstance(request, Mapping):
+            unknown = sorted(set(request) - _REQUEST_FIELDS)
+            if unknown:
+                hint = " (pass the state with state=, not in the request)" if unknown[0] in ("state",
+                                                                                              "attachments") else ""
+                raise LocalProtocolError(f"request has unknown field {unknown[0]!r}{hint}: a request holds "
+                                         f"{sorted(_REQUEST_FIELDS)}", code="invalid_request", field=unknown[0])
+            model = request.get("model") or (settings.default_model if settings else None)
+            if model is None:
+                where = f"connection {settings.conn_id!r}" if settings and settings.conn_id else "the connection"
+                raise LocalProtocolError(f"no model: pass request['model'] or set the 'model' extra of {where}",
+                                         code="invalid_model", field="model")
+            built = StreamRequest.build(model=model, questions=request.get("questions"),  # type: ignore[arg-type]
+                                        route=request.get("route"), mode=request.get("mode"),
+                                        prompt_cache_key=request.get("prompt_cache_key"))
+        else:
+            raise LocalProtocolError(f"request must be a StreamRequest or a dict, got {type(request).__name__}",
+                                     code="invalid_request", field="request")
+    except LocalProtocolError as exc:
+        raise SystemZeroValidationError.from_local(exc) from None
+    if built.prompt_cache_key is None:
+        if identity is None:
+            identity = json.dumps({"model": built.model, "questions": built.questions_wire(),
+                                   "route": built.route, "mode": built.mode}, sort_keys=True, separators=(",", ":"))
+        prefix = settings.prompt_cache_key_prefix if settings else None
+        built = dataclasses.replace(built, prompt_cache_key=derive_prompt_cache_key(prefix, identity))
+    return built
+
+
+def _default_key_namespace(prompt_cache_key: str) -> str:
+    return f"szk-{hashlib.sha256(prompt_cache_key.encode('utf-8')).hexdigest()[:32]}"
+
+
+# ------------------------------------------------------------------------------------ upgrade
+
+
+def connect_options(settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None = None
+                    ) -> dict[str, Any]:
+    """Keyword arguments for ``websockets.asyncio.client.connect`` per WIRE.md §1.
+
+    Only ``Authorization`` is added to the request; the one subprotocol is offered; compression,
+    ``Origin`` and environment proxies are off; native pings run at the advertised interval.
+
+    :param settings: where and how to connect.
+    :param limits: the limits in force (the last ``hello``'s, or the document's).
+    :param ssl_context: a TLS context (from ``ca_bundle``) for ``wss://``; ``None``: the default.
+    """
+    options: dict[str, Any] = {
+        "additional_headers": {"Authorization": settings.authorization},
+        "subprotocols": [Subprotocol(PROTOCOL)],
+        "compression": None,
+        "origin": None,
+        "proxy": settings.proxy or None,
+        "user_agent_header": settings.user_agent,
+        "open_timeout": settings.open_timeout,
+        "ping_interval": (limits.native_heartbeat_interval_ms / 1000) or None,
+        "ping_timeout": (limits.pong_timeout_ms / 1000) or None,
+        "close_timeout": (limits.close_handshake_timeout_ms / 1000) or None,
+        "max_size": limits.max_message_bytes + _MAX_SIZE_MARGIN,
+        "logger": _RedactingLogger(logging.getLogger("websockets.client"), settings.api_key.strip()),
+    }
+    if ssl_context is not None and settings.url.startswith("wss://"):
+        options["ssl"] = ssl_context
+    return options
+
+
+def refusal_error(exc: InvalidStatus, url: str) -> UpgradeRefused:
+    """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`).
+
+    :param exc: the websockets exception carrying the response.
+    :param url: the stream URL.
+    """
+    response = exc.response
+    headers = {name: value for name, value in response.headers.raw_items()}
+    delay_ms = RetryHint.delay_from_headers(headers)
+    envelope: ErrorEnvelope | None = None
+    with contextlib.suppress(Exception):
+        envelope = ErrorEnvelope.from_dict(json.loads(response.body or b""))
+    status = response.status_code
+    cls = AuthenticationFailed if status in (401, 403) else UpgradeRefused
+    return cls(status, envelope, delay_ms, url=url)
+
+
+async def probe(settings: StreamSettings) -> Hello:
+    """Open a stream, read ``hello`` and close with 1000 (a connection test).
+
+    :param settings: where and how to connect.
+    :raises UpgradeRefused: the gateway refused the upgrade (:class:`AuthenticationFailed` for 401/403).
+    :raises ProtocolViolation: the peer is not a System Zero gateway.
+    :raises OSError: the network failed (``TimeoutError`` for the open timeout).
+    """
+    url = settings.url
+    ssl_context = None
+    if settings.ca_bundle and url.startswith("wss://"):
+        ssl_context = await asyncio.to_thread(ssl.create_default_context, cafile=settings.ca_bundle)
+    limits = Limits()
+    try:
+        async with connect(url, **connect_options(settings, limits, ssl_context)) as ws:
+            if ws.subprotocol != PROTOCOL:
+                await ws.close(1002, "subprotocol not selected")
+                raise ProtocolViolation(f"the server at {url} did not select the {PROTOCOL} subprotocol: check that "
+                                        "the connection's host is a System Zero API origin",
+                                        code="unsupported_protocol")
+            async with asyncio.timeout(limits.start_timeout_ms / 1000):
+                text = await ws.recv()
+            try:
+                hello = decode_server_message(text)
+            except RemoteProtocolError as exc:
+                raise ProtocolViolation(f"the server at {url} sent no valid hello: {exc.message}",
+                                        code=exc.code) from None
+            if not isinstance(hello, Hello) or hello.protocol != PROTOCOL:
+                raise ProtocolViolation(f"the server at {url} did not open with a {PROTOCOL} hello",
+                                        code="hello_expected")
+            await ws.close(1000)
+            return hello
+    except InvalidStatus as exc:
+        raise refusal_error(exc, url) from None
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """One reconnect, as the tests and operators see it.
+
+    :param reason: why the previous connection ended (``goodbye:shutdown``, ``close``, ``network``,
+        ``upgrade_refused``, ``receipt_timeout``, ``protocol_violation``, ``released`` …).
+    :param close_code: the close code seen (1006 for an abrupt loss; ``None`` if there was no connection).
+    :param server_delay: the server's minimum delay in seconds, if it named one.
+    :param planned_delay: the delay chosen (backoff, never below ``server_delay``).
+    :param waited: seconds actually waited between the end of the previous attempt and this one.
+    :param attempt: the backoff attempt (0 after a connection that got its ``start`` acknowledged).
+    """
+
+    reason: str
+    close_code: int | None
+    server_delay: float | None
+    planned_delay: float
+    waited: float
+    attempt: int
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What to do after a connection attempt ended."""
+
+    kind: Literal["retry", "lazy", "stop"]
+    reason: str
+    close_code: int | None = None
+    server_delay: float | None = None
+    error: BaseException | None = None
+    violation: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    reason: str
+    close_code: int | None
+    server_delay: float | None
+    delay: float
+    failed_at: float
+    attempt: int
+    lazy: bool
+
+
+_Source: TypeAlias = StreamSettings | Callable[[], Awaitable[StreamSettings]]
+
+
+# ------------------------------------------------------------------------------------ the stream
+
+
+class DecisionStream:
+    """One logical System Zero stream that survives reconnects.
+
+    Use it as an async context manager; entering waits until the gateway acknowledged ``start``
+    (retrying retryable failures until ``open_deadline``)::
+
+        async with DecisionStream(settings, {"questions": {...}}, state="Initial log\\n",
+                                  decision_mode="on_request", identity="dag.task") as stream:
+            await stream.append_text("Job is ready.\\n")
+            decision = await stream.decide()
+
+    Changes (:meth:`append_text` …) return once accepted locally; they are paced under the
+    gateway's buckets and coalesce when the caller is faster. ``decide()`` / ``decisions()`` wait
+    for the gateway.
+
+    :param settings: the :class:`StreamSettings`, or an async callable returning them (resolved on enter).
+    :param request: a :class:`StreamRequest` or a dict (see :func:`build_request`).
+    :param state: the initial state (string, array or object).
+    :param decision_mode: ``on_change`` (every change schedules a decision) or ``on_request``.
+    :param attachments: the initial inline attachments.
+    :param min_interval_ms: minimum milliseconds between dispatch starts.
+    :param idempotency_key: the initial state's key (default: derived from the state).
+    :param key_namespace: namespace of derived per-state keys (default: derived from the cache key).
+    :param identity: the caller's identity for the stream, hashed into a derived ``prompt_cache_key``.
+    :param open_deadline: seconds allowed for entering (``None``: retry until cancelled).
+    :param decide_retries: retries of a retryable on_request decision failure.
+    :param backoff: the reconnect backoff (tests shrink it).
+    :param capacity: the stream cap (default: the process-wide one).
+    """
+
+    def __init__(self, settings: _Source, request: StreamRequest | Mapping[str, Any], *, state: Any = "",
+                 decision_mode: str = "on_change", attachments: Sequence[Attachment] = (),
+                 min_interval_ms: int | None = None, idempotency_key: str | None = None,
+                 key_namespace: str | None = None, identity: str | None = None,
+                 open_deadline: float | None = None, decide_retries: int = 3, backoff: Backoff | None = None,
+                 capacity: StreamCapacity | None = None) -> None:
+        self._source = settings
+        self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
+        self._request_arg = request
+        self._initial = (state, tuple(attachments))
+        self._decision_mode = decision_mode
+        self._min_interval_ms = min_interval_ms
+        self._idempotency_key = idempotency_key
+        self._key_namespace = key_namespace
+        self._identity = identity
+        self._open_deadline = open_deadline
+        self._decide_retries = decide_retries
+        self.backoff = backoff or Backoff()
+        self.capacity = capacity or default_capacity()
+        self.reconnects: list[Reconnect] = []
+        self._session: ClientSession | None = None
+        self._entered = False
+        self._closed = False
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._last_error: BaseException | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ws: ClientConnection | None = None
+        self._wake: asyncio.Event | None = None
+        self._pulse_event: asyncio.Event | None = None
+        self._ready = False
+        self._started_this_connection = False
+        self._goodbye: Goodbye | None = None
+        self._last_fatal: Error | None = None
+        self._release_requested = False
+        self._state_version = 0
+        self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
+        self._decisions: deque[DecisionResult | BaseException] = deque()
+        self._queue_decisions = decision_mode == "on_change"
+        self._ssl: ssl.SSLContext | None = None
+        if self._settings is not None:
+            self._session = self._build_session(self._settings)
+
+    # ------------------------------------------------------------------ read-only view
+
+    @property
+    def settings(self) -> StreamSettings | None:
+        """The resolved settings (``None`` before entering when given as a resolver)."""
+        return self._settings
+
+    @property
+    def session(self) -> ClientSession:
+        """The sans-I/O session (advanced use and tests)."""
+        if self._session is None:
+            raise RuntimeError("the stream's settings are resolved on entering: use 'async with' first")
+        return self._session
+
+    @property
+    def request(self) -> StreamRequest:
+        """The request as streamed (with its explicit ``prompt_cache_key``)."""
+        return self.session.request
+
+    @property
+    def state(self) -> Any:
+        """The desired state (what the caller asked for, acknowledged or not)."""
+        return self._session.desired_state if self._session else self._initial[0]
+
+    @property
+    def attachments(self) -> tuple[Attachment, ...]:
+        """The desired attachments."""
+        return self._session.desired_attachments if self._session else self._initial[1]
+
+    @property
+    def state_version(self) -> int:
+        """The latest version the gateway acknowledged (numbering restarts on every connection)."""
+        return self._state_version
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The newest decision received, or ``None``."""
+        return self._session.last_decision if self._session else None
+
+    @property
+    def stream_id(self) -> str | None:
+        """The current (or last) connection's ``stream_id``."""
+        return self._session.stream_id if self._session else None
+
+    @property
+    def connected(self) -> bool:
+        """Whether a WebSocket connection is open now."""
+        return self._ws is not None
+
+    @property
+    def in_sync(self) -> bool:
+        """Whether the gateway acknowledged the complete desired state on the open connection."""
+        return bool(self._session and self._session.in_sync)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that ended the stream, if any."""
+        return self._failure
+
+    def __repr__(self) -> str:
+        origin = self._settings.origin if self._settings else "?"
+        return (f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self._state_version} "
+                f"connected={self.connected} reconnects={len(self.reconnects)}>")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _build_session(self, settings: StreamSettings) -> ClientSession:
+        request = build_request(self._request_arg, settings, identity=self._identity)
+        assert request.prompt_cache_key is not None
+        namespace = self._key_namespace or _default_key_namespace(request.prompt_cache_key)
+        state, attachments = self._initial
+        try:
+            return ClientSession(request=request, state=state, decision_mode=self._decision_mode,
+                                 attachments=attachments, min_interval_ms=self._min_interval_ms,
+                                 idempotency_key=self._idempotency_key, key_namespace=namespace)
+        except LocalProtocolError as exc:
+            raise SystemZeroValidationError.from_local(exc) from None
+
+    async def __aenter__(self) -> DecisionStream:
+        if self._entered:
+            raise RuntimeError("a DecisionStream can be entered once; create a new one")
+        self._entered = True
+        self._wake = asyncio.Event()
+        self._pulse_event = asyncio.Event()
+        try:
+            if self._settings is None:
+                resolver = self._source
+                assert callable(resolver)
+                settings = await resolver()
+                if not isinstance(settings, StreamSettings):
+                    raise TypeError(f"the settings resolver returned {type(settings).__name__}, not StreamSettings")
+                self._settings = settings
+            if self._session is None:
+                self._session = self._build_session(self._settings)
+            if self._settings.ca_bundle and self._settings.url.startswith("wss://"):
+                self._ssl = await asyncio.to_thread(ssl.create_default_context, cafile=self._settings.ca_bundle)
+            self._runner = asyncio.create_task(self._run(), name=f"systemzero-stream-{id(self):x}")
+            await self._wait_until(lambda: self._ready, self._open_deadline,
+                                   lambda: f"the stream to {self._settings.url if self._settings else '?'} did not "
+                                           f"open within {self._open_deadline} s")
+        except BaseException:
+            await self._shutdown()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._shutdown()
+
+    async def aclose(self) -> None:
+        """Close the stream: the connection ends with close code 1000; pending waits end."""
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closing = True
+        self._closed = True
+        runner = self._runner
+        if runner is not None and not runner.done():
+            if self._ws is not None:
+                # serving: let the loop close with 1000 and release everything itself
+                self._kick()
+                try:
+                    await asyncio.wait_for(asyncio.shield(runner), timeout=self._close_timeout() + 1)
+                except TimeoutError:
+                    pass
+                except asyncio.CancelledError:
+                    runner.cancel()
+                    raise
+            if not runner.done():
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await runner
+        closed = StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
+        for future in self._intent_futures.values():
+            if not future.done():
+                future.set_exception(closed)
+        self._pulse()
+
+    def _close_timeout(self) -> float:
+        limits = self._session.limits if self._session else None
+        return (limits.close_handshake_timeout_ms / 1000) if limits else 5.0
+
+    async def release(self) -> None:
+        """Close the connection (1000) but keep the stream; it reconnects when there is work.
+
+        Use it to lease a connection: the session (desired state, pending decide) is kept and
+        replayed on the next connection, which opens as soon as :meth:`has_work` is true.
+        """
+        self._check_usable()
+        if self._ws is None:
+            return
+        self._release_requested = True
+        self._kick()
+        await self._wait_until(lambda: self._ws is None, self._close_timeout() + 1, lambda: "release timed out")
+
+    def has_work(self) -> bool:
+        """Whether the stream needs a connection (a change to send or a decision to wait for)."""
+        return self.session.has_work()
+
+    # ------------------------------------------------------------------ changes
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
+        if not self._entered:
+            raise RuntimeError("use the stream inside 'async with' first")
+
+    async def _apply(self, change: Callable[[], None]) -> None:
+        self._check_usable()
+        try:
+            change()
+        except LocalProtocolError as exc:
+            raise SystemZeroValidationError.from_local(exc) from None
+        self._kick()
+        await asyncio.sleep(0)
+
+    async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
+        """Append text to a string state.
+
+        :param text: the text to append.
+        :param idempotency_key: the key naming the resulting state (default: derived).
+        :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
+        """
+        await self._apply(lambda: self.session.append_text(text, idempotency_key=idempotency_key))
+
+    async def append_items(self, items: Sequence[Any], *, idempotency_key: str | None = None) -> None:
+        """Append complete values to an array state.
+
+        :param items: the values to append (at least one).
+        :param idempotency_key: the key naming the resulting state (default: derived).
+        :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
+        """
+        await self._apply(lambda: self.session.append_items(items, idempotency_key=idempotency_key))
+
+    async def replace(self, state: Any, *, attachments: Sequence[Attachment] | None = None,
+                      idempotency_key: str | None = None) -> None:
+        """Replace the complete state (and the attachments when given; ``[]`` removes all).
+
+        :param state: the new state (string, array or object).
+        :param attachments: the new attachment list, or ``None`` to keep it.
+        :param idempotency_key: the key naming the resulting state (default: derived).
+        :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
+        """
+        await self._apply(lambda: self.session.replace(state, attachments=attachments,
+                                                       idempotency_key=idempotency_key))
+
+    async def append_attachments(self, attachments: Sequence[Attachment], *,
+                                 idempotency_key: str | None = None) -> None:
+        """Add inline attachments; the state is unchanged.
+
+        :param attachments: the attachments to add (unique names).
+        :param idempotency_key: the key naming the resulting state (default: derived).
+        :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
+        """
+        await self._apply(lambda: self.session.append_attachments(attachments, idempotency_key=idempotency_key))
+
+    async def set_state(self, state: Any, *, idempotency_key: str | None = None) -> None:
+        """Make ``state`` the desired state; the minimal change is sent (nothing if unchanged).
+
+        :param state: the complete desired state.
+        :param idempotency_key: the key naming the resulting state (default: derived).
+        :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
+        """
+        await self._apply(lambda: self.session.set_desired(state, idempotency_key=idempotency_key))
+
+    async def wait_in_sync(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 - raises DeadlineExceeded
+        """Wait until the gateway acknowledged the complete desired state.
+
+        :param timeout: seconds (``None``: no limit).
+        :raises DeadlineExceeded: not in sync in time.
+        """
+        self._check_usable()
+        await self._wait_until(lambda: self.in_sync, timeout,
+                               lambda: f"the gateway did not acknowledge the desired state within {timeout} s")
+
+    # ------------------------------------------------------------------ decisions
+
+    async def decide(self, *, timeout: float | None = None) -> Decision:  # noqa: ASYNC109 - see DeadlineExceeded
+        """A decision covering the desired state as it is now.
+
+        on_request: sends ``decide`` for the version that holds every change made so far and
+        waits for its decision; a retryable failure (429, 503 other than maintenance, 409
+        ``idempotency_conflict``) is retried after the server's delay, up to ``decide_retries``
+        times. on_change: waits for the first decision covering the current state. A connection
+        lost meanwhile is replayed and the decide re-sent; the caller sees one decision.
+
+        :param timeout: seconds (``None``: no limit).
+        :raises DecisionFailed: a non-retryable failure, or retries exhausted.
+        :raises DeadlineExceeded: no decision in time.
+        """
+        self._check_usable()
+        session = self.session
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        failures = 0
+        while True:
+            intent = session.request_decision()
+            future: asyncio.Future[DecisionResult] = loop.create_future()
+            self._intent_futures[intent] = future
+            self._kick()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await future
+            except DecisionFailed as exc:
+                failures += 1
+                if not exc.retryable or failures > self._decide_retries:
+                    raise
+                server = exc.retry.retry_after_ms / 1000 if exc.retry.retry_after_ms is not None else None
+                delay = self.backoff.delay(failures - 1, server)
+                if deadline is not None and loop.time() + delay >= deadline:
+                    raise DeadlineExceeded(f"no decision within {timeout} s (the server asked to wait "
+                                           f"{delay:.3f} s before retrying)", last_error=exc) from exc
+                log.info("decision failed with HTTP %s (%s); retrying in %.3f s", exc.http_status,
+                         exc.envelope.code, delay)
+                await self._sleep(delay)
+                self._check_usable()
+            except TimeoutError:
+                if self._failure is not None:
+                    raise self._failure from None
+                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error) from None
+            finally:
+                self._intent_futures.pop(intent, None)
+                session.cancel_intent(intent)
+
+    async def decisions(self) -> AsyncIterator[Decision]:
+        """Decisions as they arrive (on_change), in order; ends when the stream closes.
+
+        One consumer at a time. A non-retryable on_change decision failure is raised here.
+
+        :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
+        """
+        self._check_usable()
+        self._queue_decisions = True
+        while True:
+            while self._decisions:
+                item = self._decisions.popleft()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                return
+            await self._wait_pulse(None)
+
+    # ------------------------------------------------------------------ waiting helpers
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _pulse(self) -> None:
+        if self._pulse_event is not None:
+            self._pulse_event.set()
+            self._pulse_event = asyncio.Event()
+
+    async def _wait_pulse(self, seconds: float | None) -> None:
+        assert self._pulse_event is not None
+        event = self._pulse_event
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+    async def _wait_until(self, condition: Callable[[], bool], seconds: float | None,
+                          describe: Callable[[], str]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while not condition():
+            if self._failure is not None:
+                raise self._failure
+            if self._closed and self._runner is not None and self._runner.done():
+                raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded(describe(), last_error=self._last_error)
+            with contextlib.suppress(TimeoutError):
+                await self._wait_pulse(remaining)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake early when the stream closes or fails."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while not self._closing and self._failure is None:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await self._wait_pulse(remaining)
+
+    # ------------------------------------------------------------------ failure
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+            log.error("System Zero stream failed: %s", exc)
+        for future in self._intent_futures.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._kick()
+        self._pulse()
+
+    def _decision_error(self, error: Error) -> DecisionFailed:
+        retryable = error.http_status is not None and is_automatically_retryable(
+            DecideFailure(error.http_status, error.envelope, error.retry, error.request_id))
+        return DecisionFailed(error.http_status, error.envelope, error.retry, retryable,
+                              state_version=error.state_version, request_id=error.request_id)
+
+    # ------------------------------------------------------------------ events
+
+    def _dispatch(self, events: list[ClientEvent]) -> None:
+        for event in events:
+            if isinstance(event, HelloReceived):
+                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process)
+            elif isinstance(event, Acknowledged):
+                self._state_version = event.ack.state_version
+                if event.message_type == "start":
+                    self._started_this_connection = True
+                    self._ready = True
+            elif isinstance(event, DecisionReceived):
+                for intent in event.intents:
+                    future = self._intent_futures.get(intent)
+                    if future is not None and not future.done():
+                        future.set_result(event.result)
+                if self._queue_decisions:
+                    self._decisions.append(event.result)
+            elif isinstance(event, DecisionFailedEvent):
+                self._on_decision_failed(event)
+            elif isinstance(event, MutationRejected):
+                log.debug("change %s deferred by the gateway (%s); it is sent again", event.error.event_id,
+                          event.error.code)
+            elif isinstance(event, StreamFailed):
+                self._fail(StreamRejected(event.error.envelope, event.error.event_id))
+            elif isinstance(event, ServerError):
+                if event.error.fatal:
+                    self._last_fatal = event.error
+                log.info("gateway error %s (fatal=%s): %s", event.error.code, event.error.fatal,
+                         event.error.envelope.message)
+            elif isinstance(event, GoodbyeReceived):
+                self._goodbye = event.goodbye
+        self._pulse()
+
+    def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
+        error = self._decision_error(event.error)
+        self._last_error = error
+        if event.error.fatal:
+            self._last_fatal = event.error
+        for intent in event.intents:
+            future = self._intent_futures.get(intent)
+            if future is not None and not future.done():
+                future.set_exception(error)
+        if self._decision_mode != "on_change":
+            return
+        if error.retryable:
+            log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
+                     error.envelope.code)
+            return
+        # the gateway will not retry: whoever waits for this state's decision must hear it
+        for intent, future in list(self._intent_futures.items()):
+            if not future.done():
+                future.set_exception(error)
+                self.session.cancel_intent(intent)
+        if self._queue_decisions:
+            self._decisions.append(error)
+
+    # ------------------------------------------------------------------ the connection loop
+
+    async def _run(self) -> None:
+        attempt = 0
+        violations = 0
+        pending: _Pending | None = None
+        try:
+            while not self._closing and self._failure is None:
+                if pending is not None:
+                    if pending.lazy:
+                        await self._wait_for_work()
+                        if self._closing or self._failure is not None:
+                            return
+                    remaining = pending.delay - (time.monotonic() - pending.failed_at)
+                    if remaining > 0:
+                        await self._sleep(remaining)
+                        if self._closing or self._failure is not None:
+                            return
+                    self.reconnects.append(Reconnect(pending.reason, pending.close_code, pending.server_delay,
+                                                     pending.delay, time.monotonic() - pending.failed_at,
+                                                     pending.attempt))
+                    log.info("reconnecting the System Zero stream after %s (close %s, waited %.3f s)",
+                             pending.reason, pending.close_code, time.monotonic() - pending.failed_at)
+                    pending = None
+                await self.capacity.acquire()
+                try:
+                    plan = await self._connect_and_serve()
+                finally:
+                    self.capacity.release()
+                if plan.kind == "stop":
+                    if plan.error is not None:
+                        self._fail(plan.error)
+                    return
+                violations = violations + 1 if plan.violation else 0
+                if violations >= _MAX_VIOLATIONS:
+                    assert plan.error is not None
+                    self._fail(plan.error)
+                    return
+                if plan.error is not None:
+                    self._last_error = plan.error
+                if self._started_this_connection:
+                    attempt = 0
+                if plan.kind == "lazy":
+                    pending = _Pending(plan.reason, plan.close_code, plan.server_delay, plan.server_delay or 0.0,
+                                       time.monotonic(), attempt, lazy=True)
+                else:
+                    delay = self.backoff.delay(attempt, plan.server_delay)
+                    pending = _Pending(plan.reason, plan.close_code, plan.server_delay, delay, time.monotonic(),
+                                       attempt, lazy=False)
+                    attempt += 1
+                    log.info("System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
+                             plan.reason, plan.close_code, delay)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: never leave waiters hanging
+            log.exception("System Zero stream loop crashed")
+            self._fail(exc)
+        finally:
+            self._pulse()
+
+    async def _wait_for_work(self) -> None:
+        assert self._wake is not None
+        session = self.session
+        while not self._closing and self._failure is None and not session.has_work():
+            self._wake.clear()
+            await self._wake.wait()
+        self._release_requested = False
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        assert self._settings is not None
+        return connect_options(self._settings, self.session.limits, self._ssl)
+
+    async def _connect_and_serve(self) -> _Plan:
+        settings = self._settings
+        assert settings is not None
+        url = settings.url
+        self._started_this_connection = False
+        self._goodbye = None
+        self._last_fatal = None
+        try:
+            async with connect(url, **self._connect_kwargs()) as ws:
+                if ws.subprotocol != PROTOCOL:
+                    await ws.close(1002, "subprotocol not selected")
+                    return _Plan("stop", "protocol_violation", error=ProtocolViolation(
+                        f"the server at {url} did not select the {PROTOCOL} subprotocol (it selected "
+                        f"{ws.subprotocol!r}): check that the connection's host is a System Zero API origin",
+                        code="unsupported_protocol"))
+                return await self._serve(ws)
+        except InvalidStatus as exc:
+            return self._refusal_plan(exc, url)
+        except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
+            return _Plan("retry", "network", error=exc)
+        except InvalidURI as exc:
+            return _Plan("stop", "invalid_uri", error=SystemZeroValidationError(
+                f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"))
+        except InvalidHandshake as exc:
+            return _Plan("stop", "protocol_violation", error=ProtocolViolation(
+                f"the opening handshake with {url} failed: {exc}: check that the connection's host is a System Zero "
+                "API origin", code="invalid_handshake"))
+
+    def _refusal_plan(self, exc: InvalidStatus, url: str) -> _Plan:
+        error = refusal_error(exc, url)
+        if error.retryable:
+            delay = None if error.retry_after_ms is None else error.retry_after_ms / 1000
+            return _Plan("retry", f"upgrade_refused:{error.status}", server_delay=delay, error=error)
+        return _Plan("stop", f"upgrade_refused:{error.status}", error=error)
+
+    async def _read(self, ws: ClientConnection) -> None:
+        session = self.session
+        with contextlib.suppress(ConnectionClosed):
+            async for frame in ws:
+                events = session.receive_text(frame, time.monotonic())
+                self._dispatch(events)
+                self._kick()
+
+    async def _serve(self, ws: ClientConnection) -> _Plan:
+        assert self._wake is not None
+        session = self.session
+        session.connection_opened(time.monotonic())
+        self._ws = ws
+        reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
+        reader.add_done_callback(lambda _: self._kick())
+        silent = False
+        try:
+            try:
+                while not reader.done():
+                    self._wake.clear()
+                    now = time.monotonic()
+                    for frame in session.data_to_send(now):
+                        await ws.send(frame)
+                    if self._closing or self._failure is not None or self._release_requested:
+                        break
+                    now = time.monotonic()
+                    deadline = session.receipt_deadline()
+                    if deadline is not None and now >= deadline:
+                        silent = True
+                        break
+                    times = [t for t in (deadline, session.next_wakeup(now)) if t is not None]
+                    timeout = max(0.0, min(times) - now) if times else None
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await self._wake.wait()
+            except ConnectionClosed:
+                pass  # the reader sees the close too
+            if silent:
+                log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
+                            (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
+                ws.transport.abort()
+                return _Plan("retry", "receipt_timeout", close_code=1006)
+            if not reader.done():
+                await ws.close(1000)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
+                if self._release_requested and not self._closing and self._failure is None:
+                    return _Plan("lazy", "released", close_code=1000)
+                return _Plan("stop", "closed", close_code=1000)
+            error = reader.exception()
+            if isinstance(error, RemoteProtocolError):
+                log.warning("the System Zero gateway broke the protocol: %s", error)
+                await ws.close(1002, "protocol error")
+                return _Plan("retry", "protocol_violation", close_code=1002, violation=True,
+                             error=ProtocolViolation(f"the System Zero gateway broke the stream protocol: "
+                                                     f"{error.message}", code=error.code))
+            if error is not None:
+                raise error
+            return self._close_plan(ws)
+        finally:
+            if not reader.done():
+                reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            session.connection_lost()
+            self._ws = None
+            self._pulse()
+
+    def _close_plan(self, ws: ClientConnection) -> _Plan:
+        code = ws.close_code if ws.close_code is not None else 1006
+        reason = ws.close_reason or ""
+        goodbye = self._goodbye
+        server_delay_ms = goodbye.retry_after_ms if goodbye is not None else None
+        if self._last_fatal is not None and self._last_fatal.retry.retry_after_ms is not None:
+            server_delay_ms = max(server_delay_ms or 0, self._last_fatal.retry.retry_after_ms)
+        server_delay = None if server_delay_ms is None else server_delay_ms / 1000
+        label = f"goodbye:{goodbye.reason}" if goodbye is not None else "close"
+        if self._failure is not None or self._closing:
+            return _Plan("stop", label, close_code=code)
+        if code == 1000 and (goodbye is None or goodbye.reason in _LAZY_GOODBYES):
+            return _Plan("lazy", label, close_code=code, server_delay=server_delay)
+        if code in _FATAL_CLOSE_CODES and goodbye is None:
+            fatal = self._last_fatal
+            detail = f" after error {fatal.code}: {fatal.envelope.message}" if fatal is not None else ""
+            return _Plan("stop", label, close_code=code, error=StreamClosed(code, reason, message=(
+                f"the System Zero gateway closed the stream with code {code} ({reason or 'no reason'}){detail}: "
+                "a reconnect would repeat it; check the request and the gateway's limits")))
+        return _Plan("retry", label, close_code=code, server_delay=server_delay,
+                     error=StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"))
