@@ -1,0 +1,1 @@
+"""A local System Zero stream gateway for development, tests and benchmarks."""
