@@ -252,6 +252,7 @@ class ClientSession:
         # the newest generation a decision or a final failure settled
         self._acked_generation = -1
         self._settled_generation = -1
+        self._decision_generation = -1
         self._conn: _Connection | None = None
         self.last_decision: DecisionResult | None = None
         self.stream_id: str | None = None
@@ -414,6 +415,17 @@ class ClientSession:
         self._intents = [i for i in self._intents if i.intent_id != intent_id]
 
     @property
+    def current_decision(self) -> DecisionResult | None:
+        """The last decision if it covers the desired state as it is now (no change since), else ``None``.
+
+        on_change needs no new dispatch for such a state: a caller asking for its decision can
+        have this one.
+        """
+        if self.last_decision is not None and self._decision_generation == self._generation:
+            return self.last_decision
+        return None
+
+    @property
     def pending_intents(self) -> int:
         """Intents not yet resolved."""
         return len(self._intents)
@@ -557,6 +569,7 @@ class ClientSession:
             conn.decide_outstanding = None
         intents = self._resolve(generation)
         self._settled_generation = max(self._settled_generation, generation)
+        self._decision_generation = generation
         return [DecisionReceived(result, current=generation == self._generation, intents=intents)]
 
     def _on_error(self, conn: _Connection, error: Error, now: float) -> list[ClientEvent]:

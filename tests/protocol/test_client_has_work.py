@@ -92,3 +92,19 @@ def test_on_change_retryable_failure_keeps_the_state_unsettled() -> None:
                             "req_1")
     pair.finish(pair.dispatches[0], failure)
     assert client.has_work()  # the gateway retries: the decision is still due
+
+
+def test_current_decision_is_the_last_one_until_the_state_changes() -> None:
+    client = make_client("on_change")
+    pair = Pair(client, auto_decide=False)
+    pair.pump()
+    assert client.current_decision is None
+    pair.finish(pair.dispatches[0])
+    assert client.current_decision is client.last_decision is not None
+    client.append_text("more\n")
+    assert client.current_decision is None  # the state moved on
+    pair.pump()
+    pair.finish(pair.dispatches[1])
+    assert client.current_decision is not None and client.current_decision.state_version == 2
+    client.connection_lost()
+    assert client.current_decision is not None  # still the state's decision after the connection ends
