@@ -496,6 +496,7 @@ class DecisionStream:
         self._goodbye: Goodbye | None = None
         self._last_fatal: Error | None = None
         self._release_requested = False
+        self._dormant = False
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
         self._decisions: deque[DecisionResult | BaseException] = deque()
@@ -552,6 +553,12 @@ class DecisionStream:
     def connected(self) -> bool:
         """Whether a WebSocket connection is open now."""
         return self._ws is not None
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the stream is disconnected on purpose, waiting for work (after :meth:`release`
+        or an ``idle_timeout`` / ``max_duration`` goodbye)."""
+        return self._dormant
 
     @property
     def in_sync(self) -> bool:
@@ -759,6 +766,8 @@ class DecisionStream:
         """
         self._check_usable()
         session = self.session
+        if self._decision_mode == "on_change" and session.current_decision is not None:
+            return session.current_decision  # already decided: on_change dispatches nothing new for it
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         failures = 0
@@ -993,10 +1002,15 @@ class DecisionStream:
     async def _wait_for_work(self) -> None:
         assert self._wake is not None
         session = self.session
-        while not self._closing and self._failure is None and not session.has_work():
-            self._wake.clear()
-            await self._wake.wait()
-        self._release_requested = False
+        self._dormant = True
+        self._pulse()
+        try:
+            while not self._closing and self._failure is None and not session.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+        finally:
+            self._dormant = False
+            self._release_requested = False
 
     def _connect_kwargs(self) -> dict[str, Any]:
         assert self._settings is not None
