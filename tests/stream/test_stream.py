@@ -55,7 +55,7 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
 
         # the server restarts: goodbye shutdown (500 ms), close 1012; the client waits and replays
         await emu.restart(retry_after_ms=500)
-        await emu.wait_for(lambda e: stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
         [reconnect] = stream.reconnects
         assert (reconnect.reason, reconnect.close_code, reconnect.server_delay) == ("goodbye:shutdown", 1012, 0.5)
         assert reconnect.waited >= 0.5
@@ -151,7 +151,7 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
         session.outgoing = without_pongs  # type: ignore[method-assign]
         await emu.wait_for(lambda e: e.stats.closes_by_code.get(1013, 0) >= 1, timeout=10)
         muted = False
-        await emu.wait_for(lambda e: stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
         assert stream.reconnects[0].close_code == 1013 and stream.reconnects[0].reason == "close"
         await stream.append_text("Job is ready.\n")
         assert (await stream.decide(timeout=10)).decisions() == {"ready": True}
@@ -186,7 +186,7 @@ async def test_a_silent_peer_is_treated_as_dead(make_emulator: EmulatorFactory, 
         emu.faults.answer_pings = False  # the gateway stops sending anything at all
         await emu.wait_for(lambda e: not stream.connected, timeout=5)
         emu.faults.answer_pings = True
-        await emu.wait_for(lambda e: stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
         assert stream.reconnects[0].reason in ("receipt_timeout", "close")
         assert stream.reconnects[0].close_code in (1006, 1011)
         assert (await stream.decide(timeout=10)).decisions() == {"ready": False}
