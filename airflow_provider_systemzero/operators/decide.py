@@ -1,0 +1,208 @@
+"""An operator that asks System Zero about a state built from task outputs and hands the
+answers to downstream tasks through XCom."""
+
+from __future__ import annotations
+
+import base64
+import mimetypes
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.configuration import conf
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_systemzero.identity import context_namespace, state_hash
+from airflow_provider_systemzero.protocol.body import json_size
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.messages import Attachment
+from airflow_provider_systemzero.protocol.validation import validate_attachment_name
+from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, decision_payload
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["SystemZeroDecideOperator", "file_attachment"]
+
+_FATAL_ERRORS = frozenset({"authentication", "validation", "configuration"})
+
+
+def file_attachment(name: str, path: str | Path, mime_type: str | None = None) -> dict[str, str]:
+    """An inline attachment ``{"name", "data"}`` from a local file (a base64 data URL).
+
+    :param name: the attachment name (letters, digits, ``_``, ``-``; starts with a letter).
+    :param path: the file.
+    :param mime_type: the MIME type (guessed from the file name when ``None``).
+    """
+    validate_attachment_name(name, field="attachment name")
+    path = Path(path)
+    mime = mime_type or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return {"name": name, "data": f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"}
+
+
+def _as_attachment(value: Any, index: int) -> Attachment:
+    if isinstance(value, Attachment):
+        return value
+    if isinstance(value, Mapping) and set(value) == {"name", "data"}:
+        return Attachment(name=value["name"], data=value["data"])
+    if isinstance(value, Mapping) and set(value) <= {"name", "bytes", "mime_type"} and "bytes" in value:
+        raw = value["bytes"]
+        if not isinstance(raw, bytes | bytearray):
+            raise LocalProtocolError(f"attachments[{index}].bytes must be bytes", code="invalid_attachment",
+                                     field=f"attachments[{index}].bytes")
+        mime = value.get("mime_type") or "application/octet-stream"
+        return Attachment(name=value.get("name"), data=f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}")
+    raise LocalProtocolError(f"attachments[{index}] must be {{name, data}} (a data URL), {{name, bytes, mime_type}} "
+                             "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
+
+
+class SystemZeroDecideOperator(BaseOperator):
+    """Streams a state to System Zero, asks its questions once, and pushes the answers to XCom.
+
+    The state is either ``state`` or the outputs of upstream tasks, **replayed as state**: an
+    array with one item per output, in the given order, each ``{"task_id": …, "output": …}``.
+    One decision per state: an on_request stream sends ``start`` with the full state, then
+    ``decide``. Keys are derived from the task instance and the state's hash, with a stable
+    ``prompt_cache_key``, so a retry, a clear, a triggerer restart or an HA double run replays
+    byte-identically and is billed once.
+
+    XCom: the return value is ``{question: decision}``; ``answers`` holds every answer in full
+    (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID.
+
+    :param questions: ``{name: instructions}`` (boolean) or full question objects (boolean/choice).
+    :param state: the state (string, array or object), if not built from upstream outputs.
+    :param upstream_task_ids: tasks whose return values are replayed as state, in order.
+    :param instructions: ``{name: text}`` overriding questions' instructions.
+    :param attachments: inline attachments: ``{"name", "data"}`` data URLs, ``{"name", "bytes",
+        "mime_type"}``, or :func:`file_attachment`.
+    :param model: the model (default: the connection's ``model`` extra).
+    :param route: ``direct`` or ``committee``.
+    :param mode: ``fast`` or ``deliberate`` (not with ``committee``).
+    :param prompt_cache_key: a stable cache key (default: derived from the task instance).
+    :param systemzero_conn_id: the System Zero connection.
+    :param deferrable: run the stream in the triggerer.
+    :param decision_timeout: seconds allowed for the decision.
+    :param key_salt: mixed into the key namespace (e.g. to force a fresh decision).
+    """
+
+    template_fields: Sequence[str] = ("questions", "state", "instructions", "model", "prompt_cache_key",
+                                      "upstream_task_ids")
+    ui_color = "#e8f0ff"
+
+    def __init__(self, *, questions: Mapping[str, Any], state: Any = None,
+                 upstream_task_ids: Sequence[str] | None = None, instructions: Mapping[str, str] | None = None,
+                 attachments: Sequence[Any] | None = None, model: str | None = None, route: str | None = None,
+                 mode: str | None = None, prompt_cache_key: str | None = None,
+                 systemzero_conn_id: str = "systemzero_default",
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+                 decision_timeout: float = 600.0, key_salt: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.questions = questions
+        self.state = state
+        self.upstream_task_ids = list(upstream_task_ids) if upstream_task_ids is not None else None
+        self.instructions = instructions
+        self.attachments = list(attachments or [])
+        self.model = model
+        self.route = route
+        self.mode = mode
+        self.prompt_cache_key = prompt_cache_key
+        self.systemzero_conn_id = systemzero_conn_id
+        self.deferrable = deferrable
+        self.decision_timeout = decision_timeout
+        self.key_salt = key_salt
+
+    # ------------------------------------------------------------------ inputs
+
+    def _state(self, context: Context) -> Any:
+        if self.upstream_task_ids is None:
+            if self.state is None:
+                raise LocalProtocolError("state is required unless upstream_task_ids is given",
+                                         code="invalid_state", field="state")
+            return self.state
+        if self.state is not None:
+            raise LocalProtocolError("give either state or upstream_task_ids, not both", code="invalid_state",
+                                     field="state")
+        if not self.upstream_task_ids:
+            raise LocalProtocolError("upstream_task_ids is empty: name at least one task", code="invalid_state",
+                                     field="upstream_task_ids")
+        items = []
+        ti = context["ti"]
+        for task_id in self.upstream_task_ids:
+            output = ti.xcom_pull(task_ids=task_id, key="return_value")
+            try:
+                json_size(output)
+            except (TypeError, ValueError) as exc:
+                raise LocalProtocolError(f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
+                                         "plain JSON values to replay them as state", code="invalid_state",
+                                         field=f"upstream_task_ids[{task_id}]") from None
+            items.append({"task_id": task_id, "output": output})
+        return items
+
+    def _prepare(self, context: Context) -> tuple[dict[str, Any], Any, list[Attachment], str]:
+        try:
+            request = build_request_dict(questions=self.questions, instructions=self.instructions, model=self.model,
+                                         route=self.route, mode=self.mode, prompt_cache_key=self.prompt_cache_key)
+            state = self._state(context)
+            attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
+            validate_state_for_request(request, state, attachments)
+        except LocalProtocolError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        namespace = context_namespace(context, salt=self.key_salt)
+        return request, state, attachments, namespace
+
+    # ------------------------------------------------------------------ running
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Decide (deferring to the triggerer when deferrable)."""
+        request, state, attachments, namespace = self._prepare(context)
+        self.log.info("asking %d question(s) about a state of %d bytes (sha256 %s)", len(request["questions"]),
+                      json_size(state), state_hash(state)[:12])
+        if self.deferrable:
+            trigger = SystemZeroDecideTrigger(
+                systemzero_conn_id=self.systemzero_conn_id, request=request, state=state, key_namespace=namespace,
+                attachments=[a.to_dict() for a in attachments], deadline=time.time() + self.decision_timeout)
+            self.defer(trigger=trigger, method_name="execute_complete",
+                       timeout=timedelta(seconds=self.decision_timeout + 60))
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+        decision = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
+            request, state=state, attachments=attachments, key_namespace=namespace, identity=namespace,
+            timeout=self.decision_timeout)
+        return self._publish(context, {"status": "success", "key_namespace": namespace, **decision_payload(decision)})
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume with the trigger's decision; idempotent (the same event gives the same XCom).
+
+        :param event: the trigger's payload.
+        """
+        if not isinstance(event, dict) or "status" not in event:
+            raise AirflowException(f"{self.task_id}: the trigger sent no usable event ({event!r})")
+        expected = context_namespace(context, salt=self.key_salt)
+        if event.get("key_namespace") != expected:
+            raise AirflowException(f"{self.task_id}: the event belongs to another request "
+                                   f"({event.get('key_namespace')!r}, expected {expected!r})")
+        if event["status"] != "success":
+            message = f"{self.task_id}: {event.get('message', 'the decision failed')}"
+            if event.get("error_type") == "decision_failed":
+                message += (f" (HTTP {event.get('http_status')}, code {event.get('code')}; "
+                            f"{'retryable: Airflow retries apply' if event.get('retryable') else 'not retryable'})")
+            if event.get("error_type") in _FATAL_ERRORS or (event.get("error_type") == "decision_failed"
+                                                             and not event.get("retryable")):
+                raise AirflowFailException(message)
+            raise AirflowException(message)
+        return self._publish(context, event)
+
+    def _publish(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        answers = event.get("answers") or {}
+        ti = context["ti"]
+        ti.xcom_push(key="answers", value=answers)
+        ti.xcom_push(key="reply", value=event.get("reply"))
+        ti.xcom_push(key="decision_id", value=event.get("reply_id"))
+        decisions = {name: answer.get("decision") for name, answer in answers.items()}
+        self.log.info("System Zero answered %s (reply %s, state version %s)", decisions, event.get("reply_id"),
+                      event.get("state_version"))
+        return decisions

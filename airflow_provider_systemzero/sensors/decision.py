@@ -1,0 +1,203 @@
+"""A deferrable sensor that waits for a System Zero decision about a changing state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.configuration import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.identity import context_namespace
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["SystemZeroDecisionSensor"]
+
+#: Extra time Airflow gives the trigger beyond the sensor's own deadline, so the trigger's
+#: clearer timeout event wins.
+_DEFER_GRACE = timedelta(seconds=60)
+#: Error types that retrying cannot fix.
+_FATAL_ERRORS = frozenset({"authentication", "validation", "configuration"})
+
+
+class SystemZeroDecisionSensor(BaseSensorOperator):
+    """Waits until System Zero decides a question as expected about a state that keeps changing.
+
+    In deferrable mode (the default, from ``[operators] default_deferrable``) the task defers at
+    once and a :class:`~airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger`
+    holds the stream in the triggerer, so waiting costs no worker slot. Otherwise it pokes: each
+    poke reads the source and asks one on_request decision.
+
+    ::
+
+        SystemZeroDecisionSensor(
+            task_id="wait_until_ready",
+            question="ready",
+            instructions="Is the job ready?",
+            source={"type": "file", "path": "/data/job.log"},
+            min_confidence=0.8,
+        )
+
+    :param question: the question to watch.
+    :param instructions: the watched (boolean) question's instructions, when ``questions`` is not given.
+    :param questions: every question to ask (full or shorthand form); must include ``question``.
+    :param state: the initial state (string, array or object); a file source appends to it.
+    :param source: where the state comes from: ``None`` (static), ``{"type": "file", "path": …}`` or
+        ``{"type": "callable", "path": "pkg.mod.func", "poll_interval": …}``.
+    :param expect: the answer that satisfies the sensor (``True`` by default).
+    :param min_confidence: the answer's confidence bar (a missing confidence never passes).
+    :param min_probability: the answer's probability bar.
+    :param decision_mode: ``on_change`` (every change is decided) or ``on_request``.
+    :param model: the model (default: the connection's ``model`` extra).
+    :param route: ``direct`` or ``committee``.
+    :param mode: ``fast`` or ``deliberate``.
+    :param prompt_cache_key: a stable cache key (default: derived from the task instance).
+    :param systemzero_conn_id: the System Zero connection.
+    :param deferrable: wait in the triggerer.
+    :param lease: let the trigger give its stream back between decisions.
+    :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
+    """
+
+    template_fields: Sequence[str] = ("question", "instructions", "questions", "state", "source", "model",
+                                      "prompt_cache_key")
+    ui_color = "#e8f0ff"
+
+    def __init__(self, *, question: str = "ready", instructions: str | None = None,
+                 questions: dict[str, Any] | None = None, state: Any = "", source: dict[str, Any] | None = None,
+                 expect: Any = True, min_confidence: float | None = None, min_probability: float | None = None,
+                 decision_mode: str = "on_change", model: str | None = None, route: str | None = None,
+                 mode: str | None = None, prompt_cache_key: str | None = None,
+                 systemzero_conn_id: str = "systemzero_default",
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+                 lease: bool = True, key_salt: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.question = question
+        self.instructions = instructions
+        self.questions = questions
+        self.state = state
+        self.source = source
+        self.expect = expect
+        self.min_confidence = min_confidence
+        self.min_probability = min_probability
+        self.decision_mode = decision_mode
+        self.model = model
+        self.route = route
+        self.mode = mode
+        self.prompt_cache_key = prompt_cache_key
+        self.systemzero_conn_id = systemzero_conn_id
+        self.deferrable = deferrable
+        self.lease = lease
+        self.key_salt = key_salt
+
+    # ------------------------------------------------------------------ building and checking
+
+    def _build(self) -> tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None]:
+        """The request, the condition and the source; fails the task (no retry) on bad input."""
+        try:
+            questions = self.questions
+            if questions is None:
+                if not self.instructions:
+                    raise LocalProtocolError("instructions is required when questions is not given: say what to "
+                                             "decide, e.g. 'Is the job ready?'", code="invalid_question",
+                                             field="instructions")
+                questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
+            request = build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.mode,
+                                         prompt_cache_key=self.prompt_cache_key)
+            condition = DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability)
+            condition.check_questions(request["questions"])
+            validate_decision_mode(self.decision_mode)
+            source = validate_source_spec(self.source, self.state)
+            validate_state_for_request(request, self.state)
+        except LocalProtocolError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        return request, condition, source
+
+    def _deadline(self) -> float | None:
+        timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
+        return None if timeout is None else time.time() + float(timeout)
+
+    # ------------------------------------------------------------------ running
+
+    def execute(self, context: Context) -> Any:
+        """Defer at once (deferrable) or poke."""
+        request, condition, source = self._build()
+        if not self.deferrable:
+            return super().execute(context)
+        trigger = SystemZeroDecisionTrigger(
+            systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
+            state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
+            decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease)
+        timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        """One on_request decision about the source's current state."""
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+        request, condition, source = self._build()
+        try:
+            state = read_source_once(source, self.state)
+        except LocalProtocolError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        namespace = context_namespace(context, salt=self.key_salt)
+        decision = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
+            request, state=state, key_namespace=namespace, identity=namespace)
+        result = condition.evaluate(decision)
+        self.log.info("decision at version %s: %s", decision.state_version, result.reason)
+        if not result.met:
+            return PokeReturnValue(is_done=False)
+        return PokeReturnValue(is_done=True, xcom_value=self._summary({
+            "status": "success", "key_namespace": namespace, "question": condition.question,
+            "decision": result.answer.decision if result.answer else None,
+            "probability": result.answer.probability if result.answer else None,
+            "confidence": result.answer.confidence if result.answer else None, "reply_id": decision.reply_id,
+            "request_id": decision.request_id, "state_version": decision.state_version,
+            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
+            "usage": decision.usage, "reason": result.reason}))
+
+    @staticmethod
+    def _summary(event: dict[str, Any]) -> dict[str, Any]:
+        keys = ("question", "decision", "probability", "confidence", "reply_id", "request_id", "state_version",
+                "covered_event_ids", "model", "usage", "reason")
+        return {key: event.get(key) for key in keys}
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume after the trigger fired; idempotent (an event may be delivered more than once).
+
+        :param event: the trigger's payload.
+        :return: the decision summary (pushed to XCom as ``return_value``).
+        """
+        if not isinstance(event, dict) or "status" not in event:
+            raise AirflowException(f"{self.task_id}: the trigger sent no usable event ({event!r})")
+        expected = context_namespace(context, salt=self.key_salt)
+        if event.get("key_namespace") != expected:
+            raise AirflowException(f"{self.task_id}: the event belongs to another task instance "
+                                   f"({event.get('key_namespace')!r}, expected {expected!r})")
+        status = event["status"]
+        if status == "success":
+            summary = self._summary(event)
+            self.log.info("System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
+                          summary["question"], summary["decision"], summary["probability"], summary["confidence"],
+                          summary["state_version"])
+            return summary
+        message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
+        if status == "timeout":
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            from airflow.sdk.exceptions import AirflowSensorTimeout
+
+            raise AirflowSensorTimeout(message)
+        if event.get("error_type") in _FATAL_ERRORS:
+            raise AirflowFailException(message)
+        raise AirflowException(message)

@@ -1,0 +1,399 @@
+"""Triggers that hold a System Zero stream in the triggerer.
+
+* :class:`SystemZeroDecisionTrigger` — the deferrable sensor's trigger: streams a changing state
+  and fires once, when a decision about the *current* state meets the condition.
+* :class:`SystemZeroDecideTrigger` — the deferrable operator's trigger: one on_request decision
+  about a fixed state, with every answer.
+* :class:`SystemZeroDecisionEventTrigger` — an :class:`~airflow.triggers.base.BaseEventTrigger`
+  for an ``AssetWatcher``: an asset event each time the condition becomes true.
+
+The rules they follow (the triggerer runs hundreds of them in one event loop):
+
+* ``run()`` never blocks the loop (files are read in a thread, connections are looked up with
+  ``aget_connection``) and lets :class:`asyncio.CancelledError` propagate; ``cleanup()`` closes the
+  socket on every exit.
+* Kwargs are plain JSON with no secret: a connection ID, the request, the state and its source,
+  the condition, an absolute ``deadline`` (epoch seconds, so a rebuilt trigger keeps it) and a
+  ``key_namespace`` derived from the task instance. The same namespace gives the same
+  ``prompt_cache_key`` and the same per-state idempotency keys in every process, so a triggerer
+  restart or two copies running at once (HA) replay byte-identically and are billed once.
+* A decision only counts when it covers the complete desired state (never a stale one).
+* **Stream leasing**: once a decision about the current state settled and the source has nothing
+  new, the trigger gives its stream back (close 1000) and reconnects — with a byte-identical
+  replay — only when the source changes, so a triggerer holds many waiting sensors within
+  ``max_streams_per_process``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.triggers.sources import StateSource, build_source
+
+__all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZeroDecisionTrigger",
+           "error_payload"]
+
+log = logging.getLogger(__name__)
+
+
+def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
+    """A small JSON error event for an exception (never carries request headers or the key)."""
+    from airflow_provider_systemzero.stream.exceptions import (
+        AuthenticationFailed,
+        DeadlineExceeded,
+        DecisionFailed,
+        LocalProtocolError,
+        SystemZeroError,
+        UpgradeRefused,
+    )
+
+    payload: dict[str, Any] = {"status": "error", "error_type": "unexpected", "message": str(exc) or repr(exc),
+                               **extra}
+    if isinstance(exc, DeadlineExceeded | TimeoutError):
+        payload.update(status="timeout", error_type="timeout")
+    elif isinstance(exc, AuthenticationFailed):
+        payload["error_type"] = "authentication"
+    elif isinstance(exc, LocalProtocolError):
+        payload.update(error_type="validation", field=exc.field, code=exc.code)
+    elif isinstance(exc, DecisionFailed):
+        payload.update(error_type="decision_failed", http_status=exc.http_status, code=exc.envelope.code,
+                       retryable=exc.retryable)
+    elif isinstance(exc, UpgradeRefused):
+        payload.update(error_type="upgrade_refused", http_status=exc.status)
+    elif isinstance(exc, SystemZeroError):
+        payload["error_type"] = "stream_failed"
+    elif type(exc).__name__ == "AirflowNotFoundException":
+        payload["error_type"] = "configuration"
+    return payload
+
+
+class _StreamingTrigger:
+    """What the three triggers share: the stream, the source, leasing and cleanup."""
+
+    systemzero_conn_id: str
+    request: dict[str, Any]
+    state: Any
+    source: dict[str, Any] | None
+    decision_mode: str
+    key_namespace: str
+    lease: bool
+    deadline: float | None
+
+    _stream: Any = None
+    _source_obj: StateSource | None = None
+
+    def _open_stream(self, initial: Any) -> Any:
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
+        self._stream = hook.stream(self.request, state=initial, decision_mode=self.decision_mode,
+                                   key_namespace=self.key_namespace, identity=self.key_namespace)
+        return self._stream
+
+    def _remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - time.time()
+
+    @staticmethod
+    async def _feed(stream: Any, source: StateSource, changed: asyncio.Event) -> None:
+        async for state in source.changes():
+            if state != stream.state:  # the first value usually equals the state the stream opened with
+                await stream.set_state(state)
+                changed.set()
+
+    async def _current_decisions(self, stream: Any, changed: asyncio.Event) -> AsyncIterator[DecisionResult]:
+        """Decisions that cover the complete desired state, leasing the stream in between."""
+        if self.decision_mode == "on_change":
+            async for decision in stream.decisions():
+                if not (stream.in_sync and decision.stream_id == stream.stream_id
+                        and decision.state_version == stream.state_version):
+                    log.debug("skipping decision for version %s: newer state was sent", decision.state_version)
+                    continue
+                yield decision
+                if self.lease and not stream.has_work():
+                    await stream.release()
+        else:
+            while True:
+                changed.clear()
+                decision = await stream.decide()
+                if not changed.is_set():
+                    yield decision
+                    if self.lease and not stream.has_work():
+                        await stream.release()
+                    await changed.wait()
+
+    async def _race(self, stream: Any, source: StateSource, body: Any) -> Any:
+        """Run ``body`` while the source feeds the stream; the first to finish wins."""
+        changed = asyncio.Event()
+        feeder = asyncio.ensure_future(self._feed(stream, source, changed))
+        consumer = asyncio.ensure_future(body(changed))
+        try:
+            await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (feeder, consumer):
+                task.cancel()
+            await asyncio.gather(feeder, consumer, return_exceptions=True)
+        if consumer.done() and not consumer.cancelled():
+            return consumer.result()
+        return feeder.result()  # the source failed (or ended): raise its error
+
+    async def cleanup(self) -> None:
+        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
+        stream, self._stream = self._stream, None
+        source, self._source_obj = self._source_obj, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(stream.aclose(), timeout=5)
+        if source is not None:
+            with contextlib.suppress(Exception):
+                await source.aclose()
+
+
+class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
+    """Waits until System Zero decides the watched question as expected about a changing state.
+
+    Fires once: a ``success`` event with the watched answer, or an ``error``/``timeout`` event
+    whose ``message`` names the cause.
+
+    :param systemzero_conn_id: the System Zero connection (origin and key are read in the triggerer).
+    :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}`` (plain JSON).
+    :param condition: :meth:`DecisionCondition.to_dict` — question, expect, min_confidence, min_probability.
+    :param state: the initial state (string, array or object).
+    :param source: where the state comes from (see :mod:`~airflow_provider_systemzero.triggers.sources`).
+    :param key_namespace: deterministic namespace of this task instance's keys and cache key.
+    :param decision_mode: ``on_change`` (every change is decided) or ``on_request`` (decide after changes).
+    :param deadline: absolute deadline in epoch seconds, or ``None``.
+    :param lease: give the stream back between decisions when nothing changes.
+    """
+
+    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
+                 state: Any, key_namespace: str, source: dict[str, Any] | None = None,
+                 decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True) -> None:
+        super().__init__()
+        self.systemzero_conn_id = systemzero_conn_id
+        self.request = request
+        self.condition = condition
+        self.state = state
+        self.source = source
+        self.key_namespace = key_namespace
+        self.decision_mode = decision_mode
+        self.deadline = deadline
+        self.lease = lease
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret)."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
+                 "condition": self.condition, "state": self.state, "source": self.source,
+                 "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
+                 "deadline": self.deadline, "lease": self.lease})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Stream the state and yield one event."""
+        payload = await self._wait_for_condition()
+        yield TriggerEvent(payload)
+
+    async def _wait_for_condition(self) -> dict[str, Any]:
+        extra = {"key_namespace": self.key_namespace}
+        try:
+            condition = DecisionCondition.from_dict(self.condition)
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                return {"status": "timeout", "error_type": "timeout", **extra,
+                        "message": "the sensor's deadline passed before the trigger started"}
+            async with asyncio.timeout(remaining):
+                self._source_obj = source = build_source(self.source, self.state)
+                initial = await source.current()
+                async with self._open_stream(initial) as stream:
+
+                    async def consume(changed: asyncio.Event) -> dict[str, Any]:
+                        async for decision in self._current_decisions(stream, changed):
+                            result = condition.evaluate(decision)
+                            log.info("decision at version %s: %s", decision.state_version, result.reason)
+                            if result.met:
+                                return _success_payload(decision, condition.question, result.reason, extra)
+                        raise RuntimeError("the stream ended without a decision")
+
+                    return await self._race(stream, source, consume)
+        except TimeoutError:
+            return {"status": "timeout", "error_type": "timeout", **extra,
+                    "message": "no decision met the condition before the deadline"}
+        except Exception as exc:
+            log.warning("decision trigger failed: %s", exc)
+            return error_payload(exc, **extra)
+        finally:
+            await self.cleanup()
+
+
+class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
+    """One on_request decision about a fixed state, with every answer (the deferrable operator).
+
+    :param systemzero_conn_id: the System Zero connection.
+    :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}``.
+    :param state: the complete state.
+    :param key_namespace: deterministic namespace (task instance + state hash).
+    :param idempotency_key: the state's key (derived from the namespace when ``None``).
+    :param attachments: inline attachments ``[{"name", "data"}]``.
+    :param deadline: absolute deadline in epoch seconds, or ``None``.
+    """
+
+    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], state: Any, key_namespace: str,
+                 idempotency_key: str | None = None, attachments: list[dict[str, str]] | None = None,
+                 deadline: float | None = None) -> None:
+        super().__init__()
+        self.systemzero_conn_id = systemzero_conn_id
+        self.request = request
+        self.state = state
+        self.key_namespace = key_namespace
+        self.idempotency_key = idempotency_key
+        self.attachments = attachments or []
+        self.deadline = deadline
+        self.source = None
+        self.decision_mode = "on_request"
+        self.lease = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret)."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request, "state": self.state,
+                 "key_namespace": self.key_namespace, "idempotency_key": self.idempotency_key,
+                 "attachments": self.attachments, "deadline": self.deadline})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Decide once and yield one event."""
+        payload = await self._decide()
+        yield TriggerEvent(payload)
+
+    async def _decide(self) -> dict[str, Any]:
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+        from airflow_provider_systemzero.protocol.messages import Attachment
+
+        extra = {"key_namespace": self.key_namespace}
+        try:
+            hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                return {"status": "timeout", "error_type": "timeout", **extra,
+                        "message": "the task's deadline passed before the trigger started"}
+            async with asyncio.timeout(remaining):
+                self._stream = hook.stream(self.request, state=self.state, decision_mode="on_request",
+                                           attachments=[Attachment(**a) for a in self.attachments],
+                                           idempotency_key=self.idempotency_key, key_namespace=self.key_namespace,
+                                           identity=self.key_namespace)
+                async with self._stream as stream:
+                    decision = await stream.decide()
+            return {"status": "success", **extra, **decision_payload(decision)}
+        except TimeoutError:
+            return {"status": "timeout", "error_type": "timeout", **extra,
+                    "message": "no decision before the task's deadline"}
+        except Exception as exc:
+            log.warning("decide trigger failed: %s", exc)
+            return error_payload(exc, **extra)
+        finally:
+            await self.cleanup()
+
+
+class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
+    """Schedules Dags on a decision: an asset event each time the condition becomes true.
+
+    Use it in an ``AssetWatcher``. Its kwargs are its identity, so ``watch_id`` names the
+    watch (and its keys) across triggerer restarts. An event is produced on each transition
+    from "not met" to "met" (the first decision counts as a transition); a decision that
+    stays true does not fire again.
+
+    :param systemzero_conn_id: the System Zero connection.
+    :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}``.
+    :param condition: :meth:`DecisionCondition.to_dict`.
+    :param state: the initial state.
+    :param watch_id: a stable name for this watch (namespace of its keys and cache key).
+    :param source: where the state comes from.
+    :param decision_mode: ``on_change`` or ``on_request``.
+    :param lease: give the stream back between decisions when nothing changes.
+    """
+
+    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
+                 state: Any, watch_id: str, source: dict[str, Any] | None = None,
+                 decision_mode: str = "on_change", lease: bool = True) -> None:
+        super().__init__()
+        self.systemzero_conn_id = systemzero_conn_id
+        self.request = request
+        self.condition = condition
+        self.state = state
+        self.watch_id = watch_id
+        self.source = source
+        self.decision_mode = decision_mode
+        self.lease = lease
+        self.deadline = None
+        from airflow_provider_systemzero.identity import task_namespace
+
+        self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret); they are the watcher's identity."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
+                 "condition": self.condition, "state": self.state, "watch_id": self.watch_id,
+                 "source": self.source, "decision_mode": self.decision_mode, "lease": self.lease})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Yield an event each time the condition becomes true; runs until cancelled."""
+        condition = DecisionCondition.from_dict(self.condition)
+        self._source_obj = source = build_source(self.source, self.state)
+        initial = await source.current()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        try:
+            async with self._open_stream(initial) as stream:
+
+                async def consume(changed: asyncio.Event) -> None:
+                    was_met = False
+                    async for decision in self._current_decisions(stream, changed):
+                        result = condition.evaluate(decision)
+                        if result.met and not was_met:
+                            await queue.put(_success_payload(decision, condition.question, result.reason,
+                                                             {"watch_id": self.watch_id}))
+                        was_met = result.met
+
+                race = asyncio.ensure_future(self._race(stream, source, consume))
+                try:
+                    while True:
+                        getter = asyncio.ensure_future(queue.get())
+                        await asyncio.wait({getter, race}, return_when=asyncio.FIRST_COMPLETED)
+                        if getter.done():
+                            yield TriggerEvent(getter.result())
+                            continue
+                        getter.cancel()
+                        race.result()  # raises the failure
+                        return
+                finally:
+                    race.cancel()
+                    await asyncio.gather(race, return_exceptions=True)
+        finally:
+            await self.cleanup()
+
+
+def decision_payload(decision: DecisionResult) -> dict[str, Any]:
+    """Everything the operator needs from a decision, as plain JSON (no state content)."""
+    return {"reply_id": decision.reply_id, "state_version": decision.state_version,
+            "covered_event_ids": list(decision.covered_event_ids), "request_id": decision.request_id,
+            "stream_id": decision.stream_id, "answers": {n: a.to_dict() for n, a in decision.answers.items()},
+            "reply": decision.reply}
+
+
+def _success_payload(decision: DecisionResult, question: str, reason: str,
+                     extra: Mapping[str, Any]) -> dict[str, Any]:
+    answer = decision.answers[question]
+    return {"status": "success", **extra, "question": question, "decision": answer.decision,
+            "probability": answer.probability, "confidence": answer.confidence, "reply_id": decision.reply_id,
+            "request_id": decision.request_id, "state_version": decision.state_version,
+            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
+            "usage": decision.usage, "reason": reason}

@@ -1,0 +1,234 @@
+"""The decision triggers against the real emulator over loopback, through serialize → rebuild → run()."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.triggers.decision import (
+    SystemZeroDecideTrigger,
+    SystemZeroDecisionEventTrigger,
+    SystemZeroDecisionTrigger,
+)
+from tests.airflow import sources_for_tests
+
+RULES = {"rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.93,
+                    "confidence": 0.9}],
+         "default": {"answer": False, "probability": 0.2, "confidence": 0.8}}
+REQUEST = {"model": "sz-test", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
+CONDITION = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
+
+
+@pytest.fixture
+def rules_file(tmp_path: Path) -> str:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps(RULES))
+    return str(path)
+
+
+#: The account's decision buckets (5 burst, 60/min) are tested in the emulator's suite; here
+#: they are raised so the stream cap, not billing pacing, is what the density test measures.
+LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
+
+
+@pytest.fixture
+async def emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    async with Emulator(api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS) as emu:
+        monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_TEST", json.dumps(
+            {"conn_type": "systemzero", "host": emu.origin, "password": "demo"}))
+        yield emu
+
+
+def rebuilt(trigger: Any) -> Any:
+    """What the triggerer does: rebuild the trigger from its serialized form."""
+    classpath, kwargs = trigger.serialize()
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON
+    module, _, name = classpath.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    clone = cls(**kwargs)
+    assert clone.serialize() == (classpath, kwargs)
+    return clone
+
+
+def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
+    kwargs: dict[str, Any] = {"systemzero_conn_id": "systemzero_test", "request": REQUEST, "condition": CONDITION,
+                              "state": "", "key_namespace": task_namespace("d", "t", "r", -1)}
+    kwargs.update(overrides)
+    return SystemZeroDecisionTrigger(**kwargs)
+
+
+async def first_event(trigger: Any, timeout: float = 20) -> dict[str, Any]:
+    gen = trigger.run()
+    try:
+        async with asyncio.timeout(timeout):
+            event = await anext(gen)
+        with pytest.raises(StopAsyncIteration):
+            await anext(gen)  # a single-event trigger yields once and returns
+        return event.payload
+    finally:
+        await gen.aclose()
+
+
+async def test_serialized_kwargs_carry_no_secret(emulator: Emulator) -> None:
+    classpath, kwargs = sensor_trigger().serialize()
+    assert "demo" not in json.dumps(kwargs) and "password" not in json.dumps(kwargs)
+    assert classpath == "airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger"
+    assert "demo" not in repr(sensor_trigger())
+
+
+async def test_file_source_grows_until_the_decision_flips(emulator: Emulator, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("starting\n")
+    trigger = rebuilt(sensor_trigger(source={"type": "file", "path": str(log), "poll_interval": 0.02}))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+    assert not task.done()
+    with log.open("a") as handle:
+        handle.write("step 1 done\n")
+    await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 2, timeout=10)
+    with log.open("a") as handle:
+        handle.write("Job is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    assert payload["probability"] == pytest.approx(0.93) and payload["confidence"] == pytest.approx(0.9)
+    assert payload["reply_id"].startswith("szd_") and payload["key_namespace"] == trigger.key_namespace
+    latest = emulator.latest_state(next(iter(emulator_cache_keys(emulator))))
+    assert latest is not None and latest.state == "starting\nstep 1 done\nJob is ready.\n"
+    await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+
+
+def emulator_cache_keys(emulator: Emulator) -> set[str]:
+    return {entry.prompt_cache_key for entries in emulator.ledger.values() for entry in entries
+            if getattr(entry, "prompt_cache_key", None)} or set(emulator._latest_by_cache_key)
+
+
+async def test_static_state_already_true_fires_at_once(emulator: Emulator) -> None:
+    payload = await first_event(rebuilt(sensor_trigger(state="Job is ready.\n")))
+    assert payload["status"] == "success" and payload["state_version"] == 1
+    assert payload["covered_event_ids"] == ["evt_1"]
+
+
+async def test_deadline_gives_a_timeout_event(emulator: Emulator) -> None:
+    import time
+
+    payload = await first_event(rebuilt(sensor_trigger(state="nothing yet\n", deadline=time.time() + 0.5)))
+    assert payload["status"] == "timeout" and "deadline" in payload["message"]
+
+
+async def test_wrong_key_gives_an_authentication_error_event(emulator: Emulator,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_TEST", json.dumps(
+        {"conn_type": "systemzero", "host": emulator.origin, "password": "wrong-key-123"}))
+    payload = await first_event(rebuilt(sensor_trigger()))
+    assert payload["status"] == "error" and payload["error_type"] == "authentication"
+    assert "wrong-key-123" not in json.dumps(payload)
+
+
+async def test_cancellation_propagates_and_closes_the_socket(emulator: Emulator) -> None:
+    trigger = rebuilt(sensor_trigger(state="never ready\n"))
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await trigger.cleanup()
+    await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+
+
+async def test_rebuilt_trigger_replays_byte_identically_without_billing(emulator: Emulator) -> None:
+    """A triggerer restart: the same kwargs in a new trigger replay the same state and key."""
+    original = sensor_trigger(state="still working\n", lease=False)
+    gen = original.run()
+    task = asyncio.ensure_future(anext(gen))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed == 1, timeout=10)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await original.cleanup()
+    billed_before = emulator.billed_bodies()
+
+    restarted = rebuilt(original)
+    gen2 = restarted.run()
+    task2 = asyncio.ensure_future(anext(gen2))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_replayed >= 1, timeout=10)
+    assert emulator.billed_bodies() == billed_before and emulator.stats.decisions_billed == 1
+    task2.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task2
+    await restarted.cleanup()
+
+
+async def test_two_copies_at_once_bill_once(emulator: Emulator) -> None:
+    """HA: two triggerers run the same trigger; the per-state keys make the gateway bill once."""
+    one, two = rebuilt(sensor_trigger(state="Job is ready.\n")), rebuilt(sensor_trigger(state="Job is ready.\n"))
+    first, second = await asyncio.gather(first_event(one), first_event(two))
+    assert first["status"] == second["status"] == "success"
+    assert first["reply_id"] == second["reply_id"]
+    assert emulator.stats.decisions_billed == 1
+
+
+async def test_many_waiting_triggers_share_the_stream_cap(emulator: Emulator) -> None:
+    count = 200
+    names = [f"job{n}" for n in range(count)]
+    triggers = [rebuilt(sensor_trigger(
+        key_namespace=task_namespace("d", "t", name, -1),
+        source={"type": "callable", "path": "tests.airflow.sources_for_tests.flag_state", "kwargs": {"name": name},
+                "poll_interval": 0.05})) for name in names]
+    tasks = [asyncio.ensure_future(first_event(t, timeout=120)) for t in triggers]
+    # every trigger gets its first (false) decision, leasing its stream back in between
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= count, timeout=90)
+    assert not any(t.done() for t in tasks)
+    for name in names:
+        sources_for_tests.STATES[name] = "waiting\nJob is ready.\n"
+    payloads = await asyncio.gather(*tasks)
+    assert all(p["status"] == "success" for p in payloads)
+    assert emulator.stats.max_streams_open <= 4
+    assert emulator.stats.upgrade_refusals.get(429, 0) == 0
+
+
+async def test_async_generator_source_pushes_states(emulator: Emulator) -> None:
+    trigger = rebuilt(sensor_trigger(source={
+        "type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states",
+        "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nJob is ready.\n"]}}))
+    payload = await first_event(trigger)
+    assert payload["status"] == "success"
+
+
+async def test_decide_trigger_returns_every_answer(emulator: Emulator) -> None:
+    trigger = rebuilt(SystemZeroDecideTrigger(
+        systemzero_conn_id="systemzero_test", request=REQUEST, state=[{"task_id": "a", "output": "Job is ready."}],
+        key_namespace=task_namespace("d", "op", "r", -1)))
+    payload = await first_event(trigger)
+    assert payload["status"] == "success" and payload["answers"]["ready"]["decision"] is True
+    assert payload["reply"]["id"] == payload["reply_id"] and payload["state_version"] == 1
+
+
+async def test_event_trigger_fires_on_each_transition_to_true(emulator: Emulator) -> None:
+    sources_for_tests.STATES["watch"] = "waiting\n"
+    trigger = rebuilt(SystemZeroDecisionEventTrigger(
+        systemzero_conn_id="systemzero_test", request=REQUEST, condition=CONDITION, state="", watch_id="nightly",
+        source={"type": "callable", "path": "tests.airflow.sources_for_tests.flag_state",
+                "kwargs": {"name": "watch"}, "poll_interval": 0.02}))
+    gen = trigger.run()
+    try:
+        first = asyncio.ensure_future(anext(gen))
+        await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+        assert not first.done()
+        sources_for_tests.STATES["watch"] = "waiting\nJob is ready.\n"
+        async with asyncio.timeout(20):
+            event = await first
+        assert event.payload["status"] == "success" and event.payload["watch_id"] == "nightly"
+    finally:
+        await gen.aclose()
+        await trigger.cleanup()
+    await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
