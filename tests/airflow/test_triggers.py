@@ -66,10 +66,10 @@ def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
     return SystemZeroDecisionTrigger(**kwargs)
 
 
-async def first_event(trigger: Any, timeout: float = 20) -> dict[str, Any]:
+async def first_event(trigger: Any, within: float = 20) -> dict[str, Any]:
     gen = trigger.run()
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             event = await anext(gen)
         with pytest.raises(StopAsyncIteration):
             await anext(gen)  # a single-event trigger yields once and returns
@@ -184,7 +184,7 @@ async def test_many_waiting_triggers_share_the_stream_cap(emulator: Emulator) ->
         key_namespace=task_namespace("d", "t", name, -1),
         source={"type": "callable", "path": "tests.airflow.sources_for_tests.flag_state", "kwargs": {"name": name},
                 "poll_interval": 0.05})) for name in names]
-    tasks = [asyncio.ensure_future(first_event(t, timeout=120)) for t in triggers]
+    tasks = [asyncio.ensure_future(first_event(t, within=120)) for t in triggers]
     # every trigger gets its first (false) decision, leasing its stream back in between
     await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= count, timeout=90)
     assert not any(t.done() for t in tasks)
