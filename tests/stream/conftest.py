@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.protocol import Limits
-from airflow_provider_systemzero.stream import Backoff, StreamSettings, default_capacity
-
-QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
-#: Long enough for Airflow's secrets masker (it skips values under 5 characters).
-SECRET_KEY = "sz-live-0123456789abcdef"
+from airflow_provider_systemzero.stream import Backoff, default_capacity
+from tests.stream.support import SECRET_KEY, TEST_LIMITS, EmulatorFactory
 
 
 @pytest.fixture(autouse=True)
@@ -30,20 +26,10 @@ def fast_backoff() -> Backoff:
     return Backoff(base=0.02, cap=0.1)
 
 
-#: Limits for loopback tests: liveness in hundreds of milliseconds, account decision limits out of
-#: the way, idle and lifetime long unless a test shrinks them.
-TEST_LIMITS = Limits(start_timeout_ms=2_000, idle_timeout_ms=30_000, max_duration_ms=120_000,
-                     heartbeat_interval_ms=400, pong_timeout_ms=300, decision_settlement_timeout_ms=300,
-                     write_progress_timeout_ms=2_000, close_handshake_timeout_ms=500,
-                     account_decision_burst=1_000, account_decision_ceiling_per_minute=60_000)
-
-EmulatorFactory = Callable[..., Awaitable[Emulator]]
-
-
 @pytest.fixture
 async def make_emulator() -> AsyncIterator[EmulatorFactory]:
     """``await make_emulator(limits=..., **kwargs)``: a started emulator (stopped after the test)
-    whose one account is :data:`SECRET_KEY` with capacity 4."""
+    whose one account is the test key with stream capacity 4."""
     started: list[Emulator] = []
 
     async def make(**kwargs: Any) -> Emulator:
@@ -57,8 +43,3 @@ async def make_emulator() -> AsyncIterator[EmulatorFactory]:
     yield make
     for emulator in started:
         await emulator.stop(retry_after_ms=0)
-
-
-def settings_for(emulator: Emulator, **kwargs: Any) -> StreamSettings:
-    """Settings pointing at an emulator with the test key."""
-    return StreamSettings(emulator.origin, SECRET_KEY, **kwargs)

@@ -25,7 +25,7 @@ from airflow_provider_systemzero.stream import (
     derive_prompt_cache_key,
 )
 from airflow_provider_systemzero.stream.connection import _RedactingLogger, connect_options
-from tests.stream.conftest import QUESTIONS, SECRET_KEY
+from tests.stream.support import QUESTIONS, SECRET_KEY
 
 
 def settings(**kwargs: object) -> StreamSettings:

@@ -21,7 +21,7 @@ from airflow_provider_systemzero.stream import (
     SystemZeroValidationError,
     default_capacity,
 )
-from tests.stream.conftest import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, settings_for
+from tests.stream.support import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, settings_for
 
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 

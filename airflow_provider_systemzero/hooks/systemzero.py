@@ -1,0 +1,265 @@
+"""``SystemZeroHook``: the Airflow face of the System Zero stream client.
+
+The connection (``conn_type = "systemzero"``):
+
+* **host** — the API origin: ``https://HOST`` or ``wss://HOST`` (a bare host means ``wss://``;
+  ``ws://`` only to a loopback host, such as the local emulator);
+* **password** — the API key (masked in logs; never in a repr, an exception or a serialized object);
+* **extra** — ``model`` (default model), ``prompt_cache_key_prefix``, ``open_timeout`` (seconds),
+  ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used).
+
+Async code (triggers, ``aexecute``) reaches the connection only through
+``await BaseHook.aget_connection(...)`` and ``await conn.aextra_dejson()``; the sync
+``get_connection`` is used only by the sync helpers meant for workers (:meth:`decide`,
+:meth:`get_settings`, :meth:`test_connection`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
+from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
+from airflow_provider_systemzero.stream.connection import Decision, DecisionStream, StreamSettings, probe
+from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+__all__ = ["Decision", "SystemZeroHook"]
+
+_T = TypeVar("_T")
+
+
+def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine to completion from sync code.
+
+    Uses ``asyncio.run`` when no loop runs in this thread, else a helper thread with its own loop
+    (the calling thread blocks meanwhile: this is for sync callers only).
+
+    :param coro: the coroutine to run.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="systemzero-sync") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _number(value: Any, *, field: str, conn_id: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SystemZeroValidationError(f"connection {conn_id!r}: extra {field!r} must be a number of seconds, got "
+                                        f"{value!r}", code=f"invalid_{field}", field=field) from None
+    return number
+
+
+def _text(value: Any, *, field: str, conn_id: str) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        raise SystemZeroValidationError(f"connection {conn_id!r}: extra {field!r} must be a string, got "
+                                        f"{type(value).__name__}", code=f"invalid_{field}", field=field)
+    return value.strip()
+
+
+def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        extra = json.loads(raw)
+    except ValueError:
+        raise SystemZeroValidationError(f"connection {conn_id!r}: extra is not valid JSON", code="invalid_extra",
+                                        field="extra") from None
+    if not isinstance(extra, dict):
+        raise SystemZeroValidationError(f"connection {conn_id!r}: extra must be a JSON object", code="invalid_extra",
+                                        field="extra")
+    return extra
+
+
+class SystemZeroHook(BaseHook):
+    """Streams state to the System Zero decision API and reads its decisions.
+
+    :param systemzero_conn_id: the Airflow connection ID (``conn_type`` ``systemzero``).
+    :param backoff: reconnect backoff for the streams this hook opens (default: 0.5 s base, 30 s cap).
+    :param capacity: the stream cap (default: the process-wide one, shared by every hook).
+    """
+
+    conn_name_attr = "systemzero_conn_id"
+    default_conn_name = "systemzero_default"
+    conn_type = "systemzero"
+    hook_name = "System Zero"
+
+    def __init__(self, systemzero_conn_id: str = default_conn_name, *, backoff: Backoff | None = None,
+                 capacity: StreamCapacity | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.systemzero_conn_id = systemzero_conn_id
+        self.backoff = backoff
+        self.capacity = capacity
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(systemzero_conn_id={self.systemzero_conn_id!r})"
+
+    # ------------------------------------------------------------------ settings
+
+    @classmethod
+    def settings_from_connection(cls, conn: Connection, extra: Mapping[str, Any]) -> StreamSettings:
+        """Build :class:`StreamSettings` from a connection and its parsed extras.
+
+        :param conn: the Airflow connection.
+        :param extra: ``await conn.aextra_dejson()`` (async) or ``conn.extra_dejson`` (sync).
+        :raises SystemZeroValidationError: naming the connection and the field to fix.
+        """
+        conn_id = conn.conn_id or cls.default_conn_name
+        host = (conn.host or "").strip()
+        if not host:
+            raise SystemZeroValidationError(f"connection {conn_id!r} has no host: set it to the API origin, "
+                                            "e.g. wss://api.example.com", code="invalid_origin", field="host")
+        if conn.port:
+            has_scheme = "://" in host
+            parts = urlsplit(host if has_scheme else f"wss://{host}")
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if port is None and not parts.path.strip("/") and parts.hostname:
+                host = f"{host.rstrip('/')}:{conn.port}"
+        key = conn.password
+        if not key or not str(key).strip():
+            raise SystemZeroValidationError(f"connection {conn_id!r} has no API key: set it in the connection's "
+                                            "password field", code="missing_api_key", field="password")
+        return StreamSettings(
+            origin=host,
+            api_key=str(key).strip(),
+            open_timeout=_number(extra.get("open_timeout"), field="open_timeout", conn_id=conn_id, default=10.0),
+            ca_bundle=_text(extra.get("ca_bundle"), field="ca_bundle", conn_id=conn_id),
+            proxy=_text(extra.get("proxy"), field="proxy", conn_id=conn_id),
+            default_model=_text(extra.get("model"), field="model", conn_id=conn_id),
+            prompt_cache_key_prefix=_text(extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix",
+                                          conn_id=conn_id),
+            conn_id=conn_id,
+        )
+
+    async def aget_settings(self) -> StreamSettings:
+        """The connection's settings, read asynchronously (safe in a trigger's ``run()``).
+
+        Uses ``await aget_connection`` and ``await conn.aextra_dejson()`` only, and registers the
+        key with Airflow's log masking (``amask_secret``).
+
+        :raises SystemZeroValidationError: the connection is incomplete or invalid.
+        """
+        conn = await self.aget_connection(self.systemzero_conn_id)
+        aextra_dejson = getattr(conn, "aextra_dejson", None)
+        if aextra_dejson is not None:
+            extra = await aextra_dejson()
+        else:
+            # a server-side secrets backend (the metastore) hands back the ORM model, which has no
+            # async variant: parse the JSON here rather than touch the sync property
+            extra = _parse_extra(conn.extra, conn.conn_id or self.systemzero_conn_id)
+        settings = self.settings_from_connection(conn, extra)
+        from airflow.sdk.log import amask_secret
+
+        await amask_secret(settings.api_key)
+        if settings.proxy:
+            await amask_secret(settings.proxy)
+        return settings
+
+    def get_settings(self) -> StreamSettings:
+        """The connection's settings, read synchronously (workers; never from async code).
+
+        :raises SystemZeroValidationError: the connection is incomplete or invalid.
+        """
+        conn = self.get_connection(self.systemzero_conn_id)
+        settings = self.settings_from_connection(conn, conn.extra_dejson)
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(settings.api_key)
+        if settings.proxy:
+            mask_secret(settings.proxy)
+        return settings
+
+    def get_conn(self) -> StreamSettings:
+        """The connection's settings (sync; see :meth:`get_settings`)."""
+        return self.get_settings()
+
+    # ------------------------------------------------------------------ streams
+
+    def stream(self, request: StreamRequest | Mapping[str, Any], *, decision_mode: str = "on_change",
+               state: Any = "", attachments: Sequence[Attachment] = (), min_interval_ms: int | None = None,
+               idempotency_key: str | None = None, key_namespace: str | None = None, identity: str | None = None,
+               open_deadline: float | None = None, decide_retries: int = 3,
+               settings: StreamSettings | None = None) -> DecisionStream:
+        """A stream to use with ``async with``; the connection is read asynchronously on entering.
+
+        :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally ``model``
+            (default: the connection's ``model`` extra), ``route``, ``mode``, ``prompt_cache_key``
+            (default: derived from the connection's ``prompt_cache_key_prefix`` and ``identity``).
+        :param decision_mode: ``on_change`` or ``on_request``.
+        :param state: the initial state (string, array or object).
+        :param attachments: the initial inline attachments.
+        :param min_interval_ms: minimum milliseconds between dispatch starts.
+        :param idempotency_key: the initial state's key (default: derived from the state).
+        :param key_namespace: namespace of derived per-state keys (e.g. a task instance's namespace).
+        :param identity: the caller's identity for the stream (e.g. DAG and task IDs), hashed into
+            the derived ``prompt_cache_key`` so every process replays byte-identically.
+        :param open_deadline: seconds allowed for opening (``None``: retry until cancelled).
+        :param decide_retries: retries of a retryable on_request decision failure.
+        :param settings: already resolved settings (skips the connection lookup).
+        """
+        return DecisionStream(settings or self.aget_settings, request, state=state, decision_mode=decision_mode,
+                              attachments=attachments, min_interval_ms=min_interval_ms,
+                              idempotency_key=idempotency_key, key_namespace=key_namespace, identity=identity,
+                              open_deadline=open_deadline, decide_retries=decide_retries, backoff=self.backoff,
+                              capacity=self.capacity)
+
+    def decide(self, request: StreamRequest | Mapping[str, Any], state: Any = "", *,
+               attachments: Sequence[Attachment] = (), timeout: float | None = None,
+               idempotency_key: str | None = None, key_namespace: str | None = None,
+               identity: str | None = None) -> Decision:
+        """Run one on_request decision to completion (sync; for non-deferrable operators).
+
+        :param request: see :meth:`stream`.
+        :param state: the state to decide.
+        :param attachments: inline attachments.
+        :param timeout: seconds for the whole call, opening included (``None``: no limit).
+        :param idempotency_key: the state's key (default: derived from the state).
+        :param key_namespace: namespace of derived per-state keys.
+        :param identity: the caller's identity for the stream (see :meth:`stream`).
+        :raises SystemZeroError: every failure (``DeadlineExceeded`` when ``timeout`` passes).
+        """
+        settings = self.get_settings()
+
+        async def run() -> Decision:
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            async with self.stream(request, decision_mode="on_request", state=state, attachments=attachments,
+                                   idempotency_key=idempotency_key, key_namespace=key_namespace,
+                                   identity=identity, open_deadline=timeout, settings=settings) as stream:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                return await stream.decide(timeout=remaining)
+
+        return run_sync(run())
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Open a stream, read ``hello`` and close with 1000 (the UI's Test button)."""
+        try:
+            settings = self.get_settings()
+            hello = run_sync(probe(settings))
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and not isinstance(exc, SystemZeroError):
+                return False, ("the gateway did not complete the opening handshake in time: check the host, the "
+                               "proxy and open_timeout")
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, (f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
+                      f"max_streams_per_process={hello.limits.max_streams_per_process}")

@@ -1,0 +1,294 @@
+"""SystemZeroHook: the connection form, async connection lookup from the metadata DB, the
+stream API against the emulator, the sync helpers and the secrecy of the key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import pickle
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+from airflow_provider_systemzero.protocol import DecisionResult
+from airflow_provider_systemzero.provider_info import get_provider_info
+from airflow_provider_systemzero.stream import (
+    AuthenticationFailed,
+    Backoff,
+    DeadlineExceeded,
+    Decision,
+    SystemZeroValidationError,
+    default_capacity,
+    derive_prompt_cache_key,
+)
+from tests.hooks.conftest import CONN_ID, EXTRA, ThreadedEmulator, store_connection
+from tests.stream.support import QUESTIONS, SECRET_KEY
+
+REQUEST = {"questions": QUESTIONS}  # the model comes from the connection's extra
+
+
+def sdk_connection(**kwargs: Any) -> Any:
+    from airflow.sdk import Connection
+
+    values: dict[str, Any] = {"conn_id": "sz", "conn_type": "systemzero", "host": "api.example.com",
+                              "password": SECRET_KEY}
+    values.update(kwargs)
+    return Connection(**values)
+
+
+@pytest.fixture
+def no_sync_connection_access(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make every sync connection lookup and sync extra parsing raise when called on an event
+    loop's thread (and record the attempt). Airflow's own ``sync_to_async`` helpers run such calls
+    on worker threads, which stays allowed."""
+    from airflow.models.connection import Connection as OrmConnection
+    from airflow.sdk import BaseHook
+    from airflow.sdk.definitions.connection import Connection as SdkConnection
+
+    calls: list[str] = []
+
+    def guard(name: str, original: Any) -> Any:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return original(*args, **kwargs)
+            calls.append(name)
+            raise AssertionError(f"sync {name} called on the event loop's thread")
+
+        return guarded
+
+    get_connection = BaseHook.__dict__["get_connection"].__func__
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(guard("BaseHook.get_connection", get_connection)))
+    sdk_get = SdkConnection.__dict__["get"].__func__
+    monkeypatch.setattr(SdkConnection, "get", classmethod(guard("Connection.get", sdk_get)))
+    from_secrets = OrmConnection.__dict__["get_connection_from_secrets"].__func__
+    monkeypatch.setattr(OrmConnection, "get_connection_from_secrets",
+                        classmethod(guard("Connection.get_connection_from_secrets", from_secrets)))
+    for cls, label in ((SdkConnection, "sdk"), (OrmConnection, "ORM")):
+        fget = cls.__dict__["extra_dejson"].fget
+        monkeypatch.setattr(cls, "extra_dejson", property(guard(f"{label} Connection.extra_dejson", fget)))
+    return calls
+
+
+def test_the_sync_access_guard_trips_on_the_event_loop(no_sync_connection_access: list[str]) -> None:
+    from airflow.sdk import BaseHook
+
+    async def sync_lookup_from_async_code() -> None:
+        BaseHook.get_connection("anything")
+
+    with pytest.raises(AssertionError, match="called on the event loop's thread"):
+        asyncio.run(sync_lookup_from_async_code())
+    assert no_sync_connection_access == ["BaseHook.get_connection"]
+
+
+# ------------------------------------------------------------------ the connection form
+
+
+def test_the_hook_matches_the_declared_connection_form() -> None:
+    [conn_type] = get_provider_info()["connection-types"]
+    assert conn_type["connection-type"] == SystemZeroHook.conn_type == "systemzero"
+    assert conn_type["hook-name"] == SystemZeroHook.hook_name == "System Zero"
+    module, _, name = conn_type["hook-class-name"].rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) is SystemZeroHook
+    assert SystemZeroHook.conn_name_attr == "systemzero_conn_id"
+    assert SystemZeroHook.default_conn_name == "systemzero_default"
+    behaviour = conn_type["ui-field-behaviour"]
+    assert behaviour["relabeling"]["password"] == "API key" and "password" not in behaviour["hidden-fields"]
+    assert {"login", "schema", "port"} <= set(behaviour["hidden-fields"]) and "host" not in behaviour["hidden-fields"]
+    assert set(conn_type["conn-fields"]) == {"model", "prompt_cache_key_prefix", "open_timeout", "ca_bundle", "proxy"}
+
+
+def test_airflow_discovers_a_testable_hook() -> None:
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    info = ProvidersManagerTaskRuntime().hooks["systemzero"]
+    assert info is not None and info.hook_class_name.endswith("SystemZeroHook")
+    assert info.connection_id_attribute_name == "systemzero_conn_id" and info.connection_testable
+
+
+def test_settings_come_from_the_connection_fields() -> None:
+    conn = sdk_connection(host="api.example.com", port=8443, password=f" {SECRET_KEY} ")
+    extra = {"model": "m-1", "prompt_cache_key_prefix": "team", "open_timeout": "7.5", "ca_bundle": "/etc/ca.pem",
+             "proxy": "http://proxy:3128"}
+    settings = SystemZeroHook.settings_from_connection(conn, extra)
+    assert settings.url == "wss://api.example.com:8443/v1/system-zero/stream"
+    assert settings.api_key == SECRET_KEY and settings.open_timeout == 7.5
+    assert (settings.default_model, settings.prompt_cache_key_prefix) == ("m-1", "team")
+    assert (settings.ca_bundle, settings.proxy) == ("/etc/ca.pem", "http://proxy:3128")
+    bare = SystemZeroHook.settings_from_connection(sdk_connection(host="https://api.example.com"), {})
+    assert bare.url == "wss://api.example.com/v1/system-zero/stream" and bare.proxy is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "extra", "message", "field"),
+    [
+        ({"password": None}, {}, "connection 'sz' has no API key: set it in the connection's password field",
+         "password"),
+        ({"host": None}, {}, "connection 'sz' has no host", "host"),
+        ({"host": "wss://me:pw@api.example.com"}, {}, "must not contain credentials", "host"),
+        ({"host": "ws://api.example.com"}, {}, "only to a loopback host", "host"),
+        ({}, {"open_timeout": "soon"}, "extra 'open_timeout' must be a number", "open_timeout"),
+        ({}, {"model": 5}, "extra 'model' must be a string", "model"),
+    ],
+)
+def test_incomplete_connections_are_refused_naming_the_field(fields: dict[str, Any], extra: dict[str, Any],
+                                                             message: str, field: str) -> None:
+    with pytest.raises(SystemZeroValidationError, match=message) as info:
+        SystemZeroHook.settings_from_connection(sdk_connection(**fields), extra)
+    assert info.value.field == field and SECRET_KEY not in str(info.value)
+
+
+# ------------------------------------------------------------------ async lookup, never the sync one
+
+
+async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff: Backoff,
+                                                     no_sync_connection_access: list[str]) -> None:
+    hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
+    async with hook.stream(REQUEST, decision_mode="on_request", state="Initial log\n",
+                           idempotency_key="example-state-1", identity="example") as stream:
+        await stream.append_text("Job is ready.\n", idempotency_key="example-state-2")
+        decision = await stream.decide(timeout=10)
+        assert isinstance(decision, Decision) and Decision is DecisionResult
+        assert decision.answer("ready").decision is True and decision.answer("ready").probability is not None
+        assert decision.state_version == 2 and decision.covered_event_ids == ("evt_1", "evt_2")
+        assert decision.request_id and decision.reply["model"] == "MODEL_ID"  # the connection's model extra
+        assert stream.request.prompt_cache_key == derive_prompt_cache_key("hook-tests", "example")
+
+        await emu.restart(retry_after_ms=500)
+        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        assert stream.reconnects[0].close_code == 1012 and stream.reconnects[0].waited >= 0.5
+        replayed = await stream.decide(timeout=10)
+    assert replayed.decisions() == {"ready": True}
+    assert emu.stats.decisions_billed == 1 and emu.stats.decisions_replayed == 1
+    assert no_sync_connection_access == []
+    [handshake, *_] = emu.handshakes
+    assert handshake["Authorization"] == "Bearer ***"  # the emulator saw a bearer key
+
+
+async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
+                                          no_sync_connection_access: list[str]) -> None:
+    hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
+    async with hook.stream(REQUEST, decision_mode="on_change", state=["boot"], identity="items") as stream:
+        await stream.append_items(["Job is ready."])
+        async for decision in stream.decisions():
+            if stream.in_sync and decision.state_version == stream.state_version:
+                break
+        assert stream.state == ["boot", "Job is ready."] and stream.last_decision is decision
+    assert no_sync_connection_access == []
+
+
+async def test_async_settings_register_the_key_with_airflow_masking(emu: Emulator,
+                                                                    no_sync_connection_access: list[str]) -> None:
+    from airflow.sdk.log import _secrets_masker
+
+    settings = await SystemZeroHook(CONN_ID).aget_settings()
+    assert settings.api_key == SECRET_KEY and settings.default_model == "MODEL_ID"
+    assert SECRET_KEY not in str(_secrets_masker().redact(f"key={SECRET_KEY}"))
+    assert no_sync_connection_access == []
+
+
+async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.MonkeyPatch,
+                                                           no_sync_connection_access: list[str]) -> None:
+    conn = sdk_connection(extra=json.dumps({"model": "from-extra"}))
+
+    async def aget_connection(cls: Any, conn_id: str) -> Any:
+        assert conn_id == "sz"
+        return conn
+
+    monkeypatch.setattr(SystemZeroHook, "aget_connection", classmethod(aget_connection))
+    settings = await SystemZeroHook("sz").aget_settings()
+    assert settings.default_model == "from-extra" and no_sync_connection_access == []
+
+
+async def test_ten_streams_from_ten_hooks_share_the_process_cap(emu: Emulator, fast_backoff: Backoff) -> None:
+    async def one(n: int) -> bool:
+        hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)  # a hook per stream, like one per trigger
+        async with hook.stream(REQUEST, decision_mode="on_request", state=f"{n}: Job is ready.\n",
+                               identity=f"cap-{n}") as stream:
+            return (await stream.decide(timeout=30)).decisions()["ready"]
+
+    emu.backend.decide_latency_ms = 50
+    assert await asyncio.gather(*(one(n) for n in range(10))) == [True] * 10
+    assert emu.stats.max_streams_open <= 4 and default_capacity().max_in_use <= 4
+    assert emu.stats.streams_total == 10 and emu.stats.upgrade_refusals == {}
+
+
+async def test_a_wrong_key_fails_at_once_without_showing_it(emu: Emulator, fast_backoff: Backoff,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    wrong = "sz-wrong-key-9876543210"
+    store_connection(host=emu.origin, password=wrong)
+    hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=5, cap=5))
+    with caplog.at_level(logging.DEBUG), pytest.raises(AuthenticationFailed, match="password field") as info:
+        async with hook.stream(REQUEST, decision_mode="on_request"):
+            pass
+    assert info.value.status == 401 and emu.stats.upgrade_refusals == {401: 1}
+    texts = [str(info.value), repr(info.value), repr(hook)]
+    texts += [r.getMessage() for r in caplog.records if not r.name.startswith("airflow_provider_systemzero.emulator")]
+    assert all(wrong not in text for text in texts)
+
+
+# ------------------------------------------------------------------ sync helpers (workers, the UI)
+
+
+def test_sync_decide_runs_one_on_request_decision(threaded_emu: ThreadedEmulator) -> None:
+    hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
+    decision = hook.decide(REQUEST, "Initial log\nJob is ready.\n", timeout=20, identity="sync")
+    assert decision.decisions() == {"ready": True} and decision.covered_event_ids == ("evt_1",)
+    threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=5))
+    stats = threaded_emu.call(lambda e: e.stats)
+    assert stats.decisions_billed == 1 and stats.closes_by_code == {1000: 1}
+
+
+async def test_sync_decide_from_a_running_loop_uses_a_helper_thread(threaded_emu: ThreadedEmulator) -> None:
+    hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
+    decision = hook.decide(REQUEST, "Initial log\n", timeout=20)  # blocks this loop; runs on its own
+    assert decision.decisions() == {"ready": False}
+
+
+def test_sync_decide_honours_its_timeout(threaded_emu: ThreadedEmulator) -> None:
+    threaded_emu.emulator.faults.delay_decisions_ms = 10_000
+    hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
+    with pytest.raises(DeadlineExceeded, match=r"no decision within"):
+        hook.decide(REQUEST, "Initial log\n", timeout=1)
+    threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=5))
+
+
+def test_test_connection_reads_hello_and_closes_normally(threaded_emu: ThreadedEmulator) -> None:
+    ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert ok, message
+    assert "system-zero.stream.v1" in message and "max_streams_per_process=4" in message
+    threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.closes_by_code == {1000: 1}, timeout=5))
+
+
+def test_test_connection_reports_a_wrong_key_without_showing_it(threaded_emu: ThreadedEmulator) -> None:
+    wrong = "sz-wrong-key-9876543210"
+    store_connection(host=threaded_emu.emulator.origin, password=wrong)
+    ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert not ok and "HTTP 401" in message and "password field" in message and wrong not in message
+
+
+def test_test_connection_reports_an_unreachable_gateway(server_context: None) -> None:
+    with ThreadedEmulator(api_keys={SECRET_KEY: 8}) as gone:
+        origin = gone.emulator.origin
+    store_connection(host=origin)
+    ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert not ok and message
+
+
+# ------------------------------------------------------------------ secrecy
+
+
+def test_the_key_is_in_no_repr_or_serialized_object(server_context: None) -> None:
+    store_connection(host="wss://api.example.com", extra=EXTRA)
+    hook = SystemZeroHook(CONN_ID)
+    settings = hook.get_settings()
+    stream = hook.stream(REQUEST, settings=settings)
+    for text in (repr(hook), str(hook), repr(settings), repr(stream)):
+        assert SECRET_KEY not in text
+    assert SECRET_KEY.encode() not in pickle.dumps(hook)
+    with pytest.raises(TypeError, match="cannot be serialised"):
+        pickle.dumps(settings)

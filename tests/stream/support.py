@@ -1,0 +1,28 @@
+"""Constants and helpers shared by the stream and hook tests."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.protocol import Limits
+from airflow_provider_systemzero.stream import StreamSettings
+
+QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+#: Long enough for Airflow's secrets masker (it skips values under 5 characters).
+SECRET_KEY = "sz-live-0123456789abcdef"
+
+#: Limits for loopback tests: liveness in hundreds of milliseconds, account decision limits out of
+#: the way, idle and lifetime long unless a test shrinks them.
+TEST_LIMITS = Limits(start_timeout_ms=2_000, idle_timeout_ms=30_000, max_duration_ms=120_000,
+                     heartbeat_interval_ms=400, pong_timeout_ms=300, decision_settlement_timeout_ms=300,
+                     write_progress_timeout_ms=2_000, close_handshake_timeout_ms=500,
+                     account_decision_burst=1_000, account_decision_ceiling_per_minute=60_000)
+
+EmulatorFactory = Callable[..., Awaitable[Emulator]]
+
+
+def settings_for(emulator: Emulator, **kwargs: Any) -> StreamSettings:
+    """Settings pointing at an emulator with the test key."""
+    return StreamSettings(emulator.origin, SECRET_KEY, **kwargs)
