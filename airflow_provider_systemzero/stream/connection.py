@@ -971,6 +971,8 @@ class DecisionStream:
                 if plan.kind == "stop":
                     if plan.error is not None:
                         self._fail(plan.error)
+                    elif not self._closing and self._failure is None:  # never leave waiters hanging
+                        self._fail(StreamClosed(plan.close_code, plan.reason))
                     return
                 violations = violations + 1 if plan.violation else 0
                 if violations >= _MAX_VIOLATIONS:
@@ -1067,6 +1069,7 @@ class DecisionStream:
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
         silent = False
+        lost = False
         try:
             try:
                 while not reader.done():
@@ -1087,13 +1090,20 @@ class DecisionStream:
                         async with asyncio.timeout(timeout):
                             await self._wake.wait()
             except ConnectionClosed:
-                pass  # the reader sees the close too
+                lost = True  # a write failed: the connection is gone, and the reader ends with it
             if silent:
                 log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
                             (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
                 ws.transport.abort()
                 return _Plan("retry", "receipt_timeout", close_code=1006)
+            if lost:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
+                if not reader.done():
+                    ws.transport.abort()
+                    return _Plan("retry", "close", close_code=1006)
             if not reader.done():
+                # we close: the stream ends, fails, or is released
                 await ws.close(1000)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosedError
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import Limits
@@ -134,6 +135,26 @@ async def test_abrupt_loss_mid_decide_is_replayed_and_the_caller_sees_one_decisi
     # the interrupted call finished on the gateway and billed once; the re-sent decide replayed it
     assert len(billed_for(emu)) == 1 and emu.billed_bodies() == [body_hash(body_before)]
     assert [e.body_sha256 for e in emu.ledger[SECRET_KEY]] == [body_hash(body_before)] * len(emu.ledger[SECRET_KEY])
+
+
+async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(make_emulator: EmulatorFactory,
+                                                                        fast_backoff: Backoff) -> None:
+    emu = await make_emulator()
+    async with make_stream(emu, fast_backoff) as stream:
+        ws = stream._ws
+        assert ws is not None
+
+        async def send_into_a_dead_socket(message: Any, text: bool | None = None) -> None:
+            ws.transport.abort()  # the connection dies under the writer, before the reader notices
+            raise ConnectionClosedError(None, None)
+
+        ws.send = send_into_a_dead_socket  # type: ignore[method-assign]
+        await stream.append_text("Job is ready.\n")
+        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        assert stream.reconnects[0].close_code == 1006
+        assert (await stream.decide(timeout=10)).decisions() == {"ready": True}
+    latest = emu.latest_state(stream.request.prompt_cache_key or "")
+    assert latest is not None and latest.state == "Initial log\nJob is ready.\n"
 
 
 async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
