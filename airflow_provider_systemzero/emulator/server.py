@@ -224,6 +224,17 @@ class _EmulatorConnection(ServerConnection):
             self.emulator._counters["native_pongs_received"] += 1
         super().process_event(event)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A close frame from the client ends the stream for capacity at once: the client can only
+        # see its connection closed (and open the next one) after this point.
+        if self.protocol.close_rcvd is not None:
+            self.release_reservation()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.release_reservation()
+
     def release_reservation(self) -> None:
         if not self.reservation_released and self.account is not None:
             self.reservation_released = True
@@ -740,9 +751,9 @@ class Emulator:
             assert isinstance(connection, _EmulatorConnection)
             self._reserved[account] += 1
             connection.account = account
+            # Released when the client's close frame arrives, when the TCP connection is lost
+            # (also before the stream started), or when the stream handler ends.
             connection.reservation_released = False
-            # Released when the stream ends, or when the TCP connection goes before it starts.
-            connection.connection_lost_waiter.add_done_callback(lambda _: connection.release_reservation())
             return None
         except Exception:  # never let one request break the server
             log.exception("upgrade handling failed")

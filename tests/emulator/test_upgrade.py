@@ -82,6 +82,16 @@ async def test_account_capacity_is_half_of_max_concurrent() -> None:
         assert emu.stats.upgrade_refusals == {429: 2}
 
 
+async def test_a_closed_stream_frees_its_slot_before_the_client_sees_the_close() -> None:
+    # A client that closes and reconnects at once never meets its own old stream's slot.
+    async with Emulator(api_keys=["solo:1"], limits=FAST) as emu:
+        for _ in range(20):
+            async with stream(emu, key="solo") as ws:
+                await recv(ws)
+        assert emu.stats.upgrade_refusals == {}
+        assert emu.stats.streams_total == 20
+
+
 async def test_max_concurrent_one_still_allows_one_stream() -> None:
     async with Emulator(api_keys=["solo:1"], limits=FAST) as emu, stream(emu, key="solo") as ws:
         assert (await recv(ws))["type"] == "hello"
