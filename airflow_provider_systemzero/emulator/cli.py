@@ -11,7 +11,33 @@ SIGTERM or SIGINT shuts it down gracefully (WIRE.md §7: goodbye ``shutdown`` an
 every stream), then it exits 0. Logs go to stderr; API keys and the admin token are never logged.
 
 Plaintext ``ws://`` is for loopback only: bind to ``127.0.0.1`` / ``::1`` (the default). The
-provider's client refuses ``ws://`` to any other host.
+emulator has no TLS, so anything sent to it — the API key included — crosses the socket in the
+clear; the provider's client refuses ``ws://`` to any host but a loopback one.
+
+Trying the public example by hand, with any WebSocket client that can set a header and a
+subprotocol, for instance `websocat <https://github.com/vi/websocat>`_::
+
+    systemzero-emulator --api-key demo --start-timeout-ms 600000 --heartbeat-interval-ms 600000
+    websocat -H 'Authorization: Bearer demo' --protocol system-zero.stream.v1 \
+        ws://127.0.0.1:8765/v1/system-zero/stream
+
+then paste the example's client messages one line each (compact JSON), for instance::
+
+    {"type":"start","event_id":"evt_1","request":{"model":"MODEL_ID","state":"Initial log\n","questions":{"ready":{"type":"boolean","instructions":"Is the job ready?"}},"prompt_cache_key":"example-affinity"},"decision_mode":"on_request","min_interval_ms":0,"idempotency_key":"example-state-1"}
+    {"type":"append_text","event_id":"evt_2","text":"Job is ready.\n","idempotency_key":"example-state-2"}
+    {"type":"decide","state_version":2}
+
+The acks say ``state_bytes`` 15 and 30 and ``synthesized_body_bytes`` 158 and 173, as in the
+public document, and the decision answers ``ready: true``. The two timeout options only give a
+human time to type: by default ``start`` is due within 10 s and a JSON ``ping`` comes every
+30 s, to be answered with ``{"type":"pong","nonce":N}`` within 10 s.
+
+The control surface shares the port (see :mod:`airflow_provider_systemzero.emulator.server`)::
+
+    systemzero-emulator --api-key demo --admin-token s3cret
+    curl -H 'Authorization: Bearer s3cret' http://127.0.0.1:8765/_emulator/stats
+    curl -X POST -H 'Authorization: Bearer s3cret' \
+        'http://127.0.0.1:8765/_emulator/faults?fail=3&status=503&retry_after_ms=500'
 """
 
 from __future__ import annotations

@@ -135,14 +135,15 @@ class Faults:
         self._decide_failures.extend([spec] * count)
 
     def refuse_upgrades(self, count: int = 1, status: int = 503, code: str | None = None,
-                        error_type: str | None = None, retry_after_s: int | None = 1) -> None:
-        """Refuse the next ``count`` otherwise valid upgrades.
+                        retry_after_s: int | None = 1, error_type: str | None = None) -> None:
+        """Refuse the next ``count`` otherwise valid upgrades (after the checks of WIRE.md §1,
+        before capacity and shutdown).
 
         :param count: how many upgrades are refused.
         :param status: the HTTP status (503 by default).
         :param code: the envelope code (default from the status: 503 ``overloaded``, 429 ``rate_limited`` …).
-        :param error_type: the envelope type (default from the status).
         :param retry_after_s: the ``Retry-After`` header in seconds (``None``: none).
+        :param error_type: the envelope type (default from the status).
         """
         if count < 0 or not 400 <= status <= 599:
             raise ValueError(f"refuse_upgrades needs count >= 0 and a 4xx/5xx status, got {count}, {status}")

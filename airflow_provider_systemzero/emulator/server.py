@@ -246,13 +246,18 @@ class _EmulatorConnection(ServerConnection):
 # --------------------------------------------------------------------------------------------
 
 _TICK = ("tick",)
-_WAKE = ("wake",)
 _LOST = ("lost",)
 _CLOSE = object()
 
 
 class _Stream:
-    """The I/O loop of one stream connection."""
+    """The I/O loop of one stream connection.
+
+    Three tasks: a reader putting frames in the inbox, a writer taking frames from the outbox,
+    and :meth:`run`, the only one that touches the session. Decide calls (emulator-owned tasks,
+    so a decide outlives a dropped connection and settles in the ledger as it would on the real
+    service), shutdown requests and completed ping writes arrive through the inbox too.
+    """
 
     def __init__(self, emulator: Emulator, ws: _EmulatorConnection, account: str) -> None:
         self.emulator = emulator
@@ -304,8 +309,7 @@ class _Stream:
             now = time.monotonic()
             self.last_progress = now
             if nonce is not None:
-                self.session.ping_written(nonce, now)
-                self.inbox.put_nowait(_WAKE)
+                self.inbox.put_nowait(("ping_written", nonce, now))
 
     # ------------------------------------------------------------------ the loop
 
@@ -327,6 +331,8 @@ class _Stream:
                     self._perform(self.session.receive_binary(now))
                 elif kind == "decided":
                     self._perform(self.session.dispatch_finished(event[1], event[2], now))
+                elif kind == "ping_written":
+                    self.session.ping_written(event[1], event[2])
                 elif kind == "shutdown":
                     self._perform(self.session.begin_shutdown(now, event[1]))
                 elif kind == "lost":
