@@ -187,6 +187,8 @@ def complete_answers(questions: Mapping[str, Any], answers: Mapping[str, Any]) -
     """
     if not isinstance(answers, Mapping):
         raise ValueError(f"the decider returned {type(answers).__name__}, not a mapping of answers")
+    if "answers" not in questions and isinstance(answers.get("answers"), Mapping):
+        answers = answers["answers"]  # a decider that returned a reply-shaped object
     result: dict[str, Any] = {}
     for name, question in questions.items():
         if name not in answers:

@@ -14,7 +14,8 @@ Interface (:class:`Decider`)::
 bare decision (``True``/``False`` for a boolean question, one of the options for a choice
 question) or a mapping with ``decision`` and optionally ``probability`` (of that decision),
 ``confidence`` and ``alternatives``; missing numbers default to 1.0, missing alternatives are
-filled in. A decider may raise any exception: the backend answers HTTP 500 ``api_error``.
+filled in. A reply-shaped ``{"answers": {...}}`` is accepted too (unless a question is named
+``answers``). A decider may raise any exception: the backend answers HTTP 500 ``api_error``.
 
 Three deciders ship (select them with :func:`load_decider`, or ``--decider`` on the CLI):
 

@@ -153,6 +153,7 @@ def test_complete_answers_fills_the_shape_and_checks_answers() -> None:
     assert answers["ready"]["alternatives"] == [{"decision": True, "confidence": 0.0}]
     assert answers["pick"]["alternatives"] == [{"decision": "a", "confidence": 0.15},
                                                {"decision": "c", "confidence": 0.15}]
+    assert complete_answers(questions, {"answers": {"ready": True, "pick": "a"}})["pick"]["decision"] == "a"
     with pytest.raises(ValueError, match="no answer"):
         complete_answers(questions, {"ready": True})
     with pytest.raises(ValueError, match="not one of the options"):
