@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Connection
 
 __all__ = ["Decision", "SystemZeroHook"]
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -72,6 +75,16 @@ def _text(value: Any, *, field: str, conn_id: str) -> str | None:
         raise SystemZeroValidationError(f"connection {conn_id!r}: extra {field!r} must be a string, got "
                                         f"{type(value).__name__}", code=f"invalid_{field}", field=field)
     return value.strip()
+
+
+def _supervisor_comms_lack_async_send() -> bool:
+    """Whether the task's supervisor comms exist but cannot be awaited (``dag.test()``'s in-process ones)."""
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # pragma: no cover - always present in Airflow 3.3
+        return False
+    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+    return comms is not None and not hasattr(comms, "asend")
 
 
 def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
@@ -159,7 +172,7 @@ class SystemZeroHook(BaseHook):
 
         :raises SystemZeroValidationError: the connection is incomplete or invalid.
         """
-        conn = await self.aget_connection(self.systemzero_conn_id)
+        conn = await self._aget_connection()
         aextra_dejson = getattr(conn, "aextra_dejson", None)
         if aextra_dejson is not None:
             extra = await aextra_dejson()
@@ -174,6 +187,20 @@ class SystemZeroHook(BaseHook):
         if settings.proxy:
             await amask_secret(settings.proxy)
         return settings
+
+    async def _aget_connection(self) -> Any:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            return await self.aget_connection(self.systemzero_conn_id)
+        except AirflowNotFoundException:
+            if not _supervisor_comms_lack_async_send():
+                raise
+        # ``dag.test()`` runs triggers with in-process supervisor comms that (in Airflow 3.3.2) have
+        # no async send, so the async lookup cannot reach the metadata DB there. Look it up on a
+        # worker thread instead — never on the event loop.
+        log.debug("async connection lookup unavailable (in-process comms); using a worker thread")
+        return await asyncio.to_thread(self.get_connection, self.systemzero_conn_id)
 
     def get_settings(self) -> StreamSettings:
         """The connection's settings, read synchronously (workers; never from async code).

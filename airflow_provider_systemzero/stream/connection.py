@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import ssl
 import time
 from collections import deque
@@ -1084,7 +1085,7 @@ class DecisionStream:
                     if deadline is not None and now >= deadline:
                         silent = True
                         break
-                    times = [t for t in (deadline, session.next_wakeup(now)) if t is not None]
+                    times = [t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)]
                     timeout = max(0.0, min(times) - now) if times else None
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(timeout):

@@ -204,6 +204,33 @@ async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.M
     assert settings.default_model == "from-extra" and no_sync_connection_access == []
 
 
+async def test_in_process_comms_without_async_send_are_used_off_the_loop(
+        no_sync_connection_access: list[str]) -> None:
+    """``dag.test()`` runs triggers with supervisor comms that only have a sync ``send`` (Airflow
+    3.3.2): the async lookup cannot reach the DB there, so the hook looks up on a worker thread."""
+    import threading
+
+    from airflow.sdk.execution_time.comms import ConnectionResult, GetConnection
+    from airflow.sdk.execution_time.supervisor import set_supervisor_comms
+
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    class SyncOnlyComms:
+        def send(self, msg: Any) -> Any:
+            threads.append(threading.get_ident())
+            assert isinstance(msg, GetConnection) and msg.conn_id == "sz_inproc"
+            return ConnectionResult(conn_id="sz_inproc", conn_type="systemzero", host="wss://api.example.com",
+                                    login=None, schema=None, port=None, password=SECRET_KEY,
+                                    extra=json.dumps({"model": "m-inproc"}))
+
+    with set_supervisor_comms(SyncOnlyComms()):
+        settings = await SystemZeroHook("sz_inproc").aget_settings()
+    assert settings.default_model == "m-inproc" and settings.api_key == SECRET_KEY
+    assert threads and loop_thread not in threads  # the sync send ran on a worker thread
+    assert no_sync_connection_access == []
+
+
 async def test_ten_streams_from_ten_hooks_share_the_process_cap(emu: Emulator, fast_backoff: Backoff) -> None:
     async def one(n: int) -> bool:
         hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)  # a hook per stream, like one per trigger
