@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -125,8 +126,13 @@ _FATAL_CLOSE_CODES = frozenset({1002, 1003, 1007, 1008, 1009, 1010})
 #: Goodbye reasons after which the client reconnects only when it has work.
 _LAZY_GOODBYES = frozenset({"idle_timeout", "max_duration"})
 _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
+#: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
+_MAX_CONFLICT_RETRIES = 600
+#: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
+_MAX_QUEUED_DECISIONS = 10_000
 
 
+@functools.cache
 def _user_agent() -> str:
     from importlib import metadata
 
@@ -500,7 +506,7 @@ class DecisionStream:
         self._dormant = False
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
-        self._decisions: deque[DecisionResult | BaseException] = deque()
+        self._decisions: deque[DecisionResult | BaseException] = deque(maxlen=_MAX_QUEUED_DECISIONS)
         self._queue_decisions = decision_mode == "on_change"
         self._ssl: ssl.SSLContext | None = None
         if self._settings is not None:
@@ -758,7 +764,9 @@ class DecisionStream:
         on_request: sends ``decide`` for the version that holds every change made so far and
         waits for its decision; a retryable failure (429, 503 other than maintenance, 409
         ``idempotency_conflict``) is retried after the server's delay, up to ``decide_retries``
-        times. on_change: waits for the first decision covering the current state. A connection
+        times (409 ``idempotency_conflict`` — the same state's call still running after a
+        reconnect — is waited out without spending that budget). on_change: returns the decision
+        covering the current state, waiting for it if needed. A connection
         lost meanwhile is replayed and the decide re-sent; the caller sees one decision.
 
         :param timeout: seconds (``None``: no limit).
@@ -771,7 +779,7 @@ class DecisionStream:
             return session.current_decision  # already decided: on_change dispatches nothing new for it
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        failures = 0
+        failures = conflicts = 0
         while True:
             intent = session.request_decision()
             future: asyncio.Future[DecisionResult] = loop.create_future()
@@ -781,11 +789,17 @@ class DecisionStream:
                 async with asyncio.timeout_at(deadline):
                     return await future
             except DecisionFailed as exc:
-                failures += 1
-                if not exc.retryable or failures > self._decide_retries:
+                conflict = exc.http_status == 409 and exc.envelope.code == "idempotency_conflict"
+                if conflict:
+                    # the same state's call still runs (a decide re-sent after a reconnect): it will
+                    # finish, so wait for it without spending the retry budget
+                    conflicts += 1
+                else:
+                    failures += 1
+                if not exc.retryable or failures > self._decide_retries or conflicts > _MAX_CONFLICT_RETRIES:
                     raise
                 server = exc.retry.retry_after_ms / 1000 if exc.retry.retry_after_ms is not None else None
-                delay = self.backoff.delay(failures - 1, server)
+                delay = self.backoff.delay(0 if conflict else failures - 1, server)
                 if deadline is not None and loop.time() + delay >= deadline:
                     raise DeadlineExceeded(f"no decision within {timeout} s (the server asked to wait "
                                            f"{delay:.3f} s before retrying)", last_error=exc) from exc

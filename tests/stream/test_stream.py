@@ -137,6 +137,18 @@ async def test_abrupt_loss_mid_decide_is_replayed_and_the_caller_sees_one_decisi
     assert [e.body_sha256 for e in emu.ledger[SECRET_KEY]] == [body_hash(body_before)] * len(emu.ledger[SECRET_KEY])
 
 
+async def test_a_decide_resent_while_the_original_call_runs_waits_it_out(make_emulator: EmulatorFactory,
+                                                                         fast_backoff: Backoff) -> None:
+    emu = await make_emulator(decide_latency_ms=1_200)
+    async with make_stream(emu, fast_backoff, state="Job is ready.\n", decide_retries=0) as stream:
+        pending = asyncio.create_task(stream.decide(timeout=20))
+        await emu.wait_for(lambda e: e.stats.decisions_dispatched == 1, timeout=5)
+        await emu.drop_all()
+        decision = await pending  # 409 idempotency_conflict until the original call finishes
+    assert decision.decisions() == {"ready": True}
+    assert emu.stats.decide_failures.get(409, 0) >= 1 and len(billed_for(emu)) == 1
+
+
 async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(make_emulator: EmulatorFactory,
                                                                         fast_backoff: Backoff) -> None:
     emu = await make_emulator()
