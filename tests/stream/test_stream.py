@@ -38,6 +38,26 @@ def billed_for(emu: Emulator) -> list[Any]:
     return [entry for entry in emu.ledger.get(SECRET_KEY, []) if entry.billed]
 
 
+def assert_each_state_billed_once(emu: Emulator) -> None:
+    """No body billed twice, and every key always named the same body (a replay is byte-identical)."""
+    entries = emu.ledger.get(SECRET_KEY, [])
+    billed = [e.body_sha256 for e in entries if e.billed]
+    assert billed and len(billed) == len(set(billed)), entries
+    bodies_by_key: dict[str | None, set[str]] = {}
+    for entry in entries:
+        bodies_by_key.setdefault(entry.idempotency_key, set()).add(entry.body_sha256)
+    assert None not in bodies_by_key and all(len(b) == 1 for b in bodies_by_key.values()), entries
+
+
+async def assert_replay_is_answered_from_the_ledger(emu: Emulator, stream: DecisionStream) -> None:
+    """Deciding the replayed state again costs nothing: same key, byte-identical body, not billed."""
+    before = emu.ledger[SECRET_KEY][-1]
+    await stream.decide(timeout=10)
+    after = emu.ledger[SECRET_KEY][-1]
+    assert after is not before and not after.billed
+    assert (after.idempotency_key, after.body_sha256) == (before.idempotency_key, before.body_sha256)
+
+
 # ------------------------------------------------------------------ the example exchange and both modes
 
 
@@ -74,6 +94,7 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
     assert emu.stats.decisions_billed == 1 and emu.stats.decisions_replayed == 1
     await emu.wait_for(lambda e: e.stats.streams_open == 0, timeout=5)
     assert emu.stats.closes_by_code.get(1000) == 1 and emu.stats.closes_by_code.get(1012) == 1
+    assert_each_state_billed_once(emu)
 
 
 async def test_on_change_decisions_arrive_as_the_state_changes(make_emulator: EmulatorFactory,
@@ -135,6 +156,7 @@ async def test_abrupt_loss_mid_decide_is_replayed_and_the_caller_sees_one_decisi
     # the interrupted call finished on the gateway and billed once; the re-sent decide replayed it
     assert len(billed_for(emu)) == 1 and emu.billed_bodies() == [body_hash(body_before)]
     assert [e.body_sha256 for e in emu.ledger[SECRET_KEY]] == [body_hash(body_before)] * len(emu.ledger[SECRET_KEY])
+    assert_each_state_billed_once(emu)
 
 
 async def test_a_decide_resent_while_the_original_call_runs_waits_it_out(make_emulator: EmulatorFactory,
@@ -173,6 +195,7 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
         make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
+        await stream.decide(timeout=10)
         session = stream.session
         original = session.outgoing
         muted = True
@@ -186,8 +209,10 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
         muted = False
         await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
         assert stream.reconnects[0].close_code == 1013 and stream.reconnects[0].reason == "close"
+        await assert_replay_is_answered_from_the_ledger(emu, stream)
         await stream.append_text("Job is ready.\n")
         assert (await stream.decide(timeout=10)).decisions() == {"ready": True}
+    assert_each_state_billed_once(emu)
 
 
 async def test_answered_pings_keep_a_quiet_stream_alive(make_emulator: EmulatorFactory,
@@ -211,18 +236,21 @@ async def test_three_failed_dispatches_close_1013_and_the_state_is_replayed_afte
         assert reconnect.reason == "goodbye:overload" and reconnect.close_code == 1013
         assert reconnect.server_delay == 0.2 and reconnect.waited >= 0.2
     assert emu.stats.decide_failures == {503: 3} and len(billed_for(emu)) == 1
+    assert_each_state_billed_once(emu)
 
 
 async def test_a_silent_peer_is_treated_as_dead(make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
+        await stream.decide(timeout=10)
         emu.faults.answer_pings = False  # the gateway stops sending anything at all
         await emu.wait_for(lambda e: not stream.connected, timeout=5)
         emu.faults.answer_pings = True
         await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
         assert stream.reconnects[0].reason in ("receipt_timeout", "close")
         assert stream.reconnects[0].close_code in (1006, 1011)
-        assert (await stream.decide(timeout=10)).decisions() == {"ready": False}
+        await assert_replay_is_answered_from_the_ledger(emu, stream)
+    assert_each_state_billed_once(emu)
 
 
 async def test_an_idle_goodbye_reconnects_only_when_there_is_work(make_emulator: EmulatorFactory,
@@ -240,6 +268,7 @@ async def test_an_idle_goodbye_reconnects_only_when_there_is_work(make_emulator:
     assert first.decisions() == {"ready": False} and second.decisions() == {"ready": True}
     assert second.covered_event_ids == ("evt_1",)  # the replay carried the new text
     assert emu.stats.streams_total == 2 and len(billed_for(emu)) == 2
+    assert_each_state_billed_once(emu)
 
 
 async def test_a_lifetime_goodbye_reconnects_only_when_there_is_work(make_emulator: EmulatorFactory,
@@ -253,17 +282,25 @@ async def test_a_lifetime_goodbye_reconnects_only_when_there_is_work(make_emulat
         decision = await stream.decide(timeout=10)
         assert decision.decisions() == {"ready": True}
         assert stream.reconnects[0].reason == "goodbye:max_duration"
+    assert_each_state_billed_once(emu)
 
 
 async def test_a_429_upgrade_is_retried_after_retry_after(make_emulator: EmulatorFactory,
                                                           fast_backoff: Backoff) -> None:
     emu = await make_emulator()
-    emu.faults.refuse_upgrades(1, status=429, code="stream_capacity", retry_after_s=1)
     async with make_stream(emu, fast_backoff) as stream:
-        [reconnect] = stream.reconnects
-        assert reconnect.reason == "upgrade_refused:429" and reconnect.server_delay == 1.0
-        assert reconnect.waited >= 1.0
+        await stream.append_text("Job is ready.\n")
+        await stream.decide(timeout=10)
+        emu.faults.refuse_upgrades(1, status=429, code="stream_capacity", retry_after_s=1)
+        await emu.restart(retry_after_ms=0)  # the reconnect meets a full account
+        await emu.wait_for(lambda e: len(stream.reconnects) == 2 and stream.connected and stream.in_sync,
+                           timeout=10)
+        first, second = stream.reconnects
+        assert (first.reason, first.close_code) == ("goodbye:shutdown", 1012)
+        assert second.reason == "upgrade_refused:429" and second.server_delay == 1.0 and second.waited >= 1.0
+        await assert_replay_is_answered_from_the_ledger(emu, stream)
     assert emu.stats.upgrade_refusals == {429: 1}
+    assert_each_state_billed_once(emu)
 
 
 async def test_a_release_closes_1000_and_the_next_change_reconnects(make_emulator: EmulatorFactory,
