@@ -998,6 +998,8 @@ class DecisionStream:
                     self._last_error = plan.error
                 if self._started_this_connection:
                     attempt = 0
+                if plan.kind == "lazy" and not self._started_this_connection:
+                    plan.kind = "retry"  # closed before start was acknowledged: back off, never spin
                 if plan.kind == "lazy":
                     pending = _Pending(plan.reason, plan.close_code, plan.server_delay, plan.server_delay or 0.0,
                                        time.monotonic(), attempt, lazy=True)

@@ -29,11 +29,13 @@ class MiniGateway:
     :param first_frame: a raw frame sent instead of ``hello`` (a contract breach), or ``None``.
     :param refuse: ``(status, headers, body)`` to refuse every upgrade with, or ``None``.
     :param limits: the limits to advertise.
+    :param close_after_hello: close with this code right after ``hello`` (a gateway that gives up at once).
     """
 
     def __init__(self, *, select_subprotocol: bool = True, first_frame: str | bytes | None = None,
                  refuse: tuple[int, dict[str, str], bytes] | None = None, limits: Limits | None = None,
-                 on_frame: Callable[[str], None] | None = None) -> None:
+                 on_frame: Callable[[str], None] | None = None, close_after_hello: int | None = None) -> None:
+        self.close_after_hello = close_after_hello
         self.select_subprotocol = select_subprotocol
         self.first_frame = first_frame
         self.refuse = refuse
@@ -73,6 +75,9 @@ class MiniGateway:
             gateway = GatewaySession(stream_id=f"szws_{next(self._ids):032x}", now=time.monotonic(),
                                      limits=self.limits)
             await self._perform(ws, gateway, gateway.actions())
+            if self.close_after_hello is not None:
+                await ws.close(self.close_after_hello)
+                return
             while not gateway.closed:
                 deadline = gateway.next_deadline()
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -108,6 +108,16 @@ async def test_binary_frames_are_a_protocol_violation(fast_backoff: Backoff) -> 
         assert gw.connections == 3
 
 
+async def test_a_gateway_that_closes_normally_before_start_is_not_hammered() -> None:
+    async with MiniGateway(close_after_hello=1000) as gw:
+        stream = open_stream(gw, Backoff(base=0.05, cap=0.1), open_deadline=1.0)
+        with pytest.raises(DeadlineExceeded):
+            async with stream:
+                pass
+    assert 3 <= gw.connections <= 40  # backed off (~0.05 s apart), not a tight reconnect loop
+    assert all(r.close_code == 1000 and r.reason == "close" for r in stream.reconnects)
+
+
 async def test_unreachable_gateway_is_retried_until_the_deadline(fast_backoff: Backoff) -> None:
     async with MiniGateway() as gw:
         origin = gw.origin
