@@ -39,24 +39,33 @@ def sdk_connection(**kwargs: Any) -> Any:
     return Connection(**values)
 
 
+class SyncAccess:
+    """Sync connection calls seen: ``on_loop`` (they raised) and ``off_loop`` (on other threads)."""
+
+    def __init__(self) -> None:
+        self.on_loop: list[str] = []
+        self.off_loop: list[str] = []
+
+
 @pytest.fixture
-def no_sync_connection_access(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def no_sync_connection_access(monkeypatch: pytest.MonkeyPatch) -> SyncAccess:
     """Make every sync connection lookup and sync extra parsing raise when called on an event
-    loop's thread (and record the attempt). Airflow's own ``sync_to_async`` helpers run such calls
-    on worker threads, which stays allowed."""
+    loop's thread; calls on other threads (Airflow's own ``sync_to_async`` helpers) pass and are
+    recorded."""
     from airflow.models.connection import Connection as OrmConnection
     from airflow.sdk import BaseHook
     from airflow.sdk.definitions.connection import Connection as SdkConnection
 
-    calls: list[str] = []
+    seen = SyncAccess()
 
     def guard(name: str, original: Any) -> Any:
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
+                seen.off_loop.append(name)
                 return original(*args, **kwargs)
-            calls.append(name)
+            seen.on_loop.append(name)
             raise AssertionError(f"sync {name} called on the event loop's thread")
 
         return guarded
@@ -71,10 +80,17 @@ def no_sync_connection_access(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for cls, label in ((SdkConnection, "sdk"), (OrmConnection, "ORM")):
         fget = cls.__dict__["extra_dejson"].fget
         monkeypatch.setattr(cls, "extra_dejson", property(guard(f"{label} Connection.extra_dejson", fget)))
-    return calls
+    return seen
 
 
-def test_the_sync_access_guard_trips_on_the_event_loop(no_sync_connection_access: list[str]) -> None:
+def assert_no_sync_lookup(seen: SyncAccess) -> None:
+    """Nothing sync ran on the loop, and the sync lookups were not used at all (on any thread)."""
+    assert seen.on_loop == []
+    assert not {"BaseHook.get_connection", "Connection.get", "Connection.get_connection_from_secrets"} & set(
+        seen.off_loop)
+
+
+def test_the_sync_access_guard_trips_on_the_event_loop(no_sync_connection_access: SyncAccess) -> None:
     from airflow.sdk import BaseHook
 
     async def sync_lookup_from_async_code() -> None:
@@ -82,7 +98,7 @@ def test_the_sync_access_guard_trips_on_the_event_loop(no_sync_connection_access
 
     with pytest.raises(AssertionError, match="called on the event loop's thread"):
         asyncio.run(sync_lookup_from_async_code())
-    assert no_sync_connection_access == ["BaseHook.get_connection"]
+    assert no_sync_connection_access.on_loop == ["BaseHook.get_connection"]
 
 
 # ------------------------------------------------------------------ the connection form
@@ -146,7 +162,7 @@ def test_incomplete_connections_are_refused_naming_the_field(fields: dict[str, A
 
 
 async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff: Backoff,
-                                                     no_sync_connection_access: list[str]) -> None:
+                                                     no_sync_connection_access: SyncAccess) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
     async with hook.stream(REQUEST, decision_mode="on_request", state="Initial log\n",
                            idempotency_key="example-state-1", identity="example") as stream:
@@ -164,13 +180,13 @@ async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff
         replayed = await stream.decide(timeout=10)
     assert replayed.decisions() == {"ready": True}
     assert emu.stats.decisions_billed == 1 and emu.stats.decisions_replayed == 1
-    assert no_sync_connection_access == []
+    assert_no_sync_lookup(no_sync_connection_access)
     [handshake, *_] = emu.handshakes
     assert handshake["Authorization"] == "Bearer ***"  # the emulator saw a bearer key
 
 
 async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
-                                          no_sync_connection_access: list[str]) -> None:
+                                          no_sync_connection_access: SyncAccess) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
     async with hook.stream(REQUEST, decision_mode="on_change", state=["boot"], identity="items") as stream:
         await stream.append_items(["Job is ready."])
@@ -178,21 +194,21 @@ async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
             if stream.in_sync and decision.state_version == stream.state_version:
                 break
         assert stream.state == ["boot", "Job is ready."] and stream.last_decision is decision
-    assert no_sync_connection_access == []
+    assert_no_sync_lookup(no_sync_connection_access)
 
 
 async def test_async_settings_register_the_key_with_airflow_masking(emu: Emulator,
-                                                                    no_sync_connection_access: list[str]) -> None:
+                                                                    no_sync_connection_access: SyncAccess) -> None:
     from airflow.sdk.log import _secrets_masker
 
     settings = await SystemZeroHook(CONN_ID).aget_settings()
     assert settings.api_key == SECRET_KEY and settings.default_model == "MODEL_ID"
     assert SECRET_KEY not in str(_secrets_masker().redact(f"key={SECRET_KEY}"))
-    assert no_sync_connection_access == []
+    assert_no_sync_lookup(no_sync_connection_access)
 
 
 async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.MonkeyPatch,
-                                                           no_sync_connection_access: list[str]) -> None:
+                                                           no_sync_connection_access: SyncAccess) -> None:
     conn = sdk_connection(extra=json.dumps({"model": "from-extra"}))
 
     async def aget_connection(cls: Any, conn_id: str) -> Any:
@@ -201,11 +217,12 @@ async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.M
 
     monkeypatch.setattr(SystemZeroHook, "aget_connection", classmethod(aget_connection))
     settings = await SystemZeroHook("sz").aget_settings()
-    assert settings.default_model == "from-extra" and no_sync_connection_access == []
+    assert settings.default_model == "from-extra"
+    assert_no_sync_lookup(no_sync_connection_access)
 
 
 async def test_in_process_comms_without_async_send_are_used_off_the_loop(
-        no_sync_connection_access: list[str]) -> None:
+        no_sync_connection_access: SyncAccess) -> None:
     """``dag.test()`` runs triggers with supervisor comms that only have a sync ``send`` (Airflow
     3.3.2): the async lookup cannot reach the DB there, so the hook looks up on a worker thread."""
     import threading
@@ -228,7 +245,8 @@ async def test_in_process_comms_without_async_send_are_used_off_the_loop(
         settings = await SystemZeroHook("sz_inproc").aget_settings()
     assert settings.default_model == "m-inproc" and settings.api_key == SECRET_KEY
     assert threads and loop_thread not in threads  # the sync send ran on a worker thread
-    assert no_sync_connection_access == []
+    assert no_sync_connection_access.on_loop == []
+    assert "BaseHook.get_connection" in no_sync_connection_access.off_loop  # the fallback, off the loop
 
 
 async def test_ten_streams_from_ten_hooks_share_the_process_cap(emu: Emulator, fast_backoff: Backoff) -> None:
