@@ -75,7 +75,8 @@ class SystemZeroDecideOperator(BaseOperator):
 
     :param questions: ``{name: instructions}`` (boolean) or full question objects (boolean/choice).
     :param state: the state (string, array or object), if not built from upstream outputs.
-    :param upstream_task_ids: tasks whose return values are replayed as state, in order.
+    :param upstream_task_ids: tasks (IDs or their ``.output`` XComArgs) whose return values are replayed
+        as state, in order; XComArgs also set the dependency.
     :param instructions: ``{name: text}`` overriding questions' instructions.
     :param attachments: inline attachments: ``{"name", "data"}`` data URLs, ``{"name", "bytes",
         "mime_type"}``, or :func:`file_attachment`.
@@ -90,11 +91,11 @@ class SystemZeroDecideOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("questions", "state", "instructions", "model", "prompt_cache_key",
-                                      "upstream_task_ids")
+                                      "replay_task_ids")
     ui_color = "#e8f0ff"
 
     def __init__(self, *, questions: Mapping[str, Any], state: Any = None,
-                 upstream_task_ids: Sequence[str] | None = None, instructions: Mapping[str, str] | None = None,
+                 upstream_task_ids: Sequence[Any] | None = None, instructions: Mapping[str, str] | None = None,
                  attachments: Sequence[Any] | None = None, model: str | None = None, route: str | None = None,
                  mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
@@ -103,7 +104,16 @@ class SystemZeroDecideOperator(BaseOperator):
         super().__init__(**kwargs)
         self.questions = questions
         self.state = state
-        self.upstream_task_ids = list(upstream_task_ids) if upstream_task_ids is not None else None
+        #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
+        self.replay_task_ids: list[str] | None = None
+        if upstream_task_ids is not None:
+            self.replay_task_ids = []
+            for item in upstream_task_ids:
+                producer = getattr(item, "operator", None)  # an XComArg: replay its task's output
+                if producer is not None:
+                    self.set_upstream(producer)
+                    item = producer.task_id
+                self.replay_task_ids.append(item)
         self.instructions = instructions
         self.attachments = list(attachments or [])
         self.model = model
@@ -118,7 +128,7 @@ class SystemZeroDecideOperator(BaseOperator):
     # ------------------------------------------------------------------ inputs
 
     def _state(self, context: Context) -> Any:
-        if self.upstream_task_ids is None:
+        if self.replay_task_ids is None:
             if self.state is None:
                 raise LocalProtocolError("state is required unless upstream_task_ids is given",
                                          code="invalid_state", field="state")
@@ -126,12 +136,12 @@ class SystemZeroDecideOperator(BaseOperator):
         if self.state is not None:
             raise LocalProtocolError("give either state or upstream_task_ids, not both", code="invalid_state",
                                      field="state")
-        if not self.upstream_task_ids:
+        if not self.replay_task_ids:
             raise LocalProtocolError("upstream_task_ids is empty: name at least one task", code="invalid_state",
                                      field="upstream_task_ids")
         items = []
         ti = context["ti"]
-        for task_id in self.upstream_task_ids:
+        for task_id in self.replay_task_ids:
             output = ti.xcom_pull(task_ids=task_id, key="return_value")
             try:
                 json_size(output)

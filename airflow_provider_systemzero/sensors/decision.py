@@ -66,6 +66,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
     :param systemzero_conn_id: the System Zero connection.
     :param deferrable: wait in the triggerer.
     :param lease: let the trigger give its stream back between decisions.
+    :param lease_after: seconds without a change before the trigger gives its stream back.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     """
 
@@ -80,7 +81,8 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
                  mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 lease: bool = True, key_salt: str | None = None, **kwargs: Any) -> None:
+                 lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.question = question
         self.instructions = instructions
@@ -98,6 +100,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         self.systemzero_conn_id = systemzero_conn_id
         self.deferrable = deferrable
         self.lease = lease
+        self.lease_after = lease_after
         self.key_salt = key_salt
 
     # ------------------------------------------------------------------ building and checking
@@ -137,7 +140,8 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         trigger = SystemZeroDecisionTrigger(
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
-            decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease)
+            decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
+            lease_after=self.lease_after)
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 

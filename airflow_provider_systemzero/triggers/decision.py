@@ -86,10 +86,29 @@ class _StreamingTrigger:
     decision_mode: str
     key_namespace: str
     lease: bool
+    lease_after: float
     deadline: float | None
 
     _stream: Any = None
     _source_obj: StateSource | None = None
+    _lease_timer: asyncio.Task[None] | None = None
+
+    def _arm_lease(self, stream: Any) -> None:
+        """Give the stream back after ``lease_after`` quiet seconds (re-armed by every decision)."""
+        self._disarm_lease()
+        if self.lease:
+            self._lease_timer = asyncio.ensure_future(self._release_when_quiet(stream))
+
+    def _disarm_lease(self) -> None:
+        timer, self._lease_timer = self._lease_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    async def _release_when_quiet(self, stream: Any) -> None:
+        await asyncio.sleep(self.lease_after)
+        if stream.connected and not stream.has_work():
+            log.info("nothing new for %.1f s: giving the stream back until the state changes", self.lease_after)
+            await stream.release()
 
     def _open_stream(self, initial: Any) -> Any:
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
@@ -104,10 +123,10 @@ class _StreamingTrigger:
             return None
         return self.deadline - time.time()
 
-    @staticmethod
-    async def _feed(stream: Any, source: StateSource, changed: asyncio.Event) -> None:
+    async def _feed(self, stream: Any, source: StateSource, changed: asyncio.Event) -> None:
         async for state in source.changes():
             if state != stream.state:  # the first value usually equals the state the stream opened with
+                self._disarm_lease()
                 await stream.set_state(state)
                 changed.set()
 
@@ -120,16 +139,14 @@ class _StreamingTrigger:
                     log.debug("skipping decision for version %s: newer state was sent", decision.state_version)
                     continue
                 yield decision
-                if self.lease and not stream.has_work():
-                    await stream.release()
+                self._arm_lease(stream)
         else:
             while True:
                 changed.clear()
                 decision = await stream.decide()
                 if not changed.is_set():
                     yield decision
-                    if self.lease and not stream.has_work():
-                        await stream.release()
+                    self._arm_lease(stream)
                     await changed.wait()
 
     async def _race(self, stream: Any, source: StateSource, body: Any) -> Any:
@@ -149,6 +166,7 @@ class _StreamingTrigger:
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
+        self._disarm_lease()
         stream, self._stream = self._stream, None
         source, self._source_obj = self._source_obj, None
         if stream is not None:
@@ -174,11 +192,13 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
     :param decision_mode: ``on_change`` (every change is decided) or ``on_request`` (decide after changes).
     :param deadline: absolute deadline in epoch seconds, or ``None``.
     :param lease: give the stream back between decisions when nothing changes.
+    :param lease_after: seconds without a change before the stream is given back.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
                  state: Any, key_namespace: str, source: dict[str, Any] | None = None,
-                 decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True) -> None:
+                 decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
+                 lease_after: float = 5.0) -> None:
         super().__init__()
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -189,6 +209,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         self.decision_mode = decision_mode
         self.deadline = deadline
         self.lease = lease
+        self.lease_after = lease_after
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -196,7 +217,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                 {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
                  "condition": self.condition, "state": self.state, "source": self.source,
                  "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
-                 "deadline": self.deadline, "lease": self.lease})
+                 "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -261,6 +282,7 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
         self.source = None
         self.decision_mode = "on_request"
         self.lease = False
+        self.lease_after = 0.0
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -319,11 +341,12 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
     :param source: where the state comes from.
     :param decision_mode: ``on_change`` or ``on_request``.
     :param lease: give the stream back between decisions when nothing changes.
+    :param lease_after: seconds without a change before the stream is given back.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
                  state: Any, watch_id: str, source: dict[str, Any] | None = None,
-                 decision_mode: str = "on_change", lease: bool = True) -> None:
+                 decision_mode: str = "on_change", lease: bool = True, lease_after: float = 5.0) -> None:
         super().__init__()
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -333,6 +356,7 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
         self.source = source
         self.decision_mode = decision_mode
         self.lease = lease
+        self.lease_after = lease_after
         self.deadline = None
         from airflow_provider_systemzero.identity import task_namespace
 
@@ -343,7 +367,8 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
                  "condition": self.condition, "state": self.state, "watch_id": self.watch_id,
-                 "source": self.source, "decision_mode": self.decision_mode, "lease": self.lease})
+                 "source": self.source, "decision_mode": self.decision_mode, "lease": self.lease,
+                 "lease_after": self.lease_after})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled."""

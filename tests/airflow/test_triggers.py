@@ -61,7 +61,7 @@ def rebuilt(trigger: Any) -> Any:
 
 def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
     kwargs: dict[str, Any] = {"systemzero_conn_id": "systemzero_test", "request": REQUEST, "condition": CONDITION,
-                              "state": "", "key_namespace": task_namespace("d", "t", "r", -1)}
+                              "state": "", "key_namespace": task_namespace("d", "t", "r", -1), "lease_after": 0.0}
     kwargs.update(overrides)
     return SystemZeroDecisionTrigger(**kwargs)
 
@@ -232,3 +232,19 @@ async def test_event_trigger_fires_on_each_transition_to_true(emulator: Emulator
         await gen.aclose()
         await trigger.cleanup()
     await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+
+
+async def test_stream_is_held_while_recent_and_leased_back_when_quiet(emulator: Emulator) -> None:
+    trigger = rebuilt(sensor_trigger(state="still working\n", lease_after=2.0))
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    try:
+        await emulator.wait_for(lambda emu: emu.stats.decisions_delivered >= 1, timeout=10)
+        assert emulator.stats.streams_open == 1  # a decision just settled: the stream is kept a while
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        assert emulator.stats.closes_by_code.get(1000) == 1 and not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await trigger.cleanup()

@@ -1,0 +1,228 @@
+"""``make demo``: from a fresh clone to a sensor firing on a System Zero decision, in one command.
+
+What it does, each step printed as it happens:
+
+1. starts the embedded gateway emulator on a free loopback port (``rules:`` decider from
+   ``example_dags/emulator_rules.json``, so the answers are explainable);
+2. creates a throwaway ``AIRFLOW_HOME`` with a migrated SQLite DB and a ``systemzero_default``
+   connection stored in the DB;
+3. runs the example Dags end to end with ``airflow dags test``: the deferrable sensor waiting on a
+   growing log, the operator replaying three task outputs and branching, the mapped operator;
+4. shows what happened: state changes the gateway accepted, decisions with probability and
+   confidence, the XCom values;
+5. stops the emulator and removes the home on every exit path (``--keep-home`` keeps it).
+
+Point it at a real System Zero instead with ``--origin wss://HOST`` and the key in the
+``SYSTEMZERO_API_KEY`` environment variable (never on the command line), or set
+``SYSTEMZERO_ORIGIN``; ``--model`` picks the model (``SYSTEMZERO_MODEL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_DAGS = ("systemzero_wait_for_ready", "systemzero_replay_and_branch", "systemzero_mapped")
+
+
+def _say(message: str = "", *, step: str | None = None) -> None:
+    prefix = f"\033[1m==> {step}\033[0m " if step and sys.stdout.isatty() else (f"==> {step} " if step else "    ")
+    print(f"{prefix}{message}", flush=True)
+
+
+@contextlib.contextmanager
+def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
+    """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
+    command = [sys.executable, "-m", "airflow_provider_systemzero.emulator", "--port", "0", "--api-key", f"{key}:8",
+               "--decider", f"rules:{rules}", "--admin-token", admin, "--decide-latency-ms", "50"]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening on" not in line:
+            raise RuntimeError(f"the emulator did not start (see {log_path}): {line!r}")
+        url = line.split("listening on ", 1)[1].split()[0]
+        yield url.split("/v1/", 1)[0]
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _stats(origin: str, admin: str) -> dict[str, Any]:
+    url = origin.replace("ws://", "http://", 1) + "/_emulator/stats"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _airflow(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeout: float = 300) -> None:
+    with log_path.open("a") as log:
+        log.write(f"\n$ airflow {' '.join(args)}\n")
+        log.flush()
+        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"'airflow {args[0]} {args[1] if len(args) > 1 else ''}' failed; see {log_path}")
+
+
+def _store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
+    """Store ``systemzero_default`` in the metadata DB; the key travels in the child's environment,
+    never on a command line (where ``ps`` would show it)."""
+    script = """
+import json, os
+from airflow.models import Connection
+from airflow.utils.session import create_session
+with create_session() as s:
+    s.query(Connection).filter(Connection.conn_id == "systemzero_default").delete()
+    s.add(Connection(conn_id="systemzero_default", conn_type="systemzero", host=os.environ["SZ_DEMO_ORIGIN"],
+                     password=os.environ["SZ_DEMO_KEY"], extra=json.dumps({"model": os.environ["SZ_DEMO_MODEL"]})))
+"""
+    child = {**env, "SZ_DEMO_ORIGIN": origin, "SZ_DEMO_KEY": key, "SZ_DEMO_MODEL": model}
+    subprocess.run([sys.executable, "-c", script], env=child, capture_output=True, timeout=120, check=True)
+
+
+def _xcoms(env: dict[str, str], dag_id: str) -> dict[str, Any]:
+    """The latest run's XComs, read in a child process with the demo's AIRFLOW_HOME."""
+    script = f"""
+import json
+from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+with create_session() as s:
+    run = s.query(DagRun).filter(DagRun.dag_id == {dag_id!r}).order_by(DagRun.id.desc()).first()
+    rows = s.query(XComModel).filter(XComModel.dag_id == {dag_id!r}, XComModel.run_id == run.run_id).all()
+    states = {{ti.task_id + ('' if ti.map_index < 0 else f'[{{ti.map_index}}]'): str(ti.state)
+              for ti in run.get_task_instances(session=s)}}
+    out = {{"state": str(run.state), "tasks": states, "xcom": {{}}}}
+    for r in rows:
+        name = r.task_id + ('' if r.map_index < 0 else f'[{{r.map_index}}]') + '.' + r.key
+        out["xcom"][name] = XComModel.deserialize_value(r)
+print(json.dumps(out, default=str))
+"""
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                            check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _show(dag_id: str, info: dict[str, Any]) -> None:
+    xcom = info["xcom"]
+    if dag_id == "systemzero_wait_for_ready":
+        decision = xcom.get("wait_until_ready.return_value") or {}
+        _say(f"sensor fired: ready={decision.get('decision')} probability={decision.get('probability')} "
+             f"confidence={decision.get('confidence')} at state version {decision.get('state_version')} "
+             f"(covered {len(decision.get('covered_event_ids') or [])} event(s), reply {decision.get('reply_id')})")
+    elif dag_id == "systemzero_replay_and_branch":
+        answers = xcom.get("decide.answers") or {}
+        for name, answer in answers.items():
+            _say(f"decide: {name} = {answer.get('decision')!r} (probability {answer.get('probability')}, "
+                 f"confidence {answer.get('confidence')})")
+        _say(f"XCom decide.return_value = {xcom.get('decide.return_value')}")
+        _say(f"branch: publish={info['tasks'].get('publish')} quarantine={info['tasks'].get('quarantine')} "
+             f"-> {xcom.get('publish.return_value') or xcom.get('quarantine.return_value')}")
+    elif dag_id == "systemzero_mapped":
+        for index in range(10):
+            value = xcom.get(f"triage[{index}].return_value")
+            if value is None:
+                break
+            _say(f"triage[{index}] -> {value}")
+        _say(f"summary: {xcom.get('summarise.return_value')}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--origin", default=os.environ.get("SYSTEMZERO_ORIGIN"),
+                        help="a real System Zero API origin (wss://… or https://…); the key comes from "
+                             "SYSTEMZERO_API_KEY. Default: the embedded emulator")
+    parser.add_argument("--model", default=os.environ.get("SYSTEMZERO_MODEL", "sz-demo"), help="model ID")
+    parser.add_argument("--dags", nargs="*", default=list(DEMO_DAGS), help="example Dag IDs to run")
+    parser.add_argument("--keep-home", action="store_true", help="keep the throwaway AIRFLOW_HOME")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    home = Path(tempfile.mkdtemp(prefix="systemzero-demo-"))
+    examples = home / "examples"
+    examples.mkdir()
+    log_path = home / "demo.log"
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "example_dags"), "SYSTEMZERO_EXAMPLE_DIR": str(examples),
+           "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True", "PYTHONWARNINGS": "ignore"}
+    env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
+    admin = secrets.token_urlsafe(16)
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.origin:
+                key = os.environ.get("SYSTEMZERO_API_KEY")
+                if not key:
+                    _say("--origin needs the API key in SYSTEMZERO_API_KEY", step="error")
+                    return 2
+                origin = args.origin
+                _say(f"using System Zero at {origin}", step="gateway")
+            else:
+                key = "demo-" + secrets.token_hex(8)
+                origin = stack.enter_context(_emulator(REPO / "example_dags" / "emulator_rules.json", key, admin,
+                                                       home / "emulator.log"))
+                _say(f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})", step="gateway")
+            _say(f"AIRFLOW_HOME={home}", step="airflow")
+            _airflow(["db", "migrate"], env, log_path)
+            _store_connection(env, origin, key, args.model)
+            _say("metadata DB migrated; connection systemzero_default stored in the DB")
+            for dag_id in args.dags:
+                before = None if args.origin else _stats(origin, admin)
+                _say(dag_id, step="dags test")
+                t0 = time.monotonic()
+                _airflow(["dags", "test", dag_id], env, log_path)
+                info = _xcoms(env, dag_id)
+                if info["state"] != "success":
+                    _say(f"{dag_id} ended {info['state']}: {info['tasks']} (log: {log_path})", step="error")
+                    return 1
+                _say(f"{dag_id}: {info['state']} in {time.monotonic() - t0:.1f} s; tasks {info['tasks']}")
+                if before is not None:
+                    after = _stats(origin, admin)
+                    _say(f"gateway: {after['events_accepted'] - before['events_accepted']} state change(s) accepted, "
+                         f"{after['decisions_dispatched'] - before['decisions_dispatched']} decision(s) dispatched, "
+                         f"{after['decisions_billed'] - before['decisions_billed']} billed, "
+                         f"{after['decisions_replayed'] - before['decisions_replayed']} replayed unbilled")
+                _show(dag_id, info)
+        _say(f"all {len(args.dags)} Dags succeeded in {time.monotonic() - started:.1f} s (full log: {log_path})",
+             step="done")
+        return 0
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        _say(str(exc), step="error")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted", step="error")
+        return 130
+    finally:
+        if args.keep_home:
+            _say(f"kept {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

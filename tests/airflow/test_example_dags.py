@@ -1,0 +1,98 @@
+"""Every example Dag runs end to end with ``dag.test()`` against the emulator, with the
+connection stored in the metadata DB (not an env var)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.protocol.limits import Limits
+from tests.conftest import REPO
+from tests.helpers import EmulatorThread, systemzero_connection
+
+RULES = REPO / "example_dags" / "emulator_rules.json"
+
+
+@pytest.fixture(scope="module")
+def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    os.environ["SYSTEMZERO_EXAMPLE_DIR"] = str(tmp_path_factory.mktemp("examples"))
+    os.environ["SYSTEMZERO_EXAMPLE_STEP_SECONDS"] = "0.15"
+    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
+    with EmulatorThread(api_keys={"demo-key": 8}, decider=f"rules:{RULES}", limits=limits) as emu, \
+            systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"):
+        yield emu
+
+
+def _dag(dag_id: str) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "example_dags"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.get_dag(dag_id)
+
+
+def _xcoms(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter(XComModel.dag_id == dag_id, XComModel.run_id == run_id).all()
+        return {(r.task_id, r.key, r.map_index): XComModel.deserialize_value(r) for r in rows}
+
+
+def _states(dag_run: Any) -> dict[str, str]:
+    return {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
+            for ti in dag_run.get_task_instances()}
+
+
+def test_sensor_waits_for_the_growing_log(emulator: Any) -> None:
+    dag_run = _dag("systemzero_wait_for_ready").test()
+    assert dag_run.state == "success", _states(dag_run)
+    xcoms = _xcoms("systemzero_wait_for_ready", dag_run.run_id)
+    decision = xcoms[("wait_until_ready", "return_value", -1)]
+    assert decision["decision"] is True and decision["confidence"] >= 0.8
+    log = Path(xcoms[("start_job", "return_value", -1)]).read_text()
+    assert "Job is ready." in log
+    assert xcoms[("report", "return_value", -1)].startswith("ready=True")
+
+
+def test_operator_replays_outputs_and_branches(emulator: Any) -> None:
+    dag_run = _dag("systemzero_replay_and_branch").test()
+    states = _states(dag_run)
+    assert dag_run.state == "success", states
+    assert states["publish"] == "success" and states["quarantine"] == "skipped"
+    xcoms = _xcoms("systemzero_replay_and_branch", dag_run.run_id)
+    assert xcoms[("decide", "return_value", -1)] == {"publish": True, "tier": "gold"}
+    answers = xcoms[("decide", "answers", -1)]
+    assert answers["publish"]["probability"] == pytest.approx(0.91)
+    reply = xcoms[("decide", "reply", -1)]
+    assert reply["id"] == xcoms[("decide", "decision_id", -1)] and reply["id"].startswith("szd_")
+    # the gateway's state: one item per upstream output, in order
+    replayed = [s.state for s in emulator.final_states.values()
+                if isinstance(s.state, list) and s.state and isinstance(s.state[0], dict) and "task_id" in s.state[0]]
+    assert replayed == [[{"task_id": "extract", "output": {"rows": 1200, "source": "orders"}},
+                         {"task_id": "validate", "output": {"checks": "all passed", "null_rate": 0.001}},
+                         {"task_id": "measure_freshness", "output": {"age_minutes": 12}}]]
+
+
+def test_mapped_operator_decides_each_input(emulator: Any) -> None:
+    dag_run = _dag("systemzero_mapped").test()
+    assert dag_run.state == "success", _states(dag_run)
+    xcoms = _xcoms("systemzero_mapped", dag_run.run_id)
+    assert [xcoms[("triage", "return_value", i)]["urgent"] for i in range(3)] == [True, False, True]
+    assert xcoms[("summarise", "return_value", -1)] == {"urgent": 2, "total": 3}
+
+
+def test_asset_watcher_dag_is_event_scheduled(emulator: Any) -> None:
+    dag = _dag("systemzero_on_release_approved")
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    text = json.dumps(DagSerialization.to_dict(dag), default=str)
+    assert "SystemZeroDecisionEventTrigger" in text and "demo-key" not in text
+    dag_run = dag.test()
+    assert dag_run.state == "success", _states(dag_run)
