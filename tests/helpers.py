@@ -35,10 +35,14 @@ class EmulatorThread:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(runner(), self._loop)
         return future.result(timeout=60)
 
-    def __enter__(self) -> Emulator:
+    def __getattr__(self, name: str) -> Any:
+        # read-only views (stats, origin, final_states …) come straight from the emulator
+        return getattr(self.emulator, name)
+
+    def __enter__(self) -> EmulatorThread:
         self._thread.start()
         self.call(lambda emu: emu.start())
-        return self.emulator
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         try:
@@ -80,3 +84,37 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: flo
         if time.monotonic() >= deadline:
             raise TimeoutError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def run_dag(dag: Any) -> Any:
+    """``dag.test()`` for a Dag built in a test: register it in the DB first (Airflow 3.3 only
+    runs serialized Dags), then run it and return the DagRun."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(collect_dags=False)
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+    return dag.test()
+
+
+def xcoms_of(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
+    """Every XCom of a run: ``(task_id, key, map_index) -> value``."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter(XComModel.dag_id == dag_id, XComModel.run_id == run_id).all()
+        return {(r.task_id, r.key, r.map_index): XComModel.deserialize_value(r) for r in rows}
+
+
+def task_states(dag_run: Any) -> dict[str, str]:
+    """``task_id[map_index] -> state`` of a run."""
+    return {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
+            for ti in dag_run.get_task_instances()}
+
+
+def task_tries(dag_run: Any) -> dict[str, int]:
+    """``task_id -> try_number`` of a run."""
+    return {ti.task_id: ti.try_number for ti in dag_run.get_task_instances()}

@@ -61,7 +61,8 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
     :param decision_mode: ``on_change`` (every change is decided) or ``on_request``.
     :param model: the model (default: the connection's ``model`` extra).
     :param route: ``direct`` or ``committee``.
-    :param mode: ``fast`` or ``deliberate``.
+    :param request_mode: System Zero's ``fast`` or ``deliberate`` (named so because ``mode`` is the
+        sensor's own ``poke``/``reschedule``).
     :param prompt_cache_key: a stable cache key (default: derived from the task instance).
     :param systemzero_conn_id: the System Zero connection.
     :param deferrable: wait in the triggerer.
@@ -78,7 +79,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
                  questions: dict[str, Any] | None = None, state: Any = "", source: dict[str, Any] | None = None,
                  expect: Any = True, min_confidence: float | None = None, min_probability: float | None = None,
                  decision_mode: str = "on_change", model: str | None = None, route: str | None = None,
-                 mode: str | None = None, prompt_cache_key: str | None = None,
+                 request_mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
                  lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None,
@@ -95,7 +96,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         self.decision_mode = decision_mode
         self.model = model
         self.route = route
-        self.mode = mode
+        self.request_mode = request_mode
         self.prompt_cache_key = prompt_cache_key
         self.systemzero_conn_id = systemzero_conn_id
         self.deferrable = deferrable
@@ -115,7 +116,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
                                              "decide, e.g. 'Is the job ready?'", code="invalid_question",
                                              field="instructions")
                 questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
-            request = build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.mode,
+            request = build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
                                          prompt_cache_key=self.prompt_cache_key)
             condition = DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability)
             condition.check_questions(request["questions"])

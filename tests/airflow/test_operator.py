@@ -1,0 +1,136 @@
+"""SystemZeroDecideOperator end to end: static state, deferrable and not, retries billed once,
+and bad input refused before any connection."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator, file_attachment
+from airflow_provider_systemzero.protocol.limits import Limits
+from tests.helpers import (
+    EmulatorThread,
+    run_dag,
+    systemzero_connection,
+    task_states,
+    task_tries,
+    wait_until,
+    xcoms_of,
+)
+
+RULES = {"rules": [{"question": "ready", "pattern": "(?i)ready", "answer": True, "probability": 0.9,
+                    "confidence": 0.8}],
+         "default": {"answer": False, "probability": 0.3, "confidence": 0.6}}
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+@pytest.fixture(scope="module")
+def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    rules = tmp_path_factory.mktemp("rules") / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
+    with EmulatorThread(api_keys={"op-key": 8}, decider=f"rules:{rules}", limits=limits) as emu, \
+            systemzero_connection("systemzero_op", emu.origin, "op-key", model="sz-test"):
+        yield emu
+
+
+@pytest.mark.parametrize("deferrable", [True, False])
+def test_static_state_deferrable_and_not(emulator: Any, deferrable: bool) -> None:
+    with DAG(f"op_static_{deferrable}", schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", deferrable=deferrable,
+                                 state="The export is ready.", questions={"ready": "Is the export ready?"})
+    before = emulator.stats.decisions_billed
+    dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("decide", "return_value", -1)] == {"ready": True}
+    assert xcoms[("decide", "answers", -1)]["ready"]["confidence"] == pytest.approx(0.8)
+    assert xcoms[("decide", "decision_id", -1)] == xcoms[("decide", "reply", -1)]["id"]
+    assert emulator.stats.decisions_billed == before + 1
+
+
+def test_retry_replays_the_same_keys_and_is_billed_once(emulator: Any) -> None:
+    """The first try times out while the gateway is still deciding; the retry replays the same
+    state with the same key and gets the original reply, unbilled."""
+    with DAG("op_retry", schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", decision_timeout=2.0,
+                                 state="ready to retry", questions={"ready": "Is it ready?"}, retries=1,
+                                 retry_delay=timedelta(seconds=0))
+    before = emulator.stats
+    emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 2500))
+
+    def slow_first_decide_only() -> None:
+        # once the first decide is running (slowly), later calls are answered at once
+        wait_until(lambda: emulator.stats.decisions_dispatched > before.decisions_dispatched, timeout=60)
+        emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 0))
+
+    watcher = threading.Thread(target=slow_first_decide_only, daemon=True)
+    watcher.start()
+    try:
+        dag_run = run_dag(dag)
+    finally:
+        watcher.join(timeout=60)
+        emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 0))
+    assert dag_run.state == "success", task_states(dag_run)
+    assert task_tries(dag_run)["decide"] == 2
+    after = emulator.stats
+    assert after.decisions_billed - before.decisions_billed == 1
+    assert xcoms_of(dag.dag_id, dag_run.run_id)[("decide", "return_value", -1)] == {"ready": True}
+
+
+def _context(tmp: Path | None = None, outputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    outputs = outputs or {}
+    ti = SimpleNamespace(dag_id="d", task_id="decide", run_id="r", map_index=-1,
+                         xcom_pull=lambda task_ids, key="return_value": outputs.get(task_ids))
+    return {"ti": ti}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"questions": {"1ready": "x"}, "state": "s"}, "question name '1ready' must start with a letter"),
+        ({"questions": {}, "state": "s"}, "questions must be a non-empty mapping"),
+        ({"questions": {"q": {"type": "choice", "instructions": "x", "options": []}}, "state": "s"},
+         "options must list at least one option"),
+        ({"questions": {"q": "x"}, "state": "s", "route": "committee", "mode": "deliberate"},
+         "cannot be combined with request.mode 'deliberate'"),
+        ({"questions": {"q": "x"}, "state": "s", "attachments": [{"name": "9bad", "data": "data:text/plain;base64,eA=="}]},
+         "must start with a letter"),
+        ({"questions": {"q": "x"}, "state": "s", "attachments": [{"name": "a", "data": "not a data url"}]},
+         "does not start with 'data:'"),
+        ({"questions": {"q": "x"}, "state": "x" * 3_700_000}, "max_decide_body_bytes"),
+        ({"questions": {"q": "x"}, "upstream_task_ids": ["up"]}, "not JSON"),
+        ({"questions": {"q": "x"}}, "state is required"),
+        ({"questions": {"q": "x"}, "state": 5}, "must be a string, an array or an object"),
+    ],
+)
+def test_bad_input_fails_before_any_connection(emulator: Any, kwargs: dict[str, Any], message: str) -> None:
+    streams_before = emulator.stats.streams_total
+    operator = SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", **kwargs)
+    with pytest.raises(AirflowFailException, match=message):
+        operator.execute(_context(outputs={"up": {1, 2}}))
+    assert emulator.stats.streams_total == streams_before
+
+
+def test_file_attachment_and_replayed_items(emulator: Any, tmp_path: Path) -> None:
+    report = tmp_path / "report.txt"
+    report.write_text("all green")
+    with DAG("op_attach", schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", deferrable=True,
+                                 state=["the job is ready"], questions={"ready": "Is it ready?"},
+                                 attachments=[file_attachment("report", report)])
+    dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    finals = [s for s in emulator.final_states.values() if s.attachments]
+    assert finals and finals[-1].attachments[0]["name"] == "report"
+    assert finals[-1].attachments[0]["data"] == "data:text/plain;base64,YWxsIGdyZWVu"

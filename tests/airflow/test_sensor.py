@@ -1,0 +1,144 @@
+"""SystemZeroDecisionSensor end to end with dag.test(): deferrable with the gateway restarting
+mid-wait, non-deferrable poking, and the event checks of execute_complete."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from tests.helpers import EmulatorThread, run_dag, systemzero_connection, task_states, wait_until, xcoms_of
+
+RULES = {"rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.95,
+                    "confidence": 0.9}],
+         "default": {"answer": False, "probability": 0.1, "confidence": 0.8}}
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+@pytest.fixture(scope="module")
+def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    rules = tmp_path_factory.mktemp("rules") / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
+    with EmulatorThread(api_keys={"sensor-key": 8}, decider=f"rules:{rules}", limits=limits) as emu, \
+            systemzero_connection("systemzero_sensor", emu.origin, "sensor-key"):
+        yield emu
+
+
+def _sensor(log: Path, **kwargs: Any) -> SystemZeroDecisionSensor:
+    return SystemZeroDecisionSensor(
+        task_id="wait", systemzero_conn_id="systemzero_sensor", model="sz-test", question="ready",
+        instructions="Is the job ready?", source={"type": "file", "path": str(log), "poll_interval": 0.05},
+        min_confidence=0.5, timeout=60, lease_after=0.2, **kwargs)
+
+
+def test_gateway_restart_mid_wait_replays_and_still_fires(emulator: Any, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("started\n")
+    with DAG("sensor_restart", schedule=None, start_date=START) as dag:
+        _sensor(log)
+    before = emulator.stats
+
+    def restart_then_finish() -> None:
+        wait_until(lambda: emulator.stats.decisions_delivered > before.decisions_delivered, timeout=60)
+        with log.open("a") as handle:
+            handle.write("still working\n")
+        wait_until(lambda: emulator.stats.events_accepted > before.events_accepted + 1, timeout=60)
+        emulator.call(lambda emu: emu.restart(retry_after_ms=300))
+        wait_until(lambda: emulator.stats.closes_by_code.get(1012, 0) > before.closes_by_code.get(1012, 0),
+                   timeout=60)
+        with log.open("a") as handle:
+            handle.write("Job is ready.\n")
+
+    helper = threading.Thread(target=restart_then_finish, daemon=True)
+    helper.start()
+    dag_run = run_dag(dag)
+    helper.join(timeout=60)
+    assert dag_run.state == "success", task_states(dag_run)
+    decision = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "return_value", -1)]
+    assert decision["decision"] is True and decision["confidence"] == pytest.approx(0.9)
+    after = emulator.stats
+    assert after.closes_by_code.get(1012, 0) > before.closes_by_code.get(1012, 0)
+    billed = after.decisions_billed - before.decisions_billed
+    bodies = emulator.billed_bodies()
+    assert len(bodies) == len(set(bodies))  # never billed twice for one state
+    assert billed >= 2
+
+
+def test_poke_mode_decides_on_request_each_poke(emulator: Any, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("started\nJob is ready.\n")
+    with DAG("sensor_poke", schedule=None, start_date=START) as dag:
+        _sensor(log, deferrable=False, poke_interval=0.1, mode="poke")
+    dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    assert xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "return_value", -1)]["decision"] is True
+
+
+def _context() -> dict[str, Any]:
+    return {"ti": SimpleNamespace(dag_id="d", task_id="wait", run_id="r", map_index=-1)}
+
+
+def test_execute_complete_is_idempotent_and_checks_ownership(tmp_path: Path) -> None:
+    sensor = _sensor(tmp_path / "log")
+    event = {"status": "success", "key_namespace": task_namespace("d", "wait", "r", -1), "question": "ready",
+             "decision": True, "probability": 0.9, "confidence": 0.8, "reply_id": "szd_x", "state_version": 3}
+    first = sensor.execute_complete(_context(), event=dict(event))
+    assert first == sensor.execute_complete(_context(), event=dict(event))  # delivered twice, same result
+    with pytest.raises(AirflowException, match="belongs to another task instance"):
+        sensor.execute_complete(_context(), event={**event, "key_namespace": "sz-other"})
+
+
+@pytest.mark.parametrize(
+    ("event", "soft_fail", "error"),
+    [
+        ({"status": "timeout", "message": "no decision met the condition"}, False, "AirflowSensorTimeout"),
+        ({"status": "timeout", "message": "no decision met the condition"}, True, AirflowSkipException),
+        ({"status": "error", "error_type": "authentication", "message": "HTTP 401"}, False, AirflowFailException),
+        ({"status": "error", "error_type": "stream_failed", "message": "closed"}, False, AirflowException),
+    ],
+)
+def test_error_events_raise_what_airflow_expects(tmp_path: Path, event: dict[str, Any], soft_fail: bool,
+                                                 error: Any) -> None:
+    sensor = _sensor(tmp_path / "log", soft_fail=soft_fail)
+    event = {**event, "key_namespace": task_namespace("d", "wait", "r", -1)}
+    with pytest.raises(Exception) as info:
+        sensor.execute_complete(_context(), event=event)
+    if isinstance(error, str):
+        assert type(info.value).__name__ == error
+    else:
+        assert isinstance(info.value, error)
+    assert event["message"] in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"question": "ready", "instructions": None}, "instructions is required"),
+        ({"questions": {"other": "x"}}, "question 'ready' is not among the questions asked"),
+        ({"expect": "yes"}, "must be true or false for boolean question"),
+        ({"min_confidence": 1.5}, "must be a number from 0 to 1"),
+        ({"decision_mode": "sometimes"}, "decision_mode 'sometimes' is not one of"),
+        ({"source": {"type": "tcp"}}, "source.type 'tcp' is not one of"),
+        ({"source": {"type": "file"}}, "source.path is required"),
+        ({"state": ["not", "a", "string"], "source": {"type": "file", "path": "/x"}}, "needs a string initial"),
+    ],
+)
+def test_bad_sensor_input_fails_before_deferring(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    base: dict[str, Any] = {"task_id": "wait", "systemzero_conn_id": "systemzero_sensor", "question": "ready",
+                            "instructions": "Is the job ready?"}
+    base.update(kwargs)
+    sensor = SystemZeroDecisionSensor(**base)
+    with pytest.raises(AirflowFailException, match=message):
+        sensor.execute(_context())
