@@ -22,6 +22,9 @@ from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSenso
 
 LOG_DIR = Path(os.environ.get("SYSTEMZERO_EXAMPLE_DIR", tempfile.gettempdir())) / "systemzero-examples"
 
+#: Jobs started by this process (a real job would be tracked by its own scheduler).
+RUNNING_JOBS: list[subprocess.Popen[bytes]] = []
+
 #: The simulated job: a few progress lines, then "Job is ready.", then it exits.
 JOB = """
 import sys, time
@@ -49,8 +52,9 @@ with DAG(
         log = LOG_DIR / f"job-{hashlib.sha256(str(run_id).encode()).hexdigest()[:16]}.log"
         log.write_text("Job started\n")
         step = os.environ.get("SYSTEMZERO_EXAMPLE_STEP_SECONDS", "0.4")
-        subprocess.Popen([sys.executable, "-c", JOB, str(log), step], start_new_session=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        job = subprocess.Popen([sys.executable, "-c", JOB, str(log), step], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        RUNNING_JOBS.append(job)  # the job outlives this task; keep its handle until the process ends
         return str(log)
 
     log_path = start_job()
