@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.conftest import REPO
-from tests.helpers import EmulatorThread, systemzero_connection
+from tests.helpers import EmulatorThread, systemzero_connection, task_states, xcoms_of
 
 RULES = REPO / "example_dags" / "emulator_rules.json"
 
@@ -36,24 +36,10 @@ def _dag(dag_id: str) -> Any:
     return bag.get_dag(dag_id)
 
 
-def _xcoms(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(XComModel).filter(XComModel.dag_id == dag_id, XComModel.run_id == run_id).all()
-        return {(r.task_id, r.key, r.map_index): XComModel.deserialize_value(r) for r in rows}
-
-
-def _states(dag_run: Any) -> dict[str, str]:
-    return {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
-            for ti in dag_run.get_task_instances()}
-
-
 def test_sensor_waits_for_the_growing_log(emulator: Any) -> None:
     dag_run = _dag("systemzero_wait_for_ready").test()
-    assert dag_run.state == "success", _states(dag_run)
-    xcoms = _xcoms("systemzero_wait_for_ready", dag_run.run_id)
+    assert dag_run.state == "success", task_states(dag_run)
+    xcoms = xcoms_of("systemzero_wait_for_ready", dag_run.run_id)
     decision = xcoms[("wait_until_ready", "return_value", -1)]
     assert decision["decision"] is True and decision["confidence"] >= 0.8
     log = Path(xcoms[("start_job", "return_value", -1)]).read_text()
@@ -63,10 +49,10 @@ def test_sensor_waits_for_the_growing_log(emulator: Any) -> None:
 
 def test_operator_replays_outputs_and_branches(emulator: Any) -> None:
     dag_run = _dag("systemzero_replay_and_branch").test()
-    states = _states(dag_run)
+    states = task_states(dag_run)
     assert dag_run.state == "success", states
     assert states["publish"] == "success" and states["quarantine"] == "skipped"
-    xcoms = _xcoms("systemzero_replay_and_branch", dag_run.run_id)
+    xcoms = xcoms_of("systemzero_replay_and_branch", dag_run.run_id)
     assert xcoms[("decide", "return_value", -1)] == {"publish": True, "tier": "gold"}
     answers = xcoms[("decide", "answers", -1)]
     assert answers["publish"]["probability"] == pytest.approx(0.91)
@@ -82,8 +68,8 @@ def test_operator_replays_outputs_and_branches(emulator: Any) -> None:
 
 def test_mapped_operator_decides_each_input(emulator: Any) -> None:
     dag_run = _dag("systemzero_mapped").test()
-    assert dag_run.state == "success", _states(dag_run)
-    xcoms = _xcoms("systemzero_mapped", dag_run.run_id)
+    assert dag_run.state == "success", task_states(dag_run)
+    xcoms = xcoms_of("systemzero_mapped", dag_run.run_id)
     assert [xcoms[("triage", "return_value", i)]["urgent"] for i in range(3)] == [True, False, True]
     assert xcoms[("summarise", "return_value", -1)] == {"urgent": 2, "total": 3}
 
@@ -95,4 +81,4 @@ def test_asset_watcher_dag_is_event_scheduled(emulator: Any) -> None:
     text = json.dumps(DagSerialization.to_dict(dag), default=str)
     assert "SystemZeroDecisionEventTrigger" in text and "demo-key" not in text
     dag_run = dag.test()
-    assert dag_run.state == "success", _states(dag_run)
+    assert dag_run.state == "success", task_states(dag_run)
