@@ -88,6 +88,31 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
+        "config": {
+            "systemzero": {
+                "description": "Client settings of the System Zero stream provider.",
+                "options": {
+                    "reconnect_backoff_base": {
+                        "description": (
+                            "Seconds: the first reconnect waits a random time up to this long (full "
+                            "jitter), doubling per failed attempt up to reconnect_backoff_cap; never "
+                            "shorter than a delay the gateway asked for."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "1.0",
+                        "default": "0.5",
+                    },
+                    "reconnect_backoff_cap": {
+                        "description": "Seconds: the largest jitter window of the reconnect backoff.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "30",
+                    },
+                },
+            }
+        },
         "hooks": [
             {
                 "integration-name": INTEGRATION_NAME,

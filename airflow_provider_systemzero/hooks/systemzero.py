@@ -8,6 +8,10 @@ The connection (``conn_type = "systemzero"``):
 * **extra** — ``model`` (default model), ``prompt_cache_key_prefix``, ``open_timeout`` (seconds),
   ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used).
 
+Reconnect backoff (full jitter) is read from Airflow's configuration, section ``[systemzero]``:
+``reconnect_backoff_base`` (seconds, default 0.5) and ``reconnect_backoff_cap`` (seconds, default
+30), e.g. ``AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_BASE=1``. A ``backoff`` passed to the hook wins.
+
 Async code (triggers, ``aexecute``) reaches the connection only through
 ``await BaseHook.aget_connection(...)`` and ``await conn.aextra_dejson()``; the sync
 ``get_connection`` is used only by the sync helpers meant for workers (:meth:`decide`,
@@ -34,7 +38,7 @@ from airflow_provider_systemzero.stream.exceptions import SystemZeroError, Syste
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-__all__ = ["Decision", "SystemZeroHook"]
+__all__ = ["Decision", "SystemZeroHook", "reconnect_backoff"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,30 @@ def _supervisor_comms_lack_async_send() -> bool:
     return comms is not None and not hasattr(comms, "asend")
 
 
+def reconnect_backoff() -> Backoff:
+    """The reconnect backoff configured in ``[systemzero]`` (``reconnect_backoff_base``,
+    ``reconnect_backoff_cap``; seconds), a fresh one per stream so each draws its own jitter.
+
+    Reading the configuration touches no database or network, so it is safe on the triggerer's loop.
+
+    :raises SystemZeroValidationError: a value is not a non-negative number.
+    """
+    from airflow.configuration import conf
+
+    values = {}
+    for name, default in (("reconnect_backoff_base", 0.5), ("reconnect_backoff_cap", 30.0)):
+        raw = conf.get("systemzero", name, fallback=None)
+        try:
+            value = default if raw is None or not str(raw).strip() else float(raw)
+        except ValueError:
+            value = -1.0
+        if not value >= 0 or value == float("inf"):
+            raise SystemZeroValidationError(f"[systemzero] {name} must be a non-negative number of seconds, got "
+                                            f"{raw!r}", code=f"invalid_{name}", field=name)
+        values[name] = value
+    return Backoff(base=values["reconnect_backoff_base"], cap=values["reconnect_backoff_cap"])
+
+
 def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
     if not raw:
         return {}
@@ -105,7 +133,8 @@ class SystemZeroHook(BaseHook):
     """Streams state to the System Zero decision API and reads its decisions.
 
     :param systemzero_conn_id: the Airflow connection ID (``conn_type`` ``systemzero``).
-    :param backoff: reconnect backoff for the streams this hook opens (default: 0.5 s base, 30 s cap).
+    :param backoff: reconnect backoff for the streams this hook opens (default: :func:`reconnect_backoff`,
+        0.5 s base and 30 s cap unless ``[systemzero]`` says otherwise).
     :param capacity: the stream cap (default: the process-wide one, shared by every hook).
     """
 
@@ -247,7 +276,8 @@ class SystemZeroHook(BaseHook):
         return DecisionStream(settings or self.aget_settings, request, state=state, decision_mode=decision_mode,
                               attachments=attachments, min_interval_ms=min_interval_ms,
                               idempotency_key=idempotency_key, key_namespace=key_namespace, identity=identity,
-                              open_deadline=open_deadline, decide_retries=decide_retries, backoff=self.backoff,
+                              open_deadline=open_deadline, decide_retries=decide_retries,
+                              backoff=self.backoff or reconnect_backoff(),
                               capacity=self.capacity)
 
     def decide(self, request: StreamRequest | Mapping[str, Any], state: Any = "", *,
