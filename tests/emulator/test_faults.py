@@ -73,20 +73,23 @@ async def test_drop_all_aborts_without_a_close_frame(emu: Emulator) -> None:
     assert emu.stats.streams_open == 0
 
 
-async def test_a_silent_peer_answers_nothing(emu: Emulator) -> None:
-    async with stream(emu, ping_interval=0.1, ping_timeout=0.3, close_timeout=0.3) as ws:
-        await recv(ws)
-        emu.faults.answer_pings = False
-        await send(ws, start_message())
-        # No ack, no native pong: the client's own keepalive gives up on the peer.
-        with pytest.raises(ConnectionClosed):
-            async with asyncio.timeout(5):
-                await ws.recv()
-    emu.faults.answer_pings = True
-    await emu.wait_for(lambda e: e.stats.streams_open == 0)
-    assert emu.stats.events_accepted == 1  # the server still read and applied the start
-    async with stream(emu) as ws:
-        assert (await recv(ws))["type"] == "hello"
+async def test_a_silent_peer_answers_nothing() -> None:
+    # A start deadline far beyond the test, so nothing the gateway writes before the fault (a
+    # start_timeout close on a loaded machine) can be mistaken for a breach of silence.
+    async with Emulator(limits=FAST.replace(start_timeout_ms=60_000)) as emu:
+        async with stream(emu, ping_interval=0.1, ping_timeout=0.3, close_timeout=0.3) as ws:
+            await recv(ws)
+            emu.faults.answer_pings = False
+            await send(ws, start_message())
+            # No ack, no native pong: the client's own keepalive gives up on the peer.
+            with pytest.raises(ConnectionClosed):
+                async with asyncio.timeout(5):
+                    await ws.recv()
+        emu.faults.answer_pings = True
+        await emu.wait_for(lambda e: e.stats.streams_open == 0)
+        assert emu.stats.events_accepted == 1  # the server still read and applied the start
+        async with stream(emu) as ws:
+            assert (await recv(ws))["type"] == "hello"
 
 
 async def test_delayed_decisions(emu: Emulator) -> None:
