@@ -51,7 +51,8 @@ with DAG(
     @task(inlets=[release_approved])
     def announce(triggering_asset_events=None) -> str:
         events = list((triggering_asset_events or {}).get(release_approved, []))
-        extra = events[-1].extra if events else {}
-        return f"release approved: {extra.get('decision')} (confidence {extra.get('confidence')})"
+        # the trigger's event payload arrives in the asset event's extra, under "payload"
+        payload = (events[-1].extra or {}).get("payload", {}) if events else {}
+        return f"release approved: {payload.get('decision')} (confidence {payload.get('confidence')})"
 
     announce()

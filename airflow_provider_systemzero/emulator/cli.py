@@ -1,4 +1,4 @@
-"""``systemzero-emulator``: run the local System Zero stream gateway in the foreground.
+r"""``systemzero-emulator``: run the local System Zero stream gateway in the foreground.
 
     systemzero-emulator --api-key demo            # ws://127.0.0.1:8765/v1/system-zero/stream
     systemzero-emulator --port 0 --api-key demo:8 --idle-timeout-ms 5000 --decide-latency-ms 200

@@ -129,8 +129,8 @@ def parse_api_key(spec: str) -> tuple[str, int]:
 class AcceptedState(NamedTuple):
     """A stream's last accepted state.
 
-    :param state: the state (string, array or object; read-only).
-    :param attachments: the inline attachments in wire form (``{"name", "data"}``).
+    :ivar state: the state (string, array or object; read-only).
+    :ivar attachments: the inline attachments in wire form (``{"name", "data"}``).
     """
 
     state: Any
