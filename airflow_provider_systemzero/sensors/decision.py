@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.conditions import DecisionCondition
 from airflow_provider_systemzero.identity import context_namespace
@@ -22,13 +23,22 @@ from airflow_provider_systemzero.triggers.sources import read_source_once, valid
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["SystemZeroDecisionSensor"]
+__all__ = ["START_FROM_TRIGGER_NAMESPACE", "SystemZeroDecisionSensor"]
 
 #: Extra time Airflow gives the trigger beyond the sensor's own deadline, so the trigger's
 #: clearer timeout event wins.
 _DEFER_GRACE = timedelta(seconds=60)
 #: Error types that retrying cannot fix.
 _FATAL_ERRORS = frozenset({"authentication", "validation", "configuration"})
+#: The key namespace of a sensor that starts from the triggerer. The scheduler creates that trigger
+#: before any worker runs, so the namespace cannot be derived from the task instance up front: it is
+#: a template, rendered by the triggerer and rendered again (to the same value) on the worker that
+#: resumes the task. Deterministic like :func:`~airflow_provider_systemzero.identity.task_namespace`.
+START_FROM_TRIGGER_NAMESPACE = "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.run_id }}.{{ ti.map_index }}"
+#: Longest key namespace the stream accepts, and the room kept for the run ID and map index.
+_MAX_NAMESPACE = 190
+_RUN_ID_ROOM = 64
+_JINJA_MARKERS = ("{{", "{%", "{#")
 
 
 class SystemZeroDecisionSensor(BaseSensorOperator):
@@ -69,10 +79,16 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
     :param lease: let the trigger give its stream back between decisions.
     :param lease_after: seconds without a change before the trigger gives its stream back.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
+    :param start_from_trigger: start in the triggerer: the scheduler creates the trigger from
+        ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``
+        may be templated (the triggerer renders them, with undefined variables rendering as ``""``);
+        the questions, ``model`` and ``prompt_cache_key`` must be plain values. The key namespace is
+        :data:`START_FROM_TRIGGER_NAMESPACE` and the deadline is Airflow's trigger timeout (the sensor's
+        ``timeout``). A mapped sensor (``.partial(...).expand(...)``) defers from a worker as usual.
     """
 
     template_fields: Sequence[str] = ("question", "instructions", "questions", "state", "source", "model",
-                                      "prompt_cache_key")
+                                      "prompt_cache_key", "key_namespace")
     ui_color = "#e8f0ff"
 
     def __init__(self, *, question: str = "ready", instructions: str | None = None,
@@ -83,7 +99,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
                  lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None,
-                 **kwargs: Any) -> None:
+                 start_from_trigger: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.question = question
         self.instructions = instructions
@@ -103,6 +119,46 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         self.lease = lease
         self.lease_after = lease_after
         self.key_salt = key_salt
+        #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
+        self.key_namespace: str | None = None
+        self.start_from_trigger = start_from_trigger
+        if start_from_trigger:
+            self._prepare_start_from_trigger()
+
+    def _prepare_start_from_trigger(self) -> None:
+        """Build ``start_trigger_args`` at parse time; refuse what the triggerer could not render."""
+        if not self.deferrable:
+            raise ValueError(f"{self.task_id}: start_from_trigger=True needs deferrable=True")
+        templated = [name for name in ("question", "instructions", "questions", "model", "prompt_cache_key")
+                     if any(marker in repr(getattr(self, name)) for marker in _JINJA_MARKERS)]
+        if templated:
+            raise ValueError(f"{self.task_id}: with start_from_trigger=True the triggerer renders only state and "
+                             f"source; {', '.join(templated)} must not be templated")
+        namespace = START_FROM_TRIGGER_NAMESPACE
+        if self.key_salt is not None:
+            if any(marker in self.key_salt for marker in _JINJA_MARKERS):
+                raise ValueError(f"{self.task_id}: key_salt must not be templated with start_from_trigger=True")
+            namespace += f".{self.key_salt}"
+        if self.has_dag():
+            fixed = len(namespace.split("{{", 1)[0]) + len(self.dag_id) + len(self.task_id) + len("...-1")
+            if fixed + _RUN_ID_ROOM > _MAX_NAMESPACE:
+                raise ValueError(f"{self.task_id}: the Dag and task IDs (and key_salt) are too long for a "
+                                 f"start_from_trigger key namespace (at most {_MAX_NAMESPACE} characters with "
+                                 f"the run ID); use shorter IDs or start_from_trigger=False")
+        try:
+            request, condition, source = self._build()
+        except AirflowFailException as exc:
+            raise ValueError(str(exc)) from None
+        self.key_namespace = namespace
+        timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
+            trigger_kwargs={
+                "systemzero_conn_id": self.systemzero_conn_id, "request": request,
+                "condition": condition.to_dict(), "state": self.state, "source": source,
+                "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
+                "lease": self.lease, "lease_after": self.lease_after},
+            next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
 
@@ -186,7 +242,13 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         if not isinstance(event, dict) or "status" not in event:
             raise AirflowException(f"{self.task_id}: the trigger sent no usable event ({event!r})")
         expected = context_namespace(context, salt=self.key_salt)
-        if event.get("key_namespace") != expected:
+        # Started from the triggerer, the trigger's namespace is the template rendered there; this
+        # task's own copy was rendered the same way before the resume. A mapped sensor still defers
+        # from a worker with the derived namespace.
+        accepted = {expected}
+        if self.start_from_trigger and self.key_namespace:
+            accepted.add(self.key_namespace)
+        if event.get("key_namespace") not in accepted:
             raise AirflowException(f"{self.task_id}: the event belongs to another task instance "
                                    f"({event.get('key_namespace')!r}, expected {expected!r})")
         status = event["status"]

@@ -1,0 +1,135 @@
+"""SystemZeroDecisionSensor(start_from_trigger=True): what the scheduler, the triggerer and the
+resuming worker each see. The real run (scheduler + triggerer, no worker before the resume) is
+scenario 3 of ``tests/deployment``; here Airflow's own rendering code is driven directly."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.sensors.decision import (
+    START_FROM_TRIGGER_NAMESPACE,
+    SystemZeroDecisionSensor,
+)
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+RUN_ID = "manual__2026-01-02T03:04:05.678901+00:00"
+
+
+def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
+    base: dict[str, Any] = {
+        "task_id": "wait", "question": "ready", "instructions": "Is the job ready?", "model": "sz-test",
+        "source": {"type": "file", "path": "{{ params.dir }}/job.log", "poll_interval": 0.5},
+        "state": "run {{ ti.run_id }}: ", "timeout": 90, "start_from_trigger": True}
+    base.update(kwargs)
+    return SystemZeroDecisionSensor(**base)
+
+
+def _context(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id=sensor.dag_id, task_id=sensor.task_id, run_id=RUN_ID, map_index=-1)
+    return {"ti": ti, "task_instance": ti, "params": {"dir": "/data/jobs"}, "run_id": RUN_ID}
+
+
+def _in_triggerer(sensor: SystemZeroDecisionSensor) -> SystemZeroDecisionTrigger:
+    """What the triggerer does for a start-from-trigger task: build the trigger from the scheduler's
+    kwargs, attach the task instance, render the templated attributes, then run it."""
+    args = sensor.start_trigger_args
+    assert args is not None and args.trigger_kwargs is not None
+    trigger = SystemZeroDecisionTrigger(**args.trigger_kwargs)
+    trigger.task_instance = SimpleNamespace(task=sensor, task_id=sensor.task_id)
+    trigger.render_template_fields(context=_context(sensor))
+    return trigger
+
+
+def test_start_trigger_args_are_built_at_parse_time() -> None:
+    with DAG("sft_dag", schedule=None, start_date=START):
+        sensor = _sensor()
+    args = sensor.start_trigger_args
+    assert sensor.start_from_trigger is True and args is not None
+    assert args.trigger_cls == "airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger"
+    assert args.next_method == "execute_complete" and args.next_kwargs is None
+    assert args.timeout == timedelta(seconds=90)  # the deadline is Airflow's trigger timeout
+    kwargs = args.trigger_kwargs
+    assert kwargs is not None
+    assert kwargs["key_namespace"] == START_FROM_TRIGGER_NAMESPACE and kwargs["deadline"] is None
+    assert kwargs["request"]["questions"] == {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+    # the kwargs are what the trigger itself serializes: the scheduler's trigger row is a normal one
+    assert SystemZeroDecisionTrigger(**kwargs).serialize()[1] == kwargs
+
+
+def test_serialized_dag_keeps_start_from_trigger() -> None:
+    from airflow.serialization.serialized_objects import BaseSerialization, DagSerialization
+
+    with DAG("sft_serialized", schedule=None, start_date=START) as dag:
+        _sensor()
+    task = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task("wait")
+    assert task.start_from_trigger is True
+    kwargs = BaseSerialization.deserialize(task.start_trigger_args.trigger_kwargs)  # kept encoded
+    assert kwargs["key_namespace"] == START_FROM_TRIGGER_NAMESPACE and kwargs["deadline"] is None
+    assert task.start_trigger_args.timeout == timedelta(seconds=90)
+
+
+def test_triggerer_and_worker_render_the_same_namespace() -> None:
+    with DAG("sft_render", schedule=None, start_date=START):
+        sensor = _sensor()
+    trigger = _in_triggerer(sensor)
+    assert set(trigger.template_fields) == {"state", "source", "key_namespace"}
+    assert trigger.key_namespace == f"sz-sft-sft_render.wait.{RUN_ID}.-1"
+    assert trigger.source["path"] == "/data/jobs/job.log"
+    assert trigger.state == f"run {RUN_ID}: "
+    # the resuming worker renders the sensor's template fields (strictly) before execute_complete
+    sensor.render_template_fields(_context(sensor))
+    assert sensor.key_namespace == trigger.key_namespace
+    event = {"status": "success", "key_namespace": trigger.key_namespace, "question": "ready", "decision": True,
+             "probability": 0.9, "confidence": 0.9, "state_version": 3}
+    assert sensor.execute_complete(_context(sensor), event=event)["decision"] is True
+
+
+def test_start_from_trigger_still_accepts_the_worker_namespace_and_nothing_else() -> None:
+    with DAG("sft_accept", schedule=None, start_date=START):
+        sensor = _sensor()
+    sensor.render_template_fields(_context(sensor))
+    derived = task_namespace("sft_accept", "wait", RUN_ID, -1)  # dag.test() and mapped sensors defer from a worker
+    event = {"status": "success", "key_namespace": derived, "question": "ready", "decision": True}
+    assert sensor.execute_complete(_context(sensor), event=event)["decision"] is True
+    other = {**event, "key_namespace": f"sz-sft-sft_accept.other.{RUN_ID}.-1"}
+    with pytest.raises(AirflowException, match="belongs to another task instance"):
+        sensor.execute_complete(_context(sensor), event=other)
+
+
+def test_key_salt_is_part_of_the_namespace() -> None:
+    with DAG("sft_salt", schedule=None, start_date=START):
+        sensor = _sensor(key_salt="v2")
+    assert _in_triggerer(sensor).key_namespace == f"sz-sft-sft_salt.wait.{RUN_ID}.-1.v2"
+
+
+def test_default_path_has_no_start_trigger_args() -> None:
+    with DAG("sft_off", schedule=None, start_date=START):
+        sensor = _sensor(start_from_trigger=False)
+    assert sensor.start_from_trigger is False and sensor.start_trigger_args is None
+    assert sensor.key_namespace is None
+    other = {"status": "success", "key_namespace": f"sz-sft-sft_off.wait.{RUN_ID}.-1"}
+    sensor.render_template_fields(_context(sensor))
+    with pytest.raises(AirflowException, match="belongs to another task instance"):
+        sensor.execute_complete(_context(sensor), event=other)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"instructions": "Is {{ params.job }} ready?"}, "instructions must not be templated"),
+    ({"model": "{{ var.value.model }}"}, "model must not be templated"),
+    ({"deferrable": False}, "needs deferrable=True"),
+    ({"key_salt": "{{ ds }}"}, "key_salt must not be templated"),
+    ({"task_id": "t" * 120}, "too long"),
+    ({"instructions": None}, "instructions is required"),
+])
+def test_refuses_what_the_triggerer_cannot_render(kwargs: dict[str, Any], message: str) -> None:
+    with DAG("sft_refused", schedule=None, start_date=START), pytest.raises(ValueError, match=message):
+        _sensor(**kwargs)
