@@ -87,6 +87,7 @@ class LedgerEntry:
     :param reply_id: ``reply.id`` returned.
     :param billed: ``True`` for a fresh decision, ``False`` for a replay of the original reply.
     :param time: wall-clock time of the answer (``time.time()``).
+    :param usage: the reply's ``usage`` (a replay repeats the original's; it is not billed again).
     """
 
     account: str
@@ -95,6 +96,7 @@ class LedgerEntry:
     reply_id: str
     billed: bool
     time: float
+    usage: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +286,8 @@ class DecideBackend:
             if verdict.kind == "replay":
                 assert verdict.reply is not None
                 self.replayed += 1
-                self._record(account, idempotency_key, sha, verdict.reply["id"], billed=False)
+                self._record(account, idempotency_key, sha, verdict.reply["id"], billed=False,
+                             usage=verdict.reply.get("usage"))
                 return DecideSuccess(reply=verdict.reply, request_id=request_id,
                                      decide_ms=(time.monotonic() - started) * 1000)
         try:
@@ -300,7 +303,8 @@ class DecideBackend:
         if idempotency_key is not None:
             self.ledger_records.complete(account, idempotency_key, outcome.reply, time.monotonic())
         self.billed += 1
-        self._record(account, idempotency_key, sha, outcome.reply["id"], billed=True)
+        self._record(account, idempotency_key, sha, outcome.reply["id"], billed=True,
+                     usage=outcome.reply.get("usage"))
         return outcome
 
     async def _fresh(self, account: str, body: str, request_id: str, started: float, now: float) -> DecideOutcome:
@@ -345,8 +349,10 @@ class DecideBackend:
         self._on_change()
         return DecideFailure(http_status=status, envelope=envelope, retry=retry, request_id=request_id)
 
-    def _record(self, account: str, key: str | None, sha: str, reply_id: str, *, billed: bool) -> None:
-        self.ledger.setdefault(account, []).append(LedgerEntry(account, key, sha, reply_id, billed, time.time()))
+    def _record(self, account: str, key: str | None, sha: str, reply_id: str, *, billed: bool,
+                usage: Any = None) -> None:
+        self.ledger.setdefault(account, []).append(LedgerEntry(account, key, sha, reply_id, billed, time.time(),
+                                                               dict(usage) if isinstance(usage, dict) else None))
         self._on_change()
 
     def _reply(self, account: str, request: Mapping[str, Any], body: str, answers: dict[str, Any]) -> dict[str, Any]:

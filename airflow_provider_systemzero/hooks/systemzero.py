@@ -6,7 +6,12 @@ The connection (``conn_type = "systemzero"``):
   ``ws://`` only to a loopback host, such as the local emulator);
 * **password** — the API key (masked in logs; never in a repr, an exception or a serialized object);
 * **extra** — ``model`` (default model), ``prompt_cache_key_prefix``, ``open_timeout`` (seconds),
-  ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used).
+  ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used),
+  ``budget_decisions_per_hour`` / ``budget_input_tokens_per_hour`` (caps per connection and hour,
+  checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.budget`).
+
+Every stream the hook opens reports metrics and (opt-in) spans through
+:class:`~airflow_provider_systemzero.observability.AirflowStreamObserver`.
 
 Reconnect backoff (full jitter) is read from Airflow's configuration, section ``[systemzero]``:
 ``reconnect_backoff_base`` (seconds, default 0.5) and ``reconnect_backoff_cap`` (seconds, default
@@ -30,6 +35,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_systemzero.budget import DecisionBudget
+from airflow_provider_systemzero.observability import AirflowStreamObserver, StreamObserver
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
 from airflow_provider_systemzero.stream.connection import Decision, DecisionStream, StreamSettings, probe
@@ -191,6 +198,8 @@ class SystemZeroHook(BaseHook):
             prompt_cache_key_prefix=_text(extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix",
                                           conn_id=conn_id),
             conn_id=conn_id,
+            budget_decisions_per_hour=extra.get("budget_decisions_per_hour"),
+            budget_input_tokens_per_hour=extra.get("budget_input_tokens_per_hour"),
         )
 
     async def aget_settings(self) -> StreamSettings:
@@ -255,7 +264,8 @@ class SystemZeroHook(BaseHook):
                state: Any = "", attachments: Sequence[Attachment] = (), min_interval_ms: int | None = None,
                idempotency_key: str | None = None, key_namespace: str | None = None, identity: str | None = None,
                open_deadline: float | None = None, decide_retries: int = 3,
-               settings: StreamSettings | None = None) -> DecisionStream:
+               settings: StreamSettings | None = None, budget: DecisionBudget | None = None,
+               observer: StreamObserver | None = None) -> DecisionStream:
         """A stream to use with ``async with``; the connection is read asynchronously on entering.
 
         :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally ``model``
@@ -272,18 +282,22 @@ class SystemZeroHook(BaseHook):
         :param open_deadline: seconds allowed for opening (``None``: retry until cancelled).
         :param decide_retries: retries of a retryable on_request decision failure.
         :param settings: already resolved settings (skips the connection lookup).
+        :param budget: spend caps checked before every dispatch, and where the usage is counted
+            (the connection's per-hour caps are added to it).
+        :param observer: what hears the stream (default: metrics and opt-in spans through Airflow).
         """
         return DecisionStream(settings or self.aget_settings, request, state=state, decision_mode=decision_mode,
                               attachments=attachments, min_interval_ms=min_interval_ms,
                               idempotency_key=idempotency_key, key_namespace=key_namespace, identity=identity,
                               open_deadline=open_deadline, decide_retries=decide_retries,
                               backoff=self.backoff or reconnect_backoff(),
-                              capacity=self.capacity)
+                              capacity=self.capacity, budget=budget,
+                              observer=observer or AirflowStreamObserver(decision_mode))
 
     def decide(self, request: StreamRequest | Mapping[str, Any], state: Any = "", *,
                attachments: Sequence[Attachment] = (), timeout: float | None = None,
                idempotency_key: str | None = None, key_namespace: str | None = None,
-               identity: str | None = None) -> Decision:
+               identity: str | None = None, budget: DecisionBudget | None = None) -> Decision:
         """Run one on_request decision to completion (sync; for non-deferrable operators).
 
         :param request: see :meth:`stream`.
@@ -293,7 +307,9 @@ class SystemZeroHook(BaseHook):
         :param idempotency_key: the state's key (default: derived from the state).
         :param key_namespace: namespace of derived per-state keys.
         :param identity: the caller's identity for the stream (see :meth:`stream`).
-        :raises SystemZeroError: every failure (``DeadlineExceeded`` when ``timeout`` passes).
+        :param budget: spend caps checked before the decide is sent; its ``usage`` counts the decision.
+        :raises SystemZeroError: every failure (``DeadlineExceeded`` when ``timeout`` passes;
+            :class:`~airflow_provider_systemzero.budget.BudgetExceeded` when the budget refused).
         """
         settings = self.get_settings()
 
@@ -302,7 +318,8 @@ class SystemZeroHook(BaseHook):
             deadline = None if timeout is None else loop.time() + timeout
             async with self.stream(request, decision_mode="on_request", state=state, attachments=attachments,
                                    idempotency_key=idempotency_key, key_namespace=key_namespace,
-                                   identity=identity, open_deadline=timeout, settings=settings) as stream:
+                                   identity=identity, open_deadline=timeout, settings=settings,
+                                   budget=budget) as stream:
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 return await stream.decide(timeout=remaining)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -259,6 +259,13 @@ class ClientSession:
         self.connections = 0
         self.server_delay_ms: int | None = None
         self._stream_failure: Error | None = None
+        #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
+        #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
+        #: everything after it (see :attr:`dispatch_held`). ``None``: nothing is held.
+        self.dispatch_gate: Callable[[ClientMessage], bool] | None = None
+        #: Whether the gate refused: on_change then sends no more mutations; on_request no more
+        #: ``decide`` until the waiting intents are gone.
+        self.dispatch_held = False
         validate_state(state, field="state")
         attachments = tuple(attachments)
         validate_attachment_tuple(attachments, field="attachments")
@@ -411,8 +418,18 @@ class ClientSession:
         return self._intent_ids
 
     def cancel_intent(self, intent_id: int) -> None:
-        """Forget an intent (its waiter gave up)."""
+        """Forget an intent (its waiter gave up). on_request: once none waits, a held ``decide``
+        may be asked again (the gate decides anew)."""
         self._intents = [i for i in self._intents if i.intent_id != intent_id]
+        if not self._intents and self.decision_mode == "on_request":
+            self.dispatch_held = False
+
+    def _may_dispatch(self, message: ClientMessage) -> bool:
+        gate = self.dispatch_gate
+        if gate is None or gate(message):
+            return True
+        self.dispatch_held = True
+        return False
 
     @property
     def current_decision(self) -> DecisionResult | None:
@@ -622,17 +639,21 @@ class ClientSession:
         if conn.hello is None or self._stream_failure is not None:
             return out
         assert conn.event_bucket is not None and conn.message_bucket is not None
-        if conn.in_flight is None and now >= conn.blocked_until:
+        on_change = self.decision_mode == "on_change"
+        if conn.in_flight is None and now >= conn.blocked_until and not (on_change and self.dispatch_held):
             message = self._plan(conn)
-            if message is not None and self._take_tokens(conn, now, mutation=True):
+            if message is not None and self._take_tokens(conn, now, mutation=True) \
+                    and (not on_change or self._may_dispatch(message)):
                 conn.in_flight = _InFlightMutation(message, self._desired, self._desired_key, self._generation)
                 out.append(message)
-        if self.decision_mode == "on_request" and self._intents and conn.decide_outstanding is None \
+        if not on_change and self._intents and conn.decide_outstanding is None and not self.dispatch_held \
                 and conn.in_flight is None and conn.started and now >= conn.blocked_until \
                 and conn.acked_generation >= min(i.generation for i in self._intents) \
                 and self._take_tokens(conn, now, mutation=False):
-            conn.decide_outstanding = conn.acked_version
-            out.append(Decide(conn.acked_version))
+            decide = Decide(conn.acked_version)
+            if self._may_dispatch(decide):
+                conn.decide_outstanding = conn.acked_version
+                out.append(decide)
         return out
 
     def _plan(self, conn: _Connection) -> Mutation | None:
@@ -660,8 +681,10 @@ class ClientSession:
         if conn is None or conn.hello is None or conn.in_flight is not None or self._stream_failure is not None:
             return None
         assert conn.event_bucket is not None and conn.message_bucket is not None
-        wants_mutation = not conn.started or conn.acked_generation != self._generation
-        wants_decide = (self.decision_mode == "on_request" and bool(self._intents)
+        held = self.dispatch_held
+        on_change = self.decision_mode == "on_change"
+        wants_mutation = (not conn.started or conn.acked_generation != self._generation) and not (on_change and held)
+        wants_decide = (not on_change and bool(self._intents) and not held
                         and conn.decide_outstanding is None and conn.started)
         if not (wants_mutation or wants_decide):
             return None

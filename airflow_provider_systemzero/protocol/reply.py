@@ -85,6 +85,9 @@ class DecisionResult:
     :param request_id: the decide call's request ID.
     :param stream_id: the stream that delivered it.
     :param answers: question name → :class:`Answer`.
+    :param queue_ms: how long the dispatch waited at the gateway before it started (``None``: not reported).
+    :param decide_ms: how long the decide call took (``None``: not reported).
+    :param latency_ms: the gateway's end-to-end latency for the dispatch (``None``: not reported).
     """
 
     reply: dict[str, Any]
@@ -93,6 +96,9 @@ class DecisionResult:
     request_id: str
     stream_id: str
     answers: Mapping[str, Answer] = field(default_factory=dict)
+    queue_ms: float | None = None
+    decide_ms: float | None = None
+    latency_ms: float | None = None
 
     @classmethod
     def from_message(cls, message: Decision) -> DecisionResult:
@@ -102,7 +108,8 @@ class DecisionResult:
                    if isinstance(value, Mapping)} if isinstance(raw, Mapping) else {}
         return cls(reply=message.reply, state_version=message.state_version,
                    covered_event_ids=tuple(message.covered_event_ids), request_id=message.request_id,
-                   stream_id=message.stream_id, answers=answers)
+                   stream_id=message.stream_id, answers=answers, queue_ms=_number(message.queue_ms),
+                   decide_ms=_number(message.decide_ms), latency_ms=_number(message.latency_ms))
 
     @property
     def reply_id(self) -> str | None:

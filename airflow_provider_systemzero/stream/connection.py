@@ -15,7 +15,13 @@ reconnect loop written around ``async with websockets.asyncio.client.connect(...
   ``Retry-After``), then replays the full desired state byte-identically; after an
   ``idle_timeout`` / ``max_duration`` goodbye (close 1000) it reconnects only when there is work;
 * non-retryable failures (401, 403, other 4xx upgrades, a non-retryable rejection, a contract
-  breach) raise at once as :mod:`~airflow_provider_systemzero.stream.exceptions`.
+  breach) raise at once as :mod:`~airflow_provider_systemzero.stream.exceptions`;
+* a :class:`~airflow_provider_systemzero.budget.DecisionBudget` is asked before anything that can
+  start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
+  every decision (billed, or replayed under a reply id it already holds);
+* a :class:`~airflow_provider_systemzero.observability.StreamObserver` hears connections, acks,
+  decisions, reconnects, refusals and rate-limit waits (metrics and spans); the INFO log lines
+  say the same for a person reading the task log — never the state's content or the key.
 
 Every open connection holds a slot of the process-wide :class:`StreamCapacity`.
 
@@ -37,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import (
@@ -50,6 +56,7 @@ from websockets.exceptions import (
 )
 from websockets.typing import Subprotocol
 
+from airflow_provider_systemzero.observability import StreamObserver
 from airflow_provider_systemzero.protocol.client import (
     Acknowledged,
     ClientEvent,
@@ -73,11 +80,14 @@ from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
     Attachment,
+    ClientMessage,
+    Decide,
     Error,
     Goodbye,
     Hello,
     StreamRequest,
     decode_server_message,
+    event_number,
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.upgrade import stream_url
@@ -93,6 +103,9 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
     UpgradeRefused,
 )
+
+if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
+    from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget, Usage
 
 __all__ = [
     "DEFAULT_PROMPT_CACHE_KEY_PREFIX",
@@ -130,6 +143,8 @@ _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cach
 _MAX_CONFLICT_RETRIES = 600
 #: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
 _MAX_QUEUED_DECISIONS = 10_000
+#: At most one decide in flight plus one pending intent per stream (WIRE.md §4).
+MAX_DISPATCHES_PER_STREAM = 2
 
 
 @functools.cache
@@ -159,6 +174,9 @@ class StreamSettings:
     :param default_model: the model used when a request names none (the connection's ``model``).
     :param prompt_cache_key_prefix: prefix of derived ``prompt_cache_key`` values.
     :param conn_id: the Airflow connection the settings came from (for messages only).
+    :param budget_decisions_per_hour: billed decisions allowed per hour on this connection, in this
+        process (``None``: no cap); see :func:`~airflow_provider_systemzero.budget.connection_window`.
+    :param budget_input_tokens_per_hour: input tokens allowed per hour on this connection, in this process.
     """
 
     origin: str
@@ -170,9 +188,19 @@ class StreamSettings:
     default_model: str | None = None
     prompt_cache_key_prefix: str | None = None
     conn_id: str | None = None
+    budget_decisions_per_hour: int | None = None
+    budget_input_tokens_per_hour: int | None = None
 
     def __post_init__(self) -> None:
         where = f"connection {self.conn_id!r}: " if self.conn_id else ""
+        for name in ("budget_decisions_per_hour", "budget_input_tokens_per_hour"):
+            try:
+                from airflow_provider_systemzero.budget import parse_limit
+
+                object.__setattr__(self, name, parse_limit(getattr(self, name), name))
+            except ValueError as exc:
+                raise SystemZeroValidationError(f"{where}extra {name!r}: {exc}", code=f"invalid_{name}",
+                                                field=name) from None
         try:
             stream_url(self.origin)
         except LocalProtocolError as exc:
@@ -466,6 +494,10 @@ class DecisionStream:
     :param decide_retries: retries of a retryable on_request decision failure.
     :param backoff: the reconnect backoff (tests shrink it).
     :param capacity: the stream cap (default: the process-wide one).
+    :param budget: the spend caps asked before every dispatch, and where usage is counted
+        (default: an uncapped :class:`DecisionBudget`, so :attr:`usage` is always there). The
+        connection's per-hour caps (``budget_decisions_per_hour`` …) are added on entering.
+    :param observer: hears what the stream does (metrics, spans); default: nothing.
     """
 
     def __init__(self, settings: _Source, request: StreamRequest | Mapping[str, Any], *, state: Any = "",
@@ -473,7 +505,8 @@ class DecisionStream:
                  min_interval_ms: int | None = None, idempotency_key: str | None = None,
                  key_namespace: str | None = None, identity: str | None = None,
                  open_deadline: float | None = None, decide_retries: int = 3, backoff: Backoff | None = None,
-                 capacity: StreamCapacity | None = None) -> None:
+                 capacity: StreamCapacity | None = None, budget: DecisionBudget | None = None,
+                 observer: StreamObserver | None = None) -> None:
         self._source = settings
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
         self._request_arg = request
@@ -509,8 +542,21 @@ class DecisionStream:
         self._decisions: deque[DecisionResult | BaseException] = deque(maxlen=_MAX_QUEUED_DECISIONS)
         self._queue_decisions = decision_mode == "on_change"
         self._ssl: ssl.SSLContext | None = None
+        if budget is None:
+            from airflow_provider_systemzero.budget import DecisionBudget
+
+            budget = DecisionBudget()
+        self.budget = budget
+        self.observer = observer or StreamObserver()
+        # dispatch accounting of the open connection (see _gate)
+        self._uncovered: list[int] = []
+        self._decide_in_flight = False
+        self._body_bytes: dict[int, int] = {}
+        self._refusal: BudgetExceeded | None = None
         if self._settings is not None:
             self._session = self._build_session(self._settings)
+        with contextlib.suppress(Exception):
+            self.observer.bind(self)
 
     # ------------------------------------------------------------------ read-only view
 
@@ -577,6 +623,16 @@ class DecisionStream:
         """The error that ended the stream, if any."""
         return self._failure
 
+    @property
+    def decision_mode(self) -> str:
+        """``on_change`` or ``on_request``."""
+        return self._decision_mode
+
+    @property
+    def usage(self) -> Usage:
+        """What this stream spent: dispatches, billed and replayed decisions, tokens (see :mod:`~airflow_provider_systemzero.budget`)."""
+        return self.budget.usage
+
     def __repr__(self) -> str:
         origin = self._settings.origin if self._settings else "?"
         return (f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self._state_version} "
@@ -590,11 +646,13 @@ class DecisionStream:
         namespace = self._key_namespace or _default_key_namespace(request.prompt_cache_key)
         state, attachments = self._initial
         try:
-            return ClientSession(request=request, state=state, decision_mode=self._decision_mode,
-                                 attachments=attachments, min_interval_ms=self._min_interval_ms,
-                                 idempotency_key=self._idempotency_key, key_namespace=namespace)
+            session = ClientSession(request=request, state=state, decision_mode=self._decision_mode,
+                                    attachments=attachments, min_interval_ms=self._min_interval_ms,
+                                    idempotency_key=self._idempotency_key, key_namespace=namespace)
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
+        session.dispatch_gate = self._gate
+        return session
 
     async def __aenter__(self) -> DecisionStream:
         if self._entered:
@@ -612,6 +670,12 @@ class DecisionStream:
                 self._settings = settings
             if self._session is None:
                 self._session = self._build_session(self._settings)
+            settings = self._settings
+            from airflow_provider_systemzero.budget import connection_window
+
+            self.budget.attach_window(connection_window(settings.conn_id or settings.url,
+                                                        settings.budget_decisions_per_hour,
+                                                        settings.budget_input_tokens_per_hour))
             if self._settings.ca_bundle and self._settings.url.startswith("wss://"):
                 self._ssl = await asyncio.to_thread(ssl.create_default_context, cafile=self._settings.ca_bundle)
             self._runner = asyncio.create_task(self._run(), name=f"systemzero-stream-{id(self):x}")
@@ -903,23 +967,28 @@ class DecisionStream:
         for event in events:
             if isinstance(event, HelloReceived):
                 self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process)
+                self._log_hello(event.hello)
+                self._observe("hello", event.hello)
             elif isinstance(event, Acknowledged):
-                self._state_version = event.ack.state_version
-                if event.message_type == "start":
-                    self._started_this_connection = True
-                    self._ready = True
+                self._on_ack(event)
             elif isinstance(event, DecisionReceived):
+                self._on_decision(event.result)
                 for intent in event.intents:
                     future = self._intent_futures.get(intent)
                     if future is not None and not future.done():
                         future.set_result(event.result)
                 if self._queue_decisions:
                     self._decisions.append(event.result)
+                self._settle_refusal()
             elif isinstance(event, DecisionFailedEvent):
                 self._on_decision_failed(event)
+                self._settle_refusal()
             elif isinstance(event, MutationRejected):
                 log.debug("change %s deferred by the gateway (%s); it is sent again", event.error.event_id,
                           event.error.code)
+                if event.error.code == "event_rate_limited":
+                    delay = event.error.retry.retry_after_ms
+                    self._observe("rate_limited", "event", None if delay is None else delay / 1000)
             elif isinstance(event, StreamFailed):
                 self._fail(StreamRejected(event.error.envelope, event.error.event_id))
             elif isinstance(event, ServerError):
@@ -934,6 +1003,20 @@ class DecisionStream:
     def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
         error = self._decision_error(event.error)
         self._last_error = error
+        self.budget.record_failure()
+        self._observe("decision_failed", error.http_status, error.envelope.code, error.retryable,
+                      event.error.state_version)
+        if error.http_status == 429:
+            delay = error.retry.retry_after_ms
+            self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
+        if self._decision_mode == "on_request":
+            self._decide_in_flight = False
+        elif event.error.fatal or not error.retryable:
+            # the gateway will not dispatch these events again: nothing of them is outstanding
+            version = event.error.state_version
+            self._uncovered = [] if event.error.fatal or version is None else \
+                [e for e in self._uncovered if e > version]
+        self._hold_window()
         if event.error.fatal:
             self._last_fatal = event.error
         for intent in event.intents:
@@ -953,6 +1036,124 @@ class DecisionStream:
                 self.session.cancel_intent(intent)
         if self._queue_decisions:
             self._decisions.append(error)
+
+    # ------------------------------------------------------------------ budget and accounting
+
+    def _outstanding(self) -> int:
+        """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
+        if self._decision_mode == "on_request":
+            return 1 if self._decide_in_flight else 0
+        return min(len(self._uncovered), MAX_DISPATCHES_PER_STREAM)
+
+    def _hold_window(self) -> None:
+        if self.budget.windows:
+            self.budget.hold(id(self), self._outstanding(), max(self._body_bytes.values(), default=0))
+
+    def _gate(self, message: ClientMessage) -> bool:
+        """Asked by the session before writing a message that can start a dispatch."""
+        budget = self.budget
+        if isinstance(message, Decide):
+            potential = 1
+            body_bytes = self._body_bytes.get(message.state_version)
+        else:
+            potential = min(len(self._uncovered) + 1, MAX_DISPATCHES_PER_STREAM)
+            body_bytes = len(self.session.desired_body().encode("utf-8")) if budget.limited else None
+        refused = budget.check(potential, body_bytes, holder=id(self)) if budget.limited else None
+        if refused is not None:
+            self._refuse(refused)
+            return False
+        if isinstance(message, Decide):
+            self._decide_in_flight = True
+        else:
+            self._uncovered.append(event_number(message.event_id))  # type: ignore[attr-defined]
+        if budget.windows:
+            budget.hold(id(self), self._outstanding(), body_bytes)
+        return True
+
+    def _refuse(self, exc: BudgetExceeded) -> None:
+        first = self._refusal is None
+        self.budget.refuse(exc)
+        self._refusal = exc
+        if first:
+            log.warning("%s", exc)
+            self._observe("budget_refused", exc)
+        if self._decision_mode == "on_request":
+            # nothing was sent: whoever waits for this decision hears why at once
+            for intent, future in list(self._intent_futures.items()):
+                if not future.done():
+                    future.set_exception(exc)
+                    self.session.cancel_intent(intent)
+            return
+        if first:
+            log.info("holding further changes locally; %d dispatch(es) already scheduled settle first",
+                     self._outstanding())
+        self._settle_refusal()
+
+    def _settle_refusal(self) -> None:
+        """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
+        if self._refusal is not None and self._decision_mode == "on_change" and self._outstanding() == 0:
+            self._fail(self._refusal)
+
+    def _on_ack(self, event: Acknowledged) -> None:
+        ack = event.ack
+        self._state_version = ack.state_version
+        self._body_bytes[ack.state_version] = ack.synthesized_body_bytes
+        if event.message_type == "start":
+            self._started_this_connection = True
+            self._ready = True
+        if self._decision_mode == "on_change" and not ack.scheduled:
+            # acknowledged without scheduling (the gateway is shutting down): no dispatch follows
+            number = event_number(ack.event_id)
+            self._uncovered = [e for e in self._uncovered if e != number]
+        log.info("state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s", ack.state_version,
+                 event.message_type, ", replayed" if event.replayed else "", ack.state_bytes,
+                 ack.synthesized_body_bytes, ", decision scheduled" if ack.scheduled else "")
+        self._observe("acknowledged", ack, event.message_type, event.replayed)
+
+    def _on_decision(self, result: DecisionResult) -> None:
+        version = result.state_version
+        billed = self.budget.record_decision(result.reply_id, result.reply.get("usage"),
+                                             self._body_bytes.get(version))
+        if self._decision_mode == "on_request":
+            self._decide_in_flight = False
+        else:
+            self._uncovered = [e for e in self._uncovered if e > version]
+        self._body_bytes = {v: b for v, b in self._body_bytes.items() if v >= version}
+        self._hold_window()
+        answers = "; ".join(f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
+                            f"{_fmt(answer.confidence)})" for name, answer in result.answers.items())
+        usage = result.usage
+        log.info("decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
+                 "decide %s ms", version, ", ".join(result.covered_event_ids) or "nothing new", answers or "no answers",
+                 result.reply_id, "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
+                 _fmt(result.queue_ms, 0), _fmt(result.decide_ms, 0))
+        self._observe("decided", result, billed=billed)
+
+    def _connection_ended(self) -> None:
+        """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
+        if self._outstanding():
+            self.budget.record_unconfirmed(1)
+            log.info("the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "
+                     "against the budget")
+        self._uncovered = []
+        self._decide_in_flight = False
+        self._body_bytes = {}
+        self._hold_window()
+
+    def _log_hello(self, hello: Hello) -> None:
+        lim = hello.limits
+        log.info("System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
+                 "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
+                 "%d ms, max duration %d ms, max_streams_per_process=%d", hello.stream_id, hello.protocol,
+                 lim.max_message_bytes, lim.max_decide_body_bytes, lim.max_events_per_second, lim.event_burst,
+                 lim.max_pending_events, lim.heartbeat_interval_ms, lim.idle_timeout_ms, lim.max_duration_ms,
+                 lim.max_streams_per_process)
+
+    def _observe(self, method: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            getattr(self.observer, method)(*args, **kwargs)
+        except Exception as exc:  # an observer never breaks the stream
+            log.debug("stream observer %s failed: %s", method, exc)
 
     # ------------------------------------------------------------------ the connection loop
 
@@ -977,9 +1178,14 @@ class DecisionStream:
                                                      pending.attempt))
                     log.info("reconnecting the System Zero stream after %s (close %s, waited %.3f s)",
                              pending.reason, pending.close_code, time.monotonic() - pending.failed_at)
+                    self._observe("reconnecting", pending.reason, pending.close_code, pending.delay)
+                    attempt_number = pending.attempt
                     pending = None
+                else:
+                    attempt_number = attempt
                 await self.capacity.acquire()
                 try:
+                    self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
                     plan = await self._connect_and_serve()
                 finally:
                     self.capacity.release()
@@ -1003,6 +1209,8 @@ class DecisionStream:
                 if plan.kind == "lazy":
                     pending = _Pending(plan.reason, plan.close_code, plan.server_delay, plan.server_delay or 0.0,
                                        time.monotonic(), attempt, lazy=True)
+                    log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
+                             "something to send or to wait for", plan.reason, plan.close_code)
                 else:
                     delay = self.backoff.delay(attempt, plan.server_delay)
                     pending = _Pending(plan.reason, plan.close_code, plan.server_delay, delay, time.monotonic(),
@@ -1065,8 +1273,12 @@ class DecisionStream:
 
     def _refusal_plan(self, exc: InvalidStatus, url: str) -> _Plan:
         error = refusal_error(exc, url)
+        log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
+                 error.envelope.code if error.envelope else "no error body")
         if error.retryable:
             delay = None if error.retry_after_ms is None else error.retry_after_ms / 1000
+            if error.status == 429:
+                self._observe("rate_limited", "upgrade", delay)
             return _Plan("retry", f"upgrade_refused:{error.status}", server_delay=delay, error=error)
         return _Plan("stop", f"upgrade_refused:{error.status}", error=error)
 
@@ -1083,6 +1295,10 @@ class DecisionStream:
         session = self.session
         session.connection_opened(time.monotonic())
         self._ws = ws
+        replay = session.connections > 1
+        log.info("connected to %s (%s)", self._settings.url if self._settings else "the gateway",
+                 "replaying the stream's state" if replay else "first connection")
+        self._observe("connected", self._settings.url if self._settings else "", replay)
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
         silent = False
@@ -1143,7 +1359,9 @@ class DecisionStream:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             session.connection_lost()
+            self._connection_ended()
             self._ws = None
+            self._observe("closed", ws.close_code if ws.close_code is not None else 1006, ws.close_reason or "")
             self._pulse()
 
     def _close_plan(self, ws: ClientConnection) -> _Plan:
@@ -1167,3 +1385,9 @@ class DecisionStream:
                 "a reconnect would repeat it; check the request and the gateway's limits")))
         return _Plan("retry", label, close_code=code, server_delay=server_delay,
                      error=StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"))
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}"

@@ -1,0 +1,157 @@
+"""Metrics through Airflow's metrics layer and opt-in spans, captured in memory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from airflow_provider_systemzero import observability
+from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget
+from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.observability import METRICS, AirflowStreamObserver
+from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from tests.stream.support import settings_for
+
+STATE = "Initial log: PRIVATE-STATE-CONTENT\n"
+REQUEST = {"model": "MODEL_ID",
+           "questions": {"ready": {"type": "boolean", "instructions": "PRIVATE-INSTRUCTIONS: is it ready?"}}}
+
+
+@pytest.fixture
+def metrics() -> Iterator[InMemoryMetricReader]:
+    """Airflow's own OpenTelemetry metrics backend, reading into memory."""
+    from airflow.sdk._shared.observability.metrics import stats as stats_module
+    from airflow.sdk._shared.observability.metrics.otel_logger import SafeOtelLogger
+
+    reader = InMemoryMetricReader()
+    backend = SafeOtelLogger(MeterProvider(metric_readers=[reader]), prefix="airflow")
+    saved = (stats_module._factory, stats_module._export_legacy_names)
+    stats_module.initialize(factory=lambda: backend, export_legacy_names=False)
+    try:
+        yield reader
+    finally:
+        stats_module.initialize(factory=saved[0], export_legacy_names=saved[1]) if saved[0] else \
+            stats_module.initialize(factory=lambda: stats_module.NoStatsLogger(), export_legacy_names=saved[1])
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    found: dict[str, list[Any]] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def total(found: dict[str, list[Any]], name: str, **attributes: str) -> float:
+    """A counter's sum, or a histogram's number of observations."""
+    return sum(p.count if hasattr(p, "count") else p.value for p in found.get(name, [])
+               if all(p.attributes.get(k) == v for k, v in attributes.items()))
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.configure(spans=True, tracer_provider=provider)
+    return exporter
+
+
+def stream_for(emu: Emulator, backoff: Backoff, mode: str = "on_change", **kwargs: Any) -> DecisionStream:
+    return DecisionStream(settings_for(emu), REQUEST, state=STATE, decision_mode=mode, identity="observed",
+                          backoff=backoff, open_deadline=15, observer=AirflowStreamObserver(mode), **kwargs)
+
+
+async def test_metrics_go_through_airflow_stats(emu: Emulator, fast_backoff: Backoff,
+                                                metrics: InMemoryMetricReader) -> None:
+    async with stream_for(emu, fast_backoff, budget=DecisionBudget(max_decisions=2)) as stream:
+        first = await stream.decide(timeout=10)
+        await stream.append_text("Job is ready.\n")
+        await stream.decide(timeout=10)
+        await stream.append_text("More.\n")
+        with pytest.raises(BudgetExceeded):
+            await stream.decide(timeout=10)
+    found = points(metrics)
+    assert all(name.startswith("airflow.systemzero.") for name in found), sorted(found)
+    assert total(found, "airflow.systemzero.connects", decision_mode="on_change") == 1
+    assert total(found, "airflow.systemzero.acks", message_type="start") == 1
+    assert total(found, "airflow.systemzero.decisions", outcome="billed") == 2
+    assert total(found, "airflow.systemzero.decisions.billed") == 2
+    assert total(found, "airflow.systemzero.budget.refusals", limit="max_decisions") == 1
+    assert total(found, "airflow.systemzero.tokens.input") == stream.usage.input_tokens >= first.usage["input_tokens"]
+    assert total(found, "airflow.systemzero.decide.latency") == 2  # a histogram: one per decision
+    assert total(found, "airflow.systemzero.decide.queue_time") == 2
+    assert total(found, "airflow.systemzero.decide.duration") == 2
+    assert total(found, "airflow.systemzero.connection.closed", close_code="1000") == 1
+    assert "airflow.systemzero.streams.open" in found
+    # no per-run label: every tag is a declared one
+    for name, series in found.items():
+        declared = set(METRICS[name.removeprefix("airflow.")][1]) | {"decision_mode"}
+        for point in series:
+            assert set(point.attributes) <= declared, (name, dict(point.attributes))
+
+
+async def test_reconnects_are_counted_by_close_code(emu: Emulator, fast_backoff: Backoff,
+                                                    metrics: InMemoryMetricReader) -> None:
+    async with stream_for(emu, fast_backoff, mode="on_request") as stream:
+        await stream.decide(timeout=10)
+        await emu.drop_all()  # abrupt loss: close code 1006
+        await stream.append_text("after\n")
+        await stream.decide(timeout=10)
+    assert [r.close_code for r in stream.reconnects] == [1006]
+    found = points(metrics)
+    assert total(found, "airflow.systemzero.reconnects", close_code="1006") == 1
+    assert total(found, "airflow.systemzero.connects", replay="true") == 1
+
+
+async def test_spans_carry_ids_and_no_content_by_default(emu: Emulator, fast_backoff: Backoff,
+                                                         spans: InMemorySpanExporter) -> None:
+    async with stream_for(emu, fast_backoff) as stream:
+        decision = await stream.decide(timeout=10)
+    finished = spans.get_finished_spans()
+    by_name: dict[str, list[Any]] = {}
+    for span in finished:
+        by_name.setdefault(span.name, []).append(span)
+    [connection] = by_name["systemzero.stream.connection"]
+    [decided] = by_name["systemzero.decision"]
+    assert decided.parent is not None and decided.parent.span_id == connection.context.span_id
+    attrs = dict(decided.attributes)
+    assert attrs["systemzero.reply_id"] == decision.reply_id and attrs["systemzero.outcome"] == "billed"
+    assert attrs["systemzero.state_version"] == 1 and list(attrs["systemzero.covered_event_ids"]) == ["evt_1"]
+    assert attrs["systemzero.answer.ready.decision"] in (True, False)
+    assert dict(connection.attributes)["systemzero.stream_id"] == decision.stream_id
+    assert dict(connection.attributes)["systemzero.close_code"] == 1000
+    dumped = json.dumps([dict(s.attributes) for s in finished] + [[dict(e.attributes) for e in s.events]
+                                                                   for s in finished], default=str)
+    assert "PRIVATE-STATE-CONTENT" not in dumped and "PRIVATE-INSTRUCTIONS" not in dumped
+
+
+async def test_content_capture_is_opt_in(emu: Emulator, fast_backoff: Backoff, spans: InMemorySpanExporter) -> None:
+    provider = observability._overrides["tracer_provider"]
+    observability.configure(spans=True, capture_content=True, tracer_provider=provider)
+    async with stream_for(emu, fast_backoff) as stream:
+        await stream.decide(timeout=10)
+    decided = next(s for s in spans.get_finished_spans() if s.name == "systemzero.decision")
+    assert "PRIVATE-STATE-CONTENT" in decided.attributes["systemzero.state"]
+    assert "PRIVATE-INSTRUCTIONS" in decided.attributes["systemzero.questions"]
+
+
+async def test_spans_are_off_unless_configured(emu: Emulator, fast_backoff: Backoff) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.configure(tracer_provider=provider)  # no spans=…: [traces] otel_on decides, off in tests
+    assert not observability.spans_enabled()
+    async with stream_for(emu, fast_backoff) as stream:
+        await stream.decide(timeout=10)
+    assert exporter.get_finished_spans() == ()
