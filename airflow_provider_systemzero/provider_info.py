@@ -122,7 +122,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION_NAME,
-                "python-modules": ["airflow_provider_systemzero.operators.decide"],
+                "python-modules": [
+                    "airflow_provider_systemzero.operators.decide",
+                    "airflow_provider_systemzero.operators.branch",
+                ],
             }
         ],
         "sensors": [
@@ -136,5 +139,14 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": INTEGRATION_NAME,
                 "python-modules": ["airflow_provider_systemzero.triggers.decision"],
             }
+        ],
+        # ``@task.systemzero`` and ``@task.systemzero_branch``. Airflow's runtime reads "class-name"
+        # (the same key the standard provider uses), although the runtime schema lists "path".
+        "task-decorators": [
+            {"name": "systemzero", "class-name": "airflow_provider_systemzero.decorators.systemzero.systemzero_task"},
+            {
+                "name": "systemzero_branch",
+                "class-name": "airflow_provider_systemzero.decorators.branch.systemzero_branch_task",
+            },
         ],
     }

@@ -98,6 +98,7 @@ def test_module_references_are_in_package():
     assert modules == [
         "airflow_provider_systemzero.hooks.systemzero",
         "airflow_provider_systemzero.operators.decide",
+        "airflow_provider_systemzero.operators.branch",
         "airflow_provider_systemzero.sensors.decision",
         "airflow_provider_systemzero.triggers.decision",
     ]

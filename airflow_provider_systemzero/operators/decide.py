@@ -16,11 +16,13 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_systemzero.identity import context_namespace, state_hash
+from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, decision_payload
 
 if TYPE_CHECKING:
@@ -60,7 +62,7 @@ def _as_attachment(value: Any, index: int) -> Attachment:
                              "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
 
 
-class SystemZeroDecideOperator(BaseOperator):
+class SystemZeroDecideOperator(PolicyGateMixin, BaseOperator):
     """Streams a state to System Zero, asks its questions once, and pushes the answers to XCom.
 
     The state is either ``state`` or the outputs of upstream tasks, **replayed as state**: an
@@ -71,7 +73,14 @@ class SystemZeroDecideOperator(BaseOperator):
     byte-identically and is billed once.
 
     XCom: the return value is ``{question: decision}``; ``answers`` holds every answer in full
-    (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID.
+    (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID;
+    ``decision`` is the audit record of the gated question (see
+    :func:`~airflow_provider_systemzero.policy.decision_record`).
+
+    With a ``policy`` (:class:`~airflow_provider_systemzero.policy.DecisionPolicy`), the answer to
+    ``policy_question`` is acted on, sent to a person (Airflow's Human-in-the-loop
+    ``awaiting_input``), replaced by the policy's default, or fails/skips the task; the return
+    value carries the answer that took effect.
 
     :param questions: ``{name: instructions}`` (boolean) or full question objects (boolean/choice).
     :param state: the state (string, array or object), if not built from upstream outputs.
@@ -88,6 +97,12 @@ class SystemZeroDecideOperator(BaseOperator):
     :param deferrable: run the stream in the triggerer.
     :param decision_timeout: seconds allowed for the decision.
     :param key_salt: mixed into the key namespace (e.g. to force a fresh decision).
+    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+        for ``policy_question``; ``None`` uses the model's answers as they are.
+    :param policy_question: the question the policy gates (default: the only question).
+    :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).
+    :param review_notifiers: notifiers called when a review is requested (like ``HITLOperator``'s).
+    :param review_subject: the review request's subject (default: names the question).
     """
 
     template_fields: Sequence[str] = ("questions", "state", "instructions", "model", "prompt_cache_key",
@@ -100,8 +115,16 @@ class SystemZeroDecideOperator(BaseOperator):
                  mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 decision_timeout: float = 600.0, key_salt: str | None = None, **kwargs: Any) -> None:
+                 decision_timeout: float = 600.0, key_salt: str | None = None, policy: Any = None,
+                 policy_question: str | None = None, review_assigned_users: Any = None,
+                 review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
+        self.policy_question = policy_question
+        if (self.policy is not None and policy_question is None and isinstance(questions, Mapping)
+                and len(questions) > 1):
+            raise ValueError(f"{self.task_id}: name the question the policy gates: policy_question=... "
+                             f"(one of {sorted(questions)})")
         self.questions = questions
         self.state = state
         #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
@@ -152,10 +175,44 @@ class SystemZeroDecideOperator(BaseOperator):
             items.append({"task_id": task_id, "output": output})
         return items
 
+    def _request_questions(self, context: Context) -> Any:
+        """The questions to ask (subclasses build their own)."""
+        return self.questions
+
+    def _gated_question(self, request: Mapping[str, Any]) -> str:
+        """The question the policy gates and the ``decision`` record describes."""
+        questions = request["questions"]
+        if self.policy_question is not None:
+            if self.policy_question not in questions:
+                raise LocalProtocolError(f"policy_question {self.policy_question!r} is not among the questions "
+                                         f"({sorted(questions)})", code="unknown_question", field="policy_question")
+            return self.policy_question
+        return next(iter(questions))
+
+    def _check_policy(self, request: Mapping[str, Any]) -> None:
+        """Check the policy against the gated question before anything is asked."""
+        if self.policy is None:
+            return
+        spec = request["questions"][self._gated_question(request)]
+        try:
+            self.policy.check(kind=spec.get("type", "boolean"), options=spec.get("options"))
+        except ValueError as exc:
+            raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+
+    def _request(self, context: Context) -> dict[str, Any]:
+        """The request (questions, model, route, mode, cache key), checked with the policy.
+
+        :raises LocalProtocolError: naming the field.
+        """
+        request = build_request_dict(questions=self._request_questions(context), instructions=self.instructions,
+                                     model=self.model, route=self.route, mode=self.mode,
+                                     prompt_cache_key=self.prompt_cache_key)
+        self._check_policy(request)
+        return request
+
     def _prepare(self, context: Context) -> tuple[dict[str, Any], Any, list[Attachment], str]:
         try:
-            request = build_request_dict(questions=self.questions, instructions=self.instructions, model=self.model,
-                                         route=self.route, mode=self.mode, prompt_cache_key=self.prompt_cache_key)
+            request = self._request(context)
             state = self._state(context)
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
             validate_state_for_request(request, state, attachments)
@@ -182,9 +239,10 @@ class SystemZeroDecideOperator(BaseOperator):
         decision = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, attachments=attachments, key_namespace=namespace, identity=namespace,
             timeout=self.decision_timeout)
-        return self._publish(context, {"status": "success", "key_namespace": namespace, **decision_payload(decision)})
+        return self._publish(context, {"status": "success", "key_namespace": namespace, **decision_payload(decision),
+                                       "state_info": describe_state(state)})
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Resume with the trigger's decision; idempotent (the same event gives the same XCom).
 
         :param event: the trigger's payload.
@@ -206,7 +264,7 @@ class SystemZeroDecideOperator(BaseOperator):
             raise AirflowException(message)
         return self._publish(context, event)
 
-    def _publish(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def _publish(self, context: Context, event: dict[str, Any]) -> Any:
         answers = event.get("answers") or {}
         ti = context["ti"]
         ti.xcom_push(key="answers", value=answers)
@@ -215,4 +273,34 @@ class SystemZeroDecideOperator(BaseOperator):
         decisions = {name: answer.get("decision") for name, answer in answers.items()}
         self.log.info("System Zero answered %s (reply %s, state version %s)", decisions, event.get("reply_id"),
                       event.get("state_version"))
+        try:
+            request = self._request(context)
+        except LocalProtocolError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        state_info = event.get("state_info") if isinstance(event.get("state_info"), Mapping) else {}
+        return self._gate(context, self._make_gate(request, event, state_info))
+
+    def _make_gate(self, request: Mapping[str, Any], event: Mapping[str, Any],
+                   state_info: Mapping[str, Any]) -> Gate:
+        """The gated question's decision, for the policy and the ``decision`` record."""
+        question = self._gated_question(request)
+        spec = request["questions"][question]
+        answers = event.get("answers") or {}
+        reply = event.get("reply") if isinstance(event.get("reply"), Mapping) else {}
+        if question not in answers:
+            raise AirflowException(f"{self.task_id}: the reply has no answer for {question!r} "
+                                   f"(answers: {sorted(answers)})")
+        return Gate(question=question, kind=spec.get("type", "boolean"), instructions=spec.get("instructions"),
+                    options=list(spec["options"]) if spec.get("options") else None, answer=dict(answers[question]),
+                    model=reply.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
+                    state_version=event.get("state_version"), state_hash=state_info.get("state_hash"),
+                    state_bytes=state_info.get("state_bytes"), preview=state_info.get("preview"),
+                    extra={"decisions": {name: answer.get("decision") for name, answer in answers.items()}})
+
+    def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> dict[str, Any]:
+        """Return ``{question: decision}`` with the gated question's answer that took effect."""
+        decisions = dict(gate.extra.get("decisions") or {})
+        decisions[gate.question] = record["decision"]
+        record["effect"] = {"return_value": decisions}
+        self._push_record(context, record)
         return decisions

@@ -314,7 +314,10 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
                                            identity=self.key_namespace)
                 async with self._stream as stream:
                     decision = await stream.decide()
-            return {"status": "success", **extra, **decision_payload(decision)}
+            # the state's hash, size and a short preview, for the operator's ``decision`` record
+            from airflow_provider_systemzero.policy import state_info
+
+            return {"status": "success", **extra, **decision_payload(decision), "state_info": state_info(self.state)}
         except TimeoutError:
             return {"status": "timeout", "error_type": "timeout", **extra,
                     "message": "no decision before the task's deadline"}

@@ -1,0 +1,388 @@
+"""Acting on a decision under a :class:`~airflow_provider_systemzero.policy.DecisionPolicy`,
+with a person asked through Airflow's own human-in-the-loop machinery.
+
+:class:`PolicyGateMixin` is shared by every System Zero operator and the sensor. Given a
+decision (a :class:`Gate`), it asks the policy what to do and then:
+
+* ``act`` — takes the model's answer (``decided_by: model``);
+* ``default`` — takes the policy's default answer (``decided_by: policy``);
+* ``fail`` / ``skip`` — records why and fails or skips the task (``decided_by: policy``);
+* ``review`` — writes a Human-in-the-loop request (``upsert_hitl_detail``, the same call
+  :class:`~airflow.providers.standard.operators.hitl.HITLOperator` makes) and parks the task in
+  Airflow 3.3's ``awaiting_input`` state (``TaskAwaitingInput``): no worker slot, no triggerer.
+  The request shows the question, a summary of the state, the model's answer with its
+  probability and confidence, the ranked alternatives, the bars and why a person is asked. The
+  Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
+  :meth:`PolicyGateMixin.execute_review_complete`: the person's answer becomes the decision
+  (``decided_by: human``). When ``review_timeout`` passes, the scheduler's timeout sweep answers
+  with the policy's default (``decided_by: timeout_default``), or — with no default — the task
+  does what ``below`` says.
+
+Every path pushes the ``decision`` XCom (:func:`~airflow_provider_systemzero.policy.decision_record`),
+``pending_review`` while a person is asked, ``final`` after.
+
+Retries: the model's answer replays unbilled (same state, same keys). A person's answer is kept
+in the task's state store (``context["task_state_store"]``, which outlives retries), keyed by the
+question and the state's hash, so a retry about the same state takes it again instead of asking
+twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_provider_systemzero.policy import (
+    DecisionPolicy,
+    PolicyOutcome,
+    answer_numbers,
+    decision_record,
+    ranked_answers,
+    state_preview,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["DECISION_XCOM_KEY", "Gate", "PolicyGateMixin", "review_body", "state_preview"]
+
+#: The XCom key of the audit record.
+DECISION_XCOM_KEY = "decision"
+#: Labels of a boolean question's answers in the review form.
+BOOLEAN_LABELS = {True: "Yes", False: "No"}
+
+@dataclass
+class Gate:
+    """One decision to act on: the question, the model's answer(s) and where they come from.
+
+    Plain data (it travels through ``awaiting_input`` as JSON).
+
+    :param question: the gated question's name.
+    :param kind: ``boolean`` or ``choice``.
+    :param instructions: the question's instructions (shown to a reviewer).
+    :param options: a choice question's options, or a multi-select branch's options.
+    :param multiple: the answer is a set of options, one boolean answer per option.
+    :param answer: the model's answer in dict form (single answers).
+    :param option_answers: option → its boolean answer in dict form (multi-select).
+    :param model: the model that answered.
+    :param reply_id: the reply's ID.
+    :param request_id: the decide call's request ID.
+    :param state_version: the state version the decision covers.
+    :param state_hash: SHA-256 of the state.
+    :param state_bytes: the state's size in bytes.
+    :param preview: a short view of the state for a reviewer.
+    :param extra: the task's own data carried through a review (JSON).
+    """
+
+    question: str
+    kind: str
+    instructions: str | None = None
+    options: list[str] | None = None
+    multiple: bool = False
+    answer: dict[str, Any] | None = None
+    option_answers: dict[str, dict[str, Any]] | None = None
+    model: str | None = None
+    reply_id: str | None = None
+    request_id: str | None = None
+    state_version: int | None = None
+    state_hash: str | None = None
+    state_bytes: int | None = None
+    preview: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Gate:
+        """Read :meth:`to_dict` output."""
+        return cls(**dict(data))
+
+    @property
+    def proposed(self) -> Any:
+        """The model's answer: a decision, or the options answered ``true`` (multi-select)."""
+        if self.multiple:
+            return [name for name, answer in (self.option_answers or {}).items() if answer.get("decision") is True]
+        return (self.answer or {}).get("decision")
+
+    # ------------------------------------------------------------------ review form labels
+
+    def labels(self) -> list[str]:
+        """The review form's options."""
+        if self.kind == "boolean" and not self.multiple:
+            return [BOOLEAN_LABELS[True], BOOLEAN_LABELS[False]]
+        return list(self.options or [])
+
+    def to_labels(self, answer: Any) -> list[str]:
+        """An answer as review form options."""
+        if self.multiple:
+            return [answer] if isinstance(answer, str) else list(answer)
+        if isinstance(answer, bool):
+            return [BOOLEAN_LABELS[answer]]
+        return [answer]
+
+    def from_labels(self, chosen: Sequence[str]) -> Any:
+        """The answer a reviewer chose.
+
+        :raises ValueError: the choice is not one of the form's options.
+        """
+        unknown = [c for c in chosen if c not in self.labels()]
+        if unknown:
+            raise ValueError(f"the review answered {unknown[0]!r}, which is not one of {self.labels()}")
+        if self.multiple:
+            return [option for option in self.options or [] if option in chosen]
+        if len(chosen) != 1:
+            raise ValueError(f"the review must choose exactly one answer, got {list(chosen)}")
+        if self.kind == "boolean":
+            return chosen[0] == BOOLEAN_LABELS[True]
+        return chosen[0]
+
+
+def _number(value: Any) -> str:
+    return "missing" if value is None else f"{value:g}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]" if value else "nothing"
+    return str(value)
+
+
+def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | None) -> str:
+    """The review request's Markdown body: question, state summary, answer, numbers, alternatives."""
+    lines = [f"**Question** `{gate.question}` ({'multi-select' if gate.multiple else gate.kind})"]
+    if gate.instructions:
+        lines += ["", gate.instructions]
+    lines += ["", f"**Model's answer:** `{_shown(gate.proposed)}`"]
+    if gate.multiple:
+        lines += ["", "| option | model says | probability | confidence |", "|---|---|---|---|"]
+        for name, answer in (gate.option_answers or {}).items():
+            decision, probability, confidence, _ = answer_numbers(answer)
+            lines.append(f"| `{name}` | {'run' if decision is True else 'skip'} | {_number(probability)} | "
+                         f"{_number(confidence)} |")
+    else:
+        answer = gate.answer or {}
+        lines.append(f"probability {_number(answer.get('probability'))}, confidence "
+                     f"{_number(answer.get('confidence'))}")
+        lines += ["", "**Ranked answers**"]
+        for rank, item in enumerate(ranked_answers(answer), start=1):
+            numbers = ", ".join(f"{key} {item[key]:g}" for key in ("probability", "confidence")
+                                if item.get(key) is not None)
+            lines.append(f"{rank}. `{_shown(item['decision'])}`" + (f" — {numbers}" if numbers else "")
+                         + (" (proposed)" if rank == 1 else ""))
+    lines += ["", f"**Why you are asked:** {outcome.reason}."]
+    if gate.model or gate.reply_id:
+        lines.append(f"Model `{gate.model}`, reply `{gate.reply_id}`.")
+    size = f", {gate.state_bytes} bytes" if gate.state_bytes is not None else ""
+    digest = f", sha256 {gate.state_hash[:12]}…" if gate.state_hash else ""
+    lines += ["", f"**State** (version {gate.state_version}{size}{digest}):", "", "```text",
+              (gate.preview or "").replace("```", "'''"), "```"]
+    if policy is not None and policy.review_timeout is not None:
+        fallback = f"the default answer `{_shown(policy.default)}` applies" if policy.default is not None \
+            else f"the task does what the policy says below its bars ({policy.below})"
+        lines += ["", f"If nobody answers within {policy.review_timeout:g} s, {fallback}."]
+    return "\n".join(lines)
+
+
+class PolicyGateMixin:
+    """Acts on a :class:`Gate` under the task's policy (see the module docstring).
+
+    The class using it sets ``policy``, ``review_assigned_users``, ``review_notifiers`` and
+    ``review_subject`` (see :meth:`_init_review`) and implements :meth:`_apply`.
+    """
+
+    policy: DecisionPolicy | None
+    review_assigned_users: list[dict[str, str]] | None
+    review_notifiers: list[Any]
+    review_subject: str | None
+    task_id: str
+    log: Any
+
+    def _init_review(self, policy: Any, review_assigned_users: Any = None, review_notifiers: Any = None,
+                     review_subject: str | None = None) -> None:
+        """Read the policy and review settings (raises ``ValueError`` on a bad policy)."""
+        self.policy = DecisionPolicy.coerce(policy)
+        if isinstance(review_assigned_users, Mapping):
+            review_assigned_users = [dict(review_assigned_users)]
+        self.review_assigned_users = [dict(u) for u in review_assigned_users] if review_assigned_users else None
+        if review_notifiers is None:
+            review_notifiers = []
+        elif not isinstance(review_notifiers, list | tuple):
+            review_notifiers = [review_notifiers]
+        self.review_notifiers = list(review_notifiers)
+        self.review_subject = review_subject
+
+    # ------------------------------------------------------------------ what the task does
+
+    def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
+        """Take the decision in ``record["decision"]``: push ``record`` (after setting its
+        ``effect``) and return the task's result. Implemented by each task."""
+        raise NotImplementedError
+
+    def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
+        """Below the bars (``fail``/``skip``; ``wait`` for the sensor): push ``record`` and stop."""
+        self._push_record(context, record)
+        message = f"{self.task_id}: System Zero's answer to {gate.question!r} was not used: {record['reason']}"
+        if record["action"] == "skip":
+            raise AirflowSkipException(message)
+        raise AirflowFailException(message)
+
+    # ------------------------------------------------------------------ the gate
+
+    def _evaluate(self, gate: Gate) -> PolicyOutcome:
+        if self.policy is None:
+            return PolicyOutcome("act", "no policy: the model's answer is used as is", "no_bar")
+        if gate.multiple:
+            return self.policy.evaluate_options(gate.option_answers or {})
+        return self.policy.evaluate(gate.answer or {})
+
+    def _record(self, gate: Gate, outcome: PolicyOutcome, *, decision: Any, decided_by: str, reason: str,
+                status: str = "final", review: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return decision_record(
+            question=gate.question, answer=None if gate.multiple else gate.answer, decision=decision,
+            action=outcome.action, decided_by=decided_by, reason=reason, policy=self.policy, outcome=outcome,
+            model=gate.model, reply_id=gate.reply_id, state_version=gate.state_version, state_hash=gate.state_hash, status=status, review=review,
+            options=gate.option_answers if gate.multiple else None)
+
+    def _push_record(self, context: Context, record: dict[str, Any]) -> None:
+        context["ti"].xcom_push(key=DECISION_XCOM_KEY, value=record)
+
+    def _gate(self, context: Context, gate: Gate) -> Any:
+        """Decide what to do with ``gate`` and do it (may park the task for a review)."""
+        outcome = self._evaluate(gate)
+        self.log.info("policy for %s = %s: %s (%s)", gate.question, _shown(gate.proposed), outcome.action,
+                      outcome.reason)
+        if outcome.action == "review":
+            stored = self._stored_review(context, gate)
+            if stored is not None:
+                self.log.info("taking the earlier review of this state (%s, %s)", stored.get("decided_by"),
+                              _shown(stored.get("decision")))
+                record = self._record(gate, outcome, decision=stored.get("decision"),
+                                      decided_by=stored["decided_by"], reason=stored["reason"],
+                                      review=stored.get("review"))
+                if stored.get("decision") is None:
+                    below = self.policy.below if self.policy is not None else "fail"
+                    fallback = PolicyOutcome(below, stored["reason"], "review_timeout", outcome.measured,
+                                             outcome.act_above, outcome.review_above)
+                    record = self._record(gate, fallback, decision=None, decided_by="policy",
+                                          reason=stored["reason"], review=stored.get("review"))
+                    return self._fallback(context, gate, record)
+                return self._apply(context, gate, record)
+            self._request_review(context, gate, outcome)
+        if outcome.action == "act":
+            record = self._record(gate, outcome, decision=gate.proposed, decided_by="model", reason=outcome.reason)
+            return self._apply(context, gate, record)
+        if outcome.action == "default":
+            assert self.policy is not None
+            record = self._record(gate, outcome, decision=self._default(gate), decided_by="policy",
+                                  reason=f"{outcome.reason}: the policy's default applies")
+            return self._apply(context, gate, record)
+        record = self._record(gate, outcome, decision=None, decided_by="policy", reason=outcome.reason)
+        return self._fallback(context, gate, record)
+
+    def _default(self, gate: Gate) -> Any:
+        default = self.policy.default if self.policy is not None else None
+        if gate.multiple and isinstance(default, str):
+            return [default]
+        return list(default) if isinstance(default, tuple) else default
+
+    # ------------------------------------------------------------------ review
+
+    def _review_key(self, gate: Gate) -> str:
+        return f"systemzero.review.{gate.question}.{gate.state_hash or 'nostate'}"
+
+    def _stored_review(self, context: Context, gate: Gate) -> dict[str, Any] | None:
+        store = context.get("task_state_store") if isinstance(context, Mapping) else None
+        if store is None or not gate.state_hash:
+            return None
+        value = store.get(self._review_key(gate))
+        return value if isinstance(value, dict) and "decided_by" in value else None
+
+    def _store_review(self, context: Context, gate: Gate, record: Mapping[str, Any]) -> None:
+        store = context.get("task_state_store") if isinstance(context, Mapping) else None
+        if store is None or not gate.state_hash:
+            return
+        store.set(self._review_key(gate), {key: record.get(key) for key in ("decision", "decided_by", "reason",
+                                                                           "review")})
+
+    def _request_review(self, context: Context, gate: Gate, outcome: PolicyOutcome) -> None:
+        """Write the review request, push the pending record and park the task (raises)."""
+        from airflow.sdk.exceptions import TaskAwaitingInput
+        from airflow.sdk.execution_time.hitl import upsert_hitl_detail
+
+        policy = self.policy
+        defaults = None
+        if policy is not None and policy.default is not None:
+            defaults = gate.to_labels(self._default(gate))
+        subject = self.review_subject or f"System Zero is unsure: {gate.question}"
+        upsert_hitl_detail(
+            ti_id=context["task_instance"].id,
+            options=gate.labels(),
+            subject=subject,
+            body=review_body(gate, outcome, policy),
+            defaults=defaults,
+            multiple=gate.multiple,
+            params={},
+            assigned_users=self.review_assigned_users,
+        )
+        self._push_record(context, self._record(gate, outcome, decision=None, decided_by="model",
+                                                reason=outcome.reason, status="pending_review"))
+        self.log.info("asking a person about %s (%s); the task waits in awaiting_input", gate.question,
+                      outcome.reason)
+        for notifier in self.review_notifiers:
+            notifier(context)
+        raise TaskAwaitingInput(method_name="execute_review_complete",
+                                kwargs={"gate": gate.to_dict(), "outcome": outcome.to_dict()},
+                                timeout=policy.review_timedelta if policy is not None else None)
+
+    def execute_review_complete(self, context: Context, event: dict[str, Any] | None = None,
+                                gate: dict[str, Any] | None = None,
+                                outcome: dict[str, Any] | None = None) -> Any:
+        """Resume after a person answered (or the review timed out) and take that answer.
+
+        :param event: the Human-in-the-loop response (``chosen_options``, ``responded_by_user``,
+            ``responded_at``, ``timedout``) or a timeout error.
+        :param gate: the :class:`Gate` that was reviewed.
+        :param outcome: the policy's verdict that asked for the review.
+        """
+        if gate is None or outcome is None or not isinstance(event, Mapping):
+            raise AirflowFailException(f"{self.task_id}: resumed from a review without its decision ({event!r})")
+        the_gate = Gate.from_dict(gate)
+        verdict = PolicyOutcome(**outcome)
+        if "error" in event:
+            below = self.policy.below if self.policy is not None else "fail"
+            fallback = PolicyOutcome(below, f"nobody answered the review in time ({event.get('error')}) and the "
+                                     "policy has no default", "review_timeout", verdict.measured,
+                                     verdict.act_above, verdict.review_above)
+            record = self._record(the_gate, fallback, decision=None, decided_by="policy", reason=fallback.reason,
+                                  review={"timedout": True, "chosen_options": [], "responded_by": None,
+                                          "responded_at": None})
+            self._store_review(context, the_gate, record)
+            return self._fallback(context, the_gate, record)
+        chosen = list(event.get("chosen_options") or [])
+        try:
+            decision = the_gate.from_labels(chosen)
+        except ValueError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        timedout = bool(event.get("timedout"))
+        responded_by = event.get("responded_by_user")
+        review = {"chosen_options": chosen, "responded_by": dict(responded_by) if responded_by else None,
+                  "responded_at": event.get("responded_at"), "timedout": timedout}
+        if timedout:
+            reason = f"{verdict.reason}; nobody answered the review in time, so the policy's default applies"
+            decided_by = "timeout_default"
+        else:
+            who = responded_by.get("name") if isinstance(responded_by, Mapping) else None
+            reason = f"{verdict.reason}; {who or 'a person'} answered {_shown(decision)}"
+            decided_by = "human"
+        record = self._record(the_gate, verdict, decision=decision, decided_by=decided_by, reason=reason,
+                              review=review)
+        self._store_review(context, the_gate, record)
+        self.log.info("review of %s: %s (%s)", the_gate.question, _shown(decision), decided_by)
+        return self._apply(context, the_gate, record)

@@ -1,0 +1,155 @@
+"""The decide operator under a policy, through ``dag.test()`` against the emulator: each band
+(act, review answered by a person through the Core API, review timed out, below: fail/skip/default)
+and a retry billed once with the same ``decision`` record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from airflow_provider_systemzero.policy import DecisionPolicy
+from tests.helpers import run_dag, task_states, task_tries, xcoms_of
+from tests.policy.conftest import CONN_ID, START, Reviewer, TimeoutSweep, billed
+
+POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False)
+QUESTION = {"publish": "Do all checks pass so the data can be published?"}
+
+
+def _decide(dag_id: str, state: str, policy: DecisionPolicy, **kwargs: Any) -> DAG:
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id=CONN_ID, state=state, questions=QUESTION,
+                                 policy=policy, **kwargs)
+    return dag
+
+
+def _record(dag: DAG, run_id: str) -> dict[str, Any]:
+    record = xcoms_of(dag.dag_id, run_id)[("decide", "decision", -1)]
+    assert json.loads(json.dumps(record)) == record  # JSON only
+    return record
+
+
+def test_act_band_takes_the_models_answer(emulator: Any) -> None:
+    dag = _decide("policy_act", "publish:act", POLICY)
+    before = billed(emulator)
+    dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("decide", "return_value", -1)] == {"publish": True}
+    record = _record(dag, dag_run.run_id)
+    assert record["status"] == "final" and record["action"] == "act" and record["decided_by"] == "model"
+    assert (record["proposed"], record["decision"]) == (True, True)
+    assert (record["probability"], record["confidence"]) == (pytest.approx(0.93), pytest.approx(0.9))
+    assert record["alternatives"] == [{"decision": False, "confidence": pytest.approx(0.07)}]
+    assert record["model"] == "sz-policy" and record["question"] == "publish"
+    assert record["reply_id"] == xcoms[("decide", "decision_id", -1)] and record["reply_id"].startswith("szd_")
+    assert record["state_version"] >= 1
+    assert record["state_hash"] == hashlib.sha256(json.dumps("publish:act").encode()).hexdigest()
+    assert record["policy"] == POLICY.to_dict() and record["bars"]["code"] == "above_act_bar"
+    assert record["effect"] == {"return_value": {"publish": True}}
+    assert billed(emulator) == before + 1
+
+
+def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> None:
+    dag = _decide("policy_review", "publish:review", POLICY, review_assigned_users={"id": "alice", "name": "alice"})
+    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    assert [code for code, _ in reviewer.responses] == [200]
+    (request,) = reviewer.seen
+    # what the person saw: the question, the numbers, the ranked answers, the state
+    assert request["options"] == ["Yes", "No"] and request["defaults"] == ["No"] and not request["multiple"]
+    assert request["assignees"] == [{"id": "alice", "name": "alice"}]
+    body = request["body"]
+    for text in ("`publish`", QUESTION["publish"], "probability 0.66, confidence 0.62", "**Ranked answers**",
+                 "1. `true` — probability 0.66, confidence 0.62 (proposed)", "2. `false` — confidence 0.34",
+                 "below the act bar 0.8 and at or above the review bar 0.5", "publish:review"):
+        assert text in body, text
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("decide", "return_value", -1)] == {"publish": False}
+    assert xcoms[("decide", "answers", -1)]["publish"]["decision"] is True  # the model's answer stays on record
+    record = _record(dag, dag_run.run_id)
+    assert record["status"] == "final" and record["action"] == "review" and record["decided_by"] == "human"
+    assert (record["proposed"], record["decision"]) == (True, False)
+    assert record["review"]["responded_by"] == {"id": "alice", "name": "alice"}
+    assert record["review"]["chosen_options"] == ["No"] and record["review"]["timedout"] is False
+    assert isinstance(record["review"]["responded_at"], str)
+    assert "alice answered false" in record["reason"]
+
+
+def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None:
+    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=1)
+    dag = _decide("policy_review_timeout", "publish:review", policy)
+    with TimeoutSweep():
+        dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    record = _record(dag, dag_run.run_id)
+    assert record["decided_by"] == "timeout_default" and record["decision"] is False
+    assert record["review"]["timedout"] is True and record["review"]["responded_by"] is None
+    assert xcoms_of(dag.dag_id, dag_run.run_id)[("decide", "return_value", -1)] == {"publish": False}
+
+
+def test_review_timeout_without_default_does_what_below_says(emulator: Any) -> None:
+    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", review_timeout=1)
+    dag = _decide("policy_review_timeout_skip", "publish:review", policy)
+    with TimeoutSweep():
+        dag_run = run_dag(dag)
+    assert task_states(dag_run)["decide"] == "skipped"
+    record = _record(dag, dag_run.run_id)
+    assert (record["action"], record["decided_by"], record["decision"]) == ("skip", "policy", None)
+    assert "nobody answered the review in time" in record["reason"]
+
+
+@pytest.mark.parametrize(("below", "state", "decision"), [
+    ("fail", "failed", None),
+    ("skip", "skipped", None),
+    ("default", "success", False),
+])
+def test_below_the_bars(emulator: Any, below: str, state: str, decision: Any) -> None:
+    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below=below, default=False)
+    dag = _decide(f"policy_below_{below}", "publish:low", policy)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run)["decide"] == state
+    record = _record(dag, dag_run.run_id)
+    assert record["action"] == below and record["decided_by"] == "policy" and record["decision"] == decision
+    assert record["bars"]["code"] == "below_review_bar" and record["confidence"] == pytest.approx(0.2)
+    if below == "fail":
+        assert task_tries(dag_run)["decide"] == 1  # the same state would get the same answer: no retry
+
+
+#: every ``decision`` record a flaky task pushed, in order
+PUSHED: list[dict[str, Any]] = []
+
+
+class _FailsOnceAfterDeciding(SystemZeroDecideOperator):
+    """Decides, pushes its record, then fails its first try (a crash after the decision)."""
+
+    def _push_record(self, context: Any, record: dict[str, Any]) -> None:
+        super()._push_record(context, record)
+        PUSHED.append(record)
+
+    def _apply(self, context: Any, gate: Any, record: dict[str, Any]) -> Any:
+        result = super()._apply(context, gate, record)
+        if context["ti"].try_number == 1:
+            raise AirflowException("the worker crashed after the decision")
+        return result
+
+
+def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
+    PUSHED.clear()
+    with DAG("policy_retry", schedule=None, start_date=START) as dag:
+        _FailsOnceAfterDeciding(task_id="decide", systemzero_conn_id=CONN_ID, state="publish:act",
+                                questions=QUESTION, policy=POLICY, retries=1, retry_delay=timedelta(0))
+    before = billed(emulator)
+    dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    assert task_tries(dag_run)["decide"] == 2
+    assert billed(emulator) == before + 1
+    first, second = PUSHED
+    assert first == second == _record(dag, dag_run.run_id)
