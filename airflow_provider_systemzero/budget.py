@@ -662,7 +662,7 @@ class TaskUsageLedger:
         record = {**run.to_dict(reply_ids=False), "try_number": self.try_number,
                   "total": total.to_dict(reply_ids=False),
                   "limits": {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens},
-                  "refused": refused.get("limit") if refused else None, "persistent": self.persistent}
+                  "refused_by": refused.get("limit") if refused else None, "persistent": self.persistent}
         self.log.info("System Zero usage of %s, try %s (%s): %s", self.task_label, self.try_number, outcome,
                       run.describe())
         self.log.info("System Zero usage of %s across tries: %d decision(s) counted (max_decisions=%s), %d input "
@@ -764,6 +764,16 @@ class UsageBudgetMixin:
         ledger, budget = self.budget_before_dispatch(context)
         ledger.reserve(budget)
         return budget.to_kwargs()
+
+
+    def start_trigger_budget(self) -> dict[str, Any]:
+        """The budget for ``start_trigger_args`` (start from the triggerer): no worker runs before
+        the trigger, so earlier tries' spend is unknown there and the caps apply to the deferral;
+        the usage is still added to the task's total on resume."""
+        task_id = getattr(self, "task_id", "?")
+        return DecisionBudget(self.max_decisions, self.max_input_tokens,
+                              scope=f"task {task_id!r} (this deferral: it started in the triggerer)",
+                              hint=f"Raise max_decisions / max_input_tokens on task {task_id!r}.").to_kwargs()
 
 
 def event_usage(budget: DecisionBudget | None) -> dict[str, Any]:

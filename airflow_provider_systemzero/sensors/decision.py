@@ -12,6 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_provider_systemzero.budget import UsageBudgetMixin
 from airflow_provider_systemzero.conditions import DecisionCondition
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -41,7 +42,7 @@ _RUN_ID_ROOM = 64
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
 
-class SystemZeroDecisionSensor(BaseSensorOperator):
+class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
     """Waits until System Zero decides a question as expected about a state that keeps changing.
 
     In deferrable mode (the default, from ``[operators] default_deferrable``) the task defers at
@@ -79,6 +80,9 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
     :param lease: let the trigger give its stream back between decisions.
     :param lease_after: seconds without a change before the trigger gives its stream back.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
+    :param max_decisions: billed decisions allowed for this task across all its tries, checked
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
+    :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param start_from_trigger: start in the triggerer: the scheduler creates the trigger from
         ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``
         may be templated (the triggerer renders them, with undefined variables rendering as ``""``);
@@ -157,7 +161,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
                 "systemzero_conn_id": self.systemzero_conn_id, "request": request,
                 "condition": condition.to_dict(), "state": self.state, "source": source,
                 "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
-                "lease": self.lease, "lease_after": self.lease_after},
+                "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget()},
             next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
@@ -198,7 +202,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
-            lease_after=self.lease_after)
+            lease_after=self.lease_after, budget=self.trigger_budget(context))
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
@@ -212,8 +216,9 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         except LocalProtocolError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
-        decision = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
-            request, state=state, key_namespace=namespace, identity=namespace)
+        decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
+            systemzero_conn_id=self.systemzero_conn_id).decide(
+            request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
         result = condition.evaluate(decision)
         self.log.info("decision at version %s: %s", decision.state_version, result.reason)
         if not result.met:
@@ -251,6 +256,7 @@ class SystemZeroDecisionSensor(BaseSensorOperator):
         if event.get("key_namespace") not in accepted:
             raise AirflowException(f"{self.task_id}: the event belongs to another task instance "
                                    f"({event.get('key_namespace')!r}, expected {expected!r})")
+        self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         status = event["status"]
         if status == "success":
             summary = self._summary(event)
