@@ -15,6 +15,7 @@ from airflow.configuration import conf
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_systemzero.budget import UsageBudgetMixin
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size
@@ -62,7 +63,7 @@ def _as_attachment(value: Any, index: int) -> Attachment:
                              "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
 
 
-class SystemZeroDecideOperator(PolicyGateMixin, BaseOperator):
+class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     """Streams a state to System Zero, asks its questions once, and pushes the answers to XCom.
 
     The state is either ``state`` or the outputs of upstream tasks, **replayed as state**: an
@@ -97,6 +98,9 @@ class SystemZeroDecideOperator(PolicyGateMixin, BaseOperator):
     :param deferrable: run the stream in the triggerer.
     :param decision_timeout: seconds allowed for the decision.
     :param key_salt: mixed into the key namespace (e.g. to force a fresh decision).
+    :param max_decisions: billed decisions allowed for this task across all its tries, checked
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
+    :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
         for ``policy_question``; ``None`` uses the model's answers as they are.
     :param policy_question: the question the policy gates (default: the only question).
@@ -231,14 +235,16 @@ class SystemZeroDecideOperator(PolicyGateMixin, BaseOperator):
         if self.deferrable:
             trigger = SystemZeroDecideTrigger(
                 systemzero_conn_id=self.systemzero_conn_id, request=request, state=state, key_namespace=namespace,
-                attachments=[a.to_dict() for a in attachments], deadline=time.time() + self.decision_timeout)
+                attachments=[a.to_dict() for a in attachments], deadline=time.time() + self.decision_timeout,
+                budget=self.trigger_budget(context))
             self.defer(trigger=trigger, method_name="execute_complete",
                        timeout=timedelta(seconds=self.decision_timeout + 60))
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
-        decision = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
+        decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
+            systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, attachments=attachments, key_namespace=namespace, identity=namespace,
-            timeout=self.decision_timeout)
+            timeout=self.decision_timeout, budget=budget))
         return self._publish(context, {"status": "success", "key_namespace": namespace, **decision_payload(decision),
                                        "state_info": describe_state(state)})
 
@@ -253,6 +259,7 @@ class SystemZeroDecideOperator(PolicyGateMixin, BaseOperator):
         if event.get("key_namespace") != expected:
             raise AirflowException(f"{self.task_id}: the event belongs to another request "
                                    f"({event.get('key_namespace')!r}, expected {expected!r})")
+        self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         if event["status"] != "success":
             message = f"{self.task_id}: {event.get('message', 'the decision failed')}"
             if event.get("error_type") == "decision_failed":

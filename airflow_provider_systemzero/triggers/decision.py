@@ -91,6 +91,23 @@ class _StreamingTrigger:
 
     _stream: Any = None
     _source_obj: StateSource | None = None
+    #: :meth:`DecisionBudget.to_kwargs` from the task (``None``: no budget, no usage report)
+    budget: dict[str, Any] | None = None
+    _budget_obj: Any = None
+
+    def _run_budget(self) -> Any:
+        """This run's :class:`~airflow_provider_systemzero.budget.DecisionBudget` (``None`` without one)."""
+        if self._budget_obj is None and self.budget:
+            from airflow_provider_systemzero.budget import DecisionBudget
+
+            self._budget_obj = DecisionBudget.from_kwargs(self.budget)
+        return self._budget_obj
+
+    def _with_usage(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The event payload plus what this run spent (the worker adds it to the task's total)."""
+        from airflow_provider_systemzero.budget import event_usage
+
+        return {**payload, **event_usage(self._budget_obj)}
     _lease_timer: asyncio.Task[None] | None = None
 
     def _arm_lease(self, stream: Any) -> None:
@@ -115,7 +132,8 @@ class _StreamingTrigger:
 
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
         self._stream = hook.stream(self.request, state=initial, decision_mode=self.decision_mode,
-                                   key_namespace=self.key_namespace, identity=self.key_namespace)
+                                   key_namespace=self.key_namespace, identity=self.key_namespace,
+                                   budget=self._run_budget())
         return self._stream
 
     def _remaining(self) -> float | None:
@@ -193,12 +211,14 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
     :param deadline: absolute deadline in epoch seconds, or ``None``.
     :param lease: give the stream back between decisions when nothing changes.
     :param lease_after: seconds without a change before the stream is given back.
+    :param budget: the task's spend caps and what it spent so far
+        (:meth:`~airflow_provider_systemzero.budget.DecisionBudget.to_kwargs`); the event reports the usage.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
                  state: Any, key_namespace: str, source: dict[str, Any] | None = None,
                  decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
-                 lease_after: float = 5.0) -> None:
+                 budget: dict[str, Any] | None = None, lease_after: float = 5.0) -> None:
         super().__init__()
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -210,6 +230,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         self.deadline = deadline
         self.lease = lease
         self.lease_after = lease_after
+        self.budget = budget
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -217,12 +238,13 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                 {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
                  "condition": self.condition, "state": self.state, "source": self.source,
                  "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
+                 **({"budget": self.budget} if self.budget else {}),
                  "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
         payload = await self._wait_for_condition()
-        yield TriggerEvent(payload)
+        yield TriggerEvent(self._with_usage(payload))
 
     async def _wait_for_condition(self) -> dict[str, Any]:
         extra = {"key_namespace": self.key_namespace}
@@ -266,11 +288,12 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
     :param idempotency_key: the state's key (derived from the namespace when ``None``).
     :param attachments: inline attachments ``[{"name", "data"}]``.
     :param deadline: absolute deadline in epoch seconds, or ``None``.
+    :param budget: the task's spend caps and what it spent so far; the event reports the usage.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], state: Any, key_namespace: str,
                  idempotency_key: str | None = None, attachments: list[dict[str, str]] | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, budget: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -283,18 +306,20 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
         self.decision_mode = "on_request"
         self.lease = False
         self.lease_after = 0.0
+        self.budget = budget
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request, "state": self.state,
                  "key_namespace": self.key_namespace, "idempotency_key": self.idempotency_key,
-                 "attachments": self.attachments, "deadline": self.deadline})
+                 "attachments": self.attachments, "deadline": self.deadline,
+                 **({"budget": self.budget} if self.budget else {})})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event."""
         payload = await self._decide()
-        yield TriggerEvent(payload)
+        yield TriggerEvent(self._with_usage(payload))
 
     async def _decide(self) -> dict[str, Any]:
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
@@ -311,7 +336,7 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
                 self._stream = hook.stream(self.request, state=self.state, decision_mode="on_request",
                                            attachments=[Attachment(**a) for a in self.attachments],
                                            idempotency_key=self.idempotency_key, key_namespace=self.key_namespace,
-                                           identity=self.key_namespace)
+                                           identity=self.key_namespace, budget=self._run_budget())
                 async with self._stream as stream:
                     decision = await stream.decide()
             # the state's hash, size and a short preview, for the operator's ``decision`` record
