@@ -90,16 +90,18 @@ def configure(*, spans: bool | None = None, capture_content: bool | None = None,
 
 
 def _conf_boolean(section: str, key: str) -> bool | None:
+    """A boolean option, or ``None`` when it is unset or empty."""
     try:
         from airflow.sdk.configuration import conf
     except ImportError:  # pragma: no cover - Airflow is a dependency
         return None
     try:
-        if not conf.has_option(section, key):
-            return None
-        return conf.getboolean(section, key)
+        raw = conf.get(section, key, fallback=None)
     except Exception:
         return None
+    if raw is None or not str(raw).strip():
+        return None
+    return str(raw).strip().lower() in ("true", "t", "1", "yes", "on")
 
 
 def spans_enabled() -> bool:

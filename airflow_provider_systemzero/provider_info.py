@@ -110,6 +110,26 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "60",
                         "default": "30",
                     },
+                    "otel_spans": {
+                        "description": (
+                            "Emit OpenTelemetry spans (one per stream connection and one per decision) "
+                            "through the tracer provider Airflow sets up. Unset: follow [traces] otel_on."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": None,
+                    },
+                    "capture_content": {
+                        "description": (
+                            "Put the streamed state and the questions' instructions in spans. Off by "
+                            "default: spans carry ids, versions, covered events, answers and usage only."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                 },
             }
         },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.observability import METRICS, AirflowStreamObserver
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
-from tests.stream.support import settings_for
+from tests.stream.support import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"
 REQUEST = {"model": "MODEL_ID",
@@ -155,3 +156,35 @@ async def test_spans_are_off_unless_configured(emu: Emulator, fast_backoff: Back
     async with stream_for(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)
     assert exporter.get_finished_spans() == ()
+
+
+def test_spans_follow_airflow_tracing_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    observability.configure()
+    monkeypatch.setenv("AIRFLOW__TRACES__OTEL_ON", "True")
+    assert observability.spans_enabled() and not observability.capture_content_enabled()
+    monkeypatch.setenv("AIRFLOW__SYSTEMZERO__OTEL_SPANS", "False")
+    assert not observability.spans_enabled()
+    monkeypatch.setenv("AIRFLOW__SYSTEMZERO__CAPTURE_CONTENT", "True")
+    assert observability.capture_content_enabled()
+
+
+async def test_log_lines_follow_the_stream_without_content_or_key(emu: Emulator, fast_backoff: Backoff,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.connection")
+    async with stream_for(emu, fast_backoff, mode="on_request") as stream:
+        await stream.decide(timeout=10)
+        await emu.drop_all()
+        await stream.append_text("after\n")
+        await stream.decide(timeout=10)
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_systemzero.stream.connection"
+             and r.levelno == logging.INFO]
+    text = "\n".join(lines)
+    for expected in ("connected to ws://", "(first connection)", "open (system-zero.stream.v1): max_message_bytes=",
+                     "state version 1 acknowledged (start): state ", "decide body ",
+                     "decision for state version 1 (covers evt_1): ready=", "probability 0.", "confidence 0.",
+                     "billed", "connection ended (close, close 1006); reconnecting in ",
+                     "reconnecting the System Zero stream after close (close 1006, waited ",
+                     "(replaying the stream's state)", "acknowledged (start, replayed)"):
+        assert expected in text, (expected, lines)
+    assert "PRIVATE-STATE-CONTENT" not in text and "PRIVATE-INSTRUCTIONS" not in text
+    assert SECRET_KEY not in caplog.text
