@@ -2,19 +2,24 @@
 
 A :class:`DecisionCondition` is plain data (it travels in trigger kwargs as a dict). A missing
 confidence or probability never passes a bar: a model that reports no number counts as uncertain.
+
+Optionally a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` says what to do with an
+expected answer (act, ask a person, fail, skip, keep waiting, or take the default), and
+hysteresis (``consecutive``, ``min_true_for``) keeps a flapping answer from firing: see
+:class:`Streak`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 from airflow_provider_systemzero.protocol.validation import validate_question_name
 
-__all__ = ["ConditionResult", "DecisionCondition"]
+__all__ = ["ConditionResult", "DecisionCondition", "Streak"]
 
 
 def _bar(value: Any, field: str) -> float | None:
@@ -33,11 +38,22 @@ class ConditionResult:
     :param met: the decision is the expected answer and passes every bar.
     :param answer: the watched answer (``None`` if the reply has none).
     :param reason: why it is (not) met, in plain words, for logs.
+    :param action: what to do: ``act`` (met), ``wait`` (not met: keep waiting), or — under a
+        policy — ``review`` (a person decides), ``fail``, ``skip`` or ``default`` (the policy's
+        default answer is the expected one, so the condition is met).
+    :param outcome: the policy's verdict in dict form (``None`` without a policy).
     """
 
     met: bool
     answer: Answer | None
     reason: str
+    action: str = "act"
+    outcome: dict[str, Any] | None = None
+
+    @property
+    def candidate(self) -> bool:
+        """The decision counts towards firing (met, or waiting for a person)."""
+        return self.met or self.action == "review"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +65,40 @@ class DecisionCondition:
         an option or a list of options for a choice question).
     :param min_confidence: the answer's confidence must be at least this (``None``: no bar).
     :param min_probability: the answer's probability must be at least this (``None``: no bar).
+    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` dict: what to do
+        with an expected answer that passes the bars above (``None``: act on it).
+    :param consecutive: fire only after this many successive qualifying decisions, each about a
+        different state.
+    :param min_true_for: fire only after the decisions have qualified for this many seconds.
     """
 
     question: str
     expect: Any = True
     min_confidence: float | None = None
     min_probability: float | None = None
+    policy: dict[str, Any] | None = None
+    consecutive: int = 1
+    min_true_for: float = 0.0
 
     def __post_init__(self) -> None:
         validate_question_name(self.question, field="question")
         _bar(self.min_confidence, "min_confidence")
         _bar(self.min_probability, "min_probability")
+        if isinstance(self.consecutive, bool) or not isinstance(self.consecutive, int) or self.consecutive < 1:
+            raise LocalProtocolError(f"consecutive {self.consecutive!r} must be a whole number of at least 1",
+                                     code="invalid_hysteresis", field="consecutive")
+        if isinstance(self.min_true_for, bool) or not isinstance(self.min_true_for, int | float) \
+                or not 0 <= self.min_true_for < float("inf"):
+            raise LocalProtocolError(f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
+                                     code="invalid_hysteresis", field="min_true_for")
+        if self.policy is not None:
+            from airflow_provider_systemzero.policy import DecisionPolicy
+
+            try:
+                policy = DecisionPolicy.coerce(self.policy)
+            except ValueError as exc:
+                raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+            object.__setattr__(self, "policy", policy.to_dict() if policy is not None else None)
         expect = self.expect
         if isinstance(expect, list):
             if not expect or not all(isinstance(option, str) for option in expect):
@@ -91,31 +130,118 @@ class DecisionCondition:
                 raise LocalProtocolError(f"expect {missing[0]!r} is not an option of choice question "
                                          f"{self.question!r} (options: {list(options or ())})",
                                          code="invalid_expect", field="expect")
+        if self.policy is not None:
+            from airflow_provider_systemzero.policy import DecisionPolicy
+
+            try:
+                DecisionPolicy.from_dict(self.policy).check(kind=kind or "boolean", options=options,
+                                                            allow_wait=True)
+            except ValueError as exc:
+                raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
 
     def evaluate(self, result: DecisionResult) -> ConditionResult:
         """Check a decision against the condition."""
         answer = result.answers.get(self.question)
         if answer is None:
-            return ConditionResult(False, None, f"the reply has no answer for {self.question!r}")
+            return ConditionResult(False, None, f"the reply has no answer for {self.question!r}", "wait")
         wanted = self.expect if isinstance(self.expect, list) else [self.expect]
         if answer.decision not in wanted or (isinstance(answer.decision, bool) != isinstance(wanted[0], bool)):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r}, waiting for "
-                                   f"{self.expect!r}")
+                                   f"{self.expect!r}", "wait")
         if self.min_confidence is not None and (answer.confidence is None or answer.confidence < self.min_confidence):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but confidence "
-                                   f"{answer.confidence} is below {self.min_confidence}")
+                                   f"{answer.confidence} is below {self.min_confidence}", "wait")
         if self.min_probability is not None and (answer.probability is None
                                                  or answer.probability < self.min_probability):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but probability "
-                                   f"{answer.probability} is below {self.min_probability}")
-        return ConditionResult(True, answer, f"{self.question} = {answer.decision!r} (probability "
-                               f"{answer.probability}, confidence {answer.confidence})")
+                                   f"{answer.probability} is below {self.min_probability}", "wait")
+        described = (f"{self.question} = {answer.decision!r} (probability {answer.probability}, "
+                     f"confidence {answer.confidence})")
+        if self.policy is None:
+            return ConditionResult(True, answer, described)
+        return self._apply_policy(answer, described)
+
+    def _apply_policy(self, answer: Answer, described: str) -> ConditionResult:
+        from airflow_provider_systemzero.policy import DecisionPolicy
+
+        policy = DecisionPolicy.from_dict(self.policy or {})
+        outcome = policy.evaluate(answer)
+        reason = f"{described}: {outcome.reason}"
+        if outcome.action == "act":
+            return ConditionResult(True, answer, reason, "act", outcome.to_dict())
+        if outcome.action == "default":
+            wanted = self.expect if isinstance(self.expect, list) else [self.expect]
+            met = policy.default in wanted and isinstance(policy.default, bool) == isinstance(wanted[0], bool)
+            return ConditionResult(met, answer, f"{reason}; the policy's default {policy.default!r} "
+                                   + ("is the expected answer" if met else "is not the expected answer"),
+                                   "default" if met else "wait", outcome.to_dict())
+        return ConditionResult(False, answer, reason, outcome.action, outcome.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON form."""
-        return asdict(self)
+        """Plain JSON form (the policy and hysteresis only when set, so older readers still read it)."""
+        data: dict[str, Any] = {"question": self.question, "expect": self.expect,
+                                "min_confidence": self.min_confidence, "min_probability": self.min_probability}
+        if self.policy is not None:
+            data["policy"] = self.policy
+        if self.consecutive != 1:
+            data["consecutive"] = self.consecutive
+        if self.min_true_for:
+            data["min_true_for"] = self.min_true_for
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DecisionCondition:
         """Build from :meth:`to_dict` output."""
         return cls(**dict(data))
+
+    @property
+    def has_hysteresis(self) -> bool:
+        """Whether firing needs more than one qualifying decision."""
+        return self.consecutive > 1 or self.min_true_for > 0
+
+
+class Streak:
+    """Hysteresis: a run of qualifying decisions over changing state.
+
+    The condition fires once ``consecutive`` successive qualifying decisions — each about a
+    different state (a replayed decision about the same state does not count twice) — have been
+    seen, and the first of them is at least ``min_true_for`` seconds old. Any decision that does
+    not qualify resets the run. Times come from the caller's clock (monotonic seconds).
+
+    :param consecutive: decisions needed in a row.
+    :param min_true_for: seconds the run must last.
+    """
+
+    def __init__(self, consecutive: int = 1, min_true_for: float = 0.0) -> None:
+        self.consecutive = consecutive
+        self.min_true_for = min_true_for
+        self.count = 0
+        self.since: float | None = None
+        self._last_key: Any = None
+
+    def observe(self, qualifies: bool, now: float, key: Any = None) -> None:
+        """Record one decision (``key`` names its state; ``None`` always counts)."""
+        if not qualifies:
+            self.count, self.since, self._last_key = 0, None, None
+            return
+        if key is not None and key == self._last_key and self.count:
+            return  # the same state again: not a new decision
+        self.count += 1
+        self._last_key = key
+        if self.since is None:
+            self.since = now
+
+    def ready(self, now: float) -> bool:
+        """The run is long enough, in decisions and in time."""
+        return self.count >= self.consecutive and self.since is not None and now - self.since >= self.min_true_for
+
+    def wait_time(self, now: float) -> float | None:
+        """Seconds until the run is old enough, when only time is missing (else ``None``)."""
+        if self.count < self.consecutive or self.since is None:
+            return None
+        return max(0.0, self.since + self.min_true_for - now)
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        """JSON summary for the ``decision`` record."""
+        return {"consecutive": self.count, "true_for": round(now - self.since, 3) if self.since is not None else 0.0,
+                "required": {"consecutive": self.consecutive, "min_true_for": self.min_true_for}}

@@ -13,11 +13,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
 
@@ -42,7 +43,7 @@ _RUN_ID_ROOM = 64
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
 
-class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
+class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOperator):
     """Waits until System Zero decides a question as expected about a state that keeps changing.
 
     In deferrable mode (the default, from ``[operators] default_deferrable``) the task defers at
@@ -80,6 +81,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
     :param lease: let the trigger give its stream back between decisions.
     :param lease_after: seconds without a change before the trigger gives its stream back.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
+    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+        for an expected answer: act (fire), ask a person (``review``: the task waits in
+        ``awaiting_input``; "yes" fires, "no" keeps waiting for a new state), ``fail``, ``skip``,
+        ``wait`` (keep waiting for more state) or ``default``.
+    :param consecutive: hysteresis: fire only after this many successive qualifying decisions,
+        each about a different state.
+    :param min_true_for: hysteresis: fire only once the decisions have qualified for this long
+        (seconds or a ``timedelta``), so a flapping answer does not fire the sensor.
+    :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).
+    :param review_notifiers: notifiers called when a review is requested.
+    :param review_subject: the review request's subject.
+
+    Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
         before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
@@ -103,8 +117,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
                  lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None,
-                 start_from_trigger: bool = False, **kwargs: Any) -> None:
+                 start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
+                 min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
+                 review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
+        self.consecutive = consecutive
+        self.min_true_for = min_true_for.total_seconds() if isinstance(min_true_for, timedelta) else min_true_for
+        if (consecutive != 1 or self.min_true_for) and not deferrable and self.mode == "reschedule":
+            raise ValueError(f"{self.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
+                             "(a rescheduled poke forgets the run of decisions)")
+        #: states a person said "no" about (poke mode); and the poke-mode run of decisions
+        self._skip_states: list[str] = []
+        self._streak: Streak | None = None
         self.question = question
         self.instructions = instructions
         self.questions = questions
@@ -178,7 +203,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
                 questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
             request = build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
                                          prompt_cache_key=self.prompt_cache_key)
-            condition = DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability)
+            condition = DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability,
+                                          policy=self.policy.to_dict() if self.policy is not None else None,
+                                          consecutive=self.consecutive, min_true_for=self.min_true_for)
             condition.check_questions(request["questions"])
             validate_decision_mode(self.decision_mode)
             source = validate_source_spec(self.source, self.state)
@@ -220,23 +247,130 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
             systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
         result = condition.evaluate(decision)
+        from airflow_provider_systemzero.policy import state_info
+
+        info = state_info(state)
+        if info["state_hash"] in self._skip_states and result.candidate:
+            result = type(result)(False, result.answer, f"{result.reason}; a person already said no about this "
+                                  "state", "wait", result.outcome)
         self.log.info("decision at version %s: %s", decision.state_version, result.reason)
-        if not result.met:
-            return PokeReturnValue(is_done=False)
-        return PokeReturnValue(is_done=True, xcom_value=self._summary({
+        answer = decision.answers.get(condition.question)
+        event = {
             "status": "success", "key_namespace": namespace, "question": condition.question,
             "decision": result.answer.decision if result.answer else None,
             "probability": result.answer.probability if result.answer else None,
             "confidence": result.answer.confidence if result.answer else None, "reply_id": decision.reply_id,
             "request_id": decision.request_id, "state_version": decision.state_version,
             "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
-            "usage": decision.usage, "reason": result.reason}))
+            "usage": decision.usage, "reason": result.reason, "action": result.action, "outcome": result.outcome,
+            "state_hash": info["state_hash"], "state_info": info, "deadline": None,
+            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
+        if result.action in ("fail", "skip"):
+            return self._finish(context, event, request)
+        if self._streak is None:
+            self._streak = Streak(condition.consecutive, condition.min_true_for)
+        now = time.monotonic()
+        self._streak.observe(result.candidate, now, info["state_hash"])
+        if not (result.candidate and self._streak.ready(now)):
+            return PokeReturnValue(is_done=False)
+        event["streak"] = self._streak.to_dict(now)
+        return PokeReturnValue(is_done=True, xcom_value=self._finish(context, event, request))
 
     @staticmethod
     def _summary(event: dict[str, Any]) -> dict[str, Any]:
         keys = ("question", "decision", "probability", "confidence", "reply_id", "request_id", "state_version",
                 "covered_event_ids", "model", "usage", "reason")
         return {key: event.get(key) for key in keys}
+
+    # ------------------------------------------------------------------ the policy and the record
+
+    def _finish(self, context: Context, event: dict[str, Any], request: dict[str, Any] | None = None) -> Any:
+        """Act on a decision that ended the wait (or wants a person): record it, then return the
+        summary, ask a person, fail or skip."""
+        if request is None:
+            request, _, _ = self._build()
+        spec = request["questions"].get(self.question, {})
+        info = event.get("state_info") if isinstance(event.get("state_info"), dict) else {}
+        answer = {"decision": event.get("decision"), "probability": event.get("probability"),
+                  "confidence": event.get("confidence"), "alternatives": event.get("alternatives") or []}
+        gate = Gate(question=self.question, kind=spec.get("type", "boolean"), instructions=spec.get("instructions"),
+                    options=list(spec["options"]) if spec.get("options") else None, answer=answer,
+                    model=event.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
+                    state_version=event.get("state_version"), state_hash=event.get("state_hash") or info.get(
+                        "state_hash"), state_bytes=info.get("state_bytes"), preview=info.get("preview"),
+                    extra={"summary": self._summary(event), "deadline": event.get("deadline"),
+                           "skip_states": list(event.get("skip_states") or []), "streak": event.get("streak")})
+        from airflow_provider_systemzero.policy import PolicyOutcome
+
+        action = event.get("action") or "act"
+        outcome = PolicyOutcome(**event["outcome"]) if isinstance(event.get("outcome"), dict) else PolicyOutcome(
+            action, event.get("reason") or "", "no_bar")
+        if action == "review":
+            stored = self._stored_review(context, gate)
+            if stored is None:
+                self._request_review(context, gate, outcome)
+            record = self._record(gate, outcome, decision=stored.get("decision"), decided_by=stored["decided_by"],
+                                  reason=stored["reason"], review=stored.get("review"))
+            if stored.get("decision") is None:
+                return self._fallback(context, gate, {**record, "action": self.policy.below if self.policy else "wait"})
+            return self._apply(context, gate, record)
+        if action in ("fail", "skip"):
+            record = self._record(gate, outcome, decision=None, decided_by="policy", reason=event.get("reason") or "")
+            return self._fallback(context, gate, record)
+        decided_by = "policy" if action == "default" else "model"
+        decision = self.policy.default if action == "default" and self.policy is not None else event.get("decision")
+        record = self._record(gate, outcome, decision=decision, decided_by=decided_by,
+                              reason=event.get("reason") or "")
+        return self._apply(context, gate, record)
+
+    def _record(self, gate: Gate, outcome: Any, **kwargs: Any) -> dict[str, Any]:
+        record = super()._record(gate, outcome, **kwargs)
+        if gate.extra.get("streak"):
+            record["streak"] = gate.extra["streak"]
+        return record
+
+    def _expected(self, decision: Any) -> bool:
+        wanted = self.expect if isinstance(self.expect, list) else [self.expect]
+        return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
+
+    def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
+        """Fire with the decision that took effect, or — when a person said no — keep waiting."""
+        if not self._expected(record["decision"]):
+            record["effect"] = {"fired": False, "waiting": True}
+            self._push_record(context, record)
+            return self._wait_again(context, gate)
+        record["effect"] = {"fired": True}
+        self._push_record(context, record)
+        summary = dict(gate.extra.get("summary") or {})
+        if self.policy is not None:
+            summary.update(decision=record["decision"], decided_by=record["decided_by"], action=record["action"])
+        return summary
+
+    def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
+        if record["action"] == "wait":
+            record["effect"] = {"fired": False, "waiting": True}
+            self._push_record(context, record)
+            return self._wait_again(context, gate)
+        return super()._fallback(context, gate, record)
+
+    def _wait_again(self, context: Context, gate: Gate) -> Any:
+        """Keep waiting, ignoring the state a person already answered about."""
+        skip = [*gate.extra.get("skip_states", []), *([gate.state_hash] if gate.state_hash else [])]
+        self.log.info("keep waiting for a new state (%d state(s) already answered)", len(skip))
+        if not self.deferrable:
+            self._skip_states = skip
+            self._streak = None
+            return BaseSensorOperator.execute(self, context)
+        request, condition, source = self._build()
+        deadline = gate.extra.get("deadline") or self._deadline()
+        trigger = SystemZeroDecisionTrigger(
+            systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
+            state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
+            decision_mode=self.decision_mode, deadline=deadline, lease=self.lease, lease_after=self.lease_after,
+            skip_states=skip)
+        remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
+        self.defer(trigger=trigger, method_name="execute_complete",
+                   timeout=remaining + _DEFER_GRACE if remaining is not None else None)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume after the trigger fired; idempotent (an event may be delivered more than once).
@@ -258,12 +392,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, BaseSensorOperator):
                                    f"({event.get('key_namespace')!r}, expected {expected!r})")
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         status = event["status"]
-        if status == "success":
+        if status in ("success", "policy"):
             summary = self._summary(event)
             self.log.info("System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
                           summary["question"], summary["decision"], summary["probability"], summary["confidence"],
                           summary["state_version"])
-            return summary
+            return self._finish(context, event)
         message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
         if status == "timeout":
             if self.soft_fail:

@@ -35,7 +35,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 
@@ -182,6 +182,71 @@ class _StreamingTrigger:
             return consumer.result()
         return feeder.result()  # the source failed (or ended): raise its error
 
+    async def _debounced(self, stream: Any, changed: asyncio.Event, condition: DecisionCondition, *,
+                         reviews: bool, skip_states: frozenset[str] = frozenset()
+                         ) -> AsyncIterator[tuple[DecisionResult, ConditionResult, str, dict[str, Any], Any]]:
+        """``(decision, result, state_hash, streak, state)`` each time the condition fires.
+
+        Hysteresis (:class:`~airflow_provider_systemzero.conditions.Streak`): it fires once a run of
+        qualifying decisions about successive states is ``consecutive`` long and ``min_true_for``
+        old — a timer fires it when only time is missing — and once per run. A decision qualifies
+        when it is met, or (with ``reviews``) when the policy sends it to a person. With
+        ``reviews``, a ``fail``/``skip`` verdict is yielded at once. Decisions about a state in
+        ``skip_states`` (a person already said no about it) do not qualify.
+        """
+        from airflow_provider_systemzero.identity import state_hash
+
+        loop = asyncio.get_running_loop()
+        streak = Streak(condition.consecutive, condition.min_true_for)
+        queue: asyncio.Queue[tuple[DecisionResult, str, Any]] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for decision in self._current_decisions(stream, changed):
+                # the stream's state now is the state this decision covers (it is current)
+                await queue.put((decision, state_hash(stream.state), stream.state))
+            raise RuntimeError("the stream ended without a decision")
+
+        pumper = asyncio.ensure_future(pump())
+        last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
+        fired = False
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                wait = None if fired else streak.wait_time(loop.time())
+                done, _ = await asyncio.wait({getter, pumper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    decision, key, state = getter.result()
+                    result = condition.evaluate(decision)
+                    if key in skip_states and result.candidate:
+                        result = ConditionResult(False, result.answer, f"{result.reason}; a person already said "
+                                                 "no about this state", "wait", result.outcome)
+                    log.info("decision at version %s: %s", decision.state_version, result.reason)
+                    if reviews and result.action in ("fail", "skip"):
+                        yield decision, result, key, streak.to_dict(loop.time()), state
+                        continue
+                    qualifies = result.candidate if reviews else result.met
+                    streak.observe(qualifies, loop.time(), key)
+                    if qualifies:
+                        last = (decision, result, key, state)
+                    else:
+                        last, fired = None, False
+                    if qualifies and condition.has_hysteresis and not streak.ready(loop.time()):
+                        log.info("hysteresis: %d of %d decisions in a row, true for %.1f of %.1f s",
+                                 streak.count, condition.consecutive, streak.to_dict(loop.time())["true_for"],
+                                 condition.min_true_for)
+                else:
+                    getter.cancel()
+                    if pumper in done:
+                        pumper.result()  # raises why the stream ended
+                now = loop.time()
+                if not fired and last is not None and streak.ready(now):
+                    fired = True
+                    decision, result, key, state = last
+                    yield decision, result, key, streak.to_dict(now), state
+        finally:
+            pumper.cancel()
+            await asyncio.gather(pumper, return_exceptions=True)
+
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
         self._disarm_lease()
@@ -203,7 +268,8 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
 
     :param systemzero_conn_id: the System Zero connection (origin and key are read in the triggerer).
     :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}`` (plain JSON).
-    :param condition: :meth:`DecisionCondition.to_dict` — question, expect, min_confidence, min_probability.
+    :param condition: :meth:`DecisionCondition.to_dict` — question, expect, min_confidence, min_probability,
+        and optionally a policy and hysteresis (``consecutive``, ``min_true_for``).
     :param state: the initial state (string, array or object).
     :param source: where the state comes from (see :mod:`~airflow_provider_systemzero.triggers.sources`).
     :param key_namespace: deterministic namespace of this task instance's keys and cache key.
@@ -213,13 +279,20 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
     :param lease_after: seconds without a change before the stream is given back.
     :param budget: the task's spend caps and what it spent so far
         (:meth:`~airflow_provider_systemzero.budget.DecisionBudget.to_kwargs`); the event reports the usage.
+    :param skip_states: hashes of states a person already answered "no" about: decisions about them
+        do not fire the trigger again.
+
+    Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
+    ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
                  state: Any, key_namespace: str, source: dict[str, Any] | None = None,
                  decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
-                 budget: dict[str, Any] | None = None, lease_after: float = 5.0) -> None:
+                 budget: dict[str, Any] | None = None, lease_after: float = 5.0,
+                 skip_states: list[str] | None = None) -> None:
         super().__init__()
+        self.skip_states = list(skip_states or [])
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
         self.condition = condition
@@ -239,7 +312,8 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  "condition": self.condition, "state": self.state, "source": self.source,
                  "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
                  **({"budget": self.budget} if self.budget else {}),
-                 "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after})
+                 "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after,
+                 **({"skip_states": self.skip_states} if self.skip_states else {})})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -260,11 +334,21 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                 async with self._open_stream(initial) as stream:
 
                     async def consume(changed: asyncio.Event) -> dict[str, Any]:
-                        async for decision in self._current_decisions(stream, changed):
-                            result = condition.evaluate(decision)
-                            log.info("decision at version %s: %s", decision.state_version, result.reason)
-                            if result.met:
-                                return _success_payload(decision, condition.question, result.reason, extra)
+                        fired = self._debounced(stream, changed, condition, reviews=True,
+                                                skip_states=frozenset(self.skip_states))
+                        async with contextlib.aclosing(fired):
+                            async for decision, result, key, streak, state in fired:
+                                payload = _success_payload(decision, condition.question, result.reason, extra)
+                                payload.update(_policy_fields(decision, condition.question, result, key, streak))
+                                if result.action in ("fail", "skip"):
+                                    payload["status"] = "policy"
+                                if result.action == "review":
+                                    # what the sensor needs to ask a person, and to wait on if they say no
+                                    from airflow_provider_systemzero.policy import state_info
+
+                                    payload.update(state_info=state_info(state), deadline=self.deadline,
+                                                   skip_states=list(self.skip_states))
+                                return payload
                         raise RuntimeError("the stream ended without a decision")
 
                     return await self._race(stream, source, consume)
@@ -408,13 +492,16 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
             async with self._open_stream(initial) as stream:
 
                 async def consume(changed: asyncio.Event) -> None:
-                    was_met = False
-                    async for decision in self._current_decisions(stream, changed):
-                        result = condition.evaluate(decision)
-                        if result.met and not was_met:
-                            await queue.put(_success_payload(decision, condition.question, result.reason,
-                                                             {"watch_id": self.watch_id}))
-                        was_met = result.met
+                    # fires on each transition to "met" (after hysteresis, when the condition has it);
+                    # nobody can review an asset event, so only a met decision counts
+                    fired = self._debounced(stream, changed, condition, reviews=False)
+                    async with contextlib.aclosing(fired):
+                        async for decision, result, key, streak, _ in fired:
+                            payload = _success_payload(decision, condition.question, result.reason,
+                                                       {"watch_id": self.watch_id})
+                            if condition.policy is not None or condition.has_hysteresis:
+                                payload.update(_policy_fields(decision, condition.question, result, key, streak))
+                            await queue.put(payload)
 
                 race = asyncio.ensure_future(self._race(stream, source, consume))
                 try:
@@ -440,6 +527,14 @@ def decision_payload(decision: DecisionResult) -> dict[str, Any]:
             "covered_event_ids": list(decision.covered_event_ids), "request_id": decision.request_id,
             "stream_id": decision.stream_id, "answers": {n: a.to_dict() for n, a in decision.answers.items()},
             "reply": decision.reply}
+
+
+def _policy_fields(decision: DecisionResult, question: str, result: ConditionResult, key: str,
+                   streak: Mapping[str, Any]) -> dict[str, Any]:
+    """What a policy or hysteresis adds to an event: the verdict, the alternatives, the state's hash."""
+    answer = decision.answers.get(question)
+    return {"action": result.action, "outcome": result.outcome, "state_hash": key, "streak": dict(streak),
+            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
 
 
 def _success_payload(decision: DecisionResult, question: str, reason: str,

@@ -87,7 +87,9 @@ def test_poke_mode_decides_on_request_each_poke(emulator: Any, tmp_path: Path) -
 
 
 def _context() -> dict[str, Any]:
-    return {"ti": SimpleNamespace(dag_id="d", task_id="wait", run_id="r", map_index=-1)}
+    # xcom_push: the sensor pushes its ``decision`` record when it fires
+    return {"ti": SimpleNamespace(dag_id="d", task_id="wait", run_id="r", map_index=-1,
+                                  xcom_push=lambda key, value: None)}
 
 
 def test_execute_complete_is_idempotent_and_checks_ownership(tmp_path: Path) -> None:

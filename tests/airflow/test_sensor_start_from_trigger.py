@@ -34,7 +34,8 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
 
 
 def _context(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id=sensor.dag_id, task_id=sensor.task_id, run_id=RUN_ID, map_index=-1)
+    ti = SimpleNamespace(dag_id=sensor.dag_id, task_id=sensor.task_id, run_id=RUN_ID, map_index=-1,
+                         xcom_push=lambda key, value: None)  # the sensor pushes its ``decision`` record
     return {"ti": ti, "task_instance": ti, "params": {"dir": "/data/jobs"}, "run_id": RUN_ID}
 
 

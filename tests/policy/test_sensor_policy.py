@@ -1,0 +1,127 @@
+"""The sensor under a policy and with hysteresis, through ``dag.test()`` against the emulator:
+a flapping answer does not fire it, a person confirms (or rejects) an unsure answer, and the
+bars below fail it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_systemzero.policy import DecisionPolicy
+from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from tests.helpers import run_dag, task_states, xcoms_of
+from tests.policy.conftest import CONN_ID, START, Reviewer
+
+pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
+
+FLAPPING = [f"tick {i}: {'ready' if i % 2 else 'down'}" for i in range(1, 13)]
+
+
+def _sensor(dag_id: str, states: list[str], interval: float = 0.3, **kwargs: Any) -> DAG:
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID,
+            source={"type": "callable", "path": "tests.policy.sources.paced",
+                    "kwargs": {"states": states, "interval": interval}},
+            lease=False, **kwargs)
+    return dag
+
+
+def test_without_hysteresis_the_first_ready_fires(emulator: Any) -> None:
+    dag = _sensor("sensor_flap_plain", FLAPPING, interval=0.25, timeout=3)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("wait", "return_value", -1)]["decision"] is True
+    record = xcoms[("wait", "decision", -1)]
+    assert record["decided_by"] == "model" and record["effect"] == {"fired": True}
+    assert record["state_version"] == 1  # "tick 1: ready"
+
+
+def test_a_flapping_answer_does_not_fire_the_sensor(emulator: Any) -> None:
+    dag = _sensor("sensor_flap_hysteresis", FLAPPING, interval=0.25, timeout=2.5, soft_fail=True,
+                  consecutive=2, min_true_for=1.0)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "skipped"}  # timed out (soft_fail) without firing
+    assert ("wait", "decision", -1) not in xcoms_of(dag.dag_id, dag_run.run_id)
+
+
+def test_consecutive_fires_after_the_answer_settles(emulator: Any) -> None:
+    states = ["tick 1: ready", "tick 2: down", "tick 3: ready", "tick 4: down", "tick 5: ready",
+              "tick 6: ready", "tick 7: ready"]
+    dag = _sensor("sensor_consecutive", states, consecutive=3, timeout=20)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert record["state_version"] == 7 and record["decision"] is True
+    assert record["streak"]["consecutive"] == 3 and record["streak"]["required"]["consecutive"] == 3
+
+
+def test_min_true_for_waits_while_the_answer_holds(emulator: Any) -> None:
+    dag = _sensor("sensor_min_true_for", ["tick 1: down", "tick 2: ready"], min_true_for=timedelta(seconds=1),
+                  timeout=20)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert record["state_version"] == 2 and record["streak"]["true_for"] >= 1.0
+
+
+POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait")
+
+
+def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> None:
+    dag = _sensor("sensor_review_yes", ["tick 1: down", "tick 2: unsure ready"], policy=POLICY, timeout=30)
+    with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    (request,) = reviewer.seen
+    assert request["options"] == ["Yes", "No"] and "tick 2: unsure ready" in request["body"]
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("wait", "return_value", -1)]["decided_by"] == "human"
+    record = xcoms[("wait", "decision", -1)]
+    assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
+    assert record["confidence"] == pytest.approx(0.6) and record["state_version"] == 2
+
+
+def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any) -> None:
+    dag = _sensor("sensor_review_no", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5, policy=POLICY,
+                  timeout=30)
+    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    assert len(reviewer.seen) == 1  # the answered state is not asked about again
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert (record["action"], record["decided_by"], record["decision"]) == ("act", "model", True)
+    assert record["confidence"] == pytest.approx(0.92)
+
+
+def test_below_the_bars_fails_the_sensor(emulator: Any) -> None:
+    policy = DecisionPolicy(act_above=0.8, below="fail")
+    dag = _sensor("sensor_below_fail", ["tick 1: unsure ready"], policy=policy, timeout=10)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert (record["action"], record["decided_by"], record["decision"]) == ("fail", "policy", None)
+
+
+def test_poke_mode_hysteresis(emulator: Any) -> None:
+    states = ["a: ready", "b: down", "c: ready", "d: ready"]
+    with DAG("sensor_poke_consecutive", schedule=None, start_date=START) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID, deferrable=False,
+            mode="poke", poke_interval=0.1, timeout=20, consecutive=2, decision_mode="on_request",
+            source={"type": "callable", "path": "tests.policy.sources.stepping",
+                    "kwargs": {"name": "poke-consecutive", "states": states}})
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"}
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert record["streak"]["consecutive"] == 2 and record["decision"] is True
+
+
+def test_hysteresis_refuses_reschedule_mode() -> None:
+    with pytest.raises(ValueError, match="reschedule"):
+        SystemZeroDecisionSensor(task_id="wait", instructions="Ready?", deferrable=False, mode="reschedule",
+                                 consecutive=2)
