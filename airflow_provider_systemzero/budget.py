@@ -392,6 +392,11 @@ class DecisionBudget:
         return self.max_decisions is not None or self.max_input_tokens is not None or bool(self.windows)
 
     @property
+    def estimates_tokens(self) -> bool:
+        """Whether a check needs the body's size (a token cap applies)."""
+        return self.max_input_tokens is not None or any(w.max_input_tokens is not None for w in self.windows)
+
+    @property
     def total(self) -> Usage:
         """Earlier runs plus this one."""
         return self.spent.plus(self.usage)
