@@ -225,11 +225,13 @@ class AirflowStreamObserver(StreamObserver):
                 from airflow.sdk.observability import stats
 
                 self._stats = stats
-            tags = {"decision_mode": self.decision_mode, **{k: str(v) for k, v in tags.items()}}
+            # the gauge counts every stream of the process: it carries no tag
+            tags = {} if kind == "gauge" else {"decision_mode": self.decision_mode,
+                                               **{k: str(v) for k, v in tags.items()}}
             if kind == "counter":
                 self._stats.incr(name, int(value), tags=tags)
             elif kind == "gauge":
-                self._stats.gauge(name, value, tags=tags)
+                self._stats.gauge(name, value)
             else:
                 self._stats.timing(name, float(value), tags=tags)
         except Exception as exc:  # metrics must never break a stream
