@@ -135,8 +135,9 @@ def _gate(dag_id: str, state: str, **kwargs: Any) -> DAG:
     return dag
 
 
-def test_short_circuit_proceeds_on_yes(emulator: Any) -> None:
-    dag = _gate("gate_yes", "gate:yes")
+@pytest.mark.parametrize("deferrable", [True, False])
+def test_short_circuit_proceeds_on_yes(emulator: Any, deferrable: bool) -> None:
+    dag = _gate(f"gate_yes_{deferrable}", "gate:yes", deferrable=deferrable)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"gate": "success", "publish": "success", "notify": "success"}
     xcoms = xcoms_of(dag.dag_id, dag_run.run_id)

@@ -18,6 +18,8 @@ from airflow_provider_systemzero.policy import DecisionPolicy
 from tests.helpers import run_dag, task_states, task_tries, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer, TimeoutSweep, billed
 
+pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
+
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False)
 QUESTION = {"publish": "Do all checks pass so the data can be published?"}
 
@@ -153,3 +155,21 @@ def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
     assert billed(emulator) == before + 1
     first, second = PUSHED
     assert first == second == _record(dag, dag_run.run_id)
+
+
+def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(emulator: Any, core_api: Any) -> None:
+    PUSHED.clear()
+    with DAG("policy_retry_review", schedule=None, start_date=START) as dag:
+        _FailsOnceAfterDeciding(task_id="decide", systemzero_conn_id=CONN_ID, state="publish:review",
+                                questions=QUESTION, policy=POLICY, retries=1, retry_delay=timedelta(0))
+    before = billed(emulator)
+    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert dag_run.state == "success", task_states(dag_run)
+    assert task_tries(dag_run)["decide"] == 2
+    assert len(reviewer.seen) == 1  # the person was asked once, on the first try
+    assert billed(emulator) == before + 1
+    pending, first, second = PUSHED
+    assert pending["status"] == "pending_review" and pending["decision"] is None
+    assert first == second == _record(dag, dag_run.run_id)
+    assert (second["decided_by"], second["decision"]) == ("human", False)
