@@ -95,8 +95,8 @@ def get_provider_info() -> dict[str, Any]:
                     "reconnect_backoff_base": {
                         "description": (
                             "Seconds: the first reconnect waits a random time up to this long (full "
-                            "jitter), doubling per failed attempt up to reconnect_backoff_cap; never "
-                            "shorter than a delay the gateway asked for."
+                            "jitter), doubling per failed attempt up to reconnect_backoff_cap; counted "
+                            "from the end of any delay the gateway asked for."
                         ),
                         "version_added": "0.1.0",
                         "type": "float",

@@ -164,7 +164,9 @@ def default_capacity() -> StreamCapacity:
 class Backoff:
     """Full-jitter exponential backoff that never undercuts a server's delay.
 
-    ``delay(attempt, server_delay)`` is ``max(uniform(0, min(cap, base * 2**attempt)), server_delay)``.
+    ``delay(attempt, server_delay)`` is ``server_delay + uniform(0, min(cap, base * 2**attempt))``:
+    the jitter is counted from the end of the server's delay, so the clients a gateway restart
+    told to wait the same time do not all come back at the same instant.
 
     :param base: seconds; the first attempt waits up to this long.
     :param cap: seconds; the jitter window never grows beyond it.
@@ -187,4 +189,4 @@ class Backoff:
         """
         window = min(self.cap, self.base * (2 ** min(attempt, 62)))
         jitter = self.rng.uniform(0, window) if window > 0 else 0.0
-        return max(jitter, server_delay or 0.0)
+        return (server_delay or 0.0) + jitter
