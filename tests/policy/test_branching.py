@@ -161,3 +161,20 @@ def test_skip_if_gate_with_proceed_when_false(emulator: Any) -> None:
     dag = _gate("gate_skip_if", "gate:no", proceed_when=False)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"gate": "success", "publish": "success", "notify": "success"}
+
+
+def test_a_branch_to_a_task_that_is_not_downstream_fails_before_asking(emulator: Any) -> None:
+    before = emulator.stats.decisions_dispatched
+    dag = _teams("branch_bad_target", "route:billing", branches={"billing": "billing", "refunds": "refund_task"})
+    dag_run = run_dag(dag)
+    assert task_states(dag_run)["route"] == "failed"
+    assert emulator.stats.decisions_dispatched == before
+
+
+def test_a_policy_on_several_questions_names_the_gated_one() -> None:
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+
+    with pytest.raises(ValueError, match="policy_question"):
+        SystemZeroDecideOperator(task_id="d", questions={"a": "A?", "b": "B?"}, state="x", policy=POLICY)
+    with pytest.raises(TypeError, match="builds its own question"):
+        SystemZeroBranchOperator(task_id="b", instructions="Which?", questions={"a": "A?"})

@@ -125,3 +125,17 @@ def test_hysteresis_refuses_reschedule_mode() -> None:
     with pytest.raises(ValueError, match="reschedule"):
         SystemZeroDecisionSensor(task_id="wait", instructions="Ready?", deferrable=False, mode="reschedule",
                                  consecutive=2)
+
+
+def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
+    with DAG("sensor_poke_review", schedule=None, start_date=START) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID, deferrable=False,
+            mode="poke", poke_interval=0.1, timeout=20, decision_mode="on_request", policy=POLICY,
+            source={"type": "callable", "path": "tests.policy.sources.stepping",
+                    "kwargs": {"name": "poke-review", "states": ["a: down", "b: unsure ready"]}})
+    with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "success"} and len(reviewer.seen) == 1
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
