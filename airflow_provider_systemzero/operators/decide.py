@@ -119,10 +119,11 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                  mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 decision_timeout: float = 600.0, key_salt: str | None = None, policy: Any = None,
+                 decision_timeout: float = 600.0, key_salt: str | None = None, max_decisions: int | None = None,
+                 max_input_tokens: int | None = None, policy: Any = None,
                  policy_question: str | None = None, review_assigned_users: Any = None,
                  review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.policy_question = policy_question
         if (self.policy is not None and policy_question is None and isinstance(questions, Mapping)

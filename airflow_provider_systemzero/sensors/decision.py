@@ -116,11 +116,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                  request_mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None,
+                 lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None, max_decisions: int | None = None,
+                 max_input_tokens: int | None = None,
                  start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
                  min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
                  review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.consecutive = consecutive
         self.min_true_for = min_true_for.total_seconds() if isinstance(min_true_for, timedelta) else min_true_for
