@@ -1330,7 +1330,8 @@ class DecisionStream:
                 ws.transport.abort()
                 return _Plan("retry", "receipt_timeout", close_code=1006)
             if lost:
-                with contextlib.suppress(TimeoutError):
+                # the reader's own outcome (a protocol error included) is examined below
+                with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
                 if not reader.done():
                     ws.transport.abort()
@@ -1338,7 +1339,8 @@ class DecisionStream:
             if not reader.done():
                 # we close: the stream ends, fails, or is released
                 await ws.close(1000)
-                with contextlib.suppress(TimeoutError):
+                # a peer may send until it sees our close: a bad frame then changes nothing
+                with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
                 if self._release_requested and not self._closing and self._failure is None:
                     return _Plan("lazy", "released", close_code=1000)
