@@ -1,0 +1,237 @@
+"""The gateway emulator in its own process, driven over stdin/stdout (one JSON object a line).
+
+``python -m benchmarks.emulator_host --limits '{...}'`` starts an
+:class:`~airflow_provider_systemzero.emulator.server.Emulator` on a free loopback port and
+prints ``{"origin": "ws://127.0.0.1:PORT"}``. Then each request line gets one answer line:
+
+==================================================  =========================================
+``{"cmd": "stats"}``                                 the emulator's stats, plus its CPU and RSS
+``{"cmd": "ledger", "namespaces": [...]}``           billing per key namespace
+``{"cmd": "state", "key": "<prompt_cache_key>"}``    length and SHA-256 of the last accepted state
+``{"cmd": "restart", "retry_after_ms": N}``          the graceful restart (goodbye, close 1012)
+``{"cmd": "sample", "interval": S}``                 start sampling ``events_accepted``
+``{"cmd": "samples"}``                               stop sampling; the ``[t, events, rejections]``
+``{"cmd": "stop"}``                                  stop the emulator and exit
+==================================================  =========================================
+
+:class:`EmulatorProcess` is the parent's async handle. Running the gateway elsewhere keeps its
+CPU, memory and event-loop time out of the measured process, as with a real remote gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+__all__ = ["EmulatorProcess", "main"]
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class _Host:
+    def __init__(self, emulator: Any) -> None:
+        self.emulator = emulator
+        self.sampler: asyncio.Task[None] | None = None
+        self.samples: list[tuple[float, int, int]] = []
+
+    async def handle(self, request: dict[str, Any]) -> Any:
+        cmd = request["cmd"]
+        emulator = self.emulator
+        if cmd == "stats":
+            data = emulator.stats.to_dict()
+            data["cpu_seconds"] = time.process_time()
+            data["rss_kb"] = _rss_kb()
+            return data
+        if cmd == "ledger":
+            return self._ledger(request["namespaces"])
+        if cmd == "state":
+            accepted = emulator.latest_state(request["key"])
+            if accepted is None:
+                return None
+            state = accepted.state
+            raw = state.encode("utf-8") if isinstance(state, str) else json.dumps(state).encode("utf-8")
+            return {"type": type(state).__name__, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        if cmd == "restart":
+            started = time.perf_counter()
+            await emulator.restart(retry_after_ms=int(request.get("retry_after_ms", 500)))
+            return {"seconds": time.perf_counter() - started}
+        if cmd == "sample":
+            await self._stop_sampler()
+            self.samples = []
+            self.sampler = asyncio.ensure_future(self._sample(float(request.get("interval", 0.02))))
+            return True
+        if cmd == "samples":
+            await self._stop_sampler()
+            return self.samples
+        raise ValueError(f"unknown command {cmd!r}")
+
+    def _ledger(self, namespaces: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        entries = [e for per_account in self.emulator.ledger.values() for e in per_account]
+        for namespace in namespaces:
+            prefix = namespace + ":"
+            mine = [e for e in entries if e.idempotency_key is not None and e.idempotency_key.startswith(prefix)]
+            billed = [e.body_sha256 for e in mine if e.billed]
+            counts = Counter(billed)
+            result[namespace] = {"billed": len(billed), "replayed": sum(1 for e in mine if not e.billed),
+                                 "distinct_billed": len(counts),
+                                 "billed_twice": sum(n - 1 for n in counts.values() if n > 1)}
+        return result
+
+    async def _sample(self, interval: float) -> None:
+        start = time.perf_counter()
+        while True:
+            stats = self.emulator.stats
+            self.samples.append((time.perf_counter() - start, stats.events_accepted, stats.rejections))
+            await asyncio.sleep(interval)
+
+    async def _stop_sampler(self) -> None:
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from airflow_provider_systemzero.emulator.server import Emulator
+    from airflow_provider_systemzero.protocol.limits import Limits
+
+    limits = Limits(**json.loads(args.limits))
+    emulator = Emulator(api_keys={args.api_key: args.max_concurrent}, limits=limits, decider=args.decider,
+                        decide_latency_ms=args.decide_latency_ms)
+    await emulator.start()
+    host = _Host(emulator)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    def answer(payload: Any) -> None:
+        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.flush()
+
+    answer({"origin": emulator.origin, "pid": os.getpid()})
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            request = json.loads(line)
+            if request.get("cmd") == "stop":
+                break
+            try:
+                answer({"ok": await host.handle(request)})
+            except Exception as exc:  # report it; the parent decides what to do
+                answer({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        await host._stop_sampler()
+        await emulator.stop(retry_after_ms=0)
+    answer({"ok": "stopped"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the emulator host (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.emulator_host")
+    parser.add_argument("--api-key", default="bench-key-0001")
+    parser.add_argument("--max-concurrent", type=int, default=8)
+    parser.add_argument("--decider", default="python:benchmarks.fixtures:decide")
+    parser.add_argument("--decide-latency-ms", type=int, default=0)
+    parser.add_argument("--limits", default="{}", help="Limits overrides as a JSON object")
+    asyncio.run(_serve(parser.parse_args(argv)))
+
+
+class EmulatorProcess:
+    """The parent's handle on an emulator host process (``async with``).
+
+    :param limits: :class:`~airflow_provider_systemzero.protocol.limits.Limits` overrides.
+    :param api_key: the account's API key.
+    :param max_concurrent: the account's ``max_concurrent`` (stream capacity is half of it).
+    :param decide_latency_ms: simulated inference time of each fresh decision.
+    """
+
+    def __init__(self, *, limits: dict[str, int] | None = None, api_key: str = "bench-key-0001",
+                 max_concurrent: int = 8, decide_latency_ms: int = 0) -> None:
+        self.limits = dict(limits or {})
+        self.api_key = api_key
+        self.max_concurrent = max_concurrent
+        self.decide_latency_ms = decide_latency_ms
+        self.origin = ""
+        self.pid = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> EmulatorProcess:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.emulator_host", "--api-key", self.api_key,
+            "--max-concurrent", str(self.max_concurrent), "--decide-latency-ms", str(self.decide_latency_ms),
+            "--limits", json.dumps(self.limits), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            limit=2**24)
+        hello = await self._read()
+        self.origin, self.pid = hello["origin"], hello["pid"]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        with contextlib.suppress(Exception):
+            assert proc.stdin is not None
+            proc.stdin.write(b'{"cmd": "stop"}\n')
+            await proc.stdin.drain()
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    def connection_env(self) -> dict[str, str]:
+        """The ``AIRFLOW_CONN_*`` variable that points the benchmark connection at this emulator."""
+        from benchmarks.fixtures import CONN_ID
+
+        return {f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(
+            {"conn_type": "systemzero", "host": self.origin, "password": self.api_key})}
+
+    async def _read(self) -> Any:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = await self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the emulator host exited")
+        return json.loads(line)
+
+    async def call(self, cmd: str, **params: Any) -> Any:
+        """Send one command and return its answer.
+
+        :raises RuntimeError: the host reported an error.
+        """
+        assert self._proc is not None and self._proc.stdin is not None
+        async with self._lock:
+            self._proc.stdin.write((json.dumps({"cmd": cmd, **params}) + "\n").encode())
+            await self._proc.stdin.drain()
+            reply = await self._read()
+        if "error" in reply:
+            raise RuntimeError(f"emulator host: {reply['error']}")
+        return reply["ok"]
+
+    async def stats(self) -> dict[str, Any]:
+        """The emulator's stats (``EmulatorStats.to_dict()`` plus ``cpu_seconds`` and ``rss_kb``)."""
+        return await self.call("stats")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""What every scenario shares: the request, the condition, the decider and the push sources.
+
+* :func:`decide` is the emulator's decider (``--decider python:benchmarks.fixtures:decide``):
+  zero work beyond looking for ``READY`` at the end of the state, so the numbers measure the
+  stream and not a model.
+* :func:`pushed` is an async-generator *callable source* (``{"type": "callable", "path":
+  "benchmarks.fixtures.pushed", "kwargs": {"channel": ...}}``): it yields the channel's
+  current state, then every state the benchmark publishes with :func:`publish`. No polling:
+  the time a benchmark publishes a state is the time the change was produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_systemzero.conditions import DecisionCondition
+
+__all__ = ["CONDITION", "CONN_ID", "DECIDER", "READY", "REQUEST", "decide", "publish", "pushed", "source_spec",
+           "state_of"]
+
+#: The Airflow connection ID the benchmarks use (an ``AIRFLOW_CONN_*`` environment variable).
+CONN_ID = "systemzero_bench"
+#: The emulator's ``--decider`` value.
+DECIDER = "python:benchmarks.fixtures:decide"
+#: The marker that makes the decider answer ``ready = true``.
+READY = "READY"
+#: The decision request of every trigger and poke.
+REQUEST: dict[str, Any] = {"model": "sz-bench", "questions": {
+    "ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
+#: The sensor's condition: ``ready`` is true with confidence 0.5 or more.
+CONDITION: dict[str, Any] = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
+#: How much of the state's end the decider reads.
+_TAIL = 256
+
+
+def decide(request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The benchmark decider: ``ready`` is true when the state ends with a ``READY`` line.
+
+    :param request: the decide body.
+    :param now: the backend's clock (unused).
+    """
+    state = request.get("state")
+    text = state if isinstance(state, str) else json.dumps(state)
+    ready = READY in text[-_TAIL:]
+    return {"ready": {"decision": ready, "probability": 0.97, "confidence": 0.94}}
+
+
+@dataclass
+class _Channel:
+    state: Any
+    subscribers: set[asyncio.Queue[Any]] = field(default_factory=set)
+
+
+_CHANNELS: dict[str, _Channel] = {}
+
+
+def state_of(channel: str) -> Any:
+    """The channel's current state (``"waiting\\n"`` until something is published)."""
+    entry = _CHANNELS.get(channel)
+    return "waiting\n" if entry is None else entry.state
+
+
+def publish(channel: str, state: Any) -> float:
+    """Make ``state`` the channel's current state and push it to every source reading it.
+
+    :param channel: the channel name.
+    :param state: the new state.
+    :return: ``time.perf_counter()`` right after the state was handed to the sources (the
+        moment the change counts as produced).
+    """
+    entry = _CHANNELS.setdefault(channel, _Channel(state))
+    entry.state = state
+    for queue in entry.subscribers:
+        queue.put_nowait(state)
+    return time.perf_counter()
+
+
+def forget(channel: str) -> None:
+    """Drop a channel (its sources keep their last state)."""
+    _CHANNELS.pop(channel, None)
+
+
+async def pushed(channel: str) -> AsyncIterator[Any]:
+    """An async-generator source: the channel's current state, then each published state.
+
+    :param channel: the channel name (a plain-JSON kwarg, so the trigger serializes).
+    """
+    entry = _CHANNELS.setdefault(channel, _Channel("waiting\n"))
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    entry.subscribers.add(queue)
+    try:
+        yield entry.state
+        while True:
+            yield await queue.get()
+    finally:
+        entry.subscribers.discard(queue)
+
+
+def source_spec(channel: str) -> dict[str, Any]:
+    """The trigger's ``source`` kwarg for a push channel."""
+    return {"type": "callable", "path": "benchmarks.fixtures.pushed", "kwargs": {"channel": channel}}
