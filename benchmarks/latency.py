@@ -1,0 +1,205 @@
+"""Scenario 1 — change → event latency, against a poke loop.
+
+The trigger (``SystemZeroDecisionTrigger``, rebuilt from ``serialize()`` and run by Airflow's
+``TriggerRunner.run_trigger``) watches a push source. Each sample starts a trigger on
+``"waiting\\n"``, lets its first decision (``ready = false``) settle, then publishes the decisive
+state (a ``READY`` line) and measures until the runner receives the trigger's event:
+
+* **warm** — the trigger still holds its stream (``lease_after`` 30 s): the change goes out as
+  one ``append_text``; the gateway acknowledges, dispatches, and the decision comes back;
+* **cold** — the trigger gave its stream back (``lease_after`` 0.05 s, waited until dormant):
+  the change reopens a connection (TCP, upgrade, ``hello``), replays the full state in ``start``,
+  and then the same.
+
+The decider does no work (zero latency), so this is the provider's and the protocol's own cost.
+
+The baseline is a classic sensor: ``poke()`` calls the hook's sync ``decide()`` (a fresh
+on_request stream per call) every ``poke_interval`` — Airflow sleeps ``poke_interval`` after
+each poke — so a change waits ``U(0, poke_interval + d)`` for the next poke plus one decide
+``d``. ``d`` is measured here (the real hook against the same emulator); the 30 s and 60 s
+distributions are computed from it. A real poke loop at a short interval checks that model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.common import Options, percentile, summary_ms
+from benchmarks.emulator_host import EmulatorProcess
+from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec, state_of
+from benchmarks.runner import Triggerer, rebuild
+
+__all__ = ["run"]
+
+#: The account's decision buckets are raised: the scenario measures latency, not billing pacing.
+LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minute": 10_000_000}
+POKE_INTERVALS = (30.0, 60.0)
+
+
+async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not met in time")
+        await asyncio.sleep(0.001)
+
+
+def _stream(trigger: Any) -> Any:
+    # The trigger's stream (a private attribute, read only): how the benchmark knows the first
+    # decision settled, and for the cold case that the stream was given back.
+    return trigger._stream
+
+
+async def _trigger_sample(triggerer: Triggerer, tag: str, index: int, *, cold: bool,
+                          rng: random.Random) -> tuple[float, dict[str, Any]]:
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+    kind = "cold" if cold else "warm"
+    channel = f"latency-{tag}-{kind}-{index}"
+    publish(channel, "waiting\n")
+    trigger = rebuild(SystemZeroDecisionTrigger(
+        systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="",
+        key_namespace=task_namespace("bench_latency", kind, tag, index), source=source_spec(channel),
+        lease_after=0.05 if cold else 30.0))
+    trigger_id = triggerer.start(trigger)
+    await _until(lambda: _stream(trigger) is not None and _stream(trigger).last_decision is not None)
+    if cold:
+        await _until(lambda: _stream(trigger) is None or _stream(trigger).dormant)
+    await asyncio.sleep(rng.uniform(0.0, 0.02))  # the change comes at some moment, not in lockstep
+    produced = publish(channel, f"waiting\n{READY}\n")
+    await triggerer.task(trigger_id)
+    fired = triggerer.fired_at(trigger_id)
+    payload = triggerer.payload(trigger_id) or {}
+    if fired is None or payload.get("status") != "success" or payload.get("decision") is not True:
+        raise RuntimeError(f"latency sample {kind} {index} did not succeed: {payload}")
+    return fired - produced, payload
+
+
+async def _trigger_latency(count: int, *, cold: bool, rng: random.Random) -> dict[str, Any]:
+    triggerer = Triggerer()
+    tag = uuid.uuid4().hex[:8]
+    samples: list[float] = []
+    versions: list[int] = []
+    started = time.perf_counter()
+    for index in range(count):
+        latency, payload = await _trigger_sample(triggerer, tag, index, cold=cold, rng=rng)
+        samples.append(latency)
+        versions.append(payload["state_version"])
+    return {**summary_ms(samples), "wall_s": time.perf_counter() - started,
+            "state_version_of_event": sorted(set(versions))}
+
+
+def _poke_decide_times(count: int) -> list[float]:
+    """``SystemZeroHook.decide()`` as a sensor's poke calls it (sync, fresh stream each time)."""
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+    from airflow_provider_systemzero.identity import task_namespace
+
+    namespace = task_namespace("bench_latency", "poke", uuid.uuid4().hex[:8], -1)
+    times = []
+    for index in range(count):
+        hook = SystemZeroHook(systemzero_conn_id=CONN_ID)
+        state = "waiting\n" + "progress\n" * index  # a new state each poke: a fresh, billed decision
+        started = time.perf_counter()
+        hook.decide(REQUEST, state=state, key_namespace=namespace, identity=namespace)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _modelled_poke(interval: float, decide_times: list[float], rng: random.Random,
+                   draws: int = 200_000) -> dict[str, Any]:
+    """Latency of a poke loop: wait ``U(0, interval + d)`` for the next poke, then one decide ``d``."""
+    values = []
+    for _ in range(draws):
+        values.append(rng.uniform(0, interval + rng.choice(decide_times)) + rng.choice(decide_times))
+    return {"poke_interval_s": interval, "p50_ms": percentile(values, 50) * 1000,
+            "p99_ms": percentile(values, 99) * 1000, "mean_ms": sum(values) / len(values) * 1000}
+
+
+def _real_poke_loop(interval: float, samples: int, concurrency: int, seed: int) -> list[float]:
+    """Real poke loops (threads, as workers would run sensors) at a short interval, for the model."""
+    from airflow_provider_systemzero.conditions import DecisionCondition
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+    from airflow_provider_systemzero.identity import task_namespace
+
+    condition = DecisionCondition.from_dict(CONDITION)
+    tag = uuid.uuid4().hex[:8]
+    results: list[float] = []
+    lock = threading.Lock()
+    produced_at: dict[str, float] = {}
+
+    def sensor(index: int) -> None:
+        rng = random.Random(seed + index)
+        channel = f"poke-{tag}-{index}"
+        namespace = task_namespace("bench_latency", "poke_loop", tag, index)
+        hook = SystemZeroHook(systemzero_conn_id=CONN_ID)
+
+        def change() -> None:
+            produced_at[channel] = time.perf_counter()
+            publish(channel, f"waiting\n{READY}\n")
+
+        flip = threading.Timer(rng.uniform(0.1, 2 * interval), change)
+        flip.start()
+        time.sleep(rng.uniform(0, interval))  # sensors start at any phase
+        while True:
+            state = state_of(channel)
+            decision = hook.decide(REQUEST, state=state, key_namespace=namespace, identity=namespace)
+            if condition.evaluate(decision).met:
+                done = time.perf_counter()
+                with lock:
+                    results.append(done - produced_at[channel])
+                return
+            time.sleep(interval)
+
+    pending = list(range(samples))
+    while pending:
+        batch, pending = pending[:concurrency], pending[concurrency:]
+        threads = [threading.Thread(target=sensor, args=(i,)) for i in batch]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return results
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run scenario 1 and return its results."""
+    rng = random.Random(options.seed)
+    warm_n, cold_n = (60, 30) if options.quick else (500, 200)
+    decide_n = 30 if options.quick else 100
+    check_n, check_interval = (8, 0.5) if options.quick else (40, 0.5)
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
+        os.environ.update(emulator.connection_env())
+        warm = await _trigger_latency(warm_n, cold=False, rng=rng)
+        cold = await _trigger_latency(cold_n, cold=True, rng=rng)
+        decide_times = await asyncio.to_thread(_poke_decide_times, decide_n)
+        check = await asyncio.to_thread(_real_poke_loop, check_interval, check_n, 8, options.seed)
+        stats = await emulator.stats()
+    model_rng = random.Random(options.seed)
+    check_model = _modelled_poke(check_interval, decide_times, model_rng)
+    baselines = []
+    for interval in POKE_INTERVALS:
+        model = _modelled_poke(interval, decide_times, model_rng)
+        model["ratio_p50_vs_warm"] = model["p50_ms"] / warm["p50_ms"]
+        model["ratio_p99_vs_warm"] = model["p99_ms"] / warm["p99_ms"]
+        model["ratio_p50_vs_cold"] = model["p50_ms"] / cold["p50_ms"]
+        baselines.append(model)
+    return {
+        "warm": warm,
+        "cold": cold,
+        "poke_decide": summary_ms(decide_times),
+        "poke_baselines": baselines,
+        "poke_model_check": {"poke_interval_s": check_interval, "measured": summary_ms(check),
+                             "model_p50_ms": check_model["p50_ms"], "model_p99_ms": check_model["p99_ms"]},
+        "targets": {"p50_ms": 10.0, "p99_ms": 50.0},
+        "met": warm["p50_ms"] <= 10.0 and warm["p99_ms"] <= 50.0,
+        "emulator_max_streams_open": stats["max_streams_open"],
+        "upgrade_refusals": stats["upgrade_refusals"],
+    }
