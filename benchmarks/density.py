@@ -1,0 +1,416 @@
+"""Scenario 2 — triggerer density: N decision triggers in one event loop.
+
+Each N runs in a fresh process (``python -m benchmarks.density --n N``), the emulator in another,
+so memory and CPU are this process's alone. In that process:
+
+1. **warm-up** — a few triggers run to completion, so every lazy import and cache is in place;
+   then the *baseline*: RSS and idle CPU of the process with no trigger;
+2. **start** — N ``SystemZeroDecisionTrigger``, each rebuilt from ``serialize()`` and run by
+   Airflow's ``TriggerRunner.run_trigger``, each with its own push source; every trigger opens a
+   stream (at most ``max_streams_per_process`` at once), gets its first decision
+   (``ready = false``) and gives the stream back after ``lease_after`` (0.02 s here);
+3. **waiting** — RSS above the baseline per trigger, and CPU over a quiet window (no source
+   changes) with Airflow's 0.1 s block watchdog running, as in a triggerer;
+4. **changes** — every source changes twice at uniformly random moments in a window: a
+   progress line, then (the second change) the ``READY`` line; change → event latency is
+   measured for the decisive change.
+
+Throughout, a 10 ms watchdog (Airflow's ``block_watchdog`` at a finer step) records the longest
+event-loop stall, and a sampler counts the process's open sockets. The emulator reports the most
+streams it ever had open. The account's ``max_concurrent`` is raised so that the per-process cap
+(``max_streams_per_process`` = 4) is the binding limit, and its decision buckets are raised so
+that billing pacing does not queue the decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+from benchmarks.common import Options, summary_ms
+from benchmarks.emulator_host import EmulatorProcess
+from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec
+from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, rebuild, rss_kb
+
+__all__ = ["run"]
+
+LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minute": 10_000_000}
+#: An account capacity far above the per-process cap: ``max(1, floor(2000 / 2))`` = 1000 streams.
+MAX_CONCURRENT = 2000
+LEASE_AFTER = 0.02
+SIZES = (100, 500, 1000)
+QUICK_SIZES = (100, 300)
+#: Seconds over which every source changes twice (the same for every N: the load grows with N).
+CHANGE_WINDOW = 30.0
+#: The trigger's default ``lease_after``.
+DEFAULT_LEASE_AFTER = 5.0
+
+
+class _SocketSampler:
+    def __init__(self, baseline: int, interval: float = 0.02) -> None:
+        self.baseline = baseline
+        self.interval = interval
+        self.max_open = 0
+        self.max_capacity_in_use = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        capacity = default_capacity()
+        while True:
+            self.max_open = max(self.max_open, count_sockets() - self.baseline)
+            self.max_capacity_in_use = max(self.max_capacity_in_use, capacity.in_use)
+            await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _new_trigger(tag: str, index: int, lease_after: float = LEASE_AFTER) -> tuple[str, Any]:
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+    channel = f"density-{tag}-{index}"
+    publish(channel, "waiting\n")
+    trigger = rebuild(SystemZeroDecisionTrigger(
+        systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="",
+        key_namespace=task_namespace("bench_density", "wait", tag, index), source=source_spec(channel),
+        lease_after=lease_after))
+    return channel, trigger
+
+
+def _settled(trigger: Any) -> bool:
+    # private, read only: the first decision arrived and the stream was given back
+    stream = trigger._stream
+    return stream is not None and stream.last_decision is not None and stream.dormant
+
+
+async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float) -> float:
+    started = time.perf_counter()
+    while not all(_settled(t) for t in triggers):
+        ended = [i for i in ids if triggerer.task(i).done()]
+        if ended:
+            raise RuntimeError(f"trigger {ended[0]} ended while waiting: {triggerer.payload(ended[0])}")
+        if time.perf_counter() - started > within:
+            stuck = [t for t in triggers if not _settled(t)]
+            raise TimeoutError(f"{len(triggers) - len(stuck)} of {len(triggers)} triggers settled; first stuck: "
+                               f"{_describe(stuck[0])}")
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - started
+
+
+def _describe(trigger: Any) -> str:
+    stream = trigger._stream
+    if stream is None:
+        return "no stream"
+    return (f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
+            f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
+            f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}")
+
+
+async def _idle_cpu(seconds: float) -> tuple[float, StallWatchdog]:
+    """CPU share of one core over a quiet window, with Airflow's 0.1 s watchdog running."""
+    watchdog = StallWatchdog(0.1)
+    watchdog.start()
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    await watchdog.stop()
+    return cpu / wall, watchdog
+
+
+def _full_collection_ms() -> float:
+    """How long one full (generation 2) collection of this process's heap takes now."""
+    started = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - started) * 1000
+
+
+async def _start_all(triggerer: Triggerer, tag: str, n: int, lease_after: float) -> tuple[list[str], list[Any],
+                                                                                         list[int]]:
+    """Hand N triggers over the way ``create_triggers()`` does: rebuilt, one loop iteration apart."""
+    channels: list[str] = []
+    triggers: list[Any] = []
+    ids: list[int] = []
+    for index in range(n):
+        channel, trigger = _new_trigger(tag, index, lease_after)
+        await asyncio.sleep(0)
+        ids.append(triggerer.start(trigger))
+        channels.append(channel)
+        triggers.append(trigger)
+    return channels, triggers, ids
+
+
+async def _warm_up(triggerer: Triggerer) -> None:
+    pairs = [_new_trigger("warmup", i) for i in range(4)]
+    ids = [triggerer.start(t) for _, t in pairs]
+    await _wait_all(triggerer, ids, [t for _, t in pairs], 60)
+    for channel, _ in pairs:
+        publish(channel, f"waiting\n{READY}\n")
+    await asyncio.gather(*(triggerer.task(i) for i in ids))
+
+
+async def measure(n: int, options: Options) -> dict[str, Any]:
+    """Run the scenario for ``n`` triggers in this process."""
+    rng = random.Random(options.seed + n)
+    idle_window = 1.0 if options.quick else 5.0
+    change_window = 5.0 if options.quick else CHANGE_WINDOW
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT) as emulator:
+        os.environ.update(emulator.connection_env())
+        triggerer = Triggerer()
+        await _warm_up(triggerer)
+        gc.collect()
+        await asyncio.sleep(0.5)
+        base_sockets = count_sockets()
+        base_rss = rss_kb()
+        base_gc_ms = _full_collection_ms()
+        base_idle_cpu, _ = await _idle_cpu(idle_window)
+
+        # start: N triggers, each to its first decision and back to waiting without a stream
+        start_watch = StallWatchdog(0.01)
+        start_watch.start()
+        sampler = _SocketSampler(base_sockets)
+        sampler.start()
+        started = time.perf_counter()
+        channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER)
+        await _wait_all(triggerer, ids, triggers, 600)
+        startup_s = time.perf_counter() - started
+        await start_watch.stop()
+        await sampler.stop()
+
+        # waiting: memory, and CPU over a quiet window with only a triggerer's own 0.1 s watchdog
+        gc.collect()
+        await asyncio.sleep(0.5)
+        rss_waiting = rss_kb()
+        waiting_gc_ms = _full_collection_ms()
+        idle_cpu, idle_watch = await _idle_cpu(idle_window)
+        idle_sockets = count_sockets() - base_sockets
+
+        # changes: two per source at random moments; the second is the decisive one
+        plan: list[tuple[float, int, bool]] = []
+        for index in range(n):
+            first, second = sorted(rng.uniform(0, change_window) for _ in range(2))
+            plan += [(first, index, False), (second, index, True)]
+        plan.sort()
+        produced: dict[int, float] = {}
+        change_watch = StallWatchdog(0.01)
+        change_watch.start()
+        sampler.start()
+        emulator_cpu = (await emulator.stats())["cpu_seconds"]
+        cpu = time.process_time()
+        phase_start = time.perf_counter()
+        for at, index, decisive in plan:
+            delay = phase_start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            text = f"waiting\nprogress\n{READY}\n" if decisive else "waiting\nprogress\n"
+            stamp = publish(channels[index], text)
+            if decisive:
+                produced[index] = stamp
+        await asyncio.wait([triggerer.task(i) for i in ids], timeout=300)
+        change_phase_s = time.perf_counter() - phase_start
+        change_cpu = (time.process_time() - cpu) / change_phase_s
+        emulator_cpu = ((await emulator.stats())["cpu_seconds"] - emulator_cpu) / change_phase_s
+        await change_watch.stop()
+        await sampler.stop()
+
+        latencies, failures = [], 0
+        for index, trigger_id in enumerate(ids):
+            fired = triggerer.fired_at(trigger_id)
+            payload = triggerer.payload(trigger_id) or {}
+            if fired is None or payload.get("status") != "success":
+                failures += 1
+                continue
+            latencies.append(fired - produced[index])
+        await triggerer.finish()
+        stats = await emulator.stats()
+
+    from airflow_provider_systemzero.stream.capacity import default_capacity
+
+    watches = {"start": start_watch.report(), "idle": idle_watch.report(), "changes": change_watch.report()}
+    return {
+        "n": n,
+        "lease_after_s": LEASE_AFTER,
+        "startup_s": startup_s,
+        "first_decisions_per_s": n / startup_s,
+        "rss_baseline_kb": base_rss,
+        "rss_waiting_kb": rss_waiting,
+        "rss_per_trigger_kb": (rss_waiting - base_rss) / n,
+        "idle_window_s": idle_window,
+        "idle_cpu_baseline_pct": base_idle_cpu * 100,
+        "idle_cpu_pct": idle_cpu * 100,
+        "idle_cpu_per_1000_pct": max(0.0, idle_cpu - base_idle_cpu) * 100 * 1000 / n,
+        "sockets_while_idle": idle_sockets,
+        "change_window_s": change_window,
+        "changes_per_s": 2 * n / change_window,
+        "change_phase_s": change_phase_s,
+        "change_phase_cpu_pct": change_cpu * 100,
+        "change_phase_emulator_cpu_pct": emulator_cpu * 100,
+        "latency": summary_ms(latencies),
+        "failures": failures,
+        "max_sockets_open": sampler.max_open,
+        "max_capacity_in_use": max(sampler.max_capacity_in_use, default_capacity().max_in_use),
+        "max_streams_per_process": default_capacity().limit,
+        "emulator_max_streams_open": stats["max_streams_open"],
+        "upgrade_refusals": stats["upgrade_refusals"],
+        "decisions_billed": stats["decisions_billed"],
+        "streams_opened": stats["streams_total"],
+        "full_gc_ms_baseline": base_gc_ms,
+        "full_gc_ms_waiting": waiting_gc_ms,
+        "stalls": watches,
+        "longest_stall_ms": max(w["longest_ms"] for w in watches.values()),
+        "longest_stall_without_gc_ms": max(w["longest_without_gc_ms"] for w in watches.values()),
+    }
+
+
+def _owners() -> list[tuple[str, str]]:
+    """Directory → owner, for charging an allocation to the innermost frame from one of them."""
+    import airflow
+    import greenback
+    import opentelemetry
+    import structlog
+
+    import airflow_provider_systemzero
+    import benchmarks
+
+    runner = "Airflow trigger runner"
+    owners = [(airflow_provider_systemzero, "provider"), (benchmarks, "benchmark source"), (airflow, runner),
+              (greenback, runner), (opentelemetry, runner), (structlog, runner)]
+    # __path__, not __file__: opentelemetry is a namespace package
+    return [(os.path.abspath(path) + os.sep, owner) for module, owner in owners for path in module.__path__]
+
+
+def _owner(traceback: Any, owners: list[tuple[str, str]]) -> str:
+    for frame in reversed(traceback):  # innermost first
+        for directory, owner in owners:
+            if frame.filename.startswith(directory):
+                return owner
+    return "other"
+
+
+def _charge(snapshot: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes still allocated by owner, and by allocation site within the provider."""
+    directories = _owners()
+    provider = directories[0][0]  # the provider package is listed first
+    owners: dict[str, int] = {}
+    sites: dict[str, int] = {}
+    for stat in snapshot.statistics("traceback"):  # one entry per distinct call stack
+        owner = _owner(stat.traceback, directories)
+        owners[owner] = owners.get(owner, 0) + stat.size
+        if owner == "provider":
+            frame = next(f for f in reversed(stat.traceback) if f.filename.startswith(provider))
+            site = f"{frame.filename[len(provider):]}:{frame.lineno}"
+            sites[site] = sites.get(site, 0) + stat.size
+    return owners, sites
+
+
+async def breakdown(n: int) -> dict[str, Any]:
+    """Python memory per waiting trigger by owner (``tracemalloc``; slower, so a run of its own).
+
+    Two batches of N/2 triggers are started and settled under tracing; the difference between
+    the two snapshots, divided by N/2, is what one more waiting trigger holds (one-time costs
+    cancel out). Each allocation is charged to the innermost frame of its call stack that
+    belongs to the provider, the benchmark's source, or Airflow's trigger runner.
+    """
+    import tracemalloc
+
+    half = max(1, n // 2)
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT) as emulator:
+        os.environ.update(emulator.connection_env())
+        triggerer = Triggerer()
+        await _warm_up(triggerer)
+        tracemalloc.start(25)
+        snapshots = []
+        objects = []
+        for batch in ("a", "b"):
+            _, triggers, ids = await _start_all(triggerer, f"{uuid.uuid4().hex[:8]}{batch}", half, LEASE_AFTER)
+            await _wait_all(triggerer, ids, triggers, 600)
+            gc.collect()
+            objects.append(len(gc.get_objects()))
+            snapshots.append(_charge(tracemalloc.take_snapshot()))
+        tracemalloc.stop()
+        await triggerer.finish()
+    (owners_a, sites_a), (owners_b, sites_b) = snapshots
+    per_trigger = {owner: (owners_b.get(owner, 0) - owners_a.get(owner, 0)) / half / 1024
+                   for owner in sorted(owners_b, key=lambda o: -owners_b[o])}
+    site_growth = {site: (size - sites_a.get(site, 0)) / half for site, size in sites_b.items()}
+    top_sites = [{"site": site, "bytes_per_trigger": size}
+                 for site, size in sorted(site_growth.items(), key=lambda kv: -kv[1])[:10]]
+    return {"n": 2 * half, "kb_per_trigger": per_trigger, "total_kb_per_trigger": sum(per_trigger.values()),
+            "gc_objects_per_trigger": (objects[1] - objects[0]) / half, "top_provider_sites": top_sites}
+
+
+async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
+    """How fast N triggers get their first decision through the stream cap, for a ``lease_after``."""
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT) as emulator:
+        os.environ.update(emulator.connection_env())
+        triggerer = Triggerer()
+        await _warm_up(triggerer)
+        started = time.perf_counter()
+        _, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, lease_after)
+        await _wait_all(triggerer, ids, triggers, 600)
+        elapsed = time.perf_counter() - started
+        await triggerer.finish()
+    return {"n": n, "lease_after_s": lease_after, "seconds": elapsed, "first_decisions_per_s": n / elapsed}
+
+
+async def _child(*args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "benchmarks.density", *args,
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"density child {' '.join(args)} failed with exit status {proc.returncode}")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run scenario 2: each N, the memory breakdown and the lease probe, each in a fresh process."""
+    quick = ["--quick"] if options.quick else []
+    runs = [await _child("--n", str(n), "--seed", str(options.seed), *quick)
+            for n in (QUICK_SIZES if options.quick else SIZES)]
+    memory = await _child("--breakdown", "--n", str(40 if options.quick else 100))
+    # the default lease_after holds a slot 5 s after each decision: three rounds of four (the smoke run skips it)
+    default_lease = None if options.quick else await _child("--lease-probe", "--n", "12", "--lease-after",
+                                                            str(DEFAULT_LEASE_AFTER))
+    targets = {"rss_per_trigger_kb": 30.0, "idle_cpu_per_1000_pct": 2.0, "longest_stall_ms": 50.0}
+    return {"runs": runs, "memory_breakdown": memory, "default_lease_probe": default_lease, "targets": targets}
+
+
+def main() -> None:
+    """Child entry point: measure one N and print the result as one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.density")
+    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=Options.seed)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--breakdown", action="store_true", help="the tracemalloc memory breakdown")
+    parser.add_argument("--lease-probe", action="store_true", help="first-decision throughput for --lease-after")
+    parser.add_argument("--lease-after", type=float, default=LEASE_AFTER)
+    args = parser.parse_args()
+    if args.breakdown:
+        result = asyncio.run(breakdown(args.n))
+    elif args.lease_probe:
+        result = asyncio.run(lease_probe(args.n, args.lease_after))
+    else:
+        result = asyncio.run(measure(args.n, Options(quick=args.quick, seed=args.seed)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
