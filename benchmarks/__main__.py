@@ -1,0 +1,119 @@
+"""``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
+
+A full run takes about seven minutes on two cores and writes ``benchmarks/results/latest.json``
+and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
+run of about a minute with fewer samples and shorter windows; it writes
+``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import billing, core, density, ingest, latency, report
+from benchmarks.common import Options, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+QUICK_RESULTS = ROOT / ".cache" / "benchmarks"
+DOCS_TABLE = ROOT / "docs" / "benchmarks-results.md"
+
+#: Scenario name → runner, in the order they run (the CPU-only core first, density last).
+SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
+    "core": core.run,
+    "latency": latency.run,
+    "billing": billing.run,
+    "ingest": ingest.run,
+    "density": density.run,
+}
+
+
+def _write(path: Path, text: str) -> None:
+    """Write through a ``.tmp`` file and rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def _run_all(options: Options, names: list[str]) -> tuple[dict[str, Any], dict[str, float], bool]:
+    results: dict[str, Any] = {}
+    durations: dict[str, float] = {}
+    failed = False
+    for name in names:
+        print(f"[bench] {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            results[name] = await SCENARIOS[name](options)
+        except Exception as exc:
+            failed = True
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        durations[name] = time.perf_counter() - started
+        print(f"[bench] {name} done in {durations[name]:.1f} s", flush=True)
+    return results, durations, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; returns the exit status (1 when a scenario failed)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run (about a minute)")
+    parser.add_argument("--only", default="", help=f"comma-separated scenarios (default all: {','.join(SCENARIOS)})")
+    parser.add_argument("--seed", type=int, default=Options.seed, help="random seed of the change times")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON results (default benchmarks/results/latest.json; with --quick "
+                             ".cache/benchmarks/quick.json)")
+    docs = parser.add_mutually_exclusive_group()
+    docs.add_argument("--docs", dest="docs", action="store_true", default=None,
+                      help="render docs/benchmarks-results.md (the default for a full run)")
+    docs.add_argument("--no-docs", dest="docs", action="store_false", help="leave the docs alone")
+    args = parser.parse_args(argv)
+
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    options = Options(quick=args.quick, seed=args.seed)
+    out = (args.out or (QUICK_RESULTS / "quick.json" if args.quick else RESULTS / "latest.json")).resolve()
+    render_docs = args.docs if args.docs is not None else not args.quick
+
+    info = machine()
+    info["load_average_before"] = list(os.getloadavg())
+    started_at = datetime.datetime.now(datetime.UTC)
+    started = time.perf_counter()
+    results, durations, failed = asyncio.run(_run_all(options, names))
+    info["load_average_after"] = list(os.getloadavg())
+    document = {
+        "schema": 1,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "duration_s": time.perf_counter() - started,
+        "options": {"quick": options.quick, "seed": options.seed, "scenarios": names},
+        "machine": info,
+        "scenario_duration_s": durations,
+        "results": results,
+    }
+    _write(out, json.dumps(document, indent=2, sort_keys=False) + "\n")
+    shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    print(f"[bench] results written to {shown}")
+    markdown = report.render(document, source=str(shown))
+    if render_docs:
+        _write(DOCS_TABLE, markdown)
+        print(f"[bench] docs table written to {DOCS_TABLE.relative_to(ROOT)}")
+    print(report.summary(document))
+    print(f"[bench] total {document['duration_s']:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The results as Markdown: ``docs/benchmarks-results.md``, included by ``docs/benchmarks.md``.
+
+Everything here is computed from the JSON document of one run; the explanation of a missed
+target quotes that run's own numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["render", "summary"]
+
+MET = "met"
+#: En dash and multiplication sign, spelled as escapes to keep the source ASCII-unambiguous.
+DASH = "\u2013"
+TIMES = "\u00d7"
+MISSED = "**missed**"
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _ms(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    if value >= 10_000:
+        return f"{value / 1000:,.1f} s"
+    return f"{value:,.1f} ms"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _load_note(doc: dict[str, Any]) -> str:
+    """A sentence about other load on the machine, when there was enough to stretch stalls."""
+    m = doc["machine"]
+    load = max(m.get("load_average_before", [0])[0], m.get("load_average_after", [0])[0])
+    cores = m.get("cores_usable") or m.get("cores") or 1
+    if load <= cores / 2:
+        return ""
+    return (f" The machine's load average reached {load:.1f} on {cores} cores during the run (other processes "
+            "competing for the CPU), which also shows up as stalls: the loop waits for a core.")
+
+
+def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """The target table's rows, and a sentence for every target missed."""
+    res = doc["results"]
+    rows: list[list[Any]] = []
+    missed: list[str] = []
+
+    lat = res.get("latency")
+    if lat and "error" not in lat:
+        warm = lat["warm"]
+        for key, target in (("p50_ms", lat["targets"]["p50_ms"]), ("p99_ms", lat["targets"]["p99_ms"])):
+            ok = warm[key] <= target
+            rows.append(["Change → event, warm stream", f"{key[:3]} ≤ {target:.0f} ms", _ms(warm[key]),
+                         MET if ok else MISSED])
+            if not ok:
+                missed.append(f"Change → event {key[:3]} is {_ms(warm[key])}, {_ms(warm[key] - target)} over the "
+                              f"{target:.0f} ms target.")
+
+    den = res.get("density")
+    if den and "error" not in den:
+        runs = den["runs"]
+        ns = " / ".join(str(r["n"]) for r in runs)
+        sockets_ok = all(r["max_sockets_open"] <= r["max_streams_per_process"]
+                         and r["emulator_max_streams_open"] <= r["max_streams_per_process"] for r in runs)
+        rows.append([f"Triggerer density (N = {ns})",
+                     f"sockets open ≤ max_streams_per_process ({runs[0]['max_streams_per_process']})",
+                     " / ".join(str(max(r["max_sockets_open"], r["emulator_max_streams_open"])) for r in runs),
+                     MET if sockets_ok else MISSED])
+        if not sockets_ok:
+            missed.append("More sockets were open at once than max_streams_per_process allows.")
+        target = den["targets"]["rss_per_trigger_kb"]
+        rss = [r["rss_per_trigger_kb"] for r in runs]
+        rss_ok = all(v <= target for v in rss)
+        rows.append(["", f"RSS per waiting trigger ≤ {target:.0f} KB", " / ".join(f"{v:.1f} KB" for v in rss),
+                     MET if rss_ok else MISSED])
+        if not rss_ok:
+            mem = den.get("memory_breakdown", {})
+            parts = ", ".join(f"{owner} {kb:.1f} KB" for owner, kb in mem.get("kb_per_trigger", {}).items()
+                              if kb >= 0.05)
+            missed.append(
+                f"RSS per waiting trigger is {min(rss):.1f}{DASH}{max(rss):.1f} KB, {max(rss) - target:.1f} KB over the "
+                f"{target:.0f} KB target at worst. The Python objects a waiting trigger keeps add up to "
+                f"{mem.get('total_kb_per_trigger', math.nan):.1f} KB ({parts}; measured with tracemalloc), "
+                "and RSS adds allocator slack from the connections each trigger opened and closed on the way.")
+        target = den["targets"]["idle_cpu_per_1000_pct"]
+        idle = [r["idle_cpu_per_1000_pct"] for r in runs]
+        idle_ok = all(v <= target for v in idle)
+        rows.append(["", f"idle CPU per 1000 waiting triggers ≤ {target:.0f} % of a core",
+                     " / ".join(f"{v:.2f} %" for v in idle), MET if idle_ok else MISSED])
+        if not idle_ok:
+            missed.append(f"Idle CPU per 1000 waiting triggers reaches {max(idle):.2f} % of a core.")
+        target = den["targets"]["longest_stall_ms"]
+        stall = [r["longest_stall_ms"] for r in runs]
+        no_gc = [r["longest_stall_without_gc_ms"] for r in runs]
+        stall_ok = all(v < target for v in stall)
+        rows.append(["", f"longest event-loop stall < {target:.0f} ms",
+                     " / ".join(_ms(v) for v in stall) + " (without garbage collection: "
+                     + " / ".join(_ms(v) for v in no_gc) + ")", MET if stall_ok else MISSED])
+        if not stall_ok:
+            worst = max(runs, key=lambda r: r["longest_stall_ms"])
+            base_gc = [r["full_gc_ms_baseline"] for r in runs]
+            no_gc_ok = all(v < target for v in no_gc)
+            missed.append(
+                f"The longest event-loop stall is {_ms(worst['longest_stall_ms'])} (N = {worst['n']}), "
+                f"{_ms(worst['longest_stall_ms'] - target)} over the target. "
+                + ("Every stall over the target was a full garbage collection: "
+                   if no_gc_ok else "Part of it is garbage collection: ")
+                + f"one full collection of the triggerer process takes {min(base_gc):.0f}{DASH}{max(base_gc):.0f} ms "
+                "before any trigger exists (the Airflow import alone is about 200,000 objects) and "
+                f"{worst['full_gc_ms_waiting']:.0f} ms with {worst['n']} waiting triggers. "
+                f"Without the collector's share the longest stall is {_ms(max(no_gc))}."
+                + _load_note(doc))
+
+    bil = res.get("billing")
+    if bil and "error" not in bil:
+        for case, added in bil["restart_added"].items():
+            ok = added == 0
+            rows.append(["Billing (busy log)", f"billed decisions added: {case} = 0", str(added),
+                         MET if ok else MISSED])
+            if not ok:
+                missed.append(f"A {case} added {added} billed decisions.")
+
+    ing = res.get("ingest")
+    if ing and "error" not in ing:
+        ok = ing["rejections"] == 0
+        rows.append(["Ingest (10,000 lines/s)", "event_rate_limited rejections = 0", str(ing["rejections"]),
+                     MET if ok else MISSED])
+        if not ok:
+            missed.append(f"The gateway rejected {ing['rejections']} mutations during ingest.")
+        ok = ing["events_peak_1s"] <= ing["bucket_peak_1s"]
+        rows.append(["", f"events on the wire ≤ the limit ({ing['limit_events_per_s']}/s, burst "
+                         f"{ing['limit_event_burst']})",
+                     f"{ing['events_per_s_mean']:.2f}/s mean, {ing['events_per_s_after_burst']:.2f}/s after the "
+                     f"burst; at most {ing['events_peak_1s']} in any second", MET if ok else MISSED])
+        ok = ing["byte_identical"]
+        rows.append(["", "gateway's final state byte-identical to the source",
+                     "yes" if ok else "no", MET if ok else MISSED])
+        if not ok:
+            missed.append("The gateway's final state differs from the file.")
+
+    cor = res.get("core")
+    if cor and "error" not in cor:
+        budget = cor["budget"]
+        ok = budget["codec_cpu_pct_at_limits"] < 5 and budget["change_cpu_pct_at_limits_1kb"] < 5
+        rows.append(["Protocol core", "never the bottleneck (CPU at the protocol's own limits)",
+                     f"codec {budget['codec_cpu_pct_at_limits']:.2f} %, client side of the changes "
+                     f"{budget['change_cpu_pct_at_limits_1kb']:.2f} % (1 KB state) / "
+                     f"{budget['change_cpu_pct_at_limits_1mb']:.1f} % (1 MB state) of a core",
+                     MET if ok else MISSED])
+        if not ok:
+            missed.append("The protocol core costs more than 5 % of a core at the protocol's limits.")
+    return rows, missed
+
+
+def _machine(doc: dict[str, Any]) -> list[str]:
+    m = doc["machine"]
+    before, after = m.get("load_average_before", [math.nan]), m.get("load_average_after", [math.nan])
+    rows = [["CPU", f"{m['cpu']} — {m['cores']} cores ({m['cores_usable']} usable)"],
+            ["RAM", f"{m['ram_gib']} GiB"], ["OS", m["os"]],
+            ["Python", f"{m['python']} ({m['python_implementation']})"], ["Apache Airflow", m["airflow"]],
+            ["websockets", m["websockets"]], ["airflow-provider-systemzero", f"{m['provider']} (commit `{m['commit']}`)"],
+            ["Load average (1 min) before / after", f"{before[0]:.2f} / {after[0]:.2f}"]]
+    return _table(["Machine", ""], rows)
+
+
+def _latency(lat: dict[str, Any]) -> list[str]:
+    out = ["### 1. Change → event latency", ""]
+    rows = []
+    for label, data in (("trigger, warm stream (held after its last decision)", lat["warm"]),
+                        ("trigger, cold stream (given back; reconnect and replay)", lat["cold"]),
+                        ("one poke: the hook's sync `decide()`", lat["poke_decide"])):
+        rows.append([label, data["n"], _ms(data["p50_ms"]), _ms(data["p95_ms"]), _ms(data["p99_ms"]),
+                     _ms(data["max_ms"])])
+    out += _table(["", "samples", "p50", "p95", "p99", "max"], rows)
+    rows = []
+    for base in lat["poke_baselines"]:
+        rows.append([f"{base['poke_interval_s']:.0f} s", _ms(base["p50_ms"]), _ms(base["p99_ms"]),
+                     f"{base['ratio_p50_vs_warm']:,.0f}{TIMES}", f"{base['ratio_p99_vs_warm']:,.0f}{TIMES}",
+                     f"{base['ratio_p50_vs_cold']:,.0f}{TIMES}"])
+    out += ["Poke baseline (a sensor calling `decide()` every `poke_interval`), from the measured decide "
+            "time:", ""]
+    out += _table(["poke_interval", "p50", "p99", "p50 ÷ warm p50", "p99 ÷ warm p99", "p50 ÷ cold p50"], rows)
+    check = lat["poke_model_check"]
+    out += [f"Model check: real poke loops at {check['poke_interval_s']} s measured p50 "
+            f"{_ms(check['measured']['p50_ms'])} and p99 {_ms(check['measured']['p99_ms'])} over "
+            f"{check['measured']['n']} changes; the model gives {_ms(check['model_p50_ms'])} and "
+            f"{_ms(check['model_p99_ms'])}.", ""]
+    return out
+
+
+def _density(den: dict[str, Any]) -> list[str]:
+    out = ["### 2. Triggerer density", ""]
+    rows = []
+    for r in den["runs"]:
+        lat = r["latency"]
+        rows.append([r["n"], f"{r['startup_s']:.1f} s ({r['first_decisions_per_s']:.0f}/s)",
+                     f"{max(r['max_sockets_open'], r['emulator_max_streams_open'])} / {r['max_streams_per_process']}",
+                     f"{r['rss_per_trigger_kb']:.1f} KB", f"{r['idle_cpu_per_1000_pct']:.2f} %",
+                     f"{r['changes_per_s']:.1f}/s", f"{_ms(lat['p50_ms'])} / {_ms(lat['p95_ms'])}",
+                     f"{_ms(r['longest_stall_ms'])} ({_ms(r['longest_stall_without_gc_ms'])})",
+                     f"{r['full_gc_ms_baseline']:.0f} / {r['full_gc_ms_waiting']:.0f} ms",
+                     f"{r['change_phase_cpu_pct']:.0f} %"])
+    out += _table(["N", "all first decisions (rate)", "max sockets / cap", "RSS per trigger",
+                   "idle CPU per 1000", "changes offered", "change → event p50 / p95",
+                   "longest stall (without GC)", "full GC before / with N", "CPU while changing"], rows)
+    first = den["runs"][0]
+    out += [f"`lease_after` = {first['lease_after_s']} s; each source changes twice at random moments within "
+            f"{first['change_window_s']:.0f} s, the second change being the decisive one. Failures: "
+            + ", ".join(str(r["failures"]) for r in den["runs"]) + ".", ""]
+    mem = den.get("memory_breakdown")
+    if mem:
+        rows = [[owner, f"{kb:.1f} KB"] for owner, kb in mem["kb_per_trigger"].items() if abs(kb) >= 0.05]
+        rows.append(["**total**", f"**{mem['total_kb_per_trigger']:.1f} KB**"])
+        out += [f"Python memory held per waiting trigger (tracemalloc, N = {mem['n']}; "
+                f"{mem['gc_objects_per_trigger']:.0f} objects tracked by the garbage collector per trigger):", ""]
+        out += _table(["charged to", "per trigger"], rows)
+        sites = mem.get("top_provider_sites", [])[:6]
+        if sites:
+            out += ["Largest provider allocation sites: "
+                    + "; ".join(f"`{s['site']}` {s['bytes_per_trigger'] / 1024:.1f} KB" for s in sites) + ".", ""]
+    probe = den.get("default_lease_probe")
+    if probe:
+        out += [f"With the default `lease_after` of {probe['lease_after_s']:.0f} s, {probe['n']} triggers took "
+                f"{probe['seconds']:.1f} s to all get a first decision: {probe['first_decisions_per_s']:.2f} per "
+                "second per triggerer process.", ""]
+    return out
+
+
+def _billing(bil: dict[str, Any]) -> list[str]:
+    out = ["### 3. Billing", ""]
+    rows = [[r["log"], r["case"], r["distinct_states"], r["billed"], r["replayed"], r["added"]]
+            for r in bil["trigger"]]
+    out += [f"Trigger (`on_change`), {bil['simulated_minutes']:.0f} simulated minutes, "
+            f"{bil['scale']:.0f}{TIMES} faster than real time:", ""]
+    out += _table(["log", "case", "distinct states", "billed", "replayed (unbilled)", "added"], rows)
+    rows = [[r["log"], f"{r['poke_interval_s']:.0f} s", "per-state keys" if r["keyed"] else "none", r["pokes"],
+             r["billed"], r["replayed"], f"{r['detected_after_s']:.0f} s"] for r in bil["poke"]]
+    out += ["Poking sensor, same logs:", ""]
+    out += _table(["log", "poke_interval", "idempotency keys", "pokes", "billed", "replayed (unbilled)",
+                   "READY seen after"], rows)
+    return out
+
+
+def _ingest(ing: dict[str, Any]) -> list[str]:
+    out = ["### 4. Ingest", ""]
+    stalls = ing["stalls"]
+    rows = [["lines written", f"{ing['lines']:,} ({ing['line_bytes']} bytes each) in {ing['seconds']:.0f} s"],
+            ["state at the end", f"{ing['state_bytes']:,} bytes"],
+            ["mutations accepted", f"{ing['events_accepted']} ({ing['lines_per_event']:,.0f} lines each on average)"],
+            ["mutations per second", f"{ing['events_per_s_mean']:.2f} mean, {ing['events_per_s_after_burst']:.2f} "
+                                     f"after the burst, at most {ing['events_peak_1s']} in any second"],
+            ["rejections (event_rate_limited and any other)", ing["rejections"]],
+            ["gateway's final state", f"{ing['gateway_state_bytes']:,} bytes, "
+                                      + ("byte-identical to the file" if ing["byte_identical"] else "DIFFERS")],
+            ["decisions billed", ing["decisions_billed"]],
+            ["event after the writer stopped", _ms(ing["catch_up_s"] * 1000)],
+            ["trigger process CPU", f"{ing['trigger_cpu_pct']:.0f} % of a core"],
+            ["longest event-loop stall", f"{_ms(stalls['longest_ms'])} (without GC "
+                                         f"{_ms(stalls['longest_without_gc_ms'])})"]]
+    out += _table(["", ""], rows)
+    return out
+
+
+def _core(cor: dict[str, Any]) -> list[str]:
+    out = ["### 5. Protocol core", ""]
+    rows = [[r["message"], r["bytes"], f"{r['encode_us']:.1f} µs", f"{r['decode_us']:.1f} µs"] for r in cor["codec"]]
+    out += _table(["message", "bytes", "encode", "decode"], rows)
+    rows = [[f"{r['state_bytes']:,}", f"{r['us_per_change']:,.0f} µs", f"{r['client_us_per_change']:,.0f} µs",
+             f"{r['changes_per_s_one_core']:,.0f}", f"{r['set_desired_us']:,.0f} µs"]
+            for r in cor["change_round_trip"]]
+    out += ["One change (a 20-byte append) through both state machines — the client's `append_text` and "
+            "`data_to_send`, the gateway's accept, ack and dispatch, the client reading the ack and the "
+            "decision — and, last column, what a trigger's source pays instead of `append_text`: "
+            "`set_desired` with the whole new state:", ""]
+    out += _table(["state bytes", "per change", "of which the client", "changes per second on one core",
+                   "client `set_desired`"], rows)
+    budget = cor["budget"]
+    out += [f"At the protocol's own limits ({budget['max_streams_per_process']} streams {TIMES} "
+            f"{budget['max_messages_per_second']} messages/s, {budget['max_events_per_second']} changes/s each) "
+            f"the codec costs {budget['codec_cpu_pct_at_limits']:.2f} % of a core, and the client's side of the "
+            f"changes {budget['change_cpu_pct_at_limits_1kb']:.2f} % with 1 KB states, "
+            f"{budget['change_cpu_pct_at_limits_1mb']:.1f} % with 1 MB states.", ""]
+    return out
+
+
+def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") -> str:
+    """The Markdown for ``docs/benchmarks-results.md``.
+
+    :param doc: the JSON document of a run.
+    :param source: where that document was written (named in the header comment).
+    """
+    m = doc["machine"]
+    kind = "smoke run (`--quick`)" if doc["options"]["quick"] else "full run"
+    lines = [f"<!-- Generated by `make bench` (python -m benchmarks) from {source}. Do not edit by hand. -->", "",
+             f"Measured {doc['started_at'][:10]} at commit `{m['commit']}`: {kind}, "
+             f"{_duration(doc['duration_s'])}.", ""]
+    lines += _machine(doc)
+    rows, missed = _targets(doc)
+    lines += ["### Targets", ""]
+    lines += _table(["scenario", "target", "result", ""], rows)
+    if missed:
+        lines += ["Missed, by how much and why:", ""] + [f"- {m}" for m in missed] + [""]
+    res = doc["results"]
+    for name, section in (("latency", _latency), ("density", _density), ("billing", _billing),
+                          ("ingest", _ingest), ("core", _core)):
+        data = res.get(name)
+        if data is None:
+            continue
+        if "error" in data:
+            lines += [f"### {name}", "", f"This scenario failed: `{data['error']}`.", ""]
+            continue
+        lines += section(data)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """A plain-text summary of the target table for the terminal."""
+    rows, missed = _targets(doc)
+    width = max((len(r[1]) for r in rows), default=10)
+    text = [f"{r[1]:<{width}}  {r[2]}  [{r[3].strip('*')}]" for r in rows]
+    return "\n".join(text + [f"missed: {m}" for m in missed])
