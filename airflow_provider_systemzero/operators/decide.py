@@ -24,7 +24,11 @@ from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.review import Gate, PolicyGateMixin
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, decision_payload
+from airflow_provider_systemzero.triggers.decision import (
+    SystemZeroDecideTrigger,
+    decision_payload,
+    owned_event,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -254,20 +258,21 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :param event: the trigger's payload.
         """
-        if not isinstance(event, dict) or "status" not in event:
-            raise AirflowException(f"{self.task_id}: the trigger sent no usable event ({event!r})")
-        expected = context_namespace(context, salt=self.key_salt)
-        if event.get("key_namespace") != expected:
-            raise AirflowException(f"{self.task_id}: the event belongs to another request "
-                                   f"({event.get('key_namespace')!r}, expected {expected!r})")
+        event = owned_event(self.task_id, event, {context_namespace(context, salt=self.key_salt)})
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         if event["status"] != "success":
             message = f"{self.task_id}: {event.get('message', 'the decision failed')}"
+            # A client error the service will not accept again fails at once; a retryable failure or a
+            # server error (5xx) leaves Airflow's retries to act: the retry replays the same keys, so
+            # a decision the service did finish is returned, not billed again.
+            status = event.get("http_status")
+            final = event.get("error_type") in _FATAL_ERRORS or (
+                event.get("error_type") == "decision_failed" and not event.get("retryable")
+                and isinstance(status, int) and 400 <= status < 500)
             if event.get("error_type") == "decision_failed":
-                message += (f" (HTTP {event.get('http_status')}, code {event.get('code')}; "
-                            f"{'retryable: Airflow retries apply' if event.get('retryable') else 'not retryable'})")
-            if event.get("error_type") in _FATAL_ERRORS or (event.get("error_type") == "decision_failed"
-                                                             and not event.get("retryable")):
+                message += (f" (HTTP {status}, code {event.get('code')}; "
+                            f"{'not retryable' if final else 'Airflow retries apply'})")
+            if final:
                 raise AirflowFailException(message)
             raise AirflowException(message)
         return self._publish(context, event)

@@ -19,7 +19,7 @@ from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.review import Gate, PolicyGateMixin
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
 
 if TYPE_CHECKING:
@@ -379,18 +379,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         :param event: the trigger's payload.
         :return: the decision summary (pushed to XCom as ``return_value``).
         """
-        if not isinstance(event, dict) or "status" not in event:
-            raise AirflowException(f"{self.task_id}: the trigger sent no usable event ({event!r})")
-        expected = context_namespace(context, salt=self.key_salt)
         # Started from the triggerer, the trigger's namespace is the template rendered there; this
         # task's own copy was rendered the same way before the resume. A mapped sensor still defers
         # from a worker with the derived namespace.
-        accepted = {expected}
+        accepted = {context_namespace(context, salt=self.key_salt)}
         if self.start_from_trigger and self.key_namespace:
             accepted.add(self.key_namespace)
-        if event.get("key_namespace") not in accepted:
-            raise AirflowException(f"{self.task_id}: the event belongs to another task instance "
-                                   f"({event.get('key_namespace')!r}, expected {expected!r})")
+        event = owned_event(self.task_id, event, accepted)
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         status = event["status"]
         if status in ("success", "policy"):

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -40,7 +40,7 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 
 __all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZeroDecisionTrigger",
-           "error_payload"]
+           "error_payload", "owned_event"]
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +247,27 @@ class _StreamingTrigger:
             pumper.cancel()
             await asyncio.gather(pumper, return_exceptions=True)
 
+    async def _within_deadline(self, work: Callable[[], Awaitable[dict[str, Any]]], extra: dict[str, Any], *,
+                               late: str, timed_out: str) -> dict[str, Any]:
+        """Run ``work`` until the deadline and turn every outcome into one small event payload.
+
+        A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
+        ``timeout`` event; ``CancelledError`` propagates; the stream is closed on every exit.
+        """
+        try:
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
+            async with asyncio.timeout(remaining):
+                return await work()
+        except TimeoutError:
+            return {"status": "timeout", "error_type": "timeout", **extra, "message": timed_out}
+        except Exception as exc:
+            log.warning("%s failed: %s", type(self).__name__, exc)
+            return error_payload(exc, **extra)
+        finally:
+            await self.cleanup()
+
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
         self._disarm_lease()
@@ -322,44 +343,35 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
 
     async def _wait_for_condition(self) -> dict[str, Any]:
         extra = {"key_namespace": self.key_namespace}
-        try:
+
+        async def wait() -> dict[str, Any]:
             condition = DecisionCondition.from_dict(self.condition)
-            remaining = self._remaining()
-            if remaining is not None and remaining <= 0:
-                return {"status": "timeout", "error_type": "timeout", **extra,
-                        "message": "the sensor's deadline passed before the trigger started"}
-            async with asyncio.timeout(remaining):
-                self._source_obj = source = build_source(self.source, self.state)
-                initial = await source.current()
-                async with self._open_stream(initial) as stream:
+            self._source_obj = source = build_source(self.source, self.state)
+            initial = await source.current()
+            async with self._open_stream(initial) as stream:
 
-                    async def consume(changed: asyncio.Event) -> dict[str, Any]:
-                        fired = self._debounced(stream, changed, condition, reviews=True,
-                                                skip_states=frozenset(self.skip_states))
-                        async with contextlib.aclosing(fired):
-                            async for decision, result, key, streak, state in fired:
-                                payload = _success_payload(decision, condition.question, result.reason, extra)
-                                payload.update(_policy_fields(decision, condition.question, result, key, streak))
-                                if result.action in ("fail", "skip"):
-                                    payload["status"] = "policy"
-                                if result.action == "review":
-                                    # what the sensor needs to ask a person, and to wait on if they say no
-                                    from airflow_provider_systemzero.policy import state_info
+                async def consume(changed: asyncio.Event) -> dict[str, Any]:
+                    fired = self._debounced(stream, changed, condition, reviews=True,
+                                            skip_states=frozenset(self.skip_states))
+                    async with contextlib.aclosing(fired):
+                        async for decision, result, key, streak, state in fired:
+                            payload = _success_payload(decision, condition.question, result.reason, extra)
+                            payload.update(_policy_fields(decision, condition.question, result, key, streak))
+                            if result.action in ("fail", "skip"):
+                                payload["status"] = "policy"
+                            if result.action == "review":
+                                # what the sensor needs to ask a person, and to wait on if they say no
+                                from airflow_provider_systemzero.policy import state_info
 
-                                    payload.update(state_info=state_info(state), deadline=self.deadline,
-                                                   skip_states=list(self.skip_states))
-                                return payload
-                        raise RuntimeError("the stream ended without a decision")
+                                payload.update(state_info=state_info(state), deadline=self.deadline,
+                                               skip_states=list(self.skip_states))
+                            return payload
+                    raise RuntimeError("the stream ended without a decision")
 
-                    return await self._race(stream, source, consume)
-        except TimeoutError:
-            return {"status": "timeout", "error_type": "timeout", **extra,
-                    "message": "no decision met the condition before the deadline"}
-        except Exception as exc:
-            log.warning("decision trigger failed: %s", exc)
-            return error_payload(exc, **extra)
-        finally:
-            await self.cleanup()
+                return await self._race(stream, source, consume)
+
+        return await self._within_deadline(wait, extra, late="the sensor's deadline passed before the trigger started",
+                                           timed_out="no decision met the condition before the deadline")
 
 
 class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
@@ -407,34 +419,24 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
 
     async def _decide(self) -> dict[str, Any]:
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+        from airflow_provider_systemzero.policy import state_info
         from airflow_provider_systemzero.protocol.messages import Attachment
 
         extra = {"key_namespace": self.key_namespace}
-        try:
-            hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
-            remaining = self._remaining()
-            if remaining is not None and remaining <= 0:
-                return {"status": "timeout", "error_type": "timeout", **extra,
-                        "message": "the task's deadline passed before the trigger started"}
-            async with asyncio.timeout(remaining):
-                self._stream = hook.stream(self.request, state=self.state, decision_mode="on_request",
-                                           attachments=[Attachment(**a) for a in self.attachments],
-                                           idempotency_key=self.idempotency_key, key_namespace=self.key_namespace,
-                                           identity=self.key_namespace, budget=self._run_budget())
-                async with self._stream as stream:
-                    decision = await stream.decide()
-            # the state's hash, size and a short preview, for the operator's ``decision`` record
-            from airflow_provider_systemzero.policy import state_info
 
+        async def decide() -> dict[str, Any]:
+            hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
+            self._stream = hook.stream(self.request, state=self.state, decision_mode="on_request",
+                                       attachments=[Attachment(**a) for a in self.attachments],
+                                       idempotency_key=self.idempotency_key, key_namespace=self.key_namespace,
+                                       identity=self.key_namespace, budget=self._run_budget())
+            async with self._stream as stream:
+                decision = await stream.decide()
+            # the state's hash, size and a short preview, for the operator's ``decision`` record
             return {"status": "success", **extra, **decision_payload(decision), "state_info": state_info(self.state)}
-        except TimeoutError:
-            return {"status": "timeout", "error_type": "timeout", **extra,
-                    "message": "no decision before the task's deadline"}
-        except Exception as exc:
-            log.warning("decide trigger failed: %s", exc)
-            return error_payload(exc, **extra)
-        finally:
-            await self.cleanup()
+
+        return await self._within_deadline(decide, extra, late="the task's deadline passed before the trigger started",
+                                           timed_out="no decision before the task's deadline")
 
 
 class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
@@ -519,6 +521,25 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
                     await asyncio.gather(race, return_exceptions=True)
         finally:
             await self.cleanup()
+
+
+def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:
+    """Check that a resumed task got a usable event of its own (events may be redelivered, and a
+    misrouted one must never be taken for this task's decision).
+
+    :param task_id: the resuming task (for the message).
+    :param event: the trigger's payload.
+    :param accepted: the key namespaces that identify this task's request.
+    :raises AirflowException: the event is unusable or belongs to another request.
+    """
+    from airflow.sdk.exceptions import AirflowException
+
+    if not isinstance(event, dict) or "status" not in event:
+        raise AirflowException(f"{task_id}: the trigger sent no usable event ({event!r})")
+    if event.get("key_namespace") not in accepted:
+        raise AirflowException(f"{task_id}: the event belongs to another task instance or request "
+                               f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})")
+    return event
 
 
 def decision_payload(decision: DecisionResult) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import pendulum
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator, file_attachment
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -134,3 +134,28 @@ def test_file_attachment_and_replayed_items(emulator: Any, tmp_path: Path) -> No
     finals = [s for s in emulator.final_states.values() if s.attachments]
     assert finals and finals[-1].attachments[0]["name"] == "report"
     assert finals[-1].attachments[0]["data"] == "data:text/plain;base64,YWxsIGdyZWVu"
+
+
+@pytest.mark.parametrize(
+    ("failure", "error"),
+    [
+        ({"http_status": 422, "code": "idempotency_key_reused", "retryable": False}, AirflowFailException),
+        ({"http_status": 400, "code": "invalid_request", "retryable": False}, AirflowFailException),
+        ({"http_status": 500, "code": "internal", "retryable": False}, AirflowException),
+        ({"http_status": 503, "code": "maintenance", "retryable": False}, AirflowException),
+        ({"http_status": 429, "code": "rate_limited", "retryable": True}, AirflowException),
+    ],
+)
+def test_decision_failures_fail_fast_only_on_client_errors(failure: dict[str, Any], error: type) -> None:
+    from airflow_provider_systemzero.identity import task_namespace
+
+    operator = SystemZeroDecideOperator(task_id="decide", questions={"q": "x"}, state="s")
+    pushed: dict[str, Any] = {}
+    ti = SimpleNamespace(dag_id="d", task_id="decide", run_id="r", map_index=-1,
+                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    event = {"status": "error", "error_type": "decision_failed", "message": "the decision failed",
+             "key_namespace": task_namespace("d", "decide", "r", -1), **failure}
+    with pytest.raises(error) as info:
+        operator.execute_complete({"ti": ti}, event=event)
+    assert type(info.value) is error  # AirflowFailException is an AirflowException: check exactly
+    assert f"HTTP {failure['http_status']}" in str(info.value) and failure["code"] in str(info.value)
