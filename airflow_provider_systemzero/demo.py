@@ -7,7 +7,8 @@ What it does, each step printed as it happens:
 2. creates a throwaway ``AIRFLOW_HOME`` with a migrated SQLite DB and a ``systemzero_default``
    connection stored in the DB;
 3. runs the example Dags end to end with ``airflow dags test``: the deferrable sensor waiting on a
-   growing log, the operator replaying three task outputs and branching, the mapped operator;
+   growing log, the operator replaying three task outputs and branching, the mapped operator,
+   and a decision policy routing a ticket (two confidence bars, a branch and a short circuit);
 4. shows what happened: state changes the gateway accepted, decisions with probability and
    confidence, the XCom values;
 5. stops the emulator and removes the home on every exit path (``--keep-home`` keeps it).
@@ -38,7 +39,8 @@ from typing import Any
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO_DAGS = ("systemzero_wait_for_ready", "systemzero_replay_and_branch", "systemzero_mapped")
+DEMO_DAGS = ("systemzero_wait_for_ready", "systemzero_replay_and_branch", "systemzero_mapped",
+             "systemzero_ticket_policy")
 
 
 def _say(message: str = "", *, step: str | None = None) -> None:
@@ -150,6 +152,14 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
                 break
             _say(f"triage[{index}] -> {value}")
         _say(f"summary: {xcom.get('summarise.return_value')}")
+    elif dag_id == "systemzero_ticket_policy":
+        for name, value in sorted(xcom.items()):
+            if name.endswith(".decision") and isinstance(value, dict):
+                _say(f"{name.removesuffix('.decision')}: proposed {value.get('proposed')!r} -> "
+                     f"{value.get('action')} (decided by {value.get('decided_by')}, probability "
+                     f"{value.get('probability')}, confidence {value.get('confidence')})")
+        ran = sorted(task for task, state in info["tasks"].items() if state == "success")
+        _say(f"tasks that ran: {ran}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
