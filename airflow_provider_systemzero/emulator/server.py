@@ -560,7 +560,8 @@ class Emulator:
             close_timeout=lim.close_handshake_timeout_ms / 1000,
             server_header=f"systemzero-emulator/{airflow_provider_systemzero.__version__}",
             create_connection=connection_factory,  # type: ignore[arg-type]
-            logger=logging.getLogger(f"{__name__}.websockets"),
+            logger=_RedactingLogger(logging.getLogger(f"{__name__}.websockets"),
+                                    lambda: [*self.accounts, self.admin_token]),
         )
         self._port = self._server.sockets[0].getsockname()[1]
         log.info("emulator listening on %s", self.origin)
@@ -767,12 +768,7 @@ class Emulator:
                                                                 "the emulator failed to handle the request").to_dict())
 
     def _record_handshake(self, headers: dict[str, str]) -> None:
-        masked = {}
-        for name, value in headers.items():
-            if name.lower() in _SECRET_HEADERS:
-                scheme, sep, _secret = value.partition(" ")
-                value = f"{scheme} ***" if sep and name.lower() != "cookie" else "***"
-            masked[name] = value
+        masked = {name: _masked_header(name, value) for name, value in headers.items()}
         self.handshakes.append(masked)
         if len(self.handshakes) > _HANDSHAKE_LOG_SIZE:
             del self.handshakes[: len(self.handshakes) - _HANDSHAKE_LOG_SIZE]
@@ -889,6 +885,37 @@ class Emulator:
             stream.finished.set()
             log.debug("stream %s closed with %s", stream.stream_id, code)
             self._notify()
+
+
+def _masked_header(name: str, value: str) -> str:
+    """A header value safe to record or log: secret headers keep only their scheme (``Bearer ***``)."""
+    if name.lower() not in _SECRET_HEADERS:
+        return value
+    scheme, sep, _secret = value.partition(" ")
+    return f"{scheme} ***" if sep and name.lower() != "cookie" else "***"
+
+
+class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """websockets logs every request header at DEBUG (``< Authorization: Bearer …``): secret headers
+    are masked, and no configured API key or admin token appears in any record."""
+
+    def __init__(self, logger: logging.Logger, secrets: Callable[[], Iterable[str]]) -> None:
+        super().__init__(logger, {})
+        self._secrets = secrets
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if not self.isEnabledFor(level):
+            return
+        if len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str):
+            args = (args[0], _masked_header(args[0], args[1]))
+        super().log(level, self._redact(msg), *(self._redact(a) for a in args), **kwargs)
+
+    def _redact(self, value: object) -> object:
+        if isinstance(value, str):
+            for secret in self._secrets():
+                if secret and secret in value:
+                    value = value.replace(secret, mask_secret(secret))
+        return value
 
 
 def _session_totals(session: GatewaySession) -> dict[str, int]:
