@@ -1,0 +1,66 @@
+"""The deployment test runs only when asked for: ``make test-deployment`` (``pytest -m deployment
+tests/deployment``). Under plain ``make test`` it is collected and skipped, with the reason shown.
+
+It starts the emulator and real Airflow components (see :mod:`tests.deployment.harness`) once
+for the module; the component logs of a failed scenario are attached to its report, and a
+summary of what each scenario measured is printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.deployment.harness import RESULTS, Deployment
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "deployment: end-to-end test against real Airflow components (run with make test-deployment)")
+
+
+def _requested(config: pytest.Config) -> bool:
+    return "deployment" in (config.getoption("markexpr", default="") or "").replace("not deployment", "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _requested(config):
+        return
+    skip = pytest.mark.skip(reason="deployment test: run it with 'make test-deployment'")
+    for item in items:
+        if item.get_closest_marker("deployment"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The emulator, ``airflow db migrate``, api-server, scheduler, dag-processor and two triggerers."""
+    deployment = Deployment(tmp_path_factory.mktemp("airflow-deployment"))
+    try:
+        deployment.start()
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"the deployment did not start: {exc}\n{deployment.diagnostics()}") from exc
+        raise
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    report = yield
+    deployment = getattr(item, "funcargs", {}).get("deployment")
+    if report.failed and isinstance(deployment, Deployment):
+        report.sections.append(("component logs", deployment.diagnostics()))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if RESULTS:
+        terminalreporter.section("deployment scenarios")
+        for line in RESULTS:
+            terminalreporter.write_line(line)
