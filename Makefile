@@ -2,6 +2,8 @@
 # this Makefile creates and installs itself, pinned by constraints.txt.
 #
 #   make test      lint, the whole test suite, and the docs build (if mkdocs.yml exists)
+#   make test-deployment  end-to-end test against real Airflow components (scheduler, two
+#                  triggerers, LocalExecutor workers, api-server) and the emulator, ~3 minutes
 #   make demo      end-to-end demo against the embedded gateway emulator
 #   make emulator  run the gateway emulator in the foreground (API key "demo")
 #   make lock      regenerate constraints.txt from a throwaway venv
@@ -29,11 +31,12 @@ export PIP_NO_INPUT := 1
 # mkdocs-material prints a banner about MkDocs 2.0 on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv install test lint demo emulator bench lock clean distclean check-python
+.PHONY: help venv install test test-deployment lint demo emulator bench lock clean distclean check-python
 
 help:
 	@echo "Targets:"
 	@echo "  make test      create $(VENV), install from constraints.txt, lint, run the tests, build the docs"
+	@echo "  make test-deployment  end-to-end test with a real scheduler, two triggerers and workers (~3 min)"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
 	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
 	@echo "  make lint      ruff check"
@@ -77,6 +80,11 @@ test: $(STAMP)
 	else \
 	  echo "mkdocs.yml not found; skipping the docs build"; \
 	fi
+
+# The deployment test (tests/deployment): only the tests marked 'deployment', which plain
+# 'make test' collects and skips. Component logs of a failure are printed with the report.
+test-deployment: $(STAMP)
+	$(BIN)/pytest -q -m deployment tests/deployment $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
