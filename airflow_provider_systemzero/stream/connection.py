@@ -136,6 +136,10 @@ _MAX_SIZE_MARGIN = 64 * 1024
 _MAX_VIOLATIONS = 3
 #: Close codes that a reconnect cannot fix unless the gateway said goodbye first.
 _FATAL_CLOSE_CODES = frozenset({1002, 1003, 1007, 1008, 1009, 1010})
+#: Fatal errors before a policy close that a new connection does not repeat: ``start_timeout``
+#: means this client was too slow once (a stalled event loop); the next connection sends ``start``
+#: at once.
+_TRANSIENT_FATAL_CODES = frozenset({"start_timeout"})
 #: Goodbye reasons after which the client reconnects only when it has work.
 _LAZY_GOODBYES = frozenset({"idle_timeout", "max_duration"})
 _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
@@ -1379,7 +1383,8 @@ class DecisionStream:
             return _Plan("stop", label, close_code=code)
         if code == 1000 and (goodbye is None or goodbye.reason in _LAZY_GOODBYES):
             return _Plan("lazy", label, close_code=code, server_delay=server_delay)
-        if code in _FATAL_CLOSE_CODES and goodbye is None:
+        transient = self._last_fatal is not None and self._last_fatal.code in _TRANSIENT_FATAL_CODES
+        if code in _FATAL_CLOSE_CODES and goodbye is None and not transient:
             fatal = self._last_fatal
             detail = f" after error {fatal.code}: {fatal.envelope.message}" if fatal is not None else ""
             return _Plan("stop", label, close_code=code, error=StreamClosed(code, reason, message=(
