@@ -960,8 +960,9 @@ class DecisionStream:
         self._pulse()
 
     def _decision_error(self, error: Error) -> DecisionFailed:
-        retryable = error.http_status is not None and is_automatically_retryable(
-            DecideFailure(error.http_status, error.envelope, error.retry, error.request_id))
+        failure = None if error.http_status is None else DecideFailure(error.http_status, error.envelope,
+                                                                          error.retry, error.request_id)
+        retryable = failure is not None and (is_automatically_retryable(failure) or _is_maintenance(failure))
         return DecisionFailed(error.http_status, error.envelope, error.retry, retryable,
                               state_version=error.state_version, request_id=error.request_id)
 
@@ -1030,8 +1031,12 @@ class DecisionStream:
         if self._decision_mode != "on_change":
             return
         if error.retryable:
-            log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
-                     error.envelope.code)
+            if error.envelope.code == "maintenance":
+                log.info("decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
+                         "decided again on the next connection")
+            else:
+                log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
+                         error.envelope.code)
             return
         # the gateway will not retry: whoever waits for this state's decision must hear it
         for intent, future in list(self._intent_futures.items()):
@@ -1392,6 +1397,17 @@ class DecisionStream:
                 "a reconnect would repeat it; check the request and the gateway's limits")))
         return _Plan("retry", label, close_code=code, server_delay=server_delay,
                      error=StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"))
+
+
+def _is_maintenance(failure: DecideFailure) -> bool:
+    """A decide that failed with 503 ``maintenance``, retry permitted: the gateway is going away.
+
+    The gateway does not retry it itself (public document) because the connection is about to
+    end (goodbye ``shutdown``, 1012); it is still passing, so the client treats it as retryable:
+    on_request retries after the server's delay, on_change waits for the replay on the next
+    connection, and neither fails the caller for good.
+    """
+    return failure.http_status == 503 and failure.envelope.code == "maintenance" and failure.retry.retryable
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

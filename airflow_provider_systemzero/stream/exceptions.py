@@ -125,8 +125,9 @@ class DecisionFailed(SystemZeroError):
     :param http_status: the decide call's HTTP status.
     :param envelope: the API's error envelope.
     :param retry: the server's retry hint.
-    :param retryable: whether the failure is one a client retries (429, 503 other than
-        ``maintenance``, 409 ``idempotency_conflict``, with retry permitted).
+    :param retryable: whether the failure is one a client retries (429, 503 — ``maintenance``
+        included: the gateway is going away and the state is decided again after it —, 409
+        ``idempotency_conflict``, with retry permitted).
     :param state_version: the stream version the decide was for, if known.
     :param request_id: the decide call's request ID.
     """
