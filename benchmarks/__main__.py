@@ -1,6 +1,6 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
-A full run takes about seven minutes on two cores and writes ``benchmarks/results/latest.json``
+A full run takes about five minutes on two cores and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
 run of about a minute with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
