@@ -21,9 +21,9 @@ def test_the_default_is_half_a_second_capped_at_thirty(monkeypatch: pytest.Monke
 def test_the_configuration_sets_base_and_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_BASE", "0.02")
     monkeypatch.setenv("AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_CAP", "0.1")
-    first, second = reconnect_backoff(), reconnect_backoff()
-    assert (first.base, first.cap) == (0.02, 0.1)
-    assert first.rng is not second.rng  # each stream draws its own jitter
+    backoffs = [reconnect_backoff() for _ in range(20)]
+    assert {(b.base, b.cap) for b in backoffs} == {(0.02, 0.1)}
+    assert len({b.delay(0) for b in backoffs}) == 20  # each stream draws its own jitter
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
