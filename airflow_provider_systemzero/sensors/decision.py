@@ -16,7 +16,7 @@ from airflow_provider_systemzero.budget import UsageBudgetMixin
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
-from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
@@ -80,6 +80,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param deferrable: wait in the triggerer.
     :param lease: let the trigger give its stream back between decisions.
     :param lease_after: seconds without a change before the trigger gives its stream back.
+    :param min_interval_ms: minimum milliseconds between decisions the gateway starts (0 … 60000):
+        on a source that changes often, fewer decisions are billed, each covering more changes,
+        at the cost of latency.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
@@ -116,7 +119,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                  request_mode: str | None = None, prompt_cache_key: str | None = None,
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 lease: bool = True, lease_after: float = 5.0, key_salt: str | None = None, max_decisions: int | None = None,
+                 lease: bool = True, lease_after: float = 5.0, min_interval_ms: int | None = None,
+                 key_salt: str | None = None, max_decisions: int | None = None,
                  max_input_tokens: int | None = None,
                  start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
                  min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
@@ -148,6 +152,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.deferrable = deferrable
         self.lease = lease
         self.lease_after = lease_after
+        self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
         self.key_salt = key_salt
         #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
         self.key_namespace: str | None = None
@@ -187,7 +192,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                 "systemzero_conn_id": self.systemzero_conn_id, "request": request,
                 "condition": condition.to_dict(), "state": self.state, "source": source,
                 "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
-                "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget()},
+                "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget(),
+                "min_interval_ms": self.min_interval_ms},
             next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
@@ -230,7 +236,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
-            lease_after=self.lease_after, budget=self.trigger_budget(context))
+            lease_after=self.lease_after, budget=self.trigger_budget(context), min_interval_ms=self.min_interval_ms)
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
@@ -368,7 +374,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=deadline, lease=self.lease, lease_after=self.lease_after,
-            skip_states=skip)
+            skip_states=skip, min_interval_ms=self.min_interval_ms)
         remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=remaining + _DEFER_GRACE if remaining is not None else None)

@@ -160,6 +160,9 @@ def default_capacity() -> StreamCapacity:
     return _DEFAULT
 
 
+#: One random source for every stream's jitter (a generator per stream costs ~3 KB each).
+_SHARED_RNG = random.Random()
+
 @dataclass(slots=True)
 class Backoff:
     """Full-jitter exponential backoff that never undercuts a server's delay.
@@ -175,7 +178,7 @@ class Backoff:
 
     base: float = 0.5
     cap: float = 30.0
-    rng: random.Random = field(default_factory=random.Random, repr=False)
+    rng: random.Random = field(default_factory=lambda: _SHARED_RNG, repr=False)
 
     def __post_init__(self) -> None:
         if self.base < 0 or self.cap < 0:

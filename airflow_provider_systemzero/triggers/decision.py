@@ -44,6 +44,10 @@ __all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZ
 
 log = logging.getLogger(__name__)
 
+#: How often a trigger holding a quiet stream checks whether another stream waits for a slot
+#: (only the few triggers holding a slot poll: at most ``max_streams_per_process`` per process).
+_LEASE_POLL_SECONDS = 0.05
+
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
@@ -88,6 +92,8 @@ class _StreamingTrigger:
     lease: bool
     lease_after: float
     deadline: float | None
+    #: minimum milliseconds between dispatch starts (fewer decisions billed on a busy source)
+    min_interval_ms: int | None = None
 
     _stream: Any = None
     _source_obj: StateSource | None = None
@@ -122,9 +128,20 @@ class _StreamingTrigger:
             timer.cancel()
 
     async def _release_when_quiet(self, stream: Any) -> None:
-        await asyncio.sleep(self.lease_after)
+        # Hold the stream for ``lease_after`` quiet seconds (a busy source keeps its connection),
+        # but give it back at once when another stream of this process waits for a slot: a slot
+        # held for a quiet trigger must never keep a waiting one from its first decision.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.lease_after
+        capacity = getattr(stream, "capacity", None)
+        reason = f"nothing new for {self.lease_after:.1f} s"
+        while (left := until - loop.time()) > 0:
+            if capacity is not None and capacity.waiting:
+                reason = "another stream waits for a slot"
+                break
+            await asyncio.sleep(min(_LEASE_POLL_SECONDS, left))
         if stream.connected and not stream.has_work():
-            log.info("nothing new for %.1f s: giving the stream back until the state changes", self.lease_after)
+            log.info("%s: giving the stream back until the state changes", reason)
             await stream.release()
 
     def _open_stream(self, initial: Any) -> Any:
@@ -133,7 +150,7 @@ class _StreamingTrigger:
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
         self._stream = hook.stream(self.request, state=initial, decision_mode=self.decision_mode,
                                    key_namespace=self.key_namespace, identity=self.key_namespace,
-                                   budget=self._run_budget())
+                                   budget=self._run_budget(), min_interval_ms=self.min_interval_ms)
         return self._stream
 
     def _remaining(self) -> float | None:
@@ -302,6 +319,8 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         (:meth:`~airflow_provider_systemzero.budget.DecisionBudget.to_kwargs`); the event reports the usage.
     :param skip_states: hashes of states a person already answered "no" about: decisions about them
         do not fire the trigger again.
+    :param min_interval_ms: minimum milliseconds between dispatch starts: on a busy source, fewer
+        decisions are billed (each one covers more changes) at the cost of latency.
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -311,9 +330,10 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  state: Any, key_namespace: str, source: dict[str, Any] | None = None,
                  decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
                  budget: dict[str, Any] | None = None, lease_after: float = 5.0,
-                 skip_states: list[str] | None = None) -> None:
+                 skip_states: list[str] | None = None, min_interval_ms: int | None = None) -> None:
         super().__init__()
         self.skip_states = list(skip_states or [])
+        self.min_interval_ms = min_interval_ms
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
         self.condition = condition
@@ -334,7 +354,8 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
                  **({"budget": self.budget} if self.budget else {}),
                  "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after,
-                 **({"skip_states": self.skip_states} if self.skip_states else {})})
+                 **({"skip_states": self.skip_states} if self.skip_states else {}),
+                 "min_interval_ms": self.min_interval_ms})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""

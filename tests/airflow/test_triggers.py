@@ -248,3 +248,38 @@ async def test_stream_is_held_while_recent_and_leased_back_when_quiet(emulator: 
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await trigger.cleanup()
+
+
+async def test_a_held_stream_is_given_back_at_once_when_others_wait(emulator: Emulator) -> None:
+    """Quiet triggers keep their stream for lease_after seconds, but never while another trigger
+    of the process waits for a slot: twelve triggers on four slots all get a first decision long
+    before a single lease_after (60 s) has passed."""
+    triggers = [rebuilt(sensor_trigger(state="still working\n", lease_after=60.0,
+                                       key_namespace=task_namespace("d", "t", f"held{n}", -1))) for n in range(12)]
+    tasks = [asyncio.ensure_future(first_event(t, within=120)) for t in triggers]
+    try:
+        await emulator.wait_for(lambda emu: emu.stats.decisions_delivered >= 12, timeout=30)
+        assert emulator.stats.max_streams_open <= 4 and not any(t.done() for t in tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for trigger in triggers:
+            await trigger.cleanup()
+
+
+async def test_min_interval_spaces_decisions_on_a_busy_source(emulator: Emulator) -> None:
+    trigger = rebuilt(sensor_trigger(min_interval_ms=60_000, lease_after=60.0, source={
+        "type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states",
+        "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nc\n"]}}))
+    assert trigger.serialize()[1]["min_interval_ms"] == 60_000
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    try:
+        await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 3, timeout=10)
+        assert emulator.stats.decisions_dispatched == 1  # the next may start only 60 s after the first
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await trigger.cleanup()
