@@ -72,8 +72,29 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
             session.query(Connection).filter(Connection.conn_id == conn_id).delete()
 
 
-def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: float = 0.01) -> _T:
-    """Poll ``predicate`` until it returns a truthy value (bounded); raise ``TimeoutError`` otherwise."""
+@contextmanager
+def rules_emulator(rules: dict[str, Any], directory: Any, key: str, conn_id: str,
+                   **conn_extra: Any) -> Iterator[EmulatorThread]:
+    """An :class:`EmulatorThread` answering by ``rules`` (the ``rules:`` decider), with the account's
+    decision buckets out of the way and a ``conn_id`` connection to it stored in the metadata DB.
+
+    :param directory: where to write the rules file (a ``pathlib.Path``).
+    """
+    import json
+
+    from airflow_provider_systemzero.protocol.limits import Limits
+
+    path = directory / "rules.json"
+    path.write_text(json.dumps(rules))
+    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
+    with EmulatorThread(api_keys={key: 8}, decider=f"rules:{path}", limits=limits) as emu, \
+            systemzero_connection(conn_id, emu.origin, key, **conn_extra):
+        yield emu
+
+
+def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: float = 0.01, *,
+               what: str = "the condition") -> _T:
+    """Poll ``predicate`` until it returns a truthy value (bounded); ``TimeoutError`` naming ``what`` otherwise."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -82,7 +103,7 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: flo
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"condition not met within {timeout} s")
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
 
 

@@ -3,7 +3,6 @@ and bad input refused before any connection."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,11 +16,9 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator, file_attachment
-from airflow_provider_systemzero.protocol.limits import Limits
 from tests.helpers import (
-    EmulatorThread,
+    rules_emulator,
     run_dag,
-    systemzero_connection,
     task_states,
     task_tries,
     wait_until,
@@ -36,11 +33,7 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 @pytest.fixture(scope="module")
 def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    rules = tmp_path_factory.mktemp("rules") / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
-    with EmulatorThread(api_keys={"op-key": 8}, decider=f"rules:{rules}", limits=limits) as emu, \
-            systemzero_connection("systemzero_op", emu.origin, "op-key", model="sz-test"):
+    with rules_emulator(RULES, tmp_path_factory.mktemp("rules"), "op-key", "systemzero_op", model="sz-test") as emu:
         yield emu
 
 

@@ -3,7 +3,6 @@ mid-wait, non-deferrable poking, and the event checks of execute_complete."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,8 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import EmulatorThread, run_dag, systemzero_connection, task_states, wait_until, xcoms_of
+from tests.helpers import rules_emulator, run_dag, task_states, wait_until, xcoms_of
 
 RULES = {"rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.95,
                     "confidence": 0.9}],
@@ -28,11 +26,7 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 @pytest.fixture(scope="module")
 def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    rules = tmp_path_factory.mktemp("rules") / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
-    with EmulatorThread(api_keys={"sensor-key": 8}, decider=f"rules:{rules}", limits=limits) as emu, \
-            systemzero_connection("systemzero_sensor", emu.origin, "sensor-key"):
+    with rules_emulator(RULES, tmp_path_factory.mktemp("rules"), "sensor-key", "systemzero_sensor") as emu:
         yield emu
 
 

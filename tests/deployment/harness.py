@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from tests.helpers import EmulatorThread
+from tests.helpers import EmulatorThread, wait_until
 
 _T = TypeVar("_T")
 
@@ -89,15 +89,8 @@ def free_port() -> int:
 
 
 def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: float = 0.25) -> _T:
-    """Poll ``predicate`` until it returns something truthy; ``TimeoutError`` naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    """:func:`tests.helpers.wait_until`, polling less often (the components are slow to change)."""
+    return wait_until(predicate, timeout, interval, what=what)
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -9,17 +9,15 @@ The gateway here answers the client's close frame with a binary frame before its
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.server import ServerProtocol
 
-from airflow_provider_systemzero.protocol import DecideSuccess, GatewaySession, Limits, encode_message
-from airflow_provider_systemzero.protocol.gateway import CloseConnection, DispatchDecide, SendMessage
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamSettings
+from tests.stream.mini_gateway import serve_session
 
 KEY = "sz-close-race-0123456789"
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
@@ -38,22 +36,7 @@ class _BinaryBeforeClose(ServerConnection):
 
 
 async def _handler(ws: ServerConnection) -> None:
-    gateway = GatewaySession(stream_id="szws_" + "d" * 32, now=time.monotonic(), limits=Limits())
-
-    async def perform(actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, SendMessage):
-                await ws.send(encode_message(action.message))
-            elif isinstance(action, DispatchDecide):
-                await perform(gateway.dispatch_finished(action.dispatch_id, DecideSuccess(REPLY, "r"),
-                                                        time.monotonic()))
-            elif isinstance(action, CloseConnection):
-                await ws.close(action.code, action.reason)
-
-    await perform(gateway.actions())
-    async for frame in ws:
-        if isinstance(frame, str):
-            await perform(gateway.receive_text(frame, time.monotonic()))
+    await serve_session(ws, "szws_" + "d" * 32, REPLY)
 
 
 async def _gateway() -> Server:

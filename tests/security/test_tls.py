@@ -23,8 +23,6 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.protocol import DecideSuccess, GatewaySession, Limits, encode_message
-from airflow_provider_systemzero.protocol.gateway import CloseConnection, DispatchDecide, SendMessage
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream import (
     Backoff,
@@ -35,6 +33,7 @@ from airflow_provider_systemzero.stream import (
 )
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
 from tests.faults.harness import first_event, rebuilt
+from tests.stream.mini_gateway import serve_session
 
 KEY = "sz-tls-test-0123456789abcdef"
 REQUEST = {"model": "m", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
@@ -91,22 +90,7 @@ class TLSGateway:
         return f"wss://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _handler(self, ws: ServerConnection) -> None:
-        gateway = GatewaySession(stream_id="szws_" + "7" * 32, now=time.monotonic(), limits=Limits())
-
-        async def perform(actions: list[Any]) -> None:
-            for action in actions:
-                if isinstance(action, SendMessage):
-                    await ws.send(encode_message(action.message))
-                elif isinstance(action, DispatchDecide):
-                    await perform(gateway.dispatch_finished(action.dispatch_id, DecideSuccess(REPLY, "r"),
-                                                            time.monotonic()))
-                elif isinstance(action, CloseConnection):
-                    await ws.close(action.code, action.reason)
-
-        await perform(gateway.actions())
-        async for frame in ws:
-            if isinstance(frame, str):
-                await perform(gateway.receive_text(frame, time.monotonic()))
+        await serve_session(ws, "szws_" + "7" * 32, REPLY)
 
     async def __aenter__(self) -> TLSGateway:
         def record(_connection: ServerConnection, request: Any) -> None:

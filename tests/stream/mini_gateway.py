@@ -98,15 +98,7 @@ class MiniGateway:
             self.open -= 1
 
     async def _perform(self, ws: ServerConnection, gateway: GatewaySession, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, SendMessage):
-                await ws.send(encode_message(action.message))
-            elif isinstance(action, DispatchDecide):
-                more = gateway.dispatch_finished(action.dispatch_id, DecideSuccess(REPLY, "req_mini"),
-                                                 time.monotonic())
-                await self._perform(ws, gateway, more)
-            elif isinstance(action, CloseConnection):
-                await ws.close(action.code, action.reason)
+        await perform(ws, gateway, actions)
 
     async def __aenter__(self) -> MiniGateway:
         self._server = await serve(self._handler, "127.0.0.1", 0, process_request=self._process_request,
@@ -117,3 +109,25 @@ class MiniGateway:
         self._server.close()
         with contextlib.suppress(Exception):
             await self._server.wait_closed()
+
+
+async def perform(ws: ServerConnection, gateway: GatewaySession, actions: list[Any],
+                  reply: dict[str, Any] = REPLY) -> None:
+    """Carry out a GatewaySession's actions on a connection; every decide answers ``reply`` at once."""
+    for action in actions:
+        if isinstance(action, SendMessage):
+            await ws.send(encode_message(action.message))
+        elif isinstance(action, DispatchDecide):
+            more = gateway.dispatch_finished(action.dispatch_id, DecideSuccess(reply, "req_mini"), time.monotonic())
+            await perform(ws, gateway, more, reply)
+        elif isinstance(action, CloseConnection):
+            await ws.close(action.code, action.reason)
+
+
+async def serve_session(ws: ServerConnection, stream_id: str, reply: dict[str, Any] = REPLY) -> None:
+    """The smallest gateway loop: a GatewaySession with default limits fed every text frame."""
+    gateway = GatewaySession(stream_id=stream_id, now=time.monotonic(), limits=Limits())
+    await perform(ws, gateway, gateway.actions(), reply)
+    async for frame in ws:
+        if isinstance(frame, str):
+            await perform(ws, gateway, gateway.receive_text(frame, time.monotonic()), reply)
