@@ -259,6 +259,7 @@ class ClientSession:
         self.connections = 0
         self.server_delay_ms: int | None = None
         self._stream_failure: Error | None = None
+        self._start_overhead_for: tuple[str, int] | None = None
         #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
         #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
         #: everything after it (see :attr:`dispatch_held`). ``None``: nothing is held.
@@ -319,8 +320,7 @@ class ClientSession:
                 f"{field} would make the decide body {size} bytes: the synthesized body may not exceed "
                 f"max_decide_body_bytes ({self.limits.max_decide_body_bytes}); nothing was changed",
                 code="decide_body_too_large", field=field)
-        start_size = json_size(Start(event_id(1), self.request, new.state, self.decision_mode, new.attachments,
-                                     self.min_interval_ms, "k" * 255).to_dict())
+        start_size = size + self._start_overhead()
         if start_size > self.limits.max_message_bytes:
             raise LocalProtocolError(
                 f"{field} would make the replay start message {start_size} bytes: messages may not exceed "
@@ -333,6 +333,21 @@ class ClientSession:
         self._desired = new
         self._desired_key = key
         self._generation += 1
+
+    def _start_overhead(self) -> int:
+        """Bytes a replayed ``start`` (with the longest key) adds to the decide body of the same state.
+
+        State and attachments appear once in each, framed the same way, so the difference depends
+        only on the request: it is measured once on an empty state instead of encoding the whole
+        state a second time on every change.
+        """
+        stream_id = self.stream_id or _STREAM_ID_PLACEHOLDER
+        if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
+            start = json_size(Start(event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms,
+                                    "k" * 255).to_dict())
+            body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
+            self._start_overhead_for = (stream_id, start - body)
+        return self._start_overhead_for[1]
 
     def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         """Append ``text`` to a string state.

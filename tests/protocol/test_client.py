@@ -277,3 +277,24 @@ def test_server_contract_violations_raise() -> None:
 def test_derived_keys_name_states() -> None:
     assert derive_state_key("ns", "a") == derive_state_key("ns", "a") != derive_state_key("ns", "b")
     assert len(derive_state_key("n" * 190, "a")) <= 255
+
+
+@pytest.mark.parametrize("cache_key", ["pck", None])
+@pytest.mark.parametrize(
+    ("state", "attachments"),
+    [("", ()), ("log\nwith \u00e9 and \u2603\n", ()), ([1, {"a": "b"}], (Attachment("a", DATA),)),
+     ({"k": [True, None, 1.5]}, (Attachment("a", DATA), Attachment("b-2", DATA)))],
+)
+def test_start_size_check_is_exact_without_encoding_the_state_twice(state: Any, attachments: tuple[Attachment, ...],
+                                                                     cache_key: str | None) -> None:
+    from airflow_provider_systemzero.protocol.body import json_size
+    from airflow_provider_systemzero.protocol.messages import Start, event_id
+
+    request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key=cache_key, route="direct")
+    actual = json_size(Start(event_id(1), request, state, "on_change", attachments, 250, "k" * 255).to_dict())
+    # a limit of exactly the start's size is accepted, one byte less is refused
+    ClientSession(request=request, state=state, attachments=attachments, decision_mode="on_change",
+                  min_interval_ms=250, limits=Limits(max_message_bytes=actual))
+    with pytest.raises(LocalProtocolError, match=f"replay start message {actual} bytes"):
+        ClientSession(request=request, state=state, attachments=attachments, decision_mode="on_change",
+                      min_interval_ms=250, limits=Limits(max_message_bytes=actual - 1))
