@@ -9,12 +9,15 @@ Where each rule of WIRE.md lives:
 * §2 frames — :mod:`.messages` (types, strict decode, canonical encode);
 * §2–3 value rules — :mod:`.validation`; §3 byte counts and the decide body — :mod:`.body`;
 * §3 state and mutations — :mod:`.state`; limits — :mod:`.limits`; buckets — :mod:`.ratelimit`;
-* §4–7 gateway behaviour — :mod:`.gateway`; §7–8 client behaviour — :mod:`.client`;
+* §4–7 gateway behaviour — :mod:`.gateway`; §7–8 client behaviour — :mod:`.client` (its phases
+  and the one function that says what may be sent now) and :mod:`.client_events`;
+* §5, §7–8 close codes, the reconnect plan per close code and goodbye, the backoff, and the
+  retry classification of decide failures for both sides — :mod:`.reconnect`;
 * §6 error envelope and retry hints — :mod:`.errors`; the decide reply — :mod:`.reply`.
 """
 
 from airflow_provider_systemzero.protocol.body import compact_json, state_bytes, synthesize_decide_body
-from airflow_provider_systemzero.protocol.client import ClientSession, derive_state_key
+from airflow_provider_systemzero.protocol.client import ClientSession, Phase, derive_state_key
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
     LocalProtocolError,
@@ -40,15 +43,29 @@ from airflow_provider_systemzero.protocol.messages import (
     decode_server_message,
     encode_message,
 )
+from airflow_provider_systemzero.protocol.reconnect import (
+    Backoff,
+    CloseCode,
+    ConnectionOutcome,
+    DecideRetry,
+    PlanKind,
+    ReconnectPlan,
+    ReconnectPlanner,
+    classify_decide_failure,
+)
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 
 __all__ = [
     "PROTOCOL",
     "Answer",
     "Attachment",
+    "Backoff",
     "ClientSession",
+    "CloseCode",
     "CloseConnection",
+    "ConnectionOutcome",
     "DecideFailure",
+    "DecideRetry",
     "DecideSuccess",
     "DecisionResult",
     "DispatchDecide",
@@ -56,12 +73,17 @@ __all__ = [
     "GatewaySession",
     "Limits",
     "LocalProtocolError",
+    "Phase",
+    "PlanKind",
     "ProtocolError",
     "Question",
+    "ReconnectPlan",
+    "ReconnectPlanner",
     "RemoteProtocolError",
     "RetryHint",
     "SendMessage",
     "StreamRequest",
+    "classify_decide_failure",
     "compact_json",
     "decode_client_message",
     "decode_server_message",

@@ -16,6 +16,7 @@ Times are seconds on any monotonic origin.
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ from airflow_provider_systemzero.protocol.messages import (
     event_id,
 )
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
+from airflow_provider_systemzero.protocol.reconnect import (
+    CloseCode,
+    DecideRetry,
+    GoodbyeReason,
+    classify_decide_failure,
+)
 from airflow_provider_systemzero.protocol.state import StreamState, apply_mutation
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
@@ -65,7 +72,6 @@ __all__ = [
     "GatewaySession",
     "Phase",
     "SendMessage",
-    "is_automatically_retryable",
 ]
 
 
@@ -132,19 +138,8 @@ class DecideFailure:
 DecideOutcome: TypeAlias = DecideSuccess | DecideFailure
 
 
-def is_automatically_retryable(failure: DecideFailure) -> bool:
-    """Whether on_change re-dispatches after this failure (public document: a 429, a 503 other
-    than ``maintenance``, or a 409 ``idempotency_conflict``, with retry permitted)."""
-    if not failure.retry.retryable:
-        return False
-    if failure.http_status == 429:
-        return True
-    if failure.http_status == 503:
-        return failure.envelope.code != "maintenance"
-    return failure.http_status == 409 and failure.envelope.code == "idempotency_conflict"
-
-
-#: Delay before an automatic retry when a retryable failure names none.
+#: Delay before the gateway's own retry of an on_change dispatch when the failure names none
+#: (WIRE.md §5 leaves it open; the emulator's choice). Never advertised as a server delay.
 DEFAULT_RETRY_DELAY_MS = 1000
 
 
@@ -260,7 +255,7 @@ class GatewaySession:
         if self.closed:
             return self.actions()
         if len(text.encode("utf-8")) > self.limits.max_message_bytes:
-            self._close(1009, "message too big")
+            self._close(CloseCode.MESSAGE_TOO_BIG, "message too big")
             return self.actions()
         if not self._message_bucket.try_take(now):
             self._refuse("message_rate_limited",
@@ -270,7 +265,12 @@ class GatewaySession:
         try:
             message = decode_client_message(text)
         except RemoteProtocolError as exc:
-            self._refuse(exc.code, exc.message, now)
+            # an error about a mutation echoes the event_id the client sent, refusal or not
+            eid = _sent_event_id(text)
+            if exc.refusal:
+                self._refuse(exc.code, exc.message, now, event_id_=eid)
+            else:
+                self._reject(LocalProtocolError(exc.message, code=exc.code, field=exc.field), eid)
             return self.actions()
         if not isinstance(message, Pong):
             self._last_activity = now
@@ -330,14 +330,14 @@ class GatewaySession:
         if self.phase is Phase.AWAITING_START and now >= self._start_deadline:
             self._error("start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)",
                         fatal=True)
-            self._close(1008, "start_timeout")
+            self._close(CloseCode.POLICY_VIOLATION, "start_timeout")
             return
         if now >= self._end_at:
-            self._goodbye("max_duration", 0)
-            self._close(1000, "max_duration")
+            self._goodbye(GoodbyeReason.MAX_DURATION, 0)
+            self._close(CloseCode.NORMAL_CLOSURE, "max_duration")
             return
         if any(due <= now for due in self._pongs_due.values()):
-            self._close(1013, "slow_reader")
+            self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
             return
         if self._settle_deadline is not None and now >= self._settle_deadline:
             self._in_flight = None
@@ -345,8 +345,8 @@ class GatewaySession:
             return
         if (self.phase is Phase.OPEN and self._in_flight is None and not self._pending_intent
                 and now >= self._last_activity + lim.idle_timeout_ms / 1000):
-            self._goodbye("idle_timeout", 0)
-            self._close(1000, "idle_timeout")
+            self._goodbye(GoodbyeReason.IDLE_TIMEOUT, 0)
+            self._close(CloseCode.NORMAL_CLOSURE, "idle_timeout")
             return
         if now >= self._next_ping:
             self._next_ping = now + lim.heartbeat_interval_ms / 1000
@@ -387,7 +387,7 @@ class GatewaySession:
         lim = self.limits
         if not self.closed and (queued_bytes > lim.max_send_queue_bytes or queued_frames > lim.max_send_queue_frames
                                 or write_stalled_for >= lim.write_progress_timeout_ms / 1000):
-            self._close(1013, "slow_reader")
+            self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
         return self.actions()
 
     def connection_lost(self) -> None:
@@ -451,8 +451,8 @@ class GatewaySession:
         if self.state_version >= self.limits.max_events:
             self._error("event_limit", f"the stream reached max_events ({self.limits.max_events}); reconnect and "
                         "replay the full state", fatal=True, event_id_=eid)
-            self._goodbye("event_limit", 0)
-            self._close(1008, "event_limit")
+            self._goodbye(GoodbyeReason.EVENT_LIMIT, 0)
+            self._close(CloseCode.POLICY_VIOLATION, "event_limit")
             return
         try:
             key = None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
@@ -466,7 +466,12 @@ class GatewaySession:
             new_state = apply_mutation(self.stream_state, message)
             assert request is not None
             body = request.decide_body(new_state.state, new_state.attachments, stream_id=self.stream_id)
-            body_bytes = len(body.encode("utf-8"))
+            try:
+                body_bytes = len(body.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise LocalProtocolError(
+                    f"{message.TYPE} holds text that is not valid Unicode (a lone surrogate such as \\ud800): "
+                    "a state must encode as UTF-8", code="invalid_state", field="state") from None
             if body_bytes > self.limits.max_decide_body_bytes:
                 raise LocalProtocolError(
                     f"{message.TYPE} would make the decide body {body_bytes} bytes: the synthesized body may not "
@@ -507,23 +512,24 @@ class GatewaySession:
         fatal = False
         delay_ms = failure.retry.retry_after_ms
         retry = (self.decision_mode == "on_change" and self.phase is Phase.OPEN
-                 and is_automatically_retryable(failure))
+                 and classify_decide_failure(failure.http_status, failure.envelope, failure.retry)
+                 is DecideRetry.GATEWAY)
         if retry:
             if self._failures_version == flight.state_version:
                 self._failures += 1
             else:
                 self._failures, self._failures_version = 1, flight.state_version
-            delay_ms = DEFAULT_RETRY_DELAY_MS if delay_ms is None else delay_ms
+            retry_in_ms = DEFAULT_RETRY_DELAY_MS if delay_ms is None else delay_ms
             remaining_ms = (self._end_at - now) * 1000
-            fatal = self._failures >= self.limits.consecutive_retryable_failures or delay_ms >= remaining_ms
+            fatal = self._failures >= self.limits.consecutive_retryable_failures or retry_in_ms >= remaining_ms
         self._emit(Error(self.stream_id, self._next_seq(), None, flight.state_version, failure.http_status,
                          failure.request_id, fatal, failure.envelope, failure.retry))
         if fatal:
-            self._goodbye("overload", delay_ms)
-            self._close(1013, "overload")
+            # the goodbye names the server's delay only when the failure named one
+            self._goodbye(GoodbyeReason.OVERLOAD, delay_ms)
+            self._close(CloseCode.TRY_AGAIN_LATER, "overload")
         elif retry:
-            assert delay_ms is not None
-            self._retry_at = now + delay_ms / 1000
+            self._retry_at = now + retry_in_ms / 1000
             if not self._pending_intent:
                 self._pending_intent = True
                 self._pending_since = now
@@ -576,16 +582,17 @@ class GatewaySession:
         self.rejections += 1
         self._error(exc.code, exc.message, fatal=False, event_id_=event_id_, retry=retry, kind=kind)
 
-    def _refuse(self, code: str, message: str, now: float, *, kind: str = "invalid_request_error") -> None:
+    def _refuse(self, code: str, message: str, now: float, *, kind: str = "invalid_request_error",
+                event_id_: str | None = None) -> None:
         self.refusal_count += 1
         window = self.limits.protocol_refusal_window_ms / 1000
         self._refusals.append(now)
         while self._refusals and self._refusals[0] <= now - window:
             self._refusals.popleft()
         fatal = len(self._refusals) >= self.limits.protocol_refusal_limit
-        self._error(code, message, fatal=fatal, kind=kind)
+        self._error(code, message, fatal=fatal, kind=kind, event_id_=event_id_)
         if fatal:
-            self._close(1008, "protocol_refusal_limit")
+            self._close(CloseCode.POLICY_VIOLATION, "protocol_refusal_limit")
 
     def _goodbye(self, reason: str, retry_after_ms: int | None) -> None:
         self._emit(Goodbye(self.stream_id, self._next_seq(), reason, self.state_version or None,
@@ -593,8 +600,8 @@ class GatewaySession:
 
     def _finish_shutdown(self) -> None:
         self._settle_deadline = None
-        self._goodbye("shutdown", self._shutdown_retry_after_ms)
-        self._close(1012, "shutdown")
+        self._goodbye(GoodbyeReason.SHUTDOWN, self._shutdown_retry_after_ms)
+        self._close(CloseCode.SERVICE_RESTART, "shutdown")
 
     def _close(self, code: int, reason: str) -> None:
         self.phase = Phase.CLOSED
@@ -602,3 +609,12 @@ class GatewaySession:
         self._pongs_due.clear()
         self._actions.append(CloseConnection(code, reason))
 
+
+def _sent_event_id(text: str) -> str | None:
+    """The ``event_id`` a refused or rejected frame carried, if it was a JSON object with a string one."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    value = data.get("event_id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None

@@ -99,9 +99,16 @@ def _refuse(problem: str, field: str | None) -> RemoteProtocolError:
 class _Reader:
     """Reads typed fields from a decoded JSON object, refusing anything mistyped."""
 
-    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+    def __init__(self, data: Mapping[str, Any], where: str, unknown: list[tuple[str, str]] | None = None) -> None:
         self.data = data
         self.where = where
+        #: Where :meth:`only` notes unknown fields (path, rejection code) instead of refusing them;
+        #: ``None`` refuses at once.
+        self.unknown = unknown
+
+    def nested(self, data: Mapping[str, Any], where: str) -> _Reader:
+        """A reader for an object inside this one, noting unknown fields in the same place."""
+        return _Reader(data, where, self.unknown)
 
     def _get(self, name: str, required: bool) -> Any:
         if name not in self.data:
@@ -165,10 +172,15 @@ class _Reader:
                           name)
         return value
 
-    def only(self, allowed: set[str]) -> None:
+    def only(self, allowed: set[str], *, code: str = "unknown_field") -> None:
+        """Unknown fields: noted as a rejection with ``code`` (client messages, WIRE.md §2 lists
+        the refusals exhaustively and an unknown field is not among them), else refused."""
         unknown = sorted(set(self.data) - allowed)
-        if unknown:
+        if not unknown:
+            return
+        if self.unknown is None:
             raise _refuse(f"{self.where} has unknown field {unknown[0]!r}", unknown[0])
+        self.unknown.append((f"{self.where}.{unknown[0]}", code))
 
 
 def _json_type(value: Any) -> str:
@@ -187,13 +199,13 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _parse_attachment_list(value: list[Any], where: str) -> tuple[Attachment, ...]:
+def _parse_attachment_list(value: list[Any], where: str, parent: _Reader) -> tuple[Attachment, ...]:
     result = []
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise _refuse(f"{where}[{index}] must be an object", f"{where}[{index}]")
-        reader = _Reader(item, f"{where}[{index}]")
-        reader.only({"name", "data"})
+        reader = parent.nested(item, f"{where}[{index}]")
+        reader.only({"name", "data"}, code="invalid_attachment")
         result.append(Attachment(name=reader.str("name"), data=reader.str("data")))
     return tuple(result)
 
@@ -712,14 +724,14 @@ def _load_object(text: str | bytes) -> dict[str, Any]:
 def _decode_start(r: _Reader) -> Start:
     r.only({"type", "event_id", "request", "decision_mode", "min_interval_ms", "idempotency_key"})
     request = r.obj("request")
-    rr = _Reader(request, "start.request")
+    rr = r.nested(request, "start.request")
     rr.only({"model", "state", "questions", "attachments", "route", "mode", "prompt_cache_key"})
     questions = rr.obj("questions")
     pairs = []
     for name, value in questions.items():
         if not isinstance(value, dict):
             raise _refuse(f"start.request.questions.{name} must be an object", f"request.questions.{name}")
-        qr = _Reader(value, f"start.request.questions.{name}")
+        qr = rr.nested(value, f"start.request.questions.{name}")
         qr.only({"type", "instructions", "options"})
         options = qr.array("options", required=False)
         if options is not None:
@@ -735,7 +747,7 @@ def _decode_start(r: _Reader) -> Start:
                                    prompt_cache_key=rr.str("prompt_cache_key", required=False))
     return Start(event_id=r.str("event_id"), request=stream_request, state=rr.state("state"),
                  decision_mode=r.str("decision_mode"),
-                 attachments=_parse_attachment_list(attachments, "start.request.attachments") if attachments else (),
+                 attachments=_parse_attachment_list(attachments, "start.request.attachments", rr) if attachments else (),
                  min_interval_ms=r.int("min_interval_ms", required=False),
                  idempotency_key=r.str("idempotency_key", required=False))
 
@@ -744,11 +756,21 @@ def decode_client_message(text: str | bytes) -> ClientMessage:
     """Decode one client frame strictly.
 
     :param text: the frame (``bytes`` stands for a binary frame and is always refused).
-    :raises RemoteProtocolError: a refusal naming the field.
+    :raises RemoteProtocolError: a refusal naming the field, or — for a well-typed message with an
+        unknown field — a rejection (``refusal`` false; ``invalid_attachment`` inside an attachment).
     """
     data = _load_object(text)
-    kind = data["type"]
-    r = _Reader(data, kind)
+    unknown: list[tuple[str, str]] = []
+    message = _decode_client_object(_Reader(data, data["type"], unknown))
+    if unknown:
+        path, code = unknown[0]
+        raise RemoteProtocolError(f"{path} is not a field of this message: remove it", code=code,
+                                  field=path.partition(".")[2], refusal=False)
+    return message
+
+
+def _decode_client_object(r: _Reader) -> ClientMessage:
+    kind = r.where
     if kind == "start":
         return _decode_start(r)
     if kind == "append_text":
@@ -761,12 +783,12 @@ def decode_client_message(text: str | bytes) -> ClientMessage:
         r.only({"type", "event_id", "state", "attachments", "idempotency_key"})
         attachments = r.array("attachments", required=False)
         return Replace(r.str("event_id"), r.state("state"),
-                       None if attachments is None else _parse_attachment_list(attachments, "replace.attachments"),
+                       None if attachments is None else _parse_attachment_list(attachments, "replace.attachments", r),
                        r.str("idempotency_key", required=False))
     if kind == "append_attachments":
         r.only({"type", "event_id", "attachments", "idempotency_key"})
         return AppendAttachments(r.str("event_id"),
-                                 _parse_attachment_list(r.array("attachments"), "append_attachments.attachments"),
+                                 _parse_attachment_list(r.array("attachments"), "append_attachments.attachments", r),
                                  r.str("idempotency_key", required=False))
     if kind == "decide":
         r.only({"type", "state_version"})

@@ -1,4 +1,4 @@
-"""The process-wide stream cap and the reconnect backoff.
+"""The process-wide stream cap (the reconnect backoff lives in the core, re-exported here).
 
 The public document limits a client process to ``max_streams_per_process`` open streams (4).
 A triggerer runs many triggers in one process and one event loop, and a worker may run sync
@@ -10,14 +10,13 @@ cancelled leaves the queue (or hands a slot it was just granted to the next wait
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.reconnect import Backoff
 
 __all__ = ["Backoff", "StreamCapacity", "default_capacity"]
 
@@ -158,38 +157,3 @@ _DEFAULT = StreamCapacity()
 def default_capacity() -> StreamCapacity:
     """The process-wide :class:`StreamCapacity` every stream uses unless given another."""
     return _DEFAULT
-
-
-#: One random source for every stream's jitter (a generator per stream costs ~3 KB each).
-_SHARED_RNG = random.Random()
-
-@dataclass(slots=True)
-class Backoff:
-    """Full-jitter exponential backoff that never undercuts a server's delay.
-
-    ``delay(attempt, server_delay)`` is ``server_delay + uniform(0, min(cap, base * 2**attempt))``:
-    the jitter is counted from the end of the server's delay, so the clients a gateway restart
-    told to wait the same time do not all come back at the same instant.
-
-    :param base: seconds; the first attempt waits up to this long.
-    :param cap: seconds; the jitter window never grows beyond it.
-    :param rng: the random source (tests may seed it).
-    """
-
-    base: float = 0.5
-    cap: float = 30.0
-    rng: random.Random = field(default_factory=lambda: _SHARED_RNG, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0:
-            raise ValueError(f"backoff base and cap must be non-negative, got base={self.base}, cap={self.cap}")
-
-    def delay(self, attempt: int, server_delay: float | None = None) -> float:
-        """Seconds to wait before reconnect attempt ``attempt`` (0-based).
-
-        :param attempt: consecutive failures so far (reset once a connection got its ``start`` acked).
-        :param server_delay: the server's minimum delay in seconds, if it named one.
-        """
-        window = min(self.cap, self.base * (2 ** min(attempt, 62)))
-        jitter = self.rng.uniform(0, window) if window > 0 else 0.0
-        return (server_delay or 0.0) + jitter

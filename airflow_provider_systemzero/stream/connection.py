@@ -10,12 +10,13 @@ reconnect loop written around ``async with websockets.asyncio.client.connect(...
 * per connection one reader task feeds frames to the session; the writer flushes
   ``session.data_to_send(now)`` after every input and at ``session.next_wakeup(now)``; a watchdog
   treats a peer silent past ``session.receipt_deadline()`` as dead (native pings run too);
-* after ``goodbye``, 1012, 1013, 1006 or a network error it reconnects with full-jitter backoff
-  that never undercuts the server's delay (``goodbye.resume.retry_after_ms``, ``Retry-After-Ms``,
-  ``Retry-After``), then replays the full desired state byte-identically; after an
-  ``idle_timeout`` / ``max_duration`` goodbye (close 1000) it reconnects only when there is work;
-* non-retryable failures (401, 403, other 4xx upgrades, a non-retryable rejection, a contract
-  breach) raise at once as :mod:`~airflow_provider_systemzero.stream.exceptions`;
+* when a connection ends it describes what it saw in a
+  :class:`~airflow_provider_systemzero.protocol.reconnect.ConnectionOutcome` and does what the
+  core's :class:`~airflow_provider_systemzero.protocol.reconnect.ReconnectPlanner` says: reconnect
+  after the planned delay (backoff that never undercuts the server's delay and grows across
+  unproductive connections), reconnect only once there is work, or stop and raise one of
+  :mod:`~airflow_provider_systemzero.stream.exceptions`; every reconnect replays the full desired
+  state byte-identically;
 * a :class:`~airflow_provider_systemzero.budget.DecisionBudget` is asked before anything that can
   start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
   every decision (billed, or replayed under a reply id it already holds);
@@ -43,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import (
@@ -57,10 +58,10 @@ from websockets.exceptions import (
 from websockets.typing import Subprotocol
 
 from airflow_provider_systemzero.observability import StreamObserver
-from airflow_provider_systemzero.protocol.client import (
+from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
-    ClientSession,
     DecisionReceived,
     GoodbyeReceived,
     HelloReceived,
@@ -68,14 +69,13 @@ from airflow_provider_systemzero.protocol.client import (
     ServerError,
     StreamFailed,
 )
-from airflow_provider_systemzero.protocol.client import DecisionFailed as DecisionFailedEvent
+from airflow_provider_systemzero.protocol.client_events import DecisionFailed as DecisionFailedEvent
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
     LocalProtocolError,
     RemoteProtocolError,
     RetryHint,
 )
-from airflow_provider_systemzero.protocol.gateway import DecideFailure, is_automatically_retryable
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
@@ -88,6 +88,15 @@ from airflow_provider_systemzero.protocol.messages import (
     StreamRequest,
     decode_server_message,
     event_number,
+)
+from airflow_provider_systemzero.protocol.reconnect import (
+    CloseCode,
+    ConnectionOutcome,
+    DecideRetry,
+    PlanKind,
+    ReconnectPlan,
+    ReconnectPlanner,
+    classify_decide_failure,
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.upgrade import stream_url
@@ -132,16 +141,6 @@ Decision: TypeAlias = DecisionResult
 DEFAULT_PROMPT_CACHE_KEY_PREFIX = "airflow-systemzero"
 #: Room for frame overhead above ``max_message_bytes`` (server messages embed whole replies).
 _MAX_SIZE_MARGIN = 64 * 1024
-#: Consecutive connections ending in a contract breach before it is raised.
-_MAX_VIOLATIONS = 3
-#: Close codes that a reconnect cannot fix unless the gateway said goodbye first.
-_FATAL_CLOSE_CODES = frozenset({1002, 1003, 1007, 1008, 1009, 1010})
-#: Fatal errors before a policy close that a new connection does not repeat: ``start_timeout``
-#: means this client was too slow once (a stalled event loop); the next connection sends ``start``
-#: at once.
-_TRANSIENT_FATAL_CODES = frozenset({"start_timeout"})
-#: Goodbye reasons after which the client reconnects only when it has work.
-_LAZY_GOODBYES = frozenset({"idle_timeout", "max_duration"})
 _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
 #: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
 _MAX_CONFLICT_RETRIES = 600
@@ -381,10 +380,13 @@ def refusal_error(exc: InvalidStatus, url: str) -> UpgradeRefused:
     return cls(status, envelope, delay_ms, url=url)
 
 
-async def probe(settings: StreamSettings) -> Hello:
+async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None) -> Hello:
     """Open a stream, read ``hello`` and close with 1000 (a connection test).
 
+    The connection holds a slot of the process-wide stream cap like any stream.
+
     :param settings: where and how to connect.
+    :param capacity: the stream cap (default: the process-wide one).
     :raises UpgradeRefused: the gateway refused the upgrade (:class:`AuthenticationFailed` for 401/403).
     :raises ProtocolViolation: the peer is not a System Zero gateway.
     :raises OSError: the network failed (``TimeoutError`` for the open timeout).
@@ -394,10 +396,15 @@ async def probe(settings: StreamSettings) -> Hello:
     if settings.ca_bundle and url.startswith("wss://"):
         ssl_context = await asyncio.to_thread(ssl.create_default_context, cafile=settings.ca_bundle)
     limits = Limits()
+    async with (capacity or default_capacity()).slot():
+        return await _probe(settings, url, limits, ssl_context)
+
+
+async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None) -> Hello:
     try:
         async with connect(url, **connect_options(settings, limits, ssl_context)) as ws:
             if ws.subprotocol != PROTOCOL:
-                await ws.close(1002, "subprotocol not selected")
+                await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
                 raise ProtocolViolation(f"the server at {url} did not select the {PROTOCOL} subprotocol: check that "
                                         "the connection's host is a System Zero API origin",
                                         code="unsupported_protocol")
@@ -411,7 +418,7 @@ async def probe(settings: StreamSettings) -> Hello:
             if not isinstance(hello, Hello) or hello.protocol != PROTOCOL:
                 raise ProtocolViolation(f"the server at {url} did not open with a {PROTOCOL} hello",
                                         code="hello_expected")
-            await ws.close(1000)
+            await ws.close(CloseCode.NORMAL_CLOSURE)
             return hello
     except InvalidStatus as exc:
         raise refusal_error(exc, url) from None
@@ -442,26 +449,23 @@ class Reconnect:
 
 
 @dataclass(slots=True)
-class _Plan:
-    """What to do after a connection attempt ended."""
+class _Ended:
+    """How a connection attempt ended: what the core plans from, and the error to raise or keep.
 
-    kind: Literal["retry", "lazy", "stop"]
-    reason: str
-    close_code: int | None = None
-    server_delay: float | None = None
+    ``final`` means the stream ends whatever the plan (the caller closed it or it failed, or the
+    peer is not a System Zero gateway at all).
+    """
+
+    outcome: ConnectionOutcome
     error: BaseException | None = None
-    violation: bool = False
+    final: bool = False
 
 
 @dataclass(slots=True)
 class _Pending:
-    reason: str
+    plan: ReconnectPlan
     close_code: int | None
-    server_delay: float | None
-    delay: float
     failed_at: float
-    attempt: int
-    lazy: bool
 
 
 _Source: TypeAlias = StreamSettings | Callable[[], Awaitable[StreamSettings]]
@@ -537,6 +541,7 @@ class DecisionStream:
         self._pulse_event: asyncio.Event | None = None
         self._ready = False
         self._started_this_connection = False
+        self._decided_this_connection = False
         self._goodbye: Goodbye | None = None
         self._last_fatal: Error | None = None
         self._release_requested = False
@@ -756,12 +761,14 @@ class DecisionStream:
         if not self._entered:
             raise RuntimeError("use the stream inside 'async with' first")
 
-    async def _apply(self, change: Callable[[], None]) -> None:
+    async def _apply(self, change: Callable[[], list[ClientEvent]]) -> None:
         self._check_usable()
         try:
-            change()
+            events = change()
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
+        if events:
+            self._dispatch(events)
         self._kick()
         await asyncio.sleep(0)
 
@@ -843,8 +850,12 @@ class DecisionStream:
         """
         self._check_usable()
         session = self.session
-        if self._decision_mode == "on_change" and session.current_decision is not None:
-            return session.current_decision  # already decided: on_change dispatches nothing new for it
+        if self._decision_mode == "on_change":
+            if session.current_decision is not None:
+                return session.current_decision  # already decided: on_change dispatches nothing new for it
+            if session.current_failure is not None:
+                # the gateway will not dispatch this state again: its final failure is the answer
+                raise self._decision_error(session.current_failure)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         failures = conflicts = 0
@@ -960,9 +971,8 @@ class DecisionStream:
         self._pulse()
 
     def _decision_error(self, error: Error) -> DecisionFailed:
-        failure = None if error.http_status is None else DecideFailure(error.http_status, error.envelope,
-                                                                          error.retry, error.request_id)
-        retryable = failure is not None and (is_automatically_retryable(failure) or _is_maintenance(failure))
+        retryable = error.http_status is not None and classify_decide_failure(
+            error.http_status, error.envelope, error.retry) is not DecideRetry.NONE
         return DecisionFailed(error.http_status, error.envelope, error.retry, retryable,
                               state_version=error.state_version, request_id=error.request_id)
 
@@ -977,12 +987,13 @@ class DecisionStream:
             elif isinstance(event, Acknowledged):
                 self._on_ack(event)
             elif isinstance(event, DecisionReceived):
-                self._on_decision(event.result)
+                if not event.repeated:  # a repeated one was counted and queued when it arrived
+                    self._on_decision(event.result)
                 for intent in event.intents:
                     future = self._intent_futures.get(intent)
                     if future is not None and not future.done():
                         future.set_result(event.result)
-                if self._queue_decisions:
+                if self._queue_decisions and not event.repeated:
                     self._decisions.append(event.result)
                 self._settle_refusal()
             elif isinstance(event, DecisionFailedEvent):
@@ -1031,7 +1042,7 @@ class DecisionStream:
         if self._decision_mode != "on_change":
             return
         if error.retryable:
-            if error.envelope.code == "maintenance":
+            if classify_decide_failure(error.http_status, error.envelope, error.retry) is DecideRetry.CLIENT:
                 log.info("decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
                          "decided again on the next connection")
             else:
@@ -1121,6 +1132,7 @@ class DecisionStream:
 
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
+        self._decided_this_connection = True
         billed = self.budget.record_decision(result.reply_id, result.reply.get("usage"),
                                              self._body_bytes.get(version))
         if self._decision_mode == "on_request":
@@ -1167,66 +1179,57 @@ class DecisionStream:
     # ------------------------------------------------------------------ the connection loop
 
     async def _run(self) -> None:
-        attempt = 0
-        violations = 0
+        planner = ReconnectPlanner(self.backoff)
         pending: _Pending | None = None
         try:
             while not self._closing and self._failure is None:
+                attempt_number = planner.attempt
                 if pending is not None:
-                    if pending.lazy:
+                    plan = pending.plan
+                    if plan.kind is PlanKind.WHEN_NEEDED:
                         await self._wait_for_work()
                         if self._closing or self._failure is not None:
                             return
-                    remaining = pending.delay - (time.monotonic() - pending.failed_at)
+                    remaining = plan.delay - (time.monotonic() - pending.failed_at)
                     if remaining > 0:
                         await self._sleep(remaining)
                         if self._closing or self._failure is not None:
                             return
-                    self.reconnects.append(Reconnect(pending.reason, pending.close_code, pending.server_delay,
-                                                     pending.delay, time.monotonic() - pending.failed_at,
-                                                     pending.attempt))
-                    log.info("reconnecting the System Zero stream after %s (close %s, waited %.3f s)",
-                             pending.reason, pending.close_code, time.monotonic() - pending.failed_at)
-                    self._observe("reconnecting", pending.reason, pending.close_code, pending.delay)
-                    attempt_number = pending.attempt
+                    waited = time.monotonic() - pending.failed_at
+                    self.reconnects.append(Reconnect(plan.reason, pending.close_code, plan.server_delay, plan.delay,
+                                                     waited, plan.attempt))
+                    log.info("reconnecting the System Zero stream after %s (close %s, waited %.3f s)", plan.reason,
+                             pending.close_code, waited)
+                    self._observe("reconnecting", plan.reason, pending.close_code, plan.delay)
+                    attempt_number = plan.attempt
                     pending = None
-                else:
-                    attempt_number = attempt
                 await self.capacity.acquire()
                 try:
                     self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
-                    plan = await self._connect_and_serve()
+                    ended = await self._connect_and_serve()
                 finally:
                     self.capacity.release()
-                if plan.kind == "stop":
-                    if plan.error is not None:
-                        self._fail(plan.error)
+                outcome = ended.outcome
+                if ended.final:
+                    if ended.error is not None:
+                        self._fail(ended.error)
                     elif not self._closing and self._failure is None:  # never leave waiters hanging
-                        self._fail(StreamClosed(plan.close_code, plan.reason))
+                        self._fail(StreamClosed(outcome.close_code, outcome.label))
                     return
-                violations = violations + 1 if plan.violation else 0
-                if violations >= _MAX_VIOLATIONS:
-                    assert plan.error is not None
-                    self._fail(plan.error)
+                plan = planner.plan(outcome)
+                if plan.kind is PlanKind.STOP:
+                    self._fail(self._stop_error(ended, plan))
                     return
-                if plan.error is not None:
-                    self._last_error = plan.error
-                if self._started_this_connection:
-                    attempt = 0
-                if plan.kind == "lazy" and not self._started_this_connection:
-                    plan.kind = "retry"  # closed before start was acknowledged: back off, never spin
-                if plan.kind == "lazy":
-                    pending = _Pending(plan.reason, plan.close_code, plan.server_delay, plan.server_delay or 0.0,
-                                       time.monotonic(), attempt, lazy=True)
+                if ended.error is not None:
+                    self._last_error = ended.error
+                pending = _Pending(plan, outcome.close_code, time.monotonic())
+                if plan.kind is PlanKind.WHEN_NEEDED:
                     log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
-                             "something to send or to wait for", plan.reason, plan.close_code)
+                             "something to send or to wait for, not before %.3f s", plan.reason, outcome.close_code,
+                             plan.delay)
                 else:
-                    delay = self.backoff.delay(attempt, plan.server_delay)
-                    pending = _Pending(plan.reason, plan.close_code, plan.server_delay, delay, time.monotonic(),
-                                       attempt, lazy=False)
-                    attempt += 1
                     log.info("System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
-                             plan.reason, plan.close_code, delay)
+                             plan.reason, outcome.close_code, plan.delay)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: never leave waiters hanging
@@ -1234,6 +1237,19 @@ class DecisionStream:
             self._fail(exc)
         finally:
             self._pulse()
+
+    @staticmethod
+    def _stop_error(ended: _Ended, plan: ReconnectPlan) -> BaseException:
+        """The error a stopped stream raises: the connection's own, or why its close is final."""
+        error = ended.error
+        if isinstance(error, ProtocolViolation | UpgradeRefused):
+            return error
+        outcome = ended.outcome
+        detail = f" after error {outcome.fatal_code}" if outcome.fatal_code else ""
+        return StreamClosed(outcome.close_code, outcome.close_reason, message=(
+            f"the System Zero gateway closed the stream with code {outcome.close_code} "
+            f"({_printable(outcome.close_reason) or 'no reason'}){detail}: {plan.final}; check the request and the "
+            "gateway's limits"))
 
     async def _wait_for_work(self) -> None:
         assert self._wake is not None
@@ -1252,44 +1268,44 @@ class DecisionStream:
         assert self._settings is not None
         return connect_options(self._settings, self.session.limits, self._ssl)
 
-    async def _connect_and_serve(self) -> _Plan:
+    async def _connect_and_serve(self) -> _Ended:
         settings = self._settings
         assert settings is not None
         url = settings.url
         self._started_this_connection = False
+        self._decided_this_connection = False
         self._goodbye = None
         self._last_fatal = None
         try:
             async with connect(url, **self._connect_kwargs()) as ws:
                 if ws.subprotocol != PROTOCOL:
-                    await ws.close(1002, "subprotocol not selected")
-                    return _Plan("stop", "protocol_violation", error=ProtocolViolation(
+                    await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
+                    return _Ended(ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), ProtocolViolation(
                         f"the server at {url} did not select the {PROTOCOL} subprotocol (it selected "
-                        f"{ws.subprotocol!r}): check that the connection's host is a System Zero API origin",
-                        code="unsupported_protocol"))
+                        f"{_printable(str(ws.subprotocol))!r}): check that the connection's host is a System Zero "
+                        "API origin", code="unsupported_protocol"), final=True)
                 return await self._serve(ws)
         except InvalidStatus as exc:
-            return self._refusal_plan(exc, url)
+            return self._upgrade_refused(exc, url)
         except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
-            return _Plan("retry", "network", error=exc)
+            return _Ended(ConnectionOutcome(kind="network"), exc)
         except InvalidURI as exc:
-            return _Plan("stop", "invalid_uri", error=SystemZeroValidationError(
-                f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"))
+            return _Ended(ConnectionOutcome(kind="network"), SystemZeroValidationError(
+                f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"), final=True)
         except InvalidHandshake as exc:
-            return _Plan("stop", "protocol_violation", error=ProtocolViolation(
+            return _Ended(ConnectionOutcome(kind="violation"), ProtocolViolation(
                 f"the opening handshake with {url} failed: {exc}: check that the connection's host is a System Zero "
-                "API origin", code="invalid_handshake"))
+                "API origin", code="invalid_handshake"), final=True)
 
-    def _refusal_plan(self, exc: InvalidStatus, url: str) -> _Plan:
+    def _upgrade_refused(self, exc: InvalidStatus, url: str) -> _Ended:
         error = refusal_error(exc, url)
         log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
                  error.envelope.code if error.envelope else "no error body")
-        if error.retryable:
-            delay = None if error.retry_after_ms is None else error.retry_after_ms / 1000
-            if error.status == 429:
-                self._observe("rate_limited", "upgrade", delay)
-            return _Plan("retry", f"upgrade_refused:{error.status}", server_delay=delay, error=error)
-        return _Plan("stop", f"upgrade_refused:{error.status}", error=error)
+        if error.retryable and error.status == 429:
+            self._observe("rate_limited", "upgrade",
+                          None if error.retry_after_ms is None else error.retry_after_ms / 1000)
+        return _Ended(ConnectionOutcome(server_delay_ms=error.retry_after_ms, kind="refused",
+                                        retryable=error.retryable, status=error.status), error)
 
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
@@ -1299,10 +1315,11 @@ class DecisionStream:
                 self._dispatch(events)
                 self._kick()
 
-    async def _serve(self, ws: ClientConnection) -> _Plan:
+    async def _serve(self, ws: ClientConnection) -> _Ended:
         assert self._wake is not None
         session = self.session
-        session.connection_opened(time.monotonic())
+        opened_at = time.monotonic()
+        session.connection_opened(opened_at)
         self._ws = ws
         replay = session.connections > 1
         log.info("connected to %s (%s)", self._settings.url if self._settings else "the gateway",
@@ -1310,8 +1327,17 @@ class DecisionStream:
         self._observe("connected", self._settings.url if self._settings else "", replay)
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
-        silent = False
-        lost = False
+        silent = recycle = lost = False
+
+        def outcome(code: int | None, kind: str = "closed") -> ConnectionOutcome:
+            goodbye, fatal = self._goodbye, self._last_fatal
+            delay_ms = goodbye.retry_after_ms if goodbye is not None else None
+            if fatal is not None and fatal.retry.retry_after_ms is not None:
+                delay_ms = max(delay_ms or 0, fatal.retry.retry_after_ms)
+            return ConnectionOutcome(code, ws.close_reason or "", goodbye.reason if goodbye else None, delay_ms,
+                                     fatal.code if fatal else None, self._started_this_connection,
+                                     self._decided_this_connection, time.monotonic() - opened_at, kind)
+
         try:
             try:
                 while not reader.done():
@@ -1322,6 +1348,9 @@ class DecisionStream:
                     if self._closing or self._failure is not None or self._release_requested:
                         break
                     now = time.monotonic()
+                    if session.recycle_due(now):
+                        recycle = True
+                        break
                     deadline = session.receipt_deadline()
                     if deadline is not None and now >= deadline:
                         silent = True
@@ -1337,33 +1366,42 @@ class DecisionStream:
                 log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
                             (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
                 ws.transport.abort()
-                return _Plan("retry", "receipt_timeout", close_code=1006)
+                return _Ended(outcome(CloseCode.ABNORMAL_CLOSURE, "silent"))
             if lost:
                 # the reader's own outcome (a protocol error included) is examined below
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
                 if not reader.done():
                     ws.transport.abort()
-                    return _Plan("retry", "close", close_code=1006)
+                    return _Ended(outcome(CloseCode.ABNORMAL_CLOSURE))
             if not reader.done():
-                # we close: the stream ends, fails, or is released
-                await ws.close(1000)
+                # we close: the stream ends, fails, is released, or replays on a new connection
+                if recycle:
+                    log.info("the gateway does not retry the failed decision on this connection and said no "
+                             "goodbye: reconnecting to replay the state")
+                await ws.close(CloseCode.NORMAL_CLOSURE)
                 # a peer may send until it sees our close: a bad frame then changes nothing
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
-                if self._release_requested and not self._closing and self._failure is None:
-                    return _Plan("lazy", "released", close_code=1000)
-                return _Plan("stop", "closed", close_code=1000)
+                if self._closing or self._failure is not None:
+                    return _Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
+                if recycle:
+                    return _Ended(outcome(CloseCode.NORMAL_CLOSURE, "recycled"))
+                if self._release_requested:
+                    return _Ended(outcome(CloseCode.NORMAL_CLOSURE, "released"))
+                return _Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
             error = reader.exception()
             if isinstance(error, RemoteProtocolError):
                 log.warning("the System Zero gateway broke the protocol: %s", error)
-                await ws.close(1002, "protocol error")
-                return _Plan("retry", "protocol_violation", close_code=1002, violation=True,
-                             error=ProtocolViolation(f"the System Zero gateway broke the stream protocol: "
-                                                     f"{error.message}", code=error.code))
+                await ws.close(CloseCode.PROTOCOL_ERROR, "protocol error")
+                return _Ended(outcome(CloseCode.PROTOCOL_ERROR, "violation"), ProtocolViolation(
+                    f"the System Zero gateway broke the stream protocol: {error.message}", code=error.code))
             if error is not None:
                 raise error
-            return self._close_plan(ws)
+            code = ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE
+            final = self._failure is not None or self._closing
+            return _Ended(outcome(code), StreamClosed(code, ws.close_reason or "", message=(
+                f"connection closed with code {code} ({_printable(ws.close_reason or '')})")), final=final)
         finally:
             if not reader.done():
                 reader.cancel()
@@ -1372,42 +1410,15 @@ class DecisionStream:
             session.connection_lost()
             self._connection_ended()
             self._ws = None
-            self._observe("closed", ws.close_code if ws.close_code is not None else 1006, ws.close_reason or "")
+            self._observe("closed", ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
+                          ws.close_reason or "")
             self._pulse()
 
-    def _close_plan(self, ws: ClientConnection) -> _Plan:
-        code = ws.close_code if ws.close_code is not None else 1006
-        reason = ws.close_reason or ""
-        goodbye = self._goodbye
-        server_delay_ms = goodbye.retry_after_ms if goodbye is not None else None
-        if self._last_fatal is not None and self._last_fatal.retry.retry_after_ms is not None:
-            server_delay_ms = max(server_delay_ms or 0, self._last_fatal.retry.retry_after_ms)
-        server_delay = None if server_delay_ms is None else server_delay_ms / 1000
-        label = f"goodbye:{goodbye.reason}" if goodbye is not None else "close"
-        if self._failure is not None or self._closing:
-            return _Plan("stop", label, close_code=code)
-        if code == 1000 and (goodbye is None or goodbye.reason in _LAZY_GOODBYES):
-            return _Plan("lazy", label, close_code=code, server_delay=server_delay)
-        transient = self._last_fatal is not None and self._last_fatal.code in _TRANSIENT_FATAL_CODES
-        if code in _FATAL_CLOSE_CODES and goodbye is None and not transient:
-            fatal = self._last_fatal
-            detail = f" after error {fatal.code}: {fatal.envelope.message}" if fatal is not None else ""
-            return _Plan("stop", label, close_code=code, error=StreamClosed(code, reason, message=(
-                f"the System Zero gateway closed the stream with code {code} ({reason or 'no reason'}){detail}: "
-                "a reconnect would repeat it; check the request and the gateway's limits")))
-        return _Plan("retry", label, close_code=code, server_delay=server_delay,
-                     error=StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"))
 
-
-def _is_maintenance(failure: DecideFailure) -> bool:
-    """A decide that failed with 503 ``maintenance``, retry permitted: the gateway is going away.
-
-    The gateway does not retry it itself (public document) because the connection is about to
-    end (goodbye ``shutdown``, 1012); it is still passing, so the client treats it as retryable:
-    on_request retries after the server's delay, on_change waits for the replay on the next
-    connection, and neither fails the caller for good.
-    """
-    return failure.http_status == 503 and failure.envelope.code == "maintenance" and failure.retry.retryable
+def _printable(text: str, limit: int = 200) -> str:
+    """Server-chosen text made safe for one log line: no control characters, bounded length."""
+    cleaned = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return cleaned + ("…" if len(text) > limit else "")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

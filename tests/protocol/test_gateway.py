@@ -252,7 +252,6 @@ def test_event_limit_is_fatal_with_goodbye_and_1008() -> None:
         json.dumps({"type": "append_text", "event_id": 2, "text": "x"}),
         json.dumps({"type": "decide", "state_version": "1"}),
         json.dumps({"type": "pong", "nonce": True}),
-        json.dumps({"type": "append_text", "event_id": "evt_2", "text": "x", "extra": 1}),
         json.dumps({"type": "replace", "event_id": "evt_2", "state": 5}),
     ],
 )
@@ -262,6 +261,41 @@ def test_malformed_frames_are_refusals(frame: str) -> None:
     err = only(d.send(frame), "error")
     assert err["fatal"] is False and err["error"]["envelope"]["error"]["type"] == "invalid_request_error"
     assert d.g.refusal_count == 1 and d.g.state_version == 1
+
+
+def test_a_refused_mutation_echoes_its_event_id() -> None:
+    d = Driver()
+    d.start()
+    err = only(d.send({"type": "append_text", "event_id": "evt_2"}), "error")
+    assert err["event_id"] == "evt_2" and d.g.refusal_count == 1
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        ({"type": "append_text", "event_id": "evt_2", "text": "x", "extra": 1}, "unknown_field"),
+        ({"type": "append_attachments", "event_id": "evt_2",
+          "attachments": [{"name": "a", "data": "data:text/plain;base64,eA==", "mime": "text/plain"}]},
+         "invalid_attachment"),
+    ],
+)
+def test_an_unknown_field_is_a_rejection_not_a_refusal(frame: dict, expected: str) -> None:
+    """WIRE.md §2 lists the refusals exhaustively; an unknown field is not among them."""
+    d = Driver()
+    d.start()
+    err = only(d.send(frame), "error")
+    assert code(err) == expected and err["event_id"] == "evt_2" and err["fatal"] is False
+    assert d.g.refusal_count == 0 and d.g.rejections == 1 and d.g.state_version == 1
+    # the rejection left the next ID free
+    assert only(d.send({"type": "append_text", "event_id": "evt_2", "text": "y"}), "ack")["state_version"] == 2
+
+
+def test_text_that_is_not_valid_unicode_is_rejected_invalid_state() -> None:
+    d = Driver()
+    d.start()
+    err = only(d.send('{"type":"append_text","event_id":"evt_2","text":"\\ud800"}'), "error")
+    assert code(err) == "invalid_state" and err["event_id"] == "evt_2" and d.close is None
+    assert d.g.state_version == 1
 
 
 def test_three_refusals_in_the_window_are_fatal_1008() -> None:

@@ -75,9 +75,14 @@ def test_every_server_message_round_trips_through_a_real_session() -> None:
             assert decode_server_message(text) == message and encode_message(decode_server_message(text)) == text
 
 
-def test_client_messages_refuse_unknown_fields_server_messages_tolerate_them() -> None:
-    with pytest.raises(RemoteProtocolError, match="unknown field 'colour'"):
+def test_client_messages_reject_unknown_fields_server_messages_tolerate_them() -> None:
+    with pytest.raises(RemoteProtocolError, match="pong.colour is not a field") as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": 1, "colour": "red"}))
+    assert caught.value.refusal is False and caught.value.code == "unknown_field" and caught.value.field == "colour"
+    # a mistyped field still makes it a refusal, whatever else is wrong
+    with pytest.raises(RemoteProtocolError) as caught:
+        decode_client_message(json.dumps({"type": "pong", "nonce": "1", "colour": "red"}))
+    assert caught.value.refusal is True
     assert decode_server_message(server("ping", nonce=3, colour="red")).nonce == 3
 
 

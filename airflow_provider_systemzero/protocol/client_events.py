@@ -1,0 +1,105 @@
+"""What the client session tells its I/O adapter (the events of :mod:`~.client`).
+
+:meth:`ClientSession.receive_text <airflow_provider_systemzero.protocol.client.ClientSession.receive_text>`
+returns them for each server frame; a caller change that settles something at once (a change back
+to the acknowledged state) returns them too. The adapter acts on each: it resolves waiters,
+counts usage and logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from airflow_provider_systemzero.protocol.messages import Ack, Error, Goodbye, Hello
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+__all__ = [
+    "Acknowledged",
+    "ClientEvent",
+    "DecisionFailed",
+    "DecisionReceived",
+    "GoodbyeReceived",
+    "HelloReceived",
+    "MutationRejected",
+    "ServerError",
+    "StreamFailed",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReceived:
+    """The gateway said ``hello``; its limits now apply."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledged:
+    """A mutation (``start`` included) was accepted; ``replayed`` for a reconnect's ``start``."""
+
+    ack: Ack
+    message_type: str
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionReceived:
+    """A decision arrived.
+
+    :param result: the typed decision.
+    :param current: it covers the complete desired state (nothing newer was asked for locally).
+    :param intents: the decide intents it resolves.
+    :param repeated: see the attribute.
+    """
+
+    result: DecisionResult
+    current: bool
+    intents: tuple[int, ...] = ()
+    #: The decision was delivered before; it is handed again only to resolve waiting intents
+    #: (the caller changed the state back to the one it covers), not to be counted or queued.
+    repeated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionFailed:
+    """A dispatch failed (``error`` with an HTTP status).
+
+    :param error: the error message (envelope, retry hint, ``fatal``).
+    :param intents: the on_request intents it fails (empty for on_change: the gateway retries).
+    """
+
+    error: Error
+    intents: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MutationRejected:
+    """A mutation was rejected for a passing reason (rate, pending events); it is sent again later."""
+
+    error: Error
+
+
+@dataclass(frozen=True, slots=True)
+class ServerError:
+    """Any other ``error`` the session absorbed (a stale decide it re-sends, a fatal error before a close)."""
+
+    error: Error
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailed:
+    """The desired state cannot be streamed (a non-retryable rejection): the caller must be told."""
+
+    error: Error
+
+
+@dataclass(frozen=True, slots=True)
+class GoodbyeReceived:
+    """The gateway will close; reconnect after at least ``goodbye.retry_after_ms``."""
+
+    goodbye: Goodbye
+
+
+ClientEvent: TypeAlias = (HelloReceived | Acknowledged | DecisionReceived | DecisionFailed | MutationRejected
+                          | ServerError | StreamFailed | GoodbyeReceived)
