@@ -206,7 +206,8 @@ class _Connection:
     drain: bool = False
     #: The last decision's version on this connection (0: none).
     decided_version: int = 0
-    #: Nothing but pongs is sent before this time (a rejection's delay; ``inf`` while shutting down).
+    #: No mutation is sent before this time (a rejection's delay); ``inf`` while the gateway shuts
+    #: down, which also stops ``decide``.
     blocked_until: float = 0.0
     #: When to close and replay on a new connection (on_change decide failure nobody retries here).
     recycle_at: float | None = None
@@ -784,23 +785,27 @@ class ClientSession:
         if self.phase not in (Phase.STARTING, Phase.STREAMING) or conn.in_flight is not None:
             return None, False
         on_change = self.decision_mode == "on_change"
+        decide_possible = (not on_change and not self.dispatch_held and conn.decide_outstanding is None
+                           and self.phase is Phase.STREAMING and conn.blocked_until != math.inf)
+        if decide_possible and conn.drain:
+            # the gateway holds too many undispatched events: a decide freezes them, then the
+            # rejected mutation fits (WIRE.md §8)
+            return Decide(conn.acked_version), False
         if not (on_change and self.dispatch_held):
             mutation = self._plan(conn)
             if mutation is not None:
                 return mutation, True
-        if (not on_change and not self.dispatch_held and conn.decide_outstanding is None
-                and self.phase is Phase.STREAMING
-                and (conn.drain or (self._intents
-                                    and conn.acked_generation >= min(i.generation for i in self._intents)))):
+        if decide_possible and self._intents and conn.acked_generation >= min(i.generation for i in self._intents):
             return Decide(conn.acked_version), False
         return None, False
 
     def _ready_at(self, conn: _Connection, is_mutation: bool, now: float) -> float:
-        """When a message of that kind may be written under the buckets and any rejection delay."""
+        """When a message of that kind may be written under the buckets (and, for a mutation, the
+        delay of the last rejection)."""
         assert conn.event_bucket is not None and conn.message_bucket is not None
-        at = max(now, conn.blocked_until, now + conn.message_bucket.delay(now))
+        at = max(now, now + conn.message_bucket.delay(now))
         if is_mutation:
-            at = max(at, now + conn.event_bucket.delay(now))
+            at = max(at, conn.blocked_until, now + conn.event_bucket.delay(now))
         return at
 
     def outgoing(self, now: float) -> list[ClientMessage]:
