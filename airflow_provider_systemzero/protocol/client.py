@@ -242,10 +242,18 @@ class ClientSession:
     :param limits: limits to assume before ``hello`` (the public document's by default).
     """
 
-    def __init__(self, *, request: StreamRequest, state: Any, decision_mode: str,
-                 attachments: Sequence[Attachment] = (), min_interval_ms: int | None = None,
-                 idempotency_key: str | None = None, key_namespace: str | None = None,
-                 limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        request: StreamRequest,
+        state: Any,
+        decision_mode: str,
+        attachments: Sequence[Attachment] = (),
+        min_interval_ms: int | None = None,
+        idempotency_key: str | None = None,
+        key_namespace: str | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         request.validate()
         #: The fixed request parts.
         self.request = request
@@ -254,8 +262,12 @@ class ClientSession:
         if key_namespace is not None:
             validate_idempotency_key(key_namespace, field="key_namespace")
             if len(key_namespace) > 190:
-                raise LocalProtocolError("key_namespace is longer than 190 characters: derived keys must stay within "
-                                         "255 characters", code="invalid_idempotency_key", field="key_namespace")
+                raise LocalProtocolError(
+                    "key_namespace is longer than 190 characters: derived keys must stay within "
+                    "255 characters",
+                    code="invalid_idempotency_key",
+                    field="key_namespace",
+                )
         self.key_namespace = key_namespace
         #: The limits in force: the public document's until ``hello``, then the gateway's.
         self.limits = limits or Limits()
@@ -335,34 +347,49 @@ class ClientSession:
     def in_sync(self) -> bool:
         """Whether the gateway has acknowledged the complete desired state on this connection."""
         conn = self._conn
-        return (self.phase is Phase.STREAMING and conn is not None and conn.in_flight is None
-                and conn.acked_generation == self._generation)
+        return (
+            self.phase is Phase.STREAMING
+            and conn is not None
+            and conn.in_flight is None
+            and conn.acked_generation == self._generation
+        )
 
     def desired_body(self, stream_id: str | None = None) -> str:
         """The synthesized decide body of the desired state."""
-        return self.request.decide_body(self._desired.state, self._desired.attachments,
-                                        stream_id=stream_id or self.stream_id or _STREAM_ID_PLACEHOLDER)
+        return self.request.decide_body(
+            self._desired.state,
+            self._desired.attachments,
+            stream_id=stream_id or self.stream_id or _STREAM_ID_PLACEHOLDER,
+        )
 
     def _set_desired(self, new: StreamState, key: str | None, *, field: str) -> list[ClientEvent]:
-        body = self.request.decide_body(new.state, new.attachments,
-                                        stream_id=self.stream_id or _STREAM_ID_PLACEHOLDER)
+        body = self.request.decide_body(
+            new.state, new.attachments, stream_id=self.stream_id or _STREAM_ID_PLACEHOLDER
+        )
         try:
             size = len(body.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise LocalProtocolError(
-                f"{field} holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start:exc.end]!r}): "
-                "a state must encode as UTF-8; nothing was changed", code="invalid_state", field=field) from None
+                f"{field} holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!r}): "
+                "a state must encode as UTF-8; nothing was changed",
+                code="invalid_state",
+                field=field,
+            ) from None
         if size > self.limits.max_decide_body_bytes:
             raise LocalProtocolError(
                 f"{field} would make the decide body {size} bytes: the synthesized body may not exceed "
                 f"max_decide_body_bytes ({self.limits.max_decide_body_bytes}); nothing was changed",
-                code="decide_body_too_large", field=field)
+                code="decide_body_too_large",
+                field=field,
+            )
         start_size = size + self._start_overhead()
         if start_size > self.limits.max_message_bytes:
             raise LocalProtocolError(
                 f"{field} would make the replay start message {start_size} bytes: messages may not exceed "
                 f"max_message_bytes ({self.limits.max_message_bytes}); nothing was changed",
-                code="message_too_large", field=field)
+                code="message_too_large",
+                field=field,
+            )
         if key is not None:
             key = validate_idempotency_key(key)
         elif self.key_namespace is not None:
@@ -381,8 +408,11 @@ class ClientSession:
         """
         stream_id = self.stream_id or _STREAM_ID_PLACEHOLDER
         if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
-            start = json_size(Start(event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms,
-                                    "k" * 255).to_dict())
+            start = json_size(
+                Start(
+                    event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms, "k" * 255
+                ).to_dict()
+            )
             body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
             self._start_overhead_for = (stream_id, start - body)
         return self._start_overhead_for[1]
@@ -396,10 +426,15 @@ class ClientSession:
         the current generation too: callers waiting for one get it now.
         """
         conn = self._conn
-        if (conn is None or self.phase is not Phase.STREAMING or conn.in_flight is not None
-                or conn.acked_generation == self._generation or conn.acked is None
-                or self._desired.attachments != conn.acked.attachments
-                or not same_json(self._desired.state, conn.acked.state)):
+        if (
+            conn is None
+            or self.phase is not Phase.STREAMING
+            or conn.in_flight is not None
+            or conn.acked_generation == self._generation
+            or conn.acked is None
+            or self._desired.attachments != conn.acked.attachments
+            or not same_json(self._desired.state, conn.acked.state)
+        ):
             return []
         previous = conn.acked_generation
         conn.acked_generation = self._generation
@@ -410,8 +445,11 @@ class ClientSession:
             self._failure_generation = self._generation
         if self._settled_generation == previous:
             self._settled_generation = self._generation
-        if (conn.decided_version == conn.acked_version and self._decision_generation == previous
-                and self.last_decision is not None):
+        if (
+            conn.decided_version == conn.acked_version
+            and self._decision_generation == previous
+            and self.last_decision is not None
+        ):
             self._decision_generation = self._generation
             intents = self._resolve(self._generation)
             if intents:
@@ -426,15 +464,20 @@ class ClientSession:
             invalid or the state would grow past the body limit; nothing changes.
         """
         if not isinstance(text, str):
-            raise LocalProtocolError(f"text must be a string, got {type(text).__name__}", code="invalid_text",
-                                     field="text")
+            raise LocalProtocolError(
+                f"text must be a string, got {type(text).__name__}", code="invalid_text", field="text"
+            )
         if not isinstance(self._desired.state, str):
-            raise LocalProtocolError("append_text needs a string state: use append_items for an array or replace "
-                                     "for an object", code="state_type_mismatch", field="text")
+            raise LocalProtocolError(
+                "append_text needs a string state: use append_items for an array or replace for an object",
+                code="state_type_mismatch",
+                field="text",
+            )
         if not text:
             return []
-        return self._set_desired(StreamState(self._desired.state + text, self._desired.attachments),
-                                 idempotency_key, field="text")
+        return self._set_desired(
+            StreamState(self._desired.state + text, self._desired.attachments), idempotency_key, field="text"
+        )
 
     def append_items(self, items: Sequence[Any], *, idempotency_key: str | None = None) -> list[ClientEvent]:
         """Append complete values to an array state.
@@ -444,19 +487,33 @@ class ClientSession:
             key is invalid or the state would grow past the body limit; nothing changes.
         """
         if isinstance(items, str | bytes) or not isinstance(items, Sequence):
-            raise LocalProtocolError("items must be a list of JSON values", code="invalid_items", field="items")
+            raise LocalProtocolError(
+                "items must be a list of JSON values", code="invalid_items", field="items"
+            )
         if not isinstance(self._desired.state, list):
-            raise LocalProtocolError("append_items needs an array state: use append_text for a string or replace "
-                                     "for an object", code="state_type_mismatch", field="items")
+            raise LocalProtocolError(
+                "append_items needs an array state: use append_text for a string or replace for an object",
+                code="state_type_mismatch",
+                field="items",
+            )
         if not items:
-            raise LocalProtocolError("items must not be empty: append at least one item", code="empty_items",
-                                     field="items")
+            raise LocalProtocolError(
+                "items must not be empty: append at least one item", code="empty_items", field="items"
+            )
         _check_json(list(items), "items")
-        return self._set_desired(StreamState([*self._desired.state, *_snapshot(list(items))],
-                                             self._desired.attachments), idempotency_key, field="items")
+        return self._set_desired(
+            StreamState([*self._desired.state, *_snapshot(list(items))], self._desired.attachments),
+            idempotency_key,
+            field="items",
+        )
 
-    def replace(self, state: Any, *, attachments: Sequence[Attachment] | None = None,
-                idempotency_key: str | None = None) -> list[ClientEvent]:
+    def replace(
+        self,
+        state: Any,
+        *,
+        attachments: Sequence[Attachment] | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[ClientEvent]:
         """Replace the complete state (and the attachments, when given; ``[]`` removes all).
 
         :returns: events the change settles at once (a change back to a decided state).
@@ -469,10 +526,13 @@ class ClientSession:
         if attachments is not None:
             new_attachments = tuple(attachments)
             validate_attachment_tuple(new_attachments, field="attachments")
-        return self._set_desired(StreamState(_snapshot(state), new_attachments), idempotency_key, field="state")
+        return self._set_desired(
+            StreamState(_snapshot(state), new_attachments), idempotency_key, field="state"
+        )
 
-    def append_attachments(self, attachments: Sequence[Attachment], *,
-                           idempotency_key: str | None = None) -> list[ClientEvent]:
+    def append_attachments(
+        self, attachments: Sequence[Attachment], *, idempotency_key: str | None = None
+    ) -> list[ClientEvent]:
         """Add inline attachments; the state is unchanged.
 
         :returns: events the change settles at once (usually none).
@@ -480,9 +540,14 @@ class ClientSession:
             nothing changes.
         """
         new = tuple(attachments)
-        validate_attachment_tuple(new, field="attachments", existing=self._desired.attachments, allow_empty=False)
-        return self._set_desired(StreamState(self._desired.state, (*self._desired.attachments, *new)),
-                                 idempotency_key, field="attachments")
+        validate_attachment_tuple(
+            new, field="attachments", existing=self._desired.attachments, allow_empty=False
+        )
+        return self._set_desired(
+            StreamState(self._desired.state, (*self._desired.attachments, *new)),
+            idempotency_key,
+            field="attachments",
+        )
 
     def set_desired(self, state: Any, *, idempotency_key: str | None = None) -> list[ClientEvent]:
         """Make ``state`` the desired state (a reconciling source); the minimal mutation is planned.
@@ -490,8 +555,9 @@ class ClientSession:
         Unlike :meth:`replace`, nothing happens when the state is unchanged — byte for byte as
         JSON: ``[1]`` and ``[true]`` are different states although Python calls them equal.
         """
-        if same_json(state, self._desired.state) and (idempotency_key is None
-                                                        or idempotency_key == self._desired_key):
+        if same_json(state, self._desired.state) and (
+            idempotency_key is None or idempotency_key == self._desired_key
+        ):
             return []
         return self.replace(state, idempotency_key=idempotency_key)
 
@@ -630,23 +696,37 @@ class ClientSession:
         self._check_sequence(conn, message)
         if conn.hello is None:
             if not isinstance(message, Hello):
-                raise RemoteProtocolError(f"the first server message must be hello, got {message.TYPE}",
-                                          code="hello_expected", field="type")
+                raise RemoteProtocolError(
+                    f"the first server message must be hello, got {message.TYPE}",
+                    code="hello_expected",
+                    field="type",
+                )
             if message.protocol != PROTOCOL:
-                raise RemoteProtocolError(f"hello.protocol {message.protocol!r} is not {PROTOCOL!r}",
-                                          code="unsupported_protocol", field="protocol")
+                raise RemoteProtocolError(
+                    f"hello.protocol {message.protocol!r} is not {PROTOCOL!r}",
+                    code="unsupported_protocol",
+                    field="protocol",
+                )
             conn.hello = message
             self.limits = message.limits
             self.stream_id = message.stream_id
             lim = message.limits
-            conn.event_bucket = TokenBucket(max(0.1, lim.max_events_per_second * _PACING_RATE_FACTOR),
-                                            max(1, lim.event_burst - _EVENT_BURST_RESERVE), now)
-            conn.message_bucket = TokenBucket(max(0.1, lim.max_messages_per_second * _PACING_RATE_FACTOR),
-                                              max(1, lim.message_burst - _MESSAGE_BURST_RESERVE), now)
+            conn.event_bucket = TokenBucket(
+                max(0.1, lim.max_events_per_second * _PACING_RATE_FACTOR),
+                max(1, lim.event_burst - _EVENT_BURST_RESERVE),
+                now,
+            )
+            conn.message_bucket = TokenBucket(
+                max(0.1, lim.max_messages_per_second * _PACING_RATE_FACTOR),
+                max(1, lim.message_burst - _MESSAGE_BURST_RESERVE),
+                now,
+            )
             self._move(Phase.STARTING)
             return [HelloReceived(message)]
         if isinstance(message, Hello):
-            raise RemoteProtocolError("a second hello on one connection", code="unexpected_hello", field="type")
+            raise RemoteProtocolError(
+                "a second hello on one connection", code="unexpected_hello", field="type"
+            )
         if isinstance(message, Ping):
             conn.pongs.append(Pong(message.nonce))
             return []
@@ -667,26 +747,38 @@ class ClientSession:
     def _check_sequence(conn: _Connection, message: Any) -> None:
         """Every server message names this connection's stream and the next ``seq`` (WIRE.md §2)."""
         if conn.hello is not None and message.stream_id != conn.hello.stream_id:
-            raise RemoteProtocolError(f"{message.TYPE} names stream {message.stream_id[:40]!r}, not this "
-                                      f"connection's {conn.hello.stream_id!r}", code="unexpected_stream_id",
-                                      field="stream_id")
+            raise RemoteProtocolError(
+                f"{message.TYPE} names stream {message.stream_id[:40]!r}, not this "
+                f"connection's {conn.hello.stream_id!r}",
+                code="unexpected_stream_id",
+                field="stream_id",
+            )
         if message.seq != conn.seq + 1:
-            raise RemoteProtocolError(f"{message.TYPE}.seq is {message.seq}, expected {conn.seq + 1}: server "
-                                      "messages are numbered 1, 2, 3 … over the connection",
-                                      code="seq_out_of_order", field="seq")
+            raise RemoteProtocolError(
+                f"{message.TYPE}.seq is {message.seq}, expected {conn.seq + 1}: server "
+                "messages are numbered 1, 2, 3 … over the connection",
+                code="seq_out_of_order",
+                field="seq",
+            )
         conn.seq = message.seq
 
     def _on_ack(self, conn: _Connection, ack: Ack) -> list[ClientEvent]:
         flight = conn.in_flight
         if flight is None or ack.event_id != flight.message.event_id:
             expected = flight.message.event_id if flight else None
-            raise RemoteProtocolError(f"ack for {ack.event_id[:40]!r} but the mutation in flight is {expected!r}",
-                                      code="unexpected_ack", field="event_id")
+            raise RemoteProtocolError(
+                f"ack for {ack.event_id[:40]!r} but the mutation in flight is {expected!r}",
+                code="unexpected_ack",
+                field="event_id",
+            )
         number = event_number(ack.event_id)
         if ack.state_version != number:
-            raise RemoteProtocolError(f"ack.state_version {ack.state_version} does not match {ack.event_id!r}: "
-                                      "each accepted mutation increments state_version once",
-                                      code="invalid_ack", field="state_version")
+            raise RemoteProtocolError(
+                f"ack.state_version {ack.state_version} does not match {ack.event_id!r}: "
+                "each accepted mutation increments state_version once",
+                code="invalid_ack",
+                field="state_version",
+            )
         conn.in_flight = None
         conn.acked = flight.result
         conn.acked_version = ack.state_version
@@ -706,9 +798,13 @@ class ClientSession:
 
     def _on_decision(self, conn: _Connection, message: Decision) -> list[ClientEvent]:
         if message.state_version > conn.acked_version:
-            raise RemoteProtocolError(f"decision covers version {message.state_version} but only "
-                                      f"{conn.acked_version} was acknowledged: an ack precedes any decision "
-                                      "covering it", code="decision_before_ack", field="state_version")
+            raise RemoteProtocolError(
+                f"decision covers version {message.state_version} but only "
+                f"{conn.acked_version} was acknowledged: an ack precedes any decision "
+                "covering it",
+                code="decision_before_ack",
+                field="state_version",
+            )
         result = DecisionResult.from_message(message)
         self.last_decision = result
         conn.decided_version = message.state_version
@@ -732,7 +828,9 @@ class ClientSession:
             conn.in_flight = None
             if error.code in _RETRYABLE_REJECTIONS:
                 delay = error.retry.retry_after_ms
-                delay_s = min((DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S)
+                delay_s = min(
+                    (DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S
+                )
                 conn.blocked_until = now + delay_s
                 if error.code == "too_many_pending_events" and self.decision_mode == "on_request":
                     conn.drain = True
@@ -746,7 +844,11 @@ class ClientSession:
             if error.code == "shutting_down":
                 conn.blocked_until = math.inf
             return [ServerError(error)]
-        if error.event_id is None and not error.fatal and error.code in ("decide_not_allowed", "start_required"):
+        if (
+            error.event_id is None
+            and not error.fatal
+            and error.code in ("decide_not_allowed", "start_required")
+        ):
             self._stream_failure = error
             self._move(Phase.FAILED)
             return [StreamFailed(error)]
@@ -766,8 +868,9 @@ class ClientSession:
         if retry is DecideRetry.CLIENT:
             # nobody retries it on this connection: replay on a new one after the server's delay
             delay = error.retry.retry_after_ms
-            conn.recycle_at = now + min((DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000,
-                                        MAX_SERVER_DELAY_S)
+            conn.recycle_at = now + min(
+                (DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S
+            )
         elif retry is DecideRetry.NONE:
             # the gateway will not dispatch this state again: it is settled, with this failure
             generation = conn.version_generation.get(error.state_version or 0, -1)
@@ -785,8 +888,13 @@ class ClientSession:
         if self.phase not in (Phase.STARTING, Phase.STREAMING) or conn.in_flight is not None:
             return None, False
         on_change = self.decision_mode == "on_change"
-        decide_possible = (not on_change and not self.dispatch_held and conn.decide_outstanding is None
-                           and self.phase is Phase.STREAMING and conn.blocked_until != math.inf)
+        decide_possible = (
+            not on_change
+            and not self.dispatch_held
+            and conn.decide_outstanding is None
+            and self.phase is Phase.STREAMING
+            and conn.blocked_until != math.inf
+        )
         if decide_possible and conn.drain:
             # the gateway holds too many undispatched events: a decide freezes them, then the
             # rejected mutation fits (WIRE.md §8)
@@ -795,7 +903,11 @@ class ClientSession:
             mutation = self._plan(conn)
             if mutation is not None:
                 return mutation, True
-        if decide_possible and self._intents and conn.acked_generation >= min(i.generation for i in self._intents):
+        if (
+            decide_possible
+            and self._intents
+            and conn.acked_generation >= min(i.generation for i in self._intents)
+        ):
             return Decide(conn.acked_version), False
         return None, False
 
@@ -841,13 +953,24 @@ class ClientSession:
 
     def _plan(self, conn: _Connection) -> Mutation | None:
         if self.phase is Phase.STARTING:
-            return Start(event_id(1), self.request, self._desired.state, self.decision_mode,
-                         self._desired.attachments, self.min_interval_ms, self._desired_key)
+            return Start(
+                event_id(1),
+                self.request,
+                self._desired.state,
+                self.decision_mode,
+                self._desired.attachments,
+                self.min_interval_ms,
+                self._desired_key,
+            )
         if conn.acked_generation == self._generation:
             return None
         assert conn.acked is not None
-        mutation = plan_mutation(conn.acked, self._desired, event_id=event_id(conn.acked_version + 1),
-                                 idempotency_key=self._desired_key)
+        mutation = plan_mutation(
+            conn.acked,
+            self._desired,
+            event_id=event_id(conn.acked_version + 1),
+            idempotency_key=self._desired_key,
+        )
         if mutation is None:  # unreachable: every path that makes them equal adopts at once
             raise AssertionError("desired state equals the acknowledged one but was not adopted")
         return mutation
@@ -881,5 +1004,6 @@ def _check_json(value: Any, field: str) -> None:
         json_size(value)
     except (TypeError, ValueError) as exc:
         reason = "text that is not valid Unicode" if isinstance(exc, UnicodeEncodeError) else str(exc)
-        raise LocalProtocolError(f"{field} is not JSON-serialisable: {reason}", code="invalid_state",
-                                 field=field) from None
+        raise LocalProtocolError(
+            f"{field} is not JSON-serialisable: {reason}", code="invalid_state", field=field
+        ) from None

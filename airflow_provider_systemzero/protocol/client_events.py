@@ -101,5 +101,13 @@ class GoodbyeReceived:
     goodbye: Goodbye
 
 
-ClientEvent: TypeAlias = (HelloReceived | Acknowledged | DecisionReceived | DecisionFailed | MutationRejected
-                          | ServerError | StreamFailed | GoodbyeReceived)
+ClientEvent: TypeAlias = (
+    HelloReceived
+    | Acknowledged
+    | DecisionReceived
+    | DecisionFailed
+    | MutationRejected
+    | ServerError
+    | StreamFailed
+    | GoodbyeReceived
+)

@@ -87,9 +87,16 @@ class GoodbyeReason(enum.StrEnum):
 
 #: Close codes a reconnect cannot fix unless the gateway said goodbye first: the client sent
 #: something the gateway will refuse again.
-_FINAL_CLOSE_CODES = frozenset({CloseCode.PROTOCOL_ERROR, CloseCode.UNSUPPORTED_DATA, CloseCode.INVALID_DATA,
-                                CloseCode.POLICY_VIOLATION, CloseCode.MESSAGE_TOO_BIG,
-                                CloseCode.MANDATORY_EXTENSION})
+_FINAL_CLOSE_CODES = frozenset(
+    {
+        CloseCode.PROTOCOL_ERROR,
+        CloseCode.UNSUPPORTED_DATA,
+        CloseCode.INVALID_DATA,
+        CloseCode.POLICY_VIOLATION,
+        CloseCode.MESSAGE_TOO_BIG,
+        CloseCode.MANDATORY_EXTENSION,
+    }
+)
 #: Goodbyes after which the client reconnects only when it has work (WIRE.md §8).
 _WHEN_NEEDED_GOODBYES = frozenset({GoodbyeReason.IDLE_TIMEOUT, GoodbyeReason.MAX_DURATION})
 #: Fatal errors before a policy close that a new connection does not repeat: ``start_timeout``
@@ -163,7 +170,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if self.base < 0 or self.cap < 0:
-            raise ValueError(f"backoff base and cap must be non-negative, got base={self.base}, cap={self.cap}")
+            raise ValueError(
+                f"backoff base and cap must be non-negative, got base={self.base}, cap={self.cap}"
+            )
 
     def window(self, attempt: int) -> float:
         """The jitter window of attempt ``attempt`` (0-based), in seconds."""
@@ -229,7 +238,9 @@ class ConnectionOutcome:
     def label(self) -> str:
         """A short, closed-set description for logs and metric tags."""
         if self.goodbye_reason is not None:
-            reason = self.goodbye_reason if self.goodbye_reason in GoodbyeReason.__members__.values() else "other"
+            reason = (
+                self.goodbye_reason if self.goodbye_reason in GoodbyeReason.__members__.values() else "other"
+            )
             return f"goodbye:{reason}"
         if self.kind == "refused":
             return f"upgrade_refused:{self.status}"
@@ -272,8 +283,11 @@ class ReconnectPlanner:
     def plan(self, outcome: ConnectionOutcome) -> ReconnectPlan:
         """The plan after ``outcome``; updates the attempt and violation counters."""
         label = outcome.label
-        server_delay = None if outcome.server_delay_ms is None else min(outcome.server_delay_ms / 1000,
-                                                                          MAX_SERVER_DELAY_S)
+        server_delay = (
+            None
+            if outcome.server_delay_ms is None
+            else min(outcome.server_delay_ms / 1000, MAX_SERVER_DELAY_S)
+        )
         if outcome.kind == "released":
             # a lease given back is no failure: reconnect as soon as there is work
             return ReconnectPlan(PlanKind.WHEN_NEEDED, 0.0, self.attempt, label)
@@ -281,16 +295,27 @@ class ReconnectPlanner:
             self.attempt = 0
         self.violations = self.violations + 1 if outcome.kind == "violation" else 0
         if self.violations >= MAX_CONSECUTIVE_VIOLATIONS:
-            return self._stop(label, f"the gateway broke the protocol on {self.violations} connections in a row")
+            return self._stop(
+                label, f"the gateway broke the protocol on {self.violations} connections in a row"
+            )
         if outcome.kind == "refused" and not outcome.retryable:
             return self._stop(label, "the gateway refused the upgrade and would refuse it again")
         code = outcome.close_code
-        if (outcome.kind == "closed" and code in _FINAL_CLOSE_CODES and outcome.goodbye_reason is None
-                and outcome.fatal_code not in _TRANSIENT_FATAL_CODES):
-            return self._stop(label, f"the gateway closed the stream with code {code}: a reconnect would repeat it")
+        if (
+            outcome.kind == "closed"
+            and code in _FINAL_CLOSE_CODES
+            and outcome.goodbye_reason is None
+            and outcome.fatal_code not in _TRANSIENT_FATAL_CODES
+        ):
+            return self._stop(
+                label, f"the gateway closed the stream with code {code}: a reconnect would repeat it"
+            )
         kind = PlanKind.RECONNECT
-        if outcome.kind == "closed" and code == CloseCode.NORMAL_CLOSURE and (
-                outcome.goodbye_reason is None or outcome.goodbye_reason in _WHEN_NEEDED_GOODBYES):
+        if (
+            outcome.kind == "closed"
+            and code == CloseCode.NORMAL_CLOSURE
+            and (outcome.goodbye_reason is None or outcome.goodbye_reason in _WHEN_NEEDED_GOODBYES)
+        ):
             kind = PlanKind.WHEN_NEEDED
         attempt = self.attempt
         delay = self.backoff.delay(attempt, server_delay)

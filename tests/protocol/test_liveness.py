@@ -41,36 +41,59 @@ from airflow_provider_systemzero.protocol import (
     compact_json,
     encode_message,
 )
-from airflow_provider_systemzero.protocol.client_events import DecisionFailed, DecisionReceived, GoodbyeReceived
+from airflow_provider_systemzero.protocol.client_events import (
+    DecisionFailed,
+    DecisionReceived,
+    GoodbyeReceived,
+)
 from airflow_provider_systemzero.protocol.gateway import CloseConnection, DispatchDecide, SendMessage
 from airflow_provider_systemzero.protocol.messages import Error
 from airflow_provider_systemzero.protocol.reconnect import Backoff, CloseCode
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 #: Small enough that bursts, pending-event limits, heartbeats and idle timeouts all happen.
-LIMITS = Limits(max_pending_events=3, heartbeat_interval_ms=5_000, pong_timeout_ms=2_000, idle_timeout_ms=30_000,
-                max_duration_ms=600_000, min_interval_ms=0)
+LIMITS = Limits(
+    max_pending_events=3,
+    heartbeat_interval_ms=5_000,
+    pong_timeout_ms=2_000,
+    idle_timeout_ms=30_000,
+    max_duration_ms=600_000,
+    min_interval_ms=0,
+)
 #: How long a behaving gateway may take to bring the client in sync with a current decision.
 SETTLE_BOUND_S = 120.0
 
 
 def reply_for(body: str) -> DecideSuccess:
     digest = hashlib.sha256(body.encode()).hexdigest()[:32]
-    return DecideSuccess(reply={"id": f"szd_{digest}", "answers": {"ready": {
-        "type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}}}, request_id="r")
+    return DecideSuccess(
+        reply={
+            "id": f"szd_{digest}",
+            "answers": {
+                "ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}
+            },
+        },
+        request_id="r",
+    )
 
 
 FAILURES = {
-    "429": DecideFailure(429, ErrorEnvelope("rate_limit_error", "rate_limited", "slow down"), RetryHint(True, 700),
-                         "r"),
-    "503": DecideFailure(503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, None), "r"),
-    "503-maintenance": DecideFailure(503, ErrorEnvelope("overloaded_error", "maintenance", "going away"),
-                                     RetryHint(True, 400), "r"),
-    "409": DecideFailure(409, ErrorEnvelope("idempotency_error", "idempotency_conflict", "running"),
-                         RetryHint(True, 200), "r"),
+    "429": DecideFailure(
+        429, ErrorEnvelope("rate_limit_error", "rate_limited", "slow down"), RetryHint(True, 700), "r"
+    ),
+    "503": DecideFailure(
+        503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, None), "r"
+    ),
+    "503-maintenance": DecideFailure(
+        503, ErrorEnvelope("overloaded_error", "maintenance", "going away"), RetryHint(True, 400), "r"
+    ),
+    "409": DecideFailure(
+        409, ErrorEnvelope("idempotency_error", "idempotency_conflict", "running"), RetryHint(True, 200), "r"
+    ),
     "500": DecideFailure(500, ErrorEnvelope("api_error", "internal", "broken"), RetryHint(False), "r"),
-    "400": DecideFailure(400, ErrorEnvelope("invalid_request_error", "invalid_request", "no"), RetryHint(False),
-                         "r"),
+    "400": DecideFailure(
+        400, ErrorEnvelope("invalid_request_error", "invalid_request", "no"), RetryHint(False), "r"
+    ),
 }
 
 
@@ -155,9 +178,19 @@ class World:
         self.gateway = None
         self.pending = []
         self.client.connection_lost()
-        plan = self.planner.plan(ConnectionOutcome(
-            code, "", goodbye.reason if goodbye else None, delay, fatal.code if fatal else None,
-            started=True, decided=self._conn["decided"], duration=self.now - self._conn["opened"], kind=kind))
+        plan = self.planner.plan(
+            ConnectionOutcome(
+                code,
+                "",
+                goodbye.reason if goodbye else None,
+                delay,
+                fatal.code if fatal else None,
+                started=True,
+                decided=self._conn["decided"],
+                duration=self.now - self._conn["opened"],
+                kind=kind,
+            )
+        )
         if plan.kind is PlanKind.STOP:
             self.stopped = True
             return
@@ -184,8 +217,11 @@ class World:
                 return
             self.pump()
             if self.gateway is None:
-                if self.reconnect_at is not None and self.now >= self.reconnect_at and (
-                        not self.when_needed or self.client.has_work()):
+                if (
+                    self.reconnect_at is not None
+                    and self.now >= self.reconnect_at
+                    and (not self.when_needed or self.client.has_work())
+                ):
                     self.connect()
                     continue
                 return
@@ -204,7 +240,8 @@ class World:
                     continue
             wakeup = client.next_wakeup(self.now)
             assert wakeup is None or wakeup > self.now, (
-                f"spin: next_wakeup {wakeup} <= now {self.now} with nothing to send (phase {client.phase})")
+                f"spin: next_wakeup {wakeup} <= now {self.now} with nothing to send (phase {client.phase})"
+            )
             return
         raise AssertionError("the adapter found something due at the same instant a thousand times")
 
@@ -235,7 +272,17 @@ class World:
 # ------------------------------------------------------------------------------------ the machine
 
 STATES = [
-    "log\n", "log\nmore\n", "", [1], [True], [1.0], [1, 2], {"a": 1}, {"a": True}, {"a": 1.0}, ["x", {"y": [1]}],
+    "log\n",
+    "log\nmore\n",
+    "",
+    [1],
+    [True],
+    [1.0],
+    [1, 2],
+    {"a": 1},
+    {"a": True},
+    {"a": 1.0},
+    ["x", {"y": [1]}],
 ]
 
 
@@ -333,12 +380,18 @@ class ClientLiveness(RuleBasedStateMachine):
         w.step()
         while w.now - start < SETTLE_BOUND_S:
             current = client.current_decision is not None or client.current_failure is not None
-            if current and (intent is None or client.pending_intents == 0) and (w.gateway is None or client.in_sync):
+            if (
+                current
+                and (intent is None or client.pending_intents == 0)
+                and (w.gateway is None or client.in_sync)
+            ):
                 break
             w.advance(1.0)
         else:
-            raise AssertionError(f"no decision about the current state within {SETTLE_BOUND_S} s "
-                                 f"(phase {client.phase}, in_sync {client.in_sync}, work {client.has_work()})")
+            raise AssertionError(
+                f"no decision about the current state within {SETTLE_BOUND_S} s "
+                f"(phase {client.phase}, in_sync {client.in_sync}, work {client.has_work()})"
+            )
         assert not w.stopped
         if w.gateway is not None and w.gateway.stream_state is not None:  # (c)
             assert compact_json(w.gateway.stream_state.state) == compact_json(client.desired_state)
@@ -353,5 +406,9 @@ class ClientLiveness(RuleBasedStateMachine):
 
 
 TestClientLiveness = ClientLiveness.TestCase
-TestClientLiveness.settings = settings(max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", "60")), stateful_step_count=30, deadline=None,
-                                       suppress_health_check=[HealthCheck.too_slow])
+TestClientLiveness.settings = settings(
+    max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", "60")),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -76,7 +76,7 @@ def test_every_server_message_round_trips_through_a_real_session() -> None:
 
 
 def test_client_messages_reject_unknown_fields_server_messages_tolerate_them() -> None:
-    with pytest.raises(RemoteProtocolError, match="pong.colour is not a field") as caught:
+    with pytest.raises(RemoteProtocolError, match=r"pong\.colour is not a field") as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": 1, "colour": "red"}))
     assert caught.value.refusal is False and caught.value.code == "unknown_field" and caught.value.field == "colour"
     # a mistyped field still makes it a refusal, whatever else is wrong
