@@ -77,6 +77,8 @@ from airflow_provider_systemzero.protocol.gateway import (
 )
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL, Ping, encode_message
+from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
+from airflow_provider_systemzero.protocol.reconnect import CloseCode
 from airflow_provider_systemzero.protocol.upgrade import (
     STREAM_PATH,
     UpgradeRefusal,
@@ -160,6 +162,8 @@ class EmulatorStats:
     :param messages_sent: server messages sent, by ``type``.
     :param native_pings_sent: WebSocket ping frames sent by the keepalive.
     :param native_pongs_received: WebSocket pong frames received.
+    :param native_control_floods: connections closed 1008 for native pings and pongs over the
+        advertised native control limits.
     """
 
     streams_open: int = 0
@@ -180,6 +184,7 @@ class EmulatorStats:
     messages_sent: dict[str, int] = field(default_factory=dict)
     native_pings_sent: int = 0
     native_pongs_received: int = 0
+    native_control_floods: int = 0
 
     def to_dict(self, *, mask_accounts: bool = False) -> dict[str, Any]:
         """JSON form (integer keys become strings).
@@ -206,6 +211,12 @@ class _EmulatorConnection(ServerConnection):
         self.emulator = emulator
         self.account: str | None = None
         self.reservation_released = True
+        # the client's native pings and pongs, against the advertised native control limits
+        lim, now = emulator.limits, time.monotonic()
+        self._control_frames = TokenBucket(lim.max_native_control_frames_per_second,
+                                           max(1, lim.native_control_frame_burst), now)
+        self._control_bytes = TokenBucket(lim.max_native_control_bytes_per_second,
+                                          max(1, lim.native_control_byte_burst), now)
 
     def send_data(self) -> None:
         # A silent peer: once open, every outgoing byte is dropped (pongs, pings, messages, the
@@ -220,8 +231,19 @@ class _EmulatorConnection(ServerConnection):
         return await super().ping(data)
 
     def process_event(self, event: Any) -> None:
-        if isinstance(event, Frame) and event.opcode is Opcode.PONG:
-            self.emulator._counters["native_pongs_received"] += 1
+        if isinstance(event, Frame) and event.opcode in (Opcode.PING, Opcode.PONG):
+            if event.opcode is Opcode.PONG:
+                self.emulator._counters["native_pongs_received"] += 1
+            now = time.monotonic()
+            size = max(1, len(event.data))  # an empty ping still costs a byte of the budget
+            if not (self._control_frames.try_take(now) and self._control_bytes.try_take(now, size)):
+                # over max_native_control_frames_per_second / _bytes_per_second (and their bursts):
+                # the public document names the limits, not the outcome; the emulator closes 1008
+                if self.protocol.state is State.OPEN:
+                    self.emulator._counters["native_control_floods"] += 1
+                    self.protocol.fail(CloseCode.POLICY_VIOLATION, "native_control_rate_limited")
+                    self.send_data()
+                return
         super().process_event(event)
 
     def data_received(self, data: bytes) -> None:
@@ -457,7 +479,7 @@ class _Stream:
             return protocol.close_sent.code
         if protocol.close_rcvd is not None:
             return protocol.close_rcvd.code
-        return 1006
+        return CloseCode.ABNORMAL_CLOSURE
 
 
 # --------------------------------------------------------------------------------------------
@@ -579,7 +601,7 @@ class Emulator:
         self._shutdown_retry_after_ms = self.shutdown_retry_after_ms if retry_after_ms is None else retry_after_ms
         await self._shutdown_streams(list(self._streams.values()), self._shutdown_retry_after_ms)
         server, self._server = self._server, None
-        server.close(close_connections=True, code=1012, reason="shutdown")
+        server.close(close_connections=True, code=CloseCode.SERVICE_RESTART, reason="shutdown")
         await server.wait_closed()
         for task in list(self._tasks):
             task.cancel()
@@ -642,6 +664,7 @@ class Emulator:
             messages_sent=dict(self._messages_sent),
             native_pings_sent=counters["native_pings_sent"],
             native_pongs_received=counters["native_pongs_received"],
+            native_control_floods=counters["native_control_floods"],
         )
 
     @property

@@ -13,11 +13,12 @@ Where each rule of WIRE.md lives:
   and the one function that says what may be sent now) and :mod:`.client_events`;
 * §5, §7–8 close codes, the reconnect plan per close code and goodbye, the backoff, and the
   retry classification of decide failures for both sides — :mod:`.reconnect`;
-* §6 error envelope and retry hints — :mod:`.errors`; the decide reply — :mod:`.reply`.
+* §6 error envelope and retry hints — :mod:`.errors`; the decide reply — :mod:`.reply`;
+* §3, §8 every derived key (cache key, key namespace, per-state key) — :mod:`.keys`.
 """
 
 from airflow_provider_systemzero.protocol.body import compact_json, state_bytes, synthesize_decide_body
-from airflow_provider_systemzero.protocol.client import ClientSession, Phase, derive_state_key
+from airflow_provider_systemzero.protocol.client import ClientSession, Phase
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
     LocalProtocolError,
@@ -33,6 +34,7 @@ from airflow_provider_systemzero.protocol.gateway import (
     GatewaySession,
     SendMessage,
 )
+from airflow_provider_systemzero.protocol.keys import derive_state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,

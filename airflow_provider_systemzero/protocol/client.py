@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from airflow_provider_systemzero.protocol.client_events import (
     StreamFailed,
 )
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError, RemoteProtocolError
+from airflow_provider_systemzero.protocol.keys import derive_state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
@@ -110,7 +110,7 @@ __all__ = [
     "Phase",
     "ServerError",
     "StreamFailed",
-    "derive_state_key",
+    "check_hello",
 ]
 
 #: A placeholder ``stream_id`` of the right length, to predict body sizes before ``hello``.
@@ -128,16 +128,18 @@ _EVENT_BURST_RESERVE = 1
 _MESSAGE_BURST_RESERVE = 2
 
 
-def derive_state_key(namespace: str, body: str) -> str:
-    """The per-state idempotency key for a decide body: ``<namespace>:<sha256 of the body>``.
+def check_hello(message: Any) -> Hello:
+    """The first server message of a connection: a ``hello`` of this protocol (WIRE.md §2).
 
-    The same state (same body) always gets the same key, and a different state a different key,
-    so a replay is billed once and a changed state never reuses a key (HTTP 422).
-
-    :param namespace: a stable prefix (printable ASCII, at most 190 characters).
-    :param body: the synthesized decide body.
+    :raises RemoteProtocolError: it is another message, or another protocol's ``hello``.
     """
-    return f"{namespace}:{hashlib.sha256(body.encode('utf-8')).hexdigest()}"
+    if not isinstance(message, Hello):
+        raise RemoteProtocolError(f"the first server message must be hello, got {message.TYPE}",
+                                  code="hello_expected", field="type")
+    if message.protocol != PROTOCOL:
+        raise RemoteProtocolError(f"hello.protocol {message.protocol[:40]!r} is not {PROTOCOL!r}",
+                                  code="unsupported_protocol", field="protocol")
+    return message
 
 
 class Phase(enum.Enum):
@@ -695,18 +697,7 @@ class ClientSession:
         message = decode_server_message(text)
         self._check_sequence(conn, message)
         if conn.hello is None:
-            if not isinstance(message, Hello):
-                raise RemoteProtocolError(
-                    f"the first server message must be hello, got {message.TYPE}",
-                    code="hello_expected",
-                    field="type",
-                )
-            if message.protocol != PROTOCOL:
-                raise RemoteProtocolError(
-                    f"hello.protocol {message.protocol!r} is not {PROTOCOL!r}",
-                    code="unsupported_protocol",
-                    field="protocol",
-                )
+            message = check_hello(message)
             conn.hello = message
             self.limits = message.limits
             self.stream_id = message.stream_id

@@ -14,7 +14,11 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 
-__all__ = ["ADVERTISED_LIMITS", "Limits"]
+__all__ = ["ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
+
+#: A stream has at most one decide in flight plus one pending intent (WIRE.md §4): what a
+#: client may have started at the gateway and not yet seen settled.
+MAX_DISPATCHES_PER_STREAM = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from airflow_provider_systemzero.protocol.body import compact_json
-from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError
+from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError, RemoteProtocolError
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 
 __all__ = [
     "STREAM_PATH",
     "UpgradeRefusal",
     "capacity_refusal",
+    "check_selected_subprotocol",
     "check_upgrade",
     "is_loopback_host",
     "maintenance_refusal",
+    "request_headers",
     "stream_capacity",
     "stream_url",
 ]
@@ -179,3 +181,26 @@ def check_upgrade(path: str, headers: Mapping[str, str], *, known_key: object) -
         return UpgradeRefusal(401, ErrorEnvelope("authentication_error", "invalid_api_key",
                                                  "the API key is not valid"))
     return key
+
+
+def request_headers(api_key: str) -> dict[str, str]:
+    """The one header the client adds to the upgrade (WIRE.md §1): ``Authorization: Bearer``.
+
+    ``Sec-WebSocket-Protocol`` offers :data:`~.messages.PROTOCOL` alone; ``Origin``, ``Cookie`` and
+    ``Sec-WebSocket-Extensions`` are never sent (the gateway refuses them: see :func:`check_upgrade`).
+
+    :param api_key: the API key (surrounding spaces are not part of it).
+    """
+    return {"Authorization": f"Bearer {api_key.strip()}"}
+
+
+def check_selected_subprotocol(selected: str | None) -> None:
+    """The gateway must select the one subprotocol the client offered.
+
+    :raises RemoteProtocolError: it selected another or none (the peer is not a System Zero gateway).
+    """
+    if selected != PROTOCOL:
+        shown = "".join(c if c.isprintable() else "?" for c in str(selected)[:60])
+        raise RemoteProtocolError(f"the server did not select the {PROTOCOL} subprotocol (it selected {shown!r}): "
+                                  "check that the connection's host is a System Zero API origin",
+                                  code="unsupported_protocol", field="Sec-WebSocket-Protocol")

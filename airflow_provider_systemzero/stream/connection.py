@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -58,7 +57,8 @@ from websockets.exceptions import (
 from websockets.typing import Subprotocol
 
 from airflow_provider_systemzero.observability import StreamObserver
-from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol import keys
+from airflow_provider_systemzero.protocol.client import ClientSession, check_hello
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
@@ -76,7 +76,8 @@ from airflow_provider_systemzero.protocol.errors import (
     RemoteProtocolError,
     RetryHint,
 )
-from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.keys import DEFAULT_PROMPT_CACHE_KEY_PREFIX
+from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM, Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
     Attachment,
@@ -99,8 +100,11 @@ from airflow_provider_systemzero.protocol.reconnect import (
     classify_decide_failure,
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.protocol.upgrade import stream_url
-from airflow_provider_systemzero.protocol.validation import validate_prompt_cache_key
+from airflow_provider_systemzero.protocol.upgrade import (
+    check_selected_subprotocol,
+    request_headers,
+    stream_url,
+)
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
 from airflow_provider_systemzero.stream.exceptions import (
     AuthenticationFailed,
@@ -137,8 +141,6 @@ log = logging.getLogger(__name__)
 #: The typed decision a stream yields: the core's :class:`DecisionResult` (raw reply kept).
 Decision: TypeAlias = DecisionResult
 
-#: Prefix of derived ``prompt_cache_key`` values when the connection sets none.
-DEFAULT_PROMPT_CACHE_KEY_PREFIX = "airflow-systemzero"
 #: Room for frame overhead above ``max_message_bytes`` (server messages embed whole replies).
 _MAX_SIZE_MARGIN = 64 * 1024
 _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
@@ -146,8 +148,6 @@ _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cach
 _MAX_CONFLICT_RETRIES = 600
 #: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
 _MAX_QUEUED_DECISIONS = 10_000
-#: At most one decide in flight plus one pending intent per stream (WIRE.md §4).
-MAX_DISPATCHES_PER_STREAM = 2
 
 
 @functools.cache
@@ -230,7 +230,7 @@ class StreamSettings:
     @property
     def authorization(self) -> str:
         """The ``Authorization`` header value. Never log it."""
-        return f"Bearer {self.api_key.strip()}"
+        return request_headers(self.api_key)["Authorization"]
 
     def __reduce__(self) -> Any:
         raise TypeError("StreamSettings holds an API key and cannot be serialised: pass the Airflow connection "
@@ -271,15 +271,12 @@ def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
     :param identity: the caller's identity for the stream (e.g. DAG, task and a stream name).
     :raises SystemZeroValidationError: the prefix makes an invalid key.
     """
-    prefix = DEFAULT_PROMPT_CACHE_KEY_PREFIX if prefix is None or not str(prefix).strip() else str(prefix).strip()
-    key = f"{prefix}-{hashlib.sha256(identity.encode('utf-8')).hexdigest()[:32]}"
     try:
-        validate_prompt_cache_key(key)
+        return keys.derive_prompt_cache_key(prefix, identity)
     except LocalProtocolError as exc:
         raise SystemZeroValidationError(
-            f"prompt_cache_key_prefix {prefix[:40]!r} does not make a valid prompt_cache_key ({exc.message}): use "
-            "at most 200 printable ASCII characters", code=exc.code, field="prompt_cache_key_prefix") from None
-    return key
+            f"prompt_cache_key_prefix {str(prefix)[:40]!r} does not make a valid prompt_cache_key ({exc.message}): "
+            "use at most 200 printable ASCII characters", code=exc.code, field="prompt_cache_key_prefix") from None
 
 
 def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSettings | None = None,
@@ -326,10 +323,6 @@ def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSe
     return built
 
 
-def _default_key_namespace(prompt_cache_key: str) -> str:
-    return f"szk-{hashlib.sha256(prompt_cache_key.encode('utf-8')).hexdigest()[:32]}"
-
-
 # ------------------------------------------------------------------------------------ upgrade
 
 
@@ -345,7 +338,7 @@ def connect_options(settings: StreamSettings, limits: Limits, ssl_context: ssl.S
     :param ssl_context: a TLS context (from ``ca_bundle``) for ``wss://``; ``None``: the default.
     """
     options: dict[str, Any] = {
-        "additional_headers": {"Authorization": settings.authorization},
+        "additional_headers": request_headers(settings.api_key),
         "subprotocols": [Subprotocol(PROTOCOL)],
         "compression": None,
         "origin": None,
@@ -403,21 +396,17 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
 async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None) -> Hello:
     try:
         async with connect(url, **connect_options(settings, limits, ssl_context)) as ws:
-            if ws.subprotocol != PROTOCOL:
+            violation = _subprotocol_violation(ws, url)
+            if violation is not None:
                 await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-                raise ProtocolViolation(f"the server at {url} did not select the {PROTOCOL} subprotocol: check that "
-                                        "the connection's host is a System Zero API origin",
-                                        code="unsupported_protocol")
+                raise violation
             async with asyncio.timeout(limits.start_timeout_ms / 1000):
                 text = await ws.recv()
             try:
-                hello = decode_server_message(text)
+                hello = check_hello(decode_server_message(text))
             except RemoteProtocolError as exc:
-                raise ProtocolViolation(f"the server at {url} sent no valid hello: {exc.message}",
-                                        code=exc.code) from None
-            if not isinstance(hello, Hello) or hello.protocol != PROTOCOL:
-                raise ProtocolViolation(f"the server at {url} did not open with a {PROTOCOL} hello",
-                                        code="hello_expected")
+                raise ProtocolViolation(f"the server at {url} did not open with a valid {PROTOCOL} hello: "
+                                        f"{exc.message}", code=exc.code) from None
             await ws.close(CloseCode.NORMAL_CLOSURE)
             return hello
     except InvalidStatus as exc:
@@ -652,7 +641,7 @@ class DecisionStream:
     def _build_session(self, settings: StreamSettings) -> ClientSession:
         request = build_request(self._request_arg, settings, identity=self._identity)
         assert request.prompt_cache_key is not None
-        namespace = self._key_namespace or _default_key_namespace(request.prompt_cache_key)
+        namespace = self._key_namespace or keys.default_key_namespace(request.prompt_cache_key)
         state, attachments = self._initial
         try:
             session = ClientSession(request=request, state=state, decision_mode=self._decision_mode,
@@ -1278,12 +1267,11 @@ class DecisionStream:
         self._last_fatal = None
         try:
             async with connect(url, **self._connect_kwargs()) as ws:
-                if ws.subprotocol != PROTOCOL:
+                violation = _subprotocol_violation(ws, url)
+                if violation is not None:
                     await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-                    return _Ended(ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), ProtocolViolation(
-                        f"the server at {url} did not select the {PROTOCOL} subprotocol (it selected "
-                        f"{_printable(str(ws.subprotocol))!r}): check that the connection's host is a System Zero "
-                        "API origin", code="unsupported_protocol"), final=True)
+                    return _Ended(ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), violation,
+                                  final=True)
                 return await self._serve(ws)
         except InvalidStatus as exc:
             return self._upgrade_refused(exc, url)
@@ -1413,6 +1401,14 @@ class DecisionStream:
             self._observe("closed", ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
                           ws.close_reason or "")
             self._pulse()
+
+
+def _subprotocol_violation(ws: ClientConnection, url: str) -> ProtocolViolation | None:
+    try:
+        check_selected_subprotocol(ws.subprotocol)
+    except RemoteProtocolError as exc:
+        return ProtocolViolation(f"{url}: {exc.message}", code=exc.code)
+    return None
 
 
 def _printable(text: str, limit: int = 200) -> str:

@@ -306,3 +306,25 @@ async def test_the_client_closing_normally_is_counted(emu: Emulator) -> None:
     assert emu.stats.closes_by_code == {1000: 1}
     assert json.dumps(emu.stats.to_dict())  # JSON-ready
     assert Limits().advertised() == json.loads(json.dumps(Limits().advertised()))
+
+
+async def test_a_client_flooding_native_pings_is_closed_1008(emu: Emulator) -> None:
+    """max_native_control_frames_per_second / native_control_frame_burst hold for the client's
+    native pings; the public document names no outcome, the emulator closes 1008."""
+    async with stream(emu) as ws:
+        await recv(ws)  # hello
+        burst = emu.limits.native_control_frame_burst
+        for n in range(burst + 4):
+            await ws.ping(str(n).encode())
+        await until_closed(ws)
+        assert close_of(ws) == (1008, "native_control_rate_limited")
+    assert emu.stats.native_control_floods == 1
+
+
+async def test_native_pings_within_the_limits_are_answered(emu: Emulator) -> None:
+    async with stream(emu) as ws:
+        await recv(ws)
+        for n in range(emu.limits.native_control_frame_burst // 2):
+            latency = await asyncio.wait_for(await ws.ping(str(n).encode()), 2)
+            assert latency >= 0
+        assert emu.stats.native_control_floods == 0
