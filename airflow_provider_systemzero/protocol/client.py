@@ -37,14 +37,10 @@ from a namespace and the hash of the decide body so the same state always carrie
 
 from __future__ import annotations
 
-import copy
-import enum
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
@@ -56,11 +52,17 @@ from airflow_provider_systemzero.protocol.client_events import (
     ServerError,
     StreamFailed,
 )
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError, RemoteProtocolError
-from airflow_provider_systemzero.protocol.keys import derive_state_key
+from airflow_provider_systemzero.protocol.connection_state import (
+    TRANSITIONS,
+    ConnectionState,
+    InFlightMutation,
+    Phase,
+    check_hello,
+)
+from airflow_provider_systemzero.protocol.desired import DesiredState
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
-    PROTOCOL,
     Ack,
     Attachment,
     ClientMessage,
@@ -79,8 +81,8 @@ from airflow_provider_systemzero.protocol.messages import (
     encode_message,
     event_id,
     event_number,
-    validate_attachment_tuple,
 )
+from airflow_provider_systemzero.protocol.outcomes import Outcomes
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import (
     DEFAULT_REJECTION_RETRY_MS,
@@ -92,9 +94,7 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation, same_json
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
-    validate_idempotency_key,
     validate_min_interval_ms,
-    validate_state,
 )
 
 __all__ = [
@@ -113,8 +113,6 @@ __all__ = [
     "check_hello",
 ]
 
-#: A placeholder ``stream_id`` of the right length, to predict body sizes before ``hello``.
-_STREAM_ID_PLACEHOLDER = "szws_" + "0" * 32
 #: Rejections after which the same mutation may be sent again later.
 _RETRYABLE_REJECTIONS = frozenset({"event_rate_limited", "too_many_pending_events", "shutting_down"})
 #: Pacing runs at this fraction of the gateway's advertised rates: our clock and the gateway's
@@ -126,106 +124,6 @@ _EVENT_BURST_RESERVE = 1
 #: Message tokens kept back from ``message_burst``: a pong and a ``decide`` may follow a burst
 #: of mutations at once, and the gateway counts them in the same bucket.
 _MESSAGE_BURST_RESERVE = 2
-
-
-def check_hello(message: Any) -> Hello:
-    """The first server message of a connection: a ``hello`` of this protocol (WIRE.md §2).
-
-    :raises RemoteProtocolError: it is another message, or another protocol's ``hello``.
-    """
-    if not isinstance(message, Hello):
-        raise RemoteProtocolError(f"the first server message must be hello, got {message.TYPE}",
-                                  code="hello_expected", field="type")
-    if message.protocol != PROTOCOL:
-        raise RemoteProtocolError(f"hello.protocol {message.protocol[:40]!r} is not {PROTOCOL!r}",
-                                  code="unsupported_protocol", field="protocol")
-    return message
-
-
-class Phase(enum.Enum):
-    """Where a session is with its current connection."""
-
-    #: No connection. :meth:`ClientSession.has_work` says whether one is needed.
-    DISCONNECTED = "disconnected"
-    #: The WebSocket is open; the gateway speaks first (``hello``). Nothing is sent but pongs.
-    AWAITING_HELLO = "awaiting_hello"
-    #: ``hello`` arrived; ``start`` (the full desired state) is being sent or awaits its ack.
-    STARTING = "starting"
-    #: ``start`` was acknowledged: mutations and ``decide`` flow, at most one mutation in flight.
-    STREAMING = "streaming"
-    #: A non-retryable rejection: the desired state cannot be streamed. Terminal.
-    FAILED = "failed"
-
-
-#: The legal phase changes. Every connection ends in DISCONNECTED; FAILED is never left.
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.DISCONNECTED: frozenset({Phase.AWAITING_HELLO}),
-    Phase.AWAITING_HELLO: frozenset({Phase.STARTING, Phase.DISCONNECTED}),
-    Phase.STARTING: frozenset({Phase.STREAMING, Phase.FAILED, Phase.DISCONNECTED}),
-    Phase.STREAMING: frozenset({Phase.FAILED, Phase.DISCONNECTED}),
-    Phase.FAILED: frozenset(),
-}
-
-
-@dataclass(slots=True)
-class _InFlightMutation:
-    """The one mutation sent and not yet acknowledged or rejected."""
-
-    message: Mutation
-    #: The state the gateway holds once it is accepted.
-    result: StreamState
-    #: The caller generation it carries.
-    generation: int
-
-
-@dataclass(slots=True)
-class _Intent:
-    """A caller waiting for a decision about generation ``generation`` or later."""
-
-    intent_id: int
-    generation: int
-
-
-@dataclass(slots=True)
-class _Connection:
-    """Everything that is forgotten when a connection ends."""
-
-    #: The gateway's ``hello`` (``None`` until it arrives).
-    hello: Hello | None = None
-    #: The ``seq`` of the last server message (``hello`` is 1; each next one is exactly one more).
-    seq: int = 0
-    #: What the gateway holds (``None`` before the ``start`` ack) and its version.
-    acked: StreamState | None = None
-    acked_version: int = 0
-    #: The caller generation the acknowledged state stands for (a later generation whose state is
-    #: byte-identical is adopted: see :meth:`ClientSession._adopt`).
-    acked_generation: int = -1
-    in_flight: _InFlightMutation | None = None
-    #: The version a ``decide`` was sent for and not yet settled (on_request).
-    decide_outstanding: int | None = None
-    #: on_request: the gateway rejected a mutation ``too_many_pending_events``; a ``decide`` of
-    #: the acknowledged version drains the pending events.
-    drain: bool = False
-    #: The last decision's version on this connection (0: none).
-    decided_version: int = 0
-    #: No mutation is sent before this time (a rejection's delay); ``inf`` while the gateway shuts
-    #: down, which also stops ``decide``.
-    blocked_until: float = 0.0
-    #: When to close and replay on a new connection (on_change decide failure nobody retries here).
-    recycle_at: float | None = None
-    last_receipt: float = 0.0
-    event_bucket: TokenBucket | None = None
-    message_bucket: TokenBucket | None = None
-    pongs: list[Pong] = field(default_factory=list)
-    #: version → the caller generation it stands for, for versions a decision may still cover.
-    version_generation: dict[int, int] = field(default_factory=dict)
-    #: A reconnect (the ``start`` is a replay).
-    replay: bool = False
-
-
-def _snapshot(value: Any) -> Any:
-    """A copy the caller cannot change behind the session's back (strings are immutable)."""
-    return value if isinstance(value, str) else copy.deepcopy(value)
 
 
 class ClientSession:
@@ -261,37 +159,16 @@ class ClientSession:
         self.request = request
         self.decision_mode = validate_decision_mode(decision_mode)
         self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
-        if key_namespace is not None:
-            validate_idempotency_key(key_namespace, field="key_namespace")
-            if len(key_namespace) > 190:
-                raise LocalProtocolError(
-                    "key_namespace is longer than 190 characters: derived keys must stay within "
-                    "255 characters",
-                    code="invalid_idempotency_key",
-                    field="key_namespace",
-                )
         self.key_namespace = key_namespace
         #: The limits in force: the public document's until ``hello``, then the gateway's.
         self.limits = limits or Limits()
         #: Where the session is (see :class:`Phase`).
         self.phase = Phase.DISCONNECTED
-        self._desired = StreamState(None, ())
-        self._desired_key: str | None = None
-        #: Counts accepted caller changes; 0 for the initial state.
-        self._generation = 0
-        self._intents: list[_Intent] = []
-        self._intent_ids = 0
-        # across connections: the newest generation any connection acknowledged, the newest one
-        # a decision or a final failure settled (on_change), the generation of the last decision,
-        # and the generation a final failure settled with that failure
-        self._acked_generation = -1
-        self._settled_generation = -1
-        self._decision_generation = -1
-        self._failure_generation = -1
-        self._final_failure: Error | None = None
-        self._conn: _Connection | None = None
-        #: The last decision received, on any connection.
-        self.last_decision: DecisionResult | None = None
+        #: What the caller wants, its key and generation (see :class:`DesiredState`).
+        self.desired = DesiredState(request, self.decision_mode, self.min_interval_ms, key_namespace)
+        #: Who waits for a decision, and what has been decided (see :class:`Outcomes`).
+        self.outcomes = Outcomes()
+        self._conn: ConnectionState | None = None
         #: The current (or last) connection's ``stream_id``.
         self.stream_id: str | None = None
         #: Connections opened so far.
@@ -299,7 +176,6 @@ class ClientSession:
         #: The delay the gateway named for the next connection (goodbye), in ms, or ``None``.
         self.server_delay_ms: int | None = None
         self._stream_failure: Error | None = None
-        self._start_overhead_for: tuple[str, int] | None = None
         #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
         #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
         #: everything after it (see :attr:`dispatch_held`). ``None``: nothing is held.
@@ -307,11 +183,13 @@ class ClientSession:
         #: Whether the gate refused: on_change then sends no more mutations; on_request no more
         #: ``decide`` until the waiting intents are gone.
         self.dispatch_held = False
-        validate_state(state, field="state")
-        attachments = tuple(attachments)
-        validate_attachment_tuple(attachments, field="attachments")
-        self._set_desired(StreamState(_snapshot(state), attachments), idempotency_key, field="state")
-        self._generation = 0
+        self.desired.accept(
+            self.desired.with_state(state, tuple(attachments)),
+            idempotency_key,
+            field="state",
+            limits=self.limits,
+            stream_id=None,
+        )
 
     def _move(self, phase: Phase) -> None:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
@@ -323,22 +201,22 @@ class ClientSession:
     @property
     def desired_state(self) -> Any:
         """The state the caller wants the gateway to have."""
-        return self._desired.state
+        return self.desired.current.state
 
     @property
     def desired_attachments(self) -> tuple[Attachment, ...]:
         """The attachments the caller wants."""
-        return self._desired.attachments
+        return self.desired.current.attachments
 
     @property
     def desired_key(self) -> str | None:
         """The idempotency key naming the desired state."""
-        return self._desired_key
+        return self.desired.key
 
     @property
     def generation(self) -> int:
         """Counts caller changes (0 for the initial state)."""
-        return self._generation
+        return self.desired.generation
 
     @property
     def state_version(self) -> int:
@@ -353,71 +231,18 @@ class ClientSession:
             self.phase is Phase.STREAMING
             and conn is not None
             and conn.in_flight is None
-            and conn.acked_generation == self._generation
+            and conn.acked_generation == self.desired.generation
         )
 
     def desired_body(self, stream_id: str | None = None) -> str:
         """The synthesized decide body of the desired state."""
-        return self.request.decide_body(
-            self._desired.state,
-            self._desired.attachments,
-            stream_id=stream_id or self.stream_id or _STREAM_ID_PLACEHOLDER,
-        )
+        return self.desired.body(stream_id or self.stream_id)
 
-    def _set_desired(self, new: StreamState, key: str | None, *, field: str) -> list[ClientEvent]:
-        body = self.request.decide_body(
-            new.state, new.attachments, stream_id=self.stream_id or _STREAM_ID_PLACEHOLDER
-        )
-        try:
-            size = len(body.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise LocalProtocolError(
-                f"{field} holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!r}): "
-                "a state must encode as UTF-8; nothing was changed",
-                code="invalid_state",
-                field=field,
-            ) from None
-        if size > self.limits.max_decide_body_bytes:
-            raise LocalProtocolError(
-                f"{field} would make the decide body {size} bytes: the synthesized body may not exceed "
-                f"max_decide_body_bytes ({self.limits.max_decide_body_bytes}); nothing was changed",
-                code="decide_body_too_large",
-                field=field,
-            )
-        start_size = size + self._start_overhead()
-        if start_size > self.limits.max_message_bytes:
-            raise LocalProtocolError(
-                f"{field} would make the replay start message {start_size} bytes: messages may not exceed "
-                f"max_message_bytes ({self.limits.max_message_bytes}); nothing was changed",
-                code="message_too_large",
-                field=field,
-            )
-        if key is not None:
-            key = validate_idempotency_key(key)
-        elif self.key_namespace is not None:
-            key = derive_state_key(self.key_namespace, body)
-        self._desired = new
-        self._desired_key = key
-        self._generation += 1
+    def _accept(self, new: StreamState | None, key: str | None, field: str) -> list[ClientEvent]:
+        if new is None:
+            return []
+        self.desired.accept(new, key, field=field, limits=self.limits, stream_id=self.stream_id)
         return self._adopt()
-
-    def _start_overhead(self) -> int:
-        """Bytes a replayed ``start`` (with the longest key) adds to the decide body of the same state.
-
-        State and attachments appear once in each, framed the same way, so the difference depends
-        only on the request: it is measured once on an empty state instead of encoding the whole
-        state a second time on every change.
-        """
-        stream_id = self.stream_id or _STREAM_ID_PLACEHOLDER
-        if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
-            start = json_size(
-                Start(
-                    event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms, "k" * 255
-                ).to_dict()
-            )
-            body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
-            self._start_overhead_for = (stream_id, start - body)
-        return self._start_overhead_for[1]
 
     def _adopt(self) -> list[ClientEvent]:
         """Adopt the desired generation as acknowledged when its state is what the gateway holds.
@@ -432,30 +257,21 @@ class ClientSession:
             conn is None
             or self.phase is not Phase.STREAMING
             or conn.in_flight is not None
-            or conn.acked_generation == self._generation
+            or conn.acked_generation == self.desired.generation
             or conn.acked is None
-            or self._desired.attachments != conn.acked.attachments
-            or not same_json(self._desired.state, conn.acked.state)
+            or self.desired.current.attachments != conn.acked.attachments
+            or not same_json(self.desired.current.state, conn.acked.state)
         ):
             return []
-        previous = conn.acked_generation
-        conn.acked_generation = self._generation
-        self._acked_generation = max(self._acked_generation, self._generation)
+        previous, current = conn.acked_generation, self.desired.generation
+        conn.acked_generation = current
         if conn.acked_version in conn.version_generation:
-            conn.version_generation[conn.acked_version] = self._generation
-        if self._failure_generation == previous:
-            self._failure_generation = self._generation
-        if self._settled_generation == previous:
-            self._settled_generation = self._generation
-        if (
-            conn.decided_version == conn.acked_version
-            and self._decision_generation == previous
-            and self.last_decision is not None
-        ):
-            self._decision_generation = self._generation
-            intents = self._resolve(self._generation)
-            if intents:
-                return [DecisionReceived(self.last_decision, current=True, intents=intents, repeated=True)]
+            conn.version_generation[conn.acked_version] = current
+        decided_here = conn.decided_version == conn.acked_version
+        intents = self.outcomes.adopt(previous, current, decided_here=decided_here)
+        last = self.outcomes.last_decision
+        if intents and last is not None:
+            return [DecisionReceived(last, current=True, intents=intents, repeated=True)]
         return []
 
     def append_text(self, text: str, *, idempotency_key: str | None = None) -> list[ClientEvent]:
@@ -465,21 +281,7 @@ class ClientSession:
         :raises LocalProtocolError: the state is not a string, ``text`` is not a string, the key is
             invalid or the state would grow past the body limit; nothing changes.
         """
-        if not isinstance(text, str):
-            raise LocalProtocolError(
-                f"text must be a string, got {type(text).__name__}", code="invalid_text", field="text"
-            )
-        if not isinstance(self._desired.state, str):
-            raise LocalProtocolError(
-                "append_text needs a string state: use append_items for an array or replace for an object",
-                code="state_type_mismatch",
-                field="text",
-            )
-        if not text:
-            return []
-        return self._set_desired(
-            StreamState(self._desired.state + text, self._desired.attachments), idempotency_key, field="text"
-        )
+        return self._accept(self.desired.with_text(text), idempotency_key, "text")
 
     def append_items(self, items: Sequence[Any], *, idempotency_key: str | None = None) -> list[ClientEvent]:
         """Append complete values to an array state.
@@ -488,26 +290,7 @@ class ClientSession:
         :raises LocalProtocolError: the state is not an array, ``items`` is empty or not JSON, the
             key is invalid or the state would grow past the body limit; nothing changes.
         """
-        if isinstance(items, str | bytes) or not isinstance(items, Sequence):
-            raise LocalProtocolError(
-                "items must be a list of JSON values", code="invalid_items", field="items"
-            )
-        if not isinstance(self._desired.state, list):
-            raise LocalProtocolError(
-                "append_items needs an array state: use append_text for a string or replace for an object",
-                code="state_type_mismatch",
-                field="items",
-            )
-        if not items:
-            raise LocalProtocolError(
-                "items must not be empty: append at least one item", code="empty_items", field="items"
-            )
-        _check_json(list(items), "items")
-        return self._set_desired(
-            StreamState([*self._desired.state, *_snapshot(list(items))], self._desired.attachments),
-            idempotency_key,
-            field="items",
-        )
+        return self._accept(self.desired.with_items(items), idempotency_key, "items")
 
     def replace(
         self,
@@ -522,15 +305,7 @@ class ClientSession:
         :raises LocalProtocolError: the state is not a string/array/object or not JSON, an
             attachment is invalid, or the body would be too large; nothing changes.
         """
-        validate_state(state, field="state")
-        _check_json(state, "state")
-        new_attachments = self._desired.attachments
-        if attachments is not None:
-            new_attachments = tuple(attachments)
-            validate_attachment_tuple(new_attachments, field="attachments")
-        return self._set_desired(
-            StreamState(_snapshot(state), new_attachments), idempotency_key, field="state"
-        )
+        return self._accept(self.desired.with_state(state, attachments), idempotency_key, "state")
 
     def append_attachments(
         self, attachments: Sequence[Attachment], *, idempotency_key: str | None = None
@@ -541,15 +316,7 @@ class ClientSession:
         :raises LocalProtocolError: empty list, invalid or duplicate names, invalid data URLs;
             nothing changes.
         """
-        new = tuple(attachments)
-        validate_attachment_tuple(
-            new, field="attachments", existing=self._desired.attachments, allow_empty=False
-        )
-        return self._set_desired(
-            StreamState(self._desired.state, (*self._desired.attachments, *new)),
-            idempotency_key,
-            field="attachments",
-        )
+        return self._accept(self.desired.with_attachments(attachments), idempotency_key, "attachments")
 
     def set_desired(self, state: Any, *, idempotency_key: str | None = None) -> list[ClientEvent]:
         """Make ``state`` the desired state (a reconciling source); the minimal mutation is planned.
@@ -557,9 +324,7 @@ class ClientSession:
         Unlike :meth:`replace`, nothing happens when the state is unchanged — byte for byte as
         JSON: ``[1]`` and ``[true]`` are different states although Python calls them equal.
         """
-        if same_json(state, self._desired.state) and (
-            idempotency_key is None or idempotency_key == self._desired_key
-        ):
+        if self.desired.is_current(state, idempotency_key):
             return []
         return self.replace(state, idempotency_key=idempotency_key)
 
@@ -572,15 +337,13 @@ class ClientSession:
         on_change: nothing is sent (every change schedules); the intent resolves with the first
         decision covering it.
         """
-        self._intent_ids += 1
-        self._intents.append(_Intent(self._intent_ids, self._generation))
-        return self._intent_ids
+        return self.outcomes.request(self.desired.generation)
 
     def cancel_intent(self, intent_id: int) -> None:
         """Forget an intent (its waiter gave up). on_request: once none waits, a held ``decide``
         may be asked again (the gate decides anew)."""
-        self._intents = [i for i in self._intents if i.intent_id != intent_id]
-        if not self._intents and self.decision_mode == "on_request":
+        self.outcomes.cancel(intent_id)
+        if not self.outcomes.intents and self.decision_mode == "on_request":
             self.dispatch_held = False
 
     def _may_dispatch(self, message: ClientMessage) -> bool:
@@ -597,9 +360,7 @@ class ClientSession:
         on_change needs no new dispatch for such a state: a caller asking for its decision can
         have this one.
         """
-        if self.last_decision is not None and self._decision_generation == self._generation:
-            return self.last_decision
-        return None
+        return self.outcomes.current_decision(self.desired.generation)
 
     @property
     def current_failure(self) -> Error | None:
@@ -608,14 +369,17 @@ class ClientSession:
         The gateway does not dispatch a state again after a non-retryable failure; a caller asking
         for this state's decision gets the failure at once instead of waiting for nothing.
         """
-        if self._final_failure is not None and self._failure_generation == self._generation:
-            return self._final_failure
-        return None
+        return self.outcomes.current_failure(self.desired.generation)
+
+    @property
+    def last_decision(self) -> DecisionResult | None:
+        """The last decision received, on any connection."""
+        return self.outcomes.last_decision
 
     @property
     def pending_intents(self) -> int:
         """Intents not yet resolved."""
-        return len(self._intents)
+        return len(self.outcomes.intents)
 
     def has_work(self) -> bool:
         """Whether the session needs a connection: a change to send or a decision to wait for.
@@ -624,7 +388,7 @@ class ClientSession:
         on_change, decided), there is no work until the caller changes the state or asks for a
         decision — so a client can stay disconnected after an ``idle_timeout`` goodbye.
         """
-        if self._intents:
+        if self.outcomes.intents:
             return True
         if self.phase is Phase.FAILED:
             return False
@@ -632,12 +396,12 @@ class ClientSession:
         if self.phase in (Phase.AWAITING_HELLO, Phase.STARTING):
             return True
         if conn is not None:
-            synced = conn.in_flight is None and conn.acked_generation == self._generation
+            synced = conn.in_flight is None and conn.acked_generation == self.desired.generation
         else:
-            synced = self._acked_generation == self._generation
+            synced = self.outcomes.acked == self.desired.generation
         if not synced:
             return True
-        return self.decision_mode == "on_change" and self._settled_generation < self._generation
+        return self.decision_mode == "on_change" and self.outcomes.settled < self.desired.generation
 
     # ------------------------------------------------------------------ connection lifecycle
 
@@ -647,7 +411,7 @@ class ClientSession:
             raise RuntimeError("the stream failed: no new connection")
         self._move(Phase.AWAITING_HELLO)
         self.connections += 1
-        self._conn = _Connection(last_receipt=now, replay=self.connections > 1)
+        self._conn = ConnectionState(last_receipt=now, replay=self.connections > 1)
         self.server_delay_ms = None
 
     def connection_lost(self) -> None:
@@ -735,7 +499,7 @@ class ClientSession:
         return [GoodbyeReceived(message)]
 
     @staticmethod
-    def _check_sequence(conn: _Connection, message: Any) -> None:
+    def _check_sequence(conn: ConnectionState, message: Any) -> None:
         """Every server message names this connection's stream and the next ``seq`` (WIRE.md §2)."""
         if conn.hello is not None and message.stream_id != conn.hello.stream_id:
             raise RemoteProtocolError(
@@ -753,7 +517,7 @@ class ClientSession:
             )
         conn.seq = message.seq
 
-    def _on_ack(self, conn: _Connection, ack: Ack) -> list[ClientEvent]:
+    def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
         flight = conn.in_flight
         if flight is None or ack.event_id != flight.message.event_id:
             expected = flight.message.event_id if flight else None
@@ -775,19 +539,13 @@ class ClientSession:
         conn.acked_version = ack.state_version
         conn.acked_generation = flight.generation
         conn.version_generation[ack.state_version] = flight.generation
-        self._acked_generation = max(self._acked_generation, flight.generation)
+        self.outcomes.acknowledged(flight.generation)
         is_start = isinstance(flight.message, Start)
         if is_start:
             self._move(Phase.STREAMING)
         return [Acknowledged(ack, flight.message.TYPE, replayed=is_start and conn.replay), *self._adopt()]
 
-    def _resolve(self, generation: int) -> tuple[int, ...]:
-        done = tuple(i.intent_id for i in self._intents if i.generation <= generation)
-        if done:
-            self._intents = [i for i in self._intents if i.generation > generation]
-        return done
-
-    def _on_decision(self, conn: _Connection, message: Decision) -> list[ClientEvent]:
+    def _on_decision(self, conn: ConnectionState, message: Decision) -> list[ClientEvent]:
         if message.state_version > conn.acked_version:
             raise RemoteProtocolError(
                 f"decision covers version {message.state_version} but only "
@@ -797,7 +555,6 @@ class ClientSession:
                 field="state_version",
             )
         result = DecisionResult.from_message(message)
-        self.last_decision = result
         conn.decided_version = message.state_version
         conn.recycle_at = None
         generation = conn.version_generation.get(message.state_version, -1)
@@ -806,12 +563,10 @@ class ClientSession:
         if conn.decide_outstanding is not None and message.state_version >= conn.decide_outstanding:
             conn.decide_outstanding = None
         conn.drain = False
-        intents = self._resolve(generation)
-        self._settled_generation = max(self._settled_generation, generation)
-        self._decision_generation = generation
-        return [DecisionReceived(result, current=generation == self._generation, intents=intents)]
+        intents = self.outcomes.decision(result, generation)
+        return [DecisionReceived(result, current=generation == self.desired.generation, intents=intents)]
 
-    def _on_error(self, conn: _Connection, error: Error, now: float) -> list[ClientEvent]:
+    def _on_error(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
         flight = conn.in_flight
         if error.http_status is not None and error.event_id is None:
             return self._on_decide_failure(conn, error, now)
@@ -845,13 +600,12 @@ class ClientSession:
             return [StreamFailed(error)]
         return [ServerError(error)]
 
-    def _on_decide_failure(self, conn: _Connection, error: Error, now: float) -> list[ClientEvent]:
+    def _on_decide_failure(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
         assert error.http_status is not None
         conn.drain = False
         if self.decision_mode == "on_request":
             conn.decide_outstanding = None
-            failed = tuple(i.intent_id for i in self._intents)
-            self._intents = []
+            failed = self.outcomes.fail_all()
             return [DecisionFailed(error, failed)]
         retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
         if error.fatal:
@@ -865,13 +619,12 @@ class ClientSession:
         elif retry is DecideRetry.NONE:
             # the gateway will not dispatch this state again: it is settled, with this failure
             generation = conn.version_generation.get(error.state_version or 0, -1)
-            self._settled_generation = max(self._settled_generation, generation)
-            self._failure_generation, self._final_failure = generation, error
+            self.outcomes.failed_for_good(error, generation)
         return [DecisionFailed(error, ())]
 
     # ------------------------------------------------------------------ output
 
-    def _wanted(self, conn: _Connection) -> tuple[ClientMessage | None, bool]:
+    def _wanted(self, conn: ConnectionState) -> tuple[ClientMessage | None, bool]:
         """The next mutation or ``decide`` the session would send, ignoring time: (message, is_mutation).
 
         The single answer behind :meth:`outgoing` and :meth:`next_wakeup`.
@@ -894,15 +647,12 @@ class ClientSession:
             mutation = self._plan(conn)
             if mutation is not None:
                 return mutation, True
-        if (
-            decide_possible
-            and self._intents
-            and conn.acked_generation >= min(i.generation for i in self._intents)
-        ):
+        wanted = self.outcomes.oldest_wanted()
+        if decide_possible and wanted is not None and conn.acked_generation >= wanted:
             return Decide(conn.acked_version), False
         return None, False
 
-    def _ready_at(self, conn: _Connection, is_mutation: bool, now: float) -> float:
+    def _ready_at(self, conn: ConnectionState, is_mutation: bool, now: float) -> float:
         """When a message of that kind may be written under the buckets (and, for a mutation, the
         delay of the last rejection)."""
         assert conn.event_bucket is not None and conn.message_bucket is not None
@@ -934,7 +684,7 @@ class ClientSession:
         conn.message_bucket.try_take(now)
         if is_mutation:
             conn.event_bucket.try_take(now)
-            conn.in_flight = _InFlightMutation(message, self._desired, self._generation)  # type: ignore[arg-type]
+            conn.in_flight = InFlightMutation(message, self.desired.current, self.desired.generation)  # type: ignore[arg-type]
         else:
             assert isinstance(message, Decide)
             conn.decide_outstanding = message.state_version
@@ -942,25 +692,25 @@ class ClientSession:
         out.append(message)
         return out
 
-    def _plan(self, conn: _Connection) -> Mutation | None:
+    def _plan(self, conn: ConnectionState) -> Mutation | None:
         if self.phase is Phase.STARTING:
             return Start(
                 event_id(1),
                 self.request,
-                self._desired.state,
+                self.desired.current.state,
                 self.decision_mode,
-                self._desired.attachments,
+                self.desired.current.attachments,
                 self.min_interval_ms,
-                self._desired_key,
+                self.desired.key,
             )
-        if conn.acked_generation == self._generation:
+        if conn.acked_generation == self.desired.generation:
             return None
         assert conn.acked is not None
         mutation = plan_mutation(
             conn.acked,
-            self._desired,
+            self.desired.current,
             event_id=event_id(conn.acked_version + 1),
-            idempotency_key=self._desired_key,
+            idempotency_key=self.desired.key,
         )
         if mutation is None:  # unreachable: every path that makes them equal adopts at once
             raise AssertionError("desired state equals the acknowledged one but was not adopted")
@@ -988,13 +738,3 @@ class ClientSession:
     def data_to_send(self, now: float) -> list[str]:
         """:meth:`outgoing`, encoded as text frames."""
         return [encode_message(m) for m in self.outgoing(now)]
-
-
-def _check_json(value: Any, field: str) -> None:
-    try:
-        json_size(value)
-    except (TypeError, ValueError) as exc:
-        reason = "text that is not valid Unicode" if isinstance(exc, UnicodeEncodeError) else str(exc)
-        raise LocalProtocolError(
-            f"{field} is not JSON-serialisable: {reason}", code="invalid_state", field=field
-        ) from None

@@ -35,7 +35,9 @@ def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
     :param identity: the caller's identity for the stream (e.g. DAG, task and a stream name).
     :raises LocalProtocolError: the prefix makes an invalid key.
     """
-    prefix = DEFAULT_PROMPT_CACHE_KEY_PREFIX if prefix is None or not str(prefix).strip() else str(prefix).strip()
+    prefix = (
+        DEFAULT_PROMPT_CACHE_KEY_PREFIX if prefix is None or not str(prefix).strip() else str(prefix).strip()
+    )
     key = f"{prefix}-{_digest(identity)[:32]}"
     validate_prompt_cache_key(key)
     return key
