@@ -59,7 +59,7 @@ from airflow_provider_systemzero.protocol.connection_state import (
     Phase,
     check_hello,
 )
-from airflow_provider_systemzero.protocol.desired import DesiredState
+from airflow_provider_systemzero.protocol.desired import Change, DesiredState
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
@@ -91,7 +91,7 @@ from airflow_provider_systemzero.protocol.reconnect import (
     classify_decide_failure,
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation, same_json
+from airflow_provider_systemzero.protocol.state import plan_mutation, same_json
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
     validate_min_interval_ms,
@@ -235,13 +235,17 @@ class ClientSession:
         )
 
     def desired_body(self, stream_id: str | None = None) -> str:
-        """The synthesized decide body of the desired state."""
+        """The synthesized decide body of the desired state (built in full)."""
         return self.desired.body(stream_id or self.stream_id)
 
-    def _accept(self, new: StreamState | None, key: str | None, field: str) -> list[ClientEvent]:
-        if new is None:
+    def desired_body_bytes(self) -> int:
+        """The size of :meth:`desired_body`, without building it."""
+        return self.desired.body_bytes(self.stream_id)
+
+    def _accept(self, change: Change | None, key: str | None, field: str) -> list[ClientEvent]:
+        if change is None:
             return []
-        self.desired.accept(new, key, field=field, limits=self.limits, stream_id=self.stream_id)
+        self.desired.accept(change, key, field=field, limits=self.limits, stream_id=self.stream_id)
         return self._adopt()
 
     def _adopt(self) -> list[ClientEvent]:

@@ -6,17 +6,26 @@ values, the attachments, the decide body and the replayed ``start`` against the 
 and either raises :class:`LocalProtocolError` with nothing changed, or becomes the new desired
 state with its idempotency key and the next *generation* number. What is accepted is a snapshot:
 changing the caller's list or dict afterwards changes nothing here.
+
+An append costs what it appends, not what the state holds. The decide body is
+``prefix + state JSON + suffix`` (WIRE.md §3: ``model`` first, ``state`` second), and the JSON of
+a string or an array grows at its end: ``"abc`` + ``def"``, ``[1,2`` + ``,3]``. So the session
+keeps the SHA-256 of ``prefix + state JSON`` without its closing character, and its byte count;
+an ``append_text`` or ``append_items`` feeds only the new fragment into a copy of that hash, and
+the per-state key is a copy finished with the closing character and the suffix. A ``replace``
+encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
+(a test checks random sequences of appends, replaces and attachment changes).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from airflow_provider_systemzero.protocol.body import json_size
+from airflow_provider_systemzero.protocol.body import compact_json, json_size
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
-from airflow_provider_systemzero.protocol.keys import derive_state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
@@ -28,7 +37,7 @@ from airflow_provider_systemzero.protocol.messages import (
 from airflow_provider_systemzero.protocol.state import StreamState, same_json
 from airflow_provider_systemzero.protocol.validation import validate_idempotency_key, validate_state
 
-__all__ = ["STREAM_ID_PLACEHOLDER", "DesiredState"]
+__all__ = ["MAX_KEY_NAMESPACE_LENGTH", "STREAM_ID_PLACEHOLDER", "Change", "DesiredState"]
 
 #: The longest key namespace: ``<namespace>:<64 hex>`` stays within the 255-character key limit.
 MAX_KEY_NAMESPACE_LENGTH = 190
@@ -51,18 +60,52 @@ def _check_json(value: Any, field: str) -> None:
         ) from None
 
 
+def _utf8(text: str, field: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(
+            f"{field} holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!r}): "
+            "a state must encode as UTF-8; nothing was changed",
+            code="invalid_state",
+            field=field,
+        ) from None
+
+
+class Change(NamedTuple):
+    """A proposed change: the state it leads to and, for an append, the JSON fragment it adds
+    before the state's closing character (``None``: the state is encoded anew)."""
+
+    state: StreamState
+    fragment: str | None = None
+
+
+class _Encoding(NamedTuple):
+    """The decide body of a state, as far as it does not depend on the connection."""
+
+    #: SHA-256 of ``prefix + state JSON`` without the state's closing character.
+    open_hash: Any
+    #: Byte count of the same.
+    open_bytes: int
+    #: The state JSON's closing character (``"`` or ``]``; ``""`` for an object, which never grows).
+    close: bytes
+
+
 class DesiredState:
     """The desired state, its key and its generation, and the checks every change passes.
 
     :param request: the fixed request parts (they frame the decide body).
     :param decision_mode: the stream's decision mode (it frames the replayed ``start``).
     :param min_interval_ms: the stream's ``min_interval_ms`` (likewise).
-    :param key_namespace: when set, a change without an explicit key gets :func:`derive_state_key`
-        of its resulting body.
+    :param key_namespace: when set, a change without an explicit key gets
+        :func:`~airflow_provider_systemzero.protocol.keys.derive_state_key` of its resulting body.
     """
 
     __slots__ = (
+        "_encoding",
+        "_prefix",
         "_start_overhead_for",
+        "_suffix_for",
         "current",
         "decision_mode",
         "generation",
@@ -98,18 +141,55 @@ class DesiredState:
         self.key: str | None = None
         #: Counts accepted changes; the initial state is generation 0.
         self.generation = -1
+        self._prefix = ('{"model":' + compact_json(request.model) + ',"state":').encode("utf-8")
+        self._encoding = _Encoding(hashlib.sha256(), 0, b"")
+        self._suffix_for: tuple[tuple[Attachment, ...], str, bytes] | None = None
         self._start_overhead_for: tuple[str, int] | None = None
 
+    # ------------------------------------------------------------------ the decide body
+
     def body(self, stream_id: str | None) -> str:
-        """The synthesized decide body of :attr:`current`."""
+        """The synthesized decide body of :attr:`current` (built in full: O(state))."""
         return self.request.decide_body(
             self.current.state, self.current.attachments, stream_id=stream_id or STREAM_ID_PLACEHOLDER
         )
 
+    def body_bytes(self, stream_id: str | None) -> int:
+        """The UTF-8 size of :meth:`body`, without building it."""
+        return self._size(self._encoding, self.current.attachments, stream_id or STREAM_ID_PLACEHOLDER)
+
+    def _size(self, encoding: _Encoding, attachments: tuple[Attachment, ...], stream_id: str) -> int:
+        return encoding.open_bytes + len(encoding.close) + len(self._suffix(attachments, stream_id))
+
+    def _suffix(self, attachments: tuple[Attachment, ...], stream_id: str) -> bytes:
+        """What follows the state in the decide body (attachments, questions, … the cache key)."""
+        cached = self._suffix_for
+        if cached is None or cached[1] != stream_id or cached[0] != attachments:
+            empty = self.request.decide_body("", attachments, stream_id=stream_id).encode("utf-8")
+            head = self._prefix + b'""'
+            if not empty.startswith(
+                head
+            ):  # pragma: no cover - synthesize_decide_body puts model, state first
+                raise AssertionError("the decide body must start with model, then state (WIRE.md §3)")
+            cached = self._suffix_for = (attachments, stream_id, empty[len(head) :])
+        return cached[2]
+
+    def _encode(self, change: Change, field: str) -> _Encoding:
+        """The encoding of ``change.state``: extended by the fragment of an append, else anew."""
+        if change.fragment is not None:
+            fragment = _utf8(change.fragment, field)
+            grown = self._encoding.open_hash.copy()
+            grown.update(fragment)
+            return _Encoding(grown, self._encoding.open_bytes + len(fragment), self._encoding.close)
+        text = compact_json(change.state.state)
+        grows = isinstance(change.state.state, str | list)
+        opening = self._prefix + _utf8(text[:-1] if grows else text, field)
+        return _Encoding(hashlib.sha256(opening), len(opening), text[-1].encode() if grows else b"")
+
     # ------------------------------------------------------------------ proposed changes
 
-    def with_text(self, text: Any) -> StreamState | None:
-        """The state after appending ``text`` (``None`` for an empty append, which changes nothing)."""
+    def with_text(self, text: Any) -> Change | None:
+        """The change that appends ``text`` (``None`` for an empty append, which changes nothing)."""
         if not isinstance(text, str):
             raise LocalProtocolError(
                 f"text must be a string, got {type(text).__name__}", code="invalid_text", field="text"
@@ -120,10 +200,14 @@ class DesiredState:
                 code="state_type_mismatch",
                 field="text",
             )
-        return StreamState(self.current.state + text, self.current.attachments) if text else None
+        if not text:
+            return None
+        return Change(
+            StreamState(self.current.state + text, self.current.attachments), compact_json(text)[1:-1]
+        )
 
-    def with_items(self, items: Any) -> StreamState:
-        """The state after appending complete values to an array state."""
+    def with_items(self, items: Any) -> Change:
+        """The change that appends complete values to an array state."""
         if isinstance(items, str | bytes) or not isinstance(items, Sequence):
             raise LocalProtocolError(
                 "items must be a list of JSON values", code="invalid_items", field="items"
@@ -138,26 +222,28 @@ class DesiredState:
             raise LocalProtocolError(
                 "items must not be empty: append at least one item", code="empty_items", field="items"
             )
-        _check_json(list(items), "items")
-        return StreamState([*self.current.state, *_snapshot(list(items))], self.current.attachments)
+        values = _snapshot(list(items))
+        _check_json(values, "items")
+        fragment = ("," if self.current.state else "") + compact_json(values)[1:-1]
+        return Change(StreamState([*self.current.state, *values], self.current.attachments), fragment)
 
-    def with_state(self, state: Any, attachments: Sequence[Attachment] | None = None) -> StreamState:
-        """The state after a ``replace`` (``attachments`` ``None`` keeps them, ``[]`` removes all)."""
+    def with_state(self, state: Any, attachments: Sequence[Attachment] | None = None) -> Change:
+        """The change that replaces the state (``attachments`` ``None`` keeps them, ``[]`` removes all)."""
         validate_state(state, field="state")
         _check_json(state, "state")
         new_attachments = self.current.attachments
         if attachments is not None:
             new_attachments = tuple(attachments)
             validate_attachment_tuple(new_attachments, field="attachments")
-        return StreamState(_snapshot(state), new_attachments)
+        return Change(StreamState(_snapshot(state), new_attachments))
 
-    def with_attachments(self, attachments: Sequence[Attachment]) -> StreamState:
-        """The state after adding attachments (unique names; the state itself unchanged)."""
+    def with_attachments(self, attachments: Sequence[Attachment]) -> Change:
+        """The change that adds attachments (unique names); the state and its encoding stay."""
         new = tuple(attachments)
         validate_attachment_tuple(
             new, field="attachments", existing=self.current.attachments, allow_empty=False
         )
-        return StreamState(self.current.state, (*self.current.attachments, *new))
+        return Change(StreamState(self.current.state, (*self.current.attachments, *new)), "")
 
     def is_current(self, state: Any, key: str | None) -> bool:
         """Whether making ``state`` desired would change nothing: the same JSON bytes (``[1]`` and
@@ -167,11 +253,11 @@ class DesiredState:
     # ------------------------------------------------------------------ accepting one
 
     def accept(
-        self, new: StreamState, key: str | None, *, field: str, limits: Limits, stream_id: str | None
+        self, change: Change, key: str | None, *, field: str, limits: Limits, stream_id: str | None
     ) -> None:
-        """Make ``new`` the desired state, or raise with nothing changed.
+        """Make ``change`` the desired state, or raise with nothing changed.
 
-        :param new: the proposed state (from one of the ``with_*`` methods).
+        :param change: the proposed change (from one of the ``with_*`` methods).
         :param key: the caller's explicit key, or ``None`` (derived from the namespace, if any).
         :param field: the caller's field, named in errors.
         :param limits: the limits in force.
@@ -180,16 +266,9 @@ class DesiredState:
             ``start`` over the limits, or an invalid key.
         """
         stream_id = stream_id or STREAM_ID_PLACEHOLDER
-        body = self.request.decide_body(new.state, new.attachments, stream_id=stream_id)
-        try:
-            size = len(body.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise LocalProtocolError(
-                f"{field} holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!r}): "
-                "a state must encode as UTF-8; nothing was changed",
-                code="invalid_state",
-                field=field,
-            ) from None
+        encoding = self._encode(change, field)
+        attachments = change.state.attachments
+        size = self._size(encoding, attachments, stream_id)
         if size > limits.max_decide_body_bytes:
             raise LocalProtocolError(
                 f"{field} would make the decide body {size} bytes: the synthesized body may not exceed "
@@ -208,8 +287,11 @@ class DesiredState:
         if key is not None:
             key = validate_idempotency_key(key)
         elif self.key_namespace is not None:
-            key = derive_state_key(self.key_namespace, body)
-        self.current = new
+            finished = encoding.open_hash.copy()
+            finished.update(encoding.close + self._suffix(attachments, stream_id))
+            key = f"{self.key_namespace}:{finished.hexdigest()}"
+        self.current = change.state
+        self._encoding = encoding
         self.key = key
         self.generation += 1
 
@@ -217,8 +299,7 @@ class DesiredState:
         """Bytes a replayed ``start`` (with the longest key) adds to the decide body of the same state.
 
         State and attachments appear once in each, framed the same way, so the difference depends
-        only on the request: it is measured once on an empty state instead of encoding the whole
-        state a second time on every change.
+        only on the request: it is measured once on an empty state.
         """
         if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
             start = json_size(

@@ -1066,7 +1066,7 @@ class DecisionStream:
             body_bytes = self._body_bytes.get(message.state_version)
         else:
             potential = min(len(self._uncovered) + 1, MAX_DISPATCHES_PER_STREAM)
-            body_bytes = len(self.session.desired_body().encode("utf-8")) if budget.estimates_tokens else None
+            body_bytes = self.session.desired_body_bytes() if budget.estimates_tokens else None
         refused = budget.check(potential, body_bytes, holder=id(self)) if budget.limited else None
         if refused is not None:
             self._refuse(refused)

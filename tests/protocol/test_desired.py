@@ -1,0 +1,93 @@
+"""The desired state's incremental encoding equals a from-scratch encoding, byte for byte."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_systemzero.protocol import Attachment, Limits, LocalProtocolError, StreamRequest
+from airflow_provider_systemzero.protocol.desired import STREAM_ID_PLACEHOLDER, DesiredState
+from airflow_provider_systemzero.protocol.keys import derive_state_key
+
+QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+LIMITS = Limits()
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+states = st.one_of(texts, st.lists(json_values, max_size=4), st.dictionaries(texts, json_values, max_size=3))
+attachments = st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=2).map(
+    lambda names: [Attachment(n, "data:text/plain;base64,aGk=") for n in names]
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("text"), texts),
+        st.tuples(st.just("items"), st.lists(json_values, min_size=1, max_size=3)),
+        st.tuples(st.just("replace"), states),
+        st.tuples(st.just("attachments"), attachments),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    initial=states,
+    ops=operations,
+    explicit_cache_key=st.booleans(),
+    stream_id=st.sampled_from([None, "szws_" + "ab" * 16]),
+)
+def test_incremental_key_and_size_equal_a_from_scratch_encoding(
+    initial: Any, ops: list[tuple[str, Any]], explicit_cache_key: bool, stream_id: str | None
+) -> None:
+    request = StreamRequest.build(
+        model="m", questions=QUESTIONS, prompt_cache_key="pck" if explicit_cache_key else None
+    )
+    desired = DesiredState(request, "on_change", None, "ns")
+    desired.accept(desired.with_state(initial), None, field="state", limits=LIMITS, stream_id=stream_id)
+    for kind, value in ops:
+        try:
+            if kind == "text":
+                change = desired.with_text(value)
+            elif kind == "items":
+                change = desired.with_items(value)
+            elif kind == "replace":
+                change = desired.with_state(value)
+            else:
+                change = desired.with_attachments(value)
+        except LocalProtocolError:
+            continue  # a change of the wrong kind for the state: refused, nothing changed
+        if change is not None:
+            desired.accept(change, None, field=kind, limits=LIMITS, stream_id=stream_id)
+        body = request.decide_body(
+            desired.current.state, desired.current.attachments, stream_id=stream_id or STREAM_ID_PLACEHOLDER
+        )
+        assert desired.key == derive_state_key("ns", body)
+        assert desired.body_bytes(stream_id) == len(body.encode("utf-8"))
+        assert desired.body(stream_id) == body
+
+
+def test_a_refused_append_leaves_the_encoding_as_it_was() -> None:
+    request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
+    desired = DesiredState(request, "on_change", None, "ns")
+    desired.accept(desired.with_state("log\n"), None, field="state", limits=LIMITS, stream_id=None)
+    key = desired.key
+    small = Limits(max_decide_body_bytes=desired.body_bytes(None) + 3)
+    for bad in ("\ud800", "x" * 10):
+        try:
+            desired.accept(desired.with_text(bad), None, field="text", limits=small, stream_id=None)  # type: ignore[arg-type]
+        except LocalProtocolError:
+            pass
+        else:  # pragma: no cover - the test's premise
+            raise AssertionError("the change should have been refused")
+    assert desired.key == key and desired.current.state == "log\n"
+    desired.accept(desired.with_text("ok"), None, field="text", limits=small, stream_id=None)  # type: ignore[arg-type]
+    assert desired.key == derive_state_key("ns", request.decide_body("log\nok", ()))
