@@ -539,7 +539,10 @@ class DecisionStream:
         self._started_this_connection = False
         self._goodbye: Goodbye | None = None
         self._last_fatal: Error | None = None
-        self._release_requested = False
+        #: the one connection a :meth:`release` was asked for (never carried to the next one)
+        self._release_for: ClientConnection | None = None
+        #: whether the connection that just ended was one the caller asked to release
+        self._ended_released = False
         self._dormant = False
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
@@ -736,11 +739,14 @@ class DecisionStream:
         replayed on the next connection, which opens as soon as :meth:`has_work` is true.
         """
         self._check_usable()
-        if self._ws is None:
+        ws = self._ws
+        if ws is None:
             return
-        self._release_requested = True
+        # The release is about this connection only: when it ends for another reason first (a drop,
+        # a goodbye) or before its start was acknowledged, the next connection must not inherit it.
+        self._release_for = ws
         self._kick()
-        await self._wait_until(lambda: self._ws is None, self._close_timeout() + 1, lambda: "release timed out")
+        await self._wait_until(lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out")
 
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
@@ -1215,7 +1221,17 @@ class DecisionStream:
                     attempt = 0
                 if plan.kind == "lazy" and not self._started_this_connection:
                     plan.kind = "retry"  # closed before start was acknowledged: back off, never spin
-                if plan.kind == "lazy":
+                if plan.kind == "retry" and self._ended_released and not plan.violation:
+                    # given back as it ended for another reason (or before its start was acknowledged):
+                    # the release still holds, so come back when there is work, after the backoff
+                    delay = self.backoff.delay(attempt, plan.server_delay)
+                    pending = _Pending(plan.reason, plan.close_code, plan.server_delay, delay, time.monotonic(),
+                                       attempt, lazy=True)
+                    attempt += 1
+                    log.info("System Zero stream connection ended (%s, close %s) as it was given back; reconnecting "
+                             "when there is something to send or to wait for (not before %.3f s)", plan.reason,
+                             plan.close_code, delay)
+                elif plan.kind == "lazy":
                     pending = _Pending(plan.reason, plan.close_code, plan.server_delay, plan.server_delay or 0.0,
                                        time.monotonic(), attempt, lazy=True)
                     log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
@@ -1246,7 +1262,6 @@ class DecisionStream:
                 await self._wake.wait()
         finally:
             self._dormant = False
-            self._release_requested = False
 
     def _connect_kwargs(self) -> dict[str, Any]:
         assert self._settings is not None
@@ -1257,6 +1272,7 @@ class DecisionStream:
         assert settings is not None
         url = settings.url
         self._started_this_connection = False
+        self._ended_released = False
         self._goodbye = None
         self._last_fatal = None
         try:
@@ -1319,7 +1335,7 @@ class DecisionStream:
                     now = time.monotonic()
                     for frame in session.data_to_send(now):
                         await ws.send(frame)
-                    if self._closing or self._failure is not None or self._release_requested:
+                    if self._closing or self._failure is not None or self._release_for is ws:
                         break
                     now = time.monotonic()
                     deadline = session.receipt_deadline()
@@ -1351,7 +1367,7 @@ class DecisionStream:
                 # a peer may send until it sees our close: a bad frame then changes nothing
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
-                if self._release_requested and not self._closing and self._failure is None:
+                if self._release_for is ws and not self._closing and self._failure is None:
                     return _Plan("lazy", "released", close_code=1000)
                 return _Plan("stop", "closed", close_code=1000)
             error = reader.exception()
@@ -1371,6 +1387,8 @@ class DecisionStream:
                 await reader
             session.connection_lost()
             self._connection_ended()
+            self._ended_released = self._release_for is ws
+            self._release_for = None
             self._ws = None
             self._observe("closed", ws.close_code if ws.close_code is not None else 1006, ws.close_reason or "")
             self._pulse()
