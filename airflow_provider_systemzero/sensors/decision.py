@@ -337,6 +337,16 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                               reason=event.get("reason") or "")
         return self._apply(context, gate, record)
 
+    def _push_timeout_record(self, context: Context, event: dict[str, Any]) -> None:
+        """The wait ended on the deadline: push the ``decision`` record saying so (nothing was decided)."""
+        from airflow_provider_systemzero.policy import decision_record
+
+        reason = str(event.get("message") or "no decision met the condition before the deadline")
+        self._push_record(context, decision_record(
+            question=self.question, answer=None, decision=None, action="wait", decided_by=None, reason=reason,
+            policy=self.policy,
+            effect={"fired": False, "timed_out": True, "soft_fail": bool(self.soft_fail)}))
+
     def _record(self, gate: Gate, outcome: Any, **kwargs: Any) -> dict[str, Any]:
         record = super()._record(gate, outcome, **kwargs)
         if gate.extra.get("streak"):
@@ -409,6 +419,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             return self._finish(context, event)
         message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
         if status == "timeout":
+            self._push_timeout_record(context, event)
             if self.soft_fail:
                 raise AirflowSkipException(message)
             from airflow.sdk.exceptions import AirflowSensorTimeout

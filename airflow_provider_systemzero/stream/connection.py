@@ -958,7 +958,10 @@ class DecisionStream:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-            log.error("System Zero stream failed: %s", exc)
+            if exc is self._refusal:  # the refusal was logged once, as a warning, when it happened
+                log.info("System Zero stream stopped: the budget refused a dispatch")
+            else:
+                log.error("System Zero stream failed: %s", exc)
         for future in self._intent_futures.values():
             if not future.done():
                 future.set_exception(exc)

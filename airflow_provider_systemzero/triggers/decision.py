@@ -317,9 +317,10 @@ class _StreamingTrigger:
                     else:
                         last, fired = None, False
                     if qualifies and condition.has_hysteresis and not streak.ready(loop.time()):
-                        log.info("hysteresis: %d of %d decisions in a row, true for %.1f of %.1f s",
-                                 streak.count, condition.consecutive, streak.to_dict(loop.time())["true_for"],
-                                 condition.min_true_for)
+                        # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
+                        log.info("hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s "
+                                 "(%.1f s needed)", streak.count, condition.consecutive,
+                                 streak.to_dict(loop.time())["true_for"], condition.min_true_for)
                 else:
                     getter.cancel()
                     if pumper in done:
@@ -349,7 +350,12 @@ class _StreamingTrigger:
         except TimeoutError:
             return {"status": "timeout", "error_type": "timeout", **extra, "message": timed_out}
         except Exception as exc:
-            log.warning("%s failed: %s", type(self).__name__, exc)
+            from airflow_provider_systemzero.budget import BudgetExceeded
+
+            if isinstance(exc, BudgetExceeded):  # the stream logged the refusal when it happened
+                log.info("%s stopped: the budget refused a dispatch", type(self).__name__)
+            else:
+                log.warning("%s failed: %s", type(self).__name__, exc)
             return error_payload(exc, **extra)
         finally:
             await self.cleanup()
