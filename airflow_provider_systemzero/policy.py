@@ -384,7 +384,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def decision_record(*, question: str, answer: Any, decision: Any, action: str, decided_by: str,
+def decision_record(*, question: str, answer: Any, decision: Any, action: str, decided_by: str | None,
                     reason: str, policy: DecisionPolicy | None = None, outcome: PolicyOutcome | None = None,
                     model: str | None = None, reply_id: str | None = None,
                     state_version: int | None = None, state_hash: str | None = None,
@@ -400,7 +400,8 @@ def decision_record(*, question: str, answer: Any, decision: Any, action: str, d
     :param answer: the model's answer (``Answer`` or dict), or ``None`` for a multi-select branch.
     :param decision: the answer that took effect (``None`` when the task failed or skipped).
     :param action: the policy's action (``act``, ``review``, ``fail``, ``skip``, ``wait``, ``default``).
-    :param decided_by: ``model``, ``human``, ``policy`` or ``timeout_default``.
+    :param decided_by: ``model``, ``human``, ``policy`` or ``timeout_default``; ``None`` when nothing was
+        decided (a pending review, a sensor whose wait timed out).
     :param reason: why, in plain words.
     :param policy: the policy applied.
     :param outcome: the policy's verdict (bars and measured number).
@@ -414,7 +415,7 @@ def decision_record(*, question: str, answer: Any, decision: Any, action: str, d
     :param options: per-option answers of a multi-select branch.
     :param extra: anything else to record (JSON).
     """
-    if decided_by not in DECIDED_BY:
+    if decided_by is not None and decided_by not in DECIDED_BY:
         raise ValueError(f"decided_by must be one of {DECIDED_BY}, got {decided_by!r}")
     if action not in ACTIONS:
         raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")

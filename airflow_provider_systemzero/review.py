@@ -19,7 +19,7 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   does what ``below`` says.
 
 Every path pushes the ``decision`` XCom (:func:`~airflow_provider_systemzero.policy.decision_record`),
-``pending_review`` while a person is asked, ``final`` after.
+``pending_review`` while a person is asked (``decided_by: null``: nothing is decided yet), ``final`` after.
 
 Retries: the model's answer replays unbilled (same state, same keys). A person's answer is kept
 in the task's state store (``context["task_state_store"]``, which outlives retries), keyed by the
@@ -242,7 +242,7 @@ class PolicyGateMixin:
             return self.policy.evaluate_options(gate.option_answers or {})
         return self.policy.evaluate(gate.answer or {})
 
-    def _record(self, gate: Gate, outcome: PolicyOutcome, *, decision: Any, decided_by: str, reason: str,
+    def _record(self, gate: Gate, outcome: PolicyOutcome, *, decision: Any, decided_by: str | None, reason: str,
                 status: str = "final", review: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return decision_record(
             question=gate.question, answer=None if gate.multiple else gate.answer, decision=decision,
@@ -331,7 +331,8 @@ class PolicyGateMixin:
             params={},
             assigned_users=self.review_assigned_users,
         )
-        self._push_record(context, self._record(gate, outcome, decision=None, decided_by="model",
+        # nothing is decided yet: the person's answer (or the timeout) decides
+        self._push_record(context, self._record(gate, outcome, decision=None, decided_by=None,
                                                 reason=outcome.reason, status="pending_review"))
         self.log.info("asking a person about %s (%s); the task waits in awaiting_input", gate.question,
                       outcome.reason)

@@ -220,6 +220,8 @@ class ConnectionOutcome:
         replay, see :attr:`~airflow_provider_systemzero.protocol.client.ClientSession.recycle_due`).
     :param retryable: for ``refused``: whether the status is worth retrying.
     :param status: for ``refused``: the HTTP status.
+    :param released: the client had asked to give this connection back when it ended, whatever
+        ended it first (a drop, a goodbye, a close before ``start`` was acknowledged).
     """
 
     close_code: int | None = None
@@ -233,6 +235,7 @@ class ConnectionOutcome:
     kind: str = "closed"
     retryable: bool = True
     status: int | None = None
+    released: bool = False
 
     @property
     def label(self) -> str:
@@ -316,6 +319,10 @@ class ReconnectPlanner:
             and code == CloseCode.NORMAL_CLOSURE
             and (outcome.goodbye_reason is None or outcome.goodbye_reason in _WHEN_NEEDED_GOODBYES)
         ):
+            kind = PlanKind.WHEN_NEEDED
+        if outcome.released and outcome.kind != "violation":
+            # given back as it ended for another reason: the release still holds, so come back
+            # when there is work, after the backoff
             kind = PlanKind.WHEN_NEEDED
         attempt = self.attempt
         delay = self.backoff.delay(attempt, server_delay)

@@ -19,6 +19,7 @@ from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
 
@@ -83,6 +84,10 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param min_interval_ms: minimum milliseconds between decisions the gateway starts (0 … 60000):
         on a source that changes often, fewer decisions are billed, each covering more changes,
         at the cost of latency.
+    :param max_staleness: seconds (0 … 3600, default 30) the source's newer state may wait while a
+        decision is in flight, once decisions keep coming back about an outdated state (a source that
+        changes faster than a decision takes); ``0`` never holds a change (such a source is then never
+        decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
@@ -120,7 +125,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                  systemzero_conn_id: str = "systemzero_default",
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
                  lease: bool = True, lease_after: float = 5.0, min_interval_ms: int | None = None,
-                 key_salt: str | None = None, max_decisions: int | None = None,
+                 max_staleness: float = DEFAULT_MAX_STALENESS, key_salt: str | None = None, max_decisions: int | None = None,
                  max_input_tokens: int | None = None,
                  start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
                  min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
@@ -153,6 +158,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.lease = lease
         self.lease_after = lease_after
         self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
+        self.max_staleness = validate_max_staleness(max_staleness)
         self.key_salt = key_salt
         #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
         self.key_namespace: str | None = None
@@ -193,7 +199,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                 "condition": condition.to_dict(), "state": self.state, "source": source,
                 "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
                 "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget(),
-                "min_interval_ms": self.min_interval_ms},
+                "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness},
             next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
@@ -236,7 +242,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
-            lease_after=self.lease_after, budget=self.trigger_budget(context), min_interval_ms=self.min_interval_ms)
+            lease_after=self.lease_after, budget=self.trigger_budget(context), min_interval_ms=self.min_interval_ms,
+            max_staleness=self.max_staleness)
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
@@ -330,6 +337,16 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                               reason=event.get("reason") or "")
         return self._apply(context, gate, record)
 
+    def _push_timeout_record(self, context: Context, event: dict[str, Any]) -> None:
+        """The wait ended on the deadline: push the ``decision`` record saying so (nothing was decided)."""
+        from airflow_provider_systemzero.policy import decision_record
+
+        reason = str(event.get("message") or "no decision met the condition before the deadline")
+        self._push_record(context, decision_record(
+            question=self.question, answer=None, decision=None, action="wait", decided_by=None, reason=reason,
+            policy=self.policy,
+            effect={"fired": False, "timed_out": True, "soft_fail": bool(self.soft_fail)}))
+
     def _record(self, gate: Gate, outcome: Any, **kwargs: Any) -> dict[str, Any]:
         record = super()._record(gate, outcome, **kwargs)
         if gate.extra.get("streak"):
@@ -374,7 +391,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=deadline, lease=self.lease, lease_after=self.lease_after,
-            skip_states=skip, min_interval_ms=self.min_interval_ms)
+            skip_states=skip, min_interval_ms=self.min_interval_ms, max_staleness=self.max_staleness)
         remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=remaining + _DEFER_GRACE if remaining is not None else None)
@@ -402,6 +419,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             return self._finish(context, event)
         message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
         if status == "timeout":
+            self._push_timeout_record(context, event)
             if self.soft_fail:
                 raise AirflowSkipException(message)
             from airflow.sdk.exceptions import AirflowSensorTimeout

@@ -533,7 +533,8 @@ class DecisionStream:
         self._decided_this_connection = False
         self._goodbye: Goodbye | None = None
         self._last_fatal: Error | None = None
-        self._release_requested = False
+        #: the one connection a :meth:`release` was asked for (never carried to the next one)
+        self._release_for: ClientConnection | None = None
         self._dormant = False
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
@@ -730,11 +731,14 @@ class DecisionStream:
         replayed on the next connection, which opens as soon as :meth:`has_work` is true.
         """
         self._check_usable()
-        if self._ws is None:
+        ws = self._ws
+        if ws is None:
             return
-        self._release_requested = True
+        # The release is about this connection only: when it ends for another reason first (a drop,
+        # a goodbye) or before its start was acknowledged, the next connection must not inherit it.
+        self._release_for = ws
         self._kick()
-        await self._wait_until(lambda: self._ws is None, self._close_timeout() + 1, lambda: "release timed out")
+        await self._wait_until(lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out")
 
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
@@ -952,7 +956,10 @@ class DecisionStream:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-            log.error("System Zero stream failed: %s", exc)
+            if exc is self._refusal:  # the refusal was logged once, as a warning, when it happened
+                log.info("System Zero stream stopped: the budget refused a dispatch")
+            else:
+                log.error("System Zero stream failed: %s", exc)
         for future in self._intent_futures.values():
             if not future.done():
                 future.set_exception(exc)
@@ -1251,7 +1258,6 @@ class DecisionStream:
                 await self._wake.wait()
         finally:
             self._dormant = False
-            self._release_requested = False
 
     def _connect_kwargs(self) -> dict[str, Any]:
         assert self._settings is not None
@@ -1324,7 +1330,8 @@ class DecisionStream:
                 delay_ms = max(delay_ms or 0, fatal.retry.retry_after_ms)
             return ConnectionOutcome(code, ws.close_reason or "", goodbye.reason if goodbye else None, delay_ms,
                                      fatal.code if fatal else None, self._started_this_connection,
-                                     self._decided_this_connection, time.monotonic() - opened_at, kind)
+                                     self._decided_this_connection, time.monotonic() - opened_at, kind,
+                                     released=self._release_for is ws)
 
         try:
             try:
@@ -1333,7 +1340,7 @@ class DecisionStream:
                     now = time.monotonic()
                     for frame in session.data_to_send(now):
                         await ws.send(frame)
-                    if self._closing or self._failure is not None or self._release_requested:
+                    if self._closing or self._failure is not None or self._release_for is ws:
                         break
                     now = time.monotonic()
                     if session.recycle_due(now):
@@ -1375,7 +1382,7 @@ class DecisionStream:
                     return _Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
                 if recycle:
                     return _Ended(outcome(CloseCode.NORMAL_CLOSURE, "recycled"))
-                if self._release_requested:
+                if self._release_for is ws:
                     return _Ended(outcome(CloseCode.NORMAL_CLOSURE, "released"))
                 return _Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
             error = reader.exception()
@@ -1397,6 +1404,7 @@ class DecisionStream:
                 await reader
             session.connection_lost()
             self._connection_ended()
+            self._release_for = None
             self._ws = None
             self._observe("closed", ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
                           ws.close_reason or "")

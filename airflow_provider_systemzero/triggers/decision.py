@@ -17,7 +17,10 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   ``key_namespace`` derived from the task instance. The same namespace gives the same
   ``prompt_cache_key`` and the same per-state idempotency keys in every process, so a triggerer
   restart or two copies running at once (HA) replay byte-identically and are billed once.
-* A decision only counts when it covers the complete desired state (never a stale one).
+* A decision only counts when it covers the complete desired state (never a stale one). When a
+  source changes faster than a decision takes (decisions keep coming back stale), newer source
+  content is held back while a decision is in flight, for up to ``max_staleness`` seconds, so the
+  source is still decided about (see :class:`~airflow_provider_systemzero.triggers.currency.Currency`).
 * **Stream leasing**: once a decision about the current state settled and the source has nothing
   new, the trigger gives its stream back (close 1000) and reconnects — with a byte-identical
   replay — only when the source changes, so a triggerer holds many waiting sensors within
@@ -30,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any
 
@@ -37,6 +41,11 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.triggers.currency import (
+    DEFAULT_MAX_STALENESS,
+    Currency,
+    validate_max_staleness,
+)
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 
 __all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZeroDecisionTrigger",
@@ -47,8 +56,6 @@ log = logging.getLogger(__name__)
 #: How often a trigger holding a quiet stream checks whether another stream waits for a slot
 #: (only the few triggers holding a slot poll: at most ``max_streams_per_process`` per process).
 _LEASE_POLL_SECONDS = 0.05
-
-
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
     from airflow_provider_systemzero.stream.exceptions import (
@@ -94,6 +101,9 @@ class _StreamingTrigger:
     deadline: float | None
     #: minimum milliseconds between dispatch starts (fewer decisions billed on a busy source)
     min_interval_ms: int | None = None
+    #: seconds newer source content may be held back while a decision is in flight (0: never)
+    max_staleness: float = DEFAULT_MAX_STALENESS
+    _currency: Currency | None = None
 
     _stream: Any = None
     _source_obj: StateSource | None = None
@@ -159,34 +169,86 @@ class _StreamingTrigger:
         return self.deadline - time.time()
 
     async def _feed(self, stream: Any, source: StateSource, changed: asyncio.Event) -> None:
-        async for state in source.changes():
-            if state != stream.state:  # the first value usually equals the state the stream opened with
-                self._disarm_lease()
-                await stream.set_state(state)
-                changed.set()
+        """Hand the source's changes to the stream in order; when the source changes faster than a
+        decision takes, hold them back while a decision is in flight and then hand over the newest."""
+        currency = self._currency
+        assert currency is not None
+        arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
+        arrived = asyncio.Event()
+
+        async def read() -> None:
+            async for state in source.changes():
+                arrivals.append(state)
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                if not arrivals:
+                    if reader.done():
+                        return reader.result()  # the source ended (or raises why it failed)
+                    arrived.clear()
+                    waiter = asyncio.ensure_future(arrived.wait())
+                    try:
+                        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                    continue
+                if arrivals[0] != stream.state and currency.starved:
+                    await currency.hold(reader)
+                    while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
+                        arrivals.popleft()
+                state = arrivals.popleft()
+                if state != stream.state:  # the first value usually equals the state the stream opened with
+                    self._disarm_lease()
+                    # currency changes before the stream takes the change: set_state yields, and a
+                    # decision arriving meanwhile is about the previous state
+                    currency.changed(deciding=self.decision_mode == "on_change")
+                    changed.set()
+                    await stream.set_state(state)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     async def _current_decisions(self, stream: Any, changed: asyncio.Event) -> AsyncIterator[DecisionResult]:
         """Decisions that cover the complete desired state, leasing the stream in between."""
+        currency = self._currency
+        assert currency is not None
         if self.decision_mode == "on_change":
             async for decision in stream.decisions():
                 if not (stream.in_sync and decision.stream_id == stream.stream_id
                         and decision.state_version == stream.state_version):
                     log.debug("skipping decision for version %s: newer state was sent", decision.state_version)
+                    currency.skipped(settle=False)
                     continue
+                currency.current()
                 yield decision
                 self._arm_lease(stream)
         else:
             while True:
                 changed.clear()
-                decision = await stream.decide()
-                if not changed.is_set():
-                    yield decision
-                    self._arm_lease(stream)
-                    await changed.wait()
+                started = currency.generation
+                currency.deciding()
+                try:
+                    decision = await stream.decide()
+                except BaseException:
+                    currency.skipped(settle=True)
+                    raise
+                if currency.generation != started:
+                    log.debug("skipping decision for version %s: the state changed while it was decided",
+                              decision.state_version)
+                    currency.skipped(settle=True)
+                    continue
+                currency.current()
+                yield decision
+                self._arm_lease(stream)
+                await changed.wait()
 
     async def _race(self, stream: Any, source: StateSource, body: Any) -> Any:
         """Run ``body`` while the source feeds the stream; the first to finish wins."""
         changed = asyncio.Event()
+        # on_change: the opening state schedules a decision, so one is in flight from the start
+        self._currency = Currency(self.max_staleness, deciding=self.decision_mode == "on_change")
         feeder = asyncio.ensure_future(self._feed(stream, source, changed))
         consumer = asyncio.ensure_future(body(changed))
         try:
@@ -226,13 +288,20 @@ class _StreamingTrigger:
         pumper = asyncio.ensure_future(pump())
         last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
         fired = False
+        currency = self._currency
+        assert currency is not None
+        evaluated = False
         try:
             while True:
+                if evaluated:  # the last decision did not end the wait: held changes may go
+                    currency.evaluated()
+                    evaluated = False
                 getter = asyncio.ensure_future(queue.get())
                 wait = None if fired else streak.wait_time(loop.time())
                 done, _ = await asyncio.wait({getter, pumper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     decision, key, state = getter.result()
+                    evaluated = True
                     result = condition.evaluate(decision)
                     if key in skip_states and result.candidate:
                         result = ConditionResult(False, result.answer, f"{result.reason}; a person already said "
@@ -248,9 +317,10 @@ class _StreamingTrigger:
                     else:
                         last, fired = None, False
                     if qualifies and condition.has_hysteresis and not streak.ready(loop.time()):
-                        log.info("hysteresis: %d of %d decisions in a row, true for %.1f of %.1f s",
-                                 streak.count, condition.consecutive, streak.to_dict(loop.time())["true_for"],
-                                 condition.min_true_for)
+                        # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
+                        log.info("hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s "
+                                 "(%.1f s needed)", streak.count, condition.consecutive,
+                                 streak.to_dict(loop.time())["true_for"], condition.min_true_for)
                 else:
                     getter.cancel()
                     if pumper in done:
@@ -280,7 +350,12 @@ class _StreamingTrigger:
         except TimeoutError:
             return {"status": "timeout", "error_type": "timeout", **extra, "message": timed_out}
         except Exception as exc:
-            log.warning("%s failed: %s", type(self).__name__, exc)
+            from airflow_provider_systemzero.budget import BudgetExceeded
+
+            if isinstance(exc, BudgetExceeded):  # the stream logged the refusal when it happened
+                log.info("%s stopped: the budget refused a dispatch", type(self).__name__)
+            else:
+                log.warning("%s failed: %s", type(self).__name__, exc)
             return error_payload(exc, **extra)
         finally:
             await self.cleanup()
@@ -321,6 +396,10 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         do not fire the trigger again.
     :param min_interval_ms: minimum milliseconds between dispatch starts: on a busy source, fewer
         decisions are billed (each one covers more changes) at the cost of latency.
+    :param max_staleness: when the source changes faster than a decision takes (decisions keep
+        coming back about an outdated state), seconds its newer state may be held back while a
+        decision is in flight, so that decision is current when it returns (``0``: never hold; such a
+        source is then never decided about).
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -330,10 +409,12 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  state: Any, key_namespace: str, source: dict[str, Any] | None = None,
                  decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
                  budget: dict[str, Any] | None = None, lease_after: float = 5.0,
-                 skip_states: list[str] | None = None, min_interval_ms: int | None = None) -> None:
+                 skip_states: list[str] | None = None, min_interval_ms: int | None = None,
+                 max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         super().__init__()
         self.skip_states = list(skip_states or [])
         self.min_interval_ms = min_interval_ms
+        self.max_staleness = validate_max_staleness(max_staleness)
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
         self.condition = condition
@@ -355,7 +436,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  **({"budget": self.budget} if self.budget else {}),
                  "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after,
                  **({"skip_states": self.skip_states} if self.skip_states else {}),
-                 "min_interval_ms": self.min_interval_ms})
+                 "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -477,12 +558,15 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
     :param decision_mode: ``on_change`` or ``on_request``.
     :param lease: give the stream back between decisions when nothing changes.
     :param lease_after: seconds without a change before the stream is given back.
+    :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
     def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
                  state: Any, watch_id: str, source: dict[str, Any] | None = None,
-                 decision_mode: str = "on_change", lease: bool = True, lease_after: float = 5.0) -> None:
+                 decision_mode: str = "on_change", lease: bool = True, lease_after: float = 5.0,
+                 max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         super().__init__()
+        self.max_staleness = validate_max_staleness(max_staleness)
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
         self.condition = condition
@@ -503,7 +587,8 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
                 {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
                  "condition": self.condition, "state": self.state, "watch_id": self.watch_id,
                  "source": self.source, "decision_mode": self.decision_mode, "lease": self.lease,
-                 "lease_after": self.lease_after})
+                 "lease_after": self.lease_after,
+                 **({"max_staleness": self.max_staleness} if self.max_staleness != DEFAULT_MAX_STALENESS else {})})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled."""

@@ -171,5 +171,6 @@ def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(emula
     assert billed(emulator) == before + 1
     pending, first, second = PUSHED
     assert pending["status"] == "pending_review" and pending["decision"] is None
+    assert pending["decided_by"] is None  # nothing is decided while a person is asked
     assert first == second == _record(dag, dag_run.run_id)
     assert (second["decided_by"], second["decision"]) == ("human", False)
