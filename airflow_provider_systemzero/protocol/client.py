@@ -592,7 +592,7 @@ class ClientSession:
             raise RemoteProtocolError(f"decision covers version {message.state_version} but only "
                                       f"{conn.acked_version} was acknowledged: an ack precedes any decision "
                                       "covering it", code="decision_before_ack", field="state_version")
-        result = DecisionResult.from_message(message)
+        result = DecisionResult.from_message(message, self.request.questions)
         self.last_decision = result
         generation = conn.version_generation.get(message.state_version, -1)
         for version in [v for v in conn.version_generation if v < message.state_version]:

@@ -557,6 +557,7 @@ class DecisionStream:
         self._decide_in_flight = False
         self._body_bytes: dict[int, int] = {}
         self._refusal: BudgetExceeded | None = None
+        self._watermark: tuple[str, int] | None = None  # (stream_id, state_version) of the newest decision
         if self._settings is not None:
             self._session = self._build_session(self._settings)
         with contextlib.suppress(Exception):
@@ -977,6 +978,8 @@ class DecisionStream:
             elif isinstance(event, Acknowledged):
                 self._on_ack(event)
             elif isinstance(event, DecisionReceived):
+                if self._repeated(event.result):
+                    continue
                 self._on_decision(event.result)
                 for intent in event.intents:
                     future = self._intent_futures.get(intent)
@@ -1004,6 +1007,18 @@ class DecisionStream:
             elif isinstance(event, GoodbyeReceived):
                 self._goodbye = event.goodbye
         self._pulse()
+
+    def _repeated(self, result: DecisionResult) -> bool:
+        """on_change: a decision whose watermark is not above the previous one on this connection
+        repeats it (each dispatch freezes newer changes): it is dropped, never delivered twice."""
+        previous, self._watermark = self._watermark, (result.stream_id, result.state_version)
+        if self._decision_mode != "on_change" or previous is None or previous[0] != result.stream_id \
+                or result.state_version > previous[1]:
+            return False
+        self._watermark = previous
+        log.warning("the System Zero gateway repeated the decision for state version %d: ignored",
+                    result.state_version)
+        return True
 
     def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
         error = self._decision_error(event.error)
