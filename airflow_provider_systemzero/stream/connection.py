@@ -54,6 +54,7 @@ from websockets.exceptions import (
     InvalidStatus,
     InvalidURI,
 )
+from websockets.protocol import State
 from websockets.typing import Subprotocol
 
 from airflow_provider_systemzero.observability import StreamObserver
@@ -103,6 +104,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
     UpgradeRefused,
 )
+from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget, Usage
@@ -147,6 +149,8 @@ _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cach
 _MAX_CONFLICT_RETRIES = 600
 #: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
 _MAX_QUEUED_DECISIONS = 10_000
+#: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
+_PONG_FLUSH_INTERVAL = 1 / 40
 #: At most one decide in flight plus one pending intent per stream (WIRE.md §4).
 MAX_DISPATCHES_PER_STREAM = 2
 
@@ -557,6 +561,9 @@ class DecisionStream:
         self._decide_in_flight = False
         self._body_bytes: dict[int, int] = {}
         self._refusal: BudgetExceeded | None = None
+        self._writing = False  # a frame is being written (its write is waiting for the peer)
+        self._pong_flush: asyncio.TimerHandle | None = None
+        self._last_pong_flush = -math.inf
         self._watermark: tuple[str, int] | None = None  # (stream_id, state_version) of the newest decision
         if self._settings is not None:
             self._session = self._build_session(self._settings)
@@ -706,6 +713,11 @@ class DecisionStream:
         self._closed = True
         runner = self._runner
         if runner is not None and not runner.done():
+            if self._ws is not None and self._writing:
+                # the peer is not reading: a close frame would queue behind the blocked write
+                log.warning("the System Zero gateway is not reading: closing the connection without a close "
+                            "handshake")
+                self._ws.transport.abort()
             if self._ws is not None:
                 # serving: let the loop close with 1000 and release everything itself
                 self._kick()
@@ -717,6 +729,8 @@ class DecisionStream:
                     runner.cancel()
                     raise
             if not runner.done():
+                if self._ws is not None:
+                    self._ws.transport.abort()  # the graceful close had its time
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await runner
@@ -910,6 +924,25 @@ class DecisionStream:
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def _kick_soon(self) -> None:
+        """Wake the writer for pongs, at most every :data:`_PONG_FLUSH_INTERVAL`: a ping flood costs
+        a bounded number of writes (the session keeps only the newest pongs owed)."""
+        if self._pong_flush is not None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = self._last_pong_flush + _PONG_FLUSH_INTERVAL - loop.time()
+        if delay <= 0:
+            self._last_pong_flush = loop.time()
+            self._kick()
+            return
+
+        def fire() -> None:
+            self._pong_flush = None
+            self._last_pong_flush = loop.time()
+            self._kick()
+
+        self._pong_flush = loop.call_later(delay, fire)
 
     def _pulse(self) -> None:
         if self._pulse_event is not None:
@@ -1275,14 +1308,17 @@ class DecisionStream:
         self._goodbye = None
         self._last_fatal = None
         try:
-            async with connect(url, **self._connect_kwargs()) as ws:
+            ws = await connect(url, **self._connect_kwargs())
+            try:
                 if ws.subprotocol != PROTOCOL:
-                    await ws.close(1002, "subprotocol not selected")
+                    await self._close(ws, 1002, "subprotocol not selected")
                     return _Plan("stop", "protocol_violation", error=ProtocolViolation(
                         f"the server at {url} did not select the {PROTOCOL} subprotocol (it selected "
-                        f"{ws.subprotocol!r}): check that the connection's host is a System Zero API origin",
+                        f"{server_text(ws.subprotocol)}): check that the connection's host is a System Zero API origin",
                         code="unsupported_protocol"))
                 return await self._serve(ws)
+            finally:
+                await self._close(ws, 1000)
         except InvalidStatus as exc:
             return self._refusal_plan(exc, url)
         except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
@@ -1308,11 +1344,18 @@ class DecisionStream:
 
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
+        secret = self._settings.api_key.strip() if self._settings else None
         with contextlib.suppress(ConnectionClosed):
             async for frame in ws:
+                if isinstance(frame, str):
+                    frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
                 events = session.receive_text(frame, time.monotonic())
                 self._dispatch(events)
-                self._kick()
+                if events:
+                    self._kick()
+                else:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
+                    self._kick_soon()
+                await asyncio.sleep(0)  # a flood of frames never holds the event loop
 
     async def _serve(self, ws: ClientConnection) -> _Plan:
         assert self._wake is not None
@@ -1325,7 +1368,7 @@ class DecisionStream:
         self._observe("connected", self._settings.url if self._settings else "", replay)
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
-        silent = False
+        silent = stalled = False
         lost = False
         try:
             try:
@@ -1333,7 +1376,11 @@ class DecisionStream:
                     self._wake.clear()
                     now = time.monotonic()
                     for frame in session.data_to_send(now):
-                        await ws.send(frame)
+                        if not await self._write(ws, frame):
+                            stalled = True
+                            break
+                    if stalled:
+                        break
                     if self._closing or self._failure is not None or self._release_requested:
                         break
                     now = time.monotonic()
@@ -1348,6 +1395,10 @@ class DecisionStream:
                             await self._wake.wait()
             except ConnectionClosed:
                 lost = True  # a write failed: the connection is gone, and the reader ends with it
+            if stalled:
+                log.warning("the System Zero gateway read nothing for %.1f s while this client had a frame to "
+                            "send: treating the connection as dead", self._write_timeout())
+                return _Plan("retry", "write_timeout", close_code=1006)
             if silent:
                 log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
                             (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
@@ -1362,7 +1413,7 @@ class DecisionStream:
                     return _Plan("retry", "close", close_code=1006)
             if not reader.done():
                 # we close: the stream ends, fails, or is released
-                await ws.close(1000)
+                await self._close(ws, 1000)
                 # a peer may send until it sees our close: a bad frame then changes nothing
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
@@ -1372,7 +1423,7 @@ class DecisionStream:
             error = reader.exception()
             if isinstance(error, RemoteProtocolError):
                 log.warning("the System Zero gateway broke the protocol: %s", error)
-                await ws.close(1002, "protocol error")
+                await self._close(ws, 1002, "protocol error")
                 return _Plan("retry", "protocol_violation", close_code=1002, violation=True,
                              error=ProtocolViolation(f"the System Zero gateway broke the stream protocol: "
                                                      f"{error.message}", code=error.code))
@@ -1389,6 +1440,34 @@ class DecisionStream:
             self._ws = None
             self._observe("closed", ws.close_code if ws.close_code is not None else 1006, ws.close_reason or "")
             self._pulse()
+
+    def _write_timeout(self) -> float:
+        return self.session.limits.write_progress_timeout_ms / 1000
+
+    async def _write(self, ws: ClientConnection, frame: str) -> bool:
+        """Send one frame within ``write_progress_timeout``; ``False`` (the connection aborted) when
+        the peer read nothing meanwhile. No write waits longer, whatever the peer does."""
+        self._writing = True
+        try:
+            async with asyncio.timeout(self._write_timeout()):
+                await ws.send(frame)
+            return True
+        except TimeoutError:
+            ws.transport.abort()
+            return False
+        finally:
+            self._writing = False
+
+    async def _close(self, ws: ClientConnection, code: int, reason: str = "") -> None:
+        """Close within the close-handshake timeout, else abort (a peer that stopped reading never
+        takes the close frame)."""
+        if ws.state is State.CLOSED:
+            return
+        try:
+            async with asyncio.timeout(self._close_timeout()):
+                await ws.close(code, reason)
+        except TimeoutError:
+            ws.transport.abort()
 
     def _close_plan(self, ws: ClientConnection) -> _Plan:
         code = ws.close_code if ws.close_code is not None else 1006

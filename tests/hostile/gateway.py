@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -192,13 +193,20 @@ class HostileGateway:
 
     :param script: plays each connection.
     :param respond: when set, answers every upgrade with this ``(status, headers, body)`` instead.
+    :param receive_buffer: when set, the listening socket's ``SO_RCVBUF`` (inherited by every
+        connection, so a gateway that stops reading stops the client's writes within a few KiB).
     """
 
     def __init__(
-        self, script: Script | None = None, *, respond: tuple[int, dict[str, str], bytes] | None = None
+        self,
+        script: Script | None = None,
+        *,
+        respond: tuple[int, dict[str, str], bytes] | None = None,
+        receive_buffer: int | None = None,
     ) -> None:
         self.script = script
         self.respond = respond
+        self.receive_buffer = receive_buffer
         self.connected_at: list[float] = []
         self.upgrades = 0
         self.errors: list[BaseException] = []
@@ -251,12 +259,17 @@ class HostileGateway:
         self._thread.start()
 
         async def start() -> Any:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.receive_buffer is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer)
+            sock.bind(("127.0.0.1", 0))
             return await serve(
                 self._handler,
-                "127.0.0.1",
-                0,
+                sock=sock,
                 compression=None,
                 max_size=None,
+                ping_interval=None,
                 process_request=self._process_request,
                 select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None,
             )
