@@ -57,7 +57,7 @@ from websockets.exceptions import (
 from websockets.protocol import State
 from websockets.typing import Subprotocol
 
-from airflow_provider_systemzero.observability import StreamObserver
+from airflow_provider_systemzero.observability import GOODBYE_REASONS, StreamObserver
 from airflow_provider_systemzero.protocol.client import (
     Acknowledged,
     ClientEvent,
@@ -104,7 +104,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
     UpgradeRefused,
 )
-from airflow_provider_systemzero.stream.untrusted import scrub, server_text
+from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget, Usage
@@ -254,13 +254,12 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
-            clean = tuple(self._redact(a) for a in args)
-            super().log(level, self._redact(msg), *clean, **kwargs)
-
-    def _redact(self, value: object) -> object:
-        if isinstance(value, str) and self._secret and self._secret in value:
-            return value.replace(self._secret, "***")
-        return value
+            # websockets passes frames, headers and requests as objects: format first, then scrub
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):
+                text = f"{msg} {args!r}"
+            super().log(level, "%s", scrub(text, self._secret), **kwargs)
 
 
 # ------------------------------------------------------------------------------------ requests
@@ -368,18 +367,29 @@ def connect_options(settings: StreamSettings, limits: Limits, ssl_context: ssl.S
     return options
 
 
-def refusal_error(exc: InvalidStatus, url: str) -> UpgradeRefused:
-    """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`).
+class _NoRedirects(connect):
+    """``websockets.asyncio.client.connect`` that never follows a redirect: a ``3xx`` answer to the
+    upgrade is a refusal (:class:`UpgradeRefused`), so the key is never sent to another address."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+def refusal_error(exc: InvalidStatus, url: str, secret: str | None = None) -> UpgradeRefused:
+    """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`;
+    a redirect is a refusal too).
 
     :param exc: the websockets exception carrying the response.
     :param url: the stream URL.
+    :param secret: the API key, removed from the response body should the gateway echo it.
     """
     response = exc.response
     headers = {name: value for name, value in response.headers.raw_items()}
     delay_ms = RetryHint.delay_from_headers(headers)
     envelope: ErrorEnvelope | None = None
     with contextlib.suppress(Exception):
-        envelope = ErrorEnvelope.from_dict(json.loads(response.body or b""))
+        body = (response.body or b"").decode("utf-8", "replace")
+        envelope = ErrorEnvelope.from_dict(json.loads(scrub(body, secret)))
     status = response.status_code
     cls = AuthenticationFailed if status in (401, 403) else UpgradeRefused
     return cls(status, envelope, delay_ms, url=url)
@@ -399,7 +409,7 @@ async def probe(settings: StreamSettings) -> Hello:
         ssl_context = await asyncio.to_thread(ssl.create_default_context, cafile=settings.ca_bundle)
     limits = Limits()
     try:
-        async with connect(url, **connect_options(settings, limits, ssl_context)) as ws:
+        async with _NoRedirects(url, **connect_options(settings, limits, ssl_context)) as ws:
             if ws.subprotocol != PROTOCOL:
                 await ws.close(1002, "subprotocol not selected")
                 raise ProtocolViolation(f"the server at {url} did not select the {PROTOCOL} subprotocol: check that "
@@ -418,7 +428,7 @@ async def probe(settings: StreamSettings) -> Hello:
             await ws.close(1000)
             return hello
     except InvalidStatus as exc:
-        raise refusal_error(exc, url) from None
+        raise refusal_error(exc, url, settings.api_key.strip()) from None
 
 
 # ------------------------------------------------------------------------------------ records
@@ -887,7 +897,7 @@ class DecisionStream:
                     raise DeadlineExceeded(f"no decision within {timeout} s (the server asked to wait "
                                            f"{delay:.3f} s before retrying)", last_error=exc) from exc
                 log.info("decision failed with HTTP %s (%s); retrying in %.3f s", exc.http_status,
-                         exc.envelope.code, delay)
+                         server_token(exc.envelope.code), delay)
                 await self._sleep(delay)
                 self._check_usable()
             except TimeoutError:
@@ -1025,8 +1035,8 @@ class DecisionStream:
                 self._on_decision_failed(event)
                 self._settle_refusal()
             elif isinstance(event, MutationRejected):
-                log.debug("change %s deferred by the gateway (%s); it is sent again", event.error.event_id,
-                          event.error.code)
+                log.debug("change %s deferred by the gateway (%s); it is sent again",
+                          server_token(event.error.event_id), server_token(event.error.code))
                 if event.error.code == "event_rate_limited":
                     delay = event.error.retry.retry_after_ms
                     self._observe("rate_limited", "event", None if delay is None else delay / 1000)
@@ -1035,8 +1045,8 @@ class DecisionStream:
             elif isinstance(event, ServerError):
                 if event.error.fatal:
                     self._last_fatal = event.error
-                log.info("gateway error %s (fatal=%s): %s", event.error.code, event.error.fatal,
-                         event.error.envelope.message)
+                log.info("gateway error %s (fatal=%s): %s", server_token(event.error.code), event.error.fatal,
+                         server_text(event.error.envelope.message))
             elif isinstance(event, GoodbyeReceived):
                 self._goodbye = event.goodbye
         self._pulse()
@@ -1084,7 +1094,7 @@ class DecisionStream:
                          "decided again on the next connection")
             else:
                 log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
-                         error.envelope.code)
+                         server_token(error.envelope.code))
             return
         # the gateway will not retry: whoever waits for this state's decision must hear it
         for intent, future in list(self._intent_futures.items()):
@@ -1181,8 +1191,8 @@ class DecisionStream:
                             f"{_fmt(answer.confidence)})" for name, answer in result.answers.items())
         usage = result.usage
         log.info("decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
-                 "decide %s ms", version, ", ".join(result.covered_event_ids) or "nothing new", answers or "no answers",
-                 result.reply_id, "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
+                 "decide %s ms", version, ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
+                 answers or "no answers", server_token(result.reply_id), "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
                  _fmt(result.queue_ms, 0), _fmt(result.decide_ms, 0))
         self._observe("decided", result, billed=billed)
 
@@ -1201,7 +1211,7 @@ class DecisionStream:
         lim = hello.limits
         log.info("System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
                  "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
-                 "%d ms, max duration %d ms, max_streams_per_process=%d", hello.stream_id, hello.protocol,
+                 "%d ms, max duration %d ms, max_streams_per_process=%d", server_token(hello.stream_id), hello.protocol,
                  lim.max_message_bytes, lim.max_decide_body_bytes, lim.max_events_per_second, lim.event_burst,
                  lim.max_pending_events, lim.heartbeat_interval_ms, lim.idle_timeout_ms, lim.max_duration_ms,
                  lim.max_streams_per_process)
@@ -1308,7 +1318,7 @@ class DecisionStream:
         self._goodbye = None
         self._last_fatal = None
         try:
-            ws = await connect(url, **self._connect_kwargs())
+            ws = await _NoRedirects(url, **self._connect_kwargs())
             try:
                 if ws.subprotocol != PROTOCOL:
                     await self._close(ws, 1002, "subprotocol not selected")
@@ -1328,13 +1338,16 @@ class DecisionStream:
                 f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"))
         except InvalidHandshake as exc:
             return _Plan("stop", "protocol_violation", error=ProtocolViolation(
-                f"the opening handshake with {url} failed: {exc}: check that the connection's host is a System Zero "
-                "API origin", code="invalid_handshake"))
+                f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
+                "connection's host is a System Zero API origin", code="invalid_handshake"))
 
     def _refusal_plan(self, exc: InvalidStatus, url: str) -> _Plan:
-        error = refusal_error(exc, url)
+        error = refusal_error(exc, url, self._secret())
+        if 300 <= error.status < 400:
+            log.warning("the System Zero gateway redirected the upgrade to %s: redirects are refused",
+                        server_text(exc.response.headers.get("Location", ""), self._secret()))
         log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
-                 error.envelope.code if error.envelope else "no error body")
+                 server_token(error.envelope.code) if error.envelope else "no error body")
         if error.retryable:
             delay = None if error.retry_after_ms is None else error.retry_after_ms / 1000
             if error.status == 429:
@@ -1344,7 +1357,7 @@ class DecisionStream:
 
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
-        secret = self._settings.api_key.strip() if self._settings else None
+        secret = self._secret()
         with contextlib.suppress(ConnectionClosed):
             async for frame in ws:
                 if isinstance(frame, str):
@@ -1438,8 +1451,12 @@ class DecisionStream:
             session.connection_lost()
             self._connection_ended()
             self._ws = None
-            self._observe("closed", ws.close_code if ws.close_code is not None else 1006, ws.close_reason or "")
+            self._observe("closed", ws.close_code if ws.close_code is not None else 1006,
+                          server_text(ws.close_reason or "", self._secret()))
             self._pulse()
+
+    def _secret(self) -> str | None:
+        return self._settings.api_key.strip() if self._settings else None
 
     def _write_timeout(self) -> float:
         return self.session.limits.write_progress_timeout_ms / 1000
@@ -1470,14 +1487,28 @@ class DecisionStream:
             ws.transport.abort()
 
     def _close_plan(self, ws: ClientConnection) -> _Plan:
+        sent = ws.protocol.close_sent
+        if sent is not None and sent.code == 1009 and self._failure is None and not self._closing:
+            # websockets refused a frame over max_size: the gateway broke max_message_bytes
+            limit = self.session.limits.max_message_bytes
+            log.warning("the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
+                        limit)
+            return _Plan("retry", "protocol_violation", close_code=1009, violation=True, error=ProtocolViolation(
+                f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes)",
+                code="message_too_big"))
         code = ws.close_code if ws.close_code is not None else 1006
-        reason = ws.close_reason or ""
+        reason = server_text(ws.close_reason, self._secret()) if ws.close_reason else ""
         goodbye = self._goodbye
         server_delay_ms = goodbye.retry_after_ms if goodbye is not None else None
         if self._last_fatal is not None and self._last_fatal.retry.retry_after_ms is not None:
             server_delay_ms = max(server_delay_ms or 0, self._last_fatal.retry.retry_after_ms)
         server_delay = None if server_delay_ms is None else server_delay_ms / 1000
-        label = f"goodbye:{goodbye.reason}" if goodbye is not None else "close"
+        # the label is a metric tag and a log word: from a closed set, never the server's free text
+        label = "close" if goodbye is None else \
+            f"goodbye:{goodbye.reason if goodbye.reason in GOODBYE_REASONS else 'other'}"
+        if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
+            log.info("the System Zero gateway said goodbye for an unknown reason %s",
+                     server_text(goodbye.reason, self._secret()))
         if self._failure is not None or self._closing:
             return _Plan("stop", label, close_code=code)
         if code == 1000 and (goodbye is None or goodbye.reason in _LAZY_GOODBYES):
@@ -1485,7 +1516,8 @@ class DecisionStream:
         transient = self._last_fatal is not None and self._last_fatal.code in _TRANSIENT_FATAL_CODES
         if code in _FATAL_CLOSE_CODES and goodbye is None and not transient:
             fatal = self._last_fatal
-            detail = f" after error {fatal.code}: {fatal.envelope.message}" if fatal is not None else ""
+            detail = f" after error {server_token(fatal.code)}: {server_text(fatal.envelope.message)}" \
+                if fatal is not None else ""
             return _Plan("stop", label, close_code=code, error=StreamClosed(code, reason, message=(
                 f"the System Zero gateway closed the stream with code {code} ({reason or 'no reason'}){detail}: "
                 "a reconnect would repeat it; check the request and the gateway's limits")))

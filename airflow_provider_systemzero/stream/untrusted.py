@@ -9,8 +9,11 @@ removes the key; :func:`scrub` only removes the key (also in its JSON-escaped fo
 from __future__ import annotations
 
 import json
+import re
 
-__all__ = ["MAX_SERVER_TEXT", "REDACTED", "scrub", "server_text"]
+__all__ = ["MAX_SERVER_TEXT", "REDACTED", "scrub", "server_text", "server_token"]
+
+_TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 #: What replaces the key.
 REDACTED = "***"
@@ -47,3 +50,16 @@ def server_text(value: object, secret: str | None = None, limit: int = MAX_SERVE
     cut = len(text) > limit
     shown = repr(text[:limit])
     return f"{shown}…" if cut else shown
+
+
+def server_token(value: object, secret: str | None = None) -> str:
+    """A server-chosen identifier (an error code, a ``stream_id``, an event or reply id) for a log
+    line: shown as is when it is a plain token (letters, digits, ``_.:-``, at most 64), otherwise
+    as :func:`server_text`.
+
+    :param value: the server's value.
+    :param secret: the API key.
+    """
+    if isinstance(value, str) and _TOKEN.fullmatch(value) and not (secret and secret in value):
+        return value
+    return server_text(value, secret, limit=64)
