@@ -1015,7 +1015,7 @@ class DecisionStream:
     def _dispatch(self, events: list[ClientEvent]) -> None:
         for event in events:
             if isinstance(event, HelloReceived):
-                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process)
+                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self._origin())
                 self._log_hello(event.hello)
                 self._observe("hello", event.hello)
             elif isinstance(event, Acknowledged):
@@ -1250,12 +1250,12 @@ class DecisionStream:
                     pending = None
                 else:
                     attempt_number = attempt
-                await self.capacity.acquire()
+                await self.capacity.acquire(self._origin())
                 try:
                     self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
                     plan = await self._connect_and_serve()
                 finally:
-                    self.capacity.release()
+                    self.capacity.release(self._origin())
                 if plan.kind == "stop":
                     if plan.error is not None:
                         self._fail(plan.error)
@@ -1454,6 +1454,10 @@ class DecisionStream:
             self._observe("closed", ws.close_code if ws.close_code is not None else 1006,
                           server_text(ws.close_reason or "", self._secret()))
             self._pulse()
+
+    def _origin(self) -> str | None:
+        """The gateway this stream talks to, as the stream cap counts it."""
+        return self._settings.url if self._settings else None
 
     def _secret(self) -> str | None:
         return self._settings.api_key.strip() if self._settings else None
