@@ -9,17 +9,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-from airflow_provider_systemzero.stream import Backoff, default_capacity
+from airflow_provider_systemzero.stream import Backoff
 from tests.hostile.gateway import KEY, HostileGateway, Script
 
 CONN_ID = "systemzero_hostile"
-
-
-@pytest.fixture(autouse=True)
-def _reset_default_capacity() -> Iterator[None]:
-    default_capacity().set_limit(4)
-    yield
-    default_capacity().set_limit(4)
 
 
 @pytest.fixture

@@ -299,3 +299,26 @@ class HostileGateway:
         """Connections per second opened since ``since`` (monotonic)."""
         recent = [t for t in self.connected_at if t >= since]
         return len(recent) / max(1e-9, time.monotonic() - since)
+
+
+async def decide_and_fail(
+    hook: Any, *, within: float = 20, decide_timeout: float | None = None
+) -> BaseException:
+    """Open an on_request stream through ``hook`` and decide; return what the caller gets, which
+    must be a :class:`~airflow_provider_systemzero.stream.exceptions.SystemZeroError`.
+
+    :param within: seconds for opening and for the whole call.
+    :param decide_timeout: the decide's own timeout (default: ``within``).
+    """
+    from airflow_provider_systemzero.stream.exceptions import SystemZeroError
+
+    try:
+        async with asyncio.timeout(within):
+            async with hook.stream(
+                REQUEST, decision_mode="on_request", state="log\n", open_deadline=within
+            ) as s:
+                await s.decide(timeout=decide_timeout or within)
+    except Exception as exc:
+        assert isinstance(exc, SystemZeroError), f"{type(exc).__name__}: {exc}"
+        return exc
+    raise AssertionError("the decide succeeded")

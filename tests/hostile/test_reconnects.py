@@ -18,8 +18,7 @@ import pytest
 
 from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
 from airflow_provider_systemzero.stream import Backoff
-from airflow_provider_systemzero.stream.exceptions import SystemZeroError
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.hostile.gateway import REQUEST, HostileGateway, Peer, decide_and_fail
 
 CORE = pytest.mark.xfail(reason="reconnect plan / stream check in the core client session", strict=True)
 #: The measurement window (seconds) and the most connections a growing backoff allows in it: with
@@ -104,12 +103,7 @@ async def test_a_decision_naming_another_stream_is_refused(
         await peer.decide_then(**wrong)
         await peer.drain()
 
-    with pytest.raises(SystemZeroError):
-        async with asyncio.timeout(20):
-            async with connect(gateway(misattribute)).stream(
-                REQUEST, decision_mode="on_request", state="log\n", open_deadline=10
-            ) as stream:
-                await stream.decide(timeout=15)
+    await decide_and_fail(connect(gateway(misattribute)))
 
 
 def test_hook_decide_has_a_finite_default_deadline() -> None:

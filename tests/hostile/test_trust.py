@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_systemzero.observability import AirflowStreamObserver, reason_tag
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, UpgradeRefused
-from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer
+from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer, decide_and_fail
 
 FORGED = "\n2026-01-01 00:00:00 [error] forged line"
 
@@ -126,12 +126,7 @@ async def test_server_text_forges_no_log_line(
         await peer.ws.close(1013, FORGED[:60])
 
     caplog.set_level(logging.DEBUG, logger="airflow_provider_systemzero")
-    with pytest.raises(SystemZeroError):
-        async with asyncio.timeout(20):
-            async with connect(gateway(newlines)).stream(
-                REQUEST, decision_mode="on_request", state="log\n", open_deadline=10
-            ) as stream:
-                await stream.decide(timeout=3)
+    await decide_and_fail(connect(gateway(newlines)), decide_timeout=3)
     for record in caplog.records:
         assert "\n" not in record.getMessage(), record.getMessage()
         assert len(record.getMessage()) < 2_000

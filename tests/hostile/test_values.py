@@ -19,22 +19,10 @@ from airflow_provider_systemzero.conditions import DecisionCondition
 from airflow_provider_systemzero.policy import DecisionPolicy
 from airflow_provider_systemzero.protocol.messages import Decision
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.stream.exceptions import ProtocolViolation, SystemZeroError
-from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, Raw
+from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
+from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, Raw, decide_and_fail
 
 HUGE = "9" * 400
-
-
-async def _decide_and_fail(hook: Any, within: float = 20) -> SystemZeroError:
-    """Open an on_request stream and decide; return the SystemZeroError the caller gets."""
-    with pytest.raises(Exception) as caught:
-        async with asyncio.timeout(within):
-            async with hook.stream(
-                REQUEST, decision_mode="on_request", state="log\n", open_deadline=within
-            ) as s:
-                await s.decide(timeout=within)
-    assert isinstance(caught.value, SystemZeroError), f"{type(caught.value).__name__}: {caught.value}"
-    return caught.value
 
 
 # ------------------------------------------------------------------------------------ item 4
@@ -78,7 +66,7 @@ async def test_a_400_digit_integer_is_a_protocol_violation_not_an_overflow(
         await peer.drain()
 
     gw = gateway(script)
-    error = await _decide_and_fail(connect(gw))
+    error = await decide_and_fail(connect(gw))
     assert isinstance(error, ProtocolViolation)
     assert "2**53" in str(error)
     assert gw.connections == 3  # three breaches in a row, then the caller hears it
@@ -98,7 +86,7 @@ async def test_a_share_that_is_not_a_number_from_0_to_1_never_becomes_a_decision
         await peer.decision(1, answers={"ready": {**ANSWER, "confidence": Raw(number)}})
         await peer.drain()
 
-    error = await _decide_and_fail(connect(gateway(script)))
+    error = await decide_and_fail(connect(gateway(script)))
     assert isinstance(error, ProtocolViolation)
     assert "confidence" in str(error) or "finite" in str(error) or "infinity" in str(error)
 
@@ -145,7 +133,7 @@ async def test_a_reply_that_does_not_answer_the_questions_asked_is_refused(
         await peer.decide_then(**fields)
         await peer.drain()
 
-    error = await _decide_and_fail(connect(gateway(script)))
+    error = await decide_and_fail(connect(gateway(script)))
     assert isinstance(error, ProtocolViolation)
     assert "questions asked" in str(error)
 
