@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
-from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult, share
 from airflow_provider_systemzero.protocol.validation import validate_question_name
 
 __all__ = ["ConditionResult", "DecisionCondition", "Streak"]
@@ -148,11 +148,13 @@ class DecisionCondition:
         if answer.decision not in wanted or (isinstance(answer.decision, bool) != isinstance(wanted[0], bool)):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r}, waiting for "
                                    f"{self.expect!r}", "wait")
-        if self.min_confidence is not None and (answer.confidence is None or answer.confidence < self.min_confidence):
+        # a bar is met only by a number from 0 to 1 at or above it: NaN, infinities and values out
+        # of range count as no number at all
+        confidence, probability = share(answer.confidence), share(answer.probability)
+        if self.min_confidence is not None and (confidence is None or not confidence >= self.min_confidence):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but confidence "
                                    f"{answer.confidence} is below {self.min_confidence}", "wait")
-        if self.min_probability is not None and (answer.probability is None
-                                                 or answer.probability < self.min_probability):
+        if self.min_probability is not None and (probability is None or not probability >= self.min_probability):
             return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but probability "
                                    f"{answer.probability} is below {self.min_probability}", "wait")
         described = (f"{self.question} = {answer.decision!r} (probability {answer.probability}, "

@@ -35,11 +35,16 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.protocol.reply import DecisionResult
 
 __all__ = [
+    "CLOSE_CODES",
+    "GOODBYE_REASONS",
     "METRICS",
+    "RECONNECT_REASONS",
     "AirflowStreamObserver",
     "StreamObserver",
     "capture_content_enabled",
+    "close_code_tag",
     "configure",
+    "reason_tag",
     "spans_enabled",
 ]
 
@@ -65,6 +70,18 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "systemzero.rate_limit.wait_time": ("timer", ("decision_mode", "kind")),
 }
 
+#: Goodbye reasons of the public document; any other reason a gateway sends is ``other``.
+GOODBYE_REASONS = frozenset({"shutdown", "overload", "idle_timeout", "max_duration", "event_limit"})
+#: The ``reason`` tag values of ``systemzero.reconnects`` (a closed set; anything else is ``other``).
+RECONNECT_REASONS = frozenset({"close", "network", "upgrade_refused", "receipt_timeout", "write_timeout",
+                               "protocol_violation", "released", "invalid_uri", "closed", "other",
+                               *(f"goodbye.{reason}" for reason in (*GOODBYE_REASONS, "other"))})
+#: The ``close_code`` tag values (the codes of RFC 6455 a stream sees; anything else is ``other``).
+CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014,
+                         1015})
+#: Characters Airflow's metric-name validation allows (tags are appended to the name with InfluxDB-style tags).
+_TAG_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
 _TRACER_NAME = "airflow_provider_systemzero"
 _MAX_CONTENT_CHARS = 8192
 
@@ -87,6 +104,32 @@ def configure(*, spans: bool | None = None, capture_content: bool | None = None,
                         ("tracer_provider", tracer_provider)):
         if value is not None:
             _overrides[name] = value
+
+
+def reason_tag(reason: str) -> str:
+    """The ``reason`` tag of a reconnect: ``goodbye.shutdown``, ``network`` …, from :data:`RECONNECT_REASONS`.
+
+    :param reason: the reconnect's reason (``goodbye:shutdown``, ``upgrade_refused:429`` …).
+    """
+    kind, _, detail = reason.partition(":")
+    tag = f"goodbye.{detail if detail in GOODBYE_REASONS else 'other'}" if kind == "goodbye" else kind
+    return tag if tag in RECONNECT_REASONS else "other"
+
+
+def close_code_tag(code: int | None) -> str:
+    """The ``close_code`` tag: the code when it is one of :data:`CLOSE_CODES`, ``none`` or ``other``.
+
+    :param code: the close code seen.
+    """
+    if not code:
+        return "none"
+    return str(code) if code in CLOSE_CODES else "other"
+
+
+def _tag(value: Any) -> str:
+    """A tag value Airflow's metric-name validation accepts (anything else becomes ``other``)."""
+    text = str(value)
+    return text if text and len(text) <= 64 and set(text) <= _TAG_CHARACTERS else "other"
 
 
 def _conf_boolean(section: str, key: str) -> bool | None:
@@ -227,7 +270,7 @@ class AirflowStreamObserver(StreamObserver):
                 self._stats = stats
             # the gauge counts every stream of the process: it carries no tag
             tags = {} if kind == "gauge" else {"decision_mode": self.decision_mode,
-                                               **{k: str(v) for k, v in tags.items()}}
+                                               **{k: _tag(v) for k, v in tags.items()}}
             if kind == "counter":
                 self._stats.incr(name, int(value), tags=tags)
             elif kind == "gauge":
@@ -294,7 +337,7 @@ class AirflowStreamObserver(StreamObserver):
         if self._open:
             self._open = False
             self._emit("gauge", "systemzero.streams.open", _adjust_open(-1))
-        self._emit("counter", "systemzero.connection.closed", close_code=close_code if close_code else "none")
+        self._emit("counter", "systemzero.connection.closed", close_code=close_code_tag(close_code))
         span, self._conn_span = self._conn_span, None
         if span is not None:
             with self._guard():
@@ -304,9 +347,8 @@ class AirflowStreamObserver(StreamObserver):
                 span.end()
 
     def reconnecting(self, reason: str, close_code: int | None, delay: float) -> None:
-        kind = reason.split(":", 1)[0] if not reason.startswith("goodbye:") else reason
-        self._emit("counter", "systemzero.reconnects", close_code=close_code if close_code else "none",
-                   reason=kind)
+        self._emit("counter", "systemzero.reconnects", close_code=close_code_tag(close_code),
+                   reason=reason_tag(reason))
 
     def acknowledged(self, ack: Ack, message_type: str, replayed: bool) -> None:
         self._emit("counter", "systemzero.acks", message_type=message_type)

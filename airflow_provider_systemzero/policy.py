@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_systemzero.protocol.reply import share
+
 __all__ = [
     "ACTIONS",
     "BELOW_ACTIONS",
@@ -91,13 +93,9 @@ def answer_numbers(answer: Any) -> tuple[Any, float | None, float | None, list[d
         def get(key: str, default: Any = None) -> Any:
             return getattr(answer, key, default)
 
-    def number(value: Any) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        return float(value)
-
     alternatives = get("alternatives") or ()
-    return (get("decision"), number(get("probability")), number(get("confidence")),
+    # NaN, infinities and numbers outside [0, 1] are no measure: they count as missing (uncertain)
+    return (get("decision"), share(get("probability")), share(get("confidence")),
             [dict(a) for a in alternatives if isinstance(a, Mapping)])
 
 

@@ -23,6 +23,17 @@ os.environ["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] = "True"
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 
 
+@pytest.fixture(autouse=True)
+def _reset_default_capacity() -> Iterator[None]:
+    """Every test starts and ends with the document's process-wide cap (4 streams) and no cap a
+    gateway advertised."""
+    from airflow_provider_systemzero.stream import default_capacity
+
+    default_capacity().set_limit(4)
+    yield
+    default_capacity().set_limit(4)
+
+
 @pytest.fixture(scope="session")
 def airflow_home() -> Path:
     """The throwaway AIRFLOW_HOME of this test run."""

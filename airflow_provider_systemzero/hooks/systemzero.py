@@ -45,7 +45,11 @@ from airflow_provider_systemzero.stream.exceptions import SystemZeroError, Syste
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-__all__ = ["Decision", "SystemZeroHook", "reconnect_backoff"]
+__all__ = ["DEFAULT_DECIDE_TIMEOUT", "Decision", "SystemZeroHook", "reconnect_backoff"]
+
+#: Seconds :meth:`SystemZeroHook.decide` waits by default, opening included: a gateway that never
+#: answers cannot hold a worker slot for ever.
+DEFAULT_DECIDE_TIMEOUT = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +299,7 @@ class SystemZeroHook(BaseHook):
                               observer=observer or AirflowStreamObserver(decision_mode))
 
     def decide(self, request: StreamRequest | Mapping[str, Any], state: Any = "", *,
-               attachments: Sequence[Attachment] = (), timeout: float | None = None,
+               attachments: Sequence[Attachment] = (), timeout: float | None = DEFAULT_DECIDE_TIMEOUT,
                idempotency_key: str | None = None, key_namespace: str | None = None,
                identity: str | None = None, budget: DecisionBudget | None = None) -> Decision:
         """Run one on_request decision to completion (sync; for non-deferrable operators).
@@ -303,7 +307,8 @@ class SystemZeroHook(BaseHook):
         :param request: see :meth:`stream`.
         :param state: the state to decide.
         :param attachments: inline attachments.
-        :param timeout: seconds for the whole call, opening included (``None``: no limit).
+        :param timeout: seconds for the whole call, opening included (default
+            :data:`DEFAULT_DECIDE_TIMEOUT`, 10 minutes; ``None``: no limit).
         :param idempotency_key: the state's key (default: derived from the state).
         :param key_namespace: namespace of derived per-state keys.
         :param identity: the caller's identity for the stream (see :meth:`stream`).

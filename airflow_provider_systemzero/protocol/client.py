@@ -488,6 +488,8 @@ class ClientSession:
             )
         if isinstance(message, Ping):
             conn.pongs.append(Pong(message.nonce))
+            # a gateway keeps at most max_pending_probes pings unanswered: older ones are moot (a flood stays bounded)
+            del conn.pongs[:-max(1, self.limits.max_pending_probes)]
             return []
         if isinstance(message, Ack):
             return self._on_ack(conn, message)
@@ -558,7 +560,7 @@ class ClientSession:
                 code="decision_before_ack",
                 field="state_version",
             )
-        result = DecisionResult.from_message(message)
+        result = DecisionResult.from_message(message, self.request.questions)
         conn.decided_version = message.state_version
         conn.recycle_at = None
         generation = conn.version_generation.get(message.state_version, -1)

@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "ERROR_TYPES",
+    "MAX_SERVER_DELAY_MS",
     "ErrorEnvelope",
     "LocalProtocolError",
     "ProtocolError",
@@ -131,6 +132,11 @@ class ErrorEnvelope:
         return cls(**values)
 
 
+#: The longest delay a server may ask for (``goodbye.resume.retry_after_ms``, ``error.retry``,
+#: ``Retry-After-Ms`` / ``Retry-After``): a longer one is read as this many milliseconds (5 minutes).
+MAX_SERVER_DELAY_MS = 300_000
+
+
 def _parse_non_negative_number(value: str) -> float | None:
     try:
         number = float(value.strip())
@@ -177,14 +183,15 @@ class RetryHint:
                 field=f"{field}.retry_after_ms",
                 refusal=True,
             )
-        return cls(retryable=retryable, retry_after_ms=delay)
+        return cls(retryable=retryable, retry_after_ms=None if delay is None else min(delay, MAX_SERVER_DELAY_MS))
 
     @staticmethod
     def delay_from_headers(headers: Mapping[str, str]) -> int | None:
         """The server's retry delay in milliseconds from HTTP headers, or ``None``.
 
         ``Retry-After-Ms`` takes precedence over ``Retry-After`` (seconds). HTTP-date forms of
-        ``Retry-After`` are not used by System Zero and are ignored.
+        ``Retry-After`` are not used by System Zero and are ignored. A delay is capped at
+        :data:`MAX_SERVER_DELAY_MS`.
 
         :param headers: response headers; names are matched case-insensitively.
         """
@@ -192,11 +199,11 @@ class RetryHint:
         if "retry-after-ms" in lowered:
             number = _parse_non_negative_number(lowered["retry-after-ms"])
             if number is not None:
-                return math.ceil(number)
+                return math.ceil(min(number, MAX_SERVER_DELAY_MS))
         if "retry-after" in lowered:
             number = _parse_non_negative_number(lowered["retry-after"])
             if number is not None:
-                return math.ceil(number * 1000)
+                return math.ceil(min(number * 1000, MAX_SERVER_DELAY_MS))
         return None
 
     @classmethod

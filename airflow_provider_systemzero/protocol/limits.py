@@ -3,6 +3,11 @@
 The gateway advertises the first group in ``hello.limits`` (the object of the public example,
 in that order). The second group are service rules the document states but ``hello`` does not
 carry; they are fixed for protocol v1 and used by both sides.
+
+A client never lets ``hello`` loosen its own safety checks: :meth:`Limits.from_hello` clamps
+every advertised value into :data:`ADVERTISED_BOUNDS` (sizes, liveness timers and the stream cap
+never above the document's numbers, timers never zero), so a gateway cannot let a 200 MB frame
+in or switch the dead-connection checks off.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 
-__all__ = ["ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
+__all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
 
 #: A stream has at most one decide in flight plus one pending intent (WIRE.md §4): what a
 #: client may have started at the gateway and not yet seen settled.
@@ -89,6 +94,9 @@ class Limits:
         Unknown keys (a newer gateway) are ignored; the non-advertised rules keep their
         document values.
 
+        Every value is clamped into :data:`ADVERTISED_BOUNDS`: a gateway may make a limit
+        stricter, never looser than the public document (nor switch a liveness timer off).
+
         :raises RemoteProtocolError: a refusal naming the field when a known limit is missing
             or not a non-negative integer.
         """
@@ -105,9 +113,38 @@ class Limits:
                     field=f"limits.{name}",
                     refusal=True,
                 )
-            values[name] = value
+            low, high = ADVERTISED_BOUNDS[name]
+            values[name] = min(max(value, low), high)
         return cls(**values)
 
 
 #: Names of the limits the gateway advertises in ``hello``, in the public example's order.
 ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits))[:24]
+
+_DOCUMENT = Limits()
+#: The rates and bursts of a gateway's buckets only pace this client's own sending: a gateway may
+#: grant more than the document's numbers, up to this sanity bound.
+_MAX_RATE = 100_000
+#: The shortest liveness timer a gateway may set (heartbeat, native heartbeat, pong timeout), ms.
+_MIN_TIMER_MS = 100
+_TIMERS = frozenset({"heartbeat_interval_ms", "native_heartbeat_interval_ms", "pong_timeout_ms"})
+_RATES = frozenset({"max_events_per_second", "event_burst", "max_messages_per_second", "message_burst",
+                    "max_native_control_frames_per_second", "native_control_frame_burst",
+                    "max_native_control_bytes_per_second", "native_control_byte_burst"})
+
+
+def _bounds(name: str) -> tuple[int, int]:
+    if name in _RATES:
+        return 0, _MAX_RATE
+    if name == "min_interval_ms":
+        return 0, _DOCUMENT.maximum_decision_interval_ms
+    if name == "max_streams_per_process":
+        return 1, _DOCUMENT.max_streams_per_process
+    return (_MIN_TIMER_MS if name in _TIMERS else 0), getattr(_DOCUMENT, name)
+
+
+#: ``(lowest, highest)`` a client accepts for each advertised limit (see :meth:`Limits.from_hello`):
+#: sizes, counts, timeouts and the stream cap at most the document's numbers; the liveness timers
+#: at least 100 ms; ``min_interval_ms`` at most ``maximum_decision_interval``; rates and bursts at
+#: most 100 000.
+ADVERTISED_BOUNDS: dict[str, tuple[int, int]] = {name: _bounds(name) for name in ADVERTISED_LIMITS}

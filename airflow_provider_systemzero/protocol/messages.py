@@ -19,6 +19,7 @@ read-only.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, ClassVar, TypeAlias
 
 from airflow_provider_systemzero.protocol.body import compact_json, synthesize_decide_body
 from airflow_provider_systemzero.protocol.errors import (
+    MAX_SERVER_DELAY_MS,
     ErrorEnvelope,
     LocalProtocolError,
     RemoteProtocolError,
@@ -704,12 +706,37 @@ def encode_message(message: ClientMessage | ServerMessage) -> str:
     return compact_json(message.to_dict())
 
 
-def _load_object(text: str | bytes) -> dict[str, Any]:
+#: The largest integer a server message may carry (I-JSON, RFC 7493: exact in every JSON parser).
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        raise _refuse(f"the frame holds the integer {text[:24]}{'…' if len(text) > 24 else ''} ({len(text)} "
+                      f"digits), outside ±(2**53 - 1): a number every JSON parser reads exactly", None)
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _refuse(f"the frame holds the number {text[:24]!r}, which overflows to infinity: JSON numbers "
+                      "are finite", None)
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise _refuse(f"the frame holds {name}, which is not JSON: numbers are finite", None)
+
+
+def _load_object(text: str | bytes, *, strict_numbers: bool = False) -> dict[str, Any]:
     if isinstance(text, bytes | bytearray | memoryview):
         raise _refuse("binary frames are not allowed: every message is one text frame holding a JSON object",
                       None)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_safe_int, parse_float=_finite_float, parse_constant=_no_constant) \
+            if strict_numbers else json.loads(text)
     except (ValueError, RecursionError):
         raise _refuse("the frame is not valid JSON: every message is one text frame holding a JSON object",
                       None) from None
@@ -804,9 +831,12 @@ def decode_server_message(text: str | bytes) -> ServerMessage:
     """Decode one server frame strictly (unknown fields are tolerated).
 
     :param text: the frame (``bytes`` stands for a binary frame and is always refused).
+    Numbers must be finite and integers within ±(2**53 - 1) (``NaN``, ``Infinity``, ``1e999999``
+    and a 400-digit integer are refused), so no value a gateway sends overflows later.
+
     :raises RemoteProtocolError: naming the field.
     """
-    data = _load_object(text)
+    data = _load_object(text, strict_numbers=True)
     kind = data["type"]
     r = _Reader(data, kind)
     if kind not in _SERVER_TYPES:
@@ -848,7 +878,11 @@ def decode_server_message(text: str | bytes) -> ServerMessage:
     rr = _Reader(resume, "goodbye.resume")
     return Goodbye(stream_id, seq, r.str("reason"), r.int("state_version", required=False, nullable=True),
                    r.int("last_decision_state_version", required=False, nullable=True),
-                   rr.int("retry_after_ms", required=False, nullable=True, minimum=0))
+                   _capped(rr.int("retry_after_ms", required=False, nullable=True, minimum=0)))
+
+
+def _capped(delay_ms: int | None) -> int | None:
+    return None if delay_ms is None else min(delay_ms, MAX_SERVER_DELAY_MS)
 
 
 _SERVER_TYPES = frozenset({"hello", "ack", "scheduled", "decision", "error", "ping", "goodbye"})

@@ -198,7 +198,8 @@ class PlanKind(enum.Enum):
     STOP = "stop"
 
 
-_KIND_LABELS = {"closed": "close", "silent": "receipt_timeout", "violation": "protocol_violation"}
+_KIND_LABELS = {"closed": "close", "silent": "receipt_timeout", "stalled": "write_timeout",
+                "violation": "protocol_violation"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,8 @@ class ConnectionOutcome:
     :param kind: ``closed`` (a close frame or abrupt loss after the upgrade), ``network`` (no
         connection), ``refused`` (the upgrade was answered with an HTTP status), ``violation``
         (the gateway broke the protocol), ``silent`` (nothing received past the deadline),
-        ``released`` (the client gave the connection back) or ``recycled`` (the client closed to
+        ``stalled`` (the peer read nothing while a frame waited to be written), ``released`` (the
+        client gave the connection back) or ``recycled`` (the client closed to
         replay, see :attr:`~airflow_provider_systemzero.protocol.client.ClientSession.recycle_due`).
     :param retryable: for ``refused``: whether the status is worth retrying.
     :param status: for ``refused``: the HTTP status.

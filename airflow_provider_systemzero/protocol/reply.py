@@ -5,17 +5,25 @@ The reply keeps the shape of the public example: ``id`` (``szd_`` + 32 hex), ``m
 ``confidence``, ``calibration_version``, ``decision``, ``alternatives``, ``calibrated``) and
 ``usage``. :class:`DecisionResult` reads it leniently (a missing number is ``None``), keeps the raw
 reply, and converts to a small JSON summary for trigger events and XCom.
+
+Given the questions the stream asked, :meth:`DecisionResult.from_message` first checks the reply
+against them (:func:`check_reply`): a decision that is not a success, an answer to a question never
+asked or missing, an answer of the wrong kind (``"maybe"`` for a boolean question, an option not
+offered), or a probability or confidence that is not a number from 0 to 1 is a contract breach
+(:class:`~airflow_provider_systemzero.protocol.errors.RemoteProtocolError`), never a decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_systemzero.protocol.messages import Decision
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+from airflow_provider_systemzero.protocol.messages import Decision, Question
 
-__all__ = ["USAGE_FIELDS", "Answer", "DecisionResult"]
+__all__ = ["USAGE_FIELDS", "Answer", "DecisionResult", "check_reply", "share"]
 
 #: The counters of ``reply.usage``.
 USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "media_tokens", "long_input_tokens", "media_items",
@@ -23,9 +31,84 @@ USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "media_tokens", "long_inp
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def share(value: Any) -> float | None:
+    """A probability or confidence as a gate may use it: a finite number from 0 to 1, else ``None``.
+
+    ``NaN``, infinities, booleans and numbers outside [0, 1] are no measure at all, so they count
+    as uncertain and never meet a bar.
+
+    :param value: the reported number.
+    """
+    number = _number(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
+
+
+def _breach(problem: str, field: str) -> RemoteProtocolError:
+    return RemoteProtocolError(f"the decision does not answer the questions asked: {problem}",
+                               code="invalid_reply", field=field)
+
+
+def _check_share(value: Any, field: str) -> None:
+    """A probability or confidence: absent/null, or a number from 0 to 1."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 <= value <= 1:
+        shown = repr(value)[:40]
+        raise _breach(f"{field} is {shown}, not a number from 0 to 1", field)
+
+
+def _check_decision(value: Any, question: Question, field: str) -> None:
+    if question.type == "boolean":
+        if not isinstance(value, bool):
+            raise _breach(f"{field} must be true or false for a boolean question, got {repr(value)[:40]}", field)
+    elif not isinstance(value, str) or value not in (question.options or ()):
+        raise _breach(f"{field} {repr(value)[:40]} is not one of the options offered", field)
+
+
+def check_reply(message: Decision, questions: Sequence[tuple[str, Question]]) -> None:
+    """Check a ``decision`` against the questions the stream asked.
+
+    :param message: the decoded ``decision``.
+    :param questions: the stream's questions, ``(name, Question)`` pairs.
+    :raises RemoteProtocolError: ``invalid_reply``, naming the field: the status is not a success,
+        ``reply.answers`` is not an object, answers a question never asked or leaves one out, or
+        an answer's type, decision, probability or confidence (its alternatives' too) breaks the
+        question's shape.
+    """
+    if not 200 <= message.http_status < 300:
+        raise _breach(f"http_status is {message.http_status}: a decision carries a successful reply "
+                      "(a failed dispatch is an error message)", "http_status")
+    answers = message.reply.get("answers")
+    if not isinstance(answers, Mapping):
+        raise _breach("reply.answers must be an object", "reply.answers")
+    asked = dict(questions)
+    for name in answers:
+        if name not in asked:
+            raise _breach(f"reply.answers has an answer for {str(name)[:64]!r}, a question never asked",
+                          "reply.answers")
+    for name, question in asked.items():
+        where = f"reply.answers.{name}"
+        answer = answers.get(name)
+        if not isinstance(answer, Mapping):
+            raise _breach(f"{where} is missing or not an object", where)
+        if "type" in answer and answer["type"] != question.type:
+            raise _breach(f"{where}.type is {repr(answer['type'])[:40]} for a {question.type} question",
+                          f"{where}.type")
+        _check_decision(answer.get("decision"), question, f"{where}.decision")
+        for key in ("probability", "confidence"):
+            _check_share(answer.get(key), f"{where}.{key}")
+        alternatives = answer.get("alternatives")
+        if isinstance(alternatives, list):
+            for index, alternative in enumerate(alternatives):
+                if isinstance(alternative, Mapping):
+                    for key in ("probability", "confidence"):
+                        _check_share(alternative.get(key), f"{where}.alternatives[{index}].{key}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +142,8 @@ class Answer:
             name=name,
             type=str(data.get("type", "")),
             decision=data.get("decision"),
-            probability=_number(data.get("probability")),
-            confidence=_number(data.get("confidence")),
+            probability=share(data.get("probability")),
+            confidence=share(data.get("confidence")),
             alternatives=tuple(a for a in alternatives if isinstance(a, Mapping)) if isinstance(alternatives, list)
             else (),
             calibrated=data.get("calibrated") if isinstance(data.get("calibrated"), bool) else None,
@@ -101,8 +184,16 @@ class DecisionResult:
     latency_ms: float | None = None
 
     @classmethod
-    def from_message(cls, message: Decision) -> DecisionResult:
-        """Build from a ``decision`` message."""
+    def from_message(cls, message: Decision,
+                     questions: Sequence[tuple[str, Question]] | None = None) -> DecisionResult:
+        """Build from a ``decision`` message.
+
+        :param message: the decoded ``decision``.
+        :param questions: the questions asked; when given the reply is checked first (:func:`check_reply`).
+        :raises RemoteProtocolError: the reply does not answer the questions asked.
+        """
+        if questions is not None:
+            check_reply(message, questions)
         raw = message.reply.get("answers")
         answers = {name: Answer.from_reply(name, value) for name, value in raw.items()
                    if isinstance(value, Mapping)} if isinstance(raw, Mapping) else {}

@@ -5,6 +5,10 @@ A triggerer runs many triggers in one process and one event loop, and a worker m
 decides on helper threads with their own loops, so :class:`StreamCapacity` is thread-safe and
 loop-agnostic: waiters queue in FIFO order, each woken on its own loop, and a waiter that is
 cancelled leaves the queue (or hands a slot it was just granted to the next waiter).
+
+A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that cap holds for the
+streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
+never for the streams to other gateways, and never above the process's own limit.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ __all__ = ["Backoff", "StreamCapacity", "default_capacity"]
 
 
 class _Waiter:
-    __slots__ = ("future", "granted", "loop")
+    __slots__ = ("future", "granted", "loop", "origin")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, origin: str) -> None:
         self.loop = loop
+        self.origin = origin
         self.future: asyncio.Future[None] = loop.create_future()
         self.granted = False
 
@@ -47,6 +52,8 @@ class StreamCapacity:
         self._in_use = 0
         self._max_in_use = 0
         self._waiters: deque[_Waiter] = deque()
+        self._origin_caps: dict[str, int] = {}  # origin → the cap its gateway advertised
+        self._origin_use: dict[str, int] = {}  # origin → slots held
 
     @staticmethod
     def _check(limit: int) -> int:
@@ -74,39 +81,57 @@ class StreamCapacity:
         """Waiters queued for a slot."""
         return len(self._waiters)
 
+    def limit_for(self, origin: str | None) -> int:
+        """How many streams to ``origin`` may be open at once: the process's limit, or less when
+        that gateway advertised less.
+
+        :param origin: the gateway (its stream URL); ``None``: the process's limit.
+        """
+        return min(self._limit, self._origin_caps.get(origin or "", self._limit))
+
     def set_limit(self, limit: int) -> None:
-        """Change the limit (tests; a deployment that knows better); queued waiters may proceed.
+        """Change the limit (tests; a deployment that knows better) and forget the caps gateways
+        advertised; queued waiters may proceed.
 
         :param limit: the new limit (at least 1).
         """
         with self._lock:
             self._limit = self._check(limit)
+            self._origin_caps.clear()
             self._max_in_use = self._in_use
             self._grant_locked()
 
-    def adopt_advertised(self, limit: int) -> None:
-        """Lower the limit to what a gateway advertised in ``hello`` (never raises it).
+    def adopt_advertised(self, limit: int, origin: str | None = None) -> None:
+        """Take the cap a gateway advertised in ``hello`` for the streams to that gateway.
 
-        :param limit: ``hello.limits.max_streams_per_process``.
+        It replaces what the same gateway advertised before (so a gateway can raise it back, up
+        to the process's limit) and never touches the streams to other gateways.
+
+        :param limit: ``hello.limits.max_streams_per_process`` (ignored unless a positive integer).
+        :param origin: the gateway (its stream URL).
         """
-        if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit < self._limit:
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
             with self._lock:
-                if limit < self._limit:
-                    self._limit = limit
+                self._origin_caps[origin or ""] = limit
+                self._grant_locked()
 
-    async def acquire(self) -> None:
-        """Wait for a slot, first come first served.
+    async def acquire(self, origin: str | None = None) -> None:
+        """Wait for a slot, first come first served (among the waiters a slot can go to).
 
         Cancelling the waiting task removes it from the queue; a slot granted at the moment of
         cancellation is passed on, never lost.
+
+        :param origin: the gateway the slot is for (its stream URL), bound by its advertised cap.
         """
         loop = asyncio.get_running_loop()
+        key = origin or ""
         with self._lock:
-            if self._in_use < self._limit and not self._waiters:
-                self._take_locked()
+            if not self._waiters and self._fits_locked(key):
+                self._take_locked(key)
                 return
-            waiter = _Waiter(loop)
+            waiter = _Waiter(loop, key)
             self._waiters.append(waiter)
+            self._grant_locked()
         try:
             await waiter.future
         except BaseException:
@@ -115,40 +140,59 @@ class StreamCapacity:
                 if not granted:
                     self._waiters.remove(waiter)
             if granted:
-                self.release()
+                self.release(origin)
             raise
 
-    def release(self) -> None:
-        """Give a slot back; the oldest waiter gets it."""
+    def release(self, origin: str | None = None) -> None:
+        """Give a slot back; the oldest waiter it can go to gets it.
+
+        :param origin: the gateway the slot was for (as given to :meth:`acquire`).
+        """
+        key = origin or ""
         with self._lock:
-            if self._in_use <= 0:
+            if self._in_use <= 0 or self._origin_use.get(key, 0) <= 0:
                 raise RuntimeError("StreamCapacity.release() without a matching acquire()")
             self._in_use -= 1
+            self._origin_use[key] -= 1
+            if not self._origin_use[key]:
+                del self._origin_use[key]
             self._grant_locked()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """``async with capacity.slot():`` holds one slot for the block."""
-        await self.acquire()
+    async def slot(self, origin: str | None = None) -> AsyncIterator[None]:
+        """``async with capacity.slot():`` holds one slot for the block.
+
+        :param origin: the gateway the slot is for.
+        """
+        await self.acquire(origin)
         try:
             yield
         finally:
-            self.release()
+            self.release(origin)
 
-    def _take_locked(self) -> None:
+    def _fits_locked(self, key: str) -> bool:
+        return self._in_use < self._limit and self._origin_use.get(key, 0) < self._origin_caps.get(key, self._limit)
+
+    def _take_locked(self, key: str) -> None:
         self._in_use += 1
+        self._origin_use[key] = self._origin_use.get(key, 0) + 1
         self._max_in_use = max(self._max_in_use, self._in_use)
 
     def _grant_locked(self) -> None:
-        while self._waiters and self._in_use < self._limit:
-            waiter = self._waiters.popleft()
+        for waiter in list(self._waiters):
+            if self._in_use >= self._limit:
+                return
+            if not self._fits_locked(waiter.origin):
+                continue  # its gateway's cap is reached: a waiter for another gateway may go first
+            self._waiters.remove(waiter)
             waiter.granted = True
-            self._take_locked()
+            self._take_locked(waiter.origin)
             try:
                 waiter.loop.call_soon_threadsafe(_wake, waiter.future)
             except RuntimeError:  # the waiter's loop is closed: it will never take the slot
                 waiter.granted = False
                 self._in_use -= 1
+                self._origin_use[waiter.origin] -= 1
 
 
 _DEFAULT = StreamCapacity()

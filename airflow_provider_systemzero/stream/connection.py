@@ -54,9 +54,10 @@ from websockets.exceptions import (
     InvalidStatus,
     InvalidURI,
 )
+from websockets.protocol import State
 from websockets.typing import Subprotocol
 
-from airflow_provider_systemzero.observability import StreamObserver
+from airflow_provider_systemzero.observability import GOODBYE_REASONS, StreamObserver
 from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.client import ClientSession, check_hello
 from airflow_provider_systemzero.protocol.client_events import (
@@ -116,6 +117,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
     UpgradeRefused,
 )
+from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget, Usage
@@ -148,6 +150,8 @@ _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cach
 _MAX_CONFLICT_RETRIES = 600
 #: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
 _MAX_QUEUED_DECISIONS = 10_000
+#: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
+_PONG_FLUSH_INTERVAL = 1 / 40
 
 
 @functools.cache
@@ -249,13 +253,12 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
-            clean = tuple(self._redact(a) for a in args)
-            super().log(level, self._redact(msg), *clean, **kwargs)
-
-    def _redact(self, value: object) -> object:
-        if isinstance(value, str) and self._secret and self._secret in value:
-            return value.replace(self._secret, "***")
-        return value
+            # websockets passes frames, headers and requests as objects: format first, then scrub
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):
+                text = f"{msg} {args!r}"
+            super().log(level, "%s", scrub(text, self._secret), **kwargs)
 
 
 # ------------------------------------------------------------------------------------ requests
@@ -356,18 +359,29 @@ def connect_options(settings: StreamSettings, limits: Limits, ssl_context: ssl.S
     return options
 
 
-def refusal_error(exc: InvalidStatus, url: str) -> UpgradeRefused:
-    """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`).
+class _NoRedirects(connect):
+    """``websockets.asyncio.client.connect`` that never follows a redirect: a ``3xx`` answer to the
+    upgrade is a refusal (:class:`UpgradeRefused`), so the key is never sent to another address."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+def refusal_error(exc: InvalidStatus, url: str, secret: str | None = None) -> UpgradeRefused:
+    """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`;
+    a redirect is a refusal too).
 
     :param exc: the websockets exception carrying the response.
     :param url: the stream URL.
+    :param secret: the API key, removed from the response body should the gateway echo it.
     """
     response = exc.response
     headers = {name: value for name, value in response.headers.raw_items()}
     delay_ms = RetryHint.delay_from_headers(headers)
     envelope: ErrorEnvelope | None = None
     with contextlib.suppress(Exception):
-        envelope = ErrorEnvelope.from_dict(json.loads(response.body or b""))
+        body = (response.body or b"").decode("utf-8", "replace")
+        envelope = ErrorEnvelope.from_dict(json.loads(scrub(body, secret)))
     status = response.status_code
     cls = AuthenticationFailed if status in (401, 403) else UpgradeRefused
     return cls(status, envelope, delay_ms, url=url)
@@ -389,13 +403,13 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
     if settings.ca_bundle and url.startswith("wss://"):
         ssl_context = await asyncio.to_thread(ssl.create_default_context, cafile=settings.ca_bundle)
     limits = Limits()
-    async with (capacity or default_capacity()).slot():
+    async with (capacity or default_capacity()).slot(url):
         return await _probe(settings, url, limits, ssl_context)
 
 
 async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None) -> Hello:
     try:
-        async with connect(url, **connect_options(settings, limits, ssl_context)) as ws:
+        async with _NoRedirects(url, **connect_options(settings, limits, ssl_context)) as ws:
             violation = _subprotocol_violation(ws, url)
             if violation is not None:
                 await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
@@ -410,7 +424,7 @@ async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context
             await ws.close(CloseCode.NORMAL_CLOSURE)
             return hello
     except InvalidStatus as exc:
-        raise refusal_error(exc, url) from None
+        raise refusal_error(exc, url, settings.api_key.strip()) from None
 
 
 # ------------------------------------------------------------------------------------ records
@@ -552,6 +566,10 @@ class DecisionStream:
         self._decide_in_flight = False
         self._body_bytes: dict[int, int] = {}
         self._refusal: BudgetExceeded | None = None
+        self._writing = False  # a frame is being written (its write is waiting for the peer)
+        self._pong_flush: asyncio.TimerHandle | None = None
+        self._last_pong_flush = -math.inf
+        self._watermark: tuple[str, int] | None = None  # (stream_id, state_version) of the newest decision
         if self._settings is not None:
             self._session = self._build_session(self._settings)
         with contextlib.suppress(Exception):
@@ -700,6 +718,11 @@ class DecisionStream:
         self._closed = True
         runner = self._runner
         if runner is not None and not runner.done():
+            if self._ws is not None and self._writing:
+                # the peer is not reading: a close frame would queue behind the blocked write
+                log.warning("the System Zero gateway is not reading: closing the connection without a close "
+                            "handshake")
+                self._ws.transport.abort()
             if self._ws is not None:
                 # serving: let the loop close with 1000 and release everything itself
                 self._kick()
@@ -711,6 +734,8 @@ class DecisionStream:
                     runner.cancel()
                     raise
             if not runner.done():
+                if self._ws is not None:
+                    self._ws.transport.abort()  # the graceful close had its time
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await runner
@@ -876,7 +901,7 @@ class DecisionStream:
                     raise DeadlineExceeded(f"no decision within {timeout} s (the server asked to wait "
                                            f"{delay:.3f} s before retrying)", last_error=exc) from exc
                 log.info("decision failed with HTTP %s (%s); retrying in %.3f s", exc.http_status,
-                         exc.envelope.code, delay)
+                         server_token(exc.envelope.code), delay)
                 await self._sleep(delay)
                 self._check_usable()
             except TimeoutError:
@@ -913,6 +938,25 @@ class DecisionStream:
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def _kick_soon(self) -> None:
+        """Wake the writer for pongs, at most every :data:`_PONG_FLUSH_INTERVAL`: a ping flood costs
+        a bounded number of writes (the session keeps only the newest pongs owed)."""
+        if self._pong_flush is not None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = self._last_pong_flush + _PONG_FLUSH_INTERVAL - loop.time()
+        if delay <= 0:
+            self._last_pong_flush = loop.time()
+            self._kick()
+            return
+
+        def fire() -> None:
+            self._pong_flush = None
+            self._last_pong_flush = loop.time()
+            self._kick()
+
+        self._pong_flush = loop.call_later(delay, fire)
 
     def _pulse(self) -> None:
         if self._pulse_event is not None:
@@ -977,13 +1021,17 @@ class DecisionStream:
     def _dispatch(self, events: list[ClientEvent]) -> None:
         for event in events:
             if isinstance(event, HelloReceived):
-                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process)
+                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self._origin())
                 self._log_hello(event.hello)
                 self._observe("hello", event.hello)
             elif isinstance(event, Acknowledged):
                 self._on_ack(event)
             elif isinstance(event, DecisionReceived):
-                if not event.repeated:  # a repeated one was counted and queued when it arrived
+                if event.repeated:
+                    pass  # a decision counted and queued when it arrived, now covering a state returned to
+                elif self._repeated(event.result):
+                    continue
+                else:
                     self._on_decision(event.result)
                 for intent in event.intents:
                     future = self._intent_futures.get(intent)
@@ -996,8 +1044,8 @@ class DecisionStream:
                 self._on_decision_failed(event)
                 self._settle_refusal()
             elif isinstance(event, MutationRejected):
-                log.debug("change %s deferred by the gateway (%s); it is sent again", event.error.event_id,
-                          event.error.code)
+                log.debug("change %s deferred by the gateway (%s); it is sent again",
+                          server_token(event.error.event_id), server_token(event.error.code))
                 if event.error.code == "event_rate_limited":
                     delay = event.error.retry.retry_after_ms
                     self._observe("rate_limited", "event", None if delay is None else delay / 1000)
@@ -1006,11 +1054,23 @@ class DecisionStream:
             elif isinstance(event, ServerError):
                 if event.error.fatal:
                     self._last_fatal = event.error
-                log.info("gateway error %s (fatal=%s): %s", event.error.code, event.error.fatal,
-                         event.error.envelope.message)
+                log.info("gateway error %s (fatal=%s): %s", server_token(event.error.code), event.error.fatal,
+                         server_text(event.error.envelope.message))
             elif isinstance(event, GoodbyeReceived):
                 self._goodbye = event.goodbye
         self._pulse()
+
+    def _repeated(self, result: DecisionResult) -> bool:
+        """on_change: a decision whose watermark is not above the previous one on this connection
+        repeats it (each dispatch freezes newer changes): it is dropped, never delivered twice."""
+        previous, self._watermark = self._watermark, (result.stream_id, result.state_version)
+        if self._decision_mode != "on_change" or previous is None or previous[0] != result.stream_id \
+                or result.state_version > previous[1]:
+            return False
+        self._watermark = previous
+        log.warning("the System Zero gateway repeated the decision for state version %d: ignored",
+                    result.state_version)
+        return True
 
     def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
         error = self._decision_error(event.error)
@@ -1043,7 +1103,7 @@ class DecisionStream:
                          "decided again on the next connection")
             else:
                 log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
-                         error.envelope.code)
+                         server_token(error.envelope.code))
             return
         # the gateway will not retry: whoever waits for this state's decision must hear it
         for intent, future in list(self._intent_futures.items()):
@@ -1141,8 +1201,8 @@ class DecisionStream:
                             f"{_fmt(answer.confidence)})" for name, answer in result.answers.items())
         usage = result.usage
         log.info("decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
-                 "decide %s ms", version, ", ".join(result.covered_event_ids) or "nothing new", answers or "no answers",
-                 result.reply_id, "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
+                 "decide %s ms", version, ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
+                 answers or "no answers", server_token(result.reply_id), "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
                  _fmt(result.queue_ms, 0), _fmt(result.decide_ms, 0))
         self._observe("decided", result, billed=billed)
 
@@ -1161,7 +1221,7 @@ class DecisionStream:
         lim = hello.limits
         log.info("System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
                  "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
-                 "%d ms, max duration %d ms, max_streams_per_process=%d", hello.stream_id, hello.protocol,
+                 "%d ms, max duration %d ms, max_streams_per_process=%d", server_token(hello.stream_id), hello.protocol,
                  lim.max_message_bytes, lim.max_decide_body_bytes, lim.max_events_per_second, lim.event_burst,
                  lim.max_pending_events, lim.heartbeat_interval_ms, lim.idle_timeout_ms, lim.max_duration_ms,
                  lim.max_streams_per_process)
@@ -1199,12 +1259,12 @@ class DecisionStream:
                     self._observe("reconnecting", plan.reason, pending.close_code, plan.delay)
                     attempt_number = plan.attempt
                     pending = None
-                await self.capacity.acquire()
+                await self.capacity.acquire(self._origin())
                 try:
                     self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
                     ended = await self._connect_and_serve()
                 finally:
-                    self.capacity.release()
+                    self.capacity.release(self._origin())
                 outcome = ended.outcome
                 if ended.final:
                     if ended.error is not None:
@@ -1241,10 +1301,10 @@ class DecisionStream:
         if isinstance(error, ProtocolViolation | UpgradeRefused):
             return error
         outcome = ended.outcome
-        detail = f" after error {outcome.fatal_code}" if outcome.fatal_code else ""
+        detail = f" after error {server_token(outcome.fatal_code)}" if outcome.fatal_code else ""
         return StreamClosed(outcome.close_code, outcome.close_reason, message=(
             f"the System Zero gateway closed the stream with code {outcome.close_code} "
-            f"({_printable(outcome.close_reason) or 'no reason'}){detail}: {plan.final}; check the request and the "
+            f"({outcome.close_reason or 'no reason'}){detail}: {plan.final}; check the request and the "
             "gateway's limits"))
 
     async def _wait_for_work(self) -> None:
@@ -1272,13 +1332,16 @@ class DecisionStream:
         self._goodbye = None
         self._last_fatal = None
         try:
-            async with connect(url, **self._connect_kwargs()) as ws:
+            ws = await _NoRedirects(url, **self._connect_kwargs())
+            try:
                 violation = _subprotocol_violation(ws, url)
                 if violation is not None:
-                    await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
+                    await self._close(ws, CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
                     return _Ended(ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), violation,
                                   final=True)
                 return await self._serve(ws)
+            finally:
+                await self._close(ws, CloseCode.NORMAL_CLOSURE)
         except InvalidStatus as exc:
             return self._upgrade_refused(exc, url)
         except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
@@ -1288,13 +1351,16 @@ class DecisionStream:
                 f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"), final=True)
         except InvalidHandshake as exc:
             return _Ended(ConnectionOutcome(kind="violation"), ProtocolViolation(
-                f"the opening handshake with {url} failed: {exc}: check that the connection's host is a System Zero "
-                "API origin", code="invalid_handshake"), final=True)
+                f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
+                "connection's host is a System Zero API origin", code="invalid_handshake"), final=True)
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> _Ended:
-        error = refusal_error(exc, url)
+        error = refusal_error(exc, url, self._secret())
+        if 300 <= error.status < 400:
+            log.warning("the System Zero gateway redirected the upgrade to %s: redirects are refused",
+                        server_text(exc.response.headers.get("Location", ""), self._secret()))
         log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
-                 error.envelope.code if error.envelope else "no error body")
+                 server_token(error.envelope.code) if error.envelope else "no error body")
         if error.retryable and error.status == 429:
             self._observe("rate_limited", "upgrade",
                           None if error.retry_after_ms is None else error.retry_after_ms / 1000)
@@ -1303,11 +1369,18 @@ class DecisionStream:
 
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
+        secret = self._secret()
         with contextlib.suppress(ConnectionClosed):
             async for frame in ws:
+                if isinstance(frame, str):
+                    frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
                 events = session.receive_text(frame, time.monotonic())
                 self._dispatch(events)
-                self._kick()
+                if events:
+                    self._kick()
+                else:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
+                    self._kick_soon()
+                await asyncio.sleep(0)  # a flood of frames never holds the event loop
 
     async def _serve(self, ws: ClientConnection) -> _Ended:
         assert self._wake is not None
@@ -1321,17 +1394,17 @@ class DecisionStream:
         self._observe("connected", self._settings.url if self._settings else "", replay)
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
-        silent = recycle = lost = False
+        silent = recycle = lost = stalled = False
 
         def outcome(code: int | None, kind: str = "closed") -> ConnectionOutcome:
             goodbye, fatal = self._goodbye, self._last_fatal
             delay_ms = goodbye.retry_after_ms if goodbye is not None else None
             if fatal is not None and fatal.retry.retry_after_ms is not None:
                 delay_ms = max(delay_ms or 0, fatal.retry.retry_after_ms)
-            return ConnectionOutcome(code, ws.close_reason or "", goodbye.reason if goodbye else None, delay_ms,
-                                     fatal.code if fatal else None, self._started_this_connection,
-                                     self._decided_this_connection, time.monotonic() - opened_at, kind,
-                                     released=self._release_for is ws)
+            return ConnectionOutcome(code, server_text(ws.close_reason or "", self._secret()),
+                                     goodbye.reason if goodbye else None, delay_ms, fatal.code if fatal else None,
+                                     self._started_this_connection, self._decided_this_connection,
+                                     time.monotonic() - opened_at, kind, released=self._release_for is ws)
 
         try:
             try:
@@ -1339,7 +1412,11 @@ class DecisionStream:
                     self._wake.clear()
                     now = time.monotonic()
                     for frame in session.data_to_send(now):
-                        await ws.send(frame)
+                        if not await self._write(ws, frame):
+                            stalled = True
+                            break
+                    if stalled:
+                        break
                     if self._closing or self._failure is not None or self._release_for is ws:
                         break
                     now = time.monotonic()
@@ -1357,6 +1434,10 @@ class DecisionStream:
                             await self._wake.wait()
             except ConnectionClosed:
                 lost = True  # a write failed: the connection is gone, and the reader ends with it
+            if stalled:
+                log.warning("the System Zero gateway read nothing for %.1f s while this client had a frame to "
+                            "send: treating the connection as dead", self._write_timeout())
+                return _Ended(outcome(CloseCode.ABNORMAL_CLOSURE, "stalled"))
             if silent:
                 log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
                             (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
@@ -1374,7 +1455,7 @@ class DecisionStream:
                 if recycle:
                     log.info("the gateway does not retry the failed decision on this connection and said no "
                              "goodbye: reconnecting to replay the state")
-                await ws.close(CloseCode.NORMAL_CLOSURE)
+                await self._close(ws, CloseCode.NORMAL_CLOSURE)
                 # a peer may send until it sees our close: a bad frame then changes nothing
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
                     await asyncio.wait_for(asyncio.shield(reader), self._close_timeout())
@@ -1388,15 +1469,29 @@ class DecisionStream:
             error = reader.exception()
             if isinstance(error, RemoteProtocolError):
                 log.warning("the System Zero gateway broke the protocol: %s", error)
-                await ws.close(CloseCode.PROTOCOL_ERROR, "protocol error")
+                await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
                 return _Ended(outcome(CloseCode.PROTOCOL_ERROR, "violation"), ProtocolViolation(
                     f"the System Zero gateway broke the stream protocol: {error.message}", code=error.code))
             if error is not None:
                 raise error
-            code = ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE
             final = self._failure is not None or self._closing
-            return _Ended(outcome(code), StreamClosed(code, ws.close_reason or "", message=(
-                f"connection closed with code {code} ({_printable(ws.close_reason or '')})")), final=final)
+            sent = ws.protocol.close_sent
+            if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG and not final:
+                # websockets refused a frame over max_size: the gateway broke max_message_bytes
+                limit = session.limits.max_message_bytes
+                log.warning("the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with "
+                            "1009", limit)
+                return _Ended(outcome(CloseCode.MESSAGE_TOO_BIG, "violation"), ProtocolViolation(
+                    f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes)",
+                    code="message_too_big"))
+            goodbye = self._goodbye
+            if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
+                log.info("the System Zero gateway said goodbye for an unknown reason %s",
+                         server_text(goodbye.reason, self._secret()))
+            code = ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE
+            reason = server_text(ws.close_reason or "", self._secret())
+            return _Ended(outcome(code), StreamClosed(code, reason, message=f"connection closed with code {code} "
+                                                      f"({reason})"), final=final)
         finally:
             if not reader.done():
                 reader.cancel()
@@ -1407,22 +1502,52 @@ class DecisionStream:
             self._release_for = None
             self._ws = None
             self._observe("closed", ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
-                          ws.close_reason or "")
+                          server_text(ws.close_reason or "", self._secret()))
             self._pulse()
+
+    def _origin(self) -> str | None:
+        """The gateway this stream talks to, as the stream cap counts it."""
+        return self._settings.url if self._settings else None
+
+    def _secret(self) -> str | None:
+        return self._settings.api_key.strip() if self._settings else None
+
+    def _write_timeout(self) -> float:
+        return self.session.limits.write_progress_timeout_ms / 1000
+
+    async def _write(self, ws: ClientConnection, frame: str) -> bool:
+        """Send one frame within ``write_progress_timeout``; ``False`` (the connection aborted) when
+        the peer read nothing meanwhile. No write waits longer, whatever the peer does."""
+        self._writing = True
+        try:
+            async with asyncio.timeout(self._write_timeout()):
+                await ws.send(frame)
+            return True
+        except TimeoutError:
+            ws.transport.abort()
+            return False
+        finally:
+            self._writing = False
+
+    async def _close(self, ws: ClientConnection, code: int, reason: str = "") -> None:
+        """Close within the close-handshake timeout, else abort (a peer that stopped reading never
+        takes the close frame)."""
+        if ws.state is State.CLOSED:
+            return
+        try:
+            async with asyncio.timeout(self._close_timeout()):
+                await ws.close(code, reason)
+        except TimeoutError:
+            ws.transport.abort()
 
 
 def _subprotocol_violation(ws: ClientConnection, url: str) -> ProtocolViolation | None:
     try:
         check_selected_subprotocol(ws.subprotocol)
     except RemoteProtocolError as exc:
-        return ProtocolViolation(f"{url}: {exc.message}", code=exc.code)
+        return ProtocolViolation(f"{url}: {server_text(exc.message)}", code=exc.code)
     return None
 
-
-def _printable(text: str, limit: int = 200) -> str:
-    """Server-chosen text made safe for one log line: no control characters, bounded length."""
-    cleaned = "".join(c if c.isprintable() else "?" for c in text[:limit])
-    return cleaned + ("…" if len(text) > limit else "")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -21,6 +21,7 @@ an exception).
 from __future__ import annotations
 
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError, RetryHint
+from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
 __all__ = [
     "AuthenticationFailed",
@@ -61,7 +62,8 @@ class SystemZeroValidationError(SystemZeroError, LocalProtocolError):
 def _envelope_text(envelope: ErrorEnvelope | None) -> str:
     if envelope is None:
         return "no error body"
-    return f"{envelope.type}/{envelope.code}: {envelope.message}"
+    # the gateway's own words: quoted, escaped and bounded (no forged log line, no megabyte message)
+    return f"{server_token(envelope.type)}/{server_token(envelope.code)}: {server_text(envelope.message)}"
 
 
 class UpgradeRefused(SystemZeroError):
@@ -88,6 +90,9 @@ class UpgradeRefused(SystemZeroError):
 
     def _fix(self) -> str:
         code = self.envelope.code if self.envelope else None
+        if 300 <= self.status < 400:
+            return ("it answered with a redirect, and redirects are refused so the key is never sent to another "
+                    "address: set the connection's host to the API origin itself")
         if self.status in (429, 503):
             return "the client retries after the server's delay; if it persists, run fewer concurrent streams"
         if code == "not_found" or self.status == 404:

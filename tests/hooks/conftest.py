@@ -12,18 +12,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.stream import Backoff, default_capacity
+from airflow_provider_systemzero.stream import Backoff
 from tests.stream.support import SECRET_KEY, TEST_LIMITS
 
 CONN_ID = "systemzero_test"
 EXTRA = {"model": "MODEL_ID", "prompt_cache_key_prefix": "hook-tests", "open_timeout": "5"}
-
-
-@pytest.fixture(autouse=True)
-def _reset_default_capacity() -> Iterator[None]:
-    default_capacity().set_limit(4)
-    yield
-    default_capacity().set_limit(4)
 
 
 @pytest.fixture

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.stream import Backoff, default_capacity
+from airflow_provider_systemzero.stream import Backoff
 from tests.stream.support import SECRET_KEY, TEST_LIMITS, EmulatorFactory
-
-
-@pytest.fixture(autouse=True)
-def _reset_default_capacity() -> Iterator[None]:
-    """Every test starts and ends with the document's process-wide cap (4 streams)."""
-    default_capacity().set_limit(4)
-    yield
-    default_capacity().set_limit(4)
 
 
 @pytest.fixture

@@ -132,14 +132,16 @@ async def test_raising_the_limit_lets_waiters_in() -> None:
     capacity.release()
 
 
-def test_limits_are_validated_and_advertised_limits_only_lower() -> None:
+def test_limits_are_validated_and_advertised_limits_only_lower_their_own_gateway() -> None:
     with pytest.raises(ValueError, match="positive integer"):
         StreamCapacity(0)
     capacity = StreamCapacity(4)
-    capacity.adopt_advertised(8)
-    assert capacity.limit == 4
-    capacity.adopt_advertised(2)
-    assert capacity.limit == 2
+    capacity.adopt_advertised(8, "wss://a")
+    assert capacity.limit_for("wss://a") == 4
+    capacity.adopt_advertised(2, "wss://a")
+    assert (capacity.limit_for("wss://a"), capacity.limit_for("wss://b"), capacity.limit) == (2, 4, 4)
+    capacity.adopt_advertised(3, "wss://a")  # the gateway's latest word, not the lowest ever seen
+    assert capacity.limit_for("wss://a") == 3
     with pytest.raises(RuntimeError, match="without a matching acquire"):
         capacity.release()
 

@@ -421,6 +421,7 @@ async def test_cancelling_a_stream_waiting_for_a_slot_leaves_the_queue(make_emul
 async def test_the_stream_cap_follows_a_lower_advertised_limit(make_emulator: EmulatorFactory,
                                                                fast_backoff: Backoff) -> None:
     emu = await make_emulator(limits=TEST_LIMITS.replace(max_streams_per_process=2))
-    async with make_stream(emu, fast_backoff):
-        assert default_capacity().limit == 2
+    async with make_stream(emu, fast_backoff) as stream:
+        assert stream.settings is not None and default_capacity().limit_for(stream.settings.url) == 2
+        assert default_capacity().limit == 4  # streams to other gateways keep the process's limit
     assert Limits().max_streams_per_process == 4  # the document's default is unchanged
