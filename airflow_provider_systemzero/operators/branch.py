@@ -147,6 +147,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
                                              below=base.below, default=base.default, measure=base.measure,
                                              options={**base.options, **bars}, review_timeout=base.review_timeout)
 
+    def _check_literals(self) -> None:
+        """The branches and their downstream tasks are known only once the DAG is built: checked at run time."""
+
     # ------------------------------------------------------------------ options and questions
 
     def _options(self) -> dict[str, BranchOption]:

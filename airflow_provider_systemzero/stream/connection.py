@@ -93,6 +93,7 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.upgrade import stream_url
 from airflow_provider_systemzero.protocol.validation import validate_prompt_cache_key
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
+from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
 from airflow_provider_systemzero.stream.exceptions import (
     AuthenticationFailed,
     DeadlineExceeded,
@@ -531,6 +532,7 @@ class DecisionStream:
         self._closing = False
         self._failure: BaseException | None = None
         self._last_error: BaseException | None = None
+        self._network: NetworkFailures | None = None
         self._runner: asyncio.Task[None] | None = None
         self._ws: ClientConnection | None = None
         self._wake: asyncio.Event | None = None
@@ -626,6 +628,13 @@ class DecisionStream:
     def failure(self) -> BaseException | None:
         """The error that ended the stream, if any."""
         return self._failure
+
+    @property
+    def last_error_text(self) -> str | None:
+        """The last retryable failure, with its cause and fix (``None`` if there was none)."""
+        if self._network is None:
+            return None if self._last_error is None else str(self._last_error)
+        return self._network.describe(self._last_error)
 
     @property
     def decision_mode(self) -> str:
@@ -878,7 +887,8 @@ class DecisionStream:
             except TimeoutError:
                 if self._failure is not None:
                     raise self._failure from None
-                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error) from None
+                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error,
+                                       detail=self.last_error_text) from None
             finally:
                 self._intent_futures.pop(intent, None)
                 session.cancel_intent(intent)
@@ -932,7 +942,7 @@ class DecisionStream:
                 raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(describe(), last_error=self._last_error)
+                raise DeadlineExceeded(describe(), last_error=self._last_error, detail=self.last_error_text)
             with contextlib.suppress(TimeoutError):
                 await self._wait_pulse(remaining)
 
@@ -1167,6 +1177,8 @@ class DecisionStream:
     # ------------------------------------------------------------------ the connection loop
 
     async def _run(self) -> None:
+        assert self._settings is not None
+        network = self._network = NetworkFailures(self._settings.url, open_timeout=self._settings.open_timeout)
         attempt = 0
         violations = 0
         pending: _Pending | None = None
@@ -1211,6 +1223,13 @@ class DecisionStream:
                     return
                 if plan.error is not None:
                     self._last_error = plan.error
+                if plan.reason == "network" and plan.error is not None:
+                    network.record(plan.error)
+                    if (unreachable := network.give_up()) is not None:
+                        self._fail(unreachable)
+                        return
+                else:
+                    network.answered()
                 if self._started_this_connection:
                     attempt = 0
                 if plan.kind == "lazy" and not self._started_this_connection:
@@ -1221,7 +1240,7 @@ class DecisionStream:
                     log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
                              "something to send or to wait for", plan.reason, plan.close_code)
                 else:
-                    delay = self.backoff.delay(attempt, plan.server_delay)
+                    delay = network.bound_delay(self.backoff.delay(attempt, plan.server_delay))
                     pending = _Pending(plan.reason, plan.close_code, plan.server_delay, delay, time.monotonic(),
                                        attempt, lazy=False)
                     attempt += 1
