@@ -309,7 +309,8 @@ def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSe
             model = request.get("model") or (settings.default_model if settings else None)
             if model is None:
                 where = f"connection {settings.conn_id!r}" if settings and settings.conn_id else "the connection"
-                raise LocalProtocolError(f"no model: pass request['model'] or set the 'model' extra of {where}",
+                raise LocalProtocolError(f"no model: pass model= to the task (a hook call: request['model']) "
+                                         f"or set the 'model' extra of {where}",
                                          code="invalid_model", field="model")
             built = StreamRequest.build(model=model, questions=request.get("questions"),  # type: ignore[arg-type]
                                         route=request.get("route"), mode=request.get("mode"),
@@ -962,7 +963,8 @@ class DecisionStream:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-            log.error("System Zero stream failed: %s", exc)
+            # every waiter raises it, so the caller reports it: said once, by the caller
+            log.debug("System Zero stream failed: %s", exc)
         for future in self._intent_futures.values():
             if not future.done():
                 future.set_exception(exc)
@@ -1301,9 +1303,9 @@ class DecisionStream:
 
     def _refusal_plan(self, exc: InvalidStatus, url: str) -> _Plan:
         error = refusal_error(exc, url)
-        log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
-                 error.envelope.code if error.envelope else "no error body")
-        if error.retryable:
+        if error.retryable:  # a final refusal is raised to the caller, who reports it once
+            log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
+                     error.envelope.code if error.envelope else "no error body")
             delay = None if error.retry_after_ms is None else error.retry_after_ms / 1000
             if error.status == 429:
                 self._observe("rate_limited", "upgrade", delay)

@@ -286,7 +286,8 @@ class _StreamingTrigger:
             return {"status": "timeout", "error_type": "timeout", **extra,
                     "message": f"{timed_out}; last error: {last}" if last else timed_out}
         except Exception as exc:
-            log.warning("%s failed: %s", type(self).__name__, exc)
+            # the event carries the message and the task raises it: said once, by the task
+            log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
             return error_payload(exc, **extra)
         finally:
             await self.cleanup()
