@@ -59,9 +59,13 @@ def refuse_empty_state(state: Any, *, allow_empty: bool, field: str = "state") -
     """
     if allow_empty or not isinstance(state, str | list | tuple | Mapping) or len(state):
         return
-    raise LocalProtocolError(f"{field} is empty ({state!r}): nothing would be decided but the decision is billed; "
-                             f"check the value (or the template) that should fill it, or pass allow_empty=True "
-                             f"if an empty state is meant", code="empty_state", field=field)
+    raise LocalProtocolError(
+        f"{field} is empty ({state!r}): nothing would be decided but the decision is billed; "
+        f"check the value (or the template) that should fill it, or pass allow_empty=True "
+        f"if an empty state is meant",
+        code="empty_state",
+        field=field,
+    )
 
 
 def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) -> None:

@@ -53,8 +53,12 @@ def _refused(exc: BaseException) -> bool:
         return True
     # several addresses tried (``localhost``): one OSError listing each refusal
     text = str(exc)
-    return isinstance(exc, OSError) and exc.errno is None and text.startswith("Multiple exceptions") \
+    return (
+        isinstance(exc, OSError)
+        and exc.errno is None
+        and text.startswith("Multiple exceptions")
         and text.count("Connect call failed") == text.count("[Errno") > 0
+    )
 
 
 def _tls_to_plaintext(exc: BaseException, url: str) -> bool:
@@ -65,8 +69,17 @@ def _tls_to_plaintext(exc: BaseException, url: str) -> bool:
         return True
     if isinstance(exc, ssl.SSLError):
         reason = (getattr(exc, "reason", None) or str(exc)).upper()
-        return any(word in reason for word in ("WRONG_VERSION_NUMBER", "RECORD_LAYER", "EOF", "PACKET_LENGTH",
-                                               "UNEXPECTED_MESSAGE", "HTTP_REQUEST"))
+        return any(
+            word in reason
+            for word in (
+                "WRONG_VERSION_NUMBER",
+                "RECORD_LAYER",
+                "EOF",
+                "PACKET_LENGTH",
+                "UNEXPECTED_MESSAGE",
+                "HTTP_REQUEST",
+            )
+        )
     return False
 
 
@@ -97,32 +110,46 @@ def describe_connection_error(exc: BaseException, url: str, *, open_timeout: flo
     raw = str(exc).strip() or "no detail"
     if _refused(exc):
         if loopback:
-            return (f"connection to {url} refused: is the gateway (or `systemzero-emulator`) running on port "
-                    f"{port}?")
-        return (f"connection to {url} refused: nothing listens on {host}:{port}; check the connection's host and "
-                "port, and that the gateway is reachable from this machine")
+            return (
+                f"connection to {url} refused: is the gateway (or `systemzero-emulator`) running on port "
+                f"{port}?"
+            )
+        return (
+            f"connection to {url} refused: nothing listens on {host}:{port}; check the connection's host and "
+            "port, and that the gateway is reachable from this machine"
+        )
     if _tls_to_plaintext(exc, url):
         if loopback:
-            return (f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): port {port} speaks "
-                    f"plaintext, as the local emulator does; set the connection's host to ws://{parts.netloc}")
-        return (f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): check that port {port} "
-                "serves TLS (wss://) and that no proxy or firewall cuts the connection")
+            return (
+                f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): port {port} speaks "
+                f"plaintext, as the local emulator does; set the connection's host to ws://{parts.netloc}"
+            )
+        return (
+            f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): check that port {port} "
+            "serves TLS (wss://) and that no proxy or firewall cuts the connection"
+        )
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"the TLS certificate of {url} is not trusted ({raw}): for a private CA set the connection's "
-                "ca_bundle extra to its PEM file")
+        return (
+            f"the TLS certificate of {url} is not trusted ({raw}): for a private CA set the connection's "
+            "ca_bundle extra to its PEM file"
+        )
     if isinstance(exc, ssl.SSLError):
         return f"the TLS handshake with {url} failed ({raw}): check that the host serves TLS (wss://)"
     if getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror":
         return f"cannot resolve host {host!r} ({raw}): check the connection's host for a typo, and DNS"
     if isinstance(exc, TimeoutError):
         within = f" within open_timeout ({open_timeout:g} s)" if open_timeout else " in time"
-        return (f"{url} did not complete the opening handshake{within}: check the host, the port, firewalls, "
-                "the proxy extra and open_timeout")
+        return (
+            f"{url} did not complete the opening handshake{within}: check the host, the port, firewalls, "
+            "the proxy extra and open_timeout"
+        )
     if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return f"{host} is unreachable ({raw}): check the connection's host and this machine's network"
     if type(exc).__name__ == "InvalidMessage":
-        return (f"{url} did not answer as a WebSocket server ({raw}): check that the connection's host and port "
-                "are a System Zero API origin")
+        return (
+            f"{url} did not answer as a WebSocket server ({raw}): check that the connection's host and port "
+            "are a System Zero API origin"
+        )
     return f"connecting to {url} failed: {type(exc).__name__}: {raw}"
 
 
@@ -185,12 +212,17 @@ class NetworkFailures:
     def give_up(self) -> GatewayUnreachable | None:
         """The error that ends the stream, once a loopback origin has never answered for long enough."""
         elapsed = self._hopeless_for()
-        if elapsed is None or self._hopeless_attempts < LOOPBACK_GIVE_UP_ATTEMPTS \
-                or elapsed < LOOPBACK_GIVE_UP_SECONDS:
+        if (
+            elapsed is None
+            or self._hopeless_attempts < LOOPBACK_GIVE_UP_ATTEMPTS
+            or elapsed < LOOPBACK_GIVE_UP_SECONDS
+        ):
             return None
-        return GatewayUnreachable(f"{self.last_text} (all {self._hopeless_attempts} attempts in {elapsed:.0f} s "
-                                  "failed the same way: the stream gives up instead of waiting for the task's "
-                                  "deadline)")
+        return GatewayUnreachable(
+            f"{self.last_text} (all {self._hopeless_attempts} attempts in {elapsed:.0f} s "
+            "failed the same way: the stream gives up instead of waiting for the task's "
+            "deadline)"
+        )
 
     def bound_delay(self, delay: float) -> float:
         """The delay before the next attempt, capped while a loopback origin has never answered, so
