@@ -193,3 +193,24 @@ def _retype(conn_id: str, conn_type: str) -> None:
 def test_a_working_connection_is_untouched_by_the_checks(emulator: Any) -> None:
     dag_run = run_dag(_decide_dag("mistake_none", CONN))
     assert task_states(dag_run) == {"decide": "success"}
+
+
+def test_gateway_not_running_fails_the_deferred_sensor_fast(
+    airflow_db: None, closed_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+    with systemzero_connection("sz_down_sensor", f"ws://127.0.0.1:{closed_port}", model="sz-test"):
+        with DAG("mistake_gateway_down_sensor", schedule=None, start_date=START) as dag:
+            SystemZeroDecisionSensor(
+                task_id="wait",
+                systemzero_conn_id="sz_down_sensor",
+                question="ready",
+                instructions="Is the job ready?",
+                state="Job is ready.",
+            )  # timeout: 7 days
+        started = time.monotonic()
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    assert time.monotonic() - started < 120  # the whole dag.test(), not the sensor's 7-day timeout
+    assert f"{REFUSED} {closed_port}?" in capsys.readouterr().out
