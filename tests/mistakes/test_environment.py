@@ -126,22 +126,28 @@ def test_test_connection_names_the_cause_and_the_url(
     assert f"set the connection's host to ws://127.0.0.1:{port}" in message
 
 
+@pytest.mark.parametrize("deferrable", [True, False])
 def test_a_wrong_api_key_is_said_once(
-    emulator: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    emulator: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], deferrable: bool
 ) -> None:
     before = emulator.stats
     with (
         systemzero_connection("sz_wrong_key", emulator.origin, "not-the-key", model="sz-test"),
         caplog.at_level(logging.INFO),
     ):
-        dag_run = run_dag(_decide_dag("mistake_wrong_key", "sz_wrong_key"))
+        dag_run = run_dag(
+            _decide_dag(f"mistake_wrong_key_{deferrable}", "sz_wrong_key", deferrable=deferrable)
+        )
     assert task_states(dag_run) == {"decide": "failed"}
     printed = capsys.readouterr().out
     said = "refused the stream upgrade with HTTP 401"
-    assert said in printed
+    assert printed.count(said) == 1, printed
+    assert "set a valid API key in the connection's password field" in printed
     assert not [
         r for r in _provider_records(caplog) if said in r.getMessage() or "HTTP 401" in r.getMessage()
     ]
+    # the sync bridge (deferrable=False) adds no chain of its own
+    assert "no running event loop" not in printed and "During handling of the above exception" not in printed
     assert emulator.stats.decisions_billed == before.decisions_billed
 
 
@@ -214,3 +220,15 @@ def test_gateway_not_running_fails_the_deferred_sensor_fast(
     assert task_states(dag_run) == {"wait": "failed"}
     assert time.monotonic() - started < 120  # the whole dag.test(), not the sensor's 7-day timeout
     assert f"{REFUSED} {closed_port}?" in capsys.readouterr().out
+
+
+def test_a_short_deadline_without_deferring_carries_the_last_error(
+    closed_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_connection(monkeypatch, "sz_down_short_hook", f"ws://127.0.0.1:{closed_port}", model="sz-test")
+    with pytest.raises(TimeoutError) as info:
+        SystemZeroHook("sz_down_short_hook").decide({"questions": WIRE_QUESTIONS}, "Job is ready.", timeout=2)
+    assert f"did not open within 2 s; last error: connection to ws://127.0.0.1:{closed_port}" in str(
+        info.value
+    )
+    assert f"{REFUSED} {closed_port}?" in str(info.value)
