@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from airflow.sdk import DAG, task
 
+from airflow_provider_systemzero.decorators.systemzero import systemzero_task
+from airflow_provider_systemzero.operators.branch import SystemZeroBranchOperator
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.triggers.sources import FileSource
@@ -20,6 +22,10 @@ from tests.helpers import run_dag, task_states
 from tests.mistakes.conftest import CONN, START
 
 READY = "Is the job ready?"
+
+
+def _state() -> str:
+    return "Job is ready."
 
 
 def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
@@ -51,6 +57,17 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
             "state is empty",
         ),
         (lambda: SystemZeroDecideOperator(task_id="d", questions=[READY], state="s"), "non-empty mapping"),
+        (
+            lambda: SystemZeroBranchOperator(task_id="b", state="s", instructions=" ", branches=["a", "b"]),
+            "instructions must say what to decide",
+        ),
+        (
+            lambda: SystemZeroBranchOperator(
+                task_id="b", state="s", instructions="Which?", branches=["a", "b"], policy={"default": "c"}
+            ),
+            "default 'c' is not an option",
+        ),
+        (lambda: systemzero_task(questions=[READY])(_state)(), "questions must be a non-empty mapping"),
         (
             lambda: SystemZeroDecideOperator(
                 task_id="d", questions={"q": READY}, state="s", decision_timeout=0
