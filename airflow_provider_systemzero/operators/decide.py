@@ -195,7 +195,6 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             if self.state is None:
                 raise LocalProtocolError("state is required unless upstream_task_ids is given",
                                          code="invalid_state", field="state")
-            refuse_empty_state(self.state, allow_empty=self.allow_empty)
             return self.state
         if self.state is not None:
             raise LocalProtocolError("give either state or upstream_task_ids, not both", code="invalid_state",
@@ -261,6 +260,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         try:
             request = self._request(context)
             state = self._state(context)
+            refuse_empty_state(state, allow_empty=self.allow_empty)  # when it runs: a template may fill it
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
             validate_state_for_request(request, state, attachments, field=self._state_name())
         except LocalProtocolError as exc:

@@ -253,12 +253,10 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         source = validate_source_spec(self.source, self.state)
         if request is not None:
             validate_state_for_request(request, self.state)
-        if self._is_static(source):
-            refuse_empty_state(self.state, allow_empty=self.allow_empty)
-            if self.consecutive != 1 and not self.wait_on_static_state:
-                raise LocalProtocolError(f"consecutive={self.consecutive} needs successive states, but with no "
-                                         "source the state never changes: give a source, or drop consecutive",
-                                         code="invalid_hysteresis", field="consecutive")
+        if self._is_static(source) and self.consecutive != 1 and not self.wait_on_static_state:
+            raise LocalProtocolError(f"consecutive={self.consecutive} needs successive states, but with no "
+                                     "source the state never changes: give a source, or drop consecutive",
+                                     code="invalid_hysteresis", field="consecutive")
         return source
 
     @staticmethod
@@ -299,6 +297,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def execute(self, context: Context) -> Any:
         """Defer at once (deferrable) or poke."""
         request, condition, source = self._build()
+        if self._is_static(source):  # when it runs: a template may fill it
+            try:
+                refuse_empty_state(self.state, allow_empty=self.allow_empty)
+            except LocalProtocolError as exc:
+                raise AirflowFailException(f"{self.task_id}: {exc}") from None
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
             return super().execute(context)

@@ -51,11 +51,6 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
         (lambda: _sensor(policy={"act_above": 2}), "act_above"),
         (lambda: _sensor(max_decisions=-1), "max_decisions"),
         (lambda: _sensor(state="s", consecutive=3), "consecutive=3 needs successive states"),
-        (lambda: _sensor(state=""), "state is empty"),
-        (
-            lambda: SystemZeroDecideOperator(task_id="d", questions={"ready": READY}, state=""),
-            "state is empty",
-        ),
         (lambda: SystemZeroDecideOperator(task_id="d", questions=[READY], state="s"), "non-empty mapping"),
         (
             lambda: SystemZeroBranchOperator(task_id="b", state="s", instructions=" ", branches=["a", "b"]),
@@ -111,6 +106,17 @@ def test_templated_values_are_checked_when_the_task_runs(
     assert task_states(dag_run) == {"decide": "failed"}
     assert "decide: state is empty ('')" in capsys.readouterr().out
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+def test_a_sensor_with_an_empty_static_state_is_refused_before_connecting(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_empty_sensor", schedule=None, start_date=START) as dag:
+        _sensor(state=[])  # no source either: nothing to decide, ever
+    assert task_states(run_dag(dag)) == {"wait": "failed"}
+    assert "wait: state is empty ([])" in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total
 
 
 def test_an_empty_state_is_decided_when_allowed(emulator: Any) -> None:
