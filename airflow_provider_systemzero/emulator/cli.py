@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="token of the /_emulator/ control surface (default: random)")
     parser.add_argument("--print-admin-token", action="store_true",
                         help="print the admin token on stderr once ready")
-    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="stderr log level (default INFO: one line per connection, refusal and decision)")
 
     limits = parser.add_argument_group("limits", "every limit of the public document (defaults: its values)")
     defaults = Limits()

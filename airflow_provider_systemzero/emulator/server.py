@@ -397,6 +397,9 @@ class _Stream:
                 self.out_bytes += size
                 self.outbox.put_nowait((text, size, message.nonce if isinstance(message, Ping) else None))
                 self.emulator._messages_sent[message.TYPE] += 1
+                if message.TYPE == "decision":
+                    log.info("stream %s: decision for state version %s", self.stream_id,
+                             getattr(message, "state_version", "?"))
             elif isinstance(action, DispatchDecide):
                 self.emulator._spawn(self._decide(action))
             elif isinstance(action, CloseConnection):
@@ -798,6 +801,7 @@ class Emulator:
 
     def _refuse(self, connection: ServerConnection, refusal: UpgradeRefusal) -> Response:
         self._upgrade_refusals[refusal.status] += 1
+        log.info("upgrade refused with HTTP %s (%s)", refusal.status, refusal.envelope.code)
         self._notify()
         response = connection.respond(refusal.status, refusal.body())
         _set_headers(response, refusal.headers())
@@ -889,7 +893,7 @@ class Emulator:
         counters["max_streams_open"] = max(counters["max_streams_open"], len(self._streams))
         self._by_account[account] += 1
         self._peak_by_account[account] = max(self._peak_by_account[account], self._by_account[account])
-        log.debug("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
+        log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
         self._notify()
         try:
             await stream.run()
@@ -906,7 +910,7 @@ class Emulator:
             self._by_account[account] -= 1
             ws.release_reservation()
             stream.finished.set()
-            log.debug("stream %s closed with %s", stream.stream_id, code)
+            log.info("stream %s closed with %s", stream.stream_id, code)
             self._notify()
 
 

@@ -40,6 +40,7 @@ from airflow_provider_systemzero.observability import AirflowStreamObserver, Str
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
 from airflow_provider_systemzero.stream.connection import Decision, DecisionStream, StreamSettings, probe
+from airflow_provider_systemzero.stream.diagnosis import describe_connection_error
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
 
 if TYPE_CHECKING:
@@ -60,13 +61,17 @@ def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
     """Run a coroutine to completion from sync code.
 
     Uses ``asyncio.run`` when no loop runs in this thread, else a helper thread with its own loop
-    (the calling thread blocks meanwhile: this is for sync callers only).
+    (the calling thread blocks meanwhile: this is for sync callers only). The coroutine's own
+    exception propagates as it is, with no chain from the loop check.
 
     :param coro: the coroutine to run.
     """
     try:
         asyncio.get_running_loop()
+        loop_running = True
     except RuntimeError:
+        loop_running = False
+    if not loop_running:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="systemzero-sync") as pool:
         return pool.submit(asyncio.run, coro).result()
@@ -330,15 +335,48 @@ class SystemZeroHook(BaseHook):
 
         return run_sync(run())
 
+    def check_connection(self, model: str | None = None) -> StreamSettings:
+        """Check, without the network, what a trigger will need (a worker calls it before deferring).
+
+        The connection exists and is of type ``systemzero``, its origin and key are valid, and a
+        model is known (``model``, or the connection's ``model`` extra).
+
+        :param model: the task's ``model=`` (``None``: the connection must name one).
+        :raises SystemZeroValidationError: naming the connection, the field and the fix.
+        """
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        conn_id = self.systemzero_conn_id
+        try:
+            conn = self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            raise SystemZeroValidationError(
+                f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API origin, "
+                f"password = the API key) or set AIRFLOW_CONN_{conn_id.upper()}, or pass the right "
+                "systemzero_conn_id", code="missing_connection", field="systemzero_conn_id") from None
+        if (conn.conn_type or "") != self.conn_type:
+            raise SystemZeroValidationError(
+                f"connection {conn_id!r} has conn_type {conn.conn_type!r}, not 'systemzero': pass the ID of a "
+                "System Zero connection, or change its type", code="invalid_connection", field="conn_type")
+        settings = self.settings_from_connection(conn, conn.extra_dejson)
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(settings.api_key)
+        if not (model or settings.default_model):
+            raise SystemZeroValidationError(f"no model: pass model= to the task or set the 'model' extra of "
+                                            f"connection {conn_id!r}", code="invalid_model", field="model")
+        return settings
+
     def test_connection(self) -> tuple[bool, str]:
         """Open a stream, read ``hello`` and close with 1000 (the UI's Test button)."""
+        settings: StreamSettings | None = None
         try:
             settings = self.get_settings()
             hello = run_sync(probe(settings))
         except Exception as exc:
-            if isinstance(exc, TimeoutError) and not isinstance(exc, SystemZeroError):
-                return False, ("the gateway did not complete the opening handshake in time: check the host, the "
-                               "proxy and open_timeout")
+            if settings is not None and not isinstance(exc, SystemZeroError) and (
+                    isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage"):
+                return False, describe_connection_error(exc, settings.url, open_timeout=settings.open_timeout)
             return False, f"{type(exc).__name__}: {exc}"
         return True, (f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
                       f"max_streams_per_process={hello.limits.max_streams_per_process}")

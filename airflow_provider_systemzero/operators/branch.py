@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BranchMixIn, SkipMixin
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_systemzero.checks import is_literal, parse_time
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.policy import DecisionPolicy, OptionBars
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.questions import build_request_dict
 from airflow_provider_systemzero.review import Gate
 
 if TYPE_CHECKING:
@@ -146,6 +148,21 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
                 self.policy = DecisionPolicy(act_above=base.act_above, review_above=base.review_above,
                                              below=base.below, default=base.default, measure=base.measure,
                                              options={**base.options, **bars}, review_timeout=base.review_timeout)
+        self._check_branch_literals()
+
+    def _check_literals(self) -> None:
+        """Called by the base class before the branches are set: see :meth:`_check_branch_literals`."""
+
+    def _check_branch_literals(self) -> None:
+        """Parse time: the question built from literal branches and instructions (the downstream
+        tasks are known only once the DAG is built: checked when the task runs)."""
+        if self.branches is None or not all(is_literal(getattr(self, name, None)) for name in (
+                "branch_instructions", "question", "model", "prompt_cache_key")):
+            return
+        with parse_time(self.task_id):
+            request = build_request_dict(questions=self._questions_for(self.branches), model=self.model,
+                                         route=self.route, mode=self.mode, prompt_cache_key=self.prompt_cache_key)
+            self._check_policy(request)
 
     # ------------------------------------------------------------------ options and questions
 
@@ -176,6 +193,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     def _request_questions(self, context: Context) -> dict[str, Any]:
         options = self._options()
         self._check_targets(options)
+        return self._questions_for(options)
+
+    def _questions_for(self, options: Mapping[str, BranchOption]) -> dict[str, Any]:
         text = self.branch_instructions
         if not isinstance(text, str) or not text.strip():
             raise LocalProtocolError("instructions must say what to decide, e.g. 'Which team should handle "

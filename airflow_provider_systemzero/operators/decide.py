@@ -16,6 +16,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
+from airflow_provider_systemzero.checks import (
+    check_connection_before_deferring,
+    is_literal,
+    parse_time,
+    refuse_empty_state,
+)
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size
@@ -111,6 +117,11 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).
     :param review_notifiers: notifiers called when a review is requested (like ``HITLOperator``'s).
     :param review_subject: the review request's subject (default: names the question).
+    :param allow_empty: accept an empty state (``""``, ``[]``, ``{}``); refused by default, before
+        any connection, since a decision about nothing is billed like any other.
+
+    Literal (non-templated) arguments are checked when the DAG is parsed, so an operator that can
+    never work is an import error; templated ones when the task runs.
     """
 
     template_fields: Sequence[str] = ("questions", "state", "instructions", "model", "prompt_cache_key",
@@ -126,8 +137,10 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                  decision_timeout: float = 600.0, key_salt: str | None = None, max_decisions: int | None = None,
                  max_input_tokens: int | None = None, policy: Any = None,
                  policy_question: str | None = None, review_assigned_users: Any = None,
-                 review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
+                 review_notifiers: Any = None, review_subject: str | None = None, allow_empty: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
+        self.allow_empty = allow_empty
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.policy_question = policy_question
         if (self.policy is not None and policy_question is None and isinstance(questions, Mapping)
@@ -156,6 +169,24 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self.deferrable = deferrable
         self.decision_timeout = decision_timeout
         self.key_salt = key_salt
+        self._check_literals()
+
+    def _check_literals(self) -> None:
+        """Parse time: check every argument that no template or XComArg can still change."""
+        timeout = self.decision_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"{self.task_id}: decision_timeout {timeout!r} must be a positive number of seconds")
+        if not all(is_literal(getattr(self, name, None)) for name in ("questions", "instructions", "model",
+                                                                        "prompt_cache_key")):
+            return
+        with parse_time(self.task_id):
+            request = self._request(None)  # type: ignore[arg-type] # the questions read no context here
+            attachments_literal = all(isinstance(a, Mapping) and is_literal(dict(a)) for a in self.attachments)
+            if self.replay_task_ids is None and self.state is not None and is_literal(self.state) \
+                    and attachments_literal:
+                state = self._state(None)  # type: ignore[arg-type] # a literal state needs no context
+                attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
+                validate_state_for_request(request, state, attachments)
 
     # ------------------------------------------------------------------ inputs
 
@@ -183,6 +214,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                                          field=f"upstream_task_ids[{task_id}]") from None
             items.append({"task_id": task_id, "output": output})
         return items
+
+    def _state_name(self) -> str:
+        """The state's origin, for messages."""
+        if self.replay_task_ids:
+            return f"the state built from the outputs of upstream tasks {self.replay_task_ids}"
+        return "state"
 
     def _request_questions(self, context: Context) -> Any:
         """The questions to ask (subclasses build their own)."""
@@ -223,10 +260,15 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         try:
             request = self._request(context)
             state = self._state(context)
+            refuse_empty_state(state, allow_empty=self.allow_empty)  # when it runs: a template may fill it
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
-            validate_state_for_request(request, state, attachments)
+            validate_state_for_request(request, state, attachments, field=self._state_name())
         except LocalProtocolError as exc:
-            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+            fix = ""
+            if exc.code == "decide_body_too_large":
+                fix = (": return less from those tasks (a summary, the last part)" if self.replay_task_ids
+                       else ": send less (a summary, the last part of a log) or smaller attachments")
+            raise AirflowFailException(f"{self.task_id}: {exc}{fix}") from None
         namespace = context_namespace(context, salt=self.key_salt)
         return request, state, attachments, namespace
 
@@ -235,6 +277,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         """Decide (deferring to the triggerer when deferrable)."""
         request, state, attachments, namespace = self._prepare(context)
+        check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         self.log.info("asking %d question(s) about a state of %d bytes (sha256 %s)", len(request["questions"]),
                       json_size(state), state_hash(state)[:12])
         if self.deferrable:

@@ -13,6 +13,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
+from airflow_provider_systemzero.checks import (
+    check_connection_before_deferring,
+    is_literal,
+    parse_time,
+    refuse_empty_state,
+)
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -100,6 +106,14 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).
     :param review_notifiers: notifiers called when a review is requested.
     :param review_subject: the review request's subject.
+    :param wait_on_static_state: with no source the state never changes, so when its decision does
+        not meet the condition no later one can: the sensor fails at once (skips with
+        ``soft_fail``). ``True`` waits anyway, until the timeout.
+    :param allow_empty: accept an empty state (``""``, ``[]``, ``{}``) when there is no source
+        (refused by default: the decision about nothing is billed).
+
+    Literal (non-templated) arguments are checked when the DAG is parsed, so a sensor that can
+    never work is an import error; templated ones when the task runs.
 
     Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
@@ -129,9 +143,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                  max_input_tokens: int | None = None,
                  start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
                  min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
-                 review_notifiers: Any = None, review_subject: str | None = None, **kwargs: Any) -> None:
+                 review_notifiers: Any = None, review_subject: str | None = None,
+                 wait_on_static_state: bool = False, allow_empty: bool = False, **kwargs: Any) -> None:
         super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
+        self.wait_on_static_state = wait_on_static_state
+        self.allow_empty = allow_empty
+        self._slot_noted = False
         self.consecutive = consecutive
         self.min_true_for = min_true_for.total_seconds() if isinstance(min_true_for, timedelta) else min_true_for
         if (consecutive != 1 or self.min_true_for) and not deferrable and self.mode == "reschedule":
@@ -163,8 +181,23 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
         self.key_namespace: str | None = None
         self.start_from_trigger = start_from_trigger
+        self._check_literals()
         if start_from_trigger:
             self._prepare_start_from_trigger()
+
+    def _check_literals(self) -> None:
+        """Parse time: check every argument that no template or XComArg can still change."""
+        literal = {name: is_literal(getattr(self, name)) for name in self.template_fields}
+        with parse_time(self.task_id):
+            condition = self._condition()
+            validate_decision_mode(self.decision_mode)
+            request = None
+            if all(literal[name] for name in ("question", "instructions", "questions", "model",
+                                              "prompt_cache_key")):
+                request = self._request()
+                condition.check_questions(request["questions"])
+            if literal["state"] and literal["source"]:
+                self._check_state(request)
 
     def _prepare_start_from_trigger(self) -> None:
         """Build ``start_trigger_args`` at parse time; refuse what the triggerer could not render."""
@@ -199,30 +232,64 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                 "condition": condition.to_dict(), "state": self.state, "source": source,
                 "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
                 "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget(),
-                "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness},
+                "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness,
+                **({"end_when_unmet": True} if self._ends_when_unmet(source) else {})},
             next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
 
+    def _request(self) -> dict[str, Any]:
+        questions = self.questions
+        if questions is None:
+            if not self.instructions:
+                raise LocalProtocolError("instructions is required when questions is not given: say what to "
+                                         "decide, e.g. 'Is the job ready?'", code="invalid_question",
+                                         field="instructions")
+            questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
+        return build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
+                                  prompt_cache_key=self.prompt_cache_key)
+
+    def _condition(self) -> DecisionCondition:
+        return DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability,
+                                 policy=self.policy.to_dict() if self.policy is not None else None,
+                                 consecutive=self.consecutive, min_true_for=self.min_true_for)
+
+    def _check_state(self, request: dict[str, Any] | None) -> dict[str, Any]:
+        """The normalised source, once the state and source are known to be usable."""
+        source = validate_source_spec(self.source, self.state)
+        if request is not None:
+            validate_state_for_request(request, self.state)
+        if self._is_static(source) and self.consecutive != 1 and not self.wait_on_static_state:
+            raise LocalProtocolError(f"consecutive={self.consecutive} needs successive states, but with no "
+                                     "source the state never changes: give a source, or drop consecutive",
+                                     code="invalid_hysteresis", field="consecutive")
+        return source
+
+    @staticmethod
+    def _is_static(source: dict[str, Any] | None) -> bool:
+        return source is None or source.get("type") == "static"
+
+    def _ends_when_unmet(self, source: dict[str, Any] | None) -> bool:
+        """Whether a decision that does not meet the condition ends the wait (a static state)."""
+        return self._is_static(source) and not self.wait_on_static_state
+
+    def _static_unmet(self, reason: str) -> None:
+        """A static state was decided and did not meet the condition: nothing can change that."""
+        message = (f"{self.task_id}: the state has no source, so it never changes and no later decision can "
+                   f"differ, and this one did not meet the condition ({reason}): give a source that changes "
+                   "(source={'type': 'file', ...}), or pass wait_on_static_state=True to wait until the timeout")
+        if self.soft_fail:
+            raise AirflowSkipException(message)
+        raise AirflowFailException(message)
+
     def _build(self) -> tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None]:
         """The request, the condition and the source; fails the task (no retry) on bad input."""
         try:
-            questions = self.questions
-            if questions is None:
-                if not self.instructions:
-                    raise LocalProtocolError("instructions is required when questions is not given: say what to "
-                                             "decide, e.g. 'Is the job ready?'", code="invalid_question",
-                                             field="instructions")
-                questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
-            request = build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
-                                         prompt_cache_key=self.prompt_cache_key)
-            condition = DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability,
-                                          policy=self.policy.to_dict() if self.policy is not None else None,
-                                          consecutive=self.consecutive, min_true_for=self.min_true_for)
+            request = self._request()
+            condition = self._condition()
             condition.check_questions(request["questions"])
             validate_decision_mode(self.decision_mode)
-            source = validate_source_spec(self.source, self.state)
-            validate_state_for_request(request, self.state)
+            source = self._check_state(request)
         except LocalProtocolError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         return request, condition, source
@@ -236,6 +303,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def execute(self, context: Context) -> Any:
         """Defer at once (deferrable) or poke."""
         request, condition, source = self._build()
+        if self._is_static(source):  # when it runs: a template may fill it
+            try:
+                refuse_empty_state(self.state, allow_empty=self.allow_empty)
+            except LocalProtocolError as exc:
+                raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
             return super().execute(context)
         trigger = SystemZeroDecisionTrigger(
@@ -243,7 +316,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
             lease_after=self.lease_after, budget=self.trigger_budget(context), min_interval_ms=self.min_interval_ms,
-            max_staleness=self.max_staleness)
+            max_staleness=self.max_staleness, end_when_unmet=self._ends_when_unmet(source))
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
@@ -252,8 +325,14 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
         request, condition, source = self._build()
+        if self.mode == "poke" and not self._slot_noted:
+            self._slot_noted = True
+            self.log.warning("poke mode: this sensor holds a worker slot for its whole wait (timeout %s s); pass "
+                             "deferrable=True (or set [operators] default_deferrable = True) to wait in the "
+                             "triggerer instead", self.timeout)
         try:
             state = read_source_once(source, self.state)
+            validate_state_for_request(request, state, field=self._source_name(source))
         except LocalProtocolError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
@@ -281,6 +360,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
         if result.action in ("fail", "skip"):
             return self._finish(context, event, request)
+        if not result.candidate and self._ends_when_unmet(source):
+            self._static_unmet(result.reason)
         if self._streak is None:
             self._streak = Streak(condition.consecutive, condition.min_true_for)
         now = time.monotonic()
@@ -289,6 +370,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             return PokeReturnValue(is_done=False)
         event["streak"] = self._streak.to_dict(now)
         return PokeReturnValue(is_done=True, xcom_value=self._finish(context, event, request))
+
+    @staticmethod
+    def _source_name(source: Any) -> str:
+        """The state's origin, for messages: the file, the callable, or the ``state`` argument."""
+        if isinstance(source, dict) and source.get("type") in ("file", "callable"):
+            return f"the {source['type']} source {source.get('path')!r}"
+        return "state"
 
     @staticmethod
     def _summary(event: dict[str, Any]) -> dict[str, Any]:
@@ -391,7 +479,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
             state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
             decision_mode=self.decision_mode, deadline=deadline, lease=self.lease, lease_after=self.lease_after,
-            skip_states=skip, min_interval_ms=self.min_interval_ms, max_staleness=self.max_staleness)
+            skip_states=skip, min_interval_ms=self.min_interval_ms, max_staleness=self.max_staleness,
+            end_when_unmet=self._ends_when_unmet(source))
         remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=remaining + _DEFER_GRACE if remaining is not None else None)
@@ -417,7 +506,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                           summary["question"], summary["decision"], summary["probability"], summary["confidence"],
                           summary["state_version"])
             return self._finish(context, event)
+        if status == "unmet":
+            self._static_unmet(str(event.get("reason")))
         message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
+        if event.get("code") == "decide_body_too_large":
+            message += (f" (the state comes from {self._source_name(self.source)}: send less, e.g. a callable "
+                        "source that returns the last part of the log, or a summary)")
         if status == "timeout":
             self._push_timeout_record(context, event)
             if self.soft_fail:

@@ -107,6 +107,7 @@ from airflow_provider_systemzero.protocol.upgrade import (
     stream_url,
 )
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
+from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
 from airflow_provider_systemzero.stream.exceptions import (
     AuthenticationFailed,
     DeadlineExceeded,
@@ -307,7 +308,8 @@ def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSe
             model = request.get("model") or (settings.default_model if settings else None)
             if model is None:
                 where = f"connection {settings.conn_id!r}" if settings and settings.conn_id else "the connection"
-                raise LocalProtocolError(f"no model: pass request['model'] or set the 'model' extra of {where}",
+                raise LocalProtocolError(f"no model: pass model= to the task (a hook call: request['model']) "
+                                         f"or set the 'model' extra of {where}",
                                          code="invalid_model", field="model")
             built = StreamRequest.build(model=model, questions=request.get("questions"),  # type: ignore[arg-type]
                                         route=request.get("route"), mode=request.get("mode"),
@@ -538,6 +540,7 @@ class DecisionStream:
         self._closing = False
         self._failure: BaseException | None = None
         self._last_error: BaseException | None = None
+        self._network: NetworkFailures | None = None
         self._runner: asyncio.Task[None] | None = None
         self._ws: ClientConnection | None = None
         self._wake: asyncio.Event | None = None
@@ -639,6 +642,13 @@ class DecisionStream:
     def failure(self) -> BaseException | None:
         """The error that ended the stream, if any."""
         return self._failure
+
+    @property
+    def last_error_text(self) -> str | None:
+        """The last retryable failure, with its cause and fix (``None`` if there was none)."""
+        if self._network is None:
+            return None if self._last_error is None else str(self._last_error)
+        return self._network.describe(self._last_error)
 
     @property
     def decision_mode(self) -> str:
@@ -907,7 +917,8 @@ class DecisionStream:
             except TimeoutError:
                 if self._failure is not None:
                     raise self._failure from None
-                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error) from None
+                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error,
+                                       detail=self.last_error_text) from None
             finally:
                 self._intent_futures.pop(intent, None)
                 session.cancel_intent(intent)
@@ -980,7 +991,7 @@ class DecisionStream:
                 raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(describe(), last_error=self._last_error)
+                raise DeadlineExceeded(describe(), last_error=self._last_error, detail=self.last_error_text)
             with contextlib.suppress(TimeoutError):
                 await self._wait_pulse(remaining)
 
@@ -1000,10 +1011,8 @@ class DecisionStream:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-            if exc is self._refusal:  # the refusal was logged once, as a warning, when it happened
-                log.info("System Zero stream stopped: the budget refused a dispatch")
-            else:
-                log.error("System Zero stream failed: %s", exc)
+            # every waiter raises it, so the caller reports it: said once, by the caller
+            log.debug("System Zero stream failed: %s", exc)
         for future in self._intent_futures.values():
             if not future.done():
                 future.set_exception(exc)
@@ -1235,6 +1244,8 @@ class DecisionStream:
     # ------------------------------------------------------------------ the connection loop
 
     async def _run(self) -> None:
+        assert self._settings is not None
+        network = self._network = NetworkFailures(self._settings.url, open_timeout=self._settings.open_timeout)
         planner = ReconnectPlanner(self.backoff)
         pending: _Pending | None = None
         try:
@@ -1278,6 +1289,15 @@ class DecisionStream:
                     return
                 if ended.error is not None:
                     self._last_error = ended.error
+                if outcome.kind == "network" and ended.error is not None:
+                    network.record(ended.error)
+                    if (unreachable := network.give_up()) is not None:
+                        self._fail(unreachable)
+                        return
+                else:
+                    network.answered()
+                if plan.kind is PlanKind.RECONNECT:
+                    plan = dataclasses.replace(plan, delay=network.bound_delay(plan.delay))
                 pending = _Pending(plan, outcome.close_code, time.monotonic())
                 if plan.kind is PlanKind.WHEN_NEEDED:
                     log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
@@ -1359,11 +1379,12 @@ class DecisionStream:
         if 300 <= error.status < 400:
             log.warning("the System Zero gateway redirected the upgrade to %s: redirects are refused",
                         server_text(exc.response.headers.get("Location", ""), self._secret()))
-        log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
-                 server_token(error.envelope.code) if error.envelope else "no error body")
-        if error.retryable and error.status == 429:
-            self._observe("rate_limited", "upgrade",
-                          None if error.retry_after_ms is None else error.retry_after_ms / 1000)
+        if error.retryable:  # a final refusal is raised to the caller, who reports it once
+            log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
+                     server_token(error.envelope.code) if error.envelope else "no error body")
+            if error.status == 429:
+                self._observe("rate_limited", "upgrade",
+                              None if error.retry_after_ms is None else error.retry_after_ms / 1000)
         return _Ended(ConnectionOutcome(server_delay_ms=error.retry_after_ms, kind="refused",
                                         retryable=error.retryable, status=error.status), error)
 

@@ -11,6 +11,7 @@
     ├── StreamRejected              the gateway rejected a change for good (not a passing rate limit)
     ├── ProtocolViolation           the peer broke the stream protocol (or is not a System Zero gateway)
     ├── StreamClosed                the gateway closed the stream in a way a reconnect cannot fix
+    ├── GatewayUnreachable          a local gateway never answered (refused, or TLS to a plaintext port)
     └── DeadlineExceeded            the caller's deadline passed (also a TimeoutError)
 
 Catch :class:`SystemZeroError` to handle every failure of the client. Messages name the cause
@@ -27,6 +28,7 @@ __all__ = [
     "AuthenticationFailed",
     "DeadlineExceeded",
     "DecisionFailed",
+    "GatewayUnreachable",
     "LocalProtocolError",
     "ProtocolViolation",
     "StreamClosed",
@@ -209,10 +211,18 @@ class DeadlineExceeded(SystemZeroError, TimeoutError):
 
     :param message: what was being waited for and for how long.
     :param last_error: the last retryable failure seen while waiting, if any.
+    :param detail: ``last_error`` described with its cause and fix (default: its own text).
     """
 
-    def __init__(self, message: str, *, last_error: BaseException | None = None) -> None:
+    def __init__(self, message: str, *, last_error: BaseException | None = None, detail: str | None = None) -> None:
         self.last_error = last_error
         if last_error is not None:
-            message = f"{message}; last error: {last_error}"
+            message = f"{message}; last error: {detail or last_error}"
         super().__init__(message)
+
+
+class GatewayUnreachable(SystemZeroError, ConnectionError):
+    """A loopback origin never answered: every attempt since the stream started was refused, or
+    reset in the TLS handshake because the port speaks plaintext. The message names the URL and
+    the fix (see :mod:`~airflow_provider_systemzero.stream.diagnosis`).
+    """

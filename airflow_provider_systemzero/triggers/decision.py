@@ -262,7 +262,7 @@ class _StreamingTrigger:
         return feeder.result()  # the source failed (or ended): raise its error
 
     async def _debounced(self, stream: Any, changed: asyncio.Event, condition: DecisionCondition, *,
-                         reviews: bool, skip_states: frozenset[str] = frozenset()
+                         reviews: bool, skip_states: frozenset[str] = frozenset(), unmet: bool = False
                          ) -> AsyncIterator[tuple[DecisionResult, ConditionResult, str, dict[str, Any], Any]]:
         """``(decision, result, state_hash, streak, state)`` each time the condition fires.
 
@@ -271,7 +271,8 @@ class _StreamingTrigger:
         old — a timer fires it when only time is missing — and once per run. A decision qualifies
         when it is met, or (with ``reviews``) when the policy sends it to a person. With
         ``reviews``, a ``fail``/``skip`` verdict is yielded at once. Decisions about a state in
-        ``skip_states`` (a person already said no about it) do not qualify.
+        ``skip_states`` (a person already said no about it) do not qualify. With ``unmet`` (a static
+        state), a decision that does not qualify is yielded too: nothing can change it.
         """
         from airflow_provider_systemzero.identity import state_hash
 
@@ -311,6 +312,9 @@ class _StreamingTrigger:
                         yield decision, result, key, streak.to_dict(loop.time()), state
                         continue
                     qualifies = result.candidate if reviews else result.met
+                    if unmet and not qualifies:
+                        yield decision, result, key, streak.to_dict(loop.time()), state
+                        continue
                     streak.observe(qualifies, loop.time(), key)
                     if qualifies:
                         last = (decision, result, key, state)
@@ -348,14 +352,12 @@ class _StreamingTrigger:
             async with asyncio.timeout(remaining):
                 return await work()
         except TimeoutError:
-            return {"status": "timeout", "error_type": "timeout", **extra, "message": timed_out}
+            last = getattr(self._stream, "last_error_text", None)  # why the wait had no decision
+            return {"status": "timeout", "error_type": "timeout", **extra,
+                    "message": f"{timed_out}; last error: {last}" if last else timed_out}
         except Exception as exc:
-            from airflow_provider_systemzero.budget import BudgetExceeded
-
-            if isinstance(exc, BudgetExceeded):  # the stream logged the refusal when it happened
-                log.info("%s stopped: the budget refused a dispatch", type(self).__name__)
-            else:
-                log.warning("%s failed: %s", type(self).__name__, exc)
+            # the event carries the message and the task raises it: said once, by the task
+            log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
             return error_payload(exc, **extra)
         finally:
             await self.cleanup()
@@ -400,6 +402,8 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         coming back about an outdated state), seconds its newer state may be held back while a
         decision is in flight, so that decision is current when it returns (``0``: never hold; such a
         source is then never decided about).
+    :param end_when_unmet: a static state: a decision that does not meet the condition ends the wait
+        with an ``unmet`` event (no later decision could differ).
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -410,8 +414,9 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
                  budget: dict[str, Any] | None = None, lease_after: float = 5.0,
                  skip_states: list[str] | None = None, min_interval_ms: int | None = None,
-                 max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
+                 max_staleness: float = DEFAULT_MAX_STALENESS, end_when_unmet: bool = False) -> None:
         super().__init__()
+        self.end_when_unmet = end_when_unmet
         self.skip_states = list(skip_states or [])
         self.min_interval_ms = min_interval_ms
         self.max_staleness = validate_max_staleness(max_staleness)
@@ -436,6 +441,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                  **({"budget": self.budget} if self.budget else {}),
                  "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after,
                  **({"skip_states": self.skip_states} if self.skip_states else {}),
+                 **({"end_when_unmet": True} if self.end_when_unmet else {}),
                  "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -454,13 +460,15 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
 
                 async def consume(changed: asyncio.Event) -> dict[str, Any]:
                     fired = self._debounced(stream, changed, condition, reviews=True,
-                                            skip_states=frozenset(self.skip_states))
+                                            skip_states=frozenset(self.skip_states), unmet=self.end_when_unmet)
                     async with contextlib.aclosing(fired):
                         async for decision, result, key, streak, state in fired:
                             payload = _success_payload(decision, condition.question, result.reason, extra)
                             payload.update(_policy_fields(decision, condition.question, result, key, streak))
                             if result.action in ("fail", "skip"):
                                 payload["status"] = "policy"
+                            elif not result.candidate:  # a static state that did not meet the condition
+                                payload["status"] = "unmet"
                             if result.action == "review":
                                 # what the sensor needs to ask a person, and to wait on if they say no
                                 from airflow_provider_systemzero.policy import state_info

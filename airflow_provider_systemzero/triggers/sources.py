@@ -8,7 +8,8 @@ triggerer with :func:`build_source`. Three kinds:
 ``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "poll_interval": 1.0}``
     Tails a local text file: the state is the initial state (a string, usually ``""``) followed by
     the file's content. New bytes are read incrementally off the event loop; a file that shrinks
-    or is replaced (new inode) is read again from the start. A missing file counts as empty.
+    or is replaced (new inode) is read again from the start. A missing file counts as empty, with
+    one WARNING naming the path and the host; ``"must_exist": True`` fails instead.
 ``{"type": "callable", "path": "my_pkg.sources.job_state", "kwargs": {...}, "poll_interval": 5.0}``
     A function returning the full desired state (string, array or object). A sync function runs
     in a worker thread, an ``async def`` is awaited; an async *generator* is iterated and each
@@ -24,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import codecs
 import inspect
+import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
@@ -34,6 +37,8 @@ from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_state
 
 __all__ = ["CallableSource", "FileSource", "StateSource", "StaticSource", "build_source", "validate_source_spec"]
+
+log = logging.getLogger(__name__)
 
 SOURCE_TYPES = ("static", "file", "callable")
 DEFAULT_POLL_INTERVAL = 1.0
@@ -85,11 +90,14 @@ class FileSource(StateSource):
     :param prefix: the initial state the file content is appended to.
     :param encoding: the file's text encoding.
     :param poll_interval: seconds between checks.
+    :param must_exist: fail when the file does not exist at the start (default: read it as empty).
     """
 
     def __init__(self, path: str, *, prefix: str = "", encoding: str = "utf-8",
-                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+                 poll_interval: float = DEFAULT_POLL_INTERVAL, must_exist: bool = False) -> None:
         self.path = path
+        self.must_exist = must_exist
+        self._seen = False
         self.prefix = prefix
         self.encoding = encoding
         self.poll_interval = poll_interval
@@ -103,7 +111,11 @@ class FileSource(StateSource):
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:
+            if not self._seen:
+                self._seen = True  # warn once
+                missing_file(self.path, self.must_exist)
             return None if self._offset else ""
+        self._seen = True
         identity = (stat.st_dev, stat.st_ino)
         if self._inode is not None and (identity != self._inode or stat.st_size < self._offset):
             return None
@@ -179,6 +191,20 @@ class CallableSource(StateSource):
             await generator.aclose()  # type: ignore[attr-defined]
 
 
+def missing_file(path: str, must_exist: bool) -> None:
+    """A file source's file does not exist: fail (``must_exist``) or say so once and read it as empty.
+
+    :raises LocalProtocolError: with ``must_exist``.
+    """
+    host = socket.gethostname()
+    if must_exist:
+        raise LocalProtocolError(f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
+                                 "on the triggerer's host, or the worker's in poke mode)", code="missing_file",
+                                 field="source.path")
+    log.warning("source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
+                "wrong, fix it, or set \"must_exist\": True to fail instead", path, host)
+
+
 def import_callable(path: str) -> Callable[..., Any]:
     """Import ``package.module.function`` (also ``package.module:function``).
 
@@ -217,7 +243,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     if kind not in SOURCE_TYPES:
         raise LocalProtocolError(f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}", code="invalid_source",
                                  field="source.type")
-    allowed = {"static": {"type"}, "file": {"type", "path", "encoding", "poll_interval"},
+    allowed = {"static": {"type"}, "file": {"type", "path", "encoding", "poll_interval", "must_exist"},
                "callable": {"type", "path", "kwargs", "poll_interval"}}[kind]
     unknown = sorted(set(spec) - allowed)
     if unknown:
@@ -231,6 +257,9 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         raise LocalProtocolError(f"source.path is required for a {kind} source", code="invalid_source",
                                  field="source.path")
     if kind == "file":
+        if not isinstance(spec.get("must_exist", False), bool):
+            raise LocalProtocolError("source.must_exist must be true or false", code="invalid_source",
+                                     field="source.must_exist")
         if not isinstance(initial_state, str):
             raise LocalProtocolError("a file source needs a string initial state (the file content is appended "
                                      "to it)", code="invalid_source", field="state")
@@ -254,7 +283,7 @@ def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSou
     poll = float(spec.get("poll_interval", DEFAULT_POLL_INTERVAL))
     if spec["type"] == "file":
         return FileSource(spec["path"], prefix=initial_state, encoding=spec.get("encoding", "utf-8"),
-                          poll_interval=poll)
+                          poll_interval=poll, must_exist=spec.get("must_exist", False))
     if spec["type"] == "callable":
         return CallableSource(import_callable(spec["path"]), kwargs=spec.get("kwargs"), poll_interval=poll)
     return StaticSource(initial_state)
@@ -273,6 +302,7 @@ def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
             with open(spec["path"], encoding=spec.get("encoding", "utf-8"), errors="replace") as handle:
                 return initial_state + handle.read()
         except FileNotFoundError:
+            missing_file(spec["path"], spec.get("must_exist", False))
             return initial_state
     if spec["type"] == "callable":
         function = import_callable(spec["path"])

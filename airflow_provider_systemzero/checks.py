@@ -1,0 +1,84 @@
+"""Checks a task runs on a DAG author's arguments before anything costs time or money.
+
+* At parse time (in ``__init__``), every argument that is a plain literal — no Jinja template,
+  no ``XComArg`` — is checked, so a DAG that can never work shows as an import error in the UI
+  instead of failing when it runs. Templated values are checked again when the task runs.
+* Before deferring, the worker checks what the triggerer will need, without the network
+  (:meth:`~airflow_provider_systemzero.hooks.systemzero.SystemZeroHook.check_connection`).
+* An empty state (``""``, ``[]``, ``{}``) is refused unless ``allow_empty=True``: a decision
+  about nothing is billed like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+
+__all__ = ["check_connection_before_deferring", "is_literal", "parse_time", "refuse_empty_state"]
+
+_JINJA_MARKERS = ("{{", "{%", "{#")
+
+
+def is_literal(value: Any) -> bool:
+    """Whether ``value`` is plain JSON-like data with no template: what a DAG file fixes for good.
+
+    :param value: an operator argument.
+    """
+    if value is None or isinstance(value, bool | int | float):
+        return True
+    if isinstance(value, str):
+        return not any(marker in value for marker in _JINJA_MARKERS)
+    if isinstance(value, list | tuple):
+        return all(is_literal(item) for item in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(key, str) and is_literal(item) for key, item in value.items())
+    return False  # an XComArg, a template object or anything resolved when the task runs
+
+
+@contextmanager
+def parse_time(task_id: str) -> Iterator[None]:
+    """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import."""
+    try:
+        yield
+    except LocalProtocolError as exc:
+        raise ValueError(f"{task_id}: {exc}") from None
+
+
+def refuse_empty_state(state: Any, *, allow_empty: bool, field: str = "state") -> None:
+    """Refuse an empty state (``""``, ``[]``, ``{}``) unless the author allowed it.
+
+    :param state: the state.
+    :param allow_empty: the task's ``allow_empty``.
+    :param field: the argument named in the message.
+    :raises LocalProtocolError: the state is empty.
+    """
+    if allow_empty or not isinstance(state, str | list | tuple | Mapping) or len(state):
+        return
+    raise LocalProtocolError(
+        f"{field} is empty ({state!r}): nothing would be decided but the decision is billed; "
+        f"check the value (or the template) that should fill it, or pass allow_empty=True "
+        f"if an empty state is meant",
+        code="empty_state",
+        field=field,
+    )
+
+
+def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) -> None:
+    """Fail the task on the worker when the connection cannot serve the trigger (no network used).
+
+    :param task_id: the task (for the message).
+    :param conn_id: the System Zero connection ID.
+    :param model: the task's ``model=`` (``None``: the connection's ``model`` extra).
+    :raises AirflowFailException: the connection is missing, of another type, invalid, or names no model.
+    """
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+    try:
+        SystemZeroHook(systemzero_conn_id=conn_id).check_connection(model)
+    except LocalProtocolError as exc:
+        raise AirflowFailException(f"{task_id}: {exc}") from None

@@ -1,0 +1,236 @@
+"""Why a connection attempt failed, in words a DAG author can act on.
+
+A network failure below HTTP (refused, reset, DNS, TLS, timeout) is retried with backoff, so
+without a word in the log a wait would look like a model that keeps saying no.
+:func:`describe_connection_error` names the URL, the cause and the fix;
+:class:`NetworkFailures` decides when a stream says so:
+
+* the first network failure of a stream is logged at WARNING, then every
+  :data:`WARN_EVERY`-th repeat of the same cause, and at once whenever the cause changes;
+* a **loopback origin that never answered** — every attempt since the stream started was refused,
+  or reset during the TLS handshake because the port speaks plaintext — ends the stream with
+  :class:`~airflow_provider_systemzero.stream.exceptions.GatewayUnreachable` once at least
+  :data:`LOOPBACK_GIVE_UP_ATTEMPTS` attempts over at least :data:`LOOPBACK_GIVE_UP_SECONDS`
+  seconds failed that way. Until then the delay before the next attempt is capped so that this
+  point is reached on time: with the default settings the stream fails about 10 s after it
+  started, not at the task's deadline. A local gateway that is still starting has those 10 s to
+  come up; a stream that connected once keeps reconnecting (the gateway restarts).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import ssl
+import time
+from urllib.parse import urlsplit
+
+from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
+from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
+
+__all__ = [
+    "LOOPBACK_GIVE_UP_ATTEMPTS",
+    "LOOPBACK_GIVE_UP_SECONDS",
+    "WARN_EVERY",
+    "NetworkFailures",
+    "describe_connection_error",
+]
+
+log = logging.getLogger("airflow_provider_systemzero.stream.connection")
+
+#: Repeats of one cause between two WARNING lines.
+WARN_EVERY = 10
+#: A never-answering loopback origin fails the stream after this many attempts …
+LOOPBACK_GIVE_UP_ATTEMPTS = 4
+#: … spread over at least this many seconds.
+LOOPBACK_GIVE_UP_SECONDS = 10.0
+#: The shortest wait between two attempts while the cap above applies.
+_MIN_DELAY = 0.5
+
+
+def _refused(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    # several addresses tried (``localhost``): one OSError listing each refusal
+    text = str(exc)
+    return (
+        isinstance(exc, OSError)
+        and exc.errno is None
+        and text.startswith("Multiple exceptions")
+        and text.count("Connect call failed") == text.count("[Errno") > 0
+    )
+
+
+def _tls_to_plaintext(exc: BaseException, url: str) -> bool:
+    """A TLS handshake the peer broke off: what a plaintext port does with a ClientHello."""
+    if not url.startswith("wss://") or isinstance(exc, ssl.SSLCertVerificationError):
+        return False
+    if isinstance(exc, ConnectionResetError | ConnectionAbortedError | EOFError):
+        return True
+    if isinstance(exc, ssl.SSLError):
+        reason = (getattr(exc, "reason", None) or str(exc)).upper()
+        return any(
+            word in reason
+            for word in (
+                "WRONG_VERSION_NUMBER",
+                "RECORD_LAYER",
+                "EOF",
+                "PACKET_LENGTH",
+                "UNEXPECTED_MESSAGE",
+                "HTTP_REQUEST",
+            )
+        )
+    return False
+
+
+def _kind(exc: BaseException, url: str) -> str:
+    """A short name of the cause, to tell a changed cause from a repeat."""
+    if _refused(exc):
+        return "refused"
+    if _tls_to_plaintext(exc, url):
+        return "tls_plaintext"
+    code = getattr(exc, "errno", None)
+    return f"{type(exc).__name__}:{code}" if code is not None else type(exc).__name__
+
+
+def describe_connection_error(exc: BaseException, url: str, *, open_timeout: float | None = None) -> str:
+    """The cause of a failed connection attempt and its fix, naming the URL.
+
+    :param exc: what the attempt raised (an ``OSError``, ``TimeoutError``, a websockets error …).
+    :param url: the stream URL (it never carries credentials).
+    :param open_timeout: the connection's ``open_timeout``, for a timed-out handshake.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    try:
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+    except ValueError:
+        port = None
+    loopback = is_loopback_host(host)
+    raw = str(exc).strip() or "no detail"
+    if _refused(exc):
+        if loopback:
+            return (
+                f"connection to {url} refused: is the gateway (or `systemzero-emulator`) running on port "
+                f"{port}?"
+            )
+        return (
+            f"connection to {url} refused: nothing listens on {host}:{port}; check the connection's host and "
+            "port, and that the gateway is reachable from this machine"
+        )
+    if _tls_to_plaintext(exc, url):
+        if loopback:
+            return (
+                f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): port {port} speaks "
+                f"plaintext, as the local emulator does; set the connection's host to ws://{parts.netloc}"
+            )
+        return (
+            f"the TLS handshake with {url} failed ({type(exc).__name__}: {raw}): check that port {port} "
+            "serves TLS (wss://) and that no proxy or firewall cuts the connection"
+        )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the TLS certificate of {url} is not trusted ({raw}): for a private CA set the connection's "
+            "ca_bundle extra to its PEM file"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return f"the TLS handshake with {url} failed ({raw}): check that the host serves TLS (wss://)"
+    if getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror":
+        return f"cannot resolve host {host!r} ({raw}): check the connection's host for a typo, and DNS"
+    if isinstance(exc, TimeoutError):
+        within = f" within open_timeout ({open_timeout:g} s)" if open_timeout else " in time"
+        return (
+            f"{url} did not complete the opening handshake{within}: check the host, the port, firewalls, "
+            "the proxy extra and open_timeout"
+        )
+    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return f"{host} is unreachable ({raw}): check the connection's host and this machine's network"
+    if type(exc).__name__ == "InvalidMessage":
+        return (
+            f"{url} did not answer as a WebSocket server ({raw}): check that the connection's host and port "
+            "are a System Zero API origin"
+        )
+    return f"connecting to {url} failed: {type(exc).__name__}: {raw}"
+
+
+class NetworkFailures:
+    """What a stream says about its failed connection attempts, and when it gives up (see the module).
+
+    :param url: the stream URL.
+    :param open_timeout: the connection's ``open_timeout`` (for messages).
+    """
+
+    def __init__(self, url: str, *, open_timeout: float | None = None) -> None:
+        self.url = url
+        self.open_timeout = open_timeout
+        self.loopback = is_loopback_host(urlsplit(url).hostname or "")
+        #: the last network failure, described (``None`` before the first)
+        self.last_text: str | None = None
+        self._kind: str | None = None
+        self._repeats = 0
+        self._answered = False
+        self._hopeless_attempts = 0
+        self._first_failure: float | None = None
+
+    def describe(self, exc: BaseException | None) -> str | None:
+        """:func:`describe_connection_error` for a network error; ``str(exc)`` for anything else."""
+        if exc is None:
+            return None
+        if isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage":
+            return describe_connection_error(exc, self.url, open_timeout=self.open_timeout)
+        return str(exc)
+
+    def answered(self) -> None:
+        """An attempt reached the gateway (any HTTP answer): the next outage is reported afresh."""
+        self._answered = True
+        self._kind = None
+        self._repeats = 0
+
+    def record(self, exc: BaseException) -> None:
+        """A connection attempt failed below HTTP: log it when it is news (first, changed, every Nth)."""
+        kind = _kind(exc, self.url)
+        self.last_text = text = describe_connection_error(exc, self.url, open_timeout=self.open_timeout)
+        if kind == self._kind:
+            self._repeats += 1
+        else:
+            self._kind, self._repeats = kind, 0
+        if self._repeats % WARN_EVERY == 0:
+            again = f" (the same failure {self._repeats + 1} times in a row)" if self._repeats else ""
+            log.warning("System Zero stream: %s; retrying with backoff%s", text, again)
+        if self.loopback and not self._answered and kind in ("refused", "tls_plaintext"):
+            self._hopeless_attempts += 1
+            if self._first_failure is None:
+                self._first_failure = time.monotonic()
+        else:
+            self._hopeless_attempts = -1_000_000  # something else answered once: never give up early
+
+    def _hopeless_for(self) -> float | None:
+        if self._hopeless_attempts <= 0 or self._first_failure is None:
+            return None
+        return time.monotonic() - self._first_failure
+
+    def give_up(self) -> GatewayUnreachable | None:
+        """The error that ends the stream, once a loopback origin has never answered for long enough."""
+        elapsed = self._hopeless_for()
+        if (
+            elapsed is None
+            or self._hopeless_attempts < LOOPBACK_GIVE_UP_ATTEMPTS
+            or elapsed < LOOPBACK_GIVE_UP_SECONDS
+        ):
+            return None
+        return GatewayUnreachable(
+            f"{self.last_text} (all {self._hopeless_attempts} attempts in {elapsed:.0f} s "
+            "failed the same way: the stream gives up instead of waiting for the task's "
+            "deadline)"
+        )
+
+    def bound_delay(self, delay: float) -> float:
+        """The delay before the next attempt, capped while a loopback origin has never answered, so
+        :meth:`give_up` is reached about :data:`LOOPBACK_GIVE_UP_SECONDS` after the first attempt.
+
+        :param delay: the backoff's delay.
+        """
+        elapsed = self._hopeless_for()
+        if elapsed is None:
+            return delay
+        return min(delay, max(_MIN_DELAY, LOOPBACK_GIVE_UP_SECONDS - elapsed))

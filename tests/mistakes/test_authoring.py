@@ -1,0 +1,211 @@
+"""Mistakes in what a DAG author writes: literal arguments that can never work (an import error
+when the DAG is parsed), empty and static states, a missing source file, poke mode by accident,
+a state too large for the decide body. Each runs the way the author meets it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG, task
+
+from airflow_provider_systemzero.decorators.systemzero import systemzero_task
+from airflow_provider_systemzero.operators.branch import SystemZeroBranchOperator
+from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from airflow_provider_systemzero.triggers.sources import FileSource
+from tests.helpers import run_dag, task_states
+from tests.mistakes.conftest import CONN, START
+
+READY = "Is the job ready?"
+
+
+def _state() -> str:
+    return "Job is ready."
+
+
+def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
+    base: dict[str, Any] = {
+        "task_id": "wait",
+        "systemzero_conn_id": CONN,
+        "question": "ready",
+        "instructions": READY,
+        "timeout": 600,
+        "lease_after": 0.2,
+    }
+    return SystemZeroDecisionSensor(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: _sensor(question="1ready", questions={"1ready": READY}), "must start with a letter"),
+        (lambda: _sensor(min_confidence=80), "min_confidence 80 must be a number from 0 to 1"),
+        (lambda: _sensor(expect="yes"), "must be true or false for boolean question"),
+        (lambda: _sensor(questions=["ready"]), "questions must be a non-empty mapping"),
+        (lambda: _sensor(consecutive=0), "consecutive 0 must be a whole number"),
+        (lambda: _sensor(policy={"act_above": 2}), "act_above"),
+        (lambda: _sensor(max_decisions=-1), "max_decisions"),
+        (lambda: _sensor(state="s", consecutive=3), "consecutive=3 needs successive states"),
+        (lambda: SystemZeroDecideOperator(task_id="d", questions=[READY], state="s"), "non-empty mapping"),
+        (
+            lambda: SystemZeroBranchOperator(task_id="b", state="s", instructions=" ", branches=["a", "b"]),
+            "instructions must say what to decide",
+        ),
+        (
+            lambda: SystemZeroBranchOperator(
+                task_id="b", state="s", instructions="Which?", branches=["a", "b"], policy={"default": "c"}
+            ),
+            "default 'c' is not an option",
+        ),
+        (lambda: systemzero_task(questions=[READY])(_state)(), "questions must be a non-empty mapping"),
+        (
+            lambda: SystemZeroDecideOperator(
+                task_id="d", questions={"q": READY}, state="s", decision_timeout=0
+            ),
+            "decision_timeout 0 must be a positive number",
+        ),
+    ],
+)
+def test_literal_mistakes_fail_when_the_dag_is_parsed(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_a_broken_dag_file_is_an_import_error(airflow_db: None, tmp_path: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    (tmp_path / "broken_dag.py").write_text(
+        textwrap.dedent("""
+        import pendulum
+        from airflow.sdk import DAG
+        from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+        with DAG("broken", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+            SystemZeroDecisionSensor(task_id="wait", question="ready", instructions="Ready?", min_confidence=80)
+    """)
+    )
+    bag = DagBag(dag_folder=str(tmp_path))
+    [error] = bag.import_errors.values()
+    assert "wait: min_confidence 80 must be a number from 0 to 1" in error
+
+
+def test_templated_values_are_checked_when_the_task_runs(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_empty_template", schedule=None, start_date=START, params={"log": ""}) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide", systemzero_conn_id=CONN, questions={"ready": READY}, state="{{ params.log }}"
+        )  # renders empty: parses fine
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"decide": "failed"}
+    assert "decide: state is empty ('')" in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+def test_a_sensor_with_an_empty_static_state_is_refused_before_connecting(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_empty_sensor", schedule=None, start_date=START) as dag:
+        _sensor(state=[])  # no source either: nothing to decide, ever
+    assert task_states(run_dag(dag)) == {"wait": "failed"}
+    assert "wait: state is empty ([])" in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total
+
+
+def test_an_empty_state_is_decided_when_allowed(emulator: Any) -> None:
+    before = emulator.stats
+    with DAG("mistake_allow_empty", schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide", systemzero_conn_id=CONN, questions={"ready": READY}, state=[], allow_empty=True
+        )
+    assert task_states(run_dag(dag)) == {"decide": "success"}
+    assert emulator.stats.decisions_billed == before.decisions_billed + 1
+
+
+@pytest.mark.parametrize(("soft_fail", "state"), [(False, "failed"), (True, "skipped")])
+def test_a_static_state_that_does_not_meet_the_condition_ends_at_once(
+    emulator: Any, capsys: pytest.CaptureFixture[str], soft_fail: bool, state: str
+) -> None:
+    before = emulator.stats
+    with DAG(f"mistake_static_{state}", schedule=None, start_date=START) as dag:
+        _sensor(state="Job is starting.", soft_fail=soft_fail)  # no source: nothing will ever change
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": state}  # not after the 600 s timeout
+    printed = capsys.readouterr().out
+    if not soft_fail:
+        assert (
+            "the state has no source, so it never changes" in printed
+            and "wait_on_static_state=True" in printed
+        )
+    assert emulator.stats.decisions_billed == before.decisions_billed + 1  # the one decision it needed
+
+
+def test_a_static_state_in_poke_mode_ends_at_once_and_says_it_holds_a_slot(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with DAG("mistake_static_poke", schedule=None, start_date=START) as dag:
+        _sensor(state="Job is starting.", deferrable=False, mode="poke", poke_interval=0.1)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert "the state has no source, so it never changes" in printed
+    assert printed.count("poke mode: this sensor holds a worker slot") == 1
+    assert "pass deferrable=True" in printed
+
+
+def test_a_missing_source_file_with_must_exist_fails_before_connecting(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "jbo.log"  # a typo
+    before = emulator.stats
+    with DAG("mistake_missing_file", schedule=None, start_date=START) as dag:
+        _sensor(source={"type": "file", "path": str(missing), "must_exist": True})
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    assert (
+        f"source file {str(missing)!r} does not exist on host {socket.gethostname()!r}"
+        in capsys.readouterr().out
+    )
+    assert emulator.stats.streams_total == before.streams_total
+
+
+async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = FileSource(str(tmp_path / "not-yet.log"), poll_interval=0.01)
+    with caplog.at_level(logging.WARNING):
+        assert await source.current() == "" and await source.current() == ""
+    [warning] = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+    assert str(tmp_path / "not-yet.log") in warning and socket.gethostname() in warning
+    assert '"must_exist": True' in warning
+
+
+def test_a_state_too_large_names_the_upstream_task_and_the_fix(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_too_large", schedule=None, start_date=START) as dag:
+
+        @task(task_id="fetch_log")
+        def fetch_log() -> str:
+            return "x" * 3_700_000
+
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id=CONN,
+            questions={"ready": READY},
+            upstream_task_ids=[fetch_log()],
+        )
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"fetch_log": "success", "decide": "failed"}
+    printed = capsys.readouterr().out
+    assert "the state built from the outputs of upstream tasks ['fetch_log'] makes the decide body" in printed
+    assert "return less from those tasks" in printed
+    assert emulator.stats.streams_total == before.streams_total

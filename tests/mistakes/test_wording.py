@@ -1,0 +1,95 @@
+"""How the stream speaks about network failures (when, and in which words), and the emulator's
+own log level: the pure checks on top of the end-to-end mistakes."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator.cli import build_parser
+from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+from airflow_provider_systemzero.stream.diagnosis import (
+    WARN_EVERY,
+    NetworkFailures,
+    describe_connection_error,
+)
+from tests.mistakes.conftest import env_connection
+
+URL = "ws://127.0.0.1:8765/v1/system-zero/stream"
+
+
+def _refused() -> OSError:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError as exc:
+        return exc
+    raise AssertionError("a closed port accepted a connection")
+
+
+def test_network_failures_are_warned_first_on_a_new_cause_and_every_nth_repeat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failures = NetworkFailures(URL)
+    refused = _refused()
+    with caplog.at_level(logging.INFO, logger="airflow_provider_systemzero"):
+        for _ in range(WARN_EVERY + 1):
+            failures.record(refused)
+        failures.record(TimeoutError())  # the cause changed
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert "is the gateway (or `systemzero-emulator`) running on port 8765?" in warnings[0]
+    assert f"the same failure {WARN_EVERY + 1} times in a row" in warnings[1]
+    assert "did not complete the opening handshake" in warnings[2] and URL in warnings[2]
+    assert failures.give_up() is None  # a timeout once: something may be there, keep trying
+
+
+@pytest.mark.parametrize(
+    ("error", "url", "says"),
+    [
+        (
+            ConnectionResetError(),
+            "wss://127.0.0.1:8765/v1/system-zero/stream",
+            "port 8765 speaks plaintext, as the local emulator does; set the connection's host to ws://127.0.0.1:8765",
+        ),
+        (
+            ConnectionRefusedError(111, "Connect call failed"),
+            "wss://api.example.com/v1/system-zero/stream",
+            "nothing listens on api.example.com:443",
+        ),
+        (
+            socket.gaierror(-2, "Name or service not known"),
+            "wss://api.exampel.com/v1/system-zero/stream",
+            "cannot resolve host 'api.exampel.com'",
+        ),
+        (
+            ssl.SSLCertVerificationError(1, "certificate verify failed"),
+            "wss://gw.example/v1/system-zero/stream",
+            "set the connection's ca_bundle extra",
+        ),
+    ],
+)
+def test_each_cause_has_its_fix(error: BaseException, url: str, says: str) -> None:
+    assert says in describe_connection_error(error, url)
+
+
+def test_the_emulator_logs_at_info_by_default(
+    emulator: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "default INFO" in build_parser().format_help()
+    assert build_parser().parse_args([]).log_level == "INFO"
+    env_connection(monkeypatch, "sz_wording_ok", emulator.origin)
+    env_connection(monkeypatch, "sz_wording_bad", emulator.origin, "wrong-key")
+    with caplog.at_level(logging.INFO, logger="airflow_provider_systemzero.emulator"):
+        assert SystemZeroHook("sz_wording_ok").test_connection()[0]
+        assert not SystemZeroHook("sz_wording_bad").test_connection()[0]
+    said = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_systemzero.emulator.server"]
+    assert any(" opened (account " in line for line in said)
+    assert any(" closed with 1000" in line for line in said)
+    assert any("upgrade refused with HTTP 401 (invalid_api_key)" in line for line in said)
