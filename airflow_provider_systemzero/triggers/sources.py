@@ -5,15 +5,21 @@ triggerer with :func:`build_source`. Three kinds:
 
 ``{"type": "static"}``
     The trigger's initial state never changes (the default).
-``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "poll_interval": 1.0}``
+``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "watch": "auto", "poll_interval": 1.0}``
     Tails a local text file: the state is the initial state (a string, usually ``""``) followed by
-    the file's content. New bytes are read incrementally off the event loop; a file that shrinks
-    or is replaced (new inode) is read again from the start. A missing file counts as empty.
+    the file's content. A change is noticed through the operating system's file notifications
+    (one watcher per process, :mod:`~airflow_provider_systemzero.triggers.file_watch`) or, on
+    network filesystems and where ``watch`` is ``"poll"``, every ``poll_interval`` seconds. New bytes
+    are read incrementally off the event loop; a file that is replaced — renamed, deleted and
+    recreated, rewritten in place or truncated — is read again from the start (see
+    :class:`FileSource`). A missing file counts as empty.
 ``{"type": "callable", "path": "my_pkg.sources.job_state", "kwargs": {...}, "poll_interval": 5.0}``
     A function returning the full desired state (string, array or object). A sync function runs
-    in a worker thread, an ``async def`` is awaited; an async *generator* is iterated and each
-    value it yields is the new state (push, no polling). The module must be importable in the
-    triggerer (not from a Dag bundle).
+    in a daemon thread of its own (one call at a time, at most ``timeout`` seconds), an ``async
+    def`` is awaited; an async *generator* is iterated and each value it yields is the new state
+    (push, no polling). Failures are retried ``retries`` times with backoff from ``retry_delay``
+    (see :class:`CallableSource`). The module must be importable in the triggerer (not from a Dag
+    bundle).
 
 The trigger reconciles the desired state with what the gateway has through the core's minimal
 mutation (text suffix → ``append_text``, array suffix → ``append_items``, otherwise ``replace``).
