@@ -59,6 +59,8 @@ DEFAULT_POLL_INTERVAL = 1.0
 NOTIFY_RECHECK_SECONDS = 60.0
 #: Bytes at the start of a tailed file, and before the read position, compared on every read.
 FINGERPRINT_BYTES = 1024
+#: A notified file source reads at most this many new bytes on the event loop (more in a thread).
+INLINE_READ_BYTES = 64 * 1024
 #: A callable source's failures in a row that are retried, the first retry's delay and the
 #: longest delay (seconds), and how long a sync call may run (seconds).
 DEFAULT_RETRIES = 3
@@ -170,8 +172,12 @@ class FileSource(StateSource):
         self._tail = data[-FINGERPRINT_BYTES:] if len(data) >= FINGERPRINT_BYTES else \
             (self._tail + data)[-FINGERPRINT_BYTES:]
 
-    def _read(self, replaced: bool) -> tuple[bool, str]:
-        """Blocking part: ``(restart, text)`` — the new text, to append or (``restart``) to start over with."""
+    def _read(self, replaced: bool, limit: int | None = None) -> tuple[bool, str] | None:
+        """Blocking part: ``(restart, text)`` — the new text, to append or (``restart``) to start over with.
+
+        :param limit: with a limit, read nothing and return ``None`` when more than ``limit``
+            bytes would be read (the caller reads them in a thread instead).
+        """
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:  # a missing file counts as empty
@@ -184,6 +190,8 @@ class FileSource(StateSource):
             restart = self._identity is not None and (
                 replaced or identity != self._identity or stat.st_size < self._offset
                 or (self._offset > 0 and not self._same_prefix(fd)))
+            if limit is not None and stat.st_size - (0 if restart else self._offset) > limit:
+                return None
             if restart:
                 self._forget_file()
             self._identity = identity
@@ -202,7 +210,11 @@ class FileSource(StateSource):
     async def _refresh(self) -> bool:
         """Read what changed; whether the text changed."""
         replaced, self._replaced = self._replaced, False
-        restart, new = await asyncio.to_thread(self._read, replaced)
+        # Notified of a write to a local file, a small read comes from the page cache in
+        # microseconds: it is done here, saving the hop to a thread and back (a scheduling delay
+        # of its own on a busy machine). Anything larger, and every poll, is read in a thread.
+        read = self._read(replaced, INLINE_READ_BYTES) if self._subscriptions and self._identity else None
+        restart, new = read if read is not None else await asyncio.to_thread(self._read, replaced)
         if restart:
             text = self.prefix + new
             changed, self._text = text != self._text, text
