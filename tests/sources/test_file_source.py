@@ -246,6 +246,27 @@ async def test_a_deleted_file_counts_as_empty_until_it_returns(tmp_path: Path) -
         assert await value_where(changes, lambda v: True) == "second\n"
 
 
+async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Path) -> None:
+    directory = tmp_path / "run"
+    directory.mkdir()
+    log = directory / "job.log"
+    log.write_text("first run\n")
+    # poll_interval only matters while the directory is missing
+    async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
+        assert await anext(changes) == "first run\n"
+        shutil.rmtree(directory)
+        assert await value_where(changes, lambda v: True) == ""
+        directory.mkdir()
+        log.write_text("second run\n")
+        assert await value_where(changes, lambda v: v == "second run\n") == "second run\n"
+        async with asyncio.timeout(10):
+            while not source._subscriptions:  # noqa: ASYNC110 - the source resubscribes on its next check
+                await asyncio.sleep(0.01)
+        with log.open("a") as handle:
+            handle.write("Job is ready.\n")
+        assert await value_where(changes, lambda v: v.endswith("ready.\n")) == "second run\nJob is ready.\n"
+
+
 # ------------------------------------------------------------------ how the mode is chosen
 
 
