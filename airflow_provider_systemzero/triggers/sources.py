@@ -31,6 +31,7 @@ import asyncio
 import codecs
 import concurrent.futures
 import contextlib
+import contextvars
 import errno
 import functools
 import inspect
@@ -405,7 +406,9 @@ class CallableSource(StateSource):
     async def _call_sync(self) -> Any:
         call = self._call
         if call is None or call.done():
-            call = self._call = _THREADS.submit(functools.partial(self.function, **self.kwargs))
+            # the caller's context goes along, as with asyncio.to_thread (Airflow keeps some there)
+            context = contextvars.copy_context()
+            call = self._call = _THREADS.submit(functools.partial(context.run, self.function, **self.kwargs))
         try:
             async with asyncio.timeout(self.timeout):
                 return await asyncio.shield(asyncio.wrap_future(call))
