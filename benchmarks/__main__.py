@@ -1,8 +1,8 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
-A full run takes about five minutes on two cores and writes ``benchmarks/results/latest.json``
+A full run takes about ten minutes on two cores and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
-run of about a minute with fewer samples and shorter windows; it writes
+run of about three minutes with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
 """
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; returns the exit status (1 when a scenario failed)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="smoke run (about three minutes)")
     parser.add_argument("--only", default="", help=f"comma-separated scenarios (default all: {','.join(SCENARIOS)})")
     parser.add_argument("--seed", type=int, default=Options.seed, help="random seed of the change times")
     parser.add_argument("--out", type=Path, default=None,
