@@ -1,8 +1,8 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
-A full run takes about five minutes on two cores and writes ``benchmarks/results/latest.json``
+A full run takes about ten minutes on two cores and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
-run of about a minute with fewer samples and shorter windows; it writes
+run of about three minutes with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
 """
 
@@ -64,16 +64,47 @@ async def _run_all(options: Options, names: list[str]) -> tuple[dict[str, Any], 
     return results, durations, failed
 
 
+def _previous(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _keep_unrun(document: dict[str, Any], previous: dict[str, Any]) -> None:
+    """A run of some scenarios keeps the others' results from the previous run, saying when and where from."""
+    kept = {}
+    for name, result in previous.get("results", {}).items():
+        if name not in document["results"] and name in SCENARIOS:
+            document["results"][name] = result
+            origin = previous.get("kept_from", {}).get(name) or {
+                "started_at": previous.get("started_at"), "commit": previous.get("machine", {}).get("commit")}
+            kept[name] = origin
+    if kept:
+        document["kept_from"] = kept
+
+
+def _baseline(path: Path) -> dict[str, Any]:
+    """The 'before' of the latency figures: a run of earlier code."""
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    return {"started_at": earlier.get("started_at"), "commit": earlier.get("machine", {}).get("commit"),
+            "load_average": earlier.get("machine", {}).get("load_average_before"),
+            "latency": earlier.get("results", {}).get("latency")}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; returns the exit status (1 when a scenario failed)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="smoke run (about three minutes)")
     parser.add_argument("--only", default="", help=f"comma-separated scenarios (default all: {','.join(SCENARIOS)})")
     parser.add_argument("--seed", type=int, default=Options.seed, help="random seed of the change times")
     parser.add_argument("--out", type=Path, default=None,
                         help="the JSON results (default benchmarks/results/latest.json; with --quick "
                              ".cache/benchmarks/quick.json)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="the JSON results of a run of earlier code: its latency figures are shown as 'before' "
+                             "(default: the baseline already in the results file, if any)")
     docs = parser.add_mutually_exclusive_group()
     docs.add_argument("--docs", dest="docs", action="store_true", default=None,
                       help="render docs/benchmarks-results.md (the default for a full run)")
@@ -103,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         "scenario_duration_s": durations,
         "results": results,
     }
+    previous = _previous(out)
+    _keep_unrun(document, previous)
+    baseline = _baseline(args.baseline) if args.baseline else previous.get("baseline")
+    if baseline:
+        document["baseline"] = baseline
     _write(out, json.dumps(document, indent=2, sort_keys=False) + "\n")
     shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     print(f"[bench] results written to {shown}")

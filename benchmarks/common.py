@@ -76,6 +76,8 @@ def _version(package: str) -> str:
 
 
 def _commit() -> str:
+    if os.environ.get("BENCH_COMMIT"):  # the provider under test is another tree (a 'before' run)
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -32,13 +32,14 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 import uuid
 from typing import Any
 
 from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec
+from benchmarks.fixtures import CONDITION, CONN_ID, FEEDS, READY, REQUEST, Feed
 from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, rebuild, rss_kb
 
 __all__ = ["run"]
@@ -83,17 +84,35 @@ class _SocketSampler:
                 await task
 
 
-def _new_trigger(tag: str, index: int, lease_after: float = LEASE_AFTER) -> tuple[str, Any]:
+_PUSH = Feed("push")
+
+
+def _new_trigger(tag: str, index: int, lease_after: float = LEASE_AFTER, feed: Feed = _PUSH) -> tuple[str, Any]:
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"density-{tag}-{index}"
-    publish(channel, "waiting\n")
     trigger = rebuild(SystemZeroDecisionTrigger(
         systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="",
-        key_namespace=task_namespace("bench_density", "wait", tag, index), source=source_spec(channel),
+        key_namespace=task_namespace("bench_density", "wait", tag, index), source=feed.start(channel),
         lease_after=lease_after))
     return channel, trigger
+
+
+def watching() -> dict[str, Any]:
+    """What watches files in this process: inotify descriptors, threads, the shared watcher's counts."""
+    inotify = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            inotify += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    try:
+        from airflow_provider_systemzero.triggers.file_watch import current_watcher
+    except ImportError:  # a provider without file notifications
+        watcher = None
+    else:
+        watcher = current_watcher()
+    return {"inotify_descriptors": inotify, "threads": threading.active_count(),
+            "watched_directories": watcher.stats()["directories"] if watcher is not None else 0}
 
 
 def _settled(trigger: Any) -> bool:
@@ -143,14 +162,14 @@ def _full_collection_ms() -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def _start_all(triggerer: Triggerer, tag: str, n: int, lease_after: float) -> tuple[list[str], list[Any],
-                                                                                         list[int]]:
+async def _start_all(triggerer: Triggerer, tag: str, n: int, lease_after: float,
+                     feed: Feed = _PUSH) -> tuple[list[str], list[Any], list[int]]:
     """Hand N triggers over the way ``create_triggers()`` does: rebuilt, one loop iteration apart."""
     channels: list[str] = []
     triggers: list[Any] = []
     ids: list[int] = []
     for index in range(n):
-        channel, trigger = _new_trigger(tag, index, lease_after)
+        channel, trigger = _new_trigger(tag, index, lease_after, feed)
         await asyncio.sleep(0)
         ids.append(triggerer.start(trigger))
         channels.append(channel)
@@ -158,24 +177,35 @@ async def _start_all(triggerer: Triggerer, tag: str, n: int, lease_after: float)
     return channels, triggers, ids
 
 
-async def _warm_up(triggerer: Triggerer) -> None:
-    pairs = [_new_trigger("warmup", i) for i in range(4)]
+async def _warm_up(triggerer: Triggerer, feed: Feed = _PUSH) -> None:
+    pairs = [_new_trigger("warmup", i, feed=feed) for i in range(4)]
     ids = [triggerer.start(t) for _, t in pairs]
     await _wait_all(triggerer, ids, [t for _, t in pairs], 60)
     for channel, _ in pairs:
-        publish(channel, f"waiting\n{READY}\n")
+        feed.publish(channel, f"waiting\n{READY}\n")
     await asyncio.gather(*(triggerer.task(i) for i in ids))
 
 
-async def measure(n: int, options: Options) -> dict[str, Any]:
-    """Run the scenario for ``n`` triggers in this process."""
+async def measure(n: int, options: Options, feed_kind: str = "push") -> dict[str, Any]:
+    """Run the scenario for ``n`` triggers in this process.
+
+    :param feed_kind: the triggers' sources (:data:`~benchmarks.fixtures.FEEDS`).
+    """
+    feed = Feed(feed_kind)
+    try:
+        return await _measure(n, options, feed)
+    finally:
+        feed.close()
+
+
+async def _measure(n: int, options: Options, feed: Feed) -> dict[str, Any]:
     rng = random.Random(options.seed + n)
     idle_window = 1.0 if options.quick else 5.0
     change_window = 5.0 if options.quick else CHANGE_WINDOW
     async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT) as emulator:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
-        await _warm_up(triggerer)
+        await _warm_up(triggerer, feed)
         gc.collect()
         await asyncio.sleep(0.5)
         base_sockets = count_sockets()
@@ -189,7 +219,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
         sampler = _SocketSampler(base_sockets)
         sampler.start()
         started = time.perf_counter()
-        channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER)
+        channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER, feed)
         await _wait_all(triggerer, ids, triggers, 600)
         startup_s = time.perf_counter() - started
         await start_watch.stop()
@@ -202,6 +232,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
         waiting_gc_ms = _full_collection_ms()
         idle_cpu, idle_watch = await _idle_cpu(idle_window)
         idle_sockets = count_sockets() - base_sockets
+        watchers = watching()
 
         # changes: two per source at random moments; the second is the decisive one
         plan: list[tuple[float, int, bool]] = []
@@ -221,7 +252,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
             if delay > 0:
                 await asyncio.sleep(delay)
             text = f"waiting\nprogress\n{READY}\n" if decisive else "waiting\nprogress\n"
-            stamp = publish(channels[index], text)
+            stamp = feed.publish(channels[index], text)
             if decisive:
                 produced[index] = stamp
         await asyncio.wait([triggerer.task(i) for i in ids], timeout=300)
@@ -247,6 +278,8 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
     watches = {"start": start_watch.report(), "idle": idle_watch.report(), "changes": change_watch.report()}
     return {
         "n": n,
+        "source": feed.kind,
+        "watching": watchers,
         "lease_after_s": LEASE_AFTER,
         "startup_s": startup_s,
         "first_decisions_per_s": n / startup_s,
@@ -382,7 +415,8 @@ async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
     return {"n": n, "lease_after_s": lease_after, "seconds": elapsed, "first_decisions_per_s": n / elapsed}
 
 
-async def _child(*args: str) -> dict[str, Any]:
+async def child(*args: str) -> dict[str, Any]:
+    """Run ``python -m benchmarks.density`` with ``args`` in a fresh process; its JSON result."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "benchmarks.density", *args,
                                                 stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
@@ -394,11 +428,11 @@ async def _child(*args: str) -> dict[str, Any]:
 async def run(options: Options) -> dict[str, Any]:
     """Run scenario 2: each N, the memory breakdown and the lease probe, each in a fresh process."""
     quick = ["--quick"] if options.quick else []
-    runs = [await _child("--n", str(n), "--seed", str(options.seed), *quick)
+    runs = [await child("--n", str(n), "--seed", str(options.seed), *quick)
             for n in (QUICK_SIZES if options.quick else SIZES)]
-    memory = await _child("--breakdown", "--n", str(40 if options.quick else 100))
+    memory = await child("--breakdown", "--n", str(40 if options.quick else 100))
     # the default lease_after holds a slot 5 s after each decision: three rounds of four (the smoke run skips it)
-    default_lease = None if options.quick else await _child("--lease-probe", "--n", "12", "--lease-after",
+    default_lease = None if options.quick else await child("--lease-probe", "--n", "12", "--lease-after",
                                                             str(DEFAULT_LEASE_AFTER))
     targets = {"rss_per_trigger_kb": 30.0, "idle_cpu_per_1000_pct": 2.0, "longest_stall_ms": 50.0}
     return {"runs": runs, "memory_breakdown": memory, "default_lease_probe": default_lease, "targets": targets}
@@ -413,13 +447,14 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="the tracemalloc memory breakdown")
     parser.add_argument("--lease-probe", action="store_true", help="first-decision throughput for --lease-after")
     parser.add_argument("--lease-after", type=float, default=LEASE_AFTER)
+    parser.add_argument("--source", choices=FEEDS, default="push", help="the triggers' sources")
     args = parser.parse_args()
     if args.breakdown:
         result = asyncio.run(breakdown(args.n))
     elif args.lease_probe:
         result = asyncio.run(lease_probe(args.n, args.lease_after))
     else:
-        result = asyncio.run(measure(args.n, Options(quick=args.quick, seed=args.seed)))
+        result = asyncio.run(measure(args.n, Options(quick=args.quick, seed=args.seed), args.source))
     print(json.dumps(result))
 
 

@@ -7,12 +7,18 @@
   "benchmarks.fixtures.pushed", "kwargs": {"channel": ...}}``): it yields the channel's
   current state, then every state the benchmark publishes with :func:`publish`. No polling:
   the time a benchmark publishes a state is the time the change was produced.
+* :class:`Feed` is how a scenario changes a trigger's source: the push source above, or a
+  tailed file (``{"type": "file", ...}``) on notifications or polled — what DAG authors run.
+  For a file, the time the write returned is the time the change was produced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -20,8 +26,8 @@ from typing import Any
 
 from airflow_provider_systemzero.conditions import DecisionCondition
 
-__all__ = ["CONDITION", "CONN_ID", "DECIDER", "READY", "REQUEST", "decide", "publish", "pushed", "source_spec",
-           "state_of"]
+__all__ = ["CONDITION", "CONN_ID", "DECIDER", "FEEDS", "READY", "REQUEST", "Feed", "decide", "publish", "pushed",
+           "source_spec", "state_of"]
 
 #: The Airflow connection ID the benchmarks use (an ``AIRFLOW_CONN_*`` environment variable).
 CONN_ID = "systemzero_bench"
@@ -104,3 +110,62 @@ async def pushed(channel: str) -> AsyncIterator[Any]:
 def source_spec(channel: str) -> dict[str, Any]:
     """The trigger's ``source`` kwarg for a push channel."""
     return {"type": "callable", "path": "benchmarks.fixtures.pushed", "kwargs": {"channel": channel}}
+
+
+#: Feed kinds: the push source, a tailed file on notifications (``watch`` left at ``auto``), a
+#: tailed file polled every second (the default ``poll_interval``).
+FEEDS = ("push", "file", "file-poll")
+
+
+class Feed:
+    """How a scenario changes a trigger's source.
+
+    :param kind: one of :data:`FEEDS`.
+    :param poll_interval: the file source's ``poll_interval`` (the default, 1 s, unless told).
+    """
+
+    def __init__(self, kind: str = "push", poll_interval: float = 1.0) -> None:
+        if kind not in FEEDS:
+            raise ValueError(f"feed {kind!r} is not one of {FEEDS}")
+        self.kind = kind
+        self.poll_interval = poll_interval
+        self._directory = tempfile.mkdtemp(prefix="sz-bench-") if kind != "push" else ""
+        self._written: dict[str, str] = {}
+
+    def _path(self, channel: str) -> str:
+        return os.path.join(self._directory, channel, "job.log")
+
+    def start(self, channel: str, state: str = "waiting\n") -> dict[str, Any]:
+        """Give ``channel`` its first state; returns the trigger's ``source`` kwarg."""
+        if self.kind == "push":
+            publish(channel, state)
+            return source_spec(channel)
+        os.makedirs(os.path.dirname(self._path(channel)), exist_ok=True)
+        self.publish(channel, state)
+        spec: dict[str, Any] = {"type": "file", "path": self._path(channel), "poll_interval": self.poll_interval}
+        if self.kind == "file-poll":
+            spec["watch"] = "poll"
+        return spec
+
+    def publish(self, channel: str, state: str) -> float:
+        """Make ``state`` the channel's content (a file grows by an append when it can).
+
+        :return: ``time.perf_counter()`` once the change is handed over (the write returned).
+        """
+        if self.kind == "push":
+            return publish(channel, state)
+        written = self._written.get(channel)
+        if written is not None and state.startswith(written):
+            with open(self._path(channel), "a", encoding="utf-8") as handle:
+                handle.write(state[len(written):])
+        else:
+            with open(self._path(channel), "w", encoding="utf-8") as handle:
+                handle.write(state)
+        stamp = time.perf_counter()
+        self._written[channel] = state
+        return stamp
+
+    def close(self) -> None:
+        """Remove the files."""
+        if self._directory:
+            shutil.rmtree(self._directory, ignore_errors=True)

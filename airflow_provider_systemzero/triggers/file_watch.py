@@ -1,0 +1,323 @@
+"""One operating-system file watcher per process, shared by every file source.
+
+A file source (:class:`~airflow_provider_systemzero.triggers.sources.FileSource`) learns that
+its file changed from Linux's inotify instead of checking it on a timer. Every source in an
+event loop shares **one** inotify descriptor (:class:`FileWatcher`): a thousand triggers tailing
+a thousand files cost one descriptor, no thread, and one watch per *directory* (the kernel
+limit ``fs.inotify.max_user_watches`` counts directories here, not triggers). The descriptor is
+read by a reader callback on the event loop (``loop.add_reader``): a change costs one read of
+the descriptor and one wake-up of the sources watching that name — no task, no thread.
+
+Directories are watched rather than files, so a file that appears later, a file that is
+deleted and recreated (even with the same inode number), and a file renamed away and replaced
+(rename rotation) are all seen: creations, deletions and renames of the watched name tell the
+source to read the file again from its start.
+
+Notifications only see changes made through this machine's kernel. Where they cannot work the
+source polls instead (:func:`watch_mode`): on systems without inotify, and on network and FUSE
+filesystems (NFS, SMB/CIFS, 9p, sshfs, …: the file is written by another machine), recognised
+from the filesystem type of the mount that holds the directory (``/proc/self/mountinfo``).
+
+The library is `inotify_simple <https://pypi.org/project/inotify-simple/>`_: a small, maintained
+wrapper over the three inotify system calls with no dependencies and no thread; the descriptor
+is driven by the event loop directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "NETWORK_FILESYSTEMS",
+    "WATCH_MODES",
+    "FileWatcher",
+    "Subscription",
+    "filesystem_type",
+    "shared_watcher",
+    "watch_mode",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``source.watch`` values: ``auto`` (notifications where they work, else polling), ``notify``
+#: (notifications; polling only when the directory cannot be watched) and ``poll``.
+WATCH_MODES = ("auto", "notify", "poll")
+
+#: Filesystem types whose files change without this kernel seeing it: notifications stay silent.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb",
+        "smb2",
+        "smb3",
+        "smbfs",
+        "ncpfs",
+        "9p",
+        "afs",
+        "ceph",
+        "coda",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ocfs2",
+        "gfs2",
+        "davfs",
+        "vboxsf",
+        "vmhgfs",
+        "virtiofs",
+        "prl_fs",
+    }
+)
+
+try:
+    import inotify_simple
+except ImportError:  # pragma: no cover - not Linux
+    inotify_simple = None  # type: ignore[assignment]
+
+if inotify_simple is not None:
+    _flags = inotify_simple.flags
+    #: What makes the name refer to another file (or to none): the source reads from the start.
+    REPLACED = _flags.CREATE | _flags.DELETE | _flags.MOVED_FROM | _flags.MOVED_TO
+    #: The directory itself went away (or the kernel dropped the watch).
+    LOST = _flags.IGNORED | _flags.DELETE_SELF | _flags.MOVE_SELF | _flags.UNMOUNT
+    #: Events arrived faster than they were read and some were dropped.
+    OVERFLOW = _flags.Q_OVERFLOW
+    _DIRECTORY_MASK = (
+        _flags.MODIFY
+        | _flags.CLOSE_WRITE
+        | _flags.ATTRIB
+        | REPLACED
+        | _flags.DELETE_SELF
+        | _flags.MOVE_SELF
+        | _flags.ONLYDIR
+    )
+else:  # pragma: no cover - not Linux
+    REPLACED = LOST = OVERFLOW = _DIRECTORY_MASK = 0
+
+#: A subscriber is told the event mask (``REPLACED``/``LOST``/``OVERFLOW`` bits or a write).
+Callback = Callable[[int], None]
+
+
+def filesystem_type(directory: str) -> str | None:
+    """The filesystem type of the mount holding ``directory`` (``None`` when unknown).
+
+    :param directory: an existing directory.
+    """
+    try:
+        target = os.path.realpath(directory)
+        best, kind = "", None
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = fields[4].replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, right.split()[0]
+        return kind
+    except OSError:
+        return None
+
+
+def watch_mode(path: str, requested: str = "auto") -> str:
+    """``"notify"`` or ``"poll"``: how a file source learns that ``path`` changed.
+
+    ``poll`` when asked, when the system has no inotify, or (``auto``) when the file's directory
+    is on a network or FUSE filesystem; ``notify`` otherwise. A directory that does not exist yet
+    is judged by its closest existing parent.
+
+    :param path: the tailed file.
+    :param requested: the source's ``watch`` field (:data:`WATCH_MODES`).
+    """
+    if requested == "poll" or inotify_simple is None or not sys.platform.startswith("linux"):
+        return "poll"
+    if requested == "notify":
+        return "notify"
+    directory = os.path.dirname(os.path.abspath(path))
+    while directory and not os.path.isdir(directory):
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    kind = filesystem_type(directory) or ""
+    if kind in NETWORK_FILESYSTEMS or kind.startswith("fuse") or kind.split(".")[0] in NETWORK_FILESYSTEMS:
+        return "poll"
+    return "notify"
+
+
+@dataclass(eq=False)
+class _Directory:
+    path: str
+    wd: int
+    names: dict[str, set[Callback]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Subscription:
+    """What :meth:`FileWatcher.subscribe` hands back; give it to :meth:`FileWatcher.unsubscribe`."""
+
+    watcher: FileWatcher
+    directory: _Directory
+    name: str
+    callback: Callback
+
+    @property
+    def active(self) -> bool:
+        """The directory is still watched (false once it was deleted, moved or unmounted)."""
+        return self.watcher.watching(self)
+
+
+class FileWatcher:
+    """One inotify descriptor for every file source of an event loop (see the module docstring).
+
+    Use :func:`shared_watcher`; the descriptor is closed when the last subscription goes.
+
+    :param loop: the event loop whose reader callback reads the descriptor.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert inotify_simple is not None
+        self._loop = loop
+        self._inotify = inotify_simple.INotify(nonblocking=True)
+        self._fd = self._inotify.fileno()
+        self._directories: dict[str, _Directory] = {}
+        self._by_wd: dict[int, _Directory] = {}
+        self.events_read = 0
+        loop.add_reader(self._fd, self._on_readable)
+
+    @property
+    def closed(self) -> bool:
+        """The descriptor was closed (no subscription left)."""
+        return self._inotify.closed
+
+    def stats(self) -> dict[str, int]:
+        """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions`` and ``events_read``."""
+        return {
+            "descriptors": 0 if self.closed else 1,
+            "directories": len(self._directories),
+            "subscriptions": sum(len(s) for d in self._directories.values() for s in d.names.values()),
+            "events_read": self.events_read,
+        }
+
+    def subscribe(self, path: str, callback: Callback) -> Subscription:
+        """Call ``callback(mask)`` from the event loop each time the file at ``path`` may have changed.
+
+        :param path: the file (it need not exist; its directory must).
+        :param callback: called with the event mask; it must not block.
+        :raises OSError: the directory cannot be watched (missing, no permission, watch limit).
+        """
+        absolute = os.path.abspath(path)
+        directory_path, name = os.path.split(absolute)
+        directory = self._directories.get(directory_path)
+        if directory is None:
+            wd = self._inotify.add_watch(directory_path, _DIRECTORY_MASK)
+            directory = self._by_wd.get(wd)  # the same directory under another spelling
+            if directory is None:
+                directory = _Directory(directory_path, wd)
+                self._by_wd[wd] = directory
+            self._directories[directory_path] = directory
+        directory.names.setdefault(name, set()).add(callback)
+        return Subscription(self, directory, name, callback)
+
+    def watching(self, subscription: Subscription) -> bool:
+        """Whether ``subscription``'s directory is still watched."""
+        return self._by_wd.get(subscription.directory.wd) is subscription.directory
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """Stop calling the subscription's callback (the watch goes with its last subscriber)."""
+        directory = subscription.directory
+        callbacks = directory.names.get(subscription.name)
+        if callbacks is not None:
+            callbacks.discard(subscription.callback)
+            if not callbacks:
+                del directory.names[subscription.name]
+        if not directory.names and self._by_wd.get(directory.wd) is directory:
+            self._forget(directory)
+            with contextlib.suppress(OSError):
+                self._inotify.rm_watch(directory.wd)
+        if not self._by_wd:
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading and close the descriptor."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._fd)
+        self._inotify.close()
+        if _WATCHERS.get(self._loop) is self:
+            del _WATCHERS[self._loop]
+
+    def _forget(self, directory: _Directory) -> None:
+        self._by_wd.pop(directory.wd, None)
+        for spelling in [p for p, d in self._directories.items() if d is directory]:
+            del self._directories[spelling]
+
+    def _on_readable(self) -> None:
+        try:
+            events = self._inotify.read(timeout=0)
+        except OSError as exc:  # pragma: no cover - the descriptor broke: everyone falls back
+            log.warning("file notifications failed (%s): every file source polls from now on", exc)
+            self._wake_all(LOST)
+            self.close()
+            return
+        for event in events:
+            self.events_read += 1
+            if event.mask & OVERFLOW:
+                log.warning("file notifications overflowed: every tailed file is checked again")
+                self._wake_all(OVERFLOW)
+                continue
+            directory = self._by_wd.get(event.wd)
+            if directory is None:
+                continue
+            if event.mask & LOST and not event.name:
+                # the directory went away: its sources poll until it exists again
+                self._forget(directory)
+                if not event.mask & _flags.IGNORED:
+                    with contextlib.suppress(OSError):
+                        self._inotify.rm_watch(event.wd)
+                for callbacks in list(directory.names.values()):
+                    for callback in list(callbacks):
+                        callback(LOST | REPLACED)
+                continue
+            for callback in list(directory.names.get(event.name, ())):
+                callback(event.mask)
+
+    def _wake_all(self, mask: int) -> None:
+        for directory in list(self._by_wd.values()):
+            for callbacks in list(directory.names.values()):
+                for callback in list(callbacks):
+                    callback(mask)
+
+
+_WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FileWatcher] = weakref.WeakKeyDictionary()
+
+
+def shared_watcher() -> FileWatcher:
+    """The running loop's watcher, created on first use.
+
+    :raises OSError: inotify cannot be initialised (e.g. ``fs.inotify.max_user_instances`` reached).
+    """
+    loop = asyncio.get_running_loop()
+    watcher = _WATCHERS.get(loop)
+    if watcher is None or watcher.closed:
+        watcher = _WATCHERS[loop] = FileWatcher(loop)
+    return watcher
+
+
+def current_watcher() -> FileWatcher | None:
+    """The running loop's watcher if one is open (for tests and the benchmarks)."""
+    watcher = _WATCHERS.get(asyncio.get_running_loop())
+    return None if watcher is None or watcher.closed else watcher

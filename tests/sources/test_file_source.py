@@ -1,0 +1,303 @@
+"""File sources: notifications instead of polls, one watcher per process, every rotation style.
+
+The source API (``build_source(...).changes()``) and the decision trigger against the emulator.
+Sources that must not poll get ``poll_interval`` = one hour: a change that arrives at all
+arrived by notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
+from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
+from tests.sources.conftest import inotify_descriptors
+
+HOUR = 3600.0
+
+
+def spec(path: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+
+
+async def value_where(
+    changes: AsyncIterator[Any], predicate: Callable[[Any], bool], within: float = 10
+) -> Any:
+    """The first value of ``changes`` that ``predicate`` accepts (bounded)."""
+    async with asyncio.timeout(within):
+        async for value in changes:
+            if predicate(value):
+                return value
+    raise AssertionError("the source ended")
+
+
+@contextlib.asynccontextmanager
+async def tailing(source_spec: dict[str, Any]) -> AsyncIterator[tuple[Any, AsyncIterator[Any]]]:
+    source = build_source(source_spec, "")
+    changes = source.changes()
+    try:
+        yield source, changes
+    finally:
+        await changes.aclose()
+        await source.aclose()
+
+
+# ------------------------------------------------------------------ notifications
+
+
+def subscriptions() -> int:
+    watcher = file_watch.current_watcher()
+    return 0 if watcher is None else watcher.stats()["subscriptions"]
+
+
+def other_threads() -> set[str]:
+    """Threads of this process other than the event loop's default executor's."""
+    return {t.name for t in threading.enumerate() if not t.name.startswith("asyncio_")}
+
+
+async def test_a_write_reaches_the_trigger_without_waiting_for_a_poll(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("starting\n")
+    trigger = rebuilt(sensor_trigger(source=spec(log)))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+    assert not task.done()
+    with log.open("a") as handle:
+        handle.write("Job is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+
+
+async def test_a_file_that_appears_later_is_picked_up(emulator: Emulator, tmp_path: Path) -> None:
+    log = tmp_path / "later.log"
+    trigger = rebuilt(sensor_trigger(source=spec(log)))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+    log.write_text("Job is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+
+
+async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path: Path) -> None:
+    log = tmp_path / "not-yet" / "job.log"
+    async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
+        assert await anext(changes) == ""
+        log.parent.mkdir()
+        log.write_text("one\n")
+        assert await value_where(changes, lambda v: v == "one\n") == "one\n"
+        assert source.mode == "notify" and source._subscriptions  # watching now, no longer polling
+
+
+async def test_n_triggers_on_n_files_hold_one_watcher(emulator: Emulator, tmp_path: Path) -> None:
+    n = 12
+    logs = []
+    for index in range(n):
+        directory = tmp_path / f"job-{index}"
+        directory.mkdir()
+        logs.append(directory / "job.log")
+        logs[-1].write_text("starting\n")
+    descriptors, threads = inotify_descriptors(), other_threads()
+    triggers = [
+        rebuilt(
+            sensor_trigger(
+                source=spec(log), key_namespace=task_namespace("d", f"t{i}", "r", -1), lease_after=0.05
+            )
+        )
+        for i, log in enumerate(logs)
+    ]
+    tasks = [asyncio.ensure_future(first_event(t, within=30)) for t in triggers]
+    try:
+        await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= n, timeout=20)
+        # every trigger is tailing its file (each once its stream opened)
+        await emulator.wait_for(lambda _: subscriptions() >= n, timeout=10)
+        watcher = file_watch.current_watcher()
+        assert watcher is not None
+        assert watcher.stats()["directories"] == n and watcher.stats()["subscriptions"] == n
+        assert inotify_descriptors() == descriptors + 1  # one descriptor for all of them
+        assert other_threads() == threads  # no watching thread (file reads use the loop's executor)
+        for log in logs:
+            with log.open("a") as handle:
+                handle.write("Job is ready.\n")
+        payloads = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(p["status"] == "success" and p["decision"] is True for p in payloads)
+    assert inotify_descriptors() == descriptors  # the last source gone, the descriptor is closed
+    assert file_watch.current_watcher() is None
+
+
+# ------------------------------------------------------------------ rotation and rewrites
+
+OLD = "job 41 started\n" + "still waiting for the input\n" * 4
+#: Longer than OLD, decisive line within the part a splice would skip (before ``len(OLD)``).
+NEW = "job 42 started\nJob is ready.\n" + "heartbeat\n" * 12
+
+
+def rewrite_in_place(path: Path) -> None:
+    """A job re-run writing with shell ``>``: same inode, truncated, written again at once."""
+    with path.open("w") as handle:
+        handle.write(NEW)
+
+
+def copytruncate_then_fast_writer(path: Path) -> None:
+    """logrotate ``copytruncate``, and the writer (O_APPEND) goes on before anyone looks."""
+    shutil.copyfile(path, path.with_suffix(".log.1"))
+    os.truncate(path, 0)
+    with path.open("a") as handle:
+        handle.write(NEW)
+
+
+def remove_and_recreate(path: Path) -> None:
+    """``rm`` then a new file of the same name (ext4 hands out the same inode number again)."""
+    path.unlink()
+    path.write_text(NEW)
+
+
+def rename_rotation(path: Path) -> None:
+    """``mv job.log job.log.1`` and a new ``job.log``."""
+    path.rename(path.with_suffix(".log.1"))
+    path.write_text(NEW)
+
+
+def truncate_and_rewrite_shorter(path: Path) -> None:
+    os.truncate(path, 0)
+    path.write_text("Job is ready.\n")
+
+
+ROTATIONS = {
+    "shell-rewrite": (rewrite_in_place, NEW),
+    "copytruncate": (copytruncate_then_fast_writer, NEW),
+    "rm-recreate": (remove_and_recreate, NEW),
+    "rename": (rename_rotation, NEW),
+    "truncate": (truncate_and_rewrite_shorter, "Job is ready.\n"),
+}
+
+
+@pytest.mark.parametrize("watch", ["notify", "poll"])
+@pytest.mark.parametrize("style", list(ROTATIONS))
+async def test_every_rotation_style_is_read_again_from_the_start(
+    tmp_path: Path, style: str, watch: str
+) -> None:
+    rotate, expected = ROTATIONS[style]
+    log = tmp_path / "job.log"
+    log.write_text(OLD)
+    poll = HOUR if watch == "notify" else 0.02
+    async with tailing(spec(log, watch=watch, poll_interval=poll)) as (source, changes):
+        assert await anext(changes) == OLD
+        assert source.mode == watch
+        rotate(log)
+        # the source settles on the new file's content: never old text spliced with the new tail
+        seen = await value_where(
+            changes, lambda v: v == expected or not OLD.startswith(v[: len(OLD)]) or len(v) > len(OLD)
+        )
+        assert seen == expected
+
+
+async def test_a_rewrite_is_noticed_beyond_the_fingerprinted_head(tmp_path: Path) -> None:
+    """The same first KiB, a different end of what was read: still a rewrite, not an append."""
+    head = "header line\n" * (FINGERPRINT_BYTES // 12 + 10)
+    log = tmp_path / "job.log"
+    log.write_text(head + "old tail of the first run\n")
+    async with tailing(spec(log)) as (_, changes):
+        await anext(changes)
+        with log.open("w") as handle:
+            handle.write(head + "second run: Job is ready.\n" + "more output\n" * 20)
+        value = await value_where(changes, lambda v: "more output" in v)
+        assert value == head + "second run: Job is ready.\n" + "more output\n" * 20
+
+
+async def test_appends_after_a_rotation_are_followed(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(OLD)
+    async with tailing(spec(log)) as (_, changes):
+        await anext(changes)
+        remove_and_recreate(log)
+        await value_where(changes, lambda v: v == NEW)
+        with log.open("a") as handle:
+            handle.write("appended\n")
+        assert await value_where(changes, lambda v: v.endswith("appended\n")) == NEW + "appended\n"
+
+
+async def test_a_deleted_file_counts_as_empty_until_it_returns(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("first\n")
+    async with tailing(spec(log)) as (_, changes):
+        assert await anext(changes) == "first\n"
+        log.unlink()
+        assert await value_where(changes, lambda v: True) == ""
+        log.write_text("second\n")
+        assert await value_where(changes, lambda v: True) == "second\n"
+
+
+async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Path) -> None:
+    directory = tmp_path / "run"
+    directory.mkdir()
+    log = directory / "job.log"
+    log.write_text("first run\n")
+    # poll_interval only matters while the directory is missing
+    async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
+        assert await anext(changes) == "first run\n"
+        shutil.rmtree(directory)
+        assert await value_where(changes, lambda v: True) == ""
+        directory.mkdir()
+        log.write_text("second run\n")
+        assert await value_where(changes, lambda v: v == "second run\n") == "second run\n"
+        async with asyncio.timeout(10):
+            while not source._subscriptions:  # noqa: ASYNC110 - the source resubscribes on its next check
+                await asyncio.sleep(0.01)
+        with log.open("a") as handle:
+            handle.write("Job is ready.\n")
+        assert await value_where(changes, lambda v: v.endswith("ready.\n")) == "second run\nJob is ready.\n"
+
+
+# ------------------------------------------------------------------ how the mode is chosen
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    [
+        ("ext4", "notify"),
+        ("xfs", "notify"),
+        ("tmpfs", "notify"),
+        ("overlay", "notify"),
+        ("nfs4", "poll"),
+        ("cifs", "poll"),
+        ("fuse.sshfs", "poll"),
+        ("9p", "poll"),
+    ],
+)
+def test_network_and_fuse_filesystems_are_polled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str, mode: str
+) -> None:
+    monkeypatch.setattr(file_watch, "filesystem_type", lambda directory: kind)
+    assert file_watch.watch_mode(str(tmp_path / "job.log")) == mode
+    assert file_watch.watch_mode(str(tmp_path / "job.log"), "notify") == "notify"
+    assert file_watch.watch_mode(str(tmp_path / "job.log"), "poll") == "poll"
+
+
+def test_the_filesystem_type_comes_from_the_mount_table() -> None:
+    assert file_watch.filesystem_type("/proc") == "proc"
+    assert file_watch.filesystem_type("/proc/self") == "proc"
+
+
+def test_a_bad_watch_mode_is_refused_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(LocalProtocolError, match=r"source\.watch 'inotify' is not one of") as info:
+        build_source(spec(tmp_path / "x", watch="inotify"), "")
+    assert info.value.field == "source.watch"
