@@ -227,16 +227,26 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.start_trigger_args = StartTriggerArgs(
             trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
-            trigger_kwargs={
-                "systemzero_conn_id": self.systemzero_conn_id, "request": request,
-                "condition": condition.to_dict(), "state": self.state, "source": source,
-                "key_namespace": namespace, "decision_mode": self.decision_mode, "deadline": None,
-                "lease": self.lease, "lease_after": self.lease_after, "budget": self.start_trigger_budget(),
-                "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness,
-                **({"end_when_unmet": True} if self._ends_when_unmet(source) else {})},
+            trigger_kwargs=self._trigger_kwargs(request, condition, source, namespace=namespace, deadline=None,
+                                                budget=self.start_trigger_budget()),
             next_method="execute_complete", next_kwargs=None, timeout=timeout)
 
     # ------------------------------------------------------------------ building and checking
+
+    def _trigger_kwargs(self, request: dict[str, Any], condition: Any, source: dict[str, Any] | None, *,
+                        namespace: str, deadline: float | None, budget: Any,
+                        skip_states: list[str] | None = None) -> dict[str, Any]:
+        """The decision trigger's keyword arguments: the one place the sensor builds its trigger
+        (first deferral, start from the triggerer, waiting again after a review)."""
+        return {
+            "systemzero_conn_id": self.systemzero_conn_id, "request": request, "condition": condition.to_dict(),
+            "state": self.state, "source": source, "key_namespace": namespace,
+            "decision_mode": self.decision_mode, "deadline": deadline, "lease": self.lease,
+            "lease_after": self.lease_after, "budget": budget, "min_interval_ms": self.min_interval_ms,
+            "max_staleness": self.max_staleness,
+            **({"skip_states": skip_states} if skip_states else {}),
+            **({"end_when_unmet": True} if self._ends_when_unmet(source) else {}),
+        }
 
     def _request(self) -> dict[str, Any]:
         questions = self.questions
@@ -311,12 +321,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
             return super().execute(context)
-        trigger = SystemZeroDecisionTrigger(
-            systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
-            state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
-            decision_mode=self.decision_mode, deadline=self._deadline(), lease=self.lease,
-            lease_after=self.lease_after, budget=self.trigger_budget(context), min_interval_ms=self.min_interval_ms,
-            max_staleness=self.max_staleness, end_when_unmet=self._ends_when_unmet(source))
+        trigger = SystemZeroDecisionTrigger(**self._trigger_kwargs(
+            request, condition, source, namespace=context_namespace(context, salt=self.key_salt),
+            deadline=self._deadline(), budget=self.trigger_budget(context)))
         timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
@@ -475,12 +482,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             return BaseSensorOperator.execute(self, context)
         request, condition, source = self._build()
         deadline = gate.extra.get("deadline") or self._deadline()
-        trigger = SystemZeroDecisionTrigger(
-            systemzero_conn_id=self.systemzero_conn_id, request=request, condition=condition.to_dict(),
-            state=self.state, source=source, key_namespace=context_namespace(context, salt=self.key_salt),
-            decision_mode=self.decision_mode, deadline=deadline, lease=self.lease, lease_after=self.lease_after,
-            skip_states=skip, min_interval_ms=self.min_interval_ms, max_staleness=self.max_staleness,
-            end_when_unmet=self._ends_when_unmet(source))
+        # the same trigger as the first deferral (the task's spending cap included), minus the
+        # states a person already answered about
+        trigger = SystemZeroDecisionTrigger(**self._trigger_kwargs(
+            request, condition, source, namespace=context_namespace(context, salt=self.key_salt),
+            deadline=deadline, budget=self.trigger_budget(context), skip_states=skip))
         remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=remaining + _DEFER_GRACE if remaining is not None else None)

@@ -140,3 +140,17 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     assert task_states(dag_run) == {"wait": "success"} and len(reviewer.seen) == 1
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
     assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
+
+
+def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
+    """The trigger the sensor defers to after a person says "no" carries the task's budget: with
+    one decision allowed and spent on the reviewed state, the next state is not decided."""
+    dag = _sensor("sensor_review_no_budget", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5,
+                  policy=POLICY, timeout=30, max_decisions=1)
+    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    assert len(reviewer.seen) == 1
+    usage = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "usage", -1)]
+    # the second deferral was refused before it dispatched anything: one decision billed in all
+    assert usage["refused_by"] == "max_decisions" and usage["total"]["billed"] == 1, usage
