@@ -10,6 +10,11 @@ reconnect loop written around ``async with websockets.asyncio.client.connect(...
 * per connection one reader task feeds frames to the session; the writer flushes
   ``session.data_to_send(now)`` after every input and at ``session.next_wakeup(now)``; a watchdog
   treats a peer silent past ``session.receipt_deadline()`` as dead (native pings run too);
+* nothing waits on the peer without a bound: a write that makes no progress within
+  ``write_progress_timeout`` drops the connection, a close takes at most the close-handshake
+  timeout, a redirect of the upgrade is refused, and pongs are coalesced and rate-bounded;
+* the gateway's words are untrusted: a key echoed back is scrubbed from every frame, and server
+  text is escaped and bounded before it is logged or raised (:mod:`~airflow_provider_systemzero.stream.untrusted`);
 * after ``goodbye``, 1012, 1013, 1006 or a network error it reconnects with full-jitter backoff
   that never undercuts the server's delay (``goodbye.resume.retry_after_ms``, ``Retry-After-Ms``,
   ``Retry-After``), then replays the full desired state byte-identically; after an
@@ -1489,6 +1494,9 @@ class DecisionStream:
                 await ws.close(code, reason)
         except TimeoutError:
             ws.transport.abort()
+        except asyncio.CancelledError:
+            ws.transport.abort()  # cancelled while closing: the socket is released all the same
+            raise
 
     def _close_plan(self, ws: ClientConnection) -> _Plan:
         sent = ws.protocol.close_sent
