@@ -1440,11 +1440,13 @@ class DecisionStream:
                 return _Plan("stop", "closed", close_code=1000)
             error = reader.exception()
             if isinstance(error, RemoteProtocolError):
-                log.warning("the System Zero gateway broke the protocol: %s", error)
+                # the message quotes the gateway's values: bounded, escaped, without the key
+                problem = server_text(error.message, self._secret(), limit=400, quote=False)
+                log.warning("the System Zero gateway broke the protocol: %s", problem)
                 await self._close(ws, 1002, "protocol error")
                 return _Plan("retry", "protocol_violation", close_code=1002, violation=True,
                              error=ProtocolViolation(f"the System Zero gateway broke the stream protocol: "
-                                                     f"{error.message}", code=error.code))
+                                                     f"{problem}", code=error.code))
             if error is not None:
                 raise error
             return self._close_plan(ws)
