@@ -443,8 +443,9 @@ async def probe(settings: StreamSettings) -> Hello:
 class Reconnect:
     """One reconnect, as the tests and operators see it.
 
-    :param reason: why the previous connection ended (``goodbye:shutdown``, ``close``, ``network``,
-        ``upgrade_refused``, ``receipt_timeout``, ``protocol_violation``, ``released`` …).
+    :param reason: why the previous connection ended (``goodbye:shutdown`` — ``goodbye:other`` for a
+        reason the document does not name —, ``close``, ``network``, ``upgrade_refused``,
+        ``receipt_timeout``, ``write_timeout``, ``protocol_violation``, ``released`` …).
     :param close_code: the close code seen (1006 for an abrupt loss; ``None`` if there was no connection).
     :param server_delay: the server's minimum delay in seconds, if it named one.
     :param planned_delay: the delay chosen (backoff, never below ``server_delay``).
