@@ -10,6 +10,11 @@ reconnect loop written around ``async with websockets.asyncio.client.connect(...
 * per connection one reader task feeds frames to the session; the writer flushes
   ``session.data_to_send(now)`` after every input and at ``session.next_wakeup(now)``; a watchdog
   treats a peer silent past ``session.receipt_deadline()`` as dead (native pings run too);
+* nothing waits on the peer without a bound: a write that makes no progress within
+  ``write_progress_timeout`` drops the connection, a close takes at most the close-handshake
+  timeout, a redirect of the upgrade is refused, and pongs are coalesced and rate-bounded;
+* the gateway's words are untrusted: a key echoed back is scrubbed from every frame, and server
+  text is escaped and bounded before it is logged or raised (:mod:`~airflow_provider_systemzero.stream.untrusted`);
 * when a connection ends it describes what it saw in a
   :class:`~airflow_provider_systemzero.protocol.reconnect.ConnectionOutcome` and does what the
   core's :class:`~airflow_provider_systemzero.protocol.reconnect.ReconnectPlanner` says: reconnect
@@ -436,8 +441,9 @@ async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context
 class Reconnect:
     """One reconnect, as the tests and operators see it.
 
-    :param reason: why the previous connection ended (``goodbye:shutdown``, ``close``, ``network``,
-        ``upgrade_refused``, ``receipt_timeout``, ``protocol_violation``, ``released`` …).
+    :param reason: why the previous connection ended (``goodbye:shutdown`` — ``goodbye:other`` for a
+        reason the document does not name —, ``close``, ``network``, ``upgrade_refused``,
+        ``receipt_timeout``, ``write_timeout``, ``protocol_violation``, ``released`` …).
     :param close_code: the close code seen (1006 for an abrupt loss; ``None`` if there was no connection).
     :param server_delay: the server's minimum delay in seconds, if it named one.
     :param planned_delay: the delay chosen (backoff, never below ``server_delay``).
@@ -1489,10 +1495,12 @@ class DecisionStream:
                 return _Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
             error = reader.exception()
             if isinstance(error, RemoteProtocolError):
-                log.warning("the System Zero gateway broke the protocol: %s", error)
+                # the message quotes the gateway's values: bounded, escaped, without the key
+                problem = server_text(error.message, self._secret(), limit=400, quote=False)
+                log.warning("the System Zero gateway broke the protocol: %s", problem)
                 await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
                 return _Ended(outcome(CloseCode.PROTOCOL_ERROR, "violation"), ProtocolViolation(
-                    f"the System Zero gateway broke the stream protocol: {error.message}", code=error.code))
+                    f"the System Zero gateway broke the stream protocol: {problem}", code=error.code))
             if error is not None:
                 raise error
             final = self._failure is not None or self._closing
@@ -1560,6 +1568,9 @@ class DecisionStream:
                 await ws.close(code, reason)
         except TimeoutError:
             ws.transport.abort()
+        except asyncio.CancelledError:
+            ws.transport.abort()  # cancelled while closing: the socket is released all the same
+            raise
 
 
 def _subprotocol_violation(ws: ClientConnection, url: str) -> ProtocolViolation | None:

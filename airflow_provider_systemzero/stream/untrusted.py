@@ -35,7 +35,9 @@ def scrub(text: str, secret: str | None) -> str:
     return text
 
 
-def server_text(value: object, secret: str | None = None, limit: int = MAX_SERVER_TEXT) -> str:
+def server_text(
+    value: object, secret: str | None = None, limit: int = MAX_SERVER_TEXT, *, quote: bool = True
+) -> str:
     """Server-chosen text as a quoted, escaped, bounded literal without the key: ``'shutdown'``.
 
     A newline becomes ``\\n`` (no forged log line), anything past ``limit`` characters is cut
@@ -44,11 +46,14 @@ def server_text(value: object, secret: str | None = None, limit: int = MAX_SERVE
     :param value: the server's value (a non-string is shown by its ``repr``).
     :param secret: the API key.
     :param limit: characters kept.
+    :param quote: keep the quotes around it (``False`` for a sentence that quotes values itself).
     """
     text = value if isinstance(value, str) else repr(value)
     text = scrub(text, secret)
     cut = len(text) > limit
     shown = repr(text[:limit])
+    if not quote:
+        shown = shown[1:-1]
     return f"{shown}…" if cut else shown
 
 

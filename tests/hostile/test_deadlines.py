@@ -7,9 +7,9 @@ a blocked ``send`` waited for ever and no liveness check fired (the pings kept t
 fresh): leaving ``async with`` never returned, ``hook.decide(timeout=)`` and a trigger's deadline
 did not hold, and memory grew with the pongs owed.
 
-Closing a connection to a peer that stopped reading takes at most the document's
-``close_handshake_timeout`` (5 s) before the socket is dropped: that is the bound a deadline
-holds to.
+A caller leaving while a write is blocked drops the socket at once, so the deadline holds to the
+second. Otherwise closing a connection to a peer that stopped reading takes at most the
+document's ``close_handshake_timeout`` (5 s) before the socket is dropped.
 """
 
 from __future__ import annotations
@@ -31,21 +31,27 @@ from tests.hostile.gateway import REQUEST, HostileGateway, Peer
 #: Closing a connection whose peer stopped reading, at most (the document's close handshake).
 CLOSING = Limits().close_handshake_timeout_ms / 1000
 #: Room for a loaded machine.
-SLACK = 2.0
+SLACK = 3.0
 #: The gateways' receive buffer: a peer that stops reading stops the client's writes within a few KiB.
 BUFFER = 4096
 
 
-async def flood_without_reading(peer: Peer) -> None:
-    """Acknowledge ``start``, then read nothing more and send JSON pings for ever."""
-    await peer.open()
+async def take_nothing_in(peer: Peer) -> None:
+    """Acknowledge ``start`` without reading it, then read nothing and send JSON pings for ever:
+    the client's write of a large ``start`` blocks, and stays blocked."""
+    await peer.hello()
     peer.ws.transport.pause_reading()
+    await peer.ack("evt_1", 1)
     nonce = 0
     while True:
         nonce += 1
         await peer.send({"type": "ping", "nonce": nonce})
         if nonce % 20 == 0:
             await asyncio.sleep(0.001)
+
+
+#: A state larger than the socket buffers between the client and a gateway that reads nothing.
+LARGE = "x" * 3_000_000
 
 
 async def ack_without_reading(peer: Peer) -> None:
@@ -82,34 +88,34 @@ async def test_a_write_the_gateway_never_reads_is_given_up_and_leaving_returns(
 async def test_leaving_async_with_returns_when_the_gateway_stops_reading(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
 ) -> None:
-    gw = gateway(flood_without_reading, receive_buffer=BUFFER)
+    gw = gateway(take_nothing_in, receive_buffer=BUFFER)
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         async with connect(gw).stream(
-            REQUEST, decision_mode="on_request", state="log\n", open_deadline=10
+            REQUEST, decision_mode="on_request", state=LARGE, open_deadline=10
         ) as stream:
             await stream.decide(timeout=2)
-    assert time.monotonic() - started < 2 + CLOSING + SLACK
+    assert time.monotonic() - started < 2 + SLACK  # the blocked write is abandoned at once
 
 
 def test_hook_decide_timeout_holds_when_the_gateway_stops_reading(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
 ) -> None:
-    hook = connect(gateway(flood_without_reading, receive_buffer=BUFFER))
+    hook = connect(gateway(take_nothing_in, receive_buffer=BUFFER))
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
-        hook.decide(REQUEST, "log\n", timeout=3)
-    assert time.monotonic() - started < 3 + CLOSING + SLACK
+        hook.decide(REQUEST, LARGE, timeout=3)
+    assert time.monotonic() - started < 3 + SLACK
 
 
 async def test_a_trigger_deadline_holds_when_the_gateway_stops_reading(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
 ) -> None:
-    connect(gateway(flood_without_reading, receive_buffer=BUFFER))
+    connect(gateway(take_nothing_in, receive_buffer=BUFFER))
     trigger = SystemZeroDecideTrigger(
         systemzero_conn_id=CONN_ID,
         request=REQUEST,
-        state="log\n",
+        state=LARGE,
         key_namespace="hostile",
         deadline=time.time() + 3,
     )
@@ -117,7 +123,7 @@ async def test_a_trigger_deadline_holds_when_the_gateway_stops_reading(
     async with asyncio.timeout(60):
         event = await anext(aiter(trigger.run()))
     assert event.payload["status"] == "timeout"
-    assert time.monotonic() - started < 3 + CLOSING + SLACK
+    assert time.monotonic() - started < 3 + SLACK
 
 
 async def test_memory_and_writes_stay_bounded_under_a_ping_flood(
@@ -143,31 +149,19 @@ async def test_memory_and_writes_stay_bounded_under_a_ping_flood(
             counter.cancel()
 
     hook = connect(gateway(flood_and_count))
-    lags: list[float] = []
-
-    async def watch_the_loop() -> None:
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(0.01)
-            lags.append(time.monotonic() - before - 0.01)
-
     tracemalloc.start()
-    watcher = asyncio.create_task(watch_the_loop())
     try:
         async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=10):
             flooded = time.monotonic()
             await asyncio.sleep(3)  # the flood runs meanwhile: this is the measurement window
         _, peak = tracemalloc.get_traced_memory()
     finally:
-        watcher.cancel()
         tracemalloc.stop()
     window = [t for t in pongs if t >= flooded + 0.5]
     rate = len(window) / 2.5
-    assert 0 < rate <= 2 * 40 * 1.25, (
-        f"{rate:.0f} pongs a second"
-    )  # at most 2 owed pongs, 40 flushes a second
+    # at most the 2 pongs owed, 40 flushes a second (the loop's stall is a timing matter: benchmarks)
+    assert 0 < rate <= 2 * 40 * 1.25, f"{rate:.0f} pongs a second"
     assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"
-    assert max(lags) < 0.25, f"the loop stalled {max(lags) * 1000:.0f} ms"
 
 
 async def test_a_huge_server_delay_is_capped(
