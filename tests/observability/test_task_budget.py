@@ -43,7 +43,8 @@ def sensor(task_id: str, **kwargs: Any) -> Any:
 
     source = {"type": "callable", "path": "tests.observability.sources.ticking",
               "kwargs": {"name": kwargs.pop("name", task_id), "lines": LINES, "gap": 0.25,
-                         "fail_first_try_after": kwargs.pop("fail_first_try_after", None)}}
+                         "fail_first_try_after": kwargs.pop("fail_first_try_after", None)},
+              "retries": 0}  # a lost source fails the try at once: the task's retry is what is tested
     return SystemZeroDecisionSensor(task_id=task_id, question="ready", instructions="Is the job ready?",
                                     source=source, decision_mode="on_change", systemzero_conn_id=CONN_ID,
                                     timeout=60, lease=False, **kwargs)
