@@ -170,6 +170,8 @@ class NetworkFailures:
         self._repeats = 0
         self._answered = False
         self._hopeless_attempts = 0
+        #: whether every attempt so far failed as a never-answering loopback origin does
+        self._may_give_up = self.loopback
         self._first_failure: float | None = None
 
     def describe(self, exc: BaseException | None) -> str | None:
@@ -197,15 +199,15 @@ class NetworkFailures:
         if self._repeats % WARN_EVERY == 0:
             again = f" (the same failure {self._repeats + 1} times in a row)" if self._repeats else ""
             log.warning("System Zero stream: %s; retrying with backoff%s", text, again)
-        if self.loopback and not self._answered and kind in ("refused", "tls_plaintext"):
+        if self._may_give_up and not self._answered and kind in ("refused", "tls_plaintext"):
             self._hopeless_attempts += 1
             if self._first_failure is None:
                 self._first_failure = time.monotonic()
         else:
-            self._hopeless_attempts = -1_000_000  # something else answered once: never give up early
+            self._may_give_up = False  # something else happened once: the origin may be there
 
     def _hopeless_for(self) -> float | None:
-        if self._hopeless_attempts <= 0 or self._first_failure is None:
+        if not self._may_give_up or self._answered or self._first_failure is None:
             return None
         return time.monotonic() - self._first_failure
 
@@ -219,9 +221,8 @@ class NetworkFailures:
         ):
             return None
         return GatewayUnreachable(
-            f"{self.last_text} (all {self._hopeless_attempts} attempts in {elapsed:.0f} s "
-            "failed the same way: the stream gives up instead of waiting for the task's "
-            "deadline)"
+            f"{self.last_text} (every attempt since the stream started failed so, {self._hopeless_attempts} in "
+            f"{elapsed:.0f} s: the stream gives up instead of waiting for the task's deadline)"
         )
 
     def bound_delay(self, delay: float) -> float:

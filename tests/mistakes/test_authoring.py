@@ -209,3 +209,33 @@ def test_a_state_too_large_names_the_upstream_task_and_the_fix(
     assert "the state built from the outputs of upstream tasks ['fetch_log'] makes the decide body" in printed
     assert "return less from those tasks" in printed
     assert emulator.stats.streams_total == before.streams_total
+
+
+def test_a_source_file_too_large_names_the_file_and_the_fix(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = tmp_path / "huge.log"
+    big.write_text("x" * 3_700_000)
+    before = emulator.stats
+    with DAG("mistake_file_too_large", schedule=None, start_date=START) as dag:
+        _sensor(source={"type": "file", "path": str(big)})
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert "max_decide_body_bytes" in printed
+    assert f"the state comes from the file source {str(big)!r}: send less" in printed
+    assert emulator.stats.decisions_billed == before.decisions_billed
+
+
+def test_a_static_state_waits_until_the_timeout_when_the_author_opts_in(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_static_opt_in", schedule=None, start_date=START) as dag:
+        _sensor(state="Job is starting.", wait_on_static_state=True, timeout=3)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert "no decision met the condition before the deadline" in printed
+    assert "the state has no source, so it never changes" not in printed
+    assert emulator.stats.decisions_billed == before.decisions_billed + 1

@@ -93,3 +93,30 @@ def test_the_emulator_logs_at_info_by_default(
     assert any(" opened (account " in line for line in said)
     assert any(" closed with 1000" in line for line in said)
     assert any("upgrade refused with HTTP 401 (invalid_api_key)" in line for line in said)
+
+
+def test_a_loopback_origin_that_never_answered_is_given_up_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_systemzero.stream import diagnosis
+
+    now = [100.0]
+    monkeypatch.setattr(diagnosis.time, "monotonic", lambda: now[0])
+    refused = _refused()
+    local, remote, reached = (
+        NetworkFailures(URL),
+        NetworkFailures("wss://gw.example/v1/system-zero/stream"),
+        NetworkFailures(URL),
+    )
+    reached.answered()  # it reached the gateway once: a later outage is a restart, waited out
+    for failures in (local, remote, reached):
+        for _ in range(diagnosis.LOOPBACK_GIVE_UP_ATTEMPTS):
+            failures.record(refused)
+    now[0] += 2.0
+    assert local.give_up() is None  # 2 s: a local gateway may still be starting
+    assert local.bound_delay(30.0) == pytest.approx(diagnosis.LOOPBACK_GIVE_UP_SECONDS - 2.0)  # no 30 s sleep
+    assert remote.bound_delay(30.0) == 30.0 and reached.bound_delay(30.0) == 30.0
+    now[0] += diagnosis.LOOPBACK_GIVE_UP_SECONDS
+    error = local.give_up()
+    assert error is not None and "is the gateway (or `systemzero-emulator`) running on port 8765?" in str(
+        error
+    )
+    assert remote.give_up() is None and reached.give_up() is None
