@@ -107,16 +107,25 @@ def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: flo
         time.sleep(interval)
 
 
+def dagbag_module() -> Any:
+    """Where ``DagBag``, ``BundleDagBag`` and ``sync_bag_to_db`` live: ``airflow.dag_processing.dagbag``
+    from Airflow 3.2, ``airflow.models.dagbag`` on 3.1."""
+    try:
+        from airflow.dag_processing import dagbag
+    except ImportError:
+        from airflow.models import dagbag
+    return dagbag
+
+
 def run_dag(dag: Any) -> Any:
     """``dag.test()`` for a Dag built in a test: register it in the DB first (Airflow 3.3 only
     runs serialized Dags), then run it and return the DagRun."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
     DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(collect_dags=False)
+    bag = dagbag_module().DagBag(collect_dags=False)
     bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
+    dagbag_module().sync_bag_to_db(bag, "dags-folder", None)
     return dag.test()
 
 

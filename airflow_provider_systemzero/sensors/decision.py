@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -404,7 +404,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if status == "timeout":
             if self.soft_fail:
                 raise AirflowSkipException(message)
-            from airflow.sdk.exceptions import AirflowSensorTimeout
+            from airflow_provider_systemzero.compat import AirflowSensorTimeout
 
             raise AirflowSensorTimeout(message)
         if event.get("error_type") in _FATAL_ERRORS:

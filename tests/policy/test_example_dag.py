@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.conftest import REPO
-from tests.helpers import EmulatorThread, systemzero_connection, task_states, xcoms_of
+from tests.helpers import EmulatorThread, dagbag_module, systemzero_connection, task_states, xcoms_of
 from tests.policy.conftest import Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -28,7 +28,7 @@ def example_emulator(airflow_db: None) -> Iterator[Any]:
 
 
 def _run(ticket: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
+    DagBag = dagbag_module().DagBag
 
     bag = DagBag(dag_folder=str(REPO / "example_dags" / "systemzero_ticket_policy.py"))
     assert not bag.import_errors, bag.import_errors
