@@ -39,7 +39,7 @@ PYTHONS = ("3.11", "3.12", "3.13")
 #: The corner that also proves the lower bounds of the package's own dependencies.
 OLDEST = ("3.1", "3.11")
 #: Lowest releases declared in pyproject.toml, pinned in the oldest corner's lock.
-LOWEST_PINS = ("websockets==16.0",)
+LOWEST_PINS = ("websockets==17.0",)
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
 #: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target).
@@ -229,7 +229,7 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
             shutil.copy2(source, tree / name)
     env = {**os.environ, "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
-    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
+    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15", *pytest_args]
     print("    $", " ".join(command), f"(in {tree.relative_to(REPO)})", flush=True)
     with log.open("a") as out:
         result = subprocess.run(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)

@@ -94,7 +94,6 @@ def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow
 def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp_path: Path) -> None:
     result = _demo(tmp_path, "--dags", "systemzero_replay_and_branch")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -103,7 +102,6 @@ def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")], "home not removed"
 
 
-@pytest.mark.slow
 def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> None:
     result = _demo(tmp_path, "--dags", "no_such_dag")
     assert result.returncode == 1, result.stdout + result.stderr
