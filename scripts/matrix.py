@@ -199,7 +199,9 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
     :returns: passed, seconds, pytest's closing line.
     """
     if not corner.constraints.is_file():
-        raise SystemExit(f"error: {corner.constraints.relative_to(REPO)} is missing; run 'make lock-matrix'")
+        raise RuntimeError(
+            f"{corner.constraints.relative_to(REPO)} is missing; run 'make lock-matrix MATRIX={corner}'"
+        )
     started = time.monotonic()
     root = CACHE / "matrix" / corner.name
     shutil.rmtree(root, ignore_errors=True)
