@@ -91,6 +91,7 @@ test: $(STAMP)
 docs: $(STAMP)
 	@# No -q here: with mkdocs 1.6 it drops warnings before --strict can count them.
 	$(BIN)/mkdocs build --strict -d .cache/site
+	$(BIN)/python scripts/check_site.py .cache/site
 
 # The release artefacts: sdist and wheel, built in isolation, then checked the way an index would.
 dist: $(STAMP)

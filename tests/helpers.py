@@ -9,9 +9,18 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import pytest
+
+from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.emulator.server import Emulator
 
 _T = TypeVar("_T")
+
+#: For a test of what Airflow 3.3's task state store keeps across tries (budgets, reviews).
+needs_task_state_store = pytest.mark.skipif(
+    airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE,
+    reason="needs Airflow 3.3's task state store: older releases keep budgets and reviews per try "
+           "(docs/compatibility.md)")
 
 
 class EmulatorThread:

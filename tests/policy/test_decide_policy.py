@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.policy import DecisionPolicy
-from tests.helpers import run_dag, task_states, task_tries, xcoms_of
+from tests.helpers import needs_task_state_store, run_dag, task_states, task_tries, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer, TimeoutSweep, billed
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -157,6 +157,7 @@ def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
     assert first == second == _record(dag, dag_run.run_id)
 
 
+@needs_task_state_store
 def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(emulator: Any, core_api: Any) -> None:
     PUSHED.clear()
     with DAG("policy_retry_review", schedule=None, start_date=START) as dag:
