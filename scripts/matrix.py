@@ -127,8 +127,12 @@ def _venv(corner: Corner, path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     _run([corner.interpreter, "-m", "venv", str(path)])
     python = path / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    _pip(python, "--upgrade", "pip")
     return python
+
+
+def _pip(python: Path, *args: str, log: Path | None = None) -> None:
+    _run([str(python), "-m", "pip", "install", "--quiet", *args], log=log)
 
 
 def lock(corner: Corner) -> None:
@@ -139,19 +143,7 @@ def lock(corner: Corner) -> None:
     venv = CACHE / "lock" / corner.name
     python = _venv(corner, venv)
     pins = list(LOWEST_PINS) if (corner.airflow, corner.python) == OLDEST else []
-    _run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            f"apache-airflow~={corner.airflow}.0",
-            *pins,
-            "-e",
-            f"{REPO}[{LOCK_EXTRAS}]",
-        ]
-    )
+    _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, "-e", f"{REPO}[{LOCK_EXTRAS}]")
     frozen = subprocess.run(
         [str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
     ).stdout
@@ -208,19 +200,7 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
     root.mkdir(parents=True)
     log = root / "run.log"
     python = _venv(corner, root / "venv")
-    _run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "-c",
-            str(corner.constraints),
-            f"{_wheel()}[{SUITE_EXTRAS}]",
-        ],
-        log=log,
-    )
+    _pip(python, "-c", str(corner.constraints), f"{_wheel()}[{SUITE_EXTRAS}]", log=log)
     tree = root / "tree"
     tree.mkdir()
     for name in COPIED:
