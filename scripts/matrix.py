@@ -211,7 +211,18 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
             shutil.copy2(source, tree / name)
     env = {**os.environ, "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
-    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15", *pytest_args]
+    # A corner installs its own Airflow into a cold venv; its first Dag runs are slower than in .venv.
+    command = [
+        str(python),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--durations=15",
+        "--timeout=300",
+        *pytest_args,
+    ]
     print("    $", " ".join(command), f"(in {tree.relative_to(REPO)})", flush=True)
     with log.open("a") as out:
         result = subprocess.run(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)

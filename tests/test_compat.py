@@ -7,6 +7,7 @@ what its release should do, so a fallback that stops working fails on the corner
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from importlib import metadata
 from typing import Any
 
@@ -103,3 +104,94 @@ def test_has_task_state_store_reads_the_context() -> None:
     assert not compat.has_task_state_store({"task_state_store": None})
     assert not compat.has_task_state_store({})
     assert not compat.has_task_state_store(None)
+
+
+class _TI:
+    id = "0199c0de-0000-7000-8000-000000000001"
+
+    def __init__(self) -> None:
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3.3: the task parks in ``awaiting_input``; 3.1 / 3.2: it defers to ``HITLTrigger`` with the same
+    request, and resumes in the same method with the same gate."""
+    from datetime import timedelta
+
+    from airflow.sdk.execution_time import hitl
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
+    from airflow_provider_systemzero.review import Gate
+
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: written.append(kwargs))
+    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=60)
+    operator = SystemZeroDecideOperator(
+        task_id="decide", questions={"publish": "Publish it?"}, state="x", policy=policy
+    )
+    gate = Gate(
+        question="publish",
+        kind="boolean",
+        answer={"decision": True, "probability": 0.6, "confidence": 0.6},
+        state_hash="abc",
+    )
+    outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
+    ti = _TI()
+    with pytest.raises(BaseException) as raised:
+        operator._request_review({"task_instance": ti, "ti": ti}, gate, outcome)
+    (request,) = written
+    assert request["ti_id"] == ti.id and request["options"] == ["Yes", "No"] and request["defaults"] == ["No"]
+    assert ti.xcoms["decision"]["status"] == "pending_review"
+    resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
+    if compat.has_awaiting_input():
+        assert type(raised.value).__name__ == "TaskAwaitingInput"
+        assert raised.value.method_name == "execute_review_complete" and raised.value.kwargs == resume
+        assert raised.value.timeout == timedelta(seconds=60)
+    else:
+        from airflow.providers.standard.triggers.hitl import HITLTrigger
+
+        assert type(raised.value).__name__ == "TaskDeferred"
+        deferred = raised.value
+        assert deferred.method_name == "execute_review_complete" and deferred.kwargs == resume
+        assert isinstance(deferred.trigger, HITLTrigger)
+        _classpath, kwargs = deferred.trigger.serialize()
+        assert (kwargs["ti_id"], kwargs["options"], kwargs["defaults"]) == (ti.id, ["Yes", "No"], ["No"])
+        assert kwargs["timeout_datetime"] is not None
+
+
+def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
+    """``HITLTrigger``'s event (3.1 / 3.2) carries ``responded_at`` as a datetime; the record keeps text."""
+    from datetime import datetime
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
+    from airflow_provider_systemzero.review import Gate
+
+    operator = SystemZeroDecideOperator(
+        task_id="decide",
+        questions={"publish": "Publish it?"},
+        state="x",
+        policy=DecisionPolicy(act_above=0.8, review_above=0.5, below="skip"),
+    )
+    gate = Gate(
+        question="publish", kind="boolean", answer={"decision": True, "probability": 0.6, "confidence": 0.6}
+    )
+    outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
+    ti = _TI()
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    event = {
+        "chosen_options": ["No"],
+        "params_input": {},
+        "responded_by_user": {"id": "a", "name": "a"},
+        "responded_at": at,
+        "timedout": False,
+    }
+    operator.execute_review_complete(
+        {"task_instance": ti, "ti": ti}, event=event, gate=gate.to_dict(), outcome=outcome.to_dict()
+    )
+    record = ti.xcoms["decision"]
+    assert record["review"]["responded_at"] == at.isoformat() and record["decided_by"] == "human"
