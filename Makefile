@@ -7,6 +7,10 @@
 #   make demo      end-to-end demo against the embedded gateway emulator
 #   make emulator  run the gateway emulator in the foreground (API key "demo")
 #   make lock      regenerate constraints.txt from a throwaway venv
+#   make docs      build the documentation site (no tests)
+#   make dist      build the sdist and the wheel into dist/ and check them
+#   make test-matrix  the whole suite against the built wheel on every supported Airflow × Python
+#   make lock-matrix  regenerate constraints/airflow-<minor>-py<python>.txt
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -16,12 +20,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := test,docs
+EXTRAS := test,docs,release
 
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 EMULATOR_ARGS ?=
 BENCH_ARGS ?=
+# Corners of the support matrix, AIRFLOW:PYTHON; empty: all nine.
+MATRIX ?=
 
 LOCK_VENV := .cache/lock-venv
 
@@ -31,7 +37,8 @@ export PIP_NO_INPUT := 1
 # mkdocs-material prints a banner about MkDocs 2.0 on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv install test test-deployment lint demo emulator bench lock clean distclean check-python
+.PHONY: help venv install test test-deployment lint demo emulator bench lock clean distclean check-python \
+	docs dist test-matrix lock-matrix
 
 help:
 	@echo "Targets:"
@@ -42,6 +49,11 @@ help:
 	@echo "  make lint      ruff check"
 	@echo "  make bench     run the benchmarks (BENCH_ARGS=...)"
 	@echo "  make lock      regenerate constraints.txt"
+	@echo "  make docs      build the documentation site into .cache/site (no tests)"
+	@echo "  make dist      build and check the sdist and the wheel (dist/)"
+	@echo "  make test-matrix  the suite against the built wheel on Airflow 3.1-3.3 x Python 3.11-3.13"
+	@echo "                 (MATRIX=\"3.1:3.11 3.3:3.13\" picks corners)"
+	@echo "  make lock-matrix  regenerate the per-corner constraints/ files (MATRIX=... as above)"
 	@echo "  make clean     remove caches and build artefacts (distclean also removes $(VENV))"
 	@echo "Variables: PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS)"
 
@@ -73,13 +85,29 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory docs
+
+# The documentation site, strict: a broken link or a missing page fails the build.
+docs: $(STAMP)
 	@# No -q here: with mkdocs 1.6 it drops warnings before --strict can count them.
-	@if [ -f mkdocs.yml ]; then \
-	  echo "$(BIN)/mkdocs build --strict -d .cache/site"; \
-	  $(BIN)/mkdocs build --strict -d .cache/site; \
-	else \
-	  echo "mkdocs.yml not found; skipping the docs build"; \
-	fi
+	$(BIN)/mkdocs build --strict -d .cache/site
+	$(BIN)/python scripts/check_site.py .cache/site
+
+# The release artefacts: sdist and wheel, built in isolation, then checked the way an index would.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/check-wheel-contents dist/*.whl
+
+# Every supported Airflow minor (newest patch) on every supported Python: a fresh venv per corner
+# installs the built wheel, pinned by constraints/airflow-<minor>-py<python>.txt, and runs the whole
+# suite from a copy of tests/ outside the checkout. Corners run one after another.
+test-matrix: dist
+	$(BIN)/python scripts/matrix.py run $(MATRIX) --pytest-args "$(PYTEST_ARGS)"
+
+lock-matrix: check-python
+	$(PYTHON) scripts/matrix.py lock $(MATRIX)
 
 # The deployment test (tests/deployment): only the tests marked 'deployment', which plain
 # 'make test' collects and skips. Component logs of a failure are printed with the report.

@@ -548,6 +548,15 @@ class TaskUsageLedger:
         self.try_number = _try_number(context)
         self._document = self._load()
         self._warned = False
+        if self.store is None and (self.max_decisions is not None or self.max_input_tokens is not None):
+            from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
+
+            if airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE:
+                self.log.warning(
+                    "Airflow %s has no task state store (it arrives in %s): max_decisions / max_input_tokens of "
+                    "%s cover this try only, and a retry starts counting from zero",
+                    ".".join(map(str, airflow_version())), ".".join(map(str, AIRFLOW_TASK_STATE_STORE)),
+                    self.task_label)
 
     @property
     def persistent(self) -> bool:
@@ -718,7 +727,7 @@ class UsageBudgetMixin:
         if refused is not None:
             budget.refuse(refused)
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch")
-            from airflow.sdk.exceptions import AirflowFailException
+            from airflow_provider_systemzero.compat import AirflowFailException
 
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refused}")
         return ledger, budget
@@ -736,7 +745,7 @@ class UsageBudgetMixin:
         record = self.usage_ledger(context).finish(report.get("run"), run_id=report.get("run_id"), refusal=refusal,
                                                    outcome="success" if ok else "failed")
         if refusal is not None and not ok:
-            from airflow.sdk.exceptions import AirflowFailException
+            from airflow_provider_systemzero.compat import AirflowFailException
 
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refusal.get('message')}")
         return record
@@ -752,7 +761,7 @@ class UsageBudgetMixin:
             result = call(budget)
         except BudgetExceeded as exc:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
-            from airflow.sdk.exceptions import AirflowFailException
+            from airflow_provider_systemzero.compat import AirflowFailException
 
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {exc}") from None
         except BaseException:

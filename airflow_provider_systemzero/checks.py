@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow_provider_systemzero.compat import AirflowFailException
 
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 

@@ -2,8 +2,8 @@
 
 What it does, each step printed as it happens:
 
-1. starts the embedded gateway emulator on a free loopback port (``rules:`` decider from
-   ``example_dags/emulator_rules.json``, so the answers are explainable);
+1. starts the embedded gateway emulator on a free loopback port (``rules:`` decider from the
+   example Dags' ``emulator_rules.json``, so the answers are explainable);
 2. creates a throwaway ``AIRFLOW_HOME`` with a migrated SQLite DB and a ``systemzero_default``
    connection stored in the DB;
 3. runs the example Dags end to end with ``airflow dags test``: the deferrable sensor waiting on a
@@ -11,7 +11,12 @@ What it does, each step printed as it happens:
    and a decision policy routing a ticket (two confidence bars, a branch and a short circuit);
 4. shows what happened: state changes the gateway accepted, decisions with probability and
    confidence, the XCom values;
-5. stops the emulator and removes the home on every exit path (``--keep-home`` keeps it).
+5. stops the emulator and removes the home on every exit path (``--keep-home`` keeps it); when
+   something fails, the home is kept and the end of the failing log is printed.
+
+The example Dags ship inside the package (``airflow_provider_systemzero.example_dags``), so
+``python -m airflow_provider_systemzero.demo`` runs from an installed wheel as well as from a
+checkout.
 
 Point it at a real System Zero instead with ``--origin wss://HOST`` and the key in the
 ``SYSTEMZERO_API_KEY`` environment variable (never on the command line), or set
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import secrets
@@ -38,9 +44,38 @@ from typing import Any
 
 __all__ = ["main"]
 
-REPO = Path(__file__).resolve().parent.parent
 DEMO_DAGS = ("systemzero_wait_for_ready", "systemzero_replay_and_branch", "systemzero_mapped",
              "systemzero_ticket_policy")
+
+
+#: How many lines of a failing log the demo quotes.
+LOG_TAIL_LINES = 30
+
+
+def example_dags_folder() -> Path:
+    """The example Dags: the installed ``airflow_provider_systemzero.example_dags`` package.
+
+    From a source tree that is not installed, ``example_dags/`` beside the package.
+    """
+    spec = importlib.util.find_spec("airflow_provider_systemzero.example_dags")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "emulator_rules.json").is_file():
+            return Path(location)
+    return Path(__file__).resolve().parent.parent / "example_dags"
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log, indented for quoting (``(empty)`` when there are none).
+
+    :param path: the log file.
+    :param lines: how many lines to quote.
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"    (cannot read {path}: {exc.strerror})"
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(f"    | {line}" for line in tail) if tail else "    (empty)"
 
 
 def _say(message: str = "", *, step: str | None = None) -> None:
@@ -59,7 +94,10 @@ def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str
         assert process.stdout is not None
         line = process.stdout.readline()
         if "listening on" not in line:
-            raise RuntimeError(f"the emulator did not start (see {log_path}): {line!r}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            raise RuntimeError(f"the emulator did not start (exit code {process.poll()}); the end of "
+                               f"{log_path}:\n{log_tail(log_path)}")
         url = line.split("listening on ", 1)[1].split()[0]
         yield url.split("/v1/", 1)[0]
     finally:
@@ -88,7 +126,8 @@ def _airflow(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeou
         result = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, timeout=timeout, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"'airflow {args[0]} {args[1] if len(args) > 1 else ''}' failed; see {log_path}")
+        raise RuntimeError(f"'airflow {' '.join(args)}' exited {result.returncode}; the end of {log_path}:\n"
+                           f"{log_tail(log_path)}")
 
 
 def _store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
@@ -175,14 +214,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="systemzero-demo-"))
+    dags = example_dags_folder()
     examples = home / "examples"
     examples.mkdir()
     log_path = home / "demo.log"
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "example_dags"), "SYSTEMZERO_EXAMPLE_DIR": str(examples),
+           "AIRFLOW__CORE__DAGS_FOLDER": str(dags), "SYSTEMZERO_EXAMPLE_DIR": str(examples),
            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True", "PYTHONWARNINGS": "ignore"}
     env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
     admin = secrets.token_urlsafe(16)
+    failed = True
     try:
         with contextlib.ExitStack() as stack:
             if args.origin:
@@ -194,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _say(f"using System Zero at {origin}", step="gateway")
             else:
                 key = "demo-" + secrets.token_hex(8)
-                origin = stack.enter_context(_emulator(REPO / "example_dags" / "emulator_rules.json", key, admin,
+                origin = stack.enter_context(_emulator(dags / "emulator_rules.json", key, admin,
                                                        home / "emulator.log"))
                 _say(f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})", step="gateway")
             _say(f"AIRFLOW_HOME={home}", step="airflow")
@@ -208,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _airflow(["dags", "test", dag_id], env, log_path)
                 info = _xcoms(env, dag_id)
                 if info["state"] != "success":
-                    _say(f"{dag_id} ended {info['state']}: {info['tasks']} (log: {log_path})", step="error")
-                    return 1
+                    raise RuntimeError(f"{dag_id} ended {info['state']}: {info['tasks']}; the end of {log_path}:\n"
+                                       f"{log_tail(log_path)}")
                 _say(f"{dag_id}: {info['state']} in {time.monotonic() - t0:.1f} s; tasks {info['tasks']}")
                 if before is not None:
                     after = _stats(origin, admin)
@@ -220,16 +261,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _show(dag_id, info)
         _say(f"all {len(args.dags)} Dags succeeded in {time.monotonic() - started:.1f} s (full log: {log_path})",
              step="done")
+        failed = False
         return 0
     except (RuntimeError, subprocess.SubprocessError) as exc:
         _say(str(exc), step="error")
+        emulator_log = home / "emulator.log"
+        if emulator_log.is_file() and str(emulator_log) not in str(exc):
+            _say(f"the end of {emulator_log}:\n{log_tail(emulator_log)}")
         return 1
     except KeyboardInterrupt:
         _say("interrupted", step="error")
         return 130
     finally:
-        if args.keep_home:
-            _say(f"kept {home}")
+        if args.keep_home or failed:
+            _say(f"kept {home} (logs: {log_path}, {home / 'emulator.log'})")
         else:
             shutil.rmtree(home, ignore_errors=True)
 

@@ -135,7 +135,7 @@ def _tag(value: Any) -> str:
 def _conf_boolean(section: str, key: str) -> bool | None:
     """A boolean option, or ``None`` when it is unset or empty."""
     try:
-        from airflow.sdk.configuration import conf
+        from airflow_provider_systemzero.compat import conf
     except ImportError:  # pragma: no cover - Airflow is a dependency
         return None
     try:
@@ -265,7 +265,7 @@ class AirflowStreamObserver(StreamObserver):
     def _emit(self, kind: str, name: str, value: float = 1, **tags: Any) -> None:
         try:
             if self._stats is None:
-                from airflow.sdk.observability import stats
+                from airflow_provider_systemzero.compat import stats
 
                 self._stats = stats
             # the gauge counts every stream of the process: it carries no tag

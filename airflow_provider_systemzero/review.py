@@ -10,6 +10,8 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
 * ``review`` — writes a Human-in-the-loop request (``upsert_hitl_detail``, the same call
   :class:`~airflow.providers.standard.operators.hitl.HITLOperator` makes) and parks the task in
   Airflow 3.3's ``awaiting_input`` state (``TaskAwaitingInput``): no worker slot, no triggerer.
+  On Airflow 3.1 and 3.2, which have no such state, the task defers to Airflow's ``HITLTrigger``
+  instead (as ``HITLOperator`` does there): the wait holds a triggerer slot, not a worker.
   The request shows the question, a summary of the state, the model's answer with its
   probability and confidence, the ranked alternatives, the bars and why a person is asked. The
   Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
@@ -33,8 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
+from airflow_provider_systemzero.compat import AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.policy import (
     DecisionPolicy,
     PolicyOutcome,
@@ -313,8 +314,9 @@ class PolicyGateMixin:
 
     def _request_review(self, context: Context, gate: Gate, outcome: PolicyOutcome) -> None:
         """Write the review request, push the pending record and park the task (raises)."""
-        from airflow.sdk.exceptions import TaskAwaitingInput
         from airflow.sdk.execution_time.hitl import upsert_hitl_detail
+
+        from airflow_provider_systemzero.compat import has_awaiting_input
 
         policy = self.policy
         defaults = None
@@ -338,9 +340,20 @@ class PolicyGateMixin:
                       outcome.reason)
         for notifier in self.review_notifiers:
             notifier(context)
-        raise TaskAwaitingInput(method_name="execute_review_complete",
-                                kwargs={"gate": gate.to_dict(), "outcome": outcome.to_dict()},
-                                timeout=policy.review_timedelta if policy is not None else None)
+        resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
+        timeout = policy.review_timedelta if policy is not None else None
+        if has_awaiting_input():
+            from airflow.sdk.exceptions import TaskAwaitingInput
+
+            raise TaskAwaitingInput(method_name="execute_review_complete", kwargs=resume, timeout=timeout)
+        # Airflow 3.1 / 3.2: no awaiting_input state; wait in the triggerer, as HITLOperator does there.
+        from airflow.providers.standard.triggers.hitl import HITLTrigger
+        from airflow.sdk.timezone import utcnow
+
+        self.defer(trigger=HITLTrigger(ti_id=context["task_instance"].id, options=gate.labels(), defaults=defaults,
+                                       params={}, multiple=gate.multiple,
+                                       timeout_datetime=utcnow() + timeout if timeout is not None else None),
+                   method_name="execute_review_complete", kwargs=resume)
 
     def execute_review_complete(self, context: Context, event: dict[str, Any] | None = None,
                                 gate: dict[str, Any] | None = None,
@@ -373,8 +386,11 @@ class PolicyGateMixin:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         timedout = bool(event.get("timedout"))
         responded_by = event.get("responded_by_user")
+        responded_at = event.get("responded_at")
+        if hasattr(responded_at, "isoformat"):  # the trigger's event (Airflow 3.1 / 3.2) carries a datetime
+            responded_at = responded_at.isoformat()
         review = {"chosen_options": chosen, "responded_by": dict(responded_by) if responded_by else None,
-                  "responded_at": event.get("responded_at"), "timedout": timedout}
+                  "responded_at": responded_at, "timedout": timedout}
         if timedout:
             reason = f"{verdict.reason}; nobody answered the review in time, so the policy's default applies"
             decided_by = "timeout_default"

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
+from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 from airflow.sdk.definitions.context import context_merge
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_systemzero.compat import AirflowFailException, KeywordParameters
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 
 if TYPE_CHECKING:

@@ -169,6 +169,22 @@ class SystemZeroHook(BaseHook):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(systemzero_conn_id={self.systemzero_conn_id!r})"
 
+    # Airflow 3.1 reads the connection form from these two; 3.2+ reads the provider info's
+    # conn-fields / ui-field-behaviour instead and never calls them. Both derive from that info.
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The form's extra fields for Airflow 3.1 (from the provider info's ``conn-fields``)."""
+        from airflow_provider_systemzero.compat import legacy_form_widgets
+
+        return legacy_form_widgets()
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Hidden and relabelled fields for Airflow 3.1 (from the provider info's ``ui-field-behaviour``)."""
+        from airflow_provider_systemzero.compat import legacy_ui_field_behaviour
+
+        return legacy_ui_field_behaviour()
+
     # ------------------------------------------------------------------ settings
 
     @classmethod
@@ -228,7 +244,7 @@ class SystemZeroHook(BaseHook):
             # async variant: parse the JSON here rather than touch the sync property
             extra = _parse_extra(conn.extra, conn.conn_id or self.systemzero_conn_id)
         settings = self.settings_from_connection(conn, extra)
-        from airflow.sdk.log import amask_secret
+        from airflow_provider_systemzero.compat import amask_secret
 
         await amask_secret(settings.api_key)
         if settings.proxy:
@@ -236,7 +252,7 @@ class SystemZeroHook(BaseHook):
         return settings
 
     async def _aget_connection(self) -> Any:
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        from airflow_provider_systemzero.compat import AirflowNotFoundException
 
         try:
             return await self.aget_connection(self.systemzero_conn_id)
@@ -344,7 +360,7 @@ class SystemZeroHook(BaseHook):
         :param model: the task's ``model=`` (``None``: the connection must name one).
         :raises SystemZeroValidationError: naming the connection, the field and the fix.
         """
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        from airflow_provider_systemzero.compat import AirflowNotFoundException
 
         conn_id = self.systemzero_conn_id
         try:

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BranchMixIn, SkipMixin
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.checks import is_literal, parse_time
+from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.policy import DecisionPolicy, OptionBars
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
 from airflow_provider_systemzero.checks import (
@@ -22,6 +21,7 @@ from airflow_provider_systemzero.checks import (
     parse_time,
     refuse_empty_state,
 )
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.budget import UsageBudgetMixin
@@ -19,6 +18,7 @@ from airflow_provider_systemzero.checks import (
     parse_time,
     refuse_empty_state,
 )
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -522,7 +522,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self._push_timeout_record(context, event)
             if self.soft_fail:
                 raise AirflowSkipException(message)
-            from airflow.sdk.exceptions import AirflowSensorTimeout
+            from airflow_provider_systemzero.compat import AirflowSensorTimeout
 
             raise AirflowSensorTimeout(message)
         if event.get("error_type") in _FATAL_ERRORS:

@@ -646,7 +646,7 @@ def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str
     :param accepted: the key namespaces that identify this task's request.
     :raises AirflowException: the event is unusable or belongs to another request.
     """
-    from airflow.sdk.exceptions import AirflowException
+    from airflow_provider_systemzero.compat import AirflowException
 
     if not isinstance(event, dict) or "status" not in event:
         raise AirflowException(f"{task_id}: the trigger sent no usable event ({event!r})")

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.conftest import REPO
-from tests.helpers import EmulatorThread, systemzero_connection, task_states, xcoms_of
+from tests.helpers import EmulatorThread, dagbag_module, systemzero_connection, task_states, xcoms_of
 
 RULES = REPO / "example_dags" / "emulator_rules.json"
 
@@ -29,7 +29,7 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _dag(dag_id: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
+    DagBag = dagbag_module().DagBag
 
     bag = DagBag(dag_folder=str(REPO / "example_dags"))
     assert not bag.import_errors, bag.import_errors

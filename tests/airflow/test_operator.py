@@ -13,8 +13,8 @@ from typing import Any
 import pendulum
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator, file_attachment
 from tests.helpers import (
     rules_emulator,

@@ -12,8 +12,8 @@ from typing import Any
 import pendulum
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import rules_emulator, run_dag, task_states, wait_until, xcoms_of

@@ -7,8 +7,8 @@ the replay (``on_change``) — never as a final failure of the task."""
 from __future__ import annotations
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from tests.faults.conftest import HarnessFactory
 from tests.faults.harness import Harness, operator_outcome, set_source
 from tests.faults.test_matrix import OUTPUTS, READY, WORKING, only_reconnect

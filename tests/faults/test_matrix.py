@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from airflow_provider_systemzero.protocol.body import body_hash
 from airflow_provider_systemzero.protocol.messages import Ack, Decision, Error, Goodbye, Pong
 from airflow_provider_systemzero.stream import DecisionStream

@@ -22,6 +22,11 @@ EXTRA = {"model": "MODEL_ID", "prompt_cache_key_prefix": "hook-tests", "open_tim
 @pytest.fixture
 def server_context(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
     """Look connections up like an Airflow server process: environment, then the metastore."""
+    from airflow_provider_systemzero.compat import airflow_version
+
+    if airflow_version()[:2] < (3, 2):
+        pytest.skip("on Airflow 3.1 (3.1.8 checked) an async connection lookup outside a task or trigger process "
+                    "does not reach the metadata DB, so this server-context test cannot find its connection")
     monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.compat import airflow_version
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.protocol import DecisionResult
@@ -119,9 +120,12 @@ def test_the_hook_matches_the_declared_connection_form() -> None:
 
 
 def test_airflow_discovers_a_testable_hook() -> None:
-    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+    try:
+        from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime as Manager
+    except ImportError:  # Airflow 3.1: the task runtime reads hooks through the core manager
+        from airflow.providers_manager import ProvidersManager as Manager
 
-    info = ProvidersManagerTaskRuntime().hooks["systemzero"]
+    info = Manager().hooks["systemzero"]
     assert info is not None and info.hook_class_name.endswith("SystemZeroHook")
     assert info.connection_id_attribute_name == "systemzero_conn_id" and info.connection_testable
 
@@ -199,7 +203,10 @@ async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
 
 async def test_async_settings_register_the_key_with_airflow_masking(emu: Emulator,
                                                                     no_sync_connection_access: SyncAccess) -> None:
-    from airflow.sdk.log import _secrets_masker
+    try:
+        from airflow.sdk.log import _secrets_masker
+    except ImportError:  # Airflow 3.1
+        from airflow.sdk._shared.secrets_masker import _secrets_masker
 
     settings = await SystemZeroHook(CONN_ID).aget_settings()
     assert settings.api_key == SECRET_KEY and settings.default_model == "MODEL_ID"
@@ -221,6 +228,9 @@ async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.M
     assert_no_sync_lookup(no_sync_connection_access)
 
 
+@pytest.mark.skipif(airflow_version()[:2] < (3, 2), reason="Airflow 3.1's own async lookup calls sync-only "
+                    "in-process comms itself and finds the connection, so the hook's off-loop fallback is not reached "
+                    "(dag.test() only)")
 async def test_in_process_comms_without_async_send_are_used_off_the_loop(
         no_sync_connection_access: SyncAccess) -> None:
     """``dag.test()`` runs triggers with supervisor comms that only have a sync ``send`` (Airflow

@@ -108,16 +108,19 @@ def core_api(airflow_db: None) -> CoreApi:
 
 
 def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
-    """Unanswered Human-in-the-loop requests of a Dag's tasks that wait in ``awaiting_input``."""
+    """Unanswered Human-in-the-loop requests of a Dag's tasks that wait in ``awaiting_input``
+    (deferred to ``HITLTrigger`` on Airflow 3.1 / 3.2, which have no such state)."""
     from airflow.models.hitl import HITLDetail
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
+
+    from airflow_provider_systemzero.compat import has_awaiting_input
 
     with create_session() as session:
         rows = (session.query(HITLDetail, TaskInstance)
                 .join(TaskInstance, TaskInstance.id == HITLDetail.ti_id)
                 .filter(TaskInstance.dag_id == dag_id, HITLDetail.responded_at.is_(None),
-                        TaskInstance.state == "awaiting_input").all())
+                        TaskInstance.state == ("awaiting_input" if has_awaiting_input() else "deferred")).all())
         return [{"run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index, "try_number": ti.try_number,
                  "subject": detail.subject, "body": detail.body, "options": list(detail.options),
                  "defaults": detail.defaults, "multiple": detail.multiple,
@@ -158,15 +161,21 @@ class Reviewer:
 
 class TimeoutSweep:
     """The scheduler's ``awaiting_input`` timeout sweep (``check_awaiting_input_timeouts``), run
-    in a thread the way a scheduler loop would (``dag.test()`` runs no scheduler)."""
+    in a thread the way a scheduler loop would (``dag.test()`` runs no scheduler). On Airflow 3.1 /
+    3.2 the review's ``HITLTrigger`` times out by itself, so there is nothing to sweep."""
 
     def __init__(self, interval: float = 0.2) -> None:
+        from airflow_provider_systemzero.compat import has_awaiting_input
+
+        self.enabled = has_awaiting_input()
+        self._stop = threading.Event()
+        if not self.enabled:
+            return
         from airflow.jobs.job import Job
         from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 
         self.runner = SchedulerJobRunner(job=Job())
         self.interval = interval
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timeout-sweep", daemon=True)
 
     def _run(self) -> None:
@@ -175,12 +184,14 @@ class TimeoutSweep:
             self._stop.wait(self.interval)
 
     def __enter__(self) -> TimeoutSweep:
-        self._thread.start()
+        if self.enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self.enabled:
+            self._thread.join(timeout=10)
 
 
 def billed(emulator: Any) -> int:

@@ -15,7 +15,14 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.policy import DecisionPolicy
-from tests.helpers import run_dag, task_states, task_tries, xcoms_of
+from tests.helpers import (
+    needs_awaiting_input,
+    needs_task_state_store,
+    run_dag,
+    task_states,
+    task_tries,
+    xcoms_of,
+)
 from tests.policy.conftest import CONN_ID, START, Reviewer, TimeoutSweep, billed
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -58,6 +65,7 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
     assert billed(emulator) == before + 1
 
 
+@needs_awaiting_input
 def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> None:
     dag = _decide("policy_review", "publish:review", POLICY, review_assigned_users={"id": "alice", "name": "alice"})
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
@@ -85,6 +93,7 @@ def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> N
     assert "alice answered false" in record["reason"]
 
 
+@needs_awaiting_input
 def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=1)
     dag = _decide("policy_review_timeout", "publish:review", policy)
@@ -97,6 +106,7 @@ def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None
     assert xcoms_of(dag.dag_id, dag_run.run_id)[("decide", "return_value", -1)] == {"publish": False}
 
 
+@needs_awaiting_input
 def test_review_timeout_without_default_does_what_below_says(emulator: Any) -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", review_timeout=1)
     dag = _decide("policy_review_timeout_skip", "publish:review", policy)
@@ -157,6 +167,8 @@ def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
     assert first == second == _record(dag, dag_run.run_id)
 
 
+@needs_awaiting_input
+@needs_task_state_store
 def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(emulator: Any, core_api: Any) -> None:
     PUSHED.clear()
     with DAG("policy_retry_review", schedule=None, start_date=START) as dag:

@@ -10,7 +10,14 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.conftest import REPO
-from tests.helpers import EmulatorThread, systemzero_connection, task_states, xcoms_of
+from tests.helpers import (
+    EmulatorThread,
+    dagbag_module,
+    needs_awaiting_input,
+    systemzero_connection,
+    task_states,
+    xcoms_of,
+)
 from tests.policy.conftest import Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -28,7 +35,7 @@ def example_emulator(airflow_db: None) -> Iterator[Any]:
 
 
 def _run(ticket: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
+    DagBag = dagbag_module().DagBag
 
     bag = DagBag(dag_folder=str(REPO / "example_dags" / "systemzero_ticket_policy.py"))
     assert not bag.import_errors, bag.import_errors
@@ -50,6 +57,7 @@ def test_the_model_routes_a_clear_ticket(example_emulator: Any) -> None:
     assert xcoms[("auto_reply_ok", "decision", -1)]["effect"] == {"proceed": False, "skipped": ["send_canned_reply"]}
 
 
+@needs_awaiting_input
 def test_a_person_routes_an_ambiguous_ticket(example_emulator: Any, core_api: Any) -> None:
     with Reviewer(core_api, DAG_ID, lambda request: ["billing"], username="carol") as reviewer:
         dag_run = _run("T-1003")

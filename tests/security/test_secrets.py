@@ -168,11 +168,13 @@ async def test_full_runs_never_log_raise_or_emit_the_key(debug_everything: pytes
 def test_a_dag_run_puts_no_key_in_xcom_or_task_logs(airflow_db: None, debug_everything: pytest.LogCaptureFixture,
                                                      capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     from tests.conftest import REPO
+    from tests.helpers import dagbag_module
+
+    BundleDagBag = dagbag_module().BundleDagBag
 
     dags = Path(__file__).parent / "dags"
     local = "airflow.dag_processing.bundles.local.LocalDagBundle"

@@ -1,0 +1,197 @@
+"""What each supported Airflow release gets, checked on the Airflow this suite runs against.
+
+The matrix (``make test-matrix``) runs this file on Airflow 3.1, 3.2 and 3.3: every test states
+what its release should do, so a fallback that stops working fails on the corner that needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero import compat
+from airflow_provider_systemzero.provider_info import get_provider_info
+
+CONNECTION = get_provider_info()["connection-types"][0]
+
+
+def _installed_airflow() -> tuple[int, int]:
+    major, minor = metadata.version("apache-airflow-core").split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_version_detection_matches_the_installed_airflow() -> None:
+    import airflow
+
+    assert ".".join(map(str, compat.airflow_version())) == airflow.__version__.split("+")[0]
+    assert compat.has_conn_fields() is (_installed_airflow() >= (3, 2))
+    assert compat.has_awaiting_input() is (_installed_airflow() >= (3, 3))
+
+
+def test_the_connection_form_is_complete_on_this_airflow() -> None:
+    """The React UI's form (``/ui/connections/hook_meta``) on every release: from ``conn-fields``
+    on 3.2+, from the hook's two methods on 3.1 — the same fields, labels and behaviour."""
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    (meta,) = [m for m in HookMetaService.hook_meta_data() if m.connection_type == "systemzero"]
+    shown = meta.model_dump()
+    extra = shown["extra_fields"] or {}
+    assert set(extra) == set(CONNECTION["conn-fields"])
+    for name, field in CONNECTION["conn-fields"].items():
+        assert extra[name]["schema"]["title"] == field["label"], name
+    assert extra["open_timeout"]["value"] == 10
+    # Only the declarative path carries the schema's bounds: 3.2+ must not fall back to the hook.
+    declared = CONNECTION["conn-fields"]["open_timeout"]["schema"]["minimum"]
+    assert (extra["open_timeout"]["schema"].get("minimum") == declared) is compat.has_conn_fields()
+    behaviour = CONNECTION["ui-field-behaviour"]
+    standard = shown["standard_fields"]
+    assert standard["host"]["title"] == behaviour["relabeling"]["host"]
+    assert standard["password"]["title"] == behaviour["relabeling"]["password"]
+    assert standard["host"]["placeholder"] == behaviour["placeholders"]["host"]
+    assert all(standard[name]["hidden"] for name in ("port", "login"))
+    assert standard["url_schema"]["hidden"]
+
+
+def test_the_hook_methods_mirror_the_provider_info() -> None:
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+    behaviour = SystemZeroHook.get_ui_field_behaviour()
+    assert behaviour["hidden_fields"] == CONNECTION["ui-field-behaviour"]["hidden-fields"]
+    assert behaviour["relabeling"] == CONNECTION["ui-field-behaviour"]["relabeling"]
+    assert behaviour["placeholders"] == CONNECTION["ui-field-behaviour"]["placeholders"]
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.data[key] = value
+
+
+def _budget_warnings(caplog: pytest.LogCaptureFixture, context: dict[str, Any]) -> list[str]:
+    from airflow_provider_systemzero.budget import TaskUsageLedger
+
+    logger = logging.getLogger("tests.compat.budget")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        TaskUsageLedger(context, max_decisions=2, task_label="'d.t'", logger=logger)
+    return [r.getMessage() for r in caplog.records if r.name == logger.name]
+
+
+def test_a_budget_without_a_task_state_store_says_it_covers_one_try(caplog: pytest.LogCaptureFixture) -> None:
+    messages = _budget_warnings(caplog, {"ti": None})
+    if compat.airflow_version()[:2] >= compat.AIRFLOW_TASK_STATE_STORE:
+        # Airflow 3.3 hands every task a store; a bare context is a test double, not a notice-worthy release.
+        assert messages == []
+    else:
+        (message,) = messages
+        assert "no task state store" in message and "cover this try only" in message and "'d.t'" in message
+
+
+def test_a_budget_with_a_task_state_store_gives_no_notice(caplog: pytest.LogCaptureFixture) -> None:
+    assert _budget_warnings(caplog, {"ti": None, "task_state_store": _Store()}) == []
+
+
+def test_has_task_state_store_reads_the_context() -> None:
+    assert compat.has_task_state_store({"task_state_store": _Store()})
+    assert not compat.has_task_state_store({"task_state_store": None})
+    assert not compat.has_task_state_store({})
+    assert not compat.has_task_state_store(None)
+
+
+class _TI:
+    id = "0199c0de-0000-7000-8000-000000000001"
+
+    def __init__(self) -> None:
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3.3: the task parks in ``awaiting_input``; 3.1 / 3.2: it defers to ``HITLTrigger`` with the same
+    request, and resumes in the same method with the same gate."""
+    from datetime import timedelta
+
+    from airflow.sdk.execution_time import hitl
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
+    from airflow_provider_systemzero.review import Gate
+
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: written.append(kwargs))
+    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=60)
+    operator = SystemZeroDecideOperator(
+        task_id="decide", questions={"publish": "Publish it?"}, state="x", policy=policy
+    )
+    gate = Gate(
+        question="publish",
+        kind="boolean",
+        answer={"decision": True, "probability": 0.6, "confidence": 0.6},
+        state_hash="abc",
+    )
+    outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
+    ti = _TI()
+    with pytest.raises(BaseException) as raised:
+        operator._request_review({"task_instance": ti, "ti": ti}, gate, outcome)
+    (request,) = written
+    assert request["ti_id"] == ti.id and request["options"] == ["Yes", "No"] and request["defaults"] == ["No"]
+    assert ti.xcoms["decision"]["status"] == "pending_review"
+    resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
+    if compat.has_awaiting_input():
+        assert type(raised.value).__name__ == "TaskAwaitingInput"
+        assert raised.value.method_name == "execute_review_complete" and raised.value.kwargs == resume
+        assert raised.value.timeout == timedelta(seconds=60)
+    else:
+        from airflow.providers.standard.triggers.hitl import HITLTrigger
+
+        assert type(raised.value).__name__ == "TaskDeferred"
+        deferred = raised.value
+        assert deferred.method_name == "execute_review_complete" and deferred.kwargs == resume
+        assert isinstance(deferred.trigger, HITLTrigger)
+        _classpath, kwargs = deferred.trigger.serialize()
+        assert (kwargs["ti_id"], kwargs["options"], kwargs["defaults"]) == (ti.id, ["Yes", "No"], ["No"])
+        assert kwargs["timeout_datetime"] is not None
+
+
+def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
+    """``HITLTrigger``'s event (3.1 / 3.2) carries ``responded_at`` as a datetime; the record keeps text."""
+    from datetime import datetime
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
+    from airflow_provider_systemzero.review import Gate
+
+    operator = SystemZeroDecideOperator(
+        task_id="decide",
+        questions={"publish": "Publish it?"},
+        state="x",
+        policy=DecisionPolicy(act_above=0.8, review_above=0.5, below="skip"),
+    )
+    gate = Gate(
+        question="publish", kind="boolean", answer={"decision": True, "probability": 0.6, "confidence": 0.6}
+    )
+    outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
+    ti = _TI()
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    event = {
+        "chosen_options": ["No"],
+        "params_input": {},
+        "responded_by_user": {"id": "a", "name": "a"},
+        "responded_at": at,
+        "timedout": False,
+    }
+    operator.execute_review_complete(
+        {"task_instance": ti, "ti": ti}, event=event, gate=gate.to_dict(), outcome=outcome.to_dict()
+    )
+    record = ti.xcoms["decision"]
+    assert record["review"]["responded_at"] == at.isoformat() and record["decided_by"] == "human"

@@ -1,0 +1,122 @@
+"""The release as a user gets it: metadata, the packages in the wheel, and the demo.
+
+``make test-matrix`` runs this file in a fresh venv per corner where the built wheel is installed
+(not editable) and the tests run from a copy outside the checkout; there the demo test proves
+that a Dag runs against the emulator from the installed package alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import airflow_provider_systemzero
+from airflow_provider_systemzero.demo import example_dags_folder, log_tail
+from tests.conftest import REPO
+
+DIST = metadata.distribution("airflow-provider-systemzero")
+PACKAGE_DIR = Path(airflow_provider_systemzero.__file__).resolve().parent
+#: Set by ``make test-matrix`` to the wheel's file name in each corner's venv.
+INSTALLED_WHEEL = os.environ.get("SYSTEMZERO_INSTALLED_WHEEL")
+SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def _editable() -> bool:
+    direct_url = DIST.read_text("direct_url.json")
+    return bool(direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"))
+
+
+def test_license_is_apache_2_with_its_spdx_expression() -> None:
+    assert DIST.metadata["License-Expression"] == "Apache-2.0"
+    (license_file,) = [f for f in DIST.files or [] if f.name == "LICENSE"]
+    text = Path(license_file.locate()).read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_classifiers_name_every_supported_python() -> None:
+    classifiers = set(DIST.metadata.get_all("Classifier") or [])
+    for version in SUPPORTED_PYTHONS:
+        assert f"Programming Language :: Python :: {version}" in classifiers
+    assert {"Framework :: Apache Airflow", "Framework :: Apache Airflow :: Provider"} <= classifiers
+    requires = DIST.metadata.get_all("Requires-Dist") or []
+    (airflow,) = [r for r in requires if r.startswith("apache-airflow")]
+    assert ">=3.1.0" in airflow and "<4" in airflow
+
+
+def test_long_description_reads_well_on_an_index_page() -> None:
+    description = DIST.metadata.get_payload() or ""
+    assert description.startswith("# airflow-provider-systemzero")
+    links = re.findall(r"\]\(([^)]+)\)", description)
+    assert links and all(link.startswith("https://") for link in links), links
+    assert "make " not in description and ".venv" not in description
+
+
+def test_every_package_of_the_source_tree_is_listed_for_the_wheel() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    installed = {
+        ".".join(path.parent.relative_to(PACKAGE_DIR.parent).parts)
+        for path in PACKAGE_DIR.rglob("__init__.py")
+        if "__pycache__" not in path.parts
+    }
+    assert installed <= listed, f"add {sorted(installed - listed)} to [tool.setuptools] packages"
+    assert (example_dags_folder() / "emulator_rules.json").is_file()
+
+
+def test_the_installed_wheel_is_what_runs() -> None:
+    if not INSTALLED_WHEEL:
+        pytest.skip("runs in make test-matrix, where the built wheel is installed into a fresh venv")
+    assert not _editable(), "the matrix must test the built wheel, not an editable install"
+    assert "site-packages" in PACKAGE_DIR.parts
+    assert example_dags_folder() == PACKAGE_DIR / "example_dags"
+    assert DIST.version in INSTALLED_WHEEL
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # -I: the checkout is neither on sys.path nor the working directory; only the installed package runs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SYSTEMZERO_", "PYTHON"))}
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "airflow_provider_systemzero.demo", *args],
+        cwd=tmp_path,
+        env={**env, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp_path: Path) -> None:
+    result = _demo(tmp_path, "--dags", "systemzero_replay_and_branch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "systemzero_replay_and_branch: success" in result.stdout
+    assert "decide: " in result.stdout and "state change(s) accepted" in result.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")], "home not removed"
+
+
+def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> None:
+    result = _demo(tmp_path, "--dags", "no_such_dag")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "'airflow dags test no_such_dag' exited" in result.stdout
+    assert "    | " in result.stdout, "no log lines quoted"
+    assert "no_such_dag" in result.stdout.split("exited", 1)[1]
+    (home,) = [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")]
+    assert f"kept {home}" in result.stdout
+    assert (home / "demo.log").is_file() and (home / "emulator.log").is_file()
+
+
+def test_log_tail_quotes_the_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(50)) + "\n\n")
+    assert log_tail(log, 3).splitlines() == ["    | line 47", "    | line 48", "    | line 49"]
+    log.write_text("")
+    assert log_tail(log) == "    (empty)"
+    assert "cannot read" in log_tail(tmp_path / "missing.log")
