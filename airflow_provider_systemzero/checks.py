@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_provider_systemzero.compat import AirflowFailException
-
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 
 __all__ = ["check_connection_before_deferring", "is_literal", "parse_time", "refuse_empty_state"]
