@@ -1,6 +1,6 @@
 """Metrics and spans of System Zero streams, through Airflow's own observability layers.
 
-:class:`StreamObserver` is what a :class:`~airflow_provider_systemzero.stream.connection.DecisionStream`
+:class:`StreamObserver` is what a :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream`
 tells about itself (connections, acks, decisions, reconnects, budget refusals, rate-limit waits);
 the base class does nothing. :class:`AirflowStreamObserver` — the one :class:`SystemZeroHook`
 streams use — turns that into:

@@ -101,7 +101,7 @@ async def _started(emulator: EmulatorProcess) -> None:
 async def run(options: Options) -> dict[str, Any]:
     """Run scenario 4 and return its results."""
     from airflow_provider_systemzero.identity import task_namespace
-    from airflow_provider_systemzero.stream.connection import derive_prompt_cache_key
+    from airflow_provider_systemzero.stream.request import derive_prompt_cache_key
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     seconds = 5.0 if options.quick else 30.0

@@ -38,8 +38,8 @@ from airflow.sdk import BaseHook
 from airflow_provider_systemzero.budget import DecisionBudget
 from airflow_provider_systemzero.observability import AirflowStreamObserver, StreamObserver
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
+from airflow_provider_systemzero.stream import Decision, DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
-from airflow_provider_systemzero.stream.connection import Decision, DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.diagnosis import describe_connection_error
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
 

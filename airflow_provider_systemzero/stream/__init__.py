@@ -3,19 +3,15 @@
 * :class:`DecisionStream` — one logical stream that survives reconnects (``async with``);
 * :class:`StreamSettings` — where and how to connect (the API key is never shown or serialised);
 * :class:`StreamCapacity` — the process-wide cap of open streams; :class:`Backoff` — reconnect delays;
+* the modules by job: :mod:`.settings`, :mod:`.request` (the request and its cache key),
+  :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream
+  and its reconnect loop), :mod:`.accounting` (what a stream's dispatches cost the budget);
 * :mod:`.exceptions` — the error tree rooted at :class:`SystemZeroError`.
 """
 
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
-from airflow_provider_systemzero.stream.connection import (
-    Decision,
-    DecisionStream,
-    Reconnect,
-    StreamSettings,
-    build_request,
-    derive_prompt_cache_key,
-    probe,
-)
+from airflow_provider_systemzero.stream.connection import probe
+from airflow_provider_systemzero.stream.decision_stream import Decision, DecisionStream, Reconnect
 from airflow_provider_systemzero.stream.exceptions import (
     AuthenticationFailed,
     DeadlineExceeded,
@@ -28,6 +24,8 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
     UpgradeRefused,
 )
+from airflow_provider_systemzero.stream.request import build_request, derive_prompt_cache_key
+from airflow_provider_systemzero.stream.settings import StreamSettings
 
 __all__ = [
     "AuthenticationFailed",

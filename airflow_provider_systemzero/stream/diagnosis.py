@@ -36,7 +36,7 @@ __all__ = [
     "describe_connection_error",
 ]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.connection")
+log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
 
 #: Repeats of one cause between two WARNING lines.
 WARN_EVERY = 10

@@ -173,13 +173,13 @@ def test_spans_follow_airflow_tracing_unless_set(monkeypatch: pytest.MonkeyPatch
 
 async def test_log_lines_follow_the_stream_without_content_or_key(emu: Emulator, fast_backoff: Backoff,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.connection")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
     async with stream_for(emu, fast_backoff, mode="on_request") as stream:
         await stream.decide(timeout=10)
         await emu.drop_all()
         await stream.append_text("after\n")
         await stream.decide(timeout=10)
-    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_systemzero.stream.connection"
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_systemzero.stream.decision_stream"
              and r.levelno == logging.INFO]
     text = "\n".join(lines)
     for expected in ("connected to ws://", "(first connection)", "open (system-zero.stream.v1): max_message_bytes=",

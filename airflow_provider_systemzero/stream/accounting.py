@@ -1,0 +1,126 @@
+"""What a stream's dispatches cost its budget: one connection's accounting, apart from the I/O.
+
+A :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` asks
+:class:`DispatchAccounting` before it writes anything that can start a dispatch at the gateway
+(on_change: every mutation; on_request: ``decide``) and tells it what the gateway answered. The
+accounting knows which dispatches the gateway may still make for this connection — at most one in
+flight plus one pending (WIRE.md §4) — and keeps the budget's holds and counts in step:
+
+* :meth:`~DispatchAccounting.gate` — ``None`` to send, or the :class:`BudgetExceeded` that holds it;
+* :meth:`~DispatchAccounting.acknowledged`, :meth:`~DispatchAccounting.decided`,
+  :meth:`~DispatchAccounting.failed` — the gateway's answers;
+* :meth:`~DispatchAccounting.connection_ended` — a lost connection may leave a dispatch behind
+  that was billed but never seen: it is counted as one unconfirmed decision.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM
+from airflow_provider_systemzero.protocol.messages import Ack, ClientMessage, Decide, Error, event_number
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+if TYPE_CHECKING:  # budget imports the stream's exceptions: the stream imports budget types for hints only
+    from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget
+
+__all__ = ["DispatchAccounting"]
+
+
+class DispatchAccounting:
+    """One stream's dispatches against its budget.
+
+    :param budget: the budget asked and charged.
+    :param decision_mode: the stream's decision mode.
+    :param holder: the budget's name for this stream's holds (any stable hashable).
+    """
+
+    def __init__(self, budget: DecisionBudget, decision_mode: str, holder: object) -> None:
+        self.budget = budget
+        self.on_request = decision_mode == "on_request"
+        self.holder = holder
+        #: on_change: event numbers of this connection's mutations not yet covered by a decision.
+        self._uncovered: list[int] = []
+        #: on_request: a ``decide`` was sent and not yet settled.
+        self._decide_in_flight = False
+        #: version → decide body bytes (from acks), for token estimates.
+        self._body_bytes: dict[int, int] = {}
+        #: The refusal that holds this stream, once the budget refused.
+        self.refusal: BudgetExceeded | None = None
+
+    def outstanding(self) -> int:
+        """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
+        if self.on_request:
+            return 1 if self._decide_in_flight else 0
+        return min(len(self._uncovered), MAX_DISPATCHES_PER_STREAM)
+
+    def _hold(self, body_bytes: int | None = None) -> None:
+        if self.budget.windows:
+            largest = max(self._body_bytes.values(), default=0) if body_bytes is None else body_bytes
+            self.budget.hold(self.holder, self.outstanding(), largest)
+
+    def gate(self, message: ClientMessage, desired_body_bytes: int) -> BudgetExceeded | None:
+        """Before writing ``message``: ``None`` when it may go (the dispatch is now expected), else
+        the refusal (recorded once in the budget).
+
+        :param desired_body_bytes: the decide body size of the desired state (for a mutation).
+        """
+        budget = self.budget
+        if isinstance(message, Decide):
+            potential = 1
+            body_bytes = self._body_bytes.get(message.state_version)
+        else:
+            potential = min(len(self._uncovered) + 1, MAX_DISPATCHES_PER_STREAM)
+            body_bytes = desired_body_bytes if budget.estimates_tokens else None
+        refused = budget.check(potential, body_bytes, holder=self.holder) if budget.limited else None
+        if refused is not None:
+            budget.refuse(refused)
+            self.refusal = refused
+            return refused
+        if isinstance(message, Decide):
+            self._decide_in_flight = True
+        else:
+            self._uncovered.append(event_number(message.event_id))  # type: ignore[attr-defined]
+        self._hold(body_bytes)
+        return None
+
+    def acknowledged(self, ack: Ack) -> None:
+        """A mutation was accepted; without ``scheduled`` (a gateway shutting down) no dispatch follows."""
+        self._body_bytes[ack.state_version] = ack.synthesized_body_bytes
+        if not self.on_request and not ack.scheduled:
+            number = event_number(ack.event_id)
+            self._uncovered = [e for e in self._uncovered if e != number]
+
+    def decided(self, result: DecisionResult) -> bool:
+        """A decision arrived; returns whether it counts as billed (a new reply id)."""
+        version = result.state_version
+        billed = self.budget.record_decision(result.reply_id, result.reply.get("usage"), self._body_bytes.get(version))
+        if self.on_request:
+            self._decide_in_flight = False
+        else:
+            self._uncovered = [e for e in self._uncovered if e > version]
+        self._body_bytes = {v: b for v, b in self._body_bytes.items() if v >= version}
+        self._hold()
+        return billed
+
+    def failed(self, error: Error, *, retryable: bool) -> None:
+        """A dispatch failed; what the gateway will not dispatch again is no longer outstanding."""
+        self.budget.record_failure()
+        if self.on_request:
+            self._decide_in_flight = False
+        elif error.fatal or not retryable:
+            version = error.state_version
+            self._uncovered = [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
+        self._hold()
+
+    def connection_ended(self) -> bool:
+        """The connection is gone; returns whether a dispatch may have been left behind (counted as
+        one unconfirmed decision)."""
+        unconfirmed = self.outstanding() > 0
+        if unconfirmed:
+            self.budget.record_unconfirmed(1)
+        self._uncovered = []
+        self._decide_in_flight = False
+        self._body_bytes = {}
+        self._hold()
+        return unconfirmed
