@@ -11,6 +11,8 @@ a person's review in              3.3      the review waits through the triggere
 ``awaiting_input``                         ``HITLTrigger``), as ``HITLOperator`` does on that release
 task state store (budgets and     3.3      budgets count one try, with a notice in the task log; a
 reviews across tries)                      retry asks its reviewer again
+trigger templates rendered in     3.3      ``start_from_trigger=True`` defers from a worker instead,
+the triggerer                              with a warning when the Dag is parsed
 ================================  =======  ===========================================================
 
 Names that moved between releases (``AirflowFailException`` and its siblings, ``BranchMixIn``,
@@ -58,6 +60,7 @@ __all__ = [
     "has_awaiting_input",
     "has_conn_fields",
     "has_task_state_store",
+    "has_trigger_templates",
     "legacy_form_widgets",
     "legacy_ui_field_behaviour",
     "stats",
@@ -155,6 +158,17 @@ def has_awaiting_input() -> bool:
     except ImportError:
         return False
     return True
+
+
+@functools.cache
+def has_trigger_templates() -> bool:
+    """Whether the triggerer renders a trigger's template fields (Airflow 3.3+), which
+    ``start_from_trigger`` needs for its templated key namespace."""
+    try:
+        from airflow.triggers.base import BaseTrigger
+    except ImportError:
+        return False
+    return hasattr(BaseTrigger, "render_template_fields")
 
 
 def has_task_state_store(context: Any) -> bool:

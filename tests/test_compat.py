@@ -195,3 +195,30 @@ def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
     )
     record = ti.xcoms["decision"]
     assert record["review"]["responded_at"] == at.isoformat() and record["decided_by"] == "human"
+
+
+def test_start_from_trigger_falls_back_to_a_worker_where_the_triggerer_cannot_render(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+    with caplog.at_level(logging.WARNING):
+        sensor = SystemZeroDecisionSensor(
+            task_id="wait",
+            question="ready",
+            instructions="Is it ready?",
+            model="m",
+            state="log",
+            start_from_trigger=True,
+        )
+    captured = capfd.readouterr()
+    logged = (
+        caplog.text + captured.out + captured.err
+    )  # the task SDK's logger may write to the stream directly
+    if compat.has_trigger_templates():
+        assert sensor.start_from_trigger and sensor.start_trigger_args is not None
+        assert "start_from_trigger needs Airflow 3.3" not in logged
+    else:
+        assert not sensor.start_from_trigger and sensor.start_trigger_args is None
+        assert "start_from_trigger needs Airflow 3.3" in logged
+    assert compat.has_trigger_templates() is (_installed_airflow() >= (3, 3))

@@ -38,9 +38,12 @@ def is_loopback_host(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # Only 127.0.0.0/8 and ::1 on every Python: 3.13 started to call an IPv4-mapped address
+    # (::ffff:127.0.0.1) loopback too.
+    return address.is_loopback and getattr(address, "ipv4_mapped", None) is None
 
 
 def stream_url(origin: str) -> str:

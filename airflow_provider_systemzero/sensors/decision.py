@@ -18,7 +18,12 @@ from airflow_provider_systemzero.checks import (
     parse_time,
     refuse_empty_state,
 )
-from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
+from airflow_provider_systemzero.compat import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+    has_trigger_templates,
+)
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -182,7 +187,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.key_namespace: str | None = None
         self.start_from_trigger = start_from_trigger
         self._check_literals()
-        if start_from_trigger:
+        if start_from_trigger and not has_trigger_templates():
+            self.log.warning("%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
+                             "this Airflow starts the task on a worker, which defers at once", self.task_id)
+            self.start_from_trigger = False
+        if self.start_from_trigger:
             self._prepare_start_from_trigger()
 
     def _check_literals(self) -> None:

@@ -76,7 +76,10 @@ def test_mapped_operator_decides_each_input(emulator: Any) -> None:
 
 def test_asset_watcher_dag_is_event_scheduled(emulator: Any) -> None:
     dag = _dag("systemzero_on_release_approved")
-    from airflow.serialization.serialized_objects import DagSerialization
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization
+    except ImportError:  # Airflow 3.1
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
 
     text = json.dumps(DagSerialization.to_dict(dag), default=str)
     assert "SystemZeroDecisionEventTrigger" in text and "demo-key" not in text

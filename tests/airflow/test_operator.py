@@ -14,7 +14,7 @@ import pendulum
 import pytest
 from airflow.sdk import DAG
 
-from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, airflow_version
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator, file_attachment
 from tests.helpers import (
     rules_emulator,
@@ -52,6 +52,8 @@ def test_static_state_deferrable_and_not(emulator: Any, deferrable: bool) -> Non
     assert emulator.stats.decisions_billed == before + 1
 
 
+@pytest.mark.skipif(airflow_version()[:2] < (3, 2), reason="on Airflow 3.1 (3.1.8 checked) dag.test() starts the "
+                    "inline trigger too late for this test's 2 s decision_timeout: neither try dispatches")
 def test_retry_replays_the_same_keys_and_is_billed_once(emulator: Any) -> None:
     """The first try times out while the gateway is still deciding; the retry replays the same
     state with the same key and gets the original reply, unbilled."""
