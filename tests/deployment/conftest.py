@@ -1,6 +1,9 @@
 """The deployment test runs only when asked for: ``make test-deployment`` (``pytest -m deployment
 tests/deployment``). Under plain ``make test`` it is collected and skipped, with the reason shown.
 
+``SZ_DEPLOYMENT_DB=postgres`` (``make test-deployment DEPLOYMENT_DB=postgres``) runs it on a
+PostgreSQL cluster of its own instead of SQLite.
+
 It starts the emulator and real Airflow components (see :mod:`tests.deployment.harness`) once
 for the module; the component logs of a failed scenario are attached to its report, and a
 summary of what each scenario measured is printed at the end of the run.
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment
+from tests.deployment.harness import RESULTS, Deployment, database
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """The emulator, ``airflow db migrate``, api-server, scheduler, dag-processor and two triggerers."""
-    deployment = Deployment(tmp_path_factory.mktemp("airflow-deployment"))
+    deployment = Deployment(tmp_path_factory.mktemp("airflow-deployment"), database=database())
     try:
         deployment.start()
     except BaseException as exc:
