@@ -601,6 +601,18 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         return [{"dag_id": d, "task_id": t, "run_id": r, "map_index": m, "try_number": n, "extra": e}
                 for d, t, r, m, n, e in rows]
 
+    def unexplained_retries(self, dag_id: str, run_id: str) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
+        """The tasks of a run that needed more than one try without the scheduler having failed each
+        earlier try on the stale executor event of apache/airflow#71580 ("state mismatch": the
+        worker's exit after deferring — or after pausing for a person's answer — was processed after
+        the task had already been resumed), and the (task, try) pairs that had that mismatch."""
+        mismatched = {(m["task_id"], m["try_number"]) for m in self.state_mismatches()
+                      if m["dag_id"] == dag_id and m["run_id"] == run_id}
+        unexplained = [(task, ti["try_number"]) for task, ti in self.task_instances(dag_id, run_id).items()
+                       if ti["try_number"] > 1
+                       and not all((task, n) in mismatched for n in range(1, ti["try_number"]))]
+        return unexplained, mismatched
+
     def check_alive(self) -> None:
         """Fail fast when a component that should be running has exited."""
         for component in self.components.values():
@@ -616,3 +628,26 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         if self.postgres is not None and self.postgres.directory is not None:
             parts.append(f"----- postgres (last {lines} lines) -----\n{_tail(self.postgres.log_path, lines)}")
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def running(deployment: Deployment) -> Iterator[Deployment]:
+    """Start ``deployment`` (a start failure carries every component's log tail), yield it, stop it."""
+    try:
+        deployment.start()
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"the deployment did not start: {exc}\n{deployment.diagnostics()}") from exc
+        raise
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def logs_section(item: Any) -> tuple[str, str] | None:
+    """The component logs of the deployment a pytest item used, as a report section (or ``None``)."""
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, Deployment):
+            return "component logs", value.diagnostics()
+    return None

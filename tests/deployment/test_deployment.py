@@ -100,14 +100,9 @@ def _assert_all_succeeded(deployment: Deployment, dag_id: str, run_id: str, stat
 
 def _assert_retries_explained(deployment: Deployment, dag_id: str, run_id: str) -> int:
     """A task may have needed more than one try only when the scheduler failed each earlier try on
-    the stale executor event of apache/airflow#71580 ("state mismatch": the worker's exit after
-    deferring was processed after the trigger had already resumed the task). Any other retry is a
-    failure. Returns how many such mismatches the run had."""
-    mismatched = {(m["task_id"], m["try_number"]) for m in deployment.state_mismatches()
-                  if m["dag_id"] == dag_id and m["run_id"] == run_id}
-    unexplained = [(task, ti["try_number"]) for task, ti in deployment.task_instances(dag_id, run_id).items()
-                   if ti["try_number"] > 1
-                   and not all((task, n) in mismatched for n in range(1, ti["try_number"]))]
+    the stale executor event of apache/airflow#71580 (see :meth:`Deployment.unexplained_retries`).
+    Returns how many such mismatches the run had."""
+    unexplained, mismatched = deployment.unexplained_retries(dag_id, run_id)
     assert not unexplained, (f"retried without the apache/airflow#71580 state mismatch: {unexplained}; "
                              f"mismatches logged: {sorted(mismatched)}")
     return len(mismatched)
@@ -136,6 +131,32 @@ def _billing(deployment: Deployment, since: float) -> tuple[int, int, list[str]]
     billed = [(entry.account, entry.body_sha256) for entry in ledger if entry.billed]
     twice = sorted({body for account, body in billed if billed.count((account, body)) > 1})
     return sum(e.billed for e in window), sum(not e.billed for e in window), twice
+
+
+def _keep_writing(files: list[Path], writing: threading.Event | None = None) -> Callable[[threading.Event], None]:
+    """A :func:`_background` target appending a line to every file each 2 s (while ``writing`` is set)."""
+
+    def write(stop: threading.Event) -> None:
+        step = 0
+        while not stop.wait(2.0):
+            if writing is None or writing.is_set():
+                for path in files:
+                    _append(path, f"step {step}: still working\n")
+                step += 1
+
+    return write
+
+
+def _spread_over_both(deployment: Deployment, dag_id: str, run_id: str, count: int,
+                      timeout: float) -> dict[str, list[str]]:
+    """Wait until all ``count`` triggers of the run are assigned, on both triggerers; name -> task IDs."""
+    def spread() -> dict[str, list[str]] | None:
+        deployment.check_alive()
+        placed = deployment.triggers_by_triggerer(dag_id, run_id)
+        assigned = {k: v for k, v in placed.items() if k != "?"}
+        return assigned if sum(map(len, assigned.values())) == count and len(assigned) == 2 else None
+
+    return wait_for(spread, timeout, f"all {count} sensors deferred, on both triggerers", interval=0.5)
 
 
 # ---------------------------------------------------------------------------------------- scenarios
@@ -323,23 +344,8 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
     writing = threading.Event()
     writing.set()
 
-    def write(stop: threading.Event) -> None:
-        step = 0
-        while not stop.wait(2.0):
-            if writing.is_set():
-                for path in files:
-                    _append(path, f"step {step}: still working\n")
-                step += 1
-
-    with _background(write):
-        def spread() -> dict[str, list[str]] | None:
-            deployment.check_alive()
-            placed = deployment.triggers_by_triggerer(dag_id, run_id)
-            assigned = {k: v for k, v in placed.items() if k != "?"}
-            ready = sum(map(len, assigned.values())) == count and len(assigned) == 2
-            return assigned if ready else None
-
-        placed = wait_for(spread, 120, "all sensors deferred, on both triggerers", interval=0.5)
+    with _background(_keep_writing(files, writing)):
+        placed = _spread_over_both(deployment, dag_id, run_id, count, 120)
         victim = max(placed, key=lambda name: len(placed[name]))
         survivor = next(name for name in placed if name != victim)
         orphans = sorted(placed[victim])
@@ -432,21 +438,8 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
     started = time.monotonic()
     run_id = deployment.trigger(dag_id, {"dir": str(tmp_path / "failover")})
 
-    def write(stop: threading.Event) -> None:
-        step = 0
-        while not stop.wait(2.0):
-            for path in files:
-                _append(path, f"step {step}: still working\n")
-            step += 1
-
-    with _background(write):
-        def spread() -> dict[str, list[str]] | None:
-            deployment.check_alive()
-            placed = deployment.triggers_by_triggerer(dag_id, run_id)
-            assigned = {k: v for k, v in placed.items() if k != "?"}
-            return assigned if sum(map(len, assigned.values())) == count and len(assigned) == 2 else None
-
-        placed = wait_for(spread, 240, f"all {count} sensors deferred, on both triggerers", interval=1.0)
+    with _background(_keep_writing(files)):
+        placed = _spread_over_both(deployment, dag_id, run_id, count, 240)
         spread_after = time.monotonic() - started
         victim = max(placed, key=lambda name: len(placed[name]))
         survivor = next(name for name in placed if name != victim)
