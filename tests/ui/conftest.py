@@ -78,7 +78,7 @@ def ui_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployme
 def browser() -> Iterator[Any]:
     """Debian's Chromium under Playwright, headless, with a fresh profile."""
     if not CHROMIUM.exists():
-        apt_install(["chromium"])
+        apt_install(["chromium", "fonts-liberation"])  # a font, for readable screenshots
     ensure_python_packages(HERE / "requirements.txt", ["playwright"])
     from playwright.sync_api import sync_playwright
 
