@@ -3,7 +3,12 @@
 #
 #   make test      lint, the whole test suite, and the docs build (if mkdocs.yml exists)
 #   make test-deployment  end-to-end test against real Airflow components (scheduler, two
-#                  triggerers, LocalExecutor workers, api-server) and the emulator, ~3 minutes
+#                  triggerers, LocalExecutor workers, api-server) and the emulator, ~3 minutes;
+#                  DEPLOYMENT_DB=postgres runs it on a PostgreSQL cluster of its own, with the
+#                  50-sensor failover scenario (installs postgresql and its drivers when missing)
+#   make test-ui   the Airflow UI in Debian's Chromium (Playwright): connection form, Test button,
+#                  human review, XCom view; writes docs/images/ui-*.png (installs chromium and
+#                  playwright when missing)
 #   make demo      end-to-end demo against the embedded gateway emulator
 #   make emulator  run the gateway emulator in the foreground (API key "demo")
 #   make lock      regenerate constraints.txt from a throwaway venv
@@ -23,6 +28,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := test,docs,release
 
 PYTEST_ARGS ?=
+DEPLOYMENT_DB ?= sqlite
 DEMO_ARGS ?=
 EMULATOR_ARGS ?=
 BENCH_ARGS ?=
@@ -37,13 +43,15 @@ export PIP_NO_INPUT := 1
 # mkdocs-material prints a banner about MkDocs 2.0 on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv install test test-deployment lint demo emulator bench lock clean distclean check-python \
+.PHONY: help venv install test test-deployment test-ui lint demo emulator bench lock clean distclean check-python \
 	docs dist test-matrix lock-matrix
 
 help:
 	@echo "Targets:"
 	@echo "  make test      create $(VENV), install from constraints.txt, lint, run the tests, build the docs"
 	@echo "  make test-deployment  end-to-end test with a real scheduler, two triggerers and workers (~3 min)"
+	@echo "                 DEPLOYMENT_DB=postgres: on PostgreSQL, plus a 50-sensor triggerer failover"
+	@echo "  make test-ui   drive the Airflow UI in Chromium; writes the screenshots in docs/images"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
 	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
 	@echo "  make lint      ruff check"
@@ -112,7 +120,11 @@ lock-matrix: check-python
 # The deployment test (tests/deployment): only the tests marked 'deployment', which plain
 # 'make test' collects and skips. Component logs of a failure are printed with the report.
 test-deployment: $(STAMP)
-	$(BIN)/pytest -q -m deployment tests/deployment $(PYTEST_ARGS)
+	SZ_DEPLOYMENT_DB=$(DEPLOYMENT_DB) $(BIN)/pytest -q -m deployment tests/deployment $(PYTEST_ARGS)
+
+# The UI test (tests/ui): only the tests marked 'ui'; 'make test' collects and skips them.
+test-ui: $(STAMP)
+	$(BIN)/pytest -q -m ui tests/ui $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)

@@ -1,6 +1,9 @@
 """The deployment test runs only when asked for: ``make test-deployment`` (``pytest -m deployment
 tests/deployment``). Under plain ``make test`` it is collected and skipped, with the reason shown.
 
+``SZ_DEPLOYMENT_DB=postgres`` (``make test-deployment DEPLOYMENT_DB=postgres``) runs it on a
+PostgreSQL cluster of its own instead of SQLite.
+
 It starts the emulator and real Airflow components (see :mod:`tests.deployment.harness`) once
 for the module; the component logs of a failed scenario are attached to its report, and a
 summary of what each scenario measured is printed at the end of the run.
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment
+from tests.deployment.harness import RESULTS, Deployment, database, logs_section, running
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,30 +40,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """The emulator, ``airflow db migrate``, api-server, scheduler, dag-processor and two triggerers."""
-    deployment = Deployment(tmp_path_factory.mktemp("airflow-deployment"))
-    try:
-        deployment.start()
-    except BaseException as exc:
-        if isinstance(exc, Exception):
-            raise RuntimeError(f"the deployment did not start: {exc}\n{deployment.diagnostics()}") from exc
-        raise
-    try:
+    with running(Deployment(tmp_path_factory.mktemp("airflow-deployment"), database=database())) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     report = yield
-    deployment = getattr(item, "funcargs", {}).get("deployment")
-    if report.failed and isinstance(deployment, Deployment):
-        report.sections.append(("component logs", deployment.diagnostics()))
+    section = logs_section(item) if report.failed else None
+    if section:
+        report.sections.append(section)
     return report
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if RESULTS:
+    lines = [line for line in RESULTS if not line.startswith("(ui")]
+    if lines:
         terminalreporter.section("deployment scenarios")
-        for line in RESULTS:
+        for line in lines:
             terminalreporter.write_line(line)

@@ -3,7 +3,9 @@
 :class:`Deployment` starts, in this order:
 
 1. the gateway emulator, in a thread of the test process (its ledger and stats are read directly);
-2. ``airflow db migrate`` in a fresh ``AIRFLOW_HOME`` (SQLite), then the System Zero connections
+2. ``airflow db migrate`` in a fresh ``AIRFLOW_HOME`` — on SQLite, or (``database="postgres"``)
+   on a PostgreSQL cluster of the test's own (:class:`tests.deployment.postgres.PostgresInstance`) —
+   then the System Zero connections
    and the test pool written to the metadata DB by a child process (the API keys travel in that
    child's environment, never on a command line);
 3. the components, each its own process from the project's environment: ``api-server`` (the
@@ -15,7 +17,7 @@ of its process tree is left — in :meth:`Deployment.stop`, which runs from the 
 ``finally``, from ``atexit`` and from a SIGTERM handler. Each component is also started with
 ``PR_SET_PDEATHSIG`` (Linux), so it gets SIGTERM if the test process itself is killed.
 
-State is read straight from the SQLite metadata DB (read-only, short queries) and the REST API.
+State is read straight from the metadata DB (short read-only queries) and the REST API.
 Component logs live in ``$AIRFLOW_HOME/components/``; :meth:`Deployment.diagnostics` returns
 their tails for a failure message.
 """
@@ -43,6 +45,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from tests.deployment.postgres import PostgresInstance
 from tests.helpers import EmulatorThread, wait_until
 
 _T = TypeVar("_T")
@@ -59,7 +62,10 @@ ACCOUNT_POOL = "systemzero_account"
 ACCOUNT_POOL_SLOTS = max(1, SMALL_MAX_CONCURRENT // 2)
 #: The Dags in ``dags/`` (the deployment waits until all of them are serialized).
 DAG_IDS = ("sz_deploy_fanout", "sz_deploy_handover", "sz_deploy_pool", "sz_deploy_start_from_trigger",
-           "sz_deploy_operator_xcom")
+           "sz_deploy_operator_xcom", "sz_deploy_failover")
+
+#: The metadata databases the deployment runs on (``SZ_DEPLOYMENT_DB``; SQLite by default).
+DATABASES = ("sqlite", "postgres")
 
 #: One line per scenario: what it measured (printed in the terminal summary by the conftest).
 RESULTS: list[str] = []
@@ -79,6 +85,15 @@ _PDEATHSIG_SHIM = (
     "    sys.exit(1)\n"  # the test process died before prctl took effect
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
+
+
+def database() -> str:
+    """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
+    chosen = os.environ.get("SZ_DEPLOYMENT_DB", "sqlite") or "sqlite"
+    if chosen not in DATABASES:
+        raise ValueError(f"SZ_DEPLOYMENT_DB={chosen!r} is not one of {DATABASES}: unset it for SQLite, or set "
+                         "it to 'postgres'")
+    return chosen
 
 
 def free_port() -> int:
@@ -239,9 +254,29 @@ class SocketSampler:
 class Deployment:
     """The emulator plus real Airflow components in a throwaway home (see the module docstring)."""
 
-    def __init__(self, home: Path, *, parallelism: int = 4) -> None:
+    def __init__(self, home: Path, *, parallelism: int = 4, database: str = "sqlite", dags: Path = DAGS,
+                 dag_ids: Sequence[str] = DAG_IDS, rules: Path = RULES,
+                 triggerers: Sequence[str] = ("triggerer-a", "triggerer-b"),
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        """:param home: the ``AIRFLOW_HOME`` (empty).
+        :param parallelism: LocalExecutor workers.
+        :param database: ``sqlite`` or ``postgres``.
+        :param dags: the Dags folder; :param dag_ids: the Dags to wait for.
+        :param rules: the emulator's rules file.
+        :param triggerers: the names of the triggerers to start.
+        :param extra_env: Airflow settings on top of :meth:`env`'s."""
+        if database not in DATABASES:
+            raise ValueError(f"database={database!r} is not one of {DATABASES}")
         self.home = home
         self.parallelism = parallelism
+        self.database = database
+        self.dags = dags
+        self.dag_ids = tuple(dag_ids)
+        self.rules = rules
+        self.triggerer_names = tuple(triggerers)
+        self.extra_env = dict(extra_env or {})
+        #: the PostgreSQL cluster (``database="postgres"``), started by :meth:`start`
+        self.postgres: PostgresInstance | None = None
         self.logs = home / "components"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.db_path = home / "airflow.db"
@@ -269,12 +304,13 @@ class Deployment:
             "AIRFLOW_HOME": str(self.home),
             # the provider as checked out next to this test, whatever is installed
             "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [base.get("PYTHONPATH")])]),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__FERNET_KEY": self._fernet_key,
+            **({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url} if self.postgres else {}),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -299,6 +335,7 @@ class Deployment:
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW__LOGGING__COLORED_CONSOLE_LOG": "False",
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -315,16 +352,20 @@ class Deployment:
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self._start_emulator()
-            self.cli("db", "migrate", timeout=180)
-            # WAL: the test's read-only queries never block a component's write (persists in the file)
-            with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
-                conn.execute("PRAGMA journal_mode=WAL")
+            if self.database == "postgres":
+                self.postgres = PostgresInstance(free_port())
+                self.postgres.start()
+            self.cli("db", "migrate", timeout=300)
+            if self.postgres is None:
+                # WAL: the test's read-only queries never block a component's write (persists in the file)
+                with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
+                    conn.execute("PRAGMA journal_mode=WAL")
             self._store_connections_and_pool()
             self._start("api-server", ["api-server"])
             self._start("scheduler", ["scheduler", "--skip-serve-logs"])
             self._start("dag-processor", ["dag-processor"])
-            self.start_triggerer("triggerer-a")
-            self.start_triggerer("triggerer-b")
+            for name in self.triggerer_names:
+                self.start_triggerer(name)
             wait_for(self._api_healthy, 90, "the api-server to answer")
             wait_for(self._dags_serialized, 120, "the deployment Dags to be parsed")
         except BaseException:
@@ -341,7 +382,7 @@ class Deployment:
 
         limits = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
         self.emulator_thread = EmulatorThread(
-            api_keys={MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT}, decider=f"rules:{RULES}",
+            api_keys={MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT}, decider=f"rules:{self.rules}",
             limits=limits, decide_latency_ms=100)
         self.emulator = self.emulator_thread.__enter__()
         self.sampler = SocketSampler(self.emulator.port)
@@ -393,6 +434,9 @@ class Deployment:
         if self.emulator_thread is not None:
             with contextlib.suppress(Exception):
                 self.emulator_thread.__exit__(None, None, None)
+        if self.postgres is not None:
+            with contextlib.suppress(Exception):
+                self.postgres.stop()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
         if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
@@ -445,7 +489,7 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
 
     def _dags_serialized(self) -> bool:
         rows = self.query("SELECT dag_id FROM serialized_dag")
-        return set(DAG_IDS) <= {row[0] for row in rows}
+        return set(self.dag_ids) <= {row[0] for row in rows}
 
     # ------------------------------------------------------------------ reading and acting
 
@@ -458,7 +502,10 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
             conn.close()
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """A read-only query on the metadata DB (retried while a writer holds the lock)."""
+        """A read-only query on the metadata DB, ``?`` placeholders (SQLite: retried while a writer
+        holds the lock)."""
+        if self.postgres is not None:
+            return self.postgres.query(sql, params)
         for attempt in range(20):
             try:
                 with self._db() as conn:
@@ -510,6 +557,9 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         rows = self.query("SELECT task_id, key, value FROM xcom WHERE dag_id = ? AND run_id = ?", (dag_id, run_id))
         out = {}
         for task, key, value in rows:
+            if self.postgres is not None:  # a JSON column: psycopg2 decoded it already
+                out[(task, key)] = value
+                continue
             if isinstance(value, bytes):
                 value = value.decode()
             out[(task, key)] = json.loads(value) if isinstance(value, str) else value
@@ -551,6 +601,18 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         return [{"dag_id": d, "task_id": t, "run_id": r, "map_index": m, "try_number": n, "extra": e}
                 for d, t, r, m, n, e in rows]
 
+    def unexplained_retries(self, dag_id: str, run_id: str) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
+        """The tasks of a run that needed more than one try without the scheduler having failed each
+        earlier try on the stale executor event of apache/airflow#71580 ("state mismatch": the
+        worker's exit after deferring — or after pausing for a person's answer — was processed after
+        the task had already been resumed), and the (task, try) pairs that had that mismatch."""
+        mismatched = {(m["task_id"], m["try_number"]) for m in self.state_mismatches()
+                      if m["dag_id"] == dag_id and m["run_id"] == run_id}
+        unexplained = [(task, ti["try_number"]) for task, ti in self.task_instances(dag_id, run_id).items()
+                       if ti["try_number"] > 1
+                       and not all((task, n) in mismatched for n in range(1, ti["try_number"]))]
+        return unexplained, mismatched
+
     def check_alive(self) -> None:
         """Fail fast when a component that should be running has exited."""
         for component in self.components.values():
@@ -563,4 +625,29 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         parts = []
         for path in sorted(self.logs.glob("*.log")):
             parts.append(f"----- {path.name} (last {lines} lines) -----\n{_tail(path, lines)}")
+        if self.postgres is not None and self.postgres.directory is not None:
+            parts.append(f"----- postgres (last {lines} lines) -----\n{_tail(self.postgres.log_path, lines)}")
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def running(deployment: Deployment) -> Iterator[Deployment]:
+    """Start ``deployment`` (a start failure carries every component's log tail), yield it, stop it."""
+    try:
+        deployment.start()
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"the deployment did not start: {exc}\n{deployment.diagnostics()}") from exc
+        raise
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def logs_section(item: Any) -> tuple[str, str] | None:
+    """The component logs of the deployment a pytest item used, as a report section (or ``None``)."""
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, Deployment):
+            return "component logs", value.diagnostics()
+    return None

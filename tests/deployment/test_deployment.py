@@ -14,17 +14,21 @@ scenarios, in the order they run:
 4. a pool with ``include_deferred=True``, sized to the account's stream capacity, bounds how many
    sensors wait at once, and the account is never refused for capacity;
 2. a triggerer is killed with SIGKILL mid-wait: its triggers move to the other triggerer and still
-   succeed, and every billed decision is a distinct state (the replays are not billed).
+   succeed, and every billed decision is a distinct state (the replays are not billed);
+6. (PostgreSQL mode only) the same with 50 sensors while their states keep changing: no trigger runs in both triggerers at once, every sensor succeeds once.
 
 A task may be retried, but only for apache/airflow#71580 (see :func:`_assert_retries_explained`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ from tests.deployment.harness import (
     SMALL_KEY,
     TRIGGERER_HEALTH_THRESHOLD,
     Deployment,
+    database,
     wait_for,
 )
 
@@ -94,14 +99,9 @@ def _assert_all_succeeded(deployment: Deployment, dag_id: str, run_id: str, stat
 
 def _assert_retries_explained(deployment: Deployment, dag_id: str, run_id: str) -> int:
     """A task may have needed more than one try only when the scheduler failed each earlier try on
-    the stale executor event of apache/airflow#71580 ("state mismatch": the worker's exit after
-    deferring was processed after the trigger had already resumed the task). Any other retry is a
-    failure. Returns how many such mismatches the run had."""
-    mismatched = {(m["task_id"], m["try_number"]) for m in deployment.state_mismatches()
-                  if m["dag_id"] == dag_id and m["run_id"] == run_id}
-    unexplained = [(task, ti["try_number"]) for task, ti in deployment.task_instances(dag_id, run_id).items()
-                   if ti["try_number"] > 1
-                   and not all((task, n) in mismatched for n in range(1, ti["try_number"]))]
+    the stale executor event of apache/airflow#71580 (see :meth:`Deployment.unexplained_retries`).
+    Returns how many such mismatches the run had."""
+    unexplained, mismatched = deployment.unexplained_retries(dag_id, run_id)
     assert not unexplained, (f"retried without the apache/airflow#71580 state mismatch: {unexplained}; "
                              f"mismatches logged: {sorted(mismatched)}")
     return len(mismatched)
@@ -130,6 +130,35 @@ def _billing(deployment: Deployment, since: float) -> tuple[int, int, list[str]]
     billed = [(entry.account, entry.body_sha256) for entry in ledger if entry.billed]
     twice = sorted({body for account, body in billed if billed.count((account, body)) > 1})
     return sum(e.billed for e in window), sum(not e.billed for e in window), twice
+
+
+def _keep_writing(files: list[Path], writing: threading.Event | None = None) -> Callable[[threading.Event], None]:
+    """A :func:`_background` target appending a line to every file each 2 s (while ``writing`` is set)."""
+
+    def write(stop: threading.Event) -> None:
+        step = 0
+        while not stop.wait(2.0):
+            if writing is None or writing.is_set():
+                for path in files:
+                    _append(path, f"step {step}: still working\n")
+                step += 1
+
+    return write
+
+
+def _placed(deployment: Deployment, dag_id: str, run_id: str, count: int, timeout: float) -> dict[str, list[str]]:
+    """Wait until all ``count`` triggers of the run are assigned to a triggerer; triggerer name ->
+    task IDs, every triggerer named (those holding none with an empty list). Which triggerer claims
+    a trigger is a race: one whose loop is slow may get none."""
+    def assigned() -> dict[str, list[str]] | None:
+        deployment.check_alive()
+        placed = deployment.triggers_by_triggerer(dag_id, run_id)
+        found = {k: v for k, v in placed.items() if k != "?"}
+        if sum(map(len, found.values())) != count:
+            return None
+        return {**{name: [] for name in deployment.triggerer_jobs}, **found}
+
+    return wait_for(assigned, timeout, f"all {count} sensors deferred in the triggerers", interval=0.5)
 
 
 # ---------------------------------------------------------------------------------------- scenarios
@@ -317,23 +346,8 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
     writing = threading.Event()
     writing.set()
 
-    def write(stop: threading.Event) -> None:
-        step = 0
-        while not stop.wait(2.0):
-            if writing.is_set():
-                for path in files:
-                    _append(path, f"step {step}: still working\n")
-                step += 1
-
-    with _background(write):
-        def spread() -> dict[str, list[str]] | None:
-            deployment.check_alive()
-            placed = deployment.triggers_by_triggerer(dag_id, run_id)
-            assigned = {k: v for k, v in placed.items() if k != "?"}
-            ready = sum(map(len, assigned.values())) == count and len(assigned) == 2
-            return assigned if ready else None
-
-        placed = wait_for(spread, 120, "all sensors deferred, on both triggerers", interval=0.5)
+    with _background(_keep_writing(files, writing)):
+        placed = _placed(deployment, dag_id, run_id, count, 120)
         victim = max(placed, key=lambda name: len(placed[name]))
         survivor = next(name for name in placed if name != victim)
         orphans = sorted(placed[victim])
@@ -377,3 +391,107 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
                    f"{billed} decisions billed = {billed} distinct states, {replayed} replayed unbilled (each "
                    f"adopted trigger's decided state); max sockets per triggerer {sockets}; "
                    f"#71580 retries: {mismatches}")
+
+
+def _trigger_spans(deployment: Deployment, dag_id: str, run_id: str) -> dict[str, dict[int, tuple[float, float]]]:
+    """Task ID -> triggerer job ID -> (first, last) epoch seconds of the lines that triggerer wrote
+    to the task's trigger log (``attempt=N.log.trigger.<job ID>.log``, JSON lines with a timestamp):
+    when each triggerer ran the task's trigger."""
+    spans: dict[str, dict[int, tuple[float, float]]] = {}
+    base = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    for path in base.glob("task_id=*/attempt=*.log.trigger.*.log"):
+        task = path.parent.name.removeprefix("task_id=")
+        job = int(path.name.rsplit(".", 2)[-2])
+        stamps = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                stamps.append(datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp())
+        if stamps:
+            first, last = spans.setdefault(task, {}).get(job, (min(stamps), max(stamps)))
+            spans[task][job] = (min(first, *stamps), max(last, *stamps))
+    return spans
+
+
+def _double_runs(spans: dict[str, dict[int, tuple[float, float]]]) -> dict[str, float]:
+    """Task ID -> seconds during which two triggerers both ran its trigger (only tasks with any)."""
+    out = {}
+    for task, by_job in spans.items():
+        ranges = sorted(by_job.values())
+        overlap = max((min(a[1], b[1]) - max(a[0], b[0]) for i, a in enumerate(ranges) for b in ranges[i + 1:]),
+                      default=0.0)
+        if overlap > 0:
+            out[task] = overlap
+    return out
+
+
+@pytest.mark.skipif(database() != "postgres",
+                    reason="the 50-sensor failover runs on PostgreSQL: make test-deployment DEPLOYMENT_DB=postgres")
+def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_path: Path) -> None:
+    """(6) PostgreSQL: 50 sensors waiting in the triggerers (which claim triggers with row locks);
+    one triggerer is SIGKILLed mid-wait while the states keep changing. The other adopts its
+    triggers within the health threshold; every sensor succeeds once, no state is billed twice, no
+    trigger runs in both triggerers at once beyond the hand-over, and no triggerer ever holds more
+    than ``max_streams_per_process`` gateway sockets."""
+    dag_id, count = "sz_deploy_failover", 50
+    files = _files(tmp_path / "failover", count)
+    assert deployment.sampler is not None
+    deployment.sampler.reset()
+    since = time.time()
+    started = time.monotonic()
+    run_id = deployment.trigger(dag_id, {"dir": str(tmp_path / "failover")})
+
+    with _background(_keep_writing(files)):
+        placed = _placed(deployment, dag_id, run_id, count, 300)
+        spread_after = time.monotonic() - started
+        victim = max(placed, key=lambda name: len(placed[name]))
+        survivor = next(name for name in placed if name != victim)
+        orphans = sorted(placed[victim])
+        time.sleep(3)  # mid-wait: the states keep changing and the victim decides them
+        killed_at = time.monotonic()
+        killed_epoch = time.time()
+        deployment.components[victim].kill()
+
+        def adopted() -> bool:
+            deployment.check_alive()
+            return len(deployment.triggers_by_triggerer(dag_id, run_id).get(survivor, [])) == count
+
+        wait_for(adopted, TRIGGERER_HEALTH_THRESHOLD + 150, f"{survivor} to adopt {victim}'s triggers", interval=0.5)
+        handover = time.monotonic() - killed_at
+        time.sleep(4)  # the adopted triggers decide the current states in the survivor
+    for path in files:
+        _append(path, READY)
+    state = deployment.wait_run(dag_id, run_id, timeout=300)
+    elapsed = time.monotonic() - started
+
+    tis = _assert_all_succeeded(deployment, dag_id, run_id, state)
+    assert len(tis) == count, sorted(tis)
+    mismatches = _assert_retries_explained(deployment, dag_id, run_id)
+    xcoms = deployment.xcoms(dag_id, run_id)
+    assert all(xcoms[(f"wait_{i:02d}", "return_value")]["decision"] is True for i in range(count))
+    billed, replayed, twice = _billing(deployment, since)
+    assert not twice, f"states billed twice: {twice}"
+    sockets = dict(deployment.sampler.maxima)
+    assert max(sockets.values()) <= MAX_STREAMS_PER_PROCESS, sockets
+    spans = _trigger_spans(deployment, dag_id, run_id)
+    assert len(spans) == count, f"trigger logs for {len(spans)} of {count} tasks"
+    survivor_job, victim_job = deployment.triggerer_jobs[survivor], deployment.triggerer_jobs[victim]
+    # each orphan ran in the survivor, and only after the kill (no copy started while the victim lived)
+    unadopted = [task for task in orphans if survivor_job not in spans.get(task, {})]
+    assert not unadopted, f"no trigger log of {survivor} for {unadopted}"
+    early = {task: round(killed_epoch - spans[task][survivor_job][0], 1) for task in orphans
+             if spans[task][survivor_job][0] < killed_epoch}
+    assert not early, f"{survivor} started these triggers before {victim} was killed (s): {early}"
+    late = {task: by_job[victim_job][1] - killed_epoch for task, by_job in spans.items()
+            if victim_job in by_job and by_job[victim_job][1] > killed_epoch + 1}
+    assert not late, f"{victim} wrote trigger logs after it was killed: {late}"
+    double = _double_runs(spans)
+    assert not double, f"triggers run by both triggerers at once (seconds): {double}"
+    stayed = [task for task in spans if task not in orphans and set(spans[task]) != {survivor_job}]
+    assert not stayed, f"triggers of {survivor} that ran elsewhere too: {stayed}"
+    deployment.start_triggerer(victim)
+    RESULTS.append(f"(6) PostgreSQL failover: {count} sensors in the triggerers {spread_after:.0f} s after the "
+                   f"run started; SIGKILL {victim} holding {len(orphans)}: {survivor} held all {count} "
+                   f"{handover:.0f} s later (health threshold {TRIGGERER_HEALTH_THRESHOLD} s, heartbeat 1 s); no "
+                   f"trigger run by both at once; all succeeded in {elapsed:.0f} s; {billed} decisions billed, "
+                   f"{replayed} replayed unbilled, no state billed twice; max gateway sockets per triggerer "
+                   f"{sockets}; #71580 retries: {mismatches}")

@@ -35,7 +35,7 @@ def _file(name: str) -> dict[str, Any]:
 
 def _dag(dag_id: str, **kwargs: Any) -> DAG:
     return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=DEFAULTS,
-               params={"dir": ""}, max_active_tasks=32, tags=["systemzero", "deployment-test"], **kwargs)
+               params={"dir": ""}, tags=["systemzero", "deployment-test"], **{"max_active_tasks": 32, **kwargs})
 
 
 # (1) 20 deferrable sensors on files appended to over time, shared by two triggerers
@@ -83,3 +83,10 @@ with _dag("sz_deploy_operator_xcom"):
                 "decision_id": ti.xcom_pull(task_ids="decide", key="decision_id")}
 
     consume(decide.output)
+
+# (6, PostgreSQL mode) 50 waiting sensors; one triggerer is killed mid-wait. Not start_from_trigger:
+# a triggerer adopting such triggers hands each one the whole serialized Dag to render, which held
+# the survivor's loop for ~90 s when it adopted 30 of them on a busy machine.
+with _dag("sz_deploy_failover", max_active_tasks=64):
+    for index in range(50):
+        SystemZeroDecisionSensor(task_id=f"wait_{index:02d}", source=_file(f"job_{index:02d}.log"), **WAIT)

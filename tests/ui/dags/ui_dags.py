@@ -1,0 +1,41 @@
+"""The Dag of the UI test (``tests/ui``): a sensor whose policy asks a person.
+
+The emulator's rules (``tests/ui/emulator_rules.json``) answer a log that "looks ready" with
+``ready: true`` at probability 0.72 — between the policy's bars, so a person is asked — and a log
+that says "Job is ready." with 0.96, above them.
+
+``retries=2``: an answer given within seconds of the pause can meet apache/airflow#71580 (the
+scheduler fails the resumed try on the worker's stale exit event); the retry takes the person's
+answer from the task state store without asking again, and the test accepts a retry only when
+the scheduler logged that "state mismatch".
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_systemzero.policy import DecisionPolicy
+from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+with DAG(
+    "sz_ui_review",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    params={"dir": ""},
+    tags=["systemzero", "ui-test"],
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=2)},
+):
+    SystemZeroDecisionSensor(
+        task_id="wait_until_ready",
+        question="ready",
+        instructions="Is the nightly build ready to ship?",
+        source={"type": "file", "path": "{{ params.dir }}/build.log", "poll_interval": 0.5},
+        policy=DecisionPolicy(act_above=0.85, review_above=0.6, below="wait"),
+        review_subject="Ship the nightly build?",
+        lease_after=1.0,
+        timeout=900,
+    )

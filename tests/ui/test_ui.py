@@ -1,0 +1,287 @@
+"""The Airflow UI as a person uses it, in Debian's Chromium driven by Playwright, against real
+Airflow components and the emulator (see ``conftest.py``).
+
+1. Adding a System Zero connection: the type is offered, the fields carry the provider's labels
+   and placeholders, the unused ones are hidden, the key is a password input; saving stores it;
+   the Test button reports success, then a wrong key and a stopped gateway by their cause.
+2. A sensor whose policy asks a person: the task shows as awaiting input and the page shows the
+   question, the state and the model's probability and confidence; "No" keeps the sensor waiting
+   for a new state, "Yes" lets it succeed.
+3. The ``decision`` and ``usage`` XComs in the XCom view.
+
+Each step's screenshot is written to ``docs/images/ui-*.png`` (the pictures of docs/connection.md
+and docs/policies.md).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.deployment.harness import REPO, RESULTS, Deployment, wait_for
+from tests.helpers import EmulatorThread
+from tests.ui.conftest import UI_DAG_ID
+
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(900)]
+
+IMAGES = REPO / "docs" / "images"
+TASK = "wait_until_ready"
+PERSON_KEY = "sz-ui-person-key"
+#: What Airflow 3.3.2's Test button gets for a connection without a port (apache/airflow#73298).
+PORT_BUG = "host or port to test differs from the stored connection"
+
+
+def _shot(page: Any, name: str, **kwargs: Any) -> Path:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / f"ui-{name}.png"
+    page.screenshot(path=str(path), **kwargs)
+    return path
+
+
+def _test_button(page: Any, deployment: Deployment, conn_id: str) -> tuple[str, str, Any]:
+    """Click the connection's Test button on the list; return the toast's title and text, and the
+    API's answer to the request the button made."""
+    page.goto(deployment.api + "/connections")
+    row = page.get_by_role("row").filter(has_text=conn_id)
+    with page.expect_response(
+        lambda r: r.url.endswith("/api/v2/connections/test"), timeout=120_000
+    ) as answer:
+        row.get_by_role("button", name="Test Connection").click()
+    toast = (
+        page.locator("[data-scope=toast][data-part=root]")
+        .filter(has_text=re.compile("Test Connection (Successful|Failed)"))
+        .last
+    )
+    toast.wait_for(state="visible", timeout=90_000)
+    # the notice slides in from the bottom: wait until all of it is in view (for the screenshot)
+    height = page.viewport_size["height"]
+    wait_for(
+        lambda: (box := toast.bounding_box()) is not None and box["y"] + box["height"] <= height,
+        10,
+        "the notice to be in view",
+        interval=0.1,
+    )
+    text = toast.inner_text()
+    title = "Test Connection Successful" if "Successful" in text else "Test Connection Failed"
+    return title, text, answer.value.json()
+
+
+# ---------------------------------------------------------------------------------------- 1
+
+
+def test_add_and_test_a_connection(page: Any, ui_deployment: Deployment) -> None:
+    """(1) The connection form as a person fills it, and the Test button's three answers."""
+    deployment = ui_deployment
+    started = time.monotonic()
+    with EmulatorThread(api_keys={PERSON_KEY: 8}) as gateway:
+        page.goto(deployment.api + "/connections")
+        page.get_by_role("button", name="Add Connection").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_label("Connection ID").fill("systemzero_ui")
+        combo = dialog.get_by_role("combobox")
+        combo.click()
+        combo.fill("System")
+        option = page.get_by_role("option", name="System Zero")
+        option.wait_for()
+        _shot(page, "connection-type")
+        option.click()
+
+        origin = dialog.get_by_label("API origin")
+        key = dialog.get_by_label("API key")
+        assert origin.get_attribute("placeholder") == "wss://api.example.com or https://api.example.com"
+        assert key.get_attribute("type") == "password"
+        for hidden in ("Port", "Login", "Schema", "Host", "Password"):
+            assert dialog.get_by_label(hidden, exact=True).count() == 0, f"{hidden} is shown"
+        origin.fill(gateway.origin)
+        key.fill(PERSON_KEY)
+        assert PERSON_KEY not in dialog.inner_text()
+        _shot(page, "connection-form")
+        dialog.get_by_role("button", name="Extra Fields", exact=True).click()
+        # the extras are inputs named element_<field>, each under its label and help text
+        for name, label, help_text in (
+            ("model", "Default model", "Model ID used when a task does not name one."),
+            ("open_timeout", "Open timeout (s)", "Seconds allowed for the TCP, TLS and WebSocket"),
+            ("proxy", "Proxy URL", "Proxies from environment variables are not used unless set here."),
+        ):
+            dialog.locator(f"input[name=element_{name}]").wait_for()
+            assert label in dialog.inner_text() and help_text in dialog.inner_text()
+        assert dialog.locator("input[name=element_open_timeout]").input_value() == "10"
+        dialog.locator("input[name=element_model]").fill("sz-ui")
+        _shot(page, "connection-extras")
+        dialog.get_by_role("button", name="Save").click()
+        dialog.wait_for(state="hidden")
+
+        stored = deployment.rest("GET", "/api/v2/connections/systemzero_ui")
+        assert stored["conn_type"] == "systemzero" and stored["host"] == gateway.origin, stored
+        assert stored["password"] == "***" and '"model": "sz-ui"' in stored["extra"], stored
+        assert stored["port"] is None and stored["login"] is None, stored
+
+        title, text, answer = _test_button(page, deployment, "systemzero_ui")
+        workaround = False
+        if title == "Test Connection Failed" and PORT_BUG in str(answer.get("detail")):
+            # Airflow 3.3.2's list sends port 0 for a connection without a port and the API refuses
+            # it before the hook runs (apache/airflow#73298, fixed upstream). The documented
+            # workaround: store the gateway's port on the connection.
+            _shot(page, "connection-test-port-bug")
+            workaround = True
+            port = int(gateway.origin.rsplit(":", 1)[1])
+            deployment.rest(
+                "PATCH",
+                "/api/v2/connections/systemzero_ui?update_mask=port",
+                {"connection_id": "systemzero_ui", "conn_type": "systemzero", "port": port},
+            )
+            title, text, answer = _test_button(page, deployment, "systemzero_ui")
+        assert title == "Test Connection Successful", text
+        assert f"connected to {gateway.origin}" in text and "max_streams_per_process" in text, text
+        _shot(page, "connection-test-ok")
+
+        # a wrong key, typed into the edit form
+        page.get_by_role("row").filter(has_text="systemzero_ui").get_by_role(
+            "button", name="Edit Connection"
+        ).click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_label("API key").fill("not-the-key")
+        dialog.get_by_role("button", name="Save").click()
+        dialog.wait_for(state="hidden")
+        title, text, answer = _test_button(page, deployment, "systemzero_ui")
+        assert title == "Test Connection Failed", text
+        assert "HTTP 401" in text and "set a valid API key in the connection's password field" in text, text
+        assert "Traceback" not in text and "not-the-key" not in text, text
+        _shot(page, "connection-test-wrong-key")
+
+        page.get_by_role("row").filter(has_text="systemzero_ui").get_by_role(
+            "button", name="Edit Connection"
+        ).click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_label("API key").fill(PERSON_KEY)
+        dialog.get_by_role("button", name="Save").click()
+        dialog.wait_for(state="hidden")
+    # the gateway is stopped now
+    title, text, answer = _test_button(page, deployment, "systemzero_ui")
+    assert title == "Test Connection Failed", text
+    assert gateway.origin.split("//", 1)[1] in text or "refused" in text.lower(), text
+    assert "Traceback" not in text, text
+    _shot(page, "connection-test-gateway-down")
+    RESULTS.append(
+        f"(ui 1) connection form and Test button checked in {time.monotonic() - started:.0f} s"
+        + ("; Airflow's port-0 Test bug (apache/airflow#73298) seen and worked around" if workaround else "")
+    )
+
+
+# ---------------------------------------------------------------------------------------- 2, 3
+
+
+def _task_state(deployment: Deployment, run_id: str) -> str | None:
+    return deployment.task_instances(UI_DAG_ID, run_id).get(TASK, {}).get("state")
+
+
+def _wait_state(deployment: Deployment, run_id: str, states: set[str], timeout: float, what: str) -> str:
+    def reached() -> str | None:
+        deployment.check_alive()
+        state = _task_state(deployment, run_id)
+        return state if state in states else None
+
+    try:
+        return wait_for(reached, timeout, what, interval=0.5)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the task is {_task_state(deployment, run_id)!r}") from None
+
+
+def _review_page(page: Any, deployment: Deployment, run_id: str) -> Any:
+    page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{run_id}/tasks/{TASK}/required_actions")
+    page.get_by_text("Awaiting Input").first.wait_for()
+    page.get_by_role("button", name="Yes").wait_for()
+    return page
+
+
+def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_path: Path) -> None:
+    """(2) "No" keeps the sensor waiting for a new state; "Yes" lets it succeed. (3) The XComs."""
+    deployment = ui_deployment
+    started = time.monotonic()
+    runs = {}
+    # one run after the other: the machine this runs on may be busy, and each worker start is slow
+    for answer in ("Yes", "No"):
+        work = tmp_path / answer.lower()
+        work.mkdir()
+        (work / "build.log").write_text("compiling\nunit tests passed\nthe build looks ready\n")
+        run_id = runs[answer] = deployment.trigger(
+            UI_DAG_ID, {"dir": str(work)}, run_id=f"review_{answer.lower()}"
+        )
+        _wait_state(deployment, run_id, {"awaiting_input"}, 420, f"{run_id} to await a person's answer")
+        _review_page(page, deployment, run_id)
+        body = page.locator("body").inner_text()
+        for expected in (
+            "Ship the nightly build?",
+            "Is the nightly build ready to ship?",
+            "probability 0.72, confidence 0.64",
+            "the build looks ready",
+            "unit tests passed",
+            "below the act bar 0.85 and at or above the review bar 0.6",
+        ):
+            assert expected in body, f"{expected!r} not on the review page:\n{body[-3000:]}"
+        _shot(page, f"review-{answer.lower()}-asked")
+        page.get_by_role("button", name=answer, exact=True).click()
+        page.get_by_text(re.compile("Response received at")).wait_for()
+
+    no_run, yes_run = runs["No"], runs["Yes"]
+    assert deployment.wait_run(UI_DAG_ID, yes_run, timeout=300) == "success"
+    page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{yes_run}/tasks/{TASK}/required_actions")
+    page.get_by_text("Success").first.wait_for()
+    page.get_by_text(re.compile("Response received at")).wait_for()
+    _shot(page, "review-yes-succeeded")
+
+    # "No": back to waiting in the triggerer, for a state it has not been asked about
+    _wait_state(deployment, no_run, {"deferred"}, 300, f"{no_run}'s sensor to wait again after 'No'")
+    time.sleep(3)
+    assert _task_state(deployment, no_run) == "deferred"
+    page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{no_run}/tasks/{TASK}/required_actions")
+    page.get_by_text("Deferred").first.wait_for()
+    page.get_by_text(re.compile("Response received at")).wait_for()
+    _shot(page, "review-no-waits-again")
+    with (tmp_path / "no" / "build.log").open("a") as handle:
+        handle.write("Job is ready.\n")
+    assert deployment.wait_run(UI_DAG_ID, no_run, timeout=300) == "success"
+
+    retries = 0
+    for run_id in (yes_run, no_run):
+        unexplained, mismatched = deployment.unexplained_retries(UI_DAG_ID, run_id)
+        retries += len(mismatched)
+        assert not unexplained, (
+            f"{run_id} retried without the apache/airflow#71580 state mismatch: {unexplained}"
+        )
+    xcoms = deployment.xcoms(UI_DAG_ID, yes_run)
+    assert xcoms[(TASK, "decision")]["decided_by"] == "human", xcoms
+    assert xcoms[(TASK, "decision")]["decision"] is True
+    assert xcoms[(TASK, "usage")]["total"]["billed"] >= 1, xcoms[(TASK, "usage")]
+    no_xcoms = deployment.xcoms(UI_DAG_ID, no_run)
+    assert no_xcoms[(TASK, "decision")]["decided_by"] == "model", no_xcoms
+
+    # (3) the XCom view, values expanded
+    page.set_viewport_size({"width": 1600, "height": 1100})
+    page.goto(f"{deployment.api}/xcoms")
+    page.get_by_role("cell", name="usage").first.wait_for()
+    page.get_by_role("button", name="Expand all extra JSON").click()
+    page.get_by_text('"decided_by"').first.wait_for()
+    table = re.sub(r"\s+", "", page.locator("body").inner_text())
+    for expected in (
+        '"decided_by":"human"',
+        '"action":"review"',
+        '"decided_by":"model"',
+        '"billed":',
+        '"try_number":',
+    ):
+        assert expected in table, f"{expected!r} not in the XCom view:\n{table[:3000]}"
+    # the rows of the run a person answered "Yes" to, from the top of the view
+    yes_rows = page.get_by_role("row").filter(has_text=yes_run)
+    assert yes_rows.count() == 3, yes_rows.all_inner_texts()  # decision, return_value, usage
+    yes_rows.first.evaluate("row => row.scrollIntoView({block: 'start'})")
+    yes_rows.filter(has_text='"decided_by": "human"').first.wait_for()
+    _shot(page, "xcom-decision-usage")
+    RESULTS.append(
+        f"(ui 2, 3) review answered 'Yes' then 'No' in the UI, XCom view checked, in "
+        f"{time.monotonic() - started:.0f} s; #71580 retries: {retries}"
+    )
