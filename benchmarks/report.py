@@ -186,6 +186,72 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
     return rows, missed
 
 
+def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """The waiting-trigger and append figures: figure, target, before, after, met or missed."""
+    from benchmarks.waiting import TARGETS, group
+
+    res = doc["results"]
+    base = doc.get("baseline") or {}
+    after, before = res.get("waiting") or {}, base.get("waiting") or {}
+    rows: list[list[Any]] = []
+
+    def row(label: str, target: str, name: str, n: int, frozen: bool, fmt: Any, limit: float,
+            strict: bool = False) -> None:
+        now, then = group(after, n, frozen), group(before, n, frozen)
+        value = None if now is None else now[name]
+        ok = value is not None and (value < limit if strict else value <= limit)
+        rows.append([label, target, DASH if then is None else fmt(then[name]), DASH if now is None else fmt(value),
+                     MET if ok else MISSED])
+
+    if after and "error" not in after:
+        kb, count, cpu = (lambda v: f"{v:.1f} KB"), (lambda v: f"{v:.0f}"), (lambda v: f"{v:.2f} %")
+        for n in (1000, 5000):
+            row(f"RSS per waiting trigger, N = {n:,}", f"≤ {TARGETS['rss_per_trigger_kb']:.0f} KB",
+                "rss_per_trigger_kb", n, False, kb, TARGETS["rss_per_trigger_kb"])
+        row("objects tracked by the collector per waiting trigger (N = 1,000)",
+            f"≤ {TARGETS['gc_tracked_per_trigger']:.0f}", "gc_tracked_per_trigger", 1000, False, count,
+            TARGETS["gc_tracked_per_trigger"])
+        row("full-GC time (CPU) added by 1,000 waiting triggers", f"≤ {TARGETS['full_gc_ms_added_per_1000']:.0f} ms",
+            "full_gc_ms_added_per_1000", 1000, False, _ms, TARGETS["full_gc_ms_added_per_1000"])
+        row("longest event-loop stall, N = 5,000, `gc.freeze()` after start-up (production setting)",
+            f"< {TARGETS['longest_stall_ms']:.0f} ms", "longest_stall_ms", 5000, True, _ms,
+            TARGETS["longest_stall_ms"], strict=True)
+        row("the same, collector as Airflow leaves it", f"< {TARGETS['longest_stall_ms']:.0f} ms",
+            "longest_stall_ms", 5000, False, _ms, TARGETS["longest_stall_ms"], strict=True)
+        row("idle CPU, N = 5,000", f"≤ {TARGETS['idle_cpu_pct']:.0f} % of a core", "idle_cpu_pct", 5000, False,
+            cpu, TARGETS["idle_cpu_pct"])
+    now = (res.get("core") or {}).get("append_cost")
+    then = base.get("append_cost")
+    if now:
+        def us(value: float) -> str:
+            return f"{value / 1000:.3f} ms"
+
+        def big(cost: dict[str, Any] | None, name: str) -> Any:
+            return None if not cost else cost["rows"][-1][name]
+
+        def shown(value: Any, fmt: Any) -> str:
+            return DASH if value is None else fmt(value)
+
+        limit = TARGETS["append_body_key_us_4mb"]
+        rows.append(["client CPU per 100-byte append to a 4 MB text state: body + key", f"≤ {limit / 1000:.1f} ms",
+                     shown(big(then, "body_key_us"), us), us(big(now, "body_key_us")),
+                     MET if big(now, "body_key_us") <= limit else MISSED])
+        for part, label in (("concatenation_us", "string concatenation (not targeted)"),
+                            ("planning_us", "mutation planning, prefix check (not targeted)"),
+                            ("rest_us", "the rest: validation, frames, ack and decision (not targeted)"),
+                            ("client_us_per_append", "client CPU per append, all of it")):
+            rows.append([f"{DASH} {label}", DASH, shown(big(then, part), us), us(big(now, part)), ""])
+        ratio = TARGETS["append_ratio_4mb_to_1kb"]
+        rows.append(["client CPU per append, 4 MB ÷ 1 KB state (all of it)", f"≤ {ratio:.0f}{TIMES}",
+                     shown(None if not then else then["ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
+                     f"{now['ratio_4mb_to_1kb']:.1f}{TIMES}", MET if now["ratio_4mb_to_1kb"] <= ratio else MISSED])
+        rows.append([f"{DASH} body + key alone, 4 MB ÷ 1 KB", f"≤ {ratio:.0f}{TIMES}",
+                     shown(None if not then else then["body_key_ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
+                     f"{now['body_key_ratio_4mb_to_1kb']:.1f}{TIMES}",
+                     MET if now["body_key_ratio_4mb_to_1kb"] <= ratio else MISSED])
+    return rows
+
+
 #: The latency figures of the target table: label (naming the source), target, figure, unit.
 FIGURES = [
     ("Change → event, file source on notifications, one trigger", "p50 ≤ 10 ms", "file_p50_ms", "ms"),
@@ -436,6 +502,16 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                   f"{(baseline.get('load_average') or [math.nan])[0]:.1f}), where a file source polled.", ""]
     if missed:
         lines += ["Missed, by how much and why:", ""] + [f"- {m}" for m in missed] + [""]
+    waiting_rows = _waiting_rows(doc)
+    if waiting_rows:
+        lines += ["### Waiting triggers and appends, before → after", ""]
+        origin = (baseline or {}).get("waiting_from")
+        if origin:
+            lines += [f"'Before' is the same benchmark code run against commit `{origin.get('commit')}` "
+                      f"({str(origin.get('started_at'))[:16].replace('T', ' ')} UTC, load average "
+                      f"{(origin.get('load_average') or [math.nan])[0]:.1f} on 2 cores); each figure is a median "
+                      "of repeats.", ""]
+        lines += _table(["figure", "target", "before", "after", ""], waiting_rows)
     res = doc["results"]
     for name, section in (("latency", _latency), ("density", _density), ("billing", _billing),
                           ("ingest", _ingest), ("core", _core)):
@@ -461,4 +537,5 @@ def summary(doc: dict[str, Any]) -> str:
     rows, missed = _targets(doc)
     width = max((len(r[1]) for r in rows), default=10)
     text = [f"{r[1]:<{width}}  {r[2]}  [{r[3].strip('*')}]" for r in rows]
+    text += [f"{r[0]}: {r[2]} -> {r[3]} (target {r[1]}) [{r[4].strip('*') or '-'}]" for r in _waiting_rows(doc)]
     return "\n".join(text + [f"missed: {m}" for m in missed])
