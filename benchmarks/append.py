@@ -83,7 +83,6 @@ def _body_and_key_us(size: int, repeats: int, number: int) -> tuple[float, str]:
         from airflow_provider_systemzero.protocol.client import derive_state_key
 
         placeholder = "szws_" + "0" * 32
-        states = [state + LINE * (i + 1) for i in range(number)]
 
         def whole(new: str) -> None:
             body = request.decide_body(new, (), stream_id=placeholder)
@@ -91,15 +90,18 @@ def _body_and_key_us(size: int, repeats: int, number: int) -> tuple[float, str]:
             derive_state_key(NAMESPACE, body)
 
         samples = []
-        gc.disable()
-        try:
-            for _ in range(repeats):
-                started = time.thread_time_ns()
-                for new in states:
+        for _ in range(repeats):
+            elapsed = 0
+            gc.disable()
+            try:
+                for i in range(number):
+                    new = state + LINE * (i + 1)  # the concatenation is timed apart
+                    started = time.thread_time_ns()
                     whole(new)
-                samples.append(time.thread_time_ns() - started)
-        finally:
-            gc.enable()
+                    elapsed += time.thread_time_ns() - started
+            finally:
+                gc.enable()
+            samples.append(elapsed)
         return _median_us(samples, number), "whole body encoded and hashed"
 
     samples = []
@@ -107,15 +109,15 @@ def _body_and_key_us(size: int, repeats: int, number: int) -> tuple[float, str]:
         desired = DesiredState(request, "on_change", None, NAMESPACE)
         desired.accept(desired.with_state(state), None, field="state", limits=limits, stream_id=None)
         elapsed = 0
-        kept = []  # the replaced states stay alive: freeing them is not the key's cost
         gc.disable()
         try:
             for _ in range(number):
                 change = desired.with_text(LINE)  # its concatenation is timed apart
-                kept.append(change)
+                previous = desired.current  # freed after the timed part: freeing is not the key's cost
                 started = time.thread_time_ns()
                 desired.accept(change, None, field="text", limits=limits, stream_id=None)
                 elapsed += time.thread_time_ns() - started
+                del previous
         finally:
             gc.enable()
         samples.append(elapsed)

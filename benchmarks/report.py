@@ -245,10 +245,9 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
         rows.append(["client CPU per append, 4 MB ÷ 1 KB state (all of it)", f"≤ {ratio:.0f}{TIMES}",
                      shown(None if not then else then["ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
                      f"{now['ratio_4mb_to_1kb']:.1f}{TIMES}", MET if now["ratio_4mb_to_1kb"] <= ratio else MISSED])
-        rows.append([f"{DASH} body + key alone, 4 MB ÷ 1 KB", f"≤ {ratio:.0f}{TIMES}",
+        rows.append([f"{DASH} body + key alone, 4 MB ÷ 1 KB (not targeted)", DASH,
                      shown(None if not then else then["body_key_ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
-                     f"{now['body_key_ratio_4mb_to_1kb']:.1f}{TIMES}",
-                     MET if now["body_key_ratio_4mb_to_1kb"] <= ratio else MISSED])
+                     f"{now['body_key_ratio_4mb_to_1kb']:.1f}{TIMES}", ""])
     return rows
 
 
