@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import gc
 import json
@@ -171,6 +172,18 @@ def _tracked() -> int:
     return len(gc.get_objects())
 
 
+def _census() -> collections.Counter[str]:
+    """The objects the collector tracks, counted by type (``module.qualname``)."""
+    return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+
+
+def _census_per_trigger(before: collections.Counter[str], after: collections.Counter[str], n: int,
+                        top: int = 20) -> dict[str, float]:
+    """The types that grew most between two censuses, per trigger."""
+    grown = after - before
+    return {name: count / n for name, count in grown.most_common(top)}
+
+
 def freeze_after_start_up() -> None:
     """The production setting measured here (docs/production.md): once everything is imported,
     collect, then move every surviving object to the permanent generation (``gc.freeze()``)."""
@@ -233,6 +246,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
         base_sockets = count_sockets()
         base_rss = rss_kb()
         base_tracked = _tracked()
+        base_census = _census()
         base_gc_ms = _full_collection_ms()
         base_idle_cpu, _ = await _idle_cpu(idle_window)
 
@@ -253,6 +267,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
         await asyncio.sleep(0.5)
         rss_waiting = rss_kb()
         waiting_tracked = _tracked()
+        tracked_types = _census_per_trigger(base_census, _census(), n)
         waiting_gc_ms = _full_collection_ms()
         idle_cpu, idle_watch = await _idle_cpu(idle_window)
         idle_sockets = count_sockets() - base_sockets
@@ -263,6 +278,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
                    "rss_per_trigger_kb": (rss_waiting - base_rss) / n, "gc_tracked_baseline": base_tracked,
                    "gc_tracked_waiting": waiting_tracked,
                    "gc_tracked_per_trigger": (waiting_tracked - base_tracked) / n,
+                   "gc_tracked_types_per_trigger": tracked_types,
                    "idle_window_s": idle_window, "idle_cpu_baseline_pct": base_idle_cpu * 100,
                    "idle_cpu_pct": idle_cpu * 100,
                    "idle_cpu_per_1000_pct": max(0.0, idle_cpu - base_idle_cpu) * 100 * 1000 / n,
