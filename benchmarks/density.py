@@ -177,6 +177,11 @@ def _census() -> collections.Counter[str]:
     return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
+def _task_census() -> collections.Counter[str]:
+    """The loop's tasks, counted by the qualified name of the coroutine each runs."""
+    return collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
+
+
 def _census_per_trigger(before: collections.Counter[str], after: collections.Counter[str], n: int,
                         top: int = 20) -> dict[str, float]:
     """The types that grew most between two censuses, per trigger."""
@@ -246,7 +251,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
         base_sockets = count_sockets()
         base_rss = rss_kb()
         base_tracked = _tracked()
-        base_census = _census()
+        base_census, base_tasks = _census(), _task_census()
         base_gc_ms = _full_collection_ms()
         base_idle_cpu, _ = await _idle_cpu(idle_window)
 
@@ -268,6 +273,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
         rss_waiting = rss_kb()
         waiting_tracked = _tracked()
         tracked_types = _census_per_trigger(base_census, _census(), n)
+        tasks = _census_per_trigger(base_tasks, _task_census(), n)
         waiting_gc_ms = _full_collection_ms()
         idle_cpu, idle_watch = await _idle_cpu(idle_window)
         idle_sockets = count_sockets() - base_sockets
@@ -278,7 +284,7 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
                    "rss_per_trigger_kb": (rss_waiting - base_rss) / n, "gc_tracked_baseline": base_tracked,
                    "gc_tracked_waiting": waiting_tracked,
                    "gc_tracked_per_trigger": (waiting_tracked - base_tracked) / n,
-                   "gc_tracked_types_per_trigger": tracked_types,
+                   "gc_tracked_types_per_trigger": tracked_types, "tasks_per_trigger": tasks,
                    "idle_window_s": idle_window, "idle_cpu_baseline_pct": base_idle_cpu * 100,
                    "idle_cpu_pct": idle_cpu * 100,
                    "idle_cpu_per_1000_pct": max(0.0, idle_cpu - base_idle_cpu) * 100 * 1000 / n,
