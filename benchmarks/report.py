@@ -479,6 +479,39 @@ def _core(cor: dict[str, Any]) -> list[str]:
             f"the codec costs {budget['codec_cpu_pct_at_limits']:.2f} % of a core, and the client's side of the "
             f"changes {budget['change_cpu_pct_at_limits_1kb']:.2f} % with 1 KB states, "
             f"{budget['change_cpu_pct_at_limits_1mb']:.1f} % with 1 MB states.", ""]
+    appends = cor.get("append_cost")
+    if appends:
+        rows = [[f"{r['state_bytes']:,}", *(f"{r[k]:,.1f} µs" for k in ("client_us_per_append", "body_key_us",
+                                                                          "concatenation_us", "planning_us", "rest_us"))]
+                for r in appends["rows"]]
+        out += ["Client CPU per 100-byte `append_text` (CPU time, medians), split as described above:", ""]
+        out += _table(["state bytes", "client, all of it", "body + key", "concatenation", "planning",
+                       "the rest"], rows)
+    return out
+
+
+def _waiting(data: dict[str, Any]) -> list[str]:
+    """Scenario 6: one row per N and collector setting, then what a waiting trigger keeps."""
+    out = ["### 6. Waiting triggers at scale", ""]
+    rows = [[f"{g['n']:,}", "`gc.freeze()` after start-up" if g["gc_freeze"] else "as Airflow leaves it",
+             g["repeats"], f"{g['rss_per_trigger_kb']:.1f} KB", f"{g['gc_tracked_per_trigger']:.0f}",
+             _ms(g["full_gc_ms_baseline"]), _ms(g["full_gc_ms_waiting"]), _ms(g["full_gc_ms_added_per_1000"]),
+             _ms(g["longest_stall_ms"]), _ms(g["longest_stall_without_gc_ms"]), f"{g['idle_cpu_pct']:.2f} %",
+             f"{g['startup_s']:.0f} s"] for g in data["groups"]]
+    out += ["Medians over the runs. Full-GC columns are the CPU time of one `gc.collect()` with no trigger, "
+            "with the N triggers waiting, and the difference scaled to 1,000 triggers; stalls are wall time "
+            "(start-up and a 5 s quiet window), so they include waiting for a core on a loaded machine.", ""]
+    out += _table(["N", "collector", "runs", "RSS / trigger", "tracked objects / trigger", "full GC, no trigger",
+                   "full GC, waiting", "added per 1,000", "longest stall", "without GC", "idle CPU",
+                   "start-up"], rows)
+    census = next((r for r in data["runs"] if r.get("gc_tracked_types_per_trigger")), None)
+    if census:
+        types = ", ".join(f"{name.removeprefix('builtins.')} {count:.0f}"
+                          for name, count in census["gc_tracked_types_per_trigger"].items() if count >= 2)
+        tasks = ", ".join(f"`{name}`" for name, count in census.get("tasks_per_trigger", {}).items()
+                          if count >= 0.9)
+        out += [f"What one waiting trigger keeps (N = {census['n']:,}), objects by type: {types}."
+                + (f" Tasks per waiting trigger: {tasks}." if tasks else ""), ""]
     return out
 
 
@@ -516,7 +549,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         lines += _table(["figure", "target", "before", "after", ""], waiting_rows)
     res = doc["results"]
     for name, section in (("latency", _latency), ("density", _density), ("billing", _billing),
-                          ("ingest", _ingest), ("core", _core)):
+                          ("ingest", _ingest), ("core", _core), ("waiting", _waiting)):
         data = res.get(name)
         if data is None:
             continue
