@@ -203,8 +203,9 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
         then = next((g for f in settings if (g := group(before, n, f)) is not None), None)
         value = None if now is None else now[name]
         ok = value is not None and (value < limit if strict else value <= limit)
+        verdict = "not measured" if value is None else MET if ok else MISSED
         rows.append([label, target, DASH if then is None else fmt(then[name]), DASH if now is None else fmt(value),
-                     MET if ok else MISSED])
+                     verdict])
 
     if after and "error" not in after:
         kb, count, cpu = (lambda v: f"{v:.1f} KB"), (lambda v: f"{v:.0f}"), (lambda v: f"{v:.2f} %")
@@ -241,7 +242,7 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
                      MET if big(now, "body_key_us") <= limit else MISSED])
         for part, label in (("concatenation_us", "string concatenation (not targeted)"),
                             ("planning_us", "mutation planning, prefix check (not targeted)"),
-                            ("rest_us", "the rest: validation, frames, ack and decision (not targeted)"),
+                            ("rest_us", "the rest, by difference (floored at 0): validation, frames, ack, decision, freeing"),
                             ("client_us_per_append", "client CPU per append, all of it")):
             rows.append([f"{DASH} {label}", DASH, shown(big(then, part), us), us(big(now, part)), ""])
         ratio = TARGETS["append_ratio_4mb_to_1kb"]
@@ -484,7 +485,10 @@ def _core(cor: dict[str, Any]) -> list[str]:
         rows = [[f"{r['state_bytes']:,}", *(f"{r[k]:,.1f} µs" for k in ("client_us_per_append", "body_key_us",
                                                                           "concatenation_us", "planning_us", "rest_us"))]
                 for r in appends["rows"]]
-        out += ["Client CPU per 100-byte `append_text` (CPU time, medians), split as described above:", ""]
+        origin = appends.get("measured")
+        out += ["Client CPU per 100-byte `append_text` (CPU time, medians), split as described above"
+                + (f" (measured {str(origin['started_at'])[:10]} at commit `{origin['commit']}`)" if origin else "")
+                + ":", ""]
         out += _table(["state bytes", "client, all of it", "body + key", "concatenation", "planning",
                        "the rest"], rows)
     return out
