@@ -1,6 +1,7 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
-A full run takes about ten minutes on two cores and writes ``benchmarks/results/latest.json``
+A full run takes about ten minutes on two cores, plus 10–20 minutes for scenario 6 (waiting
+triggers up to N = 5,000; ``--only`` leaves it out), and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
 run of about three minutes with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
