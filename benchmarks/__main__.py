@@ -1,6 +1,7 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
-A full run takes about ten minutes on two cores and writes ``benchmarks/results/latest.json``
+A full run takes about ten minutes on two cores, plus 10–20 minutes for scenario 6 (waiting
+triggers up to N = 5,000; ``--only`` leaves it out), and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
 run of about three minutes with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import billing, core, density, ingest, latency, report
+from benchmarks import billing, core, density, ingest, latency, report, waiting
 from benchmarks.common import Options, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,7 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "billing": billing.run,
     "ingest": ingest.run,
     "density": density.run,
+    "waiting": waiting.run,
 }
 
 
@@ -84,12 +86,23 @@ def _keep_unrun(document: dict[str, Any], previous: dict[str, Any]) -> None:
         document["kept_from"] = kept
 
 
-def _baseline(path: Path) -> dict[str, Any]:
-    """The 'before' of the latency figures: a run of earlier code."""
+def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
+    """The 'before' of the latency, waiting-trigger and append figures: a run of earlier code.
+
+    Only the parts that run measured replace those of ``previous`` (the baseline already in the
+    results file), each with the commit and date it was measured at.
+    """
     earlier = json.loads(path.read_text(encoding="utf-8"))
-    return {"started_at": earlier.get("started_at"), "commit": earlier.get("machine", {}).get("commit"),
-            "load_average": earlier.get("machine", {}).get("load_average_before"),
-            "latency": earlier.get("results", {}).get("latency")}
+    results = earlier.get("results", {})
+    origin = {"started_at": earlier.get("started_at"), "commit": earlier.get("machine", {}).get("commit"),
+              "load_average": earlier.get("machine", {}).get("load_average_before")}
+    baseline = dict(previous)
+    if results.get("latency"):
+        baseline.update(origin, latency=results["latency"])
+    append_cost = (results.get("core") or {}).get("append_cost")
+    if results.get("waiting") or append_cost:
+        baseline.update(waiting=results.get("waiting"), append_cost=append_cost, waiting_from=origin)
+    return baseline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the JSON results (default benchmarks/results/latest.json; with --quick "
                              ".cache/benchmarks/quick.json)")
     parser.add_argument("--baseline", type=Path, default=None,
-                        help="the JSON results of a run of earlier code: its latency figures are shown as 'before' "
+                        help="the JSON results of a run of earlier code: its latency, waiting-trigger and append "
+                             "figures are shown as 'before' "
                              "(default: the baseline already in the results file, if any)")
     docs = parser.add_mutually_exclusive_group()
     docs.add_argument("--docs", dest="docs", action="store_true", default=None,
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     previous = _previous(out)
     _keep_unrun(document, previous)
-    baseline = _baseline(args.baseline) if args.baseline else previous.get("baseline")
+    baseline = _baseline(args.baseline, previous.get("baseline") or {}) if args.baseline else previous.get("baseline")
     if baseline:
         document["baseline"] = baseline
     _write(out, json.dumps(document, indent=2, sort_keys=False) + "\n")

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.append import append_cost
 from benchmarks.common import Options
 from benchmarks.fixtures import REQUEST
 
@@ -71,18 +72,22 @@ def _reply() -> dict[str, Any]:
 class _Pair:
     """A client session and a gateway session wired together in memory."""
 
-    def __init__(self, state_size: int, reply: dict[str, Any]) -> None:
+    #: The clock each side's share is read from (``time.thread_time_ns`` for CPU time).
+    clock = staticmethod(time.perf_counter_ns)
+
+    def __init__(self, state_size: int, reply: dict[str, Any], *, limits: Any = None, initial: str | None = None) -> None:
         from airflow_provider_systemzero.protocol.client import ClientSession
         from airflow_provider_systemzero.protocol.gateway import GatewaySession
         from airflow_provider_systemzero.protocol.limits import Limits
         from airflow_provider_systemzero.protocol.messages import StreamRequest
 
-        limits = Limits(**_TIMERS)
+        limits = limits or Limits(**_TIMERS)
         self.reply = reply
         self.now = 0.0
         request = StreamRequest.build(model=REQUEST["model"], questions=REQUEST["questions"],
                                       prompt_cache_key="bench-core")
-        initial = "".join(f"{i:08d}\n" for i in range(state_size // 9))
+        if initial is None:
+            initial = "".join(f"{i:08d}\n" for i in range(state_size // 9))
         self.client = ClientSession(request=request, state=initial, decision_mode="on_change",
                                     key_namespace="bench-core", limits=limits)
         self.gateway = GatewaySession(stream_id="szws_" + "0" * 32, now=self.now, limits=limits)
@@ -97,7 +102,7 @@ class _Pair:
         from airflow_provider_systemzero.protocol.gateway import DecideSuccess, DispatchDecide, SendMessage
         from airflow_provider_systemzero.protocol.messages import encode_message
 
-        clock = time.perf_counter_ns
+        clock = self.clock
         while actions:
             pending = []
             for action in actions:
@@ -119,7 +124,7 @@ class _Pair:
 
     def change(self, text: str | None = None) -> None:
         """One change through both sides, to its decision (client and gateway time kept apart)."""
-        clock = time.perf_counter_ns
+        clock = self.clock
         self.now += 1.0
         started = clock()
         if text is not None:
@@ -217,11 +222,13 @@ def run_sync(options: Options) -> dict[str, Any]:
         round_trips.append({"state_bytes": size, "us_per_change": per_change, "client_us_per_change": client,
                             "set_desired_us": _set_desired_us(size, repeats, per_repeat),
                             "changes_per_s_one_core": 1e6 / per_change, "decisions": decisions})
+    appends = append_cost(reply, quick=options.quick)
     lim_messages, lim_events, streams = 40, 5, 4
     worst_message_us = max(max(r["encode_us"], r["decode_us"]) for r in codec)
     return {
         "codec": codec,
         "change_round_trip": round_trips,
+        "append_cost": appends,
         "budget": {"max_messages_per_second": lim_messages, "max_events_per_second": lim_events,
                    "max_streams_per_process": streams,
                    "codec_cpu_pct_at_limits": worst_message_us * lim_messages * streams / 1e4,

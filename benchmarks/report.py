@@ -186,6 +186,75 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
     return rows, missed
 
 
+def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """The waiting-trigger and append figures: figure, target, before, after, met or missed."""
+    from benchmarks.waiting import TARGETS, group
+
+    res = doc["results"]
+    base = doc.get("baseline") or {}
+    after, before = res.get("waiting") or {}, base.get("waiting") or {}
+    rows: list[list[Any]] = []
+
+    def row(label: str, target: str, name: str, n: int, frozen: bool | None, fmt: Any, limit: float,
+            strict: bool = False) -> None:
+        # frozen None: a figure the collector setting does not change; as Airflow leaves it if measured
+        settings = (False, True) if frozen is None else (frozen,)
+        now = next((g for f in settings if (g := group(after, n, f)) is not None), None)
+        then = next((g for f in settings if (g := group(before, n, f)) is not None), None)
+        value = None if now is None else now[name]
+        ok = value is not None and (value < limit if strict else value <= limit)
+        verdict = "not measured" if value is None else MET if ok else MISSED
+        rows.append([label, target, DASH if then is None else fmt(then[name]), DASH if now is None else fmt(value),
+                     verdict])
+
+    if after and "error" not in after:
+        kb, count, cpu = (lambda v: f"{v:.1f} KB"), (lambda v: f"{v:.0f}"), (lambda v: f"{v:.2f} %")
+        for n in (1000, 5000):
+            row(f"RSS per waiting trigger, N = {n:,}", f"≤ {TARGETS['rss_per_trigger_kb']:.0f} KB",
+                "rss_per_trigger_kb", n, None, kb, TARGETS["rss_per_trigger_kb"])
+        row("objects tracked by the collector per waiting trigger (N = 1,000)",
+            f"≤ {TARGETS['gc_tracked_per_trigger']:.0f}", "gc_tracked_per_trigger", 1000, None, count,
+            TARGETS["gc_tracked_per_trigger"])
+        row("full-GC time (CPU) added by 1,000 waiting triggers", f"≤ {TARGETS['full_gc_ms_added_per_1000']:.0f} ms",
+            "full_gc_ms_added_per_1000", 1000, None, _ms, TARGETS["full_gc_ms_added_per_1000"])
+        row("longest event-loop stall, N = 5,000, `gc.freeze()` after start-up (production setting)",
+            f"< {TARGETS['longest_stall_ms']:.0f} ms", "longest_stall_ms", 5000, True, _ms,
+            TARGETS["longest_stall_ms"], strict=True)
+        row("the same, collector as Airflow leaves it", f"< {TARGETS['longest_stall_ms']:.0f} ms",
+            "longest_stall_ms", 5000, False, _ms, TARGETS["longest_stall_ms"], strict=True)
+        row("idle CPU, N = 5,000", f"≤ {TARGETS['idle_cpu_pct']:.0f} % of a core", "idle_cpu_pct", 5000, None,
+            cpu, TARGETS["idle_cpu_pct"])
+    now = (res.get("core") or {}).get("append_cost")
+    then = base.get("append_cost")
+    if now:
+        def us(value: float) -> str:
+            return f"{value / 1000:.3f} ms"
+
+        def big(cost: dict[str, Any] | None, name: str) -> Any:
+            return None if not cost else cost["rows"][-1][name]
+
+        def shown(value: Any, fmt: Any) -> str:
+            return DASH if value is None else fmt(value)
+
+        limit = TARGETS["append_body_key_us_4mb"]
+        rows.append(["client CPU per 100-byte append to a 4 MB text state: body + key", f"≤ {limit / 1000:.1f} ms",
+                     shown(big(then, "body_key_us"), us), us(big(now, "body_key_us")),
+                     MET if big(now, "body_key_us") <= limit else MISSED])
+        for part, label in (("concatenation_us", "string concatenation (not targeted)"),
+                            ("planning_us", "mutation planning, prefix check (not targeted)"),
+                            ("rest_us", "the rest, by difference (floored at 0): validation, frames, ack, decision, freeing"),
+                            ("client_us_per_append", "client CPU per append, all of it")):
+            rows.append([f"{DASH} {label}", DASH, shown(big(then, part), us), us(big(now, part)), ""])
+        ratio = TARGETS["append_ratio_4mb_to_1kb"]
+        rows.append(["client CPU per append, 4 MB ÷ 1 KB state (all of it)", f"≤ {ratio:.0f}{TIMES}",
+                     shown(None if not then else then["ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
+                     f"{now['ratio_4mb_to_1kb']:.1f}{TIMES}", MET if now["ratio_4mb_to_1kb"] <= ratio else MISSED])
+        rows.append([f"{DASH} body + key alone, 4 MB ÷ 1 KB (not targeted)", DASH,
+                     shown(None if not then else then["body_key_ratio_4mb_to_1kb"], lambda v: f"{v:.1f}{TIMES}"),
+                     f"{now['body_key_ratio_4mb_to_1kb']:.1f}{TIMES}", ""])
+    return rows
+
+
 #: The latency figures of the target table: label (naming the source), target, figure, unit.
 FIGURES = [
     ("Change → event, file source on notifications, one trigger", "p50 ≤ 10 ms", "file_p50_ms", "ms"),
@@ -411,6 +480,42 @@ def _core(cor: dict[str, Any]) -> list[str]:
             f"the codec costs {budget['codec_cpu_pct_at_limits']:.2f} % of a core, and the client's side of the "
             f"changes {budget['change_cpu_pct_at_limits_1kb']:.2f} % with 1 KB states, "
             f"{budget['change_cpu_pct_at_limits_1mb']:.1f} % with 1 MB states.", ""]
+    appends = cor.get("append_cost")
+    if appends:
+        rows = [[f"{r['state_bytes']:,}", *(f"{r[k]:,.1f} µs" for k in ("client_us_per_append", "body_key_us",
+                                                                          "concatenation_us", "planning_us", "rest_us"))]
+                for r in appends["rows"]]
+        origin = appends.get("measured")
+        out += ["Client CPU per 100-byte `append_text` (CPU time, medians), split as described above"
+                + (f" (measured {str(origin['started_at'])[:10]} at commit `{origin['commit']}`)" if origin else "")
+                + ":", ""]
+        out += _table(["state bytes", "client, all of it", "body + key", "concatenation", "planning",
+                       "the rest"], rows)
+    return out
+
+
+def _waiting(data: dict[str, Any]) -> list[str]:
+    """Scenario 6: one row per N and collector setting, then what a waiting trigger keeps."""
+    out = ["### 6. Waiting triggers at scale", ""]
+    rows = [[f"{g['n']:,}", "`gc.freeze()` after start-up" if g["gc_freeze"] else "as Airflow leaves it",
+             g["repeats"], f"{g['rss_per_trigger_kb']:.1f} KB", f"{g['gc_tracked_per_trigger']:.0f}",
+             _ms(g["full_gc_ms_baseline"]), _ms(g["full_gc_ms_waiting"]), _ms(g["full_gc_ms_added_per_1000"]),
+             _ms(g["longest_stall_ms"]), _ms(g["longest_stall_without_gc_ms"]), f"{g['idle_cpu_pct']:.2f} %",
+             f"{g['startup_s']:.0f} s"] for g in data["groups"]]
+    out += ["Medians over the runs. Full-GC columns are the CPU time of one `gc.collect()` with no trigger, "
+            "with the N triggers waiting, and the difference scaled to 1,000 triggers; stalls are wall time "
+            "(start-up and a 5 s quiet window), so they include waiting for a core on a loaded machine.", ""]
+    out += _table(["N", "collector", "runs", "RSS / trigger", "tracked objects / trigger", "full GC, no trigger",
+                   "full GC, waiting", "added per 1,000", "longest stall", "without GC", "idle CPU",
+                   "start-up"], rows)
+    census = next((r for r in data["runs"] if r.get("gc_tracked_types_per_trigger")), None)
+    if census:
+        types = ", ".join(f"{name.removeprefix('builtins.')} {count:.0f}"
+                          for name, count in census["gc_tracked_types_per_trigger"].items() if count >= 2)
+        tasks = ", ".join(f"`{name}`" for name, count in census.get("tasks_per_trigger", {}).items()
+                          if count >= 0.9)
+        out += [f"What one waiting trigger keeps (N = {census['n']:,}), objects by type: {types}."
+                + (f" Tasks per waiting trigger: {tasks}." if tasks else ""), ""]
     return out
 
 
@@ -436,9 +541,19 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                   f"{(baseline.get('load_average') or [math.nan])[0]:.1f}), where a file source polled.", ""]
     if missed:
         lines += ["Missed, by how much and why:", ""] + [f"- {m}" for m in missed] + [""]
+    waiting_rows = _waiting_rows(doc)
+    if waiting_rows:
+        lines += ["### Waiting triggers and appends, before → after", ""]
+        origin = (baseline or {}).get("waiting_from")
+        if origin:
+            lines += [f"'Before' is the same benchmark code run against commit `{origin.get('commit')}` "
+                      f"({str(origin.get('started_at'))[:16].replace('T', ' ')} UTC, load average "
+                      f"{(origin.get('load_average') or [math.nan])[0]:.1f} on 2 cores); each figure is a median "
+                      "of repeats.", ""]
+        lines += _table(["figure", "target", "before", "after", ""], waiting_rows)
     res = doc["results"]
     for name, section in (("latency", _latency), ("density", _density), ("billing", _billing),
-                          ("ingest", _ingest), ("core", _core)):
+                          ("ingest", _ingest), ("core", _core), ("waiting", _waiting)):
         data = res.get(name)
         if data is None:
             continue
@@ -461,4 +576,5 @@ def summary(doc: dict[str, Any]) -> str:
     rows, missed = _targets(doc)
     width = max((len(r[1]) for r in rows), default=10)
     text = [f"{r[1]:<{width}}  {r[2]}  [{r[3].strip('*')}]" for r in rows]
+    text += [f"{r[0]}: {r[2]} -> {r[3]} (target {r[1]}) [{r[4].strip('*') or '-'}]" for r in _waiting_rows(doc)]
     return "\n".join(text + [f"missed: {m}" for m in missed])

@@ -1,0 +1,80 @@
+"""Scenario 6 — waiting triggers at scale: memory, collector, stalls and idle CPU of N dormant triggers.
+
+The lighter harness of scenario 2 (:mod:`benchmarks.density` with ``--waiting-only``): each run
+starts N decision triggers in a fresh process, lets each get its first decision and give its
+stream back, then measures the waiting phase (RSS, objects tracked by the collector, the CPU
+time of a full collection, idle CPU, the longest event-loop stall) and cancels them; there is no
+change phase, so N = 5,000 fits in a few minutes. Each N runs with the collector as Airflow leaves
+it and with the production setting of ``docs/production.md`` (``gc.freeze()`` once start-up
+is over, :func:`benchmarks.density.freeze_after_start_up`); every figure is the median of the
+repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmarks.common import Options
+from benchmarks.density import child
+
+__all__ = ["run", "summarise"]
+
+SIZES = (1000, 5000)
+QUICK_SIZES = (100,)
+#: Repeats per (N, collector setting); the largest N once (a run takes minutes on two cores).
+REPEATS = {100: 1, 1000: 3, 5000: 1}
+#: The figures a group's median is taken of.
+FIGURES = (
+    "rss_per_trigger_kb",
+    "gc_tracked_per_trigger",
+    "full_gc_ms_baseline",
+    "full_gc_ms_waiting",
+    "full_gc_ms_added_per_1000",
+    "longest_stall_ms",
+    "longest_stall_without_gc_ms",
+    "idle_cpu_pct",
+    "idle_cpu_baseline_pct",
+    "startup_s",
+)
+TARGETS = {
+    "rss_per_trigger_kb": 20.0,
+    "gc_tracked_per_trigger": 60.0,
+    "full_gc_ms_added_per_1000": 20.0,
+    "longest_stall_ms": 50.0,
+    "idle_cpu_pct": 2.0,
+    "append_body_key_us_4mb": 300.0,
+    "append_ratio_4mb_to_1kb": 2.0,
+}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Group child results by N and collector setting; the median of each figure per group.
+
+    :param runs: results of ``python -m benchmarks.density --waiting-only`` (with or without
+        ``--gc-freeze``).
+    """
+    groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    for result in runs:
+        groups.setdefault((result["n"], bool(result.get("gc_freeze"))), []).append(result)
+    summary = []
+    for (n, frozen), members in sorted(groups.items()):
+        medians = {name: statistics.median(r[name] for r in members) for name in FIGURES}
+        summary.append({"n": n, "gc_freeze": frozen, "repeats": len(members), **medians})
+    return {"groups": summary, "runs": runs, "targets": TARGETS}
+
+
+def group(result: dict[str, Any], n: int, gc_freeze: bool) -> dict[str, Any] | None:
+    """The summary of one (N, collector setting) group, if it was measured."""
+    return next((g for g in result.get("groups", []) if g["n"] == n and g["gc_freeze"] == gc_freeze), None)
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run scenario 6: every N with and without ``gc.freeze()``, each run in a fresh process."""
+    runs = []
+    for n in QUICK_SIZES if options.quick else SIZES:
+        for frozen in (False, True):
+            flags = ["--gc-freeze"] if frozen else []
+            for _ in range(REPEATS.get(n, 1)):
+                runs.append(await child("--n", str(n), "--waiting-only", "--seed", str(options.seed), *flags))
+    return summarise(runs)
