@@ -20,8 +20,8 @@ from airflow_provider_systemzero.checks import (
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.review import Gate, PolicyGateMixin
@@ -252,9 +252,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         questions = self.questions
         if questions is None:
             if not self.instructions:
-                raise LocalProtocolError("instructions is required when questions is not given: say what to "
-                                         "decide, e.g. 'Is the job ready?'", code="invalid_question",
-                                         field="instructions")
+                raise SystemZeroArgumentError("instructions is required when questions is not given: say what to "
+                                             "decide, e.g. 'Is the job ready?'", code="invalid_question",
+                                             field="instructions")
             questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
         return build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
                                   prompt_cache_key=self.prompt_cache_key)
@@ -270,9 +270,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if request is not None:
             validate_state_for_request(request, self.state)
         if self._is_static(source) and self.consecutive != 1 and not self.wait_on_static_state:
-            raise LocalProtocolError(f"consecutive={self.consecutive} needs successive states, but with no "
-                                     "source the state never changes: give a source, or drop consecutive",
-                                     code="invalid_hysteresis", field="consecutive")
+            raise SystemZeroArgumentError(f"consecutive={self.consecutive} needs successive states, but with no "
+                                         "source the state never changes: give a source, or drop consecutive",
+                                         code="invalid_hysteresis", field="consecutive")
         return source
 
     @staticmethod
@@ -300,7 +300,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             condition.check_questions(request["questions"])
             validate_decision_mode(self.decision_mode)
             source = self._check_state(request)
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         return request, condition, source
 
@@ -316,7 +316,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if self._is_static(source):  # when it runs: a template may fill it
             try:
                 refuse_empty_state(self.state, allow_empty=self.allow_empty)
-            except LocalProtocolError as exc:
+            except ARGUMENT_ERRORS as exc:
                 raise AirflowFailException(f"{self.task_id}: {exc}") from None
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
@@ -340,7 +340,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         try:
             state = read_source_once(source, self.state)
             validate_state_for_request(request, state, field=self._source_name(source))
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
         decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(

@@ -58,11 +58,11 @@ log = logging.getLogger(__name__)
 _LEASE_POLL_SECONDS = 0.05
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
+    from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
     from airflow_provider_systemzero.stream.exceptions import (
         AuthenticationFailed,
         DeadlineExceeded,
         DecisionFailed,
-        LocalProtocolError,
         SystemZeroError,
         UpgradeRefused,
     )
@@ -73,7 +73,7 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
         payload.update(status="timeout", error_type="timeout")
     elif isinstance(exc, AuthenticationFailed):
         payload["error_type"] = "authentication"
-    elif isinstance(exc, LocalProtocolError):
+    elif isinstance(exc, ARGUMENT_ERRORS):
         payload.update(error_type="validation", field=exc.field, code=exc.code)
     elif isinstance(exc, DecisionFailed):
         payload.update(error_type="decision_failed", http_status=exc.http_status, code=exc.envelope.code,
