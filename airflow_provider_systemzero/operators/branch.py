@@ -5,7 +5,7 @@
 * :class:`SystemZeroShortCircuitOperator` — a yes/no gate: downstream tasks run only when the
   decision says so.
 
-Both take a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (act, ask a person,
+Both take a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (act, ask a person,
 fall back), push the ``decision`` audit record, and — like
 :class:`~airflow_provider_systemzero.operators.decide.SystemZeroDecideOperator`, which they
 extend — decide each state once: a retry replays the same answer unbilled.
@@ -21,11 +21,11 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.checks import is_literal, parse_time
 from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy, OptionBars
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from airflow_provider_systemzero.policy import DecisionPolicy, OptionBars
 from airflow_provider_systemzero.questions import build_request_dict
-from airflow_provider_systemzero.review import Gate
+from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -104,7 +104,7 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         (default: the downstream task IDs, sorted).
     :param descriptions: option → description (added to the instructions).
     :param multiple: allow several branches.
-    :param policy: the :class:`~airflow_provider_systemzero.policy.DecisionPolicy`; its ``default``
+    :param policy: the :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`; its ``default``
         is an option (a list of options with ``multiple=True``).
 
     Every other parameter is :class:`SystemZeroDecideOperator`'s (``state``, ``upstream_task_ids``,
@@ -287,7 +287,7 @@ class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
     :param question: the question's name.
     :param proceed_when: the answer that lets downstream tasks run (``False`` makes a "skip if" gate).
     :param ignore_downstream_trigger_rules: skip every downstream task (``True``), or only the direct ones.
-    :param policy: the :class:`~airflow_provider_systemzero.policy.DecisionPolicy`.
+    :param policy: the :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`.
 
     Every other parameter is :class:`SystemZeroDecideOperator`'s.
     """

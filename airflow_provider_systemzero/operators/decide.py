@@ -22,19 +22,19 @@ from airflow_provider_systemzero.checks import (
     refuse_empty_state,
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+from airflow_provider_systemzero.decisions.policy import state_info as describe_state
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace, state_hash
-from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     decision_payload,
     owned_event,
 )
+from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -86,9 +86,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     XCom: the return value is ``{question: decision}``; ``answers`` holds every answer in full
     (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID;
     ``decision`` is the audit record of the gated question (see
-    :func:`~airflow_provider_systemzero.policy.decision_record`).
+    :func:`~airflow_provider_systemzero.decisions.policy.decision_record`).
 
-    With a ``policy`` (:class:`~airflow_provider_systemzero.policy.DecisionPolicy`), the answer to
+    With a ``policy`` (:class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`), the answer to
     ``policy_question`` is acted on, sent to a person (Airflow's Human-in-the-loop
     ``awaiting_input``), replaced by the policy's default, or fails/skips the task; the return
     value carries the answer that took effect.
@@ -111,7 +111,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
         before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for ``policy_question``; ``None`` uses the model's answers as they are.
     :param policy_question: the question the policy gates (default: the only question).
     :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).

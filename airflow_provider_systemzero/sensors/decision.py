@@ -19,15 +19,15 @@ from airflow_provider_systemzero.checks import (
     refuse_empty_state,
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
-from airflow_provider_systemzero.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition, Streak
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
+from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -95,7 +95,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
         decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
         ``awaiting_input``; "yes" fires, "no" keeps waiting for a new state), ``fail``, ``skip``,
         ``wait`` (keep waiting for more state) or ``default``.
@@ -347,7 +347,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
         result = condition.evaluate(decision)
-        from airflow_provider_systemzero.policy import state_info
+        from airflow_provider_systemzero.decisions.policy import state_info
 
         info = state_info(state)
         if info["state_hash"] in self._skip_states and result.candidate:
@@ -409,7 +409,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                         "state_hash"), state_bytes=info.get("state_bytes"), preview=info.get("preview"),
                     extra={"summary": self._summary(event), "deadline": event.get("deadline"),
                            "skip_states": list(event.get("skip_states") or []), "streak": event.get("streak")})
-        from airflow_provider_systemzero.policy import PolicyOutcome
+        from airflow_provider_systemzero.decisions.policy import PolicyOutcome
 
         action = event.get("action") or "act"
         outcome = PolicyOutcome(**event["outcome"]) if isinstance(event.get("outcome"), dict) else PolicyOutcome(
@@ -434,7 +434,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _push_timeout_record(self, context: Context, event: dict[str, Any]) -> None:
         """The wait ended on the deadline: push the ``decision`` record saying so (nothing was decided)."""
-        from airflow_provider_systemzero.policy import decision_record
+        from airflow_provider_systemzero.decisions.policy import decision_record
 
         reason = str(event.get("message") or "no decision met the condition before the deadline")
         self._push_record(context, decision_record(

@@ -39,7 +39,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_provider_systemzero.conditions import ConditionResult, DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import (
     DEFAULT_MAX_STALENESS,
@@ -114,14 +114,14 @@ class _StreamingTrigger:
     def _run_budget(self) -> Any:
         """This run's :class:`~airflow_provider_systemzero.budget.DecisionBudget` (``None`` without one)."""
         if self._budget_obj is None and self.budget:
-            from airflow_provider_systemzero.budget import DecisionBudget
+            from airflow_provider_systemzero.decisions.budget import DecisionBudget
 
             self._budget_obj = DecisionBudget.from_kwargs(self.budget)
         return self._budget_obj
 
     def _with_usage(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The event payload plus what this run spent (the worker adds it to the task's total)."""
-        from airflow_provider_systemzero.budget import event_usage
+        from airflow_provider_systemzero.decisions.budget import event_usage
 
         return {**payload, **event_usage(self._budget_obj)}
     _lease_timer: asyncio.Task[None] | None = None
@@ -266,7 +266,7 @@ class _StreamingTrigger:
                          ) -> AsyncIterator[tuple[DecisionResult, ConditionResult, str, dict[str, Any], Any]]:
         """``(decision, result, state_hash, streak, state)`` each time the condition fires.
 
-        Hysteresis (:class:`~airflow_provider_systemzero.conditions.Streak`): it fires once a run of
+        Hysteresis (:class:`~airflow_provider_systemzero.decisions.conditions.Streak`): it fires once a run of
         qualifying decisions about successive states is ``consecutive`` long and ``min_true_for``
         old — a timer fires it when only time is missing — and once per run. A decision qualifies
         when it is met, or (with ``reviews``) when the policy sends it to a person. With
@@ -471,7 +471,7 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
                                 payload["status"] = "unmet"
                             if result.action == "review":
                                 # what the sensor needs to ask a person, and to wait on if they say no
-                                from airflow_provider_systemzero.policy import state_info
+                                from airflow_provider_systemzero.decisions.policy import state_info
 
                                 payload.update(state_info=state_info(state), deadline=self.deadline,
                                                skip_states=list(self.skip_states))
@@ -528,8 +528,8 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
         yield TriggerEvent(self._with_usage(payload))
 
     async def _decide(self) -> dict[str, Any]:
+        from airflow_provider_systemzero.decisions.policy import state_info
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-        from airflow_provider_systemzero.policy import state_info
         from airflow_provider_systemzero.protocol.messages import Attachment
 
         extra = {"key_namespace": self.key_namespace}

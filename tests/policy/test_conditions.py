@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.policy import DecisionPolicy
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 
 

@@ -3,7 +3,7 @@
 A :class:`DecisionCondition` is plain data (it travels in trigger kwargs as a dict). A missing
 confidence or probability never passes a bar: a model that reports no number counts as uncertain.
 
-Optionally a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` says what to do with an
+Optionally a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` says what to do with an
 expected answer (act, ask a person, fail, skip, keep waiting, or take the default), and
 hysteresis (``consecutive``, ``min_true_for``) keeps a flapping answer from firing: see
 :class:`Streak`.
@@ -65,7 +65,7 @@ class DecisionCondition:
         an option or a list of options for a choice question).
     :param min_confidence: the answer's confidence must be at least this (``None``: no bar).
     :param min_probability: the answer's probability must be at least this (``None``: no bar).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` dict: what to do
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` dict: what to do
         with an expected answer that passes the bars above (``None``: act on it).
     :param consecutive: fire only after this many successive qualifying decisions, each about a
         different state.
@@ -92,7 +92,7 @@ class DecisionCondition:
             raise SystemZeroArgumentError(f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
                                          code="invalid_hysteresis", field="min_true_for")
         if self.policy is not None:
-            from airflow_provider_systemzero.policy import DecisionPolicy
+            from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
                 policy = DecisionPolicy.coerce(self.policy)
@@ -131,7 +131,7 @@ class DecisionCondition:
                                              f"{self.question!r} (options: {list(options or ())})",
                                              code="invalid_expect", field="expect")
         if self.policy is not None:
-            from airflow_provider_systemzero.policy import DecisionPolicy
+            from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
                 DecisionPolicy.from_dict(self.policy).check(kind=kind or "boolean", options=options,
@@ -164,7 +164,7 @@ class DecisionCondition:
         return self._apply_policy(answer, described)
 
     def _apply_policy(self, answer: Answer, described: str) -> ConditionResult:
-        from airflow_provider_systemzero.policy import DecisionPolicy
+        from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
         policy = DecisionPolicy.from_dict(self.policy or {})
         outcome = policy.evaluate(answer)
