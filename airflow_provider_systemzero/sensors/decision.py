@@ -19,7 +19,8 @@ from airflow_provider_systemzero.checks import (
     refuse_empty_state,
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
-from airflow_provider_systemzero.decisions.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
@@ -157,7 +158,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                              "(a rescheduled poke forgets the run of decisions)")
         #: states a person said "no" about (poke mode); and the poke-mode run of decisions
         self._skip_states: list[str] = []
-        self._streak: Streak | None = None
+        self._watch: DecisionWatch | None = None
         self.question = question
         self.instructions = instructions
         self.questions = questions
@@ -346,36 +347,21 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
             systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
-        result = condition.evaluate(decision)
         from airflow_provider_systemzero.decisions.policy import state_info
 
         info = state_info(state)
-        if info["state_hash"] in self._skip_states and result.candidate:
-            result = type(result)(False, result.answer, f"{result.reason}; a person already said no about this "
-                                  "state", "wait", result.outcome)
-        self.log.info("decision at version %s: %s", decision.state_version, result.reason)
-        answer = decision.answers.get(condition.question)
-        event = {
-            "status": "success", "key_namespace": namespace, "question": condition.question,
-            "decision": result.answer.decision if result.answer else None,
-            "probability": result.answer.probability if result.answer else None,
-            "confidence": result.answer.confidence if result.answer else None, "reply_id": decision.reply_id,
-            "request_id": decision.request_id, "state_version": decision.state_version,
-            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
-            "usage": decision.usage, "reason": result.reason, "action": result.action, "outcome": result.outcome,
-            "state_hash": info["state_hash"], "state_info": info, "deadline": None,
-            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
-        if result.action in ("fail", "skip"):
-            return self._finish(context, event, request)
-        if not result.candidate and self._ends_when_unmet(source):
-            self._static_unmet(result.reason)
-        if self._streak is None:
-            self._streak = Streak(condition.consecutive, condition.min_true_for)
-        now = time.monotonic()
-        self._streak.observe(result.candidate, now, info["state_hash"])
-        if not (result.candidate and self._streak.ready(now)):
+        if self._watch is None:
+            self._watch = DecisionWatch(condition, skip_states=self._skip_states,
+                                        end_when_unmet=self._ends_when_unmet(source))
+        verdict = self._watch.observe(decision, info["state_hash"], state, time.monotonic())
+        if verdict is None:
             return PokeReturnValue(is_done=False)
-        event["streak"] = self._streak.to_dict(now)
+        event = self._watch.event(verdict, extra={"key_namespace": namespace, "state_info": info, "deadline": None,
+                                                  "skip_states": list(self._skip_states)}).to_payload()
+        if event["status"] == "unmet":
+            self._static_unmet(str(event["reason"]))
+        if event["status"] == "policy":
+            return self._finish(context, event, request)
         return PokeReturnValue(is_done=True, xcom_value=self._finish(context, event, request))
 
     @staticmethod
@@ -384,12 +370,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if isinstance(source, dict) and source.get("type") in ("file", "callable"):
             return f"the {source['type']} source {source.get('path')!r}"
         return "state"
-
-    @staticmethod
-    def _summary(event: dict[str, Any]) -> dict[str, Any]:
-        keys = ("question", "decision", "probability", "confidence", "reply_id", "request_id", "state_version",
-                "covered_event_ids", "model", "usage", "reason")
-        return {key: event.get(key) for key in keys}
 
     # ------------------------------------------------------------------ the policy and the record
 
@@ -407,7 +387,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                     model=event.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
                     state_version=event.get("state_version"), state_hash=event.get("state_hash") or info.get(
                         "state_hash"), state_bytes=info.get("state_bytes"), preview=info.get("preview"),
-                    extra={"summary": self._summary(event), "deadline": event.get("deadline"),
+                    extra={"summary": WatchEvent.from_payload(event).summary(), "deadline": event.get("deadline"),
                            "skip_states": list(event.get("skip_states") or []), "streak": event.get("streak")})
         from airflow_provider_systemzero.decisions.policy import PolicyOutcome
 
@@ -478,7 +458,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.log.info("keep waiting for a new state (%d state(s) already answered)", len(skip))
         if not self.deferrable:
             self._skip_states = skip
-            self._streak = None
+            self._watch = None
             return BaseSensorOperator.execute(self, context)
         request, condition, source = self._build()
         deadline = gate.extra.get("deadline") or self._deadline()
@@ -507,7 +487,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         status = event["status"]
         if status in ("success", "policy"):
-            summary = self._summary(event)
+            summary = WatchEvent.from_payload(event).summary()
             self.log.info("System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
                           summary["question"], summary["decision"], summary["probability"], summary["confidence"],
                           summary["state_version"])

@@ -34,12 +34,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import (
     DEFAULT_MAX_STALENESS,
@@ -261,23 +262,16 @@ class _StreamingTrigger:
             return consumer.result()
         return feeder.result()  # the source failed (or ended): raise its error
 
-    async def _debounced(self, stream: Any, changed: asyncio.Event, condition: DecisionCondition, *,
-                         reviews: bool, skip_states: frozenset[str] = frozenset(), unmet: bool = False
-                         ) -> AsyncIterator[tuple[DecisionResult, ConditionResult, str, dict[str, Any], Any]]:
-        """``(decision, result, state_hash, streak, state)`` each time the condition fires.
+    async def _debounced(self, stream: Any, changed: asyncio.Event, watch: DecisionWatch) -> AsyncIterator[Any]:
+        """Each verdict of ``watch`` that ends the wait, fed the stream's current decisions.
 
-        Hysteresis (:class:`~airflow_provider_systemzero.decisions.conditions.Streak`): it fires once a run of
-        qualifying decisions about successive states is ``consecutive`` long and ``min_true_for``
-        old — a timer fires it when only time is missing — and once per run. A decision qualifies
-        when it is met, or (with ``reviews``) when the policy sends it to a person. With
-        ``reviews``, a ``fail``/``skip`` verdict is yielded at once. Decisions about a state in
-        ``skip_states`` (a person already said no about it) do not qualify. With ``unmet`` (a static
-        state), a decision that does not qualify is yielded too: nothing can change it.
+        The rules (condition, policy, skip states, hysteresis) are the watch's
+        (:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`); this loop adds the
+        timer that ends a wait when only time is missing.
         """
         from airflow_provider_systemzero.identity import state_hash
 
         loop = asyncio.get_running_loop()
-        streak = Streak(condition.consecutive, condition.min_true_for)
         queue: asyncio.Queue[tuple[DecisionResult, str, Any]] = asyncio.Queue()
 
         async def pump() -> None:
@@ -287,8 +281,6 @@ class _StreamingTrigger:
             raise RuntimeError("the stream ended without a decision")
 
         pumper = asyncio.ensure_future(pump())
-        last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
-        fired = False
         currency = self._currency
         assert currency is not None
         evaluated = False
@@ -298,42 +290,19 @@ class _StreamingTrigger:
                     currency.evaluated()
                     evaluated = False
                 getter = asyncio.ensure_future(queue.get())
-                wait = None if fired else streak.wait_time(loop.time())
-                done, _ = await asyncio.wait({getter, pumper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getter, pumper}, timeout=watch.wait_time(loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     decision, key, state = getter.result()
                     evaluated = True
-                    result = condition.evaluate(decision)
-                    if key in skip_states and result.candidate:
-                        result = ConditionResult(False, result.answer, f"{result.reason}; a person already said "
-                                                 "no about this state", "wait", result.outcome)
-                    log.info("decision at version %s: %s", decision.state_version, result.reason)
-                    if reviews and result.action in ("fail", "skip"):
-                        yield decision, result, key, streak.to_dict(loop.time()), state
-                        continue
-                    qualifies = result.candidate if reviews else result.met
-                    if unmet and not qualifies:
-                        yield decision, result, key, streak.to_dict(loop.time()), state
-                        continue
-                    streak.observe(qualifies, loop.time(), key)
-                    if qualifies:
-                        last = (decision, result, key, state)
-                    else:
-                        last, fired = None, False
-                    if qualifies and condition.has_hysteresis and not streak.ready(loop.time()):
-                        # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
-                        log.info("hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s "
-                                 "(%.1f s needed)", streak.count, condition.consecutive,
-                                 streak.to_dict(loop.time())["true_for"], condition.min_true_for)
+                    verdict = watch.observe(decision, key, state, loop.time())
                 else:
                     getter.cancel()
                     if pumper in done:
                         pumper.result()  # raises why the stream ended
-                now = loop.time()
-                if not fired and last is not None and streak.ready(now):
-                    fired = True
-                    decision, result, key, state = last
-                    yield decision, result, key, streak.to_dict(now), state
+                    verdict = watch.due(loop.time())
+                if verdict is not None:
+                    yield verdict
         finally:
             pumper.cancel()
             await asyncio.gather(pumper, return_exceptions=True)
@@ -459,23 +428,19 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
             async with self._open_stream(initial) as stream:
 
                 async def consume(changed: asyncio.Event) -> dict[str, Any]:
-                    fired = self._debounced(stream, changed, condition, reviews=True,
-                                            skip_states=frozenset(self.skip_states), unmet=self.end_when_unmet)
+                    watch = DecisionWatch(condition, reviews=True, skip_states=self.skip_states,
+                                          end_when_unmet=self.end_when_unmet)
+                    fired = self._debounced(stream, changed, watch)
                     async with contextlib.aclosing(fired):
-                        async for decision, result, key, streak, state in fired:
-                            payload = _success_payload(decision, condition.question, result.reason, extra)
-                            payload.update(_policy_fields(decision, condition.question, result, key, streak))
-                            if result.action in ("fail", "skip"):
-                                payload["status"] = "policy"
-                            elif not result.candidate:  # a static state that did not meet the condition
-                                payload["status"] = "unmet"
-                            if result.action == "review":
+                        async for verdict in fired:
+                            review = {}
+                            if verdict.result.action == "review":
                                 # what the sensor needs to ask a person, and to wait on if they say no
                                 from airflow_provider_systemzero.decisions.policy import state_info
 
-                                payload.update(state_info=state_info(state), deadline=self.deadline,
-                                               skip_states=list(self.skip_states))
-                            return payload
+                                review = {"state_info": state_info(verdict.state), "deadline": self.deadline,
+                                          "skip_states": list(self.skip_states)}
+                            return watch.event(verdict, extra={**extra, **review}).to_payload()
                     raise RuntimeError("the stream ended without a decision")
 
                 return await self._race(stream, source, consume)
@@ -610,13 +575,13 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
                 async def consume(changed: asyncio.Event) -> None:
                     # fires on each transition to "met" (after hysteresis, when the condition has it);
                     # nobody can review an asset event, so only a met decision counts
-                    fired = self._debounced(stream, changed, condition, reviews=False)
+                    watch = DecisionWatch(condition, reviews=False)
+                    fired = self._debounced(stream, changed, watch)
                     async with contextlib.aclosing(fired):
-                        async for decision, result, key, streak, _ in fired:
-                            payload = _success_payload(decision, condition.question, result.reason,
-                                                       {"watch_id": self.watch_id})
-                            if condition.policy is not None or condition.has_hysteresis:
-                                payload.update(_policy_fields(decision, condition.question, result, key, streak))
+                        async for verdict in fired:
+                            policy_fields = condition.policy is not None or condition.has_hysteresis
+                            payload = watch.event(verdict, policy_fields=policy_fields,
+                                                  extra={"watch_id": self.watch_id}).to_payload()
                             await queue.put(payload)
 
                 race = asyncio.ensure_future(self._race(stream, source, consume))
@@ -662,21 +627,3 @@ def decision_payload(decision: DecisionResult) -> dict[str, Any]:
             "covered_event_ids": list(decision.covered_event_ids), "request_id": decision.request_id,
             "stream_id": decision.stream_id, "answers": {n: a.to_dict() for n, a in decision.answers.items()},
             "reply": decision.reply}
-
-
-def _policy_fields(decision: DecisionResult, question: str, result: ConditionResult, key: str,
-                   streak: Mapping[str, Any]) -> dict[str, Any]:
-    """What a policy or hysteresis adds to an event: the verdict, the alternatives, the state's hash."""
-    answer = decision.answers.get(question)
-    return {"action": result.action, "outcome": result.outcome, "state_hash": key, "streak": dict(streak),
-            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
-
-
-def _success_payload(decision: DecisionResult, question: str, reason: str,
-                     extra: Mapping[str, Any]) -> dict[str, Any]:
-    answer = decision.answers[question]
-    return {"status": "success", **extra, "question": question, "decision": answer.decision,
-            "probability": answer.probability, "confidence": answer.confidence, "reply_id": decision.reply_id,
-            "request_id": decision.request_id, "state_version": decision.state_version,
-            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
-            "usage": decision.usage, "reason": reason}
