@@ -16,40 +16,21 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+# The arithmetic is in decisions/budget.py; the stream client still imports BudgetExceeded,
+# DecisionBudget, Usage, parse_limit and connection_window from here.
 from airflow_provider_systemzero.decisions.budget import (
-    DEFAULT_TOKENS_PER_BYTE,
     EVENT_USAGE_KEY,
-    MAX_REMEMBERED_REPLY_IDS,
     TASK_STATE_KEY,
     USAGE_XCOM_KEY,
-    BudgetExceeded,
     DecisionBudget,
     Usage,
     WindowBudget,
-    connection_window,
-    event_usage,
     parse_limit,
-    reset_connection_windows,
 )
+from airflow_provider_systemzero.decisions.budget import BudgetExceeded as BudgetExceeded
+from airflow_provider_systemzero.decisions.budget import connection_window as connection_window
 
-# The arithmetic's names stay importable from here for the stream client, which reads them from this path.
-__all__ = [
-    "DEFAULT_TOKENS_PER_BYTE",
-    "EVENT_USAGE_KEY",
-    "MAX_REMEMBERED_REPLY_IDS",
-    "TASK_STATE_KEY",
-    "USAGE_XCOM_KEY",
-    "BudgetExceeded",
-    "DecisionBudget",
-    "TaskUsageLedger",
-    "Usage",
-    "UsageBudgetMixin",
-    "WindowBudget",
-    "connection_window",
-    "event_usage",
-    "parse_limit",
-    "reset_connection_windows",
-]
+__all__ = ["TaskUsageLedger", "UsageBudgetMixin"]
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 A :class:`DecisionWatch` is fed the current decisions about a changing state, one at a time, and
 says when the wait ends. It owns the rules the deferrable trigger and the sensor's poke path share:
 
-* the condition and its policy bands (:class:`~airflow_provider_systemzero.decisions.conditions.
-  DecisionCondition`): a decision *qualifies* when it is met or — when a person can review it —
-  when the policy sends it to review;
+* the condition and its policy bands
+  (:class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition`): a decision
+  *qualifies* when it is met or — when a person can review it — when the policy sends it to review;
 * **skip states**: a decision about a state a person already said "no" about does not qualify;
 * a ``fail``/``skip`` verdict of the policy ends the wait at once;
 * a static state (``end_when_unmet``): a decision that does not qualify ends the wait, since no
