@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_provider_systemzero.compat import AirflowFailException
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 
 __all__ = ["check_connection_before_deferring", "is_literal", "parse_time", "refuse_empty_state"]
 
@@ -44,7 +44,7 @@ def parse_time(task_id: str) -> Iterator[None]:
     """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import."""
     try:
         yield
-    except LocalProtocolError as exc:
+    except ARGUMENT_ERRORS as exc:
         raise ValueError(f"{task_id}: {exc}") from None
 
 
@@ -54,11 +54,11 @@ def refuse_empty_state(state: Any, *, allow_empty: bool, field: str = "state") -
     :param state: the state.
     :param allow_empty: the task's ``allow_empty``.
     :param field: the argument named in the message.
-    :raises LocalProtocolError: the state is empty.
+    :raises SystemZeroArgumentError: the state is empty.
     """
     if allow_empty or not isinstance(state, str | list | tuple | Mapping) or len(state):
         return
-    raise LocalProtocolError(
+    raise SystemZeroArgumentError(
         f"{field} is empty ({state!r}): nothing would be decided but the decision is billed; "
         f"check the value (or the template) that should fill it, or pass allow_empty=True "
         f"if an empty state is meant",
@@ -79,5 +79,5 @@ def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) ->
 
     try:
         SystemZeroHook(systemzero_conn_id=conn_id).check_connection(model)
-    except LocalProtocolError as exc:
+    except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{task_id}: {exc}") from None

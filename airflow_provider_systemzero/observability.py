@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.budget import BudgetExceeded
+    from airflow_provider_systemzero.decisions.budget import BudgetExceeded
     from airflow_provider_systemzero.protocol.messages import Ack, Hello
     from airflow_provider_systemzero.protocol.reply import DecisionResult
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import json_size
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest, validate_attachment_tuple
 from airflow_provider_systemzero.protocol.validation import validate_state
@@ -35,11 +35,11 @@ def normalise_questions(questions: Any, instructions: Mapping[str, str] | None =
 
     :param questions: ``{name: text | question dict}``.
     :param instructions: optional ``{name: text}`` overriding instructions.
-    :raises LocalProtocolError: naming the field.
+    :raises SystemZeroArgumentError: naming the field.
     """
     if not isinstance(questions, Mapping) or not questions:
-        raise LocalProtocolError("questions must be a non-empty mapping of question names to questions, e.g. "
-                                 "{'ready': 'Is the job ready?'}", code="invalid_questions", field="questions")
+        raise SystemZeroArgumentError("questions must be a non-empty mapping of question names to questions, e.g. "
+                                     "{'ready': 'Is the job ready?'}", code="invalid_questions", field="questions")
     result: dict[str, dict[str, Any]] = {}
     for name, value in questions.items():
         if isinstance(value, str):
@@ -48,15 +48,15 @@ def normalise_questions(questions: Any, instructions: Mapping[str, str] | None =
             question = dict(value)
             question.setdefault("type", "choice" if "options" in question else "boolean")
         else:
-            raise LocalProtocolError(f"questions.{name} must be instructions text or a question object",
-                                     code="invalid_question", field=f"questions.{name}")
+            raise SystemZeroArgumentError(f"questions.{name} must be instructions text or a question object",
+                                         code="invalid_question", field=f"questions.{name}")
         if "options" in question and isinstance(question["options"], tuple):
             question["options"] = list(question["options"])
         result[str(name) if not isinstance(name, str) else name] = question
     for name, text in (instructions or {}).items():
         if name not in result:
-            raise LocalProtocolError(f"instructions.{name} names no question (questions: {sorted(result)})",
-                                     code="unknown_question", field=f"instructions.{name}")
+            raise SystemZeroArgumentError(f"instructions.{name} names no question (questions: {sorted(result)})",
+                                         code="unknown_question", field=f"instructions.{name}")
         result[name]["instructions"] = text
     # the core's rules: names, shapes
     StreamRequest.build(model=_MODEL_PLACEHOLDER, questions=result)
@@ -68,7 +68,7 @@ def build_request_dict(*, questions: Any, instructions: Mapping[str, str] | None
                        prompt_cache_key: str | None = None) -> dict[str, Any]:
     """The plain-JSON request a trigger carries (``model`` ``None`` means the connection's default).
 
-    :raises LocalProtocolError: naming the first invalid field.
+    :raises SystemZeroArgumentError: naming the first invalid field.
     """
     wire = normalise_questions(questions, instructions)
     StreamRequest.build(model=model or _MODEL_PLACEHOLDER, questions=wire, route=route, mode=mode,
@@ -85,14 +85,14 @@ def validate_state_for_request(request: Mapping[str, Any], state: Any,
                                limits: Limits | None = None, field: str = "state") -> None:
     """Check a state (and attachments) against the request: JSON, kind, and the decide-body limit.
 
-    :raises LocalProtocolError: naming the field.
+    :raises SystemZeroArgumentError: naming the field.
     """
     validate_state(state, field=field)
     try:
         json_size(state)
     except (TypeError, ValueError) as exc:
-        raise LocalProtocolError(f"{field} is not JSON-serialisable: {exc}", code="invalid_state",
-                                 field=field) from None
+        raise SystemZeroArgumentError(f"{field} is not JSON-serialisable: {exc}", code="invalid_state",
+                                     field=field) from None
     validate_attachment_tuple(tuple(attachments), field="attachments")
     limits = limits or Limits()
     built = StreamRequest.build(model=request.get("model") or _MODEL_PLACEHOLDER, questions=request["questions"],
@@ -100,6 +100,6 @@ def validate_state_for_request(request: Mapping[str, Any], state: Any,
                                 prompt_cache_key=request.get("prompt_cache_key") or _CACHE_KEY_PLACEHOLDER)
     size = len(built.decide_body(state, tuple(attachments)).encode("utf-8"))
     if size > limits.max_decide_body_bytes:
-        raise LocalProtocolError(f"{field} makes the decide body {size} bytes: the body may not exceed "
-                                 f"max_decide_body_bytes ({limits.max_decide_body_bytes})",
-                                 code="decide_body_too_large", field=field)
+        raise SystemZeroArgumentError(f"{field} makes the decide body {size} bytes: the body may not exceed "
+                                     f"max_decide_body_bytes ({limits.max_decide_body_bytes})",
+                                     code="decide_body_too_large", field=field)

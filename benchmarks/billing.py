@@ -131,7 +131,7 @@ async def _trigger_run(triggerer: Triggerer, log: list[tuple[float, str]], names
 
 def _pokes(log: list[tuple[float, str]], interval: float, namespace: str, *, keyed: bool) -> dict[str, Any]:
     """A poking sensor in simulated time: one sync ``decide()`` per poke until ``READY``."""
-    from airflow_provider_systemzero.conditions import DecisionCondition
+    from airflow_provider_systemzero.decisions.conditions import DecisionCondition
     from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
     condition = DecisionCondition.from_dict(CONDITION)

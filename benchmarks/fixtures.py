@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 
 __all__ = ["CONDITION", "CONN_ID", "DECIDER", "FEEDS", "READY", "REQUEST", "Feed", "decide", "publish", "pushed",
            "source_spec", "state_of"]

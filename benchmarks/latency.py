@@ -147,7 +147,7 @@ def _modelled_poke(interval: float, decide_times: list[float], rng: random.Rando
 
 def _real_poke_loop(interval: float, samples: int, concurrency: int, seed: int) -> list[float]:
     """Real poke loops (threads, as workers would run sensors) at a short interval, for the model."""
-    from airflow_provider_systemzero.conditions import DecisionCondition
+    from airflow_provider_systemzero.decisions.conditions import DecisionCondition
     from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
     from airflow_provider_systemzero.identity import task_namespace
 

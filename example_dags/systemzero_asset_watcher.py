@@ -14,7 +14,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 
 STATUS_FILE = Path(os.environ.get("SYSTEMZERO_EXAMPLE_DIR", tempfile.gettempdir())) / "systemzero-examples" / \

@@ -29,12 +29,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.operators.branch import (
     BranchOption,
     SystemZeroBranchOperator,
     SystemZeroShortCircuitOperator,
 )
-from airflow_provider_systemzero.policy import DecisionPolicy
 
 TICKETS = {
     "T-1001": {"subject": "Charged twice", "body": "I was charged twice for my March invoice."},

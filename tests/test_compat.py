@@ -123,9 +123,9 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
 
     from airflow.sdk.execution_time import hitl
 
+    from airflow_provider_systemzero.decisions.policy import DecisionPolicy, PolicyOutcome
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
-    from airflow_provider_systemzero.review import Gate
+    from airflow_provider_systemzero.utils.review import Gate
 
     written: list[dict[str, Any]] = []
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: written.append(kwargs))
@@ -167,9 +167,9 @@ def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
     """``HITLTrigger``'s event (3.1 / 3.2) carries ``responded_at`` as a datetime; the record keeps text."""
     from datetime import datetime
 
+    from airflow_provider_systemzero.decisions.policy import DecisionPolicy, PolicyOutcome
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-    from airflow_provider_systemzero.policy import DecisionPolicy, PolicyOutcome
-    from airflow_provider_systemzero.review import Gate
+    from airflow_provider_systemzero.utils.review import Gate
 
     operator = SystemZeroDecideOperator(
         task_id="decide",

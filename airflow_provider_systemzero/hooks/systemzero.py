@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_systemzero.budget import DecisionBudget
+from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.observability import AirflowStreamObserver, StreamObserver
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.stream import Decision, DecisionStream, StreamSettings, probe

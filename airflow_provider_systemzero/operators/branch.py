@@ -5,7 +5,7 @@
 * :class:`SystemZeroShortCircuitOperator` — a yes/no gate: downstream tasks run only when the
   decision says so.
 
-Both take a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (act, ask a person,
+Both take a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (act, ask a person,
 fall back), push the ``decision`` audit record, and — like
 :class:`~airflow_provider_systemzero.operators.decide.SystemZeroDecideOperator`, which they
 extend — decide each state once: a retry replays the same answer unbilled.
@@ -21,11 +21,11 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.checks import is_literal, parse_time
 from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy, OptionBars
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from airflow_provider_systemzero.policy import DecisionPolicy, OptionBars
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.questions import build_request_dict
-from airflow_provider_systemzero.review import Gate
+from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -104,7 +104,7 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         (default: the downstream task IDs, sorted).
     :param descriptions: option → description (added to the instructions).
     :param multiple: allow several branches.
-    :param policy: the :class:`~airflow_provider_systemzero.policy.DecisionPolicy`; its ``default``
+    :param policy: the :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`; its ``default``
         is an option (a list of options with ``multiple=True``).
 
     Every other parameter is :class:`SystemZeroDecideOperator`'s (``state``, ``upstream_task_ids``,
@@ -172,8 +172,8 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
             return self.branches
         downstream = sorted(self.downstream_task_ids)
         if not downstream:
-            raise LocalProtocolError("the branch has no downstream tasks to choose from",
-                                     code="invalid_branches", field="branches")
+            raise SystemZeroArgumentError("the branch has no downstream tasks to choose from",
+                                         code="invalid_branches", field="branches")
         return {task_id: BranchOption() for task_id in downstream}
 
     def _check_targets(self, options: Mapping[str, BranchOption]) -> None:
@@ -183,9 +183,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         for name, option in options.items():
             for target in option.task_ids(name):
                 if target not in downstream and target not in groups:
-                    raise LocalProtocolError(f"branches[{name!r}] names {target!r}, which is not a task directly "
-                                             f"downstream (downstream: {sorted(downstream)})",
-                                             code="invalid_branches", field=f"branches.{name}")
+                    raise SystemZeroArgumentError(f"branches[{name!r}] names {target!r}, which is not a task directly "
+                                                 f"downstream (downstream: {sorted(downstream)})",
+                                                 code="invalid_branches", field=f"branches.{name}")
 
     def _description(self, name: str, option: BranchOption) -> str | None:
         return self.descriptions.get(name) or option.description
@@ -198,8 +198,8 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     def _questions_for(self, options: Mapping[str, BranchOption]) -> dict[str, Any]:
         text = self.branch_instructions
         if not isinstance(text, str) or not text.strip():
-            raise LocalProtocolError("instructions must say what to decide, e.g. 'Which team should handle "
-                                     "this ticket?'", code="invalid_question", field="instructions")
+            raise SystemZeroArgumentError("instructions must say what to decide, e.g. 'Which team should handle "
+                                         "this ticket?'", code="invalid_question", field="instructions")
         if not self.multiple:
             described = [f"- {name}: {desc}" for name, option in options.items()
                          if (desc := self._description(name, option))]
@@ -224,7 +224,7 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         try:
             self.policy.check(kind="choice", options=list(self._options()), multiple=self.multiple)
         except ValueError as exc:
-            raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+            raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
     def _make_gate(self, request: Mapping[str, Any], event: Mapping[str, Any],
                    state_info: Mapping[str, Any]) -> Gate:
@@ -287,7 +287,7 @@ class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
     :param question: the question's name.
     :param proceed_when: the answer that lets downstream tasks run (``False`` makes a "skip if" gate).
     :param ignore_downstream_trigger_rules: skip every downstream task (``True``), or only the direct ones.
-    :param policy: the :class:`~airflow_provider_systemzero.policy.DecisionPolicy`.
+    :param policy: the :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`.
 
     Every other parameter is :class:`SystemZeroDecideOperator`'s.
     """

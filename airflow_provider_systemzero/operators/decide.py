@@ -22,19 +22,19 @@ from airflow_provider_systemzero.checks import (
     refuse_empty_state,
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+from airflow_provider_systemzero.decisions.policy import state_info as describe_state
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace, state_hash
-from airflow_provider_systemzero.policy import state_info as describe_state
 from airflow_provider_systemzero.protocol.body import json_size
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     decision_payload,
     owned_event,
 )
+from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -65,12 +65,12 @@ def _as_attachment(value: Any, index: int) -> Attachment:
     if isinstance(value, Mapping) and set(value) <= {"name", "bytes", "mime_type"} and "bytes" in value:
         raw = value["bytes"]
         if not isinstance(raw, bytes | bytearray):
-            raise LocalProtocolError(f"attachments[{index}].bytes must be bytes", code="invalid_attachment",
-                                     field=f"attachments[{index}].bytes")
+            raise SystemZeroArgumentError(f"attachments[{index}].bytes must be bytes", code="invalid_attachment",
+                                         field=f"attachments[{index}].bytes")
         mime = value.get("mime_type") or "application/octet-stream"
         return Attachment(name=value.get("name"), data=f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}")
-    raise LocalProtocolError(f"attachments[{index}] must be {{name, data}} (a data URL), {{name, bytes, mime_type}} "
-                             "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
+    raise SystemZeroArgumentError(f"attachments[{index}] must be {{name, data}} (a data URL), {{name, bytes, mime_type}} "
+                                 "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
 
 
 class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
@@ -86,9 +86,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     XCom: the return value is ``{question: decision}``; ``answers`` holds every answer in full
     (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID;
     ``decision`` is the audit record of the gated question (see
-    :func:`~airflow_provider_systemzero.policy.decision_record`).
+    :func:`~airflow_provider_systemzero.decisions.policy.decision_record`).
 
-    With a ``policy`` (:class:`~airflow_provider_systemzero.policy.DecisionPolicy`), the answer to
+    With a ``policy`` (:class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`), the answer to
     ``policy_question`` is acted on, sent to a person (Airflow's Human-in-the-loop
     ``awaiting_input``), replaced by the policy's default, or fails/skips the task; the return
     value carries the answer that took effect.
@@ -111,7 +111,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
         before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for ``policy_question``; ``None`` uses the model's answers as they are.
     :param policy_question: the question the policy gates (default: the only question).
     :param review_assigned_users: who may answer a review (``{"id", "name"}`` or a list of them).
@@ -193,15 +193,15 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _state(self, context: Context) -> Any:
         if self.replay_task_ids is None:
             if self.state is None:
-                raise LocalProtocolError("state is required unless upstream_task_ids is given",
-                                         code="invalid_state", field="state")
+                raise SystemZeroArgumentError("state is required unless upstream_task_ids is given",
+                                             code="invalid_state", field="state")
             return self.state
         if self.state is not None:
-            raise LocalProtocolError("give either state or upstream_task_ids, not both", code="invalid_state",
-                                     field="state")
+            raise SystemZeroArgumentError("give either state or upstream_task_ids, not both", code="invalid_state",
+                                         field="state")
         if not self.replay_task_ids:
-            raise LocalProtocolError("upstream_task_ids is empty: name at least one task", code="invalid_state",
-                                     field="upstream_task_ids")
+            raise SystemZeroArgumentError("upstream_task_ids is empty: name at least one task", code="invalid_state",
+                                         field="upstream_task_ids")
         items = []
         ti = context["ti"]
         for task_id in self.replay_task_ids:
@@ -209,9 +209,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             try:
                 json_size(output)
             except (TypeError, ValueError) as exc:
-                raise LocalProtocolError(f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
-                                         "plain JSON values to replay them as state", code="invalid_state",
-                                         field=f"upstream_task_ids[{task_id}]") from None
+                raise SystemZeroArgumentError(f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
+                                             "plain JSON values to replay them as state", code="invalid_state",
+                                             field=f"upstream_task_ids[{task_id}]") from None
             items.append({"task_id": task_id, "output": output})
         return items
 
@@ -230,8 +230,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         questions = request["questions"]
         if self.policy_question is not None:
             if self.policy_question not in questions:
-                raise LocalProtocolError(f"policy_question {self.policy_question!r} is not among the questions "
-                                         f"({sorted(questions)})", code="unknown_question", field="policy_question")
+                raise SystemZeroArgumentError(f"policy_question {self.policy_question!r} is not among the questions "
+                                             f"({sorted(questions)})", code="unknown_question", field="policy_question")
             return self.policy_question
         return next(iter(questions))
 
@@ -243,12 +243,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         try:
             self.policy.check(kind=spec.get("type", "boolean"), options=spec.get("options"))
         except ValueError as exc:
-            raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+            raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
     def _request(self, context: Context) -> dict[str, Any]:
         """The request (questions, model, route, mode, cache key), checked with the policy.
 
-        :raises LocalProtocolError: naming the field.
+        :raises SystemZeroArgumentError: naming the field.
         """
         request = build_request_dict(questions=self._request_questions(context), instructions=self.instructions,
                                      model=self.model, route=self.route, mode=self.mode,
@@ -263,7 +263,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             refuse_empty_state(state, allow_empty=self.allow_empty)  # when it runs: a template may fill it
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
             validate_state_for_request(request, state, attachments, field=self._state_name())
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             fix = ""
             if exc.code == "decide_body_too_large":
                 fix = (": return less from those tasks (a summary, the last part)" if self.replay_task_ids
@@ -331,7 +331,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                       event.get("state_version"))
         try:
             request = self._request(context)
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         state_info = event.get("state_info") if isinstance(event.get("state_info"), Mapping) else {}
         return self._gate(context, self._make_gate(request, event, state_info))

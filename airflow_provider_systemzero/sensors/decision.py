@@ -24,15 +24,16 @@ from airflow_provider_systemzero.compat import (
     AirflowSkipException,
     has_trigger_templates,
 )
-from airflow_provider_systemzero.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_min_interval_ms
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.triggers.sources import read_source_once, validate_source_spec
+from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -100,7 +101,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
         decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` (or its dict form)
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
         ``awaiting_input``; "yes" fires, "no" keeps waiting for a new state), ``fail``, ``skip``,
         ``wait`` (keep waiting for more state) or ``default``.
@@ -162,7 +163,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                              "(a rescheduled poke forgets the run of decisions)")
         #: states a person said "no" about (poke mode); and the poke-mode run of decisions
         self._skip_states: list[str] = []
-        self._streak: Streak | None = None
+        self._watch: DecisionWatch | None = None
         self.question = question
         self.instructions = instructions
         self.questions = questions
@@ -261,9 +262,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         questions = self.questions
         if questions is None:
             if not self.instructions:
-                raise LocalProtocolError("instructions is required when questions is not given: say what to "
-                                         "decide, e.g. 'Is the job ready?'", code="invalid_question",
-                                         field="instructions")
+                raise SystemZeroArgumentError("instructions is required when questions is not given: say what to "
+                                             "decide, e.g. 'Is the job ready?'", code="invalid_question",
+                                             field="instructions")
             questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
         return build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
                                   prompt_cache_key=self.prompt_cache_key)
@@ -279,9 +280,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if request is not None:
             validate_state_for_request(request, self.state)
         if self._is_static(source) and self.consecutive != 1 and not self.wait_on_static_state:
-            raise LocalProtocolError(f"consecutive={self.consecutive} needs successive states, but with no "
-                                     "source the state never changes: give a source, or drop consecutive",
-                                     code="invalid_hysteresis", field="consecutive")
+            raise SystemZeroArgumentError(f"consecutive={self.consecutive} needs successive states, but with no "
+                                         "source the state never changes: give a source, or drop consecutive",
+                                         code="invalid_hysteresis", field="consecutive")
         return source
 
     @staticmethod
@@ -309,7 +310,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             condition.check_questions(request["questions"])
             validate_decision_mode(self.decision_mode)
             source = self._check_state(request)
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         return request, condition, source
 
@@ -325,7 +326,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if self._is_static(source):  # when it runs: a template may fill it
             try:
                 refuse_empty_state(self.state, allow_empty=self.allow_empty)
-            except LocalProtocolError as exc:
+            except ARGUMENT_ERRORS as exc:
                 raise AirflowFailException(f"{self.task_id}: {exc}") from None
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
@@ -349,42 +350,27 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         try:
             state = read_source_once(source, self.state)
             validate_state_for_request(request, state, field=self._source_name(source))
-        except LocalProtocolError as exc:
+        except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
         decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
             systemzero_conn_id=self.systemzero_conn_id).decide(
             request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
-        result = condition.evaluate(decision)
-        from airflow_provider_systemzero.policy import state_info
+        from airflow_provider_systemzero.decisions.policy import state_info
 
         info = state_info(state)
-        if info["state_hash"] in self._skip_states and result.candidate:
-            result = type(result)(False, result.answer, f"{result.reason}; a person already said no about this "
-                                  "state", "wait", result.outcome)
-        self.log.info("decision at version %s: %s", decision.state_version, result.reason)
-        answer = decision.answers.get(condition.question)
-        event = {
-            "status": "success", "key_namespace": namespace, "question": condition.question,
-            "decision": result.answer.decision if result.answer else None,
-            "probability": result.answer.probability if result.answer else None,
-            "confidence": result.answer.confidence if result.answer else None, "reply_id": decision.reply_id,
-            "request_id": decision.request_id, "state_version": decision.state_version,
-            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
-            "usage": decision.usage, "reason": result.reason, "action": result.action, "outcome": result.outcome,
-            "state_hash": info["state_hash"], "state_info": info, "deadline": None,
-            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
-        if result.action in ("fail", "skip"):
-            return self._finish(context, event, request)
-        if not result.candidate and self._ends_when_unmet(source):
-            self._static_unmet(result.reason)
-        if self._streak is None:
-            self._streak = Streak(condition.consecutive, condition.min_true_for)
-        now = time.monotonic()
-        self._streak.observe(result.candidate, now, info["state_hash"])
-        if not (result.candidate and self._streak.ready(now)):
+        if self._watch is None:
+            self._watch = DecisionWatch(condition, skip_states=self._skip_states,
+                                        end_when_unmet=self._ends_when_unmet(source))
+        verdict = self._watch.observe(decision, info["state_hash"], state, time.monotonic())
+        if verdict is None:
             return PokeReturnValue(is_done=False)
-        event["streak"] = self._streak.to_dict(now)
+        event = self._watch.event(verdict, extra={"key_namespace": namespace, "state_info": info, "deadline": None,
+                                                  "skip_states": list(self._skip_states)}).to_payload()
+        if event["status"] == "unmet":
+            self._static_unmet(str(event["reason"]))
+        if event["status"] == "policy":
+            return self._finish(context, event, request)
         return PokeReturnValue(is_done=True, xcom_value=self._finish(context, event, request))
 
     @staticmethod
@@ -393,12 +379,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if isinstance(source, dict) and source.get("type") in ("file", "callable"):
             return f"the {source['type']} source {source.get('path')!r}"
         return "state"
-
-    @staticmethod
-    def _summary(event: dict[str, Any]) -> dict[str, Any]:
-        keys = ("question", "decision", "probability", "confidence", "reply_id", "request_id", "state_version",
-                "covered_event_ids", "model", "usage", "reason")
-        return {key: event.get(key) for key in keys}
 
     # ------------------------------------------------------------------ the policy and the record
 
@@ -416,9 +396,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                     model=event.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
                     state_version=event.get("state_version"), state_hash=event.get("state_hash") or info.get(
                         "state_hash"), state_bytes=info.get("state_bytes"), preview=info.get("preview"),
-                    extra={"summary": self._summary(event), "deadline": event.get("deadline"),
+                    extra={"summary": WatchEvent.from_payload(event).summary(), "deadline": event.get("deadline"),
                            "skip_states": list(event.get("skip_states") or []), "streak": event.get("streak")})
-        from airflow_provider_systemzero.policy import PolicyOutcome
+        from airflow_provider_systemzero.decisions.policy import PolicyOutcome
 
         action = event.get("action") or "act"
         outcome = PolicyOutcome(**event["outcome"]) if isinstance(event.get("outcome"), dict) else PolicyOutcome(
@@ -443,7 +423,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _push_timeout_record(self, context: Context, event: dict[str, Any]) -> None:
         """The wait ended on the deadline: push the ``decision`` record saying so (nothing was decided)."""
-        from airflow_provider_systemzero.policy import decision_record
+        from airflow_provider_systemzero.decisions.policy import decision_record
 
         reason = str(event.get("message") or "no decision met the condition before the deadline")
         self._push_record(context, decision_record(
@@ -487,7 +467,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.log.info("keep waiting for a new state (%d state(s) already answered)", len(skip))
         if not self.deferrable:
             self._skip_states = skip
-            self._streak = None
+            self._watch = None
             return BaseSensorOperator.execute(self, context)
         request, condition, source = self._build()
         deadline = gate.extra.get("deadline") or self._deadline()
@@ -516,7 +496,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         status = event["status"]
         if status in ("success", "policy"):
-            summary = self._summary(event)
+            summary = WatchEvent.from_payload(event).summary()
             self.log.info("System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
                           summary["question"], summary["decision"], summary["probability"], summary["confidence"],
                           summary["state_version"])

@@ -21,6 +21,9 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   source changes faster than a decision takes (decisions keep coming back stale), newer source
   content is held back while a decision is in flight, for up to ``max_staleness`` seconds, so the
   source is still decided about (see :class:`~airflow_provider_systemzero.triggers.currency.Currency`).
+* What a trigger shares with the others it *holds*
+  (:mod:`~airflow_provider_systemzero.triggers.streaming`): its stream, the lease on it and the source
+  feeder; what ends a wait is the pure :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
 * **Stream leasing**: once a decision about the current state settled and the source has nothing
   new, the trigger gives its stream back (close 1000) and reconnects — with a byte-identical
   replay — only when the source changes, so a triggerer holds many waiting sensors within
@@ -31,351 +34,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_provider_systemzero.conditions import ConditionResult, DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.triggers.currency import (
-    DEFAULT_MAX_STALENESS,
-    Currency,
-    validate_max_staleness,
-)
+from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
+from airflow_provider_systemzero.triggers.streaming import (
+    SourceFeeder,
+    StreamLease,
+    TriggerStream,
+    error_payload,
+)
 
 __all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZeroDecisionTrigger",
            "error_payload", "owned_event"]
 
-log = logging.getLogger(__name__)
 
-#: How often a trigger holding a quiet stream checks whether another stream waits for a slot
-#: (only the few triggers holding a slot poll: at most ``max_streams_per_process`` per process).
-_LEASE_POLL_SECONDS = 0.05
-def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
-    """A small JSON error event for an exception (never carries request headers or the key)."""
-    from airflow_provider_systemzero.stream.exceptions import (
-        AuthenticationFailed,
-        DeadlineExceeded,
-        DecisionFailed,
-        LocalProtocolError,
-        SystemZeroError,
-        UpgradeRefused,
-    )
-
-    payload: dict[str, Any] = {"status": "error", "error_type": "unexpected", "message": str(exc) or repr(exc),
-                               **extra}
-    if isinstance(exc, DeadlineExceeded | TimeoutError):
-        payload.update(status="timeout", error_type="timeout")
-    elif isinstance(exc, AuthenticationFailed):
-        payload["error_type"] = "authentication"
-    elif isinstance(exc, LocalProtocolError):
-        payload.update(error_type="validation", field=exc.field, code=exc.code)
-    elif isinstance(exc, DecisionFailed):
-        payload.update(error_type="decision_failed", http_status=exc.http_status, code=exc.envelope.code,
-                       retryable=exc.retryable)
-    elif isinstance(exc, UpgradeRefused):
-        payload.update(error_type="upgrade_refused", http_status=exc.status)
-    elif isinstance(exc, SystemZeroError):
-        payload["error_type"] = "stream_failed"
-    elif type(exc).__name__ == "AirflowNotFoundException":
-        payload["error_type"] = "configuration"
-    return payload
+async def _close_source(source: StateSource | None) -> None:
+    if source is not None:
+        with contextlib.suppress(Exception):
+            await source.aclose()
 
 
-class _StreamingTrigger:
-    """What the three triggers share: the stream, the source, leasing and cleanup."""
-
-    systemzero_conn_id: str
-    request: dict[str, Any]
-    state: Any
-    source: dict[str, Any] | None
-    decision_mode: str
-    key_namespace: str
-    lease: bool
-    lease_after: float
-    deadline: float | None
-    #: minimum milliseconds between dispatch starts (fewer decisions billed on a busy source)
-    min_interval_ms: int | None = None
-    #: seconds newer source content may be held back while a decision is in flight (0: never)
-    max_staleness: float = DEFAULT_MAX_STALENESS
-    _currency: Currency | None = None
-
-    _stream: Any = None
-    _source_obj: StateSource | None = None
-    #: :meth:`DecisionBudget.to_kwargs` from the task (``None``: no budget, no usage report)
-    budget: dict[str, Any] | None = None
-    _budget_obj: Any = None
-
-    def _run_budget(self) -> Any:
-        """This run's :class:`~airflow_provider_systemzero.budget.DecisionBudget` (``None`` without one)."""
-        if self._budget_obj is None and self.budget:
-            from airflow_provider_systemzero.budget import DecisionBudget
-
-            self._budget_obj = DecisionBudget.from_kwargs(self.budget)
-        return self._budget_obj
-
-    def _with_usage(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The event payload plus what this run spent (the worker adds it to the task's total)."""
-        from airflow_provider_systemzero.budget import event_usage
-
-        return {**payload, **event_usage(self._budget_obj)}
-    _lease_timer: asyncio.Task[None] | None = None
-
-    def _arm_lease(self, stream: Any) -> None:
-        """Give the stream back after ``lease_after`` quiet seconds (re-armed by every decision)."""
-        self._disarm_lease()
-        if self.lease:
-            self._lease_timer = asyncio.ensure_future(self._release_when_quiet(stream))
-
-    def _disarm_lease(self) -> None:
-        timer, self._lease_timer = self._lease_timer, None
-        if timer is not None:
-            timer.cancel()
-
-    async def _release_when_quiet(self, stream: Any) -> None:
-        # Hold the stream for ``lease_after`` quiet seconds (a busy source keeps its connection),
-        # but give it back at once when another stream of this process waits for a slot: a slot
-        # held for a quiet trigger must never keep a waiting one from its first decision.
-        loop = asyncio.get_running_loop()
-        until = loop.time() + self.lease_after
-        capacity = getattr(stream, "capacity", None)
-        reason = f"nothing new for {self.lease_after:.1f} s"
-        while (left := until - loop.time()) > 0:
-            if capacity is not None and capacity.waiting:
-                reason = "another stream waits for a slot"
-                break
-            await asyncio.sleep(min(_LEASE_POLL_SECONDS, left))
-        if stream.connected and not stream.has_work():
-            log.info("%s: giving the stream back until the state changes", reason)
-            await stream.release()
-
-    def _open_stream(self, initial: Any) -> Any:
-        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-
-        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
-        self._stream = hook.stream(self.request, state=initial, decision_mode=self.decision_mode,
-                                   key_namespace=self.key_namespace, identity=self.key_namespace,
-                                   budget=self._run_budget(), min_interval_ms=self.min_interval_ms)
-        return self._stream
-
-    def _remaining(self) -> float | None:
-        if self.deadline is None:
-            return None
-        return self.deadline - time.time()
-
-    async def _feed(self, stream: Any, source: StateSource, changed: asyncio.Event) -> None:
-        """Hand the source's changes to the stream in order; when the source changes faster than a
-        decision takes, hold them back while a decision is in flight and then hand over the newest."""
-        currency = self._currency
-        assert currency is not None
-        arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
-        arrived = asyncio.Event()
-
-        async def read() -> None:
-            async for state in source.changes():
-                arrivals.append(state)
-                arrived.set()
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while True:
-                if not arrivals:
-                    if reader.done():
-                        return reader.result()  # the source ended (or raises why it failed)
-                    arrived.clear()
-                    waiter = asyncio.ensure_future(arrived.wait())
-                    try:
-                        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiter.cancel()
-                    continue
-                if arrivals[0] != stream.state and currency.starved:
-                    await currency.hold(reader)
-                    while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
-                        arrivals.popleft()
-                state = arrivals.popleft()
-                if state != stream.state:  # the first value usually equals the state the stream opened with
-                    self._disarm_lease()
-                    # currency changes before the stream takes the change: set_state yields, and a
-                    # decision arriving meanwhile is about the previous state
-                    currency.changed(deciding=self.decision_mode == "on_change")
-                    changed.set()
-                    await stream.set_state(state)
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-
-    async def _current_decisions(self, stream: Any, changed: asyncio.Event) -> AsyncIterator[DecisionResult]:
-        """Decisions that cover the complete desired state, leasing the stream in between."""
-        currency = self._currency
-        assert currency is not None
-        if self.decision_mode == "on_change":
-            async for decision in stream.decisions():
-                if not (stream.in_sync and decision.stream_id == stream.stream_id
-                        and decision.state_version == stream.state_version):
-                    log.debug("skipping decision for version %s: newer state was sent", decision.state_version)
-                    currency.skipped(settle=False)
-                    continue
-                currency.current()
-                yield decision
-                self._arm_lease(stream)
-        else:
-            while True:
-                changed.clear()
-                started = currency.generation
-                currency.deciding()
-                try:
-                    decision = await stream.decide()
-                except BaseException:
-                    currency.skipped(settle=True)
-                    raise
-                if currency.generation != started:
-                    log.debug("skipping decision for version %s: the state changed while it was decided",
-                              decision.state_version)
-                    currency.skipped(settle=True)
-                    continue
-                currency.current()
-                yield decision
-                self._arm_lease(stream)
-                await changed.wait()
-
-    async def _race(self, stream: Any, source: StateSource, body: Any) -> Any:
-        """Run ``body`` while the source feeds the stream; the first to finish wins."""
-        changed = asyncio.Event()
-        # on_change: the opening state schedules a decision, so one is in flight from the start
-        self._currency = Currency(self.max_staleness, deciding=self.decision_mode == "on_change")
-        feeder = asyncio.ensure_future(self._feed(stream, source, changed))
-        consumer = asyncio.ensure_future(body(changed))
-        try:
-            await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (feeder, consumer):
-                task.cancel()
-            await asyncio.gather(feeder, consumer, return_exceptions=True)
-        if consumer.done() and not consumer.cancelled():
-            return consumer.result()
-        return feeder.result()  # the source failed (or ended): raise its error
-
-    async def _debounced(self, stream: Any, changed: asyncio.Event, condition: DecisionCondition, *,
-                         reviews: bool, skip_states: frozenset[str] = frozenset(), unmet: bool = False
-                         ) -> AsyncIterator[tuple[DecisionResult, ConditionResult, str, dict[str, Any], Any]]:
-        """``(decision, result, state_hash, streak, state)`` each time the condition fires.
-
-        Hysteresis (:class:`~airflow_provider_systemzero.conditions.Streak`): it fires once a run of
-        qualifying decisions about successive states is ``consecutive`` long and ``min_true_for``
-        old — a timer fires it when only time is missing — and once per run. A decision qualifies
-        when it is met, or (with ``reviews``) when the policy sends it to a person. With
-        ``reviews``, a ``fail``/``skip`` verdict is yielded at once. Decisions about a state in
-        ``skip_states`` (a person already said no about it) do not qualify. With ``unmet`` (a static
-        state), a decision that does not qualify is yielded too: nothing can change it.
-        """
-        from airflow_provider_systemzero.identity import state_hash
-
-        loop = asyncio.get_running_loop()
-        streak = Streak(condition.consecutive, condition.min_true_for)
-        queue: asyncio.Queue[tuple[DecisionResult, str, Any]] = asyncio.Queue()
-
-        async def pump() -> None:
-            async for decision in self._current_decisions(stream, changed):
-                # the stream's state now is the state this decision covers (it is current)
-                await queue.put((decision, state_hash(stream.state), stream.state))
-            raise RuntimeError("the stream ended without a decision")
-
-        pumper = asyncio.ensure_future(pump())
-        last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
-        fired = False
-        currency = self._currency
-        assert currency is not None
-        evaluated = False
-        try:
-            while True:
-                if evaluated:  # the last decision did not end the wait: held changes may go
-                    currency.evaluated()
-                    evaluated = False
-                getter = asyncio.ensure_future(queue.get())
-                wait = None if fired else streak.wait_time(loop.time())
-                done, _ = await asyncio.wait({getter, pumper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    decision, key, state = getter.result()
-                    evaluated = True
-                    result = condition.evaluate(decision)
-                    if key in skip_states and result.candidate:
-                        result = ConditionResult(False, result.answer, f"{result.reason}; a person already said "
-                                                 "no about this state", "wait", result.outcome)
-                    log.info("decision at version %s: %s", decision.state_version, result.reason)
-                    if reviews and result.action in ("fail", "skip"):
-                        yield decision, result, key, streak.to_dict(loop.time()), state
-                        continue
-                    qualifies = result.candidate if reviews else result.met
-                    if unmet and not qualifies:
-                        yield decision, result, key, streak.to_dict(loop.time()), state
-                        continue
-                    streak.observe(qualifies, loop.time(), key)
-                    if qualifies:
-                        last = (decision, result, key, state)
-                    else:
-                        last, fired = None, False
-                    if qualifies and condition.has_hysteresis and not streak.ready(loop.time()):
-                        # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
-                        log.info("hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s "
-                                 "(%.1f s needed)", streak.count, condition.consecutive,
-                                 streak.to_dict(loop.time())["true_for"], condition.min_true_for)
-                else:
-                    getter.cancel()
-                    if pumper in done:
-                        pumper.result()  # raises why the stream ended
-                now = loop.time()
-                if not fired and last is not None and streak.ready(now):
-                    fired = True
-                    decision, result, key, state = last
-                    yield decision, result, key, streak.to_dict(now), state
-        finally:
-            pumper.cancel()
-            await asyncio.gather(pumper, return_exceptions=True)
-
-    async def _within_deadline(self, work: Callable[[], Awaitable[dict[str, Any]]], extra: dict[str, Any], *,
-                               late: str, timed_out: str) -> dict[str, Any]:
-        """Run ``work`` until the deadline and turn every outcome into one small event payload.
-
-        A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; the stream is closed on every exit.
-        """
-        try:
-            remaining = self._remaining()
-            if remaining is not None and remaining <= 0:
-                return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
-            async with asyncio.timeout(remaining):
-                return await work()
-        except TimeoutError:
-            last = getattr(self._stream, "last_error_text", None)  # why the wait had no decision
-            return {"status": "timeout", "error_type": "timeout", **extra,
-                    "message": f"{timed_out}; last error: {last}" if last else timed_out}
-        except Exception as exc:
-            # the event carries the message and the task raises it: said once, by the task
-            log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
-            return error_payload(exc, **extra)
-        finally:
-            await self.cleanup()
-
-    async def cleanup(self) -> None:
-        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._disarm_lease()
-        stream, self._stream = self._stream, None
-        source, self._source_obj = self._source_obj, None
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(stream.aclose(), timeout=5)
-        if source is not None:
-            with contextlib.suppress(Exception):
-                await source.aclose()
-
-
-class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
+class SystemZeroDecisionTrigger(BaseTrigger):
     """Waits until System Zero decides the watched question as expected about a changing state.
 
     Fires once: a ``success`` event with the watched answer, or an ``error``/``timeout`` event
@@ -431,6 +117,10 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
         self.lease = lease
         self.lease_after = lease_after
         self.budget = budget
+        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline,
+                                     budget=budget)
+        self._lease = StreamLease(lease, lease_after)
+        self._source: StateSource | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -446,45 +136,49 @@ class SystemZeroDecisionTrigger(_StreamingTrigger, BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
-        payload = await self._wait_for_condition()
-        yield TriggerEvent(self._with_usage(payload))
-
-    async def _wait_for_condition(self) -> dict[str, Any]:
         extra = {"key_namespace": self.key_namespace}
 
         async def wait() -> dict[str, Any]:
             condition = DecisionCondition.from_dict(self.condition)
-            self._source_obj = source = build_source(self.source, self.state)
+            self._source = source = build_source(self.source, self.state)
             initial = await source.current()
-            async with self._open_stream(initial) as stream:
+            async with self._stream.open(initial, decision_mode=self.decision_mode,
+                                         min_interval_ms=self.min_interval_ms) as stream:
+                feeder = SourceFeeder(stream, source, decision_mode=self.decision_mode, lease=self._lease,
+                                      max_staleness=self.max_staleness)
+                watch = DecisionWatch(condition, reviews=True, skip_states=self.skip_states,
+                                      end_when_unmet=self.end_when_unmet)
 
-                async def consume(changed: asyncio.Event) -> dict[str, Any]:
-                    fired = self._debounced(stream, changed, condition, reviews=True,
-                                            skip_states=frozenset(self.skip_states), unmet=self.end_when_unmet)
-                    async with contextlib.aclosing(fired):
-                        async for decision, result, key, streak, state in fired:
-                            payload = _success_payload(decision, condition.question, result.reason, extra)
-                            payload.update(_policy_fields(decision, condition.question, result, key, streak))
-                            if result.action in ("fail", "skip"):
-                                payload["status"] = "policy"
-                            elif not result.candidate:  # a static state that did not meet the condition
-                                payload["status"] = "unmet"
-                            if result.action == "review":
+                async def consume() -> dict[str, Any]:
+                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+                        async for verdict in verdicts:
+                            review = {}
+                            if verdict.result.action == "review":
                                 # what the sensor needs to ask a person, and to wait on if they say no
-                                from airflow_provider_systemzero.policy import state_info
+                                from airflow_provider_systemzero.decisions.policy import state_info
 
-                                payload.update(state_info=state_info(state), deadline=self.deadline,
-                                               skip_states=list(self.skip_states))
-                            return payload
+                                review = {"state_info": state_info(verdict.state), "deadline": self.deadline,
+                                          "skip_states": list(self.skip_states)}
+                            return watch.event(verdict, extra={**extra, **review}).to_payload()
                     raise RuntimeError("the stream ended without a decision")
 
-                return await self._race(stream, source, consume)
+                return await feeder.race(consume)
 
-        return await self._within_deadline(wait, extra, late="the sensor's deadline passed before the trigger started",
-                                           timed_out="no decision met the condition before the deadline")
+        payload = await self._stream.within_deadline(
+            wait, extra, owner=type(self).__name__, cleanup=self.cleanup,
+            late="the sensor's deadline passed before the trigger started",
+            timed_out="no decision met the condition before the deadline")
+        yield TriggerEvent(self._stream.with_usage(payload))
+
+    async def cleanup(self) -> None:
+        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
+        self._lease.disarm()
+        source, self._source = self._source, None
+        await self._stream.aclose()
+        await _close_source(source)
 
 
-class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
+class SystemZeroDecideTrigger(BaseTrigger):
     """One on_request decision about a fixed state, with every answer (the deferrable operator).
 
     :param systemzero_conn_id: the System Zero connection.
@@ -508,11 +202,9 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
         self.idempotency_key = idempotency_key
         self.attachments = attachments or []
         self.deadline = deadline
-        self.source = None
-        self.decision_mode = "on_request"
-        self.lease = False
-        self.lease_after = 0.0
         self.budget = budget
+        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline,
+                                     budget=budget)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -524,32 +216,31 @@ class SystemZeroDecideTrigger(_StreamingTrigger, BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event."""
-        payload = await self._decide()
-        yield TriggerEvent(self._with_usage(payload))
-
-    async def _decide(self) -> dict[str, Any]:
-        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-        from airflow_provider_systemzero.policy import state_info
+        from airflow_provider_systemzero.decisions.policy import state_info
         from airflow_provider_systemzero.protocol.messages import Attachment
 
         extra = {"key_namespace": self.key_namespace}
 
         async def decide() -> dict[str, Any]:
-            hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
-            self._stream = hook.stream(self.request, state=self.state, decision_mode="on_request",
-                                       attachments=[Attachment(**a) for a in self.attachments],
-                                       idempotency_key=self.idempotency_key, key_namespace=self.key_namespace,
-                                       identity=self.key_namespace, budget=self._run_budget())
-            async with self._stream as stream:
+            attachments = [Attachment(**a) for a in self.attachments]
+            async with self._stream.open(self.state, decision_mode="on_request", attachments=attachments,
+                                         idempotency_key=self.idempotency_key) as stream:
                 decision = await stream.decide()
             # the state's hash, size and a short preview, for the operator's ``decision`` record
             return {"status": "success", **extra, **decision_payload(decision), "state_info": state_info(self.state)}
 
-        return await self._within_deadline(decide, extra, late="the task's deadline passed before the trigger started",
-                                           timed_out="no decision before the task's deadline")
+        payload = await self._stream.within_deadline(
+            decide, extra, owner=type(self).__name__, cleanup=self.cleanup,
+            late="the task's deadline passed before the trigger started",
+            timed_out="no decision before the task's deadline")
+        yield TriggerEvent(self._stream.with_usage(payload))
+
+    async def cleanup(self) -> None:
+        """Close the stream (runs on every exit; exceptions are ignored by Airflow)."""
+        await self._stream.aclose()
 
 
-class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
+class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     """Schedules Dags on a decision: an asset event each time the condition becomes true.
 
     Use it in an ``AssetWatcher``. Its kwargs are its identity, so ``watch_id`` names the
@@ -574,6 +265,8 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
                  decision_mode: str = "on_change", lease: bool = True, lease_after: float = 5.0,
                  max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         super().__init__()
+        from airflow_provider_systemzero.identity import task_namespace
+
         self.max_staleness = validate_max_staleness(max_staleness)
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -584,10 +277,10 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
         self.decision_mode = decision_mode
         self.lease = lease
         self.lease_after = lease_after
-        self.deadline = None
-        from airflow_provider_systemzero.identity import task_namespace
-
         self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
+        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
+        self._lease = StreamLease(lease, lease_after)
+        self._source: StateSource | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret); they are the watcher's identity."""
@@ -601,25 +294,25 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled."""
         condition = DecisionCondition.from_dict(self.condition)
-        self._source_obj = source = build_source(self.source, self.state)
+        self._source = source = build_source(self.source, self.state)
         initial = await source.current()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
+        # can review an asset event, so only a met decision counts
+        watch = DecisionWatch(condition, reviews=False)
+        policy_fields = condition.policy is not None or condition.has_hysteresis
         try:
-            async with self._open_stream(initial) as stream:
+            async with self._stream.open(initial, decision_mode=self.decision_mode) as stream:
+                feeder = SourceFeeder(stream, source, decision_mode=self.decision_mode, lease=self._lease,
+                                      max_staleness=self.max_staleness)
 
-                async def consume(changed: asyncio.Event) -> None:
-                    # fires on each transition to "met" (after hysteresis, when the condition has it);
-                    # nobody can review an asset event, so only a met decision counts
-                    fired = self._debounced(stream, changed, condition, reviews=False)
-                    async with contextlib.aclosing(fired):
-                        async for decision, result, key, streak, _ in fired:
-                            payload = _success_payload(decision, condition.question, result.reason,
-                                                       {"watch_id": self.watch_id})
-                            if condition.policy is not None or condition.has_hysteresis:
-                                payload.update(_policy_fields(decision, condition.question, result, key, streak))
-                            await queue.put(payload)
+                async def consume() -> None:
+                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+                        async for verdict in verdicts:
+                            await queue.put(watch.event(verdict, policy_fields=policy_fields,
+                                                        extra={"watch_id": self.watch_id}).to_payload())
 
-                race = asyncio.ensure_future(self._race(stream, source, consume))
+                race = asyncio.ensure_future(feeder.race(consume))
                 try:
                     while True:
                         getter = asyncio.ensure_future(queue.get())
@@ -635,6 +328,13 @@ class SystemZeroDecisionEventTrigger(_StreamingTrigger, BaseEventTrigger):
                     await asyncio.gather(race, return_exceptions=True)
         finally:
             await self.cleanup()
+
+    async def cleanup(self) -> None:
+        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
+        self._lease.disarm()
+        source, self._source = self._source, None
+        await self._stream.aclose()
+        await _close_source(source)
 
 
 def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:
@@ -662,21 +362,3 @@ def decision_payload(decision: DecisionResult) -> dict[str, Any]:
             "covered_event_ids": list(decision.covered_event_ids), "request_id": decision.request_id,
             "stream_id": decision.stream_id, "answers": {n: a.to_dict() for n, a in decision.answers.items()},
             "reply": decision.reply}
-
-
-def _policy_fields(decision: DecisionResult, question: str, result: ConditionResult, key: str,
-                   streak: Mapping[str, Any]) -> dict[str, Any]:
-    """What a policy or hysteresis adds to an event: the verdict, the alternatives, the state's hash."""
-    answer = decision.answers.get(question)
-    return {"action": result.action, "outcome": result.outcome, "state_hash": key, "streak": dict(streak),
-            "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else []}
-
-
-def _success_payload(decision: DecisionResult, question: str, reason: str,
-                     extra: Mapping[str, Any]) -> dict[str, Any]:
-    answer = decision.answers[question]
-    return {"status": "success", **extra, "question": question, "decision": answer.decision,
-            "probability": answer.probability, "confidence": answer.confidence, "reply_id": decision.reply_id,
-            "request_id": decision.request_id, "state_version": decision.state_version,
-            "covered_event_ids": list(decision.covered_event_ids), "model": decision.model,
-            "usage": decision.usage, "reason": reason}

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_state
 from airflow_provider_systemzero.triggers import file_watch
@@ -486,13 +487,13 @@ class CallableSource(StateSource):
 def missing_file(path: str, must_exist: bool) -> None:
     """A file source's file does not exist: fail (``must_exist``) or say so once and read it as empty.
 
-    :raises LocalProtocolError: with ``must_exist``.
+    :raises SystemZeroArgumentError: with ``must_exist``.
     """
     host = socket.gethostname()
     if must_exist:
-        raise LocalProtocolError(f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
-                                 "on the triggerer's host, or the worker's in poke mode)", code="missing_file",
-                                 field="source.path")
+        raise SystemZeroArgumentError(f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
+                                     "on the triggerer's host, or the worker's in poke mode)", code="missing_file",
+                                     field="source.path")
     log.warning("source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
                 "wrong, fix it, or set \"must_exist\": True to fail instead", path, host)
 
@@ -500,21 +501,21 @@ def missing_file(path: str, must_exist: bool) -> None:
 def import_callable(path: str) -> Callable[..., Any]:
     """Import ``package.module.function`` (also ``package.module:function``).
 
-    :raises LocalProtocolError: naming the path when it cannot be imported or is not callable.
+    :raises SystemZeroArgumentError: naming the path when it cannot be imported or is not callable.
     """
     module_name, sep, attribute = path.replace(":", ".").rpartition(".")
     if not sep or not module_name:
-        raise LocalProtocolError(f"source.path {path!r} is not a dotted path 'package.module.function'",
-                                 code="invalid_source", field="source.path")
+        raise SystemZeroArgumentError(f"source.path {path!r} is not a dotted path 'package.module.function'",
+                                     code="invalid_source", field="source.path")
     try:
         target = getattr(import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise LocalProtocolError(f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
-                                 "be installed where the triggerer runs, not only in a Dag bundle",
-                                 code="invalid_source", field="source.path") from None
+        raise SystemZeroArgumentError(f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
+                                     "be installed where the triggerer runs, not only in a Dag bundle",
+                                     code="invalid_source", field="source.path") from None
     if not callable(target):
-        raise LocalProtocolError(f"source.path {path!r} is not callable", code="invalid_source",
-                                 field="source.path")
+        raise SystemZeroArgumentError(f"source.path {path!r} is not callable", code="invalid_source",
+                                     field="source.path")
     return target
 
 
@@ -524,52 +525,52 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     :param spec: ``None`` or a dict as described in the module docstring.
     :param initial_state: the trigger's initial state.
     :return: the normalised description.
-    :raises LocalProtocolError: naming the field.
+    :raises SystemZeroArgumentError: naming the field.
     """
     if spec is None:
         return {"type": "static"}
     if not isinstance(spec, Mapping):
-        raise LocalProtocolError("source must be an object such as {'type': 'file', 'path': ...}",
-                                 code="invalid_source", field="source")
+        raise SystemZeroArgumentError("source must be an object such as {'type': 'file', 'path': ...}",
+                                     code="invalid_source", field="source")
     kind = spec.get("type")
     if kind not in SOURCE_TYPES:
-        raise LocalProtocolError(f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}", code="invalid_source",
-                                 field="source.type")
+        raise SystemZeroArgumentError(f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}", code="invalid_source",
+                                     field="source.type")
     allowed = {"static": {"type"}, "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist"},
                "callable": {"type", "path", "kwargs", "poll_interval", "retries", "retry_delay", "timeout"}}[kind]
     unknown = sorted(set(spec) - allowed)
     if unknown:
-        raise LocalProtocolError(f"source has unknown field {unknown[0]!r} for type {kind!r}; allowed: "
-                                 f"{sorted(allowed)}", code="invalid_source", field=f"source.{unknown[0]}")
+        raise SystemZeroArgumentError(f"source has unknown field {unknown[0]!r} for type {kind!r}; allowed: "
+                                     f"{sorted(allowed)}", code="invalid_source", field=f"source.{unknown[0]}")
     for name in ("poll_interval", "retry_delay", "timeout"):
         value = spec.get(name, 1.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise LocalProtocolError(f"source.{name} {value!r} must be a positive number of seconds",
-                                     code="invalid_source", field=f"source.{name}")
+            raise SystemZeroArgumentError(f"source.{name} {value!r} must be a positive number of seconds",
+                                         code="invalid_source", field=f"source.{name}")
     retries = spec.get("retries", DEFAULT_RETRIES)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
-        raise LocalProtocolError(f"source.retries {retries!r} must be a whole number from 0 to 100",
-                                 code="invalid_source", field="source.retries")
+        raise SystemZeroArgumentError(f"source.retries {retries!r} must be a whole number from 0 to 100",
+                                     code="invalid_source", field="source.retries")
     if spec.get("watch", "auto") not in file_watch.WATCH_MODES:
-        raise LocalProtocolError(f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}",
-                                 code="invalid_source", field="source.watch")
+        raise SystemZeroArgumentError(f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}",
+                                     code="invalid_source", field="source.watch")
     if kind in ("file", "callable") and (not isinstance(spec.get("path"), str) or not spec["path"]):
-        raise LocalProtocolError(f"source.path is required for a {kind} source", code="invalid_source",
-                                 field="source.path")
+        raise SystemZeroArgumentError(f"source.path is required for a {kind} source", code="invalid_source",
+                                     field="source.path")
     if kind == "file":
         if not isinstance(spec.get("must_exist", False), bool):
-            raise LocalProtocolError("source.must_exist must be true or false", code="invalid_source",
-                                     field="source.must_exist")
+            raise SystemZeroArgumentError("source.must_exist must be true or false", code="invalid_source",
+                                         field="source.must_exist")
         if not isinstance(initial_state, str):
-            raise LocalProtocolError("a file source needs a string initial state (the file content is appended "
-                                     "to it)", code="invalid_source", field="state")
+            raise SystemZeroArgumentError("a file source needs a string initial state (the file content is appended "
+                                         "to it)", code="invalid_source", field="state")
         try:
             codecs.lookup(spec.get("encoding", "utf-8"))
         except (LookupError, TypeError):
-            raise LocalProtocolError(f"source.encoding {spec.get('encoding')!r} is not a known text encoding",
-                                     code="invalid_source", field="source.encoding") from None
+            raise SystemZeroArgumentError(f"source.encoding {spec.get('encoding')!r} is not a known text encoding",
+                                         code="invalid_source", field="source.encoding") from None
     if kind == "callable" and not isinstance(spec.get("kwargs", {}), Mapping):
-        raise LocalProtocolError("source.kwargs must be an object", code="invalid_source", field="source.kwargs")
+        raise SystemZeroArgumentError("source.kwargs must be an object", code="invalid_source", field="source.kwargs")
     return dict(spec)
 
 
@@ -598,7 +599,7 @@ def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
 
     :param spec: the source description.
     :param initial_state: the initial state.
-    :raises LocalProtocolError: for an async generator source (it needs the triggerer).
+    :raises SystemZeroArgumentError: for an async generator source (it needs the triggerer).
     """
     spec = validate_source_spec(spec, initial_state)
     if spec["type"] == "file":
@@ -611,8 +612,8 @@ def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
     if spec["type"] == "callable":
         function = import_callable(spec["path"])
         if inspect.isasyncgenfunction(function):
-            raise LocalProtocolError("an async generator source needs deferrable=True (it streams in the triggerer)",
-                                     code="invalid_source", field="source.path")
+            raise SystemZeroArgumentError("an async generator source needs deferrable=True (it streams in the triggerer)",
+                                         code="invalid_source", field="source.path")
         kwargs = dict(spec.get("kwargs") or {})
         value = asyncio.run(function(**kwargs)) if inspect.iscoroutinefunction(function) else function(**kwargs)
         return CallableSource._checked(value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.limits import Limits

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator import server as emulator_server
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook

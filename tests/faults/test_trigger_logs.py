@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from airflow_provider_systemzero.budget import DecisionBudget
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.budget import DecisionBudget
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from tests.faults.conftest import HarnessFactory
 from tests.faults.harness import set_source
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition
-from airflow_provider_systemzero.policy import DecisionPolicy
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.protocol.messages import Decision
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero import observability
-from airflow_provider_systemzero.budget import reset_connection_windows
+from airflow_provider_systemzero.decisions.budget import reset_connection_windows
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, default_capacity
 from tests.stream.support import SECRET_KEY, TEST_LIMITS

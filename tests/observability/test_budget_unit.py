@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.budget import (
+from airflow_provider_systemzero.budget import TaskUsageLedger, UsageBudgetMixin
+from airflow_provider_systemzero.decisions.budget import (
     TASK_STATE_KEY,
     BudgetExceeded,
     DecisionBudget,
-    TaskUsageLedger,
     Usage,
-    UsageBudgetMixin,
     WindowBudget,
     connection_window,
     event_usage,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget
+from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from tests.observability.conftest import ledger_of

@@ -10,12 +10,12 @@ import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.operators.branch import (
     BranchOption,
     SystemZeroBranchOperator,
     SystemZeroShortCircuitOperator,
 )
-from airflow_provider_systemzero.policy import DecisionPolicy
 from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition, Streak
-from airflow_provider_systemzero.policy import DecisionPolicy
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 
 
@@ -58,14 +58,14 @@ def test_dict_form_is_unchanged_without_the_new_fields() -> None:
     ({"policy": {"act_above": 2}}, "policy"),
 ])
 def test_invalid_hysteresis_and_policy(kwargs: dict, field: str) -> None:
-    with pytest.raises(LocalProtocolError) as info:
+    with pytest.raises(SystemZeroArgumentError) as info:
         DecisionCondition("ready", **kwargs)
     assert info.value.field == field
 
 
 def test_the_policy_must_fit_the_watched_question() -> None:
     condition = DecisionCondition("tier", expect="gold", policy={"act_above": 0.8, "default": True})
-    with pytest.raises(LocalProtocolError, match="is not an option"):
+    with pytest.raises(SystemZeroArgumentError, match="is not an option"):
         condition.check_questions({"tier": {"type": "choice", "options": ["gold", "silver"]}})
 
 

@@ -13,8 +13,8 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from airflow_provider_systemzero.policy import DecisionPolicy
 from tests.helpers import (
     needs_awaiting_input,
     needs_task_state_store,

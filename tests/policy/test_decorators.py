@@ -8,7 +8,7 @@ from typing import Any
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 
-from airflow_provider_systemzero.policy import DecisionPolicy
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from tests.helpers import run_dag, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START
 

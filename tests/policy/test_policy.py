@@ -7,7 +7,12 @@ from datetime import UTC, timedelta
 
 import pytest
 
-from airflow_provider_systemzero.policy import DecisionPolicy, OptionBars, decision_record, ranked_answers
+from airflow_provider_systemzero.decisions.policy import (
+    DecisionPolicy,
+    OptionBars,
+    decision_record,
+    ranked_answers,
+)
 from airflow_provider_systemzero.protocol.reply import Answer
 
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=60)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from airflow.sdk import DAG
 
-from airflow_provider_systemzero.policy import DecisionPolicy
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers.sources import build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.sources import callables
@@ -155,6 +155,6 @@ async def test_a_failing_async_generator_is_called_again(emulator: Emulator) -> 
     ],
 )
 def test_bad_retry_settings_are_refused_naming_the_field(field: str, value: Any, message: str) -> None:
-    with pytest.raises(LocalProtocolError) as info:
+    with pytest.raises(SystemZeroArgumentError) as info:
         build_source(callable_spec("quick", kwargs={"name": "x"}, **{field: value}), "")
     assert message in str(info.value) and info.value.field == f"source.{field}"

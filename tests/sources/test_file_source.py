@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
@@ -298,6 +298,6 @@ def test_the_filesystem_type_comes_from_the_mount_table() -> None:
 
 
 def test_a_bad_watch_mode_is_refused_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(LocalProtocolError, match=r"source\.watch 'inotify' is not one of") as info:
+    with pytest.raises(SystemZeroArgumentError, match=r"source\.watch 'inotify' is not one of") as info:
         build_source(spec(tmp_path / "x", watch="inotify"), "")
     assert info.value.field == "source.watch"

@@ -3,7 +3,7 @@
 A :class:`DecisionCondition` is plain data (it travels in trigger kwargs as a dict). A missing
 confidence or probability never passes a bar: a model that reports no number counts as uncertain.
 
-Optionally a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` says what to do with an
+Optionally a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` says what to do with an
 expected answer (act, ask a person, fail, skip, keep waiting, or take the default), and
 hysteresis (``consecutive``, ``min_true_for``) keeps a flapping answer from firing: see
 :class:`Streak`.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult, share
 from airflow_provider_systemzero.protocol.validation import validate_question_name
 
@@ -26,8 +26,8 @@ def _bar(value: Any, field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise LocalProtocolError(f"{field} {value!r} must be a number from 0 to 1", code="invalid_threshold",
-                                 field=field)
+        raise SystemZeroArgumentError(f"{field} {value!r} must be a number from 0 to 1", code="invalid_threshold",
+                                     field=field)
     return float(value)
 
 
@@ -65,7 +65,7 @@ class DecisionCondition:
         an option or a list of options for a choice question).
     :param min_confidence: the answer's confidence must be at least this (``None``: no bar).
     :param min_probability: the answer's probability must be at least this (``None``: no bar).
-    :param policy: a :class:`~airflow_provider_systemzero.policy.DecisionPolicy` dict: what to do
+    :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` dict: what to do
         with an expected answer that passes the bars above (``None``: act on it).
     :param consecutive: fire only after this many successive qualifying decisions, each about a
         different state.
@@ -85,59 +85,59 @@ class DecisionCondition:
         _bar(self.min_confidence, "min_confidence")
         _bar(self.min_probability, "min_probability")
         if isinstance(self.consecutive, bool) or not isinstance(self.consecutive, int) or self.consecutive < 1:
-            raise LocalProtocolError(f"consecutive {self.consecutive!r} must be a whole number of at least 1",
-                                     code="invalid_hysteresis", field="consecutive")
+            raise SystemZeroArgumentError(f"consecutive {self.consecutive!r} must be a whole number of at least 1",
+                                         code="invalid_hysteresis", field="consecutive")
         if isinstance(self.min_true_for, bool) or not isinstance(self.min_true_for, int | float) \
                 or not 0 <= self.min_true_for < float("inf"):
-            raise LocalProtocolError(f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
-                                     code="invalid_hysteresis", field="min_true_for")
+            raise SystemZeroArgumentError(f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
+                                         code="invalid_hysteresis", field="min_true_for")
         if self.policy is not None:
-            from airflow_provider_systemzero.policy import DecisionPolicy
+            from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
                 policy = DecisionPolicy.coerce(self.policy)
             except ValueError as exc:
-                raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+                raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
             object.__setattr__(self, "policy", policy.to_dict() if policy is not None else None)
         expect = self.expect
         if isinstance(expect, list):
             if not expect or not all(isinstance(option, str) for option in expect):
-                raise LocalProtocolError("expect must be a boolean, an option, or a non-empty list of options",
-                                         code="invalid_expect", field="expect")
+                raise SystemZeroArgumentError("expect must be a boolean, an option, or a non-empty list of options",
+                                             code="invalid_expect", field="expect")
         elif not isinstance(expect, bool | str):
-            raise LocalProtocolError(f"expect {expect!r} must be a boolean, an option, or a list of options",
-                                     code="invalid_expect", field="expect")
+            raise SystemZeroArgumentError(f"expect {expect!r} must be a boolean, an option, or a list of options",
+                                         code="invalid_expect", field="expect")
 
     def check_questions(self, questions: Mapping[str, Any]) -> None:
         """Check that the watched question is asked and ``expect`` fits its type.
 
         :param questions: the request's questions in wire form.
-        :raises LocalProtocolError: naming the field.
+        :raises SystemZeroArgumentError: naming the field.
         """
         if self.question not in questions:
-            raise LocalProtocolError(f"question {self.question!r} is not among the questions asked "
-                                     f"({sorted(questions)})", code="unknown_question", field="question")
+            raise SystemZeroArgumentError(f"question {self.question!r} is not among the questions asked "
+                                         f"({sorted(questions)})", code="unknown_question", field="question")
         spec = questions[self.question]
         kind = spec.get("type") if isinstance(spec, Mapping) else getattr(spec, "type", None)
         options = spec.get("options") if isinstance(spec, Mapping) else getattr(spec, "options", None)
         if kind == "boolean" and not isinstance(self.expect, bool):
-            raise LocalProtocolError(f"expect {self.expect!r} must be true or false for boolean question "
-                                     f"{self.question!r}", code="invalid_expect", field="expect")
+            raise SystemZeroArgumentError(f"expect {self.expect!r} must be true or false for boolean question "
+                                         f"{self.question!r}", code="invalid_expect", field="expect")
         if kind == "choice":
             wanted = self.expect if isinstance(self.expect, list) else [self.expect]
             missing = [w for w in wanted if w not in (options or ())]
             if missing:
-                raise LocalProtocolError(f"expect {missing[0]!r} is not an option of choice question "
-                                         f"{self.question!r} (options: {list(options or ())})",
-                                         code="invalid_expect", field="expect")
+                raise SystemZeroArgumentError(f"expect {missing[0]!r} is not an option of choice question "
+                                             f"{self.question!r} (options: {list(options or ())})",
+                                             code="invalid_expect", field="expect")
         if self.policy is not None:
-            from airflow_provider_systemzero.policy import DecisionPolicy
+            from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
                 DecisionPolicy.from_dict(self.policy).check(kind=kind or "boolean", options=options,
                                                             allow_wait=True)
             except ValueError as exc:
-                raise LocalProtocolError(str(exc), code="invalid_policy", field="policy") from None
+                raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
     def evaluate(self, result: DecisionResult) -> ConditionResult:
         """Check a decision against the condition."""
@@ -164,7 +164,7 @@ class DecisionCondition:
         return self._apply_policy(answer, described)
 
     def _apply_policy(self, answer: Answer, described: str) -> ConditionResult:
-        from airflow_provider_systemzero.policy import DecisionPolicy
+        from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
         policy = DecisionPolicy.from_dict(self.policy or {})
         outcome = policy.evaluate(answer)

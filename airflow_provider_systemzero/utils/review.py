@@ -1,4 +1,4 @@
-"""Acting on a decision under a :class:`~airflow_provider_systemzero.policy.DecisionPolicy`,
+"""Acting on a decision under a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`,
 with a person asked through Airflow's own human-in-the-loop machinery.
 
 :class:`PolicyGateMixin` is shared by every System Zero operator and the sensor. Given a
@@ -20,7 +20,7 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   with the policy's default (``decided_by: timeout_default``), or — with no default — the task
   does what ``below`` says.
 
-Every path pushes the ``decision`` XCom (:func:`~airflow_provider_systemzero.policy.decision_record`),
+Every path pushes the ``decision`` XCom (:func:`~airflow_provider_systemzero.decisions.policy.decision_record`),
 ``pending_review`` while a person is asked (``decided_by: null``: nothing is decided yet), ``final`` after.
 
 Retries: the model's answer replays unbilled (same state, same keys). A person's answer is kept
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.compat import AirflowFailException, AirflowSkipException
-from airflow_provider_systemzero.policy import (
+from airflow_provider_systemzero.decisions.policy import (
     DecisionPolicy,
     PolicyOutcome,
     answer_numbers,

@@ -1,0 +1,266 @@
+"""What "this decision ends the wait" means, in one place, with no Airflow and no I/O.
+
+A :class:`DecisionWatch` is fed the current decisions about a changing state, one at a time, and
+says when the wait ends. It owns the rules the deferrable trigger and the sensor's poke path share:
+
+* the condition and its policy bands
+  (:class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition`): a decision
+  *qualifies* when it is met or — when a person can review it — when the policy sends it to review;
+* **skip states**: a decision about a state a person already said "no" about does not qualify;
+* a ``fail``/``skip`` verdict of the policy ends the wait at once;
+* a static state (``end_when_unmet``): a decision that does not qualify ends the wait, since no
+  later decision could differ;
+* **hysteresis** (:class:`~airflow_provider_systemzero.decisions.conditions.Streak`): the wait ends
+  once a run of qualifying decisions about successive states is ``consecutive`` long and
+  ``min_true_for`` old, once per run; :meth:`DecisionWatch.wait_time` says when only time is missing.
+
+What it produces is one event type, :class:`WatchEvent`, whose :meth:`~WatchEvent.to_payload` is
+the plain JSON a trigger fires and :meth:`~WatchEvent.from_payload` reads it back on the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent"]
+
+log = logging.getLogger(__name__)
+
+#: The statuses of a watch event: ``success`` (fire, or ask a person), ``policy`` (the policy said
+#: fail or skip) and ``unmet`` (a static state that did not meet the condition).
+ENDING_STATUSES = ("success", "policy", "unmet")
+
+#: The payload keys every watch event carries, in the order they are written.
+_DECISION_KEYS = (
+    "question",
+    "decision",
+    "probability",
+    "confidence",
+    "reply_id",
+    "request_id",
+    "state_version",
+    "covered_event_ids",
+    "model",
+    "usage",
+    "reason",
+)
+#: The keys a policy or hysteresis adds (the verdict, the alternatives, the state's hash, the run).
+_VERDICT_KEYS = ("action", "outcome", "state_hash", "streak", "alternatives")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """A decision that ended a wait (or wants a person): the one event a watch produces.
+
+    :param status: one of :data:`ENDING_STATUSES`.
+    :param question: the watched question.
+    :param decision: the watched answer's decision (``None`` when the reply has no such answer).
+    :param probability: the answer's probability.
+    :param confidence: the answer's confidence.
+    :param reply_id: the reply's id.
+    :param request_id: the request's id.
+    :param state_version: the state version the decision covers.
+    :param covered_event_ids: the events the decision covers.
+    :param model: the model that decided.
+    :param usage: the reply's usage.
+    :param reason: why the decision ends the wait, in plain words.
+    :param verdict: ``{"action", "outcome", "state_hash", "streak", "alternatives"}`` when a policy or
+        hysteresis applies (empty otherwise).
+    :param extra: what the caller adds (``key_namespace`` or ``watch_id``, and for a review
+        ``state_info``, ``deadline`` and ``skip_states``).
+    """
+
+    status: str
+    question: str
+    decision: Any
+    probability: float | None
+    confidence: float | None
+    reply_id: str | None
+    request_id: str | None
+    state_version: int | None
+    covered_event_ids: list[Any]
+    model: str | None
+    usage: Any
+    reason: str
+    verdict: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def action(self) -> str:
+        """The policy's action (``act`` without a policy)."""
+        return str(self.verdict.get("action") or "act")
+
+    def summary(self) -> dict[str, Any]:
+        """The decision alone (what a sensor returns to XCom): question, answer, ids, usage, reason."""
+        return {key: getattr(self, key) for key in _DECISION_KEYS}
+
+    def to_payload(self) -> dict[str, Any]:
+        """The plain-JSON event: ``status``, the caller's keys, the decision's, then the verdict's."""
+        extra = {key: value for key, value in self.extra.items() if key in ("key_namespace", "watch_id")}
+        later = {key: value for key, value in self.extra.items() if key not in extra}
+        return {"status": self.status, **extra, **self.summary(), **self.verdict, **later}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> WatchEvent:
+        """Read an event back (a missing key reads as ``None``; unknown keys are kept in ``extra``).
+
+        :param payload: what :meth:`to_payload` wrote (e.g. a trigger's event, on the worker).
+        """
+        known = {"status", *_DECISION_KEYS, *_VERDICT_KEYS}
+        return cls(
+            status=str(payload.get("status")),
+            **{key: payload.get(key) for key in _DECISION_KEYS},
+            verdict={key: payload[key] for key in _VERDICT_KEYS if key in payload},
+            extra={key: value for key, value in payload.items() if key not in known},
+        )
+
+    @classmethod
+    def from_decision(
+        cls,
+        status: str,
+        decision: DecisionResult,
+        question: str,
+        result: ConditionResult,
+        *,
+        verdict: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> WatchEvent:
+        """The event for ``decision`` about the watched ``question``, checked as ``result``."""
+        answer = result.answer
+        return cls(
+            status=status,
+            question=question,
+            decision=answer.decision if answer else None,
+            probability=answer.probability if answer else None,
+            confidence=answer.confidence if answer else None,
+            reply_id=decision.reply_id,
+            request_id=decision.request_id,
+            state_version=decision.state_version,
+            covered_event_ids=list(decision.covered_event_ids),
+            model=decision.model,
+            usage=decision.usage,
+            reason=result.reason,
+            verdict=dict(verdict or {}),
+            extra=dict(extra or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """A decision that ends the wait, with what the event needs."""
+
+    status: str
+    decision: DecisionResult
+    result: ConditionResult
+    state_key: str
+    state: Any
+    streak: dict[str, Any]
+
+
+class DecisionWatch:
+    """Says, decision by decision, when a wait for a condition ends.
+
+    :param condition: the condition (with its policy and hysteresis).
+    :param reviews: a person can review a decision (the sensor): a ``review`` verdict qualifies and
+        a ``fail``/``skip`` verdict ends the wait; without (an asset watcher) only a met decision counts.
+    :param skip_states: hashes of states a person already said "no" about.
+    :param end_when_unmet: a static state: a decision that does not qualify ends the wait too.
+    """
+
+    def __init__(
+        self,
+        condition: DecisionCondition,
+        *,
+        reviews: bool = True,
+        skip_states: Collection[str] = (),
+        end_when_unmet: bool = False,
+    ) -> None:
+        self.condition = condition
+        self.reviews = reviews
+        self.skip_states = frozenset(skip_states)
+        self.end_when_unmet = end_when_unmet
+        self.streak = Streak(condition.consecutive, condition.min_true_for)
+        self._last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
+        self._fired = False
+
+    def check(self, decision: DecisionResult, state_key: str) -> ConditionResult:
+        """The condition's verdict on ``decision``, demoted to ``wait`` for a skipped state."""
+        result = self.condition.evaluate(decision)
+        if state_key in self.skip_states and result.candidate:
+            result = ConditionResult(
+                False,
+                result.answer,
+                f"{result.reason}; a person already said no about this state",
+                "wait",
+                result.outcome,
+            )
+        log.info("decision at version %s: %s", decision.state_version, result.reason)
+        return result
+
+    def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> _Verdict | None:
+        """Take a current decision about the state ``state`` (hash ``state_key``) at time ``now``.
+
+        :return: the verdict when the wait ends (or a person is asked), else ``None``.
+        """
+        result = self.check(decision, state_key)
+        if self.reviews and result.action in ("fail", "skip"):
+            return _Verdict("policy", decision, result, state_key, state, self.streak.to_dict(now))
+        qualifies = result.candidate if self.reviews else result.met
+        if self.end_when_unmet and not qualifies:
+            return _Verdict("unmet", decision, result, state_key, state, self.streak.to_dict(now))
+        self.streak.observe(qualifies, now, state_key)
+        if qualifies:
+            self._last = (decision, result, state_key, state)
+        else:
+            self._last, self._fired = None, False
+        if qualifies and self.condition.has_hysteresis and not self.streak.ready(now):
+            # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
+            log.info(
+                "hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s (%.1f s needed)",
+                self.streak.count,
+                self.condition.consecutive,
+                self.streak.to_dict(now)["true_for"],
+                self.condition.min_true_for,
+            )
+        return self.due(now)
+
+    def due(self, now: float) -> _Verdict | None:
+        """The verdict when the current run of qualifying decisions has just become long and old enough."""
+        if self._fired or self._last is None or not self.streak.ready(now):
+            return None
+        self._fired = True
+        decision, result, key, state = self._last
+        return _Verdict("success", decision, result, key, state, self.streak.to_dict(now))
+
+    def wait_time(self, now: float) -> float | None:
+        """Seconds until only time can end the wait (``None``: no decision is waiting on time)."""
+        return None if self._fired else self.streak.wait_time(now)
+
+    def event(
+        self, verdict: _Verdict, *, policy_fields: bool = True, extra: Mapping[str, Any] | None = None
+    ) -> WatchEvent:
+        """The :class:`WatchEvent` of ``verdict``.
+
+        :param policy_fields: add the verdict's action, outcome, state hash, run and alternatives.
+        :param extra: the caller's keys (``key_namespace`` or ``watch_id``, review details).
+        """
+        fields_: dict[str, Any] = {}
+        if policy_fields:
+            answer = verdict.decision.answers.get(self.condition.question)
+            fields_ = {
+                "action": verdict.result.action,
+                "outcome": verdict.result.outcome,
+                "state_hash": verdict.state_key,
+                "streak": dict(verdict.streak),
+                "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else [],
+            }
+        status = "unmet" if verdict.status == "unmet" and not verdict.result.candidate else verdict.status
+        return WatchEvent.from_decision(
+            status, verdict.decision, self.condition.question, verdict.result, verdict=fields_, extra=extra
+        )

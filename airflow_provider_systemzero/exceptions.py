@@ -1,0 +1,40 @@
+"""Errors of the Airflow layer that are not protocol errors.
+
+:class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` carries the *wire* codes
+of the stream protocol (``invalid_question_name``, ``invalid_state`` …): our side would send
+something the protocol forbids. A mistake in a DAG's arguments that the wire never sees (a
+threshold out of range, an unknown policy key, a source spec of the wrong shape) is a
+:class:`SystemZeroArgumentError` instead, with a code of its own.
+
+Both are ``ValueError`` subclasses; :data:`ARGUMENT_ERRORS` names the pair for the places that turn
+either into a failed task.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+
+__all__ = ["ARGUMENT_ERRORS", "SystemZeroArgumentError"]
+
+
+class SystemZeroArgumentError(ValueError):
+    """A DAG argument (or a value that fills one when the task runs) breaks a rule of this provider.
+
+    :param message: what is wrong, naming the field, the problem and the fix.
+    :param code: a machine-readable code (``invalid_threshold``, ``invalid_source`` …); never a wire code.
+    :param field: dotted path of the offending argument, or ``None``.
+    """
+
+    def __init__(self, message: str, *, code: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.field = field
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, field={self.field!r}, message={self.message!r})"
+
+
+#: The errors that mean "the task's input is wrong" (never retried): a DAG-argument mistake, or a
+#: value that would break a rule of the wire protocol.
+ARGUMENT_ERRORS: tuple[type[ValueError], ...] = (SystemZeroArgumentError, LocalProtocolError)

@@ -1,0 +1,1 @@
+"""Airflow glue used by the operators and the sensor (human review of a decision)."""

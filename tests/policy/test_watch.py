@@ -1,0 +1,89 @@
+"""DecisionWatch: the one place that says when a decision ends a wait (trigger and poke alike)."""
+
+from __future__ import annotations
+
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+
+
+def _decision(decision: object, confidence: float | None = 0.9, version: int = 1) -> DecisionResult:
+    answer = Answer(name="ready", type="boolean", decision=decision, probability=0.9, confidence=confidence)
+    return DecisionResult(
+        reply={"id": f"szd_{version}"},
+        state_version=version,
+        covered_event_ids=(),
+        request_id="r",
+        stream_id="s",
+        answers={"ready": answer},
+    )
+
+
+POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail").to_dict()
+
+
+def test_a_met_decision_ends_the_wait_once_per_run() -> None:
+    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    verdict = watch.observe(_decision(True), "a", "state a", 0.0)
+    assert verdict is not None and verdict.status == "success" and verdict.state == "state a"
+    assert watch.observe(_decision(True, version=2), "b", "state b", 1.0) is None  # the same run
+    assert watch.observe(_decision(False, version=3), "c", "state c", 2.0) is None
+    assert watch.observe(_decision(True, version=4), "d", "state d", 3.0) is not None  # a new run
+
+
+def test_hysteresis_needs_successive_states_and_time() -> None:
+    watch = DecisionWatch(DecisionCondition("ready", consecutive=2, min_true_for=5))
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None
+    assert watch.observe(_decision(True, version=2), "a", "a", 1.0) is None  # the same state again
+    assert watch.observe(_decision(True, version=3), "b", "b", 2.0) is None  # two states, but 2 s < 5 s
+    assert watch.wait_time(2.0) == 3.0
+    verdict = watch.due(5.0)
+    assert verdict is not None and verdict.state_key == "b" and verdict.streak["consecutive"] == 2
+    assert watch.wait_time(6.0) is None
+
+
+def test_a_state_a_person_said_no_about_does_not_qualify() -> None:
+    watch = DecisionWatch(DecisionCondition("ready"), skip_states=["a"])
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None
+    assert watch.observe(_decision(True, version=2), "b", "b", 1.0) is not None
+
+
+def test_the_policy_can_end_the_wait_only_when_a_person_could_review() -> None:
+    condition = DecisionCondition("ready", policy=POLICY)
+    verdict = DecisionWatch(condition).observe(_decision(True, 0.2), "a", "a", 0.0)
+    assert verdict is not None and verdict.status == "policy" and verdict.result.action == "fail"
+    review = DecisionWatch(condition).observe(_decision(True, 0.6), "a", "a", 0.0)
+    assert review is not None and review.status == "success" and review.result.action == "review"
+    assert DecisionWatch(condition, reviews=False).observe(_decision(True, 0.6), "a", "a", 0.0) is None
+
+
+def test_a_static_state_that_does_not_qualify_ends_the_wait_unmet() -> None:
+    watch = DecisionWatch(DecisionCondition("ready"), end_when_unmet=True)
+    verdict = watch.observe(_decision(False), "a", "a", 0.0)
+    assert verdict is not None
+    assert watch.event(verdict).status == "unmet"
+
+
+def test_the_event_round_trips_through_its_payload() -> None:
+    condition = DecisionCondition("ready", policy=POLICY)
+    watch = DecisionWatch(condition)
+    verdict = watch.observe(_decision(True, 0.6, version=7), "hash-a", "a", 0.0)
+    assert verdict is not None
+    event = watch.event(verdict, extra={"key_namespace": "ns", "deadline": 12.5})
+    payload = event.to_payload()
+    assert list(payload)[:3] == ["status", "key_namespace", "question"]
+    assert payload["status"] == "success" and payload["decision"] is True and payload["state_version"] == 7
+    assert payload["action"] == "review" and payload["state_hash"] == "hash-a" and payload["deadline"] == 12.5
+    again = WatchEvent.from_payload(payload)
+    assert again == event and again.to_payload() == payload and again.action == "review"
+    assert again.summary()["reply_id"] == "szd_7"
+
+
+def test_without_policy_fields_the_event_is_the_decision_alone() -> None:
+    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    verdict = watch.observe(_decision(True), "a", "a", 0.0)
+    assert verdict is not None
+    payload = watch.event(verdict, policy_fields=False, extra={"watch_id": "w"}).to_payload()
+    assert "action" not in payload and payload["watch_id"] == "w"
+    assert WatchEvent.from_payload(payload).action == "act"
