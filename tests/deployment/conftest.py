@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment, database, logs_section, running
+from tests.deployment.harness import RESULTS, Deployment, database, logs_section, running, skip_unless_marked
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,17 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "deployment: end-to-end test against real Airflow components (run with make test-deployment)")
 
 
-def _requested(config: pytest.Config) -> bool:
-    return "deployment" in (config.getoption("markexpr", default="") or "").replace("not deployment", "")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _requested(config):
-        return
-    skip = pytest.mark.skip(reason="deployment test: run it with 'make test-deployment'")
-    for item in items:
-        if item.get_closest_marker("deployment"):
-            item.add_marker(skip)
+    skip_unless_marked(config, items, "deployment", "deployment test: run it with 'make test-deployment'")
 
 
 @pytest.fixture(scope="module")

@@ -651,3 +651,18 @@ def logs_section(item: Any) -> tuple[str, str] | None:
         if isinstance(value, Deployment):
             return "component logs", value.diagnostics()
     return None
+
+
+def skip_unless_marked(config: Any, items: list[Any], marker: str, reason: str) -> None:
+    """Skip the items carrying ``marker`` unless the run's ``-m`` expression asks for it (``-m
+    deployment``, ``-m ui``; ``not <marker>`` does not count)."""
+    import re
+
+    import pytest
+
+    if re.search(rf"(?<!not )\b{marker}\b", config.getoption("markexpr", default="") or ""):
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if item.get_closest_marker(marker):
+            item.add_marker(skip)

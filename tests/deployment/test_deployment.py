@@ -146,6 +146,24 @@ def _keep_writing(files: list[Path], writing: threading.Event | None = None) -> 
     return write
 
 
+def _assert_handed_over_run(deployment: Deployment, dag_id: str, run_id: str, state: str, count: int,
+                            since: float) -> tuple[int, int, int, dict[str, int]]:
+    """After a hand-over: all ``count`` sensors (``wait_NN``) succeeded on a true decision, retried
+    only for apache/airflow#71580, no state billed twice, no triggerer over the socket cap.
+    Returns (#71580 mismatches, billed, replayed unbilled, max sockets per triggerer)."""
+    tis = _assert_all_succeeded(deployment, dag_id, run_id, state)
+    assert len(tis) == count, sorted(tis)
+    mismatches = _assert_retries_explained(deployment, dag_id, run_id)
+    xcoms = deployment.xcoms(dag_id, run_id)
+    assert all(xcoms[(f"wait_{i:02d}", "return_value")]["decision"] is True for i in range(count))
+    billed, replayed, twice = _billing(deployment, since)
+    assert not twice, f"states billed twice: {twice}"
+    assert deployment.sampler is not None
+    sockets = dict(deployment.sampler.maxima)
+    assert max(sockets.values()) <= MAX_STREAMS_PER_PROCESS, sockets
+    return mismatches, billed, replayed, sockets
+
+
 def _placed(deployment: Deployment, dag_id: str, run_id: str, count: int, timeout: float) -> dict[str, list[str]]:
     """Wait until all ``count`` triggers of the run are assigned to a triggerer; triggerer name ->
     task IDs, every triggerer named (those holding none with an empty list). Which triggerer claims
@@ -376,14 +394,7 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
             _append(path, READY)
         state = deployment.wait_run(dag_id, run_id, timeout=120)
 
-    _assert_all_succeeded(deployment, dag_id, run_id, state)
-    mismatches = _assert_retries_explained(deployment, dag_id, run_id)
-    xcoms = deployment.xcoms(dag_id, run_id)
-    assert all(xcoms[(f"wait_{i:02d}", "return_value")]["decision"] is True for i in range(count))
-    billed, replayed, twice = _billing(deployment, since)
-    assert not twice, f"states billed twice: {twice}"
-    sockets = dict(deployment.sampler.maxima)
-    assert max(sockets.values()) <= MAX_STREAMS_PER_PROCESS, sockets
+    mismatches, billed, replayed, sockets = _assert_handed_over_run(deployment, dag_id, run_id, state, count, since)
     # the killed triggerer comes back as a new process, and the deployment is whole again
     deployment.start_triggerer(victim)
     RESULTS.append(f"(2) SIGKILL {victim} holding {len(orphans)} of {count} triggers: {survivor} adopted them "
@@ -463,15 +474,7 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
     state = deployment.wait_run(dag_id, run_id, timeout=300)
     elapsed = time.monotonic() - started
 
-    tis = _assert_all_succeeded(deployment, dag_id, run_id, state)
-    assert len(tis) == count, sorted(tis)
-    mismatches = _assert_retries_explained(deployment, dag_id, run_id)
-    xcoms = deployment.xcoms(dag_id, run_id)
-    assert all(xcoms[(f"wait_{i:02d}", "return_value")]["decision"] is True for i in range(count))
-    billed, replayed, twice = _billing(deployment, since)
-    assert not twice, f"states billed twice: {twice}"
-    sockets = dict(deployment.sampler.maxima)
-    assert max(sockets.values()) <= MAX_STREAMS_PER_PROCESS, sockets
+    mismatches, billed, replayed, sockets = _assert_handed_over_run(deployment, dag_id, run_id, state, count, since)
     spans = _trigger_spans(deployment, dag_id, run_id)
     assert len(spans) == count, f"trigger logs for {len(spans)} of {count} tasks"
     survivor_job, victim_job = deployment.triggerer_jobs[survivor], deployment.triggerer_jobs[victim]

@@ -10,7 +10,6 @@ downloads a browser here, it launches ``/usr/bin/chromium``.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment, logs_section, running, wait_for
+from tests.deployment.harness import RESULTS, Deployment, logs_section, running, skip_unless_marked, wait_for
 from tests.deployment.system import apt_install, ensure_python_packages
 
 HERE = Path(__file__).resolve().parent
@@ -43,18 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ui: drives the Airflow UI in Chromium (run with make test-ui)")
 
 
-def _requested(config: pytest.Config) -> bool:
-    expression = config.getoption("markexpr", default="") or ""
-    return bool(re.search(r"(?<!not )\bui\b", expression))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _requested(config):
-        return
-    skip = pytest.mark.skip(reason="UI test: run it with 'make test-ui'")
-    for item in items:
-        if item.get_closest_marker("ui"):
-            item.add_marker(skip)
+    skip_unless_marked(config, items, "ui", "UI test: run it with 'make test-ui'")
 
 
 @pytest.fixture(scope="module")
