@@ -51,8 +51,19 @@ def test_classifiers_name_every_supported_python() -> None:
     assert ">=3.1.0" in airflow and "<4" in airflow
 
 
+def _long_description() -> str:
+    """The long description as the index shows it: the installed metadata's body. An editable
+    install's ``egg-info`` in the checkout (found first on ``sys.path``) carries no body; the file
+    ``pyproject.toml`` declares is what the wheel's metadata holds then."""
+    payload = DIST.metadata.get_payload() or ""
+    if payload or INSTALLED_WHEEL:
+        return payload
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    return (REPO / pyproject["project"]["readme"]["file"]).read_text(encoding="utf-8")
+
+
 def test_long_description_reads_well_on_an_index_page() -> None:
-    description = DIST.metadata.get_payload() or ""
+    description = _long_description()
     assert description.startswith("# airflow-provider-systemzero")
     links = re.findall(r"\]\(([^)]+)\)", description)
     assert links and all(link.startswith("https://") for link in links), links
