@@ -23,8 +23,9 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
+
+from benchmarks.common import per_call_us
 
 __all__ = ["append_cost"]
 
@@ -36,21 +37,6 @@ NAMESPACE = "bench-core"
 
 def _median_us(samples_ns: list[int], per: int) -> float:
     return statistics.median(samples_ns) / per / 1000
-
-
-def _timed(function: Callable[[], Any], *, repeats: int, number: int) -> float:
-    """Median over ``repeats`` of the mean CPU time of ``number`` calls, in microseconds (collector off)."""
-    samples = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            started = time.thread_time_ns()
-            for _ in range(number):
-                function()
-            samples.append(time.thread_time_ns() - started)
-    finally:
-        gc.enable()
-    return _median_us(samples, number)
 
 
 def _initial(size: int) -> str:
@@ -129,10 +115,11 @@ def _planning_us(size: int, repeats: int, number: int) -> float:
 
     sent = StreamState(_initial(size), ())
     desired = StreamState(sent.state + LINE, ())
-    return _timed(
+    return per_call_us(
         lambda: plan_mutation(sent, desired, event_id="evt_2", idempotency_key=None),
         repeats=repeats,
         number=number,
+        clock=time.thread_time_ns,
     )
 
 
@@ -165,7 +152,7 @@ def append_cost(reply: dict[str, Any], *, quick: bool) -> dict[str, Any]:
         state = _initial(size)
         total = _total_client_us(size, reply, repeats, number)
         body_key, method = _body_and_key_us(size, repeats, number)
-        concat = _timed(lambda s=state: s + LINE, repeats=repeats, number=number)
+        concat = per_call_us(lambda s=state: s + LINE, repeats=repeats, number=number, clock=time.thread_time_ns)
         planning = _planning_us(size, repeats, number)
         rows.append(
             {

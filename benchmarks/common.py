@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-__all__ = ["Options", "machine", "percentile", "summary_ms"]
+__all__ = ["Options", "machine", "per_call_us", "percentile", "summary_ms"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,22 @@ def machine() -> dict[str, Any]:
         "provider": _version("airflow-provider-systemzero"),
         "commit": _commit(),
     }
+
+
+def per_call_us(function: Callable[[], Any], *, repeats: int, number: int,
+                clock: Callable[[], int] = time.perf_counter_ns) -> float:
+    """Median over ``repeats`` of the mean time of ``number`` calls, in microseconds, with the
+    collector off (``clock``: wall time by default; ``time.thread_time_ns`` for CPU time)."""
+    samples = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            started = clock()
+            for _ in range(number):
+                function()
+            samples.append((clock() - started) / number / 1000)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(samples)

@@ -21,11 +21,10 @@ import asyncio
 import gc
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 from benchmarks.append import append_cost
-from benchmarks.common import Options
+from benchmarks.common import Options, per_call_us
 from benchmarks.fixtures import REQUEST
 
 __all__ = ["run"]
@@ -35,23 +34,6 @@ STATE_SIZES = (1_024, 65_536, 1_048_576)
 #: so the rate buckets are always full and every change goes out at once).
 _TIMERS = {"max_duration_ms": 10**12, "idle_timeout_ms": 10**12, "heartbeat_interval_ms": 10**12,
            "receipt_timeout_ms": 10**12}
-
-
-def _per_call_us(function: Callable[[], Any], *, repeats: int, number: int) -> float:
-    """Median over ``repeats`` of the mean time of ``number`` calls, in microseconds."""
-    samples = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            started = time.perf_counter_ns()
-            for _ in range(number):
-                function()
-            samples.append((time.perf_counter_ns() - started) / number / 1000)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return statistics.median(samples)
 
 
 def _reply() -> dict[str, Any]:
@@ -185,8 +167,8 @@ def _codec(reply: dict[str, Any], repeats: int, number: int) -> list[dict[str, A
                                    ("decision", decision, decode_server_message)):
         text = encode_message(message)
         rows.append({"message": name, "bytes": len(text.encode("utf-8")),
-                     "encode_us": _per_call_us(lambda m=message: encode_message(m), repeats=repeats, number=number),
-                     "decode_us": _per_call_us(lambda t=text, d=decoder: d(t), repeats=repeats, number=number)})
+                     "encode_us": per_call_us(lambda m=message: encode_message(m), repeats=repeats, number=number),
+                     "decode_us": per_call_us(lambda t=text, d=decoder: d(t), repeats=repeats, number=number)})
     return rows
 
 

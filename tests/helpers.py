@@ -88,6 +88,14 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
             session.query(Connection).filter(Connection.conn_id == conn_id).delete()
 
 
+#: The rules of most Dag tests: "job is ready" in the state means ready, anything else not.
+READY_RULES: dict[str, Any] = {
+    "rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.95,
+               "confidence": 0.9}],
+    "default": {"answer": False, "probability": 0.1, "confidence": 0.8},
+}
+
+
 @contextmanager
 def rules_emulator(rules: dict[str, Any], directory: Any, key: str, conn_id: str,
                    **conn_extra: Any) -> Iterator[EmulatorThread]:

@@ -16,11 +16,9 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import rules_emulator, run_dag, task_states, wait_until, xcoms_of
+from tests.helpers import READY_RULES, rules_emulator, run_dag, task_states, wait_until, xcoms_of
 
-RULES = {"rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.95,
-                    "confidence": 0.9}],
-         "default": {"answer": False, "probability": 0.1, "confidence": 0.8}}
+RULES = READY_RULES
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 

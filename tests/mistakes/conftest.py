@@ -10,20 +10,9 @@ from typing import Any
 import pendulum
 import pytest
 
-from tests.helpers import rules_emulator
+from tests.helpers import READY_RULES, rules_emulator
 
-RULES = {
-    "rules": [
-        {
-            "question": "ready",
-            "pattern": "(?i)job is ready",
-            "answer": True,
-            "probability": 0.95,
-            "confidence": 0.9,
-        }
-    ],
-    "default": {"answer": False, "probability": 0.1, "confidence": 0.8},
-}
+RULES = READY_RULES
 KEY = "mistakes-key"
 CONN = "sz_mistakes"
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
