@@ -145,6 +145,7 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
 
 
+@needs_awaiting_input
 def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
     """The trigger the sensor defers to after a person says "no" carries the task's budget: with
     one decision allowed and spent on the reviewed state, the next state is not decided."""

@@ -5,6 +5,7 @@ included, plus whatever reached stdout/stderr), an exception, a trigger event, o
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import pickle
@@ -181,7 +182,10 @@ def test_a_dag_run_puts_no_key_in_xcom_or_task_logs(airflow_db: None, debug_ever
     monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([  # ours first: found at once
         {"name": "systemzero-security", "classpath": local, "kwargs": {"path": str(dags)}},
         {"name": "dags-folder", "classpath": local, "kwargs": {"path": str(REPO / "example_dags")}}]))
-    bag = BundleDagBag(dag_folder=str(dags), bundle_path=dags, bundle_name="systemzero-security")
+    # Airflow 3.2 added bundle_name (3.1's BundleDagBag takes the path alone)
+    named = "bundle_name" in inspect.signature(BundleDagBag.__init__).parameters
+    bag = BundleDagBag(dag_folder=str(dags), bundle_path=dags,
+                       **({"bundle_name": "systemzero-security"} if named else {}))
     assert not bag.import_errors, bag.import_errors
     dag = bag.get_dag("systemzero_secrets")
     with EmulatorThread(api_keys={KEY: 8}, decider=ReadyDecider()) as emu, \
