@@ -18,7 +18,7 @@ from airflow_provider_systemzero.operators.branch import SystemZeroBranchOperato
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.triggers.sources import FileSource
-from tests.helpers import run_dag, task_states
+from tests.helpers import dagbag_module, run_dag, task_states
 from tests.mistakes.conftest import CONN, START
 
 READY = "Is the job ready?"
@@ -77,7 +77,7 @@ def test_literal_mistakes_fail_when_the_dag_is_parsed(build: Any, message: str) 
 
 
 def test_a_broken_dag_file_is_an_import_error(airflow_db: None, tmp_path: Path) -> None:
-    from airflow.dag_processing.dagbag import DagBag
+    DagBag = dagbag_module().DagBag
 
     (tmp_path / "broken_dag.py").write_text(
         textwrap.dedent("""
