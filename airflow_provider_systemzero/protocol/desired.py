@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from airflow_provider_systemzero.protocol.body import compact_json, json_size
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.keys import state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
@@ -289,7 +290,7 @@ class DesiredState:
         elif self.key_namespace is not None:
             finished = encoding.open_hash.copy()
             finished.update(encoding.close + self._suffix(attachments, stream_id))
-            key = f"{self.key_namespace}:{finished.hexdigest()}"
+            key = state_key(self.key_namespace, finished.hexdigest())
         self.current = change.state
         self._encoding = encoding
         self.key = key

@@ -18,6 +18,7 @@ __all__ = [
     "default_key_namespace",
     "derive_prompt_cache_key",
     "derive_state_key",
+    "state_key",
 ]
 
 #: Prefix of derived ``prompt_cache_key`` values when the connection sets none.
@@ -54,4 +55,10 @@ def derive_state_key(namespace: str, body: str) -> str:
     :param namespace: a stable prefix (printable ASCII, at most 190 characters).
     :param body: the synthesized decide body.
     """
-    return f"{namespace}:{_digest(body)}"
+    return state_key(namespace, _digest(body))
+
+
+def state_key(namespace: str, body_sha256: str) -> str:
+    """The per-state key from the hex SHA-256 of the decide body, however it was computed (the
+    desired state carries the hash forward across appends)."""
+    return f"{namespace}:{body_sha256}"
