@@ -46,6 +46,7 @@ from airflow_provider_systemzero.protocol.client_events import (
     ClientEvent,
     DecisionFailed,
     DecisionReceived,
+    DecisionRepeated,
     GoodbyeReceived,
     HelloReceived,
     MutationRejected,
@@ -561,6 +562,8 @@ class ClientSession:
                 field="state_version",
             )
         result = DecisionResult.from_message(message, self.request.questions)
+        if self.decision_mode == "on_change" and 0 < message.state_version <= conn.decided_version:
+            return [DecisionRepeated(message.state_version)]
         conn.decided_version = message.state_version
         conn.recycle_at = None
         generation = conn.version_generation.get(message.state_version, -1)

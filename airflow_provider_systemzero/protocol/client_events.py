@@ -19,6 +19,7 @@ __all__ = [
     "ClientEvent",
     "DecisionFailed",
     "DecisionReceived",
+    "DecisionRepeated",
     "GoodbyeReceived",
     "HelloReceived",
     "MutationRejected",
@@ -101,10 +102,19 @@ class GoodbyeReceived:
     goodbye: Goodbye
 
 
+@dataclass(frozen=True, slots=True)
+class DecisionRepeated:
+    """on_change: the gateway sent a decision for a version already decided on this connection
+    (each dispatch freezes newer changes, so versions only grow): it was dropped, not delivered twice."""
+
+    state_version: int
+
+
 ClientEvent: TypeAlias = (
     HelloReceived
     | Acknowledged
     | DecisionReceived
+    | DecisionRepeated
     | DecisionFailed
     | MutationRejected
     | ServerError

@@ -66,6 +66,7 @@ from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
     DecisionReceived,
+    DecisionRepeated,
     GoodbyeReceived,
     HelloReceived,
     MutationRejected,
@@ -274,7 +275,6 @@ class DecisionStream:
         self._writing = False  # a frame is being written (its write is waiting for the peer)
         self._pong_flush: asyncio.TimerHandle | None = None
         self._last_pong_flush = -math.inf
-        self._watermark: tuple[str, int] | None = None  # (stream_id, state_version) of the newest decision
         if self._settings is not None:
             self._session = self._build_session(self._settings)
         with contextlib.suppress(Exception):
@@ -738,11 +738,7 @@ class DecisionStream:
             elif isinstance(event, Acknowledged):
                 self._on_ack(event)
             elif isinstance(event, DecisionReceived):
-                if event.repeated:
-                    pass  # a decision counted and queued when it arrived, now covering a state returned to
-                elif self._repeated(event.result):
-                    continue
-                else:
+                if not event.repeated:  # a repeated one was counted and queued when it arrived
                     self._on_decision(event.result)
                 for intent in event.intents:
                     future = self._intent_futures.get(intent)
@@ -769,19 +765,10 @@ class DecisionStream:
                          server_text(event.error.envelope.message))
             elif isinstance(event, GoodbyeReceived):
                 self._goodbye = event.goodbye
+            elif isinstance(event, DecisionRepeated):
+                log.warning("the System Zero gateway repeated the decision for state version %d: ignored",
+                            event.state_version)
         self._pulse()
-
-    def _repeated(self, result: DecisionResult) -> bool:
-        """on_change: a decision whose watermark is not above the previous one on this connection
-        repeats it (each dispatch freezes newer changes): it is dropped, never delivered twice."""
-        previous, self._watermark = self._watermark, (result.stream_id, result.state_version)
-        if self._decision_mode != "on_change" or previous is None or previous[0] != result.stream_id \
-                or result.state_version > previous[1]:
-            return False
-        self._watermark = previous
-        log.warning("the System Zero gateway repeated the decision for state version %d: ignored",
-                    result.state_version)
-        return True
 
     def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
         error = self._decision_error(event.error)
