@@ -54,7 +54,7 @@ help:
 	@echo "  make test-ui   drive the Airflow UI in Chromium; writes the screenshots in docs/images"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
 	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
-	@echo "  make lint      ruff check"
+	@echo "  make lint      ruff check and ruff format --check"
 	@echo "  make bench     run the benchmarks (BENCH_ARGS=...)"
 	@echo "  make lock      regenerate constraints.txt"
 	@echo "  make docs      build the documentation site into .cache/site (no tests)"
@@ -89,9 +89,11 @@ venv install: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory docs
 

@@ -68,9 +68,16 @@ class TaskUsageLedger:
     :param logger: where the summary goes (the task log).
     """
 
-    def __init__(self, context: Mapping[str, Any], *, max_decisions: Any = None, max_input_tokens: Any = None,
-                 task_label: str = "this task", do_xcom_push: bool = True,
-                 logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:  # type: ignore[type-arg]
+    def __init__(
+        self,
+        context: Mapping[str, Any],
+        *,
+        max_decisions: Any = None,
+        max_input_tokens: Any = None,
+        task_label: str = "this task",
+        do_xcom_push: bool = True,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+    ) -> None:  # type: ignore[type-arg]
         self.context = context
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
         self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
@@ -88,8 +95,10 @@ class TaskUsageLedger:
                 self.log.warning(
                     "Airflow %s has no task state store (it arrives in %s): max_decisions / max_input_tokens of "
                     "%s cover this try only, and a retry starts counting from zero",
-                    ".".join(map(str, airflow_version())), ".".join(map(str, AIRFLOW_TASK_STATE_STORE)),
-                    self.task_label)
+                    ".".join(map(str, airflow_version())),
+                    ".".join(map(str, AIRFLOW_TASK_STATE_STORE)),
+                    self.task_label,
+                )
 
     @property
     def persistent(self) -> bool:
@@ -102,8 +111,10 @@ class TaskUsageLedger:
 
     @property
     def hint(self) -> str:
-        return (f"Raise max_decisions / max_input_tokens on task {self.task_label}; the total across tries is "
-                f"kept in the task state store under {TASK_STATE_KEY!r} (delete that key to start over).")
+        return (
+            f"Raise max_decisions / max_input_tokens on task {self.task_label}; the total across tries is "
+            f"kept in the task state store under {TASK_STATE_KEY!r} (delete that key to start over)."
+        )
 
     def _load(self) -> dict[str, Any]:
         if self.store is None:
@@ -111,16 +122,22 @@ class TaskUsageLedger:
         try:
             raw = self.store.get(TASK_STATE_KEY, default=None)
         except Exception as exc:  # an unreachable store must not hide the decision: count this try only
-            self.log.warning("could not read the System Zero usage from the task state store (%s); the budget "
-                             "covers this try only", exc)
+            self.log.warning(
+                "could not read the System Zero usage from the task state store (%s); the budget "
+                "covers this try only",
+                exc,
+            )
             self.store = None
             raw = None
         document = raw if isinstance(raw, dict) else {}
         reservations = document.get("reservations")
         runs = document.get("runs")
-        return {"version": 1, "total": Usage.from_dict(document.get("total")).to_dict(),
-                "reservations": dict(reservations) if isinstance(reservations, dict) else {},
-                "runs": [r for r in runs if isinstance(r, str)] if isinstance(runs, list) else []}
+        return {
+            "version": 1,
+            "total": Usage.from_dict(document.get("total")).to_dict(),
+            "reservations": dict(reservations) if isinstance(reservations, dict) else {},
+            "runs": [r for r in runs if isinstance(r, str)] if isinstance(runs, list) else [],
+        }
 
     def _save(self) -> None:
         if self.store is None:
@@ -154,17 +171,27 @@ class TaskUsageLedger:
         decisions, tokens = self._reserved()
         if (decisions or tokens) and not self._warned:
             self._warned = True
-            self.log.warning("earlier tries of %s ended while deferred without reporting their System Zero usage; "
-                             "their allowance (%d decisions, %d input tokens) counts as spent", self.task_label,
-                             decisions, tokens)
+            self.log.warning(
+                "earlier tries of %s ended while deferred without reporting their System Zero usage; "
+                "their allowance (%d decisions, %d input tokens) counts as spent",
+                self.task_label,
+                decisions,
+                tokens,
+            )
         spent.unconfirmed += decisions
         spent.input_tokens += tokens
         return spent
 
     def budget(self, *, windows: Iterable[WindowBudget] = ()) -> DecisionBudget:
         """The budget for this try: the caps, minus what earlier tries spent or reserved."""
-        return DecisionBudget(self.max_decisions, self.max_input_tokens, spent=self._spent_for_run(),
-                              scope=self.scope, hint=self.hint, windows=windows)
+        return DecisionBudget(
+            self.max_decisions,
+            self.max_input_tokens,
+            spent=self._spent_for_run(),
+            scope=self.scope,
+            hint=self.hint,
+            windows=windows,
+        )
 
     def check(self) -> BudgetExceeded | None:
         """Refuse at once when not even one more dispatch fits (before opening any stream)."""
@@ -173,17 +200,29 @@ class TaskUsageLedger:
     def reserve(self, budget: DecisionBudget) -> None:
         """Before deferring: reserve the allowance handed to the trigger (replaced on resume)."""
         total = budget.total
-        decisions = (max(0, budget.max_decisions - total.counted_decisions)
-                     if budget.max_decisions is not None else 0)
-        tokens = max(0, budget.max_input_tokens - total.input_tokens) if budget.max_input_tokens is not None else 0
+        decisions = (
+            max(0, budget.max_decisions - total.counted_decisions) if budget.max_decisions is not None else 0
+        )
+        tokens = (
+            max(0, budget.max_input_tokens - total.input_tokens) if budget.max_input_tokens is not None else 0
+        )
         if decisions or tokens:
-            self._document["reservations"][str(self.try_number)] = {"decisions": decisions, "input_tokens": tokens}
+            self._document["reservations"][str(self.try_number)] = {
+                "decisions": decisions,
+                "input_tokens": tokens,
+            }
             self._save()
 
     # ------------------------------------------------------------------ finishing
 
-    def finish(self, usage: Usage | Mapping[str, Any] | None, *, run_id: str | None = None,
-               refusal: BudgetExceeded | Mapping[str, Any] | None = None, outcome: str = "success") -> dict[str, Any]:
+    def finish(
+        self,
+        usage: Usage | Mapping[str, Any] | None,
+        *,
+        run_id: str | None = None,
+        refusal: BudgetExceeded | Mapping[str, Any] | None = None,
+        outcome: str = "success",
+    ) -> dict[str, Any]:
         """Add a run's usage to the total, persist it, push the ``usage`` XCom and log a summary.
 
         :param usage: what the run spent (:class:`Usage` or its dict).
@@ -204,18 +243,36 @@ class TaskUsageLedger:
         self._document["runs"] = recorded
         self._document["reservations"].pop(str(self.try_number), None)
         self._save()
-        refused = refusal.to_dict() if isinstance(refusal, BudgetExceeded) else (
-            dict(refusal) if isinstance(refusal, Mapping) else None)
-        record = {**run.to_dict(reply_ids=False), "try_number": self.try_number,
-                  "total": total.to_dict(reply_ids=False),
-                  "limits": {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens},
-                  "refused_by": refused.get("limit") if refused else None, "persistent": self.persistent}
-        self.log.info("System Zero usage of %s, try %s (%s): %s", self.task_label, self.try_number, outcome,
-                      run.describe())
-        self.log.info("System Zero usage of %s across tries: %d decision(s) counted (max_decisions=%s), %d input "
-                      "tokens (max_input_tokens=%s)%s", self.task_label, total.counted_decisions, self.max_decisions,
-                      total.input_tokens, self.max_input_tokens,
-                      "" if self.persistent else "; no task state store: this try only")
+        refused = (
+            refusal.to_dict()
+            if isinstance(refusal, BudgetExceeded)
+            else (dict(refusal) if isinstance(refusal, Mapping) else None)
+        )
+        record = {
+            **run.to_dict(reply_ids=False),
+            "try_number": self.try_number,
+            "total": total.to_dict(reply_ids=False),
+            "limits": {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens},
+            "refused_by": refused.get("limit") if refused else None,
+            "persistent": self.persistent,
+        }
+        self.log.info(
+            "System Zero usage of %s, try %s (%s): %s",
+            self.task_label,
+            self.try_number,
+            outcome,
+            run.describe(),
+        )
+        self.log.info(
+            "System Zero usage of %s across tries: %d decision(s) counted (max_decisions=%s), %d input "
+            "tokens (max_input_tokens=%s)%s",
+            self.task_label,
+            total.counted_decisions,
+            self.max_decisions,
+            total.input_tokens,
+            self.max_input_tokens,
+            "" if self.persistent else "; no task state store: this try only",
+        )
         ti = self.context.get("ti")
         if self.do_xcom_push and ti is not None:
             try:
@@ -232,8 +289,9 @@ class UsageBudgetMixin:
     :param max_input_tokens: input tokens allowed for the task across all its tries (``None``: no cap).
     """
 
-    def __init__(self, *, max_decisions: int | None = None, max_input_tokens: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, max_decisions: int | None = None, max_input_tokens: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
         self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
@@ -245,9 +303,14 @@ class UsageBudgetMixin:
         map_index = getattr(ti, "map_index", -1)
         if isinstance(map_index, int) and map_index >= 0:
             label += f"[{map_index}]"
-        return TaskUsageLedger(context, max_decisions=self.max_decisions, max_input_tokens=self.max_input_tokens,
-                               task_label=repr(label), do_xcom_push=getattr(self, "do_xcom_push", True),
-                               logger=getattr(self, "log", None))
+        return TaskUsageLedger(
+            context,
+            max_decisions=self.max_decisions,
+            max_input_tokens=self.max_input_tokens,
+            task_label=repr(label),
+            do_xcom_push=getattr(self, "do_xcom_push", True),
+            logger=getattr(self, "log", None),
+        )
 
     def budget_before_dispatch(self, context: Mapping[str, Any]) -> tuple[TaskUsageLedger, DecisionBudget]:
         """The ledger and this try's budget; fails the task at once when nothing fits.
@@ -259,7 +322,9 @@ class UsageBudgetMixin:
         refused = budget.check(1, None)
         if refused is not None:
             budget.refuse(refused)
-            ledger.finish(budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch")
+            ledger.finish(
+                budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
+            )
             from airflow_provider_systemzero.compat import AirflowFailException
 
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refused}")
@@ -275,8 +340,12 @@ class UsageBudgetMixin:
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
         ok = isinstance(event, Mapping) and event.get("status") == "success"
-        record = self.usage_ledger(context).finish(report.get("run"), run_id=report.get("run_id"), refusal=refusal,
-                                                   outcome="success" if ok else "failed")
+        record = self.usage_ledger(context).finish(
+            report.get("run"),
+            run_id=report.get("run_id"),
+            refusal=refusal,
+            outcome="success" if ok else "failed",
+        )
         if refusal is not None and not ok:
             from airflow_provider_systemzero.compat import AirflowFailException
 
@@ -312,12 +381,14 @@ class UsageBudgetMixin:
         ledger.reserve(budget)
         return budget.to_kwargs()
 
-
     def start_trigger_budget(self) -> dict[str, Any]:
         """The budget for ``start_trigger_args`` (start from the triggerer): no worker runs before
         the trigger, so earlier tries' spend is unknown there and the caps apply to the deferral;
         the usage is still added to the task's total on resume."""
         task_id = getattr(self, "task_id", "?")
-        return DecisionBudget(self.max_decisions, self.max_input_tokens,
-                              scope=f"task {task_id!r} (this deferral: it started in the triggerer)",
-                              hint=f"Raise max_decisions / max_input_tokens on task {task_id!r}.").to_kwargs()
+        return DecisionBudget(
+            self.max_decisions,
+            self.max_input_tokens,
+            scope=f"task {task_id!r} (this deferral: it started in the triggerer)",
+            hint=f"Raise max_decisions / max_input_tokens on task {task_id!r}.",
+        ).to_kwargs()

@@ -44,8 +44,12 @@ from typing import Any
 
 __all__ = ["main"]
 
-DEMO_DAGS = ("systemzero_wait_for_ready", "systemzero_replay_and_branch", "systemzero_mapped",
-             "systemzero_ticket_policy")
+DEMO_DAGS = (
+    "systemzero_wait_for_ready",
+    "systemzero_replay_and_branch",
+    "systemzero_mapped",
+    "systemzero_ticket_policy",
+)
 
 
 #: How many lines of a failing log the demo quotes.
@@ -79,15 +83,30 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def _say(message: str = "", *, step: str | None = None) -> None:
-    prefix = f"\033[1m==> {step}\033[0m " if step and sys.stdout.isatty() else (f"==> {step} " if step else "    ")
+    prefix = (
+        f"\033[1m==> {step}\033[0m " if step and sys.stdout.isatty() else (f"==> {step} " if step else "    ")
+    )
     print(f"{prefix}{message}", flush=True)
 
 
 @contextlib.contextmanager
 def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
     """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
-    command = [sys.executable, "-m", "airflow_provider_systemzero.emulator", "--port", "0", "--api-key", f"{key}:8",
-               "--decider", f"rules:{rules}", "--admin-token", admin, "--decide-latency-ms", "50"]
+    command = [
+        sys.executable,
+        "-m",
+        "airflow_provider_systemzero.emulator",
+        "--port",
+        "0",
+        "--api-key",
+        f"{key}:8",
+        "--decider",
+        f"rules:{rules}",
+        "--admin-token",
+        admin,
+        "--decide-latency-ms",
+        "50",
+    ]
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
@@ -96,8 +115,10 @@ def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str
         if "listening on" not in line:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
-            raise RuntimeError(f"the emulator did not start (exit code {process.poll()}); the end of "
-                               f"{log_path}:\n{log_tail(log_path)}")
+            raise RuntimeError(
+                f"the emulator did not start (exit code {process.poll()}); the end of "
+                f"{log_path}:\n{log_tail(log_path)}"
+            )
         url = line.split("listening on ", 1)[1].split()[0]
         yield url.split("/v1/", 1)[0]
     finally:
@@ -123,11 +144,19 @@ def _airflow(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeou
     with log_path.open("a") as log:
         log.write(f"\n$ airflow {' '.join(args)}\n")
         log.flush()
-        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow", *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
     if result.returncode != 0:
-        raise RuntimeError(f"'airflow {' '.join(args)}' exited {result.returncode}; the end of {log_path}:\n"
-                           f"{log_tail(log_path)}")
+        raise RuntimeError(
+            f"'airflow {' '.join(args)}' exited {result.returncode}; the end of {log_path}:\n"
+            f"{log_tail(log_path)}"
+        )
 
 
 def _store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
@@ -164,8 +193,9 @@ with create_session() as s:
         out["xcom"][name] = XComModel.deserialize_value(r)
 print(json.dumps(out, default=str))
 """
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -173,17 +203,23 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
     xcom = info["xcom"]
     if dag_id == "systemzero_wait_for_ready":
         decision = xcom.get("wait_until_ready.return_value") or {}
-        _say(f"sensor fired: ready={decision.get('decision')} probability={decision.get('probability')} "
-             f"confidence={decision.get('confidence')} at state version {decision.get('state_version')} "
-             f"(covered {len(decision.get('covered_event_ids') or [])} event(s), reply {decision.get('reply_id')})")
+        _say(
+            f"sensor fired: ready={decision.get('decision')} probability={decision.get('probability')} "
+            f"confidence={decision.get('confidence')} at state version {decision.get('state_version')} "
+            f"(covered {len(decision.get('covered_event_ids') or [])} event(s), reply {decision.get('reply_id')})"
+        )
     elif dag_id == "systemzero_replay_and_branch":
         answers = xcom.get("decide.answers") or {}
         for name, answer in answers.items():
-            _say(f"decide: {name} = {answer.get('decision')!r} (probability {answer.get('probability')}, "
-                 f"confidence {answer.get('confidence')})")
+            _say(
+                f"decide: {name} = {answer.get('decision')!r} (probability {answer.get('probability')}, "
+                f"confidence {answer.get('confidence')})"
+            )
         _say(f"XCom decide.return_value = {xcom.get('decide.return_value')}")
-        _say(f"branch: publish={info['tasks'].get('publish')} quarantine={info['tasks'].get('quarantine')} "
-             f"-> {xcom.get('publish.return_value') or xcom.get('quarantine.return_value')}")
+        _say(
+            f"branch: publish={info['tasks'].get('publish')} quarantine={info['tasks'].get('quarantine')} "
+            f"-> {xcom.get('publish.return_value') or xcom.get('quarantine.return_value')}"
+        )
     elif dag_id == "systemzero_mapped":
         for index in range(10):
             value = xcom.get(f"triage[{index}].return_value")
@@ -194,9 +230,11 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
     elif dag_id == "systemzero_ticket_policy":
         for name, value in sorted(xcom.items()):
             if name.endswith(".decision") and isinstance(value, dict):
-                _say(f"{name.removesuffix('.decision')}: proposed {value.get('proposed')!r} -> "
-                     f"{value.get('action')} (decided by {value.get('decided_by')}, probability "
-                     f"{value.get('probability')}, confidence {value.get('confidence')})")
+                _say(
+                    f"{name.removesuffix('.decision')}: proposed {value.get('proposed')!r} -> "
+                    f"{value.get('action')} (decided by {value.get('decided_by')}, probability "
+                    f"{value.get('probability')}, confidence {value.get('confidence')})"
+                )
         ran = sorted(task for task, state in info["tasks"].items() if state == "success")
         _say(f"tasks that ran: {ran}")
 
@@ -204,9 +242,12 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the exit code."""
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--origin", default=os.environ.get("SYSTEMZERO_ORIGIN"),
-                        help="a real System Zero API origin (wss://… or https://…); the key comes from "
-                             "SYSTEMZERO_API_KEY. Default: the embedded emulator")
+    parser.add_argument(
+        "--origin",
+        default=os.environ.get("SYSTEMZERO_ORIGIN"),
+        help="a real System Zero API origin (wss://… or https://…); the key comes from "
+        "SYSTEMZERO_API_KEY. Default: the embedded emulator",
+    )
     parser.add_argument("--model", default=os.environ.get("SYSTEMZERO_MODEL", "sz-demo"), help="model ID")
     parser.add_argument("--dags", nargs="*", default=list(DEMO_DAGS), help="example Dag IDs to run")
     parser.add_argument("--keep-home", action="store_true", help="keep the throwaway AIRFLOW_HOME")
@@ -218,9 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     examples = home / "examples"
     examples.mkdir()
     log_path = home / "demo.log"
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__DAGS_FOLDER": str(dags), "SYSTEMZERO_EXAMPLE_DIR": str(examples),
-           "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "SYSTEMZERO_EXAMPLE_DIR": str(examples),
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
     admin = secrets.token_urlsafe(16)
     failed = True
@@ -235,9 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _say(f"using System Zero at {origin}", step="gateway")
             else:
                 key = "demo-" + secrets.token_hex(8)
-                origin = stack.enter_context(_emulator(dags / "emulator_rules.json", key, admin,
-                                                       home / "emulator.log"))
-                _say(f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})", step="gateway")
+                origin = stack.enter_context(
+                    _emulator(dags / "emulator_rules.json", key, admin, home / "emulator.log")
+                )
+                _say(
+                    f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})",
+                    step="gateway",
+                )
             _say(f"AIRFLOW_HOME={home}", step="airflow")
             _airflow(["db", "migrate"], env, log_path)
             _store_connection(env, origin, key, args.model)
@@ -249,18 +300,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _airflow(["dags", "test", dag_id], env, log_path)
                 info = _xcoms(env, dag_id)
                 if info["state"] != "success":
-                    raise RuntimeError(f"{dag_id} ended {info['state']}: {info['tasks']}; the end of {log_path}:\n"
-                                       f"{log_tail(log_path)}")
+                    raise RuntimeError(
+                        f"{dag_id} ended {info['state']}: {info['tasks']}; the end of {log_path}:\n"
+                        f"{log_tail(log_path)}"
+                    )
                 _say(f"{dag_id}: {info['state']} in {time.monotonic() - t0:.1f} s; tasks {info['tasks']}")
                 if before is not None:
                     after = _stats(origin, admin)
-                    _say(f"gateway: {after['events_accepted'] - before['events_accepted']} state change(s) accepted, "
-                         f"{after['decisions_dispatched'] - before['decisions_dispatched']} decision(s) dispatched, "
-                         f"{after['decisions_billed'] - before['decisions_billed']} billed, "
-                         f"{after['decisions_replayed'] - before['decisions_replayed']} replayed unbilled")
+                    _say(
+                        f"gateway: {after['events_accepted'] - before['events_accepted']} state change(s) accepted, "
+                        f"{after['decisions_dispatched'] - before['decisions_dispatched']} decision(s) dispatched, "
+                        f"{after['decisions_billed'] - before['decisions_billed']} billed, "
+                        f"{after['decisions_replayed'] - before['decisions_replayed']} replayed unbilled"
+                    )
                 _show(dag_id, info)
-        _say(f"all {len(args.dags)} Dags succeeded in {time.monotonic() - started:.1f} s (full log: {log_path})",
-             step="done")
+        _say(
+            f"all {len(args.dags)} Dags succeeded in {time.monotonic() - started:.1f} s (full log: {log_path})",
+            step="done",
+        )
         failed = False
         return 0
     except (RuntimeError, subprocess.SubprocessError) as exc:

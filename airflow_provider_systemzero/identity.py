@@ -15,8 +15,9 @@ from typing import Any
 __all__ = ["state_hash", "task_namespace"]
 
 
-def task_namespace(dag_id: str, task_id: str, run_id: str, map_index: int | None = -1, *,
-                   salt: str | None = None) -> str:
+def task_namespace(
+    dag_id: str, task_id: str, run_id: str, map_index: int | None = -1, *, salt: str | None = None
+) -> str:
     """The idempotency namespace of a task instance: ``sz-`` + 40 hex characters.
 
     :param dag_id: the Dag ID.
@@ -25,8 +26,9 @@ def task_namespace(dag_id: str, task_id: str, run_id: str, map_index: int | None
     :param map_index: the map index (``-1`` for an unmapped task).
     :param salt: an optional user salt (e.g. to force fresh decisions for the same run).
     """
-    coordinates = json.dumps([dag_id, task_id, run_id, -1 if map_index is None else int(map_index), salt],
-                             separators=(",", ":"))
+    coordinates = json.dumps(
+        [dag_id, task_id, run_id, -1 if map_index is None else int(map_index), salt], separators=(",", ":")
+    )
     return "sz-" + hashlib.sha256(coordinates.encode("utf-8")).hexdigest()[:40]
 
 

@@ -73,12 +73,25 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Goodbye reasons of the public document; any other reason a gateway sends is ``other``.
 GOODBYE_REASONS = frozenset({"shutdown", "overload", "idle_timeout", "max_duration", "event_limit"})
 #: The ``reason`` tag values of ``systemzero.reconnects`` (a closed set; anything else is ``other``).
-RECONNECT_REASONS = frozenset({"close", "network", "upgrade_refused", "receipt_timeout", "write_timeout",
-                               "protocol_violation", "released", "invalid_uri", "closed", "other",
-                               *(f"goodbye.{reason}" for reason in (*GOODBYE_REASONS, "other"))})
+RECONNECT_REASONS = frozenset(
+    {
+        "close",
+        "network",
+        "upgrade_refused",
+        "receipt_timeout",
+        "write_timeout",
+        "protocol_violation",
+        "released",
+        "invalid_uri",
+        "closed",
+        "other",
+        *(f"goodbye.{reason}" for reason in (*GOODBYE_REASONS, "other")),
+    }
+)
 #: The ``close_code`` tag values (the codes of RFC 6455 a stream sees; anything else is ``other``).
-CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014,
-                         1015})
+CLOSE_CODES = frozenset(
+    {1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 1015}
+)
 #: Characters Airflow's metric-name validation allows (tags are appended to the name with InfluxDB-style tags).
 _TAG_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -90,8 +103,9 @@ _MAX_CONTENT_CHARS = 8192
 _overrides: dict[str, Any] = {}
 
 
-def configure(*, spans: bool | None = None, capture_content: bool | None = None,
-              tracer_provider: Any = None) -> None:
+def configure(
+    *, spans: bool | None = None, capture_content: bool | None = None, tracer_provider: Any = None
+) -> None:
     """Override the configuration in this process (tests, or code that sets up tracing itself).
 
     :param spans: emit spans (``None``: back to the configuration).
@@ -100,8 +114,11 @@ def configure(*, spans: bool | None = None, capture_content: bool | None = None,
         (``None``: the global one).
     """
     _overrides.clear()
-    for name, value in (("spans", spans), ("capture_content", capture_content),
-                        ("tracer_provider", tracer_provider)):
+    for name, value in (
+        ("spans", spans),
+        ("capture_content", capture_content),
+        ("tracer_provider", tracer_provider),
+    ):
         if value is not None:
             _overrides[name] = value
 
@@ -205,8 +222,9 @@ class StreamObserver:
     def decided(self, result: DecisionResult, *, billed: bool) -> None:
         """A decision arrived (``billed``: counted as billed, else a recognised replay)."""
 
-    def decision_failed(self, http_status: int | None, code: str, retryable: bool,
-                        state_version: int | None) -> None:
+    def decision_failed(
+        self, http_status: int | None, code: str, retryable: bool, state_version: int | None
+    ) -> None:
         """A dispatch failed."""
 
     def budget_refused(self, exc: BudgetExceeded) -> None:
@@ -235,8 +253,13 @@ class AirflowStreamObserver(StreamObserver):
     :param capture_content: put state and instructions in spans (``None``: :func:`capture_content_enabled`).
     """
 
-    def __init__(self, decision_mode: str = "on_change", *, spans: bool | None = None,
-                 capture_content: bool | None = None) -> None:
+    def __init__(
+        self,
+        decision_mode: str = "on_change",
+        *,
+        spans: bool | None = None,
+        capture_content: bool | None = None,
+    ) -> None:
         self.decision_mode = decision_mode
         self._spans = spans
         self._capture = capture_content
@@ -269,8 +292,11 @@ class AirflowStreamObserver(StreamObserver):
 
                 self._stats = stats
             # the gauge counts every stream of the process: it carries no tag
-            tags = {} if kind == "gauge" else {"decision_mode": self.decision_mode,
-                                               **{k: _tag(v) for k, v in tags.items()}}
+            tags = (
+                {}
+                if kind == "gauge"
+                else {"decision_mode": self.decision_mode, **{k: _tag(v) for k, v in tags.items()}}
+            )
             if kind == "counter":
                 self._stats.incr(name, int(value), tags=tags)
             elif kind == "gauge":
@@ -297,7 +323,9 @@ class AirflowStreamObserver(StreamObserver):
             attributes["systemzero.state"] = text[:_MAX_CONTENT_CHARS]
         with contextlib.suppress(Exception):
             questions = self._stream.request.questions_wire()
-            attributes["systemzero.questions"] = json.dumps(questions, ensure_ascii=False)[:_MAX_CONTENT_CHARS]
+            attributes["systemzero.questions"] = json.dumps(questions, ensure_ascii=False)[
+                :_MAX_CONTENT_CHARS
+            ]
         return attributes
 
     # ------------------------------------------------------------------ events
@@ -323,7 +351,9 @@ class AirflowStreamObserver(StreamObserver):
                     if request.prompt_cache_key:
                         attributes["systemzero.prompt_cache_key"] = request.prompt_cache_key
                 attributes.update(self._content() if self._capture else {})
-                self._conn_span = self._tracer.start_span("systemzero.stream.connection", attributes=attributes)
+                self._conn_span = self._tracer.start_span(
+                    "systemzero.stream.connection", attributes=attributes
+                )
 
     def hello(self, hello: Hello) -> None:
         span = self._conn_span
@@ -347,20 +377,29 @@ class AirflowStreamObserver(StreamObserver):
                 span.end()
 
     def reconnecting(self, reason: str, close_code: int | None, delay: float) -> None:
-        self._emit("counter", "systemzero.reconnects", close_code=close_code_tag(close_code),
-                   reason=reason_tag(reason))
+        self._emit(
+            "counter",
+            "systemzero.reconnects",
+            close_code=close_code_tag(close_code),
+            reason=reason_tag(reason),
+        )
 
     def acknowledged(self, ack: Ack, message_type: str, replayed: bool) -> None:
         self._emit("counter", "systemzero.acks", message_type=message_type)
         span = self._conn_span
         if span is not None:
             with self._guard():
-                span.add_event("systemzero.ack", {"systemzero.event_id": ack.event_id,
-                                                  "systemzero.state_version": ack.state_version,
-                                                  "systemzero.state_bytes": ack.state_bytes,
-                                                  "systemzero.body_bytes": ack.synthesized_body_bytes,
-                                                  "systemzero.scheduled": ack.scheduled,
-                                                  "systemzero.message_type": message_type})
+                span.add_event(
+                    "systemzero.ack",
+                    {
+                        "systemzero.event_id": ack.event_id,
+                        "systemzero.state_version": ack.state_version,
+                        "systemzero.state_bytes": ack.state_bytes,
+                        "systemzero.body_bytes": ack.synthesized_body_bytes,
+                        "systemzero.scheduled": ack.scheduled,
+                        "systemzero.message_type": message_type,
+                    },
+                )
 
     def decided(self, result: DecisionResult, *, billed: bool) -> None:
         outcome = "billed" if billed else "replayed"
@@ -368,17 +407,21 @@ class AirflowStreamObserver(StreamObserver):
         if billed:
             self._emit("counter", "systemzero.decisions.billed")
             usage = result.usage
-            for field, metric in (("input_tokens", "systemzero.tokens.input"),
-                                  ("cached_input_tokens", "systemzero.tokens.cached_input"),
-                                  ("media_tokens", "systemzero.tokens.media")):
+            for field, metric in (
+                ("input_tokens", "systemzero.tokens.input"),
+                ("cached_input_tokens", "systemzero.tokens.cached_input"),
+                ("media_tokens", "systemzero.tokens.media"),
+            ):
                 if usage.get(field):
                     self._emit("counter", metric, usage[field])
         latency = result.latency_ms
         if latency is None and result.queue_ms is not None and result.decide_ms is not None:
             latency = result.queue_ms + result.decide_ms  # the gateway's time from scheduling to the reply
-        for value, metric in ((latency, "systemzero.decide.latency"),
-                              (result.queue_ms, "systemzero.decide.queue_time"),
-                              (result.decide_ms, "systemzero.decide.duration")):
+        for value, metric in (
+            (latency, "systemzero.decide.latency"),
+            (result.queue_ms, "systemzero.decide.queue_time"),
+            (result.decide_ms, "systemzero.decide.duration"),
+        ):
             if value is not None:
                 self._emit("timer", metric, value)
         if self._spans and self._tracer is not None:
@@ -402,28 +445,34 @@ class AirflowStreamObserver(StreamObserver):
         }
         if result.model:
             attributes["systemzero.model"] = result.model
-        for name, value in (("queue_ms", result.queue_ms), ("decide_ms", result.decide_ms),
-                            ("latency_ms", result.latency_ms)):
+        for name, value in (
+            ("queue_ms", result.queue_ms),
+            ("decide_ms", result.decide_ms),
+            ("latency_ms", result.latency_ms),
+        ):
             if value is not None:
                 attributes[f"systemzero.{name}"] = float(value)
         for name, value in result.usage.items():
             attributes[f"systemzero.usage.{name}"] = value
         for name, answer in result.answers.items():
             decision = answer.decision
-            attributes[f"systemzero.answer.{name}.decision"] = decision if isinstance(decision, bool | str) \
-                else json.dumps(decision)
+            attributes[f"systemzero.answer.{name}.decision"] = (
+                decision if isinstance(decision, bool | str) else json.dumps(decision)
+            )
             if answer.probability is not None:
                 attributes[f"systemzero.answer.{name}.probability"] = answer.probability
             if answer.confidence is not None:
                 attributes[f"systemzero.answer.{name}.confidence"] = answer.confidence
         attributes.update(self._content())
         context = trace.set_span_in_context(self._conn_span) if self._conn_span is not None else None
-        span = self._tracer.start_span("systemzero.decision", context=context, attributes=attributes,
-                                       start_time=start)
+        span = self._tracer.start_span(
+            "systemzero.decision", context=context, attributes=attributes, start_time=start
+        )
         span.end(end_time=now)
 
-    def decision_failed(self, http_status: int | None, code: str, retryable: bool,
-                        state_version: int | None) -> None:
+    def decision_failed(
+        self, http_status: int | None, code: str, retryable: bool, state_version: int | None
+    ) -> None:
         self._emit("counter", "systemzero.decisions", outcome="failed")
         if self._spans and self._tracer is not None:
             with self._guard():
@@ -431,12 +480,19 @@ class AirflowStreamObserver(StreamObserver):
                 from opentelemetry.trace import Status, StatusCode
 
                 context = trace.set_span_in_context(self._conn_span) if self._conn_span is not None else None
-                span = self._tracer.start_span("systemzero.decision", context=context, attributes={
-                    "systemzero.outcome": "failed", "systemzero.http_status": http_status or 0,
-                    "systemzero.error.code": code, "systemzero.retryable": retryable,
-                    "systemzero.state_version": state_version or 0,
-                    "systemzero.stream_id": getattr(self._stream, "stream_id", None) or "",
-                    "systemzero.decision_mode": self.decision_mode})
+                span = self._tracer.start_span(
+                    "systemzero.decision",
+                    context=context,
+                    attributes={
+                        "systemzero.outcome": "failed",
+                        "systemzero.http_status": http_status or 0,
+                        "systemzero.error.code": code,
+                        "systemzero.retryable": retryable,
+                        "systemzero.state_version": state_version or 0,
+                        "systemzero.stream_id": getattr(self._stream, "stream_id", None) or "",
+                        "systemzero.decision_mode": self.decision_mode,
+                    },
+                )
                 span.set_status(Status(StatusCode.ERROR, code))
                 span.end()
 
@@ -445,9 +501,14 @@ class AirflowStreamObserver(StreamObserver):
         span = self._conn_span
         if span is not None:
             with self._guard():
-                span.add_event("systemzero.budget_refused", {"systemzero.limit": exc.limit,
-                                                             "systemzero.maximum": exc.maximum,
-                                                             "systemzero.spent": exc.spent})
+                span.add_event(
+                    "systemzero.budget_refused",
+                    {
+                        "systemzero.limit": exc.limit,
+                        "systemzero.maximum": exc.maximum,
+                        "systemzero.spent": exc.spent,
+                    },
+                )
 
     def rate_limited(self, kind: str, delay: float | None) -> None:
         self._emit("counter", "systemzero.rate_limit.waits", kind=kind)

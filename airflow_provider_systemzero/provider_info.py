@@ -163,7 +163,10 @@ def get_provider_info() -> dict[str, Any]:
         # ``@task.systemzero`` and ``@task.systemzero_branch``. Airflow's runtime reads "class-name"
         # (the same key the standard provider uses), although the runtime schema lists "path".
         "task-decorators": [
-            {"name": "systemzero", "class-name": "airflow_provider_systemzero.decorators.systemzero.systemzero_task"},
+            {
+                "name": "systemzero",
+                "class-name": "airflow_provider_systemzero.decorators.systemzero.systemzero_task",
+            },
             {
                 "name": "systemzero_branch",
                 "class-name": "airflow_provider_systemzero.decorators.branch.systemzero_branch_task",

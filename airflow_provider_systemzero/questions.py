@@ -30,7 +30,9 @@ _MODEL_PLACEHOLDER = "model-from-connection"
 _CACHE_KEY_PLACEHOLDER = "k" * 64
 
 
-def normalise_questions(questions: Any, instructions: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def normalise_questions(
+    questions: Any, instructions: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Wire-form questions from full or shorthand form.
 
     :param questions: ``{name: text | question dict}``.
@@ -38,8 +40,12 @@ def normalise_questions(questions: Any, instructions: Mapping[str, str] | None =
     :raises SystemZeroArgumentError: naming the field.
     """
     if not isinstance(questions, Mapping) or not questions:
-        raise SystemZeroArgumentError("questions must be a non-empty mapping of question names to questions, e.g. "
-                                     "{'ready': 'Is the job ready?'}", code="invalid_questions", field="questions")
+        raise SystemZeroArgumentError(
+            "questions must be a non-empty mapping of question names to questions, e.g. "
+            "{'ready': 'Is the job ready?'}",
+            code="invalid_questions",
+            field="questions",
+        )
     result: dict[str, dict[str, Any]] = {}
     for name, value in questions.items():
         if isinstance(value, str):
@@ -48,41 +54,68 @@ def normalise_questions(questions: Any, instructions: Mapping[str, str] | None =
             question = dict(value)
             question.setdefault("type", "choice" if "options" in question else "boolean")
         else:
-            raise SystemZeroArgumentError(f"questions.{name} must be instructions text or a question object",
-                                         code="invalid_question", field=f"questions.{name}")
+            raise SystemZeroArgumentError(
+                f"questions.{name} must be instructions text or a question object",
+                code="invalid_question",
+                field=f"questions.{name}",
+            )
         if "options" in question and isinstance(question["options"], tuple):
             question["options"] = list(question["options"])
         result[str(name) if not isinstance(name, str) else name] = question
     for name, text in (instructions or {}).items():
         if name not in result:
-            raise SystemZeroArgumentError(f"instructions.{name} names no question (questions: {sorted(result)})",
-                                         code="unknown_question", field=f"instructions.{name}")
+            raise SystemZeroArgumentError(
+                f"instructions.{name} names no question (questions: {sorted(result)})",
+                code="unknown_question",
+                field=f"instructions.{name}",
+            )
         result[name]["instructions"] = text
     # the core's rules: names, shapes
     StreamRequest.build(model=_MODEL_PLACEHOLDER, questions=result)
     return result
 
 
-def build_request_dict(*, questions: Any, instructions: Mapping[str, str] | None = None, model: str | None = None,
-                       route: str | None = None, mode: str | None = None,
-                       prompt_cache_key: str | None = None) -> dict[str, Any]:
+def build_request_dict(
+    *,
+    questions: Any,
+    instructions: Mapping[str, str] | None = None,
+    model: str | None = None,
+    route: str | None = None,
+    mode: str | None = None,
+    prompt_cache_key: str | None = None,
+) -> dict[str, Any]:
     """The plain-JSON request a trigger carries (``model`` ``None`` means the connection's default).
 
     :raises SystemZeroArgumentError: naming the first invalid field.
     """
     wire = normalise_questions(questions, instructions)
-    StreamRequest.build(model=model or _MODEL_PLACEHOLDER, questions=wire, route=route, mode=mode,
-                        prompt_cache_key=prompt_cache_key)
+    StreamRequest.build(
+        model=model or _MODEL_PLACEHOLDER,
+        questions=wire,
+        route=route,
+        mode=mode,
+        prompt_cache_key=prompt_cache_key,
+    )
     request: dict[str, Any] = {"questions": wire}
-    for key, value in (("model", model), ("route", route), ("mode", mode), ("prompt_cache_key", prompt_cache_key)):
+    for key, value in (
+        ("model", model),
+        ("route", route),
+        ("mode", mode),
+        ("prompt_cache_key", prompt_cache_key),
+    ):
         if value is not None:
             request[key] = value
     return request
 
 
-def validate_state_for_request(request: Mapping[str, Any], state: Any,
-                               attachments: list[Attachment] | tuple[Attachment, ...] = (), *,
-                               limits: Limits | None = None, field: str = "state") -> None:
+def validate_state_for_request(
+    request: Mapping[str, Any],
+    state: Any,
+    attachments: list[Attachment] | tuple[Attachment, ...] = (),
+    *,
+    limits: Limits | None = None,
+    field: str = "state",
+) -> None:
     """Check a state (and attachments) against the request: JSON, kind, and the decide-body limit.
 
     :raises SystemZeroArgumentError: naming the field.
@@ -91,15 +124,23 @@ def validate_state_for_request(request: Mapping[str, Any], state: Any,
     try:
         json_size(state)
     except (TypeError, ValueError) as exc:
-        raise SystemZeroArgumentError(f"{field} is not JSON-serialisable: {exc}", code="invalid_state",
-                                     field=field) from None
+        raise SystemZeroArgumentError(
+            f"{field} is not JSON-serialisable: {exc}", code="invalid_state", field=field
+        ) from None
     validate_attachment_tuple(tuple(attachments), field="attachments")
     limits = limits or Limits()
-    built = StreamRequest.build(model=request.get("model") or _MODEL_PLACEHOLDER, questions=request["questions"],
-                                route=request.get("route"), mode=request.get("mode"),
-                                prompt_cache_key=request.get("prompt_cache_key") or _CACHE_KEY_PLACEHOLDER)
+    built = StreamRequest.build(
+        model=request.get("model") or _MODEL_PLACEHOLDER,
+        questions=request["questions"],
+        route=request.get("route"),
+        mode=request.get("mode"),
+        prompt_cache_key=request.get("prompt_cache_key") or _CACHE_KEY_PLACEHOLDER,
+    )
     size = len(built.decide_body(state, tuple(attachments)).encode("utf-8"))
     if size > limits.max_decide_body_bytes:
-        raise SystemZeroArgumentError(f"{field} makes the decide body {size} bytes: the body may not exceed "
-                                     f"max_decide_body_bytes ({limits.max_decide_body_bytes})",
-                                     code="decide_body_too_large", field=field)
+        raise SystemZeroArgumentError(
+            f"{field} makes the decide body {size} bytes: the body may not exceed "
+            f"max_decide_body_bytes ({limits.max_decide_body_bytes})",
+            code="decide_body_too_large",
+            field=field,
+        )

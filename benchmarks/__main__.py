@@ -80,7 +80,9 @@ def _keep_unrun(document: dict[str, Any], previous: dict[str, Any]) -> None:
         if name not in document["results"] and name in SCENARIOS:
             document["results"][name] = result
             origin = previous.get("kept_from", {}).get(name) or {
-                "started_at": previous.get("started_at"), "commit": previous.get("machine", {}).get("commit")}
+                "started_at": previous.get("started_at"),
+                "commit": previous.get("machine", {}).get("commit"),
+            }
             kept[name] = origin
     if kept:
         document["kept_from"] = kept
@@ -94,8 +96,11 @@ def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
     """
     earlier = json.loads(path.read_text(encoding="utf-8"))
     results = earlier.get("results", {})
-    origin = {"started_at": earlier.get("started_at"), "commit": earlier.get("machine", {}).get("commit"),
-              "load_average": earlier.get("machine", {}).get("load_average_before")}
+    origin = {
+        "started_at": earlier.get("started_at"),
+        "commit": earlier.get("machine", {}).get("commit"),
+        "load_average": earlier.get("machine", {}).get("load_average_before"),
+    }
     baseline = dict(previous)
     if results.get("latency"):
         baseline.update(origin, latency=results["latency"])
@@ -107,21 +112,37 @@ def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; returns the exit status (1 when a scenario failed)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run (about three minutes)")
-    parser.add_argument("--only", default="", help=f"comma-separated scenarios (default all: {','.join(SCENARIOS)})")
+    parser.add_argument(
+        "--only", default="", help=f"comma-separated scenarios (default all: {','.join(SCENARIOS)})"
+    )
     parser.add_argument("--seed", type=int, default=Options.seed, help="random seed of the change times")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="the JSON results (default benchmarks/results/latest.json; with --quick "
-                             ".cache/benchmarks/quick.json)")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="the JSON results of a run of earlier code: its latency, waiting-trigger and append "
-                             "figures are shown as 'before' "
-                             "(default: the baseline already in the results file, if any)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the JSON results (default benchmarks/results/latest.json; with --quick "
+        ".cache/benchmarks/quick.json)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="the JSON results of a run of earlier code: its latency, waiting-trigger and append "
+        "figures are shown as 'before' "
+        "(default: the baseline already in the results file, if any)",
+    )
     docs = parser.add_mutually_exclusive_group()
-    docs.add_argument("--docs", dest="docs", action="store_true", default=None,
-                      help="render docs/benchmarks-results.md (the default for a full run)")
+    docs.add_argument(
+        "--docs",
+        dest="docs",
+        action="store_true",
+        default=None,
+        help="render docs/benchmarks-results.md (the default for a full run)",
+    )
     docs.add_argument("--no-docs", dest="docs", action="store_false", help="leave the docs alone")
     args = parser.parse_args(argv)
 
@@ -150,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     previous = _previous(out)
     _keep_unrun(document, previous)
-    baseline = _baseline(args.baseline, previous.get("baseline") or {}) if args.baseline else previous.get("baseline")
+    baseline = (
+        _baseline(args.baseline, previous.get("baseline") or {})
+        if args.baseline
+        else previous.get("baseline")
+    )
     if baseline:
         document["baseline"] = baseline
     _write(out, json.dumps(document, indent=2, sort_keys=False) + "\n")

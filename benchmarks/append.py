@@ -152,7 +152,9 @@ def append_cost(reply: dict[str, Any], *, quick: bool) -> dict[str, Any]:
         state = _initial(size)
         total = _total_client_us(size, reply, repeats, number)
         body_key, method = _body_and_key_us(size, repeats, number)
-        concat = per_call_us(lambda s=state: s + LINE, repeats=repeats, number=number, clock=time.thread_time_ns)
+        concat = per_call_us(
+            lambda s=state: s + LINE, repeats=repeats, number=number, clock=time.thread_time_ns
+        )
         planning = _planning_us(size, repeats, number)
         rows.append(
             {

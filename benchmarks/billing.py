@@ -79,8 +79,12 @@ def _stream(trigger: Any) -> Any:
 def _decided(trigger: Any, state: str) -> bool:
     """Whether the trigger's stream holds ``state`` and has a decision that covers it."""
     stream = _stream(trigger)
-    return (stream is not None and stream.last_decision is not None and stream.state == state
-            and stream.session.current_decision is not None)
+    return (
+        stream is not None
+        and stream.last_decision is not None
+        and stream.state == state
+        and stream.session.current_decision is not None
+    )
 
 
 async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
@@ -91,16 +95,28 @@ async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
         await asyncio.sleep(0.002)
 
 
-async def _trigger_run(triggerer: Triggerer, log: list[tuple[float, str]], namespace: str, *, copies: int = 1,
-                       restart: Callable[[list[Any], list[int], str], Awaitable[None]] | None = None) -> dict[str, Any]:
+async def _trigger_run(
+    triggerer: Triggerer,
+    log: list[tuple[float, str]],
+    namespace: str,
+    *,
+    copies: int = 1,
+    restart: Callable[[list[Any], list[int], str], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
     """Replay ``log`` in scaled time to ``copies`` identical triggers; returns what they saw."""
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"billing-{namespace}"
     publish(channel, log[0][1])
     original = SystemZeroDecisionTrigger(
-        systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="", key_namespace=namespace,
-        source=source_spec(channel), lease_after=LEASE_AFTER_SIMULATED / SCALE)
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        condition=CONDITION,
+        state="",
+        key_namespace=namespace,
+        source=source_spec(channel),
+        lease_after=LEASE_AFTER_SIMULATED / SCALE,
+    )
     triggers = [rebuild(original) for _ in range(copies)]
     ids = [triggerer.start(t) for t in triggers]
     loop = asyncio.get_running_loop()
@@ -143,15 +159,20 @@ def _pokes(log: list[tuple[float, str]], interval: float, namespace: str, *, key
         namespaces.append(space)
         decision = hook.decide(REQUEST, state=_state_at(log, at), key_namespace=space, identity=namespace)
         if condition.evaluate(decision).met:
-            return {"pokes": len(namespaces), "detected_after_s": at - log[-1][0],
-                    "namespaces": sorted(set(namespaces))}
+            return {
+                "pokes": len(namespaces),
+                "detected_after_s": at - log[-1][0],
+                "namespaces": sorted(set(namespaces)),
+            }
         at += interval
 
 
 async def _billed(emulator: EmulatorProcess, namespaces: list[str]) -> dict[str, int]:
     ledger = await emulator.call("ledger", namespaces=namespaces)
-    return {field: sum(entry[field] for entry in ledger.values())
-            for field in ("billed", "replayed", "distinct_billed", "billed_twice")}
+    return {
+        field: sum(entry[field] for entry in ledger.values())
+        for field in ("billed", "replayed", "distinct_billed", "billed_twice")
+    }
 
 
 async def run(options: Options) -> dict[str, Any]:
@@ -192,12 +213,19 @@ async def run(options: Options) -> dict[str, Any]:
         wall = time.perf_counter() - started
 
         trigger_rows = []
-        for label, log_kind, case in (("busy", "busy", "uninterrupted"), ("quiet", "quiet", "uninterrupted"),
-                                      ("busy-triggerer-restart", "busy", "triggerer restart half way"),
-                                      ("busy-emulator-restart", "busy", "emulator restart half way"),
-                                      ("busy-ha", "busy", "two triggerers at once (HA)")):
-            row = {"log": log_kind, "case": case, "distinct_states": len(logs[log_kind]),
-                   **await _billed(emulator, [ns(label)])}
+        for label, log_kind, case in (
+            ("busy", "busy", "uninterrupted"),
+            ("quiet", "quiet", "uninterrupted"),
+            ("busy-triggerer-restart", "busy", "triggerer restart half way"),
+            ("busy-emulator-restart", "busy", "emulator restart half way"),
+            ("busy-ha", "busy", "two triggerers at once (HA)"),
+        ):
+            row = {
+                "log": log_kind,
+                "case": case,
+                "distinct_states": len(logs[log_kind]),
+                **await _billed(emulator, [ns(label)]),
+            }
             trigger_rows.append(row)
         reference = {r["log"]: r["billed"] for r in trigger_rows if r["case"] == "uninterrupted"}
         for row in trigger_rows:
@@ -210,9 +238,16 @@ async def run(options: Options) -> dict[str, Any]:
                     label = f"poke-{log_kind}-{interval:.0f}-{'keyed' if keyed else 'naive'}"
                     outcome = await asyncio.to_thread(_pokes, log, interval, ns(label), keyed=keyed)
                     billing = await _billed(emulator, [ns(label)] if keyed else outcome["namespaces"])
-                    poke_rows.append({"log": log_kind, "poke_interval_s": interval, "keyed": keyed,
-                                      "pokes": outcome["pokes"], "detected_after_s": outcome["detected_after_s"],
-                                      **billing})
+                    poke_rows.append(
+                        {
+                            "log": log_kind,
+                            "poke_interval_s": interval,
+                            "keyed": keyed,
+                            "pokes": outcome["pokes"],
+                            "detected_after_s": outcome["detected_after_s"],
+                            **billing,
+                        }
+                    )
         stats = await emulator.stats()
     return {
         "simulated_minutes": minutes,
@@ -220,7 +255,9 @@ async def run(options: Options) -> dict[str, Any]:
         "lease_after_simulated_s": LEASE_AFTER_SIMULATED,
         "trigger": trigger_rows,
         "poke": poke_rows,
-        "restart_added": {row["case"]: row["added"] for row in trigger_rows if row["case"] != "uninterrupted"},
+        "restart_added": {
+            row["case"]: row["added"] for row in trigger_rows if row["case"] != "uninterrupted"
+        },
         "met": all(row["added"] == 0 and row["billed_twice"] == 0 for row in trigger_rows),
         "wall_s": wall,
         "decide_failures": stats["decide_failures"],

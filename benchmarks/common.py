@@ -44,9 +44,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
     """``n``, p50, p95, p99, max and mean of durations given in seconds, in milliseconds."""
     ms = [s * 1000 for s in seconds]
-    return {"n": len(ms), "p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95),
-            "p99_ms": percentile(ms, 99), "max_ms": max(ms, default=math.nan),
-            "mean_ms": sum(ms) / len(ms) if ms else math.nan}
+    return {
+        "n": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p95_ms": percentile(ms, 95),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": max(ms, default=math.nan),
+        "mean_ms": sum(ms) / len(ms) if ms else math.nan,
+    }
 
 
 def _cpu_model() -> str:
@@ -82,8 +87,13 @@ def _commit() -> str:
     if os.environ.get("BENCH_COMMIT"):  # the provider under test is another tree (a 'before' run)
         return os.environ["BENCH_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
@@ -106,8 +116,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def per_call_us(function: Callable[[], Any], *, repeats: int, number: int,
-                clock: Callable[[], int] = time.perf_counter_ns) -> float:
+def per_call_us(
+    function: Callable[[], Any], *, repeats: int, number: int, clock: Callable[[], int] = time.perf_counter_ns
+) -> float:
     """Median over ``repeats`` of the mean time of ``number`` calls, in microseconds, with the
     collector off (``clock``: wall time by default; ``time.thread_time_ns`` for CPU time)."""
     samples = []

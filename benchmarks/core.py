@@ -32,8 +32,12 @@ __all__ = ["run"]
 STATE_SIZES = (1_024, 65_536, 1_048_576)
 #: Limits with the timers pushed out of the way (time is simulated: each change is 1 s apart,
 #: so the rate buckets are always full and every change goes out at once).
-_TIMERS = {"max_duration_ms": 10**12, "idle_timeout_ms": 10**12, "heartbeat_interval_ms": 10**12,
-           "receipt_timeout_ms": 10**12}
+_TIMERS = {
+    "max_duration_ms": 10**12,
+    "idle_timeout_ms": 10**12,
+    "heartbeat_interval_ms": 10**12,
+    "receipt_timeout_ms": 10**12,
+}
 
 
 def _reply() -> dict[str, Any]:
@@ -44,8 +48,12 @@ def _reply() -> dict[str, Any]:
     from airflow_provider_systemzero.protocol.gateway import DecideSuccess
 
     backend = DecideBackend(load_decider("python:benchmarks.fixtures:decide"))
-    body = synthesize_decide_body(model=REQUEST["model"], state="waiting\n", questions=REQUEST["questions"],
-                                  prompt_cache_key="bench-core")
+    body = synthesize_decide_body(
+        model=REQUEST["model"],
+        state="waiting\n",
+        questions=REQUEST["questions"],
+        prompt_cache_key="bench-core",
+    )
     outcome = asyncio.run(backend.decide("bench", body, None))
     assert isinstance(outcome, DecideSuccess)
     return outcome.reply
@@ -57,7 +65,9 @@ class _Pair:
     #: The clock each side's share is read from (``time.thread_time_ns`` for CPU time).
     clock = staticmethod(time.perf_counter_ns)
 
-    def __init__(self, state_size: int, reply: dict[str, Any], *, limits: Any = None, initial: str | None = None) -> None:
+    def __init__(
+        self, state_size: int, reply: dict[str, Any], *, limits: Any = None, initial: str | None = None
+    ) -> None:
         from airflow_provider_systemzero.protocol.client import ClientSession
         from airflow_provider_systemzero.protocol.gateway import GatewaySession
         from airflow_provider_systemzero.protocol.limits import Limits
@@ -66,12 +76,18 @@ class _Pair:
         limits = limits or Limits(**_TIMERS)
         self.reply = reply
         self.now = 0.0
-        request = StreamRequest.build(model=REQUEST["model"], questions=REQUEST["questions"],
-                                      prompt_cache_key="bench-core")
+        request = StreamRequest.build(
+            model=REQUEST["model"], questions=REQUEST["questions"], prompt_cache_key="bench-core"
+        )
         if initial is None:
             initial = "".join(f"{i:08d}\n" for i in range(state_size // 9))
-        self.client = ClientSession(request=request, state=initial, decision_mode="on_change",
-                                    key_namespace="bench-core", limits=limits)
+        self.client = ClientSession(
+            request=request,
+            state=initial,
+            decision_mode="on_change",
+            key_namespace="bench-core",
+            limits=limits,
+        )
         self.gateway = GatewaySession(stream_id="szws_" + "0" * 32, now=self.now, limits=limits)
         self.client.connection_opened(self.now)
         self.decide_calls = 0
@@ -125,12 +141,15 @@ def _set_desired_us(size: int, repeats: int, per_repeat: int) -> float:
     from airflow_provider_systemzero.protocol.client import ClientSession
     from airflow_provider_systemzero.protocol.messages import StreamRequest
 
-    request = StreamRequest.build(model=REQUEST["model"], questions=REQUEST["questions"],
-                                  prompt_cache_key="bench-core")
+    request = StreamRequest.build(
+        model=REQUEST["model"], questions=REQUEST["questions"], prompt_cache_key="bench-core"
+    )
     initial = "".join(f"{i:08d}\n" for i in range(size // 9))
     samples = []
     for repeat in range(repeats):
-        session = ClientSession(request=request, state=initial, decision_mode="on_change", key_namespace="bench-core")
+        session = ClientSession(
+            request=request, state=initial, decision_mode="on_change", key_namespace="bench-core"
+        )
         states = []
         text = initial
         for i in range(per_repeat):
@@ -162,13 +181,20 @@ def _codec(reply: dict[str, Any], repeats: int, number: int) -> list[dict[str, A
     ack = Ack(stream_id, 84, "evt_42", 42, 123_456, 123_789, True)
     decision = Decision(stream_id, 85, 42, ("evt_42",), reply, "req_" + "0" * 24, 200, None, None, None, 0, 1)
     rows = []
-    for name, message, decoder in (("append_text", append, decode_client_message),
-                                   ("ack", ack, decode_server_message),
-                                   ("decision", decision, decode_server_message)):
+    for name, message, decoder in (
+        ("append_text", append, decode_client_message),
+        ("ack", ack, decode_server_message),
+        ("decision", decision, decode_server_message),
+    ):
         text = encode_message(message)
-        rows.append({"message": name, "bytes": len(text.encode("utf-8")),
-                     "encode_us": per_call_us(lambda m=message: encode_message(m), repeats=repeats, number=number),
-                     "decode_us": per_call_us(lambda t=text, d=decoder: d(t), repeats=repeats, number=number)})
+        rows.append(
+            {
+                "message": name,
+                "bytes": len(text.encode("utf-8")),
+                "encode_us": per_call_us(lambda m=message: encode_message(m), repeats=repeats, number=number),
+                "decode_us": per_call_us(lambda t=text, d=decoder: d(t), repeats=repeats, number=number),
+            }
+        )
     return rows
 
 
@@ -201,9 +227,16 @@ def run_sync(options: Options) -> dict[str, Any]:
             decisions += pair.decide_calls - 1
         per_change = statistics.median(samples)
         client = statistics.median(client_samples)
-        round_trips.append({"state_bytes": size, "us_per_change": per_change, "client_us_per_change": client,
-                            "set_desired_us": _set_desired_us(size, repeats, per_repeat),
-                            "changes_per_s_one_core": 1e6 / per_change, "decisions": decisions})
+        round_trips.append(
+            {
+                "state_bytes": size,
+                "us_per_change": per_change,
+                "client_us_per_change": client,
+                "set_desired_us": _set_desired_us(size, repeats, per_repeat),
+                "changes_per_s_one_core": 1e6 / per_change,
+                "decisions": decisions,
+            }
+        )
     appends = append_cost(reply, quick=options.quick)
     lim_messages, lim_events, streams = 40, 5, 4
     worst_message_us = max(max(r["encode_us"], r["decode_us"]) for r in codec)
@@ -211,12 +244,20 @@ def run_sync(options: Options) -> dict[str, Any]:
         "codec": codec,
         "change_round_trip": round_trips,
         "append_cost": appends,
-        "budget": {"max_messages_per_second": lim_messages, "max_events_per_second": lim_events,
-                   "max_streams_per_process": streams,
-                   "codec_cpu_pct_at_limits": worst_message_us * lim_messages * streams / 1e4,
-                   "change_cpu_pct_at_limits_1kb": round_trips[0]["client_us_per_change"] * lim_events * streams / 1e4,
-                   "change_cpu_pct_at_limits_1mb": round_trips[-1]["client_us_per_change"] * lim_events * streams
-                   / 1e4},
+        "budget": {
+            "max_messages_per_second": lim_messages,
+            "max_events_per_second": lim_events,
+            "max_streams_per_process": streams,
+            "codec_cpu_pct_at_limits": worst_message_us * lim_messages * streams / 1e4,
+            "change_cpu_pct_at_limits_1kb": round_trips[0]["client_us_per_change"]
+            * lim_events
+            * streams
+            / 1e4,
+            "change_cpu_pct_at_limits_1mb": round_trips[-1]["client_us_per_change"]
+            * lim_events
+            * streams
+            / 1e4,
+        },
     }
 
 

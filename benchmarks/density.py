@@ -88,15 +88,24 @@ class _SocketSampler:
 _PUSH = Feed("push")
 
 
-def _new_trigger(tag: str, index: int, lease_after: float = LEASE_AFTER, feed: Feed = _PUSH) -> tuple[str, Any]:
+def _new_trigger(
+    tag: str, index: int, lease_after: float = LEASE_AFTER, feed: Feed = _PUSH
+) -> tuple[str, Any]:
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"density-{tag}-{index}"
-    trigger = rebuild(SystemZeroDecisionTrigger(
-        systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="",
-        key_namespace=task_namespace("bench_density", "wait", tag, index), source=feed.start(channel),
-        lease_after=lease_after))
+    trigger = rebuild(
+        SystemZeroDecisionTrigger(
+            systemzero_conn_id=CONN_ID,
+            request=REQUEST,
+            condition=CONDITION,
+            state="",
+            key_namespace=task_namespace("bench_density", "wait", tag, index),
+            source=feed.start(channel),
+            lease_after=lease_after,
+        )
+    )
     return channel, trigger
 
 
@@ -112,8 +121,11 @@ def watching() -> dict[str, Any]:
         watcher = None
     else:
         watcher = current_watcher()
-    return {"inotify_descriptors": inotify, "threads": threading.active_count(),
-            "watched_directories": watcher.stats()["directories"] if watcher is not None else 0}
+    return {
+        "inotify_descriptors": inotify,
+        "threads": threading.active_count(),
+        "watched_directories": watcher.stats()["directories"] if watcher is not None else 0,
+    }
 
 
 def _settled(trigger: Any) -> bool:
@@ -130,8 +142,10 @@ async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], w
             raise RuntimeError(f"trigger {ended[0]} ended while waiting: {triggerer.payload(ended[0])}")
         if time.perf_counter() - started > within:
             stuck = [t for t in triggers if not _settled(t)]
-            raise TimeoutError(f"{len(triggers) - len(stuck)} of {len(triggers)} triggers settled; first stuck: "
-                               f"{_describe(stuck[0])}")
+            raise TimeoutError(
+                f"{len(triggers) - len(stuck)} of {len(triggers)} triggers settled; first stuck: "
+                f"{_describe(stuck[0])}"
+            )
         await asyncio.sleep(0.05)
     return time.perf_counter() - started
 
@@ -140,9 +154,11 @@ def _describe(trigger: Any) -> str:
     stream = trigger._stream
     if stream is None:
         return "no stream"
-    return (f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
-            f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
-            f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}")
+    return (
+        f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
+        f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
+        f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}"
+    )
 
 
 async def _idle_cpu(seconds: float) -> tuple[float, StallWatchdog]:
@@ -182,8 +198,9 @@ def _task_census() -> collections.Counter[str]:
     return collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
 
 
-def _census_per_trigger(before: collections.Counter[str], after: collections.Counter[str], n: int,
-                        top: int = 20) -> dict[str, float]:
+def _census_per_trigger(
+    before: collections.Counter[str], after: collections.Counter[str], n: int, top: int = 20
+) -> dict[str, float]:
     """The types that grew most between two censuses, per trigger."""
     grown = after - before
     return {name: count / n for name, count in grown.most_common(top)}
@@ -196,8 +213,9 @@ def freeze_after_start_up() -> None:
     gc.freeze()
 
 
-async def _start_all(triggerer: Triggerer, tag: str, n: int, lease_after: float,
-                     feed: Feed = _PUSH) -> tuple[list[str], list[Any], list[int]]:
+async def _start_all(
+    triggerer: Triggerer, tag: str, n: int, lease_after: float, feed: Feed = _PUSH
+) -> tuple[list[str], list[Any], list[int]]:
     """Hand N triggers over the way ``create_triggers()`` does: rebuilt, one loop iteration apart."""
     channels: list[str] = []
     triggers: list[Any] = []
@@ -220,8 +238,9 @@ async def _warm_up(triggerer: Triggerer, feed: Feed = _PUSH) -> None:
     await asyncio.gather(*(triggerer.task(i) for i in ids))
 
 
-async def measure(n: int, options: Options, feed_kind: str = "push", *, gc_freeze: bool = False,
-                  waiting_only: bool = False) -> dict[str, Any]:
+async def measure(
+    n: int, options: Options, feed_kind: str = "push", *, gc_freeze: bool = False, waiting_only: bool = False
+) -> dict[str, Any]:
     """Run the scenario for ``n`` triggers in this process.
 
     :param feed_kind: the triggers' sources (:data:`~benchmarks.fixtures.FEEDS`).
@@ -236,7 +255,9 @@ async def measure(n: int, options: Options, feed_kind: str = "push", *, gc_freez
         feed.close()
 
 
-async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waiting_only: bool) -> dict[str, Any]:
+async def _measure(
+    n: int, options: Options, feed: Feed, gc_freeze: bool, waiting_only: bool
+) -> dict[str, Any]:
     rng = random.Random(options.seed + n)
     idle_window = 1.0 if options.quick else 5.0
     change_window = 5.0 if options.quick else CHANGE_WINDOW
@@ -278,25 +299,41 @@ async def _measure(n: int, options: Options, feed: Feed, gc_freeze: bool, waitin
         idle_cpu, idle_watch = await _idle_cpu(idle_window)
         idle_sockets = count_sockets() - base_sockets
         watchers = watching()
-        waiting = {"n": n, "source": feed.kind, "gc_freeze": gc_freeze, "watching": watchers,
-                   "lease_after_s": LEASE_AFTER, "startup_s": startup_s, "first_decisions_per_s": n / startup_s,
-                   "rss_baseline_kb": base_rss, "rss_waiting_kb": rss_waiting,
-                   "rss_per_trigger_kb": (rss_waiting - base_rss) / n, "gc_tracked_baseline": base_tracked,
-                   "gc_tracked_waiting": waiting_tracked,
-                   "gc_tracked_per_trigger": (waiting_tracked - base_tracked) / n,
-                   "gc_tracked_types_per_trigger": tracked_types, "tasks_per_trigger": tasks,
-                   "idle_window_s": idle_window, "idle_cpu_baseline_pct": base_idle_cpu * 100,
-                   "idle_cpu_pct": idle_cpu * 100,
-                   "idle_cpu_per_1000_pct": max(0.0, idle_cpu - base_idle_cpu) * 100 * 1000 / n,
-                   "sockets_while_idle": idle_sockets, "full_gc_ms_baseline": base_gc_ms,
-                   "full_gc_ms_waiting": waiting_gc_ms,
-                   "full_gc_ms_added_per_1000": (waiting_gc_ms - base_gc_ms) * 1000 / n}
+        waiting = {
+            "n": n,
+            "source": feed.kind,
+            "gc_freeze": gc_freeze,
+            "watching": watchers,
+            "lease_after_s": LEASE_AFTER,
+            "startup_s": startup_s,
+            "first_decisions_per_s": n / startup_s,
+            "rss_baseline_kb": base_rss,
+            "rss_waiting_kb": rss_waiting,
+            "rss_per_trigger_kb": (rss_waiting - base_rss) / n,
+            "gc_tracked_baseline": base_tracked,
+            "gc_tracked_waiting": waiting_tracked,
+            "gc_tracked_per_trigger": (waiting_tracked - base_tracked) / n,
+            "gc_tracked_types_per_trigger": tracked_types,
+            "tasks_per_trigger": tasks,
+            "idle_window_s": idle_window,
+            "idle_cpu_baseline_pct": base_idle_cpu * 100,
+            "idle_cpu_pct": idle_cpu * 100,
+            "idle_cpu_per_1000_pct": max(0.0, idle_cpu - base_idle_cpu) * 100 * 1000 / n,
+            "sockets_while_idle": idle_sockets,
+            "full_gc_ms_baseline": base_gc_ms,
+            "full_gc_ms_waiting": waiting_gc_ms,
+            "full_gc_ms_added_per_1000": (waiting_gc_ms - base_gc_ms) * 1000 / n,
+        }
         if waiting_only:
             await triggerer.finish()
             watches = {"start": start_watch.report(), "idle": idle_watch.report()}
-            return {**waiting, "waiting_only": True, "stalls": watches,
-                    "longest_stall_ms": max(w["longest_ms"] for w in watches.values()),
-                    "longest_stall_without_gc_ms": max(w["longest_without_gc_ms"] for w in watches.values())}
+            return {
+                **waiting,
+                "waiting_only": True,
+                "stalls": watches,
+                "longest_stall_ms": max(w["longest_ms"] for w in watches.values()),
+                "longest_stall_without_gc_ms": max(w["longest_without_gc_ms"] for w in watches.values()),
+            }
 
         # changes: two per source at random moments; the second is the decisive one
         plan: list[tuple[float, int, bool]] = []
@@ -379,13 +416,21 @@ def _owners() -> list[tuple[str, str]]:
     from benchmarks import fixtures, runner
 
     trigger_runner = "Airflow trigger runner (with the trigger's decoded kwargs)"
-    owners: list[tuple[Any, str]] = [(airflow_provider_systemzero, "provider"), (airflow, trigger_runner),
-                                     (greenback, trigger_runner), (opentelemetry, trigger_runner),
-                                     (structlog, trigger_runner)]
+    owners: list[tuple[Any, str]] = [
+        (airflow_provider_systemzero, "provider"),
+        (airflow, trigger_runner),
+        (greenback, trigger_runner),
+        (opentelemetry, trigger_runner),
+        (structlog, trigger_runner),
+    ]
     # __path__, not __file__: opentelemetry is a namespace package
-    prefixes = [(os.path.abspath(path) + os.sep, owner) for module, owner in owners for path in module.__path__]
-    prefixes += [(os.path.abspath(runner.__file__), trigger_runner),
-                 (os.path.abspath(fixtures.__file__), "benchmark source (push generator and its queue)")]
+    prefixes = [
+        (os.path.abspath(path) + os.sep, owner) for module, owner in owners for path in module.__path__
+    ]
+    prefixes += [
+        (os.path.abspath(runner.__file__), trigger_runner),
+        (os.path.abspath(fixtures.__file__), "benchmark source (push generator and its queue)"),
+    ]
     prefixes += [(os.path.abspath(path) + os.sep, "benchmark harness") for path in benchmarks.__path__]
     return prefixes
 
@@ -409,7 +454,7 @@ def _charge(snapshot: Any) -> tuple[dict[str, int], dict[str, int]]:
         owners[owner] = owners.get(owner, 0) + stat.size
         if owner == "provider":
             frame = next(f for f in reversed(stat.traceback) if f.filename.startswith(provider))
-            site = f"{frame.filename[len(provider):]}:{frame.lineno}"
+            site = f"{frame.filename[len(provider) :]}:{frame.lineno}"
             sites[site] = sites.get(site, 0) + stat.size
     return owners, sites
 
@@ -433,7 +478,9 @@ async def breakdown(n: int) -> dict[str, Any]:
         snapshots = []
         objects = []
         for batch in ("a", "b"):
-            _, triggers, ids = await _start_all(triggerer, f"{uuid.uuid4().hex[:8]}{batch}", half, LEASE_AFTER)
+            _, triggers, ids = await _start_all(
+                triggerer, f"{uuid.uuid4().hex[:8]}{batch}", half, LEASE_AFTER
+            )
             await _wait_all(triggerer, ids, triggers, 600)
             gc.collect()
             objects.append(len(gc.get_objects()))
@@ -441,13 +488,22 @@ async def breakdown(n: int) -> dict[str, Any]:
         tracemalloc.stop()
         await triggerer.finish()
     (owners_a, sites_a), (owners_b, sites_b) = snapshots
-    per_trigger = {owner: (owners_b.get(owner, 0) - owners_a.get(owner, 0)) / half / 1024
-                   for owner in sorted(owners_b, key=lambda o: -owners_b[o])}
+    per_trigger = {
+        owner: (owners_b.get(owner, 0) - owners_a.get(owner, 0)) / half / 1024
+        for owner in sorted(owners_b, key=lambda o: -owners_b[o])
+    }
     site_growth = {site: (size - sites_a.get(site, 0)) / half for site, size in sites_b.items()}
-    top_sites = [{"site": site, "bytes_per_trigger": size}
-                 for site, size in sorted(site_growth.items(), key=lambda kv: -kv[1])[:10]]
-    return {"n": 2 * half, "kb_per_trigger": per_trigger, "total_kb_per_trigger": sum(per_trigger.values()),
-            "gc_objects_per_trigger": (objects[1] - objects[0]) / half, "top_provider_sites": top_sites}
+    top_sites = [
+        {"site": site, "bytes_per_trigger": size}
+        for site, size in sorted(site_growth.items(), key=lambda kv: -kv[1])[:10]
+    ]
+    return {
+        "n": 2 * half,
+        "kb_per_trigger": per_trigger,
+        "total_kb_per_trigger": sum(per_trigger.values()),
+        "gc_objects_per_trigger": (objects[1] - objects[0]) / half,
+        "top_provider_sites": top_sites,
+    }
 
 
 async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
@@ -466,8 +522,9 @@ async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
 
 async def child(*args: str) -> dict[str, Any]:
     """Run ``python -m benchmarks.density`` with ``args`` in a fresh process; its JSON result."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "benchmarks.density", *args,
-                                                stdout=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.density", *args, stdout=asyncio.subprocess.PIPE
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"density child {' '.join(args)} failed with exit status {proc.returncode}")
@@ -477,14 +534,24 @@ async def child(*args: str) -> dict[str, Any]:
 async def run(options: Options) -> dict[str, Any]:
     """Run scenario 2: each N, the memory breakdown and the lease probe, each in a fresh process."""
     quick = ["--quick"] if options.quick else []
-    runs = [await child("--n", str(n), "--seed", str(options.seed), *quick)
-            for n in (QUICK_SIZES if options.quick else SIZES)]
+    runs = [
+        await child("--n", str(n), "--seed", str(options.seed), *quick)
+        for n in (QUICK_SIZES if options.quick else SIZES)
+    ]
     memory = await child("--breakdown", "--n", str(40 if options.quick else 100))
     # the default lease_after holds a slot 5 s after each decision: three rounds of four (the smoke run skips it)
-    default_lease = None if options.quick else await child("--lease-probe", "--n", "12", "--lease-after",
-                                                            str(DEFAULT_LEASE_AFTER))
+    default_lease = (
+        None
+        if options.quick
+        else await child("--lease-probe", "--n", "12", "--lease-after", str(DEFAULT_LEASE_AFTER))
+    )
     targets = {"rss_per_trigger_kb": 20.0, "idle_cpu_per_1000_pct": 2.0, "longest_stall_ms": 50.0}
-    return {"runs": runs, "memory_breakdown": memory, "default_lease_probe": default_lease, "targets": targets}
+    return {
+        "runs": runs,
+        "memory_breakdown": memory,
+        "default_lease_probe": default_lease,
+        "targets": targets,
+    }
 
 
 def main() -> None:
@@ -494,10 +561,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=Options.seed)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--breakdown", action="store_true", help="the tracemalloc memory breakdown")
-    parser.add_argument("--lease-probe", action="store_true", help="first-decision throughput for --lease-after")
+    parser.add_argument(
+        "--lease-probe", action="store_true", help="first-decision throughput for --lease-after"
+    )
     parser.add_argument("--lease-after", type=float, default=LEASE_AFTER)
     parser.add_argument("--source", choices=FEEDS, default="push", help="the triggers' sources")
-    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up, as in production")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after the warm-up, as in production"
+    )
     parser.add_argument("--waiting-only", action="store_true", help="stop after the waiting phase (large N)")
     args = parser.parse_args()
     if args.breakdown:
@@ -505,8 +576,15 @@ def main() -> None:
     elif args.lease_probe:
         result = asyncio.run(lease_probe(args.n, args.lease_after))
     else:
-        result = asyncio.run(measure(args.n, Options(quick=args.quick, seed=args.seed), args.source,
-                                     gc_freeze=args.gc_freeze, waiting_only=args.waiting_only))
+        result = asyncio.run(
+            measure(
+                args.n,
+                Options(quick=args.quick, seed=args.seed),
+                args.source,
+                gc_freeze=args.gc_freeze,
+                waiting_only=args.waiting_only,
+            )
+        )
     print(json.dumps(result))
 
 

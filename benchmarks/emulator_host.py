@@ -64,7 +64,11 @@ class _Host:
                 return None
             state = accepted.state
             raw = state.encode("utf-8") if isinstance(state, str) else json.dumps(state).encode("utf-8")
-            return {"type": type(state).__name__, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+            return {
+                "type": type(state).__name__,
+                "bytes": len(raw),
+                "sha256": hashlib.sha256(raw).hexdigest(),
+            }
         if cmd == "restart":
             started = time.perf_counter()
             await emulator.restart(retry_after_ms=int(request.get("retry_after_ms", 500)))
@@ -84,12 +88,17 @@ class _Host:
         entries = [e for per_account in self.emulator.ledger.values() for e in per_account]
         for namespace in namespaces:
             prefix = namespace + ":"
-            mine = [e for e in entries if e.idempotency_key is not None and e.idempotency_key.startswith(prefix)]
+            mine = [
+                e for e in entries if e.idempotency_key is not None and e.idempotency_key.startswith(prefix)
+            ]
             billed = [e.body_sha256 for e in mine if e.billed]
             counts = Counter(billed)
-            result[namespace] = {"billed": len(billed), "replayed": sum(1 for e in mine if not e.billed),
-                                 "distinct_billed": len(counts),
-                                 "billed_twice": sum(n - 1 for n in counts.values() if n > 1)}
+            result[namespace] = {
+                "billed": len(billed),
+                "replayed": sum(1 for e in mine if not e.billed),
+                "distinct_billed": len(counts),
+                "billed_twice": sum(n - 1 for n in counts.values() if n > 1),
+            }
         return result
 
     async def _sample(self, interval: float) -> None:
@@ -112,8 +121,12 @@ async def _serve(args: argparse.Namespace) -> None:
     from airflow_provider_systemzero.protocol.limits import Limits
 
     limits = Limits(**json.loads(args.limits))
-    emulator = Emulator(api_keys={args.api_key: args.max_concurrent}, limits=limits, decider=args.decider,
-                        decide_latency_ms=args.decide_latency_ms)
+    emulator = Emulator(
+        api_keys={args.api_key: args.max_concurrent},
+        limits=limits,
+        decider=args.decider,
+        decide_latency_ms=args.decide_latency_ms,
+    )
     await emulator.start()
     host = _Host(emulator)
     loop = asyncio.get_running_loop()
@@ -163,8 +176,14 @@ class EmulatorProcess:
     :param decide_latency_ms: simulated inference time of each fresh decision.
     """
 
-    def __init__(self, *, limits: dict[str, int] | None = None, api_key: str = "bench-key-0001",
-                 max_concurrent: int = 8, decide_latency_ms: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        limits: dict[str, int] | None = None,
+        api_key: str = "bench-key-0001",
+        max_concurrent: int = 8,
+        decide_latency_ms: int = 0,
+    ) -> None:
         self.limits = dict(limits or {})
         self.api_key = api_key
         self.max_concurrent = max_concurrent
@@ -176,10 +195,21 @@ class EmulatorProcess:
 
     async def __aenter__(self) -> EmulatorProcess:
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.emulator_host", "--api-key", self.api_key,
-            "--max-concurrent", str(self.max_concurrent), "--decide-latency-ms", str(self.decide_latency_ms),
-            "--limits", json.dumps(self.limits), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            limit=2**24)
+            sys.executable,
+            "-m",
+            "benchmarks.emulator_host",
+            "--api-key",
+            self.api_key,
+            "--max-concurrent",
+            str(self.max_concurrent),
+            "--decide-latency-ms",
+            str(self.decide_latency_ms),
+            "--limits",
+            json.dumps(self.limits),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=2**24,
+        )
         hello = await self._read()
         self.origin, self.pid = hello["origin"], hello["pid"]
         return self
@@ -204,8 +234,11 @@ class EmulatorProcess:
         """The ``AIRFLOW_CONN_*`` variable that points the benchmark connection at this emulator."""
         from benchmarks.fixtures import CONN_ID
 
-        return {f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(
-            {"conn_type": "systemzero", "host": self.origin, "password": self.api_key})}
+        return {
+            f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(
+                {"conn_type": "systemzero", "host": self.origin, "password": self.api_key}
+            )
+        }
 
     async def _read(self) -> Any:
         assert self._proc is not None and self._proc.stdout is not None

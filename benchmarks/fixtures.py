@@ -26,8 +26,20 @@ from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 
-__all__ = ["CONDITION", "CONN_ID", "DECIDER", "FEEDS", "READY", "REQUEST", "Feed", "decide", "publish", "pushed",
-           "source_spec", "state_of"]
+__all__ = [
+    "CONDITION",
+    "CONN_ID",
+    "DECIDER",
+    "FEEDS",
+    "READY",
+    "REQUEST",
+    "Feed",
+    "decide",
+    "publish",
+    "pushed",
+    "source_spec",
+    "state_of",
+]
 
 #: The Airflow connection ID the benchmarks use (an ``AIRFLOW_CONN_*`` environment variable).
 CONN_ID = "systemzero_bench"
@@ -36,8 +48,10 @@ DECIDER = "python:benchmarks.fixtures:decide"
 #: The marker that makes the decider answer ``ready = true``.
 READY = "READY"
 #: The decision request of every trigger and poke.
-REQUEST: dict[str, Any] = {"model": "sz-bench", "questions": {
-    "ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
+REQUEST: dict[str, Any] = {
+    "model": "sz-bench",
+    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+}
 #: The sensor's condition: ``ready`` is true with confidence 0.5 or more.
 CONDITION: dict[str, Any] = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
 #: How much of the state's end the decider reads.
@@ -142,7 +156,11 @@ class Feed:
             return source_spec(channel)
         os.makedirs(os.path.dirname(self._path(channel)), exist_ok=True)
         self.publish(channel, state)
-        spec: dict[str, Any] = {"type": "file", "path": self._path(channel), "poll_interval": self.poll_interval}
+        spec: dict[str, Any] = {
+            "type": "file",
+            "path": self._path(channel),
+            "poll_interval": self.poll_interval,
+        }
         if self.kind == "file-poll":
             spec["watch"] = "poll"
         return spec
@@ -157,7 +175,7 @@ class Feed:
         written = self._written.get(channel)
         if written is not None and state.startswith(written):
             with open(self._path(channel), "a", encoding="utf-8") as handle:
-                handle.write(state[len(written):])
+                handle.write(state[len(written) :])
         else:
             with open(self._path(channel), "w", encoding="utf-8") as handle:
                 handle.write(state)

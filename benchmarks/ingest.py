@@ -112,9 +112,16 @@ async def run(options: Options) -> dict[str, Any]:
     async with EmulatorProcess(limits=LIMITS) as emulator:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
-        trigger = rebuild(SystemZeroDecisionTrigger(
-            systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="", key_namespace=namespace,
-            source={"type": "file", "path": str(path), "poll_interval": POLL_INTERVAL}))
+        trigger = rebuild(
+            SystemZeroDecisionTrigger(
+                systemzero_conn_id=CONN_ID,
+                request=REQUEST,
+                condition=CONDITION,
+                state="",
+                key_namespace=namespace,
+                source={"type": "file", "path": str(path), "poll_interval": POLL_INTERVAL},
+            )
+        )
         trigger_id = triggerer.start(trigger)
         await _started(emulator)
         watchdog = StallWatchdog(0.01)
@@ -152,7 +159,9 @@ async def run(options: Options) -> dict[str, Any]:
         "limit_events_per_s": 5,
         "limit_event_burst": 10,
         "events_accepted": events,
-        "events_per_s_mean": (samples[-1][1] - samples[0][1]) / window if len(samples) > 1 else events / elapsed,
+        "events_per_s_mean": (samples[-1][1] - samples[0][1]) / window
+        if len(samples) > 1
+        else events / elapsed,
         "events_per_s_after_burst": _rate_after(samples, 3.0),
         "events_peak_1s": _window_peak(samples),
         "bucket_peak_1s": 10 + 5,

@@ -73,17 +73,25 @@ def _stream(trigger: Any) -> Any:
     return trigger._stream
 
 
-async def _trigger_sample(triggerer: Triggerer, tag: str, index: int, *, cold: bool,
-                          rng: random.Random, feed: Feed, polled: bool) -> tuple[float, dict[str, Any]]:
+async def _trigger_sample(
+    triggerer: Triggerer, tag: str, index: int, *, cold: bool, rng: random.Random, feed: Feed, polled: bool
+) -> tuple[float, dict[str, Any]]:
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     kind = "cold" if cold else "warm"
     channel = f"latency-{tag}-{kind}-{index}"
-    trigger = rebuild(SystemZeroDecisionTrigger(
-        systemzero_conn_id=CONN_ID, request=REQUEST, condition=CONDITION, state="",
-        key_namespace=task_namespace("bench_latency", kind, tag, index), source=feed.start(channel),
-        lease_after=0.05 if cold else 30.0))
+    trigger = rebuild(
+        SystemZeroDecisionTrigger(
+            systemzero_conn_id=CONN_ID,
+            request=REQUEST,
+            condition=CONDITION,
+            state="",
+            key_namespace=task_namespace("bench_latency", kind, tag, index),
+            source=feed.start(channel),
+            lease_after=0.05 if cold else 30.0,
+        )
+    )
     trigger_id = triggerer.start(trigger)
     await _until(lambda: _stream(trigger) is not None and _stream(trigger).last_decision is not None)
     if cold:
@@ -99,7 +107,9 @@ async def _trigger_sample(triggerer: Triggerer, tag: str, index: int, *, cold: b
     return fired - produced, payload
 
 
-async def _trigger_latency(count: int, *, cold: bool, rng: random.Random, feed: str = "push") -> dict[str, Any]:
+async def _trigger_latency(
+    count: int, *, cold: bool, rng: random.Random, feed: str = "push"
+) -> dict[str, Any]:
     triggerer = Triggerer()
     tag = uuid.uuid4().hex[:8]
     samples: list[float] = []
@@ -108,15 +118,25 @@ async def _trigger_latency(count: int, *, cold: bool, rng: random.Random, feed: 
     source = Feed(feed)
     try:
         for index in range(count):
-            latency, payload = await _trigger_sample(triggerer, tag, index, cold=cold, rng=rng, feed=source,
-                                                     polled=feed == "file-poll" or (feed == "file" and not
-                                                     _notifications()))
+            latency, payload = await _trigger_sample(
+                triggerer,
+                tag,
+                index,
+                cold=cold,
+                rng=rng,
+                feed=source,
+                polled=feed == "file-poll" or (feed == "file" and not _notifications()),
+            )
             samples.append(latency)
             versions.append(payload["state_version"])
     finally:
         source.close()
-    return {**summary_ms(samples), "source": feed, "wall_s": time.perf_counter() - started,
-            "state_version_of_event": sorted(set(versions))}
+    return {
+        **summary_ms(samples),
+        "source": feed,
+        "wall_s": time.perf_counter() - started,
+        "state_version_of_event": sorted(set(versions)),
+    }
 
 
 def _poke_decide_times(count: int) -> list[float]:
@@ -135,14 +155,19 @@ def _poke_decide_times(count: int) -> list[float]:
     return times
 
 
-def _modelled_poke(interval: float, decide_times: list[float], rng: random.Random,
-                   draws: int = 200_000) -> dict[str, Any]:
+def _modelled_poke(
+    interval: float, decide_times: list[float], rng: random.Random, draws: int = 200_000
+) -> dict[str, Any]:
     """Latency of a poke loop: wait ``U(0, interval + d)`` for the next poke, then one decide ``d``."""
     values = []
     for _ in range(draws):
         values.append(rng.uniform(0, interval + rng.choice(decide_times)) + rng.choice(decide_times))
-    return {"poke_interval_s": interval, "p50_ms": percentile(values, 50) * 1000,
-            "p99_ms": percentile(values, 99) * 1000, "mean_ms": sum(values) / len(values) * 1000}
+    return {
+        "poke_interval_s": interval,
+        "p50_ms": percentile(values, 50) * 1000,
+        "p99_ms": percentile(values, 99) * 1000,
+        "mean_ms": sum(values) / len(values) * 1000,
+    }
 
 
 def _real_poke_loop(interval: float, samples: int, concurrency: int, seed: int) -> list[float]:
@@ -204,7 +229,15 @@ async def _crowds(options: Options, notifications: bool) -> dict[str, Any]:
     kinds = FEEDS if notifications else ("push", "file")
     crowds = {}
     for kind in kinds:
-        args = ["--n", str(n), "--seed", str(options.seed), "--source", kind, *(["--quick"] if options.quick else [])]
+        args = [
+            "--n",
+            str(n),
+            "--seed",
+            str(options.seed),
+            "--source",
+            kind,
+            *(["--quick"] if options.quick else []),
+        ]
         crowds[kind] = await density.child(*args)
     return crowds
 
@@ -232,10 +265,15 @@ async def run(options: Options) -> dict[str, Any]:
         os.environ.update(emulator.connection_env())
         warm = await _trigger_latency(warm_n, cold=False, rng=rng)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
-        file_warm = await _trigger_latency(file_n if notifications else poll_n, cold=False, rng=rng, feed="file")
+        file_warm = await _trigger_latency(
+            file_n if notifications else poll_n, cold=False, rng=rng, feed="file"
+        )
         file_cold = await _trigger_latency(file_cold_n, cold=True, rng=rng, feed="file")
-        file_poll = (await _trigger_latency(poll_n, cold=False, rng=rng, feed="file-poll") if notifications
-                     else file_warm)
+        file_poll = (
+            await _trigger_latency(poll_n, cold=False, rng=rng, feed="file-poll")
+            if notifications
+            else file_warm
+        )
         decide_times = await asyncio.to_thread(_poke_decide_times, decide_n)
         check = await asyncio.to_thread(_real_poke_loop, check_interval, check_n, 8, options.seed)
         stats = await emulator.stats()
@@ -259,8 +297,12 @@ async def run(options: Options) -> dict[str, Any]:
         "crowds": crowds,
         "poke_decide": summary_ms(decide_times),
         "poke_baselines": baselines,
-        "poke_model_check": {"poke_interval_s": check_interval, "measured": summary_ms(check),
-                             "model_p50_ms": check_model["p50_ms"], "model_p99_ms": check_model["p99_ms"]},
+        "poke_model_check": {
+            "poke_interval_s": check_interval,
+            "measured": summary_ms(check),
+            "model_p50_ms": check_model["p50_ms"],
+            "model_p99_ms": check_model["p99_ms"],
+        },
         "targets": {"p50_ms": 10.0, "p99_ms": 50.0},
         "figure_targets": {name: limit for name, (_, limit) in TARGETS.items()},
         "emulator_max_streams_open": stats["max_streams_open"],

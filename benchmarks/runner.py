@@ -116,7 +116,9 @@ class Triggerer:
 
     async def finish(self) -> None:
         """Cancel every trigger still running and wait for them."""
-        tasks = [t["task"] for t in self.runner.triggers.values() if t["task"] is not None and not t["task"].done()]
+        tasks = [
+            t["task"] for t in self.runner.triggers.values() if t["task"] is not None and not t["task"].done()
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -188,9 +190,13 @@ class StallWatchdog:
     def report(self) -> dict[str, Any]:
         """The longest stall, with and without collections, and the longest collection (ms)."""
         generation, pause = self.longest_gc
-        return {"longest_ms": self.longest * 1000, "longest_without_gc_ms": self.longest_without_gc * 1000,
-                "longest_gc_ms": pause * 1000, "longest_gc_generation": generation,
-                "gc_passes": len(self.gc_pauses)}
+        return {
+            "longest_ms": self.longest * 1000,
+            "longest_without_gc_ms": self.longest_without_gc * 1000,
+            "longest_gc_ms": pause * 1000,
+            "longest_gc_generation": generation,
+            "gc_passes": len(self.gc_pauses),
+        }
 
     async def stop(self) -> None:
         """Stop watching."""

@@ -17,8 +17,11 @@ from airflow.sdk import DAG, Asset, AssetWatcher, task
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 
-STATUS_FILE = Path(os.environ.get("SYSTEMZERO_EXAMPLE_DIR", tempfile.gettempdir())) / "systemzero-examples" / \
-    "release-status.log"
+STATUS_FILE = (
+    Path(os.environ.get("SYSTEMZERO_EXAMPLE_DIR", tempfile.gettempdir()))
+    / "systemzero-examples"
+    / "release-status.log"
+)
 
 release_approved = Asset(
     name="release_approved",
@@ -28,8 +31,14 @@ release_approved = Asset(
             name="release_approved_watch",
             trigger=SystemZeroDecisionEventTrigger(
                 systemzero_conn_id="systemzero_default",
-                request={"questions": {"ready": {"type": "boolean",
-                                                 "instructions": "Is the release approved and the job ready?"}}},
+                request={
+                    "questions": {
+                        "ready": {
+                            "type": "boolean",
+                            "instructions": "Is the release approved and the job ready?",
+                        }
+                    }
+                },
                 condition=DecisionCondition("ready", True, min_confidence=0.8).to_dict(),
                 state="",
                 watch_id="examples-release-approved",

@@ -39,8 +39,11 @@ with DAG(
         upstream_task_ids=["extract", "validate", "measure_freshness"],
         questions={
             "publish": "Do all checks pass so the data can be published?",
-            "tier": {"type": "choice", "instructions": "Which service tier fits this dataset?",
-                     "options": ["gold", "silver", "bronze"]},
+            "tier": {
+                "type": "choice",
+                "instructions": "Which service tier fits this dataset?",
+                "options": ["gold", "silver", "bronze"],
+            },
         },
     )
 

@@ -44,8 +44,9 @@ TICKETS = {
 }
 
 #: Act at 0.8, ask a person from 0.5; below that, or without an answer in 4 hours: support.
-TEAM_POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="default", default="support",
-                             review_timeout=timedelta(hours=4))
+TEAM_POLICY = DecisionPolicy(
+    act_above=0.8, review_above=0.5, below="default", default="support", review_timeout=timedelta(hours=4)
+)
 
 with DAG(
     dag_id="systemzero_ticket_policy",
@@ -62,8 +63,10 @@ with DAG(
         ticket_id = (params or {}).get("ticket", "T-1001")
         return {"id": ticket_id, **TICKETS[ticket_id]}
 
-    @task.systemzero(questions={"urgent": "Does this ticket report an outage or customers who are blocked?"},
-                     policy=DecisionPolicy(act_above=0.8, below="default", default=False))
+    @task.systemzero(
+        questions={"urgent": "Does this ticket report an outage or customers who are blocked?"},
+        policy=DecisionPolicy(act_above=0.8, below="default", default=False),
+    )
     def triage(ticket: dict) -> dict:
         return {"subject": ticket["subject"], "body": ticket["body"]}  # the state System Zero decides about
 

@@ -52,8 +52,12 @@ with DAG(
         log = LOG_DIR / f"job-{hashlib.sha256(str(run_id).encode()).hexdigest()[:16]}.log"
         log.write_text("Job started\n")
         step = os.environ.get("SYSTEMZERO_EXAMPLE_STEP_SECONDS", "0.4")
-        job = subprocess.Popen([sys.executable, "-c", JOB, str(log), step], start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        job = subprocess.Popen(
+            [sys.executable, "-c", JOB, str(log), step],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         RUNNING_JOBS.append(job)  # the job outlives this task; keep its handle until the process ends
         return str(log)
 
@@ -72,8 +76,10 @@ with DAG(
     def report(ti=None) -> str:
         """Say what System Zero decided."""
         decision = ti.xcom_pull(task_ids="wait_until_ready")
-        message = (f"ready={decision['decision']} probability={decision['probability']} "
-                   f"confidence={decision['confidence']} at state version {decision['state_version']}")
+        message = (
+            f"ready={decision['decision']} probability={decision['probability']} "
+            f"confidence={decision['confidence']} at state version {decision['state_version']}"
+        )
         print(message)
         return message
 

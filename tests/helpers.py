@@ -20,14 +20,16 @@ _T = TypeVar("_T")
 needs_task_state_store = pytest.mark.skipif(
     airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE,
     reason="needs Airflow 3.3's task state store: older releases keep budgets and reviews per try "
-           "(docs/compatibility.md)")
+    "(docs/compatibility.md)",
+)
 #: For a review run through ``dag.test()``: without ``awaiting_input`` (Airflow 3.1 / 3.2) the review
 #: defers to ``HITLTrigger``, which ``dag.test()``'s in-process supervisor cannot serve (it does not
 #: answer the trigger's ``GetHITLDetailResponse`` request). tests/test_compat.py checks that deferral.
 needs_awaiting_input = pytest.mark.skipif(
     not has_awaiting_input(),
     reason="a review through dag.test() needs Airflow 3.3's awaiting_input; on older releases dag.test() cannot "
-           "run the HITLTrigger the review defers to (tests/test_compat.py checks the deferral)")
+    "run the HITLTrigger the review defers to (tests/test_compat.py checks the deferral)",
+)
 
 
 class EmulatorThread:
@@ -79,8 +81,15 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
 
     with create_session() as session:
         session.query(Connection).filter(Connection.conn_id == conn_id).delete()
-        session.add(Connection(conn_id=conn_id, conn_type="systemzero", host=origin, password=key,
-                               extra=json.dumps(extra) if extra else None))
+        session.add(
+            Connection(
+                conn_id=conn_id,
+                conn_type="systemzero",
+                host=origin,
+                password=key,
+                extra=json.dumps(extra) if extra else None,
+            )
+        )
     try:
         yield
     finally:
@@ -90,15 +99,23 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
 
 #: The rules of most Dag tests: "job is ready" in the state means ready, anything else not.
 READY_RULES: dict[str, Any] = {
-    "rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.95,
-               "confidence": 0.9}],
+    "rules": [
+        {
+            "question": "ready",
+            "pattern": "(?i)job is ready",
+            "answer": True,
+            "probability": 0.95,
+            "confidence": 0.9,
+        }
+    ],
     "default": {"answer": False, "probability": 0.1, "confidence": 0.8},
 }
 
 
 @contextmanager
-def rules_emulator(rules: dict[str, Any], directory: Any, key: str, conn_id: str,
-                   **conn_extra: Any) -> Iterator[EmulatorThread]:
+def rules_emulator(
+    rules: dict[str, Any], directory: Any, key: str, conn_id: str, **conn_extra: Any
+) -> Iterator[EmulatorThread]:
     """An :class:`EmulatorThread` answering by ``rules`` (the ``rules:`` decider), with the account's
     decision buckets out of the way and a ``conn_id`` connection to it stored in the metadata DB.
 
@@ -111,13 +128,16 @@ def rules_emulator(rules: dict[str, Any], directory: Any, key: str, conn_id: str
     path = directory / "rules.json"
     path.write_text(json.dumps(rules))
     limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
-    with EmulatorThread(api_keys={key: 8}, decider=f"rules:{path}", limits=limits) as emu, \
-            systemzero_connection(conn_id, emu.origin, key, **conn_extra):
+    with (
+        EmulatorThread(api_keys={key: 8}, decider=f"rules:{path}", limits=limits) as emu,
+        systemzero_connection(conn_id, emu.origin, key, **conn_extra),
+    ):
         yield emu
 
 
-def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, interval: float = 0.01, *,
-               what: str = "the condition") -> _T:
+def wait_until(
+    predicate: Callable[[], _T], timeout: float = 10.0, interval: float = 0.01, *, what: str = "the condition"
+) -> _T:
     """Poll ``predicate`` until it returns a truthy value (bounded); ``TimeoutError`` naming ``what`` otherwise."""
     import time
 
@@ -165,8 +185,10 @@ def xcoms_of(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
 
 def task_states(dag_run: Any) -> dict[str, str]:
     """``task_id[map_index] -> state`` of a run."""
-    return {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
-            for ti in dag_run.get_task_instances()}
+    return {
+        ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
+        for ti in dag_run.get_task_instances()
+    }
 
 
 def task_tries(dag_run: Any) -> dict[str, int]:

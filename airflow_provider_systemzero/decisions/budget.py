@@ -143,7 +143,9 @@ class Usage:
         values: dict[str, Any] = {}
         for name in cls.counters():
             raw = data.get(name)
-            values[name] = int(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else 0
+            values[name] = (
+                int(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else 0
+            )
         ids = data.get("reply_ids")
         values["reply_ids"] = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
         return cls(**values)
@@ -169,14 +171,18 @@ class Usage:
 
     def describe(self) -> str:
         """One line for logs and messages (no ids)."""
-        text = (f"{self.dispatched} dispatched, {self.billed} billed, {self.replayed} replayed unbilled, "
-                f"{self.failed} failed")
+        text = (
+            f"{self.dispatched} dispatched, {self.billed} billed, {self.replayed} replayed unbilled, "
+            f"{self.failed} failed"
+        )
         if self.unconfirmed:
             text += f", {self.unconfirmed} unconfirmed"
         if self.refused:
             text += f", {self.refused} refused by the budget"
-        return (f"{text}; tokens: {self.input_tokens} input ({self.cached_input_tokens} cached), "
-                f"{self.media_tokens} media")
+        return (
+            f"{text}; tokens: {self.input_tokens} input ({self.cached_input_tokens} cached), "
+            f"{self.media_tokens} media"
+        )
 
 
 # ------------------------------------------------------------------------------------ the error
@@ -195,8 +201,18 @@ class BudgetExceeded(SystemZeroError):
     :param retry_after: seconds until a time window frees room (window budgets only).
     """
 
-    def __init__(self, limit: str, maximum: int, spent: int, requested: int, *, scope: str, hint: str,
-                 detail: str = "", retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        limit: str,
+        maximum: int,
+        spent: int,
+        requested: int,
+        *,
+        scope: str,
+        hint: str,
+        detail: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         self.limit = limit
         self.maximum = maximum
         self.spent = spent
@@ -205,16 +221,26 @@ class BudgetExceeded(SystemZeroError):
         self.hint = hint
         self.retry_after = retry_after
         unit = "input tokens" if "tokens" in limit else "decisions"
-        message = (f"System Zero budget {limit}={maximum} for {scope} would be exceeded: {spent} {unit} spent so "
-                   f"far{detail}, and the next dispatch could add {requested}; nothing more was sent. {hint}")
+        message = (
+            f"System Zero budget {limit}={maximum} for {scope} would be exceeded: {spent} {unit} spent so "
+            f"far{detail}, and the next dispatch could add {requested}; nothing more was sent. {hint}"
+        )
         if retry_after is not None:
             message += f" (room frees up in {retry_after:.0f} s)"
         super().__init__(message)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (for trigger events)."""
-        return {"limit": self.limit, "maximum": self.maximum, "spent": self.spent, "requested": self.requested,
-                "scope": self.scope, "hint": self.hint, "message": str(self), "retry_after": self.retry_after}
+        return {
+            "limit": self.limit,
+            "maximum": self.maximum,
+            "spent": self.spent,
+            "requested": self.requested,
+            "scope": self.scope,
+            "hint": self.hint,
+            "message": str(self),
+            "retry_after": self.retry_after,
+        }
 
 
 # ------------------------------------------------------------------------------------ time windows
@@ -234,8 +260,15 @@ class WindowBudget:
     :param clock: monotonic seconds (tests pass a fake).
     """
 
-    def __init__(self, name: str, max_decisions: int | None = None, max_input_tokens: int | None = None, *,
-                 window: float = _WINDOW_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_decisions: int | None = None,
+        max_input_tokens: int | None = None,
+        *,
+        window: float = _WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.max_decisions = parse_limit(max_decisions, "budget_decisions_per_hour")
         self.max_input_tokens = parse_limit(max_input_tokens, "budget_input_tokens_per_hour")
@@ -269,23 +302,37 @@ class WindowBudget:
             decisions = sum(e[1] for e in self._entries)
             tokens = sum(e[2] for e in self._entries)
             retry_after = (self._entries[0][0] + self.window - now) if self._entries else None
-            hint = (f"Raise the extra of connection {self.name!r} or wait for the window to move; the count is "
-                    "kept per process (each worker and triggerer has its own).")
+            hint = (
+                f"Raise the extra of connection {self.name!r} or wait for the window to move; the count is "
+                "kept per process (each worker and triggerer has its own)."
+            )
             if self.max_decisions is not None:
                 held = sum(o[0] for o in others)
                 if decisions + held + potential > self.max_decisions:
-                    return BudgetExceeded("budget_decisions_per_hour", self.max_decisions, decisions + held,
-                                          potential, scope=f"connection {self.name!r} in this process, per "
-                                          f"{self.window:.0f} s", hint=hint, retry_after=retry_after)
+                    return BudgetExceeded(
+                        "budget_decisions_per_hour",
+                        self.max_decisions,
+                        decisions + held,
+                        potential,
+                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
+                        hint=hint,
+                        retry_after=retry_after,
+                    )
             if self.max_input_tokens is not None:
                 held_tokens = sum(o[1] for o in others)
                 estimate = potential * tokens_each
                 if tokens + held_tokens + estimate > self.max_input_tokens or (
-                        potential and tokens + held_tokens >= self.max_input_tokens):
-                    return BudgetExceeded("budget_input_tokens_per_hour", self.max_input_tokens,
-                                          tokens + held_tokens, estimate, scope=f"connection {self.name!r} in "
-                                          f"this process, per {self.window:.0f} s", hint=hint,
-                                          retry_after=retry_after)
+                    potential and tokens + held_tokens >= self.max_input_tokens
+                ):
+                    return BudgetExceeded(
+                        "budget_input_tokens_per_hour",
+                        self.max_input_tokens,
+                        tokens + held_tokens,
+                        estimate,
+                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
+                        hint=hint,
+                        retry_after=retry_after,
+                    )
             return None
 
     def hold(self, holder: int, outstanding: int, tokens_each: int) -> None:
@@ -306,8 +353,9 @@ _windows: dict[tuple[str, int | None, int | None], WindowBudget] = {}
 _windows_lock = threading.Lock()
 
 
-def connection_window(conn_id: str, decisions_per_hour: Any = None, input_tokens_per_hour: Any = None
-                      ) -> WindowBudget | None:
+def connection_window(
+    conn_id: str, decisions_per_hour: Any = None, input_tokens_per_hour: Any = None
+) -> WindowBudget | None:
     """The process-wide :class:`WindowBudget` of a connection (``None`` when it sets no cap).
 
     :param conn_id: the connection ID.
@@ -351,10 +399,16 @@ class DecisionBudget:
     :param windows: per-connection window budgets that apply too.
     """
 
-    def __init__(self, max_decisions: Any = None, max_input_tokens: Any = None, *,
-                 spent: Usage | Mapping[str, Any] | None = None, scope: str = "this stream",
-                 hint: str = "Raise max_decisions / max_input_tokens where the budget is set.",
-                 windows: Iterable[WindowBudget] = ()) -> None:
+    def __init__(
+        self,
+        max_decisions: Any = None,
+        max_input_tokens: Any = None,
+        *,
+        spent: Usage | Mapping[str, Any] | None = None,
+        scope: str = "this stream",
+        hint: str = "Raise max_decisions / max_input_tokens where the budget is set.",
+        windows: Iterable[WindowBudget] = (),
+    ) -> None:
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
         self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
         self.spent = spent if isinstance(spent, Usage) else Usage.from_dict(spent)
@@ -372,16 +426,26 @@ class DecisionBudget:
 
     def to_kwargs(self) -> dict[str, Any]:
         """The budget as plain JSON for a trigger's kwargs (what the trigger needs to go on)."""
-        return {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens,
-                "spent": self.total.to_dict(), "scope": self.scope, "hint": self.hint}
+        return {
+            "max_decisions": self.max_decisions,
+            "max_input_tokens": self.max_input_tokens,
+            "spent": self.total.to_dict(),
+            "scope": self.scope,
+            "hint": self.hint,
+        }
 
     @classmethod
     def from_kwargs(cls, data: Mapping[str, Any] | None) -> DecisionBudget | None:
         """Rebuild from :meth:`to_kwargs` (``None`` stays ``None``)."""
         if not data:
             return None
-        return cls(data.get("max_decisions"), data.get("max_input_tokens"), spent=data.get("spent"),
-                   scope=data.get("scope") or "this stream", hint=data.get("hint") or "")
+        return cls(
+            data.get("max_decisions"),
+            data.get("max_input_tokens"),
+            spent=data.get("spent"),
+            scope=data.get("scope") or "this stream",
+            hint=data.get("hint") or "",
+        )
 
     # ------------------------------------------------------------------ views
 
@@ -414,7 +478,9 @@ class DecisionBudget:
 
     # ------------------------------------------------------------------ the check
 
-    def check(self, potential: int, body_bytes: int | None = None, *, holder: int = 0) -> BudgetExceeded | None:
+    def check(
+        self, potential: int, body_bytes: int | None = None, *, holder: int = 0
+    ) -> BudgetExceeded | None:
         """Whether ``potential`` dispatches may be outstanding; ``None`` when they fit every cap.
 
         :param potential: the dispatches that could still happen once the message is sent (the
@@ -429,15 +495,31 @@ class DecisionBudget:
         if self.max_decisions is not None and total.counted_decisions + potential > self.max_decisions:
             detail = f" ({total.billed} billed, {total.replayed} replayed unbilled"
             detail += f", {total.unconfirmed} unconfirmed)" if total.unconfirmed else ")"
-            return BudgetExceeded("max_decisions", self.max_decisions, total.counted_decisions, potential,
-                                  scope=self.scope, hint=self.hint, detail=detail)
+            return BudgetExceeded(
+                "max_decisions",
+                self.max_decisions,
+                total.counted_decisions,
+                potential,
+                scope=self.scope,
+                hint=self.hint,
+                detail=detail,
+            )
         if self.max_input_tokens is not None:
             estimate = potential * tokens_each
-            if total.input_tokens + estimate > self.max_input_tokens or total.input_tokens >= self.max_input_tokens:
-                return BudgetExceeded("max_input_tokens", self.max_input_tokens, total.input_tokens, estimate,
-                                      scope=self.scope, hint=self.hint,
-                                      detail=f" over {total.billed} billed decision(s) (estimate for the next: "
-                                             f"{tokens_each} per dispatch)")
+            if (
+                total.input_tokens + estimate > self.max_input_tokens
+                or total.input_tokens >= self.max_input_tokens
+            ):
+                return BudgetExceeded(
+                    "max_input_tokens",
+                    self.max_input_tokens,
+                    total.input_tokens,
+                    estimate,
+                    scope=self.scope,
+                    hint=self.hint,
+                    detail=f" over {total.billed} billed decision(s) (estimate for the next: "
+                    f"{tokens_each} per dispatch)",
+                )
         for window in self.windows:
             refused = window.check(holder, potential, tokens_each)
             if refused is not None:
@@ -458,8 +540,9 @@ class DecisionBudget:
 
     # ------------------------------------------------------------------ recording
 
-    def record_decision(self, reply_id: str | None, usage: Mapping[str, Any] | None = None,
-                        body_bytes: int | None = None) -> bool:
+    def record_decision(
+        self, reply_id: str | None, usage: Mapping[str, Any] | None = None, body_bytes: int | None = None
+    ) -> bool:
         """Count a decision; returns ``True`` when it counts as billed, ``False`` for a replay.
 
         :param reply_id: ``reply.id`` (a reply without one is counted as billed).

@@ -26,8 +26,9 @@ def _bar(value: Any, field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise SystemZeroArgumentError(f"{field} {value!r} must be a number from 0 to 1", code="invalid_threshold",
-                                     field=field)
+        raise SystemZeroArgumentError(
+            f"{field} {value!r} must be a number from 0 to 1", code="invalid_threshold", field=field
+        )
     return float(value)
 
 
@@ -84,13 +85,26 @@ class DecisionCondition:
         validate_question_name(self.question, field="question")
         _bar(self.min_confidence, "min_confidence")
         _bar(self.min_probability, "min_probability")
-        if isinstance(self.consecutive, bool) or not isinstance(self.consecutive, int) or self.consecutive < 1:
-            raise SystemZeroArgumentError(f"consecutive {self.consecutive!r} must be a whole number of at least 1",
-                                         code="invalid_hysteresis", field="consecutive")
-        if isinstance(self.min_true_for, bool) or not isinstance(self.min_true_for, int | float) \
-                or not 0 <= self.min_true_for < float("inf"):
-            raise SystemZeroArgumentError(f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
-                                         code="invalid_hysteresis", field="min_true_for")
+        if (
+            isinstance(self.consecutive, bool)
+            or not isinstance(self.consecutive, int)
+            or self.consecutive < 1
+        ):
+            raise SystemZeroArgumentError(
+                f"consecutive {self.consecutive!r} must be a whole number of at least 1",
+                code="invalid_hysteresis",
+                field="consecutive",
+            )
+        if (
+            isinstance(self.min_true_for, bool)
+            or not isinstance(self.min_true_for, int | float)
+            or not 0 <= self.min_true_for < float("inf")
+        ):
+            raise SystemZeroArgumentError(
+                f"min_true_for {self.min_true_for!r} must be a number of seconds (0 or more)",
+                code="invalid_hysteresis",
+                field="min_true_for",
+            )
         if self.policy is not None:
             from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
@@ -102,11 +116,17 @@ class DecisionCondition:
         expect = self.expect
         if isinstance(expect, list):
             if not expect or not all(isinstance(option, str) for option in expect):
-                raise SystemZeroArgumentError("expect must be a boolean, an option, or a non-empty list of options",
-                                             code="invalid_expect", field="expect")
+                raise SystemZeroArgumentError(
+                    "expect must be a boolean, an option, or a non-empty list of options",
+                    code="invalid_expect",
+                    field="expect",
+                )
         elif not isinstance(expect, bool | str):
-            raise SystemZeroArgumentError(f"expect {expect!r} must be a boolean, an option, or a list of options",
-                                         code="invalid_expect", field="expect")
+            raise SystemZeroArgumentError(
+                f"expect {expect!r} must be a boolean, an option, or a list of options",
+                code="invalid_expect",
+                field="expect",
+            )
 
     def check_questions(self, questions: Mapping[str, Any]) -> None:
         """Check that the watched question is asked and ``expect`` fits its type.
@@ -115,27 +135,37 @@ class DecisionCondition:
         :raises SystemZeroArgumentError: naming the field.
         """
         if self.question not in questions:
-            raise SystemZeroArgumentError(f"question {self.question!r} is not among the questions asked "
-                                         f"({sorted(questions)})", code="unknown_question", field="question")
+            raise SystemZeroArgumentError(
+                f"question {self.question!r} is not among the questions asked ({sorted(questions)})",
+                code="unknown_question",
+                field="question",
+            )
         spec = questions[self.question]
         kind = spec.get("type") if isinstance(spec, Mapping) else getattr(spec, "type", None)
         options = spec.get("options") if isinstance(spec, Mapping) else getattr(spec, "options", None)
         if kind == "boolean" and not isinstance(self.expect, bool):
-            raise SystemZeroArgumentError(f"expect {self.expect!r} must be true or false for boolean question "
-                                         f"{self.question!r}", code="invalid_expect", field="expect")
+            raise SystemZeroArgumentError(
+                f"expect {self.expect!r} must be true or false for boolean question {self.question!r}",
+                code="invalid_expect",
+                field="expect",
+            )
         if kind == "choice":
             wanted = self.expect if isinstance(self.expect, list) else [self.expect]
             missing = [w for w in wanted if w not in (options or ())]
             if missing:
-                raise SystemZeroArgumentError(f"expect {missing[0]!r} is not an option of choice question "
-                                             f"{self.question!r} (options: {list(options or ())})",
-                                             code="invalid_expect", field="expect")
+                raise SystemZeroArgumentError(
+                    f"expect {missing[0]!r} is not an option of choice question "
+                    f"{self.question!r} (options: {list(options or ())})",
+                    code="invalid_expect",
+                    field="expect",
+                )
         if self.policy is not None:
             from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
-                DecisionPolicy.from_dict(self.policy).check(kind=kind or "boolean", options=options,
-                                                            allow_wait=True)
+                DecisionPolicy.from_dict(self.policy).check(
+                    kind=kind or "boolean", options=options, allow_wait=True
+                )
             except ValueError as exc:
                 raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
@@ -145,20 +175,37 @@ class DecisionCondition:
         if answer is None:
             return ConditionResult(False, None, f"the reply has no answer for {self.question!r}", "wait")
         wanted = self.expect if isinstance(self.expect, list) else [self.expect]
-        if answer.decision not in wanted or (isinstance(answer.decision, bool) != isinstance(wanted[0], bool)):
-            return ConditionResult(False, answer, f"{self.question} = {answer.decision!r}, waiting for "
-                                   f"{self.expect!r}", "wait")
+        if answer.decision not in wanted or (
+            isinstance(answer.decision, bool) != isinstance(wanted[0], bool)
+        ):
+            return ConditionResult(
+                False, answer, f"{self.question} = {answer.decision!r}, waiting for {self.expect!r}", "wait"
+            )
         # a bar is met only by a number from 0 to 1 at or above it: NaN, infinities and values out
         # of range count as no number at all
         confidence, probability = share(answer.confidence), share(answer.probability)
         if self.min_confidence is not None and (confidence is None or not confidence >= self.min_confidence):
-            return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but confidence "
-                                   f"{answer.confidence} is below {self.min_confidence}", "wait")
-        if self.min_probability is not None and (probability is None or not probability >= self.min_probability):
-            return ConditionResult(False, answer, f"{self.question} = {answer.decision!r} but probability "
-                                   f"{answer.probability} is below {self.min_probability}", "wait")
-        described = (f"{self.question} = {answer.decision!r} (probability {answer.probability}, "
-                     f"confidence {answer.confidence})")
+            return ConditionResult(
+                False,
+                answer,
+                f"{self.question} = {answer.decision!r} but confidence "
+                f"{answer.confidence} is below {self.min_confidence}",
+                "wait",
+            )
+        if self.min_probability is not None and (
+            probability is None or not probability >= self.min_probability
+        ):
+            return ConditionResult(
+                False,
+                answer,
+                f"{self.question} = {answer.decision!r} but probability "
+                f"{answer.probability} is below {self.min_probability}",
+                "wait",
+            )
+        described = (
+            f"{self.question} = {answer.decision!r} (probability {answer.probability}, "
+            f"confidence {answer.confidence})"
+        )
         if self.policy is None:
             return ConditionResult(True, answer, described)
         return self._apply_policy(answer, described)
@@ -174,15 +221,24 @@ class DecisionCondition:
         if outcome.action == "default":
             wanted = self.expect if isinstance(self.expect, list) else [self.expect]
             met = policy.default in wanted and isinstance(policy.default, bool) == isinstance(wanted[0], bool)
-            return ConditionResult(met, answer, f"{reason}; the policy's default {policy.default!r} "
-                                   + ("is the expected answer" if met else "is not the expected answer"),
-                                   "default" if met else "wait", outcome.to_dict())
+            return ConditionResult(
+                met,
+                answer,
+                f"{reason}; the policy's default {policy.default!r} "
+                + ("is the expected answer" if met else "is not the expected answer"),
+                "default" if met else "wait",
+                outcome.to_dict(),
+            )
         return ConditionResult(False, answer, reason, outcome.action, outcome.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form (the policy and hysteresis only when set, so older readers still read it)."""
-        data: dict[str, Any] = {"question": self.question, "expect": self.expect,
-                                "min_confidence": self.min_confidence, "min_probability": self.min_probability}
+        data: dict[str, Any] = {
+            "question": self.question,
+            "expect": self.expect,
+            "min_confidence": self.min_confidence,
+            "min_probability": self.min_probability,
+        }
         if self.policy is not None:
             data["policy"] = self.policy
         if self.consecutive != 1:
@@ -235,7 +291,11 @@ class Streak:
 
     def ready(self, now: float) -> bool:
         """The run is long enough, in decisions and in time."""
-        return self.count >= self.consecutive and self.since is not None and now - self.since >= self.min_true_for
+        return (
+            self.count >= self.consecutive
+            and self.since is not None
+            and now - self.since >= self.min_true_for
+        )
 
     def wait_time(self, now: float) -> float | None:
         """Seconds until the run is old enough, when only time is missing (else ``None``)."""
@@ -245,5 +305,8 @@ class Streak:
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """JSON summary for the ``decision`` record."""
-        return {"consecutive": self.count, "true_for": round(now - self.since, 3) if self.since is not None else 0.0,
-                "required": {"consecutive": self.consecutive, "min_true_for": self.min_true_for}}
+        return {
+            "consecutive": self.count,
+            "true_for": round(now - self.since, 3) if self.since is not None else 0.0,
+            "required": {"consecutive": self.consecutive, "min_true_for": self.min_true_for},
+        }

@@ -67,7 +67,12 @@ _SEVERITY = {"act": 0, "default": 1, "review": 2, "wait": 3, "skip": 4, "fail": 
 def _bar(value: Any, name: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or not 0 <= value <= 1:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or not 0 <= value <= 1
+    ):
         raise ValueError(f"{name} must be a number from 0 to 1 (or None), got {value!r}")
     return float(value)
 
@@ -90,13 +95,18 @@ def answer_numbers(answer: Any) -> tuple[Any, float | None, float | None, list[d
     if isinstance(answer, Mapping):
         get = answer.get
     else:
+
         def get(key: str, default: Any = None) -> Any:
             return getattr(answer, key, default)
 
     alternatives = get("alternatives") or ()
     # NaN, infinities and numbers outside [0, 1] are no measure: they count as missing (uncertain)
-    return (get("decision"), share(get("probability")), share(get("confidence")),
-            [dict(a) for a in alternatives if isinstance(a, Mapping)])
+    return (
+        get("decision"),
+        share(get("probability")),
+        share(get("confidence")),
+        [dict(a) for a in alternatives if isinstance(a, Mapping)],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +151,14 @@ class PolicyOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"action": self.action, "reason": self.reason, "code": self.code, "measured": self.measured,
-                "act_above": self.act_above, "review_above": self.review_above}
+        return {
+            "action": self.action,
+            "reason": self.reason,
+            "code": self.code,
+            "measured": self.measured,
+            "act_above": self.act_above,
+            "review_above": self.review_above,
+        }
 
 
 @dataclass(frozen=True)
@@ -195,7 +211,9 @@ class DecisionPolicy:
             if isinstance(bars, Mapping):
                 unknown = sorted(set(bars) - {"act_above", "review_above"})
                 if unknown:
-                    raise ValueError(f"options[{name!r}] has unknown key {unknown[0]!r} (use act_above, review_above)")
+                    raise ValueError(
+                        f"options[{name!r}] has unknown key {unknown[0]!r} (use act_above, review_above)"
+                    )
                 bars = OptionBars(**bars)
             elif not isinstance(bars, OptionBars):
                 raise ValueError(f"options[{name!r}] must be OptionBars or a dict, got {type(bars).__name__}")
@@ -244,10 +262,15 @@ class DecisionPolicy:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form (travels in trigger kwargs and the ``decision`` record)."""
         default = list(self.default) if isinstance(self.default, tuple) else self.default
-        return {"act_above": self.act_above, "review_above": self.review_above, "below": self.below,
-                "default": default, "measure": self.measure,
-                "options": {name: bars.to_dict() for name, bars in self.options.items()},
-                "review_timeout": self.review_timeout}
+        return {
+            "act_above": self.act_above,
+            "review_above": self.review_above,
+            "below": self.below,
+            "default": default,
+            "measure": self.measure,
+            "options": {name: bars.to_dict() for name, bars in self.options.items()},
+            "review_timeout": self.review_timeout,
+        }
 
     def bars_for(self, option: Any = None) -> tuple[float | None, float | None]:
         """``(act_above, review_above)`` for an answer (an option's own bars replace the policy's)."""
@@ -281,8 +304,15 @@ class DecisionPolicy:
 
     # ------------------------------------------------------------------ checking
 
-    def check(self, *, kind: str, options: Sequence[str] | None = None, multiple: bool = False,
-              allow_wait: bool = False, where: str = "policy") -> None:
+    def check(
+        self,
+        *,
+        kind: str,
+        options: Sequence[str] | None = None,
+        multiple: bool = False,
+        allow_wait: bool = False,
+        where: str = "policy",
+    ) -> None:
         """Check that the policy fits a question, before anything is asked.
 
         :param kind: ``boolean`` or ``choice``.
@@ -293,8 +323,10 @@ class DecisionPolicy:
         :raises ValueError: naming what does not fit.
         """
         if self.below == "wait" and not allow_wait:
-            raise ValueError(f"{where}: below='wait' only applies to the sensor (it keeps waiting for more "
-                             "state); use fail, skip or default here")
+            raise ValueError(
+                f"{where}: below='wait' only applies to the sensor (it keeps waiting for more "
+                "state); use fail, skip or default here"
+            )
         known = list(options or ())
         if self.options and kind != "choice":
             raise ValueError(f"{where}: per-option bars need a choice question")
@@ -309,7 +341,9 @@ class DecisionPolicy:
                 raise ValueError(f"{where}: default {self.default!r} must be a list of options from {known}")
         elif kind == "boolean":
             if not isinstance(self.default, bool):
-                raise ValueError(f"{where}: default {self.default!r} must be true or false for a boolean question")
+                raise ValueError(
+                    f"{where}: default {self.default!r} must be true or false for a boolean question"
+                )
         elif self.default not in known:
             raise ValueError(f"{where}: default {self.default!r} is not an option ({known})")
 
@@ -332,16 +366,40 @@ class DecisionPolicy:
                 return PolicyOutcome("review", reason, "missing_measure", None, act, review)
             return PolicyOutcome(self.below, reason, "missing_measure", None, act, review)
         if measured >= act:
-            return PolicyOutcome("act", f"{name} {measured:g} is at or above the act bar {act:g}",
-                                 "above_act_bar", measured, act, review)
+            return PolicyOutcome(
+                "act",
+                f"{name} {measured:g} is at or above the act bar {act:g}",
+                "above_act_bar",
+                measured,
+                act,
+                review,
+            )
         if review is not None and measured >= review:
-            return PolicyOutcome("review", f"{name} {measured:g} is below the act bar {act:g} and at or above "
-                                 f"the review bar {review:g}", "in_review_band", measured, act, review)
+            return PolicyOutcome(
+                "review",
+                f"{name} {measured:g} is below the act bar {act:g} and at or above the review bar {review:g}",
+                "in_review_band",
+                measured,
+                act,
+                review,
+            )
         if review is not None:
-            return PolicyOutcome(self.below, f"{name} {measured:g} is below the review bar {review:g}",
-                                 "below_review_bar", measured, act, review)
-        return PolicyOutcome(self.below, f"{name} {measured:g} is below the act bar {act:g}", "below_act_bar",
-                             measured, act, review)
+            return PolicyOutcome(
+                self.below,
+                f"{name} {measured:g} is below the review bar {review:g}",
+                "below_review_bar",
+                measured,
+                act,
+                review,
+            )
+        return PolicyOutcome(
+            self.below,
+            f"{name} {measured:g} is below the act bar {act:g}",
+            "below_act_bar",
+            measured,
+            act,
+            review,
+        )
 
     def evaluate_options(self, answers: Mapping[str, Any]) -> PolicyOutcome:
         """What to do with a set of answers, one per option (a multi-select branch): each option's
@@ -352,15 +410,31 @@ class DecisionPolicy:
         outcomes = {}
         for option, answer in answers.items():
             act, review = self.bars_for(option)
-            single = DecisionPolicy(act_above=act, review_above=review, below=self.below, default=self.default,
-                                    measure=self.measure)
+            single = DecisionPolicy(
+                act_above=act,
+                review_above=review,
+                below=self.below,
+                default=self.default,
+                measure=self.measure,
+            )
             outcomes[option] = single.evaluate(answer)
         if not outcomes:
             return PolicyOutcome("act", "no options", "no_bar")
-        worst_option, worst = max(outcomes.items(), key=lambda item: (
-            _SEVERITY[item[1].action], -(item[1].measured if item[1].measured is not None else -1.0)))
-        return PolicyOutcome(worst.action, f"option {worst_option!r}: {worst.reason}", worst.code, worst.measured,
-                             worst.act_above, worst.review_above)
+        worst_option, worst = max(
+            outcomes.items(),
+            key=lambda item: (
+                _SEVERITY[item[1].action],
+                -(item[1].measured if item[1].measured is not None else -1.0),
+            ),
+        )
+        return PolicyOutcome(
+            worst.action,
+            f"option {worst_option!r}: {worst.reason}",
+            worst.code,
+            worst.measured,
+            worst.act_above,
+            worst.review_above,
+        )
 
 
 def _check_answer_shape(value: Any, name: str) -> None:
@@ -382,13 +456,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def decision_record(*, question: str, answer: Any, decision: Any, action: str, decided_by: str | None,
-                    reason: str, policy: DecisionPolicy | None = None, outcome: PolicyOutcome | None = None,
-                    model: str | None = None, reply_id: str | None = None,
-                    state_version: int | None = None, state_hash: str | None = None,
-                    status: str = "final", review: Mapping[str, Any] | None = None,
-                    effect: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def decision_record(
+    *,
+    question: str,
+    answer: Any,
+    decision: Any,
+    action: str,
+    decided_by: str | None,
+    reason: str,
+    policy: DecisionPolicy | None = None,
+    outcome: PolicyOutcome | None = None,
+    model: str | None = None,
+    reply_id: str | None = None,
+    state_version: int | None = None,
+    state_hash: str | None = None,
+    status: str = "final",
+    review: Mapping[str, Any] | None = None,
+    effect: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``decision`` XCom: one JSON object that says what happened and why.
 
     It holds nothing that changes between attempts (no request IDs, no clocks except a
@@ -417,8 +504,9 @@ def decision_record(*, question: str, answer: Any, decision: Any, action: str, d
         raise ValueError(f"decided_by must be one of {DECIDED_BY}, got {decided_by!r}")
     if action not in ACTIONS:
         raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
-    proposed, probability, confidence, alternatives = answer_numbers(answer) if answer is not None \
-        else (None, None, None, [])
+    proposed, probability, confidence, alternatives = (
+        answer_numbers(answer) if answer is not None else (None, None, None, [])
+    )
     if options is not None:
         proposed = [name for name, value in options.items() if answer_numbers(value)[0] is True]
     record: dict[str, Any] = {
@@ -443,9 +531,10 @@ def decision_record(*, question: str, answer: Any, decision: Any, action: str, d
         "effect": dict(effect) if effect is not None else None,
     }
     if options is not None:
-        record["options"] = {name: dict(zip(("decision", "probability", "confidence"),
-                                             answer_numbers(value)[:3], strict=True))
-                             for name, value in options.items()}
+        record["options"] = {
+            name: dict(zip(("decision", "probability", "confidence"), answer_numbers(value)[:3], strict=True))
+            for name, value in options.items()
+        }
     if extra:
         record.update(extra)
     return _jsonable(record)
@@ -460,8 +549,13 @@ def ranked_answers(answer: Any) -> list[dict[str, Any]]:
         if _key(alternative.get("decision")) in seen:
             continue
         seen.add(_key(alternative.get("decision")))
-        ranked.append({"decision": alternative.get("decision"), "probability": alternative.get("probability"),
-                       "confidence": alternative.get("confidence")})
+        ranked.append(
+            {
+                "decision": alternative.get("decision"),
+                "probability": alternative.get("probability"),
+                "confidence": alternative.get("confidence"),
+            }
+        )
     return ranked
 
 
@@ -482,8 +576,10 @@ def state_preview(state: Any) -> str:
     text = state if isinstance(state, str) else compact_json(state)
     if len(text) <= _PREVIEW_HEAD + _PREVIEW_TAIL:
         return text
-    return (f"{text[:_PREVIEW_HEAD]}\n… ({len(text) - _PREVIEW_HEAD - _PREVIEW_TAIL} characters left out) …\n"
-            f"{text[-_PREVIEW_TAIL:]}")
+    return (
+        f"{text[:_PREVIEW_HEAD]}\n… ({len(text) - _PREVIEW_HEAD - _PREVIEW_TAIL} characters left out) …\n"
+        f"{text[-_PREVIEW_TAIL:]}"
+    )
 
 
 def state_info(state: Any) -> dict[str, Any]:

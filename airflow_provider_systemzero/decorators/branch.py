@@ -36,16 +36,23 @@ __all__ = ["systemzero_branch_task"]
 class _SystemZeroBranchDecoratedOperator(StateFunctionMixin, DecoratedOperator, SystemZeroBranchOperator):
     """``@task.systemzero_branch``: the function's return value is the state."""
 
-    template_fields: Sequence[str] = (*DecoratedOperator.template_fields,
-                                      *(f for f in SystemZeroBranchOperator.template_fields
-                                        if f not in ("state", "replay_task_ids")))
+    template_fields: Sequence[str] = (
+        *DecoratedOperator.template_fields,
+        *(f for f in SystemZeroBranchOperator.template_fields if f not in ("state", "replay_task_ids")),
+    )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     custom_operator_name = "@task.systemzero_branch"
     inherits_from_skipmixin = True
     _can_skip_downstream = True
 
-    def __init__(self, *, python_callable: Callable[..., Any], op_args: Sequence[Any] | None = None,
-                 op_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] | None = None,
+        op_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._check_state_kwargs(kwargs)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
 
@@ -54,8 +61,9 @@ class _SystemZeroBranchDecoratedOperator(StateFunctionMixin, DecoratedOperator, 
         return SystemZeroBranchOperator.execute(self, context)
 
 
-def systemzero_branch_task(python_callable: Callable[..., Any] | None = None,
-                           multiple_outputs: bool | None = None, **kwargs: Any) -> TaskDecorator:
+def systemzero_branch_task(
+    python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+) -> TaskDecorator:
     """Wrap a function that returns a state into a System Zero branch (``@task.systemzero_branch``).
 
     :param python_callable: the function (returns the state).
@@ -63,5 +71,9 @@ def systemzero_branch_task(python_callable: Callable[..., Any] | None = None,
     :param kwargs: :class:`~airflow_provider_systemzero.operators.branch.SystemZeroBranchOperator`'s
         keywords (``instructions``, ``branches``, ``descriptions``, ``multiple``, ``policy``, …).
     """
-    return task_decorator_factory(python_callable=python_callable, multiple_outputs=multiple_outputs,
-                                  decorated_operator_class=_SystemZeroBranchDecoratedOperator, **kwargs)
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_SystemZeroBranchDecoratedOperator,
+        **kwargs,
+    )

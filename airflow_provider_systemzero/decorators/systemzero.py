@@ -48,30 +48,41 @@ class StateFunctionMixin:
     def _check_state_kwargs(self, kwargs: dict[str, Any]) -> None:
         for name in ("state", "upstream_task_ids"):
             if name in kwargs:
-                raise TypeError(f"{type(self).custom_operator_name}: the decorated function returns the state; "  # type: ignore[attr-defined]
-                                f"do not pass {name}")
+                raise TypeError(
+                    f"{type(self).custom_operator_name}: the decorated function returns the state; "  # type: ignore[attr-defined]
+                    f"do not pass {name}"
+                )
 
     def _state_from_function(self, context: Context) -> Any:
         context_merge(context, self.op_kwargs)
         kwargs = KeywordParameters.determine(self.python_callable, self.op_args, context).unpacking()
         state = self.python_callable(*self.op_args, **kwargs)
         if state is None:
-            raise AirflowFailException(f"{self.task_id}: the decorated function returned None; return the state "
-                                       "to decide about (a string, a list or a dict)")
+            raise AirflowFailException(
+                f"{self.task_id}: the decorated function returned None; return the state "
+                "to decide about (a string, a list or a dict)"
+            )
         return state
 
 
 class _SystemZeroDecoratedOperator(StateFunctionMixin, DecoratedOperator, SystemZeroDecideOperator):
     """``@task.systemzero``: the function's return value is the state."""
 
-    template_fields: Sequence[str] = (*DecoratedOperator.template_fields,
-                                      *(f for f in SystemZeroDecideOperator.template_fields
-                                        if f not in ("state", "replay_task_ids")))
+    template_fields: Sequence[str] = (
+        *DecoratedOperator.template_fields,
+        *(f for f in SystemZeroDecideOperator.template_fields if f not in ("state", "replay_task_ids")),
+    )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py", "questions": "json"}
     custom_operator_name = "@task.systemzero"
 
-    def __init__(self, *, python_callable: Callable[..., Any], op_args: Sequence[Any] | None = None,
-                 op_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] | None = None,
+        op_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._check_state_kwargs(kwargs)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
 
@@ -80,8 +91,9 @@ class _SystemZeroDecoratedOperator(StateFunctionMixin, DecoratedOperator, System
         return SystemZeroDecideOperator.execute(self, context)
 
 
-def systemzero_task(python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None,
-                    **kwargs: Any) -> TaskDecorator:
+def systemzero_task(
+    python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+) -> TaskDecorator:
     """Wrap a function that returns a state into a System Zero decision task (``@task.systemzero``).
 
     :param python_callable: the function (returns the state).
@@ -89,5 +101,9 @@ def systemzero_task(python_callable: Callable[..., Any] | None = None, multiple_
     :param kwargs: :class:`~airflow_provider_systemzero.operators.decide.SystemZeroDecideOperator`'s
         keywords (``questions``, ``policy``, ``model``, …).
     """
-    return task_decorator_factory(python_callable=python_callable, multiple_outputs=multiple_outputs,
-                                  decorated_operator_class=_SystemZeroDecoratedOperator, **kwargs)
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_SystemZeroDecoratedOperator,
+        **kwargs,
+    )

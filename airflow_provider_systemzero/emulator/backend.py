@@ -217,9 +217,15 @@ def complete_answers(questions: Mapping[str, Any], answers: Mapping[str, Any]) -
             alternatives = [{"decision": other, "confidence": share} for other in others]
         elif not isinstance(alternatives, list):
             raise ValueError(f"answer {name!r}: alternatives must be a list")
-        result[name] = {"type": kind, "probability": probability, "confidence": confidence,
-                        "calibration_version": CALIBRATION_VERSION, "decision": decision,
-                        "alternatives": alternatives, "calibrated": False}
+        result[name] = {
+            "type": kind,
+            "probability": probability,
+            "confidence": confidence,
+            "calibration_version": CALIBRATION_VERSION,
+            "decision": decision,
+            "alternatives": alternatives,
+            "calibrated": False,
+        }
     return result
 
 
@@ -233,8 +239,15 @@ class DecideBackend:
     :param on_change: called (no arguments) whenever the ledger or counters change.
     """
 
-    def __init__(self, decider: Decider, *, limits: Limits | None = None, faults: Faults | None = None,
-                 decide_latency_ms: int = 0, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        decider: Decider,
+        *,
+        limits: Limits | None = None,
+        faults: Faults | None = None,
+        decide_latency_ms: int = 0,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.decider = decider
         self.limits = limits or Limits()
         self.faults = faults or Faults()
@@ -273,23 +286,42 @@ class DecideBackend:
         if idempotency_key is not None:
             verdict = self.ledger_records.check(account, idempotency_key, sha, now)
             if verdict.kind == "reused":
-                return self._fail(422, ErrorEnvelope(
-                    "idempotency_error", "idempotency_key_reused",
-                    "this Idempotency-Key was used with a different request body: a key names one "
-                    "byte-identical request"), RetryHint(False), request_id)
+                return self._fail(
+                    422,
+                    ErrorEnvelope(
+                        "idempotency_error",
+                        "idempotency_key_reused",
+                        "this Idempotency-Key was used with a different request body: a key names one "
+                        "byte-identical request",
+                    ),
+                    RetryHint(False),
+                    request_id,
+                )
             if verdict.kind == "conflict":
-                return self._fail(409, ErrorEnvelope(
-                    "idempotency_error", "idempotency_conflict",
-                    "a request with this Idempotency-Key is still in progress: retry after Retry-After-Ms"),
+                return self._fail(
+                    409,
+                    ErrorEnvelope(
+                        "idempotency_error",
+                        "idempotency_conflict",
+                        "a request with this Idempotency-Key is still in progress: retry after Retry-After-Ms",
+                    ),
                     RetryHint.from_headers({"Retry-After-Ms": str(CONFLICT_RETRY_AFTER_MS)}, retryable=True),
-                    request_id)
+                    request_id,
+                )
             if verdict.kind == "replay":
                 assert verdict.reply is not None
                 self.replayed += 1
-                self._record(account, idempotency_key, sha, verdict.reply["id"], billed=False,
-                             usage=verdict.reply.get("usage"))
-                return DecideSuccess(reply=verdict.reply, request_id=request_id,
-                                     decide_ms=(time.monotonic() - started) * 1000)
+                self._record(
+                    account,
+                    idempotency_key,
+                    sha,
+                    verdict.reply["id"],
+                    billed=False,
+                    usage=verdict.reply.get("usage"),
+                )
+                return DecideSuccess(
+                    reply=verdict.reply, request_id=request_id, decide_ms=(time.monotonic() - started) * 1000
+                )
         try:
             outcome = await self._fresh(account, body, request_id, started, now)
         except BaseException:
@@ -303,22 +335,32 @@ class DecideBackend:
         if idempotency_key is not None:
             self.ledger_records.complete(account, idempotency_key, outcome.reply, time.monotonic())
         self.billed += 1
-        self._record(account, idempotency_key, sha, outcome.reply["id"], billed=True,
-                     usage=outcome.reply.get("usage"))
+        self._record(
+            account, idempotency_key, sha, outcome.reply["id"], billed=True, usage=outcome.reply.get("usage")
+        )
         return outcome
 
-    async def _fresh(self, account: str, body: str, request_id: str, started: float, now: float) -> DecideOutcome:
+    async def _fresh(
+        self, account: str, body: str, request_id: str, started: float, now: float
+    ) -> DecideOutcome:
         bucket = self._bucket(account, now)
         if not bucket.try_take(now):
             wait_ms = max(1, math.ceil(bucket.delay(now) * 1000))
-            return self._fail(429, ErrorEnvelope(
-                "rate_limit_error", "rate_limited",
-                f"the account started more than account_decision_burst ({self.limits.account_decision_burst}) "
-                f"decisions at once / account_decision_ceiling "
-                f"({self.limits.account_decision_ceiling_per_minute}) per minute: retry after {wait_ms} ms"),
-                RetryHint.from_headers({"Retry-After-Ms": str(wait_ms),
-                                        "Retry-After": str(math.ceil(wait_ms / 1000))}, retryable=True),
-                request_id)
+            return self._fail(
+                429,
+                ErrorEnvelope(
+                    "rate_limit_error",
+                    "rate_limited",
+                    f"the account started more than account_decision_burst ({self.limits.account_decision_burst}) "
+                    f"decisions at once / account_decision_ceiling "
+                    f"({self.limits.account_decision_ceiling_per_minute}) per minute: retry after {wait_ms} ms",
+                ),
+                RetryHint.from_headers(
+                    {"Retry-After-Ms": str(wait_ms), "Retry-After": str(math.ceil(wait_ms / 1000))},
+                    retryable=True,
+                ),
+                request_id,
+            )
         if self.decide_latency_ms > 0:
             await asyncio.sleep(self.decide_latency_ms / 1000)
         try:
@@ -329,10 +371,15 @@ class DecideBackend:
             reply = self._reply(account, request, body, complete_answers(request["questions"], answers))
         except Exception as exc:  # the decider is user code: any failure is the API's 500
             log.warning("decider failed: %s", exc)
-            return self._fail(500, ErrorEnvelope("api_error", "internal_error",
-                                                 f"the emulator's decider failed: {exc}"),
-                              RetryHint(False), request_id)
-        return DecideSuccess(reply=reply, request_id=request_id, decide_ms=(time.monotonic() - started) * 1000)
+            return self._fail(
+                500,
+                ErrorEnvelope("api_error", "internal_error", f"the emulator's decider failed: {exc}"),
+                RetryHint(False),
+                request_id,
+            )
+        return DecideSuccess(
+            reply=reply, request_id=request_id, decide_ms=(time.monotonic() - started) * 1000
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -340,8 +387,9 @@ class DecideBackend:
         bucket = self._buckets.get(account)
         if bucket is None:
             lim = self.limits
-            bucket = self._buckets[account] = TokenBucket(lim.account_decision_ceiling_per_minute / 60,
-                                                          max(1, lim.account_decision_burst), now)
+            bucket = self._buckets[account] = TokenBucket(
+                lim.account_decision_ceiling_per_minute / 60, max(1, lim.account_decision_burst), now
+            )
         return bucket
 
     def _fail(self, status: int, envelope: ErrorEnvelope, retry: RetryHint, request_id: str) -> DecideFailure:
@@ -349,13 +397,25 @@ class DecideBackend:
         self._on_change()
         return DecideFailure(http_status=status, envelope=envelope, retry=retry, request_id=request_id)
 
-    def _record(self, account: str, key: str | None, sha: str, reply_id: str, *, billed: bool,
-                usage: Any = None) -> None:
-        self.ledger.setdefault(account, []).append(LedgerEntry(account, key, sha, reply_id, billed, time.time(),
-                                                               dict(usage) if isinstance(usage, dict) else None))
+    def _record(
+        self, account: str, key: str | None, sha: str, reply_id: str, *, billed: bool, usage: Any = None
+    ) -> None:
+        self.ledger.setdefault(account, []).append(
+            LedgerEntry(
+                account,
+                key,
+                sha,
+                reply_id,
+                billed,
+                time.time(),
+                dict(usage) if isinstance(usage, dict) else None,
+            )
+        )
         self._on_change()
 
-    def _reply(self, account: str, request: Mapping[str, Any], body: str, answers: dict[str, Any]) -> dict[str, Any]:
+    def _reply(
+        self, account: str, request: Mapping[str, Any], body: str, answers: dict[str, Any]
+    ) -> dict[str, Any]:
         size = len(body.encode("utf-8"))
         input_tokens = math.ceil(size / 4)
         cached = 0
@@ -382,10 +442,14 @@ class DecideBackend:
             "created": int(time.time()),
             "context": {"route": request.get("route") or "direct", "tokens": input_tokens},
             "answers": answers,
-            "usage": {"input_tokens": input_tokens, "cached_input_tokens": cached,
-                      "media_tokens": MEDIA_TOKENS_PER_ITEM * media_items,
-                      "long_input_tokens": max(0, input_tokens - LONG_INPUT_THRESHOLD),
-                      "media_items": media_items, "thought_tokens": thought},
+            "usage": {
+                "input_tokens": input_tokens,
+                "cached_input_tokens": cached,
+                "media_tokens": MEDIA_TOKENS_PER_ITEM * media_items,
+                "long_input_tokens": max(0, input_tokens - LONG_INPUT_THRESHOLD),
+                "media_items": media_items,
+                "thought_tokens": thought,
+            },
         }
 
     def billed_bodies(self) -> list[str]:

@@ -83,69 +83,139 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="systemzero-emulator",
         description="Local System Zero stream gateway (system-zero.stream.v1) for development and tests. "
-                    "Plaintext ws:// — bind to loopback only.",
+        "Plaintext ws:// — bind to loopback only.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=_non_negative, default=DEFAULT_PORT,
-                        help=f"port (default {DEFAULT_PORT}; 0 picks a free port, printed on the ready line)")
-    parser.add_argument("--api-key", dest="api_keys", action="append", type=_api_key, metavar="KEY[:MAX_CONCURRENT]",
-                        help="accept this API key (repeatable); MAX_CONCURRENT sets the account's stream capacity "
-                             "max(1, floor(MAX_CONCURRENT / 2)), default 8 (4 streams). Default: demo")
-    parser.add_argument("--decider", default="keyword",
-                        help="keyword (default), rules:FILE or python:module:function")
-    parser.add_argument("--decide-latency-ms", type=_non_negative, default=0,
-                        help="simulated inference time of each fresh decision")
-    parser.add_argument("--shutdown-retry-after-ms", type=_non_negative, default=500,
-                        help="goodbye.resume.retry_after_ms on shutdown (default 500)")
-    parser.add_argument("--admin-token", default=None,
-                        help="token of the /_emulator/ control surface (default: random)")
-    parser.add_argument("--print-admin-token", action="store_true",
-                        help="print the admin token on stderr once ready")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="stderr log level (default INFO: one line per connection, refusal and decision)")
+    parser.add_argument(
+        "--port",
+        type=_non_negative,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0 picks a free port, printed on the ready line)",
+    )
+    parser.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        type=_api_key,
+        metavar="KEY[:MAX_CONCURRENT]",
+        help="accept this API key (repeatable); MAX_CONCURRENT sets the account's stream capacity "
+        "max(1, floor(MAX_CONCURRENT / 2)), default 8 (4 streams). Default: demo",
+    )
+    parser.add_argument(
+        "--decider", default="keyword", help="keyword (default), rules:FILE or python:module:function"
+    )
+    parser.add_argument(
+        "--decide-latency-ms",
+        type=_non_negative,
+        default=0,
+        help="simulated inference time of each fresh decision",
+    )
+    parser.add_argument(
+        "--shutdown-retry-after-ms",
+        type=_non_negative,
+        default=500,
+        help="goodbye.resume.retry_after_ms on shutdown (default 500)",
+    )
+    parser.add_argument(
+        "--admin-token", default=None, help="token of the /_emulator/ control surface (default: random)"
+    )
+    parser.add_argument(
+        "--print-admin-token", action="store_true", help="print the admin token on stderr once ready"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="stderr log level (default INFO: one line per connection, refusal and decision)",
+    )
 
     limits = parser.add_argument_group("limits", "every limit of the public document (defaults: its values)")
     defaults = Limits()
     for f in fields(Limits):
-        limits.add_argument("--" + f.name.replace("_", "-"), dest=f"limit_{f.name}", type=_non_negative,
-                            default=None, metavar="N", help=f"default {getattr(defaults, f.name)}")
+        limits.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f"limit_{f.name}",
+            type=_non_negative,
+            default=None,
+            metavar="N",
+            help=f"default {getattr(defaults, f.name)}",
+        )
 
-    faults = parser.add_argument_group("faults", "fault injection at start (also at runtime via /_emulator/faults)")
-    faults.add_argument("--fail-decides", type=_non_negative, default=0, metavar="N",
-                        help="fail the next N decide calls")
+    faults = parser.add_argument_group(
+        "faults", "fault injection at start (also at runtime via /_emulator/faults)"
+    )
+    faults.add_argument(
+        "--fail-decides", type=_non_negative, default=0, metavar="N", help="fail the next N decide calls"
+    )
     faults.add_argument("--fail-status", type=int, default=503, help="HTTP status of scripted failures (503)")
     faults.add_argument("--fail-code", default=None, help="envelope code (default from the status)")
     faults.add_argument("--fail-type", default=None, help="envelope type (default from the status)")
-    faults.add_argument("--fail-retry-after-ms", type=_non_negative, default=None, help="Retry-After-Ms header")
+    faults.add_argument(
+        "--fail-retry-after-ms", type=_non_negative, default=None, help="Retry-After-Ms header"
+    )
     faults.add_argument("--fail-retry-after-s", type=_non_negative, default=None, help="Retry-After header")
     faults.add_argument("--fail-not-retryable", action="store_true", help="scripted failures forbid a retry")
-    faults.add_argument("--delay-decisions-ms", type=_non_negative, default=0, help="delay every decide answer")
-    faults.add_argument("--silent", action="store_true",
-                        help="a silent peer: answer no native pings and send nothing after the upgrade")
-    faults.add_argument("--refuse-upgrades", type=_non_negative, default=0, metavar="N",
-                        help="refuse the next N valid upgrades")
-    faults.add_argument("--refuse-status", type=int, default=503, help="HTTP status of refused upgrades (503)")
+    faults.add_argument(
+        "--delay-decisions-ms", type=_non_negative, default=0, help="delay every decide answer"
+    )
+    faults.add_argument(
+        "--silent",
+        action="store_true",
+        help="a silent peer: answer no native pings and send nothing after the upgrade",
+    )
+    faults.add_argument(
+        "--refuse-upgrades",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="refuse the next N valid upgrades",
+    )
+    faults.add_argument(
+        "--refuse-status", type=int, default=503, help="HTTP status of refused upgrades (503)"
+    )
     faults.add_argument("--refuse-code", default=None, help="envelope code of refused upgrades")
-    faults.add_argument("--refuse-retry-after-s", type=_non_negative, default=1, help="Retry-After of refusals")
+    faults.add_argument(
+        "--refuse-retry-after-s", type=_non_negative, default=1, help="Retry-After of refusals"
+    )
     return parser
 
 
 def _build_emulator(args: argparse.Namespace) -> Emulator:
-    overrides = {f.name: getattr(args, f"limit_{f.name}") for f in fields(Limits)
-                 if getattr(args, f"limit_{f.name}") is not None}
-    emulator = Emulator(host=args.host, port=args.port, api_keys=dict(args.api_keys or [("demo", 8)]),
-                        limits=Limits(**overrides), decider=args.decider, decide_latency_ms=args.decide_latency_ms,
-                        admin_token=args.admin_token, shutdown_retry_after_ms=args.shutdown_retry_after_ms)
+    overrides = {
+        f.name: getattr(args, f"limit_{f.name}")
+        for f in fields(Limits)
+        if getattr(args, f"limit_{f.name}") is not None
+    }
+    emulator = Emulator(
+        host=args.host,
+        port=args.port,
+        api_keys=dict(args.api_keys or [("demo", 8)]),
+        limits=Limits(**overrides),
+        decider=args.decider,
+        decide_latency_ms=args.decide_latency_ms,
+        admin_token=args.admin_token,
+        shutdown_retry_after_ms=args.shutdown_retry_after_ms,
+    )
     faults = emulator.faults
     if args.fail_decides:
-        faults.fail_decides(args.fail_decides, status=args.fail_status, code=args.fail_code,
-                            error_type=args.fail_type, retry_after_ms=args.fail_retry_after_ms,
-                            retry_after_s=args.fail_retry_after_s, retryable=not args.fail_not_retryable)
+        faults.fail_decides(
+            args.fail_decides,
+            status=args.fail_status,
+            code=args.fail_code,
+            error_type=args.fail_type,
+            retry_after_ms=args.fail_retry_after_ms,
+            retry_after_s=args.fail_retry_after_s,
+            retryable=not args.fail_not_retryable,
+        )
     faults.delay_decisions_ms = args.delay_decisions_ms
     faults.answer_pings = not args.silent
     if args.refuse_upgrades:
-        faults.refuse_upgrades(args.refuse_upgrades, status=args.refuse_status, code=args.refuse_code,
-                               retry_after_s=args.refuse_retry_after_s)
+        faults.refuse_upgrades(
+            args.refuse_upgrades,
+            status=args.refuse_status,
+            code=args.refuse_code,
+            retry_after_s=args.refuse_retry_after_s,
+        )
     return emulator
 
 
@@ -173,8 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         emulator = _build_emulator(args)
     except ValueError as exc:

@@ -98,6 +98,7 @@ class Decider(Protocol):
 # text helpers
 # --------------------------------------------------------------------------------------------
 
+
 def _wordset(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
@@ -170,14 +171,16 @@ def newest_lines(state: Any) -> list[str]:
         if isinstance(state, list):
             rendered = [render_state_text(item) for item in state[-MAX_LINES:]]
         elif isinstance(state, Mapping):
-            rendered = [f"{key}: {render_state_text(value)}" for key, value in list(state.items())[-MAX_LINES:]]
+            rendered = [
+                f"{key}: {render_state_text(value)}" for key, value in list(state.items())[-MAX_LINES:]
+            ]
         else:
             rendered = [render_state_text(state)]
         lines, used = [], 0
         for line in reversed(rendered):
             if used >= WINDOW_CHARS:
                 break
-            line = line[-(WINDOW_CHARS - used):]
+            line = line[-(WINDOW_CHARS - used) :]
             used += len(line)
             lines.append(line)
         lines.reverse()
@@ -237,8 +240,12 @@ class KeywordDecider:
         p_true = _r(0.05 + 0.9 * score)
         decision = score > 0.5
         probability = p_true if decision else _r(1 - p_true)
-        return {"decision": decision, "probability": probability, "confidence": _r(abs(p_true - 0.5) * 2),
-                "alternatives": [{"decision": not decision, "confidence": _r(1 - probability)}]}
+        return {
+            "decision": decision,
+            "probability": probability,
+            "confidence": _r(abs(p_true - 0.5) * 2),
+            "alternatives": [{"decision": not decision, "confidence": _r(1 - probability)}],
+        }
 
     @staticmethod
     def _choice(question: Mapping[str, Any], lines: list[str]) -> dict[str, Any]:
@@ -252,9 +259,12 @@ class KeywordDecider:
         best = max(range(len(options)), key=lambda i: (scores[i], -i))
         ranked = sorted((i for i in range(len(options)) if i != best), key=lambda i: (-scores[i], i))
         runner_up = probabilities[ranked[0]] if ranked else 0.0
-        return {"decision": options[best], "probability": probabilities[best],
-                "confidence": _r(probabilities[best] - runner_up),
-                "alternatives": [{"decision": options[i], "confidence": probabilities[i]} for i in ranked]}
+        return {
+            "decision": options[best],
+            "probability": probabilities[best],
+            "confidence": _r(probabilities[best] - runner_up),
+            "alternatives": [{"decision": options[i], "confidence": probabilities[i]} for i in ranked],
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,17 +362,24 @@ class RulesDecider:
                 pattern = re.compile(raw["pattern"])
             except re.error as exc:
                 raise ValueError(f"{at}.pattern is not a valid regular expression: {exc}") from exc
-            rules.append(Rule(pattern=pattern, answer=raw["answer"],
-                              question=None if question in (None, "*") else question,
-                              probability=_unit(raw.get("probability"), f"{at}.probability", 1.0),
-                              confidence=_unit(raw.get("confidence"), f"{at}.confidence", 1.0)))
+            rules.append(
+                Rule(
+                    pattern=pattern,
+                    answer=raw["answer"],
+                    question=None if question in (None, "*") else question,
+                    probability=_unit(raw.get("probability"), f"{at}.probability", 1.0),
+                    confidence=_unit(raw.get("confidence"), f"{at}.confidence", 1.0),
+                )
+            )
         default = data.get("default")
         if default is not None:
             if not isinstance(default, Mapping) or not isinstance(default.get("answer"), bool | str):
                 raise ValueError(f"{where}: default must be an object with an 'answer'")
-            default = {"answer": default["answer"],
-                       "probability": _unit(default.get("probability"), f"{where}: default.probability", 1.0),
-                       "confidence": _unit(default.get("confidence"), f"{where}: default.confidence", 1.0)}
+            default = {
+                "answer": default["answer"],
+                "probability": _unit(default.get("probability"), f"{where}: default.probability", 1.0),
+                "confidence": _unit(default.get("confidence"), f"{where}: default.confidence", 1.0),
+            }
         return cls(rules, default)
 
     def decide(self, request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
@@ -382,12 +399,19 @@ class RulesDecider:
             if rule.question not in (None, name) or not rule.pattern.search(text):
                 continue
             if _fits(question, rule.answer):
-                return {"decision": rule.answer, "probability": rule.probability, "confidence": rule.confidence}
+                return {
+                    "decision": rule.answer,
+                    "probability": rule.probability,
+                    "confidence": rule.confidence,
+                }
         fallback: Any = (question.get("options") or [""])[0] if question.get("type") == "choice" else False
         if self.default is not None:
             answer = self.default["answer"] if _fits(question, self.default["answer"]) else fallback
-            return {"decision": answer, "probability": self.default["probability"],
-                    "confidence": self.default["confidence"]}
+            return {
+                "decision": answer,
+                "probability": self.default["probability"],
+                "confidence": self.default["confidence"],
+            }
         return {"decision": fallback, "probability": 0.5, "confidence": 0.5}
 
 
@@ -440,7 +464,9 @@ def load_decider(spec: str | Decider) -> Decider:
             for part in attribute.split("."):
                 target = getattr(target, part)
         except (ImportError, AttributeError) as exc:
-            raise ValueError(f"decider {spec!r}: cannot load {attribute!r} from {module_name!r}: {exc}") from exc
+            raise ValueError(
+                f"decider {spec!r}: cannot load {attribute!r} from {module_name!r}: {exc}"
+            ) from exc
         if callable(getattr(target, "decide", None)) and not isinstance(target, type):
             return target  # type: ignore[no-any-return]
         if callable(target):

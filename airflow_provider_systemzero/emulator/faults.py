@@ -35,9 +35,18 @@ def default_error_type(status: int) -> str:
 
 def default_error_code(status: int) -> str:
     """A plausible envelope code for an HTTP status."""
-    return {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
-            409: "idempotency_conflict", 422: "idempotency_key_reused", 429: "rate_limited",
-            500: "internal_error", 503: "overloaded", 529: "overloaded"}.get(status, "emulated_failure")
+    return {
+        400: "invalid_request",
+        401: "invalid_api_key",
+        403: "forbidden",
+        404: "not_found",
+        409: "idempotency_conflict",
+        422: "idempotency_key_reused",
+        429: "rate_limited",
+        500: "internal_error",
+        503: "overloaded",
+        529: "overloaded",
+    }.get(status, "emulated_failure")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +79,9 @@ class DecideFailureSpec:
 
     def envelope(self) -> ErrorEnvelope:
         """The error body."""
-        return ErrorEnvelope(self.error_type, self.code, f"emulated decide failure: HTTP {self.status} {self.code}")
+        return ErrorEnvelope(
+            self.error_type, self.code, f"emulated decide failure: HTTP {self.status} {self.code}"
+        )
 
     def retry(self) -> RetryHint:
         """The retry hint, read from :meth:`headers` (``Retry-After-Ms`` wins)."""
@@ -94,9 +105,13 @@ class UpgradeRefusalSpec:
 
     def refusal(self) -> UpgradeRefusal:
         """The refusal to answer."""
-        return UpgradeRefusal(self.status, ErrorEnvelope(self.error_type, self.code,
-                                                         f"emulated upgrade refusal: HTTP {self.status} {self.code}"),
-                              self.retry_after_s)
+        return UpgradeRefusal(
+            self.status,
+            ErrorEnvelope(
+                self.error_type, self.code, f"emulated upgrade refusal: HTTP {self.status} {self.code}"
+            ),
+            self.retry_after_s,
+        )
 
 
 class Faults:
@@ -115,9 +130,16 @@ class Faults:
         self._decide_failures: deque[DecideFailureSpec] = deque()
         self._upgrade_refusals: deque[UpgradeRefusalSpec] = deque()
 
-    def fail_decides(self, count: int = 1, status: int = 503, code: str | None = None,
-                     error_type: str | None = None, retry_after_ms: int | None = None,
-                     retry_after_s: int | None = None, retryable: bool = True) -> None:
+    def fail_decides(
+        self,
+        count: int = 1,
+        status: int = 503,
+        code: str | None = None,
+        error_type: str | None = None,
+        retry_after_ms: int | None = None,
+        retry_after_s: int | None = None,
+        retryable: bool = True,
+    ) -> None:
         """Make the next ``count`` decide calls fail (queued after any failures already scripted).
 
         :param count: how many calls fail.
@@ -130,12 +152,24 @@ class Faults:
         """
         if count < 0 or not 100 <= status <= 599:
             raise ValueError(f"fail_decides needs count >= 0 and an HTTP status, got {count}, {status}")
-        spec = DecideFailureSpec(status, code or default_error_code(status), error_type or default_error_type(status),
-                                 retry_after_ms, retry_after_s, retryable)
+        spec = DecideFailureSpec(
+            status,
+            code or default_error_code(status),
+            error_type or default_error_type(status),
+            retry_after_ms,
+            retry_after_s,
+            retryable,
+        )
         self._decide_failures.extend([spec] * count)
 
-    def refuse_upgrades(self, count: int = 1, status: int = 503, code: str | None = None,
-                        retry_after_s: int | None = 1, error_type: str | None = None) -> None:
+    def refuse_upgrades(
+        self,
+        count: int = 1,
+        status: int = 503,
+        code: str | None = None,
+        retry_after_s: int | None = 1,
+        error_type: str | None = None,
+    ) -> None:
         """Refuse the next ``count`` otherwise valid upgrades (after the checks of WIRE.md §1,
         before capacity and shutdown).
 
@@ -147,8 +181,12 @@ class Faults:
         """
         if count < 0 or not 400 <= status <= 599:
             raise ValueError(f"refuse_upgrades needs count >= 0 and a 4xx/5xx status, got {count}, {status}")
-        spec = UpgradeRefusalSpec(status, code or default_error_code(status), error_type or default_error_type(status),
-                                  retry_after_s)
+        spec = UpgradeRefusalSpec(
+            status,
+            code or default_error_code(status),
+            error_type or default_error_type(status),
+            retry_after_s,
+        )
         self._upgrade_refusals.extend([spec] * count)
 
     @property
@@ -178,6 +216,9 @@ class Faults:
 
     def to_dict(self) -> dict[str, Any]:
         """The current faults as JSON."""
-        return {"delay_decisions_ms": self.delay_decisions_ms, "answer_pings": self.answer_pings,
-                "decide_failures": [asdict(s) for s in self._decide_failures],
-                "upgrade_refusals": [asdict(s) for s in self._upgrade_refusals]}
+        return {
+            "delay_decisions_ms": self.delay_decisions_ms,
+            "answer_pings": self.answer_pings,
+            "decide_failures": [asdict(s) for s in self._decide_failures],
+            "upgrade_refusals": [asdict(s) for s in self._upgrade_refusals],
+        }

@@ -206,17 +206,21 @@ class EmulatorStats:
 
 
 class _EmulatorConnection(ServerConnection):
-    def __init__(self, protocol: ServerProtocol, server: Server, *, emulator: Emulator, **kwargs: Any) -> None:
+    def __init__(
+        self, protocol: ServerProtocol, server: Server, *, emulator: Emulator, **kwargs: Any
+    ) -> None:
         super().__init__(protocol, server, **kwargs)
         self.emulator = emulator
         self.account: str | None = None
         self.reservation_released = True
         # the client's native pings and pongs, against the advertised native control limits
         lim, now = emulator.limits, time.monotonic()
-        self._control_frames = TokenBucket(lim.max_native_control_frames_per_second,
-                                           max(1, lim.native_control_frame_burst), now)
-        self._control_bytes = TokenBucket(lim.max_native_control_bytes_per_second,
-                                          max(1, lim.native_control_byte_burst), now)
+        self._control_frames = TokenBucket(
+            lim.max_native_control_frames_per_second, max(1, lim.native_control_frame_burst), now
+        )
+        self._control_bytes = TokenBucket(
+            lim.max_native_control_bytes_per_second, max(1, lim.native_control_byte_burst), now
+        )
 
     def send_data(self) -> None:
         # A silent peer: once open, every outgoing byte is dropped (pongs, pings, messages, the
@@ -341,7 +345,9 @@ class _Stream:
         try:
             self._perform(self.session.actions())
             if self.emulator._shutting_down:
-                self._perform(self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms))
+                self._perform(
+                    self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms)
+                )
             while not self.session.closed:
                 event = await self._next_event()
                 now = time.monotonic()
@@ -398,8 +404,11 @@ class _Stream:
                 self.outbox.put_nowait((text, size, message.nonce if isinstance(message, Ping) else None))
                 self.emulator._messages_sent[message.TYPE] += 1
                 if message.TYPE == "decision":
-                    log.info("stream %s: decision for state version %s", self.stream_id,
-                             getattr(message, "state_version", "?"))
+                    log.info(
+                        "stream %s: decision for state version %s",
+                        self.stream_id,
+                        getattr(message, "state_version", "?"),
+                    )
             elif isinstance(action, DispatchDecide):
                 self.emulator._spawn(self._decide(action))
             elif isinstance(action, CloseConnection):
@@ -414,12 +423,17 @@ class _Stream:
 
     async def _decide(self, action: DispatchDecide) -> None:
         try:
-            outcome: DecideOutcome = await self.emulator.backend.decide(self.account, action.body,
-                                                                        action.idempotency_key)
+            outcome: DecideOutcome = await self.emulator.backend.decide(
+                self.account, action.body, action.idempotency_key
+            )
         except Exception as exc:  # keep the stream alive whatever the backend does
             log.exception("decide backend failed")
-            outcome = DecideFailure(500, ErrorEnvelope("api_error", "internal_error", f"backend failure: {exc}"),
-                                    RetryHint(False), "req_" + secrets.token_hex(12))
+            outcome = DecideFailure(
+                500,
+                ErrorEnvelope("api_error", "internal_error", f"backend failure: {exc}"),
+                RetryHint(False),
+                "req_" + secrets.token_hex(12),
+            )
         self.inbox.put_nowait(("decided", action.dispatch_id, outcome))
 
     def _observe_state(self) -> None:
@@ -431,7 +445,8 @@ class _Stream:
             self.emulator._latest_by_cache_key[key if key is not None else self.stream_id] = self.stream_id
         self._state_seen = current
         self.emulator.final_states[self.stream_id] = AcceptedState(
-            current.state, [a.to_dict() for a in current.attachments])
+            current.state, [a.to_dict() for a in current.attachments]
+        )
 
     # ------------------------------------------------------------------ send queue
 
@@ -453,9 +468,14 @@ class _Stream:
         with contextlib.suppress(Exception):
             transport_bytes = self.ws.transport.get_write_buffer_size()
         stalled = now - self.last_progress if self._send_queue_pending() else 0.0
-        self._perform(self.session.send_queue_report(queued_bytes=self.out_bytes + transport_bytes,
-                                                     queued_frames=self._queued_frames(),
-                                                     write_stalled_for=stalled, now=now))
+        self._perform(
+            self.session.send_queue_report(
+                queued_bytes=self.out_bytes + transport_bytes,
+                queued_frames=self._queued_frames(),
+                write_stalled_for=stalled,
+                now=now,
+            )
+        )
 
     async def _finish_close(self, writer: asyncio.Task[None]) -> None:
         # The writer flushes what is queued, then closes. A reader too slow to take the backlog
@@ -509,18 +529,32 @@ class Emulator:
     :param capacity_retry_after_s: ``Retry-After`` of a 429 ``stream_capacity`` refusal.
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
-                 api_keys: Mapping[str, int] | Iterable[str] | None = None, limits: Limits | None = None,
-                 decider: str | Decider = "keyword", decide_latency_ms: int = 0, admin_token: str | None = None,
-                 shutdown_retry_after_ms: int = 500, capacity_retry_after_s: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_keys: Mapping[str, int] | Iterable[str] | None = None,
+        limits: Limits | None = None,
+        decider: str | Decider = "keyword",
+        decide_latency_ms: int = 0,
+        admin_token: str | None = None,
+        shutdown_retry_after_ms: int = 500,
+        capacity_retry_after_s: int = 1,
+    ) -> None:
         self.host = host
         self._requested_port = port
         self.limits = limits or Limits()
         self.accounts: dict[str, int] = self._parse_keys(api_keys)
         self.decider = load_decider(decider)
         self.faults = Faults()
-        self.backend = DecideBackend(self.decider, limits=self.limits, faults=self.faults,
-                                     decide_latency_ms=decide_latency_ms, on_change=self._notify)
+        self.backend = DecideBackend(
+            self.decider,
+            limits=self.limits,
+            faults=self.faults,
+            decide_latency_ms=decide_latency_ms,
+            on_change=self._notify,
+        )
         self.admin_token = admin_token if admin_token is not None else secrets.token_urlsafe(24)
         self.shutdown_retry_after_ms = shutdown_retry_after_ms
         self.capacity_retry_after_s = capacity_retry_after_s
@@ -553,7 +587,11 @@ class Emulator:
             accounts = {}
             for key, max_concurrent in api_keys.items():
                 parse_api_key(key)  # validates the key
-                if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 0:
+                if (
+                    isinstance(max_concurrent, bool)
+                    or not isinstance(max_concurrent, int)
+                    or max_concurrent < 0
+                ):
                     raise ValueError("max_concurrent must be a non-negative integer")
                 accounts[key] = max_concurrent
             return accounts
@@ -575,7 +613,9 @@ class Emulator:
             return _EmulatorConnection(protocol, server, emulator=emulator, **kwargs)
 
         self._server = await serve(
-            self._handler, self.host, self._requested_port,
+            self._handler,
+            self.host,
+            self._requested_port,
             process_request=self._process_request,
             select_subprotocol=lambda _connection, offered: PROTOCOL if PROTOCOL in offered else None,
             compression=None,
@@ -585,8 +625,9 @@ class Emulator:
             close_timeout=lim.close_handshake_timeout_ms / 1000,
             server_header=f"systemzero-emulator/{airflow_provider_systemzero.__version__}",
             create_connection=connection_factory,  # type: ignore[arg-type]
-            logger=_RedactingLogger(logging.getLogger(f"{__name__}.websockets"),
-                                    lambda: [*self.accounts, self.admin_token]),
+            logger=_RedactingLogger(
+                logging.getLogger(f"{__name__}.websockets"), lambda: [*self.accounts, self.admin_token]
+            ),
         )
         self._port = self._server.sockets[0].getsockname()[1]
         log.info("emulator listening on %s", self.origin)
@@ -601,7 +642,9 @@ class Emulator:
         if self._server is None:
             return
         self._shutting_down = True
-        self._shutdown_retry_after_ms = self.shutdown_retry_after_ms if retry_after_ms is None else retry_after_ms
+        self._shutdown_retry_after_ms = (
+            self.shutdown_retry_after_ms if retry_after_ms is None else retry_after_ms
+        )
         await self._shutdown_streams(list(self._streams.values()), self._shutdown_retry_after_ms)
         server, self._server = self._server, None
         server.close(close_connections=True, code=CloseCode.SERVICE_RESTART, reason="shutdown")
@@ -705,7 +748,9 @@ class Emulator:
                         async with asyncio.timeout(0.1):
                             await changed.wait()
         except TimeoutError:
-            raise TimeoutError(f"emulator condition not met within {timeout} s; stats: {self.stats}") from None
+            raise TimeoutError(
+                f"emulator condition not met within {timeout} s; stats: {self.stats}"
+            ) from None
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -734,8 +779,11 @@ class Emulator:
         for stream in streams:
             stream.inbox.put_nowait(("shutdown", retry_after_ms))
         lim = self.limits
-        bound = (lim.decision_settlement_timeout_ms + lim.write_progress_timeout_ms
-                 + lim.close_handshake_timeout_ms) / 1000 + 1
+        bound = (
+            lim.decision_settlement_timeout_ms
+            + lim.write_progress_timeout_ms
+            + lim.close_handshake_timeout_ms
+        ) / 1000 + 1
         await self._wait_finished(streams, bound)
 
     async def _wait_finished(self, streams: list[_Stream], bound: float) -> None:
@@ -766,8 +814,15 @@ class Emulator:
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
             self._record_handshake(headers)
             if request.method != "GET":
-                return self._refuse(connection, UpgradeRefusal(405, ErrorEnvelope(
-                    "invalid_request_error", "method_not_allowed", "the upgrade request must use GET")))
+                return self._refuse(
+                    connection,
+                    UpgradeRefusal(
+                        405,
+                        ErrorEnvelope(
+                            "invalid_request_error", "method_not_allowed", "the upgrade request must use GET"
+                        ),
+                    ),
+                )
             verdict = check_upgrade(path, headers, known_key=self.accounts.__contains__)
             if isinstance(verdict, UpgradeRefusal):
                 return self._refuse(connection, verdict)
@@ -776,11 +831,15 @@ class Emulator:
             if scripted is not None:
                 return self._refuse(connection, scripted.refusal())
             if self._shutting_down:
-                return self._refuse(connection, maintenance_refusal(
-                    retry_after_s=math.ceil(self._shutdown_retry_after_ms / 1000)))
+                return self._refuse(
+                    connection,
+                    maintenance_refusal(retry_after_s=math.ceil(self._shutdown_retry_after_ms / 1000)),
+                )
             capacity = stream_capacity(self.accounts[account])
             if self._reserved[account] >= capacity:
-                return self._refuse(connection, capacity_refusal(capacity, retry_after_s=self.capacity_retry_after_s))
+                return self._refuse(
+                    connection, capacity_refusal(capacity, retry_after_s=self.capacity_retry_after_s)
+                )
             assert isinstance(connection, _EmulatorConnection)
             self._reserved[account] += 1
             connection.account = account
@@ -790,8 +849,13 @@ class Emulator:
             return None
         except Exception:  # never let one request break the server
             log.exception("upgrade handling failed")
-            return self._respond(connection, 500, ErrorEnvelope("api_error", "internal_error",
-                                                                "the emulator failed to handle the request").to_dict())
+            return self._respond(
+                connection,
+                500,
+                ErrorEnvelope(
+                    "api_error", "internal_error", "the emulator failed to handle the request"
+                ).to_dict(),
+            )
 
     def _record_handshake(self, headers: dict[str, str]) -> None:
         masked = {name: _masked_header(name, value) for name, value in headers.items()}
@@ -821,24 +885,46 @@ class Emulator:
         if scheme.lower() != "bearer" or not token.strip():
             token = request.headers.get("X-Emulator-Token", "")
         if not token or not secrets.compare_digest(token.strip().encode(), self.admin_token.encode()):
-            return self._respond(connection, 401, ErrorEnvelope(
-                "authentication_error", "admin_token_required",
-                "the control surface needs the emulator's admin token "
-                "(Authorization: Bearer <token> or X-Emulator-Token)").to_dict())
+            return self._respond(
+                connection,
+                401,
+                ErrorEnvelope(
+                    "authentication_error",
+                    "admin_token_required",
+                    "the control surface needs the emulator's admin token "
+                    "(Authorization: Bearer <token> or X-Emulator-Token)",
+                ).to_dict(),
+            )
         parts = urlsplit(request.path)
         route = parts.path.rstrip("/")
         params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         method = request.method
-        routes: dict[str, tuple[str, ...]] = {"/_emulator/stats": ("GET",), "/_emulator/faults": ("GET", "POST"),
-                                              "/_emulator/restart": ("POST",), "/_emulator/drop": ("POST",)}
+        routes: dict[str, tuple[str, ...]] = {
+            "/_emulator/stats": ("GET",),
+            "/_emulator/faults": ("GET", "POST"),
+            "/_emulator/restart": ("POST",),
+            "/_emulator/drop": ("POST",),
+        }
         if route not in routes:
-            return self._respond(connection, 404, ErrorEnvelope(
-                "invalid_request_error", "not_found", f"no control endpoint {route!r}; "
-                f"endpoints: {sorted(routes)}").to_dict())
+            return self._respond(
+                connection,
+                404,
+                ErrorEnvelope(
+                    "invalid_request_error",
+                    "not_found",
+                    f"no control endpoint {route!r}; endpoints: {sorted(routes)}",
+                ).to_dict(),
+            )
         if method not in routes[route]:
-            return self._respond(connection, 405, ErrorEnvelope(
-                "invalid_request_error", "method_not_allowed",
-                f"{route} accepts {' or '.join(routes[route])}").to_dict())
+            return self._respond(
+                connection,
+                405,
+                ErrorEnvelope(
+                    "invalid_request_error",
+                    "method_not_allowed",
+                    f"{route} accepts {' or '.join(routes[route])}",
+                ).to_dict(),
+            )
         try:
             if route == "/_emulator/stats":
                 return self._respond(connection, 200, self.stats.to_dict(mask_accounts=True))
@@ -850,36 +936,62 @@ class Emulator:
                 retry_after_ms = _int_param(params, "retry_after_ms", 500)
                 count = len(self._streams)
                 self._spawn(self.restart(retry_after_ms))
-                return self._respond(connection, 202, {"restarting_streams": count, "retry_after_ms": retry_after_ms})
+                return self._respond(
+                    connection, 202, {"restarting_streams": count, "retry_after_ms": retry_after_ms}
+                )
             count = len(self._streams)
             self._spawn(self.drop_all())
             return self._respond(connection, 202, {"dropping_streams": count})
         except ValueError as exc:
-            return self._respond(connection, 400, ErrorEnvelope("invalid_request_error", "invalid_parameter",
-                                                                str(exc)).to_dict())
+            return self._respond(
+                connection,
+                400,
+                ErrorEnvelope("invalid_request_error", "invalid_parameter", str(exc)).to_dict(),
+            )
 
     def _apply_fault_params(self, params: dict[str, str]) -> None:
-        known = {"clear", "fail", "status", "code", "type", "retry_after_ms", "retry_after_s", "retryable",
-                 "delay_ms", "answer_pings", "refuse", "refuse_status", "refuse_code", "refuse_retry_after_s"}
+        known = {
+            "clear",
+            "fail",
+            "status",
+            "code",
+            "type",
+            "retry_after_ms",
+            "retry_after_s",
+            "retryable",
+            "delay_ms",
+            "answer_pings",
+            "refuse",
+            "refuse_status",
+            "refuse_code",
+            "refuse_retry_after_s",
+        }
         unknown = sorted(set(params) - known)
         if unknown:
             raise ValueError(f"unknown fault parameter {unknown[0]!r}; known: {sorted(known)}")
         if _bool_param(params, "clear", False):
             self.faults.clear()
         if "fail" in params:
-            self.faults.fail_decides(_int_param(params, "fail", 1), status=_int_param(params, "status", 503),
-                                     code=params.get("code") or None, error_type=params.get("type") or None,
-                                     retry_after_ms=_int_param(params, "retry_after_ms", None),
-                                     retry_after_s=_int_param(params, "retry_after_s", None),
-                                     retryable=_bool_param(params, "retryable", True))
+            self.faults.fail_decides(
+                _int_param(params, "fail", 1),
+                status=_int_param(params, "status", 503),
+                code=params.get("code") or None,
+                error_type=params.get("type") or None,
+                retry_after_ms=_int_param(params, "retry_after_ms", None),
+                retry_after_s=_int_param(params, "retry_after_s", None),
+                retryable=_bool_param(params, "retryable", True),
+            )
         if "delay_ms" in params:
             self.faults.delay_decisions_ms = _int_param(params, "delay_ms", 0) or 0
         if "answer_pings" in params:
             self.faults.answer_pings = _bool_param(params, "answer_pings", True)
         if "refuse" in params:
-            self.faults.refuse_upgrades(_int_param(params, "refuse", 1), status=_int_param(params, "refuse_status", 503),
-                                        code=params.get("refuse_code") or None,
-                                        retry_after_s=_int_param(params, "refuse_retry_after_s", 1))
+            self.faults.refuse_upgrades(
+                _int_param(params, "refuse", 1),
+                status=_int_param(params, "refuse_status", 503),
+                code=params.get("refuse_code") or None,
+                retry_after_s=_int_param(params, "refuse_retry_after_s", 1),
+            )
 
     # ------------------------------------------------------------------ the stream handler
 
@@ -946,8 +1058,12 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 def _session_totals(session: GatewaySession) -> dict[str, int]:
-    return {"events_accepted": session.accepted_events, "decisions_dispatched": session.dispatches,
-            "protocol_refusals": session.refusal_count, "rejections": session.rejections}
+    return {
+        "events_accepted": session.accepted_events,
+        "decisions_dispatched": session.dispatches,
+        "protocol_refusals": session.refusal_count,
+        "rejections": session.rejections,
+    }
 
 
 def _set_headers(response: Response, headers: Mapping[str, str]) -> None:

@@ -83,8 +83,11 @@ def _number(value: Any, *, field: str, conn_id: str, default: float) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise SystemZeroValidationError(f"connection {conn_id!r}: extra {field!r} must be a number of seconds, got "
-                                        f"{value!r}", code=f"invalid_{field}", field=field) from None
+        raise SystemZeroValidationError(
+            f"connection {conn_id!r}: extra {field!r} must be a number of seconds, got {value!r}",
+            code=f"invalid_{field}",
+            field=field,
+        ) from None
     return number
 
 
@@ -92,8 +95,11 @@ def _text(value: Any, *, field: str, conn_id: str) -> str | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str):
-        raise SystemZeroValidationError(f"connection {conn_id!r}: extra {field!r} must be a string, got "
-                                        f"{type(value).__name__}", code=f"invalid_{field}", field=field)
+        raise SystemZeroValidationError(
+            f"connection {conn_id!r}: extra {field!r} must be a string, got {type(value).__name__}",
+            code=f"invalid_{field}",
+            field=field,
+        )
     return value.strip()
 
 
@@ -125,8 +131,11 @@ def reconnect_backoff() -> Backoff:
         except ValueError:
             value = -1.0
         if not value >= 0 or value == float("inf"):
-            raise SystemZeroValidationError(f"[systemzero] {name} must be a non-negative number of seconds, got "
-                                            f"{raw!r}", code=f"invalid_{name}", field=name)
+            raise SystemZeroValidationError(
+                f"[systemzero] {name} must be a non-negative number of seconds, got {raw!r}",
+                code=f"invalid_{name}",
+                field=name,
+            )
         values[name] = value
     return Backoff(base=values["reconnect_backoff_base"], cap=values["reconnect_backoff_cap"])
 
@@ -137,11 +146,13 @@ def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
     try:
         extra = json.loads(raw)
     except ValueError:
-        raise SystemZeroValidationError(f"connection {conn_id!r}: extra is not valid JSON", code="invalid_extra",
-                                        field="extra") from None
+        raise SystemZeroValidationError(
+            f"connection {conn_id!r}: extra is not valid JSON", code="invalid_extra", field="extra"
+        ) from None
     if not isinstance(extra, dict):
-        raise SystemZeroValidationError(f"connection {conn_id!r}: extra must be a JSON object", code="invalid_extra",
-                                        field="extra")
+        raise SystemZeroValidationError(
+            f"connection {conn_id!r}: extra must be a JSON object", code="invalid_extra", field="extra"
+        )
     return extra
 
 
@@ -159,8 +170,14 @@ class SystemZeroHook(BaseHook):
     conn_type = "systemzero"
     hook_name = "System Zero"
 
-    def __init__(self, systemzero_conn_id: str = default_conn_name, *, backoff: Backoff | None = None,
-                 capacity: StreamCapacity | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        systemzero_conn_id: str = default_conn_name,
+        *,
+        backoff: Backoff | None = None,
+        capacity: StreamCapacity | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.systemzero_conn_id = systemzero_conn_id
         self.backoff = backoff
@@ -198,8 +215,11 @@ class SystemZeroHook(BaseHook):
         conn_id = conn.conn_id or cls.default_conn_name
         host = (conn.host or "").strip()
         if not host:
-            raise SystemZeroValidationError(f"connection {conn_id!r} has no host: set it to the API origin, "
-                                            "e.g. wss://api.example.com", code="invalid_origin", field="host")
+            raise SystemZeroValidationError(
+                f"connection {conn_id!r} has no host: set it to the API origin, e.g. wss://api.example.com",
+                code="invalid_origin",
+                field="host",
+            )
         if conn.port:
             has_scheme = "://" in host
             parts = urlsplit(host if has_scheme else f"wss://{host}")
@@ -211,17 +231,23 @@ class SystemZeroHook(BaseHook):
                 host = f"{host.rstrip('/')}:{conn.port}"
         key = conn.password
         if not key or not str(key).strip():
-            raise SystemZeroValidationError(f"connection {conn_id!r} has no API key: set it in the connection's "
-                                            "password field", code="missing_api_key", field="password")
+            raise SystemZeroValidationError(
+                f"connection {conn_id!r} has no API key: set it in the connection's password field",
+                code="missing_api_key",
+                field="password",
+            )
         return StreamSettings(
             origin=host,
             api_key=str(key).strip(),
-            open_timeout=_number(extra.get("open_timeout"), field="open_timeout", conn_id=conn_id, default=10.0),
+            open_timeout=_number(
+                extra.get("open_timeout"), field="open_timeout", conn_id=conn_id, default=10.0
+            ),
             ca_bundle=_text(extra.get("ca_bundle"), field="ca_bundle", conn_id=conn_id),
             proxy=_text(extra.get("proxy"), field="proxy", conn_id=conn_id),
             default_model=_text(extra.get("model"), field="model", conn_id=conn_id),
-            prompt_cache_key_prefix=_text(extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix",
-                                          conn_id=conn_id),
+            prompt_cache_key_prefix=_text(
+                extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix", conn_id=conn_id
+            ),
             conn_id=conn_id,
             budget_decisions_per_hour=extra.get("budget_decisions_per_hour"),
             budget_input_tokens_per_hour=extra.get("budget_input_tokens_per_hour"),
@@ -285,12 +311,23 @@ class SystemZeroHook(BaseHook):
 
     # ------------------------------------------------------------------ streams
 
-    def stream(self, request: StreamRequest | Mapping[str, Any], *, decision_mode: str = "on_change",
-               state: Any = "", attachments: Sequence[Attachment] = (), min_interval_ms: int | None = None,
-               idempotency_key: str | None = None, key_namespace: str | None = None, identity: str | None = None,
-               open_deadline: float | None = None, decide_retries: int = 3,
-               settings: StreamSettings | None = None, budget: DecisionBudget | None = None,
-               observer: StreamObserver | None = None) -> DecisionStream:
+    def stream(
+        self,
+        request: StreamRequest | Mapping[str, Any],
+        *,
+        decision_mode: str = "on_change",
+        state: Any = "",
+        attachments: Sequence[Attachment] = (),
+        min_interval_ms: int | None = None,
+        idempotency_key: str | None = None,
+        key_namespace: str | None = None,
+        identity: str | None = None,
+        open_deadline: float | None = None,
+        decide_retries: int = 3,
+        settings: StreamSettings | None = None,
+        budget: DecisionBudget | None = None,
+        observer: StreamObserver | None = None,
+    ) -> DecisionStream:
         """A stream to use with ``async with``; the connection is read asynchronously on entering.
 
         :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally ``model``
@@ -311,18 +348,36 @@ class SystemZeroHook(BaseHook):
             (the connection's per-hour caps are added to it).
         :param observer: what hears the stream (default: metrics and opt-in spans through Airflow).
         """
-        return DecisionStream(settings or self.aget_settings, request, state=state, decision_mode=decision_mode,
-                              attachments=attachments, min_interval_ms=min_interval_ms,
-                              idempotency_key=idempotency_key, key_namespace=key_namespace, identity=identity,
-                              open_deadline=open_deadline, decide_retries=decide_retries,
-                              backoff=self.backoff or reconnect_backoff(),
-                              capacity=self.capacity, budget=budget,
-                              observer=observer or AirflowStreamObserver(decision_mode))
+        return DecisionStream(
+            settings or self.aget_settings,
+            request,
+            state=state,
+            decision_mode=decision_mode,
+            attachments=attachments,
+            min_interval_ms=min_interval_ms,
+            idempotency_key=idempotency_key,
+            key_namespace=key_namespace,
+            identity=identity,
+            open_deadline=open_deadline,
+            decide_retries=decide_retries,
+            backoff=self.backoff or reconnect_backoff(),
+            capacity=self.capacity,
+            budget=budget,
+            observer=observer or AirflowStreamObserver(decision_mode),
+        )
 
-    def decide(self, request: StreamRequest | Mapping[str, Any], state: Any = "", *,
-               attachments: Sequence[Attachment] = (), timeout: float | None = DEFAULT_DECIDE_TIMEOUT,
-               idempotency_key: str | None = None, key_namespace: str | None = None,
-               identity: str | None = None, budget: DecisionBudget | None = None) -> Decision:
+    def decide(
+        self,
+        request: StreamRequest | Mapping[str, Any],
+        state: Any = "",
+        *,
+        attachments: Sequence[Attachment] = (),
+        timeout: float | None = DEFAULT_DECIDE_TIMEOUT,
+        idempotency_key: str | None = None,
+        key_namespace: str | None = None,
+        identity: str | None = None,
+        budget: DecisionBudget | None = None,
+    ) -> Decision:
         """Run one on_request decision to completion (sync; for non-deferrable operators).
 
         :param request: see :meth:`stream`.
@@ -342,10 +397,18 @@ class SystemZeroHook(BaseHook):
         async def run() -> Decision:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
-            async with self.stream(request, decision_mode="on_request", state=state, attachments=attachments,
-                                   idempotency_key=idempotency_key, key_namespace=key_namespace,
-                                   identity=identity, open_deadline=timeout, settings=settings,
-                                   budget=budget) as stream:
+            async with self.stream(
+                request,
+                decision_mode="on_request",
+                state=state,
+                attachments=attachments,
+                idempotency_key=idempotency_key,
+                key_namespace=key_namespace,
+                identity=identity,
+                open_deadline=timeout,
+                settings=settings,
+                budget=budget,
+            ) as stream:
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 return await stream.decide(timeout=remaining)
 
@@ -369,18 +432,27 @@ class SystemZeroHook(BaseHook):
             raise SystemZeroValidationError(
                 f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API origin, "
                 f"password = the API key) or set AIRFLOW_CONN_{conn_id.upper()}, or pass the right "
-                "systemzero_conn_id", code="missing_connection", field="systemzero_conn_id") from None
+                "systemzero_conn_id",
+                code="missing_connection",
+                field="systemzero_conn_id",
+            ) from None
         if (conn.conn_type or "") != self.conn_type:
             raise SystemZeroValidationError(
                 f"connection {conn_id!r} has conn_type {conn.conn_type!r}, not 'systemzero': pass the ID of a "
-                "System Zero connection, or change its type", code="invalid_connection", field="conn_type")
+                "System Zero connection, or change its type",
+                code="invalid_connection",
+                field="conn_type",
+            )
         settings = self.settings_from_connection(conn, conn.extra_dejson)
         from airflow.sdk.log import mask_secret
 
         mask_secret(settings.api_key)
         if not (model or settings.default_model):
-            raise SystemZeroValidationError(f"no model: pass model= to the task or set the 'model' extra of "
-                                            f"connection {conn_id!r}", code="invalid_model", field="model")
+            raise SystemZeroValidationError(
+                f"no model: pass model= to the task or set the 'model' extra of connection {conn_id!r}",
+                code="invalid_model",
+                field="model",
+            )
         return settings
 
     def test_connection(self) -> tuple[bool, str]:
@@ -390,9 +462,14 @@ class SystemZeroHook(BaseHook):
             settings = self.get_settings()
             hello = run_sync(probe(settings))
         except Exception as exc:
-            if settings is not None and not isinstance(exc, SystemZeroError) and (
-                    isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage"):
+            if (
+                settings is not None
+                and not isinstance(exc, SystemZeroError)
+                and (isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage")
+            ):
                 return False, describe_connection_error(exc, settings.url, open_timeout=settings.open_timeout)
             return False, f"{type(exc).__name__}: {exc}"
-        return True, (f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
-                      f"max_streams_per_process={hello.limits.max_streams_per_process}")
+        return True, (
+            f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
+            f"max_streams_per_process={hello.limits.max_streams_per_process}"
+        )

@@ -71,7 +71,9 @@ def _as_option(value: Any, option: str) -> BranchOption:
         return BranchOption(**value)
     if value is None:
         return BranchOption()
-    raise ValueError(f"branches[{option!r}] must be task IDs, a BranchOption or a dict, got {type(value).__name__}")
+    raise ValueError(
+        f"branches[{option!r}] must be task IDs, a BranchOption or a dict, got {type(value).__name__}"
+    )
 
 
 class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
@@ -116,10 +118,17 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     _can_skip_downstream = True
     ui_color = "#e8f0ff"
 
-    def __init__(self, *, instructions: str, question: str = "branch",
-                 branches: Sequence[str] | Mapping[str, Any] | None = None,
-                 descriptions: Mapping[str, str] | None = None, multiple: bool = False, policy: Any = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        instructions: str,
+        question: str = "branch",
+        branches: Sequence[str] | Mapping[str, Any] | None = None,
+        descriptions: Mapping[str, str] | None = None,
+        multiple: bool = False,
+        policy: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if "questions" in kwargs or "policy_question" in kwargs:
             raise TypeError("SystemZeroBranchOperator builds its own question: use instructions and branches")
         super().__init__(questions={}, policy=policy, policy_question=question, **kwargs)
@@ -128,8 +137,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         self.multiple = multiple
         self.descriptions = dict(descriptions or {})
         if multiple and len(question) > _MAX_BASE_NAME:
-            raise ValueError(f"{self.task_id}: question names a multi-select branch in at most {_MAX_BASE_NAME} "
-                             "characters")
+            raise ValueError(
+                f"{self.task_id}: question names a multi-select branch in at most {_MAX_BASE_NAME} characters"
+            )
         self.branches: dict[str, BranchOption] | None = None
         if branches is not None:
             if isinstance(branches, str):
@@ -140,14 +150,22 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
                 self.branches = {str(b): BranchOption() for b in branches}
             if not self.branches:
                 raise ValueError(f"{self.task_id}: branches is empty")
-            bars = {name: OptionBars(option.act_above, option.review_above)
-                    for name, option in self.branches.items()
-                    if option.act_above is not None or option.review_above is not None}
+            bars = {
+                name: OptionBars(option.act_above, option.review_above)
+                for name, option in self.branches.items()
+                if option.act_above is not None or option.review_above is not None
+            }
             if bars:
                 base = self.policy or DecisionPolicy()
-                self.policy = DecisionPolicy(act_above=base.act_above, review_above=base.review_above,
-                                             below=base.below, default=base.default, measure=base.measure,
-                                             options={**base.options, **bars}, review_timeout=base.review_timeout)
+                self.policy = DecisionPolicy(
+                    act_above=base.act_above,
+                    review_above=base.review_above,
+                    below=base.below,
+                    default=base.default,
+                    measure=base.measure,
+                    options={**base.options, **bars},
+                    review_timeout=base.review_timeout,
+                )
         self._check_branch_literals()
 
     def _check_literals(self) -> None:
@@ -156,12 +174,19 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     def _check_branch_literals(self) -> None:
         """Parse time: the question built from literal branches and instructions (the downstream
         tasks are known only once the DAG is built: checked when the task runs)."""
-        if self.branches is None or not all(is_literal(getattr(self, name, None)) for name in (
-                "branch_instructions", "question", "model", "prompt_cache_key")):
+        if self.branches is None or not all(
+            is_literal(getattr(self, name, None))
+            for name in ("branch_instructions", "question", "model", "prompt_cache_key")
+        ):
             return
         with parse_time(self.task_id):
-            request = build_request_dict(questions=self._questions_for(self.branches), model=self.model,
-                                         route=self.route, mode=self.mode, prompt_cache_key=self.prompt_cache_key)
+            request = build_request_dict(
+                questions=self._questions_for(self.branches),
+                model=self.model,
+                route=self.route,
+                mode=self.mode,
+                prompt_cache_key=self.prompt_cache_key,
+            )
             self._check_policy(request)
 
     # ------------------------------------------------------------------ options and questions
@@ -172,8 +197,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
             return self.branches
         downstream = sorted(self.downstream_task_ids)
         if not downstream:
-            raise SystemZeroArgumentError("the branch has no downstream tasks to choose from",
-                                         code="invalid_branches", field="branches")
+            raise SystemZeroArgumentError(
+                "the branch has no downstream tasks to choose from", code="invalid_branches", field="branches"
+            )
         return {task_id: BranchOption() for task_id in downstream}
 
     def _check_targets(self, options: Mapping[str, BranchOption]) -> None:
@@ -183,9 +209,12 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         for name, option in options.items():
             for target in option.task_ids(name):
                 if target not in downstream and target not in groups:
-                    raise SystemZeroArgumentError(f"branches[{name!r}] names {target!r}, which is not a task directly "
-                                                 f"downstream (downstream: {sorted(downstream)})",
-                                                 code="invalid_branches", field=f"branches.{name}")
+                    raise SystemZeroArgumentError(
+                        f"branches[{name!r}] names {target!r}, which is not a task directly "
+                        f"downstream (downstream: {sorted(downstream)})",
+                        code="invalid_branches",
+                        field=f"branches.{name}",
+                    )
 
     def _description(self, name: str, option: BranchOption) -> str | None:
         return self.descriptions.get(name) or option.description
@@ -198,11 +227,17 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     def _questions_for(self, options: Mapping[str, BranchOption]) -> dict[str, Any]:
         text = self.branch_instructions
         if not isinstance(text, str) or not text.strip():
-            raise SystemZeroArgumentError("instructions must say what to decide, e.g. 'Which team should handle "
-                                         "this ticket?'", code="invalid_question", field="instructions")
+            raise SystemZeroArgumentError(
+                "instructions must say what to decide, e.g. 'Which team should handle this ticket?'",
+                code="invalid_question",
+                field="instructions",
+            )
         if not self.multiple:
-            described = [f"- {name}: {desc}" for name, option in options.items()
-                         if (desc := self._description(name, option))]
+            described = [
+                f"- {name}: {desc}"
+                for name, option in options.items()
+                if (desc := self._description(name, option))
+            ]
             if described:
                 text = f"{text}\n\nOptions:\n" + "\n".join(described)
             return {self.question: {"type": "choice", "instructions": text, "options": list(options)}}
@@ -211,7 +246,8 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
             desc = self._description(name, option)
             questions[f"{self.question}__{index}"] = {
                 "type": "boolean",
-                "instructions": f"{text}\n\nShould the option {name!r} be chosen?" + (f" ({desc})" if desc else ""),
+                "instructions": f"{text}\n\nShould the option {name!r} be chosen?"
+                + (f" ({desc})" if desc else ""),
             }
         return questions
 
@@ -226,8 +262,9 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         except ValueError as exc:
             raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
-    def _make_gate(self, request: Mapping[str, Any], event: Mapping[str, Any],
-                   state_info: Mapping[str, Any]) -> Gate:
+    def _make_gate(
+        self, request: Mapping[str, Any], event: Mapping[str, Any], state_info: Mapping[str, Any]
+    ) -> Gate:
         if not self.multiple:
             return super()._make_gate(request, event, state_info)
         options = list(self._options())
@@ -239,11 +276,21 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
                 raise AirflowException(f"{self.task_id}: the reply has no answer for option {name!r} ({key})")
             option_answers[name] = dict(answers[key])
         reply = event.get("reply") if isinstance(event.get("reply"), Mapping) else {}
-        return Gate(question=self.question, kind="choice", instructions=self.branch_instructions, options=options,
-                    multiple=True, option_answers=option_answers, model=reply.get("model"),
-                    reply_id=event.get("reply_id"), request_id=event.get("request_id"),
-                    state_version=event.get("state_version"), state_hash=state_info.get("state_hash"),
-                    state_bytes=state_info.get("state_bytes"), preview=state_info.get("preview"))
+        return Gate(
+            question=self.question,
+            kind="choice",
+            instructions=self.branch_instructions,
+            options=options,
+            multiple=True,
+            option_answers=option_answers,
+            model=reply.get("model"),
+            reply_id=event.get("reply_id"),
+            request_id=event.get("request_id"),
+            state_version=event.get("state_version"),
+            state_hash=state_info.get("state_hash"),
+            state_bytes=state_info.get("state_bytes"),
+            preview=state_info.get("preview"),
+        )
 
     # ------------------------------------------------------------------ taking the branch
 
@@ -297,14 +344,26 @@ class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
     _can_skip_downstream = True
     ui_color = "#e8f0ff"
 
-    def __init__(self, *, instructions: str, question: str = "proceed", proceed_when: bool = True,
-                 ignore_downstream_trigger_rules: bool = True, policy: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        instructions: str,
+        question: str = "proceed",
+        proceed_when: bool = True,
+        ignore_downstream_trigger_rules: bool = True,
+        policy: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if "questions" in kwargs or "policy_question" in kwargs:
             raise TypeError("SystemZeroShortCircuitOperator builds its own question: use instructions")
         if not isinstance(proceed_when, bool):
             raise ValueError("proceed_when must be True or False")
-        super().__init__(questions={question: {"type": "boolean", "instructions": instructions}}, policy=policy,
-                         policy_question=question, **kwargs)
+        super().__init__(
+            questions={question: {"type": "boolean", "instructions": instructions}},
+            policy=policy,
+            policy_question=question,
+            **kwargs,
+        )
         self.question = question
         self.proceed_when = proceed_when
         self.ignore_downstream_trigger_rules = ignore_downstream_trigger_rules
@@ -324,10 +383,19 @@ class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
         record["effect"] = {"proceed": proceed, "skipped": sorted(t.task_id for t in to_skip)}
         self._push_record(context, record)
         if proceed:
-            self.log.info("%s = %s (%s): proceeding with downstream tasks", gate.question, decision,
-                          record["decided_by"])
+            self.log.info(
+                "%s = %s (%s): proceeding with downstream tasks",
+                gate.question,
+                decision,
+                record["decided_by"],
+            )
         elif to_skip:
-            self.log.info("%s = %s (%s): skipping downstream tasks %s", gate.question, decision,
-                          record["decided_by"], record["effect"]["skipped"])
+            self.log.info(
+                "%s = %s (%s): skipping downstream tasks %s",
+                gate.question,
+                decision,
+                record["decided_by"],
+                record["effect"]["skipped"],
+            )
             self.skip(ti=context["ti"], tasks=to_skip)
         return decision

@@ -65,12 +65,21 @@ def _as_attachment(value: Any, index: int) -> Attachment:
     if isinstance(value, Mapping) and set(value) <= {"name", "bytes", "mime_type"} and "bytes" in value:
         raw = value["bytes"]
         if not isinstance(raw, bytes | bytearray):
-            raise SystemZeroArgumentError(f"attachments[{index}].bytes must be bytes", code="invalid_attachment",
-                                         field=f"attachments[{index}].bytes")
+            raise SystemZeroArgumentError(
+                f"attachments[{index}].bytes must be bytes",
+                code="invalid_attachment",
+                field=f"attachments[{index}].bytes",
+            )
         mime = value.get("mime_type") or "application/octet-stream"
-        return Attachment(name=value.get("name"), data=f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}")
-    raise SystemZeroArgumentError(f"attachments[{index}] must be {{name, data}} (a data URL), {{name, bytes, mime_type}} "
-                                 "or file_attachment(...)", code="invalid_attachment", field=f"attachments[{index}]")
+        return Attachment(
+            name=value.get("name"), data=f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
+        )
+    raise SystemZeroArgumentError(
+        f"attachments[{index}] must be {{name, data}} (a data URL), {{name, bytes, mime_type}} "
+        "or file_attachment(...)",
+        code="invalid_attachment",
+        field=f"attachments[{index}]",
+    )
 
 
 class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
@@ -124,29 +133,56 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     never work is an import error; templated ones when the task runs.
     """
 
-    template_fields: Sequence[str] = ("questions", "state", "instructions", "model", "prompt_cache_key",
-                                      "replay_task_ids")
+    template_fields: Sequence[str] = (
+        "questions",
+        "state",
+        "instructions",
+        "model",
+        "prompt_cache_key",
+        "replay_task_ids",
+    )
     ui_color = "#e8f0ff"
 
-    def __init__(self, *, questions: Mapping[str, Any], state: Any = None,
-                 upstream_task_ids: Sequence[Any] | None = None, instructions: Mapping[str, str] | None = None,
-                 attachments: Sequence[Any] | None = None, model: str | None = None, route: str | None = None,
-                 mode: str | None = None, prompt_cache_key: str | None = None,
-                 systemzero_conn_id: str = "systemzero_default",
-                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 decision_timeout: float = 600.0, key_salt: str | None = None, max_decisions: int | None = None,
-                 max_input_tokens: int | None = None, policy: Any = None,
-                 policy_question: str | None = None, review_assigned_users: Any = None,
-                 review_notifiers: Any = None, review_subject: str | None = None, allow_empty: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        questions: Mapping[str, Any],
+        state: Any = None,
+        upstream_task_ids: Sequence[Any] | None = None,
+        instructions: Mapping[str, str] | None = None,
+        attachments: Sequence[Any] | None = None,
+        model: str | None = None,
+        route: str | None = None,
+        mode: str | None = None,
+        prompt_cache_key: str | None = None,
+        systemzero_conn_id: str = "systemzero_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+        decision_timeout: float = 600.0,
+        key_salt: str | None = None,
+        max_decisions: int | None = None,
+        max_input_tokens: int | None = None,
+        policy: Any = None,
+        policy_question: str | None = None,
+        review_assigned_users: Any = None,
+        review_notifiers: Any = None,
+        review_subject: str | None = None,
+        allow_empty: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self.allow_empty = allow_empty
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.policy_question = policy_question
-        if (self.policy is not None and policy_question is None and isinstance(questions, Mapping)
-                and len(questions) > 1):
-            raise ValueError(f"{self.task_id}: name the question the policy gates: policy_question=... "
-                             f"(one of {sorted(questions)})")
+        if (
+            self.policy is not None
+            and policy_question is None
+            and isinstance(questions, Mapping)
+            and len(questions) > 1
+        ):
+            raise ValueError(
+                f"{self.task_id}: name the question the policy gates: policy_question=... "
+                f"(one of {sorted(questions)})"
+            )
         self.questions = questions
         self.state = state
         #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
@@ -175,15 +211,25 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         """Parse time: check every argument that no template or XComArg can still change."""
         timeout = self.decision_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise ValueError(f"{self.task_id}: decision_timeout {timeout!r} must be a positive number of seconds")
-        if not all(is_literal(getattr(self, name, None)) for name in ("questions", "instructions", "model",
-                                                                        "prompt_cache_key")):
+            raise ValueError(
+                f"{self.task_id}: decision_timeout {timeout!r} must be a positive number of seconds"
+            )
+        if not all(
+            is_literal(getattr(self, name, None))
+            for name in ("questions", "instructions", "model", "prompt_cache_key")
+        ):
             return
         with parse_time(self.task_id):
             request = self._request(None)  # type: ignore[arg-type] # the questions read no context here
-            attachments_literal = all(isinstance(a, Mapping) and is_literal(dict(a)) for a in self.attachments)
-            if self.replay_task_ids is None and self.state is not None and is_literal(self.state) \
-                    and attachments_literal:
+            attachments_literal = all(
+                isinstance(a, Mapping) and is_literal(dict(a)) for a in self.attachments
+            )
+            if (
+                self.replay_task_ids is None
+                and self.state is not None
+                and is_literal(self.state)
+                and attachments_literal
+            ):
                 state = self._state(None)  # type: ignore[arg-type] # a literal state needs no context
                 attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
                 validate_state_for_request(request, state, attachments)
@@ -193,15 +239,20 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _state(self, context: Context) -> Any:
         if self.replay_task_ids is None:
             if self.state is None:
-                raise SystemZeroArgumentError("state is required unless upstream_task_ids is given",
-                                             code="invalid_state", field="state")
+                raise SystemZeroArgumentError(
+                    "state is required unless upstream_task_ids is given", code="invalid_state", field="state"
+                )
             return self.state
         if self.state is not None:
-            raise SystemZeroArgumentError("give either state or upstream_task_ids, not both", code="invalid_state",
-                                         field="state")
+            raise SystemZeroArgumentError(
+                "give either state or upstream_task_ids, not both", code="invalid_state", field="state"
+            )
         if not self.replay_task_ids:
-            raise SystemZeroArgumentError("upstream_task_ids is empty: name at least one task", code="invalid_state",
-                                         field="upstream_task_ids")
+            raise SystemZeroArgumentError(
+                "upstream_task_ids is empty: name at least one task",
+                code="invalid_state",
+                field="upstream_task_ids",
+            )
         items = []
         ti = context["ti"]
         for task_id in self.replay_task_ids:
@@ -209,9 +260,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             try:
                 json_size(output)
             except (TypeError, ValueError) as exc:
-                raise SystemZeroArgumentError(f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
-                                             "plain JSON values to replay them as state", code="invalid_state",
-                                             field=f"upstream_task_ids[{task_id}]") from None
+                raise SystemZeroArgumentError(
+                    f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
+                    "plain JSON values to replay them as state",
+                    code="invalid_state",
+                    field=f"upstream_task_ids[{task_id}]",
+                ) from None
             items.append({"task_id": task_id, "output": output})
         return items
 
@@ -230,8 +284,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         questions = request["questions"]
         if self.policy_question is not None:
             if self.policy_question not in questions:
-                raise SystemZeroArgumentError(f"policy_question {self.policy_question!r} is not among the questions "
-                                             f"({sorted(questions)})", code="unknown_question", field="policy_question")
+                raise SystemZeroArgumentError(
+                    f"policy_question {self.policy_question!r} is not among the questions "
+                    f"({sorted(questions)})",
+                    code="unknown_question",
+                    field="policy_question",
+                )
             return self.policy_question
         return next(iter(questions))
 
@@ -250,9 +308,14 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :raises SystemZeroArgumentError: naming the field.
         """
-        request = build_request_dict(questions=self._request_questions(context), instructions=self.instructions,
-                                     model=self.model, route=self.route, mode=self.mode,
-                                     prompt_cache_key=self.prompt_cache_key)
+        request = build_request_dict(
+            questions=self._request_questions(context),
+            instructions=self.instructions,
+            model=self.model,
+            route=self.route,
+            mode=self.mode,
+            prompt_cache_key=self.prompt_cache_key,
+        )
         self._check_policy(request)
         return request
 
@@ -266,8 +329,11 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         except ARGUMENT_ERRORS as exc:
             fix = ""
             if exc.code == "decide_body_too_large":
-                fix = (": return less from those tasks (a summary, the last part)" if self.replay_task_ids
-                       else ": send less (a summary, the last part of a log) or smaller attachments")
+                fix = (
+                    ": return less from those tasks (a summary, the last part)"
+                    if self.replay_task_ids
+                    else ": send less (a summary, the last part of a log) or smaller attachments"
+                )
             raise AirflowFailException(f"{self.task_id}: {exc}{fix}") from None
         namespace = context_namespace(context, salt=self.key_salt)
         return request, state, attachments, namespace
@@ -278,23 +344,50 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         """Decide (deferring to the triggerer when deferrable)."""
         request, state, attachments, namespace = self._prepare(context)
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
-        self.log.info("asking %d question(s) about a state of %d bytes (sha256 %s)", len(request["questions"]),
-                      json_size(state), state_hash(state)[:12])
+        self.log.info(
+            "asking %d question(s) about a state of %d bytes (sha256 %s)",
+            len(request["questions"]),
+            json_size(state),
+            state_hash(state)[:12],
+        )
         if self.deferrable:
             trigger = SystemZeroDecideTrigger(
-                systemzero_conn_id=self.systemzero_conn_id, request=request, state=state, key_namespace=namespace,
-                attachments=[a.to_dict() for a in attachments], deadline=time.time() + self.decision_timeout,
-                budget=self.trigger_budget(context))
-            self.defer(trigger=trigger, method_name="execute_complete",
-                       timeout=timedelta(seconds=self.decision_timeout + 60))
+                systemzero_conn_id=self.systemzero_conn_id,
+                request=request,
+                state=state,
+                key_namespace=namespace,
+                attachments=[a.to_dict() for a in attachments],
+                deadline=time.time() + self.decision_timeout,
+                budget=self.trigger_budget(context),
+            )
+            self.defer(
+                trigger=trigger,
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.decision_timeout + 60),
+            )
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
-        decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
-            systemzero_conn_id=self.systemzero_conn_id).decide(
-            request, state=state, attachments=attachments, key_namespace=namespace, identity=namespace,
-            timeout=self.decision_timeout, budget=budget))
-        return self._publish(context, {"status": "success", "key_namespace": namespace, **decision_payload(decision),
-                                       "state_info": describe_state(state)})
+        decision = self.decide_with_budget(
+            context,
+            lambda budget: SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
+                request,
+                state=state,
+                attachments=attachments,
+                key_namespace=namespace,
+                identity=namespace,
+                timeout=self.decision_timeout,
+                budget=budget,
+            ),
+        )
+        return self._publish(
+            context,
+            {
+                "status": "success",
+                "key_namespace": namespace,
+                **decision_payload(decision),
+                "state_info": describe_state(state),
+            },
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Resume with the trigger's decision; idempotent (the same event gives the same XCom).
@@ -310,11 +403,16 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             # a decision the service did finish is returned, not billed again.
             status = event.get("http_status")
             final = event.get("error_type") in _FATAL_ERRORS or (
-                event.get("error_type") == "decision_failed" and not event.get("retryable")
-                and isinstance(status, int) and 400 <= status < 500)
+                event.get("error_type") == "decision_failed"
+                and not event.get("retryable")
+                and isinstance(status, int)
+                and 400 <= status < 500
+            )
             if event.get("error_type") == "decision_failed":
-                message += (f" (HTTP {status}, code {event.get('code')}; "
-                            f"{'not retryable' if final else 'Airflow retries apply'})")
+                message += (
+                    f" (HTTP {status}, code {event.get('code')}; "
+                    f"{'not retryable' if final else 'Airflow retries apply'})"
+                )
             if final:
                 raise AirflowFailException(message)
             raise AirflowException(message)
@@ -327,8 +425,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         ti.xcom_push(key="reply", value=event.get("reply"))
         ti.xcom_push(key="decision_id", value=event.get("reply_id"))
         decisions = {name: answer.get("decision") for name, answer in answers.items()}
-        self.log.info("System Zero answered %s (reply %s, state version %s)", decisions, event.get("reply_id"),
-                      event.get("state_version"))
+        self.log.info(
+            "System Zero answered %s (reply %s, state version %s)",
+            decisions,
+            event.get("reply_id"),
+            event.get("state_version"),
+        )
         try:
             request = self._request(context)
         except ARGUMENT_ERRORS as exc:
@@ -336,22 +438,33 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         state_info = event.get("state_info") if isinstance(event.get("state_info"), Mapping) else {}
         return self._gate(context, self._make_gate(request, event, state_info))
 
-    def _make_gate(self, request: Mapping[str, Any], event: Mapping[str, Any],
-                   state_info: Mapping[str, Any]) -> Gate:
+    def _make_gate(
+        self, request: Mapping[str, Any], event: Mapping[str, Any], state_info: Mapping[str, Any]
+    ) -> Gate:
         """The gated question's decision, for the policy and the ``decision`` record."""
         question = self._gated_question(request)
         spec = request["questions"][question]
         answers = event.get("answers") or {}
         reply = event.get("reply") if isinstance(event.get("reply"), Mapping) else {}
         if question not in answers:
-            raise AirflowException(f"{self.task_id}: the reply has no answer for {question!r} "
-                                   f"(answers: {sorted(answers)})")
-        return Gate(question=question, kind=spec.get("type", "boolean"), instructions=spec.get("instructions"),
-                    options=list(spec["options"]) if spec.get("options") else None, answer=dict(answers[question]),
-                    model=reply.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
-                    state_version=event.get("state_version"), state_hash=state_info.get("state_hash"),
-                    state_bytes=state_info.get("state_bytes"), preview=state_info.get("preview"),
-                    extra={"decisions": {name: answer.get("decision") for name, answer in answers.items()}})
+            raise AirflowException(
+                f"{self.task_id}: the reply has no answer for {question!r} (answers: {sorted(answers)})"
+            )
+        return Gate(
+            question=question,
+            kind=spec.get("type", "boolean"),
+            instructions=spec.get("instructions"),
+            options=list(spec["options"]) if spec.get("options") else None,
+            answer=dict(answers[question]),
+            model=reply.get("model"),
+            reply_id=event.get("reply_id"),
+            request_id=event.get("request_id"),
+            state_version=event.get("state_version"),
+            state_hash=state_info.get("state_hash"),
+            state_bytes=state_info.get("state_bytes"),
+            preview=state_info.get("preview"),
+            extra={"decisions": {name: answer.get("decision") for name, answer in answers.items()}},
+        )
 
     def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> dict[str, Any]:
         """Return ``{question: decision}`` with the gated question's answer that took effect."""

@@ -490,7 +490,7 @@ class ClientSession:
         if isinstance(message, Ping):
             conn.pongs.append(Pong(message.nonce))
             # a gateway keeps at most max_pending_probes pings unanswered: older ones are moot (a flood stays bounded)
-            del conn.pongs[:-max(1, self.limits.max_pending_probes)]
+            del conn.pongs[: -max(1, self.limits.max_pending_probes)]
             return []
         if isinstance(message, Ack):
             return self._on_ack(conn, message)

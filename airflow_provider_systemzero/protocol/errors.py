@@ -116,7 +116,10 @@ class ErrorEnvelope:
         inner = data.get("error") if isinstance(data, Mapping) else None
         if not isinstance(inner, Mapping):
             raise RemoteProtocolError(
-                f"{field}.error must be an object", code="invalid_message", field=f"{field}.error", refusal=True
+                f"{field}.error must be an object",
+                code="invalid_message",
+                field=f"{field}.error",
+                refusal=True,
             )
         values = {}
         for key in ("type", "code", "message"):
@@ -169,11 +172,16 @@ class RetryHint:
         :raises RemoteProtocolError: (a refusal) naming the field when the shape is wrong.
         """
         if not isinstance(data, Mapping):
-            raise RemoteProtocolError(f"{field} must be an object", code="invalid_message", field=field, refusal=True)
+            raise RemoteProtocolError(
+                f"{field} must be an object", code="invalid_message", field=field, refusal=True
+            )
         retryable = data.get("retryable")
         if not isinstance(retryable, bool):
             raise RemoteProtocolError(
-                f"{field}.retryable must be a boolean", code="invalid_message", field=f"{field}.retryable", refusal=True
+                f"{field}.retryable must be a boolean",
+                code="invalid_message",
+                field=f"{field}.retryable",
+                refusal=True,
             )
         delay = data.get("retry_after_ms")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
@@ -183,7 +191,9 @@ class RetryHint:
                 field=f"{field}.retry_after_ms",
                 refusal=True,
             )
-        return cls(retryable=retryable, retry_after_ms=None if delay is None else min(delay, MAX_SERVER_DELAY_MS))
+        return cls(
+            retryable=retryable, retry_after_ms=None if delay is None else min(delay, MAX_SERVER_DELAY_MS)
+        )
 
     @staticmethod
     def delay_from_headers(headers: Mapping[str, str]) -> int | None:

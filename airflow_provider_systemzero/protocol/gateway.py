@@ -161,8 +161,15 @@ class GatewaySession:
     :param rate_limit: the ``rate_limit`` object of ``hello`` (``None``).
     """
 
-    def __init__(self, *, stream_id: str, now: float, limits: Limits | None = None,
-                 request_id: str | None = None, rate_limit: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        stream_id: str,
+        now: float,
+        limits: Limits | None = None,
+        request_id: str | None = None,
+        rate_limit: dict[str, Any] | None = None,
+    ) -> None:
         self.stream_id = stream_id
         self.limits = limits or Limits()
         self.phase = Phase.AWAITING_START
@@ -205,8 +212,16 @@ class GatewaySession:
         self._pongs_due: dict[int, float] = {}
         self._settle_deadline: float | None = None
         self._shutdown_retry_after_ms: int | None = None
-        self._emit(Hello(stream_id, self._next_seq(), PROTOCOL, request_id or self._request_id(1),
-                         self.limits, rate_limit))
+        self._emit(
+            Hello(
+                stream_id,
+                self._next_seq(),
+                PROTOCOL,
+                request_id or self._request_id(1),
+                self.limits,
+                rate_limit,
+            )
+        )
 
     # ------------------------------------------------------------------ outputs
 
@@ -258,9 +273,13 @@ class GatewaySession:
             self._close(CloseCode.MESSAGE_TOO_BIG, "message too big")
             return self.actions()
         if not self._message_bucket.try_take(now):
-            self._refuse("message_rate_limited",
-                         f"more than {self.limits.max_messages_per_second} messages per second "
-                         f"(burst {self.limits.message_burst}): slow down", now, kind="rate_limit_error")
+            self._refuse(
+                "message_rate_limited",
+                f"more than {self.limits.max_messages_per_second} messages per second "
+                f"(burst {self.limits.message_burst}): slow down",
+                now,
+                kind="rate_limit_error",
+            )
             return self.actions()
         try:
             message = decode_client_message(text)
@@ -306,10 +325,22 @@ class GatewaySession:
             covered = tuple(event_id(n) for n in range(self.success_watermark + 1, flight.state_version + 1))
             self.success_watermark = flight.state_version
             self._failures = 0
-            self._emit(Decision(self.stream_id, self._next_seq(), flight.state_version, covered, outcome.reply,
-                                outcome.request_id, outcome.http_status, outcome.server_timing,
-                                outcome.latency_ms, outcome.rate_limit, round(flight.queue_ms),
-                                round(outcome.decide_ms)))
+            self._emit(
+                Decision(
+                    self.stream_id,
+                    self._next_seq(),
+                    flight.state_version,
+                    covered,
+                    outcome.reply,
+                    outcome.request_id,
+                    outcome.http_status,
+                    outcome.server_timing,
+                    outcome.latency_ms,
+                    outcome.rate_limit,
+                    round(flight.queue_ms),
+                    round(outcome.decide_ms),
+                )
+            )
         else:
             self._on_failure(flight, outcome, now)
         if self.phase is Phase.SHUTTING_DOWN:
@@ -328,8 +359,9 @@ class GatewaySession:
             return
         lim = self.limits
         if self.phase is Phase.AWAITING_START and now >= self._start_deadline:
-            self._error("start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)",
-                        fatal=True)
+            self._error(
+                "start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)", fatal=True
+            )
             self._close(CloseCode.POLICY_VIOLATION, "start_timeout")
             return
         if now >= self._end_at:
@@ -343,8 +375,12 @@ class GatewaySession:
             self._in_flight = None
             self._finish_shutdown()
             return
-        if (self.phase is Phase.OPEN and self._in_flight is None and not self._pending_intent
-                and now >= self._last_activity + lim.idle_timeout_ms / 1000):
+        if (
+            self.phase is Phase.OPEN
+            and self._in_flight is None
+            and not self._pending_intent
+            and now >= self._last_activity + lim.idle_timeout_ms / 1000
+        ):
             self._goodbye(GoodbyeReason.IDLE_TIMEOUT, 0)
             self._close(CloseCode.NORMAL_CLOSURE, "idle_timeout")
             return
@@ -375,8 +411,9 @@ class GatewaySession:
             self._settle_deadline = now + self.limits.decision_settlement_timeout_ms / 1000
         return self.actions()
 
-    def send_queue_report(self, *, queued_bytes: int, queued_frames: int, write_stalled_for: float,
-                          now: float) -> list[GatewayAction]:
+    def send_queue_report(
+        self, *, queued_bytes: int, queued_frames: int, write_stalled_for: float, now: float
+    ) -> list[GatewayAction]:
         """Enforce the send-queue limits (``max_send_queue_bytes``/``_frames``,
         ``write_progress_timeout``): close 1013 ``slow_reader`` when one is exceeded.
 
@@ -385,8 +422,11 @@ class GatewaySession:
         :param write_stalled_for: seconds since the transport last made write progress while data waited.
         """
         lim = self.limits
-        if not self.closed and (queued_bytes > lim.max_send_queue_bytes or queued_frames > lim.max_send_queue_frames
-                                or write_stalled_for >= lim.write_progress_timeout_ms / 1000):
+        if not self.closed and (
+            queued_bytes > lim.max_send_queue_bytes
+            or queued_frames > lim.max_send_queue_frames
+            or write_stalled_for >= lim.write_progress_timeout_ms / 1000
+        ):
             self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
         return self.actions()
 
@@ -400,31 +440,60 @@ class GatewaySession:
 
     def _on_pong(self, message: Pong) -> None:
         if self._pongs_due.pop(message.nonce, None) is None:
-            self._reject(LocalProtocolError(f"pong.nonce {message.nonce} answers no outstanding ping",
-                                            code="unexpected_pong", field="nonce"), None)
+            self._reject(
+                LocalProtocolError(
+                    f"pong.nonce {message.nonce} answers no outstanding ping",
+                    code="unexpected_pong",
+                    field="nonce",
+                ),
+                None,
+            )
 
     def _on_decide(self, message: Decide, now: float) -> None:
         if self.phase is Phase.AWAITING_START:
-            self._reject(LocalProtocolError("decide before start: send start (evt_1) first",
-                                            code="start_required", field="type"), None)
+            self._reject(
+                LocalProtocolError(
+                    "decide before start: send start (evt_1) first", code="start_required", field="type"
+                ),
+                None,
+            )
             return
         if self.decision_mode != "on_request":
-            self._reject(LocalProtocolError("decide is only for on_request streams; this stream decides on_change",
-                                            code="decide_not_allowed", field="type"), None)
+            self._reject(
+                LocalProtocolError(
+                    "decide is only for on_request streams; this stream decides on_change",
+                    code="decide_not_allowed",
+                    field="type",
+                ),
+                None,
+            )
             return
         if self.phase is Phase.SHUTTING_DOWN:
-            self._reject(LocalProtocolError("decide during shutdown: the gateway starts no more decides on this "
-                                            "connection; reconnect and replay", code="shutting_down",
-                                            field="type"), None,
-                         retry=RetryHint(True, self._shutdown_retry_after_ms))
+            self._reject(
+                LocalProtocolError(
+                    "decide during shutdown: the gateway starts no more decides on this "
+                    "connection; reconnect and replay",
+                    code="shutting_down",
+                    field="type",
+                ),
+                None,
+                retry=RetryHint(True, self._shutdown_retry_after_ms),
+            )
             return
         if message.state_version != self.state_version:
-            self._reject(LocalProtocolError(
-                f"decide.state_version {message.state_version} is not the current accepted version "
-                f"{self.state_version}: decide must name the current accepted version",
-                code="stale_state_version", field="state_version"), None)
+            self._reject(
+                LocalProtocolError(
+                    f"decide.state_version {message.state_version} is not the current accepted version "
+                    f"{self.state_version}: decide must name the current accepted version",
+                    code="stale_state_version",
+                    field="state_version",
+                ),
+                None,
+            )
             return
-        self._emit(Scheduled(self.stream_id, self._next_seq(), message.state_version, self._in_flight is not None))
+        self._emit(
+            Scheduled(self.stream_id, self._next_seq(), message.state_version, self._in_flight is not None)
+        )
         if not self._pending_intent:
             self._pending_intent = True
             self._pending_since = now
@@ -433,36 +502,65 @@ class GatewaySession:
         eid = message.event_id
         if isinstance(message, Start):
             if self.phase is not Phase.AWAITING_START:
-                self._reject(LocalProtocolError("start was already accepted on this connection: questions, "
-                                                "routing, scheduling and the cache key stay fixed; reconnect "
-                                                "to change them", code="already_started", field="type"), eid)
+                self._reject(
+                    LocalProtocolError(
+                        "start was already accepted on this connection: questions, "
+                        "routing, scheduling and the cache key stay fixed; reconnect "
+                        "to change them",
+                        code="already_started",
+                        field="type",
+                    ),
+                    eid,
+                )
                 return
         elif self.phase is Phase.AWAITING_START:
-            self._reject(LocalProtocolError(f"{message.TYPE} before start: send start (evt_1) first",
-                                            code="start_required", field="type"), eid)
+            self._reject(
+                LocalProtocolError(
+                    f"{message.TYPE} before start: send start (evt_1) first",
+                    code="start_required",
+                    field="type",
+                ),
+                eid,
+            )
             return
         expected = event_id(self.state_version + 1)
         if eid != expected:
-            self._reject(LocalProtocolError(
-                f"event_id {eid!r} is out of sequence: the next event ID is {expected!r} "
-                "(IDs are precisely evt_1, evt_2, … and a rejected update leaves the next ID available)",
-                code="event_id_out_of_sequence", field="event_id"), eid)
+            self._reject(
+                LocalProtocolError(
+                    f"event_id {eid!r} is out of sequence: the next event ID is {expected!r} "
+                    "(IDs are precisely evt_1, evt_2, … and a rejected update leaves the next ID available)",
+                    code="event_id_out_of_sequence",
+                    field="event_id",
+                ),
+                eid,
+            )
             return
         if self.state_version >= self.limits.max_events:
-            self._error("event_limit", f"the stream reached max_events ({self.limits.max_events}); reconnect and "
-                        "replay the full state", fatal=True, event_id_=eid)
+            self._error(
+                "event_limit",
+                f"the stream reached max_events ({self.limits.max_events}); reconnect and "
+                "replay the full state",
+                fatal=True,
+                event_id_=eid,
+            )
             self._goodbye(GoodbyeReason.EVENT_LIMIT, 0)
             self._close(CloseCode.POLICY_VIOLATION, "event_limit")
             return
         try:
-            key = None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
+            key = (
+                None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
+            )
             request, mode, min_interval = self.request, self.decision_mode, self.min_interval_ms
             if isinstance(message, Start):
                 message.request.validate()
                 request = message.request
                 mode = validate_decision_mode(message.decision_mode)
-                min_interval = validate_min_interval_ms(message.min_interval_ms,
-                                                        maximum=self.limits.maximum_decision_interval_ms) or 0
+                min_interval = (
+                    validate_min_interval_ms(
+                        message.min_interval_ms, maximum=self.limits.maximum_decision_interval_ms
+                    )
+                    or 0
+                )
             new_state = apply_mutation(self.stream_state, message)
             assert request is not None
             body = request.decide_body(new_state.state, new_state.attachments, stream_id=self.stream_id)
@@ -471,26 +569,40 @@ class GatewaySession:
             except UnicodeEncodeError:
                 raise LocalProtocolError(
                     f"{message.TYPE} holds text that is not valid Unicode (a lone surrogate such as \\ud800): "
-                    "a state must encode as UTF-8", code="invalid_state", field="state") from None
+                    "a state must encode as UTF-8",
+                    code="invalid_state",
+                    field="state",
+                ) from None
             if body_bytes > self.limits.max_decide_body_bytes:
                 raise LocalProtocolError(
                     f"{message.TYPE} would make the decide body {body_bytes} bytes: the synthesized body may not "
                     f"exceed max_decide_body_bytes ({self.limits.max_decide_body_bytes})",
-                    code="decide_body_too_large", field="state")
+                    code="decide_body_too_large",
+                    field="state",
+                )
             if self.pending_events >= self.limits.max_pending_events:
                 raise LocalProtocolError(
                     f"{self.pending_events} accepted events wait for a dispatch: at most max_pending_events "
-                    f"({self.limits.max_pending_events}) may wait", code="too_many_pending_events", field="event_id")
+                    f"({self.limits.max_pending_events}) may wait",
+                    code="too_many_pending_events",
+                    field="event_id",
+                )
         except LocalProtocolError as exc:
             self._reject(exc, eid)
             return
         if not self._event_bucket.try_take(now):
             delay_ms = math.ceil(self._event_bucket.delay(now) * 1000)
-            self._reject(LocalProtocolError(
-                f"more than {self.limits.max_events_per_second} accepted mutations per second "
-                f"(burst {self.limits.event_burst}): retry after {delay_ms} ms",
-                code="event_rate_limited", field="event_id"), eid, retry=RetryHint(True, delay_ms),
-                kind="rate_limit_error")
+            self._reject(
+                LocalProtocolError(
+                    f"more than {self.limits.max_events_per_second} accepted mutations per second "
+                    f"(burst {self.limits.event_burst}): retry after {delay_ms} ms",
+                    code="event_rate_limited",
+                    field="event_id",
+                ),
+                eid,
+                retry=RetryHint(True, delay_ms),
+                kind="rate_limit_error",
+            )
             return
         # accept
         if isinstance(message, Start):
@@ -502,8 +614,17 @@ class GatewaySession:
         self.body = body
         self.accepted_events += 1
         scheduled = self.decision_mode == "on_change" and self.phase is Phase.OPEN
-        self._emit(Ack(self.stream_id, self._next_seq(), eid, self.state_version,
-                       state_bytes(new_state.state), body_bytes, scheduled))
+        self._emit(
+            Ack(
+                self.stream_id,
+                self._next_seq(),
+                eid,
+                self.state_version,
+                state_bytes(new_state.state),
+                body_bytes,
+                scheduled,
+            )
+        )
         if scheduled and not self._pending_intent:
             self._pending_intent = True
             self._pending_since = now
@@ -511,9 +632,12 @@ class GatewaySession:
     def _on_failure(self, flight: _InFlight, failure: DecideFailure, now: float) -> None:
         fatal = False
         delay_ms = failure.retry.retry_after_ms
-        retry = (self.decision_mode == "on_change" and self.phase is Phase.OPEN
-                 and classify_decide_failure(failure.http_status, failure.envelope, failure.retry)
-                 is DecideRetry.GATEWAY)
+        retry = (
+            self.decision_mode == "on_change"
+            and self.phase is Phase.OPEN
+            and classify_decide_failure(failure.http_status, failure.envelope, failure.retry)
+            is DecideRetry.GATEWAY
+        )
         if retry:
             if self._failures_version == flight.state_version:
                 self._failures += 1
@@ -521,9 +645,22 @@ class GatewaySession:
                 self._failures, self._failures_version = 1, flight.state_version
             retry_in_ms = DEFAULT_RETRY_DELAY_MS if delay_ms is None else delay_ms
             remaining_ms = (self._end_at - now) * 1000
-            fatal = self._failures >= self.limits.consecutive_retryable_failures or retry_in_ms >= remaining_ms
-        self._emit(Error(self.stream_id, self._next_seq(), None, flight.state_version, failure.http_status,
-                         failure.request_id, fatal, failure.envelope, failure.retry))
+            fatal = (
+                self._failures >= self.limits.consecutive_retryable_failures or retry_in_ms >= remaining_ms
+            )
+        self._emit(
+            Error(
+                self.stream_id,
+                self._next_seq(),
+                None,
+                flight.state_version,
+                failure.http_status,
+                failure.request_id,
+                fatal,
+                failure.envelope,
+                failure.retry,
+            )
+        )
         if fatal:
             # the goodbye names the server's delay only when the failure named one
             self._goodbye(GoodbyeReason.OVERLOAD, delay_ms)
@@ -543,20 +680,26 @@ class GatewaySession:
         return at
 
     def _maybe_dispatch(self, now: float) -> None:
-        if (self.phase is not Phase.OPEN or self._in_flight is not None or not self._pending_intent
-                or now < self._eligible_at()):
+        if (
+            self.phase is not Phase.OPEN
+            or self._in_flight is not None
+            or not self._pending_intent
+            or now < self._eligible_at()
+        ):
             return
         assert self.body is not None
         self._dispatch_ids += 1
-        self._in_flight = _InFlight(self._dispatch_ids, self.state_version, now,
-                                    (now - self._pending_since) * 1000)
+        self._in_flight = _InFlight(
+            self._dispatch_ids, self.state_version, now, (now - self._pending_since) * 1000
+        )
         self.frozen_version = self.state_version
         self._pending_intent = False
         self._retry_at = None
         self._last_dispatch_start = now
         self.dispatches += 1
-        self._actions.append(DispatchDecide(self._dispatch_ids, self.state_version, self.body,
-                                            self.idempotency_key))
+        self._actions.append(
+            DispatchDecide(self._dispatch_ids, self.state_version, self.body, self.idempotency_key)
+        )
 
     # ------------------------------------------------------------------ emitting
 
@@ -570,20 +713,51 @@ class GatewaySession:
     def _emit(self, message: ServerMessage) -> None:
         self._actions.append(SendMessage(message))
 
-    def _error(self, code: str, message: str, *, fatal: bool, event_id_: str | None = None,
-               retry: RetryHint | None = None, kind: str = "invalid_request_error") -> None:
+    def _error(
+        self,
+        code: str,
+        message: str,
+        *,
+        fatal: bool,
+        event_id_: str | None = None,
+        retry: RetryHint | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         seq = self._next_seq()
-        self._emit(Error(self.stream_id, seq, event_id_, self.state_version or None, None,
-                         self._request_id(seq), fatal, ErrorEnvelope(kind, code, message),
-                         retry or RetryHint(False)))
+        self._emit(
+            Error(
+                self.stream_id,
+                seq,
+                event_id_,
+                self.state_version or None,
+                None,
+                self._request_id(seq),
+                fatal,
+                ErrorEnvelope(kind, code, message),
+                retry or RetryHint(False),
+            )
+        )
 
-    def _reject(self, exc: LocalProtocolError, event_id_: str | None, *, retry: RetryHint | None = None,
-                kind: str = "invalid_request_error") -> None:
+    def _reject(
+        self,
+        exc: LocalProtocolError,
+        event_id_: str | None,
+        *,
+        retry: RetryHint | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         self.rejections += 1
         self._error(exc.code, exc.message, fatal=False, event_id_=event_id_, retry=retry, kind=kind)
 
-    def _refuse(self, code: str, message: str, now: float, *, kind: str = "invalid_request_error",
-                event_id_: str | None = None) -> None:
+    def _refuse(
+        self,
+        code: str,
+        message: str,
+        now: float,
+        *,
+        kind: str = "invalid_request_error",
+        event_id_: str | None = None,
+    ) -> None:
         self.refusal_count += 1
         window = self.limits.protocol_refusal_window_ms / 1000
         self._refusals.append(now)
@@ -595,8 +769,16 @@ class GatewaySession:
             self._close(CloseCode.POLICY_VIOLATION, "protocol_refusal_limit")
 
     def _goodbye(self, reason: str, retry_after_ms: int | None) -> None:
-        self._emit(Goodbye(self.stream_id, self._next_seq(), reason, self.state_version or None,
-                           self.success_watermark or None, retry_after_ms))
+        self._emit(
+            Goodbye(
+                self.stream_id,
+                self._next_seq(),
+                reason,
+                self.state_version or None,
+                self.success_watermark or None,
+                retry_after_ms,
+            )
+        )
 
     def _finish_shutdown(self) -> None:
         self._settle_deadline = None

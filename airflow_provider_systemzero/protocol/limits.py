@@ -101,8 +101,9 @@ class Limits:
             or not a non-negative integer.
         """
         if not isinstance(data, Mapping):
-            raise RemoteProtocolError("hello.limits must be an object", code="invalid_message",
-                                      field="limits", refusal=True)
+            raise RemoteProtocolError(
+                "hello.limits must be an object", code="invalid_message", field="limits", refusal=True
+            )
         values: dict[str, int] = {}
         for name in ADVERTISED_LIMITS:
             value = data.get(name)
@@ -128,9 +129,18 @@ _MAX_RATE = 100_000
 #: The shortest liveness timer a gateway may set (heartbeat, native heartbeat, pong timeout), ms.
 _MIN_TIMER_MS = 100
 _TIMERS = frozenset({"heartbeat_interval_ms", "native_heartbeat_interval_ms", "pong_timeout_ms"})
-_RATES = frozenset({"max_events_per_second", "event_burst", "max_messages_per_second", "message_burst",
-                    "max_native_control_frames_per_second", "native_control_frame_burst",
-                    "max_native_control_bytes_per_second", "native_control_byte_burst"})
+_RATES = frozenset(
+    {
+        "max_events_per_second",
+        "event_burst",
+        "max_messages_per_second",
+        "message_burst",
+        "max_native_control_frames_per_second",
+        "native_control_frame_burst",
+        "max_native_control_bytes_per_second",
+        "native_control_byte_burst",
+    }
+)
 
 
 def _bounds(name: str) -> tuple[int, int]:

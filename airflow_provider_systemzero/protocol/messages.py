@@ -101,7 +101,9 @@ def _refuse(problem: str, field: str | None) -> RemoteProtocolError:
 class _Reader:
     """Reads typed fields from a decoded JSON object, refusing anything mistyped."""
 
-    def __init__(self, data: Mapping[str, Any], where: str, unknown: list[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self, data: Mapping[str, Any], where: str, unknown: list[tuple[str, str]] | None = None
+    ) -> None:
         self.data = data
         self.where = where
         #: Where :meth:`only` notes unknown fields (path, rejection code) instead of refusing them;
@@ -127,7 +129,9 @@ class _Reader:
             raise _refuse(f"{self.where}.{name} must be a string, got {_json_type(value)}", name)
         return value
 
-    def int(self, name: str, *, required: bool = True, nullable: bool = False, minimum: int | None = None) -> Any:
+    def int(
+        self, name: str, *, required: bool = True, nullable: bool = False, minimum: int | None = None
+    ) -> Any:
         value = self._get(name, required)
         if value is None and (nullable or not required):
             return None
@@ -170,8 +174,9 @@ class _Reader:
     def state(self, name: str) -> Any:
         value = self._get(name, True)
         if not isinstance(value, str | list | dict):
-            raise _refuse(f"{self.where}.{name} must be a string, an array or an object, got {_json_type(value)}",
-                          name)
+            raise _refuse(
+                f"{self.where}.{name} must be a string, an array or an object, got {_json_type(value)}", name
+            )
         return value
 
     def only(self, allowed: set[str], *, code: str = "unknown_field") -> None:
@@ -239,12 +244,19 @@ def attachments_to_wire(attachments: tuple[Attachment, ...] | list[Attachment]) 
 
 
 def validate_attachment_tuple(
-    attachments: tuple[Attachment, ...], *, field: str, existing: tuple[Attachment, ...] = (),
+    attachments: tuple[Attachment, ...],
+    *,
+    field: str,
+    existing: tuple[Attachment, ...] = (),
     allow_empty: bool = True,
 ) -> None:
     """Validate attachments (names, uniqueness against ``existing``, data URLs)."""
-    validate_attachments(attachments_to_wire(attachments), field=field,
-                         existing=[a.name for a in existing], allow_empty=allow_empty)
+    validate_attachments(
+        attachments_to_wire(attachments),
+        field=field,
+        existing=[a.name for a in existing],
+        allow_empty=allow_empty,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,27 +286,45 @@ class Question:
         """
         where = f"questions.{name}"
         if self.type not in QUESTION_TYPES:
-            raise LocalProtocolError(f"{where}.type {self.type!r} is not one of {list(QUESTION_TYPES)}",
-                                     code="invalid_question", field=f"{where}.type")
+            raise LocalProtocolError(
+                f"{where}.type {self.type!r} is not one of {list(QUESTION_TYPES)}",
+                code="invalid_question",
+                field=f"{where}.type",
+            )
         if not isinstance(self.instructions, str) or not self.instructions.strip():
-            raise LocalProtocolError(f"{where}.instructions must be a non-empty string: every question says "
-                                     "what to decide", code="invalid_question", field=f"{where}.instructions")
+            raise LocalProtocolError(
+                f"{where}.instructions must be a non-empty string: every question says what to decide",
+                code="invalid_question",
+                field=f"{where}.instructions",
+            )
         if self.type == "boolean":
             if self.options is not None:
-                raise LocalProtocolError(f"{where}.options is only allowed on a choice question",
-                                         code="invalid_question", field=f"{where}.options")
+                raise LocalProtocolError(
+                    f"{where}.options is only allowed on a choice question",
+                    code="invalid_question",
+                    field=f"{where}.options",
+                )
             return
         if not self.options:
-            raise LocalProtocolError(f"{where}.options must list at least one option for a choice question",
-                                     code="invalid_question", field=f"{where}.options")
+            raise LocalProtocolError(
+                f"{where}.options must list at least one option for a choice question",
+                code="invalid_question",
+                field=f"{where}.options",
+            )
         seen: set[str] = set()
         for index, option in enumerate(self.options):
             if not isinstance(option, str) or not option.strip():
-                raise LocalProtocolError(f"{where}.options[{index}] must be a non-empty string",
-                                         code="invalid_question", field=f"{where}.options[{index}]")
+                raise LocalProtocolError(
+                    f"{where}.options[{index}] must be a non-empty string",
+                    code="invalid_question",
+                    field=f"{where}.options[{index}]",
+                )
             if option in seen:
-                raise LocalProtocolError(f"{where}.options[{index}] {option!r} is listed twice: options are unique",
-                                         code="invalid_question", field=f"{where}.options[{index}]")
+                raise LocalProtocolError(
+                    f"{where}.options[{index}] {option!r} is listed twice: options are unique",
+                    code="invalid_question",
+                    field=f"{where}.options[{index}]",
+                )
             seen.add(option)
 
     @classmethod
@@ -307,18 +337,26 @@ class Question:
             return value
         where = f"questions.{name}"
         if not isinstance(value, Mapping):
-            raise LocalProtocolError(f"{where} must be an object {{type, instructions[, options]}}",
-                                     code="invalid_question", field=where)
+            raise LocalProtocolError(
+                f"{where} must be an object {{type, instructions[, options]}}",
+                code="invalid_question",
+                field=where,
+            )
         unknown = sorted(set(value) - {"type", "instructions", "options"})
         if unknown:
-            raise LocalProtocolError(f"{where} has unknown field {unknown[0]!r}: a question is "
-                                     "{type, instructions[, options]}", code="invalid_question",
-                                     field=f"{where}.{unknown[0]}")
+            raise LocalProtocolError(
+                f"{where} has unknown field {unknown[0]!r}: a question is {{type, instructions[, options]}}",
+                code="invalid_question",
+                field=f"{where}.{unknown[0]}",
+            )
         options = value.get("options")
         if options is not None:
             if not isinstance(options, list | tuple):
-                raise LocalProtocolError(f"{where}.options must be an array of strings",
-                                         code="invalid_question", field=f"{where}.options")
+                raise LocalProtocolError(
+                    f"{where}.options must be an array of strings",
+                    code="invalid_question",
+                    field=f"{where}.options",
+                )
             options = tuple(options)
         question = cls(type=value.get("type"), instructions=value.get("instructions"), options=options)
         return question
@@ -345,8 +383,15 @@ class StreamRequest:
     prompt_cache_key: str | None = None
 
     @classmethod
-    def build(cls, *, model: str, questions: Mapping[str, Any], route: str | None = None,
-              mode: str | None = None, prompt_cache_key: str | None = None) -> StreamRequest:
+    def build(
+        cls,
+        *,
+        model: str,
+        questions: Mapping[str, Any],
+        route: str | None = None,
+        mode: str | None = None,
+        prompt_cache_key: str | None = None,
+    ) -> StreamRequest:
         """Build and validate a request from plain values.
 
         :param model: the model ID.
@@ -357,8 +402,11 @@ class StreamRequest:
         :raises LocalProtocolError: naming the first invalid field.
         """
         if not isinstance(questions, Mapping):
-            raise LocalProtocolError("questions must be an object mapping names to questions",
-                                     code="invalid_questions", field="questions")
+            raise LocalProtocolError(
+                "questions must be an object mapping names to questions",
+                code="invalid_questions",
+                field="questions",
+            )
         pairs = tuple((name, Question.from_value(q, name=str(name))) for name, q in questions.items())
         request = cls(model=model, questions=pairs, route=route, mode=mode, prompt_cache_key=prompt_cache_key)
         request.validate()
@@ -371,8 +419,9 @@ class StreamRequest:
         """
         validate_model(self.model)
         if not self.questions:
-            raise LocalProtocolError("questions must contain at least one question", code="invalid_questions",
-                                     field="questions")
+            raise LocalProtocolError(
+                "questions must contain at least one question", code="invalid_questions", field="questions"
+            )
         for name, question in self.questions:
             validate_question_name(name, field="question name")
             question.validate(name)
@@ -401,7 +450,9 @@ class StreamRequest:
             data["prompt_cache_key"] = self.prompt_cache_key
         return data
 
-    def decide_body(self, state: Any, attachments: tuple[Attachment, ...], *, stream_id: str | None = None) -> str:
+    def decide_body(
+        self, state: Any, attachments: tuple[Attachment, ...], *, stream_id: str | None = None
+    ) -> str:
         """The synthesized HTTP decide body for a state (WIRE.md §3).
 
         :param state: the state.
@@ -410,12 +461,20 @@ class StreamRequest:
         """
         cache_key = self.prompt_cache_key if self.prompt_cache_key is not None else stream_id
         if cache_key is None:
-            raise LocalProtocolError("prompt_cache_key is required to predict the decide body before the "
-                                     "stream_id is known", code="invalid_prompt_cache_key",
-                                     field="request.prompt_cache_key")
-        return synthesize_decide_body(model=self.model, state=state, questions=self.questions_wire(),
-                                      attachments=attachments_to_wire(attachments), route=self.route,
-                                      mode=self.mode, prompt_cache_key=cache_key)
+            raise LocalProtocolError(
+                "prompt_cache_key is required to predict the decide body before the stream_id is known",
+                code="invalid_prompt_cache_key",
+                field="request.prompt_cache_key",
+            )
+        return synthesize_decide_body(
+            model=self.model,
+            state=state,
+            questions=self.questions_wire(),
+            attachments=attachments_to_wire(attachments),
+            route=self.route,
+            mode=self.mode,
+            prompt_cache_key=cache_key,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,9 +518,12 @@ class Start(_Message):
     idempotency_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"type": self.TYPE, "event_id": self.event_id,
-                                "request": self.request.to_wire(self.state, self.attachments),
-                                "decision_mode": self.decision_mode}
+        data: dict[str, Any] = {
+            "type": self.TYPE,
+            "event_id": self.event_id,
+            "request": self.request.to_wire(self.state, self.attachments),
+            "decision_mode": self.decision_mode,
+        }
         if self.min_interval_ms is not None:
             data["min_interval_ms"] = self.min_interval_ms
         return _with_key(data, self.idempotency_key)
@@ -477,7 +539,9 @@ class AppendText(_Message):
     idempotency_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _with_key({"type": self.TYPE, "event_id": self.event_id, "text": self.text}, self.idempotency_key)
+        return _with_key(
+            {"type": self.TYPE, "event_id": self.event_id, "text": self.text}, self.idempotency_key
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +554,9 @@ class AppendItems(_Message):
     idempotency_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _with_key({"type": self.TYPE, "event_id": self.event_id, "items": self.items}, self.idempotency_key)
+        return _with_key(
+            {"type": self.TYPE, "event_id": self.event_id, "items": self.items}, self.idempotency_key
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,8 +586,14 @@ class AppendAttachments(_Message):
     idempotency_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _with_key({"type": self.TYPE, "event_id": self.event_id,
-                          "attachments": attachments_to_wire(self.attachments)}, self.idempotency_key)
+        return _with_key(
+            {
+                "type": self.TYPE,
+                "event_id": self.event_id,
+                "attachments": attachments_to_wire(self.attachments),
+            },
+            self.idempotency_key,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,8 +639,15 @@ class Hello(_Message):
     rate_limit: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq, "protocol": self.protocol,
-                "request_id": self.request_id, "limits": self.limits.advertised(), "rate_limit": self.rate_limit}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "protocol": self.protocol,
+            "request_id": self.request_id,
+            "limits": self.limits.advertised(),
+            "rate_limit": self.rate_limit,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,9 +664,16 @@ class Ack(_Message):
     scheduled: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq, "event_id": self.event_id,
-                "state_version": self.state_version, "state_bytes": self.state_bytes,
-                "synthesized_body_bytes": self.synthesized_body_bytes, "scheduled": self.scheduled}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "event_id": self.event_id,
+            "state_version": self.state_version,
+            "state_bytes": self.state_bytes,
+            "synthesized_body_bytes": self.synthesized_body_bytes,
+            "scheduled": self.scheduled,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,8 +687,13 @@ class Scheduled(_Message):
     in_flight: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq,
-                "state_version": self.state_version, "in_flight": self.in_flight}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "state_version": self.state_version,
+            "in_flight": self.in_flight,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,11 +718,21 @@ class Decision(_Message):
     decide_ms: int | float | None = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq,
-                "state_version": self.state_version, "covered_event_ids": list(self.covered_event_ids),
-                "reply": self.reply, "request_id": self.request_id, "http_status": self.http_status,
-                "server_timing": self.server_timing, "latency_ms": self.latency_ms, "rate_limit": self.rate_limit,
-                "queue_ms": self.queue_ms, "decide_ms": self.decide_ms}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "state_version": self.state_version,
+            "covered_event_ids": list(self.covered_event_ids),
+            "reply": self.reply,
+            "request_id": self.request_id,
+            "http_status": self.http_status,
+            "server_timing": self.server_timing,
+            "latency_ms": self.latency_ms,
+            "rate_limit": self.rate_limit,
+            "queue_ms": self.queue_ms,
+            "decide_ms": self.decide_ms,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -655,10 +756,17 @@ class Error(_Message):
         return self.envelope.code
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq, "event_id": self.event_id,
-                "state_version": self.state_version, "http_status": self.http_status,
-                "request_id": self.request_id, "fatal": self.fatal,
-                "error": {"envelope": self.envelope.to_dict(), "retry": self.retry.to_dict()}}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "event_id": self.event_id,
+            "state_version": self.state_version,
+            "http_status": self.http_status,
+            "request_id": self.request_id,
+            "fatal": self.fatal,
+            "error": {"envelope": self.envelope.to_dict(), "retry": self.retry.to_dict()},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,11 +795,19 @@ class Goodbye(_Message):
     retry_after_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "stream_id": self.stream_id, "seq": self.seq, "reason": self.reason,
-                "state_version": self.state_version,
-                "last_decision_state_version": self.last_decision_state_version,
-                "resume": {"supported": False, "action": "reconnect_and_replay",
-                           "retry_after_ms": self.retry_after_ms}}
+        return {
+            "type": self.TYPE,
+            "stream_id": self.stream_id,
+            "seq": self.seq,
+            "reason": self.reason,
+            "state_version": self.state_version,
+            "last_decision_state_version": self.last_decision_state_version,
+            "resume": {
+                "supported": False,
+                "action": "reconnect_and_replay",
+                "retry_after_ms": self.retry_after_ms,
+            },
+        }
 
 
 ServerMessage: TypeAlias = Hello | Ack | Scheduled | Decision | Error | Ping | Goodbye
@@ -713,16 +829,21 @@ MAX_SAFE_INTEGER = 2**53 - 1
 def _safe_int(text: str) -> int:
     value = int(text)
     if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        raise _refuse(f"the frame holds the integer {text[:24]}{'…' if len(text) > 24 else ''} ({len(text)} "
-                      f"digits), outside ±(2**53 - 1): a number every JSON parser reads exactly", None)
+        raise _refuse(
+            f"the frame holds the integer {text[:24]}{'…' if len(text) > 24 else ''} ({len(text)} "
+            f"digits), outside ±(2**53 - 1): a number every JSON parser reads exactly",
+            None,
+        )
     return value
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _refuse(f"the frame holds the number {text[:24]!r}, which overflows to infinity: JSON numbers "
-                      "are finite", None)
+        raise _refuse(
+            f"the frame holds the number {text[:24]!r}, which overflows to infinity: JSON numbers are finite",
+            None,
+        )
     return value
 
 
@@ -732,14 +853,19 @@ def _no_constant(name: str) -> Any:
 
 def _load_object(text: str | bytes, *, strict_numbers: bool = False) -> dict[str, Any]:
     if isinstance(text, bytes | bytearray | memoryview):
-        raise _refuse("binary frames are not allowed: every message is one text frame holding a JSON object",
-                      None)
+        raise _refuse(
+            "binary frames are not allowed: every message is one text frame holding a JSON object", None
+        )
     try:
-        data = json.loads(text, parse_int=_safe_int, parse_float=_finite_float, parse_constant=_no_constant) \
-            if strict_numbers else json.loads(text)
+        data = (
+            json.loads(text, parse_int=_safe_int, parse_float=_finite_float, parse_constant=_no_constant)
+            if strict_numbers
+            else json.loads(text)
+        )
     except (ValueError, RecursionError):
-        raise _refuse("the frame is not valid JSON: every message is one text frame holding a JSON object",
-                      None) from None
+        raise _refuse(
+            "the frame is not valid JSON: every message is one text frame holding a JSON object", None
+        ) from None
     if not isinstance(data, dict):
         raise _refuse(f"the frame holds a JSON {_json_type(data)}, not an object", None)
     kind = data.get("type")
@@ -764,19 +890,33 @@ def _decode_start(r: _Reader) -> Start:
         if options is not None:
             for index, option in enumerate(options):
                 if not isinstance(option, str):
-                    raise _refuse(f"start.request.questions.{name}.options[{index}] must be a string",
-                                  f"request.questions.{name}.options[{index}]")
+                    raise _refuse(
+                        f"start.request.questions.{name}.options[{index}] must be a string",
+                        f"request.questions.{name}.options[{index}]",
+                    )
             options = tuple(options)
-        pairs.append((name, Question(type=qr.str("type"), instructions=qr.str("instructions"), options=options)))
+        pairs.append(
+            (name, Question(type=qr.str("type"), instructions=qr.str("instructions"), options=options))
+        )
     attachments = rr.array("attachments", required=False)
-    stream_request = StreamRequest(model=rr.str("model"), questions=tuple(pairs), route=rr.str("route", required=False),
-                                   mode=rr.str("mode", required=False),
-                                   prompt_cache_key=rr.str("prompt_cache_key", required=False))
-    return Start(event_id=r.str("event_id"), request=stream_request, state=rr.state("state"),
-                 decision_mode=r.str("decision_mode"),
-                 attachments=_parse_attachment_list(attachments, "start.request.attachments", rr) if attachments else (),
-                 min_interval_ms=r.int("min_interval_ms", required=False),
-                 idempotency_key=r.str("idempotency_key", required=False))
+    stream_request = StreamRequest(
+        model=rr.str("model"),
+        questions=tuple(pairs),
+        route=rr.str("route", required=False),
+        mode=rr.str("mode", required=False),
+        prompt_cache_key=rr.str("prompt_cache_key", required=False),
+    )
+    return Start(
+        event_id=r.str("event_id"),
+        request=stream_request,
+        state=rr.state("state"),
+        decision_mode=r.str("decision_mode"),
+        attachments=_parse_attachment_list(attachments, "start.request.attachments", rr)
+        if attachments
+        else (),
+        min_interval_ms=r.int("min_interval_ms", required=False),
+        idempotency_key=r.str("idempotency_key", required=False),
+    )
 
 
 def decode_client_message(text: str | bytes) -> ClientMessage:
@@ -791,8 +931,12 @@ def decode_client_message(text: str | bytes) -> ClientMessage:
     message = _decode_client_object(_Reader(data, data["type"], unknown))
     if unknown:
         path, code = unknown[0]
-        raise RemoteProtocolError(f"{path} is not a field of this message: remove it", code=code,
-                                  field=path.partition(".")[2], refusal=False)
+        raise RemoteProtocolError(
+            f"{path} is not a field of this message: remove it",
+            code=code,
+            field=path.partition(".")[2],
+            refusal=False,
+        )
     return message
 
 
@@ -809,22 +953,28 @@ def _decode_client_object(r: _Reader) -> ClientMessage:
     if kind == "replace":
         r.only({"type", "event_id", "state", "attachments", "idempotency_key"})
         attachments = r.array("attachments", required=False)
-        return Replace(r.str("event_id"), r.state("state"),
-                       None if attachments is None else _parse_attachment_list(attachments, "replace.attachments", r),
-                       r.str("idempotency_key", required=False))
+        return Replace(
+            r.str("event_id"),
+            r.state("state"),
+            None if attachments is None else _parse_attachment_list(attachments, "replace.attachments", r),
+            r.str("idempotency_key", required=False),
+        )
     if kind == "append_attachments":
         r.only({"type", "event_id", "attachments", "idempotency_key"})
-        return AppendAttachments(r.str("event_id"),
-                                 _parse_attachment_list(r.array("attachments"), "append_attachments.attachments", r),
-                                 r.str("idempotency_key", required=False))
+        return AppendAttachments(
+            r.str("event_id"),
+            _parse_attachment_list(r.array("attachments"), "append_attachments.attachments", r),
+            r.str("idempotency_key", required=False),
+        )
     if kind == "decide":
         r.only({"type", "state_version"})
         return Decide(r.int("state_version"))
     if kind == "pong":
         r.only({"type", "nonce"})
         return Pong(r.int("nonce"))
-    raise RemoteProtocolError(f"unknown client message type {kind!r}", code="unknown_message_type", field="type",
-                              refusal=True)
+    raise RemoteProtocolError(
+        f"unknown client message type {kind!r}", code="unknown_message_type", field="type", refusal=True
+    )
 
 
 def decode_server_message(text: str | bytes) -> ServerMessage:
@@ -840,17 +990,31 @@ def decode_server_message(text: str | bytes) -> ServerMessage:
     kind = data["type"]
     r = _Reader(data, kind)
     if kind not in _SERVER_TYPES:
-        raise RemoteProtocolError(f"unknown server message type {kind!r}", code="unknown_message_type",
-                                  field="type", refusal=True)
+        raise RemoteProtocolError(
+            f"unknown server message type {kind!r}", code="unknown_message_type", field="type", refusal=True
+        )
     stream_id = r.str("stream_id")
     seq = r.int("seq", minimum=1)
     if kind == "hello":
         limits = Limits.from_hello(r.obj("limits"))
-        return Hello(stream_id, seq, r.str("protocol"), r.str("request_id"), limits,
-                     r.obj("rate_limit", required=False, nullable=True))
+        return Hello(
+            stream_id,
+            seq,
+            r.str("protocol"),
+            r.str("request_id"),
+            limits,
+            r.obj("rate_limit", required=False, nullable=True),
+        )
     if kind == "ack":
-        return Ack(stream_id, seq, r.str("event_id"), r.int("state_version", minimum=1),
-                   r.int("state_bytes", minimum=0), r.int("synthesized_body_bytes", minimum=0), r.bool("scheduled"))
+        return Ack(
+            stream_id,
+            seq,
+            r.str("event_id"),
+            r.int("state_version", minimum=1),
+            r.int("state_bytes", minimum=0),
+            r.int("synthesized_body_bytes", minimum=0),
+            r.bool("scheduled"),
+        )
     if kind == "scheduled":
         return Scheduled(stream_id, seq, r.int("state_version", minimum=1), r.bool("in_flight"))
     if kind == "decision":
@@ -858,27 +1022,49 @@ def decode_server_message(text: str | bytes) -> ServerMessage:
         for index, item in enumerate(covered):
             if not isinstance(item, str):
                 raise _refuse(f"decision.covered_event_ids[{index}] must be a string", "covered_event_ids")
-        return Decision(stream_id, seq, r.int("state_version", minimum=1), tuple(covered), r.obj("reply"),
-                        r.str("request_id", nullable=True) or "", r.int("http_status"),
-                        data.get("server_timing"), r.number("latency_ms"), data.get("rate_limit"),
-                        r.number("queue_ms"), r.number("decide_ms"))
+        return Decision(
+            stream_id,
+            seq,
+            r.int("state_version", minimum=1),
+            tuple(covered),
+            r.obj("reply"),
+            r.str("request_id", nullable=True) or "",
+            r.int("http_status"),
+            data.get("server_timing"),
+            r.number("latency_ms"),
+            data.get("rate_limit"),
+            r.number("queue_ms"),
+            r.number("decide_ms"),
+        )
     if kind == "error":
         err = r.obj("error")
         er = _Reader(err, "error.error")
         envelope = ErrorEnvelope.from_dict(er.obj("envelope"), field="error.envelope")
         retry = RetryHint.from_dict(er.obj("retry"), field="error.retry")
-        return Error(stream_id, seq, r.str("event_id", required=False, nullable=True),
-                     r.int("state_version", required=False, nullable=True),
-                     r.int("http_status", required=False, nullable=True),
-                     r.str("request_id", nullable=True) or "", r.bool("fatal"), envelope, retry)
+        return Error(
+            stream_id,
+            seq,
+            r.str("event_id", required=False, nullable=True),
+            r.int("state_version", required=False, nullable=True),
+            r.int("http_status", required=False, nullable=True),
+            r.str("request_id", nullable=True) or "",
+            r.bool("fatal"),
+            envelope,
+            retry,
+        )
     if kind == "ping":
         return Ping(stream_id, seq, r.int("nonce"))
     # goodbye
     resume = r.obj("resume")
     rr = _Reader(resume, "goodbye.resume")
-    return Goodbye(stream_id, seq, r.str("reason"), r.int("state_version", required=False, nullable=True),
-                   r.int("last_decision_state_version", required=False, nullable=True),
-                   _capped(rr.int("retry_after_ms", required=False, nullable=True, minimum=0)))
+    return Goodbye(
+        stream_id,
+        seq,
+        r.str("reason"),
+        r.int("state_version", required=False, nullable=True),
+        r.int("last_decision_state_version", required=False, nullable=True),
+        _capped(rr.int("retry_after_ms", required=False, nullable=True, minimum=0)),
+    )
 
 
 def _capped(delay_ms: int | None) -> int | None:

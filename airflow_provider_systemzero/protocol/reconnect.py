@@ -198,8 +198,12 @@ class PlanKind(enum.Enum):
     STOP = "stop"
 
 
-_KIND_LABELS = {"closed": "close", "silent": "receipt_timeout", "stalled": "write_timeout",
-                "violation": "protocol_violation"}
+_KIND_LABELS = {
+    "closed": "close",
+    "silent": "receipt_timeout",
+    "stalled": "write_timeout",
+    "violation": "protocol_violation",
+}
 
 
 @dataclass(frozen=True, slots=True)

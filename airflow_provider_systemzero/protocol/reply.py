@@ -26,8 +26,14 @@ from airflow_provider_systemzero.protocol.messages import Decision, Question
 __all__ = ["USAGE_FIELDS", "Answer", "DecisionResult", "check_reply", "share"]
 
 #: The counters of ``reply.usage``.
-USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "media_tokens", "long_input_tokens", "media_items",
-                "thought_tokens")
+USAGE_FIELDS = (
+    "input_tokens",
+    "cached_input_tokens",
+    "media_tokens",
+    "long_input_tokens",
+    "media_items",
+    "thought_tokens",
+)
 
 
 def _number(value: Any) -> float | None:
@@ -49,16 +55,21 @@ def share(value: Any) -> float | None:
 
 
 def _breach(problem: str, field: str) -> RemoteProtocolError:
-    return RemoteProtocolError(f"the decision does not answer the questions asked: {problem}",
-                               code="invalid_reply", field=field)
+    return RemoteProtocolError(
+        f"the decision does not answer the questions asked: {problem}", code="invalid_reply", field=field
+    )
 
 
 def _check_share(value: Any, field: str) -> None:
     """A probability or confidence: absent/null, or a number from 0 to 1."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not 0 <= value <= 1:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
         shown = repr(value)[:40]
         raise _breach(f"{field} is {shown}, not a number from 0 to 1", field)
 
@@ -66,7 +77,9 @@ def _check_share(value: Any, field: str) -> None:
 def _check_decision(value: Any, question: Question, field: str) -> None:
     if question.type == "boolean":
         if not isinstance(value, bool):
-            raise _breach(f"{field} must be true or false for a boolean question, got {repr(value)[:40]}", field)
+            raise _breach(
+                f"{field} must be true or false for a boolean question, got {repr(value)[:40]}", field
+            )
     elif not isinstance(value, str) or value not in (question.options or ()):
         raise _breach(f"{field} {repr(value)[:40]} is not one of the options offered", field)
 
@@ -82,24 +95,29 @@ def check_reply(message: Decision, questions: Sequence[tuple[str, Question]]) ->
         question's shape.
     """
     if not 200 <= message.http_status < 300:
-        raise _breach(f"http_status is {message.http_status}: a decision carries a successful reply "
-                      "(a failed dispatch is an error message)", "http_status")
+        raise _breach(
+            f"http_status is {message.http_status}: a decision carries a successful reply "
+            "(a failed dispatch is an error message)",
+            "http_status",
+        )
     answers = message.reply.get("answers")
     if not isinstance(answers, Mapping):
         raise _breach("reply.answers must be an object", "reply.answers")
     asked = dict(questions)
     for name in answers:
         if name not in asked:
-            raise _breach(f"reply.answers has an answer for {str(name)[:64]!r}, a question never asked",
-                          "reply.answers")
+            raise _breach(
+                f"reply.answers has an answer for {str(name)[:64]!r}, a question never asked", "reply.answers"
+            )
     for name, question in asked.items():
         where = f"reply.answers.{name}"
         answer = answers.get(name)
         if not isinstance(answer, Mapping):
             raise _breach(f"{where} is missing or not an object", where)
         if "type" in answer and answer["type"] != question.type:
-            raise _breach(f"{where}.type is {repr(answer['type'])[:40]} for a {question.type} question",
-                          f"{where}.type")
+            raise _breach(
+                f"{where}.type is {repr(answer['type'])[:40]} for a {question.type} question", f"{where}.type"
+            )
         _check_decision(answer.get("decision"), question, f"{where}.decision")
         for key in ("probability", "confidence"):
             _check_share(answer.get(key), f"{where}.{key}")
@@ -144,18 +162,26 @@ class Answer:
             decision=data.get("decision"),
             probability=share(data.get("probability")),
             confidence=share(data.get("confidence")),
-            alternatives=tuple(a for a in alternatives if isinstance(a, Mapping)) if isinstance(alternatives, list)
+            alternatives=tuple(a for a in alternatives if isinstance(a, Mapping))
+            if isinstance(alternatives, list)
             else (),
             calibrated=data.get("calibrated") if isinstance(data.get("calibrated"), bool) else None,
             calibration_version=data.get("calibration_version")
-            if isinstance(data.get("calibration_version"), str) else None,
+            if isinstance(data.get("calibration_version"), str)
+            else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"type": self.type, "decision": self.decision, "probability": self.probability,
-                "confidence": self.confidence, "alternatives": [dict(a) for a in self.alternatives],
-                "calibrated": self.calibrated, "calibration_version": self.calibration_version}
+        return {
+            "type": self.type,
+            "decision": self.decision,
+            "probability": self.probability,
+            "confidence": self.confidence,
+            "alternatives": [dict(a) for a in self.alternatives],
+            "calibrated": self.calibrated,
+            "calibration_version": self.calibration_version,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +210,9 @@ class DecisionResult:
     latency_ms: float | None = None
 
     @classmethod
-    def from_message(cls, message: Decision,
-                     questions: Sequence[tuple[str, Question]] | None = None) -> DecisionResult:
+    def from_message(
+        cls, message: Decision, questions: Sequence[tuple[str, Question]] | None = None
+    ) -> DecisionResult:
         """Build from a ``decision`` message.
 
         :param message: the decoded ``decision``.
@@ -195,12 +222,26 @@ class DecisionResult:
         if questions is not None:
             check_reply(message, questions)
         raw = message.reply.get("answers")
-        answers = {name: Answer.from_reply(name, value) for name, value in raw.items()
-                   if isinstance(value, Mapping)} if isinstance(raw, Mapping) else {}
-        return cls(reply=message.reply, state_version=message.state_version,
-                   covered_event_ids=tuple(message.covered_event_ids), request_id=message.request_id,
-                   stream_id=message.stream_id, answers=answers, queue_ms=_number(message.queue_ms),
-                   decide_ms=_number(message.decide_ms), latency_ms=_number(message.latency_ms))
+        answers = (
+            {
+                name: Answer.from_reply(name, value)
+                for name, value in raw.items()
+                if isinstance(value, Mapping)
+            }
+            if isinstance(raw, Mapping)
+            else {}
+        )
+        return cls(
+            reply=message.reply,
+            state_version=message.state_version,
+            covered_event_ids=tuple(message.covered_event_ids),
+            request_id=message.request_id,
+            stream_id=message.stream_id,
+            answers=answers,
+            queue_ms=_number(message.queue_ms),
+            decide_ms=_number(message.decide_ms),
+            latency_ms=_number(message.latency_ms),
+        )
 
     @property
     def reply_id(self) -> str | None:
@@ -219,8 +260,10 @@ class DecisionResult:
         """``reply.usage`` counters (missing ones are 0)."""
         raw = self.reply.get("usage")
         raw = raw if isinstance(raw, Mapping) else {}
-        return {key: int(raw[key]) if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) else 0
-                for key in USAGE_FIELDS}
+        return {
+            key: int(raw[key]) if isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool) else 0
+            for key in USAGE_FIELDS
+        }
 
     def answer(self, question: str) -> Answer:
         """The answer to ``question``.
@@ -230,8 +273,9 @@ class DecisionResult:
         try:
             return self.answers[question]
         except KeyError:
-            raise KeyError(f"the reply has no answer for question {question!r}; "
-                           f"answers: {sorted(self.answers)}") from None
+            raise KeyError(
+                f"the reply has no answer for question {question!r}; answers: {sorted(self.answers)}"
+            ) from None
 
     def decisions(self) -> dict[str, Any]:
         """``{question: decision}`` for every answer."""
@@ -239,6 +283,12 @@ class DecisionResult:
 
     def to_summary(self) -> dict[str, Any]:
         """A small JSON summary (no state content): for trigger events, XCom and logs."""
-        return {"reply_id": self.reply_id, "model": self.model, "state_version": self.state_version,
-                "covered_event_ids": list(self.covered_event_ids), "request_id": self.request_id,
-                "answers": {name: a.to_dict() for name, a in self.answers.items()}, "usage": self.usage}
+        return {
+            "reply_id": self.reply_id,
+            "model": self.model,
+            "state_version": self.state_version,
+            "covered_event_ids": list(self.covered_event_ids),
+            "request_id": self.request_id,
+            "answers": {name: a.to_dict() for name, a in self.answers.items()},
+            "usage": self.usage,
+        }

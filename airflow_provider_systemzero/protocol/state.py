@@ -71,22 +71,32 @@ def apply_mutation(current: StreamState | None, message: Mutation) -> StreamStat
         validate_attachment_tuple(message.attachments, field="start.request.attachments")
         return StreamState(message.state, tuple(message.attachments))
     if current is None:
-        raise LocalProtocolError(f"{message.TYPE} before start: send start (evt_1) first", code="start_required",
-                                 field="type")
+        raise LocalProtocolError(
+            f"{message.TYPE} before start: send start (evt_1) first", code="start_required", field="type"
+        )
     if isinstance(message, AppendText):
         if not isinstance(current.state, str):
-            raise LocalProtocolError("append_text.text cannot be appended: append_text needs a string state; "
-                                     "use append_items for an array or replace for an object",
-                                     code="state_type_mismatch", field="text")
+            raise LocalProtocolError(
+                "append_text.text cannot be appended: append_text needs a string state; "
+                "use append_items for an array or replace for an object",
+                code="state_type_mismatch",
+                field="text",
+            )
         return StreamState(current.state + message.text, current.attachments)
     if isinstance(message, AppendItems):
         if not isinstance(current.state, list):
-            raise LocalProtocolError("append_items.items cannot be appended: append_items needs an array state; "
-                                     "use append_text for a string or replace for an object",
-                                     code="state_type_mismatch", field="items")
+            raise LocalProtocolError(
+                "append_items.items cannot be appended: append_items needs an array state; "
+                "use append_text for a string or replace for an object",
+                code="state_type_mismatch",
+                field="items",
+            )
         if not message.items:
-            raise LocalProtocolError("append_items.items must not be empty: append at least one item",
-                                     code="empty_items", field="items")
+            raise LocalProtocolError(
+                "append_items.items must not be empty: append at least one item",
+                code="empty_items",
+                field="items",
+            )
         return StreamState([*current.state, *message.items], current.attachments)
     if isinstance(message, Replace):
         validate_state(message.state, field="replace.state")
@@ -95,8 +105,12 @@ def apply_mutation(current: StreamState | None, message: Mutation) -> StreamStat
         validate_attachment_tuple(message.attachments, field="replace.attachments")
         return StreamState(message.state, tuple(message.attachments))
     if isinstance(message, AppendAttachments):
-        validate_attachment_tuple(message.attachments, field="append_attachments.attachments",
-                                  existing=current.attachments, allow_empty=False)
+        validate_attachment_tuple(
+            message.attachments,
+            field="append_attachments.attachments",
+            existing=current.attachments,
+            allow_empty=False,
+        )
         return StreamState(current.state, (*current.attachments, *message.attachments))
     raise TypeError(f"not a mutation: {message!r}")  # pragma: no cover
 
@@ -120,12 +134,19 @@ def plan_mutation(
     if state_equal and attachments_equal:
         return None
     if attachments_equal:
-        if isinstance(sent.state, str) and isinstance(desired.state, str) and desired.state.startswith(sent.state):
-            return AppendText(event_id, desired.state[len(sent.state):], idempotency_key)
-        if (isinstance(sent.state, list) and isinstance(desired.state, list)
-                and len(desired.state) > len(sent.state)
-                and same_json(desired.state[: len(sent.state)], sent.state)):
-            return AppendItems(event_id, desired.state[len(sent.state):], idempotency_key)
+        if (
+            isinstance(sent.state, str)
+            and isinstance(desired.state, str)
+            and desired.state.startswith(sent.state)
+        ):
+            return AppendText(event_id, desired.state[len(sent.state) :], idempotency_key)
+        if (
+            isinstance(sent.state, list)
+            and isinstance(desired.state, list)
+            and len(desired.state) > len(sent.state)
+            and same_json(desired.state[: len(sent.state)], sent.state)
+        ):
+            return AppendItems(event_id, desired.state[len(sent.state) :], idempotency_key)
         return Replace(event_id, desired.state, None, idempotency_key)
     if state_equal:
         count = len(sent.attachments)

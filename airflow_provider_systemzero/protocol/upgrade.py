@@ -56,38 +56,63 @@ def stream_url(origin: str) -> str:
     :raises LocalProtocolError: naming what is wrong with the origin.
     """
     if not isinstance(origin, str) or not origin.strip():
-        raise LocalProtocolError("connection host (the API origin) is empty: set it to wss://HOST or https://HOST",
-                                 code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            "connection host (the API origin) is empty: set it to wss://HOST or https://HOST",
+            code="invalid_origin",
+            field="host",
+        )
     raw = origin.strip()
     if "://" not in raw:
         raw = "wss://" + raw
     parts = urlsplit(raw)
     scheme = parts.scheme.lower()
     if scheme not in ("wss", "https", "ws", "http"):
-        raise LocalProtocolError(f"API origin scheme {parts.scheme!r} is not supported: use wss:// or https://",
-                                 code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            f"API origin scheme {parts.scheme!r} is not supported: use wss:// or https://",
+            code="invalid_origin",
+            field="host",
+        )
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise LocalProtocolError("API origin must not contain credentials (user:pass@): the key goes in the "
-                                 "connection's password field", code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            "API origin must not contain credentials (user:pass@): the key goes in the "
+            "connection's password field",
+            code="invalid_origin",
+            field="host",
+        )
     if parts.query or raw.rstrip().endswith("?"):
-        raise LocalProtocolError("API origin must not contain a query string: the stream URL takes none",
-                                 code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            "API origin must not contain a query string: the stream URL takes none",
+            code="invalid_origin",
+            field="host",
+        )
     if parts.fragment or "#" in raw:
-        raise LocalProtocolError("API origin must not contain a fragment", code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            "API origin must not contain a fragment", code="invalid_origin", field="host"
+        )
     if parts.path not in ("", "/"):
-        raise LocalProtocolError(f"API origin must not contain a path (got {parts.path!r}): the stream path "
-                                 f"{STREAM_PATH} is added for you", code="invalid_origin", field="host")
+        raise LocalProtocolError(
+            f"API origin must not contain a path (got {parts.path!r}): the stream path "
+            f"{STREAM_PATH} is added for you",
+            code="invalid_origin",
+            field="host",
+        )
     host = parts.hostname
     if not host:
         raise LocalProtocolError("API origin has no host", code="invalid_origin", field="host")
     try:
         port = parts.port
     except ValueError:
-        raise LocalProtocolError("API origin has an invalid port", code="invalid_origin", field="host") from None
+        raise LocalProtocolError(
+            "API origin has an invalid port", code="invalid_origin", field="host"
+        ) from None
     secure = scheme in ("wss", "https")
     if not secure and not is_loopback_host(host):
-        raise LocalProtocolError(f"plaintext {scheme}:// is allowed only to a loopback host, not {host!r}: "
-                                 "use wss:// (System Zero requires TLS)", code="insecure_origin", field="host")
+        raise LocalProtocolError(
+            f"plaintext {scheme}:// is allowed only to a loopback host, not {host!r}: "
+            "use wss:// (System Zero requires TLS)",
+            code="insecure_origin",
+            field="host",
+        )
     netloc = f"[{host}]" if ":" in host else host
     if port is not None:
         netloc += f":{port}"
@@ -131,10 +156,16 @@ def capacity_refusal(capacity: int, *, retry_after_s: int = 1) -> UpgradeRefusal
     :param capacity: the account's stream capacity (see :func:`stream_capacity`).
     :param retry_after_s: the ``Retry-After`` delay in seconds.
     """
-    return UpgradeRefusal(429, ErrorEnvelope("rate_limit_error", "stream_capacity",
-                                             f"the account already holds its {capacity} streams "
-                                             "(max(1, floor(max_concurrent / 2))): close one or retry later"),
-                          max(0, retry_after_s))
+    return UpgradeRefusal(
+        429,
+        ErrorEnvelope(
+            "rate_limit_error",
+            "stream_capacity",
+            f"the account already holds its {capacity} streams "
+            "(max(1, floor(max_concurrent / 2))): close one or retry later",
+        ),
+        max(0, retry_after_s),
+    )
 
 
 def maintenance_refusal(*, retry_after_s: int = 1) -> UpgradeRefusal:
@@ -142,9 +173,13 @@ def maintenance_refusal(*, retry_after_s: int = 1) -> UpgradeRefusal:
 
     :param retry_after_s: the ``Retry-After`` delay in seconds.
     """
-    return UpgradeRefusal(503, ErrorEnvelope("overloaded_error", "maintenance",
-                                             "the gateway is shutting down: reconnect after Retry-After"),
-                          max(0, retry_after_s))
+    return UpgradeRefusal(
+        503,
+        ErrorEnvelope(
+            "overloaded_error", "maintenance", "the gateway is shutting down: reconnect after Retry-After"
+        ),
+        max(0, retry_after_s),
+    )
 
 
 def check_upgrade(path: str, headers: Mapping[str, str], *, known_key: object) -> UpgradeRefusal | str:
@@ -158,31 +193,66 @@ def check_upgrade(path: str, headers: Mapping[str, str], *, known_key: object) -
     """
     target = urlsplit(path)
     if target.path != STREAM_PATH:
-        return UpgradeRefusal(404, ErrorEnvelope("invalid_request_error", "not_found",
-                                                 f"no stream at {target.path!r}: the path is exactly {STREAM_PATH}"))
+        return UpgradeRefusal(
+            404,
+            ErrorEnvelope(
+                "invalid_request_error",
+                "not_found",
+                f"no stream at {target.path!r}: the path is exactly {STREAM_PATH}",
+            ),
+        )
     if target.query or "?" in path:
-        return UpgradeRefusal(400, ErrorEnvelope("invalid_request_error", "query_not_allowed",
-                                                 "the stream URL takes no query string"))
+        return UpgradeRefusal(
+            400,
+            ErrorEnvelope(
+                "invalid_request_error", "query_not_allowed", "the stream URL takes no query string"
+            ),
+        )
     lowered = {k.lower(): v for k, v in headers.items()}
     if "origin" in lowered or "cookie" in lowered:
-        return UpgradeRefusal(403, ErrorEnvelope("invalid_request_error", "browser_context_forbidden",
-                                                 "streaming is server to server only: send no Origin or Cookie"))
+        return UpgradeRefusal(
+            403,
+            ErrorEnvelope(
+                "invalid_request_error",
+                "browser_context_forbidden",
+                "streaming is server to server only: send no Origin or Cookie",
+            ),
+        )
     if "sec-websocket-extensions" in lowered:
-        return UpgradeRefusal(400, ErrorEnvelope("invalid_request_error", "compression_not_supported",
-                                                 "send no Sec-WebSocket-Extensions: compression is not supported"))
+        return UpgradeRefusal(
+            400,
+            ErrorEnvelope(
+                "invalid_request_error",
+                "compression_not_supported",
+                "send no Sec-WebSocket-Extensions: compression is not supported",
+            ),
+        )
     offered = [p.strip() for p in lowered.get("sec-websocket-protocol", "").split(",") if p.strip()]
     if offered != [PROTOCOL]:
-        return UpgradeRefusal(400, ErrorEnvelope("invalid_request_error", "unsupported_protocol",
-                                                 f"request only {PROTOCOL} in Sec-WebSocket-Protocol"))
+        return UpgradeRefusal(
+            400,
+            ErrorEnvelope(
+                "invalid_request_error",
+                "unsupported_protocol",
+                f"request only {PROTOCOL} in Sec-WebSocket-Protocol",
+            ),
+        )
     auth = lowered.get("authorization", "")
     scheme, _, key = auth.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key or " " in key:
-        return UpgradeRefusal(401, ErrorEnvelope("authentication_error", "missing_credentials",
-                                                 "authenticate with 'Authorization: Bearer <key>'"))
+        return UpgradeRefusal(
+            401,
+            ErrorEnvelope(
+                "authentication_error",
+                "missing_credentials",
+                "authenticate with 'Authorization: Bearer <key>'",
+            ),
+        )
     if not known_key(key):  # type: ignore[operator]
-        return UpgradeRefusal(401, ErrorEnvelope("authentication_error", "invalid_api_key",
-                                                 "the API key is not valid"))
+        return UpgradeRefusal(
+            401, ErrorEnvelope("authentication_error", "invalid_api_key", "the API key is not valid")
+        )
     return key
 
 
@@ -204,6 +274,9 @@ def check_selected_subprotocol(selected: str | None) -> None:
     """
     if selected != PROTOCOL:
         shown = "".join(c if c.isprintable() else "?" for c in str(selected)[:60])
-        raise RemoteProtocolError(f"the server did not select the {PROTOCOL} subprotocol (it selected {shown!r}): "
-                                  "check that the connection's host is a System Zero API origin",
-                                  code="unsupported_protocol", field="Sec-WebSocket-Protocol")
+        raise RemoteProtocolError(
+            f"the server did not select the {PROTOCOL} subprotocol (it selected {shown!r}): "
+            "check that the connection's host is a System Zero API origin",
+            code="unsupported_protocol",
+            field="Sec-WebSocket-Protocol",
+        )

@@ -68,11 +68,17 @@ def validate_question_name(name: Any, *, field: str = "question name") -> str:
         raise _fail(label, f"is {len(name)} characters long", rule, "invalid_question_name")
     if not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
         raise LocalProtocolError(
-            f"{label} must start with a letter or underscore: {rule}", code="invalid_question_name", field=field
+            f"{label} must start with a letter or underscore: {rule}",
+            code="invalid_question_name",
+            field=field,
         )
     if not _QUESTION_NAME.match(name):
-        raise _fail(label, "contains a character other than an ASCII letter, digit or underscore", rule,
-                    "invalid_question_name")
+        raise _fail(
+            label,
+            "contains a character other than an ASCII letter, digit or underscore",
+            rule,
+            "invalid_question_name",
+        )
     return name
 
 
@@ -92,11 +98,16 @@ def validate_attachment_name(name: Any, *, field: str = "attachment name") -> st
     if len(name) > MAX_NAME_LENGTH:
         raise _fail(label, f"is {len(name)} characters long", rule, "invalid_attachment_name")
     if not (name[0].isascii() and name[0].isalpha()):
-        raise LocalProtocolError(f"{label} must start with a letter: {rule}", code="invalid_attachment_name",
-                                 field=field)
+        raise LocalProtocolError(
+            f"{label} must start with a letter: {rule}", code="invalid_attachment_name", field=field
+        )
     if not _ATTACHMENT_NAME.match(name):
-        raise _fail(label, "contains a character other than an ASCII letter, digit, underscore or hyphen", rule,
-                    "invalid_attachment_name")
+        raise _fail(
+            label,
+            "contains a character other than an ASCII letter, digit, underscore or hyphen",
+            rule,
+            "invalid_attachment_name",
+        )
     return name
 
 
@@ -143,27 +154,40 @@ def validate_attachments(
     :return: the attachments as plain dicts, in order.
     """
     if not isinstance(attachments, list | tuple):
-        raise LocalProtocolError(f"{field} must be an array of attachments, got {type(attachments).__name__}",
-                                 code="invalid_attachment", field=field)
+        raise LocalProtocolError(
+            f"{field} must be an array of attachments, got {type(attachments).__name__}",
+            code="invalid_attachment",
+            field=field,
+        )
     if not attachments and not allow_empty:
-        raise LocalProtocolError(f"{field} must not be empty: append_attachments carries at least one attachment",
-                                 code="invalid_attachment", field=field)
+        raise LocalProtocolError(
+            f"{field} must not be empty: append_attachments carries at least one attachment",
+            code="invalid_attachment",
+            field=field,
+        )
     seen = set(existing)
     result = []
     for index, item in enumerate(attachments):
         where = f"{field}[{index}]"
         if not isinstance(item, Mapping):
-            raise LocalProtocolError(f"{where} must be an object with 'name' and 'data'",
-                                     code="invalid_attachment", field=where)
+            raise LocalProtocolError(
+                f"{where} must be an object with 'name' and 'data'", code="invalid_attachment", field=where
+            )
         extra = set(item) - {"name", "data"}
         if extra:
             raise LocalProtocolError(
                 f"{where} has unknown field(s) {sorted(extra)}: an attachment is {{name, data}}; "
-                "the MIME type lives in the data URL", code="invalid_attachment", field=where)
+                "the MIME type lives in the data URL",
+                code="invalid_attachment",
+                field=where,
+            )
         name = validate_attachment_name(item.get("name"), field=f"{where}.name")
         if name in seen:
-            raise LocalProtocolError(f"{where}.name {name!r} is used twice: attachment names must be unique",
-                                     code="duplicate_attachment_name", field=f"{where}.name")
+            raise LocalProtocolError(
+                f"{where}.name {name!r} is used twice: attachment names must be unique",
+                code="duplicate_attachment_name",
+                field=f"{where}.name",
+            )
         seen.add(name)
         result.append({"name": name, "data": validate_data_url(item.get("data"), field=f"{where}.data")})
     return result
@@ -177,7 +201,9 @@ def validate_idempotency_key(key: Any, *, field: str = "idempotency_key") -> str
     :param field: how to name the field in the error.
     :return: the trimmed key (the value sent as ``Idempotency-Key``).
     """
-    rule = "idempotency keys contain 1 to 255 printable ASCII characters after trimming surrounding ASCII spaces"
+    rule = (
+        "idempotency keys contain 1 to 255 printable ASCII characters after trimming surrounding ASCII spaces"
+    )
     if not isinstance(key, str):
         raise _fail(field, f"must be a string, got {type(key).__name__}", rule, "invalid_idempotency_key")
     trimmed = key.strip(" ")
@@ -186,7 +212,9 @@ def validate_idempotency_key(key: Any, *, field: str = "idempotency_key") -> str
     if len(trimmed) > MAX_KEY_LENGTH:
         raise _fail(field, f"is {len(trimmed)} characters long", rule, "invalid_idempotency_key")
     if not _PRINTABLE_ASCII.match(trimmed):
-        raise _fail(field, "contains a character that is not printable ASCII", rule, "invalid_idempotency_key")
+        raise _fail(
+            field, "contains a character that is not printable ASCII", rule, "invalid_idempotency_key"
+        )
     return trimmed
 
 
@@ -195,15 +223,22 @@ def validate_route_and_mode(route: Any, mode: Any) -> tuple[str | None, str | No
     be omitted (``None``); ``committee`` with ``deliberate`` is refused.
     """
     if route is not None and route not in ROUTES:
-        raise LocalProtocolError(f"request.route {route!r} is not one of {list(ROUTES)}",
-                                 code="invalid_route", field="request.route")
+        raise LocalProtocolError(
+            f"request.route {route!r} is not one of {list(ROUTES)}",
+            code="invalid_route",
+            field="request.route",
+        )
     if mode is not None and mode not in MODES:
-        raise LocalProtocolError(f"request.mode {mode!r} is not one of {list(MODES)}",
-                                 code="invalid_mode", field="request.mode")
+        raise LocalProtocolError(
+            f"request.mode {mode!r} is not one of {list(MODES)}", code="invalid_mode", field="request.mode"
+        )
     if route == "committee" and mode == "deliberate":
-        raise LocalProtocolError("request.route 'committee' cannot be combined with request.mode 'deliberate': "
-                                 "do not combine route committee with mode deliberate",
-                                 code="incompatible_route_mode", field="request.mode")
+        raise LocalProtocolError(
+            "request.route 'committee' cannot be combined with request.mode 'deliberate': "
+            "do not combine route committee with mode deliberate",
+            code="incompatible_route_mode",
+            field="request.mode",
+        )
     return route, mode
 
 
@@ -214,31 +249,44 @@ def validate_min_interval_ms(value: Any, *, maximum: int = MAXIMUM_DECISION_INTE
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
         raise LocalProtocolError(
             f"min_interval_ms {value!r} is out of range: min_interval_ms is an integer from 0 to {maximum} "
-            "(maximum_decision_interval)", code="invalid_min_interval", field="min_interval_ms")
+            "(maximum_decision_interval)",
+            code="invalid_min_interval",
+            field="min_interval_ms",
+        )
     return value
 
 
 def validate_decision_mode(value: Any) -> str:
     """Check ``decision_mode``: ``on_change`` or ``on_request``."""
     if value not in DECISION_MODES:
-        raise LocalProtocolError(f"decision_mode {value!r} is not one of {list(DECISION_MODES)}",
-                                 code="invalid_decision_mode", field="decision_mode")
+        raise LocalProtocolError(
+            f"decision_mode {value!r} is not one of {list(DECISION_MODES)}",
+            code="invalid_decision_mode",
+            field="decision_mode",
+        )
     return value
 
 
 def validate_state(state: Any, *, field: str = "state") -> Any:
     """Check that a state is a string, an array or an object (and JSON-serialisable)."""
     if not isinstance(state, str | list | dict):
-        raise LocalProtocolError(f"{field} must be a string, an array or an object, got {type(state).__name__}: "
-                                 "state is a string, object or array", code="invalid_state", field=field)
+        raise LocalProtocolError(
+            f"{field} must be a string, an array or an object, got {type(state).__name__}: "
+            "state is a string, object or array",
+            code="invalid_state",
+            field=field,
+        )
     return state
 
 
 def validate_model(model: Any) -> str:
     """Check ``request.model``: a non-empty string."""
     if not isinstance(model, str) or not model.strip():
-        raise LocalProtocolError(f"request.model must be a non-empty string, got {model!r}",
-                                 code="invalid_model", field="request.model")
+        raise LocalProtocolError(
+            f"request.model must be a non-empty string, got {model!r}",
+            code="invalid_model",
+            field="request.model",
+        )
     return model
 
 
@@ -246,8 +294,15 @@ def validate_prompt_cache_key(value: Any) -> str | None:
     """Check ``request.prompt_cache_key``: omitted, or 1 to 255 printable ASCII characters."""
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH or not _PRINTABLE_ASCII.match(value):
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_KEY_LENGTH
+        or not _PRINTABLE_ASCII.match(value)
+    ):
         raise LocalProtocolError(
             f"request.prompt_cache_key {value!r} is invalid: a prompt cache key is 1 to 255 printable ASCII characters",
-            code="invalid_prompt_cache_key", field="request.prompt_cache_key")
+            code="invalid_prompt_cache_key",
+            field="request.prompt_cache_key",
+        )
     return value

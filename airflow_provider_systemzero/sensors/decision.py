@@ -133,34 +133,68 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         ``timeout``). A mapped sensor (``.partial(...).expand(...)``) defers from a worker as usual.
     """
 
-    template_fields: Sequence[str] = ("question", "instructions", "questions", "state", "source", "model",
-                                      "prompt_cache_key", "key_namespace")
+    template_fields: Sequence[str] = (
+        "question",
+        "instructions",
+        "questions",
+        "state",
+        "source",
+        "model",
+        "prompt_cache_key",
+        "key_namespace",
+    )
     ui_color = "#e8f0ff"
 
-    def __init__(self, *, question: str = "ready", instructions: str | None = None,
-                 questions: dict[str, Any] | None = None, state: Any = "", source: dict[str, Any] | None = None,
-                 expect: Any = True, min_confidence: float | None = None, min_probability: float | None = None,
-                 decision_mode: str = "on_change", model: str | None = None, route: str | None = None,
-                 request_mode: str | None = None, prompt_cache_key: str | None = None,
-                 systemzero_conn_id: str = "systemzero_default",
-                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
-                 lease: bool = True, lease_after: float = 5.0, min_interval_ms: int | None = None,
-                 max_staleness: float = DEFAULT_MAX_STALENESS, key_salt: str | None = None, max_decisions: int | None = None,
-                 max_input_tokens: int | None = None,
-                 start_from_trigger: bool = False, policy: Any = None, consecutive: int = 1,
-                 min_true_for: float | timedelta = 0.0, review_assigned_users: Any = None,
-                 review_notifiers: Any = None, review_subject: str | None = None,
-                 wait_on_static_state: bool = False, allow_empty: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        question: str = "ready",
+        instructions: str | None = None,
+        questions: dict[str, Any] | None = None,
+        state: Any = "",
+        source: dict[str, Any] | None = None,
+        expect: Any = True,
+        min_confidence: float | None = None,
+        min_probability: float | None = None,
+        decision_mode: str = "on_change",
+        model: str | None = None,
+        route: str | None = None,
+        request_mode: str | None = None,
+        prompt_cache_key: str | None = None,
+        systemzero_conn_id: str = "systemzero_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=True),
+        lease: bool = True,
+        lease_after: float = 5.0,
+        min_interval_ms: int | None = None,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+        key_salt: str | None = None,
+        max_decisions: int | None = None,
+        max_input_tokens: int | None = None,
+        start_from_trigger: bool = False,
+        policy: Any = None,
+        consecutive: int = 1,
+        min_true_for: float | timedelta = 0.0,
+        review_assigned_users: Any = None,
+        review_notifiers: Any = None,
+        review_subject: str | None = None,
+        wait_on_static_state: bool = False,
+        allow_empty: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.wait_on_static_state = wait_on_static_state
         self.allow_empty = allow_empty
         self._slot_noted = False
         self.consecutive = consecutive
-        self.min_true_for = min_true_for.total_seconds() if isinstance(min_true_for, timedelta) else min_true_for
+        self.min_true_for = (
+            min_true_for.total_seconds() if isinstance(min_true_for, timedelta) else min_true_for
+        )
         if (consecutive != 1 or self.min_true_for) and not deferrable and self.mode == "reschedule":
-            raise ValueError(f"{self.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
-                             "(a rescheduled poke forgets the run of decisions)")
+            raise ValueError(
+                f"{self.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
+                "(a rescheduled poke forgets the run of decisions)"
+            )
         #: states a person said "no" about (poke mode); and the poke-mode run of decisions
         self._skip_states: list[str] = []
         self._watch: DecisionWatch | None = None
@@ -189,8 +223,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.start_from_trigger = start_from_trigger
         self._check_literals()
         if start_from_trigger and not has_trigger_templates():
-            self.log.warning("%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
-                             "this Airflow starts the task on a worker, which defers at once", self.task_id)
+            self.log.warning(
+                "%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
+                "this Airflow starts the task on a worker, which defers at once",
+                self.task_id,
+            )
             self.start_from_trigger = False
         if self.start_from_trigger:
             self._prepare_start_from_trigger()
@@ -202,8 +239,10 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             condition = self._condition()
             validate_decision_mode(self.decision_mode)
             request = None
-            if all(literal[name] for name in ("question", "instructions", "questions", "model",
-                                              "prompt_cache_key")):
+            if all(
+                literal[name]
+                for name in ("question", "instructions", "questions", "model", "prompt_cache_key")
+            ):
                 request = self._request()
                 condition.check_questions(request["questions"])
             if literal["state"] and literal["source"]:
@@ -213,46 +252,82 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Build ``start_trigger_args`` at parse time; refuse what the triggerer could not render."""
         if not self.deferrable:
             raise ValueError(f"{self.task_id}: start_from_trigger=True needs deferrable=True")
-        templated = [name for name in ("question", "instructions", "questions", "model", "prompt_cache_key")
-                     if any(marker in repr(getattr(self, name)) for marker in _JINJA_MARKERS)]
+        templated = [
+            name
+            for name in ("question", "instructions", "questions", "model", "prompt_cache_key")
+            if any(marker in repr(getattr(self, name)) for marker in _JINJA_MARKERS)
+        ]
         if templated:
-            raise ValueError(f"{self.task_id}: with start_from_trigger=True the triggerer renders only state and "
-                             f"source; {', '.join(templated)} must not be templated")
+            raise ValueError(
+                f"{self.task_id}: with start_from_trigger=True the triggerer renders only state and "
+                f"source; {', '.join(templated)} must not be templated"
+            )
         namespace = START_FROM_TRIGGER_NAMESPACE
         if self.key_salt is not None:
             if any(marker in self.key_salt for marker in _JINJA_MARKERS):
-                raise ValueError(f"{self.task_id}: key_salt must not be templated with start_from_trigger=True")
+                raise ValueError(
+                    f"{self.task_id}: key_salt must not be templated with start_from_trigger=True"
+                )
             namespace += f".{self.key_salt}"
         if self.has_dag():
             fixed = len(namespace.split("{{", 1)[0]) + len(self.dag_id) + len(self.task_id) + len("...-1")
             if fixed + _RUN_ID_ROOM > _MAX_NAMESPACE:
-                raise ValueError(f"{self.task_id}: the Dag and task IDs (and key_salt) are too long for a "
-                                 f"start_from_trigger key namespace (at most {_MAX_NAMESPACE} characters with "
-                                 f"the run ID); use shorter IDs or start_from_trigger=False")
+                raise ValueError(
+                    f"{self.task_id}: the Dag and task IDs (and key_salt) are too long for a "
+                    f"start_from_trigger key namespace (at most {_MAX_NAMESPACE} characters with "
+                    f"the run ID); use shorter IDs or start_from_trigger=False"
+                )
         try:
             request, condition, source = self._build()
         except AirflowFailException as exc:
             raise ValueError(str(exc)) from None
         self.key_namespace = namespace
-        timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        timeout = (
+            self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        )
         self.start_trigger_args = StartTriggerArgs(
             trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
-            trigger_kwargs=self._trigger_kwargs(request, condition, source, namespace=namespace, deadline=None,
-                                                budget=self.start_trigger_budget()),
-            next_method="execute_complete", next_kwargs=None, timeout=timeout)
+            trigger_kwargs=self._trigger_kwargs(
+                request,
+                condition,
+                source,
+                namespace=namespace,
+                deadline=None,
+                budget=self.start_trigger_budget(),
+            ),
+            next_method="execute_complete",
+            next_kwargs=None,
+            timeout=timeout,
+        )
 
     # ------------------------------------------------------------------ building and checking
 
-    def _trigger_kwargs(self, request: dict[str, Any], condition: Any, source: dict[str, Any] | None, *,
-                        namespace: str, deadline: float | None, budget: Any,
-                        skip_states: list[str] | None = None) -> dict[str, Any]:
+    def _trigger_kwargs(
+        self,
+        request: dict[str, Any],
+        condition: Any,
+        source: dict[str, Any] | None,
+        *,
+        namespace: str,
+        deadline: float | None,
+        budget: Any,
+        skip_states: list[str] | None = None,
+    ) -> dict[str, Any]:
         """The decision trigger's keyword arguments: the one place the sensor builds its trigger
         (first deferral, start from the triggerer, waiting again after a review)."""
         return {
-            "systemzero_conn_id": self.systemzero_conn_id, "request": request, "condition": condition.to_dict(),
-            "state": self.state, "source": source, "key_namespace": namespace,
-            "decision_mode": self.decision_mode, "deadline": deadline, "lease": self.lease,
-            "lease_after": self.lease_after, "budget": budget, "min_interval_ms": self.min_interval_ms,
+            "systemzero_conn_id": self.systemzero_conn_id,
+            "request": request,
+            "condition": condition.to_dict(),
+            "state": self.state,
+            "source": source,
+            "key_namespace": namespace,
+            "decision_mode": self.decision_mode,
+            "deadline": deadline,
+            "lease": self.lease,
+            "lease_after": self.lease_after,
+            "budget": budget,
+            "min_interval_ms": self.min_interval_ms,
             "max_staleness": self.max_staleness,
             **({"skip_states": skip_states} if skip_states else {}),
             **({"end_when_unmet": True} if self._ends_when_unmet(source) else {}),
@@ -262,17 +337,31 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         questions = self.questions
         if questions is None:
             if not self.instructions:
-                raise SystemZeroArgumentError("instructions is required when questions is not given: say what to "
-                                             "decide, e.g. 'Is the job ready?'", code="invalid_question",
-                                             field="instructions")
+                raise SystemZeroArgumentError(
+                    "instructions is required when questions is not given: say what to "
+                    "decide, e.g. 'Is the job ready?'",
+                    code="invalid_question",
+                    field="instructions",
+                )
             questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
-        return build_request_dict(questions=questions, model=self.model, route=self.route, mode=self.request_mode,
-                                  prompt_cache_key=self.prompt_cache_key)
+        return build_request_dict(
+            questions=questions,
+            model=self.model,
+            route=self.route,
+            mode=self.request_mode,
+            prompt_cache_key=self.prompt_cache_key,
+        )
 
     def _condition(self) -> DecisionCondition:
-        return DecisionCondition(self.question, self.expect, self.min_confidence, self.min_probability,
-                                 policy=self.policy.to_dict() if self.policy is not None else None,
-                                 consecutive=self.consecutive, min_true_for=self.min_true_for)
+        return DecisionCondition(
+            self.question,
+            self.expect,
+            self.min_confidence,
+            self.min_probability,
+            policy=self.policy.to_dict() if self.policy is not None else None,
+            consecutive=self.consecutive,
+            min_true_for=self.min_true_for,
+        )
 
     def _check_state(self, request: dict[str, Any] | None) -> dict[str, Any]:
         """The normalised source, once the state and source are known to be usable."""
@@ -280,9 +369,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if request is not None:
             validate_state_for_request(request, self.state)
         if self._is_static(source) and self.consecutive != 1 and not self.wait_on_static_state:
-            raise SystemZeroArgumentError(f"consecutive={self.consecutive} needs successive states, but with no "
-                                         "source the state never changes: give a source, or drop consecutive",
-                                         code="invalid_hysteresis", field="consecutive")
+            raise SystemZeroArgumentError(
+                f"consecutive={self.consecutive} needs successive states, but with no "
+                "source the state never changes: give a source, or drop consecutive",
+                code="invalid_hysteresis",
+                field="consecutive",
+            )
         return source
 
     @staticmethod
@@ -295,9 +387,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _static_unmet(self, reason: str) -> None:
         """A static state was decided and did not meet the condition: nothing can change that."""
-        message = (f"{self.task_id}: the state has no source, so it never changes and no later decision can "
-                   f"differ, and this one did not meet the condition ({reason}): give a source that changes "
-                   "(source={'type': 'file', ...}), or pass wait_on_static_state=True to wait until the timeout")
+        message = (
+            f"{self.task_id}: the state has no source, so it never changes and no later decision can "
+            f"differ, and this one did not meet the condition ({reason}): give a source that changes "
+            "(source={'type': 'file', ...}), or pass wait_on_static_state=True to wait until the timeout"
+        )
         if self.soft_fail:
             raise AirflowSkipException(message)
         raise AirflowFailException(message)
@@ -331,10 +425,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         if not self.deferrable:
             return super().execute(context)
-        trigger = SystemZeroDecisionTrigger(**self._trigger_kwargs(
-            request, condition, source, namespace=context_namespace(context, salt=self.key_salt),
-            deadline=self._deadline(), budget=self.trigger_budget(context)))
-        timeout = self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        trigger = SystemZeroDecisionTrigger(
+            **self._trigger_kwargs(
+                request,
+                condition,
+                source,
+                namespace=context_namespace(context, salt=self.key_salt),
+                deadline=self._deadline(),
+                budget=self.trigger_budget(context),
+            )
+        )
+        timeout = (
+            self.timeout if isinstance(self.timeout, timedelta) else timedelta(seconds=float(self.timeout))
+        )
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout + _DEFER_GRACE)
 
     def poke(self, context: Context) -> PokeReturnValue:
@@ -344,29 +447,43 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         request, condition, source = self._build()
         if self.mode == "poke" and not self._slot_noted:
             self._slot_noted = True
-            self.log.warning("poke mode: this sensor holds a worker slot for its whole wait (timeout %s s); pass "
-                             "deferrable=True (or set [operators] default_deferrable = True) to wait in the "
-                             "triggerer instead", self.timeout)
+            self.log.warning(
+                "poke mode: this sensor holds a worker slot for its whole wait (timeout %s s); pass "
+                "deferrable=True (or set [operators] default_deferrable = True) to wait in the "
+                "triggerer instead",
+                self.timeout,
+            )
         try:
             state = read_source_once(source, self.state)
             validate_state_for_request(request, state, field=self._source_name(source))
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
-        decision = self.decide_with_budget(context, lambda budget: SystemZeroHook(
-            systemzero_conn_id=self.systemzero_conn_id).decide(
-            request, state=state, key_namespace=namespace, identity=namespace, budget=budget))
+        decision = self.decide_with_budget(
+            context,
+            lambda budget: SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(
+                request, state=state, key_namespace=namespace, identity=namespace, budget=budget
+            ),
+        )
         from airflow_provider_systemzero.decisions.policy import state_info
 
         info = state_info(state)
         if self._watch is None:
-            self._watch = DecisionWatch(condition, skip_states=self._skip_states,
-                                        end_when_unmet=self._ends_when_unmet(source))
+            self._watch = DecisionWatch(
+                condition, skip_states=self._skip_states, end_when_unmet=self._ends_when_unmet(source)
+            )
         verdict = self._watch.observe(decision, info["state_hash"], state, time.monotonic())
         if verdict is None:
             return PokeReturnValue(is_done=False)
-        event = self._watch.event(verdict, extra={"key_namespace": namespace, "state_info": info, "deadline": None,
-                                                  "skip_states": list(self._skip_states)}).to_payload()
+        event = self._watch.event(
+            verdict,
+            extra={
+                "key_namespace": namespace,
+                "state_info": info,
+                "deadline": None,
+                "skip_states": list(self._skip_states),
+            },
+        ).to_payload()
         if event["status"] == "unmet":
             self._static_unmet(str(event["reason"]))
         if event["status"] == "policy":
@@ -389,36 +506,69 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             request, _, _ = self._build()
         spec = request["questions"].get(self.question, {})
         info = event.get("state_info") if isinstance(event.get("state_info"), dict) else {}
-        answer = {"decision": event.get("decision"), "probability": event.get("probability"),
-                  "confidence": event.get("confidence"), "alternatives": event.get("alternatives") or []}
-        gate = Gate(question=self.question, kind=spec.get("type", "boolean"), instructions=spec.get("instructions"),
-                    options=list(spec["options"]) if spec.get("options") else None, answer=answer,
-                    model=event.get("model"), reply_id=event.get("reply_id"), request_id=event.get("request_id"),
-                    state_version=event.get("state_version"), state_hash=event.get("state_hash") or info.get(
-                        "state_hash"), state_bytes=info.get("state_bytes"), preview=info.get("preview"),
-                    extra={"summary": WatchEvent.from_payload(event).summary(), "deadline": event.get("deadline"),
-                           "skip_states": list(event.get("skip_states") or []), "streak": event.get("streak")})
+        answer = {
+            "decision": event.get("decision"),
+            "probability": event.get("probability"),
+            "confidence": event.get("confidence"),
+            "alternatives": event.get("alternatives") or [],
+        }
+        gate = Gate(
+            question=self.question,
+            kind=spec.get("type", "boolean"),
+            instructions=spec.get("instructions"),
+            options=list(spec["options"]) if spec.get("options") else None,
+            answer=answer,
+            model=event.get("model"),
+            reply_id=event.get("reply_id"),
+            request_id=event.get("request_id"),
+            state_version=event.get("state_version"),
+            state_hash=event.get("state_hash") or info.get("state_hash"),
+            state_bytes=info.get("state_bytes"),
+            preview=info.get("preview"),
+            extra={
+                "summary": WatchEvent.from_payload(event).summary(),
+                "deadline": event.get("deadline"),
+                "skip_states": list(event.get("skip_states") or []),
+                "streak": event.get("streak"),
+            },
+        )
         from airflow_provider_systemzero.decisions.policy import PolicyOutcome
 
         action = event.get("action") or "act"
-        outcome = PolicyOutcome(**event["outcome"]) if isinstance(event.get("outcome"), dict) else PolicyOutcome(
-            action, event.get("reason") or "", "no_bar")
+        outcome = (
+            PolicyOutcome(**event["outcome"])
+            if isinstance(event.get("outcome"), dict)
+            else PolicyOutcome(action, event.get("reason") or "", "no_bar")
+        )
         if action == "review":
             stored = self._stored_review(context, gate)
             if stored is None:
                 self._request_review(context, gate, outcome)
-            record = self._record(gate, outcome, decision=stored.get("decision"), decided_by=stored["decided_by"],
-                                  reason=stored["reason"], review=stored.get("review"))
+            record = self._record(
+                gate,
+                outcome,
+                decision=stored.get("decision"),
+                decided_by=stored["decided_by"],
+                reason=stored["reason"],
+                review=stored.get("review"),
+            )
             if stored.get("decision") is None:
-                return self._fallback(context, gate, {**record, "action": self.policy.below if self.policy else "wait"})
+                return self._fallback(
+                    context, gate, {**record, "action": self.policy.below if self.policy else "wait"}
+                )
             return self._apply(context, gate, record)
         if action in ("fail", "skip"):
-            record = self._record(gate, outcome, decision=None, decided_by="policy", reason=event.get("reason") or "")
+            record = self._record(
+                gate, outcome, decision=None, decided_by="policy", reason=event.get("reason") or ""
+            )
             return self._fallback(context, gate, record)
         decided_by = "policy" if action == "default" else "model"
-        decision = self.policy.default if action == "default" and self.policy is not None else event.get("decision")
-        record = self._record(gate, outcome, decision=decision, decided_by=decided_by,
-                              reason=event.get("reason") or "")
+        decision = (
+            self.policy.default if action == "default" and self.policy is not None else event.get("decision")
+        )
+        record = self._record(
+            gate, outcome, decision=decision, decided_by=decided_by, reason=event.get("reason") or ""
+        )
         return self._apply(context, gate, record)
 
     def _push_timeout_record(self, context: Context, event: dict[str, Any]) -> None:
@@ -426,10 +576,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         from airflow_provider_systemzero.decisions.policy import decision_record
 
         reason = str(event.get("message") or "no decision met the condition before the deadline")
-        self._push_record(context, decision_record(
-            question=self.question, answer=None, decision=None, action="wait", decided_by=None, reason=reason,
-            policy=self.policy,
-            effect={"fired": False, "timed_out": True, "soft_fail": bool(self.soft_fail)}))
+        self._push_record(
+            context,
+            decision_record(
+                question=self.question,
+                answer=None,
+                decision=None,
+                action="wait",
+                decided_by=None,
+                reason=reason,
+                policy=self.policy,
+                effect={"fired": False, "timed_out": True, "soft_fail": bool(self.soft_fail)},
+            ),
+        )
 
     def _record(self, gate: Gate, outcome: Any, **kwargs: Any) -> dict[str, Any]:
         record = super()._record(gate, outcome, **kwargs)
@@ -451,7 +610,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self._push_record(context, record)
         summary = dict(gate.extra.get("summary") or {})
         if self.policy is not None:
-            summary.update(decision=record["decision"], decided_by=record["decided_by"], action=record["action"])
+            summary.update(
+                decision=record["decision"], decided_by=record["decided_by"], action=record["action"]
+            )
         return summary
 
     def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
@@ -473,12 +634,23 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         deadline = gate.extra.get("deadline") or self._deadline()
         # the same trigger as the first deferral (the task's spending cap included), minus the
         # states a person already answered about
-        trigger = SystemZeroDecisionTrigger(**self._trigger_kwargs(
-            request, condition, source, namespace=context_namespace(context, salt=self.key_salt),
-            deadline=deadline, budget=self.trigger_budget(context), skip_states=skip))
+        trigger = SystemZeroDecisionTrigger(
+            **self._trigger_kwargs(
+                request,
+                condition,
+                source,
+                namespace=context_namespace(context, salt=self.key_salt),
+                deadline=deadline,
+                budget=self.trigger_budget(context),
+                skip_states=skip,
+            )
+        )
         remaining = timedelta(seconds=max(1.0, deadline - time.time())) if deadline else None
-        self.defer(trigger=trigger, method_name="execute_complete",
-                   timeout=remaining + _DEFER_GRACE if remaining is not None else None)
+        self.defer(
+            trigger=trigger,
+            method_name="execute_complete",
+            timeout=remaining + _DEFER_GRACE if remaining is not None else None,
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume after the trigger fired; idempotent (an event may be delivered more than once).
@@ -497,16 +669,23 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         status = event["status"]
         if status in ("success", "policy"):
             summary = WatchEvent.from_payload(event).summary()
-            self.log.info("System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
-                          summary["question"], summary["decision"], summary["probability"], summary["confidence"],
-                          summary["state_version"])
+            self.log.info(
+                "System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
+                summary["question"],
+                summary["decision"],
+                summary["probability"],
+                summary["confidence"],
+                summary["state_version"],
+            )
             return self._finish(context, event)
         if status == "unmet":
             self._static_unmet(str(event.get("reason")))
         message = f"{self.task_id}: {event.get('message', 'the trigger failed')}"
         if event.get("code") == "decide_body_too_large":
-            message += (f" (the state comes from {self._source_name(self.source)}: send less, e.g. a callable "
-                        "source that returns the last part of the log, or a summary)")
+            message += (
+                f" (the state comes from {self._source_name(self.source)}: send less, e.g. a callable "
+                "source that returns the last part of the log, or a summary)"
+            )
         if status == "timeout":
             self._push_timeout_record(context, event)
             if self.soft_fail:

@@ -94,7 +94,9 @@ class DispatchAccounting:
     def decided(self, result: DecisionResult) -> bool:
         """A decision arrived; returns whether it counts as billed (a new reply id)."""
         version = result.state_version
-        billed = self.budget.record_decision(result.reply_id, result.reply.get("usage"), self._body_bytes.get(version))
+        billed = self.budget.record_decision(
+            result.reply_id, result.reply.get("usage"), self._body_bytes.get(version)
+        )
         if self.on_request:
             self._decide_in_flight = False
         else:
@@ -110,7 +112,9 @@ class DispatchAccounting:
             self._decide_in_flight = False
         elif error.fatal or not retryable:
             version = error.state_version
-            self._uncovered = [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
+            self._uncovered = (
+                [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
+            )
         self._hold()
 
     def connection_ended(self) -> bool:

@@ -171,7 +171,9 @@ class StreamCapacity:
             self.release(origin)
 
     def _fits_locked(self, key: str) -> bool:
-        return self._in_use < self._limit and self._origin_use.get(key, 0) < self._origin_caps.get(key, self._limit)
+        return self._in_use < self._limit and self._origin_use.get(key, 0) < self._origin_caps.get(
+            key, self._limit
+        )
 
     def _take_locked(self, key: str) -> None:
         self._in_use += 1

@@ -79,8 +79,9 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
             super().log(level, "%s", scrub(text, self._secret), **kwargs)
 
 
-def connect_options(settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None = None
-                    ) -> dict[str, Any]:
+def connect_options(
+    settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None = None
+) -> dict[str, Any]:
     """Keyword arguments for ``websockets.asyncio.client.connect`` per WIRE.md §1.
 
     Only ``Authorization`` is added to the request; the one subprotocol is offered; compression,
@@ -157,7 +158,9 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
         return await _probe(settings, url, limits, ssl_context)
 
 
-async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None) -> Hello:
+async def _probe(
+    settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None
+) -> Hello:
     try:
         async with NoRedirectsConnect(url, **connect_options(settings, limits, ssl_context)) as ws:
             violation = subprotocol_violation(ws, url)
@@ -169,8 +172,10 @@ async def _probe(settings: StreamSettings, url: str, limits: Limits, ssl_context
             try:
                 hello = check_hello(decode_server_message(text))
             except RemoteProtocolError as exc:
-                raise ProtocolViolation(f"the server at {url} did not open with a valid {PROTOCOL} hello: "
-                                        f"{exc.message}", code=exc.code) from None
+                raise ProtocolViolation(
+                    f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
+                    code=exc.code,
+                ) from None
             await ws.close(CloseCode.NORMAL_CLOSURE)
             return hello
     except InvalidStatus as exc:

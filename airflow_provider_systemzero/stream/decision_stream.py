@@ -218,13 +218,25 @@ class DecisionStream:
     :param observer: hears what the stream does (metrics, spans); default: nothing.
     """
 
-    def __init__(self, settings: _Source, request: StreamRequest | Mapping[str, Any], *, state: Any = "",
-                 decision_mode: str = "on_change", attachments: Sequence[Attachment] = (),
-                 min_interval_ms: int | None = None, idempotency_key: str | None = None,
-                 key_namespace: str | None = None, identity: str | None = None,
-                 open_deadline: float | None = None, decide_retries: int = 3, backoff: Backoff | None = None,
-                 capacity: StreamCapacity | None = None, budget: DecisionBudget | None = None,
-                 observer: StreamObserver | None = None) -> None:
+    def __init__(
+        self,
+        settings: _Source,
+        request: StreamRequest | Mapping[str, Any],
+        *,
+        state: Any = "",
+        decision_mode: str = "on_change",
+        attachments: Sequence[Attachment] = (),
+        min_interval_ms: int | None = None,
+        idempotency_key: str | None = None,
+        key_namespace: str | None = None,
+        identity: str | None = None,
+        open_deadline: float | None = None,
+        decide_retries: int = 3,
+        backoff: Backoff | None = None,
+        capacity: StreamCapacity | None = None,
+        budget: DecisionBudget | None = None,
+        observer: StreamObserver | None = None,
+    ) -> None:
         self._source = settings
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
         self._request_arg = request
@@ -364,8 +376,10 @@ class DecisionStream:
 
     def __repr__(self) -> str:
         origin = self._settings.origin if self._settings else "?"
-        return (f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self._state_version} "
-                f"connected={self.connected} reconnects={len(self.reconnects)}>")
+        return (
+            f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self._state_version} "
+            f"connected={self.connected} reconnects={len(self.reconnects)}>"
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -375,9 +389,15 @@ class DecisionStream:
         namespace = self._key_namespace or keys.default_key_namespace(request.prompt_cache_key)
         state, attachments = self._initial
         try:
-            session = ClientSession(request=request, state=state, decision_mode=self._decision_mode,
-                                    attachments=attachments, min_interval_ms=self._min_interval_ms,
-                                    idempotency_key=self._idempotency_key, key_namespace=namespace)
+            session = ClientSession(
+                request=request,
+                state=state,
+                decision_mode=self._decision_mode,
+                attachments=attachments,
+                min_interval_ms=self._min_interval_ms,
+                idempotency_key=self._idempotency_key,
+                key_namespace=namespace,
+            )
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
         session.dispatch_gate = self._gate
@@ -395,22 +415,35 @@ class DecisionStream:
                 assert callable(resolver)
                 settings = await resolver()
                 if not isinstance(settings, StreamSettings):
-                    raise TypeError(f"the settings resolver returned {type(settings).__name__}, not StreamSettings")
+                    raise TypeError(
+                        f"the settings resolver returned {type(settings).__name__}, not StreamSettings"
+                    )
                 self._settings = settings
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings = self._settings
             from airflow_provider_systemzero.budget import connection_window
 
-            self.budget.attach_window(connection_window(settings.conn_id or settings.url,
-                                                        settings.budget_decisions_per_hour,
-                                                        settings.budget_input_tokens_per_hour))
+            self.budget.attach_window(
+                connection_window(
+                    settings.conn_id or settings.url,
+                    settings.budget_decisions_per_hour,
+                    settings.budget_input_tokens_per_hour,
+                )
+            )
             if self._settings.ca_bundle and self._settings.url.startswith("wss://"):
-                self._ssl = await asyncio.to_thread(ssl.create_default_context, cafile=self._settings.ca_bundle)
+                self._ssl = await asyncio.to_thread(
+                    ssl.create_default_context, cafile=self._settings.ca_bundle
+                )
             self._runner = asyncio.create_task(self._run(), name=f"systemzero-stream-{id(self):x}")
-            await self._wait_until(lambda: self._ready, self._open_deadline,
-                                   lambda: f"the stream to {self._settings.url if self._settings else '?'} did not "
-                                           f"open within {self._open_deadline} s")
+            await self._wait_until(
+                lambda: self._ready,
+                self._open_deadline,
+                lambda: (
+                    f"the stream to {self._settings.url if self._settings else '?'} did not "
+                    f"open within {self._open_deadline} s"
+                ),
+            )
         except BaseException:
             await self._shutdown()
             raise
@@ -432,8 +465,9 @@ class DecisionStream:
         if runner is not None and not runner.done():
             if self._ws is not None and self._writing:
                 # the peer is not reading: a close frame would queue behind the blocked write
-                log.warning("the System Zero gateway is not reading: closing the connection without a close "
-                            "handshake")
+                log.warning(
+                    "the System Zero gateway is not reading: closing the connection without a close handshake"
+                )
                 self._ws.transport.abort()
             if self._ws is not None:
                 # serving: let the loop close with 1000 and release everything itself
@@ -475,7 +509,9 @@ class DecisionStream:
         # a goodbye) or before its start was acknowledged, the next connection must not inherit it.
         self._release_for = ws
         self._kick()
-        await self._wait_until(lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out")
+        await self._wait_until(
+            lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out"
+        )
 
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
@@ -520,8 +556,13 @@ class DecisionStream:
         """
         await self._apply(lambda: self.session.append_items(items, idempotency_key=idempotency_key))
 
-    async def replace(self, state: Any, *, attachments: Sequence[Attachment] | None = None,
-                      idempotency_key: str | None = None) -> None:
+    async def replace(
+        self,
+        state: Any,
+        *,
+        attachments: Sequence[Attachment] | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
         """Replace the complete state (and the attachments when given; ``[]`` removes all).
 
         :param state: the new state (string, array or object).
@@ -529,18 +570,22 @@ class DecisionStream:
         :param idempotency_key: the key naming the resulting state (default: derived).
         :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
         """
-        await self._apply(lambda: self.session.replace(state, attachments=attachments,
-                                                       idempotency_key=idempotency_key))
+        await self._apply(
+            lambda: self.session.replace(state, attachments=attachments, idempotency_key=idempotency_key)
+        )
 
-    async def append_attachments(self, attachments: Sequence[Attachment], *,
-                                 idempotency_key: str | None = None) -> None:
+    async def append_attachments(
+        self, attachments: Sequence[Attachment], *, idempotency_key: str | None = None
+    ) -> None:
         """Add inline attachments; the state is unchanged.
 
         :param attachments: the attachments to add (unique names).
         :param idempotency_key: the key naming the resulting state (default: derived).
         :raises SystemZeroValidationError: the change breaks a rule; nothing changed.
         """
-        await self._apply(lambda: self.session.append_attachments(attachments, idempotency_key=idempotency_key))
+        await self._apply(
+            lambda: self.session.append_attachments(attachments, idempotency_key=idempotency_key)
+        )
 
     async def set_state(self, state: Any, *, idempotency_key: str | None = None) -> None:
         """Make ``state`` the desired state; the minimal change is sent (nothing if unchanged).
@@ -558,8 +603,11 @@ class DecisionStream:
         :raises DeadlineExceeded: not in sync in time.
         """
         self._check_usable()
-        await self._wait_until(lambda: self.in_sync, timeout,
-                               lambda: f"the gateway did not acknowledge the desired state within {timeout} s")
+        await self._wait_until(
+            lambda: self.in_sync,
+            timeout,
+            lambda: f"the gateway did not acknowledge the desired state within {timeout} s",
+        )
 
     # ------------------------------------------------------------------ decisions
 
@@ -610,17 +658,27 @@ class DecisionStream:
                 server = exc.retry.retry_after_ms / 1000 if exc.retry.retry_after_ms is not None else None
                 delay = self.backoff.delay(0 if conflict else failures - 1, server)
                 if deadline is not None and loop.time() + delay >= deadline:
-                    raise DeadlineExceeded(f"no decision within {timeout} s (the server asked to wait "
-                                           f"{delay:.3f} s before retrying)", last_error=exc) from exc
-                log.info("decision failed with HTTP %s (%s); retrying in %.3f s", exc.http_status,
-                         server_token(exc.envelope.code), delay)
+                    raise DeadlineExceeded(
+                        f"no decision within {timeout} s (the server asked to wait "
+                        f"{delay:.3f} s before retrying)",
+                        last_error=exc,
+                    ) from exc
+                log.info(
+                    "decision failed with HTTP %s (%s); retrying in %.3f s",
+                    exc.http_status,
+                    server_token(exc.envelope.code),
+                    delay,
+                )
                 await self._sleep(delay)
                 self._check_usable()
             except TimeoutError:
                 if self._failure is not None:
                     raise self._failure from None
-                raise DeadlineExceeded(f"no decision within {timeout} s", last_error=self._last_error,
-                                       detail=self.last_error_text) from None
+                raise DeadlineExceeded(
+                    f"no decision within {timeout} s",
+                    last_error=self._last_error,
+                    detail=self.last_error_text,
+                ) from None
             finally:
                 self._intent_futures.pop(intent, None)
                 session.cancel_intent(intent)
@@ -682,8 +740,9 @@ class DecisionStream:
         async with asyncio.timeout(seconds):
             await event.wait()
 
-    async def _wait_until(self, condition: Callable[[], bool], seconds: float | None,
-                          describe: Callable[[], str]) -> None:
+    async def _wait_until(
+        self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while not condition():
@@ -722,10 +781,19 @@ class DecisionStream:
         self._pulse()
 
     def _decision_error(self, error: Error) -> DecisionFailed:
-        retryable = error.http_status is not None and classify_decide_failure(
-            error.http_status, error.envelope, error.retry) is not DecideRetry.NONE
-        return DecisionFailed(error.http_status, error.envelope, error.retry, retryable,
-                              state_version=error.state_version, request_id=error.request_id)
+        retryable = (
+            error.http_status is not None
+            and classify_decide_failure(error.http_status, error.envelope, error.retry)
+            is not DecideRetry.NONE
+        )
+        return DecisionFailed(
+            error.http_status,
+            error.envelope,
+            error.retry,
+            retryable,
+            state_version=error.state_version,
+            request_id=error.request_id,
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -751,8 +819,11 @@ class DecisionStream:
                 self._on_decision_failed(event)
                 self._settle_refusal()
             elif isinstance(event, MutationRejected):
-                log.debug("change %s deferred by the gateway (%s); it is sent again",
-                          server_token(event.error.event_id), server_token(event.error.code))
+                log.debug(
+                    "change %s deferred by the gateway (%s); it is sent again",
+                    server_token(event.error.event_id),
+                    server_token(event.error.code),
+                )
                 if event.error.code == "event_rate_limited":
                     delay = event.error.retry.retry_after_ms
                     self._observe("rate_limited", "event", None if delay is None else delay / 1000)
@@ -761,21 +832,32 @@ class DecisionStream:
             elif isinstance(event, ServerError):
                 if event.error.fatal:
                     self._last_fatal = event.error
-                log.info("gateway error %s (fatal=%s): %s", server_token(event.error.code), event.error.fatal,
-                         server_text(event.error.envelope.message))
+                log.info(
+                    "gateway error %s (fatal=%s): %s",
+                    server_token(event.error.code),
+                    event.error.fatal,
+                    server_text(event.error.envelope.message),
+                )
             elif isinstance(event, GoodbyeReceived):
                 self._goodbye = event.goodbye
             elif isinstance(event, DecisionRepeated):
-                log.warning("the System Zero gateway repeated the decision for state version %d: ignored",
-                            event.state_version)
+                log.warning(
+                    "the System Zero gateway repeated the decision for state version %d: ignored",
+                    event.state_version,
+                )
         self._pulse()
 
     def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
         error = self._decision_error(event.error)
         self._last_error = error
         self._accounting.failed(event.error, retryable=error.retryable)
-        self._observe("decision_failed", error.http_status, error.envelope.code, error.retryable,
-                      event.error.state_version)
+        self._observe(
+            "decision_failed",
+            error.http_status,
+            error.envelope.code,
+            error.retryable,
+            event.error.state_version,
+        )
         if error.http_status == 429:
             delay = error.retry.retry_after_ms
             self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
@@ -789,11 +871,16 @@ class DecisionStream:
             return
         if error.retryable:
             if classify_decide_failure(error.http_status, error.envelope, error.retry) is DecideRetry.CLIENT:
-                log.info("decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
-                         "decided again on the next connection")
+                log.info(
+                    "decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
+                    "decided again on the next connection"
+                )
             else:
-                log.info("decision failed with HTTP %s (%s); the gateway retries it", error.http_status,
-                         server_token(error.envelope.code))
+                log.info(
+                    "decision failed with HTTP %s (%s); the gateway retries it",
+                    error.http_status,
+                    server_token(error.envelope.code),
+                )
             return
         # the gateway will not retry: whoever waits for this state's decision must hear it
         for intent, future in list(self._intent_futures.items()):
@@ -827,13 +914,19 @@ class DecisionStream:
                     self.session.cancel_intent(intent)
             return
         if first:
-            log.info("holding further changes locally; %d dispatch(es) already scheduled settle first",
-                     self._accounting.outstanding())
+            log.info(
+                "holding further changes locally; %d dispatch(es) already scheduled settle first",
+                self._accounting.outstanding(),
+            )
         self._settle_refusal()
 
     def _settle_refusal(self) -> None:
         """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
-        if self._refused is not None and self._decision_mode == "on_change" and self._accounting.outstanding() == 0:
+        if (
+            self._refused is not None
+            and self._decision_mode == "on_change"
+            and self._accounting.outstanding() == 0
+        ):
             self._fail(self._refused)
 
     def _on_ack(self, event: Acknowledged) -> None:
@@ -843,38 +936,67 @@ class DecisionStream:
         if event.message_type == "start":
             self._started_this_connection = True
             self._ready = True
-        log.info("state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s", ack.state_version,
-                 event.message_type, ", replayed" if event.replayed else "", ack.state_bytes,
-                 ack.synthesized_body_bytes, ", decision scheduled" if ack.scheduled else "")
+        log.info(
+            "state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s",
+            ack.state_version,
+            event.message_type,
+            ", replayed" if event.replayed else "",
+            ack.state_bytes,
+            ack.synthesized_body_bytes,
+            ", decision scheduled" if ack.scheduled else "",
+        )
         self._observe("acknowledged", ack, event.message_type, event.replayed)
 
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
         self._decided_this_connection = True
         billed = self._accounting.decided(result)
-        answers = "; ".join(f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
-                            f"{_fmt(answer.confidence)})" for name, answer in result.answers.items())
+        answers = "; ".join(
+            f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
+            f"{_fmt(answer.confidence)})"
+            for name, answer in result.answers.items()
+        )
         usage = result.usage
-        log.info("decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
-                 "decide %s ms", version, ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
-                 answers or "no answers", server_token(result.reply_id), "billed" if billed else "replayed unbilled", usage.get("input_tokens", 0),
-                 _fmt(result.queue_ms, 0), _fmt(result.decide_ms, 0))
+        log.info(
+            "decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
+            "decide %s ms",
+            version,
+            ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
+            answers or "no answers",
+            server_token(result.reply_id),
+            "billed" if billed else "replayed unbilled",
+            usage.get("input_tokens", 0),
+            _fmt(result.queue_ms, 0),
+            _fmt(result.decide_ms, 0),
+        )
         self._observe("decided", result, billed=billed)
 
     def _connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
         if self._accounting.connection_ended():
-            log.info("the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "
-                     "against the budget")
+            log.info(
+                "the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "
+                "against the budget"
+            )
 
     def _log_hello(self, hello: Hello) -> None:
         lim = hello.limits
-        log.info("System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
-                 "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
-                 "%d ms, max duration %d ms, max_streams_per_process=%d", server_token(hello.stream_id), hello.protocol,
-                 lim.max_message_bytes, lim.max_decide_body_bytes, lim.max_events_per_second, lim.event_burst,
-                 lim.max_pending_events, lim.heartbeat_interval_ms, lim.idle_timeout_ms, lim.max_duration_ms,
-                 lim.max_streams_per_process)
+        log.info(
+            "System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
+            "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
+            "%d ms, max duration %d ms, max_streams_per_process=%d",
+            server_token(hello.stream_id),
+            hello.protocol,
+            lim.max_message_bytes,
+            lim.max_decide_body_bytes,
+            lim.max_events_per_second,
+            lim.event_burst,
+            lim.max_pending_events,
+            lim.heartbeat_interval_ms,
+            lim.idle_timeout_ms,
+            lim.max_duration_ms,
+            lim.max_streams_per_process,
+        )
 
     def _observe(self, method: str, *args: Any, **kwargs: Any) -> None:
         try:
@@ -886,7 +1008,9 @@ class DecisionStream:
 
     async def _run(self) -> None:
         assert self._settings is not None
-        network = self._network = NetworkFailures(self._settings.url, open_timeout=self._settings.open_timeout)
+        network = self._network = NetworkFailures(
+            self._settings.url, open_timeout=self._settings.open_timeout
+        )
         planner = ReconnectPlanner(self.backoff)
         pending: _Pending | None = None
         try:
@@ -904,10 +1028,22 @@ class DecisionStream:
                         if self._closing or self._failure is not None:
                             return
                     waited = time.monotonic() - pending.failed_at
-                    self.reconnects.append(Reconnect(plan.reason, pending.close_code, plan.server_delay, plan.delay,
-                                                     waited, plan.attempt))
-                    log.info("reconnecting the System Zero stream after %s (close %s, waited %.3f s)", plan.reason,
-                             pending.close_code, waited)
+                    self.reconnects.append(
+                        Reconnect(
+                            plan.reason,
+                            pending.close_code,
+                            plan.server_delay,
+                            plan.delay,
+                            waited,
+                            plan.attempt,
+                        )
+                    )
+                    log.info(
+                        "reconnecting the System Zero stream after %s (close %s, waited %.3f s)",
+                        plan.reason,
+                        pending.close_code,
+                        waited,
+                    )
                     self._observe("reconnecting", plan.reason, pending.close_code, plan.delay)
                     attempt_number = plan.attempt
                     pending = None
@@ -941,12 +1077,20 @@ class DecisionStream:
                     plan = dataclasses.replace(plan, delay=network.bound_delay(plan.delay))
                 pending = _Pending(plan, outcome.close_code, time.monotonic())
                 if plan.kind is PlanKind.WHEN_NEEDED:
-                    log.info("System Zero stream connection ended (%s, close %s); reconnecting when there is "
-                             "something to send or to wait for, not before %.3f s", plan.reason, outcome.close_code,
-                             plan.delay)
+                    log.info(
+                        "System Zero stream connection ended (%s, close %s); reconnecting when there is "
+                        "something to send or to wait for, not before %.3f s",
+                        plan.reason,
+                        outcome.close_code,
+                        plan.delay,
+                    )
                 else:
-                    log.info("System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
-                             plan.reason, outcome.close_code, plan.delay)
+                    log.info(
+                        "System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
+                        plan.reason,
+                        outcome.close_code,
+                        plan.delay,
+                    )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: never leave waiters hanging
@@ -963,10 +1107,15 @@ class DecisionStream:
             return error
         outcome = ended.outcome
         detail = f" after error {server_token(outcome.fatal_code)}" if outcome.fatal_code else ""
-        return StreamClosed(outcome.close_code, outcome.close_reason, message=(
-            f"the System Zero gateway closed the stream with code {outcome.close_code} "
-            f"({outcome.close_reason or 'no reason'}){detail}: {plan.final}; check the request and the "
-            "gateway's limits"))
+        return StreamClosed(
+            outcome.close_code,
+            outcome.close_reason,
+            message=(
+                f"the System Zero gateway closed the stream with code {outcome.close_code} "
+                f"({outcome.close_reason or 'no reason'}){detail}: {plan.final}; check the request and the "
+                "gateway's limits"
+            ),
+        )
 
     async def _wait_for_work(self) -> None:
         assert self._wake is not None
@@ -998,8 +1147,9 @@ class DecisionStream:
                 violation = subprotocol_violation(ws, url)
                 if violation is not None:
                     await self._close(ws, CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-                    return _Ended(ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), violation,
-                                  final=True)
+                    return _Ended(
+                        ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), violation, final=True
+                    )
                 return await self._serve(ws)
             finally:
                 await self._close(ws, CloseCode.NORMAL_CLOSURE)
@@ -1008,26 +1158,52 @@ class DecisionStream:
         except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
             return _Ended(ConnectionOutcome(kind="network"), exc)
         except InvalidURI as exc:
-            return _Ended(ConnectionOutcome(kind="network"), SystemZeroValidationError(
-                f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"), final=True)
+            return _Ended(
+                ConnectionOutcome(kind="network"),
+                SystemZeroValidationError(
+                    f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"
+                ),
+                final=True,
+            )
         except InvalidHandshake as exc:
-            return _Ended(ConnectionOutcome(kind="violation"), ProtocolViolation(
-                f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
-                "connection's host is a System Zero API origin", code="invalid_handshake"), final=True)
+            return _Ended(
+                ConnectionOutcome(kind="violation"),
+                ProtocolViolation(
+                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
+                    "connection's host is a System Zero API origin",
+                    code="invalid_handshake",
+                ),
+                final=True,
+            )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> _Ended:
         error = refusal_error(exc, url, self._secret())
         if 300 <= error.status < 400:
-            log.warning("the System Zero gateway redirected the upgrade to %s: redirects are refused",
-                        server_text(exc.response.headers.get("Location", ""), self._secret()))
+            log.warning(
+                "the System Zero gateway redirected the upgrade to %s: redirects are refused",
+                server_text(exc.response.headers.get("Location", ""), self._secret()),
+            )
         if error.retryable:  # a final refusal is raised to the caller, who reports it once
-            log.info("the System Zero gateway refused the upgrade with HTTP %s (%s)", error.status,
-                     server_token(error.envelope.code) if error.envelope else "no error body")
+            log.info(
+                "the System Zero gateway refused the upgrade with HTTP %s (%s)",
+                error.status,
+                server_token(error.envelope.code) if error.envelope else "no error body",
+            )
             if error.status == 429:
-                self._observe("rate_limited", "upgrade",
-                              None if error.retry_after_ms is None else error.retry_after_ms / 1000)
-        return _Ended(ConnectionOutcome(server_delay_ms=error.retry_after_ms, kind="refused",
-                                        retryable=error.retryable, status=error.status), error)
+                self._observe(
+                    "rate_limited",
+                    "upgrade",
+                    None if error.retry_after_ms is None else error.retry_after_ms / 1000,
+                )
+        return _Ended(
+            ConnectionOutcome(
+                server_delay_ms=error.retry_after_ms,
+                kind="refused",
+                retryable=error.retryable,
+                status=error.status,
+            ),
+            error,
+        )
 
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
@@ -1051,8 +1227,11 @@ class DecisionStream:
         session.connection_opened(opened_at)
         self._ws = ws
         replay = session.connections > 1
-        log.info("connected to %s (%s)", self._settings.url if self._settings else "the gateway",
-                 "replaying the stream's state" if replay else "first connection")
+        log.info(
+            "connected to %s (%s)",
+            self._settings.url if self._settings else "the gateway",
+            "replaying the stream's state" if replay else "first connection",
+        )
         self._observe("connected", self._settings.url if self._settings else "", replay)
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
@@ -1063,10 +1242,18 @@ class DecisionStream:
             delay_ms = goodbye.retry_after_ms if goodbye is not None else None
             if fatal is not None and fatal.retry.retry_after_ms is not None:
                 delay_ms = max(delay_ms or 0, fatal.retry.retry_after_ms)
-            return ConnectionOutcome(code, server_text(ws.close_reason or "", self._secret()),
-                                     goodbye.reason if goodbye else None, delay_ms, fatal.code if fatal else None,
-                                     self._started_this_connection, self._decided_this_connection,
-                                     time.monotonic() - opened_at, kind, released=self._release_for is ws)
+            return ConnectionOutcome(
+                code,
+                server_text(ws.close_reason or "", self._secret()),
+                goodbye.reason if goodbye else None,
+                delay_ms,
+                fatal.code if fatal else None,
+                self._started_this_connection,
+                self._decided_this_connection,
+                time.monotonic() - opened_at,
+                kind,
+                released=self._release_for is ws,
+            )
 
         try:
             try:
@@ -1089,7 +1276,9 @@ class DecisionStream:
                     if deadline is not None and now >= deadline:
                         silent = True
                         break
-                    times = [t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)]
+                    times = [
+                        t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)
+                    ]
                     timeout = max(0.0, min(times) - now) if times else None
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(timeout):
@@ -1097,12 +1286,17 @@ class DecisionStream:
             except ConnectionClosed:
                 lost = True  # a write failed: the connection is gone, and the reader ends with it
             if stalled:
-                log.warning("the System Zero gateway read nothing for %.1f s while this client had a frame to "
-                            "send: treating the connection as dead", self._write_timeout())
+                log.warning(
+                    "the System Zero gateway read nothing for %.1f s while this client had a frame to "
+                    "send: treating the connection as dead",
+                    self._write_timeout(),
+                )
                 return _Ended(outcome(CloseCode.ABNORMAL_CLOSURE, "stalled"))
             if silent:
-                log.warning("the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
-                            (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000)
+                log.warning(
+                    "the System Zero gateway sent nothing for %.1f s: treating the connection as dead",
+                    (session.limits.heartbeat_interval_ms + session.limits.pong_timeout_ms) / 1000,
+                )
                 ws.transport.abort()
                 return _Ended(outcome(CloseCode.ABNORMAL_CLOSURE, "silent"))
             if lost:
@@ -1115,8 +1309,10 @@ class DecisionStream:
             if not reader.done():
                 # we close: the stream ends, fails, is released, or replays on a new connection
                 if recycle:
-                    log.info("the gateway does not retry the failed decision on this connection and said no "
-                             "goodbye: reconnecting to replay the state")
+                    log.info(
+                        "the gateway does not retry the failed decision on this connection and said no "
+                        "goodbye: reconnecting to replay the state"
+                    )
                 await self._close(ws, CloseCode.NORMAL_CLOSURE)
                 # a peer may send until it sees our close: a bad frame then changes nothing
                 with contextlib.suppress(TimeoutError, RemoteProtocolError):
@@ -1134,8 +1330,12 @@ class DecisionStream:
                 problem = server_text(error.message, self._secret(), limit=400, quote=False)
                 log.warning("the System Zero gateway broke the protocol: %s", problem)
                 await self._close(ws, CloseCode.PROTOCOL_ERROR, "protocol error")
-                return _Ended(outcome(CloseCode.PROTOCOL_ERROR, "violation"), ProtocolViolation(
-                    f"the System Zero gateway broke the stream protocol: {problem}", code=error.code))
+                return _Ended(
+                    outcome(CloseCode.PROTOCOL_ERROR, "violation"),
+                    ProtocolViolation(
+                        f"the System Zero gateway broke the stream protocol: {problem}", code=error.code
+                    ),
+                )
             if error is not None:
                 raise error
             final = self._failure is not None or self._closing
@@ -1143,19 +1343,31 @@ class DecisionStream:
             if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG and not final:
                 # websockets refused a frame over max_size: the gateway broke max_message_bytes
                 limit = session.limits.max_message_bytes
-                log.warning("the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with "
-                            "1009", limit)
-                return _Ended(outcome(CloseCode.MESSAGE_TOO_BIG, "violation"), ProtocolViolation(
-                    f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes)",
-                    code="message_too_big"))
+                log.warning(
+                    "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with "
+                    "1009",
+                    limit,
+                )
+                return _Ended(
+                    outcome(CloseCode.MESSAGE_TOO_BIG, "violation"),
+                    ProtocolViolation(
+                        f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes)",
+                        code="message_too_big",
+                    ),
+                )
             goodbye = self._goodbye
             if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
-                log.info("the System Zero gateway said goodbye for an unknown reason %s",
-                         server_text(goodbye.reason, self._secret()))
+                log.info(
+                    "the System Zero gateway said goodbye for an unknown reason %s",
+                    server_text(goodbye.reason, self._secret()),
+                )
             code = ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE
             reason = server_text(ws.close_reason or "", self._secret())
-            return _Ended(outcome(code), StreamClosed(code, reason, message=f"connection closed with code {code} "
-                                                      f"({reason})"), final=final)
+            return _Ended(
+                outcome(code),
+                StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"),
+                final=final,
+            )
         finally:
             if not reader.done():
                 reader.cancel()
@@ -1165,8 +1377,11 @@ class DecisionStream:
             self._connection_ended()
             self._release_for = None
             self._ws = None
-            self._observe("closed", ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
-                          server_text(ws.close_reason or "", self._secret()))
+            self._observe(
+                "closed",
+                ws.close_code if ws.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
+                server_text(ws.close_reason or "", self._secret()),
+            )
             self._pulse()
 
     def _origin(self) -> str | None:

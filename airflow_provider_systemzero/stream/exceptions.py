@@ -77,8 +77,14 @@ class UpgradeRefused(SystemZeroError):
     :param url: the stream URL (it never carries credentials).
     """
 
-    def __init__(self, status: int, envelope: ErrorEnvelope | None = None, retry_after_ms: int | None = None,
-                 *, url: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        envelope: ErrorEnvelope | None = None,
+        retry_after_ms: int | None = None,
+        *,
+        url: str = "",
+    ) -> None:
         self.status = status
         self.envelope = envelope
         self.retry_after_ms = retry_after_ms
@@ -93,8 +99,10 @@ class UpgradeRefused(SystemZeroError):
     def _fix(self) -> str:
         code = self.envelope.code if self.envelope else None
         if 300 <= self.status < 400:
-            return ("it answered with a redirect, and redirects are refused so the key is never sent to another "
-                    "address: set the connection's host to the API origin itself")
+            return (
+                "it answered with a redirect, and redirects are refused so the key is never sent to another "
+                "address: set the connection's host to the API origin itself"
+            )
         if self.status in (429, 503):
             return "the client retries after the server's delay; if it persists, run fewer concurrent streams"
         if code == "not_found" or self.status == 404:
@@ -112,8 +120,10 @@ class UpgradeRefused(SystemZeroError):
     def _describe(self) -> str:
         where = f" at {self.url}" if self.url else ""
         delay = f"; retry after {self.retry_after_ms} ms" if self.retry_after_ms is not None else ""
-        return (f"the System Zero gateway{where} refused the stream upgrade with HTTP {self.status} "
-                f"({_envelope_text(self.envelope)}){delay}: {self._fix()}")
+        return (
+            f"the System Zero gateway{where} refused the stream upgrade with HTTP {self.status} "
+            f"({_envelope_text(self.envelope)}){delay}: {self._fix()}"
+        )
 
 
 class AuthenticationFailed(UpgradeRefused):
@@ -121,8 +131,10 @@ class AuthenticationFailed(UpgradeRefused):
 
     def _fix(self) -> str:
         if self.status == 403:
-            return ("the key is not allowed to stream (or the request carried browser headers): check the key's "
-                    "permissions and send no Origin or Cookie header")
+            return (
+                "the key is not allowed to stream (or the request carried browser headers): check the key's "
+                "permissions and send no Origin or Cookie header"
+            )
         return "set a valid API key in the connection's password field"
 
 
@@ -139,8 +151,16 @@ class DecisionFailed(SystemZeroError):
     :param request_id: the decide call's request ID.
     """
 
-    def __init__(self, http_status: int | None, envelope: ErrorEnvelope, retry: RetryHint, retryable: bool,
-                 *, state_version: int | None = None, request_id: str = "") -> None:
+    def __init__(
+        self,
+        http_status: int | None,
+        envelope: ErrorEnvelope,
+        retry: RetryHint,
+        retryable: bool,
+        *,
+        state_version: int | None = None,
+        request_id: str = "",
+    ) -> None:
         self.http_status = http_status
         self.envelope = envelope
         self.retry = retry
@@ -148,7 +168,9 @@ class DecisionFailed(SystemZeroError):
         self.state_version = state_version
         self.request_id = request_id
         if retryable:
-            fix = "retry later" + (f" (after {retry.retry_after_ms} ms)" if retry.retry_after_ms is not None else "")
+            fix = "retry later" + (
+                f" (after {retry.retry_after_ms} ms)" if retry.retry_after_ms is not None else ""
+            )
         elif envelope.type == "authentication_error":
             fix = "check the API key in the connection's password field"
         elif envelope.code == "idempotency_key_reused":
@@ -159,8 +181,9 @@ class DecisionFailed(SystemZeroError):
             fix = "retry later; if it persists, contact System Zero support with the request ID"
         rid = f" (request {request_id})" if request_id else ""
         version = f" for state version {state_version}" if state_version is not None else ""
-        super().__init__(f"the decision{version} failed with HTTP {http_status}{rid}: {_envelope_text(envelope)}: "
-                         f"{fix}")
+        super().__init__(
+            f"the decision{version} failed with HTTP {http_status}{rid}: {_envelope_text(envelope)}: {fix}"
+        )
 
 
 class StreamRejected(SystemZeroError):
@@ -175,8 +198,10 @@ class StreamRejected(SystemZeroError):
         self.event_id = event_id
         self.code = envelope.code
         what = f"change {event_id}" if event_id else "request"
-        super().__init__(f"the System Zero gateway rejected {what} ({_envelope_text(envelope)}): the desired "
-                         "state cannot be streamed; fix the state or request and open a new stream")
+        super().__init__(
+            f"the System Zero gateway rejected {what} ({_envelope_text(envelope)}): the desired "
+            "state cannot be streamed; fix the state or request and open a new stream"
+        )
 
 
 class ProtocolViolation(SystemZeroError):
@@ -201,9 +226,13 @@ class StreamClosed(SystemZeroError):
     def __init__(self, code: int | None, reason: str = "", *, message: str | None = None) -> None:
         self.code = code
         self.reason = reason
-        super().__init__(message or (
-            f"the System Zero gateway closed the stream with code {code} ({reason or 'no reason'}): "
-            "this close is not retried; check the gateway's logs for the request that caused it"))
+        super().__init__(
+            message
+            or (
+                f"the System Zero gateway closed the stream with code {code} ({reason or 'no reason'}): "
+                "this close is not retried; check the gateway's logs for the request that caused it"
+            )
+        )
 
 
 class DeadlineExceeded(SystemZeroError, TimeoutError):
@@ -214,7 +243,9 @@ class DeadlineExceeded(SystemZeroError, TimeoutError):
     :param detail: ``last_error`` described with its cause and fix (default: its own text).
     """
 
-    def __init__(self, message: str, *, last_error: BaseException | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, last_error: BaseException | None = None, detail: str | None = None
+    ) -> None:
         self.last_error = last_error
         if last_error is not None:
             message = f"{message}; last error: {detail or last_error}"

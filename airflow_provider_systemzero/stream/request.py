@@ -43,11 +43,18 @@ def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
     except LocalProtocolError as exc:
         raise SystemZeroValidationError(
             f"prompt_cache_key_prefix {str(prefix)[:40]!r} does not make a valid prompt_cache_key ({exc.message}): "
-            "use at most 200 printable ASCII characters", code=exc.code, field="prompt_cache_key_prefix") from None
+            "use at most 200 printable ASCII characters",
+            code=exc.code,
+            field="prompt_cache_key_prefix",
+        ) from None
 
 
-def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSettings | None = None,
-                  *, identity: str | None = None) -> StreamRequest:
+def build_request(
+    request: StreamRequest | Mapping[str, Any],
+    settings: StreamSettings | None = None,
+    *,
+    identity: str | None = None,
+) -> StreamRequest:
     """The :class:`StreamRequest` to stream, with an explicit stable ``prompt_cache_key``.
 
     :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally
@@ -64,28 +71,55 @@ def build_request(request: StreamRequest | Mapping[str, Any], settings: StreamSe
         elif isinstance(request, Mapping):
             unknown = sorted(set(request) - _REQUEST_FIELDS)
             if unknown:
-                hint = " (pass the state with state=, not in the request)" if unknown[0] in ("state",
-                                                                                              "attachments") else ""
-                raise LocalProtocolError(f"request has unknown field {unknown[0]!r}{hint}: a request holds "
-                                         f"{sorted(_REQUEST_FIELDS)}", code="invalid_request", field=unknown[0])
+                hint = (
+                    " (pass the state with state=, not in the request)"
+                    if unknown[0] in ("state", "attachments")
+                    else ""
+                )
+                raise LocalProtocolError(
+                    f"request has unknown field {unknown[0]!r}{hint}: a request holds "
+                    f"{sorted(_REQUEST_FIELDS)}",
+                    code="invalid_request",
+                    field=unknown[0],
+                )
             model = request.get("model") or (settings.default_model if settings else None)
             if model is None:
-                where = f"connection {settings.conn_id!r}" if settings and settings.conn_id else "the connection"
-                raise LocalProtocolError(f"no model: pass model= to the task (a hook call: request['model']) "
-                                         f"or set the 'model' extra of {where}",
-                                         code="invalid_model", field="model")
-            built = StreamRequest.build(model=model, questions=request.get("questions"),  # type: ignore[arg-type]
-                                        route=request.get("route"), mode=request.get("mode"),
-                                        prompt_cache_key=request.get("prompt_cache_key"))
+                where = (
+                    f"connection {settings.conn_id!r}" if settings and settings.conn_id else "the connection"
+                )
+                raise LocalProtocolError(
+                    f"no model: pass model= to the task (a hook call: request['model']) "
+                    f"or set the 'model' extra of {where}",
+                    code="invalid_model",
+                    field="model",
+                )
+            built = StreamRequest.build(
+                model=model,
+                questions=request.get("questions"),  # type: ignore[arg-type]
+                route=request.get("route"),
+                mode=request.get("mode"),
+                prompt_cache_key=request.get("prompt_cache_key"),
+            )
         else:
-            raise LocalProtocolError(f"request must be a StreamRequest or a dict, got {type(request).__name__}",
-                                     code="invalid_request", field="request")
+            raise LocalProtocolError(
+                f"request must be a StreamRequest or a dict, got {type(request).__name__}",
+                code="invalid_request",
+                field="request",
+            )
     except LocalProtocolError as exc:
         raise SystemZeroValidationError.from_local(exc) from None
     if built.prompt_cache_key is None:
         if identity is None:
-            identity = json.dumps({"model": built.model, "questions": built.questions_wire(),
-                                   "route": built.route, "mode": built.mode}, sort_keys=True, separators=(",", ":"))
+            identity = json.dumps(
+                {
+                    "model": built.model,
+                    "questions": built.questions_wire(),
+                    "route": built.route,
+                    "mode": built.mode,
+                },
+                sort_keys=True,
+                separators=(",", ":"),
+            )
         prefix = settings.prompt_cache_key_prefix if settings else None
         built = dataclasses.replace(built, prompt_cache_key=derive_prompt_cache_key(prefix, identity))
     return built

@@ -72,25 +72,37 @@ class StreamSettings:
 
                 object.__setattr__(self, name, parse_limit(getattr(self, name), name))
             except ValueError as exc:
-                raise SystemZeroValidationError(f"{where}extra {name!r}: {exc}", code=f"invalid_{name}",
-                                                field=name) from None
+                raise SystemZeroValidationError(
+                    f"{where}extra {name!r}: {exc}", code=f"invalid_{name}", field=name
+                ) from None
         try:
             stream_url(self.origin)
         except LocalProtocolError as exc:
             raise SystemZeroValidationError(f"{where}{exc.message}", code=exc.code, field=exc.field) from None
         key = self.api_key
         if not isinstance(key, str) or not key.strip():
-            raise SystemZeroValidationError(f"{where}the API key is empty: set it in the connection's password "
-                                            "field", code="missing_api_key", field="password")
+            raise SystemZeroValidationError(
+                f"{where}the API key is empty: set it in the connection's password field",
+                code="missing_api_key",
+                field="password",
+            )
         if any(not (0x21 <= ord(ch) <= 0x7E) for ch in key.strip()):
-            raise SystemZeroValidationError(f"{where}the API key contains spaces, control or non-ASCII characters: "
-                                            "paste the key exactly as issued", code="invalid_api_key",
-                                            field="password")
-        if isinstance(self.open_timeout, bool) or not isinstance(self.open_timeout, int | float) \
-                or not self.open_timeout > 0:
-            raise SystemZeroValidationError(f"{where}open_timeout must be a positive number of seconds, got "
-                                            f"{self.open_timeout!r}", code="invalid_open_timeout",
-                                            field="open_timeout")
+            raise SystemZeroValidationError(
+                f"{where}the API key contains spaces, control or non-ASCII characters: "
+                "paste the key exactly as issued",
+                code="invalid_api_key",
+                field="password",
+            )
+        if (
+            isinstance(self.open_timeout, bool)
+            or not isinstance(self.open_timeout, int | float)
+            or not self.open_timeout > 0
+        ):
+            raise SystemZeroValidationError(
+                f"{where}open_timeout must be a positive number of seconds, got {self.open_timeout!r}",
+                code="invalid_open_timeout",
+                field="open_timeout",
+            )
 
     @property
     def url(self) -> str:
@@ -103,8 +115,10 @@ class StreamSettings:
         return request_headers(self.api_key)["Authorization"]
 
     def __reduce__(self) -> Any:
-        raise TypeError("StreamSettings holds an API key and cannot be serialised: pass the Airflow connection "
-                        "ID and resolve the settings where they are used")
+        raise TypeError(
+            "StreamSettings holds an API key and cannot be serialised: pass the Airflow connection "
+            "ID and resolve the settings where they are used"
+        )
 
     def __str__(self) -> str:
         return repr(self)

@@ -51,8 +51,13 @@ from airflow_provider_systemzero.triggers.streaming import (
     error_payload,
 )
 
-__all__ = ["SystemZeroDecideTrigger", "SystemZeroDecisionEventTrigger", "SystemZeroDecisionTrigger",
-           "error_payload", "owned_event"]
+__all__ = [
+    "SystemZeroDecideTrigger",
+    "SystemZeroDecisionEventTrigger",
+    "SystemZeroDecisionTrigger",
+    "error_payload",
+    "owned_event",
+]
 
 
 async def _close_source(source: StateSource | None) -> None:
@@ -95,12 +100,25 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
     """
 
-    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
-                 state: Any, key_namespace: str, source: dict[str, Any] | None = None,
-                 decision_mode: str = "on_change", deadline: float | None = None, lease: bool = True,
-                 budget: dict[str, Any] | None = None, lease_after: float = 5.0,
-                 skip_states: list[str] | None = None, min_interval_ms: int | None = None,
-                 max_staleness: float = DEFAULT_MAX_STALENESS, end_when_unmet: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        condition: dict[str, Any],
+        state: Any,
+        key_namespace: str,
+        source: dict[str, Any] | None = None,
+        decision_mode: str = "on_change",
+        deadline: float | None = None,
+        lease: bool = True,
+        budget: dict[str, Any] | None = None,
+        lease_after: float = 5.0,
+        skip_states: list[str] | None = None,
+        min_interval_ms: int | None = None,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+        end_when_unmet: bool = False,
+    ) -> None:
         super().__init__()
         self.end_when_unmet = end_when_unmet
         self.skip_states = list(skip_states or [])
@@ -117,22 +135,34 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         self.lease = lease
         self.lease_after = lease_after
         self.budget = budget
-        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline,
-                                     budget=budget)
+        self._stream = TriggerStream(
+            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
+        )
         self._lease = StreamLease(lease, lease_after)
         self._source: StateSource | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
-                 "condition": self.condition, "state": self.state, "source": self.source,
-                 "key_namespace": self.key_namespace, "decision_mode": self.decision_mode,
-                 **({"budget": self.budget} if self.budget else {}),
-                 "deadline": self.deadline, "lease": self.lease, "lease_after": self.lease_after,
-                 **({"skip_states": self.skip_states} if self.skip_states else {}),
-                 **({"end_when_unmet": True} if self.end_when_unmet else {}),
-                 "min_interval_ms": self.min_interval_ms, "max_staleness": self.max_staleness})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "systemzero_conn_id": self.systemzero_conn_id,
+                "request": self.request,
+                "condition": self.condition,
+                "state": self.state,
+                "source": self.source,
+                "key_namespace": self.key_namespace,
+                "decision_mode": self.decision_mode,
+                **({"budget": self.budget} if self.budget else {}),
+                "deadline": self.deadline,
+                "lease": self.lease,
+                "lease_after": self.lease_after,
+                **({"skip_states": self.skip_states} if self.skip_states else {}),
+                **({"end_when_unmet": True} if self.end_when_unmet else {}),
+                "min_interval_ms": self.min_interval_ms,
+                "max_staleness": self.max_staleness,
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -142,12 +172,19 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             condition = DecisionCondition.from_dict(self.condition)
             self._source = source = build_source(self.source, self.state)
             initial = await source.current()
-            async with self._stream.open(initial, decision_mode=self.decision_mode,
-                                         min_interval_ms=self.min_interval_ms) as stream:
-                feeder = SourceFeeder(stream, source, decision_mode=self.decision_mode, lease=self._lease,
-                                      max_staleness=self.max_staleness)
-                watch = DecisionWatch(condition, reviews=True, skip_states=self.skip_states,
-                                      end_when_unmet=self.end_when_unmet)
+            async with self._stream.open(
+                initial, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
+            ) as stream:
+                feeder = SourceFeeder(
+                    stream,
+                    source,
+                    decision_mode=self.decision_mode,
+                    lease=self._lease,
+                    max_staleness=self.max_staleness,
+                )
+                watch = DecisionWatch(
+                    condition, reviews=True, skip_states=self.skip_states, end_when_unmet=self.end_when_unmet
+                )
 
                 async def consume() -> dict[str, Any]:
                     async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
@@ -157,17 +194,24 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                                 # what the sensor needs to ask a person, and to wait on if they say no
                                 from airflow_provider_systemzero.decisions.policy import state_info
 
-                                review = {"state_info": state_info(verdict.state), "deadline": self.deadline,
-                                          "skip_states": list(self.skip_states)}
+                                review = {
+                                    "state_info": state_info(verdict.state),
+                                    "deadline": self.deadline,
+                                    "skip_states": list(self.skip_states),
+                                }
                             return watch.event(verdict, extra={**extra, **review}).to_payload()
                     raise RuntimeError("the stream ended without a decision")
 
                 return await feeder.race(consume)
 
         payload = await self._stream.within_deadline(
-            wait, extra, owner=type(self).__name__, cleanup=self.cleanup,
+            wait,
+            extra,
+            owner=type(self).__name__,
+            cleanup=self.cleanup,
             late="the sensor's deadline passed before the trigger started",
-            timed_out="no decision met the condition before the deadline")
+            timed_out="no decision met the condition before the deadline",
+        )
         yield TriggerEvent(self._stream.with_usage(payload))
 
     async def cleanup(self) -> None:
@@ -191,9 +235,18 @@ class SystemZeroDecideTrigger(BaseTrigger):
     :param budget: the task's spend caps and what it spent so far; the event reports the usage.
     """
 
-    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], state: Any, key_namespace: str,
-                 idempotency_key: str | None = None, attachments: list[dict[str, str]] | None = None,
-                 deadline: float | None = None, budget: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        state: Any,
+        key_namespace: str,
+        idempotency_key: str | None = None,
+        attachments: list[dict[str, str]] | None = None,
+        deadline: float | None = None,
+        budget: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -203,16 +256,25 @@ class SystemZeroDecideTrigger(BaseTrigger):
         self.attachments = attachments or []
         self.deadline = deadline
         self.budget = budget
-        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline,
-                                     budget=budget)
+        self._stream = TriggerStream(
+            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
+        )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request, "state": self.state,
-                 "key_namespace": self.key_namespace, "idempotency_key": self.idempotency_key,
-                 "attachments": self.attachments, "deadline": self.deadline,
-                 **({"budget": self.budget} if self.budget else {})})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "systemzero_conn_id": self.systemzero_conn_id,
+                "request": self.request,
+                "state": self.state,
+                "key_namespace": self.key_namespace,
+                "idempotency_key": self.idempotency_key,
+                "attachments": self.attachments,
+                "deadline": self.deadline,
+                **({"budget": self.budget} if self.budget else {}),
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event."""
@@ -223,16 +285,29 @@ class SystemZeroDecideTrigger(BaseTrigger):
 
         async def decide() -> dict[str, Any]:
             attachments = [Attachment(**a) for a in self.attachments]
-            async with self._stream.open(self.state, decision_mode="on_request", attachments=attachments,
-                                         idempotency_key=self.idempotency_key) as stream:
+            async with self._stream.open(
+                self.state,
+                decision_mode="on_request",
+                attachments=attachments,
+                idempotency_key=self.idempotency_key,
+            ) as stream:
                 decision = await stream.decide()
             # the state's hash, size and a short preview, for the operator's ``decision`` record
-            return {"status": "success", **extra, **decision_payload(decision), "state_info": state_info(self.state)}
+            return {
+                "status": "success",
+                **extra,
+                **decision_payload(decision),
+                "state_info": state_info(self.state),
+            }
 
         payload = await self._stream.within_deadline(
-            decide, extra, owner=type(self).__name__, cleanup=self.cleanup,
+            decide,
+            extra,
+            owner=type(self).__name__,
+            cleanup=self.cleanup,
             late="the task's deadline passed before the trigger started",
-            timed_out="no decision before the task's deadline")
+            timed_out="no decision before the task's deadline",
+        )
         yield TriggerEvent(self._stream.with_usage(payload))
 
     async def cleanup(self) -> None:
@@ -260,10 +335,20 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
-    def __init__(self, *, systemzero_conn_id: str, request: dict[str, Any], condition: dict[str, Any],
-                 state: Any, watch_id: str, source: dict[str, Any] | None = None,
-                 decision_mode: str = "on_change", lease: bool = True, lease_after: float = 5.0,
-                 max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        condition: dict[str, Any],
+        state: Any,
+        watch_id: str,
+        source: dict[str, Any] | None = None,
+        decision_mode: str = "on_change",
+        lease: bool = True,
+        lease_after: float = 5.0,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+    ) -> None:
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
 
@@ -284,12 +369,25 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret); they are the watcher's identity."""
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"systemzero_conn_id": self.systemzero_conn_id, "request": self.request,
-                 "condition": self.condition, "state": self.state, "watch_id": self.watch_id,
-                 "source": self.source, "decision_mode": self.decision_mode, "lease": self.lease,
-                 "lease_after": self.lease_after,
-                 **({"max_staleness": self.max_staleness} if self.max_staleness != DEFAULT_MAX_STALENESS else {})})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "systemzero_conn_id": self.systemzero_conn_id,
+                "request": self.request,
+                "condition": self.condition,
+                "state": self.state,
+                "watch_id": self.watch_id,
+                "source": self.source,
+                "decision_mode": self.decision_mode,
+                "lease": self.lease,
+                "lease_after": self.lease_after,
+                **(
+                    {"max_staleness": self.max_staleness}
+                    if self.max_staleness != DEFAULT_MAX_STALENESS
+                    else {}
+                ),
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled."""
@@ -303,14 +401,22 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         policy_fields = condition.policy is not None or condition.has_hysteresis
         try:
             async with self._stream.open(initial, decision_mode=self.decision_mode) as stream:
-                feeder = SourceFeeder(stream, source, decision_mode=self.decision_mode, lease=self._lease,
-                                      max_staleness=self.max_staleness)
+                feeder = SourceFeeder(
+                    stream,
+                    source,
+                    decision_mode=self.decision_mode,
+                    lease=self._lease,
+                    max_staleness=self.max_staleness,
+                )
 
                 async def consume() -> None:
                     async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
                         async for verdict in verdicts:
-                            await queue.put(watch.event(verdict, policy_fields=policy_fields,
-                                                        extra={"watch_id": self.watch_id}).to_payload())
+                            await queue.put(
+                                watch.event(
+                                    verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
+                                ).to_payload()
+                            )
 
                 race = asyncio.ensure_future(feeder.race(consume))
                 try:
@@ -351,14 +457,21 @@ def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str
     if not isinstance(event, dict) or "status" not in event:
         raise AirflowException(f"{task_id}: the trigger sent no usable event ({event!r})")
     if event.get("key_namespace") not in accepted:
-        raise AirflowException(f"{task_id}: the event belongs to another task instance or request "
-                               f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})")
+        raise AirflowException(
+            f"{task_id}: the event belongs to another task instance or request "
+            f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})"
+        )
     return event
 
 
 def decision_payload(decision: DecisionResult) -> dict[str, Any]:
     """Everything the operator needs from a decision, as plain JSON (no state content)."""
-    return {"reply_id": decision.reply_id, "state_version": decision.state_version,
-            "covered_event_ids": list(decision.covered_event_ids), "request_id": decision.request_id,
-            "stream_id": decision.stream_id, "answers": {n: a.to_dict() for n, a in decision.answers.items()},
-            "reply": decision.reply}
+    return {
+        "reply_id": decision.reply_id,
+        "state_version": decision.state_version,
+        "covered_event_ids": list(decision.covered_event_ids),
+        "request_id": decision.request_id,
+        "stream_id": decision.stream_id,
+        "answers": {n: a.to_dict() for n, a in decision.answers.items()},
+        "reply": decision.reply,
+    }

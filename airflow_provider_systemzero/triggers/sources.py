@@ -52,8 +52,15 @@ from airflow_provider_systemzero.protocol.validation import validate_state
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.file_watch import Subscription
 
-__all__ = ["CallableSource", "FileSource", "SourceFailed", "StateSource", "StaticSource", "build_source",
-           "validate_source_spec"]
+__all__ = [
+    "CallableSource",
+    "FileSource",
+    "SourceFailed",
+    "StateSource",
+    "StaticSource",
+    "build_source",
+    "validate_source_spec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +146,16 @@ class FileSource(StateSource):
     :param must_exist: fail when the file does not exist at the start (default: read it as empty).
     """
 
-    def __init__(self, path: str, *, prefix: str = "", encoding: str = "utf-8",
-                 poll_interval: float = DEFAULT_POLL_INTERVAL, watch: str = "auto", must_exist: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        prefix: str = "",
+        encoding: str = "utf-8",
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        watch: str = "auto",
+        must_exist: bool = False,
+    ) -> None:
         self.path = path
         self.must_exist = must_exist
         self._seen = False
@@ -177,9 +192,12 @@ class FileSource(StateSource):
 
     def _remember(self, data: bytes) -> None:
         if len(self._head) < FINGERPRINT_BYTES:
-            self._head += data[:FINGERPRINT_BYTES - len(self._head)]
-        self._tail = data[-FINGERPRINT_BYTES:] if len(data) >= FINGERPRINT_BYTES else \
-            (self._tail + data)[-FINGERPRINT_BYTES:]
+            self._head += data[: FINGERPRINT_BYTES - len(self._head)]
+        self._tail = (
+            data[-FINGERPRINT_BYTES:]
+            if len(data) >= FINGERPRINT_BYTES
+            else (self._tail + data)[-FINGERPRINT_BYTES:]
+        )
 
     def _read(self, replaced: bool, limit: int | None = None) -> tuple[bool, str] | None:
         """Blocking part: ``(restart, text)`` — the new text, to append or (``restart``) to start over with.
@@ -201,8 +219,11 @@ class FileSource(StateSource):
             stat = os.fstat(fd)
             identity = (stat.st_dev, stat.st_ino)
             restart = self._identity is not None and (
-                replaced or identity != self._identity or stat.st_size < self._offset
-                or (self._offset > 0 and not self._same_prefix(fd)))
+                replaced
+                or identity != self._identity
+                or stat.st_size < self._offset
+                or (self._offset > 0 and not self._same_prefix(fd))
+            )
             if limit is not None and stat.st_size - (0 if restart else self._offset) > limit:
                 return None
             if restart:
@@ -260,8 +281,12 @@ class FileSource(StateSource):
         except OSError as exc:
             self._unsubscribe()
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-                log.warning("file notifications are unavailable for %s (%s): polling it every %.3g s", self.path,
-                            exc, self.poll_interval)
+                log.warning(
+                    "file notifications are unavailable for %s (%s): polling it every %.3g s",
+                    self.path,
+                    exc,
+                    self.poll_interval,
+                )
                 self.mode = "poll"
             # else: the directory does not exist yet; poll until it does
 
@@ -294,8 +319,11 @@ class FileSource(StateSource):
         self._wake = asyncio.Event()
         self.mode = file_watch.watch_mode(self.path, self.watch)
         self._subscribe()
-        log.debug("tailing %s (%s)", self.path, "file notifications" if self._subscriptions else
-                  f"polling every {self.poll_interval:.3g} s")
+        log.debug(
+            "tailing %s (%s)",
+            self.path,
+            "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
+        )
         try:
             await self._refresh()
             yield self._text
@@ -326,7 +354,9 @@ class _DaemonThreads:
 
     def __init__(self, idle_seconds: float = 30.0) -> None:
         self.idle_seconds = idle_seconds
-        self._work: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = (
+            queue.SimpleQueue()
+        )
         self._lock = threading.Lock()
         self._idle = 0  # threads waiting for work and not yet claimed by a submit
 
@@ -383,9 +413,16 @@ class CallableSource(StateSource):
     :param timeout: seconds a sync call may take before it counts as failed.
     """
 
-    def __init__(self, function: Callable[..., Any], *, kwargs: Mapping[str, Any] | None = None,
-                 poll_interval: float = DEFAULT_POLL_INTERVAL, retries: int = DEFAULT_RETRIES,
-                 retry_delay: float = DEFAULT_RETRY_DELAY, timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *,
+        kwargs: Mapping[str, Any] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        retries: int = DEFAULT_RETRIES,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         self.function = function
         self.kwargs = dict(kwargs or {})
         self.poll_interval = poll_interval
@@ -408,11 +445,18 @@ class CallableSource(StateSource):
         self._failures += 1
         cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if self._failures > self.retries:
-            raise SourceFailed(f"the source {self._name} failed {self._failures} time(s) in a row; last: "
-                               f"{cause}") from exc
+            raise SourceFailed(
+                f"the source {self._name} failed {self._failures} time(s) in a row; last: {cause}"
+            ) from exc
         delay = min(self.retry_delay * 2 ** (self._failures - 1), MAX_RETRY_DELAY)
-        log.warning("the source %s failed (%s); retry %d of %d in %.3g s", self._name, cause, self._failures,
-                    self.retries, delay)
+        log.warning(
+            "the source %s failed (%s); retry %d of %d in %.3g s",
+            self._name,
+            cause,
+            self._failures,
+            self.retries,
+            delay,
+        )
         await asyncio.sleep(delay)
 
     async def _call_sync(self) -> Any:
@@ -425,8 +469,10 @@ class CallableSource(StateSource):
             async with asyncio.timeout(self.timeout):
                 return await asyncio.shield(asyncio.wrap_future(call))
         except TimeoutError:
-            raise TimeoutError(f"the call did not return within {self.timeout:.3g} s (it still runs; no other "
-                               "call of this source starts until it returns)") from None
+            raise TimeoutError(
+                f"the call did not return within {self.timeout:.3g} s (it still runs; no other "
+                "call of this source starts until it returns)"
+            ) from None
 
     async def _next_generated(self) -> Any:
         if self._generator is None:
@@ -491,11 +537,18 @@ def missing_file(path: str, must_exist: bool) -> None:
     """
     host = socket.gethostname()
     if must_exist:
-        raise SystemZeroArgumentError(f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
-                                     "on the triggerer's host, or the worker's in poke mode)", code="missing_file",
-                                     field="source.path")
-    log.warning("source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
-                "wrong, fix it, or set \"must_exist\": True to fail instead", path, host)
+        raise SystemZeroArgumentError(
+            f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
+            "on the triggerer's host, or the worker's in poke mode)",
+            code="missing_file",
+            field="source.path",
+        )
+    log.warning(
+        "source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
+        'wrong, fix it, or set "must_exist": True to fail instead',
+        path,
+        host,
+    )
 
 
 def import_callable(path: str) -> Callable[..., Any]:
@@ -505,17 +558,24 @@ def import_callable(path: str) -> Callable[..., Any]:
     """
     module_name, sep, attribute = path.replace(":", ".").rpartition(".")
     if not sep or not module_name:
-        raise SystemZeroArgumentError(f"source.path {path!r} is not a dotted path 'package.module.function'",
-                                     code="invalid_source", field="source.path")
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} is not a dotted path 'package.module.function'",
+            code="invalid_source",
+            field="source.path",
+        )
     try:
         target = getattr(import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise SystemZeroArgumentError(f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
-                                     "be installed where the triggerer runs, not only in a Dag bundle",
-                                     code="invalid_source", field="source.path") from None
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
+            "be installed where the triggerer runs, not only in a Dag bundle",
+            code="invalid_source",
+            field="source.path",
+        ) from None
     if not callable(target):
-        raise SystemZeroArgumentError(f"source.path {path!r} is not callable", code="invalid_source",
-                                     field="source.path")
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} is not callable", code="invalid_source", field="source.path"
+        )
     return target
 
 
@@ -530,47 +590,78 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     if spec is None:
         return {"type": "static"}
     if not isinstance(spec, Mapping):
-        raise SystemZeroArgumentError("source must be an object such as {'type': 'file', 'path': ...}",
-                                     code="invalid_source", field="source")
+        raise SystemZeroArgumentError(
+            "source must be an object such as {'type': 'file', 'path': ...}",
+            code="invalid_source",
+            field="source",
+        )
     kind = spec.get("type")
     if kind not in SOURCE_TYPES:
-        raise SystemZeroArgumentError(f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}", code="invalid_source",
-                                     field="source.type")
-    allowed = {"static": {"type"}, "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist"},
-               "callable": {"type", "path", "kwargs", "poll_interval", "retries", "retry_delay", "timeout"}}[kind]
+        raise SystemZeroArgumentError(
+            f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}",
+            code="invalid_source",
+            field="source.type",
+        )
+    allowed = {
+        "static": {"type"},
+        "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist"},
+        "callable": {"type", "path", "kwargs", "poll_interval", "retries", "retry_delay", "timeout"},
+    }[kind]
     unknown = sorted(set(spec) - allowed)
     if unknown:
-        raise SystemZeroArgumentError(f"source has unknown field {unknown[0]!r} for type {kind!r}; allowed: "
-                                     f"{sorted(allowed)}", code="invalid_source", field=f"source.{unknown[0]}")
+        raise SystemZeroArgumentError(
+            f"source has unknown field {unknown[0]!r} for type {kind!r}; allowed: {sorted(allowed)}",
+            code="invalid_source",
+            field=f"source.{unknown[0]}",
+        )
     for name in ("poll_interval", "retry_delay", "timeout"):
         value = spec.get(name, 1.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise SystemZeroArgumentError(f"source.{name} {value!r} must be a positive number of seconds",
-                                         code="invalid_source", field=f"source.{name}")
+            raise SystemZeroArgumentError(
+                f"source.{name} {value!r} must be a positive number of seconds",
+                code="invalid_source",
+                field=f"source.{name}",
+            )
     retries = spec.get("retries", DEFAULT_RETRIES)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
-        raise SystemZeroArgumentError(f"source.retries {retries!r} must be a whole number from 0 to 100",
-                                     code="invalid_source", field="source.retries")
+        raise SystemZeroArgumentError(
+            f"source.retries {retries!r} must be a whole number from 0 to 100",
+            code="invalid_source",
+            field="source.retries",
+        )
     if spec.get("watch", "auto") not in file_watch.WATCH_MODES:
-        raise SystemZeroArgumentError(f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}",
-                                     code="invalid_source", field="source.watch")
+        raise SystemZeroArgumentError(
+            f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}",
+            code="invalid_source",
+            field="source.watch",
+        )
     if kind in ("file", "callable") and (not isinstance(spec.get("path"), str) or not spec["path"]):
-        raise SystemZeroArgumentError(f"source.path is required for a {kind} source", code="invalid_source",
-                                     field="source.path")
+        raise SystemZeroArgumentError(
+            f"source.path is required for a {kind} source", code="invalid_source", field="source.path"
+        )
     if kind == "file":
         if not isinstance(spec.get("must_exist", False), bool):
-            raise SystemZeroArgumentError("source.must_exist must be true or false", code="invalid_source",
-                                         field="source.must_exist")
+            raise SystemZeroArgumentError(
+                "source.must_exist must be true or false", code="invalid_source", field="source.must_exist"
+            )
         if not isinstance(initial_state, str):
-            raise SystemZeroArgumentError("a file source needs a string initial state (the file content is appended "
-                                         "to it)", code="invalid_source", field="state")
+            raise SystemZeroArgumentError(
+                "a file source needs a string initial state (the file content is appended to it)",
+                code="invalid_source",
+                field="state",
+            )
         try:
             codecs.lookup(spec.get("encoding", "utf-8"))
         except (LookupError, TypeError):
-            raise SystemZeroArgumentError(f"source.encoding {spec.get('encoding')!r} is not a known text encoding",
-                                         code="invalid_source", field="source.encoding") from None
+            raise SystemZeroArgumentError(
+                f"source.encoding {spec.get('encoding')!r} is not a known text encoding",
+                code="invalid_source",
+                field="source.encoding",
+            ) from None
     if kind == "callable" and not isinstance(spec.get("kwargs", {}), Mapping):
-        raise SystemZeroArgumentError("source.kwargs must be an object", code="invalid_source", field="source.kwargs")
+        raise SystemZeroArgumentError(
+            "source.kwargs must be an object", code="invalid_source", field="source.kwargs"
+        )
     return dict(spec)
 
 
@@ -583,14 +674,23 @@ def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSou
     spec = validate_source_spec(spec, initial_state)
     poll = float(spec.get("poll_interval", DEFAULT_POLL_INTERVAL))
     if spec["type"] == "file":
-        return FileSource(spec["path"], prefix=initial_state, encoding=spec.get("encoding", "utf-8"),
-                          poll_interval=poll, watch=spec.get("watch", "auto"),
-                          must_exist=spec.get("must_exist", False))
+        return FileSource(
+            spec["path"],
+            prefix=initial_state,
+            encoding=spec.get("encoding", "utf-8"),
+            poll_interval=poll,
+            watch=spec.get("watch", "auto"),
+            must_exist=spec.get("must_exist", False),
+        )
     if spec["type"] == "callable":
-        return CallableSource(import_callable(spec["path"]), kwargs=spec.get("kwargs"), poll_interval=poll,
-                              retries=spec.get("retries", DEFAULT_RETRIES),
-                              retry_delay=float(spec.get("retry_delay", DEFAULT_RETRY_DELAY)),
-                              timeout=float(spec.get("timeout", DEFAULT_CALL_TIMEOUT)))
+        return CallableSource(
+            import_callable(spec["path"]),
+            kwargs=spec.get("kwargs"),
+            poll_interval=poll,
+            retries=spec.get("retries", DEFAULT_RETRIES),
+            retry_delay=float(spec.get("retry_delay", DEFAULT_RETRY_DELAY)),
+            timeout=float(spec.get("timeout", DEFAULT_CALL_TIMEOUT)),
+        )
     return StaticSource(initial_state)
 
 
@@ -612,9 +712,14 @@ def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
     if spec["type"] == "callable":
         function = import_callable(spec["path"])
         if inspect.isasyncgenfunction(function):
-            raise SystemZeroArgumentError("an async generator source needs deferrable=True (it streams in the triggerer)",
-                                         code="invalid_source", field="source.path")
+            raise SystemZeroArgumentError(
+                "an async generator source needs deferrable=True (it streams in the triggerer)",
+                code="invalid_source",
+                field="source.path",
+            )
         kwargs = dict(spec.get("kwargs") or {})
-        value = asyncio.run(function(**kwargs)) if inspect.iscoroutinefunction(function) else function(**kwargs)
+        value = (
+            asyncio.run(function(**kwargs)) if inspect.iscoroutinefunction(function) else function(**kwargs)
+        )
         return CallableSource._checked(value)
     return initial_state

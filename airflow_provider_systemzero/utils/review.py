@@ -55,6 +55,7 @@ DECISION_XCOM_KEY = "decision"
 #: Labels of a boolean question's answers in the review form.
 BOOLEAN_LABELS = {True: "Yes", False: "No"}
 
+
 @dataclass
 class Gate:
     """One decision to act on: the question, the model's answer(s) and where they come from.
@@ -107,7 +108,9 @@ class Gate:
     def proposed(self) -> Any:
         """The model's answer: a decision, or the options answered ``true`` (multi-select)."""
         if self.multiple:
-            return [name for name, answer in (self.option_answers or {}).items() if answer.get("decision") is True]
+            return [
+                name for name, answer in (self.option_answers or {}).items() if answer.get("decision") is True
+            ]
         return (self.answer or {}).get("decision")
 
     # ------------------------------------------------------------------ review form labels
@@ -165,28 +168,45 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
         lines += ["", "| option | model says | probability | confidence |", "|---|---|---|---|"]
         for name, answer in (gate.option_answers or {}).items():
             decision, probability, confidence, _ = answer_numbers(answer)
-            lines.append(f"| `{name}` | {'run' if decision is True else 'skip'} | {_number(probability)} | "
-                         f"{_number(confidence)} |")
+            lines.append(
+                f"| `{name}` | {'run' if decision is True else 'skip'} | {_number(probability)} | "
+                f"{_number(confidence)} |"
+            )
     else:
         answer = gate.answer or {}
-        lines.append(f"probability {_number(answer.get('probability'))}, confidence "
-                     f"{_number(answer.get('confidence'))}")
+        lines.append(
+            f"probability {_number(answer.get('probability'))}, confidence "
+            f"{_number(answer.get('confidence'))}"
+        )
         lines += ["", "**Ranked answers**"]
         for rank, item in enumerate(ranked_answers(answer), start=1):
-            numbers = ", ".join(f"{key} {item[key]:g}" for key in ("probability", "confidence")
-                                if item.get(key) is not None)
-            lines.append(f"{rank}. `{_shown(item['decision'])}`" + (f" — {numbers}" if numbers else "")
-                         + (" (proposed)" if rank == 1 else ""))
+            numbers = ", ".join(
+                f"{key} {item[key]:g}" for key in ("probability", "confidence") if item.get(key) is not None
+            )
+            lines.append(
+                f"{rank}. `{_shown(item['decision'])}`"
+                + (f" — {numbers}" if numbers else "")
+                + (" (proposed)" if rank == 1 else "")
+            )
     lines += ["", f"**Why you are asked:** {outcome.reason}."]
     if gate.model or gate.reply_id:
         lines.append(f"Model `{gate.model}`, reply `{gate.reply_id}`.")
     size = f", {gate.state_bytes} bytes" if gate.state_bytes is not None else ""
     digest = f", sha256 {gate.state_hash[:12]}…" if gate.state_hash else ""
-    lines += ["", f"**State** (version {gate.state_version}{size}{digest}):", "", "```text",
-              (gate.preview or "").replace("```", "'''"), "```"]
+    lines += [
+        "",
+        f"**State** (version {gate.state_version}{size}{digest}):",
+        "",
+        "```text",
+        (gate.preview or "").replace("```", "'''"),
+        "```",
+    ]
     if policy is not None and policy.review_timeout is not None:
-        fallback = f"the default answer `{_shown(policy.default)}` applies" if policy.default is not None \
+        fallback = (
+            f"the default answer `{_shown(policy.default)}` applies"
+            if policy.default is not None
             else f"the task does what the policy says below its bars ({policy.below})"
+        )
         lines += ["", f"If nobody answers within {policy.review_timeout:g} s, {fallback}."]
     return "\n".join(lines)
 
@@ -205,13 +225,20 @@ class PolicyGateMixin:
     task_id: str
     log: Any
 
-    def _init_review(self, policy: Any, review_assigned_users: Any = None, review_notifiers: Any = None,
-                     review_subject: str | None = None) -> None:
+    def _init_review(
+        self,
+        policy: Any,
+        review_assigned_users: Any = None,
+        review_notifiers: Any = None,
+        review_subject: str | None = None,
+    ) -> None:
         """Read the policy and review settings (raises ``ValueError`` on a bad policy)."""
         self.policy = DecisionPolicy.coerce(policy)
         if isinstance(review_assigned_users, Mapping):
             review_assigned_users = [dict(review_assigned_users)]
-        self.review_assigned_users = [dict(u) for u in review_assigned_users] if review_assigned_users else None
+        self.review_assigned_users = (
+            [dict(u) for u in review_assigned_users] if review_assigned_users else None
+        )
         if review_notifiers is None:
             review_notifiers = []
         elif not isinstance(review_notifiers, list | tuple):
@@ -229,7 +256,9 @@ class PolicyGateMixin:
     def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
         """Below the bars (``fail``/``skip``; ``wait`` for the sensor): push ``record`` and stop."""
         self._push_record(context, record)
-        message = f"{self.task_id}: System Zero's answer to {gate.question!r} was not used: {record['reason']}"
+        message = (
+            f"{self.task_id}: System Zero's answer to {gate.question!r} was not used: {record['reason']}"
+        )
         if record["action"] == "skip":
             raise AirflowSkipException(message)
         raise AirflowFailException(message)
@@ -243,13 +272,34 @@ class PolicyGateMixin:
             return self.policy.evaluate_options(gate.option_answers or {})
         return self.policy.evaluate(gate.answer or {})
 
-    def _record(self, gate: Gate, outcome: PolicyOutcome, *, decision: Any, decided_by: str | None, reason: str,
-                status: str = "final", review: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def _record(
+        self,
+        gate: Gate,
+        outcome: PolicyOutcome,
+        *,
+        decision: Any,
+        decided_by: str | None,
+        reason: str,
+        status: str = "final",
+        review: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         return decision_record(
-            question=gate.question, answer=None if gate.multiple else gate.answer, decision=decision,
-            action=outcome.action, decided_by=decided_by, reason=reason, policy=self.policy, outcome=outcome,
-            model=gate.model, reply_id=gate.reply_id, state_version=gate.state_version, state_hash=gate.state_hash, status=status, review=review,
-            options=gate.option_answers if gate.multiple else None)
+            question=gate.question,
+            answer=None if gate.multiple else gate.answer,
+            decision=decision,
+            action=outcome.action,
+            decided_by=decided_by,
+            reason=reason,
+            policy=self.policy,
+            outcome=outcome,
+            model=gate.model,
+            reply_id=gate.reply_id,
+            state_version=gate.state_version,
+            state_hash=gate.state_hash,
+            status=status,
+            review=review,
+            options=gate.option_answers if gate.multiple else None,
+        )
 
     def _push_record(self, context: Context, record: dict[str, Any]) -> None:
         context["ti"].xcom_push(key=DECISION_XCOM_KEY, value=record)
@@ -257,32 +307,64 @@ class PolicyGateMixin:
     def _gate(self, context: Context, gate: Gate) -> Any:
         """Decide what to do with ``gate`` and do it (may park the task for a review)."""
         outcome = self._evaluate(gate)
-        self.log.info("policy for %s = %s: %s (%s)", gate.question, _shown(gate.proposed), outcome.action,
-                      outcome.reason)
+        self.log.info(
+            "policy for %s = %s: %s (%s)",
+            gate.question,
+            _shown(gate.proposed),
+            outcome.action,
+            outcome.reason,
+        )
         if outcome.action == "review":
             stored = self._stored_review(context, gate)
             if stored is not None:
-                self.log.info("taking the earlier review of this state (%s, %s)", stored.get("decided_by"),
-                              _shown(stored.get("decision")))
-                record = self._record(gate, outcome, decision=stored.get("decision"),
-                                      decided_by=stored["decided_by"], reason=stored["reason"],
-                                      review=stored.get("review"))
+                self.log.info(
+                    "taking the earlier review of this state (%s, %s)",
+                    stored.get("decided_by"),
+                    _shown(stored.get("decision")),
+                )
+                record = self._record(
+                    gate,
+                    outcome,
+                    decision=stored.get("decision"),
+                    decided_by=stored["decided_by"],
+                    reason=stored["reason"],
+                    review=stored.get("review"),
+                )
                 if stored.get("decision") is None:
                     below = self.policy.below if self.policy is not None else "fail"
-                    fallback = PolicyOutcome(below, stored["reason"], "review_timeout", outcome.measured,
-                                             outcome.act_above, outcome.review_above)
-                    record = self._record(gate, fallback, decision=None, decided_by="policy",
-                                          reason=stored["reason"], review=stored.get("review"))
+                    fallback = PolicyOutcome(
+                        below,
+                        stored["reason"],
+                        "review_timeout",
+                        outcome.measured,
+                        outcome.act_above,
+                        outcome.review_above,
+                    )
+                    record = self._record(
+                        gate,
+                        fallback,
+                        decision=None,
+                        decided_by="policy",
+                        reason=stored["reason"],
+                        review=stored.get("review"),
+                    )
                     return self._fallback(context, gate, record)
                 return self._apply(context, gate, record)
             self._request_review(context, gate, outcome)
         if outcome.action == "act":
-            record = self._record(gate, outcome, decision=gate.proposed, decided_by="model", reason=outcome.reason)
+            record = self._record(
+                gate, outcome, decision=gate.proposed, decided_by="model", reason=outcome.reason
+            )
             return self._apply(context, gate, record)
         if outcome.action == "default":
             assert self.policy is not None
-            record = self._record(gate, outcome, decision=self._default(gate), decided_by="policy",
-                                  reason=f"{outcome.reason}: the policy's default applies")
+            record = self._record(
+                gate,
+                outcome,
+                decision=self._default(gate),
+                decided_by="policy",
+                reason=f"{outcome.reason}: the policy's default applies",
+            )
             return self._apply(context, gate, record)
         record = self._record(gate, outcome, decision=None, decided_by="policy", reason=outcome.reason)
         return self._fallback(context, gate, record)
@@ -309,8 +391,10 @@ class PolicyGateMixin:
         store = context.get("task_state_store") if isinstance(context, Mapping) else None
         if store is None or not gate.state_hash:
             return
-        store.set(self._review_key(gate), {key: record.get(key) for key in ("decision", "decided_by", "reason",
-                                                                           "review")})
+        store.set(
+            self._review_key(gate),
+            {key: record.get(key) for key in ("decision", "decided_by", "reason", "review")},
+        )
 
     def _request_review(self, context: Context, gate: Gate, outcome: PolicyOutcome) -> None:
         """Write the review request, push the pending record and park the task (raises)."""
@@ -334,10 +418,15 @@ class PolicyGateMixin:
             assigned_users=self.review_assigned_users,
         )
         # nothing is decided yet: the person's answer (or the timeout) decides
-        self._push_record(context, self._record(gate, outcome, decision=None, decided_by=None,
-                                                reason=outcome.reason, status="pending_review"))
-        self.log.info("asking a person about %s (%s); the task waits in awaiting_input", gate.question,
-                      outcome.reason)
+        self._push_record(
+            context,
+            self._record(
+                gate, outcome, decision=None, decided_by=None, reason=outcome.reason, status="pending_review"
+            ),
+        )
+        self.log.info(
+            "asking a person about %s (%s); the task waits in awaiting_input", gate.question, outcome.reason
+        )
         for notifier in self.review_notifiers:
             notifier(context)
         resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
@@ -350,14 +439,26 @@ class PolicyGateMixin:
         from airflow.providers.standard.triggers.hitl import HITLTrigger
         from airflow.sdk.timezone import utcnow
 
-        self.defer(trigger=HITLTrigger(ti_id=context["task_instance"].id, options=gate.labels(), defaults=defaults,
-                                       params={}, multiple=gate.multiple,
-                                       timeout_datetime=utcnow() + timeout if timeout is not None else None),
-                   method_name="execute_review_complete", kwargs=resume)
+        self.defer(
+            trigger=HITLTrigger(
+                ti_id=context["task_instance"].id,
+                options=gate.labels(),
+                defaults=defaults,
+                params={},
+                multiple=gate.multiple,
+                timeout_datetime=utcnow() + timeout if timeout is not None else None,
+            ),
+            method_name="execute_review_complete",
+            kwargs=resume,
+        )
 
-    def execute_review_complete(self, context: Context, event: dict[str, Any] | None = None,
-                                gate: dict[str, Any] | None = None,
-                                outcome: dict[str, Any] | None = None) -> Any:
+    def execute_review_complete(
+        self,
+        context: Context,
+        event: dict[str, Any] | None = None,
+        gate: dict[str, Any] | None = None,
+        outcome: dict[str, Any] | None = None,
+    ) -> Any:
         """Resume after a person answered (or the review timed out) and take that answer.
 
         :param event: the Human-in-the-loop response (``chosen_options``, ``responded_by_user``,
@@ -366,17 +467,29 @@ class PolicyGateMixin:
         :param outcome: the policy's verdict that asked for the review.
         """
         if gate is None or outcome is None or not isinstance(event, Mapping):
-            raise AirflowFailException(f"{self.task_id}: resumed from a review without its decision ({event!r})")
+            raise AirflowFailException(
+                f"{self.task_id}: resumed from a review without its decision ({event!r})"
+            )
         the_gate = Gate.from_dict(gate)
         verdict = PolicyOutcome(**outcome)
         if "error" in event:
             below = self.policy.below if self.policy is not None else "fail"
-            fallback = PolicyOutcome(below, f"nobody answered the review in time ({event.get('error')}) and the "
-                                     "policy has no default", "review_timeout", verdict.measured,
-                                     verdict.act_above, verdict.review_above)
-            record = self._record(the_gate, fallback, decision=None, decided_by="policy", reason=fallback.reason,
-                                  review={"timedout": True, "chosen_options": [], "responded_by": None,
-                                          "responded_at": None})
+            fallback = PolicyOutcome(
+                below,
+                f"nobody answered the review in time ({event.get('error')}) and the policy has no default",
+                "review_timeout",
+                verdict.measured,
+                verdict.act_above,
+                verdict.review_above,
+            )
+            record = self._record(
+                the_gate,
+                fallback,
+                decision=None,
+                decided_by="policy",
+                reason=fallback.reason,
+                review={"timedout": True, "chosen_options": [], "responded_by": None, "responded_at": None},
+            )
             self._store_review(context, the_gate, record)
             return self._fallback(context, the_gate, record)
         chosen = list(event.get("chosen_options") or [])
@@ -389,8 +502,12 @@ class PolicyGateMixin:
         responded_at = event.get("responded_at")
         if hasattr(responded_at, "isoformat"):  # the trigger's event (Airflow 3.1 / 3.2) carries a datetime
             responded_at = responded_at.isoformat()
-        review = {"chosen_options": chosen, "responded_by": dict(responded_by) if responded_by else None,
-                  "responded_at": responded_at, "timedout": timedout}
+        review = {
+            "chosen_options": chosen,
+            "responded_by": dict(responded_by) if responded_by else None,
+            "responded_at": responded_at,
+            "timedout": timedout,
+        }
         if timedout:
             reason = f"{verdict.reason}; nobody answered the review in time, so the policy's default applies"
             decided_by = "timeout_default"
@@ -398,8 +515,9 @@ class PolicyGateMixin:
             who = responded_by.get("name") if isinstance(responded_by, Mapping) else None
             reason = f"{verdict.reason}; {who or 'a person'} answered {_shown(decision)}"
             decided_by = "human"
-        record = self._record(the_gate, verdict, decision=decision, decided_by=decided_by, reason=reason,
-                              review=review)
+        record = self._record(
+            the_gate, verdict, decision=decision, decided_by=decided_by, reason=reason, review=review
+        )
         self._store_review(context, the_gate, record)
         self.log.info("review of %s: %s (%s)", the_gate.question, _shown(decision), decided_by)
         return self._apply(context, the_gate, record)

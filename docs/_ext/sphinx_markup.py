@@ -105,7 +105,13 @@ class SphinxMarkup(griffe.Extension):
         for path in candidates:
             try:
                 found = self._collection.get_member(path)
-            except (KeyError, ValueError, AttributeError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+            except (
+                KeyError,
+                ValueError,
+                AttributeError,
+                griffe.AliasResolutionError,
+                griffe.CyclicAliasError,
+            ):
                 continue
             try:
                 return found.canonical_path if found.is_alias else found.path
@@ -229,11 +235,17 @@ class SphinxMarkup(griffe.Extension):
             stripped = line.strip()
             if stripped.startswith(FENCE):
                 in_fence = not in_fence
-            is_term = (not in_fence and stripped and _indent(line) == 0
-                       and not re.match(r"^([:*#|>-]|\d+\.|```)", stripped)
-                       and (i == 0 or not lines[i - 1].strip() or after_definition)
-                       and i + 1 < len(lines) and lines[i + 1].strip() and _indent(lines[i + 1]) >= 4
-                       and not lines[i + 1].strip().startswith(FENCE))
+            is_term = (
+                not in_fence
+                and stripped
+                and _indent(line) == 0
+                and not re.match(r"^([:*#|>-]|\d+\.|```)", stripped)
+                and (i == 0 or not lines[i - 1].strip() or after_definition)
+                and i + 1 < len(lines)
+                and lines[i + 1].strip()
+                and _indent(lines[i + 1]) >= 4
+                and not lines[i + 1].strip().startswith(FENCE)
+            )
             if not is_term:
                 out.append(line)
                 after_definition = False

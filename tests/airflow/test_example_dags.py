@@ -23,8 +23,10 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     os.environ["SYSTEMZERO_EXAMPLE_DIR"] = str(tmp_path_factory.mktemp("examples"))
     os.environ["SYSTEMZERO_EXAMPLE_STEP_SECONDS"] = "0.15"
     limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
-    with EmulatorThread(api_keys={"demo-key": 8}, decider=f"rules:{RULES}", limits=limits) as emu, \
-            systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"):
+    with (
+        EmulatorThread(api_keys={"demo-key": 8}, decider=f"rules:{RULES}", limits=limits) as emu,
+        systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"),
+    ):
         yield emu
 
 
@@ -59,11 +61,18 @@ def test_operator_replays_outputs_and_branches(emulator: Any) -> None:
     reply = xcoms[("decide", "reply", -1)]
     assert reply["id"] == xcoms[("decide", "decision_id", -1)] and reply["id"].startswith("szd_")
     # the gateway's state: one item per upstream output, in order
-    replayed = [s.state for s in emulator.final_states.values()
-                if isinstance(s.state, list) and s.state and isinstance(s.state[0], dict) and "task_id" in s.state[0]]
-    assert replayed == [[{"task_id": "extract", "output": {"rows": 1200, "source": "orders"}},
-                         {"task_id": "validate", "output": {"checks": "all passed", "null_rate": 0.001}},
-                         {"task_id": "measure_freshness", "output": {"age_minutes": 12}}]]
+    replayed = [
+        s.state
+        for s in emulator.final_states.values()
+        if isinstance(s.state, list) and s.state and isinstance(s.state[0], dict) and "task_id" in s.state[0]
+    ]
+    assert replayed == [
+        [
+            {"task_id": "extract", "output": {"rows": 1200, "source": "orders"}},
+            {"task_id": "validate", "output": {"checks": "all passed", "null_rate": 0.001}},
+            {"task_id": "measure_freshness", "output": {"age_minutes": 12}},
+        ]
+    ]
 
 
 def test_mapped_operator_decides_each_input(emulator: Any) -> None:

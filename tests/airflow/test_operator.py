@@ -25,23 +25,33 @@ from tests.helpers import (
     xcoms_of,
 )
 
-RULES = {"rules": [{"question": "ready", "pattern": "(?i)ready", "answer": True, "probability": 0.9,
-                    "confidence": 0.8}],
-         "default": {"answer": False, "probability": 0.3, "confidence": 0.6}}
+RULES = {
+    "rules": [
+        {"question": "ready", "pattern": "(?i)ready", "answer": True, "probability": 0.9, "confidence": 0.8}
+    ],
+    "default": {"answer": False, "probability": 0.3, "confidence": 0.6},
+}
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
 @pytest.fixture(scope="module")
 def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with rules_emulator(RULES, tmp_path_factory.mktemp("rules"), "op-key", "systemzero_op", model="sz-test") as emu:
+    with rules_emulator(
+        RULES, tmp_path_factory.mktemp("rules"), "op-key", "systemzero_op", model="sz-test"
+    ) as emu:
         yield emu
 
 
 @pytest.mark.parametrize("deferrable", [True, False])
 def test_static_state_deferrable_and_not(emulator: Any, deferrable: bool) -> None:
     with DAG(f"op_static_{deferrable}", schedule=None, start_date=START) as dag:
-        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", deferrable=deferrable,
-                                 state="The export is ready.", questions={"ready": "Is the export ready?"})
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id="systemzero_op",
+            deferrable=deferrable,
+            state="The export is ready.",
+            questions={"ready": "Is the export ready?"},
+        )
     before = emulator.stats.decisions_billed
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
@@ -52,15 +62,24 @@ def test_static_state_deferrable_and_not(emulator: Any, deferrable: bool) -> Non
     assert emulator.stats.decisions_billed == before + 1
 
 
-@pytest.mark.skipif(airflow_version()[:2] < (3, 2), reason="on Airflow 3.1 (3.1.8 checked) dag.test() starts the "
-                    "inline trigger too late for this test's 2 s decision_timeout: neither try dispatches")
+@pytest.mark.skipif(
+    airflow_version()[:2] < (3, 2),
+    reason="on Airflow 3.1 (3.1.8 checked) dag.test() starts the "
+    "inline trigger too late for this test's 2 s decision_timeout: neither try dispatches",
+)
 def test_retry_replays_the_same_keys_and_is_billed_once(emulator: Any) -> None:
     """The first try times out while the gateway is still deciding; the retry replays the same
     state with the same key and gets the original reply, unbilled."""
     with DAG("op_retry", schedule=None, start_date=START) as dag:
-        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", decision_timeout=2.0,
-                                 state="ready to retry", questions={"ready": "Is it ready?"}, retries=1,
-                                 retry_delay=timedelta(seconds=0))
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id="systemzero_op",
+            decision_timeout=2.0,
+            state="ready to retry",
+            questions={"ready": "Is it ready?"},
+            retries=1,
+            retry_delay=timedelta(seconds=0),
+        )
     before = emulator.stats
     emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 2500))
 
@@ -85,8 +104,13 @@ def test_retry_replays_the_same_keys_and_is_billed_once(emulator: Any) -> None:
 
 def _context(tmp: Path | None = None, outputs: dict[str, Any] | None = None) -> dict[str, Any]:
     outputs = outputs or {}
-    ti = SimpleNamespace(dag_id="d", task_id="decide", run_id="r", map_index=-1,
-                         xcom_pull=lambda task_ids, key="return_value": outputs.get(task_ids))
+    ti = SimpleNamespace(
+        dag_id="d",
+        task_id="decide",
+        run_id="r",
+        map_index=-1,
+        xcom_pull=lambda task_ids, key="return_value": outputs.get(task_ids),
+    )
     return {"ti": ti}
 
 
@@ -95,14 +119,26 @@ def _context(tmp: Path | None = None, outputs: dict[str, Any] | None = None) -> 
     [
         ({"questions": {"1ready": "x"}, "state": "s"}, "question name '1ready' must start with a letter"),
         ({"questions": {}, "state": "s"}, "questions must be a non-empty mapping"),
-        ({"questions": {"q": {"type": "choice", "instructions": "x", "options": []}}, "state": "s"},
-         "options must list at least one option"),
-        ({"questions": {"q": "x"}, "state": "s", "route": "committee", "mode": "deliberate"},
-         "cannot be combined with request.mode 'deliberate'"),
-        ({"questions": {"q": "x"}, "state": "s", "attachments": [{"name": "9bad", "data": "data:text/plain;base64,eA=="}]},
-         "must start with a letter"),
-        ({"questions": {"q": "x"}, "state": "s", "attachments": [{"name": "a", "data": "not a data url"}]},
-         "does not start with 'data:'"),
+        (
+            {"questions": {"q": {"type": "choice", "instructions": "x", "options": []}}, "state": "s"},
+            "options must list at least one option",
+        ),
+        (
+            {"questions": {"q": "x"}, "state": "s", "route": "committee", "mode": "deliberate"},
+            "cannot be combined with request.mode 'deliberate'",
+        ),
+        (
+            {
+                "questions": {"q": "x"},
+                "state": "s",
+                "attachments": [{"name": "9bad", "data": "data:text/plain;base64,eA=="}],
+            },
+            "must start with a letter",
+        ),
+        (
+            {"questions": {"q": "x"}, "state": "s", "attachments": [{"name": "a", "data": "not a data url"}]},
+            "does not start with 'data:'",
+        ),
         ({"questions": {"q": "x"}, "state": "x" * 3_700_000}, "max_decide_body_bytes"),
         ({"questions": {"q": "x"}, "upstream_task_ids": ["up"]}, "not JSON"),
         ({"questions": {"q": "x"}}, "state is required"),
@@ -122,9 +158,14 @@ def test_file_attachment_and_replayed_items(emulator: Any, tmp_path: Path) -> No
     report = tmp_path / "report.txt"
     report.write_text("all green")
     with DAG("op_attach", schedule=None, start_date=START) as dag:
-        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id="systemzero_op", deferrable=True,
-                                 state=["the job is ready"], questions={"ready": "Is it ready?"},
-                                 attachments=[file_attachment("report", report)])
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id="systemzero_op",
+            deferrable=True,
+            state=["the job is ready"],
+            questions={"ready": "Is it ready?"},
+            attachments=[file_attachment("report", report)],
+        )
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
     finals = [s for s in emulator.final_states.values() if s.attachments]
@@ -147,10 +188,20 @@ def test_decision_failures_fail_fast_only_on_client_errors(failure: dict[str, An
 
     operator = SystemZeroDecideOperator(task_id="decide", questions={"q": "x"}, state="s")
     pushed: dict[str, Any] = {}
-    ti = SimpleNamespace(dag_id="d", task_id="decide", run_id="r", map_index=-1,
-                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
-    event = {"status": "error", "error_type": "decision_failed", "message": "the decision failed",
-             "key_namespace": task_namespace("d", "decide", "r", -1), **failure}
+    ti = SimpleNamespace(
+        dag_id="d",
+        task_id="decide",
+        run_id="r",
+        map_index=-1,
+        xcom_push=lambda key, value: pushed.__setitem__(key, value),
+    )
+    event = {
+        "status": "error",
+        "error_type": "decision_failed",
+        "message": "the decision failed",
+        "key_namespace": task_namespace("d", "decide", "r", -1),
+        **failure,
+    }
     with pytest.raises(error) as info:
         operator.execute_complete({"ti": ti}, event=event)
     assert type(info.value) is error  # AirflowFailException is an AirflowException: check exactly

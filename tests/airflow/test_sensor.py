@@ -30,9 +30,17 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def _sensor(log: Path, **kwargs: Any) -> SystemZeroDecisionSensor:
     return SystemZeroDecisionSensor(
-        task_id="wait", systemzero_conn_id="systemzero_sensor", model="sz-test", question="ready",
-        instructions="Is the job ready?", source={"type": "file", "path": str(log), "poll_interval": 0.05},
-        min_confidence=0.5, timeout=60, lease_after=0.2, **kwargs)
+        task_id="wait",
+        systemzero_conn_id="systemzero_sensor",
+        model="sz-test",
+        question="ready",
+        instructions="Is the job ready?",
+        source={"type": "file", "path": str(log), "poll_interval": 0.05},
+        min_confidence=0.5,
+        timeout=60,
+        lease_after=0.2,
+        **kwargs,
+    )
 
 
 def test_gateway_restart_mid_wait_replays_and_still_fires(emulator: Any, tmp_path: Path) -> None:
@@ -48,8 +56,10 @@ def test_gateway_restart_mid_wait_replays_and_still_fires(emulator: Any, tmp_pat
             handle.write("still working\n")
         wait_until(lambda: emulator.stats.events_accepted > before.events_accepted + 1, timeout=60)
         emulator.call(lambda emu: emu.restart(retry_after_ms=300))
-        wait_until(lambda: emulator.stats.closes_by_code.get(1012, 0) > before.closes_by_code.get(1012, 0),
-                   timeout=60)
+        wait_until(
+            lambda: emulator.stats.closes_by_code.get(1012, 0) > before.closes_by_code.get(1012, 0),
+            timeout=60,
+        )
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
 
@@ -80,14 +90,25 @@ def test_poke_mode_decides_on_request_each_poke(emulator: Any, tmp_path: Path) -
 
 def _context() -> dict[str, Any]:
     # xcom_push: the sensor pushes its ``decision`` record when it fires
-    return {"ti": SimpleNamespace(dag_id="d", task_id="wait", run_id="r", map_index=-1,
-                                  xcom_push=lambda key, value: None)}
+    return {
+        "ti": SimpleNamespace(
+            dag_id="d", task_id="wait", run_id="r", map_index=-1, xcom_push=lambda key, value: None
+        )
+    }
 
 
 def test_execute_complete_is_idempotent_and_checks_ownership(tmp_path: Path) -> None:
     sensor = _sensor(tmp_path / "log")
-    event = {"status": "success", "key_namespace": task_namespace("d", "wait", "r", -1), "question": "ready",
-             "decision": True, "probability": 0.9, "confidence": 0.8, "reply_id": "szd_x", "state_version": 3}
+    event = {
+        "status": "success",
+        "key_namespace": task_namespace("d", "wait", "r", -1),
+        "question": "ready",
+        "decision": True,
+        "probability": 0.9,
+        "confidence": 0.8,
+        "reply_id": "szd_x",
+        "state_version": 3,
+    }
     first = sensor.execute_complete(_context(), event=dict(event))
     assert first == sensor.execute_complete(_context(), event=dict(event))  # delivered twice, same result
     with pytest.raises(AirflowException, match="belongs to another task instance"):
@@ -99,12 +120,17 @@ def test_execute_complete_is_idempotent_and_checks_ownership(tmp_path: Path) -> 
     [
         ({"status": "timeout", "message": "no decision met the condition"}, False, "AirflowSensorTimeout"),
         ({"status": "timeout", "message": "no decision met the condition"}, True, AirflowSkipException),
-        ({"status": "error", "error_type": "authentication", "message": "HTTP 401"}, False, AirflowFailException),
+        (
+            {"status": "error", "error_type": "authentication", "message": "HTTP 401"},
+            False,
+            AirflowFailException,
+        ),
         ({"status": "error", "error_type": "stream_failed", "message": "closed"}, False, AirflowException),
     ],
 )
-def test_error_events_raise_what_airflow_expects(tmp_path: Path, event: dict[str, Any], soft_fail: bool,
-                                                 error: Any) -> None:
+def test_error_events_raise_what_airflow_expects(
+    tmp_path: Path, event: dict[str, Any], soft_fail: bool, error: Any
+) -> None:
     sensor = _sensor(tmp_path / "log", soft_fail=soft_fail)
     event = {**event, "key_namespace": task_namespace("d", "wait", "r", -1)}
     with pytest.raises(Exception) as info:
@@ -126,12 +152,21 @@ def test_error_events_raise_what_airflow_expects(tmp_path: Path, event: dict[str
         ({"decision_mode": "sometimes"}, "decision_mode 'sometimes' is not one of"),
         ({"source": {"type": "tcp"}}, "source.type 'tcp' is not one of"),
         ({"source": {"type": "file"}}, "source.path is required"),
-        ({"state": ["not", "a", "string"], "source": {"type": "file", "path": "/x"}}, "needs a string initial"),
+        (
+            {"state": ["not", "a", "string"], "source": {"type": "file", "path": "/x"}},
+            "needs a string initial",
+        ),
     ],
 )
-def test_bad_sensor_input_fails_before_deferring(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
-    base: dict[str, Any] = {"task_id": "wait", "systemzero_conn_id": "systemzero_sensor", "question": "ready",
-                            "instructions": "Is the job ready?"}
+def test_bad_sensor_input_fails_before_deferring(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    base: dict[str, Any] = {
+        "task_id": "wait",
+        "systemzero_conn_id": "systemzero_sensor",
+        "question": "ready",
+        "instructions": "Is the job ready?",
+    }
     base.update(kwargs)
     # a literal mistake fails when the DAG is parsed (ValueError), others when the task runs
     with pytest.raises((ValueError, AirflowFailException), match=message):

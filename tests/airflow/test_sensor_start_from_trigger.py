@@ -25,22 +25,34 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 #: start_from_trigger renders its key namespace in the triggerer: Airflow 3.3 (tests/test_compat.py checks the fallback).
 needs_trigger_templates = pytest.mark.skipif(
     not has_trigger_templates(),
-    reason="start_from_trigger needs Airflow 3.3's triggerer template rendering; older releases defer from a worker")
+    reason="start_from_trigger needs Airflow 3.3's triggerer template rendering; older releases defer from a worker",
+)
 RUN_ID = "manual__2026-01-02T03:04:05.678901+00:00"
 
 
 def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
     base: dict[str, Any] = {
-        "task_id": "wait", "question": "ready", "instructions": "Is the job ready?", "model": "sz-test",
+        "task_id": "wait",
+        "question": "ready",
+        "instructions": "Is the job ready?",
+        "model": "sz-test",
         "source": {"type": "file", "path": "{{ params.dir }}/job.log", "poll_interval": 0.5},
-        "state": "run {{ ti.run_id }}: ", "timeout": 90, "start_from_trigger": True}
+        "state": "run {{ ti.run_id }}: ",
+        "timeout": 90,
+        "start_from_trigger": True,
+    }
     base.update(kwargs)
     return SystemZeroDecisionSensor(**base)
 
 
 def _context(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id=sensor.dag_id, task_id=sensor.task_id, run_id=RUN_ID, map_index=-1,
-                         xcom_push=lambda key, value: None)  # the sensor pushes its ``decision`` record
+    ti = SimpleNamespace(
+        dag_id=sensor.dag_id,
+        task_id=sensor.task_id,
+        run_id=RUN_ID,
+        map_index=-1,
+        xcom_push=lambda key, value: None,
+    )  # the sensor pushes its ``decision`` record
     return {"ti": ti, "task_instance": ti, "params": {"dir": "/data/jobs"}, "run_id": RUN_ID}
 
 
@@ -67,7 +79,9 @@ def test_start_trigger_args_are_built_at_parse_time() -> None:
     kwargs = args.trigger_kwargs
     assert kwargs is not None
     assert kwargs["key_namespace"] == START_FROM_TRIGGER_NAMESPACE and kwargs["deadline"] is None
-    assert kwargs["request"]["questions"] == {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+    assert kwargs["request"]["questions"] == {
+        "ready": {"type": "boolean", "instructions": "Is the job ready?"}
+    }
     # the kwargs are what the trigger itself serializes: the scheduler's trigger row is a normal one
     assert SystemZeroDecisionTrigger(**kwargs).serialize()[1] == kwargs
 
@@ -102,8 +116,15 @@ def test_triggerer_and_worker_render_the_same_namespace() -> None:
     # the resuming worker renders the sensor's template fields (strictly) before execute_complete
     sensor.render_template_fields(_context(sensor))
     assert sensor.key_namespace == trigger.key_namespace
-    event = {"status": "success", "key_namespace": trigger.key_namespace, "question": "ready", "decision": True,
-             "probability": 0.9, "confidence": 0.9, "state_version": 3}
+    event = {
+        "status": "success",
+        "key_namespace": trigger.key_namespace,
+        "question": "ready",
+        "decision": True,
+        "probability": 0.9,
+        "confidence": 0.9,
+        "state_version": 3,
+    }
     assert sensor.execute_complete(_context(sensor), event=event)["decision"] is True
 
 
@@ -112,7 +133,9 @@ def test_start_from_trigger_still_accepts_the_worker_namespace_and_nothing_else(
     with DAG("sft_accept", schedule=None, start_date=START):
         sensor = _sensor()
     sensor.render_template_fields(_context(sensor))
-    derived = task_namespace("sft_accept", "wait", RUN_ID, -1)  # dag.test() and mapped sensors defer from a worker
+    derived = task_namespace(
+        "sft_accept", "wait", RUN_ID, -1
+    )  # dag.test() and mapped sensors defer from a worker
     event = {"status": "success", "key_namespace": derived, "question": "ready", "decision": True}
     assert sensor.execute_complete(_context(sensor), event=event)["decision"] is True
     other = {**event, "key_namespace": f"sz-sft-sft_accept.other.{RUN_ID}.-1"}
@@ -139,14 +162,17 @@ def test_default_path_has_no_start_trigger_args() -> None:
 
 
 @needs_trigger_templates
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"instructions": "Is {{ params.job }} ready?"}, "instructions must not be templated"),
-    ({"model": "{{ var.value.model }}"}, "model must not be templated"),
-    ({"deferrable": False}, "needs deferrable=True"),
-    ({"key_salt": "{{ ds }}"}, "key_salt must not be templated"),
-    ({"task_id": "t" * 120}, "too long"),
-    ({"instructions": None}, "instructions is required"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"instructions": "Is {{ params.job }} ready?"}, "instructions must not be templated"),
+        ({"model": "{{ var.value.model }}"}, "model must not be templated"),
+        ({"deferrable": False}, "needs deferrable=True"),
+        ({"key_salt": "{{ ds }}"}, "key_salt must not be templated"),
+        ({"task_id": "t" * 120}, "too long"),
+        ({"instructions": None}, "instructions is required"),
+    ],
+)
 def test_refuses_what_the_triggerer_cannot_render(kwargs: dict[str, Any], message: str) -> None:
     with DAG("sft_refused", schedule=None, start_date=START), pytest.raises(ValueError, match=message):
         _sensor(**kwargs)

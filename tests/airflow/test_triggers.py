@@ -21,10 +21,22 @@ from airflow_provider_systemzero.triggers.decision import (
 )
 from tests.airflow import sources_for_tests
 
-RULES = {"rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.93,
-                    "confidence": 0.9}],
-         "default": {"answer": False, "probability": 0.2, "confidence": 0.8}}
-REQUEST = {"model": "sz-test", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
+RULES = {
+    "rules": [
+        {
+            "question": "ready",
+            "pattern": "(?i)job is ready",
+            "answer": True,
+            "probability": 0.93,
+            "confidence": 0.9,
+        }
+    ],
+    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
+}
+REQUEST = {
+    "model": "sz-test",
+    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+}
 CONDITION = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
 
 
@@ -43,8 +55,10 @@ LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minu
 @pytest.fixture
 async def emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     async with Emulator(api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS) as emu:
-        monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_TEST", json.dumps(
-            {"conn_type": "systemzero", "host": emu.origin, "password": "demo"}))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_TEST",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
+        )
         yield emu
 
 
@@ -60,8 +74,14 @@ def rebuilt(trigger: Any) -> Any:
 
 
 def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
-    kwargs: dict[str, Any] = {"systemzero_conn_id": "systemzero_test", "request": REQUEST, "condition": CONDITION,
-                              "state": "", "key_namespace": task_namespace("d", "t", "r", -1), "lease_after": 0.0}
+    kwargs: dict[str, Any] = {
+        "systemzero_conn_id": "systemzero_test",
+        "request": REQUEST,
+        "condition": CONDITION,
+        "state": "",
+        "key_namespace": task_namespace("d", "t", "r", -1),
+        "lease_after": 0.0,
+    }
     kwargs.update(overrides)
     return SystemZeroDecisionTrigger(**kwargs)
 
@@ -107,8 +127,12 @@ async def test_file_source_grows_until_the_decision_flips(emulator: Emulator, tm
 
 
 def emulator_cache_keys(emulator: Emulator) -> set[str]:
-    return {entry.prompt_cache_key for entries in emulator.ledger.values() for entry in entries
-            if getattr(entry, "prompt_cache_key", None)} or set(emulator._latest_by_cache_key)
+    return {
+        entry.prompt_cache_key
+        for entries in emulator.ledger.values()
+        for entry in entries
+        if getattr(entry, "prompt_cache_key", None)
+    } or set(emulator._latest_by_cache_key)
 
 
 async def test_static_state_already_true_fires_at_once(emulator: Emulator) -> None:
@@ -124,10 +148,13 @@ async def test_deadline_gives_a_timeout_event(emulator: Emulator) -> None:
     assert payload["status"] == "timeout" and "deadline" in payload["message"]
 
 
-async def test_wrong_key_gives_an_authentication_error_event(emulator: Emulator,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_TEST", json.dumps(
-        {"conn_type": "systemzero", "host": emulator.origin, "password": "wrong-key-123"}))
+async def test_wrong_key_gives_an_authentication_error_event(
+    emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SYSTEMZERO_TEST",
+        json.dumps({"conn_type": "systemzero", "host": emulator.origin, "password": "wrong-key-123"}),
+    )
     payload = await first_event(rebuilt(sensor_trigger()))
     assert payload["status"] == "error" and payload["error_type"] == "authentication"
     assert "wrong-key-123" not in json.dumps(payload)
@@ -170,7 +197,10 @@ async def test_rebuilt_trigger_replays_byte_identically_without_billing(emulator
 
 async def test_two_copies_at_once_bill_once(emulator: Emulator) -> None:
     """HA: two triggerers run the same trigger; the per-state keys make the gateway bill once."""
-    one, two = rebuilt(sensor_trigger(state="Job is ready.\n")), rebuilt(sensor_trigger(state="Job is ready.\n"))
+    one, two = (
+        rebuilt(sensor_trigger(state="Job is ready.\n")),
+        rebuilt(sensor_trigger(state="Job is ready.\n")),
+    )
     first, second = await asyncio.gather(first_event(one), first_event(two))
     assert first["status"] == second["status"] == "success"
     assert first["reply_id"] == second["reply_id"]
@@ -180,10 +210,20 @@ async def test_two_copies_at_once_bill_once(emulator: Emulator) -> None:
 async def test_many_waiting_triggers_share_the_stream_cap(emulator: Emulator) -> None:
     count = 200
     names = [f"job{n}" for n in range(count)]
-    triggers = [rebuilt(sensor_trigger(
-        key_namespace=task_namespace("d", "t", name, -1),
-        source={"type": "callable", "path": "tests.airflow.sources_for_tests.flag_state", "kwargs": {"name": name},
-                "poll_interval": 0.05})) for name in names]
+    triggers = [
+        rebuilt(
+            sensor_trigger(
+                key_namespace=task_namespace("d", "t", name, -1),
+                source={
+                    "type": "callable",
+                    "path": "tests.airflow.sources_for_tests.flag_state",
+                    "kwargs": {"name": name},
+                    "poll_interval": 0.05,
+                },
+            )
+        )
+        for name in names
+    ]
     tasks = [asyncio.ensure_future(first_event(t, within=120)) for t in triggers]
     # every trigger gets its first (false) decision, leasing its stream back in between
     await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= count, timeout=90)
@@ -197,17 +237,28 @@ async def test_many_waiting_triggers_share_the_stream_cap(emulator: Emulator) ->
 
 
 async def test_async_generator_source_pushes_states(emulator: Emulator) -> None:
-    trigger = rebuilt(sensor_trigger(source={
-        "type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states",
-        "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nJob is ready.\n"]}}))
+    trigger = rebuilt(
+        sensor_trigger(
+            source={
+                "type": "callable",
+                "path": "tests.airflow.sources_for_tests.pushed_states",
+                "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nJob is ready.\n"]},
+            }
+        )
+    )
     payload = await first_event(trigger)
     assert payload["status"] == "success"
 
 
 async def test_decide_trigger_returns_every_answer(emulator: Emulator) -> None:
-    trigger = rebuilt(SystemZeroDecideTrigger(
-        systemzero_conn_id="systemzero_test", request=REQUEST, state=[{"task_id": "a", "output": "Job is ready."}],
-        key_namespace=task_namespace("d", "op", "r", -1)))
+    trigger = rebuilt(
+        SystemZeroDecideTrigger(
+            systemzero_conn_id="systemzero_test",
+            request=REQUEST,
+            state=[{"task_id": "a", "output": "Job is ready."}],
+            key_namespace=task_namespace("d", "op", "r", -1),
+        )
+    )
     payload = await first_event(trigger)
     assert payload["status"] == "success" and payload["answers"]["ready"]["decision"] is True
     assert payload["reply"]["id"] == payload["reply_id"] and payload["state_version"] == 1
@@ -215,10 +266,21 @@ async def test_decide_trigger_returns_every_answer(emulator: Emulator) -> None:
 
 async def test_event_trigger_fires_on_each_transition_to_true(emulator: Emulator) -> None:
     sources_for_tests.STATES["watch"] = "waiting\n"
-    trigger = rebuilt(SystemZeroDecisionEventTrigger(
-        systemzero_conn_id="systemzero_test", request=REQUEST, condition=CONDITION, state="", watch_id="nightly",
-        source={"type": "callable", "path": "tests.airflow.sources_for_tests.flag_state",
-                "kwargs": {"name": "watch"}, "poll_interval": 0.02}))
+    trigger = rebuilt(
+        SystemZeroDecisionEventTrigger(
+            systemzero_conn_id="systemzero_test",
+            request=REQUEST,
+            condition=CONDITION,
+            state="",
+            watch_id="nightly",
+            source={
+                "type": "callable",
+                "path": "tests.airflow.sources_for_tests.flag_state",
+                "kwargs": {"name": "watch"},
+                "poll_interval": 0.02,
+            },
+        )
+    )
     gen = trigger.run()
     try:
         first = asyncio.ensure_future(anext(gen))
@@ -254,8 +316,16 @@ async def test_a_held_stream_is_given_back_at_once_when_others_wait(emulator: Em
     """Quiet triggers keep their stream for lease_after seconds, but never while another trigger
     of the process waits for a slot: twelve triggers on four slots all get a first decision long
     before a single lease_after (60 s) has passed."""
-    triggers = [rebuilt(sensor_trigger(state="still working\n", lease_after=60.0,
-                                       key_namespace=task_namespace("d", "t", f"held{n}", -1))) for n in range(12)]
+    triggers = [
+        rebuilt(
+            sensor_trigger(
+                state="still working\n",
+                lease_after=60.0,
+                key_namespace=task_namespace("d", "t", f"held{n}", -1),
+            )
+        )
+        for n in range(12)
+    ]
     tasks = [asyncio.ensure_future(first_event(t, within=120)) for t in triggers]
     try:
         await emulator.wait_for(lambda emu: emu.stats.decisions_delivered >= 12, timeout=30)
@@ -269,9 +339,17 @@ async def test_a_held_stream_is_given_back_at_once_when_others_wait(emulator: Em
 
 
 async def test_min_interval_spaces_decisions_on_a_busy_source(emulator: Emulator) -> None:
-    trigger = rebuilt(sensor_trigger(min_interval_ms=60_000, lease_after=60.0, source={
-        "type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states",
-        "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nc\n"]}}))
+    trigger = rebuilt(
+        sensor_trigger(
+            min_interval_ms=60_000,
+            lease_after=60.0,
+            source={
+                "type": "callable",
+                "path": "tests.airflow.sources_for_tests.pushed_states",
+                "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nc\n"]},
+            },
+        )
+    )
     assert trigger.serialize()[1]["min_interval_ms"] == 60_000
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))

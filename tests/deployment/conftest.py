@@ -21,7 +21,9 @@ from tests.deployment.harness import RESULTS, Deployment, database, logs_section
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "deployment: end-to-end test against real Airflow components (run with make test-deployment)")
+        "markers",
+        "deployment: end-to-end test against real Airflow components (run with make test-deployment)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,7 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """The emulator, ``airflow db migrate``, api-server, scheduler, dag-processor and two triggerers."""
-    with running(Deployment(tmp_path_factory.mktemp("airflow-deployment"), database=database())) as deployment:
+    with running(
+        Deployment(tmp_path_factory.mktemp("airflow-deployment"), database=database())
+    ) as deployment:
         yield deployment
 
 

@@ -61,8 +61,14 @@ SMALL_KEY, SMALL_MAX_CONCURRENT = "small-" + secrets.token_hex(6), 4
 ACCOUNT_POOL = "systemzero_account"
 ACCOUNT_POOL_SLOTS = max(1, SMALL_MAX_CONCURRENT // 2)
 #: The Dags in ``dags/`` (the deployment waits until all of them are serialized).
-DAG_IDS = ("sz_deploy_fanout", "sz_deploy_handover", "sz_deploy_pool", "sz_deploy_start_from_trigger",
-           "sz_deploy_operator_xcom", "sz_deploy_failover")
+DAG_IDS = (
+    "sz_deploy_fanout",
+    "sz_deploy_handover",
+    "sz_deploy_pool",
+    "sz_deploy_start_from_trigger",
+    "sz_deploy_operator_xcom",
+    "sz_deploy_failover",
+)
 
 #: The metadata databases the deployment runs on (``SZ_DEPLOYMENT_DB``; SQLite by default).
 DATABASES = ("sqlite", "postgres")
@@ -91,8 +97,10 @@ def database() -> str:
     """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
     chosen = os.environ.get("SZ_DEPLOYMENT_DB", "sqlite") or "sqlite"
     if chosen not in DATABASES:
-        raise ValueError(f"SZ_DEPLOYMENT_DB={chosen!r} is not one of {DATABASES}: unset it for SQLite, or set "
-                         "it to 'postgres'")
+        raise ValueError(
+            f"SZ_DEPLOYMENT_DB={chosen!r} is not one of {DATABASES}: unset it for SQLite, or set "
+            "it to 'postgres'"
+        )
     return chosen
 
 
@@ -135,13 +143,27 @@ class Component:
         return self.process.pid
 
     def start(self, env: Mapping[str, str]) -> None:
-        command = [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), sys.executable, "-m", "airflow",
-                   *self.args]
+        command = [
+            sys.executable,
+            "-c",
+            _PDEATHSIG_SHIM,
+            str(os.getpid()),
+            sys.executable,
+            "-m",
+            "airflow",
+            *self.args,
+        ]
         with self.log_path.open("ab") as log:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} airflow {' '.join(self.args)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(command, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                env=dict(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -229,8 +251,11 @@ class SocketSampler:
         total = 0
         for proc in component.tree():
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                total += sum(1 for c in proc.net_connections(kind="tcp")
-                             if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == self.port)
+                total += sum(
+                    1
+                    for c in proc.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == self.port
+                )
         return total
 
     def _run(self) -> None:
@@ -254,10 +279,18 @@ class SocketSampler:
 class Deployment:
     """The emulator plus real Airflow components in a throwaway home (see the module docstring)."""
 
-    def __init__(self, home: Path, *, parallelism: int = 4, database: str = "sqlite", dags: Path = DAGS,
-                 dag_ids: Sequence[str] = DAG_IDS, rules: Path = RULES,
-                 triggerers: Sequence[str] = ("triggerer-a", "triggerer-b"),
-                 extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        parallelism: int = 4,
+        database: str = "sqlite",
+        dags: Path = DAGS,
+        dag_ids: Sequence[str] = DAG_IDS,
+        rules: Path = RULES,
+        triggerers: Sequence[str] = ("triggerer-a", "triggerer-b"),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
         """:param home: the ``AIRFLOW_HOME`` (empty).
         :param parallelism: LocalExecutor workers.
         :param database: ``sqlite`` or ``postgres``.
@@ -382,8 +415,11 @@ class Deployment:
 
         limits = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
         self.emulator_thread = EmulatorThread(
-            api_keys={MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT}, decider=f"rules:{self.rules}",
-            limits=limits, decide_latency_ms=100)
+            api_keys={MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT},
+            decider=f"rules:{self.rules}",
+            limits=limits,
+            decide_latency_ms=100,
+        )
         self.emulator = self.emulator_thread.__enter__()
         self.sampler = SocketSampler(self.emulator.port)
         self.sampler.start()
@@ -397,7 +433,9 @@ class Deployment:
     def start_triggerer(self, name: str, capacity: int | None = None) -> Component:
         """Start a triggerer (optionally with a capacity) and wait for its TriggererJob row."""
         known = {row[0] for row in self.query("SELECT id FROM job WHERE job_type = 'TriggererJob'")}
-        args = ["triggerer", "--skip-serve-logs"] + ([] if capacity is None else ["--capacity", str(capacity)])
+        args = ["triggerer", "--skip-serve-logs"] + (
+            [] if capacity is None else ["--capacity", str(capacity)]
+        )
         component = self._start(name, args)
         assert self.sampler is not None
         self.sampler.watch(component)
@@ -405,8 +443,9 @@ class Deployment:
         def new_job() -> int | None:
             if not component.running():
                 raise RuntimeError(f"{name} exited with {component.process and component.process.returncode}")
-            rows = self.query("SELECT id FROM job WHERE job_type = 'TriggererJob' AND end_date IS NULL "
-                              "ORDER BY id")
+            rows = self.query(
+                "SELECT id FROM job WHERE job_type = 'TriggererJob' AND end_date IS NULL ORDER BY id"
+            )
             fresh = [row[0] for row in rows if row[0] not in known]
             return fresh[-1] if fresh else None
 
@@ -421,8 +460,10 @@ class Deployment:
         # SIGTERM (each by its own PID) to every component at once, then wait for each; the
         # api-server last, as the scheduler's running workers finish through its execution API
         components = list(self.components.values())
-        for phase in ([c for c in components if c.name != "api-server"],
-                      [c for c in components if c.name == "api-server"]):
+        for phase in (
+            [c for c in components if c.name != "api-server"],
+            [c for c in components if c.name == "api-server"],
+        ):
             for component in phase:
                 with contextlib.suppress(Exception):
                     component.terminate()
@@ -447,13 +488,18 @@ class Deployment:
     def cli(self, *args: str, timeout: float = 120) -> str:
         """Run an ``airflow`` CLI command in the deployment's environment; its output is logged."""
         log = self.logs / "cli.log"
-        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env(), capture_output=True,
-                                text=True, timeout=timeout, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         with log.open("a") as handle:
             handle.write(f"\n$ airflow {' '.join(args)}\n{result.stdout}{result.stderr}")
         if result.returncode != 0:
-            raise RuntimeError(f"'airflow {' '.join(args)}' failed ({result.returncode}):\n"
-                               f"{_tail(log, 30)}")
+            raise RuntimeError(f"'airflow {' '.join(args)}' failed ({result.returncode}):\n{_tail(log, 30)}")
         return result.stdout
 
     def _store_connections_and_pool(self) -> None:
@@ -469,18 +515,27 @@ with create_session() as s:
 Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"]),
                            "System Zero account capacity", include_deferred=True)
 """
-        env = {**self.env(), "SZ_ORIGIN": self.emulator.origin, "SZ_MAIN_KEY": MAIN_KEY, "SZ_SMALL_KEY": SMALL_KEY,
-               "SZ_POOL": ACCOUNT_POOL, "SZ_POOL_SLOTS": str(ACCOUNT_POOL_SLOTS)}
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                                timeout=120, check=False)
+        env = {
+            **self.env(),
+            "SZ_ORIGIN": self.emulator.origin,
+            "SZ_MAIN_KEY": MAIN_KEY,
+            "SZ_SMALL_KEY": SMALL_KEY,
+            "SZ_POOL": ACCOUNT_POOL,
+            "SZ_POOL_SLOTS": str(ACCOUNT_POOL_SLOTS),
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         if result.returncode != 0:
             raise RuntimeError(f"storing the connections failed:\n{result.stderr[-3000:]}")
 
     def _api_healthy(self) -> bool:
         for component in self.components.values():
             if not component.running():
-                raise RuntimeError(f"{component.name} exited early ({component.process.returncode}):\n"  # type: ignore[union-attr]
-                                   f"{_tail(component.log_path, 40)}")
+                raise RuntimeError(
+                    f"{component.name} exited early ({component.process.returncode}):\n"  # type: ignore[union-attr]
+                    f"{_tail(component.log_path, 40)}"
+                )
         try:
             health = self.rest("GET", "/api/v2/monitor/health")
         except (OSError, urllib.error.URLError):
@@ -519,8 +574,9 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
     def rest(self, method: str, path: str, body: Any = None) -> Any:
         """Call the REST API (the simple auth manager's all-admins mode needs no token)."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.api + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"null")
 
@@ -537,6 +593,7 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float) -> str:
         """Wait (bounded) for a run's final state."""
+
         def final() -> str | None:
             self.check_alive()
             state = self.run_state(dag_id, run_id)
@@ -546,15 +603,27 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """``task_id[map_index] -> {state, try_number, pool, ...}``."""
-        rows = self.query("SELECT task_id, map_index, state, try_number, pool, trigger_id, next_method "
-                          "FROM task_instance WHERE dag_id = ? AND run_id = ?", (dag_id, run_id))
-        return {task + (f"[{index}]" if index >= 0 else ""): {"state": state, "try_number": tries, "pool": pool,
-                                                             "trigger_id": trigger, "next_method": nxt}
-                for task, index, state, tries, pool, trigger, nxt in rows}
+        rows = self.query(
+            "SELECT task_id, map_index, state, try_number, pool, trigger_id, next_method "
+            "FROM task_instance WHERE dag_id = ? AND run_id = ?",
+            (dag_id, run_id),
+        )
+        return {
+            task + (f"[{index}]" if index >= 0 else ""): {
+                "state": state,
+                "try_number": tries,
+                "pool": pool,
+                "trigger_id": trigger,
+                "next_method": nxt,
+            }
+            for task, index, state, tries, pool, trigger, nxt in rows
+        }
 
     def xcoms(self, dag_id: str, run_id: str) -> dict[tuple[str, str], Any]:
         """``(task_id, key) -> value`` (XCom values are stored as JSON)."""
-        rows = self.query("SELECT task_id, key, value FROM xcom WHERE dag_id = ? AND run_id = ?", (dag_id, run_id))
+        rows = self.query(
+            "SELECT task_id, key, value FROM xcom WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
+        )
         out = {}
         for task, key, value in rows:
             if self.postgres is not None:  # a JSON column: psycopg2 decoded it already
@@ -567,8 +636,11 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
 
     def triggers_by_triggerer(self, dag_id: str, run_id: str) -> dict[str, list[str]]:
         """Triggerer component name -> task IDs whose trigger it runs now (``"?"``: unassigned/unknown)."""
-        rows = self.query("SELECT ti.task_id, t.triggerer_id FROM task_instance ti JOIN trigger t "
-                          "ON ti.trigger_id = t.id WHERE ti.dag_id = ? AND ti.run_id = ?", (dag_id, run_id))
+        rows = self.query(
+            "SELECT ti.task_id, t.triggerer_id FROM task_instance ti JOIN trigger t "
+            "ON ti.trigger_id = t.id WHERE ti.dag_id = ? AND ti.run_id = ?",
+            (dag_id, run_id),
+        )
         names = {job: name for name, job in self.triggerer_jobs.items()}
         out: dict[str, list[str]] = {}
         for task, job in rows:
@@ -596,29 +668,42 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
 
     def state_mismatches(self) -> list[dict[str, Any]]:
         """The scheduler's "state mismatch" audit rows: the stale executor event of apache/airflow#71580."""
-        rows = self.query("SELECT dag_id, task_id, run_id, map_index, try_number, extra FROM log "
-                          "WHERE event = 'state mismatch'")
-        return [{"dag_id": d, "task_id": t, "run_id": r, "map_index": m, "try_number": n, "extra": e}
-                for d, t, r, m, n, e in rows]
+        rows = self.query(
+            "SELECT dag_id, task_id, run_id, map_index, try_number, extra FROM log "
+            "WHERE event = 'state mismatch'"
+        )
+        return [
+            {"dag_id": d, "task_id": t, "run_id": r, "map_index": m, "try_number": n, "extra": e}
+            for d, t, r, m, n, e in rows
+        ]
 
-    def unexplained_retries(self, dag_id: str, run_id: str) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
+    def unexplained_retries(
+        self, dag_id: str, run_id: str
+    ) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
         """The tasks of a run that needed more than one try without the scheduler having failed each
         earlier try on the stale executor event of apache/airflow#71580 ("state mismatch": the
         worker's exit after deferring — or after pausing for a person's answer — was processed after
         the task had already been resumed), and the (task, try) pairs that had that mismatch."""
-        mismatched = {(m["task_id"], m["try_number"]) for m in self.state_mismatches()
-                      if m["dag_id"] == dag_id and m["run_id"] == run_id}
-        unexplained = [(task, ti["try_number"]) for task, ti in self.task_instances(dag_id, run_id).items()
-                       if ti["try_number"] > 1
-                       and not all((task, n) in mismatched for n in range(1, ti["try_number"]))]
+        mismatched = {
+            (m["task_id"], m["try_number"])
+            for m in self.state_mismatches()
+            if m["dag_id"] == dag_id and m["run_id"] == run_id
+        }
+        unexplained = [
+            (task, ti["try_number"])
+            for task, ti in self.task_instances(dag_id, run_id).items()
+            if ti["try_number"] > 1 and not all((task, n) in mismatched for n in range(1, ti["try_number"]))
+        ]
         return unexplained, mismatched
 
     def check_alive(self) -> None:
         """Fail fast when a component that should be running has exited."""
         for component in self.components.values():
             if not component.running() and not component.expected_down:
-                raise RuntimeError(f"{component.name} exited unexpectedly "
-                                   f"({component.process.returncode if component.process else None})")
+                raise RuntimeError(
+                    f"{component.name} exited unexpectedly "
+                    f"({component.process.returncode if component.process else None})"
+                )
 
     def diagnostics(self, lines: int = 40) -> str:
         """The tails of every component's log, for a failure message."""

@@ -102,8 +102,10 @@ def _assert_retries_explained(deployment: Deployment, dag_id: str, run_id: str) 
     the stale executor event of apache/airflow#71580 (see :meth:`Deployment.unexplained_retries`).
     Returns how many such mismatches the run had."""
     unexplained, mismatched = deployment.unexplained_retries(dag_id, run_id)
-    assert not unexplained, (f"retried without the apache/airflow#71580 state mismatch: {unexplained}; "
-                             f"mismatches logged: {sorted(mismatched)}")
+    assert not unexplained, (
+        f"retried without the apache/airflow#71580 state mismatch: {unexplained}; "
+        f"mismatches logged: {sorted(mismatched)}"
+    )
     return len(mismatched)
 
 
@@ -132,7 +134,9 @@ def _billing(deployment: Deployment, since: float) -> tuple[int, int, list[str]]
     return sum(e.billed for e in window), sum(not e.billed for e in window), twice
 
 
-def _keep_writing(files: list[Path], writing: threading.Event | None = None) -> Callable[[threading.Event], None]:
+def _keep_writing(
+    files: list[Path], writing: threading.Event | None = None
+) -> Callable[[threading.Event], None]:
     """A :func:`_background` target appending a line to every file each 2 s (while ``writing`` is set)."""
 
     def write(stop: threading.Event) -> None:
@@ -146,8 +150,9 @@ def _keep_writing(files: list[Path], writing: threading.Event | None = None) -> 
     return write
 
 
-def _assert_handed_over_run(deployment: Deployment, dag_id: str, run_id: str, state: str, count: int,
-                            since: float) -> tuple[int, int, int, dict[str, int]]:
+def _assert_handed_over_run(
+    deployment: Deployment, dag_id: str, run_id: str, state: str, count: int, since: float
+) -> tuple[int, int, int, dict[str, int]]:
     """After a hand-over: all ``count`` sensors (``wait_NN``) succeeded on a true decision, retried
     only for apache/airflow#71580, no state billed twice, no triggerer over the socket cap.
     Returns (#71580 mismatches, billed, replayed unbilled, max sockets per triggerer)."""
@@ -164,10 +169,13 @@ def _assert_handed_over_run(deployment: Deployment, dag_id: str, run_id: str, st
     return mismatches, billed, replayed, sockets
 
 
-def _placed(deployment: Deployment, dag_id: str, run_id: str, count: int, timeout: float) -> dict[str, list[str]]:
+def _placed(
+    deployment: Deployment, dag_id: str, run_id: str, count: int, timeout: float
+) -> dict[str, list[str]]:
     """Wait until all ``count`` triggers of the run are assigned to a triggerer; triggerer name ->
     task IDs, every triggerer named (those holding none with an empty list). Which triggerer claims
     a trigger is a race: one whose loop is slow may get none."""
+
     def assigned() -> dict[str, list[str]] | None:
         deployment.check_alive()
         placed = deployment.triggers_by_triggerer(dag_id, run_id)
@@ -197,9 +205,15 @@ def test_fanout_shares_the_per_process_stream_cap(deployment: Deployment, tmp_pa
     def write(stop: threading.Event) -> None:
         # wait until the sensors are waiting, then keep the logs growing for ~20 s, then finish
         # them one after the other over ~10 s
-        wait_for(lambda: stop.is_set() or sum(ti["state"] == "deferred" for ti in
-                                              deployment.task_instances(dag_id, run_id).values()) >= count // 2,
-                 120, "half of the sensors to defer")
+        wait_for(
+            lambda: (
+                stop.is_set()
+                or sum(ti["state"] == "deferred" for ti in deployment.task_instances(dag_id, run_id).values())
+                >= count // 2
+            ),
+            120,
+            "half of the sensors to defer",
+        )
         for step in range(8):
             for path in files:
                 _append(path, f"step {step}: still working\n")
@@ -235,10 +249,12 @@ def test_fanout_shares_the_per_process_stream_cap(deployment: Deployment, tmp_pa
     assert stats.max_streams_open <= MAX_STREAMS_PER_PROCESS * len(deployment.triggerer_jobs), stats
     billed, replayed, twice = _billing(deployment, since)
     assert not twice, f"states billed twice: {twice}"
-    RESULTS.append(f"(1) fan-out: {count} sensors succeeded in {elapsed:.0f} s; triggers held at once per "
-                   f"triggerer {held}; max gateway sockets per triggerer process tree {sockets} (cap "
-                   f"{MAX_STREAMS_PER_PROCESS}); {billed} decisions billed, {replayed} replayed unbilled, no state "
-                   f"billed twice; #71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(1) fan-out: {count} sensors succeeded in {elapsed:.0f} s; triggers held at once per "
+        f"triggerer {held}; max gateway sockets per triggerer process tree {sockets} (cap "
+        f"{MAX_STREAMS_PER_PROCESS}); {billed} decisions billed, {replayed} replayed unbilled, no state "
+        f"billed twice; #71580 retries: {mismatches}"
+    )
 
 
 def test_start_from_trigger_never_runs_on_a_worker_first(deployment: Deployment, tmp_path: Path) -> None:
@@ -262,9 +278,14 @@ def test_start_from_trigger_never_runs_on_a_worker_first(deployment: Deployment,
     ti = wait_for(deferred, 90, "the start-from-trigger sensor to be deferred", interval=0.1)
     # the trigger row came from StartTriggerArgs: its namespace is still the template
     stored = deployment.trigger_kwargs_text(ti["trigger_id"])
-    assert "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.run_id }}.{{ ti.map_index }}" in stored, stored[:2000]
-    wait_for(lambda: deployment.triggers_by_triggerer(dag_id, run_id).keys() - {"?"}, 60,
-             "a triggerer to pick the trigger up")
+    assert "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.run_id }}.{{ ti.map_index }}" in stored, stored[
+        :2000
+    ]
+    wait_for(
+        lambda: deployment.triggers_by_triggerer(dag_id, run_id).keys() - {"?"},
+        60,
+        "a triggerer to pick the trigger up",
+    )
     time.sleep(2)  # waiting in the triggerer ...
     assert not (task_logs / "attempt=1.log").exists(), "a worker ran the task before the trigger fired"
     assert deployment.task_instances(dag_id, run_id)["wait"]["state"] == "deferred"
@@ -273,7 +294,7 @@ def test_start_from_trigger_never_runs_on_a_worker_first(deployment: Deployment,
 
     tis = _assert_all_succeeded(deployment, dag_id, run_id, state)
     mismatches = _assert_retries_explained(deployment, dag_id, run_id)
-    assert not {"queued", "running"} & set(seen[:seen.index("deferred")]), seen
+    assert not {"queued", "running"} & set(seen[: seen.index("deferred")]), seen
     xcoms = deployment.xcoms(dag_id, run_id)
     assert xcoms[("wait", "return_value")]["decision"] is True
     assert xcoms[("report", "return_value")].startswith("ready=True")
@@ -288,9 +309,11 @@ def test_start_from_trigger_never_runs_on_a_worker_first(deployment: Deployment,
     assert worker_runs == 1, worker_log[-3000:]
     assert "System Zero decided ready = True" in worker_log
     assert "Pausing task as DEFERRED" not in worker_log
-    RESULTS.append(f"(3) start_from_trigger: states before the resume {seen}; the trigger row held the "
-                   f"namespace template, the triggerer rendered {rendered!r}; one worker run (the resume, "
-                   f"try {tis['wait']['try_number']}); #71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(3) start_from_trigger: states before the resume {seen}; the trigger row held the "
+        f"namespace template, the triggerer rendered {rendered!r}; one worker run (the resume, "
+        f"try {tis['wait']['try_number']}); #71580 retries: {mismatches}"
+    )
 
 
 def test_operator_xcom_consumed_downstream(deployment: Deployment) -> None:
@@ -304,11 +327,18 @@ def test_operator_xcom_consumed_downstream(deployment: Deployment) -> None:
     assert xcoms[("decide", "return_value")] == {"ready": True}
     decision_id = xcoms[("decide", "decision_id")]
     assert decision_id.startswith("szd_")
-    assert xcoms[("consume", "return_value")] == {"ship": True, "probability": 0.96, "decision_id": decision_id}
-    replayed = [{"task_id": "build_log", "output": {"build": 41, "log": "compiling\ntests passed\nJob is ready.\n"}}]
+    assert xcoms[("consume", "return_value")] == {
+        "ship": True,
+        "probability": 0.96,
+        "decision_id": decision_id,
+    }
+    replayed = [
+        {"task_id": "build_log", "output": {"build": 41, "log": "compiling\ntests passed\nJob is ready.\n"}}
+    ]
     assert replayed in [s.state for s in deployment.emulator.final_states.values()]
-    RESULTS.append(f"(5) operator → downstream XCom: {xcoms[('consume', 'return_value')]}; "
-                   f"#71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(5) operator → downstream XCom: {xcoms[('consume', 'return_value')]}; #71580 retries: {mismatches}"
+    )
 
 
 def test_pool_with_deferred_slots_bounds_waiting_sensors(deployment: Deployment, tmp_path: Path) -> None:
@@ -326,8 +356,10 @@ def test_pool_with_deferred_slots_bounds_waiting_sensors(deployment: Deployment,
             tis = deployment.task_instances(dag_id, run_id)
             waiting = [task for task, ti in tis.items() if ti["state"] == "deferred"]
             peak["deferred"] = max(peak["deferred"], len(waiting))
-            peak["occupying"] = max(peak["occupying"], sum(ti["state"] in ("queued", "running", "deferred")
-                                                            for ti in tis.values()))
+            peak["occupying"] = max(
+                peak["occupying"],
+                sum(ti["state"] in ("queued", "running", "deferred") for ti in tis.values()),
+            )
             now = time.monotonic()
             for task in waiting:
                 if now - deferred_since.setdefault(task, now) >= 3 and task not in finished:
@@ -346,10 +378,12 @@ def test_pool_with_deferred_slots_bounds_waiting_sensors(deployment: Deployment,
     stats = deployment.emulator.stats
     assert stats.peak_connections_by_account.get(SMALL_KEY, 0) <= ACCOUNT_POOL_SLOTS, stats
     assert stats.upgrade_refusals.get(429, 0) == refusals_before, stats  # never over the account's capacity
-    RESULTS.append(f"(4) pool of {ACCOUNT_POOL_SLOTS} with include_deferred: {count} sensors, at most "
-                   f"{peak['deferred']} deferred and {peak['occupying']} occupying slots at once; the account "
-                   f"held at most {stats.peak_connections_by_account.get(SMALL_KEY, 0)} streams, no 429; "
-                   f"#71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(4) pool of {ACCOUNT_POOL_SLOTS} with include_deferred: {count} sensors, at most "
+        f"{peak['deferred']} deferred and {peak['occupying']} occupying slots at once; the account "
+        f"held at most {stats.peak_connections_by_account.get(SMALL_KEY, 0)} streams, no 429; "
+        f"#71580 retries: {mismatches}"
+    )
 
 
 def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_path: Path) -> None:
@@ -379,32 +413,42 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
 
         def adopted() -> bool:
             deployment.check_alive()
-            return sorted(deployment.triggers_by_triggerer(dag_id, run_id).get(survivor, [])) == \
-                sorted(placed[survivor] + orphans)
+            return sorted(deployment.triggers_by_triggerer(dag_id, run_id).get(survivor, [])) == sorted(
+                placed[survivor] + orphans
+            )
 
         wait_for(adopted, TRIGGERER_HEALTH_THRESHOLD + 60, f"{survivor} to adopt {victim}'s triggers")
         handover = time.monotonic() - killed_at
         # the adopted triggers reopen their streams with the states the dead triggerer had decided:
         # each is answered from the idempotency ledger, not billed
-        wait_for(lambda: deployment.emulator.stats.decisions_replayed >= replayed_before + len(orphans), 60,
-                 "every adopted trigger to replay its decided state")
+        wait_for(
+            lambda: deployment.emulator.stats.decisions_replayed >= replayed_before + len(orphans),
+            60,
+            "every adopted trigger to replay its decided state",
+        )
         writing.set()
         time.sleep(2)
         for path in files:
             _append(path, READY)
         state = deployment.wait_run(dag_id, run_id, timeout=120)
 
-    mismatches, billed, replayed, sockets = _assert_handed_over_run(deployment, dag_id, run_id, state, count, since)
+    mismatches, billed, replayed, sockets = _assert_handed_over_run(
+        deployment, dag_id, run_id, state, count, since
+    )
     # the killed triggerer comes back as a new process, and the deployment is whole again
     deployment.start_triggerer(victim)
-    RESULTS.append(f"(2) SIGKILL {victim} holding {len(orphans)} of {count} triggers: {survivor} adopted them "
-                   f"{handover:.0f} s later (health threshold {TRIGGERER_HEALTH_THRESHOLD} s); all succeeded; "
-                   f"{billed} decisions billed = {billed} distinct states, {replayed} replayed unbilled (each "
-                   f"adopted trigger's decided state); max sockets per triggerer {sockets}; "
-                   f"#71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(2) SIGKILL {victim} holding {len(orphans)} of {count} triggers: {survivor} adopted them "
+        f"{handover:.0f} s later (health threshold {TRIGGERER_HEALTH_THRESHOLD} s); all succeeded; "
+        f"{billed} decisions billed = {billed} distinct states, {replayed} replayed unbilled (each "
+        f"adopted trigger's decided state); max sockets per triggerer {sockets}; "
+        f"#71580 retries: {mismatches}"
+    )
 
 
-def _trigger_spans(deployment: Deployment, dag_id: str, run_id: str) -> dict[str, dict[int, tuple[float, float]]]:
+def _trigger_spans(
+    deployment: Deployment, dag_id: str, run_id: str
+) -> dict[str, dict[int, tuple[float, float]]]:
     """Task ID -> triggerer job ID -> (first, last) epoch seconds of the lines that triggerer wrote
     to the task's trigger log (``attempt=N.log.trigger.<job ID>.log``, JSON lines with a timestamp):
     when each triggerer ran the task's trigger."""
@@ -416,7 +460,9 @@ def _trigger_spans(deployment: Deployment, dag_id: str, run_id: str) -> dict[str
         stamps = []
         for line in path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                stamps.append(datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp())
+                stamps.append(
+                    datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp()
+                )
         if stamps:
             first, last = spans.setdefault(task, {}).get(job, (min(stamps), max(stamps)))
             spans[task][job] = (min(first, *stamps), max(last, *stamps))
@@ -428,15 +474,19 @@ def _double_runs(spans: dict[str, dict[int, tuple[float, float]]]) -> dict[str, 
     out = {}
     for task, by_job in spans.items():
         ranges = sorted(by_job.values())
-        overlap = max((min(a[1], b[1]) - max(a[0], b[0]) for i, a in enumerate(ranges) for b in ranges[i + 1:]),
-                      default=0.0)
+        overlap = max(
+            (min(a[1], b[1]) - max(a[0], b[0]) for i, a in enumerate(ranges) for b in ranges[i + 1 :]),
+            default=0.0,
+        )
         if overlap > 0:
             out[task] = overlap
     return out
 
 
-@pytest.mark.skipif(database() != "postgres",
-                    reason="the 50-sensor failover runs on PostgreSQL: make test-deployment DEPLOYMENT_DB=postgres")
+@pytest.mark.skipif(
+    database() != "postgres",
+    reason="the 50-sensor failover runs on PostgreSQL: make test-deployment DEPLOYMENT_DB=postgres",
+)
 def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_path: Path) -> None:
     """(6) PostgreSQL: 50 sensors waiting in the triggerers (which claim triggers with row locks);
     one triggerer is SIGKILLed mid-wait while the states keep changing. The other adopts its
@@ -466,7 +516,12 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
             deployment.check_alive()
             return len(deployment.triggers_by_triggerer(dag_id, run_id).get(survivor, [])) == count
 
-        wait_for(adopted, TRIGGERER_HEALTH_THRESHOLD + 150, f"{survivor} to adopt {victim}'s triggers", interval=0.5)
+        wait_for(
+            adopted,
+            TRIGGERER_HEALTH_THRESHOLD + 150,
+            f"{survivor} to adopt {victim}'s triggers",
+            interval=0.5,
+        )
         handover = time.monotonic() - killed_at
         time.sleep(4)  # the adopted triggers decide the current states in the survivor
     for path in files:
@@ -474,27 +529,37 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
     state = deployment.wait_run(dag_id, run_id, timeout=300)
     elapsed = time.monotonic() - started
 
-    mismatches, billed, replayed, sockets = _assert_handed_over_run(deployment, dag_id, run_id, state, count, since)
+    mismatches, billed, replayed, sockets = _assert_handed_over_run(
+        deployment, dag_id, run_id, state, count, since
+    )
     spans = _trigger_spans(deployment, dag_id, run_id)
     assert len(spans) == count, f"trigger logs for {len(spans)} of {count} tasks"
     survivor_job, victim_job = deployment.triggerer_jobs[survivor], deployment.triggerer_jobs[victim]
     # each orphan ran in the survivor, and only after the kill (no copy started while the victim lived)
     unadopted = [task for task in orphans if survivor_job not in spans.get(task, {})]
     assert not unadopted, f"no trigger log of {survivor} for {unadopted}"
-    early = {task: round(killed_epoch - spans[task][survivor_job][0], 1) for task in orphans
-             if spans[task][survivor_job][0] < killed_epoch}
+    early = {
+        task: round(killed_epoch - spans[task][survivor_job][0], 1)
+        for task in orphans
+        if spans[task][survivor_job][0] < killed_epoch
+    }
     assert not early, f"{survivor} started these triggers before {victim} was killed (s): {early}"
-    late = {task: by_job[victim_job][1] - killed_epoch for task, by_job in spans.items()
-            if victim_job in by_job and by_job[victim_job][1] > killed_epoch + 1}
+    late = {
+        task: by_job[victim_job][1] - killed_epoch
+        for task, by_job in spans.items()
+        if victim_job in by_job and by_job[victim_job][1] > killed_epoch + 1
+    }
     assert not late, f"{victim} wrote trigger logs after it was killed: {late}"
     double = _double_runs(spans)
     assert not double, f"triggers run by both triggerers at once (seconds): {double}"
     stayed = [task for task in spans if task not in orphans and set(spans[task]) != {survivor_job}]
     assert not stayed, f"triggers of {survivor} that ran elsewhere too: {stayed}"
     deployment.start_triggerer(victim)
-    RESULTS.append(f"(6) PostgreSQL failover: {count} sensors in the triggerers {spread_after:.0f} s after the "
-                   f"run started; SIGKILL {victim} holding {len(orphans)}: {survivor} held all {count} "
-                   f"{handover:.0f} s later (health threshold {TRIGGERER_HEALTH_THRESHOLD} s, heartbeat 1 s); no "
-                   f"trigger run by both at once; all succeeded in {elapsed:.0f} s; {billed} decisions billed, "
-                   f"{replayed} replayed unbilled, no state billed twice; max gateway sockets per triggerer "
-                   f"{sockets}; #71580 retries: {mismatches}")
+    RESULTS.append(
+        f"(6) PostgreSQL failover: {count} sensors in the triggerers {spread_after:.0f} s after the "
+        f"run started; SIGKILL {victim} holding {len(orphans)}: {survivor} held all {count} "
+        f"{handover:.0f} s later (health threshold {TRIGGERER_HEALTH_THRESHOLD} s, heartbeat 1 s); no "
+        f"trigger run by both at once; all succeeded in {elapsed:.0f} s; {billed} decisions billed, "
+        f"{replayed} replayed unbilled, no state billed twice; max gateway sockets per triggerer "
+        f"{sockets}; #71580 retries: {mismatches}"
+    )

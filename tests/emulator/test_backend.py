@@ -22,8 +22,10 @@ from airflow_provider_systemzero.protocol import DecideFailure, DecideSuccess, L
 
 EXAMPLE_QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 
-BODY = json.dumps({"model": "m", "state": "Job is ready.", "questions": EXAMPLE_QUESTIONS,
-                   "prompt_cache_key": "k"}, separators=(",", ":"))
+BODY = json.dumps(
+    {"model": "m", "state": "Job is ready.", "questions": EXAMPLE_QUESTIONS, "prompt_cache_key": "k"},
+    separators=(",", ":"),
+)
 OTHER = BODY.replace("ready.", "ready!")
 SHA = hashlib.sha256(BODY.encode()).hexdigest()
 
@@ -51,7 +53,9 @@ def test_ledger_abandon_frees_an_in_flight_key() -> None:
 
 
 def backend(**kwargs: Any) -> DecideBackend:
-    limits = kwargs.pop("limits", Limits(account_decision_burst=100, account_decision_ceiling_per_minute=6000))
+    limits = kwargs.pop(
+        "limits", Limits(account_decision_burst=100, account_decision_ceiling_per_minute=6000)
+    )
     return DecideBackend(kwargs.pop("decider", KeywordDecider()), limits=limits, **kwargs)
 
 
@@ -61,8 +65,15 @@ async def test_fresh_decision_has_the_public_reply_shape() -> None:
     reply = outcome.reply
     assert list(reply) == ["id", "model", "served_by", "created", "context", "answers", "usage"]
     assert re.fullmatch(r"szd_[0-9a-f]{32}", reply["id"])
-    assert list(reply["answers"]["ready"]) == ["type", "probability", "confidence", "calibration_version",
-                                               "decision", "alternatives", "calibrated"]
+    assert list(reply["answers"]["ready"]) == [
+        "type",
+        "probability",
+        "confidence",
+        "calibration_version",
+        "decision",
+        "alternatives",
+        "calibrated",
+    ]
     assert reply["answers"]["ready"]["decision"] is True
     assert reply["usage"]["input_tokens"] == -(-len(BODY) // 4)
     assert reply["context"] == {"route": "direct", "tokens": reply["usage"]["input_tokens"]}
@@ -81,7 +92,10 @@ async def test_replay_is_unbilled_and_identical() -> None:
     changed = await b.decide("demo", OTHER, "key-1")
     assert isinstance(changed, DecideFailure)
     assert (changed.http_status, changed.envelope.code, changed.retry.retryable) == (
-        422, "idempotency_key_reused", False)
+        422,
+        "idempotency_key_reused",
+        False,
+    )
     # Unkeyed calls are billed every time.
     await b.decide("demo", BODY, None)
     await b.decide("demo", BODY, None)
@@ -95,7 +109,10 @@ async def test_conflict_while_the_first_call_runs() -> None:
     conflict = await b.decide("demo", BODY, "key-1")
     assert isinstance(conflict, DecideFailure)
     assert (conflict.http_status, conflict.envelope.type, conflict.envelope.code) == (
-        409, "idempotency_error", "idempotency_conflict")
+        409,
+        "idempotency_error",
+        "idempotency_conflict",
+    )
     assert conflict.retry.retryable and conflict.retry.retry_after_ms == 1000
     assert isinstance(await first, DecideSuccess)
 
@@ -122,7 +139,10 @@ async def test_account_bucket_after_the_ledger() -> None:
     limited = await b.decide("demo", BODY, "k3")
     assert isinstance(limited, DecideFailure)
     assert (limited.http_status, limited.envelope.type, limited.envelope.code) == (
-        429, "rate_limit_error", "rate_limited")
+        429,
+        "rate_limit_error",
+        "rate_limited",
+    )
     assert limited.retry.retryable and 900 <= (limited.retry.retry_after_ms or 0) <= 1000
     # A replay costs nothing, so it passes although the bucket is empty.
     assert isinstance(await b.decide("demo", BODY, "k1"), DecideSuccess)
@@ -138,21 +158,31 @@ async def test_scripted_failures_come_first_and_in_order() -> None:
     faults.fail_decides(1, status=503, code="maintenance", retryable=False)
     b = backend(faults=faults)
     got = [await b.decide("demo", BODY, "k") for _ in range(4)]
-    assert [(o.http_status, o.envelope.code, o.retry.retry_after_ms, o.retry.retryable)
-            for o in got[:3] if isinstance(o, DecideFailure)] == [
-        (429, "rate_limited", 2000, True), (503, "overloaded", 250, True), (503, "maintenance", None, False)]
+    assert [
+        (o.http_status, o.envelope.code, o.retry.retry_after_ms, o.retry.retryable)
+        for o in got[:3]
+        if isinstance(o, DecideFailure)
+    ] == [
+        (429, "rate_limited", 2000, True),
+        (503, "overloaded", 250, True),
+        (503, "maintenance", None, False),
+    ]
     assert got[0].envelope.type == "rate_limit_error" and got[1].envelope.type == "overloaded_error"
     assert isinstance(got[3], DecideSuccess)
     assert faults.pending_decide_failures == 0
 
 
 def test_complete_answers_fills_the_shape_and_checks_answers() -> None:
-    questions = {"ready": {"type": "boolean", "instructions": "x"},
-                 "pick": {"type": "choice", "instructions": "y", "options": ["a", "b", "c"]}}
+    questions = {
+        "ready": {"type": "boolean", "instructions": "x"},
+        "pick": {"type": "choice", "instructions": "y", "options": ["a", "b", "c"]},
+    }
     answers = complete_answers(questions, {"ready": False, "pick": {"decision": "b", "probability": 0.7}})
     assert answers["ready"]["alternatives"] == [{"decision": True, "confidence": 0.0}]
-    assert answers["pick"]["alternatives"] == [{"decision": "a", "confidence": 0.15},
-                                               {"decision": "c", "confidence": 0.15}]
+    assert answers["pick"]["alternatives"] == [
+        {"decision": "a", "confidence": 0.15},
+        {"decision": "c", "confidence": 0.15},
+    ]
     assert complete_answers(questions, {"answers": {"ready": True, "pick": "a"}})["pick"]["decision"] == "a"
     with pytest.raises(ValueError, match="no answer"):
         complete_answers(questions, {"ready": True})

@@ -20,8 +20,10 @@ from airflow_provider_systemzero.emulator.cli import build_parser
 from airflow_provider_systemzero.protocol import PROTOCOL
 from tests.emulator.wire import close_of, recv, send, start_message, until_closed
 
-READY = re.compile(r"System Zero emulator listening on (ws://127\.0\.0\.1:(\d+)) "
-                   r"\(stream path /v1/system-zero/stream\)\n\Z")
+READY = re.compile(
+    r"System Zero emulator listening on (ws://127\.0\.0\.1:(\d+)) "
+    r"\(stream path /v1/system-zero/stream\)\n\Z"
+)
 
 
 def command() -> list[str]:
@@ -33,11 +35,19 @@ def command() -> list[str]:
 
 
 @asynccontextmanager
-async def emulator_process(*args: str, module: bool = False) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def emulator_process(
+    *args: str, module: bool = False
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     argv = [sys.executable, "-m", "airflow_provider_systemzero.emulator"] if module else command()
     process = await asyncio.create_subprocess_exec(
-        *argv, "--port", "0", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        *argv,
+        "--port",
+        "0",
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert process.stdout is not None
         async with asyncio.timeout(30):
@@ -54,8 +64,12 @@ async def emulator_process(*args: str, module: bool = False) -> AsyncIterator[tu
 async def test_sigterm_says_goodbye_and_closes_1012() -> None:
     async with emulator_process("--api-key", "demo", "--print-admin-token") as (process, origin):
         url = origin + "/v1/system-zero/stream"
-        async with connect(url, subprotocols=[PROTOCOL], additional_headers={"Authorization": "Bearer demo"},
-                           compression=None) as ws:
+        async with connect(
+            url,
+            subprotocols=[PROTOCOL],
+            additional_headers={"Authorization": "Bearer demo"},
+            compression=None,
+        ) as ws:
             hello = await recv(ws)
             assert hello["limits"]["idle_timeout_ms"] == 120_000
             await send(ws, start_message())
@@ -63,7 +77,11 @@ async def test_sigterm_says_goodbye_and_closes_1012() -> None:
             process.send_signal(signal.SIGTERM)
             messages = await until_closed(ws, within=15)
         assert [(m["type"], m["reason"]) for m in messages] == [("goodbye", "shutdown")]
-        assert messages[0]["resume"] == {"supported": False, "action": "reconnect_and_replay", "retry_after_ms": 500}
+        assert messages[0]["resume"] == {
+            "supported": False,
+            "action": "reconnect_and_replay",
+            "retry_after_ms": 500,
+        }
         assert messages[0]["state_version"] == 1
         assert close_of(ws) == (1012, "shutdown")
         async with asyncio.timeout(15):
@@ -76,11 +94,21 @@ async def test_sigterm_says_goodbye_and_closes_1012() -> None:
 
 
 async def test_module_entry_point_sigint_and_limit_options() -> None:
-    async with emulator_process("--api-key", "k1:2", "--idle-timeout-ms", "300", "--decide-latency-ms", "10",
-                                "--decider", "keyword", module=True) as (process, origin):
+    async with emulator_process(
+        "--api-key",
+        "k1:2",
+        "--idle-timeout-ms",
+        "300",
+        "--decide-latency-ms",
+        "10",
+        "--decider",
+        "keyword",
+        module=True,
+    ) as (process, origin):
         url = origin + "/v1/system-zero/stream"
-        async with connect(url, subprotocols=[PROTOCOL], additional_headers={"Authorization": "Bearer k1"},
-                           compression=None) as ws:
+        async with connect(
+            url, subprotocols=[PROTOCOL], additional_headers={"Authorization": "Bearer k1"}, compression=None
+        ) as ws:
             hello = await recv(ws)
             assert hello["limits"]["idle_timeout_ms"] == 300
             await send(ws, start_message())

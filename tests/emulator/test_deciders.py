@@ -17,7 +17,9 @@ from airflow_provider_systemzero.emulator.deciders import (
 )
 
 READY = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
-COLOUR = {"colour": {"type": "choice", "instructions": "Which light is on?", "options": ["red", "green", "amber"]}}
+COLOUR = {
+    "colour": {"type": "choice", "instructions": "Which light is on?", "options": ["red", "green", "amber"]}
+}
 
 
 def keyword(state: Any, questions: dict[str, Any] = READY) -> dict[str, Any]:
@@ -32,8 +34,12 @@ def test_content_words_drop_stopwords_and_stem() -> None:
 
 def test_demo_question_over_the_example_log() -> None:
     answer = keyword("Initial log\nJob is ready.\n")["ready"]
-    assert answer == {"decision": True, "probability": 0.95, "confidence": 0.9,
-                      "alternatives": [{"decision": False, "confidence": 0.05}]}
+    assert answer == {
+        "decision": True,
+        "probability": 0.95,
+        "confidence": 0.9,
+        "alternatives": [{"decision": False, "confidence": 0.05}],
+    }
     answer = keyword("Initial log\n")["ready"]
     assert answer["decision"] is False
     assert answer["probability"] == 0.77
@@ -76,12 +82,24 @@ def test_keyword_choice_picks_the_newest_best_match() -> None:
 
 def test_rules_decider(tmp_path: Path) -> None:
     path = tmp_path / "rules.json"
-    path.write_text(json.dumps({
-        "rules": [{"question": "ready", "pattern": "(?i)job is ready", "answer": True, "probability": 0.93,
-                   "confidence": 0.9},
-                  {"pattern": "amber", "answer": "amber", "probability": 0.6},
-                  {"question": "colour", "pattern": "job", "answer": "not-an-option"}],
-        "default": {"answer": False, "probability": 0.2, "confidence": 0.8}}))
+    path.write_text(
+        json.dumps(
+            {
+                "rules": [
+                    {
+                        "question": "ready",
+                        "pattern": "(?i)job is ready",
+                        "answer": True,
+                        "probability": 0.93,
+                        "confidence": 0.9,
+                    },
+                    {"pattern": "amber", "answer": "amber", "probability": 0.6},
+                    {"question": "colour", "pattern": "job", "answer": "not-an-option"},
+                ],
+                "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
+            }
+        )
+    )
     decider = load_decider(f"rules:{path}")
     questions = {**READY, **COLOUR}
     answers = decider.decide({"state": "Job is ready.", "questions": questions}, now=0)

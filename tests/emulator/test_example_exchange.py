@@ -14,52 +14,136 @@ from tests.emulator.wire import close_of, recv, send, stream
 
 # The example messages of the public document, verbatim (only their whitespace differs).
 EXAMPLE_HELLO = {
-    "type": "hello", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 1,
-    "protocol": "system-zero.stream.v1", "request_id": "example-opening",
-    "limits": {"max_duration_ms": 3600000, "idle_timeout_ms": 120000, "start_timeout_ms": 10000,
-               "heartbeat_interval_ms": 30000, "native_heartbeat_interval_ms": 10000, "receipt_timeout_ms": 240000,
-               "max_control_queue_frames": 2, "pong_timeout_ms": 10000, "max_message_bytes": 4194304,
-               "max_decide_body_bytes": 3665920, "max_pending_events": 4096, "max_events": 100000,
-               "max_events_per_second": 5, "max_send_queue_bytes": 4194304, "max_send_queue_frames": 64,
-               "min_interval_ms": 0, "event_burst": 10, "max_messages_per_second": 40, "message_burst": 80,
-               "max_streams_per_process": 4, "max_native_control_frames_per_second": 8,
-               "native_control_frame_burst": 16, "max_native_control_bytes_per_second": 512,
-               "native_control_byte_burst": 1024},
+    "type": "hello",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 1,
+    "protocol": "system-zero.stream.v1",
+    "request_id": "example-opening",
+    "limits": {
+        "max_duration_ms": 3600000,
+        "idle_timeout_ms": 120000,
+        "start_timeout_ms": 10000,
+        "heartbeat_interval_ms": 30000,
+        "native_heartbeat_interval_ms": 10000,
+        "receipt_timeout_ms": 240000,
+        "max_control_queue_frames": 2,
+        "pong_timeout_ms": 10000,
+        "max_message_bytes": 4194304,
+        "max_decide_body_bytes": 3665920,
+        "max_pending_events": 4096,
+        "max_events": 100000,
+        "max_events_per_second": 5,
+        "max_send_queue_bytes": 4194304,
+        "max_send_queue_frames": 64,
+        "min_interval_ms": 0,
+        "event_burst": 10,
+        "max_messages_per_second": 40,
+        "message_burst": 80,
+        "max_streams_per_process": 4,
+        "max_native_control_frames_per_second": 8,
+        "native_control_frame_burst": 16,
+        "max_native_control_bytes_per_second": 512,
+        "native_control_byte_burst": 1024,
+    },
     "rate_limit": None,
 }
 EXAMPLE_START = {
-    "type": "start", "event_id": "evt_1",
-    "request": {"model": "MODEL_ID", "state": "Initial log\n",
-                "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
-                "prompt_cache_key": "example-affinity"},
-    "decision_mode": "on_request", "min_interval_ms": 0, "idempotency_key": "example-state-1",
+    "type": "start",
+    "event_id": "evt_1",
+    "request": {
+        "model": "MODEL_ID",
+        "state": "Initial log\n",
+        "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+        "prompt_cache_key": "example-affinity",
+    },
+    "decision_mode": "on_request",
+    "min_interval_ms": 0,
+    "idempotency_key": "example-state-1",
 }
-EXAMPLE_ACK_1 = {"type": "ack", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 2, "event_id": "evt_1",
-                 "state_version": 1, "state_bytes": 15, "synthesized_body_bytes": 158, "scheduled": False}
-EXAMPLE_APPEND = {"type": "append_text", "event_id": "evt_2", "text": "Job is ready.\n",
-                  "idempotency_key": "example-state-2"}
-EXAMPLE_ACK_2 = {"type": "ack", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 3, "event_id": "evt_2",
-                 "state_version": 2, "state_bytes": 30, "synthesized_body_bytes": 173, "scheduled": False}
+EXAMPLE_ACK_1 = {
+    "type": "ack",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 2,
+    "event_id": "evt_1",
+    "state_version": 1,
+    "state_bytes": 15,
+    "synthesized_body_bytes": 158,
+    "scheduled": False,
+}
+EXAMPLE_APPEND = {
+    "type": "append_text",
+    "event_id": "evt_2",
+    "text": "Job is ready.\n",
+    "idempotency_key": "example-state-2",
+}
+EXAMPLE_ACK_2 = {
+    "type": "ack",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 3,
+    "event_id": "evt_2",
+    "state_version": 2,
+    "state_bytes": 30,
+    "synthesized_body_bytes": 173,
+    "scheduled": False,
+}
 EXAMPLE_DECIDE = {"type": "decide", "state_version": 2}
-EXAMPLE_SCHEDULED = {"type": "scheduled", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 4,
-                     "state_version": 2, "in_flight": False}
+EXAMPLE_SCHEDULED = {
+    "type": "scheduled",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 4,
+    "state_version": 2,
+    "in_flight": False,
+}
 EXAMPLE_PING = {"type": "ping", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 5, "nonce": 1}
 EXAMPLE_DECISION = {
-    "type": "decision", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 6, "state_version": 2,
+    "type": "decision",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 6,
+    "state_version": 2,
     "covered_event_ids": ["evt_1", "evt_2"],
-    "reply": {"id": "szd_0123456789abcdef0123456789abcdef", "model": "MODEL_ID", "served_by": "SERVED_BY",
-              "created": 1790000000, "context": {"route": "direct", "tokens": 32},
-              "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9,
-                                    "calibration_version": "unpublished", "decision": True,
-                                    "alternatives": [{"decision": False, "confidence": 0.1}], "calibrated": False}},
-              "usage": {"input_tokens": 32, "cached_input_tokens": 0, "media_tokens": 0, "long_input_tokens": 0,
-                        "media_items": 0, "thought_tokens": 0}},
-    "request_id": "example-decision", "http_status": 200, "server_timing": None, "latency_ms": None,
-    "rate_limit": None, "queue_ms": 0, "decide_ms": 40000,
+    "reply": {
+        "id": "szd_0123456789abcdef0123456789abcdef",
+        "model": "MODEL_ID",
+        "served_by": "SERVED_BY",
+        "created": 1790000000,
+        "context": {"route": "direct", "tokens": 32},
+        "answers": {
+            "ready": {
+                "type": "boolean",
+                "probability": 0.9,
+                "confidence": 0.9,
+                "calibration_version": "unpublished",
+                "decision": True,
+                "alternatives": [{"decision": False, "confidence": 0.1}],
+                "calibrated": False,
+            }
+        },
+        "usage": {
+            "input_tokens": 32,
+            "cached_input_tokens": 0,
+            "media_tokens": 0,
+            "long_input_tokens": 0,
+            "media_items": 0,
+            "thought_tokens": 0,
+        },
+    },
+    "request_id": "example-decision",
+    "http_status": 200,
+    "server_timing": None,
+    "latency_ms": None,
+    "rate_limit": None,
+    "queue_ms": 0,
+    "decide_ms": 40000,
 }
-EXAMPLE_GOODBYE = {"type": "goodbye", "stream_id": "szws_0123456789abcdef0123456789abcdef", "seq": 7,
-                   "reason": "shutdown", "state_version": 2, "last_decision_state_version": 2,
-                   "resume": {"supported": False, "action": "reconnect_and_replay", "retry_after_ms": 500}}
+EXAMPLE_GOODBYE = {
+    "type": "goodbye",
+    "stream_id": "szws_0123456789abcdef0123456789abcdef",
+    "seq": 7,
+    "reason": "shutdown",
+    "state_version": 2,
+    "last_decision_state_version": 2,
+    "resume": {"supported": False, "action": "reconnect_and_replay", "retry_after_ms": 500},
+}
 
 
 def wire(message: Mapping[str, Any], **changes: Any) -> str:
@@ -70,11 +154,17 @@ def wire(message: Mapping[str, Any], **changes: Any) -> str:
 def same_shape(ours: Any, theirs: Any) -> bool:
     """Same keys in the same order, recursively, and the same JSON kinds (numbers alike)."""
     if isinstance(theirs, dict):
-        return isinstance(ours, dict) and list(ours) == list(theirs) and all(
-            same_shape(ours[k], theirs[k]) for k in theirs)
+        return (
+            isinstance(ours, dict)
+            and list(ours) == list(theirs)
+            and all(same_shape(ours[k], theirs[k]) for k in theirs)
+        )
     if isinstance(theirs, list):
-        return isinstance(ours, list) and len(ours) == len(theirs) and all(
-            same_shape(a, b) for a, b in zip(ours, theirs, strict=True))
+        return (
+            isinstance(ours, list)
+            and len(ours) == len(theirs)
+            and all(same_shape(a, b) for a, b in zip(ours, theirs, strict=True))
+        )
     if isinstance(theirs, bool) or theirs is None or isinstance(theirs, str):
         return type(ours) is type(theirs)
     return isinstance(ours, int | float) and not isinstance(ours, bool)
@@ -132,8 +222,13 @@ async def test_public_example_exchange_byte_for_byte() -> None:
         assert decision["seq"] == 6 and decision["stream_id"] == sid
         assert decision["state_version"] == 2
         assert decision["covered_event_ids"] == ["evt_1", "evt_2"]
-        assert (decision["http_status"], decision["server_timing"], decision["latency_ms"],
-                decision["rate_limit"], decision["queue_ms"]) == (200, None, None, None, 0)
+        assert (
+            decision["http_status"],
+            decision["server_timing"],
+            decision["latency_ms"],
+            decision["rate_limit"],
+            decision["queue_ms"],
+        ) == (200, None, None, None, 0)
         assert re.fullmatch(r"szd_[0-9a-f]{32}", reply["id"])
         assert reply["model"] == "MODEL_ID"
         assert reply["answers"]["ready"]["decision"] is True

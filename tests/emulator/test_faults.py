@@ -46,6 +46,7 @@ async def test_restart_waits_for_an_in_flight_decide_only_up_to_the_settlement_t
             async def answer() -> dict[str, bool]:
                 await never.wait()
                 return {"ready": True}
+
             return answer()
 
     emu.backend.decider = Stuck()
@@ -129,28 +130,40 @@ async def test_control_surface_stats_and_faults(emu: Emulator) -> None:
         assert status == 200
         assert stats["streams_open"] == 1
         assert stats["connections_by_account"] == {mask_secret("demo"): 1}
-        status, _, stats = await call(emu, "GET", "/_emulator/stats",
-                                      headers={"X-Emulator-Token": emu.admin_token})
+        status, _, stats = await call(
+            emu, "GET", "/_emulator/stats", headers={"X-Emulator-Token": emu.admin_token}
+        )
         assert status == 200
 
-        status, _, faults = await call(emu, "POST", "/_emulator/faults?fail=2&status=429&retry_after_ms=100"
-                                       "&delay_ms=5&refuse=1&refuse_status=503", token=emu.admin_token)
+        status, _, faults = await call(
+            emu,
+            "POST",
+            "/_emulator/faults?fail=2&status=429&retry_after_ms=100&delay_ms=5&refuse=1&refuse_status=503",
+            token=emu.admin_token,
+        )
         assert status == 200
         assert [f["status"] for f in faults["decide_failures"]] == [429, 429]
         assert faults["decide_failures"][0]["retry_after_ms"] == 100
         assert faults["delay_decisions_ms"] == 5
         assert [r["status"] for r in faults["upgrade_refusals"]] == [503]
         assert (await call(emu, "GET", "/_emulator/faults", token=emu.admin_token))[2] == faults
-        status, _, faults = await call(emu, "POST", "/_emulator/faults?clear=true&answer_pings=true",
-                                       token=emu.admin_token)
-        assert faults == {"delay_decisions_ms": 0, "answer_pings": True, "decide_failures": [],
-                          "upgrade_refusals": []}
+        status, _, faults = await call(
+            emu, "POST", "/_emulator/faults?clear=true&answer_pings=true", token=emu.admin_token
+        )
+        assert faults == {
+            "delay_decisions_ms": 0,
+            "answer_pings": True,
+            "decide_failures": [],
+            "upgrade_refusals": [],
+        }
 
-        for method, path, expected in (("POST", "/_emulator/faults?bogus=1", 400),
-                                       ("POST", "/_emulator/faults?fail=x", 400),
-                                       ("GET", "/_emulator/restart", 405),
-                                       ("POST", "/_emulator/stats", 405),
-                                       ("GET", "/_emulator/nothing", 404)):
+        for method, path, expected in (
+            ("POST", "/_emulator/faults?bogus=1", 400),
+            ("POST", "/_emulator/faults?fail=x", 400),
+            ("GET", "/_emulator/restart", 405),
+            ("POST", "/_emulator/stats", 405),
+            ("GET", "/_emulator/nothing", 404),
+        ):
             status, _, body = await call(emu, method, path, token=emu.admin_token)
             assert status == expected, (method, path, body)
             assert set(body["error"]) == {"type", "code", "message"}
@@ -159,7 +172,9 @@ async def test_control_surface_stats_and_faults(emu: Emulator) -> None:
 async def test_control_surface_restart_and_drop(emu: Emulator) -> None:
     async with stream(emu) as ws:
         await recv(ws)
-        status, _, body = await call(emu, "POST", "/_emulator/restart?retry_after_ms=700", token=emu.admin_token)
+        status, _, body = await call(
+            emu, "POST", "/_emulator/restart?retry_after_ms=700", token=emu.admin_token
+        )
         assert (status, body) == (202, {"restarting_streams": 1, "retry_after_ms": 700})
         (goodbye,) = await until_closed(ws)
         assert goodbye["resume"]["retry_after_ms"] == 700
@@ -176,8 +191,12 @@ async def test_control_surface_restart_and_drop(emu: Emulator) -> None:
 
 async def test_scripted_failures_through_the_control_surface() -> None:
     async with Emulator(limits=FAST) as emu, stream(emu) as ws:
-        await call(emu, "POST", "/_emulator/faults?fail=1&status=503&code=overloaded&retry_after_ms=20",
-                   token=emu.admin_token)
+        await call(
+            emu,
+            "POST",
+            "/_emulator/faults?fail=1&status=503&code=overloaded&retry_after_ms=20",
+            token=emu.admin_token,
+        )
         await recv(ws)
         await send(ws, start_message(mode="on_change"))
         error = await recv_type(ws, "error")

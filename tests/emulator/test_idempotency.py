@@ -42,9 +42,13 @@ async def test_replay_across_two_connections_is_billed_once(emu: Emulator) -> No
     body_sha = emu.ledger["demo"][0].body_sha256
     assert emu.billed_bodies() == [body_sha]
     assert [(e.idempotency_key, e.billed, e.reply_id) for e in emu.ledger["demo"]] == [
-        ("state-1", True, original["reply"]["id"]), ("state-1", False, original["reply"]["id"])]
-    body = ('{"model":"MODEL_ID","state":"Initial log\\nJob is ready.\\n","questions":{"ready":{"type":"boolean",'
-            '"instructions":"Is the job ready?"}},"prompt_cache_key":"example-affinity"}')
+        ("state-1", True, original["reply"]["id"]),
+        ("state-1", False, original["reply"]["id"]),
+    ]
+    body = (
+        '{"model":"MODEL_ID","state":"Initial log\\nJob is ready.\\n","questions":{"ready":{"type":"boolean",'
+        '"instructions":"Is the job ready?"}},"prompt_cache_key":"example-affinity"}'
+    )
     assert body_sha == hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -73,8 +77,11 @@ async def test_conflict_while_in_flight_then_replay() -> None:
     # Two connections replay the same keyed state at once (say, a reconnect racing the old
     # connection's decide): the second gets 409, retries after Retry-After-Ms, and is then
     # answered with the first call's reply, billed once.
-    async with Emulator(limits=FAST.replace(idle_timeout_ms=5000), decide_latency_ms=300) as emu, \
-            stream(emu) as a, stream(emu) as b:
+    async with (
+        Emulator(limits=FAST.replace(idle_timeout_ms=5000), decide_latency_ms=300) as emu,
+        stream(emu) as a,
+        stream(emu) as b,
+    ):
         start = start_message(STATE, key="state-1", mode="on_change")
         await recv(a)
         await recv(b)

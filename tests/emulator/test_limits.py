@@ -25,7 +25,8 @@ async def test_start_timeout_is_fatal_and_closes_1008(emu: Emulator) -> None:
         await recv(ws)
         messages = await until_closed(ws)
     assert [(m["type"], m["error"]["envelope"]["error"]["code"], m["fatal"]) for m in messages] == [
-        ("error", "start_timeout", True)]
+        ("error", "start_timeout", True)
+    ]
     assert close_of(ws) == (1008, "start_timeout")
     assert emu.stats.closes_by_code == {1008: 1}
 
@@ -61,9 +62,17 @@ async def test_event_rate_rejects_without_spending_the_next_id() -> None:
         await send(ws, append(3))
         assert [(await recv(ws))["type"] for _ in range(2)] == ["ack", "ack"]
         error = await recv(ws)
-        assert (error["type"], error["event_id"], error["fatal"], error["state_version"]) == ("error", "evt_3", False, 2)
-        assert error["error"]["envelope"]["error"] == {**error["error"]["envelope"]["error"],
-                                                       "type": "rate_limit_error", "code": "event_rate_limited"}
+        assert (error["type"], error["event_id"], error["fatal"], error["state_version"]) == (
+            "error",
+            "evt_3",
+            False,
+            2,
+        )
+        assert error["error"]["envelope"]["error"] == {
+            **error["error"]["envelope"]["error"],
+            "type": "rate_limit_error",
+            "code": "event_rate_limited",
+        }
         retry = error["error"]["retry"]
         assert retry["retryable"] is True and 0 < retry["retry_after_ms"] <= 500
         await asyncio.sleep(retry["retry_after_ms"] / 1000)  # the delay the gateway asked for
@@ -96,7 +105,10 @@ async def test_refusal_limit_closes_1008(emu: Emulator) -> None:
         await send(ws, {"type": "no_such_type"})
         messages = await until_closed(ws)
     assert [(m["error"]["envelope"]["error"]["code"], m["fatal"]) for m in messages] == [
-        ("invalid_message", False), ("invalid_message", False), ("unknown_message_type", True)]
+        ("invalid_message", False),
+        ("invalid_message", False),
+        ("unknown_message_type", True),
+    ]
     assert close_of(ws) == (1008, "protocol_refusal_limit")
     assert emu.stats.protocol_refusals == 3
 
@@ -160,7 +172,11 @@ async def test_idle_goodbye_closes_1000(emu: Emulator) -> None:
         await recv(ws)
         messages = await until_closed(ws)
     assert [(m["type"], m["reason"]) for m in messages] == [("goodbye", "idle_timeout")]
-    assert messages[0]["resume"] == {"supported": False, "action": "reconnect_and_replay", "retry_after_ms": 0}
+    assert messages[0]["resume"] == {
+        "supported": False,
+        "action": "reconnect_and_replay",
+        "retry_after_ms": 0,
+    }
     assert close_of(ws) == (1000, "idle_timeout")
 
 
@@ -176,8 +192,10 @@ async def test_max_duration_goodbye_closes_1000() -> None:
 
 
 async def test_native_pings_are_sent_and_answered() -> None:
-    async with Emulator(limits=FAST.replace(native_heartbeat_interval_ms=50, idle_timeout_ms=5000)) as emu, \
-            stream(emu) as ws:
+    async with (
+        Emulator(limits=FAST.replace(native_heartbeat_interval_ms=50, idle_timeout_ms=5000)) as emu,
+        stream(emu) as ws,
+    ):
         await recv(ws)
         await emu.wait_for(lambda e: e.stats.native_pongs_received >= 2)
         assert emu.stats.native_pings_sent >= 2
@@ -188,19 +206,33 @@ async def test_native_pings_are_sent_and_answered() -> None:
 async def test_a_reader_that_stops_reading_is_closed_as_slow_reader(limit: str) -> None:
     # Many acks to a client that reads nothing. Both socket buffers are made tiny so the backlog
     # builds up in the gateway's send queue after a few kilobytes, not megabytes.
-    limits = FAST.replace(max_events_per_second=100_000, event_burst=100_000, max_messages_per_second=100_000,
-                          message_burst=100_000, idle_timeout_ms=10_000, write_progress_timeout_ms=300,
-                          max_send_queue_frames=16 if limit == "max_send_queue_frames" else 100_000)
+    limits = FAST.replace(
+        max_events_per_second=100_000,
+        event_burst=100_000,
+        max_messages_per_second=100_000,
+        message_burst=100_000,
+        idle_timeout_ms=10_000,
+        write_progress_timeout_ms=300,
+        max_send_queue_frames=16 if limit == "max_send_queue_frames" else 100_000,
+    )
     async with Emulator(limits=limits) as emu:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", emu.port))
-        ws = await connect(emu.url, sock=sock, subprotocols=[PROTOCOL], compression=None, max_queue=1,
-                           additional_headers={"Authorization": "Bearer demo"})
+        ws = await connect(
+            emu.url,
+            sock=sock,
+            subprotocols=[PROTOCOL],
+            compression=None,
+            max_queue=1,
+            additional_headers={"Authorization": "Bearer demo"},
+        )
         await emu.wait_for(lambda e: e.stats.streams_open == 1)
         (server_side,) = emu._streams.values()
-        server_side.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        server_side.ws.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+        )
         server_side.ws.transport.set_write_buffer_limits(high=4096)
         await send(ws, start_message())
         try:
@@ -286,7 +318,10 @@ async def test_on_request_decide_rules(emu: Emulator) -> None:
         assert stale["error"]["envelope"]["error"]["code"] == "stale_state_version"
         await send(ws, append(5))
         wrong = await recv(ws)
-        assert (wrong["event_id"], wrong["error"]["envelope"]["error"]["code"]) == ("evt_5", "event_id_out_of_sequence")
+        assert (wrong["event_id"], wrong["error"]["envelope"]["error"]["code"]) == (
+            "evt_5",
+            "event_id_out_of_sequence",
+        )
         await send(ws, {"type": "decide", "state_version": 1})
         assert (await recv(ws))["type"] == "scheduled"
         decision = await recv(ws)

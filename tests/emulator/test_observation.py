@@ -15,8 +15,14 @@ async def test_final_and_latest_states(emu: Emulator) -> None:
         hello = await recv(ws)
         await send(ws, start_message(["a"], cache_key="shared"))
         await send(ws, {"type": "append_items", "event_id": "evt_2", "items": [{"b": 1}]})
-        await send(ws, {"type": "append_attachments", "event_id": "evt_3",
-                        "attachments": [{"name": "shot", "data": PNG}]})
+        await send(
+            ws,
+            {
+                "type": "append_attachments",
+                "event_id": "evt_3",
+                "attachments": [{"name": "shot", "data": PNG}],
+            },
+        )
         for _ in range(3):
             assert (await recv(ws))["type"] == "ack"
         first_id = hello["stream_id"]

@@ -19,8 +19,13 @@ async def test_retryable_failure_is_retried_after_its_delay(emu: Emulator) -> No
         await send(ws, start_message(mode="on_change"))
         assert (await recv(ws))["type"] == "ack"
         error = await recv(ws)
-        assert (error["type"], error["event_id"], error["state_version"], error["http_status"], error["fatal"]) == (
-            "error", None, 1, 503, False)
+        assert (
+            error["type"],
+            error["event_id"],
+            error["state_version"],
+            error["http_status"],
+            error["fatal"],
+        ) == ("error", None, 1, 503, False)
         assert envelope(error) == {**envelope(error), "type": "overloaded_error", "code": "overloaded"}
         assert error["error"]["retry"] == {"retryable": True, "retry_after_ms": 100}
         assert error["request_id"].startswith("req_")
@@ -84,7 +89,11 @@ async def test_three_retryable_failures_are_fatal_overload() -> None:
     assert [m["fatal"] for m in messages[1:4]] == [False, False, True]
     assert messages[3]["error"]["retry"] == {"retryable": True, "retry_after_ms": 60}  # keeps the HTTP retry
     goodbye = messages[4]
-    assert (goodbye["reason"], goodbye["resume"]["retry_after_ms"], goodbye["state_version"]) == ("overload", 60, 1)
+    assert (goodbye["reason"], goodbye["resume"]["retry_after_ms"], goodbye["state_version"]) == (
+        "overload",
+        60,
+        1,
+    )
     assert close_of(ws) == (1013, "overload")
     assert emu.stats.closes_by_code == {1013: 1}
 
@@ -118,7 +127,9 @@ async def test_on_request_never_retries(emu: Emulator) -> None:
 
 
 async def test_account_decision_bucket_answers_429_and_on_change_retries() -> None:
-    limits = FAST.replace(account_decision_burst=1, account_decision_ceiling_per_minute=600, idle_timeout_ms=5000)
+    limits = FAST.replace(
+        account_decision_burst=1, account_decision_ceiling_per_minute=600, idle_timeout_ms=5000
+    )
     async with Emulator(limits=limits) as emu, stream(emu) as ws:
         await recv(ws)
         await send(ws, start_message(mode="on_change", key=None))

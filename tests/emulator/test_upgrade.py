@@ -18,8 +18,12 @@ AUTH = {"Authorization": "Bearer demo"}
 
 
 async def refused(url: str, **kwargs: Any) -> tuple[int, dict[str, str], dict[str, Any]]:
-    options: dict[str, Any] = {"subprotocols": [PROTOCOL], "additional_headers": AUTH, "compression": None,
-                               "open_timeout": 5}
+    options: dict[str, Any] = {
+        "subprotocols": [PROTOCOL],
+        "additional_headers": AUTH,
+        "compression": None,
+        "open_timeout": 5,
+    }
     options.update(kwargs)
     with pytest.raises(InvalidStatus) as info:
         async with connect(url, **options):
@@ -43,7 +47,9 @@ async def refused(url: str, **kwargs: Any) -> tuple[int, dict[str, str], dict[st
         ("", {"additional_headers": {"Authorization": "Bearer wrong"}}, 401, "invalid_api_key"),
     ],
 )
-async def test_static_refusals(emu: Emulator, suffix: str, kwargs: dict[str, Any], status: int, code: str) -> None:
+async def test_static_refusals(
+    emu: Emulator, suffix: str, kwargs: dict[str, Any], status: int, code: str
+) -> None:
     got_status, headers, body = await refused(emu.url + suffix, **kwargs)
     assert (got_status, body["error"]["code"]) == (status, code)
     assert set(body["error"]) == {"type", "code", "message"}
@@ -63,12 +69,17 @@ async def test_account_capacity_is_half_of_max_concurrent() -> None:
         small = {"additional_headers": {"Authorization": "Bearer small"}}
         async with stream(emu, key="small"):
             status, headers, body = await refused(emu.url, **small)
-            assert (status, body["error"]["code"], body["error"]["type"]) == (429, "stream_capacity",
-                                                                               "rate_limit_error")
+            assert (status, body["error"]["code"], body["error"]["type"]) == (
+                429,
+                "stream_capacity",
+                "rate_limit_error",
+            )
             assert headers["Retry-After"] == "1"
             # Another account is unaffected: demo holds max(1, floor(8 / 2)) = 4 streams.
-            others = [await connect(emu.url, subprotocols=[PROTOCOL], additional_headers=AUTH, compression=None)
-                      for _ in range(4)]
+            others = [
+                await connect(emu.url, subprotocols=[PROTOCOL], additional_headers=AUTH, compression=None)
+                for _ in range(4)
+            ]
             status, headers, body = await refused(emu.url)
             assert (status, body["error"]["code"]) == (429, "stream_capacity")
             assert emu.stats.connections_by_account == {"small": 1, "demo": 4}

@@ -17,20 +17,45 @@ from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import PROTOCOL, Limits
 
 #: Limits with timeouts shrunk so the close paths happen in well under a second.
-FAST = Limits(start_timeout_ms=300, idle_timeout_ms=400, heartbeat_interval_ms=10_000, pong_timeout_ms=300,
-              max_duration_ms=60_000, decision_settlement_timeout_ms=300, write_progress_timeout_ms=300,
-              close_handshake_timeout_ms=300, account_decision_burst=1000, account_decision_ceiling_per_minute=60_000)
+FAST = Limits(
+    start_timeout_ms=300,
+    idle_timeout_ms=400,
+    heartbeat_interval_ms=10_000,
+    pong_timeout_ms=300,
+    max_duration_ms=60_000,
+    decision_settlement_timeout_ms=300,
+    write_progress_timeout_ms=300,
+    close_handshake_timeout_ms=300,
+    account_decision_burst=1000,
+    account_decision_ceiling_per_minute=60_000,
+)
 
 EXAMPLE_QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 
 
-def start_message(state: Any = "Initial log\n", *, mode: str = "on_request", key: str | None = "example-state-1",
-                  cache_key: str | None = "example-affinity", questions: dict[str, Any] | None = None,
-                  min_interval_ms: int | None = 0, event_id: str = "evt_1") -> dict[str, Any]:
-    request: dict[str, Any] = {"model": "MODEL_ID", "state": state, "questions": questions or EXAMPLE_QUESTIONS}
+def start_message(
+    state: Any = "Initial log\n",
+    *,
+    mode: str = "on_request",
+    key: str | None = "example-state-1",
+    cache_key: str | None = "example-affinity",
+    questions: dict[str, Any] | None = None,
+    min_interval_ms: int | None = 0,
+    event_id: str = "evt_1",
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "model": "MODEL_ID",
+        "state": state,
+        "questions": questions or EXAMPLE_QUESTIONS,
+    }
     if cache_key is not None:
         request["prompt_cache_key"] = cache_key
-    message: dict[str, Any] = {"type": "start", "event_id": event_id, "request": request, "decision_mode": mode}
+    message: dict[str, Any] = {
+        "type": "start",
+        "event_id": event_id,
+        "request": request,
+        "decision_mode": mode,
+    }
     if min_interval_ms is not None:
         message["min_interval_ms"] = min_interval_ms
     if key is not None:
@@ -41,8 +66,13 @@ def start_message(state: Any = "Initial log\n", *, mode: str = "on_request", key
 @asynccontextmanager
 async def stream(emu: Emulator, *, key: str = "demo", **kwargs: Any) -> AsyncIterator[ClientConnection]:
     """A plain websockets client on the stream URL (no compression, the one subprotocol)."""
-    options: dict[str, Any] = {"subprotocols": [PROTOCOL], "additional_headers": {"Authorization": f"Bearer {key}"},
-                               "compression": None, "open_timeout": 5, "close_timeout": 2}
+    options: dict[str, Any] = {
+        "subprotocols": [PROTOCOL],
+        "additional_headers": {"Authorization": f"Bearer {key}"},
+        "compression": None,
+        "open_timeout": 5,
+        "close_timeout": 2,
+    }
     options.update(kwargs)
     async with connect(emu.url, **options) as ws:
         yield ws
@@ -58,7 +88,9 @@ async def recv(ws: ClientConnection, within: float = 5.0) -> dict[str, Any]:
         return json.loads(await ws.recv())
 
 
-async def recv_type(ws: ClientConnection, kind: str, within: float = 5.0, *, pong: bool = True) -> dict[str, Any]:
+async def recv_type(
+    ws: ClientConnection, kind: str, within: float = 5.0, *, pong: bool = True
+) -> dict[str, Any]:
     """Skip messages (answering JSON pings when ``pong``) until one of type ``kind``."""
     async with asyncio.timeout(within):
         while True:
@@ -71,14 +103,21 @@ async def recv_type(ws: ClientConnection, kind: str, within: float = 5.0, *, pon
 
 async def opened(emu: Emulator, **kwargs: Any) -> tuple[ClientConnection, dict[str, Any]]:
     """Not a context manager: the caller closes. Returns the connection and its hello."""
-    options: dict[str, Any] = {"subprotocols": [PROTOCOL], "additional_headers": {"Authorization": "Bearer demo"},
-                               "compression": None, "open_timeout": 5, "close_timeout": 2}
+    options: dict[str, Any] = {
+        "subprotocols": [PROTOCOL],
+        "additional_headers": {"Authorization": "Bearer demo"},
+        "compression": None,
+        "open_timeout": 5,
+        "close_timeout": 2,
+    }
     options.update(kwargs)
     ws = await connect(emu.url, **options)
     return ws, await recv(ws)
 
 
-async def until_closed(ws: ClientConnection, within: float = 5.0, *, pong: bool = True) -> list[dict[str, Any]]:
+async def until_closed(
+    ws: ClientConnection, within: float = 5.0, *, pong: bool = True
+) -> list[dict[str, Any]]:
     """Read every message until the connection closes; returns them (the close is on ``ws``)."""
     messages = []
     async with asyncio.timeout(within):
@@ -99,11 +138,16 @@ def close_of(ws: ClientConnection) -> tuple[int | None, str | None]:
     return (rcvd.code, rcvd.reason) if rcvd is not None else (None, None)
 
 
-def http(emu: Emulator, method: str, path: str, *, token: str | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+def http(
+    emu: Emulator, method: str, path: str, *, token: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
     """A blocking HTTP request to the emulator's port (run it with ``asyncio.to_thread``)."""
-    request = urllib.request.Request(f"http://127.0.0.1:{emu.port}{path}", method=method,
-                                     data=b"" if method == "POST" else None, headers=dict(headers or {}))
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{emu.port}{path}",
+        method=method,
+        data=b"" if method == "POST" else None,
+        headers=dict(headers or {}),
+    )
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:

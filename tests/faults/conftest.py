@@ -44,8 +44,10 @@ async def make_harness(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness
             emu = SpiedEmulator(**kwargs)
             await emu.start()
             started.append(emu)
-            monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(
-                {"conn_type": "systemzero", "host": emu.origin, "password": KEY}))
+            monkeypatch.setenv(
+                f"AIRFLOW_CONN_{CONN_ID.upper()}",
+                json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": KEY}),
+            )
             return Harness(emu, streams)
 
         yield make

@@ -58,10 +58,18 @@ DAG_ID, RUN_ID = "faults", "manual__fault"
 
 #: Liveness in hundreds of milliseconds; the account's decision buckets out of the way (no case
 #: tests them); idle and lifetime long unless a case shrinks them.
-LIMITS = Limits(start_timeout_ms=2_000, idle_timeout_ms=30_000, max_duration_ms=120_000,
-                heartbeat_interval_ms=300, pong_timeout_ms=300, decision_settlement_timeout_ms=100,
-                write_progress_timeout_ms=2_000, close_handshake_timeout_ms=500,
-                account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
+LIMITS = Limits(
+    start_timeout_ms=2_000,
+    idle_timeout_ms=30_000,
+    max_duration_ms=120_000,
+    heartbeat_interval_ms=300,
+    pong_timeout_ms=300,
+    decision_settlement_timeout_ms=100,
+    write_progress_timeout_ms=2_000,
+    close_handshake_timeout_ms=500,
+    account_decision_burst=10_000,
+    account_decision_ceiling_per_minute=1_000_000,
+)
 
 
 class ReadyDecider:
@@ -133,9 +141,16 @@ class SpiedEmulator(Emulator):
             self.started.append((started, idempotency_key, body_hash(body)))
             outcome = await backend_decide(account, body, idempotency_key)
             failure = outcome if isinstance(outcome, DecideFailure) else None
-            self.calls.append(Call(started, time.monotonic(), idempotency_key, body_hash(body),
-                                   failure.http_status if failure else 200,
-                                   failure.retry.retry_after_ms if failure else None))
+            self.calls.append(
+                Call(
+                    started,
+                    time.monotonic(),
+                    idempotency_key,
+                    body_hash(body),
+                    failure.http_status if failure else 200,
+                    failure.retry.retry_after_ms if failure else None,
+                )
+            )
             return outcome
 
         self.backend.decide = decide  # type: ignore[method-assign]
@@ -150,7 +165,9 @@ class SpiedEmulator(Emulator):
         else:
             headers = {name: value for name, value in response.headers.raw_items()}
             delay_ms = RetryHint.delay_from_headers(headers)
-            self.upgrades.append(Upgrade(at, response.status_code, None if delay_ms is None else delay_ms / 1000))
+            self.upgrades.append(
+                Upgrade(at, response.status_code, None if delay_ms is None else delay_ms / 1000)
+            )
         return response
 
     def messages(self, kind: type[ServerMessage]) -> list[Any]:
@@ -169,7 +186,9 @@ def _spied_perform(original: Callable[..., None]) -> Callable[..., None]:
                     if isinstance(action, SendMessage) and emu.drop_before(action.message):
                         emu.drop_before = None
                         self.ws.transport.abort()
-                        actions = actions[:index] + [a for a in actions[index + 1:] if not isinstance(a, SendMessage)]
+                        actions = actions[:index] + [
+                            a for a in actions[index + 1 :] if not isinstance(a, SendMessage)
+                        ]
                         break
             for action in actions:
                 if isinstance(action, SendMessage):
@@ -212,22 +231,38 @@ class Harness:
         """The key namespace the task instance ``task_id`` of the test run derives."""
         return task_namespace(DAG_ID, task_id, RUN_ID, -1)
 
-    def sensor(self, source_name: str, *, task_id: str = "wait", decision_mode: str = "on_change",
-               **overrides: Any) -> SystemZeroDecisionTrigger:
+    def sensor(
+        self, source_name: str, *, task_id: str = "wait", decision_mode: str = "on_change", **overrides: Any
+    ) -> SystemZeroDecisionTrigger:
         """The sensor's trigger over the callable source ``source_name`` (as the sensor builds it)."""
         kwargs: dict[str, Any] = {
-            "systemzero_conn_id": CONN_ID, "request": REQUEST, "condition": CONDITION, "state": "",
-            "source": {"type": "callable", "path": "tests.faults.sources.state", "kwargs": {"name": source_name},
-                       "poll_interval": 0.02},
-            "key_namespace": self.namespace(task_id), "decision_mode": decision_mode,
-            "deadline": time.time() + 60, "lease": False}
+            "systemzero_conn_id": CONN_ID,
+            "request": REQUEST,
+            "condition": CONDITION,
+            "state": "",
+            "source": {
+                "type": "callable",
+                "path": "tests.faults.sources.state",
+                "kwargs": {"name": source_name},
+                "poll_interval": 0.02,
+            },
+            "key_namespace": self.namespace(task_id),
+            "decision_mode": decision_mode,
+            "deadline": time.time() + 60,
+            "lease": False,
+        }
         kwargs.update(overrides)
         return rebuilt(SystemZeroDecisionTrigger(**kwargs))
 
     def operator(self, state: Any, *, task_id: str = "decide", **overrides: Any) -> SystemZeroDecideTrigger:
         """The operator's trigger for a fixed state (as the operator builds it)."""
-        kwargs: dict[str, Any] = {"systemzero_conn_id": CONN_ID, "request": REQUEST, "state": state,
-                                  "key_namespace": self.namespace(task_id), "deadline": time.time() + 60}
+        kwargs: dict[str, Any] = {
+            "systemzero_conn_id": CONN_ID,
+            "request": REQUEST,
+            "state": state,
+            "key_namespace": self.namespace(task_id),
+            "deadline": time.time() + 60,
+        }
         kwargs.update(overrides)
         return rebuilt(SystemZeroDecideTrigger(**kwargs))
 
@@ -266,8 +301,15 @@ class Harness:
         fault keeps running and is billed or replayed later: billing is checked after it)."""
         await self.until(lambda e: len(e.calls) == e.backend.calls)
 
-    async def check(self, payload: dict[str, Any], *, kind: str, desired: Any, billed: int | None = None,
-                    one_client: bool = True) -> None:
+    async def check(
+        self,
+        payload: dict[str, Any],
+        *,
+        kind: str,
+        desired: Any,
+        billed: int | None = None,
+        one_client: bool = True,
+    ) -> None:
         """The four invariants (module docstring) for a case that must end in success.
 
         :param payload: the trigger's event.
@@ -299,7 +341,10 @@ class Harness:
         else:
             ti = FakeTI(task_of(namespace))
             assert operator_outcome(payload, ti) == {"ready": payload["answers"]["ready"]["decision"]}
-            assert ti.xcom["decision_id"] == payload["reply_id"] and ti.xcom["reply"]["id"] == payload["reply_id"]
+            assert (
+                ti.xcom["decision_id"] == payload["reply_id"]
+                and ti.xcom["reply"]["id"] == payload["reply_id"]
+            )
         # 3. billing
         self.check_billing(billed)
         # 4. reconnect delays
@@ -391,7 +436,9 @@ def sensor_outcome(payload: dict[str, Any], *, task_id: str = "wait") -> dict[st
     """What the deferred sensor does with the event: its return value, or its exception."""
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
-    sensor = SystemZeroDecisionSensor(task_id=task_id, instructions="Is the job ready?", systemzero_conn_id=CONN_ID)
+    sensor = SystemZeroDecisionSensor(
+        task_id=task_id, instructions="Is the job ready?", systemzero_conn_id=CONN_ID
+    )
     return sensor.execute_complete(_context(FakeTI(task_id)), payload)
 
 
@@ -400,8 +447,9 @@ def operator_outcome(payload: dict[str, Any], ti: FakeTI | None = None) -> dict[
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 
     ti = ti or FakeTI("decide")
-    operator = SystemZeroDecideOperator(task_id=ti.task_id, questions={"ready": "Is the job ready?"},
-                                        state="x", systemzero_conn_id=CONN_ID)
+    operator = SystemZeroDecideOperator(
+        task_id=ti.task_id, questions={"ready": "Is the job ready?"}, state="x", systemzero_conn_id=CONN_ID
+    )
     return operator.execute_complete(_context(ti), payload)
 
 

@@ -33,7 +33,9 @@ def test_a_bad_value_is_refused_naming_the_option(monkeypatch: pytest.MonkeyPatc
         reconnect_backoff()
 
 
-def test_streams_of_a_hook_use_the_configuration_unless_given_a_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streams_of_a_hook_use_the_configuration_unless_given_a_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_BASE", "0.25")
     request = {"model": "m", "questions": QUESTIONS}
     configured = SystemZeroHook("any").stream(request)

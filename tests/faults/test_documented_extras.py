@@ -45,7 +45,9 @@ async def test_a_start_that_came_too_late_is_retried_operator(make_harness: Harn
     assert (h.reconnects()[0].reason, h.reconnects()[0].close_code) == ("close", 1008)
 
 
-async def test_an_exhausted_event_budget_is_replayed_on_a_new_stream_sensor(make_harness: HarnessFactory) -> None:
+async def test_an_exhausted_event_budget_is_replayed_on_a_new_stream_sensor(
+    make_harness: HarnessFactory,
+) -> None:
     h = await make_harness(limits=LIMITS.replace(max_events=2))
     set_source("s", WORKING)
     task = h.start(h.sensor("s"))

@@ -56,7 +56,11 @@ async def test_lasting_maintenance_fails_the_operator_retryably(make_harness: Ha
     h = await make_harness()
     maintenance(h, count=4)
     payload = await h.start(h.operator(OUTPUTS))
-    assert (payload["error_type"], payload["code"], payload["retryable"]) == ("decision_failed", "maintenance", True)
+    assert (payload["error_type"], payload["code"], payload["retryable"]) == (
+        "decision_failed",
+        "maintenance",
+        True,
+    )
     with pytest.raises(AirflowException, match="maintenance") as info:
         operator_outcome(payload)
     assert not isinstance(info.value, AirflowFailException)  # Airflow's task retries apply

@@ -73,8 +73,11 @@ async def test_shutdown_during_a_decide_sensor(make_harness: HarnessFactory) -> 
     record = only_reconnect(h)
     assert (record.reason, record.close_code, record.server_delay) == ("goodbye:shutdown", 1012, 0.3)
     first_stream = h.emu.sent[0].stream_id
-    assert [s.message.state_version for s in h.emu.sent
-            if s.stream_id == first_stream and isinstance(s.message, Decision)] == [1]  # READY's came later
+    assert [
+        s.message.state_version
+        for s in h.emu.sent
+        if s.stream_id == first_stream and isinstance(s.message, Decision)
+    ] == [1]  # READY's came later
 
 
 async def test_shutdown_during_a_decide_operator(make_harness: HarnessFactory) -> None:
@@ -238,7 +241,9 @@ async def test_three_retryable_failures_operator(make_harness: HarnessFactory) -
     assert all(b.started - a.ended >= 0.2 for a, b in itertools.pairwise(calls))
 
 
-async def test_retryable_failures_beyond_the_budget_fail_the_operator_retryably(make_harness: HarnessFactory) -> None:
+async def test_retryable_failures_beyond_the_budget_fail_the_operator_retryably(
+    make_harness: HarnessFactory,
+) -> None:
     h = await make_harness()
     h.emu.faults.fail_decides(4, status=503, retry_after_ms=50)
     payload = await h.start(h.operator(OUTPUTS))
@@ -326,8 +331,10 @@ async def test_401_sensor(make_harness: HarnessFactory) -> None:
 
 async def test_401_operator(make_harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     h = await make_harness()
-    monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_FAULTS",
-                       f'{{"conn_type": "systemzero", "host": "{h.emu.origin}", "password": "sz-wrong-key-000"}}')
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SYSTEMZERO_FAULTS",
+        f'{{"conn_type": "systemzero", "host": "{h.emu.origin}", "password": "sz-wrong-key-000"}}',
+    )
     payload = await h.start(h.operator(OUTPUTS))
     assert (payload["status"], payload["error_type"]) == ("error", "authentication")
     assert "sz-wrong-key-000" not in str(payload)
@@ -364,8 +371,9 @@ async def test_409_then_success_operator(make_harness: HarnessFactory) -> None:
 
 
 @pytest.mark.parametrize("mode", ["on_change", "on_request"])
-async def test_a_late_decision_about_older_state_never_fires_the_sensor(make_harness: HarnessFactory,
-                                                                        mode: str) -> None:
+async def test_a_late_decision_about_older_state_never_fires_the_sensor(
+    make_harness: HarnessFactory, mode: str
+) -> None:
     """READY is decided slowly; meanwhile the log says ROLLBACK. The late "ready" must not count."""
     h = await make_harness()
     set_source("s", READY)
@@ -375,21 +383,34 @@ async def test_a_late_decision_about_older_state_never_fires_the_sensor(make_har
     h.emu.backend.decide_latency_ms = 0
     rolled_back = READY + "ROLLBACK\n"
     set_source("s", rolled_back)
-    await h.until(lambda e: e.stats.decisions_delivered == 2)  # the stale "ready", then ROLLBACK's "not ready"
+    await h.until(
+        lambda e: e.stats.decisions_delivered == 2
+    )  # the stale "ready", then ROLLBACK's "not ready"
     assert not task.done()
     final = rolled_back + "READY again\n"
     set_source("s", final)
     payload = await task
     await h.check(payload, kind="sensor", desired=final, billed=3)
     # the stale decision really arrived after the newer state was acknowledged, and said "ready"
-    order = [(type(s.message).__name__, getattr(s.message, "event_id", None), getattr(s.message, "state_version", None))
-             for s in h.emu.sent if isinstance(s.message, Ack | Decision)]
+    order = [
+        (
+            type(s.message).__name__,
+            getattr(s.message, "event_id", None),
+            getattr(s.message, "state_version", None),
+        )
+        for s in h.emu.sent
+        if isinstance(s.message, Ack | Decision)
+    ]
     assert order.index(("Ack", "evt_2", 2)) < order.index(("Decision", None, 1)), order
-    [stale] = [s.message for s in h.emu.sent if isinstance(s.message, Decision) and s.message.state_version == 1]
+    [stale] = [
+        s.message for s in h.emu.sent if isinstance(s.message, Decision) and s.message.state_version == 1
+    ]
     assert stale.reply["answers"]["ready"]["decision"] is True and payload["reply_id"] != stale.reply["id"]
 
 
-async def test_a_late_decision_about_an_older_state_never_answers_the_operator(make_harness: HarnessFactory) -> None:
+async def test_a_late_decision_about_an_older_state_never_answers_the_operator(
+    make_harness: HarnessFactory,
+) -> None:
     """A try's state is decided slowly; the task is retried with newer upstream outputs before that
     decision lands. The retry's answer is about its own state, never the late one."""
     h = await make_harness()
@@ -403,8 +424,11 @@ async def test_a_late_decision_about_an_older_state_never_answers_the_operator(m
     payload = await h.start(h.operator(OUTPUTS))  # … and the next one replays newer outputs
     await h.until(lambda e: e.stats.decisions_billed == 2)  # the late call finished on the gateway too
     await h.check(payload, kind="operator", desired=OUTPUTS, billed=2)
-    late = [e for e in h.entries() if e.body_sha256 != body_hash(h.stream_of(payload["key_namespace"])
-                                                                 .session.desired_body())]
+    late = [
+        e
+        for e in h.entries()
+        if e.body_sha256 != body_hash(h.stream_of(payload["key_namespace"]).session.desired_body())
+    ]
     assert late and payload["reply_id"] not in {e.reply_id for e in late}
     assert payload["answers"]["ready"]["decision"] is True
 
@@ -429,7 +453,9 @@ async def test_triggerer_restart_mid_decide_sensor(make_harness: HarnessFactory)
     await h.check(payload, kind="sensor", desired=READY, billed=2)
     _, key, body = h.emu.started[1]  # the call the restart interrupted
     [original] = [e for e in h.entries() if e.billed and e.body_sha256 == body]
-    assert original.idempotency_key == key and payload["reply_id"] == original.reply_id  # replayed, not re-billed
+    assert (
+        original.idempotency_key == key and payload["reply_id"] == original.reply_id
+    )  # replayed, not re-billed
 
 
 async def test_triggerer_restart_mid_decide_operator(make_harness: HarnessFactory) -> None:

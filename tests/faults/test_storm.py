@@ -58,25 +58,45 @@ def spread_report(label: str, offsets: list[float]) -> dict[str, float]:
     ordered = sorted(offsets)
     deciles = statistics.quantiles(ordered, n=10)
     bins = Counter(int(t / BIN) for t in ordered)
-    report = {"first": ordered[0], "p10": deciles[0], "p50": statistics.median(ordered), "p90": deciles[-1],
-              "last": ordered[-1], "spread": ordered[-1] - ordered[0], "busiest_50ms": max(bins.values())}
-    print(f"\n{label}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in report.items()))
+    report = {
+        "first": ordered[0],
+        "p10": deciles[0],
+        "p50": statistics.median(ordered),
+        "p90": deciles[-1],
+        "last": ordered[-1],
+        "spread": ordered[-1] - ordered[0],
+        "busiest_50ms": max(bins.values()),
+    }
+    print(
+        f"\n{label}: "
+        + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in report.items())
+    )
     return report
 
 
 async def connected_clients(emu: SpiedEmulator, stack: contextlib.AsyncExitStack) -> list[DecisionStream]:
     """CLIENTS streams, each a separate client (its own process in production: its own cap)."""
-    streams = [DecisionStream(StreamSettings(emu.origin, KEY), REQUEST, state=f"client {n}\n",
-                              decision_mode="on_request", identity=f"storm-{n}", open_deadline=30,
-                              capacity=StreamCapacity(1)) for n in range(CLIENTS)]
+    streams = [
+        DecisionStream(
+            StreamSettings(emu.origin, KEY),
+            REQUEST,
+            state=f"client {n}\n",
+            decision_mode="on_request",
+            identity=f"storm-{n}",
+            open_deadline=30,
+            capacity=StreamCapacity(1),
+        )
+        for n in range(CLIENTS)
+    ]
     await asyncio.gather(*(stack.enter_async_context(s) for s in streams))
     return streams
 
 
 async def test_100_clients_dropped_at_once_reconnect_spread_by_full_jitter() -> None:
-    async with SpiedEmulator(api_keys={KEY: 2 * CLIENTS}, limits=LIMITS) as emu, \
-            contextlib.AsyncExitStack() as stack:
+    async with (
+        SpiedEmulator(api_keys={KEY: 2 * CLIENTS}, limits=LIMITS) as emu,
+        contextlib.AsyncExitStack() as stack,
+    ):
         streams = await connected_clients(emu, stack)
         before = len(emu.upgrades)
         dropped_at = time.monotonic()
@@ -95,8 +115,10 @@ async def test_100_clients_dropped_at_once_reconnect_spread_by_full_jitter() -> 
 
 async def test_100_clients_told_to_wait_by_a_restart_come_back_after_the_delay_and_spread() -> None:
     delay = 0.5
-    async with SpiedEmulator(api_keys={KEY: 2 * CLIENTS}, limits=LIMITS) as emu, \
-            contextlib.AsyncExitStack() as stack:
+    async with (
+        SpiedEmulator(api_keys={KEY: 2 * CLIENTS}, limits=LIMITS) as emu,
+        contextlib.AsyncExitStack() as stack,
+    ):
         streams = await connected_clients(emu, stack)
         before = len(emu.upgrades)
         await emu.restart(retry_after_ms=int(delay * 1000))  # goodbye shutdown to all, close 1012
@@ -107,8 +129,9 @@ async def test_100_clients_told_to_wait_by_a_restart_come_back_after_the_delay_a
     assert len(offsets) == CLIENTS
     assert all(r.server_delay == delay and r.waited >= delay for r in records)
     assert min(offsets) >= delay  # nobody earlier than the gateway asked
-    report = spread_report(f"restart (goodbye shutdown, retry_after_ms={int(delay * 1000)})",
-                           [t - delay for t in offsets])
+    report = spread_report(
+        f"restart (goodbye shutdown, retry_after_ms={int(delay * 1000)})", [t - delay for t in offsets]
+    )
     assert report["spread"] >= 0.6 * WINDOW and report["busiest_50ms"] <= MAX_PER_BIN
 
 

@@ -21,8 +21,11 @@ from tests.stream.mini_gateway import serve_session
 
 KEY = "sz-close-race-0123456789"
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
-REPLY = {"id": "szd_" + "b" * 32, "model": "m",
-         "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}}}
+REPLY = {
+    "id": "szd_" + "b" * 32,
+    "model": "m",
+    "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}},
+}
 
 
 class _BinaryBeforeClose(ServerConnection):
@@ -43,18 +46,32 @@ async def _gateway() -> Server:
     def factory(protocol: ServerProtocol, server: Server, **kwargs: Any) -> ServerConnection:
         return _BinaryBeforeClose(protocol, server, **kwargs)
 
-    return await serve(_handler, "127.0.0.1", 0, compression=None, create_connection=factory,  # type: ignore[arg-type]
-                       select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None)
+    return await serve(
+        _handler,
+        "127.0.0.1",
+        0,
+        compression=None,
+        create_connection=factory,  # type: ignore[arg-type]
+        select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None,
+    )
 
 
 def _stream(server: Server) -> DecisionStream:
     origin = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    return DecisionStream(StreamSettings(origin, KEY), {"model": "m", "questions": QUESTIONS}, state="log\n",
-                          decision_mode="on_request", identity="close-race", backoff=Backoff(base=0.01, cap=0.05),
-                          open_deadline=5)
+    return DecisionStream(
+        StreamSettings(origin, KEY),
+        {"model": "m", "questions": QUESTIONS},
+        state="log\n",
+        decision_mode="on_request",
+        identity="close-race",
+        backoff=Backoff(base=0.01, cap=0.05),
+        open_deadline=5,
+    )
 
 
-async def test_leaving_the_stream_while_a_bad_frame_arrives_ends_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+async def test_leaving_the_stream_while_a_bad_frame_arrives_ends_cleanly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server = await _gateway()
     try:
         stream = _stream(server)

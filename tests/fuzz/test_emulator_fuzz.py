@@ -30,8 +30,13 @@ DOCUMENTED = {1000, 1008, 1009, 1012, 1013}
 async def exchange(url: str, frames: list[str | bytes]) -> tuple[int | None, list[str]]:
     """Send the frames, then read until the gateway closes (or a short quiet), then close normally."""
     received: list[str] = []
-    async with connect(url, subprotocols=[PROTOCOL], compression=None,  # type: ignore[list-item]
-                       additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=5) as ws:
+    async with connect(
+        url,
+        subprotocols=[PROTOCOL],
+        compression=None,  # type: ignore[list-item]
+        additional_headers={"Authorization": f"Bearer {KEY}"},
+        open_timeout=5,
+    ) as ws:
         try:
             for frame in frames:
                 await ws.send(frame)
@@ -46,12 +51,16 @@ async def exchange(url: str, frames: list[str | bytes]) -> tuple[int | None, lis
 
 
 def test_the_emulator_answers_any_client_frames_with_documented_messages_and_closes(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with EmulatorThread(api_keys={KEY: 8}, limits=LIMITS) as emulator:
         url = emulator.url
 
-        @settings(max_examples=int(os.environ.get("SZ_FUZZ_EMULATOR", "25")), deadline=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+        @settings(
+            max_examples=int(os.environ.get("SZ_FUZZ_EMULATOR", "25")),
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        )
         @given(frames=st.lists(client_frames, min_size=1, max_size=8))
         def one(frames: list[Any]) -> None:
             code, received = asyncio.run(exchange(url, frames))
@@ -60,11 +69,16 @@ def test_the_emulator_answers_any_client_frames_with_documented_messages_and_clo
                 try:
                     decode_server_message(text)
                 except RemoteProtocolError as exc:  # pragma: no cover - a failure to report
-                    raise AssertionError(f"the emulator sent an undecodable message {text!r}: {exc}") from None
+                    raise AssertionError(
+                        f"the emulator sent an undecodable message {text!r}: {exc}"
+                    ) from None
 
         with caplog.at_level(logging.ERROR, logger="airflow_provider_systemzero.emulator"):
             one()
         stats = emulator.stats
     assert not set(stats.closes_by_code) - DOCUMENTED, stats.closes_by_code
-    assert not [r for r in caplog.records if r.name.startswith("airflow_provider_systemzero.emulator")
-                and r.levelno >= logging.ERROR], caplog.text
+    assert not [
+        r
+        for r in caplog.records
+        if r.name.startswith("airflow_provider_systemzero.emulator") and r.levelno >= logging.ERROR
+    ], caplog.text

@@ -42,9 +42,22 @@ from airflow_provider_systemzero.protocol.messages import (
 from tests.fuzz.strategies import QUESTIONS, REPLY, STREAM_ID, client_frames, server_frames, text_values
 
 #: ``SZ_FUZZ=5000`` runs a longer campaign locally.
-FUZZ = settings(max_examples=int(os.environ.get("SZ_FUZZ", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-HELLO = json.dumps({"type": "hello", "stream_id": STREAM_ID, "seq": 1, "protocol": "system-zero.stream.v1",
-                    "request_id": "r", "limits": Limits().advertised(), "rate_limit": None})
+FUZZ = settings(
+    max_examples=int(os.environ.get("SZ_FUZZ", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+HELLO = json.dumps(
+    {
+        "type": "hello",
+        "stream_id": STREAM_ID,
+        "seq": 1,
+        "protocol": "system-zero.stream.v1",
+        "request_id": "r",
+        "limits": Limits().advertised(),
+        "rate_limit": None,
+    }
+)
 
 #: What a caller may do between frames.
 caller_actions = st.one_of(
@@ -56,10 +69,14 @@ caller_actions = st.one_of(
 
 
 @FUZZ
-@given(mode=st.sampled_from(["on_change", "on_request"]), with_hello=st.booleans(),
-       steps=st.lists(st.one_of(server_frames.map(lambda f: ("frame", f)), caller_actions), max_size=15))
-def test_client_session_lets_only_remote_protocol_errors_escape(mode: str, with_hello: bool,
-                                                               steps: list[tuple[str, Any]]) -> None:
+@given(
+    mode=st.sampled_from(["on_change", "on_request"]),
+    with_hello=st.booleans(),
+    steps=st.lists(st.one_of(server_frames.map(lambda f: ("frame", f)), caller_actions), max_size=15),
+)
+def test_client_session_lets_only_remote_protocol_errors_escape(
+    mode: str, with_hello: bool, steps: list[tuple[str, Any]]
+) -> None:
     request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="fuzz")
     session = ClientSession(request=request, state="log\n", decision_mode=mode, key_namespace="ns")
     now = 0.0
@@ -93,33 +110,55 @@ def test_client_session_lets_only_remote_protocol_errors_escape(mode: str, with_
 def _outcome(kind: str) -> Any:
     if kind == "ok":
         return DecideSuccess(reply=REPLY, request_id="r")
-    status, code, retryable = {"429": (429, "rate_limited", True), "503": (503, "overloaded", True),
-                               "maint": (503, "maintenance", True), "409": (409, "idempotency_conflict", True),
-                               "422": (422, "idempotency_key_reused", False)}[kind]
+    status, code, retryable = {
+        "429": (429, "rate_limited", True),
+        "503": (503, "overloaded", True),
+        "maint": (503, "maintenance", True),
+        "409": (409, "idempotency_conflict", True),
+        "422": (422, "idempotency_key_reused", False),
+    }[kind]
     return DecideFailure(status, ErrorEnvelope("api_error", code, "m"), RetryHint(retryable, 100), "r")
 
 
-SMALL = Limits(max_message_bytes=2_048, max_decide_body_bytes=1_024, start_timeout_ms=500, idle_timeout_ms=1_000,
-               max_duration_ms=5_000, heartbeat_interval_ms=300, pong_timeout_ms=200, max_pending_events=8,
-               max_events=12, decision_settlement_timeout_ms=100, account_decision_burst=1_000)
-DOCUMENTED_CLOSES = {1000: {"idle_timeout", "max_duration"}, 1008: {"start_timeout", "protocol_refusal_limit",
-                                                                     "event_limit"},
-                     1009: {"message too big"}, 1012: {"shutdown"}, 1013: {"overload", "slow_reader"}}
+SMALL = Limits(
+    max_message_bytes=2_048,
+    max_decide_body_bytes=1_024,
+    start_timeout_ms=500,
+    idle_timeout_ms=1_000,
+    max_duration_ms=5_000,
+    heartbeat_interval_ms=300,
+    pong_timeout_ms=200,
+    max_pending_events=8,
+    max_events=12,
+    decision_settlement_timeout_ms=100,
+    account_decision_burst=1_000,
+)
+DOCUMENTED_CLOSES = {
+    1000: {"idle_timeout", "max_duration"},
+    1008: {"start_timeout", "protocol_refusal_limit", "event_limit"},
+    1009: {"message too big"},
+    1012: {"shutdown"},
+    1013: {"overload", "slow_reader"},
+}
 
-gateway_steps = st.lists(st.one_of(
-    client_frames.map(lambda f: ("frame", f)),
-    st.tuples(st.just("big"), st.integers(2_049, 5_000)),
-    st.tuples(st.just("tick"), st.sampled_from([0.05, 0.25, 0.6, 1.5])),
-    st.tuples(st.just("finish"), st.sampled_from(["ok", "429", "503", "maint", "409", "422"])),
-    st.tuples(st.just("shutdown"), st.integers(0, 500)),
-    st.tuples(st.just("queue"), st.integers(0, 100)),
-), max_size=25)
+gateway_steps = st.lists(
+    st.one_of(
+        client_frames.map(lambda f: ("frame", f)),
+        st.tuples(st.just("big"), st.integers(2_049, 5_000)),
+        st.tuples(st.just("tick"), st.sampled_from([0.05, 0.25, 0.6, 1.5])),
+        st.tuples(st.just("finish"), st.sampled_from(["ok", "429", "503", "maint", "409", "422"])),
+        st.tuples(st.just("shutdown"), st.integers(0, 500)),
+        st.tuples(st.just("queue"), st.integers(0, 100)),
+    ),
+    max_size=25,
+)
 
 
 @FUZZ
 @given(steps=gateway_steps, opening=st.sampled_from(["none", "on_change", "on_request"]))
 def test_gateway_session_never_raises_and_closes_only_with_documented_codes(
-        steps: list[tuple[str, Any]], opening: str) -> None:
+    steps: list[tuple[str, Any]], opening: str
+) -> None:
     gateway = GatewaySession(stream_id=STREAM_ID, now=0.0, limits=SMALL)
     now = 0.0
     seqs: list[int] = []
@@ -144,12 +183,29 @@ def test_gateway_session_never_raises_and_closes_only_with_documented_codes(
 
     take(gateway.actions())
     if opening != "none":
-        take(gateway.receive_text(json.dumps({
-            "type": "start", "event_id": "evt_1", "decision_mode": opening,
-            "request": {"model": "m", "state": "s", "questions": QUESTIONS, "prompt_cache_key": "p"}}), now))
+        take(
+            gateway.receive_text(
+                json.dumps(
+                    {
+                        "type": "start",
+                        "event_id": "evt_1",
+                        "decision_mode": opening,
+                        "request": {
+                            "model": "m",
+                            "state": "s",
+                            "questions": QUESTIONS,
+                            "prompt_cache_key": "p",
+                        },
+                    }
+                ),
+                now,
+            )
+        )
     for kind, value in steps:
         if kind == "frame":
-            take(gateway.receive_binary(now) if isinstance(value, bytes) else gateway.receive_text(value, now))
+            take(
+                gateway.receive_binary(now) if isinstance(value, bytes) else gateway.receive_text(value, now)
+            )
         elif kind == "big":
             take(gateway.receive_text('{"type":"pong","nonce":1,"pad":"' + "x" * value + '"}', now))
         elif kind == "tick":
@@ -160,8 +216,11 @@ def test_gateway_session_never_raises_and_closes_only_with_documented_codes(
         elif kind == "shutdown":
             take(gateway.begin_shutdown(now, value))
         elif kind == "queue":
-            take(gateway.send_queue_report(queued_bytes=value * 1_000_000, queued_frames=value,
-                                           write_stalled_for=value / 10, now=now))
+            take(
+                gateway.send_queue_report(
+                    queued_bytes=value * 1_000_000, queued_frames=value, write_stalled_for=value / 10, now=now
+                )
+            )
         if gateway.closed:
             break
     assert seqs == list(range(1, len(seqs) + 1))  # seq: 1, 2, 3 … over every server message

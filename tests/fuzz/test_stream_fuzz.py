@@ -43,26 +43,49 @@ KEY = "sz-fuzz-0123456789abcdef"
 CONN_ID = "systemzero_fuzz"
 #: Seconds after which a stream that has neither worked nor failed counts as hung.
 HANG = 8.0
-LIMITS = Limits(heartbeat_interval_ms=400, pong_timeout_ms=400, close_handshake_timeout_ms=300,
-                account_decision_burst=1_000)
+LIMITS = Limits(
+    heartbeat_interval_ms=400,
+    pong_timeout_ms=400,
+    close_handshake_timeout_ms=300,
+    account_decision_burst=1_000,
+)
 
-scripts = st.fixed_dictionaries({
-    # (after how many honest messages, frame): index 0 is before hello
-    "inject": st.lists(st.tuples(st.integers(0, 4), server_frames), max_size=4),
-    # after how many honest messages the connection ends, and how (None: it never does)
-    "end_after": st.one_of(st.none(), st.integers(1, 5)),
-    "ending": st.sampled_from(["close:1000", "close:1001", "close:1002", "close:1003", "close:1008", "close:1009",
-                               "close:1011", "close:1012", "close:1013", "close:4000", "abort"]),
-    "decide": st.sampled_from(["ok", "503", "422", "409", "maintenance", "500"]),
-})
+scripts = st.fixed_dictionaries(
+    {
+        # (after how many honest messages, frame): index 0 is before hello
+        "inject": st.lists(st.tuples(st.integers(0, 4), server_frames), max_size=4),
+        # after how many honest messages the connection ends, and how (None: it never does)
+        "end_after": st.one_of(st.none(), st.integers(1, 5)),
+        "ending": st.sampled_from(
+            [
+                "close:1000",
+                "close:1001",
+                "close:1002",
+                "close:1003",
+                "close:1008",
+                "close:1009",
+                "close:1011",
+                "close:1012",
+                "close:1013",
+                "close:4000",
+                "abort",
+            ]
+        ),
+        "decide": st.sampled_from(["ok", "503", "422", "409", "maintenance", "500"]),
+    }
+)
 
 
 def _outcome(kind: str) -> Any:
     if kind == "ok":
         return DecideSuccess(reply=REPLY, request_id="r")
-    status, code, retryable = {"503": (503, "overloaded", True), "422": (422, "idempotency_key_reused", False),
-                               "409": (409, "idempotency_conflict", True),
-                               "maintenance": (503, "maintenance", True), "500": (500, "internal", False)}[kind]
+    status, code, retryable = {
+        "503": (503, "overloaded", True),
+        "422": (422, "idempotency_key_reused", False),
+        "409": (409, "idempotency_conflict", True),
+        "maintenance": (503, "maintenance", True),
+        "500": (500, "internal", False),
+    }[kind]
     return DecideFailure(status, ErrorEnvelope("api_error", code, "scripted"), RetryHint(retryable, 50), "r")
 
 
@@ -82,8 +105,13 @@ class FuzzGateway:
         self._thread.start()
 
         async def start() -> Any:
-            return await serve(self._handler, "127.0.0.1", 0, compression=None,
-                               select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None)
+            return await serve(
+                self._handler,
+                "127.0.0.1",
+                0,
+                compression=None,
+                select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None,
+            )
 
         self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
         self.origin = f"ws://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
@@ -131,7 +159,9 @@ class FuzzGateway:
                 elif isinstance(action, DispatchDecide):
                     decided += 1
                     outcome = _outcome(script["decide"] if decided == 1 else "ok")
-                    if not await perform(gateway.dispatch_finished(action.dispatch_id, outcome, time.monotonic())):
+                    if not await perform(
+                        gateway.dispatch_finished(action.dispatch_id, outcome, time.monotonic())
+                    ):
                         return False
                 elif isinstance(action, CloseConnection):
                     await ws.close(action.code, action.reason)
@@ -152,7 +182,11 @@ class FuzzGateway:
                         return
                     continue
                 now = time.monotonic()
-                actions = gateway.receive_text(frame, now) if isinstance(frame, str) else gateway.receive_binary(now)
+                actions = (
+                    gateway.receive_text(frame, now)
+                    if isinstance(frame, str)
+                    else gateway.receive_binary(now)
+                )
                 if not await perform(actions):
                     return
         except Exception as exc:  # the client went away mid-send: fine; anything else is recorded
@@ -169,8 +203,13 @@ class FuzzGateway:
 async def drive(mode: str) -> str:
     """Open a stream through the hook, change the state, ask for a decision; report the outcome."""
     outcome = "worked"
-    stream = SystemZeroHook(CONN_ID).stream({"model": "m", "questions": QUESTIONS}, state="log\n",
-                                            decision_mode=mode, identity="fuzz", open_deadline=0.6)
+    stream = SystemZeroHook(CONN_ID).stream(
+        {"model": "m", "questions": QUESTIONS},
+        state="log\n",
+        decision_mode=mode,
+        identity="fuzz",
+        open_deadline=0.6,
+    )
     async with asyncio.timeout(HANG):
         try:
             async with stream:
@@ -189,8 +228,10 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[FuzzGateway]:
     monkeypatch.setenv("AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_CAP", "0.05")
     default_capacity().set_limit(4)
     with FuzzGateway() as gw:
-        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(
-            {"conn_type": "systemzero", "host": gw.origin, "password": KEY}))
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_{CONN_ID.upper()}",
+            json.dumps({"conn_type": "systemzero", "host": gw.origin, "password": KEY}),
+        )
         yield gw
     default_capacity().set_limit(4)
 
@@ -198,8 +239,11 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[FuzzGateway]:
 def test_the_stream_survives_or_fails_cleanly_whatever_the_gateway_sends(gateway: FuzzGateway) -> None:
     outcomes: list[str] = []
 
-    @settings(max_examples=int(os.environ.get("SZ_FUZZ_STREAM", "30")), deadline=None,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=int(os.environ.get("SZ_FUZZ_STREAM", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(script=scripts, mode=st.sampled_from(["on_change", "on_request"]))
     def one(script: dict[str, Any], mode: str) -> None:
         gateway.script = script

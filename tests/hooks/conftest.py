@@ -25,21 +25,37 @@ def server_context(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
     from airflow_provider_systemzero.compat import airflow_version
 
     if airflow_version()[:2] < (3, 2):
-        pytest.skip("on Airflow 3.1 (3.1.8 checked) an async connection lookup outside a task or trigger process "
-                    "does not reach the metadata DB, so this server-context test cannot find its connection")
+        pytest.skip(
+            "on Airflow 3.1 (3.1.8 checked) an async connection lookup outside a task or trigger process "
+            "does not reach the metadata DB, so this server-context test cannot find its connection"
+        )
     monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")
 
 
-def store_connection(conn_id: str = CONN_ID, *, host: str, password: str | None = SECRET_KEY,
-                     extra: dict[str, Any] | None = None, port: int | None = None) -> None:
+def store_connection(
+    conn_id: str = CONN_ID,
+    *,
+    host: str,
+    password: str | None = SECRET_KEY,
+    extra: dict[str, Any] | None = None,
+    port: int | None = None,
+) -> None:
     """Insert (or replace) a connection row in the metadata DB."""
     from airflow.models import Connection
     from airflow.utils.session import create_session
 
     with create_session() as session:
         session.query(Connection).filter(Connection.conn_id == conn_id).delete()
-        session.add(Connection(conn_id=conn_id, conn_type="systemzero", host=host, password=password, port=port,
-                               extra=json.dumps(EXTRA if extra is None else extra)))
+        session.add(
+            Connection(
+                conn_id=conn_id,
+                conn_type="systemzero",
+                host=host,
+                password=password,
+                port=port,
+                extra=json.dumps(EXTRA if extra is None else extra),
+            )
+        )
 
 
 @pytest.fixture

@@ -34,8 +34,12 @@ REQUEST = {"questions": QUESTIONS}  # the model comes from the connection's extr
 def sdk_connection(**kwargs: Any) -> Any:
     from airflow.sdk import Connection
 
-    values: dict[str, Any] = {"conn_id": "sz", "conn_type": "systemzero", "host": "api.example.com",
-                              "password": SECRET_KEY}
+    values: dict[str, Any] = {
+        "conn_id": "sz",
+        "conn_type": "systemzero",
+        "host": "api.example.com",
+        "password": SECRET_KEY,
+    }
     values.update(kwargs)
     return Connection(**values)
 
@@ -72,12 +76,17 @@ def no_sync_connection_access(monkeypatch: pytest.MonkeyPatch) -> SyncAccess:
         return guarded
 
     get_connection = BaseHook.__dict__["get_connection"].__func__
-    monkeypatch.setattr(BaseHook, "get_connection", classmethod(guard("BaseHook.get_connection", get_connection)))
+    monkeypatch.setattr(
+        BaseHook, "get_connection", classmethod(guard("BaseHook.get_connection", get_connection))
+    )
     sdk_get = SdkConnection.__dict__["get"].__func__
     monkeypatch.setattr(SdkConnection, "get", classmethod(guard("Connection.get", sdk_get)))
     from_secrets = OrmConnection.__dict__["get_connection_from_secrets"].__func__
-    monkeypatch.setattr(OrmConnection, "get_connection_from_secrets",
-                        classmethod(guard("Connection.get_connection_from_secrets", from_secrets)))
+    monkeypatch.setattr(
+        OrmConnection,
+        "get_connection_from_secrets",
+        classmethod(guard("Connection.get_connection_from_secrets", from_secrets)),
+    )
     for cls, label in ((SdkConnection, "sdk"), (OrmConnection, "ORM")):
         fget = cls.__dict__["extra_dejson"].fget
         monkeypatch.setattr(cls, "extra_dejson", property(guard(f"{label} Connection.extra_dejson", fget)))
@@ -88,7 +97,8 @@ def assert_no_sync_lookup(seen: SyncAccess) -> None:
     """Nothing sync ran on the loop, and the sync lookups were not used at all (on any thread)."""
     assert seen.on_loop == []
     assert not {"BaseHook.get_connection", "Connection.get", "Connection.get_connection_from_secrets"} & set(
-        seen.off_loop)
+        seen.off_loop
+    )
 
 
 def test_the_sync_access_guard_trips_on_the_event_loop(no_sync_connection_access: SyncAccess) -> None:
@@ -115,8 +125,16 @@ def test_the_hook_matches_the_declared_connection_form() -> None:
     assert SystemZeroHook.default_conn_name == "systemzero_default"
     behaviour = conn_type["ui-field-behaviour"]
     assert behaviour["relabeling"]["password"] == "API key" and "password" not in behaviour["hidden-fields"]
-    assert {"login", "schema", "port"} <= set(behaviour["hidden-fields"]) and "host" not in behaviour["hidden-fields"]
-    assert set(conn_type["conn-fields"]) == {"model", "prompt_cache_key_prefix", "open_timeout", "ca_bundle", "proxy"}
+    assert {"login", "schema", "port"} <= set(behaviour["hidden-fields"]) and "host" not in behaviour[
+        "hidden-fields"
+    ]
+    assert set(conn_type["conn-fields"]) == {
+        "model",
+        "prompt_cache_key_prefix",
+        "open_timeout",
+        "ca_bundle",
+        "proxy",
+    }
 
 
 def test_airflow_discovers_a_testable_hook() -> None:
@@ -132,8 +150,13 @@ def test_airflow_discovers_a_testable_hook() -> None:
 
 def test_settings_come_from_the_connection_fields() -> None:
     conn = sdk_connection(host="api.example.com", port=8443, password=f" {SECRET_KEY} ")
-    extra = {"model": "m-1", "prompt_cache_key_prefix": "team", "open_timeout": "7.5", "ca_bundle": "/etc/ca.pem",
-             "proxy": "http://proxy:3128"}
+    extra = {
+        "model": "m-1",
+        "prompt_cache_key_prefix": "team",
+        "open_timeout": "7.5",
+        "ca_bundle": "/etc/ca.pem",
+        "proxy": "http://proxy:3128",
+    }
     settings = SystemZeroHook.settings_from_connection(conn, extra)
     assert settings.url == "wss://api.example.com:8443/v1/system-zero/stream"
     assert settings.api_key == SECRET_KEY and settings.open_timeout == 7.5
@@ -146,8 +169,12 @@ def test_settings_come_from_the_connection_fields() -> None:
 @pytest.mark.parametrize(
     ("fields", "extra", "message", "field"),
     [
-        ({"password": None}, {}, "connection 'sz' has no API key: set it in the connection's password field",
-         "password"),
+        (
+            {"password": None},
+            {},
+            "connection 'sz' has no API key: set it in the connection's password field",
+            "password",
+        ),
         ({"host": None}, {}, "connection 'sz' has no host", "host"),
         ({"host": "wss://me:pw@api.example.com"}, {}, "must not contain credentials", "host"),
         ({"host": "ws://api.example.com"}, {}, "only to a loopback host", "host"),
@@ -155,8 +182,9 @@ def test_settings_come_from_the_connection_fields() -> None:
         ({}, {"model": 5}, "extra 'model' must be a string", "model"),
     ],
 )
-def test_incomplete_connections_are_refused_naming_the_field(fields: dict[str, Any], extra: dict[str, Any],
-                                                             message: str, field: str) -> None:
+def test_incomplete_connections_are_refused_naming_the_field(
+    fields: dict[str, Any], extra: dict[str, Any], message: str, field: str
+) -> None:
     with pytest.raises(SystemZeroValidationError, match=message) as info:
         SystemZeroHook.settings_from_connection(sdk_connection(**fields), extra)
     assert info.value.field == field and SECRET_KEY not in str(info.value)
@@ -165,11 +193,17 @@ def test_incomplete_connections_are_refused_naming_the_field(fields: dict[str, A
 # ------------------------------------------------------------------ async lookup, never the sync one
 
 
-async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff: Backoff,
-                                                     no_sync_connection_access: SyncAccess) -> None:
+async def test_the_example_exchange_through_the_hook(
+    emu: Emulator, fast_backoff: Backoff, no_sync_connection_access: SyncAccess
+) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
-    async with hook.stream(REQUEST, decision_mode="on_request", state="Initial log\n",
-                           idempotency_key="example-state-1", identity="example") as stream:
+    async with hook.stream(
+        REQUEST,
+        decision_mode="on_request",
+        state="Initial log\n",
+        idempotency_key="example-state-1",
+        identity="example",
+    ) as stream:
         await stream.append_text("Job is ready.\n", idempotency_key="example-state-2")
         decision = await stream.decide(timeout=10)
         assert isinstance(decision, Decision) and Decision is DecisionResult
@@ -179,7 +213,9 @@ async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff
         assert stream.request.prompt_cache_key == derive_prompt_cache_key("hook-tests", "example")
 
         await emu.restart(retry_after_ms=500)
-        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(
+            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
+        )
         assert stream.reconnects[0].close_code == 1012 and stream.reconnects[0].waited >= 0.5
         replayed = await stream.decide(timeout=10)
     assert replayed.decisions() == {"ready": True}
@@ -189,8 +225,9 @@ async def test_the_example_exchange_through_the_hook(emu: Emulator, fast_backoff
     assert handshake["Authorization"] == "Bearer ***"  # the emulator saw a bearer key
 
 
-async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
-                                          no_sync_connection_access: SyncAccess) -> None:
+async def test_on_change_through_the_hook(
+    emu: Emulator, fast_backoff: Backoff, no_sync_connection_access: SyncAccess
+) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)
     async with hook.stream(REQUEST, decision_mode="on_change", state=["boot"], identity="items") as stream:
         await stream.append_items(["Job is ready."])
@@ -201,8 +238,9 @@ async def test_on_change_through_the_hook(emu: Emulator, fast_backoff: Backoff,
     assert_no_sync_lookup(no_sync_connection_access)
 
 
-async def test_async_settings_register_the_key_with_airflow_masking(emu: Emulator,
-                                                                    no_sync_connection_access: SyncAccess) -> None:
+async def test_async_settings_register_the_key_with_airflow_masking(
+    emu: Emulator, no_sync_connection_access: SyncAccess
+) -> None:
     try:
         from airflow.sdk.log import _secrets_masker
     except ImportError:  # Airflow 3.1
@@ -214,8 +252,9 @@ async def test_async_settings_register_the_key_with_airflow_masking(emu: Emulato
     assert_no_sync_lookup(no_sync_connection_access)
 
 
-async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.MonkeyPatch,
-                                                           no_sync_connection_access: SyncAccess) -> None:
+async def test_sdk_connections_are_read_with_aextra_dejson(
+    monkeypatch: pytest.MonkeyPatch, no_sync_connection_access: SyncAccess
+) -> None:
     conn = sdk_connection(extra=json.dumps({"model": "from-extra"}))
 
     async def aget_connection(cls: Any, conn_id: str) -> Any:
@@ -228,11 +267,15 @@ async def test_sdk_connections_are_read_with_aextra_dejson(monkeypatch: pytest.M
     assert_no_sync_lookup(no_sync_connection_access)
 
 
-@pytest.mark.skipif(airflow_version()[:2] < (3, 2), reason="Airflow 3.1's own async lookup calls sync-only "
-                    "in-process comms itself and finds the connection, so the hook's off-loop fallback is not reached "
-                    "(dag.test() only)")
+@pytest.mark.skipif(
+    airflow_version()[:2] < (3, 2),
+    reason="Airflow 3.1's own async lookup calls sync-only "
+    "in-process comms itself and finds the connection, so the hook's off-loop fallback is not reached "
+    "(dag.test() only)",
+)
 async def test_in_process_comms_without_async_send_are_used_off_the_loop(
-        no_sync_connection_access: SyncAccess) -> None:
+    no_sync_connection_access: SyncAccess,
+) -> None:
     """``dag.test()`` runs triggers with supervisor comms that only have a sync ``send`` (Airflow
     3.3.2): the async lookup cannot reach the DB there, so the hook looks up on a worker thread."""
     import threading
@@ -247,9 +290,16 @@ async def test_in_process_comms_without_async_send_are_used_off_the_loop(
         def send(self, msg: Any) -> Any:
             threads.append(threading.get_ident())
             assert isinstance(msg, GetConnection) and msg.conn_id == "sz_inproc"
-            return ConnectionResult(conn_id="sz_inproc", conn_type="systemzero", host="wss://api.example.com",
-                                    login=None, schema=None, port=None, password=SECRET_KEY,
-                                    extra=json.dumps({"model": "m-inproc"}))
+            return ConnectionResult(
+                conn_id="sz_inproc",
+                conn_type="systemzero",
+                host="wss://api.example.com",
+                login=None,
+                schema=None,
+                port=None,
+                password=SECRET_KEY,
+                extra=json.dumps({"model": "m-inproc"}),
+            )
 
     with set_supervisor_comms(SyncOnlyComms()):
         settings = await SystemZeroHook("sz_inproc").aget_settings()
@@ -262,8 +312,9 @@ async def test_in_process_comms_without_async_send_are_used_off_the_loop(
 async def test_ten_streams_from_ten_hooks_share_the_process_cap(emu: Emulator, fast_backoff: Backoff) -> None:
     async def one(n: int) -> bool:
         hook = SystemZeroHook(CONN_ID, backoff=fast_backoff)  # a hook per stream, like one per trigger
-        async with hook.stream(REQUEST, decision_mode="on_request", state=f"{n}: Job is ready.\n",
-                               identity=f"cap-{n}") as stream:
+        async with hook.stream(
+            REQUEST, decision_mode="on_request", state=f"{n}: Job is ready.\n", identity=f"cap-{n}"
+        ) as stream:
             return (await stream.decide(timeout=30)).decisions()["ready"]
 
     emu.backend.decide_latency_ms = 50
@@ -272,8 +323,9 @@ async def test_ten_streams_from_ten_hooks_share_the_process_cap(emu: Emulator, f
     assert emu.stats.streams_total == 10 and emu.stats.upgrade_refusals == {}
 
 
-async def test_a_wrong_key_fails_at_once_without_showing_it(emu: Emulator, fast_backoff: Backoff,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_wrong_key_fails_at_once_without_showing_it(
+    emu: Emulator, fast_backoff: Backoff, caplog: pytest.LogCaptureFixture
+) -> None:
     wrong = "sz-wrong-key-9876543210"
     store_connection(host=emu.origin, password=wrong)
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=5, cap=5))
@@ -282,7 +334,11 @@ async def test_a_wrong_key_fails_at_once_without_showing_it(emu: Emulator, fast_
             pass
     assert info.value.status == 401 and emu.stats.upgrade_refusals == {401: 1}
     texts = [str(info.value), repr(info.value), repr(hook)]
-    texts += [r.getMessage() for r in caplog.records if not r.name.startswith("airflow_provider_systemzero.emulator")]
+    texts += [
+        r.getMessage()
+        for r in caplog.records
+        if not r.name.startswith("airflow_provider_systemzero.emulator")
+    ]
     assert all(wrong not in text for text in texts)
 
 

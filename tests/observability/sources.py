@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 STARTS: dict[str, int] = {}
 
 
-async def ticking(name: str, lines: list[str], gap: float, fail_first_try_after: int | None = None
-                  ) -> AsyncIterator[str]:
+async def ticking(
+    name: str, lines: list[str], gap: float, fail_first_try_after: int | None = None
+) -> AsyncIterator[str]:
     """A log that grows by one line every ``gap`` seconds; on the first try it can break after
     ``fail_first_try_after`` lines (a lost source the task's retry gets over)."""
     STARTS[name] = STARTS.get(name, 0) + 1

@@ -71,7 +71,9 @@ def test_unconfirmed_dispatches_count_against_the_cap() -> None:
 
 
 def test_kwargs_round_trip_keeps_totals_and_ids() -> None:
-    budget = DecisionBudget(3, 1000, spent={"billed": 1, "reply_ids": ["szd_a"]}, scope="task 'd.t'", hint="h")
+    budget = DecisionBudget(
+        3, 1000, spent={"billed": 1, "reply_ids": ["szd_a"]}, scope="task 'd.t'", hint="h"
+    )
     budget.record_decision("szd_b", USAGE)
     clone = DecisionBudget.from_kwargs(budget.to_kwargs())
     assert clone is not None and clone.max_decisions == 3 and clone.max_input_tokens == 1000

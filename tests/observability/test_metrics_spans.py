@@ -22,15 +22,19 @@ from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from tests.stream.support import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"
-REQUEST = {"model": "MODEL_ID",
-           "questions": {"ready": {"type": "boolean", "instructions": "PRIVATE-INSTRUCTIONS: is it ready?"}}}
+REQUEST = {
+    "model": "MODEL_ID",
+    "questions": {"ready": {"type": "boolean", "instructions": "PRIVATE-INSTRUCTIONS: is it ready?"}},
+}
 
 
 @pytest.fixture
 def metrics() -> Iterator[InMemoryMetricReader]:
     """Airflow's own OpenTelemetry metrics backend, reading into memory."""
-    pytest.importorskip("airflow.sdk._shared.observability.metrics.stats",
-                        reason="this Airflow has no Task SDK metrics backend to read from (3.1 keeps it in airflow.stats)")
+    pytest.importorskip(
+        "airflow.sdk._shared.observability.metrics.stats",
+        reason="this Airflow has no Task SDK metrics backend to read from (3.1 keeps it in airflow.stats)",
+    )
     from airflow.sdk._shared.observability.metrics import stats as stats_module
     from airflow.sdk._shared.observability.metrics.otel_logger import SafeOtelLogger
 
@@ -41,8 +45,11 @@ def metrics() -> Iterator[InMemoryMetricReader]:
     try:
         yield reader
     finally:
-        stats_module.initialize(factory=saved[0], export_legacy_names=saved[1]) if saved[0] else \
-            stats_module.initialize(factory=lambda: stats_module.NoStatsLogger(), export_legacy_names=saved[1])
+        stats_module.initialize(factory=saved[0], export_legacy_names=saved[1]) if saved[
+            0
+        ] else stats_module.initialize(
+            factory=lambda: stats_module.NoStatsLogger(), export_legacy_names=saved[1]
+        )
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -57,8 +64,11 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
 
 def total(found: dict[str, list[Any]], name: str, **attributes: str) -> float:
     """A counter's sum, or a histogram's number of observations."""
-    return sum(p.count if hasattr(p, "count") else p.value for p in found.get(name, [])
-               if all(p.attributes.get(k) == v for k, v in attributes.items()))
+    return sum(
+        p.count if hasattr(p, "count") else p.value
+        for p in found.get(name, [])
+        if all(p.attributes.get(k) == v for k, v in attributes.items())
+    )
 
 
 @pytest.fixture
@@ -71,12 +81,22 @@ def spans() -> InMemorySpanExporter:
 
 
 def stream_for(emu: Emulator, backoff: Backoff, mode: str = "on_change", **kwargs: Any) -> DecisionStream:
-    return DecisionStream(settings_for(emu), REQUEST, state=STATE, decision_mode=mode, identity="observed",
-                          backoff=backoff, open_deadline=15, observer=AirflowStreamObserver(mode), **kwargs)
+    return DecisionStream(
+        settings_for(emu),
+        REQUEST,
+        state=STATE,
+        decision_mode=mode,
+        identity="observed",
+        backoff=backoff,
+        open_deadline=15,
+        observer=AirflowStreamObserver(mode),
+        **kwargs,
+    )
 
 
-async def test_metrics_go_through_airflow_stats(emu: Emulator, fast_backoff: Backoff,
-                                                metrics: InMemoryMetricReader) -> None:
+async def test_metrics_go_through_airflow_stats(
+    emu: Emulator, fast_backoff: Backoff, metrics: InMemoryMetricReader
+) -> None:
     async with stream_for(emu, fast_backoff, budget=DecisionBudget(max_decisions=2)) as stream:
         first = await stream.decide(timeout=10)
         await stream.append_text("Job is ready.\n")
@@ -91,7 +111,11 @@ async def test_metrics_go_through_airflow_stats(emu: Emulator, fast_backoff: Bac
     assert total(found, "airflow.systemzero.decisions", outcome="billed") == 2
     assert total(found, "airflow.systemzero.decisions.billed") == 2
     assert total(found, "airflow.systemzero.budget.refusals", limit="max_decisions") == 1
-    assert total(found, "airflow.systemzero.tokens.input") == stream.usage.input_tokens >= first.usage["input_tokens"]
+    assert (
+        total(found, "airflow.systemzero.tokens.input")
+        == stream.usage.input_tokens
+        >= first.usage["input_tokens"]
+    )
     assert total(found, "airflow.systemzero.decide.latency") == 2  # a histogram: one per decision
     assert total(found, "airflow.systemzero.decide.queue_time") == 2
     assert total(found, "airflow.systemzero.decide.duration") == 2
@@ -105,8 +129,9 @@ async def test_metrics_go_through_airflow_stats(emu: Emulator, fast_backoff: Bac
             assert set(point.attributes) <= declared, (name, dict(point.attributes))
 
 
-async def test_reconnects_are_counted_by_close_code(emu: Emulator, fast_backoff: Backoff,
-                                                    metrics: InMemoryMetricReader) -> None:
+async def test_reconnects_are_counted_by_close_code(
+    emu: Emulator, fast_backoff: Backoff, metrics: InMemoryMetricReader
+) -> None:
     async with stream_for(emu, fast_backoff, mode="on_request") as stream:
         await stream.decide(timeout=10)
         await emu.drop_all()  # abrupt loss: close code 1006
@@ -118,8 +143,9 @@ async def test_reconnects_are_counted_by_close_code(emu: Emulator, fast_backoff:
     assert total(found, "airflow.systemzero.connects", replay="true") == 1
 
 
-async def test_spans_carry_ids_and_no_content_by_default(emu: Emulator, fast_backoff: Backoff,
-                                                         spans: InMemorySpanExporter) -> None:
+async def test_spans_carry_ids_and_no_content_by_default(
+    emu: Emulator, fast_backoff: Backoff, spans: InMemorySpanExporter
+) -> None:
     async with stream_for(emu, fast_backoff) as stream:
         decision = await stream.decide(timeout=10)
     finished = spans.get_finished_spans()
@@ -135,12 +161,16 @@ async def test_spans_carry_ids_and_no_content_by_default(emu: Emulator, fast_bac
     assert attrs["systemzero.answer.ready.decision"] in (True, False)
     assert dict(connection.attributes)["systemzero.stream_id"] == decision.stream_id
     assert dict(connection.attributes)["systemzero.close_code"] == 1000
-    dumped = json.dumps([dict(s.attributes) for s in finished] + [[dict(e.attributes) for e in s.events]
-                                                                   for s in finished], default=str)
+    dumped = json.dumps(
+        [dict(s.attributes) for s in finished] + [[dict(e.attributes) for e in s.events] for s in finished],
+        default=str,
+    )
     assert "PRIVATE-STATE-CONTENT" not in dumped and "PRIVATE-INSTRUCTIONS" not in dumped
 
 
-async def test_content_capture_is_opt_in(emu: Emulator, fast_backoff: Backoff, spans: InMemorySpanExporter) -> None:
+async def test_content_capture_is_opt_in(
+    emu: Emulator, fast_backoff: Backoff, spans: InMemorySpanExporter
+) -> None:
     provider = observability._overrides["tracer_provider"]
     observability.configure(spans=True, capture_content=True, tracer_provider=provider)
     async with stream_for(emu, fast_backoff) as stream:
@@ -171,23 +201,36 @@ def test_spans_follow_airflow_tracing_unless_set(monkeypatch: pytest.MonkeyPatch
     assert observability.capture_content_enabled()
 
 
-async def test_log_lines_follow_the_stream_without_content_or_key(emu: Emulator, fast_backoff: Backoff,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_log_lines_follow_the_stream_without_content_or_key(
+    emu: Emulator, fast_backoff: Backoff, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
     async with stream_for(emu, fast_backoff, mode="on_request") as stream:
         await stream.decide(timeout=10)
         await emu.drop_all()
         await stream.append_text("after\n")
         await stream.decide(timeout=10)
-    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_systemzero.stream.decision_stream"
-             and r.levelno == logging.INFO]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "airflow_provider_systemzero.stream.decision_stream" and r.levelno == logging.INFO
+    ]
     text = "\n".join(lines)
-    for expected in ("connected to ws://", "(first connection)", "open (system-zero.stream.v1): max_message_bytes=",
-                     "state version 1 acknowledged (start): state ", "decide body ",
-                     "decision for state version 1 (covers evt_1): ready=", "probability 0.", "confidence 0.",
-                     "billed", "connection ended (close, close 1006); reconnecting in ",
-                     "reconnecting the System Zero stream after close (close 1006, waited ",
-                     "(replaying the stream's state)", "acknowledged (start, replayed)"):
+    for expected in (
+        "connected to ws://",
+        "(first connection)",
+        "open (system-zero.stream.v1): max_message_bytes=",
+        "state version 1 acknowledged (start): state ",
+        "decide body ",
+        "decision for state version 1 (covers evt_1): ready=",
+        "probability 0.",
+        "confidence 0.",
+        "billed",
+        "connection ended (close, close 1006); reconnecting in ",
+        "reconnecting the System Zero stream after close (close 1006, waited ",
+        "(replaying the stream's state)",
+        "acknowledged (start, replayed)",
+    ):
         assert expected in text, (expected, lines)
     assert "PRIVATE-STATE-CONTENT" not in text and "PRIVATE-INSTRUCTIONS" not in text
     assert SECRET_KEY not in caplog.text

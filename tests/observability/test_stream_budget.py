@@ -16,10 +16,25 @@ from tests.stream.support import QUESTIONS, settings_for
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 
 
-def stream_for(emu: Emulator, backoff: Backoff, mode: str, budget: DecisionBudget | None = None,
-               identity: str = "budget-test", state: Any = "Initial log\n", **settings: Any) -> DecisionStream:
-    return DecisionStream(settings_for(emu, **settings), REQUEST, state=state, decision_mode=mode, identity=identity,
-                          backoff=backoff, open_deadline=15, budget=budget)
+def stream_for(
+    emu: Emulator,
+    backoff: Backoff,
+    mode: str,
+    budget: DecisionBudget | None = None,
+    identity: str = "budget-test",
+    state: Any = "Initial log\n",
+    **settings: Any,
+) -> DecisionStream:
+    return DecisionStream(
+        settings_for(emu, **settings),
+        REQUEST,
+        state=state,
+        decision_mode=mode,
+        identity=identity,
+        backoff=backoff,
+        open_deadline=15,
+        budget=budget,
+    )
 
 
 def ledger_usage(emu: Emulator) -> dict[str, int]:
@@ -33,7 +48,9 @@ def ledger_usage(emu: Emulator) -> dict[str, int]:
     return totals
 
 
-async def test_on_change_budget_of_two_stops_the_third_before_dispatch(emu: Emulator, fast_backoff: Backoff) -> None:
+async def test_on_change_budget_of_two_stops_the_third_before_dispatch(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
     budget = DecisionBudget(max_decisions=2, scope="the test stream")
     async with stream_for(emu, fast_backoff, "on_change", budget) as stream:
         await stream.decide(timeout=10)
@@ -46,17 +63,23 @@ async def test_on_change_budget_of_two_stops_the_third_before_dispatch(emu: Emul
     assert raised.value.limit == "max_decisions" and "max_decisions=2" in str(raised.value)
     assert "2 decisions spent" in str(raised.value)
     assert [e.billed for e in ledger_of(emu)] == [True, True]
-    assert emu.stats.decisions_dispatched == 2 and emu.stats.events_accepted == 2  # the third change never left
+    assert (
+        emu.stats.decisions_dispatched == 2 and emu.stats.events_accepted == 2
+    )  # the third change never left
     usage = stream.usage
     assert (usage.billed, usage.replayed, usage.refused, usage.dispatched) == (2, 0, 1, 2)
     expected = ledger_usage(emu)
     assert (usage.input_tokens, usage.cached_input_tokens, usage.media_tokens) == (
-        expected["input_tokens"], expected["cached_input_tokens"], expected["media_tokens"])
+        expected["input_tokens"],
+        expected["cached_input_tokens"],
+        expected["media_tokens"],
+    )
     assert usage.input_tokens > 0
 
 
-async def test_on_change_lets_scheduled_dispatches_settle_before_failing(emu: Emulator,
-                                                                        fast_backoff: Backoff) -> None:
+async def test_on_change_lets_scheduled_dispatches_settle_before_failing(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
     emu.faults.delay_decisions_ms = 200
     budget = DecisionBudget(max_decisions=2)
     async with stream_for(emu, fast_backoff, "on_change", budget) as stream:
@@ -73,7 +96,9 @@ async def test_on_change_lets_scheduled_dispatches_settle_before_failing(emu: Em
     assert emu.stats.events_accepted == 2 and stream.usage.refused == 1
 
 
-async def test_on_request_refuses_the_decide_and_keeps_the_stream(emu: Emulator, fast_backoff: Backoff) -> None:
+async def test_on_request_refuses_the_decide_and_keeps_the_stream(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
     async with stream_for(emu, fast_backoff, "on_request", DecisionBudget(max_decisions=1)) as stream:
         await stream.decide(timeout=10)
         await stream.append_text("More.\n")
@@ -114,13 +139,16 @@ async def test_input_token_cap_refuses_before_dispatch(emu: Emulator, fast_backo
     assert stream.usage.billed == 1 and sum(e.billed for e in ledger_of(emu)) == 2
 
 
-async def test_connection_window_is_shared_by_the_streams_of_a_process(emu: Emulator,
-                                                                       fast_backoff: Backoff) -> None:
-    async with stream_for(emu, fast_backoff, "on_request", identity="one", conn_id="sz_window",
-                          budget_decisions_per_hour=1) as one:
+async def test_connection_window_is_shared_by_the_streams_of_a_process(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
+    async with stream_for(
+        emu, fast_backoff, "on_request", identity="one", conn_id="sz_window", budget_decisions_per_hour=1
+    ) as one:
         await one.decide(timeout=10)
-    async with stream_for(emu, fast_backoff, "on_request", identity="two", conn_id="sz_window",
-                          budget_decisions_per_hour=1) as two:
+    async with stream_for(
+        emu, fast_backoff, "on_request", identity="two", conn_id="sz_window", budget_decisions_per_hour=1
+    ) as two:
         with pytest.raises(BudgetExceeded) as raised:
             await two.decide(timeout=10)
     assert raised.value.limit == "budget_decisions_per_hour" and "'sz_window'" in str(raised.value)

@@ -33,8 +33,10 @@ LINES = [f"Step {n} done.\n" for n in range(1, 9)]  # never "job is ready": the 
 @pytest.fixture(scope="module")
 def emulator(airflow_db: None) -> Iterator[Any]:
     limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
-    with EmulatorThread(api_keys={"budget-key": 8}, decider=f"rules:{RULES}", limits=limits) as emu, \
-            systemzero_connection(CONN_ID, emu.origin, "budget-key", model="sz-demo"):
+    with (
+        EmulatorThread(api_keys={"budget-key": 8}, decider=f"rules:{RULES}", limits=limits) as emu,
+        systemzero_connection(CONN_ID, emu.origin, "budget-key", model="sz-demo"),
+    ):
         yield emu
 
 
@@ -43,39 +45,67 @@ def billed(emu: Any, since: int = 0) -> list[Any]:
 
 
 def ledger_tokens(entries: list[Any]) -> dict[str, int]:
-    return {name: sum((e.usage or {}).get(name, 0) for e in entries)
-            for name in ("input_tokens", "cached_input_tokens", "media_tokens")}
+    return {
+        name: sum((e.usage or {}).get(name, 0) for e in entries)
+        for name in ("input_tokens", "cached_input_tokens", "media_tokens")
+    }
 
 
 def sensor(task_id: str, **kwargs: Any) -> Any:
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
-    source = {"type": "callable", "path": "tests.observability.sources.ticking",
-              "kwargs": {"name": kwargs.pop("name", task_id), "lines": LINES, "gap": 0.25,
-                         "fail_first_try_after": kwargs.pop("fail_first_try_after", None)},
-              "retries": 0}  # a lost source fails the try at once: the task's retry is what is tested
-    return SystemZeroDecisionSensor(task_id=task_id, question="ready", instructions="Is the job ready?",
-                                    source=source, decision_mode="on_change", systemzero_conn_id=CONN_ID,
-                                    timeout=60, lease=False, **kwargs)
+    source = {
+        "type": "callable",
+        "path": "tests.observability.sources.ticking",
+        "kwargs": {
+            "name": kwargs.pop("name", task_id),
+            "lines": LINES,
+            "gap": 0.25,
+            "fail_first_try_after": kwargs.pop("fail_first_try_after", None),
+        },
+        "retries": 0,
+    }  # a lost source fails the try at once: the task's retry is what is tested
+    return SystemZeroDecisionSensor(
+        task_id=task_id,
+        question="ready",
+        instructions="Is the job ready?",
+        source=source,
+        decision_mode="on_change",
+        systemzero_conn_id=CONN_ID,
+        timeout=60,
+        lease=False,
+        **kwargs,
+    )
 
 
-def test_budget_of_two_stops_the_third_before_dispatch(emulator: Any, capfd: pytest.CaptureFixture[str]) -> None:
+def test_budget_of_two_stops_the_third_before_dispatch(
+    emulator: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
     from airflow.sdk import DAG
 
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 
     start = len(emulator.ledger.get("budget-key", []))
-    with DAG("systemzero_budget_two", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC")) as dag:
+    with DAG(
+        "systemzero_budget_two", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC")
+    ) as dag:
         sensor("wait", max_decisions=2)
-        SystemZeroDecideOperator(task_id="decide", questions={"ready": "Is the job ready?"},
-                                 state="Job is ready.\n", systemzero_conn_id=CONN_ID, max_decisions=1)
+        SystemZeroDecideOperator(
+            task_id="decide",
+            questions={"ready": "Is the job ready?"},
+            state="Job is ready.\n",
+            systemzero_conn_id=CONN_ID,
+            max_decisions=1,
+        )
     dag_run = run_dag(dag)
     states = task_states(dag_run)
     assert states == {"wait": "failed", "decide": "success"}, states
     output = capfd.readouterr().out
     scope = "all tries" if airflow_version()[:2] >= AIRFLOW_TASK_STATE_STORE else "this try only"
-    assert f"System Zero budget max_decisions=2 for task 'systemzero_budget_two.wait' ({scope}) would be " \
-           "exceeded: 2 decisions spent so far" in output
+    assert (
+        f"System Zero budget max_decisions=2 for task 'systemzero_budget_two.wait' ({scope}) would be "
+        "exceeded: 2 decisions spent so far" in output
+    )
     assert "Raise max_decisions / max_input_tokens on task 'systemzero_budget_two.wait'" in output
 
     xcoms = xcoms_of("systemzero_budget_two", dag_run.run_id)
@@ -83,14 +113,20 @@ def test_budget_of_two_stops_the_third_before_dispatch(emulator: Any, capfd: pyt
     decide_usage = xcoms[("decide", "usage", -1)]
     entries = billed(emulator, start)
     assert len(entries) == 3  # two for the sensor, one for the operator: the third change was never sent
-    assert (usage["billed"], usage["replayed"], usage["refused"], usage["refused_by"]) == (2, 0, 1, "max_decisions")
+    assert (usage["billed"], usage["replayed"], usage["refused"], usage["refused_by"]) == (
+        2,
+        0,
+        1,
+        "max_decisions",
+    )
     assert (decide_usage["billed"], decide_usage["dispatched"], decide_usage["refused_by"]) == (1, 1, None)
     # the XCom sums equal what the emulator billed, reply by reply
     by_reply = {e.reply_id: e for e in entries}
     reply_id = xcoms[("decide", "decision_id", -1)]
     sensor_entries = [e for e in entries if e.reply_id != reply_id]
-    assert {k: usage[k] for k in ("input_tokens", "cached_input_tokens", "media_tokens")} == \
-        ledger_tokens(sensor_entries)
+    assert {k: usage[k] for k in ("input_tokens", "cached_input_tokens", "media_tokens")} == ledger_tokens(
+        sensor_entries
+    )
     assert decide_usage["input_tokens"] == by_reply[reply_id].usage["input_tokens"] > 0
 
 
@@ -99,9 +135,17 @@ def test_budget_holds_across_a_retry(emulator: Any) -> None:
     from airflow.sdk import DAG
 
     start = len(emulator.ledger.get("budget-key", []))
-    with DAG("systemzero_budget_retry", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC")) as dag:
-        sensor("wait", name="retry-source", max_decisions=3, fail_first_try_after=2, retries=1,
-               retry_delay=timedelta(0))
+    with DAG(
+        "systemzero_budget_retry", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC")
+    ) as dag:
+        sensor(
+            "wait",
+            name="retry-source",
+            max_decisions=3,
+            fail_first_try_after=2,
+            retries=1,
+            retry_delay=timedelta(0),
+        )
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"} and task_tries(dag_run) == {"wait": 2}
     entries = emulator.ledger.get("budget-key", [])[start:]

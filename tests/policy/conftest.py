@@ -20,8 +20,13 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
 def _rule(question: str, pattern: str, answer: Any, probability: float, confidence: float) -> dict[str, Any]:
-    return {"question": question, "pattern": pattern, "answer": answer, "probability": probability,
-            "confidence": confidence}
+    return {
+        "question": question,
+        "pattern": pattern,
+        "answer": answer,
+        "probability": probability,
+        "confidence": confidence,
+    }
 
 
 #: The state's text picks the answer and its numbers (first match per question wins).
@@ -71,8 +76,10 @@ class RecordingDecider(RulesDecider):
 def emulator(airflow_db: None) -> Iterator[Any]:
     limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
     decider = RecordingDecider.from_dict(RULES)
-    with EmulatorThread(api_keys={"policy-key": 16}, decider=decider, limits=limits) as emu, \
-            systemzero_connection(CONN_ID, emu.origin, "policy-key", model="sz-policy"):
+    with (
+        EmulatorThread(api_keys={"policy-key": 16}, decider=decider, limits=limits) as emu,
+        systemzero_connection(CONN_ID, emu.origin, "policy-key", model="sz-policy"),
+    ):
         yield emu
 
 
@@ -94,12 +101,14 @@ class CoreApi:
     def token(self, username: str) -> str:
         return self._auth.generate_jwt(self._user_cls(username=username, role="admin"))
 
-    def respond(self, username: str, dag_id: str, run_id: str, task_id: str, map_index: int,
-                chosen: list[str]) -> Any:
+    def respond(
+        self, username: str, dag_id: str, run_id: str, task_id: str, map_index: int, chosen: list[str]
+    ) -> Any:
         return self.client.patch(
             f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/hitlDetails",
             json={"chosen_options": chosen, "params_input": {}},
-            headers={"Authorization": f"Bearer {self.token(username)}"})
+            headers={"Authorization": f"Bearer {self.token(username)}"},
+        )
 
 
 @pytest.fixture(scope="session")
@@ -117,14 +126,31 @@ def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
     from airflow_provider_systemzero.compat import has_awaiting_input
 
     with create_session() as session:
-        rows = (session.query(HITLDetail, TaskInstance)
-                .join(TaskInstance, TaskInstance.id == HITLDetail.ti_id)
-                .filter(TaskInstance.dag_id == dag_id, HITLDetail.responded_at.is_(None),
-                        TaskInstance.state == ("awaiting_input" if has_awaiting_input() else "deferred")).all())
-        return [{"run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index, "try_number": ti.try_number,
-                 "subject": detail.subject, "body": detail.body, "options": list(detail.options),
-                 "defaults": detail.defaults, "multiple": detail.multiple,
-                 "assignees": detail.assignees} for detail, ti in rows]
+        rows = (
+            session.query(HITLDetail, TaskInstance)
+            .join(TaskInstance, TaskInstance.id == HITLDetail.ti_id)
+            .filter(
+                TaskInstance.dag_id == dag_id,
+                HITLDetail.responded_at.is_(None),
+                TaskInstance.state == ("awaiting_input" if has_awaiting_input() else "deferred"),
+            )
+            .all()
+        )
+        return [
+            {
+                "run_id": ti.run_id,
+                "task_id": ti.task_id,
+                "map_index": ti.map_index,
+                "try_number": ti.try_number,
+                "subject": detail.subject,
+                "body": detail.body,
+                "options": list(detail.options),
+                "defaults": detail.defaults,
+                "multiple": detail.multiple,
+                "assignees": detail.assignees,
+            }
+            for detail, ti in rows
+        ]
 
 
 class Reviewer:
@@ -133,8 +159,13 @@ class Reviewer:
     :param answer: ``request → chosen options`` (the request as :func:`pending_reviews` gives it).
     """
 
-    def __init__(self, api: CoreApi, dag_id: str, answer: Callable[[dict[str, Any]], list[str]],
-                 username: str = "alice") -> None:
+    def __init__(
+        self,
+        api: CoreApi,
+        dag_id: str,
+        answer: Callable[[dict[str, Any]], list[str]],
+        username: str = "alice",
+    ) -> None:
         self.api, self.dag_id, self.answer, self.username = api, dag_id, answer, username
         self.seen: list[dict[str, Any]] = []
         self.responses: list[tuple[int, Any]] = []
@@ -145,8 +176,14 @@ class Reviewer:
         while not self._stop.is_set():
             for request in pending_reviews(self.dag_id):
                 self.seen.append(request)
-                response = self.api.respond(self.username, self.dag_id, request["run_id"], request["task_id"],
-                                            request["map_index"], self.answer(request))
+                response = self.api.respond(
+                    self.username,
+                    self.dag_id,
+                    request["run_id"],
+                    request["task_id"],
+                    request["map_index"],
+                    self.answer(request),
+                )
                 self.responses.append((response.status_code, response.json()))
             self._stop.wait(0.1)
 

@@ -26,19 +26,31 @@ POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail")
 
 def _teams(dag_id: str, state: str, **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
-        SystemZeroBranchOperator(task_id="route", instructions="Which team should handle this ticket?", state=state,
-                                 systemzero_conn_id=CONN_ID, **kwargs) >> [
-            EmptyOperator(task_id=name) for name in ("support", "billing", "sales")]
+        SystemZeroBranchOperator(
+            task_id="route",
+            instructions="Which team should handle this ticket?",
+            state=state,
+            systemzero_conn_id=CONN_ID,
+            **kwargs,
+        ) >> [EmptyOperator(task_id=name) for name in ("support", "billing", "sales")]
     return dag
 
 
 def test_one_branch_runs_and_the_others_are_skipped(emulator: Any) -> None:
-    dag = _teams("branch_one", "route:billing", policy=POLICY,
-                 descriptions={"billing": "payments and invoices", "sales": "new contracts"})
+    dag = _teams(
+        "branch_one",
+        "route:billing",
+        policy=POLICY,
+        descriptions={"billing": "payments and invoices", "sales": "new contracts"},
+    )
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
-    assert task_states(dag_run) == {"route": "success", "billing": "success", "sales": "skipped",
-                                    "support": "skipped"}
+    assert task_states(dag_run) == {
+        "route": "success",
+        "billing": "success",
+        "sales": "skipped",
+        "support": "skipped",
+    }
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("route", "decision", -1)]
     assert (record["proposed"], record["decision"], record["decided_by"]) == ("billing", "billing", "model")
     assert record["effect"] == {"branches": ["billing"], "follow": ["billing"]}
@@ -53,27 +65,46 @@ def test_several_branches_run_with_multiple(emulator: Any) -> None:
     dag = _teams("branch_multiple", "multi:billing+support", policy=POLICY, multiple=True)
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
-    assert task_states(dag_run) == {"route": "success", "billing": "success", "sales": "skipped",
-                                    "support": "success"}
+    assert task_states(dag_run) == {
+        "route": "success",
+        "billing": "success",
+        "sales": "skipped",
+        "support": "success",
+    }
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("route", "decision", -1)]
     assert record["decision"] == ["billing", "support"] and record["decided_by"] == "model"
-    assert record["options"]["sales"] == {"decision": False, "probability": pytest.approx(0.92),
-                                          "confidence": pytest.approx(0.9)}
+    assert record["options"]["sales"] == {
+        "decision": False,
+        "probability": pytest.approx(0.92),
+        "confidence": pytest.approx(0.9),
+    }
     assert record["bars"]["measured"] == pytest.approx(0.85)  # the least certain option decides
 
 
 def test_an_option_can_run_several_tasks(emulator: Any) -> None:
     with DAG("branch_mapping", schedule=None, start_date=START) as dag:
         route = SystemZeroBranchOperator(
-            task_id="triage", instructions="How should this alert be handled?", state="incident:sev1",
-            systemzero_conn_id=CONN_ID, policy=POLICY,
-            branches={"escalate": BranchOption(tasks=["page_oncall", "open_incident"], description="customers hurt"),
-                      "ignore": "close_alert"})
+            task_id="triage",
+            instructions="How should this alert be handled?",
+            state="incident:sev1",
+            systemzero_conn_id=CONN_ID,
+            policy=POLICY,
+            branches={
+                "escalate": BranchOption(
+                    tasks=["page_oncall", "open_incident"], description="customers hurt"
+                ),
+                "ignore": "close_alert",
+            },
+        )
         route >> [EmptyOperator(task_id=name) for name in ("page_oncall", "open_incident", "close_alert")]
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
-    assert task_states(dag_run) == {"triage": "success", "page_oncall": "success", "open_incident": "success",
-                                    "close_alert": "skipped"}
+    assert task_states(dag_run) == {
+        "triage": "success",
+        "page_oncall": "success",
+        "open_incident": "success",
+        "close_alert": "skipped",
+    }
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("triage", "decision", -1)]
     assert record["effect"] == {"branches": ["escalate"], "follow": ["page_oncall", "open_incident"]}
 
@@ -81,17 +112,28 @@ def test_an_option_can_run_several_tasks(emulator: Any) -> None:
 @needs_awaiting_input
 def test_a_person_chooses_the_branch_in_the_review_band(emulator: Any, core_api: Any) -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail")
-    dag = _teams("branch_review", "route:support-unsure", policy=policy,
-                 branches={"billing": BranchOption(), "sales": BranchOption(),
-                           "support": BranchOption(act_above=0.95)})
+    dag = _teams(
+        "branch_review",
+        "route:support-unsure",
+        policy=policy,
+        branches={
+            "billing": BranchOption(),
+            "sales": BranchOption(),
+            "support": BranchOption(act_above=0.95),
+        },
+    )
     with Reviewer(core_api, dag.dag_id, lambda request: ["sales"], username="bob") as reviewer:
         dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
     (request,) = reviewer.seen
     assert request["options"] == ["billing", "sales", "support"] and request["multiple"] is False
     assert "1. `support` — probability 0.6, confidence 0.55 (proposed)" in request["body"]
-    assert task_states(dag_run) == {"route": "success", "billing": "skipped", "sales": "success",
-                                    "support": "skipped"}
+    assert task_states(dag_run) == {
+        "route": "success",
+        "billing": "skipped",
+        "sales": "success",
+        "support": "skipped",
+    }
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("route", "decision", -1)]
     assert (record["proposed"], record["decision"], record["decided_by"]) == ("support", "sales", "human")
     assert record["bars"]["act_above"] == 0.95  # support's own bar
@@ -110,15 +152,23 @@ def test_a_mapped_branch_skips_per_map_index(emulator: Any) -> None:
             return n
 
         route = SystemZeroBranchOperator.partial(
-            task_id="route", instructions="Which team should handle this ticket?", systemzero_conn_id=CONN_ID,
-            policy=POLICY, branches=["billing", "support"],
+            task_id="route",
+            instructions="Which team should handle this ticket?",
+            systemzero_conn_id=CONN_ID,
+            policy=POLICY,
+            branches=["billing", "support"],
         ).expand(state=["ticket:1", "ticket:2"])
         route >> [billing.expand(n=[0, 1]), support.expand(n=[0, 1])]
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
-    assert task_states(dag_run) == {"route[0]": "success", "route[1]": "success",
-                                    "billing[0]": "success", "billing[1]": "skipped",
-                                    "support[0]": "skipped", "support[1]": "success"}
+    assert task_states(dag_run) == {
+        "route[0]": "success",
+        "route[1]": "success",
+        "billing[0]": "success",
+        "billing[1]": "skipped",
+        "support[0]": "skipped",
+        "support[1]": "success",
+    }
     xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
     assert [xcoms[("route", "decision", i)]["decision"] for i in (0, 1)] == ["billing", "support"]
     assert xcoms[("route", "decision", 0)]["state_hash"] != xcoms[("route", "decision", 1)]["state_hash"]
@@ -129,8 +179,14 @@ def test_a_mapped_branch_skips_per_map_index(emulator: Any) -> None:
 
 def _gate(dag_id: str, state: str, **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
-        gate = SystemZeroShortCircuitOperator(task_id="gate", instructions="Is the data fresh enough to publish?",
-                                              state=state, systemzero_conn_id=CONN_ID, policy=POLICY, **kwargs)
+        gate = SystemZeroShortCircuitOperator(
+            task_id="gate",
+            instructions="Is the data fresh enough to publish?",
+            state=state,
+            systemzero_conn_id=CONN_ID,
+            policy=POLICY,
+            **kwargs,
+        )
         publish = EmptyOperator(task_id="publish")
         gate >> publish >> EmptyOperator(task_id="notify", trigger_rule="all_done")
     return dag
@@ -154,8 +210,10 @@ def test_short_circuit_skips_on_no(emulator: Any, ignore_rules: bool, notify: st
     assert task_states(dag_run) == {"gate": "success", "publish": "skipped", "notify": notify}
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("gate", "decision", -1)]
     assert record["decision"] is False and record["decided_by"] == "model"
-    assert record["effect"] == {"proceed": False,
-                                "skipped": ["notify", "publish"] if ignore_rules else ["publish"]}
+    assert record["effect"] == {
+        "proceed": False,
+        "skipped": ["notify", "publish"] if ignore_rules else ["publish"],
+    }
 
 
 def test_skip_if_gate_with_proceed_when_false(emulator: Any) -> None:
@@ -166,7 +224,9 @@ def test_skip_if_gate_with_proceed_when_false(emulator: Any) -> None:
 
 def test_a_branch_to_a_task_that_is_not_downstream_fails_before_asking(emulator: Any) -> None:
     before = emulator.stats.decisions_dispatched
-    dag = _teams("branch_bad_target", "route:billing", branches={"billing": "billing", "refunds": "refund_task"})
+    dag = _teams(
+        "branch_bad_target", "route:billing", branches={"billing": "billing", "refunds": "refund_task"}
+    )
     dag_run = run_dag(dag)
     assert task_states(dag_run)["route"] == "failed"
     assert emulator.stats.decisions_dispatched == before

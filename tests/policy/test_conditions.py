@@ -12,22 +12,32 @@ from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 
 def _decision(decision: object, confidence: float | None) -> DecisionResult:
     answer = Answer(name="ready", type="boolean", decision=decision, probability=0.9, confidence=confidence)
-    return DecisionResult(reply={"id": "szd_x"}, state_version=1, covered_event_ids=(), request_id="r",
-                          stream_id="s", answers={"ready": answer})
+    return DecisionResult(
+        reply={"id": "szd_x"},
+        state_version=1,
+        covered_event_ids=(),
+        request_id="r",
+        stream_id="s",
+        answers={"ready": answer},
+    )
 
 
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait").to_dict()
 
 
-@pytest.mark.parametrize(("decision", "confidence", "met", "action"), [
-    (True, 0.9, True, "act"),
-    (True, 0.6, False, "review"),
-    (True, 0.3, False, "wait"),
-    (True, None, False, "review"),
-    (False, 0.99, False, "wait"),   # not the expected answer: the policy is not asked
-])
-def test_the_policy_decides_what_an_expected_answer_does(decision: bool, confidence: float | None, met: bool,
-                                                          action: str) -> None:
+@pytest.mark.parametrize(
+    ("decision", "confidence", "met", "action"),
+    [
+        (True, 0.9, True, "act"),
+        (True, 0.6, False, "review"),
+        (True, 0.3, False, "wait"),
+        (True, None, False, "review"),
+        (False, 0.99, False, "wait"),  # not the expected answer: the policy is not asked
+    ],
+)
+def test_the_policy_decides_what_an_expected_answer_does(
+    decision: bool, confidence: float | None, met: bool, action: str
+) -> None:
     result = DecisionCondition("ready", policy=POLICY).evaluate(_decision(decision, confidence))
     assert (result.met, result.action) == (met, action)
     assert result.candidate == (action in ("act", "review"))
@@ -47,16 +57,24 @@ def test_legacy_bars_still_apply_before_the_policy() -> None:
 
 def test_dict_form_is_unchanged_without_the_new_fields() -> None:
     plain = DecisionCondition("ready", True, 0.8)
-    assert plain.to_dict() == {"question": "ready", "expect": True, "min_confidence": 0.8, "min_probability": None}
+    assert plain.to_dict() == {
+        "question": "ready",
+        "expect": True,
+        "min_confidence": 0.8,
+        "min_probability": None,
+    }
     full = DecisionCondition("ready", policy=POLICY, consecutive=3, min_true_for=2.5)
     assert DecisionCondition.from_dict(full.to_dict()) == full and full.has_hysteresis
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"consecutive": 0}, "consecutive"),
-    ({"min_true_for": -1}, "min_true_for"),
-    ({"policy": {"act_above": 2}}, "policy"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"consecutive": 0}, "consecutive"),
+        ({"min_true_for": -1}, "min_true_for"),
+        ({"policy": {"act_above": 2}}, "policy"),
+    ],
+)
 def test_invalid_hysteresis_and_policy(kwargs: dict, field: str) -> None:
     with pytest.raises(SystemZeroArgumentError) as info:
         DecisionCondition("ready", **kwargs)

@@ -33,8 +33,14 @@ QUESTION = {"publish": "Do all checks pass so the data can be published?"}
 
 def _decide(dag_id: str, state: str, policy: DecisionPolicy, **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
-        SystemZeroDecideOperator(task_id="decide", systemzero_conn_id=CONN_ID, state=state, questions=QUESTION,
-                                 policy=policy, **kwargs)
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id=CONN_ID,
+            state=state,
+            questions=QUESTION,
+            policy=policy,
+            **kwargs,
+        )
     return dag
 
 
@@ -57,7 +63,9 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
     assert (record["probability"], record["confidence"]) == (pytest.approx(0.93), pytest.approx(0.9))
     assert record["alternatives"] == [{"decision": False, "confidence": pytest.approx(0.07)}]
     assert record["model"] == "sz-policy" and record["question"] == "publish"
-    assert record["reply_id"] == xcoms[("decide", "decision_id", -1)] and record["reply_id"].startswith("szd_")
+    assert record["reply_id"] == xcoms[("decide", "decision_id", -1)] and record["reply_id"].startswith(
+        "szd_"
+    )
     assert record["state_version"] >= 1
     assert record["state_hash"] == hashlib.sha256(json.dumps("publish:act").encode()).hexdigest()
     assert record["policy"] == POLICY.to_dict() and record["bars"]["code"] == "above_act_bar"
@@ -67,7 +75,9 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
 
 @needs_awaiting_input
 def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> None:
-    dag = _decide("policy_review", "publish:review", POLICY, review_assigned_users={"id": "alice", "name": "alice"})
+    dag = _decide(
+        "policy_review", "publish:review", POLICY, review_assigned_users={"id": "alice", "name": "alice"}
+    )
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
@@ -77,13 +87,22 @@ def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> N
     assert request["options"] == ["Yes", "No"] and request["defaults"] == ["No"] and not request["multiple"]
     assert request["assignees"] == [{"id": "alice", "name": "alice"}]
     body = request["body"]
-    for text in ("`publish`", QUESTION["publish"], "probability 0.66, confidence 0.62", "**Ranked answers**",
-                 "1. `true` — probability 0.66, confidence 0.62 (proposed)", "2. `false` — confidence 0.34",
-                 "below the act bar 0.8 and at or above the review bar 0.5", "publish:review"):
+    for text in (
+        "`publish`",
+        QUESTION["publish"],
+        "probability 0.66, confidence 0.62",
+        "**Ranked answers**",
+        "1. `true` — probability 0.66, confidence 0.62 (proposed)",
+        "2. `false` — confidence 0.34",
+        "below the act bar 0.8 and at or above the review bar 0.5",
+        "publish:review",
+    ):
         assert text in body, text
     xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
     assert xcoms[("decide", "return_value", -1)] == {"publish": False}
-    assert xcoms[("decide", "answers", -1)]["publish"]["decision"] is True  # the model's answer stays on record
+    assert (
+        xcoms[("decide", "answers", -1)]["publish"]["decision"] is True
+    )  # the model's answer stays on record
     record = _record(dag, dag_run.run_id)
     assert record["status"] == "final" and record["action"] == "review" and record["decided_by"] == "human"
     assert (record["proposed"], record["decision"]) == (True, False)
@@ -118,11 +137,14 @@ def test_review_timeout_without_default_does_what_below_says(emulator: Any) -> N
     assert "nobody answered the review in time" in record["reason"]
 
 
-@pytest.mark.parametrize(("below", "state", "decision"), [
-    ("fail", "failed", None),
-    ("skip", "skipped", None),
-    ("default", "success", False),
-])
+@pytest.mark.parametrize(
+    ("below", "state", "decision"),
+    [
+        ("fail", "failed", None),
+        ("skip", "skipped", None),
+        ("default", "success", False),
+    ],
+)
 def test_below_the_bars(emulator: Any, below: str, state: str, decision: Any) -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below=below, default=False)
     dag = _decide(f"policy_below_{below}", "publish:low", policy)
@@ -156,8 +178,15 @@ class _FailsOnceAfterDeciding(SystemZeroDecideOperator):
 def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
     PUSHED.clear()
     with DAG("policy_retry", schedule=None, start_date=START) as dag:
-        _FailsOnceAfterDeciding(task_id="decide", systemzero_conn_id=CONN_ID, state="publish:act",
-                                questions=QUESTION, policy=POLICY, retries=1, retry_delay=timedelta(0))
+        _FailsOnceAfterDeciding(
+            task_id="decide",
+            systemzero_conn_id=CONN_ID,
+            state="publish:act",
+            questions=QUESTION,
+            policy=POLICY,
+            retries=1,
+            retry_delay=timedelta(0),
+        )
     before = billed(emulator)
     dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
@@ -169,11 +198,20 @@ def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
 
 @needs_awaiting_input
 @needs_task_state_store
-def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(emulator: Any, core_api: Any) -> None:
+def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(
+    emulator: Any, core_api: Any
+) -> None:
     PUSHED.clear()
     with DAG("policy_retry_review", schedule=None, start_date=START) as dag:
-        _FailsOnceAfterDeciding(task_id="decide", systemzero_conn_id=CONN_ID, state="publish:review",
-                                questions=QUESTION, policy=POLICY, retries=1, retry_delay=timedelta(0))
+        _FailsOnceAfterDeciding(
+            task_id="decide",
+            systemzero_conn_id=CONN_ID,
+            state="publish:review",
+            questions=QUESTION,
+            policy=POLICY,
+            retries=1,
+            retry_delay=timedelta(0),
+        )
     before = billed(emulator)
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)

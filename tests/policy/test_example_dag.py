@@ -29,8 +29,10 @@ DAG_ID = "systemzero_ticket_policy"
 def example_emulator(airflow_db: None) -> Iterator[Any]:
     limits = Limits(account_decision_burst=1000, account_decision_ceiling_per_minute=100_000)
     rules = REPO / "example_dags" / "emulator_rules.json"
-    with EmulatorThread(api_keys={"demo-key": 8}, decider=f"rules:{rules}", limits=limits) as emu, \
-            systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"):
+    with (
+        EmulatorThread(api_keys={"demo-key": 8}, decider=f"rules:{rules}", limits=limits) as emu,
+        systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"),
+    ):
         yield emu
 
 
@@ -54,7 +56,10 @@ def test_the_model_routes_a_clear_ticket(example_emulator: Any) -> None:
     assert (route["decision"], route["decided_by"], route["action"]) == ("billing", "model", "act")
     triage = xcoms[("triage", "decision", -1)]
     assert (triage["decision"], triage["decided_by"], triage["action"]) == (False, "policy", "default")
-    assert xcoms[("auto_reply_ok", "decision", -1)]["effect"] == {"proceed": False, "skipped": ["send_canned_reply"]}
+    assert xcoms[("auto_reply_ok", "decision", -1)]["effect"] == {
+        "proceed": False,
+        "skipped": ["send_canned_reply"],
+    }
 
 
 @needs_awaiting_input

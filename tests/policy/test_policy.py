@@ -22,14 +22,17 @@ def answer(decision: object = True, probability: float | None = 0.9, confidence:
     return {"decision": decision, "probability": probability, "confidence": confidence, "alternatives": []}
 
 
-@pytest.mark.parametrize(("confidence", "action", "code"), [
-    (0.95, "act", "above_act_bar"),
-    (0.8, "act", "above_act_bar"),          # the bars are inclusive
-    (0.79, "review", "in_review_band"),
-    (0.5, "review", "in_review_band"),
-    (0.49, "skip", "below_review_bar"),
-    (None, "review", "missing_measure"),    # no number: uncertain, so a person decides
-])
+@pytest.mark.parametrize(
+    ("confidence", "action", "code"),
+    [
+        (0.95, "act", "above_act_bar"),
+        (0.8, "act", "above_act_bar"),  # the bars are inclusive
+        (0.79, "review", "in_review_band"),
+        (0.5, "review", "in_review_band"),
+        (0.49, "skip", "below_review_bar"),
+        (None, "review", "missing_measure"),  # no number: uncertain, so a person decides
+    ],
+)
 def test_two_bars(confidence: float | None, action: str, code: str) -> None:
     outcome = POLICY.evaluate(answer(confidence=confidence))
     assert (outcome.action, outcome.code) == (action, code)
@@ -64,8 +67,11 @@ def test_reads_typed_answers() -> None:
 
 
 def test_per_option_bars() -> None:
-    policy = DecisionPolicy(act_above=0.8, review_above=0.5,
-                            options={"refund": OptionBars(act_above=0.95), "ignore": {"review_above": 0.3}})
+    policy = DecisionPolicy(
+        act_above=0.8,
+        review_above=0.5,
+        options={"refund": OptionBars(act_above=0.95), "ignore": {"review_above": 0.3}},
+    )
     assert policy.evaluate(answer("refund", confidence=0.9)).action == "review"
     assert policy.evaluate(answer("other", confidence=0.9)).action == "act"
     assert policy.evaluate(answer("ignore", confidence=0.4)).action == "review"
@@ -81,17 +87,20 @@ def test_options_least_certain_answer_decides() -> None:
     assert outcome.action == "review" and outcome.reason.startswith("option 'b'")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"act_above": 1.5}, "act_above"),
-    ({"act_above": 0.5, "review_above": 0.8}, "must not be above"),
-    ({"review_above": 0.5}, "no act bar"),
-    ({"act_above": 0.8, "below": "retry"}, "below must be one of"),
-    ({"act_above": 0.8, "below": "default"}, "needs a default"),
-    ({"act_above": 0.8, "measure": "vibes"}, "measure"),
-    ({"review_timeout": -1}, "review_timeout"),
-    ({"options": {"x": {"act_above": 0.5, "review_above": 0.6}}}, "option 'x'"),
-    ({"options": {"x": {"min_confidence": 0.5}}}, "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"act_above": 1.5}, "act_above"),
+        ({"act_above": 0.5, "review_above": 0.8}, "must not be above"),
+        ({"review_above": 0.5}, "no act bar"),
+        ({"act_above": 0.8, "below": "retry"}, "below must be one of"),
+        ({"act_above": 0.8, "below": "default"}, "needs a default"),
+        ({"act_above": 0.8, "measure": "vibes"}, "measure"),
+        ({"review_timeout": -1}, "review_timeout"),
+        ({"options": {"x": {"act_above": 0.5, "review_above": 0.6}}}, "option 'x'"),
+        ({"options": {"x": {"min_confidence": 0.5}}}, "unknown key"),
+    ],
+)
 def test_invalid_policies(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DecisionPolicy(**kwargs)
@@ -113,8 +122,15 @@ def test_check_against_the_question() -> None:
 
 
 def test_json_round_trip() -> None:
-    policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="default", default=["a"], measure="both",
-                            options={"a": OptionBars(act_above=0.9)}, review_timeout=timedelta(minutes=5))
+    policy = DecisionPolicy(
+        act_above=0.8,
+        review_above=0.5,
+        below="default",
+        default=["a"],
+        measure="both",
+        options={"a": OptionBars(act_above=0.9)},
+        review_timeout=timedelta(minutes=5),
+    )
     data = json.loads(json.dumps(policy.to_dict()))
     assert data["review_timeout"] == 300.0
     assert DecisionPolicy.from_dict(data) == policy
@@ -128,10 +144,20 @@ def test_decision_record_is_plain_json() -> None:
 
     outcome = POLICY.evaluate(answer(confidence=0.6))
     record = decision_record(
-        question="publish", answer={**answer(confidence=0.6), "alternatives": [{"decision": False, "confidence": 0.4}]},
-        decision=False, action=outcome.action, decided_by="human", reason="asked", policy=POLICY, outcome=outcome,
-        model="sz-1", reply_id="szd_x", state_version=3, state_hash="ab" * 32,
-        review={"responded_at": datetime(2026, 1, 1, tzinfo=UTC), "chosen_options": ("No",)})
+        question="publish",
+        answer={**answer(confidence=0.6), "alternatives": [{"decision": False, "confidence": 0.4}]},
+        decision=False,
+        action=outcome.action,
+        decided_by="human",
+        reason="asked",
+        policy=POLICY,
+        outcome=outcome,
+        model="sz-1",
+        reply_id="szd_x",
+        state_version=3,
+        state_hash="ab" * 32,
+        review={"responded_at": datetime(2026, 1, 1, tzinfo=UTC), "chosen_options": ("No",)},
+    )
     assert json.loads(json.dumps(record)) == record
     assert record["proposed"] is True and record["decision"] is False and record["action"] == "review"
     assert record["review"]["responded_at"] == "2026-01-01T00:00:00+00:00"
@@ -142,7 +168,16 @@ def test_decision_record_is_plain_json() -> None:
 
 
 def test_ranked_answers_put_the_proposal_first() -> None:
-    ranked = ranked_answers({"decision": "b", "probability": 0.5, "confidence": 0.2,
-                             "alternatives": [{"decision": "a", "confidence": 0.3}, {"decision": "b", "confidence": 0.1},
-                                              {"decision": "c", "confidence": 0.2}]})
+    ranked = ranked_answers(
+        {
+            "decision": "b",
+            "probability": 0.5,
+            "confidence": 0.2,
+            "alternatives": [
+                {"decision": "a", "confidence": 0.3},
+                {"decision": "b", "confidence": 0.1},
+                {"decision": "c", "confidence": 0.2},
+            ],
+        }
+    )
     assert [r["decision"] for r in ranked] == ["b", "a", "c"]

@@ -23,10 +23,17 @@ FLAPPING = [f"tick {i}: {'ready' if i % 2 else 'down'}" for i in range(1, 13)]
 def _sensor(dag_id: str, states: list[str], interval: float = 0.3, **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
-            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID,
-            source={"type": "callable", "path": "tests.policy.sources.paced",
-                    "kwargs": {"states": states, "interval": interval}},
-            lease=False, **kwargs)
+            task_id="wait",
+            instructions="Is the service ready?",
+            systemzero_conn_id=CONN_ID,
+            source={
+                "type": "callable",
+                "path": "tests.policy.sources.paced",
+                "kwargs": {"states": states, "interval": interval},
+            },
+            lease=False,
+            **kwargs,
+        )
     return dag
 
 
@@ -42,17 +49,35 @@ def test_without_hysteresis_the_first_ready_fires(emulator: Any) -> None:
 
 
 def test_a_flapping_answer_does_not_fire_the_sensor(emulator: Any) -> None:
-    dag = _sensor("sensor_flap_hysteresis", FLAPPING, interval=0.25, timeout=2.5, soft_fail=True,
-                  consecutive=2, min_true_for=1.0)
+    dag = _sensor(
+        "sensor_flap_hysteresis",
+        FLAPPING,
+        interval=0.25,
+        timeout=2.5,
+        soft_fail=True,
+        consecutive=2,
+        min_true_for=1.0,
+    )
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "skipped"}  # timed out (soft_fail) without firing
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]  # every end of the wait has one
-    assert record["decision"] is None and record["effect"] == {"fired": False, "timed_out": True, "soft_fail": True}
+    assert record["decision"] is None and record["effect"] == {
+        "fired": False,
+        "timed_out": True,
+        "soft_fail": True,
+    }
 
 
 def test_consecutive_fires_after_the_answer_settles(emulator: Any) -> None:
-    states = ["tick 1: ready", "tick 2: down", "tick 3: ready", "tick 4: down", "tick 5: ready",
-              "tick 6: ready", "tick 7: ready"]
+    states = [
+        "tick 1: ready",
+        "tick 2: down",
+        "tick 3: ready",
+        "tick 4: down",
+        "tick 5: ready",
+        "tick 6: ready",
+        "tick 7: ready",
+    ]
     dag = _sensor("sensor_consecutive", states, consecutive=3, timeout=20)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
@@ -62,8 +87,12 @@ def test_consecutive_fires_after_the_answer_settles(emulator: Any) -> None:
 
 
 def test_min_true_for_waits_while_the_answer_holds(emulator: Any) -> None:
-    dag = _sensor("sensor_min_true_for", ["tick 1: down", "tick 2: ready"], min_true_for=timedelta(seconds=1),
-                  timeout=20)
+    dag = _sensor(
+        "sensor_min_true_for",
+        ["tick 1: down", "tick 2: ready"],
+        min_true_for=timedelta(seconds=1),
+        timeout=20,
+    )
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
@@ -90,8 +119,9 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> Non
 
 @needs_awaiting_input
 def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any) -> None:
-    dag = _sensor("sensor_review_no", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5, policy=POLICY,
-                  timeout=30)
+    dag = _sensor(
+        "sensor_review_no", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5, policy=POLICY, timeout=30
+    )
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
@@ -114,10 +144,21 @@ def test_poke_mode_hysteresis(emulator: Any) -> None:
     states = ["a: ready", "b: down", "c: ready", "d: ready"]
     with DAG("sensor_poke_consecutive", schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
-            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID, deferrable=False,
-            mode="poke", poke_interval=0.1, timeout=20, consecutive=2, decision_mode="on_request",
-            source={"type": "callable", "path": "tests.policy.sources.stepping",
-                    "kwargs": {"name": "poke-consecutive", "states": states}})
+            task_id="wait",
+            instructions="Is the service ready?",
+            systemzero_conn_id=CONN_ID,
+            deferrable=False,
+            mode="poke",
+            poke_interval=0.1,
+            timeout=20,
+            consecutive=2,
+            decision_mode="on_request",
+            source={
+                "type": "callable",
+                "path": "tests.policy.sources.stepping",
+                "kwargs": {"name": "poke-consecutive", "states": states},
+            },
+        )
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
@@ -126,18 +167,30 @@ def test_poke_mode_hysteresis(emulator: Any) -> None:
 
 def test_hysteresis_refuses_reschedule_mode() -> None:
     with pytest.raises(ValueError, match="reschedule"):
-        SystemZeroDecisionSensor(task_id="wait", instructions="Ready?", deferrable=False, mode="reschedule",
-                                 consecutive=2)
+        SystemZeroDecisionSensor(
+            task_id="wait", instructions="Ready?", deferrable=False, mode="reschedule", consecutive=2
+        )
 
 
 @needs_awaiting_input
 def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     with DAG("sensor_poke_review", schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
-            task_id="wait", instructions="Is the service ready?", systemzero_conn_id=CONN_ID, deferrable=False,
-            mode="poke", poke_interval=0.1, timeout=20, decision_mode="on_request", policy=POLICY,
-            source={"type": "callable", "path": "tests.policy.sources.stepping",
-                    "kwargs": {"name": "poke-review", "states": ["a: down", "b: unsure ready"]}})
+            task_id="wait",
+            instructions="Is the service ready?",
+            systemzero_conn_id=CONN_ID,
+            deferrable=False,
+            mode="poke",
+            poke_interval=0.1,
+            timeout=20,
+            decision_mode="on_request",
+            policy=POLICY,
+            source={
+                "type": "callable",
+                "path": "tests.policy.sources.stepping",
+                "kwargs": {"name": "poke-review", "states": ["a: down", "b: unsure ready"]},
+            },
+        )
     with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"} and len(reviewer.seen) == 1
@@ -149,8 +202,14 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
 def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
     """The trigger the sensor defers to after a person says "no" carries the task's budget: with
     one decision allowed and spent on the reviewed state, the next state is not decided."""
-    dag = _sensor("sensor_review_no_budget", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5,
-                  policy=POLICY, timeout=30, max_decisions=1)
+    dag = _sensor(
+        "sensor_review_no_budget",
+        ["tick 1: unsure ready", "tick 2: ready"],
+        interval=1.5,
+        policy=POLICY,
+        timeout=30,
+        max_decisions=1,
+    )
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"}

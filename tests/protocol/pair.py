@@ -25,20 +25,36 @@ STREAM_ID = "szws_0123456789abcdef0123456789abcdef"
 
 def example_reply(body: str, key: str | None) -> DecideOutcome:
     """A fixed reply shaped like the public example."""
-    return DecideSuccess(reply={"id": "szd_0123456789abcdef0123456789abcdef", "model": "MODEL_ID",
-                                "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9,
-                                                      "decision": True}}}, request_id="example-decision")
+    return DecideSuccess(
+        reply={
+            "id": "szd_0123456789abcdef0123456789abcdef",
+            "model": "MODEL_ID",
+            "answers": {
+                "ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}
+            },
+        },
+        request_id="example-decision",
+    )
 
 
 class Pair:
     """Joins a client and a gateway; ``pump`` moves frames both ways until nothing moves."""
 
-    def __init__(self, client: ClientSession, *, limits: Limits | None = None, now: float = 0.0,
-                 decider: Callable[[str, str | None], DecideOutcome] = example_reply,
-                 auto_decide: bool = True, stream_id: str = STREAM_ID) -> None:
+    def __init__(
+        self,
+        client: ClientSession,
+        *,
+        limits: Limits | None = None,
+        now: float = 0.0,
+        decider: Callable[[str, str | None], DecideOutcome] = example_reply,
+        auto_decide: bool = True,
+        stream_id: str = STREAM_ID,
+    ) -> None:
         self.now = now
         self.client = client
-        self.gateway = GatewaySession(stream_id=stream_id, now=now, limits=limits, request_id="example-opening")
+        self.gateway = GatewaySession(
+            stream_id=stream_id, now=now, limits=limits, request_id="example-opening"
+        )
         self.decider = decider
         self.auto_decide = auto_decide
         self.server_frames: list[str] = []

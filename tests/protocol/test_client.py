@@ -58,7 +58,10 @@ def test_invalid_changes_raise_naming_the_rule_and_change_nothing(call: Any, mes
 @pytest.mark.parametrize(
     ("questions", "message"),
     [
-        ({"1ready": {"type": "boolean", "instructions": "x"}}, "question name '1ready' must start with a letter"),
+        (
+            {"1ready": {"type": "boolean", "instructions": "x"}},
+            "question name '1ready' must start with a letter",
+        ),
         ({"a" * 65: {"type": "boolean", "instructions": "x"}}, "is 65 characters long"),
         ({"ready-now": {"type": "boolean", "instructions": "x"}}, "contains a character other than"),
         ({}, "at least one question"),
@@ -98,13 +101,26 @@ def test_plan_mutation_is_minimal(sent: Any, desired: Any, expected: dict[str, A
 
 def test_plan_mutation_attachments() -> None:
     a, b = Attachment("a", DATA), Attachment("b", DATA)
-    assert plan_mutation(StreamState("s", (a,)), StreamState("s", (a,)), event_id="e", idempotency_key=None) is None
-    planned = plan_mutation(StreamState("s", (a,)), StreamState("s", (a, b)), event_id="e", idempotency_key="k")
-    assert planned.to_dict() == {"type": "append_attachments", "event_id": "e",
-                                 "attachments": [{"name": "b", "data": DATA}], "idempotency_key": "k"}
-    planned = plan_mutation(StreamState("s", (a, b)), StreamState("s", (b,)), event_id="e", idempotency_key=None)
+    assert (
+        plan_mutation(StreamState("s", (a,)), StreamState("s", (a,)), event_id="e", idempotency_key=None)
+        is None
+    )
+    planned = plan_mutation(
+        StreamState("s", (a,)), StreamState("s", (a, b)), event_id="e", idempotency_key="k"
+    )
+    assert planned.to_dict() == {
+        "type": "append_attachments",
+        "event_id": "e",
+        "attachments": [{"name": "b", "data": DATA}],
+        "idempotency_key": "k",
+    }
+    planned = plan_mutation(
+        StreamState("s", (a, b)), StreamState("s", (b,)), event_id="e", idempotency_key=None
+    )
     assert planned.to_dict()["type"] == "replace" and planned.to_dict()["attachments"] == [b.to_dict()]
-    planned = plan_mutation(StreamState("s", (a,)), StreamState("t", (a, b)), event_id="e", idempotency_key=None)
+    planned = plan_mutation(
+        StreamState("s", (a,)), StreamState("t", (a, b)), event_id="e", idempotency_key=None
+    )
     assert planned.to_dict()["type"] == "replace" and len(planned.to_dict()["attachments"]) == 2
 
 
@@ -282,19 +298,36 @@ def test_derived_keys_name_states() -> None:
 @pytest.mark.parametrize("cache_key", ["pck", None])
 @pytest.mark.parametrize(
     ("state", "attachments"),
-    [("", ()), ("log\nwith \u00e9 and \u2603\n", ()), ([1, {"a": "b"}], (Attachment("a", DATA),)),
-     ({"k": [True, None, 1.5]}, (Attachment("a", DATA), Attachment("b-2", DATA)))],
+    [
+        ("", ()),
+        ("log\nwith \u00e9 and \u2603\n", ()),
+        ([1, {"a": "b"}], (Attachment("a", DATA),)),
+        ({"k": [True, None, 1.5]}, (Attachment("a", DATA), Attachment("b-2", DATA))),
+    ],
 )
-def test_start_size_check_is_exact_without_encoding_the_state_twice(state: Any, attachments: tuple[Attachment, ...],
-                                                                     cache_key: str | None) -> None:
+def test_start_size_check_is_exact_without_encoding_the_state_twice(
+    state: Any, attachments: tuple[Attachment, ...], cache_key: str | None
+) -> None:
     from airflow_provider_systemzero.protocol.body import json_size
     from airflow_provider_systemzero.protocol.messages import Start, event_id
 
     request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key=cache_key, route="direct")
     actual = json_size(Start(event_id(1), request, state, "on_change", attachments, 250, "k" * 255).to_dict())
     # a limit of exactly the start's size is accepted, one byte less is refused
-    ClientSession(request=request, state=state, attachments=attachments, decision_mode="on_change",
-                  min_interval_ms=250, limits=Limits(max_message_bytes=actual))
+    ClientSession(
+        request=request,
+        state=state,
+        attachments=attachments,
+        decision_mode="on_change",
+        min_interval_ms=250,
+        limits=Limits(max_message_bytes=actual),
+    )
     with pytest.raises(LocalProtocolError, match=f"replay start message {actual} bytes"):
-        ClientSession(request=request, state=state, attachments=attachments, decision_mode="on_change",
-                      min_interval_ms=250, limits=Limits(max_message_bytes=actual - 1))
+        ClientSession(
+            request=request,
+            state=state,
+            attachments=attachments,
+            decision_mode="on_change",
+            min_interval_ms=250,
+            limits=Limits(max_message_bytes=actual - 1),
+        )

@@ -76,8 +76,9 @@ def test_on_change_final_failure_settles_the_state_until_the_next_change() -> No
     client = make_client("on_change")
     pair = Pair(client, auto_decide=False)
     pair.pump()
-    failure = DecideFailure(400, ErrorEnvelope("invalid_request_error", "invalid_state", "bad"),
-                            RetryHint(False), "req_1")
+    failure = DecideFailure(
+        400, ErrorEnvelope("invalid_request_error", "invalid_state", "bad"), RetryHint(False), "req_1"
+    )
     pair.finish(pair.dispatches[0], failure)
     assert not client.has_work()  # the gateway will not retry it; nothing to wait for
     client.append_text("fixed\n")
@@ -88,8 +89,9 @@ def test_on_change_retryable_failure_keeps_the_state_unsettled() -> None:
     client = make_client("on_change")
     pair = Pair(client, auto_decide=False)
     pair.pump()
-    failure = DecideFailure(503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, 10),
-                            "req_1")
+    failure = DecideFailure(
+        503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, 10), "req_1"
+    )
     pair.finish(pair.dispatches[0], failure)
     assert client.has_work()  # the gateway retries: the decision is still due
 

@@ -23,7 +23,9 @@ OK = DecideSuccess(reply={"id": "szd_" + "0" * 32, "answers": {}}, request_id="r
 
 
 def failure(status: int, code: str, *, retryable: bool = True, delay: int | None = 100) -> DecideFailure:
-    return DecideFailure(status, ErrorEnvelope("overloaded_error", code, code), RetryHint(retryable, delay), "rf")
+    return DecideFailure(
+        status, ErrorEnvelope("overloaded_error", code, code), RetryHint(retryable, delay), "rf"
+    )
 
 
 class Driver:
@@ -57,7 +59,9 @@ class Driver:
     def start(self, state: Any = "log\n", mode: str = "on_change", **extra: Any) -> list[dict[str, Any]]:
         request = {"model": "m", "state": state, "questions": QUESTIONS, "prompt_cache_key": "pck"}
         request.update(extra.pop("request", {}))
-        return self.send({"type": "start", "event_id": "evt_1", "request": request, "decision_mode": mode, **extra})
+        return self.send(
+            {"type": "start", "event_id": "evt_1", "request": request, "decision_mode": mode, **extra}
+        )
 
     def finish(self, outcome: Any = OK, index: int = -1) -> list[dict[str, Any]]:
         return self._take(self.g.dispatch_finished(self.dispatches[index].dispatch_id, outcome, self.now))
@@ -94,9 +98,21 @@ def test_hello_is_seq_one_with_limits() -> None:
         ({"questions": {"q": {"type": "score", "instructions": "x"}}}, {}, "invalid_question"),
         ({"route": "committee", "mode": "deliberate"}, {}, "incompatible_route_mode"),
         ({"route": "fastest"}, {}, "invalid_route"),
-        ({"attachments": [{"name": "9x", "data": "data:text/plain;base64,eA=="}]}, {}, "invalid_attachment_name"),
-        ({"attachments": [{"name": "a", "data": "data:text/plain;base64,eA=="},
-                          {"name": "a", "data": "data:text/plain;base64,eA=="}]}, {}, "duplicate_attachment_name"),
+        (
+            {"attachments": [{"name": "9x", "data": "data:text/plain;base64,eA=="}]},
+            {},
+            "invalid_attachment_name",
+        ),
+        (
+            {
+                "attachments": [
+                    {"name": "a", "data": "data:text/plain;base64,eA=="},
+                    {"name": "a", "data": "data:text/plain;base64,eA=="},
+                ]
+            },
+            {},
+            "duplicate_attachment_name",
+        ),
         ({"attachments": [{"name": "a", "data": "https://x"}]}, {}, "invalid_attachment"),
         ({}, {"min_interval_ms": 60001}, "invalid_min_interval"),
         ({}, {"idempotency_key": "   "}, "invalid_idempotency_key"),
@@ -105,8 +121,9 @@ def test_hello_is_seq_one_with_limits() -> None:
         ({}, {"decision_mode": "sometimes"}, "invalid_decision_mode"),
     ],
 )
-def test_rejected_start_leaves_stream_waiting_for_evt_1(request_change: dict[str, Any], extra: dict[str, Any],
-                                                         expected_code: str) -> None:
+def test_rejected_start_leaves_stream_waiting_for_evt_1(
+    request_change: dict[str, Any], extra: dict[str, Any], expected_code: str
+) -> None:
     d = Driver()
     mode = extra.pop("decision_mode", "on_change")
     err = only(d.start(mode=mode, request=request_change, **extra), "error")
@@ -159,7 +176,9 @@ def test_second_start_is_rejected() -> None:
         ("log", {"type": "append_text", "event_id": "evt_02", "text": "x"}, "event_id_out_of_sequence"),
     ],
 )
-def test_rejected_mutation_changes_nothing(start_state: Any, mutation: dict[str, Any], expected_code: str) -> None:
+def test_rejected_mutation_changes_nothing(
+    start_state: Any, mutation: dict[str, Any], expected_code: str
+) -> None:
     d = Driver()
     d.start(state=start_state, mode="on_request", idempotency_key="k1")
     before = (d.g.stream_state, d.g.state_version, d.g.idempotency_key, d.g.body)
@@ -178,10 +197,20 @@ def test_each_mutation_kind_and_attachment_rules() -> None:
     d.start(state=["a"], mode="on_request", request={"attachments": [{"name": "one", "data": data}]})
     d.send({"type": "append_items", "event_id": "evt_2", "items": ["b", {"c": 1}]})
     assert d.g.stream_state.state == ["a", "b", {"c": 1}]
-    err = only(d.send({"type": "append_attachments", "event_id": "evt_3",
-                       "attachments": [{"name": "one", "data": data}]}), "error")
+    err = only(
+        d.send(
+            {
+                "type": "append_attachments",
+                "event_id": "evt_3",
+                "attachments": [{"name": "one", "data": data}],
+            }
+        ),
+        "error",
+    )
     assert code(err) == "duplicate_attachment_name"
-    d.send({"type": "append_attachments", "event_id": "evt_3", "attachments": [{"name": "two", "data": data}]})
+    d.send(
+        {"type": "append_attachments", "event_id": "evt_3", "attachments": [{"name": "two", "data": data}]}
+    )
     assert [a.name for a in d.g.stream_state.attachments] == ["one", "two"]
     d.send({"type": "replace", "event_id": "evt_4", "state": {"obj": True}})  # omitted attachments: kept
     assert len(d.g.stream_state.attachments) == 2
@@ -211,12 +240,17 @@ def test_event_rate_limit_rejects_with_retry_after_and_rejections_do_not_spend()
     d.start(mode="on_request")
     assert only(d.send({"type": "append_text", "event_id": "evt_2", "text": "a"}), "ack")
     err = only(d.send({"type": "append_text", "event_id": "evt_3", "text": "b"}), "error")
-    assert code(err) == "event_rate_limited" and err["error"]["retry"] == {"retryable": True, "retry_after_ms": 1000}
+    assert code(err) == "event_rate_limited" and err["error"]["retry"] == {
+        "retryable": True,
+        "retry_after_ms": 1000,
+    }
     assert err["error"]["envelope"]["error"]["type"] == "rate_limit_error"
     d.now = 0.5
     d.send({"type": "append_text", "event_id": "evt_3", "text": "b"})  # still limited
     d.now = 1.0
-    assert only(d.send({"type": "append_text", "event_id": "evt_3", "text": "b"}), "ack")["state_version"] == 3
+    assert (
+        only(d.send({"type": "append_text", "event_id": "evt_3", "text": "b"}), "ack")["state_version"] == 3
+    )
 
 
 def test_pending_event_limit() -> None:
@@ -274,9 +308,14 @@ def test_a_refused_mutation_echoes_its_event_id() -> None:
     ("frame", "expected"),
     [
         ({"type": "append_text", "event_id": "evt_2", "text": "x", "extra": 1}, "unknown_field"),
-        ({"type": "append_attachments", "event_id": "evt_2",
-          "attachments": [{"name": "a", "data": "data:text/plain;base64,eA==", "mime": "text/plain"}]},
-         "invalid_attachment"),
+        (
+            {
+                "type": "append_attachments",
+                "event_id": "evt_2",
+                "attachments": [{"name": "a", "data": "data:text/plain;base64,eA==", "mime": "text/plain"}],
+            },
+            "invalid_attachment",
+        ),
     ],
 )
 def test_an_unknown_field_is_a_rejection_not_a_refusal(frame: dict, expected: str) -> None:
@@ -287,7 +326,9 @@ def test_an_unknown_field_is_a_rejection_not_a_refusal(frame: dict, expected: st
     assert code(err) == expected and err["event_id"] == "evt_2" and err["fatal"] is False
     assert d.g.refusal_count == 0 and d.g.rejections == 1 and d.g.state_version == 1
     # the rejection left the next ID free
-    assert only(d.send({"type": "append_text", "event_id": "evt_2", "text": "y"}), "ack")["state_version"] == 2
+    assert (
+        only(d.send({"type": "append_text", "event_id": "evt_2", "text": "y"}), "ack")["state_version"] == 2
+    )
 
 
 def test_text_that_is_not_valid_unicode_is_rejected_invalid_state() -> None:
@@ -338,7 +379,9 @@ def test_on_change_schedules_every_change_and_coalesces_into_latest() -> None:
     assert only(d.start(), "ack")["scheduled"] is True
     assert len(d.dispatches) == 1 and d.dispatches[0].state_version == 1
     for n in range(2, 6):
-        assert only(d.send({"type": "append_text", "event_id": f"evt_{n}", "text": str(n)}), "ack")["scheduled"]
+        assert only(d.send({"type": "append_text", "event_id": f"evt_{n}", "text": str(n)}), "ack")[
+            "scheduled"
+        ]
     assert len(d.dispatches) == 1  # one in flight, one pending intent
     decision = only(d.finish(index=0), "decision")
     assert decision["state_version"] == 1 and decision["covered_event_ids"] == ["evt_1"]
@@ -361,8 +404,13 @@ def test_on_request_decide_must_name_current_version_and_scheduled_comes_first()
     err = only(d.send({"type": "decide", "state_version": 1}), "error")
     assert code(err) == "stale_state_version" and err["fatal"] is False and not d.dispatches
     sched = only(d.send({"type": "decide", "state_version": 2}), "scheduled")
-    assert sched == {"type": "scheduled", "stream_id": SID, "seq": sched["seq"], "state_version": 2,
-                     "in_flight": False}
+    assert sched == {
+        "type": "scheduled",
+        "stream_id": SID,
+        "seq": sched["seq"],
+        "state_version": 2,
+        "in_flight": False,
+    }
     assert d.dispatches[-1].state_version == 2
     d.send({"type": "append_text", "event_id": "evt_3", "text": "y"})
     assert only(d.send({"type": "decide", "state_version": 3}), "scheduled")["in_flight"] is True
@@ -407,8 +455,14 @@ def test_failed_dispatch_loses_no_coverage() -> None:
 
 @pytest.mark.parametrize(
     ("status", "err_code", "retried"),
-    [(429, "rate_limited", True), (503, "overloaded", True), (503, "maintenance", False),
-     (409, "idempotency_conflict", True), (409, "other", False), (500, "internal", False)],
+    [
+        (429, "rate_limited", True),
+        (503, "overloaded", True),
+        (503, "maintenance", False),
+        (409, "idempotency_conflict", True),
+        (409, "other", False),
+        (500, "internal", False),
+    ],
 )
 def test_on_change_retry_policy(status: int, err_code: str, retried: bool) -> None:
     d = Driver()
@@ -484,7 +538,9 @@ def test_pong_with_the_nonce_keeps_the_connection_and_does_not_reset_idle() -> N
         d.now = t + 0.1
         assert d.send({"type": "pong", "nonce": nonce}) == []
     msgs = d.at(2.5)
-    assert only(msgs, "goodbye")["reason"] == "idle_timeout" and d.close == CloseConnection(1000, "idle_timeout")
+    assert only(msgs, "goodbye")["reason"] == "idle_timeout" and d.close == CloseConnection(
+        1000, "idle_timeout"
+    )
 
 
 def test_idle_excludes_time_waiting_for_a_decision() -> None:
@@ -506,7 +562,9 @@ def test_max_duration_goodbye() -> None:
     d = Driver(Limits(max_duration_ms=2000, idle_timeout_ms=10_000, heartbeat_interval_ms=60_000))
     d.start(mode="on_request")
     msgs = d.at(2.0)
-    assert only(msgs, "goodbye")["reason"] == "max_duration" and d.close == CloseConnection(1000, "max_duration")
+    assert only(msgs, "goodbye")["reason"] == "max_duration" and d.close == CloseConnection(
+        1000, "max_duration"
+    )
 
 
 def test_shutdown_settles_in_flight_then_goodbye_1012_and_acks_unscheduled() -> None:

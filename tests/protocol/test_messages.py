@@ -31,21 +31,66 @@ def server(kind: str, **fields: Any) -> str:
 @pytest.mark.parametrize(
     ("frame", "field"),
     [
-        (server("ack", event_id="evt_1", state_version=1, state_bytes=1, synthesized_body_bytes=1,
-                scheduled="no"), "scheduled"),
-        (server("ack", event_id="evt_1", state_version=1, state_bytes=1.5, synthesized_body_bytes=1,
-                scheduled=True), "state_bytes"),
+        (
+            server(
+                "ack",
+                event_id="evt_1",
+                state_version=1,
+                state_bytes=1,
+                synthesized_body_bytes=1,
+                scheduled="no",
+            ),
+            "scheduled",
+        ),
+        (
+            server(
+                "ack",
+                event_id="evt_1",
+                state_version=1,
+                state_bytes=1.5,
+                synthesized_body_bytes=1,
+                scheduled=True,
+            ),
+            "state_bytes",
+        ),
         (server("ping", nonce="1"), "nonce"),
         (server("scheduled", state_version=0, in_flight=False), "state_version"),
         (json.dumps({"type": "ping", "seq": 1, "nonce": 1}), "stream_id"),
-        (server("decision", state_version=1, covered_event_ids=[1], reply={}, request_id="r", http_status=200),
-         "covered_event_ids"),
-        (server("error", event_id=None, state_version=None, http_status=None, request_id="r", fatal=False,
-                error={"envelope": {"error": {"type": "x", "code": 5, "message": "m"}},
-                       "retry": {"retryable": False, "retry_after_ms": None}}), "error.envelope.error.code"),
-        (server("goodbye", reason="shutdown", state_version=1, last_decision_state_version=None,
-                resume={"retry_after_ms": -1}), "retry_after_ms"),
-        (server("hello", protocol="p", request_id="r", limits={"max_duration_ms": 1}), "limits.idle_timeout_ms"),
+        (
+            server(
+                "decision", state_version=1, covered_event_ids=[1], reply={}, request_id="r", http_status=200
+            ),
+            "covered_event_ids",
+        ),
+        (
+            server(
+                "error",
+                event_id=None,
+                state_version=None,
+                http_status=None,
+                request_id="r",
+                fatal=False,
+                error={
+                    "envelope": {"error": {"type": "x", "code": 5, "message": "m"}},
+                    "retry": {"retryable": False, "retry_after_ms": None},
+                },
+            ),
+            "error.envelope.error.code",
+        ),
+        (
+            server(
+                "goodbye",
+                reason="shutdown",
+                state_version=1,
+                last_decision_state_version=None,
+                resume={"retry_after_ms": -1},
+            ),
+            "retry_after_ms",
+        ),
+        (
+            server("hello", protocol="p", request_id="r", limits={"max_duration_ms": 1}),
+            "limits.idle_timeout_ms",
+        ),
         (server("telepathy"), "type"),
     ],
 )
@@ -58,27 +103,47 @@ def test_server_frames_are_decoded_strictly(frame: str, field: str) -> None:
 @pytest.mark.parametrize("frame", [b"\x00binary", "{", "null", "[]", '{"type": 1}'])
 def test_frames_that_are_not_json_objects_are_refused(frame: Any) -> None:
     for decode in (decode_client_message, decode_server_message):
-        with pytest.raises(RemoteProtocolError, match=r"binary frames|not valid JSON|not an object|no string 'type'"):
+        with pytest.raises(
+            RemoteProtocolError, match=r"binary frames|not valid JSON|not an object|no string 'type'"
+        ):
             decode(frame)
 
 
 def test_every_server_message_round_trips_through_a_real_session() -> None:
     g = GatewaySession(stream_id=SID, now=0, limits=Limits(heartbeat_interval_ms=1))
-    g.receive_text(json.dumps({"type": "start", "event_id": "evt_1", "decision_mode": "on_change",
-                               "request": {"model": "m", "state": [1], "questions": {
-                                   "c": {"type": "choice", "instructions": "Pick", "options": ["a", "b"]}}}}), 0)
+    g.receive_text(
+        json.dumps(
+            {
+                "type": "start",
+                "event_id": "evt_1",
+                "decision_mode": "on_change",
+                "request": {
+                    "model": "m",
+                    "state": [1],
+                    "questions": {"c": {"type": "choice", "instructions": "Pick", "options": ["a", "b"]}},
+                },
+            }
+        ),
+        0,
+    )
     g.tick(0.001)
     for action in g.actions() + g.begin_shutdown(0.002, 100):
         message = getattr(action, "message", None)
         if message is not None:
             text = encode_message(message)
-            assert decode_server_message(text) == message and encode_message(decode_server_message(text)) == text
+            assert (
+                decode_server_message(text) == message and encode_message(decode_server_message(text)) == text
+            )
 
 
 def test_client_messages_reject_unknown_fields_server_messages_tolerate_them() -> None:
     with pytest.raises(RemoteProtocolError, match=r"pong\.colour is not a field") as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": 1, "colour": "red"}))
-    assert caught.value.refusal is False and caught.value.code == "unknown_field" and caught.value.field == "colour"
+    assert (
+        caught.value.refusal is False
+        and caught.value.code == "unknown_field"
+        and caught.value.field == "colour"
+    )
     # a mistyped field still makes it a refusal, whatever else is wrong
     with pytest.raises(RemoteProtocolError) as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": "1", "colour": "red"}))
@@ -159,10 +224,18 @@ GOOD = {"Sec-WebSocket-Protocol": "system-zero.stream.v1", "Authorization": "Bea
         ("/v1/system-zero/stream?x=1", GOOD, 400, "query_not_allowed"),
         ("/v1/system-zero/stream", {**GOOD, "Origin": "https://x"}, 403, "browser_context_forbidden"),
         ("/v1/system-zero/stream", {**GOOD, "Cookie": "a=b"}, 403, "browser_context_forbidden"),
-        ("/v1/system-zero/stream", {**GOOD, "Sec-WebSocket-Extensions": "permessage-deflate"}, 400,
-         "compression_not_supported"),
-        ("/v1/system-zero/stream", {**GOOD, "Sec-WebSocket-Protocol": "system-zero.stream.v1, other"}, 400,
-         "unsupported_protocol"),
+        (
+            "/v1/system-zero/stream",
+            {**GOOD, "Sec-WebSocket-Extensions": "permessage-deflate"},
+            400,
+            "compression_not_supported",
+        ),
+        (
+            "/v1/system-zero/stream",
+            {**GOOD, "Sec-WebSocket-Protocol": "system-zero.stream.v1, other"},
+            400,
+            "unsupported_protocol",
+        ),
         ("/v1/system-zero/stream", {"Authorization": "Bearer k"}, 400, "unsupported_protocol"),
         ("/v1/system-zero/stream", {**GOOD, "Authorization": "Basic k"}, 401, "missing_credentials"),
         ("/v1/system-zero/stream", {**GOOD, "Authorization": "Bearer nope"}, 401, "invalid_api_key"),

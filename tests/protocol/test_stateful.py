@@ -25,8 +25,15 @@ from airflow_provider_systemzero.protocol.gateway import DispatchDecide, SendMes
 from tests.protocol.pair import Pair
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
-LIMITS = Limits(max_events_per_second=1000, event_burst=1000, max_messages_per_second=1000, message_burst=1000,
-                idle_timeout_ms=10**9, heartbeat_interval_ms=10**9, max_pending_events=10**6)
+LIMITS = Limits(
+    max_events_per_second=1000,
+    event_burst=1000,
+    max_messages_per_second=1000,
+    message_burst=1000,
+    idle_timeout_ms=10**9,
+    heartbeat_interval_ms=10**9,
+    max_pending_events=10**6,
+)
 OK = DecideSuccess(reply={"id": "szd_" + "0" * 32, "answers": {}}, request_id="r")
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
 keys = st.one_of(st.none(), st.sampled_from(["k1", "k2", " k3 ", "", "x" * 256]))
@@ -48,9 +55,16 @@ class GatewayModel(RuleBasedStateMachine):
         self.running: list[DispatchDecide] = []
         self.dispatched_versions: list[int] = []
         self._take(self.g.actions())
-        self.send({"type": "start", "event_id": "evt_1", "decision_mode": mode,
-                   "request": {"model": "m", "state": "s", "questions": QUESTIONS, "prompt_cache_key": "p"}},
-                   accepted_state="s", key=None)
+        self.send(
+            {
+                "type": "start",
+                "event_id": "evt_1",
+                "decision_mode": mode,
+                "request": {"model": "m", "state": "s", "questions": QUESTIONS, "prompt_cache_key": "p"},
+            },
+            accepted_state="s",
+            key=None,
+        )
 
     def _take(self, actions: list[Any]) -> list[dict[str, Any]]:
         out = []
@@ -98,8 +112,12 @@ class GatewayModel(RuleBasedStateMachine):
             message["idempotency_key"] = key
         self.send(message, accepted_state=[*self.state, *items] if ok else None, key=key)
 
-    @rule(state=st.one_of(texts, st.lists(st.integers(), max_size=3), st.dictionaries(texts, st.integers(),
-                                                                                        max_size=2)), key=keys)
+    @rule(
+        state=st.one_of(
+            texts, st.lists(st.integers(), max_size=3), st.dictionaries(texts, st.integers(), max_size=2)
+        ),
+        key=keys,
+    )
     def replace(self, state: Any, key: str | None) -> None:
         message = {"type": "replace", "event_id": f"evt_{self.version + 1}", "state": state}
         if key is not None:
@@ -109,15 +127,20 @@ class GatewayModel(RuleBasedStateMachine):
     @rule(offset=st.sampled_from([0, 2, -1]))
     def wrong_event_id(self, offset: int) -> None:
         number = self.version + 1 + offset
-        self.send({"type": "append_text", "event_id": f"evt_{number}", "text": "x"},
-                  accepted_state=None if offset else (self.state + "x" if isinstance(self.state, str) else None),
-                  key=None)
+        self.send(
+            {"type": "append_text", "event_id": f"evt_{number}", "text": "x"},
+            accepted_state=None if offset else (self.state + "x" if isinstance(self.state, str) else None),
+            key=None,
+        )
 
     @precondition(lambda self: self.mode == "on_request")
     @rule(stale=st.booleans())
     def decide(self, stale: bool) -> None:
-        msgs = self._take(self.g.receive_text(json.dumps({"type": "decide", "state_version": self.version
-                                                          - (1 if stale else 0)}), self.now))
+        msgs = self._take(
+            self.g.receive_text(
+                json.dumps({"type": "decide", "state_version": self.version - (1 if stale else 0)}), self.now
+            )
+        )
         if stale and self.version > 1:
             assert msgs[0]["error"]["envelope"]["error"]["code"] == "stale_state_version"
         elif not stale:
@@ -127,8 +150,11 @@ class GatewayModel(RuleBasedStateMachine):
     @rule(success=st.booleans())
     def settle(self, success: bool) -> None:
         dispatch = self.running.pop(0)
-        outcome = OK if success else DecideFailure(500, ErrorEnvelope("api_error", "internal", "x"),
-                                                   RetryHint(False), "r")
+        outcome = (
+            OK
+            if success
+            else DecideFailure(500, ErrorEnvelope("api_error", "internal", "x"), RetryHint(False), "r")
+        )
         assert dispatch.idempotency_key == self.g_key_at(dispatch)
         msgs = self._take(self.g.dispatch_finished(dispatch.dispatch_id, outcome, self.now))
         decisions = [m for m in msgs if m["type"] == "decision"]
@@ -152,7 +178,9 @@ class GatewayModel(RuleBasedStateMachine):
             return
         assert self.covered == [f"evt_{n}" for n in range(1, self.watermark + 1)]
         assert self.g.state_version == self.version and self.g.idempotency_key == self.key
-        assert self.g.stream_state is not None and compact_json(self.g.stream_state.state) == compact_json(self.state)
+        assert self.g.stream_state is not None and compact_json(self.g.stream_state.state) == compact_json(
+            self.state
+        )
         assert len(self.running) <= 1  # one decide in flight
         assert self.dispatched_versions == sorted(self.dispatched_versions)
 
@@ -231,8 +259,10 @@ class ClientAgainstGateway(RuleBasedStateMachine):
 
 
 TestGatewayModel = GatewayModel.TestCase
-TestGatewayModel.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                     suppress_health_check=[HealthCheck.too_slow])
+TestGatewayModel.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 TestClientAgainstGateway = ClientAgainstGateway.TestCase
-TestClientAgainstGateway.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                             suppress_health_check=[HealthCheck.too_slow])
+TestClientAgainstGateway.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -32,7 +32,12 @@ def known(key: str) -> bool:
         (STREAM_PATH + "?", GOOD, 400, "query_not_allowed"),
         (STREAM_PATH, {**GOOD, "Origin": "https://x"}, 403, "browser_context_forbidden"),
         (STREAM_PATH, {**GOOD, "Cookie": "a=b"}, 403, "browser_context_forbidden"),
-        (STREAM_PATH, {**GOOD, "Sec-WebSocket-Extensions": "permessage-deflate"}, 400, "compression_not_supported"),
+        (
+            STREAM_PATH,
+            {**GOOD, "Sec-WebSocket-Extensions": "permessage-deflate"},
+            400,
+            "compression_not_supported",
+        ),
         (STREAM_PATH, {"Authorization": "Bearer demo"}, 400, "unsupported_protocol"),
         (STREAM_PATH, {**GOOD, "Sec-WebSocket-Protocol": f"{PROTOCOL}, other"}, 400, "unsupported_protocol"),
         (STREAM_PATH, {"Sec-WebSocket-Protocol": PROTOCOL}, 401, "missing_credentials"),
@@ -52,7 +57,9 @@ def test_check_upgrade_accepts_and_returns_the_key() -> None:
     assert check_upgrade(STREAM_PATH, GOOD, known_key=known) == "demo"
 
 
-@pytest.mark.parametrize(("max_concurrent", "capacity"), [(0, 1), (1, 1), (2, 1), (3, 1), (8, 4), (9, 4), (10, 5)])
+@pytest.mark.parametrize(
+    ("max_concurrent", "capacity"), [(0, 1), (1, 1), (2, 1), (3, 1), (8, 4), (9, 4), (10, 5)]
+)
 def test_stream_capacity(max_concurrent: int, capacity: int) -> None:
     assert stream_capacity(max_concurrent) == capacity
 
@@ -73,5 +80,9 @@ def test_maintenance_refusal_is_503_with_retry_after() -> None:
     assert refusal.envelope.code == "maintenance"
     assert refusal.headers()["Retry-After"] == "1"
     body = refusal.body()
-    assert body == '{"error":{"type":"overloaded_error","code":"maintenance","message":"' + \
-        refusal.envelope.message + '"}}'
+    assert (
+        body
+        == '{"error":{"type":"overloaded_error","code":"maintenance","message":"'
+        + refusal.envelope.message
+        + '"}}'
+    )

@@ -66,7 +66,9 @@ async def trap(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Trap]:
         yield trap
 
 
-async def test_environment_proxies_are_ignored_unless_configured(trap: Trap, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_proxies_are_ignored_unless_configured(
+    trap: Trap, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with Emulator(api_keys={KEY: 8}, decider=ReadyDecider()) as emu:
         # control: websockets' default honours the environment and walks into the trap
         with pytest.raises(Exception):  # noqa: B017 - whatever the trap's hang-up becomes
@@ -76,18 +78,33 @@ async def test_environment_proxies_are_ignored_unless_configured(trap: Trap, mon
         assert trap.seen[0].startswith(b"CONNECT 127.0.0.1:") and emu.handshakes == []
 
         # the client, through the operator's trigger: straight to the gateway
-        monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_PROXY", json.dumps(
-            {"conn_type": "systemzero", "host": emu.origin, "password": KEY}))
-        payload = await first_event(rebuilt(SystemZeroDecideTrigger(
-            systemzero_conn_id="systemzero_proxy", request=REQUEST, state="READY\n",
-            key_namespace=task_namespace("proxy", "decide", "r", -1), deadline=time.time() + 10)))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_PROXY",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": KEY}),
+        )
+        payload = await first_event(
+            rebuilt(
+                SystemZeroDecideTrigger(
+                    systemzero_conn_id="systemzero_proxy",
+                    request=REQUEST,
+                    state="READY\n",
+                    key_namespace=task_namespace("proxy", "decide", "r", -1),
+                    deadline=time.time() + 10,
+                )
+            )
+        )
         assert payload["status"] == "success"
         assert len(trap.seen) == 1 and len(emu.handshakes) == 1  # the trap saw nothing new
 
         # control: a proxy the connection names is used (it is the trap here, so nothing gets through)
         with pytest.raises(SystemZeroError):
-            async with DecisionStream(StreamSettings(emu.origin, KEY, proxy=trap.url, open_timeout=1), REQUEST,
-                                      decision_mode="on_request", identity="proxy", open_deadline=0.5):
+            async with DecisionStream(
+                StreamSettings(emu.origin, KEY, proxy=trap.url, open_timeout=1),
+                REQUEST,
+                decision_mode="on_request",
+                identity="proxy",
+                open_deadline=0.5,
+            ):
                 pass
         assert len(trap.seen) >= 2 and trap.seen[1].startswith(b"CONNECT 127.0.0.1:")
         assert len(emu.handshakes) == 1

@@ -37,44 +37,75 @@ from tests.stream.mini_gateway import serve_session
 
 KEY = "sz-tls-test-0123456789abcdef"
 REQUEST = {"model": "m", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
-REPLY = {"id": "szd_" + "c" * 32, "answers": {"ready": {"type": "boolean", "decision": True, "probability": 0.9,
-                                                         "confidence": 0.9}}}
+REPLY = {
+    "id": "szd_" + "c" * 32,
+    "answers": {"ready": {"type": "boolean", "decision": True, "probability": 0.9, "confidence": 0.9}},
+}
 
 
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def make_pki(directory: Path, *, names: tuple[str, ...] = ("localhost",),
-             ips: tuple[str, ...] = ("127.0.0.1",)) -> tuple[Path, Path, Path]:
+def make_pki(
+    directory: Path, *, names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
+) -> tuple[Path, Path, Path]:
     """A private CA and a server certificate it signed: (ca.pem, server.pem, server.key)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("systemzero test CA")).issuer_name(_name("systemzero test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          # key identifiers, as real CAs issue them: Python 3.13 verifies with VERIFY_X509_STRICT
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("systemzero test CA"))
+        .issuer_name(_name("systemzero test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        # key identifiers, as real CAs issue them: Python 3.13 verifies with VERIFY_X509_STRICT
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
     alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    cert = (x509.CertificateBuilder().subject_name(_name(names[0])).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(names[0]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return paths
 
 
@@ -99,9 +130,15 @@ class TLSGateway:
         def record(_connection: ServerConnection, request: Any) -> None:
             self.requests.append(dict(request.headers.raw_items()))
 
-        self.server = await serve(self._handler, "127.0.0.1", 0, ssl=self.context, compression=None,
-                                  process_request=record,
-                                  select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None)
+        self.server = await serve(
+            self._handler,
+            "127.0.0.1",
+            0,
+            ssl=self.context,
+            compression=None,
+            process_request=record,
+            select_subprotocol=lambda _c, offered: PROTOCOL if PROTOCOL in offered else None,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -118,12 +155,20 @@ async def tls_gateway(tmp_path: Path) -> AsyncIterator[tuple[TLSGateway, Path]]:
 
 
 def stream_to(origin: str, **settings: Any) -> DecisionStream:
-    return DecisionStream(StreamSettings(origin, KEY, **settings), REQUEST, state="log\n", decision_mode="on_request",
-                          identity="tls", backoff=Backoff(base=0.02, cap=0.05), open_deadline=1.0)
+    return DecisionStream(
+        StreamSettings(origin, KEY, **settings),
+        REQUEST,
+        state="log\n",
+        decision_mode="on_request",
+        identity="tls",
+        backoff=Backoff(base=0.02, cap=0.05),
+        open_deadline=1.0,
+    )
 
 
 async def test_without_ca_bundle_the_self_signed_gateway_is_refused_before_the_key_is_sent(
-        tls_gateway: tuple[TLSGateway, Path]) -> None:
+    tls_gateway: tuple[TLSGateway, Path],
+) -> None:
     gateway, _ = tls_gateway
     with pytest.raises(DeadlineExceeded) as info:
         async with stream_to(gateway.origin):
@@ -146,16 +191,24 @@ async def test_with_the_ca_bundle_the_gateway_is_trusted(tls_gateway: tuple[TLSG
     assert (await probe(StreamSettings(gateway.origin, KEY, ca_bundle=str(ca)))).protocol == PROTOCOL
 
 
-async def test_the_ca_bundle_from_the_connection_reaches_the_trigger(tls_gateway: tuple[TLSGateway, Path],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_ca_bundle_from_the_connection_reaches_the_trigger(
+    tls_gateway: tuple[TLSGateway, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     gateway, ca = tls_gateway
     connection: Callable[..., str] = lambda **extra: json.dumps(  # noqa: E731
-        {"conn_type": "systemzero", "host": gateway.origin, "password": KEY, "extra": extra})
+        {"conn_type": "systemzero", "host": gateway.origin, "password": KEY, "extra": extra}
+    )
 
     def trigger() -> SystemZeroDecideTrigger:
-        return rebuilt(SystemZeroDecideTrigger(systemzero_conn_id="systemzero_tls", request=REQUEST, state="log\n",
-                                               key_namespace=task_namespace("tls", "decide", "r", -1),
-                                               deadline=time.time() + 1))
+        return rebuilt(
+            SystemZeroDecideTrigger(
+                systemzero_conn_id="systemzero_tls",
+                request=REQUEST,
+                state="log\n",
+                key_namespace=task_namespace("tls", "decide", "r", -1),
+                deadline=time.time() + 1,
+            )
+        )
 
     monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_TLS", connection())
     refused = await first_event(trigger())  # retried until the task's deadline, never trusted

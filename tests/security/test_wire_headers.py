@@ -25,16 +25,33 @@ FORBIDDEN = {"origin", "cookie", "cookie2", "sec-websocket-extensions", "proxy-a
 
 
 async def test_every_upgrade_carries_the_key_one_subprotocol_and_no_browser_context(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("AIRFLOW__SYSTEMZERO__RECONNECT_BACKOFF_BASE", "0.02")
     limits = Limits(decision_settlement_timeout_ms=50)  # the restart cannot wait for the decision
-    async with Emulator(api_keys={KEY: 8}, decider=ReadyDecider(), decide_latency_ms=300, limits=limits) as emu:
-        monkeypatch.setenv("AIRFLOW_CONN_SYSTEMZERO_WIRE", json.dumps(
-            {"conn_type": "systemzero", "host": emu.origin, "password": KEY}))
-        task = asyncio.ensure_future(first_event(rebuilt(SystemZeroDecideTrigger(
-            systemzero_conn_id="systemzero_wire", request={"model": "m", "questions": {
-                "ready": {"type": "boolean", "instructions": "Is the job ready?"}}},
-            state="READY\n", key_namespace=task_namespace("wire", "decide", "r", -1), deadline=time.time() + 20))))
+    async with Emulator(
+        api_keys={KEY: 8}, decider=ReadyDecider(), decide_latency_ms=300, limits=limits
+    ) as emu:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_WIRE",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": KEY}),
+        )
+        task = asyncio.ensure_future(
+            first_event(
+                rebuilt(
+                    SystemZeroDecideTrigger(
+                        systemzero_conn_id="systemzero_wire",
+                        request={
+                            "model": "m",
+                            "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+                        },
+                        state="READY\n",
+                        key_namespace=task_namespace("wire", "decide", "r", -1),
+                        deadline=time.time() + 20,
+                    )
+                )
+            )
+        )
         await emu.wait_for(lambda e: e.stats.decisions_dispatched == 1)
         await emu.restart(retry_after_ms=50)  # the reconnect opens a second upgrade
         assert (await task)["status"] == "success"

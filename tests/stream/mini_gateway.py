@@ -18,8 +18,11 @@ from websockets.datastructures import Headers
 from airflow_provider_systemzero.protocol import DecideSuccess, GatewaySession, Limits, encode_message
 from airflow_provider_systemzero.protocol.gateway import CloseConnection, DispatchDecide, SendMessage
 
-REPLY = {"id": "szd_" + "0" * 32, "model": "MODEL_ID",
-         "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}}}
+REPLY = {
+    "id": "szd_" + "0" * 32,
+    "model": "MODEL_ID",
+    "answers": {"ready": {"type": "boolean", "probability": 0.9, "confidence": 0.9, "decision": True}},
+}
 
 
 class MiniGateway:
@@ -32,9 +35,16 @@ class MiniGateway:
     :param close_after_hello: close with this code right after ``hello`` (a gateway that gives up at once).
     """
 
-    def __init__(self, *, select_subprotocol: bool = True, first_frame: str | bytes | None = None,
-                 refuse: tuple[int, dict[str, str], bytes] | None = None, limits: Limits | None = None,
-                 on_frame: Callable[[str], None] | None = None, close_after_hello: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        select_subprotocol: bool = True,
+        first_frame: str | bytes | None = None,
+        refuse: tuple[int, dict[str, str], bytes] | None = None,
+        limits: Limits | None = None,
+        on_frame: Callable[[str], None] | None = None,
+        close_after_hello: int | None = None,
+    ) -> None:
         self.close_after_hello = close_after_hello
         self.select_subprotocol = select_subprotocol
         self.first_frame = first_frame
@@ -72,8 +82,9 @@ class MiniGateway:
                 await ws.send(self.first_frame)
                 await ws.wait_closed()
                 return
-            gateway = GatewaySession(stream_id=f"szws_{next(self._ids):032x}", now=time.monotonic(),
-                                     limits=self.limits)
+            gateway = GatewaySession(
+                stream_id=f"szws_{next(self._ids):032x}", now=time.monotonic(), limits=self.limits
+            )
             await self._perform(ws, gateway, gateway.actions())
             if self.close_after_hello is not None:
                 await ws.close(self.close_after_hello)
@@ -89,8 +100,11 @@ class MiniGateway:
                     continue
                 if self.on_frame is not None and isinstance(text, str):
                     self.on_frame(text)
-                actions = (gateway.receive_text(text, time.monotonic()) if isinstance(text, str)
-                           else gateway.receive_binary(time.monotonic()))
+                actions = (
+                    gateway.receive_text(text, time.monotonic())
+                    if isinstance(text, str)
+                    else gateway.receive_binary(time.monotonic())
+                )
                 await self._perform(ws, gateway, actions)
         except Exception:  # the client went away
             pass
@@ -101,8 +115,14 @@ class MiniGateway:
         await perform(ws, gateway, actions)
 
     async def __aenter__(self) -> MiniGateway:
-        self._server = await serve(self._handler, "127.0.0.1", 0, process_request=self._process_request,
-                                   select_subprotocol=self._select, compression=None)
+        self._server = await serve(
+            self._handler,
+            "127.0.0.1",
+            0,
+            process_request=self._process_request,
+            select_subprotocol=self._select,
+            compression=None,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -111,14 +131,17 @@ class MiniGateway:
             await self._server.wait_closed()
 
 
-async def perform(ws: ServerConnection, gateway: GatewaySession, actions: list[Any],
-                  reply: dict[str, Any] = REPLY) -> None:
+async def perform(
+    ws: ServerConnection, gateway: GatewaySession, actions: list[Any], reply: dict[str, Any] = REPLY
+) -> None:
     """Carry out a GatewaySession's actions on a connection; every decide answers ``reply`` at once."""
     for action in actions:
         if isinstance(action, SendMessage):
             await ws.send(encode_message(action.message))
         elif isinstance(action, DispatchDecide):
-            more = gateway.dispatch_finished(action.dispatch_id, DecideSuccess(reply, "req_mini"), time.monotonic())
+            more = gateway.dispatch_finished(
+                action.dispatch_id, DecideSuccess(reply, "req_mini"), time.monotonic()
+            )
             await perform(ws, gateway, more, reply)
         elif isinstance(action, CloseConnection):
             await ws.close(action.code, action.reason)

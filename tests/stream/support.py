@@ -15,10 +15,18 @@ SECRET_KEY = "sz-live-0123456789abcdef"
 
 #: Limits for loopback tests: liveness in hundreds of milliseconds, account decision limits out of
 #: the way, idle and lifetime long unless a test shrinks them.
-TEST_LIMITS = Limits(start_timeout_ms=2_000, idle_timeout_ms=30_000, max_duration_ms=120_000,
-                     heartbeat_interval_ms=400, pong_timeout_ms=300, decision_settlement_timeout_ms=300,
-                     write_progress_timeout_ms=2_000, close_handshake_timeout_ms=500,
-                     account_decision_burst=1_000, account_decision_ceiling_per_minute=60_000)
+TEST_LIMITS = Limits(
+    start_timeout_ms=2_000,
+    idle_timeout_ms=30_000,
+    max_duration_ms=120_000,
+    heartbeat_interval_ms=400,
+    pong_timeout_ms=300,
+    decision_settlement_timeout_ms=300,
+    write_progress_timeout_ms=2_000,
+    close_handshake_timeout_ms=500,
+    account_decision_burst=1_000,
+    account_decision_ceiling_per_minute=60_000,
+)
 
 EmulatorFactory = Callable[..., Awaitable[Emulator]]
 

@@ -74,8 +74,10 @@ def test_bad_origins_are_refused_before_connecting(origin: str, message: str) ->
     assert "sz_prod" in str(info.value) and info.value.field == "host"
 
 
-@pytest.mark.parametrize(("key", "message"), [("", "is empty"), ("  ", "is empty"), ("a b", "spaces"),
-                                              ("k\r\nX-Evil: 1", "control")])
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("", "is empty"), ("  ", "is empty"), ("a b", "spaces"), ("k\r\nX-Evil: 1", "control")],
+)
 def test_bad_keys_are_refused_without_echoing_them(key: str, message: str) -> None:
     with pytest.raises(SystemZeroValidationError, match=message) as info:
         settings(api_key=key)
@@ -122,8 +124,10 @@ def test_build_request_fills_the_model_and_an_explicit_cache_key() -> None:
     assert request.model == "model-a"
     assert request.prompt_cache_key == derive_prompt_cache_key("pfx", "dag.task")
     # without an identity the key still never depends on the process: it hashes the request
-    assert build_request({"questions": QUESTIONS}, s).prompt_cache_key == \
+    assert (
         build_request({"questions": QUESTIONS}, s).prompt_cache_key
+        == build_request({"questions": QUESTIONS}, s).prompt_cache_key
+    )
     explicit = build_request({"model": "m", "questions": QUESTIONS, "prompt_cache_key": "mine"}, s)
     assert explicit.model == "m" and explicit.prompt_cache_key == "mine"
     typed = StreamRequest.build(model="m", questions=QUESTIONS)
@@ -151,7 +155,9 @@ def test_every_error_is_a_system_zero_error_with_a_helpful_message() -> None:
         SystemZeroValidationError("bad", code="c", field="f"),
         UpgradeRefused(429, envelope, 1000, url="wss://h/v1/system-zero/stream"),
         AuthenticationFailed(401, ErrorEnvelope("authentication_error", "invalid_api_key", "no"), None),
-        DecisionFailed(503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, 50), True),
+        DecisionFailed(
+            503, ErrorEnvelope("overloaded_error", "overloaded", "busy"), RetryHint(True, 50), True
+        ),
         StreamRejected(ErrorEnvelope("invalid_request_error", "decide_body_too_large", "big"), "evt_2"),
         ProtocolViolation("bad frame"),
         StreamClosed(1008, "start_timeout"),

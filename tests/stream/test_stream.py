@@ -27,11 +27,25 @@ from tests.stream.support import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFac
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 
 
-def make_stream(emu: Emulator, backoff: Backoff, *, identity: str = "test-stream", state: Any = "Initial log\n",
-                mode: str = "on_request", **kwargs: Any) -> DecisionStream:
+def make_stream(
+    emu: Emulator,
+    backoff: Backoff,
+    *,
+    identity: str = "test-stream",
+    state: Any = "Initial log\n",
+    mode: str = "on_request",
+    **kwargs: Any,
+) -> DecisionStream:
     kwargs.setdefault("open_deadline", 15)
-    return DecisionStream(settings_for(emu), REQUEST, state=state, decision_mode=mode, identity=identity,
-                          backoff=backoff, **kwargs)
+    return DecisionStream(
+        settings_for(emu),
+        REQUEST,
+        state=state,
+        decision_mode=mode,
+        identity=identity,
+        backoff=backoff,
+        **kwargs,
+    )
 
 
 def billed_for(emu: Emulator) -> list[Any]:
@@ -76,9 +90,15 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
 
         # the server restarts: goodbye shutdown (500 ms), close 1012; the client waits and replays
         await emu.restart(retry_after_ms=500)
-        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(
+            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
+        )
         [reconnect] = stream.reconnects
-        assert (reconnect.reason, reconnect.close_code, reconnect.server_delay) == ("goodbye:shutdown", 1012, 0.5)
+        assert (reconnect.reason, reconnect.close_code, reconnect.server_delay) == (
+            "goodbye:shutdown",
+            1012,
+            0.5,
+        )
         assert reconnect.waited >= 0.5
         assert stream.stream_id != first_stream_id and stream.state_version == 1  # a new stream, one start
         latest = emu.latest_state(stream.request.prompt_cache_key or "")
@@ -97,8 +117,9 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
     assert_each_state_billed_once(emu)
 
 
-async def test_on_change_decisions_arrive_as_the_state_changes(make_emulator: EmulatorFactory,
-                                                               fast_backoff: Backoff) -> None:
+async def test_on_change_decisions_arrive_as_the_state_changes(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff, mode="on_change", state="Initial log\n") as stream:
         seen = []
@@ -115,8 +136,9 @@ async def test_on_change_decisions_arrive_as_the_state_changes(make_emulator: Em
     assert emu.stats.decisions_billed == 2
 
 
-async def test_validation_errors_change_nothing_and_send_nothing(make_emulator: EmulatorFactory,
-                                                                 fast_backoff: Backoff) -> None:
+async def test_validation_errors_change_nothing_and_send_nothing(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         with pytest.raises(SystemZeroValidationError, match="append_items needs an array state"):
@@ -127,8 +149,9 @@ async def test_validation_errors_change_nothing_and_send_nothing(make_emulator: 
     assert emu.stats.events_accepted == 1 and emu.stats.rejections == 0
 
 
-async def test_a_state_the_gateway_refuses_for_good_raises_stream_rejected(make_emulator: EmulatorFactory,
-                                                                          fast_backoff: Backoff) -> None:
+async def test_a_state_the_gateway_refuses_for_good_raises_stream_rejected(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(limits=TEST_LIMITS.replace(max_decide_body_bytes=300))
     with pytest.raises(StreamRejected, match="decide_body_too_large"):
         async with make_stream(emu, fast_backoff, state="x" * 400):
@@ -140,7 +163,8 @@ async def test_a_state_the_gateway_refuses_for_good_raises_stream_rejected(make_
 
 
 async def test_abrupt_loss_mid_decide_is_replayed_and_the_caller_sees_one_decision(
-        make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(decide_latency_ms=300)
     async with make_stream(emu, fast_backoff) as stream:
         await stream.append_text("Job is ready.\n")
@@ -155,12 +179,15 @@ async def test_abrupt_loss_mid_decide_is_replayed_and_the_caller_sees_one_decisi
         assert stream.session.desired_body() == body_before
     # the interrupted call finished on the gateway and billed once; the re-sent decide replayed it
     assert len(billed_for(emu)) == 1 and emu.billed_bodies() == [body_hash(body_before)]
-    assert [e.body_sha256 for e in emu.ledger[SECRET_KEY]] == [body_hash(body_before)] * len(emu.ledger[SECRET_KEY])
+    assert [e.body_sha256 for e in emu.ledger[SECRET_KEY]] == [body_hash(body_before)] * len(
+        emu.ledger[SECRET_KEY]
+    )
     assert_each_state_billed_once(emu)
 
 
-async def test_a_decide_resent_while_the_original_call_runs_waits_it_out(make_emulator: EmulatorFactory,
-                                                                         fast_backoff: Backoff) -> None:
+async def test_a_decide_resent_while_the_original_call_runs_waits_it_out(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(decide_latency_ms=1_200)
     async with make_stream(emu, fast_backoff, state="Job is ready.\n", decide_retries=0) as stream:
         pending = asyncio.create_task(stream.decide(timeout=20))
@@ -171,8 +198,9 @@ async def test_a_decide_resent_while_the_original_call_runs_waits_it_out(make_em
     assert emu.stats.decide_failures.get(409, 0) >= 1 and len(billed_for(emu)) == 1
 
 
-async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(make_emulator: EmulatorFactory,
-                                                                        fast_backoff: Backoff) -> None:
+async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         ws = stream._ws
@@ -184,7 +212,9 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(make_em
 
         ws.send = send_into_a_dead_socket  # type: ignore[method-assign]
         await stream.append_text("Job is ready.\n")
-        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(
+            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
+        )
         assert stream.reconnects[0].close_code == 1006
         assert (await stream.decide(timeout=10)).decisions() == {"ready": True}
     latest = emu.latest_state(stream.request.prompt_cache_key or "")
@@ -192,7 +222,8 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(make_em
 
 
 async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
-        make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)
@@ -207,7 +238,9 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
         session.outgoing = without_pongs  # type: ignore[method-assign]
         await emu.wait_for(lambda e: e.stats.closes_by_code.get(1013, 0) >= 1, timeout=10)
         muted = False
-        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(
+            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
+        )
         assert stream.reconnects[0].close_code == 1013 and stream.reconnects[0].reason == "close"
         await assert_replay_is_answered_from_the_ledger(emu, stream)
         await stream.append_text("Job is ready.\n")
@@ -215,8 +248,9 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
     assert_each_state_billed_once(emu)
 
 
-async def test_answered_pings_keep_a_quiet_stream_alive(make_emulator: EmulatorFactory,
-                                                        fast_backoff: Backoff) -> None:
+async def test_answered_pings_keep_a_quiet_stream_alive(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         # several heartbeat intervals (400 ms) and pong timeouts (300 ms) pass with no application traffic
@@ -226,7 +260,8 @@ async def test_answered_pings_keep_a_quiet_stream_alive(make_emulator: EmulatorF
 
 
 async def test_three_failed_dispatches_close_1013_and_the_state_is_replayed_after_the_delay(
-        make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     emu.faults.fail_decides(3, status=503, retry_after_ms=200)
     async with make_stream(emu, fast_backoff, mode="on_change", state="Job is ready.\n") as stream:
@@ -239,22 +274,27 @@ async def test_three_failed_dispatches_close_1013_and_the_state_is_replayed_afte
     assert_each_state_billed_once(emu)
 
 
-async def test_a_silent_peer_is_treated_as_dead(make_emulator: EmulatorFactory, fast_backoff: Backoff) -> None:
+async def test_a_silent_peer_is_treated_as_dead(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)
         emu.faults.answer_pings = False  # the gateway stops sending anything at all
         await emu.wait_for(lambda e: not stream.connected, timeout=5)
         emu.faults.answer_pings = True
-        await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10)
+        await emu.wait_for(
+            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
+        )
         assert stream.reconnects[0].reason in ("receipt_timeout", "close")
         assert stream.reconnects[0].close_code in (1006, 1011)
         await assert_replay_is_answered_from_the_ledger(emu, stream)
     assert_each_state_billed_once(emu)
 
 
-async def test_an_idle_goodbye_reconnects_only_when_there_is_work(make_emulator: EmulatorFactory,
-                                                                  fast_backoff: Backoff) -> None:
+async def test_an_idle_goodbye_reconnects_only_when_there_is_work(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(limits=TEST_LIMITS.replace(idle_timeout_ms=300))
     async with make_stream(emu, fast_backoff) as stream:
         first = await stream.decide(timeout=10)
@@ -271,8 +311,9 @@ async def test_an_idle_goodbye_reconnects_only_when_there_is_work(make_emulator:
     assert_each_state_billed_once(emu)
 
 
-async def test_a_lifetime_goodbye_reconnects_only_when_there_is_work(make_emulator: EmulatorFactory,
-                                                                     fast_backoff: Backoff) -> None:
+async def test_a_lifetime_goodbye_reconnects_only_when_there_is_work(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(limits=TEST_LIMITS.replace(max_duration_ms=700))
     async with make_stream(emu, fast_backoff, mode="on_change") as stream:
         await stream.decide(timeout=10)
@@ -285,16 +326,18 @@ async def test_a_lifetime_goodbye_reconnects_only_when_there_is_work(make_emulat
     assert_each_state_billed_once(emu)
 
 
-async def test_a_429_upgrade_is_retried_after_retry_after(make_emulator: EmulatorFactory,
-                                                          fast_backoff: Backoff) -> None:
+async def test_a_429_upgrade_is_retried_after_retry_after(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         await stream.append_text("Job is ready.\n")
         await stream.decide(timeout=10)
         emu.faults.refuse_upgrades(1, status=429, code="stream_capacity", retry_after_s=1)
         await emu.restart(retry_after_ms=0)  # the reconnect meets a full account
-        await emu.wait_for(lambda e: len(stream.reconnects) == 2 and stream.connected and stream.in_sync,
-                           timeout=10)
+        await emu.wait_for(
+            lambda e: len(stream.reconnects) == 2 and stream.connected and stream.in_sync, timeout=10
+        )
         first, second = stream.reconnects
         assert (first.reason, first.close_code) == ("goodbye:shutdown", 1012)
         assert second.reason == "upgrade_refused:429" and second.server_delay == 1.0 and second.waited >= 1.0
@@ -303,8 +346,9 @@ async def test_a_429_upgrade_is_retried_after_retry_after(make_emulator: Emulato
     assert_each_state_billed_once(emu)
 
 
-async def test_a_release_closes_1000_and_the_next_change_reconnects(make_emulator: EmulatorFactory,
-                                                                    fast_backoff: Backoff) -> None:
+async def test_a_release_closes_1000_and_the_next_change_reconnects(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
         await stream.release()
@@ -319,8 +363,9 @@ async def test_a_release_closes_1000_and_the_next_change_reconnects(make_emulato
 # ------------------------------------------------------------------ decide failures
 
 
-async def test_retryable_decide_failures_are_retried_after_the_server_delay(make_emulator: EmulatorFactory,
-                                                                            fast_backoff: Backoff) -> None:
+async def test_retryable_decide_failures_are_retried_after_the_server_delay(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     emu.faults.fail_decides(2, status=503, retry_after_ms=150)
     async with make_stream(emu, fast_backoff, state="Job is ready.\n") as stream:
@@ -331,8 +376,9 @@ async def test_retryable_decide_failures_are_retried_after_the_server_delay(make
     assert decision.decisions() == {"ready": True} and emu.stats.decide_failures == {503: 2}
 
 
-async def test_non_retryable_decide_failures_raise_at_once(make_emulator: EmulatorFactory,
-                                                           fast_backoff: Backoff) -> None:
+async def test_non_retryable_decide_failures_raise_at_once(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     emu.faults.fail_decides(1, status=422, code="invalid_questions", retryable=False)
     async with make_stream(emu, fast_backoff) as stream:
@@ -346,8 +392,9 @@ async def test_non_retryable_decide_failures_raise_at_once(make_emulator: Emulat
 # ------------------------------------------------------------------ pacing
 
 
-async def test_a_burst_of_1000_appends_is_paced_without_rejections(make_emulator: EmulatorFactory,
-                                                                   fast_backoff: Backoff) -> None:
+async def test_a_burst_of_1000_appends_is_paced_without_rejections(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     lines = [f"line {n}\n" for n in range(1000)]
     async with make_stream(emu, fast_backoff, state="") as stream:
@@ -367,8 +414,9 @@ async def test_a_burst_of_1000_appends_is_paced_without_rejections(make_emulator
 # ------------------------------------------------------------------ capacity and cancellation
 
 
-async def test_ten_concurrent_streams_never_exceed_the_process_cap(make_emulator: EmulatorFactory,
-                                                                   fast_backoff: Backoff) -> None:
+async def test_ten_concurrent_streams_never_exceed_the_process_cap(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(decide_latency_ms=100)
     capacity = default_capacity()
 
@@ -385,8 +433,9 @@ async def test_ten_concurrent_streams_never_exceed_the_process_cap(make_emulator
     assert capacity.in_use == 0 and capacity.waiting == 0
 
 
-async def test_cancelling_a_waiting_decide_closes_the_socket(make_emulator: EmulatorFactory,
-                                                             fast_backoff: Backoff) -> None:
+async def test_cancelling_a_waiting_decide_closes_the_socket(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(decide_latency_ms=30_000)
 
     async def waits_forever() -> None:
@@ -403,13 +452,15 @@ async def test_cancelling_a_waiting_decide_closes_the_socket(make_emulator: Emul
     assert default_capacity().in_use == 0
 
 
-async def test_cancelling_a_stream_waiting_for_a_slot_leaves_the_queue(make_emulator: EmulatorFactory,
-                                                                       fast_backoff: Backoff) -> None:
+async def test_cancelling_a_stream_waiting_for_a_slot_leaves_the_queue(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator()
     capacity = StreamCapacity(1)
     async with make_stream(emu, fast_backoff, capacity=capacity, identity="holder"):
-        waiting = asyncio.create_task(make_stream(emu, fast_backoff, capacity=capacity,
-                                                  identity="waiter").__aenter__())
+        waiting = asyncio.create_task(
+            make_stream(emu, fast_backoff, capacity=capacity, identity="waiter").__aenter__()
+        )
         await emu.wait_for(lambda e: capacity.waiting == 1, timeout=5)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -418,8 +469,9 @@ async def test_cancelling_a_stream_waiting_for_a_slot_leaves_the_queue(make_emul
     assert capacity.in_use == 0 and emu.stats.streams_total == 1
 
 
-async def test_the_stream_cap_follows_a_lower_advertised_limit(make_emulator: EmulatorFactory,
-                                                               fast_backoff: Backoff) -> None:
+async def test_the_stream_cap_follows_a_lower_advertised_limit(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
     emu = await make_emulator(limits=TEST_LIMITS.replace(max_streams_per_process=2))
     async with make_stream(emu, fast_backoff) as stream:
         assert stream.settings is not None and default_capacity().limit_for(stream.settings.url) == 2

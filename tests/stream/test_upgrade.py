@@ -27,9 +27,15 @@ REQUEST = {"model": "m", "questions": QUESTIONS}
 
 def open_stream(gw: MiniGateway, backoff: Backoff, **kwargs: object) -> DecisionStream:
     kwargs.setdefault("open_deadline", 10)
-    return DecisionStream(StreamSettings(gw.origin, SECRET_KEY), REQUEST, state="log\n",
-                          decision_mode="on_request", identity="upgrade-test", backoff=backoff,
-                          **kwargs)  # type: ignore[arg-type]
+    return DecisionStream(
+        StreamSettings(gw.origin, SECRET_KEY),
+        REQUEST,
+        state="log\n",
+        decision_mode="on_request",
+        identity="upgrade-test",
+        backoff=backoff,
+        **kwargs,
+    )  # type: ignore[arg-type]
 
 
 async def test_the_upgrade_request_carries_exactly_the_contract_headers(fast_backoff: Backoff) -> None:
@@ -46,7 +52,9 @@ async def test_the_upgrade_request_carries_exactly_the_contract_headers(fast_bac
 
 async def test_a_server_without_the_subprotocol_is_refused_at_once(fast_backoff: Backoff) -> None:
     async with MiniGateway(select_subprotocol=False) as gw:
-        with pytest.raises(ProtocolViolation, match=r"did not select the system-zero\.stream\.v1 subprotocol"):
+        with pytest.raises(
+            ProtocolViolation, match=r"did not select the system-zero\.stream\.v1 subprotocol"
+        ):
             async with open_stream(gw, fast_backoff):
                 pass
         assert gw.connections == 1
@@ -63,8 +71,9 @@ async def test_a_server_without_the_subprotocol_is_refused_at_once(fast_backoff:
         (404, "not_found", UpgradeRefused, "bare API origin"),
     ],
 )
-async def test_non_retryable_refusals_raise_at_once(fast_backoff: Backoff, status: int, code: str,
-                                                    error: type[UpgradeRefused], fix: str) -> None:
+async def test_non_retryable_refusals_raise_at_once(
+    fast_backoff: Backoff, status: int, code: str, error: type[UpgradeRefused], fix: str
+) -> None:
     body = json.dumps({"error": {"type": "authentication_error", "code": code, "message": "no"}}).encode()
     async with MiniGateway(refuse=(status, {"Content-Type": "application/json"}, body)) as gw:
         started = time.monotonic()
@@ -73,12 +82,16 @@ async def test_non_retryable_refusals_raise_at_once(fast_backoff: Backoff, statu
                 pass
         assert time.monotonic() - started < 2  # no backoff: raised on the first refusal
         assert gw.connections == 0 and len(gw.requests) == 1
-    assert info.value.status == status and info.value.envelope is not None and info.value.envelope.code == code
+    assert (
+        info.value.status == status and info.value.envelope is not None and info.value.envelope.code == code
+    )
     assert fix in str(info.value) and SECRET_KEY not in str(info.value)
 
 
 async def test_retryable_refusals_honour_retry_after_ms_until_the_deadline() -> None:
-    body = json.dumps({"error": {"type": "overloaded_error", "code": "maintenance", "message": "later"}}).encode()
+    body = json.dumps(
+        {"error": {"type": "overloaded_error", "code": "maintenance", "message": "later"}}
+    ).encode()
     refuse = (503, {"Retry-After-Ms": "300", "Retry-After": "9"}, body)  # Retry-After-Ms wins
     async with MiniGateway(refuse=refuse) as gw:
         stream = open_stream(gw, Backoff(base=0.01, cap=0.02), open_deadline=1.5)
@@ -121,8 +134,13 @@ async def test_a_gateway_that_closes_normally_before_start_is_not_hammered() -> 
 async def test_unreachable_gateway_is_retried_until_the_deadline(fast_backoff: Backoff) -> None:
     async with MiniGateway() as gw:
         origin = gw.origin
-    stream = DecisionStream(StreamSettings(origin, SECRET_KEY), REQUEST, decision_mode="on_request",
-                            backoff=fast_backoff, open_deadline=0.5)
+    stream = DecisionStream(
+        StreamSettings(origin, SECRET_KEY),
+        REQUEST,
+        decision_mode="on_request",
+        backoff=fast_backoff,
+        open_deadline=0.5,
+    )
     with pytest.raises(DeadlineExceeded, match=r"did not open within 0\.5 s") as info:
         async with stream:
             pass
@@ -135,7 +153,9 @@ async def test_no_log_line_carries_the_key(fast_backoff: Backoff, caplog: pytest
         async with MiniGateway() as gw, open_stream(gw, fast_backoff) as stream:
             await stream.append_text("more\n")
             await stream.decide(timeout=10)
-    client_records = [r for r in caplog.records if not r.name.startswith("websockets.server")]  # the test server's
+    client_records = [
+        r for r in caplog.records if not r.name.startswith("websockets.server")
+    ]  # the test server's
     assert any("Authorization" in r.getMessage() for r in client_records)  # websockets did log the headers …
     assert all(SECRET_KEY not in r.getMessage() for r in client_records)  # … without the key
     assert SECRET_KEY not in repr(stream)

@@ -25,8 +25,13 @@ from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSenso
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 DEFAULTS: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=2)}
-WAIT: dict[str, Any] = {"question": "ready", "instructions": "Is the job ready?", "min_confidence": 0.8,
-                        "lease_after": 1.0, "timeout": 240}
+WAIT: dict[str, Any] = {
+    "question": "ready",
+    "instructions": "Is the job ready?",
+    "min_confidence": 0.8,
+    "lease_after": 1.0,
+    "timeout": 240,
+}
 
 
 def _file(name: str) -> dict[str, Any]:
@@ -34,8 +39,16 @@ def _file(name: str) -> dict[str, Any]:
 
 
 def _dag(dag_id: str, **kwargs: Any) -> DAG:
-    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=DEFAULTS,
-               params={"dir": ""}, tags=["systemzero", "deployment-test"], **{"max_active_tasks": 32, **kwargs})
+    return DAG(
+        dag_id,
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        default_args=DEFAULTS,
+        params={"dir": ""},
+        tags=["systemzero", "deployment-test"],
+        **{"max_active_tasks": 32, **kwargs},
+    )
 
 
 # (1) 20 deferrable sensors on files appended to over time, shared by two triggerers
@@ -51,8 +64,13 @@ with _dag("sz_deploy_handover"):
 # (4) more sensors than the account has streams: the pool (include_deferred=True) bounds how many wait
 with _dag("sz_deploy_pool"):
     for index in range(6):
-        SystemZeroDecisionSensor(task_id=f"wait_{index:02d}", source=_file(f"job_{index:02d}.log"),
-                                 systemzero_conn_id="systemzero_small", pool="systemzero_account", **WAIT)
+        SystemZeroDecisionSensor(
+            task_id=f"wait_{index:02d}",
+            source=_file(f"job_{index:02d}.log"),
+            systemzero_conn_id="systemzero_small",
+            pool="systemzero_account",
+            **WAIT,
+        )
 
 # (3) a sensor that starts in the triggerer: no worker runs until the decision arrives
 with _dag("sz_deploy_start_from_trigger"):
@@ -71,16 +89,20 @@ with _dag("sz_deploy_operator_xcom"):
     def build_log() -> dict[str, Any]:
         return {"build": 41, "log": "compiling\ntests passed\nJob is ready.\n"}
 
-    decide = SystemZeroDecideOperator(task_id="decide", upstream_task_ids=[build_log()],
-                                      questions={"ready": "Is the job ready?"})
+    decide = SystemZeroDecideOperator(
+        task_id="decide", upstream_task_ids=[build_log()], questions={"ready": "Is the job ready?"}
+    )
 
     @task
     def consume(answers: dict[str, Any], ti: Any = None) -> dict[str, Any]:
         full = ti.xcom_pull(task_ids="decide", key="answers")
         if answers != {"ready": True} or full["ready"]["decision"] is not True:
             raise ValueError(f"unexpected answers {answers!r} / {full!r}")
-        return {"ship": True, "probability": full["ready"]["probability"],
-                "decision_id": ti.xcom_pull(task_ids="decide", key="decision_id")}
+        return {
+            "ship": True,
+            "probability": full["ready"]["probability"],
+            "decision_id": ti.xcom_pull(task_ids="decide", key="decision_id"),
+        }
 
     consume(decide.output)
 
