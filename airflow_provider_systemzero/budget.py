@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The arithmetic is in decisions/budget.py; the stream client still imports BudgetExceeded,
 # DecisionBudget, Usage, parse_limit and connection_window from here.
@@ -29,6 +29,9 @@ from airflow_provider_systemzero.decisions.budget import (
 )
 from airflow_provider_systemzero.decisions.budget import BudgetExceeded as BudgetExceeded
 from airflow_provider_systemzero.decisions.budget import connection_window as connection_window
+
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
 
 __all__ = ["TaskUsageLedger", "UsageBudgetMixin"]
 
@@ -330,16 +333,17 @@ class UsageBudgetMixin:
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refused}")
         return ledger, budget
 
-    def usage_from_event(self, context: Mapping[str, Any], event: Any) -> dict[str, Any]:
+    def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
         """On resume: record the trigger's usage (pushes the ``usage`` XCom); fails the task when
         the trigger's budget refused a dispatch.
 
+        :param event: the trigger's event, read back.
         :raises AirflowFailException: the budget stopped the trigger.
         """
-        report = event.get(EVENT_USAGE_KEY) if isinstance(event, Mapping) else None
+        report = event.extra.get(EVENT_USAGE_KEY)
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
-        ok = isinstance(event, Mapping) and event.get("status") == "success"
+        ok = event.status == "success"
         record = self.usage_ledger(context).finish(
             report.get("run"),
             run_id=report.get("run_id"),

@@ -16,6 +16,10 @@ says when the wait ends. It owns the rules the deferrable trigger and the sensor
 
 What it produces is one event type, :class:`WatchEvent`, whose :meth:`~WatchEvent.to_payload` is
 the plain JSON a trigger fires and :meth:`~WatchEvent.from_payload` reads it back on the worker.
+Every decision payload of the package is built here: :meth:`DecisionWatch.sensor_event` (a
+sensor's wait) and :func:`answers_payload` (an operator's one decision with every answer); the
+worker reads either one, and a trigger's error or timeout payload, through
+:meth:`WatchEvent.from_payload`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
+from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 
-__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent"]
+__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent", "answers_payload"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,61 @@ class WatchEvent:
     def action(self) -> str:
         """The policy's action (``act`` without a policy)."""
         return str(self.verdict.get("action") or "act")
+
+    @property
+    def key_namespace(self) -> str | None:
+        """The key namespace of the request the event answers (a sensor's or an operator's)."""
+        return self.extra.get("key_namespace")
+
+    @property
+    def state_info(self) -> dict[str, Any]:
+        """``{"state_hash", "state_bytes", "preview"}`` of the decided state (empty when not sent)."""
+        info = self.extra.get("state_info")
+        return dict(info) if isinstance(info, Mapping) else {}
+
+    @property
+    def state_hash(self) -> str | None:
+        """The decided state's hash (from the verdict, else from :attr:`state_info`)."""
+        return self.verdict.get("state_hash") or self.state_info.get("state_hash")
+
+    @property
+    def answers(self) -> dict[str, dict[str, Any]]:
+        """Every answer of an operator's decision (:func:`answers_payload`), by question."""
+        answers = self.extra.get("answers")
+        return {name: dict(a) for name, a in answers.items()} if isinstance(answers, Mapping) else {}
+
+    @property
+    def reply(self) -> dict[str, Any] | None:
+        """The whole reply of an operator's decision (:func:`answers_payload`)."""
+        reply = self.extra.get("reply")
+        return dict(reply) if isinstance(reply, Mapping) else None
+
+    @property
+    def message(self) -> str | None:
+        """An ``error``/``timeout`` event's message."""
+        message = self.extra.get("message")
+        return None if message is None else str(message)
+
+    @property
+    def error_type(self) -> str | None:
+        """An ``error`` event's kind (``authentication``, ``validation``, ``decision_failed`` …)."""
+        return self.extra.get("error_type")
+
+    @property
+    def error_code(self) -> str | None:
+        """An ``error`` event's wire or validation code."""
+        return self.extra.get("code")
+
+    @property
+    def http_status(self) -> int | None:
+        """A failed decision's HTTP status, when the gateway gave one."""
+        status = self.extra.get("http_status")
+        return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the gateway said a failed decision may be retried."""
+        return bool(self.extra.get("retryable"))
 
     def summary(self) -> dict[str, Any]:
         """The decision alone (what a sensor returns to XCom): question, answer, ids, usage, reason."""
@@ -264,3 +324,43 @@ class DecisionWatch:
         return WatchEvent.from_decision(
             status, verdict.decision, self.condition.question, verdict.result, verdict=fields_, extra=extra
         )
+
+    def sensor_event(self, verdict: _Verdict, *, key_namespace: str, deadline: float | None) -> WatchEvent:
+        """The event a sensor's wait ends with (from its trigger or its poke).
+
+        A ``review`` verdict also carries what the sensor needs to ask a person and, when they say
+        no, to wait again: the state's hash, size and preview, the deadline and the skip states.
+
+        :param key_namespace: the sensor's key namespace (the worker checks the event is its own).
+        :param deadline: the wait's absolute deadline (epoch seconds), ``None`` for none.
+        """
+        extra: dict[str, Any] = {"key_namespace": key_namespace}
+        if verdict.result.action == "review":
+            extra.update(
+                state_info=state_info(verdict.state), deadline=deadline, skip_states=sorted(self.skip_states)
+            )
+        return self.event(verdict, extra=extra)
+
+
+def answers_payload(decision: DecisionResult, state: Any, *, key_namespace: str) -> dict[str, Any]:
+    """An operator's event: one decision about a fixed state with every answer, as plain JSON.
+
+    It carries the state's hash, size and preview (for the ``decision`` record), never its content.
+
+    :param decision: the decision.
+    :param state: the decided state.
+    :param key_namespace: the operator's key namespace.
+    """
+    return {
+        "status": "success",
+        "key_namespace": key_namespace,
+        "reply_id": decision.reply_id,
+        "state_version": decision.state_version,
+        "covered_event_ids": list(decision.covered_event_ids),
+        "request_id": decision.request_id,
+        "stream_id": decision.stream_id,
+        "model": decision.model,
+        "answers": {name: answer.to_dict() for name, answer in decision.answers.items()},
+        "reply": decision.reply,
+        "state_info": state_info(state),
+    }

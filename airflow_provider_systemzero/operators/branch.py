@@ -30,6 +30,8 @@ from airflow_provider_systemzero.utils.review import Gate
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
+
 __all__ = ["BranchOption", "SystemZeroBranchOperator", "SystemZeroShortCircuitOperator"]
 
 #: Longest base question name of a multi-select branch (room for ``__<index>``).
@@ -262,35 +264,19 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         except ValueError as exc:
             raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
 
-    def _make_gate(
-        self, request: Mapping[str, Any], event: Mapping[str, Any], state_info: Mapping[str, Any]
-    ) -> Gate:
+    def _make_gate(self, request: Mapping[str, Any], event: WatchEvent) -> Gate:
         if not self.multiple:
-            return super()._make_gate(request, event, state_info)
+            return super()._make_gate(request, event)
         options = list(self._options())
-        answers = event.get("answers") or {}
+        answers = event.answers
         option_answers = {}
         for index, name in enumerate(options):
             key = f"{self.question}__{index}"
             if key not in answers:
                 raise AirflowException(f"{self.task_id}: the reply has no answer for option {name!r} ({key})")
-            option_answers[name] = dict(answers[key])
-        reply = event.get("reply") if isinstance(event.get("reply"), Mapping) else {}
-        return Gate(
-            question=self.question,
-            kind="choice",
-            instructions=self.branch_instructions,
-            options=options,
-            multiple=True,
-            option_answers=option_answers,
-            model=reply.get("model"),
-            reply_id=event.get("reply_id"),
-            request_id=event.get("request_id"),
-            state_version=event.get("state_version"),
-            state_hash=state_info.get("state_hash"),
-            state_bytes=state_info.get("state_bytes"),
-            preview=state_info.get("preview"),
-        )
+            option_answers[name] = answers[key]
+        spec = {"instructions": self.branch_instructions, "options": options}
+        return Gate.of_event(self.question, spec, event, option_answers=option_answers)
 
     # ------------------------------------------------------------------ taking the branch
 

@@ -22,18 +22,14 @@ from airflow_provider_systemzero.checks import (
     refuse_empty_state,
 )
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
-from airflow_provider_systemzero.decisions.policy import state_info as describe_state
+from airflow_provider_systemzero.decisions.watch import WatchEvent, answers_payload
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.triggers.decision import (
-    SystemZeroDecideTrigger,
-    decision_payload,
-    owned_event,
-)
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 
 if TYPE_CHECKING:
@@ -380,13 +376,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             ),
         )
         return self._publish(
-            context,
-            {
-                "status": "success",
-                "key_namespace": namespace,
-                **decision_payload(decision),
-                "state_info": describe_state(state),
-            },
+            context, WatchEvent.from_payload(answers_payload(decision, state, key_namespace=namespace))
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
@@ -394,23 +384,24 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :param event: the trigger's payload.
         """
-        event = owned_event(self.task_id, event, {context_namespace(context, salt=self.key_salt)})
+        namespaces = {context_namespace(context, salt=self.key_salt)}
+        event = WatchEvent.from_payload(owned_event(self.task_id, event, namespaces))
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
-        if event["status"] != "success":
-            message = f"{self.task_id}: {event.get('message', 'the decision failed')}"
+        if event.status != "success":
+            message = f"{self.task_id}: {event.message or 'the decision failed'}"
             # A client error the service will not accept again fails at once; a retryable failure or a
             # server error (5xx) leaves Airflow's retries to act: the retry replays the same keys, so
             # a decision the service did finish is returned, not billed again.
-            status = event.get("http_status")
-            final = event.get("error_type") in _FATAL_ERRORS or (
-                event.get("error_type") == "decision_failed"
-                and not event.get("retryable")
-                and isinstance(status, int)
+            status = event.http_status
+            final = event.error_type in _FATAL_ERRORS or (
+                event.error_type == "decision_failed"
+                and not event.retryable
+                and status is not None
                 and 400 <= status < 500
             )
-            if event.get("error_type") == "decision_failed":
+            if event.error_type == "decision_failed":
                 message += (
-                    f" (HTTP {status}, code {event.get('code')}; "
+                    f" (HTTP {status}, code {event.error_code}; "
                     f"{'not retryable' if final else 'Airflow retries apply'})"
                 )
             if final:
@@ -418,53 +409,36 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             raise AirflowException(message)
         return self._publish(context, event)
 
-    def _publish(self, context: Context, event: dict[str, Any]) -> Any:
-        answers = event.get("answers") or {}
+    def _publish(self, context: Context, event: WatchEvent) -> Any:
+        answers = event.answers
         ti = context["ti"]
         ti.xcom_push(key="answers", value=answers)
-        ti.xcom_push(key="reply", value=event.get("reply"))
-        ti.xcom_push(key="decision_id", value=event.get("reply_id"))
+        ti.xcom_push(key="reply", value=event.reply)
+        ti.xcom_push(key="decision_id", value=event.reply_id)
         decisions = {name: answer.get("decision") for name, answer in answers.items()}
         self.log.info(
             "System Zero answered %s (reply %s, state version %s)",
             decisions,
-            event.get("reply_id"),
-            event.get("state_version"),
+            event.reply_id,
+            event.state_version,
         )
         try:
             request = self._request(context)
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
-        state_info = event.get("state_info") if isinstance(event.get("state_info"), Mapping) else {}
-        return self._gate(context, self._make_gate(request, event, state_info))
+        return self._gate(context, self._make_gate(request, event))
 
-    def _make_gate(
-        self, request: Mapping[str, Any], event: Mapping[str, Any], state_info: Mapping[str, Any]
-    ) -> Gate:
+    def _make_gate(self, request: Mapping[str, Any], event: WatchEvent) -> Gate:
         """The gated question's decision, for the policy and the ``decision`` record."""
         question = self._gated_question(request)
-        spec = request["questions"][question]
-        answers = event.get("answers") or {}
-        reply = event.get("reply") if isinstance(event.get("reply"), Mapping) else {}
+        answers = event.answers
         if question not in answers:
             raise AirflowException(
                 f"{self.task_id}: the reply has no answer for {question!r} (answers: {sorted(answers)})"
             )
-        return Gate(
-            question=question,
-            kind=spec.get("type", "boolean"),
-            instructions=spec.get("instructions"),
-            options=list(spec["options"]) if spec.get("options") else None,
-            answer=dict(answers[question]),
-            model=reply.get("model"),
-            reply_id=event.get("reply_id"),
-            request_id=event.get("request_id"),
-            state_version=event.get("state_version"),
-            state_hash=state_info.get("state_hash"),
-            state_bytes=state_info.get("state_bytes"),
-            preview=state_info.get("preview"),
-            extra={"decisions": {name: answer.get("decision") for name, answer in answers.items()}},
-        )
+        decisions = {name: answer.get("decision") for name, answer in answers.items()}
+        spec = request["questions"][question]
+        return Gate.of_event(question, spec, event, answer=answers[question], extra={"decisions": decisions})
 
     def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> dict[str, Any]:
         """Return ``{question: decision}`` with the gated question's answer that took effect."""

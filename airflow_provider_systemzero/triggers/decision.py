@@ -40,8 +40,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
-from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.streaming import (
@@ -189,17 +188,9 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 async def consume() -> dict[str, Any]:
                     async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
                         async for verdict in verdicts:
-                            review = {}
-                            if verdict.result.action == "review":
-                                # what the sensor needs to ask a person, and to wait on if they say no
-                                from airflow_provider_systemzero.decisions.policy import state_info
-
-                                review = {
-                                    "state_info": state_info(verdict.state),
-                                    "deadline": self.deadline,
-                                    "skip_states": list(self.skip_states),
-                                }
-                            return watch.event(verdict, extra={**extra, **review}).to_payload()
+                            return watch.sensor_event(
+                                verdict, key_namespace=self.key_namespace, deadline=self.deadline
+                            ).to_payload()
                     raise RuntimeError("the stream ended without a decision")
 
                 return await feeder.race(consume)
@@ -278,7 +269,6 @@ class SystemZeroDecideTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event."""
-        from airflow_provider_systemzero.decisions.policy import state_info
         from airflow_provider_systemzero.protocol.messages import Attachment
 
         extra = {"key_namespace": self.key_namespace}
@@ -292,13 +282,7 @@ class SystemZeroDecideTrigger(BaseTrigger):
                 idempotency_key=self.idempotency_key,
             ) as stream:
                 decision = await stream.decide()
-            # the state's hash, size and a short preview, for the operator's ``decision`` record
-            return {
-                "status": "success",
-                **extra,
-                **decision_payload(decision),
-                "state_info": state_info(self.state),
-            }
+            return answers_payload(decision, self.state, key_namespace=self.key_namespace)
 
         payload = await self._stream.within_deadline(
             decide,
@@ -462,16 +446,3 @@ def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str
             f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})"
         )
     return event
-
-
-def decision_payload(decision: DecisionResult) -> dict[str, Any]:
-    """Everything the operator needs from a decision, as plain JSON (no state content)."""
-    return {
-        "reply_id": decision.reply_id,
-        "state_version": decision.state_version,
-        "covered_event_ids": list(decision.covered_event_ids),
-        "request_id": decision.request_id,
-        "stream_id": decision.stream_id,
-        "answers": {n: a.to_dict() for n, a in decision.answers.items()},
-        "reply": decision.reply,
-    }

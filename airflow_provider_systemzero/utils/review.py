@@ -48,6 +48,8 @@ from airflow_provider_systemzero.decisions.policy import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
+
 __all__ = ["DECISION_XCOM_KEY", "Gate", "PolicyGateMixin", "review_body", "state_preview"]
 
 #: The XCom key of the audit record.
@@ -103,6 +105,48 @@ class Gate:
     def from_dict(cls, data: Mapping[str, Any]) -> Gate:
         """Read :meth:`to_dict` output."""
         return cls(**dict(data))
+
+    @classmethod
+    def of_event(
+        cls,
+        question: str,
+        spec: Mapping[str, Any],
+        event: WatchEvent,
+        *,
+        answer: Mapping[str, Any] | None = None,
+        option_answers: Mapping[str, Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Gate:
+        """The gate of ``question`` for a decision read back from its event: the one way the
+        operators and the sensor build a gate.
+
+        :param question: the gated question.
+        :param spec: the question's request form (``type``, ``instructions``, ``options``).
+        :param event: the decision's event.
+        :param answer: the question's answer in dict form (single answers).
+        :param option_answers: option → its answer (a multi-select branch: the gate is a choice).
+        :param extra: the task's own data carried through a review.
+        """
+        info = event.state_info
+        return cls(
+            question=question,
+            kind="choice" if option_answers is not None else spec.get("type", "boolean"),
+            instructions=spec.get("instructions"),
+            options=list(spec["options"]) if spec.get("options") else None,
+            multiple=option_answers is not None,
+            answer=dict(answer) if answer is not None else None,
+            option_answers=None
+            if option_answers is None
+            else {k: dict(v) for k, v in option_answers.items()},
+            model=event.model,
+            reply_id=event.reply_id,
+            request_id=event.request_id,
+            state_version=event.state_version,
+            state_hash=event.state_hash,
+            state_bytes=info.get("state_bytes"),
+            preview=info.get("preview"),
+            extra=dict(extra or {}),
+        )
 
     @property
     def proposed(self) -> Any:
@@ -253,8 +297,15 @@ class PolicyGateMixin:
         ``effect``) and return the task's result. Implemented by each task."""
         raise NotImplementedError
 
+    def _wait_again(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
+        """Push ``record`` (nothing fired) and keep waiting for a new state: the ``wait`` fallback,
+        which only a task that waits (the sensor) implements."""
+        raise AirflowFailException(f"{self.task_id}: this task cannot wait for a new state")
+
     def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
-        """Below the bars (``fail``/``skip``; ``wait`` for the sensor): push ``record`` and stop."""
+        """Below the bars: ``fail``/``skip`` push ``record`` and stop; ``wait`` keeps waiting."""
+        if record["action"] == "wait":
+            return self._wait_again(context, gate, record)
         self._push_record(context, record)
         message = (
             f"{self.task_id}: System Zero's answer to {gate.question!r} was not used: {record['reason']}"
@@ -283,7 +334,7 @@ class PolicyGateMixin:
         status: str = "final",
         review: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return decision_record(
+        record = decision_record(
             question=gate.question,
             answer=None if gate.multiple else gate.answer,
             decision=decision,
@@ -300,13 +351,20 @@ class PolicyGateMixin:
             review=review,
             options=gate.option_answers if gate.multiple else None,
         )
+        if gate.extra.get("streak"):  # the sensor's run of decisions (hysteresis)
+            record["streak"] = gate.extra["streak"]
+        return record
 
     def _push_record(self, context: Context, record: dict[str, Any]) -> None:
         context["ti"].xcom_push(key=DECISION_XCOM_KEY, value=record)
 
-    def _gate(self, context: Context, gate: Gate) -> Any:
-        """Decide what to do with ``gate`` and do it (may park the task for a review)."""
-        outcome = self._evaluate(gate)
+    def _gate(self, context: Context, gate: Gate, outcome: PolicyOutcome | None = None) -> Any:
+        """Decide what to do with ``gate`` and do it (may park the task for a review).
+
+        :param outcome: the policy's verdict when it was reached already (the sensor's watch);
+            ``None`` evaluates the policy on the gate's answer.
+        """
+        outcome = outcome or self._evaluate(gate)
         self.log.info(
             "policy for %s = %s: %s (%s)",
             gate.question,

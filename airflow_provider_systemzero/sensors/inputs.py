@@ -1,0 +1,298 @@
+"""What a :class:`~airflow_provider_systemzero.sensors.decision.SystemZeroDecisionSensor`'s
+arguments become, and the checks on them.
+
+The sensor keeps its arguments; these functions read them (as rendered when the task runs, or as
+written in the DAG file at parse time) and build the request, the condition and the source, or
+say which argument is wrong and how to fix it. Nothing here talks to System Zero.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import StartTriggerArgs
+
+from airflow_provider_systemzero.checks import is_literal, parse_time, refuse_empty_state
+from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.identity import context_namespace
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from airflow_provider_systemzero.triggers.sources import validate_source_spec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+__all__ = [
+    "START_FROM_TRIGGER_NAMESPACE",
+    "TEMPLATE_FIELDS",
+    "Inputs",
+    "build_inputs",
+    "can_start_from_trigger",
+    "check_literals",
+    "deadline_of",
+    "ends_when_unmet",
+    "is_expected",
+    "own_namespaces",
+    "source_name",
+    "start_trigger_args",
+]
+
+#: The sensor's templated arguments.
+TEMPLATE_FIELDS = (
+    "question",
+    "instructions",
+    "questions",
+    "state",
+    "source",
+    "model",
+    "prompt_cache_key",
+    "key_namespace",
+)
+
+#: The key namespace of a sensor that starts from the triggerer. The scheduler creates that trigger
+#: before any worker runs, so the namespace cannot be derived from the task instance up front: it is
+#: a template, rendered by the triggerer and rendered again (to the same value) on the worker that
+#: resumes the task. Deterministic like :func:`~airflow_provider_systemzero.identity.task_namespace`.
+START_FROM_TRIGGER_NAMESPACE = "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.run_id }}.{{ ti.map_index }}"
+#: Longest key namespace the stream accepts, and the room kept for the run ID and map index.
+_MAX_NAMESPACE = 190
+_RUN_ID_ROOM = 64
+_JINJA_MARKERS = ("{{", "{%", "{#")
+#: Extra time Airflow gives the trigger beyond the sensor's own deadline, so the trigger's
+#: clearer timeout event wins.
+_DEFER_GRACE = timedelta(seconds=60)
+#: The arguments that make up the request (the triggerer cannot render them).
+_REQUEST_FIELDS = ("question", "instructions", "questions", "model", "prompt_cache_key")
+
+#: ``(request, condition, source)``: what the sensor's trigger and its poke are built from.
+Inputs = tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None]
+
+
+def request_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
+    """The decide request (questions, model, route, mode, cache key).
+
+    :raises SystemZeroArgumentError: naming the field.
+    """
+    questions = sensor.questions
+    if questions is None:
+        if not sensor.instructions:
+            raise SystemZeroArgumentError(
+                "instructions is required when questions is not given: say what to "
+                "decide, e.g. 'Is the job ready?'",
+                code="invalid_question",
+                field="instructions",
+            )
+        questions = {sensor.question: {"type": "boolean", "instructions": sensor.instructions}}
+    return build_request_dict(
+        questions=questions,
+        model=sensor.model,
+        route=sensor.route,
+        mode=sensor.request_mode,
+        prompt_cache_key=sensor.prompt_cache_key,
+    )
+
+
+def condition_of(sensor: SystemZeroDecisionSensor) -> DecisionCondition:
+    """The condition: the expected answer, its bars, the policy and the hysteresis."""
+    return DecisionCondition(
+        sensor.question,
+        sensor.expect,
+        sensor.min_confidence,
+        sensor.min_probability,
+        policy=sensor.policy.to_dict() if sensor.policy is not None else None,
+        consecutive=sensor.consecutive,
+        min_true_for=sensor.min_true_for,
+    )
+
+
+def is_static(source: dict[str, Any] | None) -> bool:
+    """Whether the state never changes (no source, or a static one)."""
+    return source is None or source.get("type") == "static"
+
+
+def ends_when_unmet(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | None) -> bool:
+    """Whether a decision that does not meet the condition ends the wait (a static state)."""
+    return is_static(source) and not sensor.wait_on_static_state
+
+
+def checked_source(sensor: SystemZeroDecisionSensor, request: dict[str, Any] | None) -> dict[str, Any]:
+    """The normalised source, once the state and source are known to be usable.
+
+    :param request: the request, to check the state against (``None``: not known yet).
+    """
+    source = validate_source_spec(sensor.source, sensor.state)
+    if request is not None:
+        validate_state_for_request(request, sensor.state)
+    if is_static(source) and sensor.consecutive != 1 and not sensor.wait_on_static_state:
+        raise SystemZeroArgumentError(
+            f"consecutive={sensor.consecutive} needs successive states, but with no "
+            "source the state never changes: give a source, or drop consecutive",
+            code="invalid_hysteresis",
+            field="consecutive",
+        )
+    return source
+
+
+def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> Inputs:
+    """The request, the condition and the source; fails the task (no retry) on bad input.
+
+    :param running: the task starts: a static state must not be empty (a template may fill it,
+        so this is checked only now).
+    """
+    try:
+        request = request_of(sensor)
+        condition = condition_of(sensor)
+        condition.check_questions(request["questions"])
+        validate_decision_mode(sensor.decision_mode)
+        source = checked_source(sensor, request)
+        if running and is_static(source):
+            refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
+    except ARGUMENT_ERRORS as exc:
+        raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
+    return request, condition, source
+
+
+def check_literals(sensor: SystemZeroDecisionSensor) -> None:
+    """Parse time: check every argument that no template or XComArg can still change."""
+    check_hysteresis(sensor)
+    literal = {name: is_literal(getattr(sensor, name)) for name in sensor.template_fields}
+    with parse_time(sensor.task_id):
+        condition = condition_of(sensor)
+        validate_decision_mode(sensor.decision_mode)
+        request = None
+        if all(literal[name] for name in _REQUEST_FIELDS):
+            request = request_of(sensor)
+            condition.check_questions(request["questions"])
+        if literal["state"] and literal["source"]:
+            checked_source(sensor, request)
+
+
+def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
+    """A rescheduled poke forgets the run of decisions that hysteresis counts: refuse it."""
+    if (
+        (sensor.consecutive != 1 or sensor.min_true_for)
+        and not sensor.deferrable
+        and sensor.mode == "reschedule"
+    ):
+        raise ValueError(
+            f"{sensor.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
+            "(a rescheduled poke forgets the run of decisions)"
+        )
+
+
+def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
+    """Parse time: the ``start_trigger_args`` of a sensor that starts in the triggerer.
+
+    :raises ValueError: what the triggerer could not render, or IDs too long for the key namespace.
+    """
+    if not sensor.deferrable:
+        raise ValueError(f"{sensor.task_id}: start_from_trigger=True needs deferrable=True")
+    templated = [
+        name
+        for name in _REQUEST_FIELDS
+        if any(marker in repr(getattr(sensor, name)) for marker in _JINJA_MARKERS)
+    ]
+    if templated:
+        raise ValueError(
+            f"{sensor.task_id}: with start_from_trigger=True the triggerer renders only state and "
+            f"source; {', '.join(templated)} must not be templated"
+        )
+    namespace = START_FROM_TRIGGER_NAMESPACE
+    if sensor.key_salt is not None:
+        if any(marker in sensor.key_salt for marker in _JINJA_MARKERS):
+            raise ValueError(f"{sensor.task_id}: key_salt must not be templated with start_from_trigger=True")
+        namespace += f".{sensor.key_salt}"
+    if sensor.has_dag():
+        fixed = len(namespace.split("{{", 1)[0]) + len(sensor.dag_id) + len(sensor.task_id) + len("...-1")
+        if fixed + _RUN_ID_ROOM > _MAX_NAMESPACE:
+            raise ValueError(
+                f"{sensor.task_id}: the Dag and task IDs (and key_salt) are too long for a "
+                f"start_from_trigger key namespace (at most {_MAX_NAMESPACE} characters with "
+                f"the run ID); use shorter IDs or start_from_trigger=False"
+            )
+    try:
+        inputs = build_inputs(sensor)
+    except AirflowFailException as exc:
+        raise ValueError(str(exc)) from None
+    sensor.key_namespace = namespace
+    kwargs = sensor._trigger_kwargs(
+        inputs, namespace=namespace, deadline=None, budget=sensor.start_trigger_budget(), skip_states=[]
+    )
+    return StartTriggerArgs(
+        trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
+        trigger_kwargs=kwargs,
+        next_method="execute_complete",
+        next_kwargs=None,
+        timeout=timeout_of(sensor),
+    )
+
+
+def can_start_from_trigger(sensor: SystemZeroDecisionSensor) -> bool:
+    """Whether this Airflow can start the sensor in the triggerer (a warning says why not)."""
+    if not has_trigger_templates():
+        sensor.log.warning(
+            "%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
+            "this Airflow starts the task on a worker, which defers at once",
+            sensor.task_id,
+        )
+    return has_trigger_templates()
+
+
+def own_namespaces(sensor: SystemZeroDecisionSensor, context: Context) -> set[str]:
+    """The key namespaces a resumed sensor accepts an event for.
+
+    Started from the triggerer, the trigger's namespace is the template rendered there; the task's
+    own copy was rendered the same way before the resume. A mapped sensor still defers from a
+    worker with the derived namespace.
+    """
+    accepted = {context_namespace(context, salt=sensor.key_salt)}
+    if sensor.start_from_trigger and sensor.key_namespace:
+        accepted.add(sensor.key_namespace)
+    return accepted
+
+
+def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
+    """Whether ``decision`` is the answer the sensor waits for (``True`` is not ``1``)."""
+    wanted = sensor.expect if isinstance(sensor.expect, list) else [sensor.expect]
+    return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
+
+
+def seconds(value: float | timedelta) -> float:
+    """A duration argument (seconds or a ``timedelta``) in seconds."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def defer_timeout(deadline: float | None) -> timedelta | None:
+    """Airflow's timeout of a deferral that waits until ``deadline``: the time left plus a grace,
+    so the trigger's own, clearer timeout event wins."""
+    if not deadline:
+        return None
+    return timedelta(seconds=max(1.0, deadline - time.time())) + _DEFER_GRACE
+
+
+def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
+    """The sensor's ``timeout`` as a ``timedelta``."""
+    timeout = sensor.timeout
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
+def deadline_of(sensor: SystemZeroDecisionSensor) -> float | None:
+    """The absolute deadline (epoch seconds) of a wait that starts now."""
+    timeout = sensor.timeout
+    if timeout is None:
+        return None
+    return time.time() + (timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+
+
+def source_name(source: Any) -> str:
+    """The state's origin, for messages: the file, the callable, or the ``state`` argument."""
+    if isinstance(source, dict) and source.get("type") in ("file", "callable"):
+        return f"the {source['type']} source {source.get('path')!r}"
+    return "state"

@@ -1,0 +1,88 @@
+"""The sensor's poke path: one on_request decision per poke, judged by the same
+:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` as the deferrable trigger.
+
+A poke reads the source once, asks System Zero about what it read (under the task's spending cap)
+and feeds the decision to the watch, which keeps the run of decisions between pokes (hysteresis)
+and the states a person already said "no" about. When the wait ends, the poke gets the same
+:class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from airflow_provider_systemzero.compat import AirflowFailException
+from airflow_provider_systemzero.decisions.policy import state_info
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
+from airflow_provider_systemzero.identity import context_namespace
+from airflow_provider_systemzero.questions import validate_state_for_request
+from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
+from airflow_provider_systemzero.sensors.outcomes import static_unmet
+from airflow_provider_systemzero.triggers.sources import read_source_once
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+__all__ = ["PokeWatch"]
+
+
+class PokeWatch:
+    """A poking sensor's watch, kept across its pokes (in one worker process).
+
+    :param skip_states: hashes of states a person already said "no" about.
+    """
+
+    def __init__(self, skip_states: Collection[str] = ()) -> None:
+        self.skip_states = list(skip_states)
+        self._watch: DecisionWatch | None = None
+        self._slot_noted = False
+
+    def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
+        """Read the source, decide once, and say whether the wait ends.
+
+        :param sensor: the poking sensor (its source, connection, budget and log).
+        :param inputs: the sensor's request, condition and source.
+        :return: the event that ends the wait (or asks a person), else ``None``.
+        :raises AirflowFailException: the source's state cannot be sent, or a static state's decision
+            did not meet the condition (``AirflowSkipException`` with ``soft_fail``).
+        """
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+        request, condition, source = inputs
+        if sensor.mode == "poke" and not self._slot_noted:
+            self._slot_noted = True
+            sensor.log.warning(
+                "poke mode: this sensor holds a worker slot for its whole wait (timeout %s s); pass "
+                "deferrable=True (or set [operators] default_deferrable = True) to wait in the "
+                "triggerer instead",
+                sensor.timeout,
+            )
+        try:
+            state = read_source_once(source, sensor.state)
+            validate_state_for_request(request, state, field=source_name(source))
+        except ARGUMENT_ERRORS as exc:
+            raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
+        namespace = context_namespace(context, salt=sensor.key_salt)
+        hook = SystemZeroHook(systemzero_conn_id=sensor.systemzero_conn_id)
+        decision = sensor.decide_with_budget(
+            context,
+            lambda budget: hook.decide(
+                request, state=state, key_namespace=namespace, identity=namespace, budget=budget
+            ),
+        )
+        if self._watch is None:
+            self._watch = DecisionWatch(
+                condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)
+            )
+        verdict = self._watch.observe(decision, state_info(state)["state_hash"], state, time.monotonic())
+        if verdict is None:
+            return None
+        event = self._watch.sensor_event(verdict, key_namespace=namespace, deadline=None)
+        if event.status == "unmet":
+            static_unmet(sensor, str(event.reason))
+        return event
