@@ -38,7 +38,8 @@ from airflow.sdk import BaseHook
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.observability import AirflowStreamObserver, StreamObserver
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
-from airflow_provider_systemzero.stream import Decision, DecisionStream, StreamSettings, probe
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
 from airflow_provider_systemzero.stream.diagnosis import describe_connection_error
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
@@ -46,7 +47,7 @@ from airflow_provider_systemzero.stream.exceptions import SystemZeroError, Syste
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-__all__ = ["DEFAULT_DECIDE_TIMEOUT", "Decision", "SystemZeroHook", "reconnect_backoff"]
+__all__ = ["DEFAULT_DECIDE_TIMEOUT", "SystemZeroHook", "reconnect_backoff"]
 
 #: Seconds :meth:`SystemZeroHook.decide` waits by default, opening included: a gateway that never
 #: answers cannot hold a worker slot for ever.
@@ -377,7 +378,7 @@ class SystemZeroHook(BaseHook):
         key_namespace: str | None = None,
         identity: str | None = None,
         budget: DecisionBudget | None = None,
-    ) -> Decision:
+    ) -> DecisionResult:
         """Run one on_request decision to completion (sync; for non-deferrable operators).
 
         :param request: see :meth:`stream`.
@@ -394,7 +395,7 @@ class SystemZeroHook(BaseHook):
         """
         settings = self.get_settings()
 
-        async def run() -> Decision:
+        async def run() -> DecisionResult:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             async with self.stream(
