@@ -140,11 +140,7 @@ PATTERNS = (
         ("tests/protocol", "tests/fuzz", "tests/emulator"),
     ),
     Pattern(r"\brefusal_error\b", "upgrade_refusal_error", (_STREAM, "tests", "docs")),
-    Pattern(
-        r"\bdef refuse\(self, exc: BudgetExceeded\)",
-        "def record_exceeded(self, exc: BudgetExceeded)",
-        _BUDGET_FILES,
-    ),
+    Pattern(r"\bdef refuse\(self, exc: (\w+)\)", r"def record_exceeded(self, exc: \1)", _BUDGET_FILES),
     Pattern(
         r"\bbudget\.refuse\(", "budget.record_exceeded(", (*_BUDGET_FILES, _STREAM, "tests", "benchmarks")
     ),

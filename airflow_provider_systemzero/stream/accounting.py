@@ -15,16 +15,47 @@ flight plus one pending (WIRE.md §4) — and keeps the budget's holds and count
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sized
+from typing import Any, Protocol
 
 from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM
 from airflow_provider_systemzero.protocol.messages import Ack, ClientMessage, Decide, Error, event_number
 from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
-if TYPE_CHECKING:  # budget imports the stream's exceptions: the stream imports budget types for hints only
-    from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget
+__all__ = ["DispatchAccounting", "DispatchBudget"]
 
-__all__ = ["DispatchAccounting"]
+
+class DispatchBudget(Protocol):
+    """What the stream tells a budget about its dispatches, and asks it before one: the typed
+    interface through which :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`
+    observes a stream (the stream imports no budget). What it refuses with is its
+    ``BudgetExceeded``, a :class:`~airflow_provider_systemzero.stream.exceptions.SystemZeroError`."""
+
+    @property
+    def windows(self) -> Sized: ...  # the per-connection windows (holds are reported when any)
+
+    @property
+    def limited(self) -> bool: ...
+
+    @property
+    def estimates_tokens(self) -> bool: ...
+
+    def check(
+        self, potential: int, body_bytes: int | None = None, *, holder: Any = 0
+    ) -> SystemZeroError | None: ...
+
+    def refuse(self, exc: SystemZeroError) -> None: ...
+
+    def hold(self, holder: Any, outstanding: int, body_bytes: int | None = None) -> None: ...
+
+    def record_decision(
+        self, reply_id: str | None, usage: Mapping[str, Any] | None = None, body_bytes: int | None = None
+    ) -> bool: ...
+
+    def record_failure(self) -> None: ...
+
+    def record_unconfirmed(self, count: int = 1) -> None: ...
 
 
 class DispatchAccounting:
@@ -35,7 +66,7 @@ class DispatchAccounting:
     :param holder: the budget's name for this stream's holds (any stable hashable).
     """
 
-    def __init__(self, budget: DecisionBudget, decision_mode: str, holder: object) -> None:
+    def __init__(self, budget: DispatchBudget, decision_mode: str, holder: object) -> None:
         self.budget = budget
         self.on_request = decision_mode == "on_request"
         self.holder = holder
@@ -46,7 +77,7 @@ class DispatchAccounting:
         #: version → decide body bytes (from acks), for token estimates.
         self._body_bytes: dict[int, int] = {}
         #: The refusal that holds this stream, once the budget refused.
-        self.refusal: BudgetExceeded | None = None
+        self.refusal: SystemZeroError | None = None
 
     def outstanding(self) -> int:
         """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
@@ -59,7 +90,7 @@ class DispatchAccounting:
             largest = max(self._body_bytes.values(), default=0) if body_bytes is None else body_bytes
             self.budget.hold(self.holder, self.outstanding(), largest)
 
-    def gate(self, message: ClientMessage, desired_body_bytes: int) -> BudgetExceeded | None:
+    def gate(self, message: ClientMessage, desired_body_bytes: int) -> SystemZeroError | None:
         """Before writing ``message``: ``None`` when it may go (the dispatch is now expected), else
         the refusal (recorded once in the budget).
 

@@ -152,3 +152,12 @@ def test_importing_the_pure_decision_package_loads_no_airflow() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, f"importing {pure} loaded Airflow: {result.stdout}{result.stderr}"
+
+
+def test_the_stream_accounting_imports_no_budget() -> None:
+    """The budget observes a stream's dispatches through ``stream.accounting.DispatchBudget``: the
+    accounting names no budget module, not even for type hints."""
+    path = MODULES[f"{PACKAGE}.stream.accounting"]
+    budgets = {f"{PACKAGE}.budget", f"{PACKAGE}.decisions.budget"}
+    assert all_imports(path), "the walk reads nothing"
+    assert not all_imports(path) & budgets
