@@ -122,7 +122,42 @@ PATTERNS = (
     Pattern(r"\bDispatchAccounting\.gate\b", "DispatchAccounting.admit", TREES),
     Pattern(r"\b_accounting\.gate\(", "_accounting.admit(", (_STREAM, "tests")),
     Pattern(r"\b_gate\b", "_admit", (f"{_STREAM}/decision_stream.py",)),
+    # the stream's observer interface lives with the stream (observability.py names it for the docs)
+    Pattern(
+        r"from airflow_provider_systemzero\.observability import GOODBYE_REASONS, StreamObserver",
+        "from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, StreamObserver",
+        (_STREAM,),
+    ),
+    Pattern(
+        r"~airflow_provider_systemzero\.observability\.StreamObserver",
+        "~airflow_provider_systemzero.stream.observer.StreamObserver",
+        (_STREAM,),
+    ),
+    # budget.py is Airflow glue, now utils/usage.py: the stream imports the arithmetic it needs
+    # from decisions/budget.py, everyone else the task's ledger from utils/usage.py
+    Pattern(
+        r"\bfrom airflow_provider_systemzero\.budget import\b",
+        "from airflow_provider_systemzero.decisions.budget import",
+        (_STREAM,),
+    ),
+    Pattern(
+        r"\bfrom airflow_provider_systemzero\.budget import (TaskUsageLedger|UsageBudgetMixin)\b",
+        r"from airflow_provider_systemzero.utils.usage import \1",
+        TREES,
+    ),
+    Pattern(
+        r"\bairflow_provider_systemzero\.budget\.(DecisionBudget|BudgetExceeded|Usage|connection_window|parse_limit)\b",
+        r"airflow_provider_systemzero.decisions.budget.\1",
+        TREES,
+    ),
+    Pattern(
+        r":mod:`~?airflow_provider_systemzero\.budget`",
+        ":mod:`~airflow_provider_systemzero.decisions.budget`",
+        (_STREAM,),
+    ),
+    Pattern(r"\bairflow_provider_systemzero\.checks\b", "airflow_provider_systemzero.utils.checks", TREES),
     # "refusal": the protocol's is qualified; the budget's is "exceeded"
+    Pattern(r"\bbudget_refused\b", "budget_exceeded", TREES),
     Pattern(r"\brefusal=(True|False)\b", r"protocol_refusal=\1", (_PROTOCOL, f"{PACKAGE}/emulator", "tests")),
     Pattern(r"\brefusal=refusal\b", "protocol_refusal=protocol_refusal", (f"{_PROTOCOL}/errors.py",)),
     Pattern(r"\brefusal: bool = False\b", "protocol_refusal: bool = False", (f"{_PROTOCOL}/errors.py",)),

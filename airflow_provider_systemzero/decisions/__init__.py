@@ -5,5 +5,5 @@ Python that imports no Airflow: :mod:`.conditions` (the watched question, its ex
 the hysteresis that debounces it), :mod:`.policy` (confidence bands: act, review, fall back or
 wait) and :mod:`.budget` (spending caps and the usage record). The Airflow classes (hooks,
 triggers, sensors, operators) and their glue (:mod:`airflow_provider_systemzero.utils.review`,
-:mod:`airflow_provider_systemzero.budget`) build on this package; nothing here builds on them.
+:mod:`~airflow_provider_systemzero.utils.usage`) build on this package; nothing here builds on them.
 """

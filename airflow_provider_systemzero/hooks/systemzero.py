@@ -8,10 +8,10 @@ The connection (``conn_type = "systemzero"``):
 * **extra** — ``model`` (default model), ``prompt_cache_key_prefix``, ``open_timeout`` (seconds),
   ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used),
   ``budget_decisions_per_hour`` / ``budget_input_tokens_per_hour`` (caps per connection and hour,
-  checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.budget`).
+  checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.utils.usage`).
 
 Every stream the hook opens reports metrics and (opt-in) spans through
-:class:`~airflow_provider_systemzero.observability.AirflowStreamObserver`.
+:class:`~airflow_provider_systemzero.utils.observability.AirflowStreamObserver`.
 
 Reconnect backoff (full jitter) is read from Airflow's configuration, section ``[systemzero]``:
 ``reconnect_backoff_base`` (seconds, default 0.5) and ``reconnect_backoff_cap`` (seconds, default
@@ -36,13 +36,14 @@ from urllib.parse import urlsplit
 from airflow.sdk import BaseHook
 
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
-from airflow_provider_systemzero.observability import AirflowStreamObserver, StreamObserver
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
 from airflow_provider_systemzero.stream.diagnosis import describe_connection_error
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
+from airflow_provider_systemzero.stream.observer import StreamObserver
+from airflow_provider_systemzero.utils.observability import AirflowStreamObserver
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -391,7 +392,7 @@ class SystemZeroHook(BaseHook):
         :param identity: the caller's identity for the stream (see :meth:`stream`).
         :param budget: spend caps checked before the decide is sent; its ``usage`` counts the decision.
         :raises SystemZeroError: every failure (``DeadlineExceeded`` when ``timeout`` passes;
-            :class:`~airflow_provider_systemzero.budget.BudgetExceeded` when the budget refused).
+            :class:`~airflow_provider_systemzero.decisions.budget.BudgetExceeded` when the budget refused).
         """
         settings = self.get_settings()
 

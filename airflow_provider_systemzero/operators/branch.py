@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_systemzero.checks import is_literal, parse_time
 from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy, OptionBars
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.questions import build_request_dict
+from airflow_provider_systemzero.utils.checks import is_literal, parse_time
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:

@@ -14,13 +14,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator
 
-from airflow_provider_systemzero.budget import UsageBudgetMixin
-from airflow_provider_systemzero.checks import (
-    check_connection_before_deferring,
-    is_literal,
-    parse_time,
-    refuse_empty_state,
-)
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from airflow_provider_systemzero.decisions.watch import WatchEvent, answers_payload
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
@@ -30,7 +23,14 @@ from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
+from airflow_provider_systemzero.utils.checks import (
+    check_connection_before_deferring,
+    is_literal,
+    parse_time,
+    refuse_empty_state,
+)
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -114,7 +114,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     :param decision_timeout: seconds allowed for the decision.
     :param key_salt: mixed into the key namespace (e.g. to force a fresh decision).
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
-        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.utils.usage`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for ``policy_question``; ``None`` uses the model's answers as they are.

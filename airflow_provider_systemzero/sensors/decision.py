@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_systemzero.budget import UsageBudgetMixin
-from airflow_provider_systemzero.checks import check_connection_before_deferring
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.validation import validate_min_interval_ms
@@ -35,7 +33,9 @@ from airflow_provider_systemzero.sensors.outcomes import (
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
+from airflow_provider_systemzero.utils.checks import check_connection_before_deferring
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -110,7 +110,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
-        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.budget`.
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.utils.usage`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param start_from_trigger: start in the triggerer: the scheduler creates the trigger from
         ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``

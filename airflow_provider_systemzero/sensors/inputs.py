@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import StartTriggerArgs
 
-from airflow_provider_systemzero.checks import is_literal, parse_time, refuse_empty_state
 from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
@@ -23,6 +22,7 @@ from airflow_provider_systemzero.protocol.validation import validate_decision_mo
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.sources import validate_source_spec
+from airflow_provider_systemzero.utils.checks import is_literal, parse_time, refuse_empty_state
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -161,3 +161,10 @@ def test_the_stream_accounting_imports_no_budget() -> None:
     budgets = {f"{PACKAGE}.budget", f"{PACKAGE}.decisions.budget"}
     assert all_imports(path), "the walk reads nothing"
     assert not all_imports(path) & budgets
+
+
+def test_the_observer_modules_import_first() -> None:
+    """The stream's observer interface, the Airflow observer and the documented path between them
+    each load in a fresh interpreter (a cycle through a package's ``__init__`` would not)."""
+    for module in ("utils.observability", "stream.observer", "observability", "hooks.systemzero"):
+        subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{module}"], check=True, timeout=120)

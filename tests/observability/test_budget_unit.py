@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.budget import TaskUsageLedger, UsageBudgetMixin
 from airflow_provider_systemzero.decisions.budget import (
     TASK_STATE_KEY,
     BudgetExceeded,
@@ -17,6 +16,7 @@ from airflow_provider_systemzero.decisions.budget import (
     event_usage,
     parse_limit,
 )
+from airflow_provider_systemzero.utils.usage import TaskUsageLedger, UsageBudgetMixin
 
 USAGE = {"input_tokens": 40, "cached_input_tokens": 10, "media_tokens": 0}
 

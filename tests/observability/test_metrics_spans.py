@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from airflow_provider_systemzero import observability
 from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.observability import METRICS, AirflowStreamObserver
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from airflow_provider_systemzero.utils import observability
+from airflow_provider_systemzero.utils.observability import METRICS, AirflowStreamObserver
 from tests.stream.support import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"

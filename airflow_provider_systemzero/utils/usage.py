@@ -1,0 +1,395 @@
+"""A task's decision spend across all its tries: the Airflow side of the spending caps.
+
+The arithmetic (:class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`, the
+per-connection :class:`~airflow_provider_systemzero.decisions.budget.WindowBudget`, the usage
+record) lives in :mod:`airflow_provider_systemzero.decisions.budget`, which imports no Airflow.
+This module keeps what needs a task: :class:`TaskUsageLedger` (the Airflow 3.3 task state store,
+AIP-103, under :data:`~airflow_provider_systemzero.decisions.budget.TASK_STATE_KEY`) and
+:class:`UsageBudgetMixin` (the operators' and the sensor's caps, the usage XCom).
+
+Importing this module does not import Airflow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_systemzero.decisions.budget import (
+    EVENT_USAGE_KEY,
+    TASK_STATE_KEY,
+    USAGE_XCOM_KEY,
+    BudgetExceeded,
+    DecisionBudget,
+    Usage,
+    WindowBudget,
+    parse_limit,
+)
+
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
+
+__all__ = ["TaskUsageLedger", "UsageBudgetMixin"]
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------ Airflow tasks
+
+
+def _try_number(context: Mapping[str, Any]) -> int:
+    ti = context.get("ti")
+    number = getattr(ti, "try_number", None)
+    return int(number) if isinstance(number, int) else 0
+
+
+class TaskUsageLedger:
+    """A task's usage across all its tries, on the worker (the trigger cannot reach the store).
+
+    On Airflow 3.3+ the running total lives in the task state store (``context["task_state_store"]``)
+    under :data:`TASK_STATE_KEY`, so a retry — or a re-run after a clear — starts from what earlier
+    tries spent. Without a store (older Airflow, or a bare test context) the budget covers one try.
+
+    The document::
+
+        {"version": 1, "total": {<Usage, reply_ids included>},
+         "reservations": {"<try>": {"decisions": n, "input_tokens": t}}}
+
+    A try that defers first *reserves* the allowance it hands to the trigger; resuming replaces
+    the reservation with what the trigger reports. A try that never resumes (killed, marked
+    failed, worker lost while deferred) leaves its reservation, which later tries count as spent.
+
+    :param context: the task context.
+    :param max_decisions: the task's ``max_decisions`` (``None``: no cap).
+    :param max_input_tokens: the task's ``max_input_tokens`` (``None``: no cap).
+    :param task_label: names the task in messages.
+    :param do_xcom_push: push the ``usage`` XCom.
+    :param logger: where the summary goes (the task log).
+    """
+
+    def __init__(
+        self,
+        context: Mapping[str, Any],
+        *,
+        max_decisions: Any = None,
+        max_input_tokens: Any = None,
+        task_label: str = "this task",
+        do_xcom_push: bool = True,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+    ) -> None:  # type: ignore[type-arg]
+        self.context = context
+        self.max_decisions = parse_limit(max_decisions, "max_decisions")
+        self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
+        self.task_label = task_label
+        self.do_xcom_push = do_xcom_push
+        self.log = logger or log
+        self.store = context.get("task_state_store")
+        self.try_number = _try_number(context)
+        self._document = self._load()
+        self._warned = False
+        if self.store is None and (self.max_decisions is not None or self.max_input_tokens is not None):
+            from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
+
+            if airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE:
+                self.log.warning(
+                    "Airflow %s has no task state store (it arrives in %s): max_decisions / max_input_tokens of "
+                    "%s cover this try only, and a retry starts counting from zero",
+                    ".".join(map(str, airflow_version())),
+                    ".".join(map(str, AIRFLOW_TASK_STATE_STORE)),
+                    self.task_label,
+                )
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the total survives retries (a task state store is available)."""
+        return self.store is not None
+
+    @property
+    def scope(self) -> str:
+        return f"task {self.task_label} ({'all tries' if self.persistent else 'this try only'})"
+
+    @property
+    def hint(self) -> str:
+        return (
+            f"Raise max_decisions / max_input_tokens on task {self.task_label}; the total across tries is "
+            f"kept in the task state store under {TASK_STATE_KEY!r} (delete that key to start over)."
+        )
+
+    def _load(self) -> dict[str, Any]:
+        if self.store is None:
+            return {"version": 1, "total": Usage().to_dict(), "reservations": {}, "runs": []}
+        try:
+            raw = self.store.get(TASK_STATE_KEY, default=None)
+        except Exception as exc:  # an unreachable store must not hide the decision: count this try only
+            self.log.warning(
+                "could not read the System Zero usage from the task state store (%s); the budget "
+                "covers this try only",
+                exc,
+            )
+            self.store = None
+            raw = None
+        document = raw if isinstance(raw, dict) else {}
+        reservations = document.get("reservations")
+        runs = document.get("runs")
+        return {
+            "version": 1,
+            "total": Usage.from_dict(document.get("total")).to_dict(),
+            "reservations": dict(reservations) if isinstance(reservations, dict) else {},
+            "runs": [r for r in runs if isinstance(r, str)] if isinstance(runs, list) else [],
+        }
+
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        from datetime import timedelta
+
+        try:
+            self.store.set(TASK_STATE_KEY, self._document, retention=timedelta.max)
+        except Exception as exc:
+            self.log.warning("could not write the System Zero usage to the task state store: %s", exc)
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def total(self) -> Usage:
+        """Every try's usage recorded so far (reservations not included)."""
+        return Usage.from_dict(self._document["total"])
+
+    def _reserved(self, *, exclude_this_try: bool = True) -> tuple[int, int]:
+        decisions = tokens = 0
+        for key, value in self._document["reservations"].items():
+            if exclude_this_try and key == str(self.try_number):
+                continue
+            if isinstance(value, dict):
+                decisions += int(value.get("decisions") or 0)
+                tokens += int(value.get("input_tokens") or 0)
+        return decisions, tokens
+
+    def _spent_for_run(self) -> Usage:
+        spent = self.total
+        decisions, tokens = self._reserved()
+        if (decisions or tokens) and not self._warned:
+            self._warned = True
+            self.log.warning(
+                "earlier tries of %s ended while deferred without reporting their System Zero usage; "
+                "their allowance (%d decisions, %d input tokens) counts as spent",
+                self.task_label,
+                decisions,
+                tokens,
+            )
+        spent.unconfirmed += decisions
+        spent.input_tokens += tokens
+        return spent
+
+    def budget(self, *, windows: Iterable[WindowBudget] = ()) -> DecisionBudget:
+        """The budget for this try: the caps, minus what earlier tries spent or reserved."""
+        return DecisionBudget(
+            self.max_decisions,
+            self.max_input_tokens,
+            spent=self._spent_for_run(),
+            scope=self.scope,
+            hint=self.hint,
+            windows=windows,
+        )
+
+    def check(self) -> BudgetExceeded | None:
+        """Refuse at once when not even one more dispatch fits (before opening any stream)."""
+        return self.budget().check(1, None)
+
+    def reserve(self, budget: DecisionBudget) -> None:
+        """Before deferring: reserve the allowance handed to the trigger (replaced on resume)."""
+        total = budget.total
+        decisions = (
+            max(0, budget.max_decisions - total.counted_decisions) if budget.max_decisions is not None else 0
+        )
+        tokens = (
+            max(0, budget.max_input_tokens - total.input_tokens) if budget.max_input_tokens is not None else 0
+        )
+        if decisions or tokens:
+            self._document["reservations"][str(self.try_number)] = {
+                "decisions": decisions,
+                "input_tokens": tokens,
+            }
+            self._save()
+
+    # ------------------------------------------------------------------ finishing
+
+    def finish(
+        self,
+        usage: Usage | Mapping[str, Any] | None,
+        *,
+        run_id: str | None = None,
+        refusal: BudgetExceeded | Mapping[str, Any] | None = None,
+        outcome: str = "success",
+    ) -> dict[str, Any]:
+        """Add a run's usage to the total, persist it, push the ``usage`` XCom and log a summary.
+
+        :param usage: what the run spent (:class:`Usage` or its dict).
+        :param run_id: the run's id; a run already recorded (the same trigger event handed to
+            ``execute_complete`` twice) is not added again.
+        :param refusal: the budget refusal that ended the run, if any.
+        :param outcome: how the run ended (for the log line).
+        :return: the XCom record.
+        """
+        run = usage if isinstance(usage, Usage) else Usage.from_dict(usage)
+        recorded = [r for r in self._document.get("runs", []) if isinstance(r, str)]
+        total = self.total
+        if run_id is None or run_id not in recorded:
+            total = total.plus(run)
+            if run_id is not None:
+                recorded = [*recorded, run_id][-20:]
+        self._document["total"] = total.to_dict()
+        self._document["runs"] = recorded
+        self._document["reservations"].pop(str(self.try_number), None)
+        self._save()
+        refused = (
+            refusal.to_dict()
+            if isinstance(refusal, BudgetExceeded)
+            else (dict(refusal) if isinstance(refusal, Mapping) else None)
+        )
+        record = {
+            **run.to_dict(reply_ids=False),
+            "try_number": self.try_number,
+            "total": total.to_dict(reply_ids=False),
+            "limits": {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens},
+            "refused_by": refused.get("limit") if refused else None,
+            "persistent": self.persistent,
+        }
+        self.log.info(
+            "System Zero usage of %s, try %s (%s): %s",
+            self.task_label,
+            self.try_number,
+            outcome,
+            run.describe(),
+        )
+        self.log.info(
+            "System Zero usage of %s across tries: %d decision(s) counted (max_decisions=%s), %d input "
+            "tokens (max_input_tokens=%s)%s",
+            self.task_label,
+            total.counted_decisions,
+            self.max_decisions,
+            total.input_tokens,
+            self.max_input_tokens,
+            "" if self.persistent else "; no task state store: this try only",
+        )
+        ti = self.context.get("ti")
+        if self.do_xcom_push and ti is not None:
+            try:
+                ti.xcom_push(key=USAGE_XCOM_KEY, value=record)
+            except Exception as exc:
+                self.log.warning("could not push the System Zero usage XCom: %s", exc)
+        return record
+
+
+class UsageBudgetMixin:
+    """Adds ``max_decisions`` / ``max_input_tokens`` to an operator (put it before ``BaseOperator``).
+
+    :param max_decisions: billed decisions allowed for the task across all its tries (``None``: no cap).
+    :param max_input_tokens: input tokens allowed for the task across all its tries (``None``: no cap).
+    """
+
+    def __init__(
+        self, *, max_decisions: int | None = None, max_input_tokens: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_decisions = parse_limit(max_decisions, "max_decisions")
+        self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
+
+    def usage_ledger(self, context: Mapping[str, Any]) -> TaskUsageLedger:
+        """This try's :class:`TaskUsageLedger`."""
+        ti = context.get("ti")
+        label = f"{getattr(ti, 'dag_id', '?')}.{getattr(self, 'task_id', '?')}"
+        map_index = getattr(ti, "map_index", -1)
+        if isinstance(map_index, int) and map_index >= 0:
+            label += f"[{map_index}]"
+        return TaskUsageLedger(
+            context,
+            max_decisions=self.max_decisions,
+            max_input_tokens=self.max_input_tokens,
+            task_label=repr(label),
+            do_xcom_push=getattr(self, "do_xcom_push", True),
+            logger=getattr(self, "log", None),
+        )
+
+    def budget_before_dispatch(self, context: Mapping[str, Any]) -> tuple[TaskUsageLedger, DecisionBudget]:
+        """The ledger and this try's budget; fails the task at once when nothing fits.
+
+        :raises AirflowFailException: the budget is spent (the ``usage`` XCom is pushed first).
+        """
+        ledger = self.usage_ledger(context)
+        budget = ledger.budget()
+        refused = budget.check(1, None)
+        if refused is not None:
+            budget.refuse(refused)
+            ledger.finish(
+                budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
+            )
+            from airflow_provider_systemzero.compat import AirflowFailException
+
+            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refused}")
+        return ledger, budget
+
+    def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
+        """On resume: record the trigger's usage (pushes the ``usage`` XCom); fails the task when
+        the trigger's budget refused a dispatch.
+
+        :param event: the trigger's event, read back.
+        :raises AirflowFailException: the budget stopped the trigger.
+        """
+        report = event.extra.get(EVENT_USAGE_KEY)
+        report = report if isinstance(report, Mapping) else {}
+        refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
+        ok = event.status == "success"
+        record = self.usage_ledger(context).finish(
+            report.get("run"),
+            run_id=report.get("run_id"),
+            refusal=refusal,
+            outcome="success" if ok else "failed",
+        )
+        if refusal is not None and not ok:
+            from airflow_provider_systemzero.compat import AirflowFailException
+
+            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refusal.get('message')}")
+        return record
+
+    def decide_with_budget(self, context: Mapping[str, Any], call: Callable[[DecisionBudget], Any]) -> Any:
+        """Run a synchronous decide under this try's budget; the usage is recorded on every exit.
+
+        :param call: receives the budget and performs the decide (e.g. ``hook.decide(..., budget=b)``).
+        :raises AirflowFailException: the budget refused the dispatch.
+        """
+        ledger, budget = self.budget_before_dispatch(context)
+        try:
+            result = call(budget)
+        except BudgetExceeded as exc:
+            ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
+            from airflow_provider_systemzero.compat import AirflowFailException
+
+            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {exc}") from None
+        except BaseException:
+            ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.refusal, outcome="failed")
+            raise
+        ledger.finish(budget.usage, run_id=budget.run_id, outcome="success")
+        return result
+
+    def trigger_budget(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """Before deferring: the budget for the trigger's kwargs, with its allowance reserved.
+
+        :raises AirflowFailException: the budget is spent already.
+        """
+        ledger, budget = self.budget_before_dispatch(context)
+        ledger.reserve(budget)
+        return budget.to_kwargs()
+
+    def start_trigger_budget(self) -> dict[str, Any]:
+        """The budget for ``start_trigger_args`` (start from the triggerer): no worker runs before
+        the trigger, so earlier tries' spend is unknown there and the caps apply to the deferral;
+        the usage is still added to the task's total on resume."""
+        task_id = getattr(self, "task_id", "?")
+        return DecisionBudget(
+            self.max_decisions,
+            self.max_input_tokens,
+            scope=f"task {task_id!r} (this deferral: it started in the triggerer)",
+            hint=f"Raise max_decisions / max_input_tokens on task {task_id!r}.",
+        ).to_kwargs()
