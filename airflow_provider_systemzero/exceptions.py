@@ -12,7 +12,7 @@ either into a failed task.
 
 from __future__ import annotations
 
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError, ProtocolError
 
 __all__ = ["ARGUMENT_ERRORS", "SystemZeroArgumentError"]
 
@@ -27,12 +27,11 @@ class SystemZeroArgumentError(ValueError):
 
     def __init__(self, message: str, *, code: str, field: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
-        self.code = code
-        self.field = field
+        self.message, self.code, self.field = message, code, field
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(code={self.code!r}, field={self.field!r}, message={self.message!r})"
+    # The same fields and the same repr as a protocol error, without being one: a DAG-argument
+    # error never carries a wire code, so it is no ProtocolError (nor caught as one).
+    __repr__ = ProtocolError.__repr__
 
 
 #: The errors that mean "the task's input is wrong" (never retried): a DAG-argument mistake, or a

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment, database, logs_section, running, skip_unless_marked
+from tests.deployment.harness import (
+    Deployment,
+    database,
+    running,
+    skip_unless_marked,
+    with_logs_section,
+    write_results,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,16 +48,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
-    report = yield
-    section = logs_section(item) if report.failed else None
-    if section:
-        report.sections.append(section)
-    return report
+    return with_logs_section(item, (yield))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    lines = [line for line in RESULTS if not line.startswith("(ui")]
-    if lines:
-        terminalreporter.section("deployment scenarios")
-        for line in lines:
-            terminalreporter.write_line(line)
+    write_results(terminalreporter, "deployment scenarios", ui=False)

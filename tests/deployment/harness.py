@@ -738,6 +738,25 @@ def logs_section(item: Any) -> tuple[str, str] | None:
     return None
 
 
+def with_logs_section(item: Any, report: Any) -> Any:
+    """``report``, with the component logs of the deployment ``item`` used when it failed (the
+    ``pytest_runtest_makereport`` wrapper of the deployment and UI tests)."""
+    section = logs_section(item) if report.failed else None
+    if section:
+        report.sections.append(section)
+    return report
+
+
+def write_results(terminalreporter: Any, title: str, ui: bool) -> None:
+    """The scenario lines of :data:`RESULTS` in a terminal summary section: the UI tests' (``ui``)
+    or the deployment tests'."""
+    lines = [line for line in RESULTS if line.startswith("(ui") == ui]
+    if lines:
+        terminalreporter.section(title)
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def skip_unless_marked(config: Any, items: list[Any], marker: str, reason: str) -> None:
     """Skip the items carrying ``marker`` unless the run's ``-m`` expression asks for it (``-m
     deployment``, ``-m ui``; ``not <marker>`` does not count)."""

@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment, logs_section, running, skip_unless_marked, wait_for
+from tests.deployment.harness import (
+    Deployment,
+    running,
+    skip_unless_marked,
+    wait_for,
+    with_logs_section,
+    write_results,
+)
 from tests.deployment.system import apt_install, ensure_python_packages
 
 HERE = Path(__file__).resolve().parent
@@ -103,16 +110,8 @@ def page(browser: Any, ui_deployment: Deployment) -> Iterator[Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
-    report = yield
-    section = logs_section(item) if report.failed else None
-    if section:
-        report.sections.append(section)
-    return report
+    return with_logs_section(item, (yield))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    lines = [line for line in RESULTS if line.startswith("(ui")]
-    if lines:
-        terminalreporter.section("UI scenarios")
-        for line in lines:
-            terminalreporter.write_line(line)
+    write_results(terminalreporter, "UI scenarios", ui=True)
