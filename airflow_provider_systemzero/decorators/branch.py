@@ -27,7 +27,6 @@ from airflow_provider_systemzero.decorators.systemzero import StateFunctionMixin
 from airflow_provider_systemzero.operators.branch import SystemZeroBranchOperator
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
     from airflow.sdk.bases.decorator import TaskDecorator
 
 __all__ = ["systemzero_branch_task"]
@@ -42,23 +41,13 @@ class _SystemZeroBranchDecoratedOperator(StateFunctionMixin, DecoratedOperator, 
     )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     custom_operator_name = "@task.systemzero_branch"
+
+    def __init__(self, *, python_callable: Callable[..., Any], **kwargs: Any) -> None:
+        self._check_state_kwargs(kwargs)
+        super().__init__(python_callable=python_callable, **kwargs)
+
     inherits_from_skipmixin = True
     _can_skip_downstream = True
-
-    def __init__(
-        self,
-        *,
-        python_callable: Callable[..., Any],
-        op_args: Sequence[Any] | None = None,
-        op_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._check_state_kwargs(kwargs)
-        super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
-
-    def execute(self, context: Context) -> Any:
-        self.state = self._state_from_function(context)
-        return SystemZeroBranchOperator.execute(self, context)
 
 
 def systemzero_branch_task(

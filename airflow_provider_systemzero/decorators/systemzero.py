@@ -45,6 +45,12 @@ class StateFunctionMixin:
     task_id: str
     state: Any
 
+    def execute(self, context: Context) -> Any:
+        """Run the function for the state, then decide as the System Zero operator does."""
+        self.state = self._state_from_function(context)
+        # the System Zero operator's execute (after DecoratedOperator's, which would run the function)
+        return super(DecoratedOperator, self).execute(context)  # type: ignore[misc]
+
     def _check_state_kwargs(self, kwargs: dict[str, Any]) -> None:
         for name in ("state", "upstream_task_ids"):
             if name in kwargs:
@@ -75,20 +81,9 @@ class _SystemZeroDecoratedOperator(StateFunctionMixin, DecoratedOperator, System
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py", "questions": "json"}
     custom_operator_name = "@task.systemzero"
 
-    def __init__(
-        self,
-        *,
-        python_callable: Callable[..., Any],
-        op_args: Sequence[Any] | None = None,
-        op_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, python_callable: Callable[..., Any], **kwargs: Any) -> None:
         self._check_state_kwargs(kwargs)
-        super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
-
-    def execute(self, context: Context) -> Any:
-        self.state = self._state_from_function(context)
-        return SystemZeroDecideOperator.execute(self, context)
+        super().__init__(python_callable=python_callable, **kwargs)
 
 
 def systemzero_task(

@@ -269,6 +269,13 @@ class AirflowStreamObserver(StreamObserver):
         except Exception as exc:
             log.debug("System Zero span failed: %s", exc)
 
+    def _connection_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        """An event on the connection's span, when there is one."""
+        span = self._conn_span
+        if span is not None:
+            with self._guard():
+                span.add_event(name, dict(attributes))
+
     def _content(self) -> Mapping[str, Any]:
         if not self._capture or self._stream is None:
             return {}
@@ -342,20 +349,17 @@ class AirflowStreamObserver(StreamObserver):
 
     def acknowledged(self, ack: Ack, message_type: str, replayed: bool) -> None:
         self._emit("counter", "systemzero.acks", message_type=message_type)
-        span = self._conn_span
-        if span is not None:
-            with self._guard():
-                span.add_event(
-                    "systemzero.ack",
-                    {
-                        "systemzero.event_id": ack.event_id,
-                        "systemzero.state_version": ack.state_version,
-                        "systemzero.state_bytes": ack.state_bytes,
-                        "systemzero.body_bytes": ack.synthesized_body_bytes,
-                        "systemzero.scheduled": ack.scheduled,
-                        "systemzero.message_type": message_type,
-                    },
-                )
+        self._connection_event(
+            "systemzero.ack",
+            {
+                "systemzero.event_id": ack.event_id,
+                "systemzero.state_version": ack.state_version,
+                "systemzero.state_bytes": ack.state_bytes,
+                "systemzero.body_bytes": ack.synthesized_body_bytes,
+                "systemzero.scheduled": ack.scheduled,
+                "systemzero.message_type": message_type,
+            },
+        )
 
     def decided(self, result: DecisionResult, *, billed: bool) -> None:
         outcome = "billed" if billed else "replayed"
@@ -454,17 +458,10 @@ class AirflowStreamObserver(StreamObserver):
 
     def budget_refused(self, exc: BudgetExceeded) -> None:
         self._emit("counter", "systemzero.budget.refusals", limit=exc.limit)
-        span = self._conn_span
-        if span is not None:
-            with self._guard():
-                span.add_event(
-                    "systemzero.budget_refused",
-                    {
-                        "systemzero.limit": exc.limit,
-                        "systemzero.maximum": exc.maximum,
-                        "systemzero.spent": exc.spent,
-                    },
-                )
+        self._connection_event(
+            "systemzero.budget_refused",
+            {"systemzero.limit": exc.limit, "systemzero.maximum": exc.maximum, "systemzero.spent": exc.spent},
+        )
 
     def rate_limited(self, kind: str, delay: float | None) -> None:
         self._emit("counter", "systemzero.rate_limit.waits", kind=kind)
