@@ -157,7 +157,7 @@ PATTERNS = (
     ),
     Pattern(r"\bairflow_provider_systemzero\.checks\b", "airflow_provider_systemzero.utils.checks", TREES),
     # "refusal": the protocol's is qualified; the budget's is "exceeded"
-    Pattern(r"\bbudget_refused\b", "budget_exceeded", TREES),
+    Pattern(r"(?<!systemzero\.)\bbudget_refused\b", "budget_exceeded", TREES),  # not the span event's name
     Pattern(r"\brefusal=(True|False)\b", r"protocol_refusal=\1", (_PROTOCOL, f"{PACKAGE}/emulator", "tests")),
     Pattern(r"\brefusal=refusal\b", "protocol_refusal=protocol_refusal", (f"{_PROTOCOL}/errors.py",)),
     Pattern(r"\brefusal: bool = False\b", "protocol_refusal: bool = False", (f"{_PROTOCOL}/errors.py",)),
