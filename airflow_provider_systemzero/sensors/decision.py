@@ -25,6 +25,7 @@ from airflow_provider_systemzero.compat import (
     has_trigger_templates,
 )
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
@@ -100,6 +101,15 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         decision is in flight, once decisions keep coming back about an outdated state (a source that
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
         decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
+    :param decide_when: deferrable only: start a decision only for a change that can matter — a regular
+        expression searched in what changed (the appended text, the appended items as JSON, or the new
+        state of a replace) or ``{"callable": "pkg.mod.func"}`` taking (previous, new) and returning a
+        bool. Other changes are streamed but start no decision. See
+        :mod:`~airflow_provider_systemzero.decisions.relevance`.
+    :param debounce_ms: deferrable only: decide once the source has been quiet this many milliseconds
+        (a burst of changes is one decision).
+    :param decide_initial: decide the state the wait starts with (default ``True``); ``False`` waits
+        for the first change matching ``decide_when``.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
@@ -167,6 +177,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         lease_after: float = 5.0,
         min_interval_ms: int | None = None,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        decide_when: str | dict[str, str] | None = None,
+        debounce_ms: int | None = None,
+        decide_initial: bool = True,
         key_salt: str | None = None,
         max_decisions: int | None = None,
         max_input_tokens: int | None = None,
@@ -217,6 +230,10 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.lease_after = lease_after
         self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
         self.max_staleness = validate_max_staleness(max_staleness)
+        # parse time: a bad regex, callable path or debounce is an import error naming the field
+        self.decision_filter = DecisionFilter(
+            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+        )
         self.key_salt = key_salt
         #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
         self.key_namespace: str | None = None
@@ -329,6 +346,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "budget": budget,
             "min_interval_ms": self.min_interval_ms,
             "max_staleness": self.max_staleness,
+            **self.decision_filter.to_kwargs(),
             **({"skip_states": skip_states} if skip_states else {}),
             **({"end_when_unmet": True} if self._ends_when_unmet(source) else {}),
         }
