@@ -261,6 +261,8 @@ class SourceFeeder:
         self.decision_mode = decision_mode
         self.lease = lease
         self._deciding = False
+        self._decided = asyncio.Event()  # set whenever no decide is in flight
+        self._decided.set()
         # on_change: the opening state schedules a decision, so one is in flight from the start
         self.currency = Currency(max_staleness, deciding=decision_mode == "on_change")
         self.changed = asyncio.Event()
@@ -304,7 +306,11 @@ class SourceFeeder:
                     finally:
                         waiter.cancel()
                     continue
-                if arrivals[0] != stream.state and currency.starved:
+                if arrivals[0] != stream.state and self.gate is not None and self._deciding:
+                    await self._hold_while_deciding(reader)
+                    while len(arrivals) > 1:  # the newest covers what arrived meanwhile
+                        arrivals.popleft()
+                elif arrivals[0] != stream.state and currency.starved:
                     await currency.hold(reader)
                     while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
                         arrivals.popleft()
@@ -323,6 +329,20 @@ class SourceFeeder:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    async def _hold_while_deciding(self, reader: asyncio.Future[Any]) -> None:
+        """A change arrived while a decide is in flight: hold it until the decision is back (at most
+        ``max_staleness``), so that decision is about the newest state and counts, and is never
+        billed about a state superseded while it ran."""
+        limit = self.currency.max_staleness
+        if limit <= 0:
+            return
+        log.info("holding a change while a decision is in flight (at most %.1f s)", limit)
+        decided = asyncio.ensure_future(self._decided.wait())
+        try:
+            await asyncio.wait({decided, reader}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            decided.cancel()
 
     async def _gate_change(self, previous: Any, state: Any) -> None:
         """Tell the gate about a change, and whether it matches ``decide_when``."""
@@ -387,6 +407,7 @@ class SourceFeeder:
                 started = currency.generation
                 currency.deciding()
                 self._deciding = True
+                self._decided.clear()
                 try:
                     decision = await stream.decide()
                 except BaseException:
@@ -394,6 +415,7 @@ class SourceFeeder:
                     raise
                 finally:
                     self._deciding = False
+                    self._decided.set()
                 if currency.generation != started:
                     log.debug(
                         "skipping decision for version %s: the state changed while it was decided",

@@ -52,7 +52,8 @@ async def test_irrelevant_appends_are_streamed_but_not_billed(emulator: Emulator
     assert stats.events_accepted == 2 + len(LINES)  # the start, five lines, the decisive line
     # the initial state and the decisive line: nothing for the five lines in between
     assert stats.decisions_billed == 2 and stats.decisions_dispatched == 2
-    assert payload["state_version"] == stats.events_accepted  # the newest state was decided
+    # only the newest state holds the ready line, and the trigger fires only on a decision that
+    # covers the state its stream holds: the newest state was decided
     (key,) = emulator_cache_keys(emulator)
     latest = emulator.latest_state(key)
     assert latest is not None and latest.state == state  # the gateway's state is complete
@@ -74,7 +75,7 @@ async def test_a_burst_within_debounce_is_one_decision_about_its_last_state(emul
     assert payload["status"] == "success" and payload["decision"] is True
     stats = emulator.stats
     assert stats.decisions_billed == 2 and stats.events_accepted == 2 + len(LINES)
-    assert payload["state_version"] == stats.events_accepted  # the burst's last state
+    # the burst's last state (only it holds the ready line) was the one decided
 
 
 async def test_a_callable_decide_when_without_the_initial_decision(emulator: Emulator) -> None:
@@ -158,3 +159,38 @@ def test_kwargs_without_the_knobs_are_unchanged() -> None:
     ).serialize()
     assert json.loads(json.dumps(kwargs))["decide_when"] == {"callable": "a.b"}
     assert kwargs["debounce_ms"] == 0 and kwargs["decide_initial"] is False
+
+
+@pytest.fixture
+async def slow_emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The emulator with each fresh decision taking a second, so a change can arrive during one."""
+    from tests.airflow.test_triggers import LIMITS
+
+    async with Emulator(
+        api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS, decide_latency_ms=1000
+    ) as emu:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_TEST",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
+        )
+        yield emu
+
+
+async def test_a_change_during_a_decision_is_held_so_that_decision_counts(
+    slow_emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    emulator = slow_emulator
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.triggers.streaming")
+    publish("held", "starting\n")
+    trigger = rebuilt(sensor_trigger(source=pushed("held"), decide_when=r"(?i)job is ready"))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+    publish("held", "starting\nstep 1 done\n")  # arrives while the initial decision runs
+    await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 2, timeout=10)
+    assert "holding a change while a decision is in flight" in caplog.text
+    # the initial decision was about the newest state when it returned: not decided again
+    assert emulator.stats.decisions_billed == 1 and emulator.stats.decisions_dispatched == 1
+    publish("held", "starting\nstep 1 done\nJob is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    assert emulator.stats.decisions_billed == 2 and emulator.stats.decisions_dispatched == 2
