@@ -226,13 +226,15 @@ class StreamLease:
 class SourceFeeder:
     """Feeds a source's changes to a stream and yields the decisions about the current state.
 
-    With a ``gate`` (``decide_when``, ``debounce_ms`` or ``decide_initial=False``) the stream runs
-    on_request: every change is streamed, and a decision starts only when the gate says one is due
-    (a relevant change, after the quiet time), always about the newest state.
+    With an active ``decision_filter`` (``decide_when``, ``debounce_ms`` or ``decide_initial=False``)
+    the stream runs on_request: every change is streamed, and a decision starts only when its
+    :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate` says one is due (a relevant
+    change, after the quiet time), always about the newest state; a change that arrives while that
+    decision runs waits for it (at most ``max_staleness``).
 
     :param stream: the open stream.
     :param source: the state source.
-    :param decision_mode: ``on_change`` or ``on_request`` (``on_request`` with a ``gate``).
+    :param decision_mode: ``on_change`` or ``on_request`` (``on_request`` with an active filter).
     :param lease: the stream's lease (disarmed on a change, re-armed after a decision).
     :param max_staleness: seconds newer source content may be held back while a decision is in flight.
     :param decision_filter: ``decide_when``, ``debounce_ms`` and ``decide_initial``
@@ -361,20 +363,20 @@ class SourceFeeder:
         """Wait until the gate says a decision is due (a relevant change, then the quiet time)."""
         assert self.gate is not None
         gate, loop = self.gate, asyncio.get_running_loop()
-        said = None
+        said: bool | None = None  # the reason last logged: said once per reason, not per change
         while True:
             self.changed.clear()
             due = gate.due_at()
             if due is not None and due <= loop.time():
                 return
-            reason = (
-                "waiting for a change that matches decide_when"
-                if due is None
-                else f"debounce: deciding once the source is quiet (in {due - loop.time():.3f} s at most)"
-            )
-            if reason.split(" (")[0] != said:  # said once per reason, not per change
-                said = reason.split(" (")[0]
-                log.info("%s", reason)
+            if (due is None) != said:
+                said = due is None
+                if due is None:
+                    log.info("waiting for a change that matches decide_when")
+                else:
+                    log.info(
+                        "debounce: deciding once the source is quiet (in %.3f s at most)", due - loop.time()
+                    )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(None if due is None else due - loop.time()):
                     await self.changed.wait()
