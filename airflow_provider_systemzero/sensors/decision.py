@@ -234,6 +234,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.decision_filter = DecisionFilter(
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
+        if not decide_initial and source is None:
+            raise SystemZeroArgumentError(
+                "decide_initial=False with no source: the state never changes, so nothing would ever be "
+                "decided; give a source, or drop decide_initial=False",
+                code="invalid_decide_initial",
+                field="decide_initial",
+            )
         self.key_salt = key_salt
         #: the start-from-trigger key namespace (a template); ``None`` when the task defers from a worker
         self.key_namespace: str | None = None

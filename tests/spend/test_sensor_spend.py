@@ -57,6 +57,14 @@ def test_bad_arguments_fail_the_dag_at_parse_time(tmp_path: Path, kwargs: dict[s
     assert info.value.field == field and field in str(info.value)
 
 
+def test_decide_initial_false_needs_a_source() -> None:
+    with pytest.raises(SystemZeroArgumentError, match="nothing would ever be decided") as info:
+        SystemZeroDecisionSensor(
+            task_id="wait", instructions="Is the job ready?", state="log\n", decide_initial=False
+        )
+    assert info.value.field == "decide_initial"
+
+
 def test_the_knobs_reach_the_trigger(tmp_path: Path) -> None:
     sensor = _sensor(tmp_path / "job.log", decide_when=r"(?i)job is ready", debounce_ms=250)
     request, condition, source = sensor._build()
