@@ -15,6 +15,13 @@ hook's sync ``decide()`` at each poke, with the state as of that moment, the way
 Pokes come at ``poke_interval / 2, 3·poke_interval / 2, …`` (the mean phase) until one sees
 ``READY``. Billing is read from the emulator's ledger per key namespace.
 
+Decision filters, on the busy log (the trigger otherwise as above; ``debounce_ms`` is given in
+simulated time and scaled like ``lease_after``): ``decide_when`` matching the ``READY`` line, with and
+without the initial decision, and ``debounce_ms`` alone, shorter and longer than the gap between
+lines. Each row reports what was billed and how long after the ``READY`` line the event fired
+(simulated seconds; the run without a filter is the reference). Target: ``decide_when`` bills at most
+1/20 of the 30 s poke's decisions.
+
 Restarts, each in the busy log half way (5:00) right after that state's decision: a **triggerer
 restart** (the trigger task is cancelled, as at a triggerer shutdown, and a trigger rebuilt from
 ``serialize()`` takes over), an **emulator restart** (goodbye ``shutdown``, close 1012, the client
@@ -45,6 +52,19 @@ SCALE = 40.0
 #: The trigger's default ``lease_after`` in simulated seconds.
 LEASE_AFTER_SIMULATED = 5.0
 POKE_INTERVALS = (30.0, 60.0)
+#: ``(label, case, trigger kwargs)`` of the decision-filter rows (``debounce_ms`` in simulated ms).
+FILTERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("when", "decide_when = ^READY$", {"decide_when": f"^{READY}$"}),
+    (
+        "when-no-initial",
+        "decide_when = ^READY$, decide_initial = False",
+        {"decide_when": f"^{READY}$", "decide_initial": False},
+    ),
+    ("debounce-5s", "debounce_ms = 5 s (lines 10 s apart)", {"debounce_ms": 5_000}),
+    ("debounce-30s", "debounce_ms = 30 s (lines 10 s apart)", {"debounce_ms": 30_000}),
+)
+#: The ``decide_when`` target: billed at most this share of the 30 s poke's decisions.
+DECIDE_WHEN_SHARE = 1 / 20
 
 
 def _log(kind: str, minutes: float) -> list[tuple[float, str]]:
@@ -73,7 +93,7 @@ def _state_at(log: list[tuple[float, str]], at: float) -> str:
 
 def _stream(trigger: Any) -> Any:
     # the trigger's stream (private, read only): to know a decision covers the state just sent
-    return trigger._stream
+    return trigger._stream.stream
 
 
 def _decided(trigger: Any, state: str) -> bool:
@@ -102,8 +122,12 @@ async def _trigger_run(
     *,
     copies: int = 1,
     restart: Callable[[list[Any], list[int], str], Awaitable[None]] | None = None,
+    knobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``log`` in scaled time to ``copies`` identical triggers; returns what they saw."""
+    """Replay ``log`` in scaled time to ``copies`` identical triggers; returns what they saw.
+
+    :param knobs: decision-filter kwargs of the trigger (``debounce_ms`` in simulated time).
+    """
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"billing-{namespace}"
@@ -116,6 +140,7 @@ async def _trigger_run(
         key_namespace=namespace,
         source=source_spec(channel),
         lease_after=LEASE_AFTER_SIMULATED / SCALE,
+        **_scaled(knobs or {}),
     )
     triggers = [rebuild(original) for _ in range(copies)]
     ids = [triggerer.start(t) for t in triggers]
@@ -135,14 +160,27 @@ async def _trigger_run(
         delay = start + paused + moment / SCALE - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        publish(channel, state)
+        published = publish(channel, state)
         current = state
     async with asyncio.timeout(60):
         await asyncio.gather(*(triggerer.task(i) for i in ids))
     payloads = [triggerer.payload(i) or {} for i in ids]
     if any(p.get("status") != "success" for p in payloads):
         raise RuntimeError(f"billing run {namespace}: {payloads}")
-    return {"states": len(log), "events": len(payloads)}
+    fired = triggerer.fired_at(ids[0])
+    return {
+        "states": len(log),
+        "events": len(payloads),
+        # the READY line (published last) → the event, in simulated seconds
+        "decided_after_s": None if fired is None else (fired - published) * SCALE,
+    }
+
+
+def _scaled(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The trigger kwargs of ``knobs`` with ``debounce_ms`` turned from simulated into real time."""
+    if "debounce_ms" in knobs:
+        return {**knobs, "debounce_ms": max(1, round(knobs["debounce_ms"] / SCALE))}
+    return knobs
 
 
 def _pokes(log: list[tuple[float, str]], interval: float, namespace: str, *, keyed: bool) -> dict[str, Any]:
@@ -202,11 +240,23 @@ async def run(options: Options) -> dict[str, Any]:
 
         started = time.perf_counter()
         # everything but the emulator restart shares the emulator at once (namespaces keep them apart)
-        await asyncio.gather(
+        outcomes = await asyncio.gather(
             _trigger_run(triggerer, logs["busy"], ns("busy")),
             _trigger_run(triggerer, logs["quiet"], ns("quiet")),
             _trigger_run(triggerer, logs["busy"], ns("busy-triggerer-restart"), restart=triggerer_restart),
             _trigger_run(triggerer, logs["busy"], ns("busy-ha"), copies=2),
+        )
+        # the filters run on their own, so they do not load the runs above (a loaded on_change run
+        # coalesces changes and bills less, which would show as restarts "adding" decisions)
+        filtered = await asyncio.gather(
+            *(_trigger_run(triggerer, logs["busy"], ns(label), knobs=knobs) for label, _, knobs in FILTERS)
+        )
+        decided_after = {"busy": outcomes[0]["decided_after_s"]}
+        decided_after.update(
+            {
+                label: outcome["decided_after_s"]
+                for (label, _, _), outcome in zip(FILTERS, filtered, strict=True)
+            }
         )
         # an emulator restart reaches every open stream: this one runs alone
         await _trigger_run(triggerer, logs["busy"], ns("busy-emulator-restart"), restart=emulator_restart)
@@ -248,8 +298,45 @@ async def run(options: Options) -> dict[str, Any]:
                             **billing,
                         }
                     )
+        filter_rows = [
+            {
+                "log": "busy",
+                "case": "no filter (on_change)",
+                "knobs": {},
+                "billed": reference["busy"],
+                "decided_after_s": decided_after["busy"],
+            }
+        ]
+        for label, case, knobs in FILTERS:
+            billing = await _billed(emulator, [ns(label)])
+            filter_rows.append(
+                {
+                    "log": "busy",
+                    "case": case,
+                    "knobs": knobs,
+                    "billed": billing["billed"],
+                    "decided_after_s": decided_after[label],
+                }
+            )
+        poke_30 = next(
+            r["billed"]
+            for r in poke_rows
+            if r["log"] == "busy" and r["poke_interval_s"] == 30.0 and r["keyed"]
+        )
+        # the target: decide_when on the decisive line, the initial decision turned off (the log
+        # starts with nothing decisive); the row with the initial decision is reported beside it
+        best_when = min(r["billed"] for r in filter_rows if "decide_when" in r["knobs"])
+        with_initial = next(r["billed"] for r in filter_rows if r["knobs"] == FILTERS[0][2])
         stats = await emulator.stats()
     return {
+        "filters": filter_rows,
+        "decide_when_target": {
+            "billed": best_when,
+            "billed_with_initial": with_initial,
+            "poke_30s_billed": poke_30,
+            "share": DECIDE_WHEN_SHARE,
+            "met": best_when <= poke_30 * DECIDE_WHEN_SHARE,
+        },
         "simulated_minutes": minutes,
         "scale": SCALE,
         "lease_after_simulated_s": LEASE_AFTER_SIMULATED,

@@ -199,6 +199,23 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
             )
             if not ok:
                 missed.append(f"A {case} added {added} billed decisions.")
+        target = bil.get("decide_when_target")
+        if target:
+            ok = target["met"]
+            rows.append(
+                [
+                    "",
+                    f"decide_when billed ≤ 1/{round(1 / target['share'])} of the 30 s poke's",
+                    f"{target['billed']} ({target.get('billed_with_initial', '?')} with the initial "
+                    f"decision) vs {target['poke_30s_billed']}",
+                    MET if ok else MISSED,
+                ]
+            )
+            if not ok:
+                missed.append(
+                    f"decide_when billed {target['billed']} decisions, more than "
+                    f"{target['share']:.0%} of the 30 s poke's {target['poke_30s_billed']}."
+                )
 
     ing = res.get("ingest")
     if ing and "error" not in ing:
@@ -694,6 +711,21 @@ def _billing(bil: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    if bil.get("filters"):
+        rows = [
+            [
+                r["case"],
+                r["billed"],
+                "n/a" if r["decided_after_s"] is None else f"{r['decided_after_s']:.1f} s",
+            ]
+            for r in bil["filters"]
+        ]
+        out += [
+            "Decision filters, busy log (the trigger; simulated seconds from the READY line to the event, "
+            f"so each real millisecond counts {bil['scale']:.0f} ms):",
+            "",
+        ]
+        out += _table(["knobs", "billed", "READY decided after"], rows)
     return out
 
 

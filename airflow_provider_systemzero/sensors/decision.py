@@ -87,6 +87,15 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         decision is in flight, once decisions keep coming back about an outdated state (a source that
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
         decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
+    :param decide_when: deferrable only: start a decision only for a change that can matter — a regular
+        expression searched in what changed (the appended text, the appended items as JSON, or the new
+        state of a replace) or ``{"callable": "pkg.mod.func"}`` taking (previous, new) and returning a
+        bool. Other changes are streamed but start no decision. See
+        :mod:`~airflow_provider_systemzero.decisions.relevance`.
+    :param debounce_ms: deferrable only: decide once the source has been quiet this many milliseconds
+        (a burst of changes is one decision).
+    :param decide_initial: decide the state the wait starts with (default ``True``); ``False`` waits
+        for the first change matching ``decide_when``.
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
@@ -145,6 +154,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         lease_after: float = 5.0,
         min_interval_ms: int | None = None,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        decide_when: str | dict[str, str] | None = None,
+        debounce_ms: int | None = None,
+        decide_initial: bool = True,
         key_salt: str | None = None,
         max_decisions: int | None = None,
         max_input_tokens: int | None = None,
@@ -171,6 +183,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
         self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
         self.max_staleness = validate_max_staleness(max_staleness)
+        self.decision_filter = sz_inputs.decision_filter(decide_when, debounce_ms, decide_initial, source)
         self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
         self.start_from_trigger = start_from_trigger and sz_inputs.can_start_from_trigger(self)
         self._poke_watch = PokeWatch()
@@ -197,6 +210,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "budget": budget,
             "min_interval_ms": self.min_interval_ms,
             "max_staleness": self.max_staleness,
+            **self.decision_filter.to_kwargs(),
             **({"skip_states": skip_states} if skip_states else {}),
             **({"end_when_unmet": True} if sz_inputs.ends_when_unmet(self, source) else {}),
         }
@@ -205,9 +219,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``."""
         deadline = deadline or sz_inputs.deadline_of(self)
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
-        kwargs = self._trigger_kwargs(
-            inputs, namespace=namespace, deadline=deadline, budget=budget, skip_states=skip
-        )
+        kwargs = self._trigger_kwargs(inputs, namespace, deadline, budget, skip)
         timeout = sz_inputs.defer_timeout(deadline)
         self.defer(
             trigger=SystemZeroDecisionTrigger(**kwargs), method_name="execute_complete", timeout=timeout

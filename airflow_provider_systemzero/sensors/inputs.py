@@ -16,6 +16,7 @@ from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
@@ -296,3 +297,20 @@ def source_name(source: Any) -> str:
     if isinstance(source, dict) and source.get("type") in ("file", "callable"):
         return f"the {source['type']} source {source.get('path')!r}"
     return "state"
+
+
+def decision_filter(
+    decide_when: str | dict[str, str] | None, debounce_ms: int | None, decide_initial: bool, source: Any
+) -> DecisionFilter:
+    """The sensor's ``decide_when`` / ``debounce_ms`` / ``decide_initial``, checked at parse time.
+
+    A bad regular expression, callable path or debounce is an import error naming the field.
+    """
+    if not decide_initial and source is None:
+        raise SystemZeroArgumentError(
+            "decide_initial=False with no source: the state never changes, so nothing would ever be "
+            "decided; give a source, or drop decide_initial=False",
+            code="invalid_decide_initial",
+            field="decide_initial",
+        )
+    return DecisionFilter(decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial)

@@ -40,6 +40,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
@@ -94,6 +95,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         source is then never decided about).
     :param end_when_unmet: a static state: a decision that does not meet the condition ends the wait
         with an ``unmet`` event (no later decision could differ).
+    :param decide_when: start a decision only for a change that matches: a regular expression searched
+        in what changed, or ``{"callable": "pkg.mod.func"}`` taking (previous, new) and returning a
+        bool; other changes are streamed but start no decision (see
+        :mod:`~airflow_provider_systemzero.decisions.relevance`).
+    :param debounce_ms: decide once the source has been quiet this many milliseconds (a burst of
+        changes is one decision).
+    :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -117,8 +125,14 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         min_interval_ms: int | None = None,
         max_staleness: float = DEFAULT_MAX_STALENESS,
         end_when_unmet: bool = False,
+        decide_when: str | dict[str, str] | None = None,
+        debounce_ms: int | None = None,
+        decide_initial: bool = True,
     ) -> None:
         super().__init__()
+        self.decision_filter = DecisionFilter(
+            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+        )
         self.end_when_unmet = end_when_unmet
         self.skip_states = list(skip_states or [])
         self.min_interval_ms = min_interval_ms
@@ -160,6 +174,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 **({"end_when_unmet": True} if self.end_when_unmet else {}),
                 "min_interval_ms": self.min_interval_ms,
                 "max_staleness": self.max_staleness,
+                **self.decision_filter.to_kwargs(),
             },
         )
 
@@ -171,15 +186,18 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             condition = DecisionCondition.from_dict(self.condition)
             self._source = source = build_source(self.source, self.state)
             initial = await source.current()
+            self.decision_filter.relevance()  # a decide_when callable that cannot be imported ends the wait here
+            mode = self.decision_filter.stream_mode(self.decision_mode)
             async with self._stream.open(
-                initial, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
+                initial, decision_mode=mode, min_interval_ms=self.min_interval_ms
             ) as stream:
                 feeder = SourceFeeder(
                     stream,
                     source,
-                    decision_mode=self.decision_mode,
+                    decision_mode=mode,
                     lease=self._lease,
                     max_staleness=self.max_staleness,
+                    decision_filter=self.decision_filter,
                 )
                 watch = DecisionWatch(
                     condition, reviews=True, skip_states=self.skip_states, end_when_unmet=self.end_when_unmet
@@ -317,6 +335,10 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     :param lease: give the stream back between decisions when nothing changes.
     :param lease_after: seconds without a change before the stream is given back.
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
+    :param decide_when: start a decision only for a change that matches (as on
+        :class:`SystemZeroDecisionTrigger`).
+    :param debounce_ms: decide once the source has been quiet this many milliseconds.
+    :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
     """
 
     def __init__(
@@ -332,10 +354,16 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         lease: bool = True,
         lease_after: float = 5.0,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        decide_when: str | dict[str, str] | None = None,
+        debounce_ms: int | None = None,
+        decide_initial: bool = True,
     ) -> None:
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
 
+        self.decision_filter = DecisionFilter(
+            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+        )
         self.max_staleness = validate_max_staleness(max_staleness)
         self.systemzero_conn_id = systemzero_conn_id
         self.request = request
@@ -370,6 +398,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                     if self.max_staleness != DEFAULT_MAX_STALENESS
                     else {}
                 ),
+                **self.decision_filter.to_kwargs(),
             },
         )
 
@@ -383,14 +412,17 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         # can review an asset event, so only a met decision counts
         watch = DecisionWatch(condition, reviews=False)
         policy_fields = condition.policy is not None or condition.has_hysteresis
+        mode = self.decision_filter.stream_mode(self.decision_mode)
         try:
-            async with self._stream.open(initial, decision_mode=self.decision_mode) as stream:
+            self.decision_filter.relevance()  # a decide_when callable that cannot be imported ends the trigger
+            async with self._stream.open(initial, decision_mode=mode) as stream:
                 feeder = SourceFeeder(
                     stream,
                     source,
-                    decision_mode=self.decision_mode,
+                    decision_mode=mode,
                     lease=self._lease,
                     max_staleness=self.max_staleness,
+                    decision_filter=self.decision_filter,
                 )
 
                 async def consume() -> None:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate, Relevance
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
@@ -225,11 +226,21 @@ class StreamLease:
 class SourceFeeder:
     """Feeds a source's changes to a stream and yields the decisions about the current state.
 
+    With an active ``decision_filter`` (``decide_when``, ``debounce_ms`` or ``decide_initial=False``)
+    the stream runs on_request: every change is streamed, and a decision starts only when its
+    :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate` says one is due (a relevant
+    change, after the quiet time), always about the newest state; a change that arrives while that
+    decision runs waits for it (at most ``max_staleness``).
+
     :param stream: the open stream.
     :param source: the state source.
-    :param decision_mode: ``on_change`` or ``on_request``.
+    :param decision_mode: ``on_change`` or ``on_request`` (``on_request`` with an active filter).
     :param lease: the stream's lease (disarmed on a change, re-armed after a decision).
     :param max_staleness: seconds newer source content may be held back while a decision is in flight.
+    :param decision_filter: ``decide_when``, ``debounce_ms`` and ``decide_initial``
+        (:class:`~airflow_provider_systemzero.decisions.relevance.DecisionFilter`); when active, the
+        stream must have been opened with :meth:`DecisionFilter.stream_mode` (``on_request``).
+    :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
     """
 
     def __init__(
@@ -240,11 +251,20 @@ class SourceFeeder:
         decision_mode: str,
         lease: StreamLease,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        decision_filter: DecisionFilter | None = None,
     ) -> None:
+        chosen = decision_filter or DecisionFilter()
+        self.gate: DecisionGate | None = chosen.gate(asyncio.get_running_loop().time())
+        if self.gate is not None and decision_mode != "on_request":
+            raise ValueError("decide_when/debounce_ms decide on request: open the stream in on_request mode")
+        self.relevance: Relevance | None = chosen.relevance()
         self.stream = stream
         self.source = source
         self.decision_mode = decision_mode
         self.lease = lease
+        self._deciding = False
+        self._decided = asyncio.Event()  # set whenever no decide is in flight
+        self._decided.set()
         # on_change: the opening state schedules a decision, so one is in flight from the start
         self.currency = Currency(max_staleness, deciding=decision_mode == "on_change")
         self.changed = asyncio.Event()
@@ -288,21 +308,78 @@ class SourceFeeder:
                     finally:
                         waiter.cancel()
                     continue
-                if arrivals[0] != stream.state and currency.starved:
+                if arrivals[0] != stream.state and self.gate is not None and self._deciding:
+                    await self._hold_while_deciding(reader)
+                    while len(arrivals) > 1:  # the newest covers what arrived meanwhile
+                        arrivals.popleft()
+                elif arrivals[0] != stream.state and currency.starved:
                     await currency.hold(reader)
                     while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
                         arrivals.popleft()
                 state = arrivals.popleft()
                 if state != stream.state:  # the first value usually equals the state the stream opened with
                     self.lease.disarm()
+                    if self.gate is not None:
+                        await self._gate_change(stream.state, state)
                     # currency changes before the stream takes the change: set_state yields, and a
                     # decision arriving meanwhile is about the previous state
                     currency.changed(deciding=self.decision_mode == "on_change")
                     self.changed.set()
                     await stream.set_state(state)
+                    if self.gate is not None and not self.gate.pending and not self._deciding:
+                        self.lease.arm(stream)  # nothing to decide: the stream may go back when quiet
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    async def _hold_while_deciding(self, reader: asyncio.Future[Any]) -> None:
+        """A change arrived while a decide is in flight: hold it until the decision is back (at most
+        ``max_staleness``), so that decision is about the newest state and counts, and is never
+        billed about a state superseded while it ran."""
+        limit = self.currency.max_staleness
+        if limit <= 0:
+            return
+        log.info("holding a change while a decision is in flight (at most %.1f s)", limit)
+        decided = asyncio.ensure_future(self._decided.wait())
+        try:
+            await asyncio.wait({decided, reader}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            decided.cancel()
+
+    async def _gate_change(self, previous: Any, state: Any) -> None:
+        """Tell the gate about a change, and whether it matches ``decide_when``."""
+        assert self.gate is not None
+        relevant = True
+        if self.relevance is not None:
+            if self.relevance.is_callable:  # the author's function: never on the event loop
+                relevant = await asyncio.to_thread(self.relevance.matches, previous, state)
+            else:
+                relevant = self.relevance.matches(previous, state)
+        if not relevant:
+            log.debug("a change does not match decide_when: streamed, no decision started")
+        self.gate.changed(relevant, asyncio.get_running_loop().time())
+
+    async def _until_due(self) -> None:
+        """Wait until the gate says a decision is due (a relevant change, then the quiet time)."""
+        assert self.gate is not None
+        gate, loop = self.gate, asyncio.get_running_loop()
+        said: bool | None = None  # the reason last logged: said once per reason, not per change
+        while True:
+            self.changed.clear()
+            due = gate.due_at()
+            if due is not None and due <= loop.time():
+                return
+            if (due is None) != said:
+                said = due is None
+                if due is None:
+                    log.info("waiting for a change that matches decide_when")
+                else:
+                    log.info(
+                        "debounce: deciding once the source is quiet (in %.3f s at most)", due - loop.time()
+                    )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if due is None else due - loop.time()):
+                    await self.changed.wait()
 
     async def current_decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions that cover the complete desired state, leasing the stream in between."""
@@ -323,26 +400,38 @@ class SourceFeeder:
                 yield decision
                 self.lease.arm(stream)
         else:
+            gate = self.gate
             while True:
+                if gate is not None:
+                    await self._until_due()
+                    gate.started()
                 self.changed.clear()
                 started = currency.generation
                 currency.deciding()
+                self._deciding = True
+                self._decided.clear()
                 try:
                     decision = await stream.decide()
                 except BaseException:
                     currency.skipped(settle=True)
                     raise
+                finally:
+                    self._deciding = False
+                    self._decided.set()
                 if currency.generation != started:
                     log.debug(
                         "skipping decision for version %s: the state changed while it was decided",
                         decision.state_version,
                     )
                     currency.skipped(settle=True)
+                    if gate is not None:
+                        gate.superseded(asyncio.get_running_loop().time())
                     continue
                 currency.current()
                 yield decision
                 self.lease.arm(stream)
-                await self.changed.wait()
+                if gate is None:
+                    await self.changed.wait()
 
     async def verdicts(self, watch: DecisionWatch) -> AsyncIterator[Any]:
         """Each verdict of ``watch`` that ends the wait, fed the stream's current decisions.

@@ -1,0 +1,5 @@
+"""The emulator and trigger fixtures of the trigger tests."""
+
+from __future__ import annotations
+
+from tests.airflow.test_triggers import emulator, rules_file  # noqa: F401 - fixtures

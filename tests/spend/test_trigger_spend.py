@@ -1,0 +1,196 @@
+"""decide_when / debounce_ms on the real decision triggers against the real emulator over loopback:
+what is billed (the emulator's own count) and which state is decided."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+from tests.airflow.test_triggers import (
+    CONDITION,
+    REQUEST,
+    emulator_cache_keys,
+    first_event,
+    rebuilt,
+    sensor_trigger,
+)
+from tests.spend.sources import publish
+
+LINES = [f"step {n} done\n" for n in range(1, 6)]
+
+
+def pushed(name: str) -> dict[str, Any]:
+    return {"type": "callable", "path": "tests.spend.sources.channel", "kwargs": {"name": name}}
+
+
+async def accepted(emulator: Emulator, count: int) -> None:
+    """Wait (bounded) until the gateway acknowledged ``count`` events in all (the start is one)."""
+    await emulator.wait_for(lambda emu: emu.stats.events_accepted >= count, timeout=10)
+
+
+async def test_irrelevant_appends_are_streamed_but_not_billed(emulator: Emulator) -> None:
+    publish("irrelevant", "starting\n")
+    trigger = rebuilt(sensor_trigger(source=pushed("irrelevant"), decide_when=r"(?i)job is ready"))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # the initial state
+    state = "starting\n"
+    for number, line in enumerate(LINES, start=2):
+        state += line
+        publish("irrelevant", state)
+        await accepted(emulator, number)  # streamed: the gateway holds every line
+    state += "Job is ready.\n"
+    publish("irrelevant", state)
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    stats = emulator.stats
+    assert stats.events_accepted == 2 + len(LINES)  # the start, five lines, the decisive line
+    # the initial state and the decisive line: nothing for the five lines in between
+    assert stats.decisions_billed == 2 and stats.decisions_dispatched == 2
+    # only the newest state holds the ready line, and the trigger fires only on a decision that
+    # covers the state its stream holds: the newest state was decided
+    (key,) = emulator_cache_keys(emulator)
+    latest = emulator.latest_state(key)
+    assert latest is not None and latest.state == state  # the gateway's state is complete
+
+
+async def test_a_burst_within_debounce_is_one_decision_about_its_last_state(emulator: Emulator) -> None:
+    publish("burst", "starting\n")
+    trigger = rebuilt(sensor_trigger(source=pushed("burst"), debounce_ms=3000))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # initial: at once
+    state = "starting\n"
+    for number, line in enumerate([*LINES, "Job is ready.\n"], start=2):
+        state += line
+        publish("burst", state)
+        await accepted(emulator, number)
+    # every line is at the gateway and none started a decision: the source is not quiet yet
+    assert emulator.stats.decisions_dispatched == 1
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    stats = emulator.stats
+    assert stats.decisions_billed == 2 and stats.events_accepted == 2 + len(LINES)
+    # the burst's last state (only it holds the ready line) was the one decided
+
+
+async def test_a_callable_decide_when_without_the_initial_decision(emulator: Emulator) -> None:
+    publish("callable", "starting\n")
+    trigger = rebuilt(
+        sensor_trigger(
+            source=pushed("callable"),
+            decide_when={"callable": "tests.spend.sources.says_ready"},
+            decide_initial=False,
+        )
+    )
+    task = asyncio.ensure_future(first_event(trigger))
+    await accepted(emulator, 1)  # the stream is open with the initial state
+    state = "starting\n"
+    for number, line in enumerate(LINES, start=2):
+        state += line
+        publish("callable", state)
+        await accepted(emulator, number)
+    assert emulator.stats.decisions_dispatched == 0  # not even the initial state
+    publish("callable", state + "Job is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    assert emulator.stats.decisions_billed == 1
+
+
+async def test_a_decide_when_callable_that_cannot_be_imported_ends_the_trigger(emulator: Emulator) -> None:
+    trigger = rebuilt(
+        sensor_trigger(state="starting\n", decide_when={"callable": "tests.spend.nowhere.func"})
+    )
+    payload = await first_event(trigger)
+    assert payload["status"] == "error" and payload["error_type"] == "validation"
+    assert payload["field"] == "decide_when.callable" and "tests.spend.nowhere.func" in payload["message"]
+    assert "cannot be imported in the triggerer" in payload["message"]
+    assert emulator.stats.streams_total == 0 and emulator.stats.decisions_billed == 0
+
+
+async def test_the_event_trigger_shares_the_filter(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    publish("asset", "starting\n")
+    trigger = rebuilt(
+        SystemZeroDecisionEventTrigger(
+            systemzero_conn_id="systemzero_test",
+            request=REQUEST,
+            condition=CONDITION,
+            state="",
+            watch_id="spend-watch",
+            source=pushed("asset"),
+            lease_after=0.0,
+            decide_when=r"(?i)job is ready",
+        )
+    )
+    assert trigger.serialize()[1]["decide_when"] == r"(?i)job is ready"
+    events = trigger.run()
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.triggers.streaming")
+    try:
+        first = asyncio.ensure_future(anext(events))
+        await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)
+        state = "starting\n"
+        for number, line in enumerate(LINES, start=2):
+            state += line
+            publish("asset", state)
+            await accepted(emulator, number)
+        assert not first.done()
+        publish("asset", state + "Job is ready.\n")
+        async with asyncio.timeout(20):
+            event = await first
+    finally:
+        await events.aclose()
+    assert event.payload["status"] == "success" and event.payload["watch_id"] == "spend-watch"
+    assert emulator.stats.decisions_billed == 2
+    assert "waiting for a change that matches decide_when" in caplog.text  # the wait says why
+
+
+def test_kwargs_without_the_knobs_are_unchanged() -> None:
+    # a trigger serialized before these knobs existed rebuilds to the same identity
+    _, kwargs = sensor_trigger().serialize()
+    assert not {"decide_when", "debounce_ms", "decide_initial"} & set(kwargs)
+    _, kwargs = sensor_trigger(
+        decide_when={"callable": "a.b"}, debounce_ms=0, decide_initial=False
+    ).serialize()
+    assert json.loads(json.dumps(kwargs))["decide_when"] == {"callable": "a.b"}
+    assert kwargs["debounce_ms"] == 0 and kwargs["decide_initial"] is False
+
+
+@pytest.fixture
+async def slow_emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The emulator with each fresh decision taking a second, so a change can arrive during one."""
+    from tests.airflow.test_triggers import LIMITS
+
+    async with Emulator(
+        api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS, decide_latency_ms=1000
+    ) as emu:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_TEST",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
+        )
+        yield emu
+
+
+async def test_a_change_during_a_decision_is_held_so_that_decision_counts(
+    slow_emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    emulator = slow_emulator
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.triggers.streaming")
+    publish("held", "starting\n")
+    trigger = rebuilt(sensor_trigger(source=pushed("held"), decide_when=r"(?i)job is ready"))
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
+    publish("held", "starting\nstep 1 done\n")  # arrives while the initial decision runs
+    await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 2, timeout=10)
+    assert "holding a change while a decision is in flight" in caplog.text
+    # the initial decision was about the newest state when it returned: not decided again
+    assert emulator.stats.decisions_billed == 1 and emulator.stats.decisions_dispatched == 1
+    publish("held", "starting\nstep 1 done\nJob is ready.\n")
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    assert emulator.stats.decisions_billed == 2 and emulator.stats.decisions_dispatched == 2
