@@ -8,8 +8,12 @@ then the ``ack`` and the ``decision`` read back). The client's CPU per append is
   its own, the way the code under test does it (with ``protocol.desired.DesiredState``: extending
   the carried hash by the appended fragment; without it, as before: encoding the whole body and
   hashing it);
-* **concatenation** — the new state string, ``state + text`` (a copy of the whole state);
-* **planning** — ``plan_mutation(sent, desired)``: its prefix check compares the whole sent state;
+* **concatenation** — the new state as the code under test makes it: with
+  ``StreamState.with_text``, the sent state and the appended piece, joined only when read;
+  without it, as before: ``state + text`` (a copy of the whole state);
+* **planning** — ``plan_mutation(sent, desired)`` for a desired state one append ahead: with
+  ``StreamState.text_since``, the appended text found by following the append back; without it,
+  as before: a prefix check that compares the whole sent state;
 * **rest** — the total minus the three above: validation, the ``append_text`` frame, reading the
   ``ack`` and the ``decision`` (independent of the state's size).
 
@@ -110,11 +114,26 @@ def _body_and_key_us(size: int, repeats: int, number: int) -> tuple[float, str]:
     return _median_us(samples, number), "carried hash extended by the fragment"
 
 
+def _concatenation_us(size: int, repeats: int, number: int) -> float:
+    from airflow_provider_systemzero.protocol.state import StreamState
+
+    sent = StreamState(_initial(size), ())
+    if hasattr(sent, "with_text"):
+        grow = sent.with_text
+    else:  # the code before the appended piece was kept apart: a copy of the whole state
+        state = sent.state
+
+        def grow(text: str) -> Any:
+            return state + text
+
+    return per_call_us(lambda: grow(LINE), repeats=repeats, number=number, clock=time.thread_time_ns)
+
+
 def _planning_us(size: int, repeats: int, number: int) -> float:
     from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation
 
     sent = StreamState(_initial(size), ())
-    desired = StreamState(sent.state + LINE, ())
+    desired = sent.with_text(LINE) if hasattr(sent, "with_text") else StreamState(sent.state + LINE, ())
     return per_call_us(
         lambda: plan_mutation(sent, desired, event_id="evt_2", idempotency_key=None),
         repeats=repeats,
@@ -149,12 +168,9 @@ def append_cost(reply: dict[str, Any], *, quick: bool) -> dict[str, Any]:
     rows = []
     for size in SIZES:
         number = 20 if size > 100_000 else 200
-        state = _initial(size)
         total = _total_client_us(size, reply, repeats, number)
         body_key, method = _body_and_key_us(size, repeats, number)
-        concat = per_call_us(
-            lambda s=state: s + LINE, repeats=repeats, number=number, clock=time.thread_time_ns
-        )
+        concat = _concatenation_us(size, repeats, number)
         planning = _planning_us(size, repeats, number)
         rows.append(
             {

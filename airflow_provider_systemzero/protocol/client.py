@@ -92,7 +92,7 @@ from airflow_provider_systemzero.protocol.reconnect import (
     classify_decide_failure,
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.protocol.state import plan_mutation, same_json
+from airflow_provider_systemzero.protocol.state import plan_mutation
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
     validate_min_interval_ms,
@@ -265,7 +265,7 @@ class ClientSession:
             or conn.acked_generation == self.desired.generation
             or conn.acked is None
             or self.desired.current.attachments != conn.acked.attachments
-            or not same_json(self.desired.current.state, conn.acked.state)
+            or not self.desired.current.same_state(conn.acked)
         ):
             return []
         previous, current = conn.acked_generation, self.desired.generation

@@ -12,8 +12,11 @@ An append costs what it appends, not what the state holds. The decide body is
 a string or an array grows at its end: ``"abc`` + ``def"``, ``[1,2`` + ``,3]``. So the session
 keeps the SHA-256 of ``prefix + state JSON`` without its closing character, and its byte count;
 an ``append_text`` or ``append_items`` feeds only the new fragment into a copy of that hash, and
-the per-state key is a copy finished with the closing character and the suffix. A ``replace``
-encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
+the per-state key is a copy finished with the closing character and the suffix. The text itself
+is not copied either: the new :class:`~airflow_provider_systemzero.protocol.state.StreamState`
+keeps the state it grew from and the appended piece, joined only when something reads the whole
+string (see :meth:`~airflow_provider_systemzero.protocol.state.StreamState.with_text`). A
+``replace`` encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
 (a test checks random sequences of appends, replaces and attachment changes).
 """
 
@@ -195,7 +198,7 @@ class DesiredState:
             raise LocalProtocolError(
                 f"text must be a string, got {type(text).__name__}", code="invalid_text", field="text"
             )
-        if not isinstance(self.current.state, str):
+        if not self.current.is_text:
             raise LocalProtocolError(
                 "append_text needs a string state: use append_items for an array or replace for an object",
                 code="state_type_mismatch",
@@ -203,9 +206,7 @@ class DesiredState:
             )
         if not text:
             return None
-        return Change(
-            StreamState(self.current.state + text, self.current.attachments), compact_json(text)[1:-1]
-        )
+        return Change(self.current.with_text(text), compact_json(text)[1:-1])
 
     def with_items(self, items: Any) -> Change:
         """The change that appends complete values to an array state."""
@@ -244,7 +245,7 @@ class DesiredState:
         validate_attachment_tuple(
             new, field="attachments", existing=self.current.attachments, allow_empty=False
         )
-        return Change(StreamState(self.current.state, (*self.current.attachments, *new)), "")
+        return Change(self.current.with_attachments((*self.current.attachments, *new)), "")
 
     def is_current(self, state: Any, key: str | None) -> bool:
         """Whether making ``state`` desired would change nothing: the same JSON bytes (``[1]`` and
