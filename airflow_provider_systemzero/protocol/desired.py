@@ -33,12 +33,13 @@ from airflow_provider_systemzero.protocol.keys import state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
+    Mutation,
     Start,
     StreamRequest,
     event_id,
     validate_attachment_tuple,
 )
-from airflow_provider_systemzero.protocol.state import StreamState, same_json
+from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation, same_json
 from airflow_provider_systemzero.protocol.validation import validate_idempotency_key, validate_state
 
 __all__ = ["MAX_KEY_NAMESPACE_LENGTH", "STREAM_ID_PLACEHOLDER", "Change", "DesiredState"]
@@ -297,6 +298,39 @@ class DesiredState:
         self.key = key
         self.generation += 1
 
+    # ------------------------------------------------------------------ the messages it makes
+
+    def start(self) -> Start:
+        """The ``start`` that opens a connection's stream with the desired state (a replay after
+        a reconnect: the same request bytes and the same key)."""
+        return self._start(self.current, self.key)
+
+    def _start(self, state: StreamState, key: str | None) -> Start:
+        return Start(
+            event_id(1),
+            self.request,
+            state.state,
+            self.decision_mode,
+            state.attachments,
+            self.min_interval_ms,
+            key,
+        )
+
+    def mutation_from(self, acked: StreamState, acked_version: int) -> Mutation:
+        """The one mutation that turns what the gateway acknowledged into the desired state.
+
+        :param acked: what the gateway holds.
+        :param acked_version: its state version (the mutation is the next event).
+        :raises AssertionError: both are the same (a change back to the acknowledged state is
+            adopted at once and never planned).
+        """
+        mutation = plan_mutation(
+            acked, self.current, event_id=event_id(acked_version + 1), idempotency_key=self.key
+        )
+        if mutation is None:
+            raise AssertionError("desired state equals the acknowledged one but was not adopted")
+        return mutation
+
     def _start_overhead(self, stream_id: str) -> int:
         """Bytes a replayed ``start`` (with the longest key) adds to the decide body of the same state.
 
@@ -304,11 +338,7 @@ class DesiredState:
         only on the request: it is measured once on an empty state.
         """
         if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
-            start = json_size(
-                Start(
-                    event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms, "k" * 255
-                ).to_dict()
-            )
+            start = json_size(self._start(StreamState(""), "k" * 255).to_dict())
             body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
             self._start_overhead_for = (stream_id, start - body)
         return self._start_overhead_for[1]

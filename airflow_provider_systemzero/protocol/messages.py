@@ -23,6 +23,7 @@ read-only. The request's value types (:class:`Attachment`, :class:`Question`,
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
@@ -84,6 +85,7 @@ __all__ = [
     "encode_message",
     "event_id",
     "event_number",
+    "sent_event_id",
     "validate_attachment_tuple",
 ]
 
@@ -377,6 +379,20 @@ _TYPE = frozenset({"type"})
 # --------------------------------------------------------------------------------------------
 # encode / decode
 # --------------------------------------------------------------------------------------------
+
+
+def sent_event_id(text: str) -> str | None:
+    """The ``event_id`` a frame carried, if it is a JSON object with a string one — also when it
+    is refused or rejected, so that the error can name the event.
+
+    :param text: the frame.
+    """
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    value = data.get("event_id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def encode_message(message: ClientMessage | ServerMessage) -> str:
