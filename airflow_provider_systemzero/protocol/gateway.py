@@ -20,6 +20,7 @@ import math
 from collections import deque
 from typing import Any
 
+from airflow_provider_systemzero.protocol import gateway_actions
 from airflow_provider_systemzero.protocol.admission import admit_mutation, decide_rejection, order_rejection
 from airflow_provider_systemzero.protocol.body import state_bytes
 from airflow_provider_systemzero.protocol.dispatching import Dispatches, InFlightDecide
@@ -66,17 +67,8 @@ from airflow_provider_systemzero.protocol.reconnect import (
 )
 from airflow_provider_systemzero.protocol.state import StreamState
 
-__all__ = [
-    "CloseConnection",
-    "DecideFailure",
-    "DecideOutcome",
-    "DecideSuccess",
-    "DispatchDecide",
-    "GatewayAction",
-    "GatewaySession",
-    "Phase",
-    "SendMessage",
-]
+# the actions and outcomes stay importable from here, where the session that uses them lives
+__all__ = ["GatewaySession", "Phase", *gateway_actions.__all__]
 
 
 class Phase(enum.Enum):
