@@ -206,6 +206,12 @@ class WireField:
     const: Any = None
     has_const: bool = False
 
+    def __post_init__(self) -> None:
+        if self.kind not in _SHAPES:
+            raise ValueError(f"wire kind {self.kind!r} is not one of {sorted(_SHAPES)}")
+        if self.omit not in ("never", "none", "empty"):
+            raise ValueError(f"wire omit {self.omit!r} is not one of ['never', 'none', 'empty']")
+
 
 def wire(
     kind: str = "any", *, default: Any = dataclasses.MISSING, default_factory: Any = None, **spec: Any
