@@ -34,6 +34,10 @@ __all__ = ["StreamState", "apply_mutation", "plan_mutation", "same_json"]
 
 
 _PENDING: Any = object()
+#: About what one kept piece costs in memory (the node and its string's header), in bytes.
+_PIECE_BYTES = 128
+#: Pieces are joined once they would cost more than this share of the text they make.
+_MAX_PIECE_SHARE = 4
 
 
 class StreamState:
@@ -43,19 +47,23 @@ class StreamState:
     and joins them the first time :attr:`state` is read. So an append costs what it appends
     until something needs the whole string (a replayed ``start``, a ``replace``, a comparison
     with a caller's full state), and :func:`plan_mutation` finds the text appended since an
-    earlier state (:meth:`text_since`) without comparing the whole prefix.
+    earlier state (:meth:`text_since`) without comparing the whole prefix. The pieces never cost
+    more than a quarter of the text in memory: past that, an append joins them (a copy of the
+    text once per that many appends, so an append still costs O(appended) on average).
 
     :param state: string, array or object.
     :param attachments: the inline attachments, in order.
     """
 
-    __slots__ = ("_base", "_length", "_state", "_tail", "attachments")
+    __slots__ = ("_base", "_depth", "_length", "_state", "_tail", "attachments")
 
     def __init__(self, state: Any, attachments: tuple[Attachment, ...] = ()) -> None:
         self._state = state
         #: The state this one grew from by appending :attr:`_tail` (``None`` once joined).
         self._base: StreamState | None = None
         self._tail = ""
+        #: Pieces kept since the last joined state.
+        self._depth = 0
         #: The text's length in code points; -1 for a state that is not text.
         self._length = len(state) if isinstance(state, str) else -1
         self.attachments = attachments
@@ -72,7 +80,7 @@ class StreamState:
             parts.append(node._state)
             parts.reverse()
             self._state = "".join(parts)
-            self._base, self._tail = None, ""  # what the chain held is no longer needed here
+            self._base, self._tail, self._depth = None, "", 0  # the pieces are no longer needed here
         return self._state
 
     @property
@@ -90,6 +98,9 @@ class StreamState:
             raise TypeError("only a text state grows by appended text")
         grown = StreamState(_PENDING, self.attachments)
         grown._base, grown._tail, grown._length = self, text, self._length + len(text)
+        grown._depth = self._depth + 1
+        if grown._depth * _PIECE_BYTES * _MAX_PIECE_SHARE > grown._length:
+            grown.state  # noqa: B018 - joined now: the pieces would cost more than the bound
         return grown
 
     def with_attachments(self, attachments: tuple[Attachment, ...]) -> StreamState:
@@ -98,6 +109,7 @@ class StreamState:
         :param attachments: the new attachment list.
         """
         other = StreamState(_PENDING, attachments)
+        other._depth = self._depth
         other._state, other._base, other._tail, other._length = (
             self._state,
             self._base,
