@@ -391,8 +391,8 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
             ]
         )
         for part, label in (
-            ("concatenation_us", "string concatenation (not targeted)"),
-            ("planning_us", "mutation planning, prefix check (not targeted)"),
+            ("concatenation_us", "the new state: appended piece kept apart, or concatenation (not targeted)"),
+            ("planning_us", "mutation planning: appended pieces, or a prefix check (not targeted)"),
             ("rest_us", "the rest, by difference (floored at 0): validation, frames, ack, decision, freeing"),
             ("client_us_per_append", "client CPU per append, all of it"),
         ):

@@ -25,6 +25,9 @@ cannot disagree. The liveness invariant follows: whenever the client is connecte
 something to send now, waits for a timer, waits for the gateway (an ack, a decision), or is in
 sync with nothing wanted — never "due now" with nothing to send.
 
+What each server message does is the session's input half, :mod:`.client_input`; the
+per-connection bookkeeping is :class:`~.connection_state.ConnectionState`'s.
+
 Caller changes (:meth:`~ClientSession.append_text` …) are validated before they touch the desired
 state: an invalid change raises :class:`LocalProtocolError` and changes nothing. What is accepted
 is a snapshot: mutating the caller's list or dict afterwards changes nothing here.
@@ -46,13 +49,13 @@ from airflow_provider_systemzero.protocol.client_events import (
     ClientEvent,
     DecisionFailed,
     DecisionReceived,
-    DecisionRepeated,
     GoodbyeReceived,
     HelloReceived,
     MutationRejected,
     ServerError,
     StreamFailed,
 )
+from airflow_provider_systemzero.protocol.client_input import SessionInput
 from airflow_provider_systemzero.protocol.connection_state import (
     TRANSITIONS,
     ConnectionState,
@@ -61,38 +64,18 @@ from airflow_provider_systemzero.protocol.connection_state import (
     check_hello,
 )
 from airflow_provider_systemzero.protocol.desired import Change, DesiredState
-from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
-    Ack,
     Attachment,
     ClientMessage,
     Decide,
-    Decision,
     Error,
-    Goodbye,
-    Hello,
     Mutation,
-    Ping,
-    Pong,
-    Scheduled,
-    Start,
     StreamRequest,
-    decode_server_message,
     encode_message,
-    event_id,
-    event_number,
 )
 from airflow_provider_systemzero.protocol.outcomes import Outcomes
-from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
-from airflow_provider_systemzero.protocol.reconnect import (
-    DEFAULT_REJECTION_RETRY_MS,
-    MAX_SERVER_DELAY_S,
-    DecideRetry,
-    classify_decide_failure,
-)
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.protocol.state import plan_mutation, same_json
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
     validate_min_interval_ms,
@@ -114,20 +97,8 @@ __all__ = [
     "check_hello",
 ]
 
-#: Rejections after which the same mutation may be sent again later.
-_RETRYABLE_REJECTIONS = frozenset({"event_rate_limited", "too_many_pending_events", "shutting_down"})
-#: Pacing runs at this fraction of the gateway's advertised rates: our clock and the gateway's
-#: drift, and network jitter compresses intervals, so a client at exactly the advertised rate
-#: would now and then be rejected.
-_PACING_RATE_FACTOR = 0.9
-#: Event tokens kept back from the gateway's ``event_burst``, for the same reason.
-_EVENT_BURST_RESERVE = 1
-#: Message tokens kept back from ``message_burst``: a pong and a ``decide`` may follow a burst
-#: of mutations at once, and the gateway counts them in the same bucket.
-_MESSAGE_BURST_RESERVE = 2
 
-
-class ClientSession:
+class ClientSession(SessionInput):
     """The client's state machine for a stream (across reconnects).
 
     :param request: the fixed request parts; send an explicit ``prompt_cache_key`` so replays are
@@ -265,7 +236,7 @@ class ClientSession:
             or conn.acked_generation == self.desired.generation
             or conn.acked is None
             or self.desired.current.attachments != conn.acked.attachments
-            or not same_json(self.desired.current.state, conn.acked.state)
+            or not self.desired.current.same_state(conn.acked)
         ):
             return []
         previous, current = conn.acked_generation, self.desired.generation
@@ -451,186 +422,6 @@ class ClientSession:
         conn = self._conn
         return conn is not None and conn.recycle_at is not None and now >= conn.recycle_at
 
-    # ------------------------------------------------------------------ input
-
-    def receive_text(self, text: str | bytes, now: float) -> list[ClientEvent]:
-        """Handle one server frame.
-
-        :raises RemoteProtocolError: the gateway broke the contract; close the connection and
-            reconnect.
-        """
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("receive_text without an open connection")
-        conn.last_receipt = now
-        message = decode_server_message(text)
-        self._check_sequence(conn, message)
-        if conn.hello is None:
-            message = check_hello(message)
-            conn.hello = message
-            self.limits = message.limits
-            self.stream_id = message.stream_id
-            lim = message.limits
-            conn.event_bucket = TokenBucket(
-                max(0.1, lim.max_events_per_second * _PACING_RATE_FACTOR),
-                max(1, lim.event_burst - _EVENT_BURST_RESERVE),
-                now,
-            )
-            conn.message_bucket = TokenBucket(
-                max(0.1, lim.max_messages_per_second * _PACING_RATE_FACTOR),
-                max(1, lim.message_burst - _MESSAGE_BURST_RESERVE),
-                now,
-            )
-            self._move(Phase.STARTING)
-            return [HelloReceived(message)]
-        if isinstance(message, Hello):
-            raise RemoteProtocolError(
-                "a second hello on one connection", code="unexpected_hello", field="type"
-            )
-        if isinstance(message, Ping):
-            conn.pongs.append(Pong(message.nonce))
-            # a gateway keeps at most max_pending_probes pings unanswered: older ones are moot (a flood stays bounded)
-            del conn.pongs[: -max(1, self.limits.max_pending_probes)]
-            return []
-        if isinstance(message, Ack):
-            return self._on_ack(conn, message)
-        if isinstance(message, Scheduled):
-            return []
-        if isinstance(message, Decision):
-            return self._on_decision(conn, message)
-        if isinstance(message, Error):
-            return self._on_error(conn, message, now)
-        assert isinstance(message, Goodbye)
-        self.server_delay_ms = message.retry_after_ms
-        conn.recycle_at = None  # the gateway closes the connection itself
-        return [GoodbyeReceived(message)]
-
-    @staticmethod
-    def _check_sequence(conn: ConnectionState, message: Any) -> None:
-        """Every server message names this connection's stream and the next ``seq`` (WIRE.md §2)."""
-        if conn.hello is not None and message.stream_id != conn.hello.stream_id:
-            raise RemoteProtocolError(
-                f"{message.TYPE} names stream {message.stream_id[:40]!r}, not this "
-                f"connection's {conn.hello.stream_id!r}",
-                code="unexpected_stream_id",
-                field="stream_id",
-            )
-        if message.seq != conn.seq + 1:
-            raise RemoteProtocolError(
-                f"{message.TYPE}.seq is {message.seq}, expected {conn.seq + 1}: server "
-                "messages are numbered 1, 2, 3 … over the connection",
-                code="seq_out_of_order",
-                field="seq",
-            )
-        conn.seq = message.seq
-
-    def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
-        flight = conn.in_flight
-        if flight is None or ack.event_id != flight.message.event_id:
-            expected = flight.message.event_id if flight else None
-            raise RemoteProtocolError(
-                f"ack for {ack.event_id[:40]!r} but the mutation in flight is {expected!r}",
-                code="unexpected_ack",
-                field="event_id",
-            )
-        number = event_number(ack.event_id)
-        if ack.state_version != number:
-            raise RemoteProtocolError(
-                f"ack.state_version {ack.state_version} does not match {ack.event_id!r}: "
-                "each accepted mutation increments state_version once",
-                code="invalid_ack",
-                field="state_version",
-            )
-        conn.in_flight = None
-        conn.acked = flight.result
-        conn.acked_version = ack.state_version
-        conn.acked_generation = flight.generation
-        conn.version_generation[ack.state_version] = flight.generation
-        self.outcomes.acknowledged(flight.generation)
-        is_start = isinstance(flight.message, Start)
-        if is_start:
-            self._move(Phase.STREAMING)
-        return [Acknowledged(ack, flight.message.TYPE, replayed=is_start and conn.replay), *self._adopt()]
-
-    def _on_decision(self, conn: ConnectionState, message: Decision) -> list[ClientEvent]:
-        if message.state_version > conn.acked_version:
-            raise RemoteProtocolError(
-                f"decision covers version {message.state_version} but only "
-                f"{conn.acked_version} was acknowledged: an ack precedes any decision "
-                "covering it",
-                code="decision_before_ack",
-                field="state_version",
-            )
-        result = DecisionResult.from_message(message, self.request.questions)
-        if self.decision_mode == "on_change" and 0 < message.state_version <= conn.decided_version:
-            return [DecisionRepeated(message.state_version)]
-        conn.decided_version = message.state_version
-        conn.recycle_at = None
-        generation = conn.version_generation.get(message.state_version, -1)
-        for version in [v for v in conn.version_generation if v < message.state_version]:
-            del conn.version_generation[version]
-        if conn.decide_outstanding is not None and message.state_version >= conn.decide_outstanding:
-            conn.decide_outstanding = None
-        conn.drain = False
-        intents = self.outcomes.decision(result, generation)
-        return [DecisionReceived(result, current=generation == self.desired.generation, intents=intents)]
-
-    def _on_error(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
-        flight = conn.in_flight
-        if error.http_status is not None and error.event_id is None:
-            return self._on_decide_failure(conn, error, now)
-        if flight is not None and error.event_id == flight.message.event_id and not error.fatal:
-            conn.in_flight = None
-            if error.code in _RETRYABLE_REJECTIONS:
-                delay = error.retry.retry_after_ms
-                delay_s = min(
-                    (DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S
-                )
-                conn.blocked_until = now + delay_s
-                if error.code == "too_many_pending_events" and self.decision_mode == "on_request":
-                    conn.drain = True
-                # the caller may have returned to the acknowledged state meanwhile
-                return [MutationRejected(error), *self._adopt()]
-            self._stream_failure = error
-            self._move(Phase.FAILED)
-            return [StreamFailed(error)]
-        if error.event_id is None and error.code in ("stale_state_version", "shutting_down"):
-            conn.decide_outstanding = None
-            if error.code == "shutting_down":
-                conn.blocked_until = math.inf
-            return [ServerError(error)]
-        if (
-            error.event_id is None
-            and not error.fatal
-            and error.code in ("decide_not_allowed", "start_required")
-        ):
-            self._stream_failure = error
-            self._move(Phase.FAILED)
-            return [StreamFailed(error)]
-        return [ServerError(error)]
-
-    def _on_decide_failure(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
-        assert error.http_status is not None
-        conn.drain = False
-        if self.decision_mode == "on_request":
-            conn.decide_outstanding = None
-            failed = self.outcomes.fail_all()
-            return [DecisionFailed(error, failed)]
-        retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
-        if error.fatal:
-            return [DecisionFailed(error, ())]  # goodbye and close follow; the next connection replays
-        if retry is DecideRetry.CLIENT:
-            # nobody retries it on this connection: replay on a new one after the server's delay
-            delay = error.retry.retry_after_ms
-            conn.recycle_at = now + min(
-                (DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S
-            )
-        elif retry is DecideRetry.NONE:
-            # the gateway will not dispatch this state again: it is settled, with this failure
-            generation = conn.version_generation.get(error.state_version or 0, -1)
-            self.outcomes.failed_for_good(error, generation)
-        return [DecisionFailed(error, ())]
-
     # ------------------------------------------------------------------ output
 
     def _wanted(self, conn: ConnectionState) -> tuple[ClientMessage | None, bool]:
@@ -661,15 +452,6 @@ class ClientSession:
             return Decide(conn.acked_version), False
         return None, False
 
-    def _ready_at(self, conn: ConnectionState, is_mutation: bool, now: float) -> float:
-        """When a message of that kind may be written under the buckets (and, for a mutation, the
-        delay of the last rejection)."""
-        assert conn.event_bucket is not None and conn.message_bucket is not None
-        at = max(now, now + conn.message_bucket.delay(now))
-        if is_mutation:
-            at = max(at, conn.blocked_until, now + conn.event_bucket.delay(now))
-        return at
-
     def outgoing(self, now: float) -> list[ClientMessage]:
         """The messages to write now, in order (pongs first)."""
         conn = self._conn
@@ -683,7 +465,7 @@ class ClientSession:
                 out.append(pong)
             conn.pongs = []
         message, is_mutation = self._wanted(conn)
-        if message is None or self._ready_at(conn, is_mutation, now) > now:
+        if message is None or conn.ready_at(is_mutation, now) > now:
             return out
         # what can start a dispatch at the gateway: on_change every mutation, on_request a decide
         starts_dispatch = is_mutation == (self.decision_mode == "on_change")
@@ -703,27 +485,11 @@ class ClientSession:
 
     def _plan(self, conn: ConnectionState) -> Mutation | None:
         if self.phase is Phase.STARTING:
-            return Start(
-                event_id(1),
-                self.request,
-                self.desired.current.state,
-                self.decision_mode,
-                self.desired.current.attachments,
-                self.min_interval_ms,
-                self.desired.key,
-            )
+            return self.desired.start()
         if conn.acked_generation == self.desired.generation:
             return None
-        assert conn.acked is not None
-        mutation = plan_mutation(
-            conn.acked,
-            self.desired.current,
-            event_id=event_id(conn.acked_version + 1),
-            idempotency_key=self.desired.key,
-        )
-        if mutation is None:  # unreachable: every path that makes them equal adopts at once
-            raise AssertionError("desired state equals the acknowledged one but was not adopted")
-        return mutation
+        assert conn.acked is not None  # every path that makes them equal adopts at once
+        return self.desired.mutation_from(conn.acked, conn.acked_version)
 
     def next_wakeup(self, now: float) -> float | None:
         """When :meth:`outgoing` may have something new to send without any input, or ``None``.
@@ -741,7 +507,7 @@ class ClientSession:
             times.append(now)
         message, is_mutation = self._wanted(conn)
         if message is not None:
-            times.append(self._ready_at(conn, is_mutation, now))
+            times.append(conn.ready_at(is_mutation, now))
         return min(times) if times else None
 
     def data_to_send(self, now: float) -> list[str]:

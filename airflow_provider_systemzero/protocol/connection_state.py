@@ -2,8 +2,9 @@
 
 :class:`~airflow_provider_systemzero.protocol.client.ClientSession` holds one
 :class:`ConnectionState` while a WebSocket is open and drops it when the connection ends;
-everything in it is about that connection alone. :data:`TRANSITIONS` is the whole phase graph:
-the session checks every move against it.
+everything in it is about that connection alone, and so are its methods: the sequence check,
+the pacing buckets set from ``hello``, and the bookkeeping of an ack, a decision and a
+rejection. :data:`TRANSITIONS` is the whole phase graph: the session checks every move against it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
-from airflow_provider_systemzero.protocol.messages import PROTOCOL, Hello, Mutation, Pong
+from airflow_provider_systemzero.protocol.messages import (
+    PROTOCOL,
+    Ack,
+    Error,
+    Hello,
+    Mutation,
+    Pong,
+    event_number,
+)
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.state import StreamState
 
 __all__ = ["TRANSITIONS", "ConnectionState", "InFlightMutation", "Phase", "check_hello"]
+
+#: Pacing runs at this fraction of the gateway's advertised rates: our clock and the gateway's
+#: drift, and network jitter compresses intervals, so a client at exactly the advertised rate
+#: would now and then be rejected.
+_PACING_RATE_FACTOR = 0.9
+#: Event tokens kept back from the gateway's ``event_burst``, for the same reason.
+_EVENT_BURST_RESERVE = 1
+#: Message tokens kept back from ``message_burst``: a pong and a ``decide`` may follow a burst
+#: of mutations at once, and the gateway counts them in the same bucket.
+_MESSAGE_BURST_RESERVE = 2
 
 
 def check_hello(message: Any) -> Hello:
@@ -109,3 +128,108 @@ class ConnectionState:
     version_generation: dict[int, int] = field(default_factory=dict)
     #: A reconnect (the ``start`` is a replay).
     replay: bool = False
+
+    def greeted(self, hello: Hello, now: float) -> None:
+        """Take the connection's ``hello``: pace this client under the gateway's rates from now.
+
+        :param hello: the checked ``hello`` (see :func:`check_hello`).
+        :param now: the current time.
+        """
+        self.hello = hello
+        lim = hello.limits
+        self.event_bucket = TokenBucket(
+            max(0.1, lim.max_events_per_second * _PACING_RATE_FACTOR),
+            max(1, lim.event_burst - _EVENT_BURST_RESERVE),
+            now,
+        )
+        self.message_bucket = TokenBucket(
+            max(0.1, lim.max_messages_per_second * _PACING_RATE_FACTOR),
+            max(1, lim.message_burst - _MESSAGE_BURST_RESERVE),
+            now,
+        )
+
+    def check_sequence(self, message: Any) -> None:
+        """Every server message names this connection's stream and the next ``seq`` (WIRE.md §2).
+
+        :raises RemoteProtocolError: another stream, or a ``seq`` out of order.
+        """
+        if self.hello is not None and message.stream_id != self.hello.stream_id:
+            raise RemoteProtocolError(
+                f"{message.TYPE} names stream {message.stream_id[:40]!r}, not this "
+                f"connection's {self.hello.stream_id!r}",
+                code="unexpected_stream_id",
+                field="stream_id",
+            )
+        if message.seq != self.seq + 1:
+            raise RemoteProtocolError(
+                f"{message.TYPE}.seq is {message.seq}, expected {self.seq + 1}: server "
+                "messages are numbered 1, 2, 3 … over the connection",
+                code="seq_out_of_order",
+                field="seq",
+            )
+        self.seq = message.seq
+
+    def ready_at(self, is_mutation: bool, now: float) -> float:
+        """When a message of that kind may be written under the buckets (and, for a mutation, the
+        delay of the last rejection)."""
+        assert self.event_bucket is not None and self.message_bucket is not None
+        at = max(now, now + self.message_bucket.delay(now))
+        if is_mutation:
+            at = max(at, self.blocked_until, now + self.event_bucket.delay(now))
+        return at
+
+    def acknowledge(self, ack: Ack) -> InFlightMutation:
+        """The ack of the mutation in flight: its result is what the gateway holds now.
+
+        :returns: the acknowledged mutation.
+        :raises RemoteProtocolError: no such mutation is in flight, or the version is not its.
+        """
+        flight = self.in_flight
+        if flight is None or ack.event_id != flight.message.event_id:
+            expected = flight.message.event_id if flight else None
+            raise RemoteProtocolError(
+                f"ack for {ack.event_id[:40]!r} but the mutation in flight is {expected!r}",
+                code="unexpected_ack",
+                field="event_id",
+            )
+        if ack.state_version != event_number(ack.event_id):
+            raise RemoteProtocolError(
+                f"ack.state_version {ack.state_version} does not match {ack.event_id!r}: "
+                "each accepted mutation increments state_version once",
+                code="invalid_ack",
+                field="state_version",
+            )
+        self.in_flight = None
+        self.acked = flight.result
+        self.acked_version = ack.state_version
+        self.acked_generation = flight.generation
+        self.version_generation[ack.state_version] = flight.generation
+        return flight
+
+    def decided(self, version: int) -> int:
+        """A new decision covers ``version``: nothing older can be decided any more.
+
+        :returns: the caller generation that version stands for (-1: not known here).
+        """
+        self.decided_version = version
+        self.recycle_at = None
+        generation = self.version_generation.get(version, -1)
+        for older in [v for v in self.version_generation if v < version]:
+            del self.version_generation[older]
+        if self.decide_outstanding is not None and version >= self.decide_outstanding:
+            self.decide_outstanding = None
+        self.drain = False
+        return generation
+
+    def rejected_for_now(self, error: Error, delay_s: float, now: float, *, drain: bool) -> None:
+        """The mutation in flight was rejected for now: plan it again after ``delay_s``.
+
+        :param error: the rejection.
+        :param delay_s: seconds before the next mutation.
+        :param now: the current time.
+        :param drain: on_request after ``too_many_pending_events``: a ``decide`` drains first.
+        """
+        self.in_flight = None
+        self.blocked_until = now + delay_s
+        if drain:
+            self.drain = True

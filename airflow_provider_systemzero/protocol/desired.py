@@ -12,8 +12,11 @@ An append costs what it appends, not what the state holds. The decide body is
 a string or an array grows at its end: ``"abc`` + ``def"``, ``[1,2`` + ``,3]``. So the session
 keeps the SHA-256 of ``prefix + state JSON`` without its closing character, and its byte count;
 an ``append_text`` or ``append_items`` feeds only the new fragment into a copy of that hash, and
-the per-state key is a copy finished with the closing character and the suffix. A ``replace``
-encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
+the per-state key is a copy finished with the closing character and the suffix. The text itself
+is not copied either: the new :class:`~airflow_provider_systemzero.protocol.state.StreamState`
+keeps the state it grew from and the appended piece, joined only when something reads the whole
+string (see :meth:`~airflow_provider_systemzero.protocol.state.StreamState.with_text`). A
+``replace`` encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
 (a test checks random sequences of appends, replaces and attachment changes).
 """
 
@@ -30,12 +33,13 @@ from airflow_provider_systemzero.protocol.keys import state_key
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
+    Mutation,
     Start,
     StreamRequest,
     event_id,
     validate_attachment_tuple,
 )
-from airflow_provider_systemzero.protocol.state import StreamState, same_json
+from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation, same_json
 from airflow_provider_systemzero.protocol.validation import validate_idempotency_key, validate_state
 
 __all__ = ["MAX_KEY_NAMESPACE_LENGTH", "STREAM_ID_PLACEHOLDER", "Change", "DesiredState"]
@@ -195,7 +199,7 @@ class DesiredState:
             raise LocalProtocolError(
                 f"text must be a string, got {type(text).__name__}", code="invalid_text", field="text"
             )
-        if not isinstance(self.current.state, str):
+        if not self.current.is_text:
             raise LocalProtocolError(
                 "append_text needs a string state: use append_items for an array or replace for an object",
                 code="state_type_mismatch",
@@ -203,9 +207,7 @@ class DesiredState:
             )
         if not text:
             return None
-        return Change(
-            StreamState(self.current.state + text, self.current.attachments), compact_json(text)[1:-1]
-        )
+        return Change(self.current.with_text(text), compact_json(text)[1:-1])
 
     def with_items(self, items: Any) -> Change:
         """The change that appends complete values to an array state."""
@@ -244,7 +246,7 @@ class DesiredState:
         validate_attachment_tuple(
             new, field="attachments", existing=self.current.attachments, allow_empty=False
         )
-        return Change(StreamState(self.current.state, (*self.current.attachments, *new)), "")
+        return Change(self.current.with_attachments((*self.current.attachments, *new)), "")
 
     def is_current(self, state: Any, key: str | None) -> bool:
         """Whether making ``state`` desired would change nothing: the same JSON bytes (``[1]`` and
@@ -296,6 +298,39 @@ class DesiredState:
         self.key = key
         self.generation += 1
 
+    # ------------------------------------------------------------------ the messages it makes
+
+    def start(self) -> Start:
+        """The ``start`` that opens a connection's stream with the desired state (a replay after
+        a reconnect: the same request bytes and the same key)."""
+        return self._start(self.current, self.key)
+
+    def _start(self, state: StreamState, key: str | None) -> Start:
+        return Start(
+            event_id(1),
+            self.request,
+            state.state,
+            self.decision_mode,
+            state.attachments,
+            self.min_interval_ms,
+            key,
+        )
+
+    def mutation_from(self, acked: StreamState, acked_version: int) -> Mutation:
+        """The one mutation that turns what the gateway acknowledged into the desired state.
+
+        :param acked: what the gateway holds.
+        :param acked_version: its state version (the mutation is the next event).
+        :raises AssertionError: both are the same (a change back to the acknowledged state is
+            adopted at once and never planned).
+        """
+        mutation = plan_mutation(
+            acked, self.current, event_id=event_id(acked_version + 1), idempotency_key=self.key
+        )
+        if mutation is None:
+            raise AssertionError("desired state equals the acknowledged one but was not adopted")
+        return mutation
+
     def _start_overhead(self, stream_id: str) -> int:
         """Bytes a replayed ``start`` (with the longest key) adds to the decide body of the same state.
 
@@ -303,11 +338,7 @@ class DesiredState:
         only on the request: it is measured once on an empty state.
         """
         if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
-            start = json_size(
-                Start(
-                    event_id(1), self.request, "", self.decision_mode, (), self.min_interval_ms, "k" * 255
-                ).to_dict()
-            )
+            start = json_size(self._start(StreamState(""), "k" * 255).to_dict())
             body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
             self._start_overhead_for = (stream_id, start - body)
         return self._start_overhead_for[1]

@@ -16,25 +16,34 @@ Times are seconds on any monotonic origin.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
+from airflow_provider_systemzero.protocol import gateway_actions
+from airflow_provider_systemzero.protocol.admission import admit_mutation, decide_rejection, order_rejection
 from airflow_provider_systemzero.protocol.body import state_bytes
+from airflow_provider_systemzero.protocol.dispatching import Dispatches, InFlightDecide
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
     LocalProtocolError,
     RemoteProtocolError,
     RetryHint,
 )
+from airflow_provider_systemzero.protocol.gateway_actions import (
+    CloseConnection,
+    DecideFailure,
+    DecideOutcome,
+    DecideSuccess,
+    DispatchDecide,
+    GatewayAction,
+    SendMessage,
+)
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import (
     PROTOCOL,
     Ack,
     Decide,
-    Decision,
     Error,
     Goodbye,
     Hello,
@@ -47,6 +56,7 @@ from airflow_provider_systemzero.protocol.messages import (
     StreamRequest,
     decode_client_message,
     event_id,
+    sent_event_id,
 )
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import (
@@ -55,24 +65,10 @@ from airflow_provider_systemzero.protocol.reconnect import (
     GoodbyeReason,
     classify_decide_failure,
 )
-from airflow_provider_systemzero.protocol.state import StreamState, apply_mutation
-from airflow_provider_systemzero.protocol.validation import (
-    validate_decision_mode,
-    validate_idempotency_key,
-    validate_min_interval_ms,
-)
+from airflow_provider_systemzero.protocol.state import StreamState
 
-__all__ = [
-    "CloseConnection",
-    "DecideFailure",
-    "DecideOutcome",
-    "DecideSuccess",
-    "DispatchDecide",
-    "GatewayAction",
-    "GatewaySession",
-    "Phase",
-    "SendMessage",
-]
+# the actions and outcomes stay importable from here, where the session that uses them lives
+__all__ = ["GatewaySession", "Phase", *gateway_actions.__all__]
 
 
 class Phase(enum.Enum):
@@ -82,73 +78,6 @@ class Phase(enum.Enum):
     OPEN = "open"
     SHUTTING_DOWN = "shutting_down"
     CLOSED = "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class SendMessage:
-    """Write ``message`` as one text frame."""
-
-    message: ServerMessage
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchDecide:
-    """Call the decide API (``POST`` ``body`` with ``Idempotency-Key: idempotency_key``)."""
-
-    dispatch_id: int
-    state_version: int
-    body: str
-    idempotency_key: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConnection:
-    """Close the WebSocket with ``code`` and ``reason``."""
-
-    code: int
-    reason: str
-
-
-GatewayAction: TypeAlias = SendMessage | DispatchDecide | CloseConnection
-
-
-@dataclass(frozen=True, slots=True)
-class DecideSuccess:
-    """A decide call answered 200 with ``reply``."""
-
-    reply: dict[str, Any]
-    request_id: str
-    decide_ms: float = 0
-    http_status: int = 200
-    server_timing: Any = None
-    latency_ms: Any = None
-    rate_limit: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class DecideFailure:
-    """A decide call failed with an HTTP status and the API's error envelope."""
-
-    http_status: int
-    envelope: ErrorEnvelope
-    retry: RetryHint
-    request_id: str
-
-
-DecideOutcome: TypeAlias = DecideSuccess | DecideFailure
-
-
-#: Delay before the gateway's own retry of an on_change dispatch when the failure names none
-#: (WIRE.md §5 leaves it open; the emulator's choice). Never advertised as a server delay.
-DEFAULT_RETRY_DELAY_MS = 1000
-
-
-@dataclass(slots=True)
-class _InFlight:
-    dispatch_id: int
-    state_version: int
-    started: float
-    queue_ms: float
 
 
 class GatewaySession:
@@ -182,6 +111,7 @@ class GatewaySession:
         self.idempotency_key: str | None = None
         self.body: str | None = None
         self.success_watermark = 0
+        #: The last version frozen into a dispatch (the later ones are pending events).
         self.frozen_version = 0
         self.close_code: int | None = None
         self.close_reason: str | None = None
@@ -189,7 +119,6 @@ class GatewaySession:
         self.accepted_events = 0
         self.rejections = 0
         self.refusal_count = 0
-        self.dispatches = 0
         lim = self.limits
         self._seq = 0
         self._actions: list[GatewayAction] = []
@@ -199,14 +128,7 @@ class GatewaySession:
         self._refusals: deque[float] = deque()
         self._event_bucket = TokenBucket(lim.max_events_per_second, max(1, lim.event_burst), now)
         self._message_bucket = TokenBucket(lim.max_messages_per_second, max(1, lim.message_burst), now)
-        self._in_flight: _InFlight | None = None
-        self._dispatch_ids = 0
-        self._pending_intent = False
-        self._pending_since = now
-        self._last_dispatch_start: float | None = None
-        self._retry_at: float | None = None
-        self._failures = 0
-        self._failures_version = 0
+        self._dispatches = Dispatches(now)
         self._nonce = 0
         self._next_ping = now + lim.heartbeat_interval_ms / 1000
         self._pongs_due: dict[int, float] = {}
@@ -238,7 +160,12 @@ class GatewaySession:
     @property
     def decide_in_flight(self) -> bool:
         """Whether a decide call is running."""
-        return self._in_flight is not None
+        return self._dispatches.in_flight is not None
+
+    @property
+    def dispatches(self) -> int:
+        """Decide calls started on this connection."""
+        return self._dispatches.started
 
     @property
     def pending_events(self) -> int:
@@ -254,10 +181,11 @@ class GatewaySession:
             times.append(self._start_deadline)
         times.append(self._next_ping)
         times.extend(self._pongs_due.values())
-        if self.phase is Phase.OPEN and self._in_flight is None and not self._pending_intent:
+        idle = self._dispatches.in_flight is None and not self._dispatches.pending
+        if self.phase is Phase.OPEN and idle:
             times.append(self._last_activity + self.limits.idle_timeout_ms / 1000)
-        if self.phase is Phase.OPEN and self._pending_intent and self._in_flight is None:
-            times.append(self._eligible_at())
+        if self.phase is Phase.OPEN and self._dispatches.pending and self._dispatches.in_flight is None:
+            times.append(self._dispatches.eligible_at(self.min_interval_ms))
         if self._settle_deadline is not None:
             times.append(self._settle_deadline)
         return min(times)
@@ -285,7 +213,7 @@ class GatewaySession:
             message = decode_client_message(text)
         except RemoteProtocolError as exc:
             # an error about a mutation echoes the event_id the client sent, refusal or not
-            eid = _sent_event_id(text)
+            eid = sent_event_id(text)
             if exc.refusal:
                 self._refuse(exc.code, exc.message, now, event_id_=eid)
             else:
@@ -316,29 +244,17 @@ class GatewaySession:
 
     def dispatch_finished(self, dispatch_id: int, outcome: DecideOutcome, now: float) -> list[GatewayAction]:
         """Report the outcome of a :class:`DispatchDecide`."""
-        flight = self._in_flight
-        if self.closed or flight is None or flight.dispatch_id != dispatch_id:
+        flight = None if self.closed else self._dispatches.finish(dispatch_id)
+        if flight is None:
             return self.actions()
-        self._in_flight = None
         self._last_activity = now
         if isinstance(outcome, DecideSuccess):
             covered = tuple(event_id(n) for n in range(self.success_watermark + 1, flight.state_version + 1))
             self.success_watermark = flight.state_version
-            self._failures = 0
+            self._dispatches.succeeded()
             self._emit(
-                Decision(
-                    self.stream_id,
-                    self._next_seq(),
-                    flight.state_version,
-                    covered,
-                    outcome.reply,
-                    outcome.request_id,
-                    outcome.http_status,
-                    outcome.server_timing,
-                    outcome.latency_ms,
-                    outcome.rate_limit,
-                    round(flight.queue_ms),
-                    round(outcome.decide_ms),
+                outcome.decision(
+                    self.stream_id, self._next_seq(), flight.state_version, covered, flight.queue_ms
                 )
             )
         else:
@@ -372,13 +288,13 @@ class GatewaySession:
             self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
             return
         if self._settle_deadline is not None and now >= self._settle_deadline:
-            self._in_flight = None
+            self._dispatches.in_flight = None
             self._finish_shutdown()
             return
         if (
             self.phase is Phase.OPEN
-            and self._in_flight is None
-            and not self._pending_intent
+            and self._dispatches.in_flight is None
+            and not self._dispatches.pending
             and now >= self._last_activity + lim.idle_timeout_ms / 1000
         ):
             self._goodbye(GoodbyeReason.IDLE_TIMEOUT, 0)
@@ -403,9 +319,8 @@ class GatewaySession:
             return self.actions()
         self._shutdown_retry_after_ms = retry_after_ms
         self.phase = Phase.SHUTTING_DOWN
-        self._pending_intent = False
-        self._retry_at = None
-        if self._in_flight is None:
+        self._dispatches.stop()
+        if self._dispatches.in_flight is None:
             self._finish_shutdown()
         else:
             self._settle_deadline = now + self.limits.decision_settlement_timeout_ms / 1000
@@ -434,7 +349,7 @@ class GatewaySession:
         """The transport is gone; nothing more will be sent."""
         if not self.closed:
             self.phase = Phase.CLOSED
-            self._in_flight = None
+            self._dispatches.in_flight = None
 
     # ------------------------------------------------------------------ handlers
 
@@ -450,90 +365,29 @@ class GatewaySession:
             )
 
     def _on_decide(self, message: Decide, now: float) -> None:
-        if self.phase is Phase.AWAITING_START:
-            self._reject(
-                LocalProtocolError(
-                    "decide before start: send start (evt_1) first", code="start_required", field="type"
-                ),
-                None,
-            )
-            return
-        if self.decision_mode != "on_request":
-            self._reject(
-                LocalProtocolError(
-                    "decide is only for on_request streams; this stream decides on_change",
-                    code="decide_not_allowed",
-                    field="type",
-                ),
-                None,
-            )
-            return
-        if self.phase is Phase.SHUTTING_DOWN:
-            self._reject(
-                LocalProtocolError(
-                    "decide during shutdown: the gateway starts no more decides on this "
-                    "connection; reconnect and replay",
-                    code="shutting_down",
-                    field="type",
-                ),
-                None,
-                retry=RetryHint(True, self._shutdown_retry_after_ms),
-            )
-            return
-        if message.state_version != self.state_version:
-            self._reject(
-                LocalProtocolError(
-                    f"decide.state_version {message.state_version} is not the current accepted version "
-                    f"{self.state_version}: decide must name the current accepted version",
-                    code="stale_state_version",
-                    field="state_version",
-                ),
-                None,
-            )
-            return
-        self._emit(
-            Scheduled(self.stream_id, self._next_seq(), message.state_version, self._in_flight is not None)
+        rejection = decide_rejection(
+            started=self.phase is not Phase.AWAITING_START,
+            decision_mode=self.decision_mode,
+            shutting_down=self.phase is Phase.SHUTTING_DOWN,
+            requested=message.state_version,
+            current=self.state_version,
         )
-        if not self._pending_intent:
-            self._pending_intent = True
-            self._pending_since = now
+        if rejection is not None:
+            retry = (
+                RetryHint(True, self._shutdown_retry_after_ms) if rejection.code == "shutting_down" else None
+            )
+            self._reject(rejection, None, retry=retry)
+            return
+        self._emit(Scheduled(self.stream_id, self._next_seq(), message.state_version, self.decide_in_flight))
+        self._dispatches.intend(now)
 
     def _on_mutation(self, message: Mutation, now: float) -> None:
         eid = message.event_id
-        if isinstance(message, Start):
-            if self.phase is not Phase.AWAITING_START:
-                self._reject(
-                    LocalProtocolError(
-                        "start was already accepted on this connection: questions, "
-                        "routing, scheduling and the cache key stay fixed; reconnect "
-                        "to change them",
-                        code="already_started",
-                        field="type",
-                    ),
-                    eid,
-                )
-                return
-        elif self.phase is Phase.AWAITING_START:
-            self._reject(
-                LocalProtocolError(
-                    f"{message.TYPE} before start: send start (evt_1) first",
-                    code="start_required",
-                    field="type",
-                ),
-                eid,
-            )
-            return
-        expected = event_id(self.state_version + 1)
-        if eid != expected:
-            self._reject(
-                LocalProtocolError(
-                    f"event_id {eid!r} is out of sequence: the next event ID is {expected!r} "
-                    "(IDs are precisely evt_1, evt_2, … and a rejected update leaves the next ID available)",
-                    code="event_id_out_of_sequence",
-                    field="event_id",
-                ),
-                eid,
-            )
+        rejection = order_rejection(
+            message, started=self.phase is not Phase.AWAITING_START, state_version=self.state_version
+        )
+        if rejection is not None:
+            self._reject(rejection, eid)
             return
         if self.state_version >= self.limits.max_events:
             self._error(
@@ -547,46 +401,16 @@ class GatewaySession:
             self._close(CloseCode.POLICY_VIOLATION, "event_limit")
             return
         try:
-            key = (
-                None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
+            admitted = admit_mutation(
+                message,
+                current=self.stream_state,
+                request=self.request,
+                decision_mode=self.decision_mode,
+                min_interval_ms=self.min_interval_ms,
+                stream_id=self.stream_id,
+                limits=self.limits,
+                pending_events=self.pending_events,
             )
-            request, mode, min_interval = self.request, self.decision_mode, self.min_interval_ms
-            if isinstance(message, Start):
-                message.request.validate()
-                request = message.request
-                mode = validate_decision_mode(message.decision_mode)
-                min_interval = (
-                    validate_min_interval_ms(
-                        message.min_interval_ms, maximum=self.limits.maximum_decision_interval_ms
-                    )
-                    or 0
-                )
-            new_state = apply_mutation(self.stream_state, message)
-            assert request is not None
-            body = request.decide_body(new_state.state, new_state.attachments, stream_id=self.stream_id)
-            try:
-                body_bytes = len(body.encode("utf-8"))
-            except UnicodeEncodeError:
-                raise LocalProtocolError(
-                    f"{message.TYPE} holds text that is not valid Unicode (a lone surrogate such as \\ud800): "
-                    "a state must encode as UTF-8",
-                    code="invalid_state",
-                    field="state",
-                ) from None
-            if body_bytes > self.limits.max_decide_body_bytes:
-                raise LocalProtocolError(
-                    f"{message.TYPE} would make the decide body {body_bytes} bytes: the synthesized body may not "
-                    f"exceed max_decide_body_bytes ({self.limits.max_decide_body_bytes})",
-                    code="decide_body_too_large",
-                    field="state",
-                )
-            if self.pending_events >= self.limits.max_pending_events:
-                raise LocalProtocolError(
-                    f"{self.pending_events} accepted events wait for a dispatch: at most max_pending_events "
-                    f"({self.limits.max_pending_events}) may wait",
-                    code="too_many_pending_events",
-                    field="event_id",
-                )
         except LocalProtocolError as exc:
             self._reject(exc, eid)
             return
@@ -606,12 +430,13 @@ class GatewaySession:
             return
         # accept
         if isinstance(message, Start):
-            self.request, self.decision_mode, self.min_interval_ms = request, mode, min_interval
+            self.request, self.decision_mode = admitted.request, admitted.decision_mode
+            self.min_interval_ms = admitted.min_interval_ms
             self.phase = Phase.OPEN if self.phase is Phase.AWAITING_START else self.phase
-        self.stream_state = new_state
+        self.stream_state = admitted.state
         self.state_version += 1
-        self.idempotency_key = key
-        self.body = body
+        self.idempotency_key = admitted.key
+        self.body = admitted.body
         self.accepted_events += 1
         scheduled = self.decision_mode == "on_change" and self.phase is Phase.OPEN
         self._emit(
@@ -620,16 +445,15 @@ class GatewaySession:
                 self._next_seq(),
                 eid,
                 self.state_version,
-                state_bytes(new_state.state),
-                body_bytes,
+                state_bytes(admitted.state.state),
+                admitted.body_bytes,
                 scheduled,
             )
         )
-        if scheduled and not self._pending_intent:
-            self._pending_intent = True
-            self._pending_since = now
+        if scheduled:
+            self._dispatches.intend(now)
 
-    def _on_failure(self, flight: _InFlight, failure: DecideFailure, now: float) -> None:
+    def _on_failure(self, flight: InFlightDecide, failure: DecideFailure, now: float) -> None:
         fatal = False
         delay_ms = failure.retry.retry_after_ms
         retry = (
@@ -639,66 +463,30 @@ class GatewaySession:
             is DecideRetry.GATEWAY
         )
         if retry:
-            if self._failures_version == flight.state_version:
-                self._failures += 1
-            else:
-                self._failures, self._failures_version = 1, flight.state_version
-            retry_in_ms = DEFAULT_RETRY_DELAY_MS if delay_ms is None else delay_ms
-            remaining_ms = (self._end_at - now) * 1000
-            fatal = (
-                self._failures >= self.limits.consecutive_retryable_failures or retry_in_ms >= remaining_ms
+            fatal, retry_in_ms = self._dispatches.retry_ends_connection(
+                flight,
+                delay_ms,
+                limit=self.limits.consecutive_retryable_failures,
+                remaining_ms=(self._end_at - now) * 1000,
             )
-        self._emit(
-            Error(
-                self.stream_id,
-                self._next_seq(),
-                None,
-                flight.state_version,
-                failure.http_status,
-                failure.request_id,
-                fatal,
-                failure.envelope,
-                failure.retry,
-            )
-        )
+        self._emit(failure.error(self.stream_id, self._next_seq(), flight.state_version, fatal=fatal))
         if fatal:
             # the goodbye names the server's delay only when the failure named one
             self._goodbye(GoodbyeReason.OVERLOAD, delay_ms)
             self._close(CloseCode.TRY_AGAIN_LATER, "overload")
         elif retry:
-            self._retry_at = now + retry_in_ms / 1000
-            if not self._pending_intent:
-                self._pending_intent = True
-                self._pending_since = now
+            self._dispatches.retry_in(retry_in_ms, now)
 
     # ------------------------------------------------------------------ scheduling
 
-    def _eligible_at(self) -> float:
-        at = self._retry_at or 0.0
-        if self._last_dispatch_start is not None:
-            at = max(at, self._last_dispatch_start + self.min_interval_ms / 1000)
-        return at
-
     def _maybe_dispatch(self, now: float) -> None:
-        if (
-            self.phase is not Phase.OPEN
-            or self._in_flight is not None
-            or not self._pending_intent
-            or now < self._eligible_at()
-        ):
+        if self.phase is not Phase.OPEN or not self._dispatches.due(now, self.min_interval_ms):
             return
         assert self.body is not None
-        self._dispatch_ids += 1
-        self._in_flight = _InFlight(
-            self._dispatch_ids, self.state_version, now, (now - self._pending_since) * 1000
-        )
+        flight = self._dispatches.start(self.state_version, now)
         self.frozen_version = self.state_version
-        self._pending_intent = False
-        self._retry_at = None
-        self._last_dispatch_start = now
-        self.dispatches += 1
         self._actions.append(
-            DispatchDecide(self._dispatch_ids, self.state_version, self.body, self.idempotency_key)
+            DispatchDecide(flight.dispatch_id, self.state_version, self.body, self.idempotency_key)
         )
 
     # ------------------------------------------------------------------ emitting
@@ -790,13 +578,3 @@ class GatewaySession:
         self.close_code, self.close_reason = code, reason
         self._pongs_due.clear()
         self._actions.append(CloseConnection(code, reason))
-
-
-def _sent_event_id(text: str) -> str | None:
-    """The ``event_id`` a refused or rejected frame carried, if it was a JSON object with a string one."""
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    value = data.get("event_id") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None

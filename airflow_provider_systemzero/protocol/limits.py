@@ -1,8 +1,9 @@
 """Every limit of the public System Zero stream document, with its defaults.
 
-The gateway advertises the first group in ``hello.limits`` (the object of the public example,
-in that order). The second group are service rules the document states but ``hello`` does not
-carry; they are fixed for protocol v1 and used by both sides.
+The gateway advertises the limits marked ``advertised`` in their field metadata in
+``hello.limits`` (the object of the public example, in that order). The others are service rules
+the document states but ``hello`` does not carry; they are fixed for protocol v1 and used by
+both sides.
 
 A client never lets ``hello`` loosen its own safety checks: :meth:`Limits.from_hello` clamps
 every advertised value into :data:`ADVERTISED_BOUNDS` (sizes, liveness timers and the stream cap
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
@@ -25,36 +26,39 @@ __all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM"
 #: client may have started at the gateway and not yet seen settled.
 MAX_DISPATCHES_PER_STREAM = 2
 
+#: Field metadata of a limit the gateway advertises in ``hello.limits``.
+_IN_HELLO = {"advertised": True}
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Stream limits; defaults are the public document's numbers. Times are milliseconds."""
 
-    # --- advertised in hello.limits (public example order) ---
-    max_duration_ms: int = 3_600_000
-    idle_timeout_ms: int = 120_000
-    start_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 30_000
-    native_heartbeat_interval_ms: int = 10_000
-    receipt_timeout_ms: int = 240_000
-    max_control_queue_frames: int = 2
-    pong_timeout_ms: int = 10_000
-    max_message_bytes: int = 4_194_304
-    max_decide_body_bytes: int = 3_665_920
-    max_pending_events: int = 4096
-    max_events: int = 100_000
-    max_events_per_second: int = 5
-    max_send_queue_bytes: int = 4_194_304
-    max_send_queue_frames: int = 64
-    min_interval_ms: int = 0
-    event_burst: int = 10
-    max_messages_per_second: int = 40
-    message_burst: int = 80
-    max_streams_per_process: int = 4
-    max_native_control_frames_per_second: int = 8
-    native_control_frame_burst: int = 16
-    max_native_control_bytes_per_second: int = 512
-    native_control_byte_burst: int = 1024
+    # --- advertised in hello.limits, in the public example's order ---
+    max_duration_ms: int = field(default=3_600_000, metadata=_IN_HELLO)
+    idle_timeout_ms: int = field(default=120_000, metadata=_IN_HELLO)
+    start_timeout_ms: int = field(default=10_000, metadata=_IN_HELLO)
+    heartbeat_interval_ms: int = field(default=30_000, metadata=_IN_HELLO)
+    native_heartbeat_interval_ms: int = field(default=10_000, metadata=_IN_HELLO)
+    receipt_timeout_ms: int = field(default=240_000, metadata=_IN_HELLO)
+    max_control_queue_frames: int = field(default=2, metadata=_IN_HELLO)
+    pong_timeout_ms: int = field(default=10_000, metadata=_IN_HELLO)
+    max_message_bytes: int = field(default=4_194_304, metadata=_IN_HELLO)
+    max_decide_body_bytes: int = field(default=3_665_920, metadata=_IN_HELLO)
+    max_pending_events: int = field(default=4096, metadata=_IN_HELLO)
+    max_events: int = field(default=100_000, metadata=_IN_HELLO)
+    max_events_per_second: int = field(default=5, metadata=_IN_HELLO)
+    max_send_queue_bytes: int = field(default=4_194_304, metadata=_IN_HELLO)
+    max_send_queue_frames: int = field(default=64, metadata=_IN_HELLO)
+    min_interval_ms: int = field(default=0, metadata=_IN_HELLO)
+    event_burst: int = field(default=10, metadata=_IN_HELLO)
+    max_messages_per_second: int = field(default=40, metadata=_IN_HELLO)
+    message_burst: int = field(default=80, metadata=_IN_HELLO)
+    max_streams_per_process: int = field(default=4, metadata=_IN_HELLO)
+    max_native_control_frames_per_second: int = field(default=8, metadata=_IN_HELLO)
+    native_control_frame_burst: int = field(default=16, metadata=_IN_HELLO)
+    max_native_control_bytes_per_second: int = field(default=512, metadata=_IN_HELLO)
+    native_control_byte_burst: int = field(default=1024, metadata=_IN_HELLO)
     # --- service rules stated by the document, not advertised ---
     maximum_decision_interval_ms: int = 60_000
     mutation_burst: int = 10
@@ -119,8 +123,9 @@ class Limits:
         return cls(**values)
 
 
-#: Names of the limits the gateway advertises in ``hello``, in the public example's order.
-ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits))[:24]
+#: Names of the limits the gateway advertises in ``hello``, in the public example's order (the
+#: fields marked as advertised, in their declaration order).
+ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits) if f.metadata.get("advertised"))
 
 _DOCUMENT = Limits()
 #: The rates and bursts of a gateway's buckets only pace this client's own sending: a gateway may

@@ -1,0 +1,97 @@
+"""What the emulator reports: a snapshot of its counters (:class:`EmulatorStats`) and the last
+accepted state of a stream (:class:`AcceptedState`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from airflow_provider_systemzero.emulator.redaction import mask_secret
+from airflow_provider_systemzero.protocol.gateway import GatewaySession
+
+__all__ = ["AcceptedState", "EmulatorStats", "session_totals"]
+
+
+class AcceptedState(NamedTuple):
+    """A stream's last accepted state.
+
+    :ivar state: the state (string, array or object; read-only).
+    :ivar attachments: the inline attachments in wire form (``{"name", "data"}``).
+    """
+
+    state: Any
+    attachments: list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorStats:
+    """A snapshot of what the emulator did (take a new one with :attr:`Emulator.stats`).
+
+    :param streams_open: streams whose handler runs now.
+    :param streams_total: streams ever opened (successful upgrades).
+    :param max_streams_open: the most streams open at once.
+    :param events_accepted: mutations acknowledged, over every stream.
+    :param decisions_dispatched: decide calls started by the gateway sessions.
+    :param decisions_delivered: ``decision`` messages sent.
+    :param decisions_billed: fresh decisions billed by the backend.
+    :param decisions_replayed: original replies returned unbilled for a replayed key and body.
+    :param decide_failures: failed decide calls by HTTP status.
+    :param upgrade_refusals: refused upgrades by HTTP status.
+    :param protocol_refusals: protocol refusals (WIRE.md §2), over every stream.
+    :param rejections: non-fatal rejections, over every stream.
+    :param closes_by_code: finished streams by close code (the gateway's code when it closed,
+        else the client's, else 1006 for a connection lost without a close frame).
+    :param connections_by_account: open streams per account.
+    :param peak_connections_by_account: the most streams each account held at once.
+    :param messages_sent: server messages sent, by ``type``.
+    :param native_pings_sent: WebSocket ping frames sent by the keepalive.
+    :param native_pongs_received: WebSocket pong frames received.
+    :param native_control_floods: connections closed 1008 for native pings and pongs over the
+        advertised native control limits.
+    """
+
+    streams_open: int = 0
+    streams_total: int = 0
+    max_streams_open: int = 0
+    events_accepted: int = 0
+    decisions_dispatched: int = 0
+    decisions_delivered: int = 0
+    decisions_billed: int = 0
+    decisions_replayed: int = 0
+    decide_failures: dict[int, int] = field(default_factory=dict)
+    upgrade_refusals: dict[int, int] = field(default_factory=dict)
+    protocol_refusals: int = 0
+    rejections: int = 0
+    closes_by_code: dict[int, int] = field(default_factory=dict)
+    connections_by_account: dict[str, int] = field(default_factory=dict)
+    peak_connections_by_account: dict[str, int] = field(default_factory=dict)
+    messages_sent: dict[str, int] = field(default_factory=dict)
+    native_pings_sent: int = 0
+    native_pongs_received: int = 0
+    native_control_floods: int = 0
+
+    def to_dict(self, *, mask_accounts: bool = False) -> dict[str, Any]:
+        """JSON form (integer keys become strings).
+
+        :param mask_accounts: replace account names (API keys) by :func:`mask_secret` tags.
+        """
+        data = asdict(self)
+        for name in ("decide_failures", "upgrade_refusals", "closes_by_code"):
+            data[name] = {str(k): v for k, v in data[name].items()}
+        if mask_accounts:
+            for name in ("connections_by_account", "peak_connections_by_account"):
+                data[name] = {mask_secret(k): v for k, v in data[name].items()}
+        return data
+
+
+def session_totals(session: GatewaySession) -> dict[str, int]:
+    """The counters of one gateway session that :class:`EmulatorStats` sums over every stream.
+
+    :param session: the session (open or finished).
+    """
+    return {
+        "events_accepted": session.accepted_events,
+        "decisions_dispatched": session.dispatches,
+        "protocol_refusals": session.refusal_count,
+        "rejections": session.rejections,
+    }

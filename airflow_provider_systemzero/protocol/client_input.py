@@ -1,0 +1,197 @@
+"""What a client session does with each server message (WIRE.md §2–8).
+
+:class:`SessionInput` is the input half of
+:class:`~airflow_provider_systemzero.protocol.client.ClientSession`: one object, two modules, so
+that each holds one job. Here: the first message is a ``hello`` that sets the limits and the
+pacing; a ``ping`` queues a ``pong``; an ``ack`` makes the mutation in flight what the gateway
+holds; a ``decision`` settles the intents it covers; an ``error`` is a failed dispatch, a
+rejection of the mutation in flight (sent again later, or the end of the stream), a refused
+``decide``, or only reported; a ``goodbye`` names the delay before the next connection.
+"""
+
+from __future__ import annotations
+
+import math
+
+from airflow_provider_systemzero.protocol.client_events import (
+    Acknowledged,
+    ClientEvent,
+    DecisionFailed,
+    DecisionReceived,
+    DecisionRepeated,
+    GoodbyeReceived,
+    HelloReceived,
+    MutationRejected,
+    ServerError,
+    StreamFailed,
+)
+from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Phase, check_hello
+from airflow_provider_systemzero.protocol.desired import DesiredState
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.messages import (
+    Ack,
+    Decision,
+    Error,
+    Goodbye,
+    Hello,
+    Ping,
+    Pong,
+    Scheduled,
+    Start,
+    StreamRequest,
+    decode_server_message,
+)
+from airflow_provider_systemzero.protocol.outcomes import Outcomes
+from airflow_provider_systemzero.protocol.reconnect import (
+    DEFAULT_REJECTION_RETRY_MS,
+    MAX_SERVER_DELAY_S,
+    DecideRetry,
+    classify_decide_failure,
+)
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+__all__ = ["SessionInput"]
+
+#: Rejections after which the same mutation may be sent again later.
+_RETRYABLE_REJECTIONS = frozenset({"event_rate_limited", "too_many_pending_events", "shutting_down"})
+
+
+def _server_delay_s(error: Error) -> float:
+    """The delay an error asks for (a default when it names none), capped, in seconds."""
+    delay = error.retry.retry_after_ms
+    return min((DEFAULT_REJECTION_RETRY_MS if delay is None else delay) / 1000, MAX_SERVER_DELAY_S)
+
+
+class SessionInput:
+    """The input half of :class:`~airflow_provider_systemzero.protocol.client.ClientSession`
+    (see the module's description); the session provides the attributes and methods below."""
+
+    _conn: ConnectionState | None
+    _stream_failure: Error | None
+    request: StreamRequest
+    decision_mode: str
+    limits: Limits
+    desired: DesiredState
+    outcomes: Outcomes
+    stream_id: str | None
+    server_delay_ms: int | None
+
+    def _move(self, phase: Phase) -> None:  # pragma: no cover - the session's
+        raise NotImplementedError
+
+    def _adopt(self) -> list[ClientEvent]:  # pragma: no cover - the session's
+        raise NotImplementedError
+
+    def receive_text(self, text: str | bytes, now: float) -> list[ClientEvent]:
+        """Handle one server frame.
+
+        :raises RemoteProtocolError: the gateway broke the contract; close the connection and
+            reconnect.
+        """
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("receive_text without an open connection")
+        conn.last_receipt = now
+        message = decode_server_message(text)
+        conn.check_sequence(message)
+        if conn.hello is None:
+            message = check_hello(message)
+            conn.greeted(message, now)
+            self.limits = message.limits
+            self.stream_id = message.stream_id
+            self._move(Phase.STARTING)
+            return [HelloReceived(message)]
+        if isinstance(message, Hello):
+            raise RemoteProtocolError(
+                "a second hello on one connection", code="unexpected_hello", field="type"
+            )
+        if isinstance(message, Ping):
+            conn.pongs.append(Pong(message.nonce))
+            # a gateway keeps at most max_pending_probes pings unanswered: older ones are moot (a flood stays bounded)
+            del conn.pongs[: -max(1, self.limits.max_pending_probes)]
+            return []
+        if isinstance(message, Ack):
+            return self._on_ack(conn, message)
+        if isinstance(message, Scheduled):
+            return []
+        if isinstance(message, Decision):
+            return self._on_decision(conn, message)
+        if isinstance(message, Error):
+            return self._on_error(conn, message, now)
+        assert isinstance(message, Goodbye)
+        self.server_delay_ms = message.retry_after_ms
+        conn.recycle_at = None  # the gateway closes the connection itself
+        return [GoodbyeReceived(message)]
+
+    def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
+        flight = conn.acknowledge(ack)
+        self.outcomes.acknowledged(flight.generation)
+        is_start = isinstance(flight.message, Start)
+        if is_start:
+            self._move(Phase.STREAMING)
+        return [Acknowledged(ack, flight.message.TYPE, replayed=is_start and conn.replay), *self._adopt()]
+
+    def _on_decision(self, conn: ConnectionState, message: Decision) -> list[ClientEvent]:
+        if message.state_version > conn.acked_version:
+            raise RemoteProtocolError(
+                f"decision covers version {message.state_version} but only "
+                f"{conn.acked_version} was acknowledged: an ack precedes any decision "
+                "covering it",
+                code="decision_before_ack",
+                field="state_version",
+            )
+        result = DecisionResult.from_message(message, self.request.questions)
+        if self.decision_mode == "on_change" and 0 < message.state_version <= conn.decided_version:
+            return [DecisionRepeated(message.state_version)]
+        generation = conn.decided(message.state_version)
+        intents = self.outcomes.decision(result, generation)
+        return [DecisionReceived(result, current=generation == self.desired.generation, intents=intents)]
+
+    def _on_error(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
+        flight = conn.in_flight
+        if error.http_status is not None and error.event_id is None:
+            return self._on_decide_failure(conn, error, now)
+        if flight is not None and error.event_id == flight.message.event_id and not error.fatal:
+            if error.code in _RETRYABLE_REJECTIONS:
+                drain = error.code == "too_many_pending_events" and self.decision_mode == "on_request"
+                conn.rejected_for_now(error, _server_delay_s(error), now, drain=drain)
+                # the caller may have returned to the acknowledged state meanwhile
+                return [MutationRejected(error), *self._adopt()]
+            conn.in_flight = None
+            self._stream_failure = error
+            self._move(Phase.FAILED)
+            return [StreamFailed(error)]
+        if error.event_id is None and error.code in ("stale_state_version", "shutting_down"):
+            conn.decide_outstanding = None
+            if error.code == "shutting_down":
+                conn.blocked_until = math.inf
+            return [ServerError(error)]
+        if (
+            error.event_id is None
+            and not error.fatal
+            and error.code in ("decide_not_allowed", "start_required")
+        ):
+            self._stream_failure = error
+            self._move(Phase.FAILED)
+            return [StreamFailed(error)]
+        return [ServerError(error)]
+
+    def _on_decide_failure(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
+        assert error.http_status is not None
+        conn.drain = False
+        if self.decision_mode == "on_request":
+            conn.decide_outstanding = None
+            failed = self.outcomes.fail_all()
+            return [DecisionFailed(error, failed)]
+        retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
+        if error.fatal:
+            return [DecisionFailed(error, ())]  # goodbye and close follow; the next connection replays
+        if retry is DecideRetry.CLIENT:
+            # nobody retries it on this connection: replay on a new one after the server's delay
+            conn.recycle_at = now + _server_delay_s(error)
+        elif retry is DecideRetry.NONE:
+            # the gateway will not dispatch this state again: it is settled, with this failure
+            generation = conn.version_generation.get(error.state_version or 0, -1)
+            self.outcomes.failed_for_good(error, generation)
+        return [DecisionFailed(error, ())]
