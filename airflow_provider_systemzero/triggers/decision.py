@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
@@ -168,41 +169,58 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         """Stream the state and yield one event."""
         extra = {"key_namespace": self.key_namespace}
 
+        async def consume(feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
+            async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+                async for verdict in verdicts:
+                    review = {}
+                    if verdict.result.action == "review":
+                        # what the sensor needs to ask a person, and to wait on if they say no
+                        from airflow_provider_systemzero.decisions.policy import state_info
+
+                        review = {
+                            "state_info": state_info(verdict.state),
+                            "deadline": self.deadline,
+                            "skip_states": list(self.skip_states),
+                        }
+                    return watch.event(verdict, extra={**extra, **review}).to_payload()
+            raise RuntimeError("the stream ended without a decision")
+
         async def wait() -> dict[str, Any]:
-            condition = DecisionCondition.from_dict(self.condition)
             self._source = source = build_source(self.source, self.state)
-            initial = await source.current()
-            async with self._stream.open(
-                initial, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
-            ) as stream:
-                feeder = SourceFeeder(
-                    stream,
-                    source,
-                    decision_mode=self.decision_mode,
-                    lease=self._lease,
-                    max_staleness=self.max_staleness,
+            state = await source.current()
+            watch: DecisionWatch | None = None
+            while True:
+                if watch is None:
+                    watch = DecisionWatch(
+                        DecisionCondition.from_dict(self.condition),
+                        reviews=True,
+                        skip_states=self.skip_states,
+                        end_when_unmet=self.end_when_unmet,
+                    )
+                try:
+                    async with self._stream.open(
+                        state, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
+                    ) as stream:
+                        feeder = SourceFeeder(
+                            stream,
+                            source,
+                            decision_mode=self.decision_mode,
+                            lease=self._lease,
+                            max_staleness=self.max_staleness,
+                        )
+                        payload = await self._stream.until_quiet(
+                            self._lease, feeder, feeder.race(functools.partial(consume, feeder, watch))
+                        )
+                        if payload is not None:
+                            return payload
+                finally:
+                    self._lease.disarm()
+                # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
+                if not watch.streak.count:
+                    watch = None
+                state = await self._stream.wait_for_change(
+                    source, self._lease, min_interval=(self.min_interval_ms or 0) / 1000
                 )
-                watch = DecisionWatch(
-                    condition, reviews=True, skip_states=self.skip_states, end_when_unmet=self.end_when_unmet
-                )
-
-                async def consume() -> dict[str, Any]:
-                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                        async for verdict in verdicts:
-                            review = {}
-                            if verdict.result.action == "review":
-                                # what the sensor needs to ask a person, and to wait on if they say no
-                                from airflow_provider_systemzero.decisions.policy import state_info
-
-                                review = {
-                                    "state_info": state_info(verdict.state),
-                                    "deadline": self.deadline,
-                                    "skip_states": list(self.skip_states),
-                                }
-                            return watch.event(verdict, extra={**extra, **review}).to_payload()
-                    raise RuntimeError("the stream ended without a decision")
-
-                return await feeder.race(consume)
 
         payload = await self._stream.within_deadline(
             wait,
@@ -399,39 +417,50 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         # can review an asset event, so only a met decision counts
         watch = DecisionWatch(condition, reviews=False)
         policy_fields = condition.policy is not None or condition.has_hysteresis
+        state = initial
+
+        async def consume(feeder: SourceFeeder) -> None:
+            async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+                async for verdict in verdicts:
+                    await queue.put(
+                        watch.event(
+                            verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
+                        ).to_payload()
+                    )
+
         try:
-            async with self._stream.open(initial, decision_mode=self.decision_mode) as stream:
-                feeder = SourceFeeder(
-                    stream,
-                    source,
-                    decision_mode=self.decision_mode,
-                    lease=self._lease,
-                    max_staleness=self.max_staleness,
-                )
-
-                async def consume() -> None:
-                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                        async for verdict in verdicts:
-                            await queue.put(
-                                watch.event(
-                                    verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
-                                ).to_payload()
-                            )
-
-                race = asyncio.ensure_future(feeder.race(consume))
-                try:
-                    while True:
-                        getter = asyncio.ensure_future(queue.get())
-                        await asyncio.wait({getter, race}, return_when=asyncio.FIRST_COMPLETED)
-                        if getter.done():
-                            yield TriggerEvent(getter.result())
-                            continue
-                        getter.cancel()
-                        race.result()  # raises the failure
-                        return
-                finally:
-                    race.cancel()
-                    await asyncio.gather(race, return_exceptions=True)
+            while True:
+                async with self._stream.open(state, decision_mode=self.decision_mode) as stream:
+                    feeder = SourceFeeder(
+                        stream,
+                        source,
+                        decision_mode=self.decision_mode,
+                        lease=self._lease,
+                        max_staleness=self.max_staleness,
+                    )
+                    quiet = self._lease.watch(feeder.currency)
+                    race = asyncio.ensure_future(feeder.race(functools.partial(consume, feeder)))
+                    try:
+                        while True:
+                            getter = asyncio.ensure_future(queue.get())
+                            await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
+                            if getter.done():
+                                yield TriggerEvent(getter.result())
+                                continue
+                            getter.cancel()
+                            if race.done():
+                                race.result()  # raises the failure
+                                return
+                            break  # quiet: give the stream back until the state changes
+                    finally:
+                        quiet.cancel()
+                        race.cancel()
+                        await asyncio.gather(race, return_exceptions=True)
+                        self._lease.disarm()
+                while not queue.empty():  # a transition seen as the stream went quiet
+                    yield TriggerEvent(queue.get_nowait())
+                # dormant: the watch is kept (whether the condition was met decides the next event)
+                state = await self._stream.wait_for_change(source, self._lease)
         finally:
             await self.cleanup()
 
