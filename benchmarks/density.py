@@ -129,9 +129,8 @@ def watching() -> dict[str, Any]:
 
 
 def _settled(trigger: Any) -> bool:
-    # private, read only: the first decision arrived and the stream was given back
-    stream = trigger._stream
-    return stream is not None and stream.last_decision is not None and stream.dormant
+    # private, read only: the first decision arrived and the trigger gave its stream back (dormant)
+    return trigger._stream.dormant
 
 
 async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float) -> float:
@@ -151,13 +150,13 @@ async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], w
 
 
 def _describe(trigger: Any) -> str:
-    stream = trigger._stream
+    stream = trigger._stream.stream  # the open DecisionStream, if any
     if stream is None:
-        return "no stream"
+        return f"no stream (dormant={trigger._stream.dormant})"
     return (
         f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
         f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
-        f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}"
+        f"reconnects={stream.reconnects[-3:]}"
     )
 
 

@@ -167,70 +167,77 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
-        extra = {"key_namespace": self.key_namespace}
-
-        async def consume(feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
-            async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                async for verdict in verdicts:
-                    review = {}
-                    if verdict.result.action == "review":
-                        # what the sensor needs to ask a person, and to wait on if they say no
-                        from airflow_provider_systemzero.decisions.policy import state_info
-
-                        review = {
-                            "state_info": state_info(verdict.state),
-                            "deadline": self.deadline,
-                            "skip_states": list(self.skip_states),
-                        }
-                    return watch.event(verdict, extra={**extra, **review}).to_payload()
-            raise RuntimeError("the stream ended without a decision")
-
-        async def wait() -> dict[str, Any]:
-            self._source = source = build_source(self.source, self.state)
-            state = await source.current()
-            watch: DecisionWatch | None = None
-            while True:
-                if watch is None:
-                    watch = DecisionWatch(
-                        DecisionCondition.from_dict(self.condition),
-                        reviews=True,
-                        skip_states=self.skip_states,
-                        end_when_unmet=self.end_when_unmet,
-                    )
-                try:
-                    async with self._stream.open(
-                        state, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
-                    ) as stream:
-                        feeder = SourceFeeder(
-                            stream,
-                            source,
-                            decision_mode=self.decision_mode,
-                            lease=self._lease,
-                            max_staleness=self.max_staleness,
-                        )
-                        payload = await self._stream.until_quiet(
-                            self._lease, feeder, feeder.race(functools.partial(consume, feeder, watch))
-                        )
-                        if payload is not None:
-                            return payload
-                finally:
-                    self._lease.disarm()
-                # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
-                if not watch.streak.count:
-                    watch = None
-                state = await self._stream.wait_for_change(
-                    source, self._lease, min_interval=(self.min_interval_ms or 0) / 1000
-                )
-
         payload = await self._stream.within_deadline(
-            wait,
-            extra,
+            self._wait,
+            {"key_namespace": self.key_namespace},
             owner=type(self).__name__,
             cleanup=self.cleanup,
             late="the sensor's deadline passed before the trigger started",
             timed_out="no decision met the condition before the deadline",
         )
         yield TriggerEvent(self._stream.with_usage(payload))
+
+    async def _wait(self) -> dict[str, Any]:
+        """Hold a stream while the state changes and be dormant (no stream) while it does not,
+        until a decision ends the wait."""
+        self._source = source = build_source(self.source, self.state)
+        state = await source.current()
+        watch: DecisionWatch | None = None
+        while True:
+            if watch is None:
+                watch = DecisionWatch(
+                    DecisionCondition.from_dict(self.condition),
+                    reviews=True,
+                    skip_states=self.skip_states,
+                    end_when_unmet=self.end_when_unmet,
+                )
+            payload = await self._hold(state, source, watch)
+            if payload is not None:
+                return payload
+            # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
+            if not watch.streak.count:
+                watch = None
+            state = await self._stream.wait_for_change(
+                source, self._lease, min_interval=(self.min_interval_ms or 0) / 1000
+            )
+
+    async def _hold(self, state: Any, source: StateSource, watch: DecisionWatch) -> dict[str, Any] | None:
+        """One stream about ``state``: the event payload, or ``None`` once the stream went quiet (it
+        is closed on return, and nothing of it outlives this call)."""
+        try:
+            async with self._stream.open(
+                state, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
+            ) as stream:
+                feeder = SourceFeeder(
+                    stream,
+                    source,
+                    decision_mode=self.decision_mode,
+                    lease=self._lease,
+                    max_staleness=self.max_staleness,
+                )
+                return await self._stream.until_quiet(
+                    self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                )
+        finally:
+            self._lease.disarm()
+
+    async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
+        """The payload of the first verdict that ends the wait."""
+        async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+            async for verdict in verdicts:
+                review = {}
+                if verdict.result.action == "review":
+                    # what the sensor needs to ask a person, and to wait on if they say no
+                    from airflow_provider_systemzero.decisions.policy import state_info
+
+                    review = {
+                        "state_info": state_info(verdict.state),
+                        "deadline": self.deadline,
+                        "skip_states": list(self.skip_states),
+                    }
+                extra = {"key_namespace": self.key_namespace, **review}
+                return watch.event(verdict, extra=extra).to_payload()
+        raise RuntimeError("the stream ended without a decision")
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
@@ -457,6 +464,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
                         self._lease.disarm()
+                del stream, feeder, race, quiet, getter  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
                 # dormant: the watch is kept (whether the condition was met decides the next event)

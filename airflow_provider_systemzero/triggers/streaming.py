@@ -212,9 +212,9 @@ class TriggerStream:
         :param min_interval: seconds that must pass between the last decision and the next stream's
             (the trigger's ``min_interval_ms``): a change sooner waits out the rest, and says so.
         """
-        stream, self.stream = self.stream, None
-        if stream is not None and stream.settings is not None:
-            self._settings = stream.settings  # the next stream reuses them: no second lookup
+        if self.stream is not None and self.stream.settings is not None:
+            self._settings = self.stream.settings  # the next stream reuses them: no second lookup
+        self.stream = None
         self._dormant = True
         covered = lease.covered
         changes = source.changes()
@@ -253,7 +253,9 @@ class TriggerStream:
         """
         try:
             remaining = None if self.deadline is None else self.deadline - time.time()
-            if remaining is not None and remaining <= 0:
+            if remaining is None:
+                return await work()
+            if remaining <= 0:
                 return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
             async with asyncio.timeout(remaining):
                 return await work()
