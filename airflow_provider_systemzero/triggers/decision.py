@@ -46,6 +46,7 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.streaming import (
+    NO_CHANGE,
     SourceFeeder,
     StreamLease,
     TriggerStream,
@@ -195,11 +196,20 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             if payload is not None:
                 return payload
             # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
-            if not watch.streak.count:
-                watch = None
-            state = await self._stream.wait_for_change(
-                source, self._lease, min_interval=(self.min_interval_ms or 0) / 1000
-            )
+            loop = asyncio.get_running_loop()
+            kept = watch if watch.streak.count else None
+            while True:
+                time_left = kept.wait_time(loop.time()) if kept is not None else None
+                state = await self._stream.wait_for_change(
+                    source, self._lease, min_interval=(self.min_interval_ms or 0) / 1000, time_left=time_left
+                )
+                if state is not NO_CHANGE:
+                    break
+                assert kept is not None  # only time was missing, and it passed
+                verdict = kept.due(loop.time())
+                if verdict is not None:
+                    return self._payload(kept, verdict)
+            watch = kept
 
     async def _hold(self, state: Any, source: StateSource, watch: DecisionWatch) -> dict[str, Any] | None:
         """One stream about ``state``: the event payload, or ``None`` once the stream went quiet (it
@@ -225,19 +235,22 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         """The payload of the first verdict that ends the wait."""
         async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
             async for verdict in verdicts:
-                review = {}
-                if verdict.result.action == "review":
-                    # what the sensor needs to ask a person, and to wait on if they say no
-                    from airflow_provider_systemzero.decisions.policy import state_info
-
-                    review = {
-                        "state_info": state_info(verdict.state),
-                        "deadline": self.deadline,
-                        "skip_states": list(self.skip_states),
-                    }
-                extra = {"key_namespace": self.key_namespace, **review}
-                return watch.event(verdict, extra=extra).to_payload()
+                return self._payload(watch, verdict)
         raise RuntimeError("the stream ended without a decision")
+
+    def _payload(self, watch: DecisionWatch, verdict: Any) -> dict[str, Any]:
+        """The event payload of a verdict that ends the wait."""
+        review = {}
+        if verdict.result.action == "review":
+            # what the sensor needs to ask a person, and to wait on if they say no
+            from airflow_provider_systemzero.decisions.policy import state_info
+
+            review = {
+                "state_info": state_info(verdict.state),
+                "deadline": self.deadline,
+                "skip_states": list(self.skip_states),
+            }
+        return watch.event(verdict, extra={"key_namespace": self.key_namespace, **review}).to_payload()
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
@@ -468,7 +481,20 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
                 # dormant: the watch is kept (whether the condition was met decides the next event)
-                state = await self._stream.wait_for_change(source, self._lease)
+                loop = asyncio.get_running_loop()
+                while True:
+                    state = await self._stream.wait_for_change(
+                        source, self._lease, time_left=watch.wait_time(loop.time())
+                    )
+                    if state is not NO_CHANGE:
+                        break
+                    verdict = watch.due(loop.time())  # only time was missing, and it passed
+                    if verdict is not None:
+                        yield TriggerEvent(
+                            watch.event(
+                                verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
+                            ).to_payload()
+                        )
         finally:
             await self.cleanup()
 

@@ -31,14 +31,29 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
 from airflow_provider_systemzero.triggers.sources import StateSource
 
-__all__ = ["SourceFeeder", "StreamLease", "TriggerStream", "error_payload"]
+__all__ = ["NO_CHANGE", "SourceFeeder", "StreamLease", "TriggerStream", "error_payload"]
 
 log = logging.getLogger(__name__)
 
 #: What :attr:`StreamLease.covered` is before any decision (equal to no state).
 _NOTHING: Any = object()
 
+#: What :meth:`TriggerStream.wait_for_change` returns when only time passed (no change).
+NO_CHANGE: Any = object()
+
 T = TypeVar("T")
+
+
+async def _next_state(source: StateSource, covered: Any) -> Any:
+    """The source's first state other than ``covered`` (its ``changes()``, closed on return)."""
+    changes = source.changes()
+    try:
+        async for state in changes:
+            if state is not covered and state != covered:
+                return state
+    finally:
+        await changes.aclose()  # type: ignore[attr-defined]
+    raise RuntimeError("the source stopped yielding changes")  # pragma: no cover - it never does
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -198,35 +213,43 @@ class TriggerStream:
         return task.result()
 
     async def wait_for_change(
-        self, source: StateSource, lease: StreamLease, *, min_interval: float = 0.0
+        self,
+        source: StateSource,
+        lease: StreamLease,
+        *,
+        min_interval: float = 0.0,
+        time_left: float | None = None,
     ) -> Any:
         """The dormant phase: wait, holding no stream, until ``source`` has a state other than the
         one the last decision covered (:attr:`StreamLease.covered`); the state to open the next
         stream with.
 
         The only thing the trigger does meanwhile is this one await on the source's change
-        notification (its ``changes()``): no task, no timer, no stream.
+        notification (its ``changes()``): no task, no timer, no stream — unless the condition itself
+        waits on time (``time_left``).
 
         :param source: the trigger's source.
         :param lease: the lease of the stream just closed (it knows what the last decision covered).
         :param min_interval: seconds that must pass between the last decision and the next stream's
             (the trigger's ``min_interval_ms``): a change sooner waits out the rest, and says so.
+        :param time_left: seconds until only time can end the wait (hysteresis's ``min_true_for``);
+            :data:`NO_CHANGE` is returned when they pass first.
         """
         if self.stream is not None and self.stream.settings is not None:
             self._settings = self.stream.settings  # the next stream reuses them: no second lookup
         self.stream = None
         self._dormant = True
-        covered = lease.covered
-        changes = source.changes()
         try:
-            async for state in changes:
-                if state is not covered and state != covered:
-                    break
-            else:  # pragma: no cover - a source's changes() never ends
-                raise RuntimeError("the source stopped yielding changes")
+            if time_left is None:
+                state = await _next_state(source, lease.covered)
+            else:
+                try:
+                    async with asyncio.timeout(time_left):
+                        state = await _next_state(source, lease.covered)
+                except TimeoutError:
+                    return NO_CHANGE
         finally:
             self._dormant = False
-            await changes.aclose()  # type: ignore[attr-defined]
         if min_interval > 0:
             loop = asyncio.get_running_loop()
             # the lease stamped the last decision; a change before min_interval waits out the rest

@@ -159,3 +159,17 @@ async def test_a_trigger_cancelled_while_dormant_ends_and_releases_the_source(em
         await task
     await trigger.cleanup()
     assert channels.readers("cancel") == 0 and not trigger._stream.dormant
+
+
+async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(emulator: Emulator) -> None:
+    channels.publish("steady", "waiting\nJob is ready.\n")
+    condition = DecisionCondition("ready", True, min_confidence=0.5, min_true_for=1.0).to_dict()
+    trigger = _trigger("steady", condition=condition)
+    async with _running(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        assert not task.done()  # qualifying, but not for long enough yet
+        async with asyncio.timeout(20):
+            event = await task
+        # time alone ended the wait: no second stream, no second decision
+        assert emulator.stats.streams_total == 1 and emulator.stats.decisions_delivered == 1
+    assert event.payload["status"] == "success" and event.payload["streak"]["true_for"] >= 1.0
