@@ -44,18 +44,6 @@ NO_CHANGE: Any = object()
 T = TypeVar("T")
 
 
-async def _next_state(source: StateSource, covered: Any) -> Any:
-    """The source's first state other than ``covered`` (its ``changes()``, closed on return)."""
-    changes = source.changes()
-    try:
-        async for state in changes:
-            if state is not covered and state != covered:
-                return state
-    finally:
-        await changes.aclose()  # type: ignore[attr-defined]
-    raise RuntimeError("the source stopped yielding changes")  # pragma: no cover - it never does
-
-
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
     from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
@@ -239,17 +227,24 @@ class TriggerStream:
             self._settings = self.stream.settings  # the next stream reuses them: no second lookup
         self.stream = None
         self._dormant = True
+        covered = lease.covered
+        changes = source.changes()
         try:
             if time_left is None:
-                state = await _next_state(source, lease.covered)
+                async for state in changes:  # the one await of a dormant trigger
+                    if state is not covered and state != covered:
+                        break
             else:
                 try:
                     async with asyncio.timeout(time_left):
-                        state = await _next_state(source, lease.covered)
+                        async for state in changes:
+                            if state is not covered and state != covered:
+                                break
                 except TimeoutError:
                     return NO_CHANGE
         finally:
             self._dormant = False
+            await changes.aclose()  # type: ignore[attr-defined]
         if min_interval > 0:
             loop = asyncio.get_running_loop()
             # the lease stamped the last decision; a change before min_interval waits out the rest
