@@ -30,6 +30,7 @@ import collections
 import contextlib
 import gc
 import json
+import math
 import os
 import random
 import sys
@@ -133,14 +134,21 @@ def _settled(trigger: Any) -> bool:
     return trigger._stream.dormant
 
 
-async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float) -> float:
+def _decided(trigger: Any) -> bool:
+    # private, read only: the trigger's lease saw its first decision (it may still hold the stream)
+    return math.isfinite(trigger._lease.decided_at)
+
+
+async def _wait_all(
+    triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float, settled: Any = _settled
+) -> float:
     started = time.perf_counter()
-    while not all(_settled(t) for t in triggers):
+    while not all(settled(t) for t in triggers):
         ended = [i for i in ids if triggerer.task(i).done()]
         if ended:
             raise RuntimeError(f"trigger {ended[0]} ended while waiting: {triggerer.payload(ended[0])}")
         if time.perf_counter() - started > within:
-            stuck = [t for t in triggers if not _settled(t)]
+            stuck = [t for t in triggers if not settled(t)]
             raise TimeoutError(
                 f"{len(triggers) - len(stuck)} of {len(triggers)} triggers settled; first stuck: "
                 f"{_describe(stuck[0])}"
@@ -513,7 +521,7 @@ async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
         await _warm_up(triggerer)
         started = time.perf_counter()
         _, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, lease_after)
-        await _wait_all(triggerer, ids, triggers, 600)
+        await _wait_all(triggerer, ids, triggers, 600, settled=_decided)
         elapsed = time.perf_counter() - started
         await triggerer.finish()
     return {"n": n, "lease_after_s": lease_after, "seconds": elapsed, "first_decisions_per_s": n / elapsed}

@@ -197,7 +197,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 return payload
             # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
             loop = asyncio.get_running_loop()
-            kept = watch if watch.streak.count else None
+            kept, watch = (watch if watch.streak.count else None), None
             while True:
                 time_left = kept.wait_time(loop.time()) if kept is not None else None
                 state = await self._stream.wait_for_change(
