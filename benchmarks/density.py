@@ -30,6 +30,7 @@ import collections
 import contextlib
 import gc
 import json
+import math
 import os
 import random
 import sys
@@ -129,19 +130,25 @@ def watching() -> dict[str, Any]:
 
 
 def _settled(trigger: Any) -> bool:
-    # private, read only: the first decision arrived and the stream was given back
-    stream = trigger._stream
-    return stream is not None and stream.last_decision is not None and stream.dormant
+    # private, read only: the first decision arrived and the trigger gave its stream back (dormant)
+    return trigger._stream.dormant
 
 
-async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float) -> float:
+def _decided(trigger: Any) -> bool:
+    # private, read only: the trigger's lease saw its first decision (it may still hold the stream)
+    return math.isfinite(trigger._lease.decided_at)
+
+
+async def _wait_all(
+    triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float, settled: Any = _settled
+) -> float:
     started = time.perf_counter()
-    while not all(_settled(t) for t in triggers):
+    while not all(settled(t) for t in triggers):
         ended = [i for i in ids if triggerer.task(i).done()]
         if ended:
             raise RuntimeError(f"trigger {ended[0]} ended while waiting: {triggerer.payload(ended[0])}")
         if time.perf_counter() - started > within:
-            stuck = [t for t in triggers if not _settled(t)]
+            stuck = [t for t in triggers if not settled(t)]
             raise TimeoutError(
                 f"{len(triggers) - len(stuck)} of {len(triggers)} triggers settled; first stuck: "
                 f"{_describe(stuck[0])}"
@@ -151,13 +158,13 @@ async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], w
 
 
 def _describe(trigger: Any) -> str:
-    stream = trigger._stream
+    stream = trigger._stream.stream  # the open DecisionStream, if any
     if stream is None:
-        return "no stream"
+        return f"no stream (dormant={trigger._stream.dormant})"
     return (
         f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
         f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
-        f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}"
+        f"reconnects={stream.reconnects[-3:]}"
     )
 
 
@@ -514,7 +521,7 @@ async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
         await _warm_up(triggerer)
         started = time.perf_counter()
         _, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, lease_after)
-        await _wait_all(triggerer, ids, triggers, 600)
+        await _wait_all(triggerer, ids, triggers, 600, settled=_decided)
         elapsed = time.perf_counter() - started
         await triggerer.finish()
     return {"n": n, "lease_after_s": lease_after, "seconds": elapsed, "first_decisions_per_s": n / elapsed}

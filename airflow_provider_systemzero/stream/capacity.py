@@ -6,6 +6,12 @@ decides on helper threads with their own loops, so :class:`StreamCapacity` is th
 loop-agnostic: waiters queue in FIFO order, each woken on its own loop, and a waiter that is
 cancelled leaves the queue (or hands a slot it was just granted to the next waiter).
 
+A stream that holds a slot while it has nothing to do can *offer* it (:meth:`StreamCapacity.offer`):
+the moment a waiter queues, the oldest offer is called (on its own loop) and its holder gives the
+slot back, and a queued waiter gets the freed slot within one loop iteration of the release. No
+one polls: a waiting stream costs nothing per tick, and an idle holder is asked only when someone
+waits.
+
 A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that cap holds for the
 streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
 never for the streams to other gateways, and never above the process's own limit.
@@ -14,15 +20,19 @@ never for the streams to other gateways, and never above the process's own limit
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.reconnect import Backoff
 
-__all__ = ["Backoff", "StreamCapacity", "default_capacity"]
+__all__ = ["Backoff", "SlotOffer", "StreamCapacity", "default_capacity"]
+
+log = logging.getLogger(__name__)
 
 
 class _Waiter:
@@ -33,6 +43,21 @@ class _Waiter:
         self.origin = origin
         self.future: asyncio.Future[None] = loop.create_future()
         self.granted = False
+
+
+class SlotOffer:
+    """An idle holder's offer to give its slot back when a waiter queues (see :meth:`StreamCapacity.offer`).
+
+    :attr:`called` says whether the capacity asked for the slot; the holder then gives it back (or
+    keeps it because it got work) and :meth:`StreamCapacity.withdraw` s the offer either way.
+    """
+
+    __slots__ = ("called", "callback", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.called = False
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -54,6 +79,8 @@ class StreamCapacity:
         self._waiters: deque[_Waiter] = deque()
         self._origin_caps: dict[str, int] = {}  # origin → the cap its gateway advertised
         self._origin_use: dict[str, int] = {}  # origin → slots held
+        self._offers: deque[SlotOffer] = deque()  # idle holders, oldest first
+        self._handing_over = 0  # offers called whose holder has not withdrawn yet
 
     @staticmethod
     def _check(limit: int) -> int:
@@ -80,6 +107,55 @@ class StreamCapacity:
     def waiting(self) -> int:
         """Waiters queued for a slot."""
         return len(self._waiters)
+
+    @property
+    def offered(self) -> int:
+        """Idle holders that offered their slot and have not been asked for it yet."""
+        return len(self._offers)
+
+    def offer(self, callback: Callable[[], object]) -> SlotOffer:
+        """Offer the caller's slot to the next waiter: ``callback`` runs (on the caller's loop, once)
+        when a waiter queues and no other hand-over is under way for it — at once if one waits now.
+
+        The holder gives the slot back (or keeps it, having found work) and then calls
+        :meth:`withdraw` with the returned offer, in every case.
+
+        :param callback: what asks the holder to give its slot back (it must not block).
+        """
+        offer = SlotOffer(asyncio.get_running_loop(), callback)
+        with self._lock:
+            self._offers.append(offer)
+            self._ask_locked()
+        return offer
+
+    def withdraw(self, offer: SlotOffer | None) -> None:
+        """End an offer: its holder got work, gave the slot back, or ends (safe to call twice).
+
+        :param offer: what :meth:`offer` returned (``None`` is ignored).
+        """
+        if offer is None:
+            return
+        with self._lock:
+            if offer.called:
+                offer.called = False
+                self._handing_over -= 1
+            else:
+                with contextlib.suppress(ValueError):
+                    self._offers.remove(offer)
+            offer.callback = _nothing  # a callback already scheduled does nothing now
+            self._ask_locked()
+
+    def _ask_locked(self) -> None:
+        # one idle holder per waiter that no hand-over is under way for
+        while self._offers and len(self._waiters) > self._handing_over:
+            offer = self._offers.popleft()
+            offer.called = True
+            self._handing_over += 1
+            try:
+                offer.loop.call_soon_threadsafe(_call, offer)
+            except RuntimeError:  # the holder's loop is closed: it holds nothing any more
+                offer.called = False
+                self._handing_over -= 1
 
     def limit_for(self, origin: str | None) -> int:
         """How many streams to ``origin`` may be open at once: the process's limit, or less when
@@ -132,6 +208,15 @@ class StreamCapacity:
             waiter = _Waiter(loop, key)
             self._waiters.append(waiter)
             self._grant_locked()
+            if not waiter.granted:
+                log.info(
+                    "waiting for a stream slot: %d of %d in use in this process, %d waiting "
+                    "(max_streams_per_process); the next slot given back goes to the oldest waiter",
+                    self._in_use,
+                    self._limit,
+                    len(self._waiters),
+                )
+                self._ask_locked()
         try:
             await waiter.future
         except BaseException:
@@ -195,6 +280,14 @@ class StreamCapacity:
                 waiter.granted = False
                 self._in_use -= 1
                 self._origin_use[waiter.origin] -= 1
+
+
+def _nothing() -> None:
+    return None
+
+
+def _call(offer: SlotOffer) -> None:
+    offer.callback()
 
 
 _DEFAULT = StreamCapacity()

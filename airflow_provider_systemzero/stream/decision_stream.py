@@ -473,9 +473,9 @@ class DecisionStream:
                 # serving: let the loop close with 1000 and release everything itself
                 self._kick()
                 try:
-                    await asyncio.wait_for(asyncio.shield(runner), timeout=self._close_timeout() + 1)
-                except TimeoutError:
-                    pass
+                    # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
+                    # cancellation that arrives as the runner ends, and the caller would never see it
+                    await asyncio.wait((runner,), timeout=self._close_timeout() + 1)
                 except asyncio.CancelledError:
                     runner.cancel()
                     raise

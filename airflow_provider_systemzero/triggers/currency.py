@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["DEFAULT_MAX_STALENESS", "STARVED_AFTER", "Currency", "validate_max_staleness"]
@@ -57,6 +58,9 @@ class Currency:
         self.generation = 0
         self.stale_in_a_row = 0
         self._held = False
+        #: called by :meth:`evaluated` (a trigger's :class:`~airflow_provider_systemzero.triggers.streaming.StreamLease`
+        #: gives a quiet stream back only once every decision it saw was evaluated)
+        self.on_evaluated: Callable[[], None] | None = None
         self._settled = asyncio.Event()
         if not deciding:
             self._settled.set()
@@ -106,6 +110,8 @@ class Currency:
         billed) after it.
         """
         self._settled.set()
+        if self.on_evaluated is not None:
+            self.on_evaluated()
 
     async def hold(self, source: asyncio.Future[Any]) -> None:
         """When starved, wait while a decision is in flight: at most ``max_staleness`` seconds, or

@@ -34,21 +34,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.streaming import (
+    NO_CHANGE,
     SourceFeeder,
     StreamLease,
     TriggerStream,
     error_payload,
+    gate_change,
 )
 
 __all__ = [
@@ -153,6 +156,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         )
         self._lease = StreamLease(lease, lease_after)
         self._source: StateSource | None = None
+        self._streamed: Any = NO_CHANGE  # the state the last stream ended with (a dormant wait starts there)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -180,16 +184,73 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
-        extra = {"key_namespace": self.key_namespace}
+        payload = await self._stream.within_deadline(
+            self._wait,
+            {"key_namespace": self.key_namespace},
+            owner=type(self).__name__,
+            cleanup=self.cleanup,
+            late="the sensor's deadline passed before the trigger started",
+            timed_out="no decision met the condition before the deadline",
+        )
+        yield TriggerEvent(self._stream.with_usage(payload))
 
-        async def wait() -> dict[str, Any]:
-            condition = DecisionCondition.from_dict(self.condition)
-            self._source = source = build_source(self.source, self.state)
-            initial = await source.current()
-            self.decision_filter.relevance()  # a decide_when callable that cannot be imported ends the wait here
-            mode = self.decision_filter.stream_mode(self.decision_mode)
+    async def _wait(self) -> dict[str, Any]:
+        """Hold a stream while the state changes and be dormant (no stream) while it does not,
+        until a decision ends the wait."""
+        self._source = source = build_source(self.source, self.state)
+        state = await source.current()
+        relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the wait here
+        # kept across streams: a reopened stream does not decide its opening state unless a change
+        # since the last one matched decide_when
+        gate = self.decision_filter.gate(asyncio.get_running_loop().time())
+        watch: DecisionWatch | None = None
+        while True:
+            if watch is None:
+                watch = DecisionWatch(
+                    DecisionCondition.from_dict(self.condition),
+                    reviews=True,
+                    skip_states=self.skip_states,
+                    end_when_unmet=self.end_when_unmet,
+                )
+            payload = await self._hold(state, source, watch, gate)
+            if payload is not None:
+                return payload
+            # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
+            loop = asyncio.get_running_loop()
+            kept, watch = (watch if watch.streak.count else None), None
+            seen = self._streamed if gate is not None else NO_CHANGE
+            while True:
+                time_left = kept.wait_time(loop.time()) if kept is not None else None
+                state = await self._stream.wait_for_change(
+                    source,
+                    self._lease,
+                    min_interval=(self.min_interval_ms or 0) / 1000,
+                    time_left=time_left,
+                    since=seen,
+                )
+                if state is NO_CHANGE:
+                    assert kept is not None  # only time was missing, and it passed
+                    verdict = kept.due(loop.time())
+                    if verdict is not None:
+                        return self._payload(kept, verdict)
+                    continue
+                if gate is not None:
+                    await gate_change(gate, relevance, seen, state)
+                    if not gate.pending:  # no decision is due: no stream for this change either
+                        seen = state
+                        continue
+                break
+            watch = kept
+
+    async def _hold(
+        self, state: Any, source: StateSource, watch: DecisionWatch, gate: DecisionGate | None
+    ) -> dict[str, Any] | None:
+        """One stream about ``state``: the event payload, or ``None`` once the stream went quiet (it
+        is closed on return, and nothing of it outlives this call)."""
+        mode = self.decision_filter.stream_mode(self.decision_mode)
+        try:
             async with self._stream.open(
-                initial, decision_mode=mode, min_interval_ms=self.min_interval_ms
+                state, decision_mode=mode, min_interval_ms=self.min_interval_ms
             ) as stream:
                 feeder = SourceFeeder(
                     stream,
@@ -198,30 +259,29 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     lease=self._lease,
                     max_staleness=self.max_staleness,
                     decision_filter=self.decision_filter,
+                    gate=gate,
                 )
-                watch = DecisionWatch(
-                    condition, reviews=True, skip_states=self.skip_states, end_when_unmet=self.end_when_unmet
-                )
+                try:
+                    return await self._stream.until_quiet(
+                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                    )
+                finally:
+                    self._streamed = stream.state  # what the gateway had: a dormant wait starts there
+        finally:
+            self._lease.disarm()
 
-                async def consume() -> dict[str, Any]:
-                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                        async for verdict in verdicts:
-                            return watch.sensor_event(
-                                verdict, key_namespace=self.key_namespace, deadline=self.deadline
-                            ).to_payload()
-                    raise RuntimeError("the stream ended without a decision")
+    async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
+        """The payload of the first verdict that ends the wait."""
+        async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+            async for verdict in verdicts:
+                return self._payload(watch, verdict)
+        raise RuntimeError("the stream ended without a decision")
 
-                return await feeder.race(consume)
-
-        payload = await self._stream.within_deadline(
-            wait,
-            extra,
-            owner=type(self).__name__,
-            cleanup=self.cleanup,
-            late="the sensor's deadline passed before the trigger started",
-            timed_out="no decision met the condition before the deadline",
-        )
-        yield TriggerEvent(self._stream.with_usage(payload))
+    def _payload(self, watch: DecisionWatch, verdict: Any) -> dict[str, Any]:
+        """The event payload of a verdict that ends the wait."""
+        return watch.sensor_event(
+            verdict, key_namespace=self.key_namespace, deadline=self.deadline
+        ).to_payload()
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
@@ -413,41 +473,75 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         watch = DecisionWatch(condition, reviews=False)
         policy_fields = condition.policy is not None or condition.has_hysteresis
         mode = self.decision_filter.stream_mode(self.decision_mode)
-        try:
-            self.decision_filter.relevance()  # a decide_when callable that cannot be imported ends the trigger
-            async with self._stream.open(initial, decision_mode=mode) as stream:
-                feeder = SourceFeeder(
-                    stream,
-                    source,
-                    decision_mode=mode,
-                    lease=self._lease,
-                    max_staleness=self.max_staleness,
-                    decision_filter=self.decision_filter,
-                )
+        relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the trigger
+        gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
+        state = initial
 
-                async def consume() -> None:
-                    async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                        async for verdict in verdicts:
-                            await queue.put(
+        async def consume(feeder: SourceFeeder) -> None:
+            async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+                async for verdict in verdicts:
+                    await queue.put(
+                        watch.event(
+                            verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
+                        ).to_payload()
+                    )
+
+        try:
+            while True:
+                async with self._stream.open(state, decision_mode=mode) as stream:
+                    feeder = SourceFeeder(
+                        stream,
+                        source,
+                        decision_mode=mode,
+                        lease=self._lease,
+                        max_staleness=self.max_staleness,
+                        decision_filter=self.decision_filter,
+                        gate=gate,
+                    )
+                    quiet = self._lease.watch(feeder.currency)
+                    race = asyncio.ensure_future(feeder.race(functools.partial(consume, feeder)))
+                    try:
+                        while True:
+                            getter = asyncio.ensure_future(queue.get())
+                            await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
+                            if getter.done():
+                                yield TriggerEvent(getter.result())
+                                continue
+                            getter.cancel()
+                            if race.done():
+                                race.result()  # raises the failure
+                                return
+                            break  # quiet: give the stream back until the state changes
+                    finally:
+                        quiet.cancel()
+                        race.cancel()
+                        await asyncio.gather(race, return_exceptions=True)
+                        self._lease.disarm()
+                    seen = stream.state if gate is not None else NO_CHANGE  # what the gateway had
+                del stream, feeder, race, quiet, getter  # nothing of the stream outlives it
+                while not queue.empty():  # a transition seen as the stream went quiet
+                    yield TriggerEvent(queue.get_nowait())
+                # dormant: the watch is kept (whether the condition was met decides the next event)
+                loop = asyncio.get_running_loop()
+                while True:
+                    state = await self._stream.wait_for_change(
+                        source, self._lease, time_left=watch.wait_time(loop.time()), since=seen
+                    )
+                    if state is NO_CHANGE:
+                        verdict = watch.due(loop.time())  # only time was missing, and it passed
+                        if verdict is not None:
+                            yield TriggerEvent(
                                 watch.event(
                                     verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
                                 ).to_payload()
                             )
-
-                race = asyncio.ensure_future(feeder.race(consume))
-                try:
-                    while True:
-                        getter = asyncio.ensure_future(queue.get())
-                        await asyncio.wait({getter, race}, return_when=asyncio.FIRST_COMPLETED)
-                        if getter.done():
-                            yield TriggerEvent(getter.result())
+                        continue
+                    if gate is not None:
+                        await gate_change(gate, relevance, seen, state)
+                        if not gate.pending:  # no decision is due: no stream for this change either
+                            seen = state
                             continue
-                        getter.cancel()
-                        race.result()  # raises the failure
-                        return
-                finally:
-                    race.cancel()
-                    await asyncio.gather(race, return_exceptions=True)
+                    break
         finally:
             await self.cleanup()
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate, Relevance
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
@@ -31,13 +32,17 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
 from airflow_provider_systemzero.triggers.sources import StateSource
 
-__all__ = ["SourceFeeder", "StreamLease", "TriggerStream", "error_payload"]
+__all__ = ["NO_CHANGE", "SourceFeeder", "StreamLease", "TriggerStream", "error_payload", "gate_change"]
 
 log = logging.getLogger(__name__)
 
-#: How often a trigger holding a quiet stream checks whether another stream waits for a slot
-#: (only the few triggers holding a slot poll: at most ``max_streams_per_process`` per process).
-_LEASE_POLL_SECONDS = 0.05
+#: What :attr:`StreamLease.covered` is before any decision (equal to no state).
+_NOTHING: Any = object()
+
+#: What :meth:`TriggerStream.wait_for_change` returns when only time passed (no change).
+NO_CHANGE: Any = object()
+
+T = TypeVar("T")
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -80,7 +85,20 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
 
 
 class TriggerStream:
-    """A trigger's stream: opened with the task's budget, closed on every exit.
+    """A trigger's stream: opened with the task's budget, closed on every exit, and let go while the
+    source is quiet.
+
+    A waiting trigger alternates between two phases:
+
+    * **holding a stream** — :meth:`open` builds a
+      :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` about the current
+      state, and :meth:`until_quiet` runs the trigger's work on it until the work ends or the
+      :class:`StreamLease` says the stream is quiet; the trigger then closes the stream (close
+      1000), which frees its slot of ``max_streams_per_process`` for the next waiter;
+    * **dormant** — :meth:`wait_for_change` is the trigger's one await, on the source's next change:
+      no stream, session, connection, task or timer is held, only what resuming needs (the source
+      with its offset, the state the last decision covered, the key namespace, the condition). A
+      change rebuilds the rest; the same key namespace makes a state already decided replay unbilled.
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: the request dict.
@@ -89,6 +107,18 @@ class TriggerStream:
     :param budget: :meth:`~airflow_provider_systemzero.decisions.budget.DecisionBudget.to_kwargs` from
         the task (``None``: no budget, no usage report).
     """
+
+    __slots__ = (
+        "_budget",
+        "_budget_kwargs",
+        "_dormant",
+        "_settings",
+        "deadline",
+        "key_namespace",
+        "request",
+        "stream",
+        "systemzero_conn_id",
+    )
 
     def __init__(
         self,
@@ -103,9 +133,17 @@ class TriggerStream:
         self.request = request
         self.key_namespace = key_namespace
         self.deadline = deadline
+        #: the open stream (``None`` before the first and while dormant)
         self.stream: Any = None
         self._budget_kwargs = budget
         self._budget: Any = None
+        self._settings: Any = None  # the connection's settings, resolved once per trigger run
+        self._dormant = False
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the trigger holds no stream and waits for its source to change."""
+        return self._dormant
 
     @property
     def budget(self) -> Any:
@@ -123,7 +161,11 @@ class TriggerStream:
         return {**payload, **event_usage(self._budget)}
 
     def open(self, state: Any, **kwargs: Any) -> Any:
-        """Open the stream about ``state`` (``kwargs`` go to the hook's ``stream()``)."""
+        """Open the stream about ``state`` (``kwargs`` go to the hook's ``stream()``).
+
+        The connection is looked up once per trigger run: a stream rebuilt after a dormant phase
+        reuses the settings the first one resolved.
+        """
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
@@ -133,9 +175,88 @@ class TriggerStream:
             key_namespace=self.key_namespace,
             identity=self.key_namespace,
             budget=self.budget,
+            settings=self._settings,
             **kwargs,
         )
         return self.stream
+
+    async def until_quiet(self, lease: StreamLease, feeder: SourceFeeder, work: Awaitable[T]) -> T | None:
+        """Run ``work`` on the open stream until it ends (its result, or its error) or ``lease``
+        says the stream is quiet (``None``: close the stream and :meth:`wait_for_change`).
+
+        :param lease: the stream's lease.
+        :param feeder: the feeder ``work`` reads the decisions from.
+        :param work: what the trigger does with the stream (it is cancelled when the stream is quiet).
+        """
+        quiet = lease.watch(feeder.currency)
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait((task, quiet), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            quiet.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            return None
+        return task.result()
+
+    async def wait_for_change(
+        self,
+        source: StateSource,
+        lease: StreamLease,
+        *,
+        min_interval: float = 0.0,
+        time_left: float | None = None,
+        since: Any = NO_CHANGE,
+    ) -> Any:
+        """The dormant phase: wait, holding no stream, until ``source`` has a state other than the
+        one the last decision covered (:attr:`StreamLease.covered`, or ``since`` when given); the
+        state to open the next stream with.
+
+        The only thing the trigger does meanwhile is this one await on the source's change
+        notification (its ``changes()``): no task, no timer, no stream — unless the condition itself
+        waits on time (``time_left``).
+
+        :param source: the trigger's source.
+        :param lease: the lease of the stream just closed (it knows what the last decision covered).
+        :param min_interval: seconds that must pass between the last decision and the next stream's
+            (the trigger's ``min_interval_ms``): a change sooner waits out the rest, and says so.
+        :param time_left: seconds until only time can end the wait (hysteresis's ``min_true_for``);
+            :data:`NO_CHANGE` is returned when they pass first.
+        :param since: the state to wait for a change from, when it is not the one the last decision
+            covered (a dormant trigger with ``decide_when`` saw a change that starts no decision).
+        """
+        if self.stream is not None and self.stream.settings is not None:
+            self._settings = self.stream.settings  # the next stream reuses them: no second lookup
+        self.stream = None
+        self._dormant = True
+        covered = lease.covered if since is NO_CHANGE else since
+        changes = source.changes()
+        try:
+            if time_left is None:
+                async for state in changes:  # the one await of a dormant trigger
+                    if state is not covered and state != covered:
+                        break
+            else:
+                try:
+                    async with asyncio.timeout(time_left):
+                        async for state in changes:
+                            if state is not covered and state != covered:
+                                break
+                except TimeoutError:
+                    return NO_CHANGE
+        finally:
+            self._dormant = False
+            await changes.aclose()  # type: ignore[attr-defined]
+        if min_interval > 0:
+            loop = asyncio.get_running_loop()
+            # the lease stamped the last decision; a change before min_interval waits out the rest
+            wait = min_interval - (loop.time() - lease.decided_at)
+            if wait > 0:
+                log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
+                await asyncio.sleep(wait)
+        return state
 
     async def within_deadline(
         self,
@@ -154,7 +275,9 @@ class TriggerStream:
         """
         try:
             remaining = None if self.deadline is None else self.deadline - time.time()
-            if remaining is not None and remaining <= 0:
+            if remaining is None:
+                return await work()
+            if remaining <= 0:
                 return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
             async with asyncio.timeout(remaining):
                 return await work()
@@ -182,45 +305,130 @@ class TriggerStream:
 
 
 class StreamLease:
-    """Gives a stream back after ``after`` quiet seconds, or at once when another stream waits.
+    """Says when a trigger gives its quiet stream back: ``after`` seconds after the last decision
+    with nothing new, or at once when another stream of the process waits for a slot.
+
+    Nothing polls. After each decision about the current state (:meth:`arm`) the lease sets one
+    timer and *offers* the stream's slot to the process's
+    :class:`~airflow_provider_systemzero.stream.capacity.StreamCapacity`, which calls the offer the
+    moment a waiter queues; either way the future of :meth:`watch` completes (the trigger then
+    closes the stream and goes dormant). A change handed to the stream :meth:`disarm` s it.
 
     :param enabled: lease at all (``False``: keep the stream).
     :param after: seconds without a change before the stream is given back.
     """
 
+    __slots__ = (
+        "_offer",
+        "_pending",
+        "_quiet",
+        "_stream",
+        "_timer",
+        "_unevaluated",
+        "after",
+        "covered",
+        "decided_at",
+        "enabled",
+    )
+
     def __init__(self, enabled: bool, after: float) -> None:
         self.enabled = enabled
         self.after = after
-        self._timer: asyncio.Task[None] | None = None
+        #: the state the last decision covered (what a dormant trigger compares the source with)
+        self.covered: Any = _NOTHING
+        #: the loop time of the last decision
+        self.decided_at = -math.inf
+        self._stream: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._offer: Any = None
+        self._quiet: asyncio.Future[str] | None = None
+        self._unevaluated = 0  # decisions armed on and not evaluated yet
+        self._pending: str | None = None  # why to give the stream back once they are
+
+    def watch(self, currency: Currency) -> asyncio.Future[str]:
+        """A future that completes, with the reason, when the stream should be given back.
+
+        The stream is given back only once every decision the lease was armed on was evaluated
+        (``currency`` says so), so a decision that ends the wait is never dropped with its stream.
+
+        :param currency: the feeder's :class:`~airflow_provider_systemzero.triggers.currency.Currency`.
+        """
+        self._quiet = asyncio.get_running_loop().create_future()
+        self._unevaluated, self._pending = 0, None
+        currency.on_evaluated = self._evaluated
+        return self._quiet
+
+    def _evaluated(self) -> None:
+        self._unevaluated = max(0, self._unevaluated - 1)
+        if not self._unevaluated and self._pending is not None:
+            reason, self._pending = self._pending, None
+            self._give_back(reason)
 
     def arm(self, stream: Any) -> None:
-        """Start (or restart) the quiet-time countdown: every decision re-arms it."""
+        """A decision about the current state came back: start the quiet-time countdown and offer
+        the slot to a waiter (every decision re-arms it)."""
         self.disarm()
-        if self.enabled:
-            self._timer = asyncio.ensure_future(self._release_when_quiet(stream))
+        loop = asyncio.get_running_loop()
+        self.covered = stream.state
+        self.decided_at = loop.time()
+        self._unevaluated += 1
+        if not self.enabled:
+            return
+        self._stream = stream
+        self._timer = loop.call_later(self.after, self._quiet_for_long)
+        capacity = getattr(stream, "capacity", None)
+        if capacity is not None:
+            self._offer = capacity.offer(self._wanted)
 
     def disarm(self) -> None:
-        """Stop the countdown (the state changed, or the trigger ends)."""
+        """Stop the countdown and withdraw the offer (the state changed, the stream was given back,
+        or the trigger ends)."""
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
+        offer, self._offer = self._offer, None
+        if offer is not None:
+            self._stream.capacity.withdraw(offer)
+        self._stream = None
 
-    async def _release_when_quiet(self, stream: Any) -> None:
-        # Hold the stream for ``after`` quiet seconds (a busy source keeps its connection), but give
-        # it back at once when another stream of this process waits for a slot: a slot held for a
-        # quiet trigger must never keep a waiting one from its first decision.
-        loop = asyncio.get_running_loop()
-        until = loop.time() + self.after
-        capacity = getattr(stream, "capacity", None)
-        reason = f"nothing new for {self.after:.1f} s"
-        while (left := until - loop.time()) > 0:
-            if capacity is not None and capacity.waiting:
-                reason = "another stream waits for a slot"
-                break
-            await asyncio.sleep(min(_LEASE_POLL_SECONDS, left))
-        if stream.connected and not stream.has_work():
-            log.info("%s: giving the stream back until the state changes", reason)
-            await stream.release()
+    def _quiet_for_long(self) -> None:
+        self._timer = None
+        self._give_back(f"nothing new for {self.after:.1f} s")
+
+    def _wanted(self) -> None:
+        if self._quiet is not None and self._quiet.done():
+            return  # already giving the stream back: the waiter gets its slot
+        if not self._give_back("another stream waits for a slot"):
+            offer, self._offer = self._offer, None  # busy after all: let another idle stream go
+            if offer is not None:
+                self._stream.capacity.withdraw(offer)
+
+    def _give_back(self, reason: str) -> bool:
+        stream, quiet = self._stream, self._quiet
+        if stream is None or quiet is None or quiet.done():
+            return False
+        if stream.has_work() or not (stream.connected or stream.dormant):
+            return False  # a change is on its way (its decision re-arms), or the stream reconnects
+        if self._unevaluated:
+            self._pending = reason  # the decision just in may end the wait: give back once it did not
+            return True
+        log.info("%s: giving the stream back until the state changes", reason)
+        quiet.set_result(reason)
+        return True
+
+
+async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
+    """Tell ``gate`` that the source changed from ``previous`` to ``state``, and whether the change
+    matches ``decide_when`` (``relevance``; an author's callable runs in a thread, never on the loop)."""
+    relevant = True
+    if relevance is not None:
+        if relevance.is_callable:
+            relevant = await asyncio.to_thread(relevance.matches, previous, state)
+        else:
+            relevant = relevance.matches(previous, state)
+    if not relevant:
+        log.debug("a change does not match decide_when: streamed, no decision started")
+    gate.changed(relevant, asyncio.get_running_loop().time())
 
 
 class SourceFeeder:
@@ -240,6 +448,9 @@ class SourceFeeder:
     :param decision_filter: ``decide_when``, ``debounce_ms`` and ``decide_initial``
         (:class:`~airflow_provider_systemzero.decisions.relevance.DecisionFilter`); when active, the
         stream must have been opened with :meth:`DecisionFilter.stream_mode` (``on_request``).
+    :param gate: the trigger's :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate`,
+        kept across its streams (a dormant trigger reopens one without deciding its initial state
+        again); ``None``: a fresh one from ``decision_filter``.
     :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
     """
 
@@ -252,9 +463,10 @@ class SourceFeeder:
         lease: StreamLease,
         max_staleness: float = DEFAULT_MAX_STALENESS,
         decision_filter: DecisionFilter | None = None,
+        gate: DecisionGate | None = None,
     ) -> None:
         chosen = decision_filter or DecisionFilter()
-        self.gate: DecisionGate | None = chosen.gate(asyncio.get_running_loop().time())
+        self.gate: DecisionGate | None = gate or chosen.gate(asyncio.get_running_loop().time())
         if self.gate is not None and decision_mode != "on_request":
             raise ValueError("decide_when/debounce_ms decide on request: open the stream in on_request mode")
         self.relevance: Relevance | None = chosen.relevance()
@@ -349,15 +561,7 @@ class SourceFeeder:
     async def _gate_change(self, previous: Any, state: Any) -> None:
         """Tell the gate about a change, and whether it matches ``decide_when``."""
         assert self.gate is not None
-        relevant = True
-        if self.relevance is not None:
-            if self.relevance.is_callable:  # the author's function: never on the event loop
-                relevant = await asyncio.to_thread(self.relevance.matches, previous, state)
-            else:
-                relevant = self.relevance.matches(previous, state)
-        if not relevant:
-            log.debug("a change does not match decide_when: streamed, no decision started")
-        self.gate.changed(relevant, asyncio.get_running_loop().time())
+        await gate_change(self.gate, self.relevance, previous, state)
 
     async def _until_due(self) -> None:
         """Wait until the gate says a decision is due (a relevant change, then the quiet time)."""
@@ -453,6 +657,7 @@ class SourceFeeder:
 
         pumper = asyncio.ensure_future(pump())
         evaluated = False
+        getter: asyncio.Future[Any] | None = None
         try:
             while True:
                 if evaluated:  # the last decision did not end the wait: held changes may go
@@ -476,5 +681,7 @@ class SourceFeeder:
                 if verdict is not None:
                     yield verdict
         finally:
+            if getter is not None:
+                getter.cancel()  # cancelled while waiting: the queue's getter must not outlive the wait
             pumper.cancel()
             await asyncio.gather(pumper, return_exceptions=True)

@@ -194,3 +194,33 @@ async def test_a_change_during_a_decision_is_held_so_that_decision_counts(
     payload = await task
     assert payload["status"] == "success" and payload["decision"] is True
     assert emulator.stats.decisions_billed == 2 and emulator.stats.decisions_dispatched == 2
+
+
+async def test_a_dormant_trigger_opens_no_stream_for_a_change_that_cannot_matter(
+    emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dormant trigger (no stream) that sees a change not matching decide_when stays dormant: no
+    connection, no decision; the next matching change opens one stream and is decided."""
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_systemzero.triggers.streaming")
+    publish("dormant", "starting\n")
+    trigger = rebuilt(
+        sensor_trigger(source=pushed("dormant"), decide_when=r"(?i)job is ready", lease_after=0.05)
+    )
+    task = asyncio.ensure_future(first_event(trigger))
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # the initial state
+    await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+    streams = emulator.stats.streams_total
+    state = "starting\n" + LINES[0]
+    publish("dormant", state)
+
+    def ignored() -> bool:
+        return any("does not match decide_when" in r.getMessage() for r in caplog.records)
+
+    await emulator.wait_for(lambda _: ignored() and trigger._stream.dormant, timeout=10)
+    assert emulator.stats.streams_total == streams and emulator.stats.decisions_billed == 1
+    state += "Job is ready.\n"
+    publish("dormant", state)
+    payload = await task
+    assert payload["status"] == "success" and payload["decision"] is True
+    stats = emulator.stats
+    assert stats.streams_total == streams + 1 and stats.decisions_billed == 2

@@ -1,0 +1,175 @@
+"""A waiting decision trigger without a change holds no stream, task or timer, and a change wakes
+it: the real trigger against the real emulator over loopback (serialize → rebuild → run())."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.stream import default_capacity
+from airflow_provider_systemzero.stream.decision_stream import DecisionStream
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from tests.dormant import channels
+
+RULES = {
+    "rules": [
+        {
+            "question": "ready",
+            "pattern": "(?i)job is ready",
+            "answer": True,
+            "probability": 0.93,
+            "confidence": 0.9,
+        }
+    ],
+    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
+}
+REQUEST = {
+    "model": "sz-test",
+    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+}
+CONDITION = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
+LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
+
+
+@pytest.fixture
+async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    async with Emulator(api_keys={"demo": 8}, decider=f"rules:{rules}", limits=LIMITS) as emu:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_TEST",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
+        )
+        yield emu
+
+
+def _trigger(channel: str, **overrides: Any) -> SystemZeroDecisionTrigger:
+    kwargs: dict[str, Any] = {
+        "systemzero_conn_id": "systemzero_test",
+        "request": REQUEST,
+        "condition": CONDITION,
+        "state": "",
+        "key_namespace": task_namespace("d", "dormant", channel, -1),
+        "source": channels.source(channel),
+        "lease_after": 0.05,
+        **overrides,
+    }
+    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
+    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))  # what the triggerer runs
+
+
+def _provider_timers() -> list[asyncio.TimerHandle]:
+    """Live timers whose callback belongs to the provider's triggers or streams (not the emulator)."""
+    loop = asyncio.get_running_loop()
+    found = []
+    for handle in loop._scheduled:  # type: ignore[attr-defined]
+        callback = handle._callback  # type: ignore[attr-defined]
+        owner = getattr(callback, "__self__", callback)
+        module = (
+            type(owner).__module__ if hasattr(callback, "__self__") else getattr(callback, "__module__", "")
+        )
+        if (
+            not handle.cancelled()
+            and module.startswith("airflow_provider_systemzero")
+            and ".emulator" not in module
+        ):
+            found.append(handle)
+    return found
+
+
+def _alive(kind: type) -> set[int]:
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if type(o) is kind}  # type(): no lazy proxy resolves
+
+
+@contextlib.asynccontextmanager
+async def _running(trigger: SystemZeroDecisionTrigger) -> Any:
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await task
+        await gen.aclose()
+        await trigger.cleanup()
+
+
+async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulator) -> None:
+    others = set(asyncio.all_tasks())
+    # what earlier tests of this process may have left is not this trigger's
+    streams, sessions = _alive(DecisionStream), _alive(ClientSession)
+    capacity = default_capacity()
+    in_use, offered = capacity.in_use, capacity.offered
+    trigger = _trigger("quiet")
+    async with _running(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        assert emulator.stats.decisions_delivered == 1 and not task.done()
+        # the one task is the trigger's own (the triggerer's); the stream's runner, reader,
+        # feeder, consumer and pump are gone
+        assert set(asyncio.all_tasks()) - others == {task}
+        # no stream object, session or connection is left, and no slot is held or offered
+        assert trigger._stream.stream is None
+        assert _alive(DecisionStream) <= streams and _alive(ClientSession) <= sessions
+        assert (capacity.in_use, capacity.offered) == (in_use, offered)
+        # no timer of the trigger's (a lease, a heartbeat, a poll) will wake it without a change
+        assert _provider_timers() == []
+        # what it waits on is the source: one reader of the channel
+        assert channels.readers("quiet") == 1
+
+
+async def test_a_change_wakes_the_trigger_which_rebuilds_its_stream_and_decides_the_newest_state(
+    emulator: Emulator,
+) -> None:
+    trigger = _trigger("wake")
+    async with _running(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        opened = emulator.stats.streams_total
+        # several changes while dormant: the newest is the one that meets the condition
+        channels.publish("wake", "waiting\nstep 1\n")
+        channels.publish("wake", "waiting\nstep 1\nstep 2\n")
+        channels.publish("wake", "waiting\nstep 1\nstep 2\nJob is ready.\n")
+        async with asyncio.timeout(20):
+            event = await task
+    assert event.payload["status"] == "success" and event.payload["decision"] is True
+    assert emulator.stats.streams_total > opened  # woken: a new stream was built for the change
+
+
+async def test_a_trigger_cancelled_while_dormant_ends_and_releases_the_source(emulator: Emulator) -> None:
+    trigger = _trigger("cancel")
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await trigger.cleanup()
+    assert channels.readers("cancel") == 0 and not trigger._stream.dormant
+
+
+async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(emulator: Emulator) -> None:
+    channels.publish("steady", "waiting\nJob is ready.\n")
+    condition = DecisionCondition("ready", True, min_confidence=0.5, min_true_for=1.0).to_dict()
+    trigger = _trigger("steady", condition=condition)
+    async with _running(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        assert not task.done()  # qualifying, but not for long enough yet
+        async with asyncio.timeout(20):
+            event = await task
+        # time alone ended the wait: no second stream, no second decision
+        assert emulator.stats.streams_total == 1 and emulator.stats.decisions_delivered == 1
+    assert event.payload["status"] == "success" and event.payload["streak"]["true_for"] >= 1.0
