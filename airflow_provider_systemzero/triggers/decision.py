@@ -172,7 +172,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             condition = DecisionCondition.from_dict(self.condition)
             self._source = source = build_source(self.source, self.state)
             initial = await source.current()
-            async with self._stream.open(
+            async with self._stream.held(
                 initial, decision_mode=self.decision_mode, min_interval_ms=self.min_interval_ms
             ) as stream:
                 feeder = SourceFeeder(
@@ -211,8 +211,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             cleanup=self.cleanup,
             late="the sensor's deadline passed before the trigger started",
             timed_out="no decision met the condition before the deadline",
+            keep_open=True,
         )
         yield TriggerEvent(self._stream.with_usage(payload))
+        await self.cleanup()  # the event went out first: it does not wait for the close handshake
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""

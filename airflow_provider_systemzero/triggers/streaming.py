@@ -136,6 +136,13 @@ class TriggerStream:
         )
         return self.stream
 
+    @contextlib.asynccontextmanager
+    async def held(self, state: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Open and enter the stream about ``state``, and leave it open on exit: :meth:`aclose`
+        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake."""
+        stream = self.open(state, **kwargs)
+        yield await stream.__aenter__()
+
     async def within_deadline(
         self,
         work: Callable[[], Awaitable[dict[str, Any]]],
@@ -145,18 +152,24 @@ class TriggerStream:
         late: str,
         timed_out: str,
         cleanup: Callable[[], Awaitable[None]],
+        keep_open: bool = False,
     ) -> dict[str, Any]:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
         A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; ``cleanup`` runs on every exit.
+        ``timeout`` event; ``CancelledError`` propagates; ``cleanup`` runs on every exit — with
+        ``keep_open``, on every exit but ``work``'s success, after which the caller yields its event
+        first and then cleans up.
         """
+        succeeded = False
         try:
             remaining = None if self.deadline is None else self.deadline - time.time()
             if remaining is not None and remaining <= 0:
                 return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
             async with asyncio.timeout(remaining):
-                return await work()
+                payload = await work()
+            succeeded = True
+            return payload
         except TimeoutError:
             last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
             return {
@@ -170,7 +183,8 @@ class TriggerStream:
             log.info("%s ends with an error event (%s)", owner, type(exc).__name__)
             return error_payload(exc, **extra)
         finally:
-            await cleanup()
+            if not (keep_open and succeeded):
+                await cleanup()
 
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""
