@@ -85,6 +85,7 @@ class CoreEventHandling:
                         future.set_result(event.result)
                 if self._queue_decisions and not event.repeated:
                     self._decisions.append(event.result)
+                    self._decision_ready.set()
                 self._settle_refusal()
             elif isinstance(event, DecisionFailedEvent):
                 self._on_decision_failed(event)
@@ -160,6 +161,7 @@ class CoreEventHandling:
                 self.session.cancel_intent(intent)
         if self._queue_decisions:
             self._decisions.append(error)
+            self._decision_ready.set()
 
     # ------------------------------------------------------------------ budget and accounting
 
@@ -222,6 +224,9 @@ class CoreEventHandling:
         version = result.state_version
         self._decided_this_connection = True
         billed = self._accounting.decided(result)
+        self._observe("decided", result, billed=billed)
+        if not log.isEnabledFor(logging.INFO):
+            return  # the line below is built only for a log that shows it
         answers = "; ".join(
             f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
             f"{_fmt(answer.confidence)})"
@@ -240,7 +245,6 @@ class CoreEventHandling:
             _fmt(result.queue_ms, 0),
             _fmt(result.decide_ms, 0),
         )
-        self._observe("decided", result, billed=billed)
 
     def _connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""

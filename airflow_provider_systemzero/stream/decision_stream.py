@@ -171,6 +171,10 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         self._refused: BudgetExceeded | None = None  # the budget's refusal that holds this stream
         self._writing = False  # a frame is being written (its write is waiting for the peer)
         self._pong_flush: asyncio.TimerHandle | None = None
+        self._writer_wakes_at = -math.inf  # when the waiting writer wakes on its own (-inf: awake)
+        self._pulse_waiting = 0  # tasks waiting for a pulse
+        #: set when decisions() has something to look at: a queued decision, a failure, the end
+        self._decision_ready = asyncio.Event()
         self._last_pong_flush = -math.inf
         if self._settings is not None:
             self._session = self._build_session(self._settings)
@@ -548,4 +552,6 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
                 raise self._failure
             if self._closed:
                 return
-            await self._wait_pulse(None)
+            # woken by a queued decision, a failure or the end, not by every frame
+            self._decision_ready.clear()
+            await self._decision_ready.wait()

@@ -108,24 +108,43 @@ class StreamRunLoop:
         for future in self._intent_futures.values():
             if not future.done():
                 future.set_exception(closed)
-        self._pulse()
+        self._wake_all()
 
     # ------------------------------------------------------------------ waiting helpers
 
     def _kick(self) -> None:
+        """Wake the writer: there may be something to send, or the connection should end."""
         if self._wake is not None:
             self._wake.set()
 
+    def _kick_if_due(self, now: float) -> None:
+        """Wake the writer only if the session may want to write before the writer wakes anyway
+        (a frame that leaves nothing to send, such as most acks and decisions, wakes nobody)."""
+        due = self.session.next_wakeup(now)
+        if due is not None and due < self._writer_wakes_at:
+            self._kick()
+
     def _pulse(self) -> None:
-        if self._pulse_event is not None:
+        """Wake whoever waits for the stream to change (entering, ``wait_in_sync``, retries …);
+        nothing is done when nobody waits."""
+        if self._pulse_waiting and self._pulse_event is not None:
             self._pulse_event.set()
             self._pulse_event = asyncio.Event()
+
+    def _wake_all(self) -> None:
+        """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
+        self._pulse()
+        self._decision_ready.set()
 
     async def _wait_pulse(self, seconds: float | None) -> None:
         assert self._pulse_event is not None
         event = self._pulse_event
-        async with asyncio.timeout(seconds):
-            await event.wait()
+        self._pulse_waiting += 1
+        try:
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        finally:
+            self._pulse_waiting -= 1
 
     async def _wait_until(
         self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
@@ -165,7 +184,7 @@ class StreamRunLoop:
             if not future.done():
                 future.set_exception(exc)
         self._kick()
-        self._pulse()
+        self._wake_all()
 
     # ------------------------------------------------------------------ the connection loop
 
@@ -260,7 +279,7 @@ class StreamRunLoop:
             log.exception("System Zero stream loop crashed")
             self._fail(exc)
         finally:
-            self._pulse()
+            self._wake_all()
 
     @staticmethod
     def _stop_error(ended: Ended, plan: ReconnectPlan) -> BaseException:

@@ -59,6 +59,9 @@ __all__ = ["ConnectionServing", "Ended"]
 
 log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
 
+#: Frames the reader handles in a row before it lets other tasks run (frames already received are
+#: read without waiting: an ack and its decision arriving together are handled in one go).
+_FRAMES_PER_TURN = 16
 #: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
 _PONG_FLUSH_INTERVAL = 1 / 40
 
@@ -177,17 +180,22 @@ class ConnectionServing:
     async def _read(self, ws: ClientConnection) -> None:
         session = self.session
         secret = self._secret()
+        streak = 0  # frames handled since the reader last let other tasks run
         with contextlib.suppress(ConnectionClosed):
             async for frame in ws:
                 if isinstance(frame, str):
                     frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
-                events = session.receive_text(frame, time.monotonic())
+                now = time.monotonic()
+                events = session.receive_text(frame, now)
                 self._dispatch(events)
                 if events:
-                    self._kick()
+                    self._kick_if_due(now)
                 else:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
                     self._kick_soon()
-                await asyncio.sleep(0)  # a flood of frames never holds the event loop
+                streak += 1
+                if streak == _FRAMES_PER_TURN:  # a flood of frames never holds the event loop
+                    streak = 0
+                    await asyncio.sleep(0)
 
     async def _serve(self, ws: ClientConnection) -> Ended:
         assert self._wake is not None
@@ -249,9 +257,14 @@ class ConnectionServing:
                         t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)
                     ]
                     timeout = max(0.0, min(times) - now) if times else None
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(timeout):
-                            await self._wake.wait()
+                    # what the reader compares with before waking the writer (see _kick_if_due)
+                    self._writer_wakes_at = min(times) if times else math.inf
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(timeout):
+                                await self._wake.wait()
+                    finally:
+                        self._writer_wakes_at = -math.inf  # awake: every kick counts
             except ConnectionClosed:
                 lost = True  # a write failed: the connection is gone, and the reader ends with it
             if stalled:
