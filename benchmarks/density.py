@@ -129,8 +129,9 @@ def watching() -> dict[str, Any]:
 
 
 def _settled(trigger: Any) -> bool:
-    # private, read only: the first decision arrived and the stream was given back
-    stream = trigger._stream
+    # private, read only: the first decision arrived and the stream was given back (a trigger holds
+    # its stream in a TriggerStream; older ones held it directly)
+    stream = getattr(trigger._stream, "stream", trigger._stream)
     return stream is not None and stream.last_decision is not None and stream.dormant
 
 
@@ -151,13 +152,13 @@ async def _wait_all(triggerer: Triggerer, ids: list[int], triggers: list[Any], w
 
 
 def _describe(trigger: Any) -> str:
-    stream = trigger._stream
+    stream = getattr(trigger._stream, "stream", trigger._stream)
     if stream is None:
         return "no stream"
     return (
         f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
         f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
-        f"reconnects={stream.reconnects[-3:]} lease_timer={trigger._lease_timer!r}"
+        f"reconnects={stream.reconnects[-3:]} lease={getattr(trigger, '_lease', None)!r}"
     )
 
 
