@@ -78,6 +78,12 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     return payload
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a stopped task's outcome as seen (its error, if any, no longer matters)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class TriggerStream:
     """A trigger's stream: opened with the task's budget, closed on every exit.
 
@@ -269,10 +275,20 @@ class SourceFeeder:
         consumer = asyncio.ensure_future(body())
         try:
             await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        except BaseException:
             for task in (feeder, consumer):
                 task.cancel()
             await asyncio.gather(feeder, consumer, return_exceptions=True)
+            raise
+        if consumer.done() and not consumer.cancelled() and consumer.exception() is None:
+            # the answer is in: it goes out now, and the feeder stops meanwhile (nothing it does
+            # matters any more; its source and stream are closed by the trigger's cleanup)
+            feeder.cancel()
+            feeder.add_done_callback(_retrieved)
+            return consumer.result()
+        for task in (feeder, consumer):
+            task.cancel()
+        await asyncio.gather(feeder, consumer, return_exceptions=True)
         if consumer.done() and not consumer.cancelled():
             return consumer.result()
         return feeder.result()  # the source failed (or ended): raise its error
