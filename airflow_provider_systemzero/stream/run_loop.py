@@ -117,12 +117,15 @@ class StreamRunLoop:
         if self._wake is not None:
             self._wake.set()
 
-    def _kick_if_due(self, now: float) -> None:
+    def _kick_if_due(self, now: float) -> bool:
         """Wake the writer only if the session may want to write before the writer wakes anyway
-        (a frame that leaves nothing to send, such as most acks and decisions, wakes nobody)."""
+        (a frame that leaves nothing to send, such as most acks and decisions, wakes nobody);
+        whether it was woken."""
         due = self.session.next_wakeup(now)
         if due is not None and due < self._writer_wakes_at:
             self._kick()
+            return True
+        return False
 
     def _pulse(self) -> None:
         """Wake whoever waits for the stream to change (entering, ``wait_in_sync``, retries …);

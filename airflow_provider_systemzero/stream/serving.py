@@ -188,12 +188,12 @@ class ConnectionServing:
                 now = time.monotonic()
                 events = session.receive_text(frame, now)
                 self._dispatch(events)
-                if events:
-                    self._kick_if_due(now)
-                else:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
+                # the writer acts on a frame that gave it something to do before the next is read
+                turn = bool(events) and self._kick_if_due(now)
+                if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
                     self._kick_soon()
                 streak += 1
-                if streak == _FRAMES_PER_TURN:  # a flood of frames never holds the event loop
+                if turn or streak == _FRAMES_PER_TURN:  # nor does a flood of frames hold the loop
                     streak = 0
                     await asyncio.sleep(0)
 
