@@ -69,8 +69,10 @@ async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
 
 def _stream(trigger: Any) -> Any:
     # The trigger's stream (a private attribute, read only): how the benchmark knows the first
-    # decision settled, and for the cold case that the stream was given back.
-    return trigger._stream
+    # decision settled, and for the cold case that the stream was given back. Newer triggers hold
+    # it in a TriggerStream (``.stream``); older ones held the stream itself.
+    holder = trigger._stream
+    return getattr(holder, "stream", holder)
 
 
 async def _trigger_sample(

@@ -588,10 +588,21 @@ def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[st
             ]
         )
     out += [
-        "Poke baseline (a sensor calling `decide()` every `poke_interval`), from the measured decide time:",
+        "Poke baseline (a sensor calling `decide()` every `poke_interval`, reading its source at each "
+        "poke), from the measured decide time; the ratios are to the push source's warm and cold figures:",
         "",
     ]
-    out += _table(["poke_interval", "p50", "p99", "p50 ÷ warm p50", "p99 ÷ warm p99", "p50 ÷ cold p50"], rows)
+    out += _table(
+        [
+            "poke_interval",
+            "p50",
+            "p99",
+            "p50 ÷ push warm p50",
+            "p99 ÷ push warm p99",
+            "p50 ÷ push cold p50",
+        ],
+        rows,
+    )
     check = lat["poke_model_check"]
     out += [
         f"Model check: real poke loops at {check['poke_interval_s']} s measured p50 "
@@ -639,6 +650,7 @@ def _density(den: dict[str, Any]) -> list[str]:
     )
     first = den["runs"][0]
     out += [
+        f"Every trigger reads a {first.get('source', 'push')} source. "
         f"`lease_after` = {first['lease_after_s']} s; each source changes twice at random moments within "
         f"{first['change_window_s']:.0f} s, the second change being the decisive one. Failures: "
         + ", ".join(str(r["failures"]) for r in den["runs"])

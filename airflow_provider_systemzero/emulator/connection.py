@@ -85,7 +85,23 @@ class EmulatorConnection(ServerConnection):
         if not self.emulator.faults.answer_pings and self.protocol.state is not State.CONNECTING:
             self.protocol.data_to_send()
             return
-        super().send_data()
+        # Frames sent together leave in one write (one segment, one wake-up of the client); an
+        # empty chunk is the end of the stream, as in the base class.
+        pending: list[bytes] = []
+        for chunk in self.protocol.data_to_send():
+            if chunk:
+                pending.append(chunk)
+                continue
+            if pending:
+                self.transport.write(b"".join(pending))
+                pending = []
+            if self.transport.can_write_eof():
+                with contextlib.suppress(Exception):
+                    self.transport.write_eof()
+            else:
+                self.transport.close()
+        if pending:
+            self.transport.write(b"".join(pending))
 
     async def ping(self, data: Any = None) -> Awaitable[float]:
         self.emulator._counters["native_pings_sent"] += 1
@@ -175,24 +191,34 @@ class StreamLoop:
 
     async def _write(self) -> None:
         while True:
-            item = await self.outbox.get()
-            if item is _CLOSE:
+            batch = [await self.outbox.get()]
+            if batch[0] is not _CLOSE and self.outbox.empty():
+                # one pass of the loop lets what is ready now join this write: an instant decision
+                # leaves with its ack, in one send and one wake-up of the client
+                await asyncio.sleep(0)
+            while batch[-1] is not _CLOSE and not self.outbox.empty():
+                batch.append(self.outbox.get_nowait())
+            frames = [item for item in batch if item is not _CLOSE]
+            if frames:
+                self.writing = True
+                try:
+                    async with self.ws.send_context():
+                        for text, _, _ in frames:
+                            self.ws.protocol.send_text(text.encode())
+                except ConnectionClosed:
+                    return
+                finally:
+                    self.writing = False
+                now = time.monotonic()
+                self.last_progress = now
+                for _, size, nonce in frames:
+                    self.out_bytes -= size
+                    if nonce is not None:
+                        self.inbox.put_nowait(("ping_written", nonce, now))
+            if batch[-1] is _CLOSE:
                 assert self.close_action is not None
                 await self.ws.close(self.close_action.code, self.close_action.reason)
                 return
-            text, size, nonce = item
-            self.writing = True
-            try:
-                await self.ws.send(text)
-            except ConnectionClosed:
-                return
-            finally:
-                self.writing = False
-            self.out_bytes -= size
-            now = time.monotonic()
-            self.last_progress = now
-            if nonce is not None:
-                self.inbox.put_nowait(("ping_written", nonce, now))
 
     # ------------------------------------------------------------------ the loop
 

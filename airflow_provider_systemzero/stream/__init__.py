@@ -4,8 +4,10 @@
 * :class:`StreamSettings` — where and how to connect (the API key is never shown or serialised);
 * :class:`StreamCapacity` — the process-wide cap of open streams; :class:`Backoff` — reconnect delays;
 * the modules by job: :mod:`.settings`, :mod:`.request` (the request and its cache key),
-  :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream
-  and its reconnect loop), :mod:`.accounting` (what a stream's dispatches cost the budget);
+  :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream's
+  public API), :mod:`.run_loop` (its reconnect loop), :mod:`.serving` (one connection served),
+  :mod:`.core_events` (what the core's events do), :mod:`.accounting` (what a stream's dispatches
+  cost the budget);
 * :mod:`.exceptions` — the error tree rooted at :class:`SystemZeroError`.
 """
 

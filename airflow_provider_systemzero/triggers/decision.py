@@ -191,8 +191,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             cleanup=self.cleanup,
             late="the sensor's deadline passed before the trigger started",
             timed_out="no decision met the condition before the deadline",
+            keep_open=True,
         )
         yield TriggerEvent(self._stream.with_usage(payload))
+        await self.cleanup()  # the event went out first: it does not wait for the close handshake
 
     async def _wait(self) -> dict[str, Any]:
         """Hold a stream while the state changes and be dormant (no stream) while it does not,
@@ -249,7 +251,9 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         is closed on return, and nothing of it outlives this call)."""
         mode = self.decision_filter.stream_mode(self.decision_mode)
         try:
-            async with self._stream.open(
+            # held, not closed on return: an event goes out before the close handshake (cleanup()
+            # closes the stream after the trigger yielded it); a quiet stream is closed here
+            async with self._stream.held(
                 state, decision_mode=mode, min_interval_ms=self.min_interval_ms
             ) as stream:
                 feeder = SourceFeeder(
@@ -262,11 +266,14 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     gate=gate,
                 )
                 try:
-                    return await self._stream.until_quiet(
+                    payload = await self._stream.until_quiet(
                         self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
                     )
                 finally:
                     self._streamed = stream.state  # what the gateway had: a dormant wait starts there
+                if payload is None:
+                    await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
+                return payload
         finally:
             self._lease.disarm()
 

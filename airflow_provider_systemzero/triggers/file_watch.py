@@ -21,6 +21,12 @@ from the filesystem type of the mount that holds the directory (``/proc/self/mou
 The library is `inotify_simple <https://pypi.org/project/inotify-simple/>`_: a small, maintained
 wrapper over the three inotify system calls with no dependencies and no thread; the descriptor
 is driven by the event loop directly.
+
+Nothing is torn down on the path of a change: when a source goes (its trigger fired), its
+directory stays watched for up to :data:`IDLE_SECONDS` — the next source on it finds the watch in
+place — and idle watches are then removed together. Closing an inotify descriptor makes the
+kernel wait for a grace period (10–30 ms measured): the descriptor of a watcher left with nothing
+to watch is closed by a short-lived thread, so the loop never stalls on it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,6 +111,13 @@ if inotify_simple is not None:
 else:  # pragma: no cover - not Linux
     REPLACED = LOST = OVERFLOW = _DIRECTORY_MASK = 0
 
+#: Seconds a directory stays watched after its last source went; idle watches are removed (and a
+#: watcher left with none closes) at most this long after.
+IDLE_SECONDS = 5.0
+
+#: The name of the short-lived thread that closes a watcher's descriptor.
+CLOSING_THREAD = "systemzero-inotify-close"
+
 #: A subscriber is told the event mask (``REPLACED``/``LOST``/``OVERFLOW`` bits or a write).
 Callback = Callable[[int], None]
 
@@ -162,6 +176,8 @@ class _Directory:
     path: str
     wd: int
     names: dict[str, set[Callback]] = field(default_factory=dict)
+    #: the paths it was subscribed under (one directory, several spellings: symlinks, ``..``)
+    spellings: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -194,13 +210,15 @@ class FileWatcher:
         self._fd = self._inotify.fileno()
         self._directories: dict[str, _Directory] = {}
         self._by_wd: dict[int, _Directory] = {}
+        self._closed = False
+        self._sweep: asyncio.TimerHandle | None = None
         self.events_read = 0
         loop.add_reader(self._fd, self._on_readable)
 
     @property
     def closed(self) -> bool:
-        """The descriptor was closed (no subscription left)."""
-        return self._inotify.closed
+        """The watcher stopped (no subscription left); its descriptor is closed or being closed."""
+        return self._closed
 
     def stats(self) -> dict[str, int]:
         """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions`` and ``events_read``."""
@@ -228,6 +246,7 @@ class FileWatcher:
                 directory = _Directory(directory_path, wd)
                 self._by_wd[wd] = directory
             self._directories[directory_path] = directory
+            directory.spellings.add(directory_path)
         directory.names.setdefault(name, set()).add(callback)
         return Subscription(self, directory, name, callback)
 
@@ -236,14 +255,21 @@ class FileWatcher:
         return self._by_wd.get(subscription.directory.wd) is subscription.directory
 
     def unsubscribe(self, subscription: Subscription) -> None:
-        """Stop calling the subscription's callback (the watch goes with its last subscriber)."""
+        """Stop calling the subscription's callback (the watch goes within :data:`IDLE_SECONDS`
+        of its last subscriber, and the descriptor with the last watch)."""
         directory = subscription.directory
         callbacks = directory.names.get(subscription.name)
         if callbacks is not None:
             callbacks.discard(subscription.callback)
             if not callbacks:
                 del directory.names[subscription.name]
-        if not directory.names and self._by_wd.get(directory.wd) is directory:
+        if not directory.names and self._sweep is None and not self._closed:
+            self._sweep = self._loop.call_later(IDLE_SECONDS, self._remove_idle)
+
+    def _remove_idle(self) -> None:
+        """Remove the watches nobody subscribes to any more; close the watcher when none is left."""
+        self._sweep = None
+        for directory in [d for d in self._by_wd.values() if not d.names]:
             self._forget(directory)
             with contextlib.suppress(OSError):
                 self._inotify.rm_watch(directory.wd)
@@ -251,19 +277,24 @@ class FileWatcher:
             self.close()
 
     def close(self) -> None:
-        """Stop reading and close the descriptor."""
-        if self.closed:
+        """Stop reading and close the descriptor (in a thread of its own: see the module docstring)."""
+        if self._closed:
             return
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._fd)
-        self._inotify.close()
         if _WATCHERS.get(self._loop) is self:
             del _WATCHERS[self._loop]
+        threading.Thread(target=self._inotify.close, name=CLOSING_THREAD, daemon=True).start()
 
     def _forget(self, directory: _Directory) -> None:
         self._by_wd.pop(directory.wd, None)
-        for spelling in [p for p, d in self._directories.items() if d is directory]:
-            del self._directories[spelling]
+        for spelling in directory.spellings:
+            if self._directories.get(spelling) is directory:
+                del self._directories[spelling]
 
     def _on_readable(self) -> None:
         try:

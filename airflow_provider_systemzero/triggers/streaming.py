@@ -84,6 +84,12 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     return payload
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a stopped task's outcome as seen (its error, if any, no longer matters)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class TriggerStream:
     """A trigger's stream: opened with the task's budget, closed on every exit, and let go while the
     source is quiet.
@@ -258,6 +264,13 @@ class TriggerStream:
                 await asyncio.sleep(wait)
         return state
 
+    @contextlib.asynccontextmanager
+    async def held(self, state: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Open and enter the stream about ``state``, and leave it open on exit: :meth:`aclose`
+        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake."""
+        stream = self.open(state, **kwargs)
+        yield await stream.__aenter__()
+
     async def within_deadline(
         self,
         work: Callable[[], Awaitable[dict[str, Any]]],
@@ -267,20 +280,27 @@ class TriggerStream:
         late: str,
         timed_out: str,
         cleanup: Callable[[], Awaitable[None]],
+        keep_open: bool = False,
     ) -> dict[str, Any]:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
         A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; ``cleanup`` runs on every exit.
+        ``timeout`` event; ``CancelledError`` propagates; ``cleanup`` runs on every exit — with
+        ``keep_open``, on every exit but ``work``'s success, after which the caller yields its event
+        first and then cleans up.
         """
+        succeeded = False
         try:
             remaining = None if self.deadline is None else self.deadline - time.time()
-            if remaining is None:
-                return await work()
-            if remaining <= 0:
+            if remaining is not None and remaining <= 0:
                 return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
-            async with asyncio.timeout(remaining):
-                return await work()
+            if remaining is None:
+                payload = await work()
+            else:
+                async with asyncio.timeout(remaining):
+                    payload = await work()
+            succeeded = True
+            return payload
         except TimeoutError:
             last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
             return {
@@ -294,7 +314,8 @@ class TriggerStream:
             log.info("%s ends with an error event (%s)", owner, type(exc).__name__)
             return error_payload(exc, **extra)
         finally:
-            await cleanup()
+            if not (keep_open and succeeded):
+                await cleanup()
 
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""
@@ -487,10 +508,20 @@ class SourceFeeder:
         consumer = asyncio.ensure_future(body())
         try:
             await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        except BaseException:
             for task in (feeder, consumer):
                 task.cancel()
             await asyncio.gather(feeder, consumer, return_exceptions=True)
+            raise
+        if consumer.done() and not consumer.cancelled() and consumer.exception() is None:
+            # the answer is in: it goes out now, and the feeder stops meanwhile (nothing it does
+            # matters any more; its source and stream are closed by the trigger's cleanup)
+            feeder.cancel()
+            feeder.add_done_callback(_retrieved)
+            return consumer.result()
+        for task in (feeder, consumer):
+            task.cancel()
+        await asyncio.gather(feeder, consumer, return_exceptions=True)
         if consumer.done() and not consumer.cancelled():
             return consumer.result()
         return feeder.result()  # the source failed (or ended): raise its error

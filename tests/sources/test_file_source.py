@@ -24,6 +24,7 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
+from tests.helpers import wait_until
 from tests.sources.conftest import inotify_descriptors
 
 HOUR = 3600.0
@@ -64,8 +65,13 @@ def subscriptions() -> int:
 
 
 def other_threads() -> set[str]:
-    """Threads of this process other than the event loop's default executor's."""
-    return {t.name for t in threading.enumerate() if not t.name.startswith("asyncio_")}
+    """Threads of this process other than the event loop's default executor's (and the short-lived
+    thread closing a previous test's watcher descriptor)."""
+    return {
+        t.name
+        for t in threading.enumerate()
+        if not t.name.startswith("asyncio_") and t.name != file_watch.CLOSING_THREAD
+    }
 
 
 async def test_a_write_reaches_the_trigger_without_waiting_for_a_poll(
@@ -103,7 +109,10 @@ async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path
         assert source.mode == "notify" and source._subscriptions  # watching now, no longer polling
 
 
-async def test_n_triggers_on_n_files_hold_one_watcher(emulator: Emulator, tmp_path: Path) -> None:
+async def test_n_triggers_on_n_files_hold_one_watcher(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_watch, "IDLE_SECONDS", 0.0)  # idle watches go at once
     n = 12
     logs = []
     for index in range(n):
@@ -112,6 +121,7 @@ async def test_n_triggers_on_n_files_hold_one_watcher(emulator: Emulator, tmp_pa
         logs.append(directory / "job.log")
         logs[-1].write_text("starting\n")
     descriptors, threads = inotify_descriptors(), other_threads()
+    loop = asyncio.get_running_loop()
     triggers = [
         rebuilt(
             sensor_trigger(
@@ -139,7 +149,29 @@ async def test_n_triggers_on_n_files_hold_one_watcher(emulator: Emulator, tmp_pa
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert all(p["status"] == "success" and p["decision"] is True for p in payloads)
-    assert inotify_descriptors() == descriptors  # the last source gone, the descriptor is closed
+    # the last source gone, the watcher stops (off the change path) and its descriptor is closed
+    await asyncio.to_thread(
+        wait_until,
+        lambda: file_watch._WATCHERS.get(loop) is None and inotify_descriptors() == descriptors,
+        what="the watcher to stop and its descriptor to close",
+    )
+
+
+async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # removing a watch and closing the descriptor take the kernel milliseconds: a trigger that fired
+    # must not pay them before its event; the next source on the directory finds the watch in place
+    monkeypatch.setattr(file_watch, "IDLE_SECONDS", 3600.0)
+    watcher = file_watch.shared_watcher()
+    first = watcher.subscribe(str(tmp_path / "a.log"), lambda mask: None)
+    watcher.unsubscribe(first)
+    assert not watcher.closed and watcher.stats()["directories"] == 1
+    again = watcher.subscribe(str(tmp_path / "b.log"), lambda mask: None)
+    assert again.directory is first.directory and again.active  # the same watch, not a new one
+    watcher.unsubscribe(again)
+    watcher._remove_idle()  # what the idle timer runs: the idle watch goes, then the watcher
+    assert watcher.closed and watcher.stats()["directories"] == 0
     assert file_watch.current_watcher() is None
 
 

@@ -1,0 +1,286 @@
+"""What the client core's events do to a :class:`~airflow_provider_systemzero.stream.DecisionStream`.
+
+The sans-I/O :class:`~airflow_provider_systemzero.protocol.client.ClientSession` turns frames into
+events (:mod:`~airflow_provider_systemzero.protocol.client_events`); here they reach the caller:
+
+* acknowledgements and decisions resolve ``decide()`` waiters and feed ``decisions()``;
+* a :class:`~airflow_provider_systemzero.budget.DecisionBudget` is asked before anything that can
+  start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
+  every decision (billed, or replayed under a reply id it already holds);
+* a :class:`~airflow_provider_systemzero.observability.StreamObserver` hears connections, acks,
+  decisions, reconnects, refusals and rate-limit waits (metrics and spans); the INFO log lines
+  say the same for a person reading the task log — never the state's content or the key.
+
+:class:`CoreEventHandling` is one part of :class:`~airflow_provider_systemzero.stream.DecisionStream`;
+it is not used on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_systemzero.protocol.client_events import (
+    Acknowledged,
+    ClientEvent,
+    DecisionReceived,
+    DecisionRepeated,
+    GoodbyeReceived,
+    HelloReceived,
+    MutationRejected,
+    ServerError,
+    StreamFailed,
+)
+from airflow_provider_systemzero.protocol.client_events import DecisionFailed as DecisionFailedEvent
+from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Hello
+from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.stream.exceptions import DecisionFailed, StreamRejected
+from airflow_provider_systemzero.stream.untrusted import server_text, server_token
+
+if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
+    from airflow_provider_systemzero.budget import BudgetExceeded
+
+__all__ = ["CoreEventHandling"]
+
+log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+
+
+class CoreEventHandling:
+    """The core-event handling of a :class:`~airflow_provider_systemzero.stream.DecisionStream`."""
+
+    # ------------------------------------------------------------------ failure
+
+    def _decision_error(self, error: Error) -> DecisionFailed:
+        retryable = (
+            error.http_status is not None
+            and classify_decide_failure(error.http_status, error.envelope, error.retry)
+            is not DecideRetry.NONE
+        )
+        return DecisionFailed(
+            error.http_status,
+            error.envelope,
+            error.retry,
+            retryable,
+            state_version=error.state_version,
+            request_id=error.request_id,
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def _dispatch(self, events: list[ClientEvent]) -> None:
+        for event in events:
+            if isinstance(event, HelloReceived):
+                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self._origin())
+                self._log_hello(event.hello)
+                self._observe("hello", event.hello)
+            elif isinstance(event, Acknowledged):
+                self._on_ack(event)
+            elif isinstance(event, DecisionReceived):
+                if not event.repeated:  # a repeated one was counted and queued when it arrived
+                    self._on_decision(event.result)
+                for intent in event.intents:
+                    future = self._intent_futures.get(intent)
+                    if future is not None and not future.done():
+                        future.set_result(event.result)
+                if self._queue_decisions and not event.repeated:
+                    self._decisions.append(event.result)
+                    self._decision_ready.set()
+                self._settle_refusal()
+            elif isinstance(event, DecisionFailedEvent):
+                self._on_decision_failed(event)
+                self._settle_refusal()
+            elif isinstance(event, MutationRejected):
+                log.debug(
+                    "change %s deferred by the gateway (%s); it is sent again",
+                    server_token(event.error.event_id),
+                    server_token(event.error.code),
+                )
+                if event.error.code == "event_rate_limited":
+                    delay = event.error.retry.retry_after_ms
+                    self._observe("rate_limited", "event", None if delay is None else delay / 1000)
+            elif isinstance(event, StreamFailed):
+                self._fail(StreamRejected(event.error.envelope, event.error.event_id))
+            elif isinstance(event, ServerError):
+                if event.error.fatal:
+                    self._last_fatal = event.error
+                log.info(
+                    "gateway error %s (fatal=%s): %s",
+                    server_token(event.error.code),
+                    event.error.fatal,
+                    server_text(event.error.envelope.message),
+                )
+            elif isinstance(event, GoodbyeReceived):
+                self._goodbye = event.goodbye
+            elif isinstance(event, DecisionRepeated):
+                log.warning(
+                    "the System Zero gateway repeated the decision for state version %d: ignored",
+                    event.state_version,
+                )
+        self._pulse()
+
+    def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
+        error = self._decision_error(event.error)
+        self._last_error = error
+        self._accounting.failed(event.error, retryable=error.retryable)
+        self._observe(
+            "decision_failed",
+            error.http_status,
+            error.envelope.code,
+            error.retryable,
+            event.error.state_version,
+        )
+        if error.http_status == 429:
+            delay = error.retry.retry_after_ms
+            self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
+        if event.error.fatal:
+            self._last_fatal = event.error
+        for intent in event.intents:
+            future = self._intent_futures.get(intent)
+            if future is not None and not future.done():
+                future.set_exception(error)
+        if self._decision_mode != "on_change":
+            return
+        if error.retryable:
+            if classify_decide_failure(error.http_status, error.envelope, error.retry) is DecideRetry.CLIENT:
+                log.info(
+                    "decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
+                    "decided again on the next connection"
+                )
+            else:
+                log.info(
+                    "decision failed with HTTP %s (%s); the gateway retries it",
+                    error.http_status,
+                    server_token(error.envelope.code),
+                )
+            return
+        # the gateway will not retry: whoever waits for this state's decision must hear it
+        for intent, future in list(self._intent_futures.items()):
+            if not future.done():
+                future.set_exception(error)
+                self.session.cancel_intent(intent)
+        if self._queue_decisions:
+            self._decisions.append(error)
+            self._decision_ready.set()
+
+    # ------------------------------------------------------------------ budget and accounting
+
+    def _gate(self, message: ClientMessage) -> bool:
+        """Asked by the session before writing a message that can start a dispatch."""
+        refused = self._accounting.gate(message, self.session.desired_body_bytes())
+        if refused is not None:
+            self._refuse(refused)
+            return False
+        return True
+
+    def _refuse(self, exc: BudgetExceeded) -> None:
+        first = self._refused is None
+        self._refused = exc
+        if first:
+            log.warning("%s", exc)
+            self._observe("budget_refused", exc)
+        if self._decision_mode == "on_request":
+            # nothing was sent: whoever waits for this decision hears why at once
+            for intent, future in list(self._intent_futures.items()):
+                if not future.done():
+                    future.set_exception(exc)
+                    self.session.cancel_intent(intent)
+            return
+        if first:
+            log.info(
+                "holding further changes locally; %d dispatch(es) already scheduled settle first",
+                self._accounting.outstanding(),
+            )
+        self._settle_refusal()
+
+    def _settle_refusal(self) -> None:
+        """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
+        if (
+            self._refused is not None
+            and self._decision_mode == "on_change"
+            and self._accounting.outstanding() == 0
+        ):
+            self._fail(self._refused)
+
+    def _on_ack(self, event: Acknowledged) -> None:
+        ack = event.ack
+        self._state_version = ack.state_version
+        self._accounting.acknowledged(ack)
+        if event.message_type == "start":
+            self._started_this_connection = True
+            self._ready = True
+        log.info(
+            "state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s",
+            ack.state_version,
+            event.message_type,
+            ", replayed" if event.replayed else "",
+            ack.state_bytes,
+            ack.synthesized_body_bytes,
+            ", decision scheduled" if ack.scheduled else "",
+        )
+        self._observe("acknowledged", ack, event.message_type, event.replayed)
+
+    def _on_decision(self, result: DecisionResult) -> None:
+        version = result.state_version
+        self._decided_this_connection = True
+        billed = self._accounting.decided(result)
+        self._observe("decided", result, billed=billed)
+        if not log.isEnabledFor(logging.INFO):
+            return  # the line below is built only for a log that shows it
+        answers = "; ".join(
+            f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
+            f"{_fmt(answer.confidence)})"
+            for name, answer in result.answers.items()
+        )
+        usage = result.usage
+        log.info(
+            "decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
+            "decide %s ms",
+            version,
+            ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
+            answers or "no answers",
+            server_token(result.reply_id),
+            "billed" if billed else "replayed unbilled",
+            usage.get("input_tokens", 0),
+            _fmt(result.queue_ms, 0),
+            _fmt(result.decide_ms, 0),
+        )
+
+    def _connection_ended(self) -> None:
+        """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
+        if self._accounting.connection_ended():
+            log.info(
+                "the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "
+                "against the budget"
+            )
+
+    def _log_hello(self, hello: Hello) -> None:
+        lim = hello.limits
+        log.info(
+            "System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
+            "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
+            "%d ms, max duration %d ms, max_streams_per_process=%d",
+            server_token(hello.stream_id),
+            hello.protocol,
+            lim.max_message_bytes,
+            lim.max_decide_body_bytes,
+            lim.max_events_per_second,
+            lim.event_burst,
+            lim.max_pending_events,
+            lim.heartbeat_interval_ms,
+            lim.idle_timeout_ms,
+            lim.max_duration_ms,
+            lim.max_streams_per_process,
+        )
+
+    def _observe(self, method: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            getattr(self.observer, method)(*args, **kwargs)
+        except Exception as exc:  # an observer never breaks the stream
+            log.debug("stream observer %s failed: %s", method, exc)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}"

@@ -1,0 +1,255 @@
+"""A callable source: a function (sync, async or async generator) giving the full desired state.
+
+See :class:`CallableSource`; sync functions run in daemon threads of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import inspect
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from importlib import import_module
+from typing import Any
+
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.validation import validate_state
+from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource
+
+__all__ = ["CallableSource", "SourceFailed", "import_callable"]
+
+log = logging.getLogger("airflow_provider_systemzero.triggers.sources")  # the sources' one log
+
+#: A callable source's failures in a row that are retried, the first retry's delay and the
+#: longest delay (seconds), and how long a sync call may run (seconds).
+DEFAULT_RETRIES = 3
+DEFAULT_RETRY_DELAY = 1.0
+MAX_RETRY_DELAY = 30.0
+DEFAULT_CALL_TIMEOUT = 60.0
+
+
+class SourceFailed(RuntimeError):
+    """A callable source kept failing: its retries are spent (the message names the last cause)."""
+
+
+class _DaemonThreads:
+    """Where sync callable sources run: daemon threads, never the loop's shared executor.
+
+    Each source has at most one call outstanding, so a hung call holds one thread of its own and
+    no other trigger waits behind it; threads are daemons, so a process whose triggers ended does
+    not wait for a hung call to return. A thread that is idle for ``idle_seconds`` exits.
+
+    :param idle_seconds: how long an idle thread waits for work before it exits.
+    """
+
+    def __init__(self, idle_seconds: float = 30.0) -> None:
+        self.idle_seconds = idle_seconds
+        self._work: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for work and not yet claimed by a submit
+
+    def submit(self, function: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``function`` in a daemon thread."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._work.put((future, function))
+            if self._idle:
+                self._idle -= 1
+                return future
+        threading.Thread(target=self._worker, name="systemzero-source", daemon=True).start()
+        return future
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                future, function = self._work.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:  # nobody claimed this thread: it exits
+                        self._idle -= 1
+                        return
+                continue  # claimed by a submit whose work is on its way
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:  # handed to the awaiting source
+                    future.set_exception(exc)
+            del future, function
+            with self._lock:
+                self._idle += 1
+
+
+_THREADS = _DaemonThreads()
+
+
+class CallableSource(StateSource):
+    """A function (sync, async or async generator) giving the full desired state.
+
+    A failing call (an exception, or a sync call still running after ``timeout`` seconds) is
+    retried ``retries`` times, ``retry_delay`` seconds after the first failure and twice as long
+    after each next one (at most :data:`MAX_RETRY_DELAY`), each logged with its cause; a success
+    starts the count again. Then :class:`SourceFailed` ends the trigger. A sync function runs in a
+    daemon thread of its own, one call at a time: a call that hangs is waited for, never run twice
+    at once, and never keeps another trigger or the process's exit waiting. An async generator
+    that fails is called again.
+
+    :param function: the callable.
+    :param kwargs: keyword arguments for it (plain JSON).
+    :param poll_interval: seconds between calls (ignored for async generators).
+    :param retries: how many failures in a row are retried before the trigger fails.
+    :param retry_delay: seconds before the first retry (doubling after each next failure).
+    :param timeout: seconds a sync call may take before it counts as failed.
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *,
+        kwargs: Mapping[str, Any] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        retries: int = DEFAULT_RETRIES,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
+        self.function = function
+        self.kwargs = dict(kwargs or {})
+        self.poll_interval = poll_interval
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.timeout = timeout
+        self._name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+        self._generator: AsyncIterator[Any] | None = None
+        self._last: Any = None
+        self._call: concurrent.futures.Future[Any] | None = None  # the sync call outstanding, if any
+        self._failures = 0
+
+    @staticmethod
+    def _checked(value: Any) -> Any:
+        validate_state(value, field="source result")
+        return value
+
+    async def _failed(self, exc: BaseException) -> None:
+        """Count a failure: wait before the retry, or raise :class:`SourceFailed` when none is left."""
+        self._failures += 1
+        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if self._failures > self.retries:
+            raise SourceFailed(
+                f"the source {self._name} failed {self._failures} time(s) in a row; last: {cause}"
+            ) from exc
+        delay = min(self.retry_delay * 2 ** (self._failures - 1), MAX_RETRY_DELAY)
+        log.warning(
+            "the source %s failed (%s); retry %d of %d in %.3g s",
+            self._name,
+            cause,
+            self._failures,
+            self.retries,
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    async def _call_sync(self) -> Any:
+        call = self._call
+        if call is None or call.done():
+            # the caller's context goes along, as with asyncio.to_thread (Airflow keeps some there)
+            context = contextvars.copy_context()
+            call = self._call = _THREADS.submit(functools.partial(context.run, self.function, **self.kwargs))
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(asyncio.wrap_future(call))
+        except TimeoutError:
+            raise TimeoutError(
+                f"the call did not return within {self.timeout:.3g} s (it still runs; no other "
+                "call of this source starts until it returns)"
+            ) from None
+
+    async def _next_generated(self) -> Any:
+        if self._generator is None:
+            self._generator = self.function(**self.kwargs)
+        try:
+            return await anext(self._generator)
+        except BaseException:
+            generator, self._generator = self._generator, None
+            with contextlib.suppress(Exception):
+                await generator.aclose()  # type: ignore[attr-defined]
+            raise
+
+    async def _value(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()``'s checked value, retrying failures (a StopAsyncIteration is not one)."""
+        while True:
+            try:
+                value = self._checked(await call())
+            except (LocalProtocolError, StopAsyncIteration):
+                raise  # not a transient error: a bad value, or the generator ended
+            except Exception as exc:
+                await self._failed(exc)
+                continue
+            self._failures = 0
+            return value
+
+    async def current(self) -> Any:
+        if inspect.isasyncgenfunction(self.function):
+            if self._generator is None:  # the first value the generator yields is the current state
+                self._last = await self._value(self._next_generated)
+            return self._last
+        if inspect.iscoroutinefunction(self.function):
+            return await self._value(lambda: self.function(**self.kwargs))
+        return await self._value(self._call_sync)
+
+    async def changes(self) -> AsyncIterator[Any]:
+        if not inspect.isasyncgenfunction(self.function):
+            async for value in super().changes():
+                yield value
+            return
+        last = await self.current()
+        yield last
+        while True:
+            try:
+                value = await self._value(self._next_generated)
+            except StopAsyncIteration:
+                break
+            if value is not last and value != last:  # a generator called again yields its current state first
+                last = self._last = value
+                yield value
+        await asyncio.Event().wait()  # the generator ended: the state stays as it is
+
+    async def aclose(self) -> None:
+        generator, self._generator = self._generator, None
+        if generator is not None:
+            await generator.aclose()  # type: ignore[attr-defined]
+
+
+def import_callable(path: str) -> Callable[..., Any]:
+    """Import ``package.module.function`` (also ``package.module:function``).
+
+    :raises SystemZeroArgumentError: naming the path when it cannot be imported or is not callable.
+    """
+    module_name, sep, attribute = path.replace(":", ".").rpartition(".")
+    if not sep or not module_name:
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} is not a dotted path 'package.module.function'",
+            code="invalid_source",
+            field="source.path",
+        )
+    try:
+        target = getattr(import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
+            "be installed where the triggerer runs, not only in a Dag bundle",
+            code="invalid_source",
+            field="source.path",
+        ) from None
+    if not callable(target):
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} is not callable", code="invalid_source", field="source.path"
+        )
+    return target

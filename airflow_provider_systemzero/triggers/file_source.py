@@ -1,0 +1,271 @@
+"""A file source: tails a local text file, on the operating system's file notifications.
+
+See :class:`FileSource`; the notifications come from the process's one shared watcher
+(:mod:`~airflow_provider_systemzero.triggers.file_watch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import errno
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.file_watch import Subscription
+from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource
+
+__all__ = ["FINGERPRINT_BYTES", "FileSource", "missing_file"]
+
+log = logging.getLogger("airflow_provider_systemzero.triggers.sources")  # the sources' one log
+
+#: A file source on notifications still checks its file this often (seconds), as a safety net.
+NOTIFY_RECHECK_SECONDS = 60.0
+#: Bytes at the start of a tailed file, and before the read position, compared on every read.
+FINGERPRINT_BYTES = 1024
+#: A notified file source reads at most this many new bytes on the event loop (more in a thread).
+INLINE_READ_BYTES = 64 * 1024
+
+
+class FileSource(StateSource):
+    """Tails a local text file (see the module docstring).
+
+    How it learns of a change (``watch``): ``notify`` waits for the operating system's file
+    notifications through the process's one shared watcher
+    (:mod:`~airflow_provider_systemzero.triggers.file_watch`) and checks the file again every
+    ``max(poll_interval, 60)`` seconds as a safety net; ``poll`` checks every ``poll_interval``;
+    ``auto`` (the default) chooses ``poll`` on network and FUSE filesystems and where the system
+    has no inotify, ``notify`` elsewhere.
+
+    The file counts as replaced — and is read again from its start — when its name now refers to
+    another file (new inode; a notification of a create, delete or rename of the name), when it is
+    shorter than what was read, or when the bytes already read changed: the first and the last
+    :data:`FINGERPRINT_BYTES` before the read position are compared on every read, so a job re-run
+    writing with shell ``>``, ``copytruncate`` followed by a fast writer, and ``rm`` + recreate that
+    reuses the inode number are read afresh rather than spliced.
+
+    :param path: the file.
+    :param prefix: the initial state the file content is appended to.
+    :param encoding: the file's text encoding.
+    :param poll_interval: seconds between checks when polling.
+    :param watch: ``auto``, ``notify`` or ``poll``.
+    :param must_exist: fail when the file does not exist at the start (default: read it as empty).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        prefix: str = "",
+        encoding: str = "utf-8",
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        watch: str = "auto",
+        must_exist: bool = False,
+    ) -> None:
+        self.path = path
+        self.must_exist = must_exist
+        self._seen = False
+        self.prefix = prefix
+        self.encoding = encoding
+        self.poll_interval = poll_interval
+        self.watch = watch
+        #: ``notify`` or ``poll`` once :meth:`changes` runs.
+        self.mode: str | None = None
+        self._text = prefix
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+        self._head = b""
+        self._tail = b""
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+        self._replaced = False
+        self._resubscribe = False
+        self._wake: asyncio.Event | None = None
+        self._subscriptions: list[Subscription] = []
+
+    # ---------------------------------------------------------------- reading (in a worker thread)
+
+    def _forget_file(self) -> None:
+        self._offset, self._identity, self._head, self._tail = 0, None, b"", b""
+        self._decoder.reset()
+
+    def _same_prefix(self, fd: int) -> bool:
+        """Whether the bytes already read are still there (their first and last bytes compared)."""
+        if os.pread(fd, len(self._head), 0) != self._head:
+            return False
+        if self._offset <= len(self._head):
+            return True
+        return os.pread(fd, len(self._tail), self._offset - len(self._tail)) == self._tail
+
+    def _remember(self, data: bytes) -> None:
+        if len(self._head) < FINGERPRINT_BYTES:
+            self._head += data[: FINGERPRINT_BYTES - len(self._head)]
+        self._tail = (
+            data[-FINGERPRINT_BYTES:]
+            if len(data) >= FINGERPRINT_BYTES
+            else (self._tail + data)[-FINGERPRINT_BYTES:]
+        )
+
+    def _read(self, replaced: bool, limit: int | None = None) -> tuple[bool, str] | None:
+        """Blocking part: ``(restart, text)`` — the new text, to append or (``restart``) to start over with.
+
+        :param limit: with a limit, read nothing and return ``None`` when more than ``limit``
+            bytes would be read (the caller reads them in a thread instead).
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:  # a missing file counts as empty
+            if not self._seen:
+                self._seen = True  # said once (or, with must_exist, raised)
+                missing_file(self.path, self.must_exist)
+            restart = self._identity is not None
+            self._forget_file()
+            return restart, ""
+        self._seen = True
+        try:
+            stat = os.fstat(fd)
+            identity = (stat.st_dev, stat.st_ino)
+            restart = self._identity is not None and (
+                replaced
+                or identity != self._identity
+                or stat.st_size < self._offset
+                or (self._offset > 0 and not self._same_prefix(fd))
+            )
+            if limit is not None and stat.st_size - (0 if restart else self._offset) > limit:
+                return None
+            if restart:
+                self._forget_file()
+            self._identity = identity
+            chunks = []
+            while self._offset < stat.st_size:
+                data = os.pread(fd, stat.st_size - self._offset, self._offset)
+                if not data:
+                    break
+                self._remember(data)
+                self._offset += len(data)
+                chunks.append(data)
+        finally:
+            os.close(fd)
+        return restart, self._decoder.decode(b"".join(chunks)) if chunks else ""
+
+    async def _refresh(self) -> bool:
+        """Read what changed; whether the text changed."""
+        replaced, self._replaced = self._replaced, False
+        # Notified of a write to a local file, a small read comes from the page cache in
+        # microseconds: it is done here, saving the hop to a thread and back (a scheduling delay
+        # of its own on a busy machine). Anything larger, and every poll, is read in a thread.
+        read = self._read(replaced, INLINE_READ_BYTES) if self._subscriptions and self._identity else None
+        restart, new = read if read is not None else await asyncio.to_thread(self._read, replaced)
+        if restart:
+            text = self.prefix + new
+            changed, self._text = text != self._text, text
+            if changed:
+                log.info("%s was replaced or rewritten: read again from its start", self.path)
+            return changed
+        if new:
+            self._text += new
+            return True
+        return False
+
+    # ---------------------------------------------------------------- notifications
+
+    def _on_event(self, mask: int) -> None:
+        if mask & file_watch.REPLACED:
+            self._replaced = True
+        if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._subscriptions) > 1):
+            self._resubscribe = True  # the directory went away, or a symlink may point elsewhere now
+        if self._wake is not None:
+            self._wake.set()
+
+    def _subscribe(self) -> None:
+        if self.mode != "notify" or self._subscriptions:
+            return
+        self._resubscribe = False
+        try:
+            watcher = file_watch.shared_watcher()
+            for path in dict.fromkeys((os.path.abspath(self.path), os.path.realpath(self.path))):
+                self._subscriptions.append(watcher.subscribe(path, self._on_event))
+        except OSError as exc:
+            self._unsubscribe()
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                log.warning(
+                    "file notifications are unavailable for %s (%s): polling it every %.3g s",
+                    self.path,
+                    exc,
+                    self.poll_interval,
+                )
+                self.mode = "poll"
+            # else: the directory does not exist yet; poll until it does
+
+    def _unsubscribe(self) -> None:
+        subscriptions, self._subscriptions = self._subscriptions, []
+        for subscription in subscriptions:
+            subscription.watcher.unsubscribe(subscription)
+
+    async def _next_change(self) -> None:
+        """Wait for a notification (or the safety re-check), or poll."""
+        if self._resubscribe or (self.mode == "notify" and not self._subscriptions):
+            self._unsubscribe()
+            self._subscribe()
+            if self._subscriptions:
+                return  # watching again: look at once, something may have changed meanwhile
+        assert self._wake is not None
+        wait = max(self.poll_interval, NOTIFY_RECHECK_SECONDS) if self._subscriptions else self.poll_interval
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._wake.wait()
+        self._wake.clear()
+
+    # ---------------------------------------------------------------- the source API
+
+    async def current(self) -> str:
+        await self._refresh()
+        return self._text
+
+    async def changes(self) -> AsyncIterator[Any]:
+        self._wake = asyncio.Event()
+        self.mode = file_watch.watch_mode(self.path, self.watch)
+        self._subscribe()
+        log.debug(
+            "tailing %s (%s)",
+            self.path,
+            "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
+        )
+        try:
+            await self._refresh()
+            yield self._text
+            while True:
+                await self._next_change()
+                if await self._refresh():
+                    yield self._text
+        finally:
+            self._unsubscribe()
+
+    async def aclose(self) -> None:
+        self._unsubscribe()
+
+
+def missing_file(path: str, must_exist: bool) -> None:
+    """A file source's file does not exist: fail (``must_exist``) or say so once and read it as empty.
+
+    :raises SystemZeroArgumentError: with ``must_exist``.
+    """
+    host = socket.gethostname()
+    if must_exist:
+        raise SystemZeroArgumentError(
+            f"source file {path!r} does not exist on host {host!r}: check the path (it is read "
+            "on the triggerer's host, or the worker's in poke mode)",
+            code="missing_file",
+            field="source.path",
+        )
+    log.warning(
+        "source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
+        'wrong, fix it, or set "must_exist": True to fail instead',
+        path,
+        host,
+    )

@@ -1,0 +1,135 @@
+"""The warm path does no needless work: hops and wake-ups counted, not timed.
+
+A change on a held stream is one frame out and an ack plus a decision back. Neither frame gives
+the writer anything to send, so neither wakes it; an ack does not wake the consumer of
+``decisions()``; and the sensor's trigger hands its event over before the close handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from tests.airflow.test_triggers import emulator, rebuilt, rules_file, sensor_trigger  # noqa: F401 - fixtures
+from tests.stream.support import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
+
+CHANGES = 5
+#: No heartbeat or watchdog timer fires while the test runs: every wake-up counted is a frame's.
+QUIET_LIMITS = dataclasses.replace(TEST_LIMITS, heartbeat_interval_ms=60_000, pong_timeout_ms=30_000)
+
+
+class CountingEvent(asyncio.Event):
+    """An event that counts how often somebody waited on it (each wait is one wake-up after)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.waits += 1
+        return await super().wait()
+
+
+async def decision_for(decisions: AsyncIterator[Any], stream: DecisionStream) -> Any:
+    """The decision covering the stream's current state (bounded)."""
+    async with asyncio.timeout(10):
+        async for decision in decisions:
+            if decision.state_version == stream.state_version and stream.in_sync:
+                return decision
+    raise AssertionError("the stream ended")
+
+
+@pytest.fixture
+async def held(make_emulator: EmulatorFactory, fast_backoff: Backoff) -> AsyncIterator[DecisionStream]:
+    emu = await make_emulator(limits=QUIET_LIMITS)
+    stream = DecisionStream(
+        settings_for(emu),
+        {"model": "MODEL_ID", "questions": QUESTIONS},
+        state="waiting\n",
+        decision_mode="on_change",
+        identity="warm-path",
+        open_deadline=15,
+        backoff=fast_backoff,
+    )
+    async with stream:
+        yield stream
+
+
+async def test_frames_that_leave_nothing_to_send_do_not_wake_the_writer(held: DecisionStream) -> None:
+    stream, session = held, held.session
+    decisions = stream.decisions()
+    await decision_for(decisions, stream)
+    sent = {"frames": 0, "wake_ups": 0}
+    data_to_send = session.data_to_send
+
+    def counting(now: float) -> list[str]:
+        frames = data_to_send(now)
+        sent["wake_ups"] += 1
+        sent["frames"] += len(frames)
+        return frames
+
+    session.data_to_send = counting  # type: ignore[method-assign]
+    for index in range(CHANGES):
+        await stream.append_text(f"line {index}\n")
+        await decision_for(decisions, stream)
+    # one wake-up per change, the one that writes it: the ack and the decision wake nobody
+    assert sent == {"frames": CHANGES, "wake_ups": CHANGES}
+    await decisions.aclose()
+
+
+async def test_an_acknowledgement_does_not_wake_the_decisions_consumer(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    emu = await make_emulator(limits=QUIET_LIMITS)
+    stream = DecisionStream(
+        settings_for(emu),
+        {"model": "MODEL_ID", "questions": QUESTIONS},
+        state="waiting\n",
+        decision_mode="on_request",  # a change is acknowledged and not decided
+        identity="warm-path-acks",
+        open_deadline=15,
+        backoff=fast_backoff,
+    )
+    async with stream:
+        ready = stream._decision_ready = CountingEvent()
+        decisions = stream.decisions()
+        consumer = asyncio.ensure_future(anext(decisions))
+        await stream.wait_in_sync(timeout=10)  # the consumer is waiting by now
+        for index in range(CHANGES):
+            await stream.append_text(f"line {index}\n")
+            await stream.wait_in_sync(timeout=10)
+        assert ready.waits == 1 and not consumer.done()  # five acks woke nobody
+        decision = await stream.decide(timeout=10)
+        assert (await asyncio.wait_for(consumer, 10)).reply_id == decision.reply_id
+        assert ready.waits == 1  # the decision ended the one wait
+        await decisions.aclose()
+
+
+async def test_the_sensor_trigger_hands_over_its_event_before_closing_the_stream(
+    emulator: Emulator,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("Job is ready.\n")
+    source = {"type": "file", "path": str(log), "poll_interval": 3600.0}
+    trigger = rebuilt(sensor_trigger(source=source, lease_after=30.0))  # a warm stream: held
+    run = trigger.run()
+    try:
+        async with asyncio.timeout(20):
+            event = await anext(run)
+        assert event.payload["status"] == "success"
+        stream = trigger._stream.stream
+        # the event is out while the connection is still open: it did not wait for the close
+        assert stream is not None and stream.connected
+        with pytest.raises(StopAsyncIteration):
+            await anext(run)  # after the event, the trigger closes its stream and returns
+        assert trigger._stream.stream is None and not stream.connected
+    finally:
+        await run.aclose()
