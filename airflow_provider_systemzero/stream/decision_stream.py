@@ -116,6 +116,7 @@ from airflow_provider_systemzero.stream.exceptions import (
 )
 from airflow_provider_systemzero.stream.request import build_request
 from airflow_provider_systemzero.stream.settings import StreamSettings
+from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
@@ -216,6 +217,8 @@ class DecisionStream:
         (default: an uncapped :class:`DecisionBudget`, so :attr:`usage` is always there). The
         connection's per-hour caps (``budget_decisions_per_hour`` …) are added on entering.
     :param observer: hears what the stream does (metrics, spans); default: nothing.
+    :param starts: the account's decision starts shared in this process (default: looked up on
+        entering, per gateway and key; see :mod:`~airflow_provider_systemzero.stream.starts`).
     """
 
     def __init__(
@@ -236,7 +239,9 @@ class DecisionStream:
         capacity: StreamCapacity | None = None,
         budget: DecisionBudget | None = None,
         observer: StreamObserver | None = None,
+        starts: DecisionStarts | None = None,
     ) -> None:
+        self._starts = starts
         self._source = settings
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
         self._request_arg = request
@@ -422,6 +427,7 @@ class DecisionStream:
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings = self._settings
+            self._starts = self._starts or decision_starts(settings.url, settings.api_key)
             from airflow_provider_systemzero.budget import connection_window
 
             self.budget.attach_window(
@@ -461,6 +467,8 @@ class DecisionStream:
             return
         self._closing = True
         self._closed = True
+        if self._starts is not None:
+            self._starts.withdraw(self)
         runner = self._runner
         if runner is not None and not runner.done():
             if self._ws is not None and self._writing:
@@ -646,6 +654,8 @@ class DecisionStream:
                 async with asyncio.timeout_at(deadline):
                     return await future
             except DecisionFailed as exc:
+                if exc.http_status == 429 and self._starts is not None:
+                    continue  # asked again: the process's start queue waits out the Retry-After, once
                 conflict = exc.http_status == 409 and exc.envelope.code == "idempotency_conflict"
                 if conflict:
                     # the same state's call still runs (a decide re-sent after a reconnect): it will
@@ -861,6 +871,9 @@ class DecisionStream:
         if error.http_status == 429:
             delay = error.retry.retry_after_ms
             self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
+        if self._starts is not None:
+            on_request = self._decision_mode == "on_request"
+            self._starts.ended(self, event.error, self.session.generation, requeue=on_request)
         if event.error.fatal:
             self._last_fatal = event.error
         for intent in event.intents:
@@ -894,11 +907,20 @@ class DecisionStream:
 
     def _gate(self, message: ClientMessage) -> bool:
         """Asked by the session before writing a message that can start a dispatch."""
+        starts = self._starts
+        if starts is not None and not starts.may_start(self, message, self.session.generation, self._granted):
+            return False  # its turn under the account's decision ceiling comes: _granted
         refused = self._accounting.gate(message, self.session.desired_body_bytes())
         if refused is not None:
             self._refuse(refused)
             return False
         return True
+
+    def _granted(self) -> None:
+        """The account's decision starts let this stream start now (on its newest state)."""
+        if self._refused is None and self._session is not None:
+            self._session.dispatch_held = False
+            self._kick()
 
     def _refuse(self, exc: BudgetExceeded) -> None:
         first = self._refused is None
@@ -950,6 +972,8 @@ class DecisionStream:
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
         self._decided_this_connection = True
+        if self._starts is not None:
+            self._starts.ended(self, None, self.session.generation, requeue=False)
         billed = self._accounting.decided(result)
         answers = "; ".join(
             f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
