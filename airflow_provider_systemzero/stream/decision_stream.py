@@ -908,16 +908,21 @@ class DecisionStream:
     def _gate(self, message: ClientMessage) -> bool:
         """Asked by the session before writing a message that can start a dispatch."""
         starts = self._starts
-        if starts is not None and not starts.may_start(self, message, self.session.generation, self._granted):
-            return False  # its turn under the account's decision ceiling comes: _granted
+        if starts is not None and not starts.may_start(
+            self, message, self.session.generation, self._ask_again
+        ):
+            if self._decided_this_connection and self.capacity.waiting and self._ws is not None:
+                self._release_for = self._ws  # had its turn: its slot goes to a stream waiting for one
+            return False  # its turn under the account's decision ceiling comes: _ask_again
         refused = self._accounting.gate(message, self.session.desired_body_bytes())
         if refused is not None:
             self._refuse(refused)
             return False
         return True
 
-    def _granted(self) -> None:
-        """The account's decision starts let this stream start now (on its newest state)."""
+    def _ask_again(self) -> None:
+        """Let the session ask for its decision start again: its turn came (it starts on its newest
+        state), or a new connection asks anew."""
         if self._refused is None and self._session is not None:
             self._session.dispatch_held = False
             self._kick()
@@ -997,6 +1002,9 @@ class DecisionStream:
 
     def _connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
+        if self._starts is not None:
+            self._starts.withdraw(self)  # a start is granted to a connected stream only
+            self._ask_again()
         if self._accounting.connection_ended():
             log.info(
                 "the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "

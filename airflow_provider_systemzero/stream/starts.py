@@ -25,7 +25,7 @@ from typing import Any
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
 from airflow_provider_systemzero.protocol.starts import StartQueue
 
-__all__ = ["DecisionStarts", "decision_starts", "key_fingerprint"]
+__all__ = ["DecisionStarts", "decision_starts", "key_fingerprint", "running_starts"]
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +146,8 @@ def decision_starts(url: str, api_key: str) -> DecisionStarts:
     if starts is None:
         starts = per_loop[(url, fingerprint)] = DecisionStarts(f"{url} key {fingerprint}", loop)
     return starts
+
+
+def running_starts() -> list[DecisionStarts]:
+    """Every account's :class:`DecisionStarts` on the running loop (what a process reports)."""
+    return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())

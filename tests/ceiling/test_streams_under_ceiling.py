@@ -121,3 +121,25 @@ async def test_a_start_waiting_its_turn_decides_the_newest_state() -> None:
             if cache_key != "ceiling-0":
                 assert state.endswith("READY\n"), f"{cache_key} was decided on a superseded state {state!r}"
         assert len(decider.decided) == 2 + len(others)
+
+
+async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> None:
+    limits = FAST.replace(
+        account_decision_burst=1, account_decision_ceiling_per_minute=60, idle_timeout_ms=30_000
+    )
+    async with (
+        Emulator(api_keys={KEY: 16}, limits=limits, decider=_Recording()) as emu,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        first, second = [await stack.enter_async_context(s) for s in _streams(emu, 2, StreamCapacity(4))]
+        starts = decision_starts(emu.url, KEY)
+        await first.decide()
+        await first.append_text("more\n")
+        refused = asyncio.ensure_future(first.decide())
+        await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
+        waiting = asyncio.ensure_future(second.decide())
+        await _until(lambda: starts.queue.is_waiting(second), 10, "the second stream queued")
+        await emu.restart(retry_after_ms=50)  # both connections end while they wait for their turn
+        decisions = await asyncio.wait_for(asyncio.gather(refused, waiting), 30)
+        assert [d.state_version for d in decisions] == [first.state_version, second.state_version]
+        assert len(second.reconnects) >= 1
