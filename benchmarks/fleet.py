@@ -11,7 +11,7 @@ decisive lines arrive below the ceiling on average (40 a minute for 1,000 sensor
 
 Time runs :data:`FACTOR` times faster, and every limit that binds is scaled by it: the account's
 ceiling (60 × FACTOR a minute), the per-connection event and message rates, the sources' line
-rates and the triggers' ``lease_after``. The burst (a count) is not scaled, nor are the liveness
+rates and the triggers' ``lease_after`` and ``max_staleness``. The burst (a count) is not scaled, nor are the liveness
 timers (they do not bind here). Every figure is reported in real-limit units: measured durations
 are multiplied by FACTOR.
 
@@ -120,6 +120,7 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     """One triggerer process: start its triggers, wait for their first decisions, then play the plan."""
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.stream.starts import running_starts
+    from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
     from benchmarks.runner import Triggerer, rebuild
 
@@ -141,6 +142,7 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
                 source=source_spec(channel),
                 decision_mode="on_request",
                 lease_after=LEASE_AFTER_S / factor,
+                max_staleness=DEFAULT_MAX_STALENESS / factor,
                 **extra,
             )
         )

@@ -222,6 +222,16 @@ class StreamLease:
             await stream.release()
 
 
+def _covers_current(stream: Any, decision: DecisionResult) -> bool:
+    """Whether ``decision`` covers the complete state the stream holds now (a decide that waited
+    for its start under the account ceiling names the newest version when it starts)."""
+    return (
+        stream.in_sync
+        and decision.stream_id == stream.stream_id
+        and decision.state_version == stream.state_version
+    )
+
+
 class SourceFeeder:
     """Feeds a source's changes to a stream and yields the decisions about the current state.
 
@@ -332,7 +342,7 @@ class SourceFeeder:
                 except BaseException:
                     currency.skipped(settle=True)
                     raise
-                if currency.generation != started:
+                if currency.generation != started and not _covers_current(stream, decision):
                     log.debug(
                         "skipping decision for version %s: the state changed while it was decided",
                         decision.state_version,

@@ -57,15 +57,20 @@ async def _until(condition: Any, within: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_one_retry_after_per_process_and_every_stream_decided() -> None:
+def _emulator(ceiling_per_minute: int, decider: _Recording) -> Emulator:
+    """An emulator whose account starts one decision at once and ``ceiling_per_minute`` a minute."""
     limits = FAST.replace(
         account_decision_burst=1,
-        account_decision_ceiling_per_minute=240,
+        account_decision_ceiling_per_minute=ceiling_per_minute,
         idle_timeout_ms=30_000,
     )
+    return Emulator(api_keys={KEY: 16}, limits=limits, decider=decider)
+
+
+async def test_one_retry_after_per_process_and_every_stream_decided() -> None:
     decider = _Recording()
     async with (
-        Emulator(api_keys={KEY: 16}, limits=limits, decider=decider) as emu,
+        _emulator(240, decider) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
         streams = [await stack.enter_async_context(s) for s in _streams(emu, 4, StreamCapacity(4))]
@@ -91,14 +96,9 @@ async def test_one_retry_after_per_process_and_every_stream_decided() -> None:
 
 
 async def test_a_start_waiting_its_turn_decides_the_newest_state() -> None:
-    limits = FAST.replace(
-        account_decision_burst=1,
-        account_decision_ceiling_per_minute=60,
-        idle_timeout_ms=30_000,
-    )
     decider = _Recording()
     async with (
-        Emulator(api_keys={KEY: 16}, limits=limits, decider=decider) as emu,
+        _emulator(60, decider) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
         first, *others = [await stack.enter_async_context(s) for s in _streams(emu, 4, StreamCapacity(4))]
@@ -124,11 +124,8 @@ async def test_a_start_waiting_its_turn_decides_the_newest_state() -> None:
 
 
 async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> None:
-    limits = FAST.replace(
-        account_decision_burst=1, account_decision_ceiling_per_minute=60, idle_timeout_ms=30_000
-    )
     async with (
-        Emulator(api_keys={KEY: 16}, limits=limits, decider=_Recording()) as emu,
+        _emulator(60, _Recording()) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
         first, second = [await stack.enter_async_context(s) for s in _streams(emu, 2, StreamCapacity(4))]
