@@ -140,3 +140,56 @@ async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> 
         decisions = await asyncio.wait_for(asyncio.gather(refused, waiting), 30)
         assert [d.state_version for d in decisions] == [first.state_version, second.state_version]
         assert len(second.reconnects) >= 1
+
+
+class _PushedSource:
+    """The part of a state source the feeder reads: its states, as they are pushed."""
+
+    def __init__(self, first: str) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.queue.put_nowait(first)
+
+    async def changes(self) -> Any:
+        while True:
+            yield await self.queue.get()
+
+
+async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_current() -> None:
+    from airflow_provider_systemzero.triggers.streaming import SourceFeeder, StreamLease
+
+    decider = _Recording()
+    async with _emulator(60, decider) as emu, contextlib.AsyncExitStack() as stack:
+        other, stream = [await stack.enter_async_context(s) for s in _streams(emu, 2, StreamCapacity(4))]
+        starts = decision_starts(emu.url, KEY)
+        await other.decide()  # the account's one token
+        await other.append_text("more\n")
+        refused = asyncio.ensure_future(other.decide())
+        await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
+        source = _PushedSource(stream.state)
+        feeder = SourceFeeder(stream, source, decision_mode="on_request", lease=StreamLease(False, 0))  # type: ignore[arg-type]
+
+        async def first_current() -> Any:
+            async for decision in feeder.current_decisions():
+                return decision
+
+        async def change_while_waiting() -> None:
+            await _until(lambda: starts.queue.is_waiting(stream), 10, "the trigger's start queued")
+            source.queue.put_nowait(stream.state + "READY\n")
+            await asyncio.sleep(3600)
+
+        decision = await asyncio.wait_for(
+            feeder.race(lambda: _first(first_current(), change_while_waiting())), 30
+        )
+        await refused
+        assert decision.answers["ready"].decision is True  # about the newest state, taken as current
+        assert emu.stats.decisions_replayed == 0  # not asked again as if it were outdated
+
+
+async def _first(wanted: Any, beside: Any) -> Any:
+    side = asyncio.ensure_future(beside)
+    try:
+        return await wanted
+    finally:
+        side.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await side
