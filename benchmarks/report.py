@@ -880,7 +880,8 @@ def _fleet(fleet: dict[str, Any]) -> list[str]:
         "faster with every binding limit scaled, figures in real-limit units. A decision counts as "
         f"on a superseded state when its source had a newer line {fleet['grace_s']:.1f} s before it "
         "started; a wait is from a line to the first decision start covering it, against the fair share "
-        f"then (triggers still waiting {TIMES} 1 s per start).",
+        f"then (triggers still waiting in its process {TIMES} the process's seconds per start, "
+        "2 s with two processes; in brackets: against the whole fleet's waiting triggers).",
         "",
     ]
     header = [
@@ -902,7 +903,8 @@ def _fleet(fleet: dict[str, Any]) -> list[str]:
             r["decisions_on_superseded_states"],
             f"{r['rate_limited_429s_heard']} / {r['rate_limited_429s_refused']}",
             f"{r['longest_wait_for_start_s']:,.0f} s",
-            f"{_num(r['fair_share_ratio_max'], 2)} (bound {fleet['fair_share_bound']:.0f})",
+            f"{_num(r['fair_share_ratio_max'], 2)} ({_num(r.get('fleet_fair_share_ratio_max'), 2)}); "
+            f"bound {fleet['fair_share_bound']:.0f}",
         ]
         for r in runs.values()
     ]

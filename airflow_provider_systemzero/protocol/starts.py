@@ -13,9 +13,10 @@ into one decision per process:
   the latency of an account below its ceiling.
 * **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
   ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts) that grows on each 429 and shrinks on each start the
-  gateway accepts — so two processes on one account settle on sharing it, told nothing but the
-  429s, and a long quiet stretch brings the pace back towards zero.
+  follow at a *pace* (seconds between starts): the rate of starts is divided by 1.5 on each 429
+  and grows by a small fixed step on each start the gateway accepts (additive increase,
+  multiplicative decrease) — so two processes on one account converge on equal shares of it,
+  told nothing but the 429s.
 * **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
   its place when it asks again about a newer version (its wait counts from its first request),
   goes back to the front when its start was refused (429) or came too early, and to the back when
@@ -42,8 +43,10 @@ __all__ = ["Grant", "StartQueue"]
 
 #: Pace multiplier on each 429 (the gap between starts grows by half).
 PACE_BACKOFF = 1.5
-#: Pace multiplier on each start the gateway accepted while the queue is paced.
-PACE_RECOVERY = 0.95
+#: Rate added on each start the gateway accepted while the queue is paced, as a share of one start
+#: per Retry-After (additive increase, multiplicative decrease: processes sharing an account
+#: converge on equal shares of it).
+RATE_STEP = 0.05
 #: Below this pace (seconds) the queue counts as unlimited again.
 MIN_PACE = 0.001
 #: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
@@ -82,6 +85,7 @@ class StartQueue:
         self.pace = 0.0
         self._last_start = -math.inf  # the last start or grant
         self._started = -math.inf  # the last start
+        self._step = 0.0  # starts per second added to the rate on each accepted start
         #: 429 ``rate_limited`` answers heard.
         self.rate_limited = 0
         #: Starts let through (at once or granted).
@@ -157,7 +161,7 @@ class StartQueue:
         the probe after a 429 being accepted does not let a second start into the same window.
         """
         if self.pace and now >= self.blocked_until + self.pace:
-            self.pace *= PACE_RECOVERY
+            self.pace = 1 / (1 / self.pace + self._step)
             if self.pace < MIN_PACE:
                 self.pace = 0.0
 
@@ -178,6 +182,7 @@ class StartQueue:
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
         self.blocked_until = max(self.blocked_until, now + delay)
         self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
+        self._step = RATE_STEP / max(delay, MIN_PACE)
         self._granted.pop(stream, None)
         if requeue:
             since = now
