@@ -43,9 +43,9 @@ __all__ = ["Grant", "StartQueue"]
 
 #: Pace multiplier on each 429 (the gap between starts grows by half).
 PACE_BACKOFF = 1.5
-#: Rate added on each start the gateway accepted while the queue is paced, as a share of one start
-#: per Retry-After (additive increase, multiplicative decrease: processes sharing an account
-#: converge on equal shares of it).
+#: Rate added on each start the gateway accepted while the queue is paced, as a share of the rate
+#: the last 429 brought it down to (additive increase, multiplicative decrease: processes sharing
+#: an account converge on sharing it).
 RATE_STEP = 0.05
 #: Below this pace (seconds) the queue counts as unlimited again.
 MIN_PACE = 0.001
@@ -182,7 +182,9 @@ class StartQueue:
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
         self.blocked_until = max(self.blocked_until, now + delay)
         self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
-        self._step = RATE_STEP / max(delay, MIN_PACE)
+        self._step = (
+            RATE_STEP / self.pace
+        )  # a share of the rate it falls back to (not of a short Retry-After)
         self._granted.pop(stream, None)
         if requeue:
             since = now
