@@ -239,7 +239,7 @@ async def measure(
     os.close(handle)
     os.environ[RECORDS_ENV] = records
     ceiling_per_s = CEILING_PER_MINUTE * factor / 60
-    tail_s = max(30.0, 3.0 * n / ceiling_per_s)
+    tail_s = max(30.0, 4.0 * n / ceiling_per_s)
     try:
         async with EmulatorProcess(
             limits=limits(factor), max_concurrent=4 * PROCESSES * 2, decider=DECIDER

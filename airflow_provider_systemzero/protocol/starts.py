@@ -13,10 +13,9 @@ into one decision per process:
   the latency of an account below its ceiling.
 * **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
   ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts): the rate of starts is divided by 1.5 on each 429
-  and grows by a small fixed step on each start the gateway accepts (additive increase,
-  multiplicative decrease) — so two processes on one account converge on equal shares of it,
-  told nothing but the 429s.
+  follow at a *pace* (seconds between starts) that grows by half on each 429 and shrinks by 5 %
+  on each start the gateway accepts — so two processes on one account settle on sharing it,
+  told nothing but the 429s, and a long run of accepted starts brings the pace back to zero.
 * **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
   its place when it asks again about a newer version (its wait counts from its first request),
   goes back to the front when its start was refused (429) or came too early, and to the back when
@@ -43,10 +42,8 @@ __all__ = ["Grant", "StartQueue"]
 
 #: Pace multiplier on each 429 (the gap between starts grows by half).
 PACE_BACKOFF = 1.5
-#: Rate added on each start the gateway accepted while the queue is paced, as a share of the rate
-#: the last 429 brought it down to (additive increase, multiplicative decrease: processes sharing
-#: an account converge on sharing it).
-RATE_STEP = 0.05
+#: Pace multiplier on each start the gateway accepted while the queue is paced.
+PACE_RECOVERY = 0.95
 #: Below this pace (seconds) the queue counts as unlimited again.
 MIN_PACE = 0.001
 #: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
@@ -85,7 +82,6 @@ class StartQueue:
         self.pace = 0.0
         self._last_start = -math.inf  # the last start or grant
         self._started = -math.inf  # the last start
-        self._step = 0.0  # starts per second added to the rate on each accepted start
         #: 429 ``rate_limited`` answers heard.
         self.rate_limited = 0
         #: Starts let through (at once or granted).
@@ -161,7 +157,7 @@ class StartQueue:
         the probe after a 429 being accepted does not let a second start into the same window.
         """
         if self.pace and now >= self.blocked_until + self.pace:
-            self.pace = 1 / (1 / self.pace + self._step)
+            self.pace *= PACE_RECOVERY
             if self.pace < MIN_PACE:
                 self.pace = 0.0
 
@@ -182,9 +178,6 @@ class StartQueue:
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
         self.blocked_until = max(self.blocked_until, now + delay)
         self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
-        self._step = (
-            RATE_STEP / self.pace
-        )  # a share of the rate it falls back to (not of a short Retry-After)
         self._granted.pop(stream, None)
         if requeue:
             since = now
