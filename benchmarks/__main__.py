@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import billing, core, density, ingest, latency, report, waiting
+from benchmarks import billing, core, density, fleet, ingest, latency, report, waiting
 from benchmarks.common import Options, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +37,7 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "ingest": ingest.run,
     "density": density.run,
     "waiting": waiting.run,
+    "fleet": fleet.run,
 }
 
 

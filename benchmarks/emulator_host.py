@@ -174,6 +174,7 @@ class EmulatorProcess:
     :param api_key: the account's API key.
     :param max_concurrent: the account's ``max_concurrent`` (stream capacity is half of it).
     :param decide_latency_ms: simulated inference time of each fresh decision.
+    :param decider: the emulator's ``--decider`` (default: :func:`benchmarks.fixtures.decide`).
     """
 
     def __init__(
@@ -183,7 +184,9 @@ class EmulatorProcess:
         api_key: str = "bench-key-0001",
         max_concurrent: int = 8,
         decide_latency_ms: int = 0,
+        decider: str = "python:benchmarks.fixtures:decide",
     ) -> None:
+        self.decider = decider
         self.limits = dict(limits or {})
         self.api_key = api_key
         self.max_concurrent = max_concurrent
@@ -206,6 +209,8 @@ class EmulatorProcess:
             str(self.decide_latency_ms),
             "--limits",
             json.dumps(self.limits),
+            "--decider",
+            self.decider,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=2**24,

@@ -913,6 +913,48 @@ def _waiting(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _fleet(fleet: dict[str, Any]) -> list[str]:
+    runs = fleet["runs"]
+    first = next(iter(runs.values()))
+    out = [
+        "### Fleet under the account ceiling",
+        "",
+        f"{first['n']:,} decision triggers (`on_request`) in {first['processes']} triggerer processes on one "
+        f"account at the public limits (burst 5, 60 starts a minute); time {first['factor']:.0f}{TIMES} "
+        "faster with every binding limit scaled, figures in real-limit units. A decision counts as "
+        f"on a superseded state when its source had a newer line {fleet['grace_s']:.1f} s before it "
+        "started; a wait is from a line to the first decision start covering it, against the fair share "
+        f"then (triggers still waiting in its process {TIMES} the process's seconds per start, "
+        "2 s with two processes; in brackets: against the whole fleet's waiting triggers).",
+        "",
+    ]
+    header = [
+        "run",
+        "decisive → event p50",
+        "p99",
+        "billed ÷ decisive",
+        "on superseded states",
+        "429s heard / refused",
+        "longest wait for a start",
+        "longest ÷ fair share",
+    ]
+    rows = [
+        [
+            "decide_when" if r.get("decide_when") else "no filter",
+            _ms(r["latency"]["p50_ms"]),
+            _ms(r["latency"]["p99_ms"]),
+            _num(r["billed_per_decisive"], 2),
+            r["decisions_on_superseded_states"],
+            f"{r['rate_limited_429s_heard']} / {r['rate_limited_429s_refused']}",
+            f"{r['longest_wait_for_start_s']:,.0f} s",
+            f"{_num(r['fair_share_ratio_max'], 2)} ({_num(r.get('fleet_fair_share_ratio_max'), 2)}); "
+            f"bound {fleet['fair_share_bound']:.0f}",
+        ]
+        for r in runs.values()
+    ]
+    return out + _table(header, rows)
+
+
 def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") -> str:
     """The Markdown for ``docs/benchmarks-results.md``.
 
@@ -963,6 +1005,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         ("ingest", _ingest),
         ("core", _core),
         ("waiting", _waiting),
+        ("fleet", _fleet),
     ):
         data = res.get(name)
         if data is None:

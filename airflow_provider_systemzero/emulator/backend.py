@@ -28,7 +28,7 @@ import logging
 import math
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 LEDGER_RETENTION_S = 24 * 3600
 #: ``Retry-After-Ms`` of a 409 ``idempotency_conflict``.
 CONFLICT_RETRY_AFTER_MS = 1000
+#: The window of :meth:`DecideBackend.starts_refused_per_minute`, in seconds.
+REFUSAL_WINDOW_S = 60.0
 #: ``reply.served_by``.
 SERVED_BY = "systemzero-emulator"
 CALIBRATION_VERSION = "unpublished"
@@ -258,6 +260,9 @@ class DecideBackend:
         self.billed = 0
         self.replayed = 0
         self.failures_by_status: dict[int, int] = {}
+        #: Decision starts refused by the account bucket (429 ``rate_limited``), over every account.
+        self.starts_refused = 0
+        self._refused_at: deque[float] = deque()  # monotonic times of the refusals of the last minute
         self._buckets: dict[str, TokenBucket] = {}
         self._last_bodies: dict[str, OrderedDict[str, str]] = {}
         self._on_change = on_change or (lambda: None)
@@ -346,6 +351,8 @@ class DecideBackend:
         bucket = self._bucket(account, now)
         if not bucket.try_take(now):
             wait_ms = max(1, math.ceil(bucket.delay(now) * 1000))
+            self.starts_refused += 1
+            self._refused_at.append(now)
             return self._fail(
                 429,
                 ErrorEnvelope(
@@ -391,6 +398,16 @@ class DecideBackend:
                 lim.account_decision_ceiling_per_minute / 60, max(1, lim.account_decision_burst), now
             )
         return bucket
+
+    def starts_refused_per_minute(self, now: float | None = None) -> int:
+        """Decision starts the account buckets refused (429 ``rate_limited``) in the last minute.
+
+        :param now: the current ``time.monotonic()`` (default: now).
+        """
+        now = time.monotonic() if now is None else now
+        while self._refused_at and self._refused_at[0] <= now - REFUSAL_WINDOW_S:
+            self._refused_at.popleft()
+        return len(self._refused_at)
 
     def _fail(self, status: int, envelope: ErrorEnvelope, retry: RetryHint, request_id: str) -> DecideFailure:
         self.failures_by_status[status] = self.failures_by_status.get(status, 0) + 1

@@ -319,6 +319,8 @@ class Emulator:
             native_pings_sent=counters["native_pings_sent"],
             native_pongs_received=counters["native_pongs_received"],
             native_control_floods=counters["native_control_floods"],
+            decision_starts_refused=self.backend.starts_refused,
+            decision_starts_refused_per_minute=self.backend.starts_refused_per_minute(),
         )
 
     @property

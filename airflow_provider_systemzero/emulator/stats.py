@@ -48,6 +48,9 @@ class EmulatorStats:
     :param native_pongs_received: WebSocket pong frames received.
     :param native_control_floods: connections closed 1008 for native pings and pongs over the
         advertised native control limits.
+    :param decision_starts_refused: decision starts the account limits refused (429
+        ``rate_limited``), over every connection of every key.
+    :param decision_starts_refused_per_minute: the same, in the last 60 seconds.
     """
 
     streams_open: int = 0
@@ -69,6 +72,8 @@ class EmulatorStats:
     native_pings_sent: int = 0
     native_pongs_received: int = 0
     native_control_floods: int = 0
+    decision_starts_refused: int = 0
+    decision_starts_refused_per_minute: int = 0
 
     def to_dict(self, *, mask_accounts: bool = False) -> dict[str, Any]:
         """JSON form (integer keys become strings).

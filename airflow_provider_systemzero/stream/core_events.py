@@ -133,6 +133,9 @@ class CoreEventHandling:
         if error.http_status == 429:
             delay = error.retry.retry_after_ms
             self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
+        if self._starts is not None:
+            on_request = self._decision_mode == "on_request"
+            self._starts.ended(self, event.error, self.session.generation, requeue=on_request)
         if event.error.fatal:
             self._last_fatal = event.error
         for intent in event.intents:
@@ -167,11 +170,25 @@ class CoreEventHandling:
 
     def _gate(self, message: ClientMessage) -> bool:
         """Asked by the session before writing a message that can start a dispatch."""
+        starts = self._starts
+        if starts is not None and not starts.may_start(
+            self, message, self.session.generation, self._ask_again
+        ):
+            if self._decided_this_connection and self.capacity.waiting and self._ws is not None:
+                self._release_for = self._ws  # had its turn: its slot goes to a stream waiting for one
+            return False  # its turn under the account's decision ceiling comes: _ask_again
         refused = self._accounting.gate(message, self.session.desired_body_bytes())
         if refused is not None:
             self._refuse(refused)
             return False
         return True
+
+    def _ask_again(self) -> None:
+        """Let the session ask for its decision start again: its turn came (it starts on its newest
+        state), or a new connection asks anew."""
+        if self._refused is None and self._session is not None:
+            self._session.dispatch_held = False
+            self._kick()
 
     def _refuse(self, exc: BudgetExceeded) -> None:
         first = self._refused is None
@@ -223,6 +240,8 @@ class CoreEventHandling:
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
         self._decided_this_connection = True
+        if self._starts is not None:
+            self._starts.ended(self, None, self.session.generation, requeue=False)
         billed = self._accounting.decided(result)
         self._observe("decided", result, billed=billed)
         if not log.isEnabledFor(logging.INFO):
@@ -248,6 +267,9 @@ class CoreEventHandling:
 
     def _connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
+        if self._starts is not None:
+            self._starts.withdraw(self)  # a start is granted to a connected stream only
+            self._ask_again()
         if self._accounting.connection_ended():
             log.info(
                 "the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "

@@ -49,6 +49,7 @@ from airflow_provider_systemzero.stream.request import build_request
 from airflow_provider_systemzero.stream.run_loop import Reconnect, StreamRunLoop
 from airflow_provider_systemzero.stream.serving import ConnectionServing
 from airflow_provider_systemzero.stream.settings import StreamSettings
+from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
 from airflow_provider_systemzero.stream.untrusted import server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
@@ -101,6 +102,8 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         (default: an uncapped :class:`DecisionBudget`, so :attr:`usage` is always there). The
         connection's per-hour caps (``budget_decisions_per_hour`` …) are added on entering.
     :param observer: hears what the stream does (metrics, spans); default: nothing.
+    :param starts: the account's decision starts shared in this process (default: looked up on
+        entering, per gateway and key; see :mod:`~airflow_provider_systemzero.stream.starts`).
     """
 
     def __init__(
@@ -121,7 +124,9 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         capacity: StreamCapacity | None = None,
         budget: DecisionBudget | None = None,
         observer: StreamObserver | None = None,
+        starts: DecisionStarts | None = None,
     ) -> None:
+        self._starts = starts
         self._source = settings
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
         self._request_arg = request
@@ -311,6 +316,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings = self._settings
+            self._starts = self._starts or decision_starts(settings.url, settings.api_key)
             from airflow_provider_systemzero.budget import connection_window
 
             self.budget.attach_window(
@@ -496,6 +502,8 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
                 async with asyncio.timeout_at(deadline):
                     return await future
             except DecisionFailed as exc:
+                if exc.http_status == 429 and self._starts is not None:
+                    continue  # asked again: the process's start queue waits out the Retry-After, once
                 conflict = exc.http_status == 409 and exc.envelope.code == "idempotency_conflict"
                 if conflict:
                     # the same state's call still runs (a decide re-sent after a reconnect): it will

@@ -80,6 +80,8 @@ class StreamRunLoop:
             return
         self._closing = True
         self._closed = True
+        if self._starts is not None:
+            self._starts.withdraw(self)
         runner = self._runner
         if runner is not None and not runner.done():
             if self._ws is not None and self._writing:

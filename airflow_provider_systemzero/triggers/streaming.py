@@ -452,6 +452,16 @@ async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous:
     gate.changed(relevant, asyncio.get_running_loop().time())
 
 
+def _covers_current(stream: Any, decision: DecisionResult) -> bool:
+    """Whether ``decision`` covers the complete state the stream holds now (a decide that waited
+    for its start under the account ceiling names the newest version when it starts)."""
+    return (
+        stream.in_sync
+        and decision.stream_id == stream.stream_id
+        and decision.state_version == stream.state_version
+    )
+
+
 class SourceFeeder:
     """Feeds a source's changes to a stream and yields the decisions about the current state.
 
@@ -653,7 +663,7 @@ class SourceFeeder:
                 finally:
                     self._deciding = False
                     self._decided.set()
-                if currency.generation != started:
+                if currency.generation != started and not _covers_current(stream, decision):
                     log.debug(
                         "skipping decision for version %s: the state changed while it was decided",
                         decision.state_version,

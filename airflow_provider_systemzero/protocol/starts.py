@@ -1,0 +1,220 @@
+"""A fair queue of decision starts under the account's decision ceiling (sans I/O, time passed in).
+
+Theory of operation
+-------------------
+
+An account may *start* ``account_decision_burst`` decisions at once and
+``account_decision_ceiling`` per minute, over all its streams and processes. Over it, a decide
+fails with 429 ``rate_limited`` and ``retry_after_ms``. A process does not know how much of the
+account other processes use: the gateway's 429s are all it hears. :class:`StartQueue` turns them
+into one decision per process:
+
+* **Unlimited until told otherwise.** Before any 429 a start goes at once: nothing is added to
+  the latency of an account below its ceiling.
+* **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
+  ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
+  follow at a *pace* (seconds between starts) that grows by half on each 429 and shrinks by 5 %
+  on each start the gateway accepts — so two processes on one account settle on sharing it,
+  told nothing but the 429s, and a long run of accepted starts brings the pace back to zero.
+* **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
+  its place when it asks again about a newer version (its wait counts from its first request),
+  goes back to the front when its start was refused (429) or came too early, and to the back when
+  it left its grant unused for :data:`GRANT_TTL` (it had its turn).
+* **Newest version only.** A stream is queued once, with the newest version it asked about: a
+  grant is for that version, never for one it has since replaced (in on_request the client sends
+  ``decide`` for its current version when the grant arrives, so the gateway starts nothing on a
+  superseded state).
+
+The fair-share bound follows: with *n* streams waiting and a pace of *p* seconds, no stream waits
+more than about *n · p* for its start (every grant goes to the longest-waiting stream).
+
+The asyncio adapter (:mod:`airflow_provider_systemzero.stream.starts`) holds one queue per
+gateway and API key in a process and wakes the granted streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+__all__ = ["Grant", "StartQueue"]
+
+#: Pace multiplier on each 429 (the gap between starts grows by half).
+PACE_BACKOFF = 1.5
+#: Pace multiplier on each start the gateway accepted while the queue is paced.
+PACE_RECOVERY = 0.95
+#: Below this pace (seconds) the queue counts as unlimited again.
+MIN_PACE = 0.001
+#: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
+GRANT_TTL = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A stream may start one decision now.
+
+    :param stream: the stream (whatever hashable the caller queued).
+    :param version: the newest version the stream asked about.
+    :param waited: seconds it waited, from its first request to this grant.
+    """
+
+    stream: Hashable
+    version: int
+    waited: float
+
+
+@dataclass(slots=True)
+class _Waiting:
+    version: int
+    since: float
+
+
+class StartQueue:
+    """Decision starts of one account, as one process sees them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[Hashable, _Waiting] = {}  # insertion order = longest waiting first
+        self._granted: dict[Hashable, tuple[_Waiting, float]] = {}  # stream → (its wait, granted at)
+        #: No start before this time (the newest Retry-After).
+        self.blocked_until = -math.inf
+        #: Seconds between starts once a 429 was seen (0: unlimited).
+        self.pace = 0.0
+        self._last_start = -math.inf  # the last start or grant
+        self._started = -math.inf  # the last start
+        #: 429 ``rate_limited`` answers heard.
+        self.rate_limited = 0
+        #: Starts let through (at once or granted).
+        self.starts = 0
+        #: The longest any stream waited for its start so far, in seconds.
+        self.longest_wait = 0.0
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def limited(self) -> bool:
+        """Whether starts are paced (a 429 was heard and the pace has not recovered)."""
+        return self.pace >= MIN_PACE
+
+    @property
+    def waiting(self) -> int:
+        """Streams waiting for a start (granted ones not counted)."""
+        return len(self._waiting)
+
+    def is_waiting(self, stream: Hashable) -> bool:
+        """Whether ``stream`` waits for a start (queued, or granted and not yet started)."""
+        return stream in self._waiting or stream in self._granted
+
+    def holds_grant(self, stream: Hashable) -> bool:
+        """Whether ``stream`` was granted a start it has not used yet."""
+        return stream in self._granted
+
+    def _next_start_at(self) -> float:
+        return max(self.blocked_until, max(self._last_start, self._started) + self.pace)
+
+    # ------------------------------------------------------------------ the stream's side
+
+    def request(self, stream: Hashable, version: int, now: float) -> bool:
+        """``stream`` wants to start a decision about ``version`` (its newest) now.
+
+        :returns: ``True`` when it may start now (the start is counted); ``False`` when it waits
+            (queued, or its newer version replaces the one it waited with — its place is kept).
+        """
+        granted = self._granted.pop(stream, None)
+        if granted is not None:
+            waiting = granted[0]
+            waiting.version = max(waiting.version, version)
+            if now >= max(self.blocked_until, self._started + self.pace):
+                self._start(now, now - waiting.since)
+                return True
+            # a 429 arrived between the grant and its use, or an earlier grant was used late: back
+            # to the front, for a later grant
+            self._waiting = {stream: waiting, **self._waiting}
+            return False
+        waiting = self._waiting.get(stream)
+        if waiting is None and not self._waiting and not self._granted and now >= self._next_start_at():
+            self._start(now, 0.0)
+            return True
+        if waiting is None:
+            self._waiting[stream] = _Waiting(version, now)
+        else:
+            waiting.version = max(waiting.version, version)
+        return False
+
+    def note_start(self, now: float) -> None:
+        """A start the queue could not hold (on_change: the ``start`` of a connection schedules one)."""
+        self._start(now, 0.0)
+
+    def withdraw(self, stream: Hashable) -> None:
+        """``stream`` no longer wants a start (it closed, or its caller gave up)."""
+        self._waiting.pop(stream, None)
+        self._granted.pop(stream, None)
+
+    def accepted(self, now: float) -> None:
+        """A start was not rate limited (a decision arrived, or it failed for another reason).
+
+        The pace shrinks, but not before a whole pace has passed since the last Retry-After ended:
+        the probe after a 429 being accepted does not let a second start into the same window.
+        """
+        if self.pace and now >= self.blocked_until + self.pace:
+            self.pace *= PACE_RECOVERY
+            if self.pace < MIN_PACE:
+                self.pace = 0.0
+
+    def refused(
+        self, stream: Hashable, version: int, retry_after: float | None, now: float, *, requeue: bool = True
+    ) -> None:
+        """A start of ``stream`` was answered 429 ``rate_limited``.
+
+        Every stream of the queue waits out ``retry_after`` (once, together); the pace grows.
+
+        :param version: the newest version the stream holds now.
+        :param retry_after: the gateway's delay in seconds (``None``: the current pace, at least 1 s).
+        :param requeue: ``True`` (on_request) puts the stream back at the front of the queue;
+            ``False`` (on_change: the gateway retries it by itself after ``retry_after``) counts
+            that retry as the window's one start instead.
+        """
+        self.rate_limited += 1
+        delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
+        self.blocked_until = max(self.blocked_until, now + delay)
+        self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
+        self._granted.pop(stream, None)
+        if requeue:
+            since = now
+            waiting = self._waiting.pop(stream, None)
+            if waiting is not None:
+                since, version = waiting.since, max(version, waiting.version)
+            self._waiting = {stream: _Waiting(version, since), **self._waiting}
+        else:
+            self._last_start = max(self._last_start, now + delay)  # the gateway's own retry
+
+    # ------------------------------------------------------------------ the queue's side
+
+    def grant(self, now: float) -> Grant | None:
+        """The next start, if one may happen now: the longest-waiting stream, for its newest version."""
+        self._expire(now)
+        if not self._waiting or now < self._next_start_at():
+            return None
+        stream = next(iter(self._waiting))
+        waiting = self._waiting.pop(stream)
+        self._granted[stream] = (waiting, now)
+        self._last_start = now  # reserved: the next grant keeps the pace even before this one is used
+        return Grant(stream, waiting.version, now - waiting.since)
+
+    def wakeup(self, now: float) -> float | None:
+        """When :meth:`grant` may next return something (or a grant expire), or ``None``."""
+        times = [granted_at + GRANT_TTL for _, granted_at in self._granted.values()]
+        if self._waiting:
+            times.append(max(now, self._next_start_at()))
+        return min(times, default=None)
+
+    def _expire(self, now: float) -> None:
+        # a grant not used in time loses its turn: its stream waits again behind the others
+        for stream in [s for s, (_, at) in self._granted.items() if now >= at + GRANT_TTL]:
+            self._waiting[stream] = self._granted.pop(stream)[0]
+
+    def _start(self, now: float, waited: float) -> None:
+        self.starts += 1
+        self._last_start = max(self._last_start, now)
+        self._started = max(self._started, now)
+        self.longest_wait = max(self.longest_wait, waited)

@@ -1,0 +1,153 @@
+"""The process's decision starts per account: the asyncio side of :mod:`~airflow_provider_systemzero.protocol.starts`.
+
+Every :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` of a process that
+talks to one gateway with one API key shares one :class:`DecisionStarts` (looked up with
+:func:`decision_starts`, keyed by the stream URL and a non-secret fingerprint of the key, per event
+loop). The stream asks it before writing anything that starts a decision (its dispatch gate) and
+tells it how each start ended; the shared :class:`~airflow_provider_systemzero.protocol.starts.StartQueue`
+decides who goes next, and this adapter wakes that stream when its time comes — one timer per
+queue, never a loop per stream.
+
+What the gateway rate limits, the whole process waits out once: after a 429 ``rate_limited`` every
+stream of the account in this process holds its start until the ``Retry-After`` has passed, then
+the longest-waiting one starts on its newest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
+from airflow_provider_systemzero.protocol.starts import StartQueue
+
+__all__ = ["DecisionStarts", "decision_starts", "key_fingerprint", "running_starts"]
+
+log = logging.getLogger(__name__)
+
+
+def key_fingerprint(api_key: str) -> str:
+    """A short, non-secret tag of an API key (12 hex digits of its SHA-256): streams with the same
+    key share the account's starts; the key itself is never kept."""
+    return hashlib.sha256(api_key.strip().encode("utf-8")).hexdigest()[:12]
+
+
+class DecisionStarts:
+    """One account's decision starts in this process (on one event loop).
+
+    :param label: how the log names the account (the gateway URL and the key's fingerprint).
+    :param loop: the event loop its timer runs on.
+    """
+
+    def __init__(self, label: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.label = label
+        self.queue = StartQueue()
+        self._loop = loop
+        self._wake: dict[Any, Callable[[], None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def may_start(self, stream: Any, message: ClientMessage, version: int, wake: Callable[[], None]) -> bool:
+        """Asked before ``stream`` writes ``message``, which starts a decision about ``version``.
+
+        :param version: the stream's newest version (its session's generation: it grows across
+            connections).
+        :param wake: called (no arguments) when the stream's turn comes.
+        :returns: whether it may write it now; if not, ``wake`` is called when it may.
+        """
+        now = self._loop.time()
+        if isinstance(message, Start):  # on_change: a connection's start schedules a decision
+            self.queue.note_start(now)
+            return True
+        if self.queue.request(stream, version, now):
+            self._wake.pop(stream, None)
+            return True
+        self._wake[stream] = wake
+        log.info(
+            "decision start waits its turn under the account's decision ceiling (%s): %d stream(s) "
+            "of this process wait, next start in %.3f s",
+            self.label,
+            self.queue.waiting,
+            max(0.0, (self.queue.wakeup(now) or now) - now),
+        )
+        self._schedule()
+        return False
+
+    def ended(self, stream: Any, error: Error | None, version: int, *, requeue: bool) -> None:
+        """A start of ``stream`` ended: a decision arrived (``error`` ``None``) or it failed.
+
+        :param version: the stream's newest version now.
+        :param requeue: on a 429, put the stream back at the front (on_request: the client asks
+            again); ``False`` when the gateway retries it itself (on_change).
+        """
+        now = self._loop.time()
+        if error is None or error.http_status != 429:
+            self.queue.accepted(now)
+            return
+        delay_ms = error.retry.retry_after_ms
+        first = self.queue.rate_limited == 0 or now >= self.queue.blocked_until
+        self.queue.refused(
+            stream, version, None if delay_ms is None else delay_ms / 1000, now, requeue=requeue
+        )
+        if first:
+            log.info(
+                "the account's decision ceiling was reached (%s, 429 rate_limited): every stream of this "
+                "process waits %.3f s once, then starts go one at a time every %.3f s, longest waiting first",
+                self.label,
+                max(0.0, self.queue.blocked_until - now),
+                self.queue.pace,
+            )
+        self._schedule()
+
+    def withdraw(self, stream: Any) -> None:
+        """``stream`` wants no start any more (it closed)."""
+        self.queue.withdraw(stream)
+        self._wake.pop(stream, None)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = self._loop.time()
+        at = self.queue.wakeup(now)
+        if at is not None:
+            self._timer = self._loop.call_at(max(at, now), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        while (grant := self.queue.grant(now)) is not None:
+            wake = self._wake.pop(grant.stream, None)  # a stream requeued by a 429 is woken by asking again
+            log.debug("decision start granted after %.3f s (%s)", grant.waited, self.label)
+            if wake is not None:
+                wake()
+        self._schedule()
+
+
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], DecisionStarts]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def decision_starts(url: str, api_key: str) -> DecisionStarts:
+    """The running loop's :class:`DecisionStarts` for the account behind ``api_key`` at ``url``.
+
+    :param url: the gateway's stream URL.
+    :param api_key: the account's key (only its fingerprint is kept).
+    """
+    loop = asyncio.get_running_loop()
+    fingerprint = key_fingerprint(api_key)
+    per_loop = _BY_LOOP.setdefault(loop, {})
+    starts = per_loop.get((url, fingerprint))
+    if starts is None:
+        starts = per_loop[(url, fingerprint)] = DecisionStarts(f"{url} key {fingerprint}", loop)
+    return starts
+
+
+def running_starts() -> list[DecisionStarts]:
+    """Every account's :class:`DecisionStarts` on the running loop (what a process reports)."""
+    return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())
