@@ -93,6 +93,9 @@ IMPORTED_NAMES = (
 
 _STREAM = f"{PACKAGE}/stream"
 _PROTOCOL = f"{PACKAGE}/protocol"
+_DECISION_STREAM = tuple(
+    f"{_STREAM}/{name}.py" for name in ("decision_stream", "core_events", "run_loop", "serving")
+)
 _BUDGET_FILES = (f"{PACKAGE}/decisions/budget.py", f"{PACKAGE}/budget.py", f"{_STREAM}/accounting.py")
 
 PATTERNS = (
@@ -121,7 +124,7 @@ PATTERNS = (
     Pattern(r"\bdef gate\(", "def admit(", (f"{_STREAM}/accounting.py",)),
     Pattern(r"\bDispatchAccounting\.gate\b", "DispatchAccounting.admit", TREES),
     Pattern(r"\b_accounting\.gate\(", "_accounting.admit(", (_STREAM, "tests")),
-    Pattern(r"\b_gate\b", "_admit", (f"{_STREAM}/decision_stream.py",)),
+    Pattern(r"\b_gate\b", "_admit", _DECISION_STREAM),
     # the stream's observer interface lives with the stream (observability.py names it for the docs)
     Pattern(
         r"from airflow_provider_systemzero\.observability import GOODBYE_REASONS, StreamObserver",
@@ -184,9 +187,9 @@ PATTERNS = (
         r"\1.exceeded",
         (*_BUDGET_FILES, _STREAM, "tests", "benchmarks"),
     ),
-    Pattern(r"\bself\._refuse\(", "self._budget_exceeded(", (f"{_STREAM}/decision_stream.py",)),
-    Pattern(r"\bdef _refuse\(", "def _budget_exceeded(", (f"{_STREAM}/decision_stream.py",)),
-    Pattern(r"\b_settle_refusal\b", "_settle_exceeded", (f"{_STREAM}/decision_stream.py",)),
+    Pattern(r"\bself\._refuse\(", "self._budget_exceeded(", _DECISION_STREAM),
+    Pattern(r"\bdef _refuse\(", "def _budget_exceeded(", _DECISION_STREAM),
+    Pattern(r"\b_settle_refusal\b", "_settle_exceeded", _DECISION_STREAM),
     Pattern(
         r"\bthe budget's refusal that holds this stream\b",
         "what the budget refused, holding this stream",

@@ -77,7 +77,7 @@ class _Store:
 
 
 def _budget_warnings(caplog: pytest.LogCaptureFixture, context: dict[str, Any]) -> list[str]:
-    from airflow_provider_systemzero.budget import TaskUsageLedger
+    from airflow_provider_systemzero.utils.usage import TaskUsageLedger
 
     logger = logging.getLogger("tests.compat.budget")
     with caplog.at_level(logging.WARNING, logger=logger.name):

@@ -416,7 +416,7 @@ class DecisionBudget:
         self.hint = hint
         self.windows: list[WindowBudget] = [w for w in windows if w is not None]
         self.usage = Usage()
-        self.refusal: BudgetExceeded | None = None
+        self.exceeded: BudgetExceeded | None = None
         #: names this run in the task's ledger (a trigger event recorded twice counts once)
         self.run_id = secrets.token_hex(8)
         self._seen: set[str] = set(self.spent.reply_ids)
@@ -526,11 +526,11 @@ class DecisionBudget:
                 return refused
         return None
 
-    def refuse(self, exc: BudgetExceeded) -> None:
+    def record_exceeded(self, exc: BudgetExceeded) -> None:
         """Note a refused dispatch (the first refusal is kept for the report)."""
         self.usage.refused += 1
-        if self.refusal is None:
-            self.refusal = exc
+        if self.exceeded is None:
+            self.exceeded = exc
 
     def hold(self, holder: int, outstanding: int, body_bytes: int | None = None) -> None:
         """Tell the connection windows how many dispatches this stream has scheduled, unsettled."""
@@ -588,5 +588,5 @@ def event_usage(budget: DecisionBudget | None) -> dict[str, Any]:
     """What a trigger adds to its event: ``{EVENT_USAGE_KEY: {"run", "run_id", "refusal"}}``."""
     if budget is None:
         return {}
-    refusal = budget.refusal.to_dict() if budget.refusal is not None else None
+    refusal = budget.exceeded.to_dict() if budget.exceeded is not None else None
     return {EVENT_USAGE_KEY: {"run": budget.usage.to_dict(), "run_id": budget.run_id, "refusal": refusal}}

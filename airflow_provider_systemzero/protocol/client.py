@@ -47,7 +47,7 @@ from typing import Any
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
-    DecisionFailed,
+    DecisionFailedEvent,
     DecisionReceived,
     GoodbyeReceived,
     HelloReceived,
@@ -86,7 +86,7 @@ __all__ = [
     "Acknowledged",
     "ClientEvent",
     "ClientSession",
-    "DecisionFailed",
+    "DecisionFailedEvent",
     "DecisionReceived",
     "GoodbyeReceived",
     "HelloReceived",
@@ -151,8 +151,8 @@ class ClientSession(SessionInput):
         #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
         #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
         #: everything after it (see :attr:`dispatch_held`). ``None``: nothing is held.
-        self.dispatch_gate: Callable[[ClientMessage], bool] | None = None
-        #: Whether the gate refused: on_change then sends no more mutations; on_request no more
+        self.dispatch_admission: Callable[[ClientMessage], bool] | None = None
+        #: Whether admission was refused: on_change then sends no more mutations; on_request no more
         #: ``decide`` until the waiting intents are gone.
         self.dispatch_held = False
         self.desired.accept(
@@ -317,14 +317,14 @@ class ClientSession(SessionInput):
 
     def cancel_intent(self, intent_id: int) -> None:
         """Forget an intent (its waiter gave up). on_request: once none waits, a held ``decide``
-        may be asked again (the gate decides anew)."""
+        may be asked again (admission is decided anew)."""
         self.outcomes.cancel(intent_id)
         if not self.outcomes.intents and self.decision_mode == "on_request":
             self.dispatch_held = False
 
     def _may_dispatch(self, message: ClientMessage) -> bool:
-        gate = self.dispatch_gate
-        if gate is None or gate(message):
+        admit = self.dispatch_admission
+        if admit is None or admit(message):
             return True
         self.dispatch_held = True
         return False

@@ -17,7 +17,7 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 __all__ = [
     "Acknowledged",
     "ClientEvent",
-    "DecisionFailed",
+    "DecisionFailedEvent",
     "DecisionReceived",
     "DecisionRepeated",
     "GoodbyeReceived",
@@ -63,7 +63,7 @@ class DecisionReceived:
 
 
 @dataclass(frozen=True, slots=True)
-class DecisionFailed:
+class DecisionFailedEvent:
     """A dispatch failed (``error`` with an HTTP status).
 
     :param error: the error message (envelope, retry hint, ``fatal``).
@@ -115,7 +115,7 @@ ClientEvent: TypeAlias = (
     | Acknowledged
     | DecisionReceived
     | DecisionRepeated
-    | DecisionFailed
+    | DecisionFailedEvent
     | MutationRejected
     | ServerError
     | StreamFailed

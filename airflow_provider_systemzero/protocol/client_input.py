@@ -16,7 +16,7 @@ import math
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
-    DecisionFailed,
+    DecisionFailedEvent,
     DecisionReceived,
     DecisionRepeated,
     GoodbyeReceived,
@@ -183,10 +183,10 @@ class SessionInput:
         if self.decision_mode == "on_request":
             conn.decide_outstanding = None
             failed = self.outcomes.fail_all()
-            return [DecisionFailed(error, failed)]
+            return [DecisionFailedEvent(error, failed)]
         retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
         if error.fatal:
-            return [DecisionFailed(error, ())]  # goodbye and close follow; the next connection replays
+            return [DecisionFailedEvent(error, ())]  # goodbye and close follow; the next connection replays
         if retry is DecideRetry.CLIENT:
             # nobody retries it on this connection: replay on a new one after the server's delay
             conn.recycle_at = now + _server_delay_s(error)
@@ -194,4 +194,4 @@ class SessionInput:
             # the gateway will not dispatch this state again: it is settled, with this failure
             generation = conn.version_generation.get(error.state_version or 0, -1)
             self.outcomes.failed_for_good(error, generation)
-        return [DecisionFailed(error, ())]
+        return [DecisionFailedEvent(error, ())]

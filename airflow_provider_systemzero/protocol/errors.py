@@ -75,19 +75,21 @@ class LocalProtocolError(ProtocolError, ValueError):
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol forbids.
 
-    :param refusal: ``True`` for a *protocol refusal* (malformed frame, unknown type, a missing or
+    :param protocol_refusal: ``True`` for a *protocol refusal* (malformed frame, unknown type, a missing or
         wrongly typed field — WIRE.md §2), ``False`` for a *rejection* (a well-formed message whose
         values break a rule).
     """
 
-    def __init__(self, message: str, *, code: str, field: str | None = None, refusal: bool = False) -> None:
+    def __init__(
+        self, message: str, *, code: str, field: str | None = None, protocol_refusal: bool = False
+    ) -> None:
         super().__init__(message, code=code, field=field)
-        self.refusal = refusal
+        self.protocol_refusal = protocol_refusal
 
     @classmethod
     def from_local(cls, exc: LocalProtocolError) -> RemoteProtocolError:
         """Re-raise a validation failure found in the peer's data as a rejection."""
-        return cls(exc.message, code=exc.code, field=exc.field, refusal=False)
+        return cls(exc.message, code=exc.code, field=exc.field, protocol_refusal=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,7 @@ class ErrorEnvelope:
                 f"{field}.error must be an object",
                 code="invalid_message",
                 field=f"{field}.error",
-                refusal=True,
+                protocol_refusal=True,
             )
         values = {}
         for key in ("type", "code", "message"):
@@ -129,7 +131,7 @@ class ErrorEnvelope:
                     f"{field}.error.{key} must be a string, got {type(value).__name__}",
                     code="invalid_message",
                     field=f"{field}.error.{key}",
-                    refusal=True,
+                    protocol_refusal=True,
                 )
             values[key] = value
         return cls(**values)
@@ -173,7 +175,7 @@ class RetryHint:
         """
         if not isinstance(data, Mapping):
             raise RemoteProtocolError(
-                f"{field} must be an object", code="invalid_message", field=field, refusal=True
+                f"{field} must be an object", code="invalid_message", field=field, protocol_refusal=True
             )
         retryable = data.get("retryable")
         if not isinstance(retryable, bool):
@@ -181,7 +183,7 @@ class RetryHint:
                 f"{field}.retryable must be a boolean",
                 code="invalid_message",
                 field=f"{field}.retryable",
-                refusal=True,
+                protocol_refusal=True,
             )
         delay = data.get("retry_after_ms")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
@@ -189,7 +191,7 @@ class RetryHint:
                 f"{field}.retry_after_ms must be a non-negative integer or null",
                 code="invalid_message",
                 field=f"{field}.retry_after_ms",
-                refusal=True,
+                protocol_refusal=True,
             )
         return cls(
             retryable=retryable, retry_after_ms=None if delay is None else min(delay, MAX_SERVER_DELAY_MS)

@@ -214,7 +214,7 @@ class GatewaySession:
         except RemoteProtocolError as exc:
             # an error about a mutation echoes the event_id the client sent, refusal or not
             eid = sent_event_id(text)
-            if exc.refusal:
+            if exc.protocol_refusal:
                 self._refuse(exc.code, exc.message, now, event_id_=eid)
             else:
                 self._reject(LocalProtocolError(exc.message, code=exc.code, field=exc.field), eid)

@@ -106,7 +106,10 @@ class Limits:
         """
         if not isinstance(data, Mapping):
             raise RemoteProtocolError(
-                "hello.limits must be an object", code="invalid_message", field="limits", refusal=True
+                "hello.limits must be an object",
+                code="invalid_message",
+                field="limits",
+                protocol_refusal=True,
             )
         values: dict[str, int] = {}
         for name in ADVERTISED_LIMITS:
@@ -116,7 +119,7 @@ class Limits:
                     f"hello.limits.{name} must be a non-negative integer, got {value!r}",
                     code="invalid_message",
                     field=f"limits.{name}",
-                    refusal=True,
+                    protocol_refusal=True,
                 )
             low, high = ADVERTISED_BOUNDS[name]
             values[name] = min(max(value, low), high)

@@ -404,7 +404,10 @@ def _message_class(types: dict[str, type[Any]], kind: str, side: str) -> type[An
     cls = types.get(kind)
     if cls is None:
         raise RemoteProtocolError(
-            f"unknown {side} message type {kind!r}", code="unknown_message_type", field="type", refusal=True
+            f"unknown {side} message type {kind!r}",
+            code="unknown_message_type",
+            field="type",
+            protocol_refusal=True,
         )
     return cls
 
@@ -414,7 +417,7 @@ def decode_client_message(text: str | bytes) -> ClientMessage:
 
     :param text: the frame (``bytes`` stands for a binary frame and is always refused).
     :raises RemoteProtocolError: a refusal naming the field, or — for a well-typed message with an
-        unknown field — a rejection (``refusal`` false; ``invalid_attachment`` inside an attachment).
+        unknown field — a rejection (``protocol_refusal`` false; ``invalid_attachment`` inside an attachment).
     """
     data = load_object(text)
     kind = data["type"]
@@ -427,7 +430,7 @@ def decode_client_message(text: str | bytes) -> ClientMessage:
             f"{path} is not a field of this message: remove it",
             code=code,
             field=path.partition(".")[2],
-            refusal=False,
+            protocol_refusal=False,
         )
     return message
 

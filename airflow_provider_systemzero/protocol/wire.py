@@ -65,7 +65,7 @@ def refuse(problem: str, field: str | None) -> RemoteProtocolError:
     :param problem: what is wrong, in words.
     :param field: the field, or ``None`` for the frame as a whole.
     """
-    return RemoteProtocolError(problem, code="invalid_message", field=field, refusal=True)
+    return RemoteProtocolError(problem, code="invalid_message", field=field, protocol_refusal=True)
 
 
 def json_type(value: Any) -> str:

@@ -13,7 +13,7 @@
 
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
 from airflow_provider_systemzero.stream.connection import probe
-from airflow_provider_systemzero.stream.decision_stream import Decision, DecisionStream, Reconnect
+from airflow_provider_systemzero.stream.decision_stream import DecisionResult, DecisionStream, Reconnect
 from airflow_provider_systemzero.stream.exceptions import (
     AuthenticationFailed,
     DeadlineExceeded,
@@ -33,8 +33,8 @@ __all__ = [
     "AuthenticationFailed",
     "Backoff",
     "DeadlineExceeded",
-    "Decision",
     "DecisionFailed",
+    "DecisionResult",
     "DecisionStream",
     "LocalProtocolError",
     "ProtocolViolation",

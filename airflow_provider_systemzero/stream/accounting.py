@@ -6,7 +6,7 @@ A :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` as
 accounting knows which dispatches the gateway may still make for this connection — at most one in
 flight plus one pending (WIRE.md §4) — and keeps the budget's holds and counts in step:
 
-* :meth:`~DispatchAccounting.gate` — ``None`` to send, or the :class:`BudgetExceeded` that holds it;
+* :meth:`~DispatchAccounting.admit` — ``None`` to send, or the :class:`BudgetExceeded` that holds it;
 * :meth:`~DispatchAccounting.acknowledged`, :meth:`~DispatchAccounting.decided`,
   :meth:`~DispatchAccounting.failed` — the gateway's answers;
 * :meth:`~DispatchAccounting.connection_ended` — a lost connection may leave a dispatch behind
@@ -45,7 +45,7 @@ class DispatchBudget(Protocol):
         self, potential: int, body_bytes: int | None = None, *, holder: Any = 0
     ) -> SystemZeroError | None: ...
 
-    def refuse(self, exc: SystemZeroError) -> None: ...
+    def record_exceeded(self, exc: SystemZeroError) -> None: ...
 
     def hold(self, holder: Any, outstanding: int, body_bytes: int | None = None) -> None: ...
 
@@ -76,8 +76,8 @@ class DispatchAccounting:
         self._decide_in_flight = False
         #: version → decide body bytes (from acks), for token estimates.
         self._body_bytes: dict[int, int] = {}
-        #: The refusal that holds this stream, once the budget refused.
-        self.refusal: SystemZeroError | None = None
+        #: What the budget refused, holding this stream (once it refused).
+        self.exceeded: SystemZeroError | None = None
 
     def outstanding(self) -> int:
         """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
@@ -90,7 +90,7 @@ class DispatchAccounting:
             largest = max(self._body_bytes.values(), default=0) if body_bytes is None else body_bytes
             self.budget.hold(self.holder, self.outstanding(), largest)
 
-    def gate(self, message: ClientMessage, desired_body_bytes: int) -> SystemZeroError | None:
+    def admit(self, message: ClientMessage, desired_body_bytes: int) -> SystemZeroError | None:
         """Before writing ``message``: ``None`` when it may go (the dispatch is now expected), else
         the refusal (recorded once in the budget).
 
@@ -105,8 +105,8 @@ class DispatchAccounting:
             body_bytes = desired_body_bytes if budget.estimates_tokens else None
         refused = budget.check(potential, body_bytes, holder=self.holder) if budget.limited else None
         if refused is not None:
-            budget.refuse(refused)
-            self.refusal = refused
+            budget.record_exceeded(refused)
+            self.exceeded = refused
             return refused
         if isinstance(message, Decide):
             self._decide_in_flight = True

@@ -4,7 +4,7 @@
   request, the one subprotocol offered, no compression, no ``Origin``, no proxy from the
   environment, ``max_size`` from the limits, a logger that scrubs the key;
 * redirects are never followed: a ``3xx`` answer is a refusal, so the key goes to one URL only;
-* :func:`refusal_error` — the typed error for an HTTP refusal of the upgrade;
+* :func:`upgrade_refusal_error` — the typed error for an HTTP refusal of the upgrade;
 * :func:`probe` — open, read ``hello``, close (the connection test), holding a slot of the stream cap.
 """
 
@@ -54,7 +54,7 @@ from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     pass
 
-__all__ = ["NoRedirectsConnect", "connect_options", "probe", "refusal_error", "subprotocol_violation"]
+__all__ = ["NoRedirectsConnect", "connect_options", "probe", "subprotocol_violation", "upgrade_refusal_error"]
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class NoRedirectsConnect(connect):
         return exc
 
 
-def refusal_error(exc: InvalidStatus, url: str, secret: str | None = None) -> UpgradeRefused:
+def upgrade_refusal_error(exc: InvalidStatus, url: str, secret: str | None = None) -> UpgradeRefused:
     """The typed error for an HTTP refusal of the upgrade (401/403 → :class:`AuthenticationFailed`;
     a redirect is a refusal too).
 
@@ -179,7 +179,7 @@ async def _probe(
             await ws.close(CloseCode.NORMAL_CLOSURE)
             return hello
     except InvalidStatus as exc:
-        raise refusal_error(exc, url, settings.api_key.strip()) from None
+        raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
 
 
 def subprotocol_violation(ws: ClientConnection, url: str) -> ProtocolViolation | None:

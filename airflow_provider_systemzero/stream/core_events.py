@@ -4,10 +4,10 @@ The sans-I/O :class:`~airflow_provider_systemzero.protocol.client.ClientSession`
 events (:mod:`~airflow_provider_systemzero.protocol.client_events`); here they reach the caller:
 
 * acknowledgements and decisions resolve ``decide()`` waiters and feed ``decisions()``;
-* a :class:`~airflow_provider_systemzero.budget.DecisionBudget` is asked before anything that can
+* a :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget` is asked before anything that can
   start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
   every decision (billed, or replayed under a reply id it already holds);
-* a :class:`~airflow_provider_systemzero.observability.StreamObserver` hears connections, acks,
+* a :class:`~airflow_provider_systemzero.stream.observer.StreamObserver` hears connections, acks,
   decisions, reconnects, refusals and rate-limit waits (metrics and spans); the INFO log lines
   say the same for a person reading the task log — never the state's content or the key.
 
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
+    DecisionFailedEvent,
     DecisionReceived,
     DecisionRepeated,
     GoodbyeReceived,
@@ -31,7 +32,6 @@ from airflow_provider_systemzero.protocol.client_events import (
     ServerError,
     StreamFailed,
 )
-from airflow_provider_systemzero.protocol.client_events import DecisionFailed as DecisionFailedEvent
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Hello
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
@@ -39,7 +39,7 @@ from airflow_provider_systemzero.stream.exceptions import DecisionFailed, Stream
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    from airflow_provider_systemzero.budget import BudgetExceeded
+    from airflow_provider_systemzero.decisions.budget import BudgetExceeded
 
 __all__ = ["CoreEventHandling"]
 
@@ -86,10 +86,10 @@ class CoreEventHandling:
                 if self._queue_decisions and not event.repeated:
                     self._decisions.append(event.result)
                     self._decision_ready.set()
-                self._settle_refusal()
+                self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
                 self._on_decision_failed(event)
-                self._settle_refusal()
+                self._settle_exceeded()
             elif isinstance(event, MutationRejected):
                 log.debug(
                     "change %s deferred by the gateway (%s); it is sent again",
@@ -168,7 +168,7 @@ class CoreEventHandling:
 
     # ------------------------------------------------------------------ budget and accounting
 
-    def _gate(self, message: ClientMessage) -> bool:
+    def _admit(self, message: ClientMessage) -> bool:
         """Asked by the session before writing a message that can start a dispatch."""
         starts = self._starts
         if starts is not None and not starts.may_start(
@@ -177,9 +177,9 @@ class CoreEventHandling:
             if self._decided_this_connection and self.capacity.waiting and self._ws is not None:
                 self._release_for = self._ws  # had its turn: its slot goes to a stream waiting for one
             return False  # its turn under the account's decision ceiling comes: _ask_again
-        refused = self._accounting.gate(message, self.session.desired_body_bytes())
+        refused = self._accounting.admit(message, self.session.desired_body_bytes())
         if refused is not None:
-            self._refuse(refused)
+            self._budget_exceeded(refused)
             return False
         return True
 
@@ -190,12 +190,12 @@ class CoreEventHandling:
             self._session.dispatch_held = False
             self._kick()
 
-    def _refuse(self, exc: BudgetExceeded) -> None:
+    def _budget_exceeded(self, exc: BudgetExceeded) -> None:
         first = self._refused is None
         self._refused = exc
         if first:
             log.warning("%s", exc)
-            self._observe("budget_refused", exc)
+            self._observe("budget_exceeded", exc)
         if self._decision_mode == "on_request":
             # nothing was sent: whoever waits for this decision hears why at once
             for intent, future in list(self._intent_futures.items()):
@@ -208,9 +208,9 @@ class CoreEventHandling:
                 "holding further changes locally; %d dispatch(es) already scheduled settle first",
                 self._accounting.outstanding(),
             )
-        self._settle_refusal()
+        self._settle_exceeded()
 
-    def _settle_refusal(self) -> None:
+    def _settle_exceeded(self) -> None:
         """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
         if (
             self._refused is not None

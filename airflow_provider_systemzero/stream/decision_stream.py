@@ -53,14 +53,12 @@ from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_s
 from airflow_provider_systemzero.stream.untrusted import server_token
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    from airflow_provider_systemzero.budget import BudgetExceeded, DecisionBudget, Usage
+    from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget, Usage
 
-__all__ = ["Decision", "DecisionStream", "Reconnect"]
+__all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 
 log = logging.getLogger(__name__)
 
-#: The typed decision a stream yields: the core's :class:`DecisionResult` (raw reply kept).
-Decision: TypeAlias = DecisionResult
 
 #: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
 _MAX_CONFLICT_RETRIES = 600
@@ -166,14 +164,14 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         self._queue_decisions = decision_mode == "on_change"
         self._ssl: ssl.SSLContext | None = None
         if budget is None:
-            from airflow_provider_systemzero.budget import DecisionBudget
+            from airflow_provider_systemzero.decisions.budget import DecisionBudget
 
             budget = DecisionBudget()
         self.budget = budget
         self.observer = observer or StreamObserver()
         #: What this stream's dispatches cost the budget (see :class:`DispatchAccounting`).
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
-        self._refused: BudgetExceeded | None = None  # the budget's refusal that holds this stream
+        self._refused: BudgetExceeded | None = None  # what the budget refused, holding this stream
         self._writing = False  # a frame is being written (its write is waiting for the peer)
         self._pong_flush: asyncio.TimerHandle | None = None
         self._writer_wakes_at = -math.inf  # when the waiting writer wakes on its own (-inf: awake)
@@ -221,7 +219,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         return self._state_version
 
     @property
-    def last_decision(self) -> Decision | None:
+    def last_decision(self) -> DecisionResult | None:
         """The newest decision received, or ``None``."""
         return self._session.last_decision if self._session else None
 
@@ -265,7 +263,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
 
     @property
     def usage(self) -> Usage:
-        """What this stream spent: dispatches, billed and replayed decisions, tokens (see :mod:`~airflow_provider_systemzero.budget`)."""
+        """What this stream spent: dispatches, billed and replayed decisions, tokens (see :mod:`~airflow_provider_systemzero.decisions.budget`)."""
         return self.budget.usage
 
     def __repr__(self) -> str:
@@ -294,7 +292,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
             )
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
-        session.dispatch_gate = self._gate
+        session.dispatch_admission = self._admit
         return session
 
     async def __aenter__(self) -> DecisionStream:
@@ -317,7 +315,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
                 self._session = self._build_session(self._settings)
             settings = self._settings
             self._starts = self._starts or decision_starts(settings.url, settings.api_key)
-            from airflow_provider_systemzero.budget import connection_window
+            from airflow_provider_systemzero.decisions.budget import connection_window
 
             self.budget.attach_window(
                 connection_window(
@@ -467,7 +465,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
 
     # ------------------------------------------------------------------ decisions
 
-    async def decide(self, *, timeout: float | None = None) -> Decision:  # noqa: ASYNC109 - see DeadlineExceeded
+    async def decide(self, *, timeout: float | None = None) -> DecisionResult:  # noqa: ASYNC109 - see DeadlineExceeded
         """A decision covering the desired state as it is now.
 
         on_request: sends ``decide`` for the version that holds every change made so far and
@@ -541,7 +539,7 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
                 self._intent_futures.pop(intent, None)
                 session.cancel_intent(intent)
 
-    async def decisions(self) -> AsyncIterator[Decision]:
+    async def decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions as they arrive (on_change), in order; ends when the stream closes.
 
         One consumer at a time. A non-retryable on_change decision failure is raised here.

@@ -57,7 +57,7 @@ class StreamObserver:
     ) -> None:
         """A dispatch failed."""
 
-    def budget_refused(self, exc: SystemZeroError) -> None:
+    def budget_exceeded(self, exc: SystemZeroError) -> None:
         """The budget refused a dispatch."""
 
     def rate_limited(self, kind: str, delay: float | None) -> None:

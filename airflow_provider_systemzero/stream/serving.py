@@ -45,8 +45,8 @@ from airflow_provider_systemzero.protocol.reconnect import CloseCode, Connection
 from airflow_provider_systemzero.stream.connection import (
     NoRedirectsConnect,
     connect_options,
-    refusal_error,
     subprotocol_violation,
+    upgrade_refusal_error,
 )
 from airflow_provider_systemzero.stream.exceptions import (
     ProtocolViolation,
@@ -149,7 +149,7 @@ class ConnectionServing:
             )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = refusal_error(exc, url, self._secret())
+        error = upgrade_refusal_error(exc, url, self._secret())
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",

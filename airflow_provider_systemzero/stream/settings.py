@@ -48,7 +48,7 @@ class StreamSettings:
     :param prompt_cache_key_prefix: prefix of derived ``prompt_cache_key`` values.
     :param conn_id: the Airflow connection the settings came from (for messages only).
     :param budget_decisions_per_hour: billed decisions allowed per hour on this connection, in this
-        process (``None``: no cap); see :func:`~airflow_provider_systemzero.budget.connection_window`.
+        process (``None``: no cap); see :func:`~airflow_provider_systemzero.decisions.budget.connection_window`.
     :param budget_input_tokens_per_hour: input tokens allowed per hour on this connection, in this process.
     """
 
@@ -68,7 +68,7 @@ class StreamSettings:
         where = f"connection {self.conn_id!r}: " if self.conn_id else ""
         for name in ("budget_decisions_per_hour", "budget_input_tokens_per_hour"):
             try:
-                from airflow_provider_systemzero.budget import parse_limit
+                from airflow_provider_systemzero.decisions.budget import parse_limit
 
                 object.__setattr__(self, name, parse_limit(getattr(self, name), name))
             except ValueError as exc:

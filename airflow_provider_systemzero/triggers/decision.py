@@ -87,7 +87,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     :param lease: give the stream back between decisions when nothing changes.
     :param lease_after: seconds without a change before the stream is given back.
     :param budget: the task's spend caps and what it spent so far
-        (:meth:`~airflow_provider_systemzero.budget.DecisionBudget.to_kwargs`); the event reports the usage.
+        (:meth:`~airflow_provider_systemzero.decisions.budget.DecisionBudget.to_kwargs`); the event reports the usage.
     :param skip_states: hashes of states a person already answered "no" about: decisions about them
         do not fire the trigger again.
     :param min_interval_ms: minimum milliseconds between dispatch starts: on a busy source, fewer

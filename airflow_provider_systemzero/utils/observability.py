@@ -456,7 +456,7 @@ class AirflowStreamObserver(StreamObserver):
                 span.set_status(Status(StatusCode.ERROR, code))
                 span.end()
 
-    def budget_refused(self, exc: BudgetExceeded) -> None:
+    def budget_exceeded(self, exc: BudgetExceeded) -> None:
         self._emit("counter", "systemzero.budget.refusals", limit=exc.limit)
         self._connection_event(
             "systemzero.budget_refused",

@@ -20,7 +20,6 @@ from airflow_provider_systemzero.stream import (
     AuthenticationFailed,
     Backoff,
     DeadlineExceeded,
-    Decision,
     SystemZeroValidationError,
     default_capacity,
     derive_prompt_cache_key,
@@ -206,7 +205,7 @@ async def test_the_example_exchange_through_the_hook(
     ) as stream:
         await stream.append_text("Job is ready.\n", idempotency_key="example-state-2")
         decision = await stream.decide(timeout=10)
-        assert isinstance(decision, Decision) and Decision is DecisionResult
+        assert isinstance(decision, DecisionResult)
         assert decision.answer("ready").decision is True and decision.answer("ready").probability is not None
         assert decision.state_version == 2 and decision.covered_event_ids == ("evt_1", "evt_2")
         assert decision.request_id and decision.reply["model"] == "MODEL_ID"  # the connection's model extra

@@ -40,7 +40,7 @@ def test_a_name_is_renamed_only_where_it_means_what_is_renamed(tmp_path: Path) -
             ),
             "tests/test_core.py": (
                 f"from {PKG}.protocol.client_events import DecisionFailed\n\nEVENT = DecisionFailed\n"
-                "session.dispatch_gate = None\n"
+                "session.dispatch_admission = None\n"
             ),
             "tests/test_stream.py": f"from {PKG}.stream import DecisionFailed\n\nERROR = DecisionFailed\n",
         },

@@ -190,7 +190,7 @@ def test_event_usage_reports_the_run_and_the_refusal() -> None:
     budget = DecisionBudget(max_decisions=0)
     refused = budget.check(1)
     assert refused is not None
-    budget.refuse(refused)
+    budget.record_exceeded(refused)
     report = event_usage(budget)["systemzero_usage"]
     assert report["run"]["refused"] == 1 and report["refusal"]["limit"] == "max_decisions"
     assert report["run_id"] == budget.run_id and event_usage(None) == {}

@@ -42,7 +42,7 @@ from airflow_provider_systemzero.protocol import (
     encode_message,
 )
 from airflow_provider_systemzero.protocol.client_events import (
-    DecisionFailed,
+    DecisionFailedEvent,
     DecisionReceived,
     GoodbyeReceived,
 )
@@ -144,7 +144,7 @@ class World:
                     if isinstance(event, DecisionReceived):
                         self.decisions.append(event)
                         self._conn["decided"] = True
-                    elif isinstance(event, DecisionFailed):
+                    elif isinstance(event, DecisionFailedEvent):
                         self.failures.append(event.error)
                         if event.error.fatal:
                             self._conn["fatal"] = event.error

@@ -234,7 +234,7 @@ def test_a_question_shape_is_one_check_for_frames_and_callers(question: dict[str
         m.decode_client_message(_frame_with(question))
     with pytest.raises(LocalProtocolError, match=problem.replace("[", r"\[").replace("]", r"\]")) as local:
         m.StreamRequest.build(model="m", questions={"q": question})
-    assert remote.value.refusal and local.value.code == "invalid_question"
+    assert remote.value.protocol_refusal and local.value.code == "invalid_question"
     assert local.value.field is not None and local.value.field.startswith("questions.q")
 
 
@@ -242,7 +242,7 @@ def test_an_unknown_question_key_is_a_rejection_in_a_frame_and_an_error_from_a_c
     question = {"type": "boolean", "instructions": "x", "colour": "red"}
     with pytest.raises(RemoteProtocolError, match=r"questions\.q\.colour is not a field") as remote:
         m.decode_client_message(_frame_with(question))
-    assert remote.value.refusal is False and remote.value.code == "unknown_field"
+    assert remote.value.protocol_refusal is False and remote.value.code == "unknown_field"
     with pytest.raises(LocalProtocolError, match="unknown field 'colour'") as local:
         m.StreamRequest.build(model="m", questions={"q": question})
     assert local.value.field == "questions.q.colour"

@@ -97,7 +97,7 @@ def server(kind: str, **fields: Any) -> str:
 def test_server_frames_are_decoded_strictly(frame: str, field: str) -> None:
     with pytest.raises(RemoteProtocolError) as info:
         decode_server_message(frame)
-    assert info.value.field == field and info.value.refusal
+    assert info.value.field == field and info.value.protocol_refusal
 
 
 @pytest.mark.parametrize("frame", [b"\x00binary", "{", "null", "[]", '{"type": 1}'])
@@ -140,14 +140,14 @@ def test_client_messages_reject_unknown_fields_server_messages_tolerate_them() -
     with pytest.raises(RemoteProtocolError, match=r"pong\.colour is not a field") as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": 1, "colour": "red"}))
     assert (
-        caught.value.refusal is False
+        caught.value.protocol_refusal is False
         and caught.value.code == "unknown_field"
         and caught.value.field == "colour"
     )
     # a mistyped field still makes it a refusal, whatever else is wrong
     with pytest.raises(RemoteProtocolError) as caught:
         decode_client_message(json.dumps({"type": "pong", "nonce": "1", "colour": "red"}))
-    assert caught.value.refusal is True
+    assert caught.value.protocol_refusal is True
     assert decode_server_message(server("ping", nonce=3, colour="red")).nonce == 3
 
 
