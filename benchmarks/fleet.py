@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import inspect
 import json
 import os
 import random
@@ -376,19 +375,11 @@ def _figures(
     return figures
 
 
-def decide_when_available() -> bool:
-    """Whether the decision trigger takes ``decide_when`` on this branch."""
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-
-    return "decide_when" in inspect.signature(SystemZeroDecisionTrigger.__init__).parameters
-
-
 async def run(options: Options) -> dict[str, Any]:
-    """Run the scenario: without a filter, and with ``decide_when`` when the trigger has it."""
+    """Run the scenario: without a filter, and with ``decide_when`` matching the decisive line."""
     n = QUICK_N if options.quick else N
     runs = {"no_filter": await measure(n, options.seed)}
-    if decide_when_available():
-        runs["decide_when"] = await measure(n, options.seed, decide_when=f"{READY}")
+    runs["decide_when"] = await measure(n, options.seed, decide_when=f"{READY}")
     return {"runs": runs, "fair_share_bound": 2.0, "grace_s": GRACE_S}
 
 
@@ -399,7 +390,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--seed", type=int, default=Options.seed)
-    parser.add_argument("--decide-when", default=None, help="the triggers' decide_when (once it exists)")
+    parser.add_argument("--decide-when", default=None, help="the triggers' decide_when")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(asyncio.run(_triggerer(json.loads(args.child)))), flush=True)

@@ -22,7 +22,7 @@ debounced: how long the source was quiet before the trigger started is unknown);
 for the first relevant change.
 
 :class:`DecisionGate` holds the timing; time is passed in, so it is tested without a clock. Nothing
-here imports Airflow; :class:`~airflow_provider_systemzero.triggers.streaming.SourceFeeder` wires it
+here imports Airflow; :class:`~airflow_provider_systemzero.triggers.feeder.SourceFeeder` wires it
 to a stream.
 """
 

@@ -44,14 +44,13 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
+from airflow_provider_systemzero.triggers.feeder import SourceFeeder, gate_change
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.streaming import (
     NO_CHANGE,
-    SourceFeeder,
     StreamLease,
     TriggerStream,
     error_payload,
-    gate_change,
 )
 
 __all__ = [
@@ -61,6 +60,22 @@ __all__ = [
     "error_payload",
     "owned_event",
 ]
+
+
+def _feeder(
+    trigger: Any, stream: Any, source: StateSource, mode: str, gate: DecisionGate | None
+) -> SourceFeeder:
+    """The feeder of one of ``trigger``'s streams (a decision or an event trigger): its lease,
+    staleness bound and ``decide_when`` filter, with the gate it keeps across streams."""
+    return SourceFeeder(
+        stream,
+        source,
+        decision_mode=mode,
+        lease=trigger._lease,
+        max_staleness=trigger.max_staleness,
+        decision_filter=trigger.decision_filter,
+        gate=gate,
+    )
 
 
 async def _close_source(source: StateSource | None) -> None:
@@ -256,15 +271,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             async with self._stream.held(
                 state, decision_mode=mode, min_interval_ms=self.min_interval_ms
             ) as stream:
-                feeder = SourceFeeder(
-                    stream,
-                    source,
-                    decision_mode=mode,
-                    lease=self._lease,
-                    max_staleness=self.max_staleness,
-                    decision_filter=self.decision_filter,
-                    gate=gate,
-                )
+                feeder = _feeder(self, stream, source, mode, gate)
                 try:
                     payload = await self._stream.until_quiet(
                         self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
@@ -496,15 +503,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         try:
             while True:
                 async with self._stream.open(state, decision_mode=mode) as stream:
-                    feeder = SourceFeeder(
-                        stream,
-                        source,
-                        decision_mode=mode,
-                        lease=self._lease,
-                        max_staleness=self.max_staleness,
-                        decision_filter=self.decision_filter,
-                        gate=gate,
-                    )
+                    feeder = _feeder(self, stream, source, mode, gate)
                     quiet = self._lease.watch(feeder.currency)
                     race = asyncio.ensure_future(feeder.race(functools.partial(consume, feeder)))
                     try:

@@ -321,7 +321,7 @@ class UsageBudgetMixin:
         budget = ledger.budget()
         refused = budget.check(1, None)
         if refused is not None:
-            budget.refuse(refused)
+            budget.record_exceeded(refused)
             ledger.finish(
                 budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
             )
@@ -368,7 +368,7 @@ class UsageBudgetMixin:
 
             raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {exc}") from None
         except BaseException:
-            ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.refusal, outcome="failed")
+            ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
             raise
         ledger.finish(budget.usage, run_id=budget.run_id, outcome="success")
         return result

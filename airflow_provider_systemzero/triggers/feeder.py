@@ -1,0 +1,321 @@
+"""The source feeder a trigger holds while it has a stream: the source's changes go to the stream,
+the decisions that cover the complete current state come back to a
+:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
+
+Newer content is held back while a decision is in flight (see
+:class:`~airflow_provider_systemzero.triggers.currency.Currency`), and with ``decide_when`` /
+``debounce_ms`` a decision starts only when the
+:class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate` says one is due.
+
+Nothing here blocks the event loop; :class:`asyncio.CancelledError` always propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate, Relevance
+from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
+from airflow_provider_systemzero.triggers.sources import StateSource
+from airflow_provider_systemzero.triggers.streaming import StreamLease, retrieved
+
+__all__ = ["SourceFeeder", "gate_change"]
+
+log = logging.getLogger("airflow_provider_systemzero.triggers.streaming")  # the triggers' stream log
+
+
+async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
+    """Tell ``gate`` that the source changed from ``previous`` to ``state``, and whether the change
+    matches ``decide_when`` (``relevance``; an author's callable runs in a thread, never on the loop)."""
+    relevant = True
+    if relevance is not None:
+        if relevance.is_callable:
+            relevant = await asyncio.to_thread(relevance.matches, previous, state)
+        else:
+            relevant = relevance.matches(previous, state)
+    if not relevant:
+        log.debug("a change does not match decide_when: streamed, no decision started")
+    gate.changed(relevant, asyncio.get_running_loop().time())
+
+
+def _covers_current(stream: Any, decision: DecisionResult) -> bool:
+    """Whether ``decision`` covers the complete state the stream holds now (a decide that waited
+    for its start under the account ceiling names the newest version when it starts)."""
+    return (
+        stream.in_sync
+        and decision.stream_id == stream.stream_id
+        and decision.state_version == stream.state_version
+    )
+
+
+class SourceFeeder:
+    """Feeds a source's changes to a stream and yields the decisions about the current state.
+
+    With an active ``decision_filter`` (``decide_when``, ``debounce_ms`` or ``decide_initial=False``)
+    the stream runs on_request: every change is streamed, and a decision starts only when its
+    :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate` says one is due (a relevant
+    change, after the quiet time), always about the newest state; a change that arrives while that
+    decision runs waits for it (at most ``max_staleness``).
+
+    :param stream: the open stream.
+    :param source: the state source.
+    :param decision_mode: ``on_change`` or ``on_request`` (``on_request`` with an active filter).
+    :param lease: the stream's lease (disarmed on a change, re-armed after a decision).
+    :param max_staleness: seconds newer source content may be held back while a decision is in flight.
+    :param decision_filter: ``decide_when``, ``debounce_ms`` and ``decide_initial``
+        (:class:`~airflow_provider_systemzero.decisions.relevance.DecisionFilter`); when active, the
+        stream must have been opened with :meth:`DecisionFilter.stream_mode` (``on_request``).
+    :param gate: the trigger's :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate`,
+        kept across its streams (a dormant trigger reopens one without deciding its initial state
+        again); ``None``: a fresh one from ``decision_filter``.
+    :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
+    """
+
+    def __init__(
+        self,
+        stream: Any,
+        source: StateSource,
+        *,
+        decision_mode: str,
+        lease: StreamLease,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+        decision_filter: DecisionFilter | None = None,
+        gate: DecisionGate | None = None,
+    ) -> None:
+        chosen = decision_filter or DecisionFilter()
+        self.gate: DecisionGate | None = gate or chosen.gate(asyncio.get_running_loop().time())
+        if self.gate is not None and decision_mode != "on_request":
+            raise ValueError("decide_when/debounce_ms decide on request: open the stream in on_request mode")
+        self.relevance: Relevance | None = chosen.relevance()
+        self.stream = stream
+        self.source = source
+        self.decision_mode = decision_mode
+        self.lease = lease
+        self._deciding = False
+        self._decided = asyncio.Event()  # set whenever no decide is in flight
+        self._decided.set()
+        # on_change: the opening state schedules a decision, so one is in flight from the start
+        self.currency = Currency(max_staleness, deciding=decision_mode == "on_change")
+        self.changed = asyncio.Event()
+
+    async def race(self, body: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``body`` while the source feeds the stream; the first to finish wins."""
+        feeder = asyncio.ensure_future(self._feed())
+        consumer = asyncio.ensure_future(body())
+        try:
+            await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            for task in (feeder, consumer):
+                task.cancel()
+            await asyncio.gather(feeder, consumer, return_exceptions=True)
+            raise
+        if consumer.done() and not consumer.cancelled() and consumer.exception() is None:
+            # the answer is in: it goes out now, and the feeder stops meanwhile (nothing it does
+            # matters any more; its source and stream are closed by the trigger's cleanup)
+            feeder.cancel()
+            feeder.add_done_callback(retrieved)
+            return consumer.result()
+        for task in (feeder, consumer):
+            task.cancel()
+        await asyncio.gather(feeder, consumer, return_exceptions=True)
+        if consumer.done() and not consumer.cancelled():
+            return consumer.result()
+        return feeder.result()  # the source failed (or ended): raise its error
+
+    async def _feed(self) -> None:
+        """Hand the source's changes to the stream in order; when the source changes faster than a
+        decision takes, hold them back while a decision is in flight and then hand over the newest."""
+        stream, currency = self.stream, self.currency
+        arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
+        arrived = asyncio.Event()
+
+        async def read() -> None:
+            async for state in self.source.changes():
+                arrivals.append(state)
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                if not arrivals:
+                    if reader.done():
+                        return reader.result()  # the source ended (or raises why it failed)
+                    arrived.clear()
+                    waiter = asyncio.ensure_future(arrived.wait())
+                    try:
+                        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                    continue
+                if arrivals[0] != stream.state and self.gate is not None and self._deciding:
+                    await self._hold_while_deciding(reader)
+                    while len(arrivals) > 1:  # the newest covers what arrived meanwhile
+                        arrivals.popleft()
+                elif arrivals[0] != stream.state and currency.starved:
+                    await currency.hold(reader)
+                    while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
+                        arrivals.popleft()
+                state = arrivals.popleft()
+                if state != stream.state:  # the first value usually equals the state the stream opened with
+                    self.lease.disarm()
+                    if self.gate is not None:
+                        await self._gate_change(stream.state, state)
+                    # currency changes before the stream takes the change: set_state yields, and a
+                    # decision arriving meanwhile is about the previous state
+                    currency.changed(deciding=self.decision_mode == "on_change")
+                    self.changed.set()
+                    await stream.set_state(state)
+                    if self.gate is not None and not self.gate.pending and not self._deciding:
+                        self.lease.arm(stream)  # nothing to decide: the stream may go back when quiet
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _hold_while_deciding(self, reader: asyncio.Future[Any]) -> None:
+        """A change arrived while a decide is in flight: hold it until the decision is back (at most
+        ``max_staleness``), so that decision is about the newest state and counts, and is never
+        billed about a state superseded while it ran."""
+        limit = self.currency.max_staleness
+        if limit <= 0:
+            return
+        log.info("holding a change while a decision is in flight (at most %.1f s)", limit)
+        decided = asyncio.ensure_future(self._decided.wait())
+        try:
+            await asyncio.wait({decided, reader}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            decided.cancel()
+
+    async def _gate_change(self, previous: Any, state: Any) -> None:
+        """Tell the gate about a change, and whether it matches ``decide_when``."""
+        assert self.gate is not None
+        await gate_change(self.gate, self.relevance, previous, state)
+
+    async def _until_due(self) -> None:
+        """Wait until the gate says a decision is due (a relevant change, then the quiet time)."""
+        assert self.gate is not None
+        gate, loop = self.gate, asyncio.get_running_loop()
+        said: bool | None = None  # the reason last logged: said once per reason, not per change
+        while True:
+            self.changed.clear()
+            due = gate.due_at()
+            if due is not None and due <= loop.time():
+                return
+            if (due is None) != said:
+                said = due is None
+                if due is None:
+                    log.info("waiting for a change that matches decide_when")
+                else:
+                    log.info(
+                        "debounce: deciding once the source is quiet (in %.3f s at most)", due - loop.time()
+                    )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if due is None else due - loop.time()):
+                    await self.changed.wait()
+
+    async def current_decisions(self) -> AsyncIterator[DecisionResult]:
+        """Decisions that cover the complete desired state, leasing the stream in between."""
+        stream, currency = self.stream, self.currency
+        if self.decision_mode == "on_change":
+            async for decision in stream.decisions():
+                if not (
+                    stream.in_sync
+                    and decision.stream_id == stream.stream_id
+                    and decision.state_version == stream.state_version
+                ):
+                    log.debug(
+                        "skipping decision for version %s: newer state was sent", decision.state_version
+                    )
+                    currency.skipped(settle=False)
+                    continue
+                currency.current()
+                yield decision
+                self.lease.arm(stream)
+        else:
+            gate = self.gate
+            while True:
+                if gate is not None:
+                    await self._until_due()
+                    gate.started()
+                self.changed.clear()
+                started = currency.generation
+                currency.deciding()
+                self._deciding = True
+                self._decided.clear()
+                try:
+                    decision = await stream.decide()
+                except BaseException:
+                    currency.skipped(settle=True)
+                    raise
+                finally:
+                    self._deciding = False
+                    self._decided.set()
+                if currency.generation != started and not _covers_current(stream, decision):
+                    log.debug(
+                        "skipping decision for version %s: the state changed while it was decided",
+                        decision.state_version,
+                    )
+                    currency.skipped(settle=True)
+                    if gate is not None:
+                        gate.superseded(asyncio.get_running_loop().time())
+                    continue
+                currency.current()
+                yield decision
+                self.lease.arm(stream)
+                if gate is None:
+                    await self.changed.wait()
+
+    async def verdicts(self, watch: DecisionWatch) -> AsyncIterator[Any]:
+        """Each verdict of ``watch`` that ends the wait, fed the stream's current decisions.
+
+        The rules (condition, policy, skip states, hysteresis) are the watch's; this loop adds the
+        timer that ends a wait when only time is missing.
+        """
+        from airflow_provider_systemzero.identity import state_hash
+
+        loop = asyncio.get_running_loop()
+        stream, currency = self.stream, self.currency
+        queue: asyncio.Queue[tuple[DecisionResult, str, Any]] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for decision in self.current_decisions():
+                # the stream's state now is the state this decision covers (it is current)
+                await queue.put((decision, state_hash(stream.state), stream.state))
+            raise RuntimeError("the stream ended without a decision")
+
+        pumper = asyncio.ensure_future(pump())
+        evaluated = False
+        getter: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if evaluated:  # the last decision did not end the wait: held changes may go
+                    currency.evaluated()
+                    evaluated = False
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, pumper},
+                    timeout=watch.wait_time(loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if getter in done:
+                    decision, key, state = getter.result()
+                    evaluated = True
+                    verdict = watch.observe(decision, key, state, loop.time())
+                else:
+                    getter.cancel()
+                    if pumper in done:
+                        pumper.result()  # raises why the stream ended
+                    verdict = watch.due(loop.time())
+                if verdict is not None:
+                    yield verdict
+        finally:
+            if getter is not None:
+                getter.cancel()  # cancelled while waiting: the queue's getter must not outlive the wait
+            pumper.cancel()
+            await asyncio.gather(pumper, return_exceptions=True)
