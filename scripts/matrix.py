@@ -183,11 +183,12 @@ def _wheel() -> Path:
     return wheels[0]
 
 
-def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
+def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool, float, str]:
     """Install the wheel in a fresh venv for one corner and run the suite from a copy of the tests.
 
     :param corner: the Airflow minor and Python.
     :param pytest_args: extra pytest arguments (``PYTEST_ARGS``).
+    :param workers: pytest-xdist worker processes, each test file whole on one worker (``0``: none).
     :returns: passed, seconds, pytest's closing line.
     """
     if not corner.constraints.is_file():
@@ -221,6 +222,7 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
         "no:cacheprovider",
         "--durations=15",
         "--timeout=300",
+        *([f"--numprocesses={workers}", "--dist=loadfile"] if workers else []),
         *pytest_args,
     ]
     print("    $", " ".join(command), f"(in {tree.relative_to(REPO)})", flush=True)
@@ -242,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("lock", "run"))
     parser.add_argument("corners", nargs="*", help="AIRFLOW:PYTHON corners (default: all nine)")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="run each corner's suite in this many pytest-xdist workers, a test file per worker (0: one process)",
+    )
     args = parser.parse_args(argv)
     corners = [Corner.parse(c) for c in args.corners] or all_corners()
     if args.command == "lock":
@@ -259,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         try:
-            passed, seconds, closing = run(corner, args.pytest_args.split())
+            passed, seconds, closing = run(corner, args.pytest_args.split(), args.workers)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             passed, seconds, closing = False, 0.0, f"install failed: {exc}"
         print(
