@@ -40,6 +40,10 @@ PYTHONS = ("3.11", "3.12", "3.13")
 OLDEST = ("3.1", "3.11")
 #: Lowest releases declared in pyproject.toml, pinned in the oldest corner's lock.
 LOWEST_PINS = ("websockets==17.0",)
+#: Caps a minor's lock needs because that Airflow release does not cap them itself and breaks with
+#: the newest: Airflow 3.2.2's in-process execution API (``dag.test()``) fails with FastAPI 0.137+
+#: (its route models no longer build) and with svcs 26 (the API's service registry is never set).
+MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
 #: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target).
@@ -143,6 +147,7 @@ def lock(corner: Corner) -> None:
     venv = CACHE / "lock" / corner.name
     python = _venv(corner, venv)
     pins = list(LOWEST_PINS) if (corner.airflow, corner.python) == OLDEST else []
+    pins += MINOR_PINS.get(corner.airflow, ())
     _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, "-e", f"{REPO}[{LOCK_EXTRAS}]")
     frozen = subprocess.run(
         [str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
@@ -160,7 +165,7 @@ def lock(corner: Corner) -> None:
         f"# project and its [{LOCK_EXTRAS}] extras, unpinned, in a throwaway venv, then 'pip freeze'.",
     ]
     if pins:
-        header.append(f"# The oldest corner also pins the lowest declared release of: {', '.join(pins)}.")
+        header.append(f"# Pinned or capped for this corner (see scripts/matrix.py): {', '.join(pins)}.")
     corner.constraints.write_text("\n".join(header) + "\n" + frozen)
     shutil.rmtree(venv, ignore_errors=True)
     print(f"==> wrote {corner.constraints.relative_to(REPO)}", flush=True)
