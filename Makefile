@@ -34,6 +34,8 @@ EMULATOR_ARGS ?=
 BENCH_ARGS ?=
 # Corners of the support matrix, AIRFLOW:PYTHON; empty: all nine.
 MATRIX ?=
+# pytest-xdist workers per corner (whole test files per worker); 0 runs the suite in one process.
+MATRIX_WORKERS ?= 2
 
 LOCK_VENV := .cache/lock-venv
 
@@ -114,7 +116,7 @@ dist: $(STAMP)
 # installs the built wheel, pinned by constraints/airflow-<minor>-py<python>.txt, and runs the whole
 # suite from a copy of tests/ outside the checkout. Corners run one after another.
 test-matrix: dist
-	$(BIN)/python scripts/matrix.py run $(MATRIX) --pytest-args "$(PYTEST_ARGS)"
+	$(BIN)/python scripts/matrix.py run $(MATRIX) --workers $(MATRIX_WORKERS) --pytest-args "$(PYTEST_ARGS)"
 
 lock-matrix: check-python
 	$(PYTHON) scripts/matrix.py lock $(MATRIX)

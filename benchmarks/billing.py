@@ -99,9 +99,11 @@ def _stream(trigger: Any) -> Any:
 def _decided(trigger: Any, state: str) -> bool:
     """Whether the trigger's stream holds ``state`` and has a decision that covers it."""
     stream = _stream(trigger)
+    if stream is None or trigger._stream.dormant:
+        # dormant (no stream): the lease remembers the state its last decision covered
+        return bool(trigger._lease.covered == state)
     return (
-        stream is not None
-        and stream.last_decision is not None
+        stream.last_decision is not None
         and stream.state == state
         and stream.session.current_decision is not None
     )
@@ -234,8 +236,11 @@ async def run(options: Options) -> dict[str, Any]:
 
         async def emulator_restart(triggers: list[Any], ids: list[int], state: str) -> None:
             stream = _stream(triggers[0])
-            before = len(stream.reconnects)
+            before = len(stream.reconnects) if stream is not None else 0
             await emulator.call("restart", retry_after_ms=200)
+            if stream is None:  # dormant: no connection to lose, and the last decision still covers state
+                await _until(lambda: _decided(triggers[0], state))
+                return
             await _until(lambda: len(stream.reconnects) > before and _decided(triggers[0], state))
 
         started = time.perf_counter()

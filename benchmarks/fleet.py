@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import math
 import os
 import random
 import sys
@@ -152,9 +153,8 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
         ids[index], triggers[index] = triggerer.start(trigger), trigger
 
     def decided(trigger: Any) -> bool:
-        holder = trigger._stream  # private, read only: the trigger's stream got its first decision
-        stream = getattr(holder, "stream", holder)
-        return stream is not None and stream.last_decision is not None
+        # private, read only: the lease stamps each decision (the stream itself may be gone: dormant)
+        return math.isfinite(trigger._lease.decided_at)
 
     started = time.perf_counter()
     while not all(decided(t) for t in triggers.values()):

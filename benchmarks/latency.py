@@ -23,6 +23,7 @@ distributions are computed from it. A real poke loop at a short interval checks 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import threading
@@ -95,7 +96,8 @@ async def _trigger_sample(
         )
     )
     trigger_id = triggerer.start(trigger)
-    await _until(lambda: _stream(trigger) is not None and _stream(trigger).last_decision is not None)
+    # the lease stamps each decision (private, read only): a cold trigger's stream may be gone already
+    await _until(lambda: math.isfinite(trigger._lease.decided_at))
     if cold:
         await _until(lambda: _stream(trigger) is None or _stream(trigger).dormant)
     # the change comes at some moment, not in lockstep (with a polled file: anywhere in a poll interval)

@@ -59,7 +59,8 @@ with DAG(
 
     @task(inlets=[release_approved])
     def announce(triggering_asset_events=None) -> str:
-        events = list((triggering_asset_events or {}).get(release_approved, []))
+        # Looked up in Airflow's accessor, never in a plain dict: Airflow 3.1 cannot hash an Asset.
+        events = list(triggering_asset_events[release_approved]) if triggering_asset_events else []
         # the trigger's event payload arrives in the asset event's extra, under "payload"
         payload = (events[-1].extra or {}).get("payload", {}) if events else {}
         return f"release approved: {payload.get('decision')} (confidence {payload.get('confidence')})"

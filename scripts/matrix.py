@@ -40,6 +40,10 @@ PYTHONS = ("3.11", "3.12", "3.13")
 OLDEST = ("3.1", "3.11")
 #: Lowest releases declared in pyproject.toml, pinned in the oldest corner's lock.
 LOWEST_PINS = ("websockets==17.0",)
+#: Caps a minor's lock needs because that Airflow release does not cap them itself and breaks with
+#: the newest: Airflow 3.2.2's in-process execution API (``dag.test()``) fails with FastAPI 0.137+
+#: (its route models no longer build) and with svcs 26 (the API's service registry is never set).
+MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
 #: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target).
@@ -143,6 +147,7 @@ def lock(corner: Corner) -> None:
     venv = CACHE / "lock" / corner.name
     python = _venv(corner, venv)
     pins = list(LOWEST_PINS) if (corner.airflow, corner.python) == OLDEST else []
+    pins += MINOR_PINS.get(corner.airflow, ())
     _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, "-e", f"{REPO}[{LOCK_EXTRAS}]")
     frozen = subprocess.run(
         [str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
@@ -160,7 +165,7 @@ def lock(corner: Corner) -> None:
         f"# project and its [{LOCK_EXTRAS}] extras, unpinned, in a throwaway venv, then 'pip freeze'.",
     ]
     if pins:
-        header.append(f"# The oldest corner also pins the lowest declared release of: {', '.join(pins)}.")
+        header.append(f"# Pinned or capped for this corner (see scripts/matrix.py): {', '.join(pins)}.")
     corner.constraints.write_text("\n".join(header) + "\n" + frozen)
     shutil.rmtree(venv, ignore_errors=True)
     print(f"==> wrote {corner.constraints.relative_to(REPO)}", flush=True)
@@ -183,11 +188,12 @@ def _wheel() -> Path:
     return wheels[0]
 
 
-def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
+def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool, float, str]:
     """Install the wheel in a fresh venv for one corner and run the suite from a copy of the tests.
 
     :param corner: the Airflow minor and Python.
     :param pytest_args: extra pytest arguments (``PYTEST_ARGS``).
+    :param workers: pytest-xdist worker processes, each test file whole on one worker (``0``: none).
     :returns: passed, seconds, pytest's closing line.
     """
     if not corner.constraints.is_file():
@@ -221,6 +227,7 @@ def run(corner: Corner, pytest_args: list[str]) -> tuple[bool, float, str]:
         "no:cacheprovider",
         "--durations=15",
         "--timeout=300",
+        *([f"--numprocesses={workers}", "--dist=loadfile"] if workers else []),
         *pytest_args,
     ]
     print("    $", " ".join(command), f"(in {tree.relative_to(REPO)})", flush=True)
@@ -242,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("lock", "run"))
     parser.add_argument("corners", nargs="*", help="AIRFLOW:PYTHON corners (default: all nine)")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="run each corner's suite in this many pytest-xdist workers, a test file per worker (0: one process)",
+    )
     args = parser.parse_args(argv)
     corners = [Corner.parse(c) for c in args.corners] or all_corners()
     if args.command == "lock":
@@ -259,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         try:
-            passed, seconds, closing = run(corner, args.pytest_args.split())
+            passed, seconds, closing = run(corner, args.pytest_args.split(), args.workers)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             passed, seconds, closing = False, 0.0, f"install failed: {exc}"
         print(

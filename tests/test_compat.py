@@ -7,6 +7,7 @@ what its release should do, so a fallback that stops working fails on the corner
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from datetime import UTC
 from importlib import metadata
 from typing import Any
@@ -32,6 +33,26 @@ def test_version_detection_matches_the_installed_airflow() -> None:
     assert compat.has_awaiting_input() is (_installed_airflow() >= (3, 3))
 
 
+@pytest.fixture
+def fresh_providers_manager() -> Iterator[None]:
+    """The providers manager as a freshly started api-server has it, and as it was afterwards.
+
+    Airflow 3.1 asks a hook for its form only the first time it imports the hook, and only the
+    api-server's form request imports it with the stand-ins for WTForms that make the widgets
+    work; a hook imported earlier in the process (a connection's ``get_hook()``, as other tests
+    do) keeps an empty form. The form a user sees is the one a fresh api-server builds.
+    """
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+    from airflow.providers_manager import ProvidersManager
+
+    ProvidersManager()._cleanup()
+    HookMetaService.hook_meta_data.cache_clear()
+    yield
+    ProvidersManager()._cleanup()
+    HookMetaService.hook_meta_data.cache_clear()
+
+
+@pytest.mark.usefixtures("fresh_providers_manager")
 def test_the_connection_form_is_complete_on_this_airflow() -> None:
     """The React UI's form (``/ui/connections/hook_meta``) on every release: from ``conn-fields``
     on 3.2+, from the hook's two methods on 3.1 — the same fields, labels and behaviour."""

@@ -55,7 +55,9 @@ def _long_description() -> str:
     """The long description as the index shows it: the installed metadata's body. An editable
     install's ``egg-info`` in the checkout (found first on ``sys.path``) carries no body; the file
     ``pyproject.toml`` declares is what the wheel's metadata holds then."""
-    payload = DIST.metadata.get_payload() or ""
+    # The body after the headers, read from the file itself: in a long test session on
+    # Airflow 3.1, ``DIST.metadata.get_payload()`` was seen to return "" for the same file.
+    _, _, payload = (DIST.read_text("METADATA") or DIST.read_text("PKG-INFO") or "").partition("\n\n")
     if payload or INSTALLED_WHEEL:
         return payload
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))

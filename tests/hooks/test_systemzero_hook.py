@@ -267,8 +267,8 @@ async def test_sdk_connections_are_read_with_aextra_dejson(
 
 
 @pytest.mark.skipif(
-    airflow_version()[:2] < (3, 2),
-    reason="Airflow 3.1's own async lookup calls sync-only "
+    airflow_version()[:2] < (3, 3),
+    reason="Airflow 3.1's and 3.2's own async lookup calls sync-only "
     "in-process comms itself and finds the connection, so the hook's off-loop fallback is not reached "
     "(dag.test() only)",
 )

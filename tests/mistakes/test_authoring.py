@@ -232,7 +232,9 @@ def test_a_static_state_waits_until_the_timeout_when_the_author_opts_in(
 ) -> None:
     before = emulator.stats
     with DAG("mistake_static_opt_in", schedule=None, start_date=START) as dag:
-        _sensor(state="Job is starting.", wait_on_static_state=True, timeout=3)
+        # long enough for the first decision: under dag.test() on Airflow 3.1 the trigger's
+        # connection lookup alone takes 2-5 s
+        _sensor(state="Job is starting.", wait_on_static_state=True, timeout=8)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out

@@ -15,6 +15,7 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from airflow_provider_systemzero.stream.diagnosis import LOOPBACK_GIVE_UP_SECONDS
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
 from tests.helpers import run_dag, systemzero_connection, task_states
 from tests.mistakes.conftest import CONN, START, emulator_port, env_connection
@@ -97,11 +98,16 @@ def test_bare_host_against_the_plaintext_emulator_says_use_ws(
 
 
 def test_a_timeout_carries_the_last_error(
-    airflow_db: None, closed_port: int, capsys: pytest.CaptureFixture[str]
+    airflow_db: None, closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a deadline shorter than the time the stream gives a local gateway to come up
-    with systemzero_connection("sz_down_short", f"ws://127.0.0.1:{closed_port}", model="sz-test"):
-        dag_run = run_dag(_decide_dag("mistake_timeout_last_error", "sz_down_short", decision_timeout=3))
+    # a deadline shorter than the time the stream gives a local gateway to come up, and long
+    # enough for the trigger's first attempt. The connection is an environment variable: under
+    # dag.test() on Airflow 3.1 the trigger looks a connection of the metadata DB up on a worker
+    # thread, which took 2-15 s on a loaded machine and could use up the whole deadline.
+    timeout = 7
+    assert timeout < LOOPBACK_GIVE_UP_SECONDS
+    env_connection(monkeypatch, "sz_down_short", f"ws://127.0.0.1:{closed_port}", model="sz-test")
+    dag_run = run_dag(_decide_dag("mistake_timeout_last_error", "sz_down_short", decision_timeout=timeout))
     assert task_states(dag_run) == {"decide": "failed"}
     printed = capsys.readouterr().out
     assert (
