@@ -46,8 +46,8 @@ async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous:
 
 
 def _covers_current(stream: Any, decision: DecisionResult) -> bool:
-    """Whether ``decision`` covers the complete state the stream holds now (a decide that waited
-    for its start under the account ceiling names the newest version when it starts)."""
+    """Whether ``decision`` covers the complete state the stream holds now: on_change, or a decide
+    that waited for its start under the account ceiling (it names the newest version when it starts)."""
     return (
         stream.in_sync
         and decision.stream_id == stream.stream_id
@@ -224,11 +224,7 @@ class SourceFeeder:
         stream, currency = self.stream, self.currency
         if self.decision_mode == "on_change":
             async for decision in stream.decisions():
-                if not (
-                    stream.in_sync
-                    and decision.stream_id == stream.stream_id
-                    and decision.state_version == stream.state_version
-                ):
+                if not _covers_current(stream, decision):
                     log.debug(
                         "skipping decision for version %s: newer state was sent", decision.state_version
                     )
