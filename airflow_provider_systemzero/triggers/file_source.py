@@ -87,6 +87,9 @@ class FileSource(StateSource):
         self._resubscribe = False
         self._wake: asyncio.Event | None = None
         self._subscriptions: list[Subscription] = []
+        #: the ``changes()`` iterators open now: a trigger's next one (a dormant wait, a new stream)
+        #: may start before the last one is closed, and the watch is shared by them
+        self._iterating = 0
 
     # ---------------------------------------------------------------- reading (in a worker thread)
 
@@ -230,6 +233,7 @@ class FileSource(StateSource):
     async def changes(self) -> AsyncIterator[Any]:
         self._wake = asyncio.Event()
         self.mode = file_watch.watch_mode(self.path, self.watch)
+        self._iterating += 1
         self._subscribe()
         log.debug(
             "tailing %s (%s)",
@@ -244,7 +248,9 @@ class FileSource(StateSource):
                 if await self._refresh():
                     yield self._text
         finally:
-            self._unsubscribe()
+            self._iterating -= 1
+            if not self._iterating:  # the last iterator: nobody waits on the watch any more
+                self._unsubscribe()
 
     async def aclose(self) -> None:
         self._unsubscribe()

@@ -99,6 +99,27 @@ async def test_a_file_that_appears_later_is_picked_up(emulator: Emulator, tmp_pa
     assert payload["status"] == "success" and payload["decision"] is True
 
 
+async def test_closing_an_earlier_iterator_keeps_the_watch_of_a_newer_one(tmp_path: Path) -> None:
+    """A trigger's next ``changes()`` (a dormant wait, a new stream) may start before the last one
+    is closed: closing the old one must not take the watch the new one waits on (polling is an
+    hour here, so only a notification can deliver the write)."""
+    log = tmp_path / "job.log"
+    log.write_text("one\n")
+    source = build_source(spec(log), "")
+    old, new = source.changes(), source.changes()
+    try:
+        assert await anext(old) == "one\n"
+        assert await anext(new) == "one\n"
+        await old.aclose()
+        assert source.mode == "notify" and source._subscriptions
+        with log.open("a") as handle:
+            handle.write("two\n")
+        assert await value_where(new, lambda v: v == "one\ntwo\n") == "one\ntwo\n"
+    finally:
+        await new.aclose()
+        await source.aclose()
+
+
 async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path: Path) -> None:
     log = tmp_path / "not-yet" / "job.log"
     async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
