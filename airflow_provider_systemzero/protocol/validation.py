@@ -263,11 +263,11 @@ def validate_min_interval_ms(value: Any, *, maximum: int = MAXIMUM_DECISION_INTE
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise LocalProtocolError(
-            f"min_interval_ms {value!r} is out of range: min_interval_ms is an integer from 0 to {maximum} "
-            "(maximum_decision_interval)",
-            code="invalid_min_interval",
-            field="min_interval_ms",
+        raise _fail(
+            "min_interval_ms",
+            f"{value!r} is out of range",
+            f"min_interval_ms is an integer from 0 to {maximum} (maximum_decision_interval)",
+            "invalid_min_interval",
         )
     return value
 
@@ -286,11 +286,11 @@ def validate_decision_mode(value: Any) -> str:
 def validate_state(state: Any, *, field: str = "state") -> Any:
     """Check that a state is a string, an array or an object (and JSON-serialisable)."""
     if not isinstance(state, str | list | dict):
-        raise LocalProtocolError(
-            f"{field} must be a string, an array or an object, got {type(state).__name__}: "
+        raise _fail(
+            field,
+            f"must be a string, an array or an object, got {type(state).__name__}",
             "state is a string, object or array",
-            code="invalid_state",
-            field=field,
+            "invalid_state",
         )
     return state
 
@@ -316,9 +316,10 @@ def validate_prompt_cache_key(value: Any) -> str | None:
         or len(value) > MAX_KEY_LENGTH
         or not _PRINTABLE_ASCII.match(value)
     ):
-        raise LocalProtocolError(
-            f"request.prompt_cache_key {value!r} is invalid: a prompt cache key is 1 to 255 printable ASCII characters",
-            code="invalid_prompt_cache_key",
-            field="request.prompt_cache_key",
+        raise _fail(
+            "request.prompt_cache_key",
+            f"{value!r} is invalid",
+            "a prompt cache key is 1 to 255 printable ASCII characters",
+            "invalid_prompt_cache_key",
         )
     return value
