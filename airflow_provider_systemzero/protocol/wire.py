@@ -85,7 +85,7 @@ def _refusal(problem: str, field: str, path: str) -> Exception:
     return refuse(problem, field)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, repr=False, slots=True)
 class Reader:
     """Reads one decoded JSON object, refusing anything mistyped.
 
