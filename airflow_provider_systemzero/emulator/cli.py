@@ -50,6 +50,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import Any
 
 from airflow_provider_systemzero.emulator.server import Emulator, parse_api_key
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -144,17 +145,34 @@ def build_parser() -> argparse.ArgumentParser:
     faults = parser.add_argument_group(
         "faults", "fault injection at start (also at runtime via /_emulator/faults)"
     )
+    # a scripted fault: its count, then options whose dest is the prefix and a keyword of its Faults method
     faults.add_argument(
-        "--fail-decides", type=_non_negative, default=0, metavar="N", help="fail the next N decide calls"
+        "--fail-decides",
+        dest="decide_failures",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="fail the next N decide calls",
     )
     faults.add_argument("--fail-status", type=int, default=503, help="HTTP status of scripted failures (503)")
     faults.add_argument("--fail-code", default=None, help="envelope code (default from the status)")
-    faults.add_argument("--fail-type", default=None, help="envelope type (default from the status)")
+    faults.add_argument(
+        "--fail-type",
+        dest="fail_error_type",
+        metavar="FAIL_TYPE",
+        default=None,
+        help="envelope type (default from the status)",
+    )
     faults.add_argument(
         "--fail-retry-after-ms", type=_non_negative, default=None, help="Retry-After-Ms header"
     )
     faults.add_argument("--fail-retry-after-s", type=_non_negative, default=None, help="Retry-After header")
-    faults.add_argument("--fail-not-retryable", action="store_true", help="scripted failures forbid a retry")
+    faults.add_argument(
+        "--fail-not-retryable",
+        dest="fail_retryable",
+        action="store_false",
+        help="scripted failures forbid a retry",
+    )
     faults.add_argument(
         "--delay-decisions-ms", type=_non_negative, default=0, help="delay every decide answer"
     )
@@ -165,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     faults.add_argument(
         "--refuse-upgrades",
+        dest="upgrade_refusals",
         type=_non_negative,
         default=0,
         metavar="N",
@@ -197,26 +216,18 @@ def _build_emulator(args: argparse.Namespace) -> Emulator:
         shutdown_retry_after_ms=args.shutdown_retry_after_ms,
     )
     faults = emulator.faults
-    if args.fail_decides:
-        faults.fail_decides(
-            args.fail_decides,
-            status=args.fail_status,
-            code=args.fail_code,
-            error_type=args.fail_type,
-            retry_after_ms=args.fail_retry_after_ms,
-            retry_after_s=args.fail_retry_after_s,
-            retryable=not args.fail_not_retryable,
-        )
+    if args.decide_failures:
+        faults.fail_decides(args.decide_failures, **_keywords(args, "fail_"))
     faults.delay_decisions_ms = args.delay_decisions_ms
     faults.answer_pings = not args.silent
-    if args.refuse_upgrades:
-        faults.refuse_upgrades(
-            args.refuse_upgrades,
-            status=args.refuse_status,
-            code=args.refuse_code,
-            retry_after_s=args.refuse_retry_after_s,
-        )
+    if args.upgrade_refusals:
+        faults.refuse_upgrades(args.upgrade_refusals, **_keywords(args, "refuse_"))
     return emulator
+
+
+def _keywords(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """What the options of one scripted fault set, by keyword (``--fail-status`` → ``status``)."""
+    return {dest.removeprefix(prefix): value for dest, value in vars(args).items() if dest.startswith(prefix)}
 
 
 async def _serve(emulator: Emulator, *, print_admin_token: bool) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Self
 
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.upgrade import UpgradeRefusal
@@ -50,7 +50,32 @@ def default_error_code(status: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class DecideFailureSpec:
+class _ScriptedError:
+    """What every scripted failure answers with: an HTTP status and an error envelope."""
+
+    status: int
+    code: str
+    error_type: str
+
+    @classmethod
+    def for_status(cls, status: int, code: str | None, error_type: str | None, *rest: Any) -> Self:
+        """A failure with ``status``, its envelope code and type defaulted from the status.
+
+        :param status: the HTTP status.
+        :param code: the envelope code, or ``None`` for :func:`default_error_code`.
+        :param error_type: the envelope type, or ``None`` for :func:`default_error_type`.
+        :param rest: the subclass's own fields, in order.
+        """
+        return cls(
+            status, code or default_error_code(status), error_type or default_error_type(status), *rest
+        )
+
+    def _envelope(self, what: str) -> ErrorEnvelope:
+        return ErrorEnvelope(self.error_type, self.code, f"emulated {what}: HTTP {self.status} {self.code}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecideFailureSpec(_ScriptedError):
     """One scripted decide failure.
 
     :param status: the HTTP status.
@@ -61,9 +86,6 @@ class DecideFailureSpec:
     :param retryable: whether the response permits a retry.
     """
 
-    status: int
-    code: str
-    error_type: str
     retry_after_ms: int | None = None
     retry_after_s: int | None = None
     retryable: bool = True
@@ -79,9 +101,7 @@ class DecideFailureSpec:
 
     def envelope(self) -> ErrorEnvelope:
         """The error body."""
-        return ErrorEnvelope(
-            self.error_type, self.code, f"emulated decide failure: HTTP {self.status} {self.code}"
-        )
+        return self._envelope("decide failure")
 
     def retry(self) -> RetryHint:
         """The retry hint, read from :meth:`headers` (``Retry-After-Ms`` wins)."""
@@ -89,7 +109,7 @@ class DecideFailureSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class UpgradeRefusalSpec:
+class UpgradeRefusalSpec(_ScriptedError):
     """One scripted upgrade refusal.
 
     :param status: the HTTP status.
@@ -98,20 +118,11 @@ class UpgradeRefusalSpec:
     :param retry_after_s: the ``Retry-After`` header (seconds), or ``None``.
     """
 
-    status: int
-    code: str
-    error_type: str
     retry_after_s: int | None = 1
 
     def refusal(self) -> UpgradeRefusal:
         """The refusal to answer."""
-        return UpgradeRefusal(
-            self.status,
-            ErrorEnvelope(
-                self.error_type, self.code, f"emulated upgrade refusal: HTTP {self.status} {self.code}"
-            ),
-            self.retry_after_s,
-        )
+        return UpgradeRefusal(self.status, self._envelope("upgrade refusal"), self.retry_after_s)
 
 
 class Faults:
@@ -152,13 +163,8 @@ class Faults:
         """
         if count < 0 or not 100 <= status <= 599:
             raise ValueError(f"fail_decides needs count >= 0 and an HTTP status, got {count}, {status}")
-        spec = DecideFailureSpec(
-            status,
-            code or default_error_code(status),
-            error_type or default_error_type(status),
-            retry_after_ms,
-            retry_after_s,
-            retryable,
+        spec = DecideFailureSpec.for_status(
+            status, code, error_type, retry_after_ms, retry_after_s, retryable
         )
         self._decide_failures.extend([spec] * count)
 
@@ -181,12 +187,7 @@ class Faults:
         """
         if count < 0 or not 400 <= status <= 599:
             raise ValueError(f"refuse_upgrades needs count >= 0 and a 4xx/5xx status, got {count}, {status}")
-        spec = UpgradeRefusalSpec(
-            status,
-            code or default_error_code(status),
-            error_type or default_error_type(status),
-            retry_after_s,
-        )
+        spec = UpgradeRefusalSpec.for_status(status, code, error_type, retry_after_s)
         self._upgrade_refusals.extend([spec] * count)
 
     @property

@@ -13,18 +13,8 @@ from __future__ import annotations
 
 import math
 
-from airflow_provider_systemzero.protocol.client_events import (
-    Acknowledged,
-    ClientEvent,
-    DecisionFailedEvent,
-    DecisionReceived,
-    DecisionRepeated,
-    GoodbyeReceived,
-    HelloReceived,
-    MutationRejected,
-    ServerError,
-    StreamFailed,
-)
+from airflow_provider_systemzero.protocol import client_events as events
+from airflow_provider_systemzero.protocol.client_events import ClientEvent
 from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Phase, check_hello
 from airflow_provider_systemzero.protocol.desired import DesiredState
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
@@ -101,7 +91,7 @@ class SessionInput:
             self.limits = message.limits
             self.stream_id = message.stream_id
             self._move(Phase.STARTING)
-            return [HelloReceived(message)]
+            return [events.HelloReceived(message)]
         if isinstance(message, Hello):
             raise RemoteProtocolError(
                 "a second hello on one connection", code="unexpected_hello", field="type"
@@ -122,7 +112,7 @@ class SessionInput:
         assert isinstance(message, Goodbye)
         self.server_delay_ms = message.retry_after_ms
         conn.recycle_at = None  # the gateway closes the connection itself
-        return [GoodbyeReceived(message)]
+        return [events.GoodbyeReceived(message)]
 
     def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
         flight = conn.acknowledge(ack)
@@ -130,7 +120,10 @@ class SessionInput:
         is_start = isinstance(flight.message, Start)
         if is_start:
             self._move(Phase.STREAMING)
-        return [Acknowledged(ack, flight.message.TYPE, replayed=is_start and conn.replay), *self._adopt()]
+        return [
+            events.Acknowledged(ack, flight.message.TYPE, replayed=is_start and conn.replay),
+            *self._adopt(),
+        ]
 
     def _on_decision(self, conn: ConnectionState, message: Decision) -> list[ClientEvent]:
         if message.state_version > conn.acked_version:
@@ -143,10 +136,12 @@ class SessionInput:
             )
         result = DecisionResult.from_message(message, self.request.questions)
         if self.decision_mode == "on_change" and 0 < message.state_version <= conn.decided_version:
-            return [DecisionRepeated(message.state_version)]
+            return [events.DecisionRepeated(message.state_version)]
         generation = conn.decided(message.state_version)
         intents = self.outcomes.decision(result, generation)
-        return [DecisionReceived(result, current=generation == self.desired.generation, intents=intents)]
+        return [
+            events.DecisionReceived(result, current=generation == self.desired.generation, intents=intents)
+        ]
 
     def _on_error(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
         flight = conn.in_flight
@@ -157,16 +152,16 @@ class SessionInput:
                 drain = error.code == "too_many_pending_events" and self.decision_mode == "on_request"
                 conn.rejected_for_now(error, _server_delay_s(error), now, drain=drain)
                 # the caller may have returned to the acknowledged state meanwhile
-                return [MutationRejected(error), *self._adopt()]
+                return [events.MutationRejected(error), *self._adopt()]
             conn.in_flight = None
             self._stream_failure = error
             self._move(Phase.FAILED)
-            return [StreamFailed(error)]
+            return [events.StreamFailed(error)]
         if error.event_id is None and error.code in ("stale_state_version", "shutting_down"):
             conn.decide_outstanding = None
             if error.code == "shutting_down":
                 conn.blocked_until = math.inf
-            return [ServerError(error)]
+            return [events.ServerError(error)]
         if (
             error.event_id is None
             and not error.fatal
@@ -174,8 +169,8 @@ class SessionInput:
         ):
             self._stream_failure = error
             self._move(Phase.FAILED)
-            return [StreamFailed(error)]
-        return [ServerError(error)]
+            return [events.StreamFailed(error)]
+        return [events.ServerError(error)]
 
     def _on_decide_failure(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
         assert error.http_status is not None
@@ -183,10 +178,11 @@ class SessionInput:
         if self.decision_mode == "on_request":
             conn.decide_outstanding = None
             failed = self.outcomes.fail_all()
-            return [DecisionFailedEvent(error, failed)]
+            return [events.DecisionFailedEvent(error, failed)]
         retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
         if error.fatal:
-            return [DecisionFailedEvent(error, ())]  # goodbye and close follow; the next connection replays
+            # goodbye and close follow; the next connection replays
+            return [events.DecisionFailedEvent(error, ())]
         if retry is DecideRetry.CLIENT:
             # nobody retries it on this connection: replay on a new one after the server's delay
             conn.recycle_at = now + _server_delay_s(error)
@@ -194,4 +190,4 @@ class SessionInput:
             # the gateway will not dispatch this state again: it is settled, with this failure
             generation = conn.version_generation.get(error.state_version or 0, -1)
             self.outcomes.failed_for_good(error, generation)
-        return [DecisionFailedEvent(error, ())]
+        return [events.DecisionFailedEvent(error, ())]

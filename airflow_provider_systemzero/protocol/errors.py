@@ -33,6 +33,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "RetryHint",
+    "refuse",
 ]
 
 #: The error envelope types of WIRE.md §6.
@@ -92,6 +93,15 @@ class RemoteProtocolError(ProtocolError):
         return cls(exc.message, code=exc.code, field=exc.field, protocol_refusal=False)
 
 
+def refuse(problem: str, field: str | None) -> RemoteProtocolError:
+    """A protocol refusal (``invalid_message``) naming the field.
+
+    :param problem: what is wrong, in words.
+    :param field: the field, or ``None`` for the frame as a whole.
+    """
+    return RemoteProtocolError(problem, code="invalid_message", field=field, protocol_refusal=True)
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorEnvelope:
     """The HTTP API's error body: ``{"error": {"type": T, "code": C, "message": M}}``.
@@ -117,21 +127,14 @@ class ErrorEnvelope:
         """
         inner = data.get("error") if isinstance(data, Mapping) else None
         if not isinstance(inner, Mapping):
-            raise RemoteProtocolError(
-                f"{field}.error must be an object",
-                code="invalid_message",
-                field=f"{field}.error",
-                protocol_refusal=True,
-            )
+            raise refuse(f"{field}.error must be an object", f"{field}.error")
         values = {}
         for key in ("type", "code", "message"):
             value = inner.get(key)
             if not isinstance(value, str):
-                raise RemoteProtocolError(
+                raise refuse(
                     f"{field}.error.{key} must be a string, got {type(value).__name__}",
-                    code="invalid_message",
-                    field=f"{field}.error.{key}",
-                    protocol_refusal=True,
+                    f"{field}.error.{key}",
                 )
             values[key] = value
         return cls(**values)
@@ -174,24 +177,14 @@ class RetryHint:
         :raises RemoteProtocolError: (a refusal) naming the field when the shape is wrong.
         """
         if not isinstance(data, Mapping):
-            raise RemoteProtocolError(
-                f"{field} must be an object", code="invalid_message", field=field, protocol_refusal=True
-            )
+            raise refuse(f"{field} must be an object", field)
         retryable = data.get("retryable")
         if not isinstance(retryable, bool):
-            raise RemoteProtocolError(
-                f"{field}.retryable must be a boolean",
-                code="invalid_message",
-                field=f"{field}.retryable",
-                protocol_refusal=True,
-            )
+            raise refuse(f"{field}.retryable must be a boolean", f"{field}.retryable")
         delay = data.get("retry_after_ms")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
-            raise RemoteProtocolError(
-                f"{field}.retry_after_ms must be a non-negative integer or null",
-                code="invalid_message",
-                field=f"{field}.retry_after_ms",
-                protocol_refusal=True,
+            raise refuse(
+                f"{field}.retry_after_ms must be a non-negative integer or null", f"{field}.retry_after_ms"
             )
         return cls(
             retryable=retryable, retry_after_ms=None if delay is None else min(delay, MAX_SERVER_DELAY_MS)

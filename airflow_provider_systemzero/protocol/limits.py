@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+from airflow_provider_systemzero.protocol.errors import refuse
 
 __all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
 
@@ -105,21 +105,13 @@ class Limits:
             or not a non-negative integer.
         """
         if not isinstance(data, Mapping):
-            raise RemoteProtocolError(
-                "hello.limits must be an object",
-                code="invalid_message",
-                field="limits",
-                protocol_refusal=True,
-            )
+            raise refuse("hello.limits must be an object", "limits")
         values: dict[str, int] = {}
         for name in ADVERTISED_LIMITS:
             value = data.get(name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise RemoteProtocolError(
-                    f"hello.limits.{name} must be a non-negative integer, got {value!r}",
-                    code="invalid_message",
-                    field=f"limits.{name}",
-                    protocol_refusal=True,
+                raise refuse(
+                    f"hello.limits.{name} must be a non-negative integer, got {value!r}", f"limits.{name}"
                 )
             low, high = ADVERTISED_BOUNDS[name]
             values[name] = min(max(value, low), high)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
@@ -172,16 +172,10 @@ class Answer:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "type": self.type,
-            "decision": self.decision,
-            "probability": self.probability,
-            "confidence": self.confidence,
-            "alternatives": [dict(a) for a in self.alternatives],
-            "calibrated": self.calibrated,
-            "calibration_version": self.calibration_version,
-        }
+        """JSON form: every field in declaration order but ``name`` (the key it is filed under)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+        data["alternatives"] = [dict(a) for a in self.alternatives]
+        return data
 
 
 @dataclass(frozen=True, slots=True)

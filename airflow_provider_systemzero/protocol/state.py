@@ -170,6 +170,13 @@ def same_json(a: Any, b: Any) -> bool:
     return compact_json(a) == compact_json(b)
 
 
+#: What each append needs the state to be: its type, the appended field, and the rule with its fix.
+_APPEND_NEEDS: dict[type, tuple[type, str, str]] = {
+    AppendText: (str, "text", "a string state; use append_items for an array or replace for an object"),
+    AppendItems: (list, "items", "an array state; use append_text for a string or replace for an object"),
+}
+
+
 def apply_mutation(current: StreamState | None, message: Mutation) -> StreamState:
     """The state after an accepted mutation.
 
@@ -188,23 +195,17 @@ def apply_mutation(current: StreamState | None, message: Mutation) -> StreamStat
         raise LocalProtocolError(
             f"{message.TYPE} before start: send start (evt_1) first", code="start_required", field="type"
         )
+    needs = _APPEND_NEEDS.get(type(message))
+    if needs is not None and not isinstance(current.state, needs[0]):
+        _, field, words = needs
+        raise LocalProtocolError(
+            f"{message.TYPE}.{field} cannot be appended: {message.TYPE} needs {words}",
+            code="state_type_mismatch",
+            field=field,
+        )
     if isinstance(message, AppendText):
-        if not isinstance(current.state, str):
-            raise LocalProtocolError(
-                "append_text.text cannot be appended: append_text needs a string state; "
-                "use append_items for an array or replace for an object",
-                code="state_type_mismatch",
-                field="text",
-            )
         return StreamState(current.state + message.text, current.attachments)
     if isinstance(message, AppendItems):
-        if not isinstance(current.state, list):
-            raise LocalProtocolError(
-                "append_items.items cannot be appended: append_items needs an array state; "
-                "use append_text for a string or replace for an object",
-                code="state_type_mismatch",
-                field="items",
-            )
         if not message.items:
             raise LocalProtocolError(
                 "append_items.items must not be empty: append at least one item",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
@@ -51,6 +52,61 @@ def _fail(field: str, problem: str, rule: str, code: str) -> LocalProtocolError:
     return LocalProtocolError(f"{field} {problem}: {rule}", code=code, field=field)
 
 
+@dataclass(frozen=True, slots=True)
+class _NameRule:
+    """What a name may hold (questions and attachments differ only in these).
+
+    :param rule: the rule in words, ending every error.
+    :param code: the error code.
+    :param first: whether a character may start the name (an ASCII one).
+    :param first_words: the characters that may start it, in words.
+    :param whole: the whole name's pattern.
+    :param whole_words: the characters allowed, in words.
+    """
+
+    rule: str
+    code: str
+    first: Callable[[str], bool]
+    first_words: str
+    whole: re.Pattern[str]
+    whole_words: str
+
+    def check(self, name: Any, field: str) -> str:
+        """The name, or the error naming ``field``, the problem and the rule."""
+        if not isinstance(name, str):
+            raise _fail(field, f"must be a string, got {type(name).__name__}", self.rule, self.code)
+        label = f"{field} {name!r}"
+        if not name:
+            raise _fail(label, "is empty", self.rule, self.code)
+        if len(name) > MAX_NAME_LENGTH:
+            raise _fail(label, f"is {len(name)} characters long", self.rule, self.code)
+        if not (name[0].isascii() and self.first(name[0])):
+            raise LocalProtocolError(
+                f"{label} must start with {self.first_words}: {self.rule}", code=self.code, field=field
+            )
+        if not self.whole.match(name):
+            raise _fail(label, f"contains a character other than {self.whole_words}", self.rule, self.code)
+        return name
+
+
+_QUESTION_NAME_RULE = _NameRule(
+    "question names use at most 64 ASCII letters, digits and underscores, starting with a letter or underscore",
+    "invalid_question_name",
+    lambda first: first.isalpha() or first == "_",
+    "a letter or underscore",
+    _QUESTION_NAME,
+    "an ASCII letter, digit or underscore",
+)
+_ATTACHMENT_NAME_RULE = _NameRule(
+    "attachment names use at most 64 ASCII letters, digits, underscores or hyphens, starting with a letter",
+    "invalid_attachment_name",
+    str.isalpha,
+    "a letter",
+    _ATTACHMENT_NAME,
+    "an ASCII letter, digit, underscore or hyphen",
+)
+
+
 def validate_question_name(name: Any, *, field: str = "question name") -> str:
     """Check a question name: at most 64 ASCII letters, digits and underscores, starting with a
     letter or underscore.
@@ -58,28 +114,7 @@ def validate_question_name(name: Any, *, field: str = "question name") -> str:
     :param name: the name.
     :param field: how to name the field in the error.
     """
-    rule = "question names use at most 64 ASCII letters, digits and underscores, starting with a letter or underscore"
-    if not isinstance(name, str):
-        raise _fail(field, f"must be a string, got {type(name).__name__}", rule, "invalid_question_name")
-    label = f"{field} {name!r}"
-    if not name:
-        raise _fail(label, "is empty", rule, "invalid_question_name")
-    if len(name) > MAX_NAME_LENGTH:
-        raise _fail(label, f"is {len(name)} characters long", rule, "invalid_question_name")
-    if not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
-        raise LocalProtocolError(
-            f"{label} must start with a letter or underscore: {rule}",
-            code="invalid_question_name",
-            field=field,
-        )
-    if not _QUESTION_NAME.match(name):
-        raise _fail(
-            label,
-            "contains a character other than an ASCII letter, digit or underscore",
-            rule,
-            "invalid_question_name",
-        )
-    return name
+    return _QUESTION_NAME_RULE.check(name, field)
 
 
 def validate_attachment_name(name: Any, *, field: str = "attachment name") -> str:
@@ -89,26 +124,7 @@ def validate_attachment_name(name: Any, *, field: str = "attachment name") -> st
     :param name: the name.
     :param field: how to name the field in the error.
     """
-    rule = "attachment names use at most 64 ASCII letters, digits, underscores or hyphens, starting with a letter"
-    if not isinstance(name, str):
-        raise _fail(field, f"must be a string, got {type(name).__name__}", rule, "invalid_attachment_name")
-    label = f"{field} {name!r}"
-    if not name:
-        raise _fail(label, "is empty", rule, "invalid_attachment_name")
-    if len(name) > MAX_NAME_LENGTH:
-        raise _fail(label, f"is {len(name)} characters long", rule, "invalid_attachment_name")
-    if not (name[0].isascii() and name[0].isalpha()):
-        raise LocalProtocolError(
-            f"{label} must start with a letter: {rule}", code="invalid_attachment_name", field=field
-        )
-    if not _ATTACHMENT_NAME.match(name):
-        raise _fail(
-            label,
-            "contains a character other than an ASCII letter, digit, underscore or hyphen",
-            rule,
-            "invalid_attachment_name",
-        )
-    return name
+    return _ATTACHMENT_NAME_RULE.check(name, field)
 
 
 def validate_data_url(data: Any, *, field: str = "attachment data") -> str:
@@ -247,11 +263,11 @@ def validate_min_interval_ms(value: Any, *, maximum: int = MAXIMUM_DECISION_INTE
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise LocalProtocolError(
-            f"min_interval_ms {value!r} is out of range: min_interval_ms is an integer from 0 to {maximum} "
-            "(maximum_decision_interval)",
-            code="invalid_min_interval",
-            field="min_interval_ms",
+        raise _fail(
+            "min_interval_ms",
+            f"{value!r} is out of range",
+            f"min_interval_ms is an integer from 0 to {maximum} (maximum_decision_interval)",
+            "invalid_min_interval",
         )
     return value
 
@@ -270,11 +286,11 @@ def validate_decision_mode(value: Any) -> str:
 def validate_state(state: Any, *, field: str = "state") -> Any:
     """Check that a state is a string, an array or an object (and JSON-serialisable)."""
     if not isinstance(state, str | list | dict):
-        raise LocalProtocolError(
-            f"{field} must be a string, an array or an object, got {type(state).__name__}: "
+        raise _fail(
+            field,
+            f"must be a string, an array or an object, got {type(state).__name__}",
             "state is a string, object or array",
-            code="invalid_state",
-            field=field,
+            "invalid_state",
         )
     return state
 
@@ -300,9 +316,10 @@ def validate_prompt_cache_key(value: Any) -> str | None:
         or len(value) > MAX_KEY_LENGTH
         or not _PRINTABLE_ASCII.match(value)
     ):
-        raise LocalProtocolError(
-            f"request.prompt_cache_key {value!r} is invalid: a prompt cache key is 1 to 255 printable ASCII characters",
-            code="invalid_prompt_cache_key",
-            field="request.prompt_cache_key",
+        raise _fail(
+            "request.prompt_cache_key",
+            f"{value!r} is invalid",
+            "a prompt cache key is 1 to 255 printable ASCII characters",
+            "invalid_prompt_cache_key",
         )
     return value

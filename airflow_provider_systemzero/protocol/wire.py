@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+from airflow_provider_systemzero.protocol.errors import refuse
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -59,15 +59,6 @@ _SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def refuse(problem: str, field: str | None) -> RemoteProtocolError:
-    """A protocol refusal (``invalid_message``) naming the field.
-
-    :param problem: what is wrong, in words.
-    :param field: the field, or ``None`` for the frame as a whole.
-    """
-    return RemoteProtocolError(problem, code="invalid_message", field=field, protocol_refusal=True)
-
-
 def json_type(value: Any) -> str:
     """The JSON name of a decoded value's type (``null``, ``boolean``, ``number``, …)."""
     if value is None:
@@ -94,6 +85,7 @@ def _refusal(problem: str, field: str, path: str) -> Exception:
     return refuse(problem, field)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Reader:
     """Reads one decoded JSON object, refusing anything mistyped.
 
@@ -106,24 +98,16 @@ class Reader:
     :param fail: builds the error for a problem (default: a refusal).
     """
 
-    def __init__(
-        self,
-        data: Mapping[str, Any],
-        where: str,
-        *,
-        strict: bool = False,
-        unknown: list[tuple[str, str]] | None = None,
-        fail: Fail = _refusal,
-    ) -> None:
-        self.data = data
-        self.where = where
-        self.strict = strict
-        self.unknown = unknown
-        self.fail = fail
+    data: Mapping[str, Any]
+    where: str
+    _: dataclasses.KW_ONLY
+    strict: bool = False
+    unknown: list[tuple[str, str]] | None = None
+    fail: Fail = _refusal
 
     def nested(self, data: Mapping[str, Any], where: str) -> Reader:
         """A reader for an object inside this one, with the same rules."""
-        return Reader(data, where, strict=self.strict, unknown=self.unknown, fail=self.fail)
+        return dataclasses.replace(self, data=data, where=where)
 
     def read(self, name: str, spec: WireField) -> Any:
         """The value of ``name`` checked against ``spec``'s shape (``None`` when it may be absent)."""
