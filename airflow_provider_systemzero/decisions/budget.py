@@ -52,8 +52,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroError
 from airflow_provider_systemzero.protocol.reply import USAGE_FIELDS
-from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
 __all__ = [
     "DEFAULT_TOKENS_PER_BYTE",

@@ -49,32 +49,46 @@ def _imported(name: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def module_level_imports(name: str) -> set[str]:
-    """The package modules that importing ``name`` imports at once.
+def _loaded(name: str, target: str) -> set[str]:
+    """The package modules an import of ``target`` in module ``name`` runs: the deepest module the
+    dotted name reaches and every package ``__init__`` above it (Python runs those first).
 
     A module's own parent packages are left out: Python loads them before the module, so an edge
     back to one is the package's ``__init__`` re-exporting its modules, not a cycle.
     """
+    parts = target.split(".")
+    modules = [".".join(parts[:end]) for end in range(len(parts), 0, -1)]
+    deepest = next((module for module in modules if module in MODULES), None)
+    if deepest is None:
+        return set()
+    return {
+        module
+        for module in modules[modules.index(deepest) :]
+        if module in MODULES and not (name == module or name.startswith(f"{module}."))
+    }
+
+
+def module_level_imports(name: str, *, in_functions: bool = False) -> set[str]:
+    """The package modules that importing ``name`` imports at once (with ``in_functions``, also
+    the ones its functions import when they run; never those under ``if TYPE_CHECKING:``)."""
     found: set[str] = set()
 
     def visit(statements: list[ast.stmt]) -> None:
         for node in statements:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 for target in _imported(name, node):
-                    parts = target.split(".")
-                    modules = [".".join(parts[:end]) for end in range(len(parts), 0, -1)]
-                    deepest = next((module for module in modules if module in MODULES), None)
-                    if deepest is not None and not (name == deepest or name.startswith(f"{deepest}.")):
-                        found.add(deepest)
-            elif isinstance(node, ast.If) and not _is_type_checking(node):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
+                    found.update(_loaded(name, target))
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                continue
+            elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, field, []))
+                for handler in getattr(node, "handlers", []):
                     visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
+            elif isinstance(node, ast.ClassDef) or (
+                in_functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            ):
+                visit(node.body)
 
     visit(ast.parse(MODULES[name].read_text(encoding="utf-8")).body)
     return found
@@ -124,6 +138,25 @@ def test_the_package_has_no_import_cycle() -> None:
     assert graph[f"{PURE}.conditions"], "the import graph is empty: the walk reads nothing"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_an_import_runs_the_packages_above_the_module() -> None:
+    """Importing ``stream.exceptions`` runs ``stream/__init__`` first: a cycle through a package's
+    ``__init__`` is a cycle (the walk saw none when it only followed the deepest module)."""
+    loaded = _loaded(f"{PURE}.budget", f"{PACKAGE}.stream.exceptions.SystemZeroError")
+    assert loaded == {f"{PACKAGE}.stream.exceptions", f"{PACKAGE}.stream"}
+    assert _loaded(f"{PACKAGE}.stream.settings", f"{PACKAGE}.stream.exceptions") == {
+        f"{PACKAGE}.stream.exceptions"
+    }
+
+
+def test_no_import_inside_a_function_dodges_a_cycle() -> None:
+    """An import moved into a function (where it runs later) to keep a cycle from failing at import
+    time still ties the two modules both ways: with those imports counted the graph has no cycle either."""
+    graph = {name: module_level_imports(name, in_functions=True) for name in MODULES}
+    assert f"{PACKAGE}.compat" in graph[f"{PACKAGE}.hooks.systemzero"], "the walk misses function imports"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle through an import inside a function: " + " -> ".join(cycle or [])
 
 
 def test_the_pure_decision_package_names_no_airflow_import() -> None:
