@@ -42,6 +42,7 @@ This module is the arithmetic alone: it imports no Airflow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -302,21 +303,18 @@ class WindowBudget:
             decisions = sum(e[1] for e in self._entries)
             tokens = sum(e[2] for e in self._entries)
             retry_after = (self._entries[0][0] + self.window - now) if self._entries else None
-            hint = (
-                f"Raise the extra of connection {self.name!r} or wait for the window to move; the count is "
-                "kept per process (each worker and triggerer has its own)."
+            refuse = functools.partial(
+                BudgetExceeded,
+                scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
+                hint=f"Raise the extra of connection {self.name!r} or wait for the window to move; the count "
+                "is kept per process (each worker and triggerer has its own).",
+                retry_after=retry_after,
             )
             if self.max_decisions is not None:
                 held = sum(o[0] for o in others)
                 if decisions + held + potential > self.max_decisions:
-                    return BudgetExceeded(
-                        "budget_decisions_per_hour",
-                        self.max_decisions,
-                        decisions + held,
-                        potential,
-                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
-                        hint=hint,
-                        retry_after=retry_after,
+                    return refuse(
+                        "budget_decisions_per_hour", self.max_decisions, decisions + held, potential
                     )
             if self.max_input_tokens is not None:
                 held_tokens = sum(o[1] for o in others)
@@ -324,14 +322,8 @@ class WindowBudget:
                 if tokens + held_tokens + estimate > self.max_input_tokens or (
                     potential and tokens + held_tokens >= self.max_input_tokens
                 ):
-                    return BudgetExceeded(
-                        "budget_input_tokens_per_hour",
-                        self.max_input_tokens,
-                        tokens + held_tokens,
-                        estimate,
-                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
-                        hint=hint,
-                        retry_after=retry_after,
+                    return refuse(
+                        "budget_input_tokens_per_hour", self.max_input_tokens, tokens + held_tokens, estimate
                     )
             return None
 
@@ -492,17 +484,12 @@ class DecisionBudget:
             return None
         total = self.total
         tokens_each = self.tokens_each(body_bytes)
+        refuse = functools.partial(BudgetExceeded, scope=self.scope, hint=self.hint)
         if self.max_decisions is not None and total.counted_decisions + potential > self.max_decisions:
             detail = f" ({total.billed} billed, {total.replayed} replayed unbilled"
             detail += f", {total.unconfirmed} unconfirmed)" if total.unconfirmed else ")"
-            return BudgetExceeded(
-                "max_decisions",
-                self.max_decisions,
-                total.counted_decisions,
-                potential,
-                scope=self.scope,
-                hint=self.hint,
-                detail=detail,
+            return refuse(
+                "max_decisions", self.max_decisions, total.counted_decisions, potential, detail=detail
             )
         if self.max_input_tokens is not None:
             estimate = potential * tokens_each
@@ -510,15 +497,9 @@ class DecisionBudget:
                 total.input_tokens + estimate > self.max_input_tokens
                 or total.input_tokens >= self.max_input_tokens
             ):
-                return BudgetExceeded(
-                    "max_input_tokens",
-                    self.max_input_tokens,
-                    total.input_tokens,
-                    estimate,
-                    scope=self.scope,
-                    hint=self.hint,
-                    detail=f" over {total.billed} billed decision(s) (estimate for the next: "
-                    f"{tokens_each} per dispatch)",
+                detail = f" over {total.billed} billed decision(s) (estimate for the next: {tokens_each} per dispatch)"
+                return refuse(
+                    "max_input_tokens", self.max_input_tokens, total.input_tokens, estimate, detail=detail
                 )
         for window in self.windows:
             refused = window.check(holder, potential, tokens_each)
