@@ -50,7 +50,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, InitVar, asdict, dataclass, field, fields
 from typing import Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroError
@@ -189,6 +189,7 @@ class Usage:
 # ------------------------------------------------------------------------------------ the error
 
 
+@dataclass(eq=False, repr=False)  # an exception: compared and shown as one
 class BudgetExceeded(SystemZeroError):
     """A dispatch was refused because it could take a budget past its cap; nothing was sent.
 
@@ -199,49 +200,35 @@ class BudgetExceeded(SystemZeroError):
     :param requested: what the refused dispatch(es) could add.
     :param scope: what the budget covers (e.g. ``task 'dag.task' (all tries)``).
     :param hint: where to raise it.
+    :param detail: what the message adds after the amount spent.
     :param retry_after: seconds until a time window frees room (window budgets only).
     """
 
-    def __init__(
-        self,
-        limit: str,
-        maximum: int,
-        spent: int,
-        requested: int,
-        *,
-        scope: str,
-        hint: str,
-        detail: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        self.limit = limit
-        self.maximum = maximum
-        self.spent = spent
-        self.requested = requested
-        self.scope = scope
-        self.hint = hint
-        self.retry_after = retry_after
-        unit = "input tokens" if "tokens" in limit else "decisions"
+    limit: str
+    maximum: int
+    spent: int
+    requested: int
+    _: KW_ONLY
+    scope: str
+    hint: str
+    #: what the message adds after the amount spent (e.g. how it splits into billed and replayed)
+    detail: InitVar[str] = ""
+    retry_after: float | None = None
+
+    def __post_init__(self, detail: str) -> None:
+        unit = "input tokens" if "tokens" in self.limit else "decisions"
         message = (
-            f"System Zero budget {limit}={maximum} for {scope} would be exceeded: {spent} {unit} spent so "
-            f"far{detail}, and the next dispatch could add {requested}; nothing more was sent. {hint}"
+            f"System Zero budget {self.limit}={self.maximum} for {self.scope} would be exceeded: {self.spent} "
+            f"{unit} spent so far{detail}, and the next dispatch could add {self.requested}; nothing more was "
+            f"sent. {self.hint}"
         )
-        if retry_after is not None:
-            message += f" (room frees up in {retry_after:.0f} s)"
+        if self.retry_after is not None:
+            message += f" (room frees up in {self.retry_after:.0f} s)"
         super().__init__(message)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (for trigger events)."""
-        return {
-            "limit": self.limit,
-            "maximum": self.maximum,
-            "spent": self.spent,
-            "requested": self.requested,
-            "scope": self.scope,
-            "hint": self.hint,
-            "message": str(self),
-            "retry_after": self.retry_after,
-        }
+        """Plain JSON (for trigger events): the fields and the message."""
+        return {**asdict(self), "message": str(self)}
 
 
 # ------------------------------------------------------------------------------------ time windows
