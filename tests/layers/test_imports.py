@@ -201,3 +201,26 @@ def test_the_observer_modules_import_first() -> None:
     each load in a fresh interpreter (a cycle through a package's ``__init__`` would not)."""
     for module in ("utils.observability", "stream.observer", "observability", "hooks.systemzero"):
         subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{module}"], check=True, timeout=120)
+
+
+#: The layers, left to right (docs/architecture.md): each one imports only the layers to its left.
+LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|utils")
+
+
+def _layer(name: str) -> int | None:
+    top = name.removeprefix(f"{PACKAGE}.").split(".")[0]
+    return next((rank for rank, layer in enumerate(LAYERS) if top in layer.split("|")), None)
+
+
+def test_each_layer_imports_only_the_layers_to_its_left() -> None:
+    """The protocol core, the pure decision logic and the stream client never import a layer to their
+    right, not even inside a function (the stream asks the budget arithmetic; no budget asks the stream)."""
+    assert _layer(f"{PACKAGE}.stream.settings") == 2 and _layer(f"{PACKAGE}.utils.review") == 3
+    upward = sorted(
+        f"{name} -> {target}"
+        for name in MODULES
+        if (rank := _layer(name)) is not None
+        for target in module_level_imports(name, in_functions=True)
+        if (target_rank := _layer(target)) is not None and target_rank > rank
+    )
+    assert not upward, "imports against the layers: " + ", ".join(upward)
