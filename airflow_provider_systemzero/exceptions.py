@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError, ProtocolError
 
-__all__ = ["ARGUMENT_ERRORS", "SystemZeroArgumentError"]
+__all__ = ["ARGUMENT_ERRORS", "SystemZeroArgumentError", "SystemZeroError"]
+
+
+class SystemZeroError(Exception):
+    """Base class of every error raised by the System Zero stream client (and of the budget's refusal).
+
+    It is re-exported by :mod:`~airflow_provider_systemzero.stream.exceptions`, the client's error
+    tree; it is defined here, below both the stream and the pure decision package, so that
+    :class:`~airflow_provider_systemzero.decisions.budget.BudgetExceeded` can join the tree without
+    the decision package importing the stream (which imports it).
+    """
 
 
 class SystemZeroArgumentError(ValueError):

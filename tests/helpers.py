@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version, has_awaiting_input
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.protocol.limits import Limits
 
 _T = TypeVar("_T")
 
@@ -194,3 +198,104 @@ def task_states(dag_run: Any) -> dict[str, str]:
 def task_tries(dag_run: Any) -> dict[str, int]:
     """``task_id -> try_number`` of a run."""
     return {ti.task_id: ti.try_number for ti in dag_run.get_task_instances()}
+
+
+def file_sensor(log: Path, conn_id: str, **kwargs: Any) -> Any:
+    """A deferrable ``SystemZeroDecisionSensor`` (task ``wait``) tailing ``log`` until the job is ready
+    (a confident ``ready``), as most sensor Dag tests wait: ``kwargs`` add or override arguments.
+
+    :param log: the tailed file.
+    :param conn_id: the connection (see :func:`rules_emulator`).
+    """
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+    arguments: dict[str, Any] = {
+        "task_id": "wait",
+        "systemzero_conn_id": conn_id,
+        "model": "sz-test",
+        "question": "ready",
+        "instructions": "Is the job ready?",
+        "source": {"type": "file", "path": str(log), "poll_interval": 0.05},
+        "min_confidence": 0.5,
+        "timeout": 60,
+        "lease_after": 0.2,
+    }
+    return SystemZeroDecisionSensor(**(arguments | kwargs))
+
+
+# ------------------------------------------------------------------ triggers run in the test's loop
+
+#: The trigger tests' rules: "job is ready" in the state means ready (0.93), anything else not.
+TRIGGER_RULES: dict[str, Any] = {
+    "rules": [
+        {
+            "question": "ready",
+            "pattern": "(?i)job is ready",
+            "answer": True,
+            "probability": 0.93,
+            "confidence": 0.9,
+        }
+    ],
+    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
+}
+#: The trigger tests' request and condition (the ``ready`` question of :data:`TRIGGER_RULES`).
+TRIGGER_REQUEST: dict[str, Any] = {
+    "model": "sz-test",
+    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
+}
+TRIGGER_CONDITION: dict[str, Any] = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
+#: The account's decision buckets (5 burst, 60/min) are tested in the emulator's suite; here
+#: they are raised so the stream cap, not billing pacing, is what a density test measures.
+TRIGGER_LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
+#: The connection of :func:`loopback_emulator` (``AIRFLOW_CONN_SYSTEMZERO_TEST``).
+TRIGGER_CONN_ID = "systemzero_test"
+
+
+@pytest.fixture
+def rules_file(tmp_path: Path) -> str:
+    """:data:`TRIGGER_RULES` in a file, for the ``rules:`` decider."""
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps(TRIGGER_RULES))
+    return str(path)
+
+
+@asynccontextmanager
+async def loopback_emulator(
+    rules_file: str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any
+) -> AsyncIterator[Emulator]:
+    """An :class:`Emulator` on this test's loop answering by ``rules_file``, with the account's buckets
+    out of the way, and the :data:`TRIGGER_CONN_ID` connection to it (an environment variable).
+
+    :param kwargs: more :class:`Emulator` arguments (``decide_latency_ms`` …).
+    """
+    async with Emulator(
+        api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=TRIGGER_LIMITS, **kwargs
+    ) as emu:
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_{TRIGGER_CONN_ID.upper()}",
+            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
+        )
+        yield emu
+
+
+@pytest.fixture
+async def emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Emulator]:
+    """The trigger tests' emulator (see :func:`loopback_emulator`)."""
+    async with loopback_emulator(rules_file, monkeypatch) as emu:
+        yield emu
+
+
+def trigger_kwargs(**overrides: Any) -> dict[str, Any]:
+    """A ``SystemZeroDecisionTrigger``'s kwargs waiting for :data:`TRIGGER_CONDITION` through the
+    :data:`TRIGGER_CONN_ID` connection, from an empty state, for task ``d.t`` of run ``r``
+    (``overrides`` add or replace kwargs: ``key_namespace``, ``source``, ``lease_after`` …)."""
+    from airflow_provider_systemzero.identity import task_namespace
+
+    return {
+        "systemzero_conn_id": TRIGGER_CONN_ID,
+        "request": TRIGGER_REQUEST,
+        "condition": TRIGGER_CONDITION,
+        "state": "",
+        "key_namespace": task_namespace("d", "t", "r", -1),
+        **overrides,
+    }

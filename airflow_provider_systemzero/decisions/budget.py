@@ -42,6 +42,7 @@ This module is the arithmetic alone: it imports no Airflow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -49,11 +50,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, InitVar, asdict, dataclass, field, fields
 from typing import Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroError
 from airflow_provider_systemzero.protocol.reply import USAGE_FIELDS
-from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
 __all__ = [
     "DEFAULT_TOKENS_PER_BYTE",
@@ -188,6 +189,7 @@ class Usage:
 # ------------------------------------------------------------------------------------ the error
 
 
+@dataclass(eq=False, repr=False)  # an exception: compared and shown as one
 class BudgetExceeded(SystemZeroError):
     """A dispatch was refused because it could take a budget past its cap; nothing was sent.
 
@@ -198,49 +200,35 @@ class BudgetExceeded(SystemZeroError):
     :param requested: what the refused dispatch(es) could add.
     :param scope: what the budget covers (e.g. ``task 'dag.task' (all tries)``).
     :param hint: where to raise it.
+    :param detail: what the message adds after the amount spent.
     :param retry_after: seconds until a time window frees room (window budgets only).
     """
 
-    def __init__(
-        self,
-        limit: str,
-        maximum: int,
-        spent: int,
-        requested: int,
-        *,
-        scope: str,
-        hint: str,
-        detail: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        self.limit = limit
-        self.maximum = maximum
-        self.spent = spent
-        self.requested = requested
-        self.scope = scope
-        self.hint = hint
-        self.retry_after = retry_after
-        unit = "input tokens" if "tokens" in limit else "decisions"
+    limit: str
+    maximum: int
+    spent: int
+    requested: int
+    _: KW_ONLY
+    scope: str
+    hint: str
+    #: what the message adds after the amount spent (e.g. how it splits into billed and replayed)
+    detail: InitVar[str] = ""
+    retry_after: float | None = None
+
+    def __post_init__(self, detail: str) -> None:
+        unit = "input tokens" if "tokens" in self.limit else "decisions"
         message = (
-            f"System Zero budget {limit}={maximum} for {scope} would be exceeded: {spent} {unit} spent so "
-            f"far{detail}, and the next dispatch could add {requested}; nothing more was sent. {hint}"
+            f"System Zero budget {self.limit}={self.maximum} for {self.scope} would be exceeded: {self.spent} "
+            f"{unit} spent so far{detail}, and the next dispatch could add {self.requested}; nothing more was "
+            f"sent. {self.hint}"
         )
-        if retry_after is not None:
-            message += f" (room frees up in {retry_after:.0f} s)"
+        if self.retry_after is not None:
+            message += f" (room frees up in {self.retry_after:.0f} s)"
         super().__init__(message)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (for trigger events)."""
-        return {
-            "limit": self.limit,
-            "maximum": self.maximum,
-            "spent": self.spent,
-            "requested": self.requested,
-            "scope": self.scope,
-            "hint": self.hint,
-            "message": str(self),
-            "retry_after": self.retry_after,
-        }
+        """Plain JSON (for trigger events): the fields and the message."""
+        return {**asdict(self), "message": str(self)}
 
 
 # ------------------------------------------------------------------------------------ time windows
@@ -302,21 +290,18 @@ class WindowBudget:
             decisions = sum(e[1] for e in self._entries)
             tokens = sum(e[2] for e in self._entries)
             retry_after = (self._entries[0][0] + self.window - now) if self._entries else None
-            hint = (
-                f"Raise the extra of connection {self.name!r} or wait for the window to move; the count is "
-                "kept per process (each worker and triggerer has its own)."
+            refuse = functools.partial(
+                BudgetExceeded,
+                scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
+                hint=f"Raise the extra of connection {self.name!r} or wait for the window to move; the count "
+                "is kept per process (each worker and triggerer has its own).",
+                retry_after=retry_after,
             )
             if self.max_decisions is not None:
                 held = sum(o[0] for o in others)
                 if decisions + held + potential > self.max_decisions:
-                    return BudgetExceeded(
-                        "budget_decisions_per_hour",
-                        self.max_decisions,
-                        decisions + held,
-                        potential,
-                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
-                        hint=hint,
-                        retry_after=retry_after,
+                    return refuse(
+                        "budget_decisions_per_hour", self.max_decisions, decisions + held, potential
                     )
             if self.max_input_tokens is not None:
                 held_tokens = sum(o[1] for o in others)
@@ -324,14 +309,8 @@ class WindowBudget:
                 if tokens + held_tokens + estimate > self.max_input_tokens or (
                     potential and tokens + held_tokens >= self.max_input_tokens
                 ):
-                    return BudgetExceeded(
-                        "budget_input_tokens_per_hour",
-                        self.max_input_tokens,
-                        tokens + held_tokens,
-                        estimate,
-                        scope=f"connection {self.name!r} in this process, per {self.window:.0f} s",
-                        hint=hint,
-                        retry_after=retry_after,
+                    return refuse(
+                        "budget_input_tokens_per_hour", self.max_input_tokens, tokens + held_tokens, estimate
                     )
             return None
 
@@ -492,17 +471,12 @@ class DecisionBudget:
             return None
         total = self.total
         tokens_each = self.tokens_each(body_bytes)
+        refuse = functools.partial(BudgetExceeded, scope=self.scope, hint=self.hint)
         if self.max_decisions is not None and total.counted_decisions + potential > self.max_decisions:
             detail = f" ({total.billed} billed, {total.replayed} replayed unbilled"
             detail += f", {total.unconfirmed} unconfirmed)" if total.unconfirmed else ")"
-            return BudgetExceeded(
-                "max_decisions",
-                self.max_decisions,
-                total.counted_decisions,
-                potential,
-                scope=self.scope,
-                hint=self.hint,
-                detail=detail,
+            return refuse(
+                "max_decisions", self.max_decisions, total.counted_decisions, potential, detail=detail
             )
         if self.max_input_tokens is not None:
             estimate = potential * tokens_each
@@ -510,15 +484,9 @@ class DecisionBudget:
                 total.input_tokens + estimate > self.max_input_tokens
                 or total.input_tokens >= self.max_input_tokens
             ):
-                return BudgetExceeded(
-                    "max_input_tokens",
-                    self.max_input_tokens,
-                    total.input_tokens,
-                    estimate,
-                    scope=self.scope,
-                    hint=self.hint,
-                    detail=f" over {total.billed} billed decision(s) (estimate for the next: "
-                    f"{tokens_each} per dispatch)",
+                detail = f" over {total.billed} billed decision(s) (estimate for the next: {tokens_each} per dispatch)"
+                return refuse(
+                    "max_input_tokens", self.max_input_tokens, total.input_tokens, estimate, detail=detail
                 )
         for window in self.windows:
             refused = window.check(holder, potential, tokens_each)

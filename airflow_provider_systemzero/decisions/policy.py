@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -150,15 +150,8 @@ class PolicyOutcome:
     review_above: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "action": self.action,
-            "reason": self.reason,
-            "code": self.code,
-            "measured": self.measured,
-            "act_above": self.act_above,
-            "review_above": self.review_above,
-        }
+        """JSON form: the fields, in their order."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import concurrent.futures
 import json
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
@@ -48,7 +48,7 @@ from airflow_provider_systemzero.utils.observability import AirflowStreamObserve
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-__all__ = ["DEFAULT_DECIDE_TIMEOUT", "SystemZeroHook", "reconnect_backoff"]
+__all__ = ["DEFAULT_DECIDE_TIMEOUT", "DecideOptions", "StreamOptions", "SystemZeroHook", "reconnect_backoff"]
 
 #: Seconds :meth:`SystemZeroHook.decide` waits by default, opening included: a gateway that never
 #: answers cannot hold a worker slot for ever.
@@ -57,6 +57,39 @@ DEFAULT_DECIDE_TIMEOUT = 600.0
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+class DecideOptions(TypedDict, total=False):
+    """The options of :meth:`SystemZeroHook.decide` (each one also a :meth:`SystemZeroHook.stream` option).
+
+    ``attachments``: inline attachments; ``idempotency_key``: the state's key (default: derived from
+    the state); ``key_namespace``: namespace of derived per-state keys (e.g. a task instance's);
+    ``identity``: the caller's identity for the stream (e.g. DAG and task IDs), hashed into the
+    derived ``prompt_cache_key`` so every process replays byte-identically; ``budget``: spend caps
+    checked before every dispatch, and where the usage is counted.
+    """
+
+    attachments: Sequence[Attachment]
+    idempotency_key: str | None
+    key_namespace: str | None
+    identity: str | None
+    budget: DecisionBudget | None
+
+
+class StreamOptions(DecideOptions, total=False):
+    """The options of :meth:`SystemZeroHook.stream`: :class:`DecisionStream`'s keyword arguments.
+
+    ``decision_mode``: ``on_change`` (default) or ``on_request``; ``state``: the initial state
+    (string, array or object); ``min_interval_ms``: minimum milliseconds between dispatch starts;
+    ``open_deadline``: seconds allowed for opening (``None``: retry until cancelled);
+    ``decide_retries``: retries of a retryable on_request decision failure (default 3).
+    """
+
+    decision_mode: str
+    state: Any
+    min_interval_ms: int | None
+    open_deadline: float | None
+    decide_retries: int
 
 
 def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -317,55 +350,29 @@ class SystemZeroHook(BaseHook):
         self,
         request: StreamRequest | Mapping[str, Any],
         *,
-        decision_mode: str = "on_change",
-        state: Any = "",
-        attachments: Sequence[Attachment] = (),
-        min_interval_ms: int | None = None,
-        idempotency_key: str | None = None,
-        key_namespace: str | None = None,
-        identity: str | None = None,
-        open_deadline: float | None = None,
-        decide_retries: int = 3,
         settings: StreamSettings | None = None,
-        budget: DecisionBudget | None = None,
         observer: StreamObserver | None = None,
+        **options: Unpack[StreamOptions],
     ) -> DecisionStream:
         """A stream to use with ``async with``; the connection is read asynchronously on entering.
 
         :param request: a :class:`StreamRequest`, or a dict with ``questions`` and optionally ``model``
             (default: the connection's ``model`` extra), ``route``, ``mode``, ``prompt_cache_key``
             (default: derived from the connection's ``prompt_cache_key_prefix`` and ``identity``).
-        :param decision_mode: ``on_change`` or ``on_request``.
-        :param state: the initial state (string, array or object).
-        :param attachments: the initial inline attachments.
-        :param min_interval_ms: minimum milliseconds between dispatch starts.
-        :param idempotency_key: the initial state's key (default: derived from the state).
-        :param key_namespace: namespace of derived per-state keys (e.g. a task instance's namespace).
-        :param identity: the caller's identity for the stream (e.g. DAG and task IDs), hashed into
-            the derived ``prompt_cache_key`` so every process replays byte-identically.
-        :param open_deadline: seconds allowed for opening (``None``: retry until cancelled).
-        :param decide_retries: retries of a retryable on_request decision failure.
         :param settings: already resolved settings (skips the connection lookup).
-        :param budget: spend caps checked before every dispatch, and where the usage is counted
-            (the connection's per-hour caps are added to it).
         :param observer: what hears the stream (default: metrics and opt-in spans through Airflow).
+        :param options: the stream's options (:class:`StreamOptions`: ``decision_mode``, ``state``,
+            ``attachments``, ``min_interval_ms``, ``idempotency_key``, ``key_namespace``, ``identity``,
+            ``open_deadline``, ``decide_retries``, ``budget``), passed to :class:`DecisionStream`;
+            the connection's per-hour caps are added to the ``budget``.
         """
         return DecisionStream(
             settings or self.aget_settings,
             request,
-            state=state,
-            decision_mode=decision_mode,
-            attachments=attachments,
-            min_interval_ms=min_interval_ms,
-            idempotency_key=idempotency_key,
-            key_namespace=key_namespace,
-            identity=identity,
-            open_deadline=open_deadline,
-            decide_retries=decide_retries,
             backoff=self.backoff or reconnect_backoff(),
             capacity=self.capacity,
-            budget=budget,
-            observer=observer or AirflowStreamObserver(decision_mode),
+            observer=observer or AirflowStreamObserver(options.get("decision_mode", "on_change")),
+            **options,
         )
 
     def decide(
@@ -373,24 +380,18 @@ class SystemZeroHook(BaseHook):
         request: StreamRequest | Mapping[str, Any],
         state: Any = "",
         *,
-        attachments: Sequence[Attachment] = (),
         timeout: float | None = DEFAULT_DECIDE_TIMEOUT,
-        idempotency_key: str | None = None,
-        key_namespace: str | None = None,
-        identity: str | None = None,
-        budget: DecisionBudget | None = None,
+        **options: Unpack[DecideOptions],
     ) -> DecisionResult:
         """Run one on_request decision to completion (sync; for non-deferrable operators).
 
         :param request: see :meth:`stream`.
         :param state: the state to decide.
-        :param attachments: inline attachments.
         :param timeout: seconds for the whole call, opening included (default
             :data:`DEFAULT_DECIDE_TIMEOUT`, 10 minutes; ``None``: no limit).
-        :param idempotency_key: the state's key (default: derived from the state).
-        :param key_namespace: namespace of derived per-state keys.
-        :param identity: the caller's identity for the stream (see :meth:`stream`).
-        :param budget: spend caps checked before the decide is sent; its ``usage`` counts the decision.
+        :param options: ``attachments``, ``idempotency_key``, ``key_namespace``, ``identity`` and
+            ``budget`` (see :class:`DecideOptions`); the budget is asked before the decide is sent,
+            and its ``usage`` counts the decision.
         :raises SystemZeroError: every failure (``DeadlineExceeded`` when ``timeout`` passes;
             :class:`~airflow_provider_systemzero.decisions.budget.BudgetExceeded` when the budget refused).
         """
@@ -403,13 +404,9 @@ class SystemZeroHook(BaseHook):
                 request,
                 decision_mode="on_request",
                 state=state,
-                attachments=attachments,
-                idempotency_key=idempotency_key,
-                key_namespace=key_namespace,
-                identity=identity,
                 open_deadline=timeout,
                 settings=settings,
-                budget=budget,
+                **options,
             ) as stream:
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 return await stream.decide(timeout=remaining)

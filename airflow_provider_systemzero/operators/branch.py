@@ -78,7 +78,15 @@ def _as_option(value: Any, option: str) -> BranchOption:
     )
 
 
-class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
+class _GateOperator(SystemZeroDecideOperator):
+    """A decide operator whose answer decides which downstream tasks run (it skips the others)."""
+
+    inherits_from_skipmixin = True
+    _can_skip_downstream = True
+    ui_color = "#e8f0ff"
+
+
+class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
     """Asks System Zero which branch to take, and takes it.
 
     The options are the downstream task IDs (sorted, so every worker asks the same question), or
@@ -116,9 +124,6 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
     """
 
     template_fields: Sequence[str] = (*SystemZeroDecideOperator.template_fields, "branch_instructions")
-    inherits_from_skipmixin = True
-    _can_skip_downstream = True
-    ui_color = "#e8f0ff"
 
     def __init__(
         self,
@@ -295,7 +300,7 @@ class SystemZeroBranchOperator(SystemZeroDecideOperator, BranchMixIn):
         return self.do_branch(context, task_ids)
 
 
-class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
+class SystemZeroShortCircuitOperator(_GateOperator, SkipMixin):
     """A yes/no gate: downstream tasks run only when System Zero (under the policy) says so.
 
     The question is a boolean; when the answer that takes effect equals ``proceed_when``
@@ -326,9 +331,6 @@ class SystemZeroShortCircuitOperator(SystemZeroDecideOperator, SkipMixin):
     """
 
     template_fields: Sequence[str] = SystemZeroDecideOperator.template_fields
-    inherits_from_skipmixin = True
-    _can_skip_downstream = True
-    ui_color = "#e8f0ff"
 
     def __init__(
         self,

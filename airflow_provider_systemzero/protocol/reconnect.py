@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_REJECTION_RETRY_MS",
     "HEALTHY_CONNECTION_S",
     "MAX_SERVER_DELAY_S",
+    "MIN_BROUGHT_FORWARD_DELAY_S",
     "Backoff",
     "CloseCode",
     "ConnectionOutcome",
@@ -48,6 +49,7 @@ __all__ = [
     "ReconnectPlan",
     "ReconnectPlanner",
     "classify_decide_failure",
+    "delay_within",
 ]
 
 
@@ -114,6 +116,8 @@ MAX_SERVER_DELAY_S = 300.0
 #: Delay before a mutation rejected for a passing reason (``event_rate_limited``,
 #: ``too_many_pending_events``, ``shutting_down``) is sent again when the gateway names none.
 DEFAULT_REJECTION_RETRY_MS = 1000
+#: The shortest wait before an attempt that :func:`delay_within` brought forward.
+MIN_BROUGHT_FORWARD_DELAY_S = 0.5
 
 
 class DecideRetry(enum.Enum):
@@ -188,6 +192,19 @@ class Backoff:
         window = self.window(attempt)
         jitter = self.rng.uniform(0, window) if window > 0 else 0.0
         return min(server_delay or 0.0, MAX_SERVER_DELAY_S) + jitter
+
+
+def delay_within(delay: float, time_left: float | None) -> float:
+    """A plan's ``delay``, shortened so that the next attempt comes within ``time_left`` seconds (but
+    never sooner than :data:`MIN_BROUGHT_FORWARD_DELAY_S`): a stream that gives up at a fixed time (a
+    loopback origin that never answered) makes its last attempt then, not after a long backoff.
+
+    :param delay: the delay the backoff chose.
+    :param time_left: seconds until the caller gives up (``None``: no such point; ``delay`` stands).
+    """
+    if time_left is None:
+        return delay
+    return min(delay, max(MIN_BROUGHT_FORWARD_DELAY_S, time_left))
 
 
 class PlanKind(enum.Enum):

@@ -29,7 +29,7 @@ __all__ = ["DispatchAccounting", "DispatchBudget"]
 class DispatchBudget(Protocol):
     """What the stream tells a budget about its dispatches, and asks it before one: the typed
     interface through which :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`
-    observes a stream (the stream imports no budget). What it refuses with is its
+    observes a stream's dispatches (this accounting imports no budget). What it refuses with is its
     ``BudgetExceeded``, a :class:`~airflow_provider_systemzero.stream.exceptions.SystemZeroError`."""
 
     @property

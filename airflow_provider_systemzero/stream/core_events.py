@@ -18,7 +18,7 @@ it is not used on its own.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
@@ -35,11 +35,8 @@ from airflow_provider_systemzero.protocol.client_events import (
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Hello
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.stream.exceptions import DecisionFailed, StreamRejected
+from airflow_provider_systemzero.stream.exceptions import BudgetExceeded, DecisionFailed, StreamRejected
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
-
-if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    from airflow_provider_systemzero.decisions.budget import BudgetExceeded
 
 __all__ = ["CoreEventHandling"]
 

@@ -24,10 +24,16 @@ import math
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from websockets.asyncio.client import ClientConnection
 
+from airflow_provider_systemzero.decisions.budget import (
+    BudgetExceeded,
+    DecisionBudget,
+    Usage,
+    connection_window,
+)
 from airflow_provider_systemzero.observability import StreamObserver
 from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.client import ClientSession
@@ -51,9 +57,6 @@ from airflow_provider_systemzero.stream.serving import ConnectionServing
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
 from airflow_provider_systemzero.stream.untrusted import server_token
-
-if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget, Usage
 
 __all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 
@@ -164,8 +167,6 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         self._queue_decisions = decision_mode == "on_change"
         self._ssl: ssl.SSLContext | None = None
         if budget is None:
-            from airflow_provider_systemzero.decisions.budget import DecisionBudget
-
             budget = DecisionBudget()
         self.budget = budget
         self.observer = observer or StreamObserver()
@@ -315,8 +316,6 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
                 self._session = self._build_session(self._settings)
             settings = self._settings
             self._starts = self._starts or decision_starts(settings.url, settings.api_key)
-            from airflow_provider_systemzero.decisions.budget import connection_window
-
             self.budget.attach_window(
                 connection_window(
                     settings.conn_id or settings.url,

@@ -12,7 +12,8 @@ without a word in the log a wait would look like a model that keeps saying no.
   :class:`~airflow_provider_systemzero.stream.exceptions.GatewayUnreachable` once at least
   :data:`LOOPBACK_GIVE_UP_ATTEMPTS` attempts over at least :data:`LOOPBACK_GIVE_UP_SECONDS`
   seconds failed that way. Until then the delay before the next attempt is capped so that this
-  point is reached on time: with the default settings the stream fails about 10 s after it
+  point is reached on time (the core's
+  :func:`~airflow_provider_systemzero.protocol.reconnect.delay_within`): with the default settings the stream fails about 10 s after it
   started, not at the task's deadline. A local gateway that is still starting has those 10 s to
   come up; a stream that connected once keeps reconnecting (the gateway restarts).
 """
@@ -25,6 +26,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
+from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
 
@@ -44,8 +46,6 @@ WARN_EVERY = 10
 LOOPBACK_GIVE_UP_ATTEMPTS = 4
 #: … spread over at least this many seconds.
 LOOPBACK_GIVE_UP_SECONDS = 10.0
-#: The shortest wait between two attempts while the cap above applies.
-_MIN_DELAY = 0.5
 
 
 def _refused(exc: BaseException) -> bool:
@@ -232,6 +232,4 @@ class NetworkFailures:
         :param delay: the backoff's delay.
         """
         elapsed = self._hopeless_for()
-        if elapsed is None:
-            return delay
-        return min(delay, max(_MIN_DELAY, LOOPBACK_GIVE_UP_SECONDS - elapsed))
+        return delay_within(delay, None if elapsed is None else LOOPBACK_GIVE_UP_SECONDS - elapsed)

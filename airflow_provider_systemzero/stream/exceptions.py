@@ -12,7 +12,9 @@
     ├── ProtocolViolation           the peer broke the stream protocol (or is not a System Zero gateway)
     ├── StreamClosed                the gateway closed the stream in a way a reconnect cannot fix
     ├── GatewayUnreachable          a local gateway never answered (refused, or TLS to a plaintext port)
-    └── DeadlineExceeded            the caller's deadline passed (also a TimeoutError)
+    ├── DeadlineExceeded            the caller's deadline passed (also a TimeoutError)
+    └── BudgetExceeded              a spend cap refused the next dispatch; nothing more was sent
+                                    (defined with the budget arithmetic in decisions.budget)
 
 Catch :class:`SystemZeroError` to handle every failure of the client. Messages name the cause
 and the fix; none of them ever contains the API key (the client never puts request headers in
@@ -21,11 +23,14 @@ an exception).
 
 from __future__ import annotations
 
+from airflow_provider_systemzero.decisions.budget import BudgetExceeded
+from airflow_provider_systemzero.exceptions import SystemZeroError
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError, RetryHint
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
 __all__ = [
     "AuthenticationFailed",
+    "BudgetExceeded",
     "DeadlineExceeded",
     "DecisionFailed",
     "GatewayUnreachable",
@@ -37,10 +42,6 @@ __all__ = [
     "SystemZeroValidationError",
     "UpgradeRefused",
 ]
-
-
-class SystemZeroError(Exception):
-    """Base class of every error raised by the System Zero stream client."""
 
 
 class SystemZeroValidationError(SystemZeroError, LocalProtocolError):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from airflow_provider_systemzero.decisions.budget import parse_limit
 from airflow_provider_systemzero.protocol.errors import (
     LocalProtocolError,
 )
@@ -16,9 +17,6 @@ from airflow_provider_systemzero.protocol.upgrade import (
 from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
-
-if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    pass
 
 __all__ = ["StreamSettings"]
 
@@ -68,8 +66,6 @@ class StreamSettings:
         where = f"connection {self.conn_id!r}: " if self.conn_id else ""
         for name in ("budget_decisions_per_hour", "budget_input_tokens_per_hour"):
             try:
-                from airflow_provider_systemzero.decisions.budget import parse_limit
-
                 object.__setattr__(self, name, parse_limit(getattr(self, name), name))
             except ValueError as exc:
                 raise SystemZeroValidationError(

@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -76,6 +77,58 @@ def _feeder(
         decision_filter=trigger.decision_filter,
         gate=gate,
     )
+
+
+@dataclass(frozen=True)
+class _Kwargs:
+    """A trigger's kwargs, declared once: each is the trigger's attribute of the same name, kept by
+    ``__init__`` (:meth:`keep`) and given back by ``serialize()`` (:meth:`serialized`).
+
+    :param names: the kwargs, space-separated, in their serialized order (the order is part of an
+        asset watcher's identity, ``BaseEventTrigger.hash``; tests/airflow/test_trigger_kwargs.py pins it).
+    :param when_set: kwargs left out while empty (``None``, ``[]``, ``False``).
+    :param unless: kwargs left out while at the given value (their default).
+    """
+
+    names: str
+    when_set: frozenset[str] = frozenset()
+    unless: Mapping[str, Any] = field(default_factory=dict)
+
+    def keep(self, trigger: BaseTrigger, given: Mapping[str, Any]) -> None:
+        """Set each declared kwarg in ``given`` (the ``__init__``'s ``locals()``) on ``trigger``."""
+        for name in self.names.split():
+            setattr(trigger, name, given[name])
+
+    def serialized(
+        self, trigger: BaseTrigger, tail: Mapping[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The class path and plain-JSON kwargs (no secret) of ``trigger``.
+
+        :param trigger: the trigger.
+        :param tail: kwargs that follow the declared ones (the ``decide_when`` filter's).
+        """
+        kwargs: dict[str, Any] = {}
+        for name in self.names.split():
+            value = getattr(trigger, name)
+            if (name in self.when_set and not value) or (name in self.unless and value == self.unless[name]):
+                continue
+            kwargs[name] = value
+        kwargs.update(tail or {})
+        return f"{type(trigger).__module__}.{type(trigger).__qualname__}", kwargs
+
+
+def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
+    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
+    (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
+    ``max_staleness`` and the stream lease; the source itself is built when the trigger runs."""
+    trigger.decision_filter = DecisionFilter(
+        decide_when=given["decide_when"],
+        debounce_ms=given["debounce_ms"],
+        decide_initial=given["decide_initial"],
+    )
+    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
+    trigger._lease = StreamLease(given["lease"], given["lease_after"])
+    trigger._source = None
 
 
 async def _close_source(source: StateSource | None) -> None:
@@ -125,6 +178,12 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
     """
 
+    _kwargs = _Kwargs(
+        "systemzero_conn_id request condition state source key_namespace decision_mode budget deadline "
+        "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness",
+        when_set=frozenset({"budget", "skip_states", "end_when_unmet"}),
+    )
+
     def __init__(
         self,
         *,
@@ -148,54 +207,18 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         decide_initial: bool = True,
     ) -> None:
         super().__init__()
-        self.decision_filter = DecisionFilter(
-            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
-        )
-        self.end_when_unmet = end_when_unmet
+        self._kwargs.keep(self, locals())
+        _watch_source(self, locals())
+        self.end_when_unmet = bool(end_when_unmet)
         self.skip_states = list(skip_states or [])
-        self.min_interval_ms = min_interval_ms
-        self.max_staleness = validate_max_staleness(max_staleness)
-        self.systemzero_conn_id = systemzero_conn_id
-        self.request = request
-        self.condition = condition
-        self.state = state
-        self.source = source
-        self.key_namespace = key_namespace
-        self.decision_mode = decision_mode
-        self.deadline = deadline
-        self.lease = lease
-        self.lease_after = lease_after
-        self.budget = budget
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
-        self._lease = StreamLease(lease, lease_after)
-        self._source: StateSource | None = None
         self._streamed: Any = NO_CHANGE  # the state the last stream ended with (a dormant wait starts there)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "systemzero_conn_id": self.systemzero_conn_id,
-                "request": self.request,
-                "condition": self.condition,
-                "state": self.state,
-                "source": self.source,
-                "key_namespace": self.key_namespace,
-                "decision_mode": self.decision_mode,
-                **({"budget": self.budget} if self.budget else {}),
-                "deadline": self.deadline,
-                "lease": self.lease,
-                "lease_after": self.lease_after,
-                **({"skip_states": self.skip_states} if self.skip_states else {}),
-                **({"end_when_unmet": True} if self.end_when_unmet else {}),
-                "min_interval_ms": self.min_interval_ms,
-                "max_staleness": self.max_staleness,
-                **self.decision_filter.to_kwargs(),
-            },
-        )
+        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -318,6 +341,11 @@ class SystemZeroDecideTrigger(BaseTrigger):
     :param budget: the task's spend caps and what it spent so far; the event reports the usage.
     """
 
+    _kwargs = _Kwargs(
+        "systemzero_conn_id request state key_namespace idempotency_key attachments deadline budget",
+        when_set=frozenset({"budget"}),
+    )
+
     def __init__(
         self,
         *,
@@ -331,33 +359,15 @@ class SystemZeroDecideTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.systemzero_conn_id = systemzero_conn_id
-        self.request = request
-        self.state = state
-        self.key_namespace = key_namespace
-        self.idempotency_key = idempotency_key
+        self._kwargs.keep(self, locals())
         self.attachments = attachments or []
-        self.deadline = deadline
-        self.budget = budget
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "systemzero_conn_id": self.systemzero_conn_id,
-                "request": self.request,
-                "state": self.state,
-                "key_namespace": self.key_namespace,
-                "idempotency_key": self.idempotency_key,
-                "attachments": self.attachments,
-                "deadline": self.deadline,
-                **({"budget": self.budget} if self.budget else {}),
-            },
-        )
+        return self._kwargs.serialized(self)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event."""
@@ -415,6 +425,11 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
     """
 
+    _kwargs = _Kwargs(
+        "systemzero_conn_id request condition state watch_id source decision_mode lease lease_after max_staleness",
+        unless={"max_staleness": DEFAULT_MAX_STALENESS},
+    )
+
     def __init__(
         self,
         *,
@@ -435,46 +450,14 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
 
-        self.decision_filter = DecisionFilter(
-            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
-        )
-        self.max_staleness = validate_max_staleness(max_staleness)
-        self.systemzero_conn_id = systemzero_conn_id
-        self.request = request
-        self.condition = condition
-        self.state = state
-        self.watch_id = watch_id
-        self.source = source
-        self.decision_mode = decision_mode
-        self.lease = lease
-        self.lease_after = lease_after
+        self._kwargs.keep(self, locals())
+        _watch_source(self, locals())
         self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
         self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
-        self._lease = StreamLease(lease, lease_after)
-        self._source: StateSource | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret); they are the watcher's identity."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "systemzero_conn_id": self.systemzero_conn_id,
-                "request": self.request,
-                "condition": self.condition,
-                "state": self.state,
-                "watch_id": self.watch_id,
-                "source": self.source,
-                "decision_mode": self.decision_mode,
-                "lease": self.lease,
-                "lease_after": self.lease_after,
-                **(
-                    {"max_staleness": self.max_staleness}
-                    if self.max_staleness != DEFAULT_MAX_STALENESS
-                    else {}
-                ),
-                **self.decision_filter.to_kwargs(),
-            },
-        )
+        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled."""

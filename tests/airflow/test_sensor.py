@@ -16,7 +16,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import READY_RULES, rules_emulator, run_dag, task_states, wait_until, xcoms_of
+from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, wait_until, xcoms_of
 
 RULES = READY_RULES
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -29,18 +29,7 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _sensor(log: Path, **kwargs: Any) -> SystemZeroDecisionSensor:
-    return SystemZeroDecisionSensor(
-        task_id="wait",
-        systemzero_conn_id="systemzero_sensor",
-        model="sz-test",
-        question="ready",
-        instructions="Is the job ready?",
-        source={"type": "file", "path": str(log), "poll_interval": 0.05},
-        min_confidence=0.5,
-        timeout=60,
-        lease_after=0.2,
-        **kwargs,
-    )
+    return file_sensor(log, "systemzero_sensor", **kwargs)
 
 
 def test_gateway_restart_mid_wait_replays_and_still_fires(emulator: Any, tmp_path: Path) -> None:

@@ -10,56 +10,23 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
+from tests import helpers
 from tests.airflow import sources_for_tests
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_LIMITS, TRIGGER_REQUEST, trigger_kwargs
 
-RULES = {
-    "rules": [
-        {
-            "question": "ready",
-            "pattern": "(?i)job is ready",
-            "answer": True,
-            "probability": 0.93,
-            "confidence": 0.9,
-        }
-    ],
-    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
-}
-REQUEST = {
-    "model": "sz-test",
-    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
-}
-CONDITION = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
-
-
-@pytest.fixture
-def rules_file(tmp_path: Path) -> str:
-    path = tmp_path / "rules.json"
-    path.write_text(json.dumps(RULES))
-    return str(path)
-
-
-#: The account's decision buckets (5 burst, 60/min) are tested in the emulator's suite; here
-#: they are raised so the stream cap, not billing pacing, is what the density test measures.
-LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
-
-
-@pytest.fixture
-async def emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    async with Emulator(api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS) as emu:
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_SYSTEMZERO_TEST",
-            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
-        )
-        yield emu
+REQUEST = TRIGGER_REQUEST
+CONDITION = TRIGGER_CONDITION
+LIMITS = TRIGGER_LIMITS
+#: The fixtures (tests/sources, tests/spend and tests/stream take them from here too).
+rules_file = helpers.rules_file
+emulator = helpers.emulator
 
 
 def rebuilt(trigger: Any) -> Any:
@@ -74,16 +41,7 @@ def rebuilt(trigger: Any) -> Any:
 
 
 def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
-    kwargs: dict[str, Any] = {
-        "systemzero_conn_id": "systemzero_test",
-        "request": REQUEST,
-        "condition": CONDITION,
-        "state": "",
-        "key_namespace": task_namespace("d", "t", "r", -1),
-        "lease_after": 0.0,
-    }
-    kwargs.update(overrides)
-    return SystemZeroDecisionTrigger(**kwargs)
+    return SystemZeroDecisionTrigger(**trigger_kwargs(**{"lease_after": 0.0, **overrides}))
 
 
 async def first_event(trigger: Any, within: float = 20) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import gc
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,55 +15,26 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.client import ClientSession
-from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream import default_capacity
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from tests import helpers
 from tests.dormant import channels
+from tests.helpers import trigger_kwargs
 
-RULES = {
-    "rules": [
-        {
-            "question": "ready",
-            "pattern": "(?i)job is ready",
-            "answer": True,
-            "probability": 0.93,
-            "confidence": 0.9,
-        }
-    ],
-    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
-}
-REQUEST = {
-    "model": "sz-test",
-    "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}},
-}
-CONDITION = DecisionCondition("ready", True, min_confidence=0.5).to_dict()
-LIMITS = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
-
-
-@pytest.fixture
-async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    async with Emulator(api_keys={"demo": 8}, decider=f"rules:{rules}", limits=LIMITS) as emu:
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_SYSTEMZERO_TEST",
-            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
-        )
-        yield emu
+emulator = helpers.emulator  # the fixture
+rules_file = helpers.rules_file  # … and the one it takes
 
 
 def _trigger(channel: str, **overrides: Any) -> SystemZeroDecisionTrigger:
-    kwargs: dict[str, Any] = {
-        "systemzero_conn_id": "systemzero_test",
-        "request": REQUEST,
-        "condition": CONDITION,
-        "state": "",
-        "key_namespace": task_namespace("d", "dormant", channel, -1),
-        "source": channels.source(channel),
-        "lease_after": 0.05,
-        **overrides,
-    }
+    kwargs = trigger_kwargs(
+        **{
+            "key_namespace": task_namespace("d", "dormant", channel, -1),
+            "source": channels.source(channel),
+            "lease_after": 0.05,
+            **overrides,
+        }
+    )
     _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
     return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))  # what the triggerer runs
 

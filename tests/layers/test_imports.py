@@ -49,32 +49,46 @@ def _imported(name: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def module_level_imports(name: str) -> set[str]:
-    """The package modules that importing ``name`` imports at once.
+def _loaded(name: str, target: str) -> set[str]:
+    """The package modules an import of ``target`` in module ``name`` runs: the deepest module the
+    dotted name reaches and every package ``__init__`` above it (Python runs those first).
 
     A module's own parent packages are left out: Python loads them before the module, so an edge
     back to one is the package's ``__init__`` re-exporting its modules, not a cycle.
     """
+    parts = target.split(".")
+    modules = [".".join(parts[:end]) for end in range(len(parts), 0, -1)]
+    deepest = next((module for module in modules if module in MODULES), None)
+    if deepest is None:
+        return set()
+    return {
+        module
+        for module in modules[modules.index(deepest) :]
+        if module in MODULES and not (name == module or name.startswith(f"{module}."))
+    }
+
+
+def module_level_imports(name: str, *, in_functions: bool = False) -> set[str]:
+    """The package modules that importing ``name`` imports at once (with ``in_functions``, also
+    the ones its functions import when they run; never those under ``if TYPE_CHECKING:``)."""
     found: set[str] = set()
 
     def visit(statements: list[ast.stmt]) -> None:
         for node in statements:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 for target in _imported(name, node):
-                    parts = target.split(".")
-                    modules = [".".join(parts[:end]) for end in range(len(parts), 0, -1)]
-                    deepest = next((module for module in modules if module in MODULES), None)
-                    if deepest is not None and not (name == deepest or name.startswith(f"{deepest}.")):
-                        found.add(deepest)
-            elif isinstance(node, ast.If) and not _is_type_checking(node):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
+                    found.update(_loaded(name, target))
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                continue
+            elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, field, []))
+                for handler in getattr(node, "handlers", []):
                     visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
+            elif isinstance(node, ast.ClassDef) or (
+                in_functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            ):
+                visit(node.body)
 
     visit(ast.parse(MODULES[name].read_text(encoding="utf-8")).body)
     return found
@@ -126,6 +140,25 @@ def test_the_package_has_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def test_an_import_runs_the_packages_above_the_module() -> None:
+    """Importing ``stream.exceptions`` runs ``stream/__init__`` first: a cycle through a package's
+    ``__init__`` is a cycle (the walk saw none when it only followed the deepest module)."""
+    loaded = _loaded(f"{PURE}.budget", f"{PACKAGE}.stream.exceptions.SystemZeroError")
+    assert loaded == {f"{PACKAGE}.stream.exceptions", f"{PACKAGE}.stream"}
+    assert _loaded(f"{PACKAGE}.stream.settings", f"{PACKAGE}.stream.exceptions") == {
+        f"{PACKAGE}.stream.exceptions"
+    }
+
+
+def test_no_import_inside_a_function_dodges_a_cycle() -> None:
+    """An import moved into a function (where it runs later) to keep a cycle from failing at import
+    time still ties the two modules both ways: with those imports counted the graph has no cycle either."""
+    graph = {name: module_level_imports(name, in_functions=True) for name in MODULES}
+    assert f"{PACKAGE}.compat" in graph[f"{PACKAGE}.hooks.systemzero"], "the walk misses function imports"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle through an import inside a function: " + " -> ".join(cycle or [])
+
+
 def test_the_pure_decision_package_names_no_airflow_import() -> None:
     pure = {name: path for name, path in MODULES.items() if name == PURE or name.startswith(f"{PURE}.")}
     assert {f"{PURE}.conditions", f"{PURE}.policy", f"{PURE}.budget"} <= set(pure)
@@ -168,3 +201,26 @@ def test_the_observer_modules_import_first() -> None:
     each load in a fresh interpreter (a cycle through a package's ``__init__`` would not)."""
     for module in ("utils.observability", "stream.observer", "observability", "hooks.systemzero"):
         subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{module}"], check=True, timeout=120)
+
+
+#: The layers, left to right (docs/architecture.md): each one imports only the layers to its left.
+LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|utils")
+
+
+def _layer(name: str) -> int | None:
+    top = name.removeprefix(f"{PACKAGE}.").split(".")[0]
+    return next((rank for rank, layer in enumerate(LAYERS) if top in layer.split("|")), None)
+
+
+def test_each_layer_imports_only_the_layers_to_its_left() -> None:
+    """The protocol core, the pure decision logic and the stream client never import a layer to their
+    right, not even inside a function (the stream asks the budget arithmetic; no budget asks the stream)."""
+    assert _layer(f"{PACKAGE}.stream.settings") == 2 and _layer(f"{PACKAGE}.utils.review") == 3
+    upward = sorted(
+        f"{name} -> {target}"
+        for name in MODULES
+        if (rank := _layer(name)) is not None
+        for target in module_level_imports(name, in_functions=True)
+        if (target_rank := _layer(target)) is not None and target_rank > rank
+    )
+    assert not upward, "imports against the layers: " + ", ".join(upward)

@@ -15,7 +15,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.sensors.inputs import build_inputs
-from tests.helpers import READY_RULES, rules_emulator, run_dag, task_states, wait_until, xcoms_of
+from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, wait_until, xcoms_of
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -29,18 +29,7 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _sensor(log: Path, **kwargs: Any) -> SystemZeroDecisionSensor:
-    return SystemZeroDecisionSensor(
-        task_id="wait",
-        systemzero_conn_id="systemzero_spend",
-        model="sz-test",
-        question="ready",
-        instructions="Is the job ready?",
-        source={"type": "file", "path": str(log), "poll_interval": 0.05},
-        min_confidence=0.5,
-        timeout=60,
-        lease_after=0.2,
-        **kwargs,
-    )
+    return file_sensor(log, "systemzero_spend", **kwargs)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from tests.airflow.test_triggers import (
     rebuilt,
     sensor_trigger,
 )
+from tests.helpers import loopback_emulator
 from tests.spend.sources import publish
 
 LINES = [f"step {n} done\n" for n in range(1, 6)]
@@ -164,15 +165,7 @@ def test_kwargs_without_the_knobs_are_unchanged() -> None:
 @pytest.fixture
 async def slow_emulator(rules_file: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The emulator with each fresh decision taking a second, so a change can arrive during one."""
-    from tests.airflow.test_triggers import LIMITS
-
-    async with Emulator(
-        api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=LIMITS, decide_latency_ms=1000
-    ) as emu:
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_SYSTEMZERO_TEST",
-            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
-        )
+    async with loopback_emulator(rules_file, monkeypatch, decide_latency_ms=1000) as emu:
         yield emu
 
 
