@@ -56,6 +56,15 @@ async def tailing(source_spec: dict[str, Any]) -> AsyncIterator[tuple[Any, Async
         await source.aclose()
 
 
+@contextlib.asynccontextmanager
+async def tailing_source(source: Any) -> AsyncIterator[AsyncIterator[Any]]:
+    changes = source.changes()
+    try:
+        yield changes
+    finally:
+        await changes.aclose()
+
+
 # ------------------------------------------------------------------ notifications
 
 
@@ -116,6 +125,66 @@ async def test_closing_an_earlier_iterator_keeps_the_watch_of_a_newer_one(tmp_pa
             handle.write("two\n")
         assert await value_where(new, lambda v: v == "one\ntwo\n") == "one\ntwo\n"
     finally:
+        await new.aclose()
+        await source.aclose()
+
+
+async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feeder's iterator is closed when its stream goes quiet, maybe while its read runs in a
+    thread: that read still ends, and the next iterator (the dormant wait) must yield what it read,
+    not start after it with text that lacks it."""
+    log = tmp_path / "job.log"
+    log.write_text("Job is ready.\n")
+    source = build_source(spec(log), "")
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    read = source._read
+
+    def held_read(*args: Any) -> Any:
+        started.set()
+        release.wait(10)
+        try:
+            return read(*args)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(source, "_read", held_read)
+    old = source.changes()
+    first = asyncio.ensure_future(anext(old))
+    try:
+        assert await asyncio.to_thread(started.wait, 10)
+        first.cancel()  # the stream went quiet: the feeder, and its read, are cancelled
+        await asyncio.gather(first, return_exceptions=True)
+        await old.aclose()
+        release.set()
+        assert await asyncio.to_thread(finished.wait, 10)  # the read went on to its end
+        monkeypatch.setattr(source, "_read", read)
+        async with tailing_source(source) as changes:
+            assert await anext(changes) == "Job is ready.\n"
+    finally:
+        release.set()
+        await source.aclose()
+
+
+async def test_every_open_iterator_hears_a_write(tmp_path: Path) -> None:
+    """Two iterators open at once (a dormant wait starting before the feeder's closed): a write
+    reaches both, whichever of them reads it."""
+    log = tmp_path / "job.log"
+    log.write_text("one\n")
+    source = build_source(spec(log), "")
+    old, new = source.changes(), source.changes()
+    try:
+        assert await anext(old) == "one\n"
+        assert await anext(new) == "one\n"
+        with log.open("a") as handle:
+            handle.write("two\n")
+        seen = await asyncio.gather(
+            value_where(old, lambda v: v == "one\ntwo\n"), value_where(new, lambda v: v == "one\ntwo\n")
+        )
+        assert seen == ["one\ntwo\n", "one\ntwo\n"]
+    finally:
+        await old.aclose()
         await new.aclose()
         await source.aclose()
 
