@@ -78,6 +78,9 @@ class FileSource(StateSource):
         self.watch = watch
         #: ``notify`` or ``poll`` once :meth:`changes` runs.
         self.mode: str | None = None
+        #: what :func:`~.file_watch.watch_mode` chose once the file's directory existed: the mount
+        #: table is read once per source, not at every stream and dormant wait
+        self._chosen: str | None = None
         self._text = prefix
         self._offset = 0
         self._identity: tuple[int, int] | None = None
@@ -86,14 +89,19 @@ class FileSource(StateSource):
         self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
         self._replaced = False
         self._resubscribe = False
+        #: a notification came since the last read (or nothing was read yet): the next
+        #: ``changes()`` reads before it yields; otherwise it yields the text it has
+        self._stale = True
         #: held by the one read in progress: a read runs to its end in its thread even when the
         #: refresh that started it is cancelled (a feeder closed when its stream went quiet), and
         #: the next read, from the next iterator, must start where that one ended
         self._reading = threading.Lock()
         #: one event per open ``changes()`` iterator, each set by a notification: a trigger's next
-        #: iterator (a dormant wait, a new stream) may start before the last one is closed, and
-        #: the watch is shared by them
+        #: iterator (a dormant wait, a new stream) may start before the last one is closed
         self._wakes: set[asyncio.Event] = set()
+        #: the source's watch: kept from its first ``changes()`` until :meth:`aclose` (the
+        #: trigger's cleanup), so the iterators of a trigger's streams and dormant waits, one
+        #: after the other, cost no subscribe, no unsubscribe and no read of an unchanged file
         self._subscriptions: list[Subscription] = []
 
     # ---------------------------------------------------------------- reading (in a worker thread)
@@ -190,16 +198,20 @@ class FileSource(StateSource):
     async def _refresh(self) -> None:
         """Read what changed into the text."""
         replaced, self._replaced = self._replaced, False
-        # Notified of a write to a local file, a small read comes from the page cache in
+        self._stale = False  # a notification during the read marks it again
+        # A small read of a local file (one notifications work for) comes from the page cache in
         # microseconds: it is done here, saving the hop to a thread and back (a scheduling delay
-        # of its own on a busy machine). Anything larger, and every poll, is read in a thread.
-        done = self._read(replaced, INLINE_READ_BYTES) if self._subscriptions and self._identity else None
+        # of its own on a busy machine) and the executor's threads. Anything larger, and a file
+        # that is polled (maybe on a network filesystem), is read in a thread.
+        local = self._chosen == "notify" or (self._subscriptions and self._identity)
+        done = self._read(replaced, INLINE_READ_BYTES) if local else None
         if done is None:
             await asyncio.to_thread(self._read, replaced)
 
     # ---------------------------------------------------------------- notifications
 
     def _on_event(self, mask: int) -> None:
+        self._stale = True
         if mask & file_watch.REPLACED:
             self._replaced = True
         if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._subscriptions) > 1):
@@ -215,6 +227,7 @@ class FileSource(StateSource):
             watcher = file_watch.shared_watcher()
             for path in dict.fromkeys((os.path.abspath(self.path), os.path.realpath(self.path))):
                 self._subscriptions.append(watcher.subscribe(path, self._on_event))
+            self._stale = True  # unwatched until now: read once the watch is in place
         except OSError as exc:
             self._unsubscribe()
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
@@ -245,16 +258,28 @@ class FileSource(StateSource):
                 await wake.wait()
         wake.clear()
 
+    def _choose_mode(self) -> str:
+        if self._chosen is not None:
+            return self._chosen
+        mode = file_watch.watch_mode(self.path, self.watch)
+        if os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+            self._chosen = mode  # judged by the directory itself, not by a parent: final
+        return mode
+
     # ---------------------------------------------------------------- the source API
 
     async def current(self) -> str:
+        if self.mode is None:
+            self._choose_mode()  # known before the first read: a local file is read on the loop
         await self._refresh()
         return self._text
 
     async def changes(self) -> AsyncIterator[Any]:
         wake = asyncio.Event()
         self._wakes.add(wake)
-        self.mode = file_watch.watch_mode(self.path, self.watch)
+        self.mode = self._choose_mode()
+        if self._resubscribe:  # the directory went away while no iterator was open
+            self._unsubscribe()
         self._subscribe()
         log.debug(
             "tailing %s (%s)",
@@ -262,7 +287,8 @@ class FileSource(StateSource):
             "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
         )
         try:
-            await self._refresh()
+            if self._stale or not self._subscriptions:
+                await self._refresh()
             last = self._text
             yield last
             while True:
@@ -275,8 +301,6 @@ class FileSource(StateSource):
                     yield last
         finally:
             self._wakes.discard(wake)
-            if not self._wakes:  # the last iterator: nobody waits on the watch any more
-                self._unsubscribe()
 
     async def aclose(self) -> None:
         self._unsubscribe()

@@ -134,10 +134,10 @@ async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
 ) -> None:
     """A feeder's iterator is closed when its stream goes quiet, maybe while its read runs in a
     thread: that read still ends, and the next iterator (the dormant wait) must yield what it read,
-    not start after it with text that lacks it."""
+    not start after it with text that lacks it. (Polled, so every read is in a thread.)"""
     log = tmp_path / "job.log"
     log.write_text("Job is ready.\n")
-    source = build_source(spec(log), "")
+    source = build_source(spec(log, watch="poll"), "")
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
     read = source._read
 
