@@ -287,7 +287,9 @@ class FileSource(StateSource):
             "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
         )
         try:
-            if self._stale or not self._subscriptions:
+            # read unless watched and unchanged since the last read, and no read is in progress
+            # (one a cancelled iterator left running in a thread: wait for it)
+            if self._stale or not self._subscriptions or self._reading.locked():
                 await self._refresh()
             last = self._text
             yield last

@@ -22,6 +22,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import wait_until
@@ -108,27 +109,28 @@ async def test_a_file_that_appears_later_is_picked_up(emulator: Emulator, tmp_pa
     assert payload["status"] == "success" and payload["decision"] is True
 
 
+@pytest.mark.parametrize("watch", ["notify", "poll"])
 async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
 ) -> None:
     """A feeder's iterator is closed when its stream goes quiet, maybe while its read runs in a
-    thread: that read still ends, and the next iterator (the dormant wait) must yield what it read,
-    not start after it with text that lacks it. (Polled, so every read is in a thread.)"""
+    thread (polled, or more than the loop reads inline): that read still ends, and the next
+    iterator (the dormant wait), started while it runs, must yield what it read — not the text
+    from before it, nor start after it with text that lacks it."""
+    content = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
     log = tmp_path / "job.log"
-    log.write_text("Job is ready.\n")
-    source = build_source(spec(log, watch="poll"), "")
-    started, release, finished = threading.Event(), threading.Event(), threading.Event()
-    read = source._read
+    log.write_text(content)
+    source = build_source(spec(log, watch=watch), "")
+    started, release = threading.Event(), threading.Event()
+    read_file = source._read_file
 
-    def held_read(*args: Any) -> Any:
-        started.set()
-        release.wait(10)
-        try:
-            return read(*args)
-        finally:
-            finished.set()
+    def held_read_file(replaced: bool, limit: int | None) -> Any:
+        if limit is None:  # the read in a thread
+            started.set()
+            release.wait(10)
+        return read_file(replaced, limit)
 
-    monkeypatch.setattr(source, "_read", held_read)
+    monkeypatch.setattr(source, "_read_file", held_read_file)
     old = source.changes()
     first = asyncio.ensure_future(anext(old))
     try:
@@ -136,11 +138,11 @@ async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
         first.cancel()  # the stream went quiet: the feeder, and its read, are cancelled
         await asyncio.gather(first, return_exceptions=True)
         await old.aclose()
-        release.set()
-        assert await asyncio.to_thread(finished.wait, 10)  # the read went on to its end
-        monkeypatch.setattr(source, "_read", read)
         async with tailing_source(source) as changes:
-            assert await anext(changes) == "Job is ready.\n"
+            following = asyncio.ensure_future(anext(changes))
+            await asyncio.wait({following}, timeout=0.05)  # it must wait for the read in progress
+            release.set()
+            assert await following == content
     finally:
         release.set()
         await source.aclose()
