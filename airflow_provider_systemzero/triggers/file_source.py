@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,6 +78,9 @@ class FileSource(StateSource):
         self.watch = watch
         #: ``notify`` or ``poll`` once :meth:`changes` runs.
         self.mode: str | None = None
+        #: what :func:`~.file_watch.watch_mode` chose once the file's directory existed: the mount
+        #: table is read once per source, not at every stream and dormant wait
+        self._chosen: str | None = None
         self._text = prefix
         self._offset = 0
         self._identity: tuple[int, int] | None = None
@@ -85,11 +89,20 @@ class FileSource(StateSource):
         self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
         self._replaced = False
         self._resubscribe = False
-        self._wake: asyncio.Event | None = None
+        #: a notification came since the last read (or nothing was read yet): the next
+        #: ``changes()`` reads before it yields; otherwise it yields the text it has
+        self._stale = True
+        #: held by the one read in progress: a read runs to its end in its thread even when the
+        #: refresh that started it is cancelled (a feeder closed when its stream went quiet), and
+        #: the next read, from the next iterator, must start where that one ended
+        self._reading = threading.Lock()
+        #: one event per open ``changes()`` iterator, each set by a notification: a trigger's next
+        #: iterator (a dormant wait, a new stream) may start before the last one is closed
+        self._wakes: set[asyncio.Event] = set()
+        #: the source's watch: kept from its first ``changes()`` until :meth:`aclose` (the
+        #: trigger's cleanup), so the iterators of a trigger's streams and dormant waits, one
+        #: after the other, cost no subscribe, no unsubscribe and no read of an unchanged file
         self._subscriptions: list[Subscription] = []
-        #: the ``changes()`` iterators open now: a trigger's next one (a dormant wait, a new stream)
-        #: may start before the last one is closed, and the watch is shared by them
-        self._iterating = 0
 
     # ---------------------------------------------------------------- reading (in a worker thread)
 
@@ -114,12 +127,38 @@ class FileSource(StateSource):
             else (self._tail + data)[-FINGERPRINT_BYTES:]
         )
 
-    def _read(self, replaced: bool, limit: int | None = None) -> tuple[bool, str] | None:
-        """Blocking part: ``(restart, text)`` — the new text, to append or (``restart``) to start over with.
+    def _read(self, replaced: bool, limit: int | None = None) -> bool | None:
+        """Blocking part: read what changed and take it into the text (``True``: done).
+
+        The read position and the text move together, under :attr:`_reading`: a read whose caller
+        was cancelled meanwhile still leaves text that holds everything read (every iterator
+        yields the text when it differs from what that iterator yielded last), never a position
+        past bytes the text lacks.
 
         :param limit: with a limit, read nothing and return ``None`` when more than ``limit``
-            bytes would be read (the caller reads them in a thread instead).
+            bytes would be read, or when another read is in progress (the caller reads in a
+            thread instead); without one, wait for the read in progress.
         """
+        if not self._reading.acquire(blocking=limit is None):
+            return None
+        try:
+            read = self._read_file(replaced, limit)
+            if read is None:
+                return None
+            restart, new = read
+            if restart:
+                text = self.prefix + new
+                if text != self._text:
+                    self._text = text
+                    log.info("%s was replaced or rewritten: read again from its start", self.path)
+            elif new:
+                self._text += new
+            return True
+        finally:
+            self._reading.release()
+
+    def _read_file(self, replaced: bool, limit: int | None) -> tuple[bool, str] | None:
+        """``(restart, text)``: the new text, to append or (``restart``) to start over with."""
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:  # a missing file counts as empty
@@ -156,34 +195,29 @@ class FileSource(StateSource):
             os.close(fd)
         return restart, self._decoder.decode(b"".join(chunks)) if chunks else ""
 
-    async def _refresh(self) -> bool:
-        """Read what changed; whether the text changed."""
+    async def _refresh(self) -> None:
+        """Read what changed into the text."""
         replaced, self._replaced = self._replaced, False
-        # Notified of a write to a local file, a small read comes from the page cache in
+        self._stale = False  # a notification during the read marks it again
+        # A small read of a local file (one notifications work for) comes from the page cache in
         # microseconds: it is done here, saving the hop to a thread and back (a scheduling delay
-        # of its own on a busy machine). Anything larger, and every poll, is read in a thread.
-        read = self._read(replaced, INLINE_READ_BYTES) if self._subscriptions and self._identity else None
-        restart, new = read if read is not None else await asyncio.to_thread(self._read, replaced)
-        if restart:
-            text = self.prefix + new
-            changed, self._text = text != self._text, text
-            if changed:
-                log.info("%s was replaced or rewritten: read again from its start", self.path)
-            return changed
-        if new:
-            self._text += new
-            return True
-        return False
+        # of its own on a busy machine) and the executor's threads. Anything larger, and a file
+        # that is polled (maybe on a network filesystem), is read in a thread.
+        local = self._chosen == "notify" or (self._subscriptions and self._identity)
+        done = self._read(replaced, INLINE_READ_BYTES) if local else None
+        if done is None:
+            await asyncio.to_thread(self._read, replaced)
 
     # ---------------------------------------------------------------- notifications
 
     def _on_event(self, mask: int) -> None:
+        self._stale = True
         if mask & file_watch.REPLACED:
             self._replaced = True
         if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._subscriptions) > 1):
             self._resubscribe = True  # the directory went away, or a symlink may point elsewhere now
-        if self._wake is not None:
-            self._wake.set()
+        for wake in self._wakes:
+            wake.set()
 
     def _subscribe(self) -> None:
         if self.mode != "notify" or self._subscriptions:
@@ -193,6 +227,7 @@ class FileSource(StateSource):
             watcher = file_watch.shared_watcher()
             for path in dict.fromkeys((os.path.abspath(self.path), os.path.realpath(self.path))):
                 self._subscriptions.append(watcher.subscribe(path, self._on_event))
+            self._stale = True  # unwatched until now: read once the watch is in place
         except OSError as exc:
             self._unsubscribe()
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
@@ -210,30 +245,41 @@ class FileSource(StateSource):
         for subscription in subscriptions:
             subscription.watcher.unsubscribe(subscription)
 
-    async def _next_change(self) -> None:
-        """Wait for a notification (or the safety re-check), or poll."""
+    async def _next_change(self, wake: asyncio.Event) -> None:
+        """Wait for a notification on ``wake`` (or the safety re-check), or poll."""
         if self._resubscribe or (self.mode == "notify" and not self._subscriptions):
             self._unsubscribe()
             self._subscribe()
             if self._subscriptions:
                 return  # watching again: look at once, something may have changed meanwhile
-        assert self._wake is not None
         wait = max(self.poll_interval, NOTIFY_RECHECK_SECONDS) if self._subscriptions else self.poll_interval
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
-                await self._wake.wait()
-        self._wake.clear()
+                await wake.wait()
+        wake.clear()
+
+    def _choose_mode(self) -> str:
+        if self._chosen is not None:
+            return self._chosen
+        mode = file_watch.watch_mode(self.path, self.watch)
+        if os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+            self._chosen = mode  # judged by the directory itself, not by a parent: final
+        return mode
 
     # ---------------------------------------------------------------- the source API
 
     async def current(self) -> str:
+        if self.mode is None:
+            self._choose_mode()  # known before the first read: a local file is read on the loop
         await self._refresh()
         return self._text
 
     async def changes(self) -> AsyncIterator[Any]:
-        self._wake = asyncio.Event()
-        self.mode = file_watch.watch_mode(self.path, self.watch)
-        self._iterating += 1
+        wake = asyncio.Event()
+        self._wakes.add(wake)
+        self.mode = self._choose_mode()
+        if self._resubscribe:  # the directory went away while no iterator was open
+            self._unsubscribe()
         self._subscribe()
         log.debug(
             "tailing %s (%s)",
@@ -241,16 +287,22 @@ class FileSource(StateSource):
             "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
         )
         try:
-            await self._refresh()
-            yield self._text
+            # read unless watched and unchanged since the last read, and no read is in progress
+            # (one a cancelled iterator left running in a thread: wait for it)
+            if self._stale or not self._subscriptions or self._reading.locked():
+                await self._refresh()
+            last = self._text
+            yield last
             while True:
-                await self._next_change()
-                if await self._refresh():
-                    yield self._text
+                await self._next_change(wake)
+                await self._refresh()
+                # what this iterator has not yielded yet (another iterator's read may have taken
+                # the change into the text: the text is compared, not the read's result)
+                if self._text is not last and self._text != last:
+                    last = self._text
+                    yield last
         finally:
-            self._iterating -= 1
-            if not self._iterating:  # the last iterator: nobody waits on the watch any more
-                self._unsubscribe()
+            self._wakes.discard(wake)
 
     async def aclose(self) -> None:
         self._unsubscribe()

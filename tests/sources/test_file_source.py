@@ -22,6 +22,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import wait_until
@@ -54,6 +55,15 @@ async def tailing(source_spec: dict[str, Any]) -> AsyncIterator[tuple[Any, Async
     finally:
         await changes.aclose()
         await source.aclose()
+
+
+@contextlib.asynccontextmanager
+async def tailing_source(source: Any) -> AsyncIterator[AsyncIterator[Any]]:
+    changes = source.changes()
+    try:
+        yield changes
+    finally:
+        await changes.aclose()
 
 
 # ------------------------------------------------------------------ notifications
@@ -99,10 +109,50 @@ async def test_a_file_that_appears_later_is_picked_up(emulator: Emulator, tmp_pa
     assert payload["status"] == "success" and payload["decision"] is True
 
 
-async def test_closing_an_earlier_iterator_keeps_the_watch_of_a_newer_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watch", ["notify", "poll"])
+async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
+) -> None:
+    """A feeder's iterator is closed when its stream goes quiet, maybe while its read runs in a
+    thread (polled, or more than the loop reads inline): that read still ends, and the next
+    iterator (the dormant wait), started while it runs, must yield what it read — not the text
+    from before it, nor start after it with text that lacks it."""
+    content = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
+    log = tmp_path / "job.log"
+    log.write_text(content)
+    source = build_source(spec(log, watch=watch), "")
+    started, release = threading.Event(), threading.Event()
+    read_file = source._read_file
+
+    def held_read_file(replaced: bool, limit: int | None) -> Any:
+        if limit is None:  # the read in a thread
+            started.set()
+            release.wait(10)
+        return read_file(replaced, limit)
+
+    monkeypatch.setattr(source, "_read_file", held_read_file)
+    old = source.changes()
+    first = asyncio.ensure_future(anext(old))
+    try:
+        assert await asyncio.to_thread(started.wait, 10)
+        first.cancel()  # the stream went quiet: the feeder, and its read, are cancelled
+        await asyncio.gather(first, return_exceptions=True)
+        await old.aclose()
+        async with tailing_source(source) as changes:
+            following = asyncio.ensure_future(anext(changes))
+            await asyncio.wait({following}, timeout=0.05)  # it must wait for the read in progress
+            release.set()
+            assert await following == content
+    finally:
+        release.set()
+        await source.aclose()
+
+
+async def test_every_open_iterator_hears_a_write_and_closing_one_keeps_the_watch(tmp_path: Path) -> None:
     """A trigger's next ``changes()`` (a dormant wait, a new stream) may start before the last one
-    is closed: closing the old one must not take the watch the new one waits on (polling is an
-    hour here, so only a notification can deliver the write)."""
+    is closed: a write reaches both, whichever of them reads it, and closing the old one must not
+    take the watch the new one waits on (polling is an hour here, so only a notification can
+    deliver a write)."""
     log = tmp_path / "job.log"
     log.write_text("one\n")
     source = build_source(spec(log), "")
@@ -110,12 +160,19 @@ async def test_closing_an_earlier_iterator_keeps_the_watch_of_a_newer_one(tmp_pa
     try:
         assert await anext(old) == "one\n"
         assert await anext(new) == "one\n"
+        with log.open("a") as handle:
+            handle.write("two\n")
+        seen = await asyncio.gather(
+            value_where(old, lambda v: v == "one\ntwo\n"), value_where(new, lambda v: v == "one\ntwo\n")
+        )
+        assert seen == ["one\ntwo\n", "one\ntwo\n"]
         await old.aclose()
         assert source.mode == "notify" and source._subscriptions
         with log.open("a") as handle:
-            handle.write("two\n")
-        assert await value_where(new, lambda v: v == "one\ntwo\n") == "one\ntwo\n"
+            handle.write("three\n")
+        assert await value_where(new, lambda v: v.endswith("three\n")) == "one\ntwo\nthree\n"
     finally:
+        await old.aclose()
         await new.aclose()
         await source.aclose()
 
