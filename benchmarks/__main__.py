@@ -106,8 +106,17 @@ def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
     if results.get("latency"):
         baseline.update(origin, latency=results["latency"])
     append_cost = (results.get("core") or {}).get("append_cost")
+    kept = earlier.get("kept_from", {})  # a scenario that file kept from an earlier run: that run's commit
+
+    def measured(name: str) -> dict[str, Any]:
+        return {**origin, "load_average": None, **kept[name]} if name in kept else origin
+
+    if results.get("density") and "error" not in results["density"]:
+        baseline.update(density=results["density"], density_from=measured("density"))
     if results.get("waiting") or append_cost:
-        baseline.update(waiting=results.get("waiting"), append_cost=append_cost, waiting_from=origin)
+        baseline.update(
+            waiting=results.get("waiting"), append_cost=append_cost, waiting_from=measured("waiting")
+        )
     return baseline
 
 

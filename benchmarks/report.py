@@ -102,6 +102,15 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
     if den and "error" not in den:
         runs = den["runs"]
         ns = " / ".join(str(r["n"]) for r in runs)
+        # the same N of the baseline's density run, when it has one: each cell reads "before → after"
+        then = {r["n"]: r for r in ((doc.get("baseline") or {}).get("density") or {}).get("runs", [])}
+
+        def cells(figure: Any) -> str:
+            now = " / ".join(figure(r) for r in runs)
+            if not all(r["n"] in then for r in runs):
+                return now
+            return " / ".join(figure(then[r["n"]]) for r in runs) + " → " + now
+
         sockets_ok = all(
             r["max_sockets_open"] <= r["max_streams_per_process"]
             and r["emulator_max_streams_open"] <= r["max_streams_per_process"]
@@ -111,7 +120,7 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
             [
                 f"Triggerer density (N = {ns})",
                 f"sockets open ≤ max_streams_per_process ({runs[0]['max_streams_per_process']})",
-                " / ".join(str(max(r["max_sockets_open"], r["emulator_max_streams_open"])) for r in runs),
+                cells(lambda r: str(max(r["max_sockets_open"], r["emulator_max_streams_open"]))),
                 MET if sockets_ok else MISSED,
             ]
         )
@@ -124,7 +133,7 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
             [
                 "",
                 f"RSS per waiting trigger ≤ {target:.0f} KB",
-                " / ".join(f"{v:.1f} KB" for v in rss),
+                cells(lambda r: f"{r['rss_per_trigger_kb']:.1f} KB"),
                 MET if rss_ok else MISSED,
             ]
         )
@@ -146,7 +155,7 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
             [
                 "",
                 f"idle CPU per 1000 waiting triggers ≤ {target:.0f} % of a core",
-                " / ".join(f"{v:.2f} %" for v in idle),
+                cells(lambda r: f"{r['idle_cpu_per_1000_pct']:.2f} %"),
                 MET if idle_ok else MISSED,
             ]
         )
@@ -160,9 +169,9 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
             [
                 "",
                 f"longest event-loop stall < {target:.0f} ms",
-                " / ".join(_ms(v) for v in stall)
+                cells(lambda r: _ms(r["longest_stall_ms"]))
                 + " (without garbage collection: "
-                + " / ".join(_ms(v) for v in no_gc)
+                + cells(lambda r: _ms(r["longest_stall_without_gc_ms"]))
                 + ")",
                 MET if stall_ok else MISSED,
             ]
@@ -985,6 +994,13 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
             f"{(baseline.get('load_average') or [math.nan])[0]:.1f}), where a file source polled.",
             "",
         ]
+        density_from = baseline.get("density_from")
+        if density_from and (res := doc["results"].get("density")) and "error" not in res:
+            lines += [
+                f"The triggerer-density cells read before → after: 'before' is a run of commit "
+                f"`{density_from.get('commit')}` on {str(density_from.get('started_at'))[:10]}.",
+                "",
+            ]
     if missed:
         lines += ["Missed, by how much and why:", ""] + [f"- {m}" for m in missed] + [""]
     waiting_rows = _waiting_rows(doc)
@@ -992,11 +1008,12 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         lines += ["### Waiting triggers and appends, before → after", ""]
         origin = (baseline or {}).get("waiting_from")
         if origin:
+            load = origin.get("load_average")
             lines += [
                 f"'Before' is the same benchmark code run against commit `{origin.get('commit')}` "
-                f"({str(origin.get('started_at'))[:16].replace('T', ' ')} UTC, load average "
-                f"{(origin.get('load_average') or [math.nan])[0]:.1f} on 2 cores); each figure is a median "
-                "of repeats.",
+                f"({str(origin.get('started_at'))[:16].replace('T', ' ')} UTC"
+                + (f", load average {load[0]:.1f} on 2 cores" if load else "")
+                + "); each figure is a median of repeats.",
                 "",
             ]
         lines += _table(["figure", "target", "before", "after", ""], waiting_rows)

@@ -223,10 +223,9 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
         payload = await self._stream.within_deadline(
-            self._wait,
+            self,
+            self._wait(),
             {"key_namespace": self.key_namespace},
-            owner=type(self).__name__,
-            cleanup=self.cleanup,
             late="the sensor's deadline passed before the trigger started",
             timed_out="no decision met the condition before the deadline",
             keep_open=True,
@@ -387,10 +386,9 @@ class SystemZeroDecideTrigger(BaseTrigger):
             return answers_payload(decision, self.state, key_namespace=self.key_namespace)
 
         payload = await self._stream.within_deadline(
-            decide,
+            self,
+            decide(),
             extra,
-            owner=type(self).__name__,
-            cleanup=self.cleanup,
             late="the task's deadline passed before the trigger started",
             timed_out="no decision before the task's deadline",
         )

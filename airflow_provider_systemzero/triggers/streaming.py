@@ -21,7 +21,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.currency import Currency
@@ -271,32 +271,37 @@ class TriggerStream:
 
     async def within_deadline(
         self,
-        work: Callable[[], Awaitable[dict[str, Any]]],
+        trigger: Any,
+        work: Coroutine[Any, Any, dict[str, Any]],
         extra: dict[str, Any],
         *,
-        owner: str,
         late: str,
         timed_out: str,
-        cleanup: Callable[[], Awaitable[None]],
         keep_open: bool = False,
     ) -> dict[str, Any]:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
         A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; ``cleanup`` runs on every exit — with
-        ``keep_open``, on every exit but ``work``'s success, after which the caller yields its event
-        first and then cleans up.
+        ``timeout`` event; ``CancelledError`` propagates; ``trigger.cleanup()`` runs on every exit —
+        with ``keep_open``, on every exit but ``work``'s success, after which the caller yields its
+        event first and then cleans up.
+
+        :param trigger: the trigger ``work`` belongs to (its class names it in the log; its
+            ``cleanup()`` runs on exit).
+        :param work: the trigger's wait, a coroutine (not a bound method: a waiting trigger keeps
+            no callback objects of its own while ``work`` awaits its source).
         """
         succeeded = False
         try:
             remaining = None if self.deadline is None else self.deadline - time.time()
             if remaining is not None and remaining <= 0:
+                work.close()  # never started: no "never awaited" warning
                 return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
             if remaining is None:
-                payload = await work()
+                payload = await work
             else:
                 async with asyncio.timeout(remaining):
-                    payload = await work()
+                    payload = await work
             succeeded = True
             return payload
         except TimeoutError:
@@ -309,11 +314,11 @@ class TriggerStream:
             }
         except Exception as exc:
             # the event carries the message and the task raises it: said once, by the task
-            log.info("%s ends with an error event (%s)", owner, type(exc).__name__)
+            log.info("%s ends with an error event (%s)", type(trigger).__name__, type(exc).__name__)
             return error_payload(exc, **extra)
         finally:
             if not (keep_open and succeeded):
-                await cleanup()
+                await trigger.cleanup()
 
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""
