@@ -13,8 +13,8 @@ into one decision per process:
   the latency of an account below its ceiling.
 * **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
   ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts). The pace grows by half on a 429 — once per
-  Retry-After: the 429s of starts already on their way when the first one was heard change
+  follow at a *pace* (seconds between starts). The pace grows by half on a 429 (to at least half
+  again the Retry-After) — once per Retry-After: the 429s of starts already on their way when the first one was heard change
   nothing more.
 * **Sharing an account, told nothing but the 429s.** From one pace after the Retry-After ended,
   the *rate* of starts (1 / pace) grows with *time*, by the same amount a second whatever share
@@ -49,7 +49,8 @@ from dataclasses import dataclass
 
 __all__ = ["Grant", "StartQueue"]
 
-#: Pace multiplier on each 429 (the gap between starts grows by half).
+#: Pace multiplier on each 429: the gap between starts grows by half (and is at least half again
+#: the Retry-After and the unit: a start exactly on the gateway's next token would race it).
 PACE_BACKOFF = 1.5
 #: Growth of the start rate once a Retry-After is over, in starts per unit per unit (the unit: the
 #: largest of the latest Retry-Afters): 1 / pace grows by this much ÷ unit every unit.
@@ -207,11 +208,15 @@ class StartQueue:
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
         heard = now < self.blocked_until  # a start on its way when the last 429 was heard
         self.blocked_until = max(self.blocked_until, now + delay)
-        if not heard:  # each Retry-After slows the process once, not once per stream
-            self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
         if delay > 0:
             self._delays.append(delay)
             self.unit = max(self._delays)
+        if not heard:  # each Retry-After slows the process once, not once per stream
+            first = not self.pace
+            self.pace = max(delay, self.unit, self.pace, MIN_PACE) * PACE_BACKOFF
+            if first:  # the probe goes when the Retry-After ends, the next start a pace after it
+                self._started = min(self._started, self.blocked_until - self.pace)
+                self._last_start = min(self._last_start, self.blocked_until - self.pace)
         self._recover_from = self.blocked_until + self.pace
         self._granted.pop(stream, None)
         if requeue:
