@@ -18,8 +18,9 @@ are multiplied by FACTOR.
 Figures: decisive line → ``TriggerEvent`` p50/p99; decisions billed in the window ÷ decisive
 lines; decisions started on a superseded state (the source had published a newer line at least
 :data:`GRACE_S` of wall time before the decision started); the 429s the processes heard and the
-gateway refused; the longest any trigger waited for a decision start (a line published → the
-first decision start covering it); and the fair-share bound, which each such wait must stay under
+gateway refused; the longest any trigger waited for a decision start (a line that wants one —
+every line without a filter, the lines ``decide_when`` matches with it — published → the first
+decision start covering it); and the fair-share bound, which each such wait must stay under
 twice. A trigger's fair share of the ceiling is what it would get if its process's share (1/2 of
 the account's: the processes know nothing of each other but the 429s) were dealt evenly, at every
 moment, over the triggers of the process that *compete* for a start then — those with a line no
@@ -45,6 +46,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -296,11 +298,15 @@ def _figures(
 ) -> dict[str, Any]:
     seconds_per_start = 60 / (CEILING_PER_MINUTE * factor)
     published: dict[str, list[tuple[int, float]]] = {}
+    asking: dict[str, list[tuple[int, float]]] = {}  # the lines that want a decision start
+    wants = re.compile(decide_when).search if decide_when else None
     decisive: dict[str, float] = {}
     fired: dict[str, float | None] = {}
     for result in results:
         for index, number, at, is_decisive in result["published"]:
             published.setdefault(f"c{index}", []).append((number, at))
+            if wants is None or wants(f"c{index} {READY if is_decisive else 'line'} {number}"):
+                asking.setdefault(f"c{index}", []).append((number, at))
             if is_decisive:
                 decisive[f"c{index}"] = at
         fired.update({f"c{index}": at for index, at in result["fired"].items()})
@@ -331,7 +337,7 @@ def _figures(
     waits, ratios, own_ratios = [], [], []
     uncovered = 0
     waited: dict[str, list[tuple[float, float]]] = {}  # channel → (line published, first start covering it)
-    for channel, lines in published.items():
+    for channel, lines in asking.items():
         decisions = sorted(by_channel.get(channel, []))
         for number, at in lines:
             start = next((t for t, k in decisions if k >= number and t >= at), None)
