@@ -18,13 +18,18 @@ are multiplied by FACTOR.
 Figures: decisive line → ``TriggerEvent`` p50/p99; decisions billed in the window ÷ decisive
 lines; decisions started on a superseded state (the source had published a newer line at least
 :data:`GRACE_S` of wall time before the decision started); the 429s the processes heard and the
-gateway refused; the longest any trigger waited for a decision start (a line published → the
-first decision start covering it); and the fair-share bound: each such wait against the fair
-share at that moment, which must stay under twice: a process's share of the ceiling is 1/2 of it
-(the processes know nothing of each other but the 429s), so a trigger's fair share is the
-triggers still waiting in its process × 2 × the account's seconds per start. The same ratio
-against the whole fleet's waiting triggers (the account's starts dealt round-robin over every
-trigger of both processes) is reported beside it.
+gateway refused; the longest any trigger waited for a decision start (a line that wants one —
+every line without a filter, the lines ``decide_when`` matches with it — published → the first
+decision start covering it); and the fair-share bound, which each such wait must stay under
+twice. A trigger's fair share of the ceiling is what it would get if its process's share (1/2 of
+the account's: the processes know nothing of each other but the 429s) were dealt evenly, at every
+moment, over the triggers of the process that *compete* for a start then — those with a line no
+start has covered yet (a trigger with nothing new to decide asks for nothing): its fair wait is
+the time its share takes to add up to one start (:func:`_fair_waits`), and the figure is the
+largest wait ÷ fair wait. The same ratio against the whole fleet (the account's starts dealt over
+the competing triggers of both processes) is reported beside it, and so is the earlier, looser
+reading (the fair share at the moment of the line over every trigger of the process not yet
+fired, whether it had anything to decide or not).
 
 The decisions' starts are seen by the emulator's decider (:func:`decide`), which records the
 source line each started on; the sources' publish times are recorded by the triggerer processes.
@@ -41,11 +46,12 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from benchmarks.common import Options, summary_ms
@@ -292,11 +298,15 @@ def _figures(
 ) -> dict[str, Any]:
     seconds_per_start = 60 / (CEILING_PER_MINUTE * factor)
     published: dict[str, list[tuple[int, float]]] = {}
+    asking: dict[str, list[tuple[int, float]]] = {}  # the lines that want a decision start
+    wants = re.compile(decide_when).search if decide_when else None
     decisive: dict[str, float] = {}
     fired: dict[str, float | None] = {}
     for result in results:
         for index, number, at, is_decisive in result["published"]:
             published.setdefault(f"c{index}", []).append((number, at))
+            if wants is None or wants(f"c{index} {READY if is_decisive else 'line'} {number}"):
+                asking.setdefault(f"c{index}", []).append((number, at))
             if is_decisive:
                 decisive[f"c{index}"] = at
         fired.update({f"c{index}": at for index, at in result["fired"].items()})
@@ -325,12 +335,16 @@ def _figures(
     for values in own_ends.values():
         values.sort()
     waits, ratios, own_ratios = [], [], []
-    for channel, lines in published.items():
+    uncovered = 0
+    waited: dict[str, list[tuple[float, float]]] = {}  # channel → (line published, first start covering it)
+    for channel, lines in asking.items():
         decisions = sorted(by_channel.get(channel, []))
         for number, at in lines:
             start = next((t for t, k in decisions if k >= number and t >= at), None)
             if start is None:
+                uncovered += 1
                 continue
+            waited.setdefault(channel, []).append((at, start))
             wait = start - at
             still_waiting = len(ends) - bisect.bisect_right(ends, at) + never
             waits.append(wait)
@@ -340,6 +354,7 @@ def _figures(
             own_waiting = len(mine) - bisect.bisect_right(mine, at) + own_never.get(process, 0)
             # the process's share of the ceiling is 1 / PROCESSES of it: its seconds per start
             own_ratios.append(wait / max(seconds_per_start, own_waiting * seconds_per_start * PROCESSES))
+    fair = _fair_waits(waited, process_of, seconds_per_start)
     latencies = [
         (fired[c] - decisive[c]) * factor
         for c in decisive
@@ -366,13 +381,79 @@ def _figures(
         "rate_limited_429s_refused": refused,
         "longest_wait_for_start_s": max(waits, default=0.0) * factor,
         "longest_queue_wait_s": max(r["longest_queue_wait_s"] for r in results) * factor,
-        "fair_share_ratio_max": max(own_ratios, default=0.0),
-        "fair_share_bound_holds": max(own_ratios, default=0.0) <= 2.0,
-        "fleet_fair_share_ratio_max": max(ratios, default=0.0),
+        "lines_never_decided": uncovered,
+        "fair_share_ratio_max": fair["process"],
+        "fair_share_bound_holds": fair["process"] <= 2.0,
+        "fleet_fair_share_ratio_max": fair["fleet"],
+        "longest_fair_wait_s": fair["longest_fair_wait_s"] * factor,
+        "fair_share_ratio_max_not_fired_count": max(own_ratios, default=0.0),
+        "fleet_fair_share_ratio_max_not_fired_count": max(ratios, default=0.0),
     }
     if decide_when:
         figures["targets"] = {"p50_ms": 2000, "p99_ms": 15000, "billed_per_decisive": 1.1, "superseded": 0}
     return figures
+
+
+def _fair_waits(
+    waited: Mapping[str, list[tuple[float, float]]],
+    process_of: Callable[[str], int],
+    seconds_per_start: float,
+) -> dict[str, float]:
+    """The largest wait ÷ fair wait, per process and over the fleet (see the module docstring).
+
+    A channel competes while one of its lines waits for a start; a group's share of the ceiling
+    (a process: 1/PROCESSES of it; the fleet: all of it) is dealt evenly over the channels of the
+    group competing at each moment. A line's fair wait is the time from its publication until
+    that share adds up to one start (at least one start's time).
+    """
+
+    def fair_clock(channels: list[str], per_start: float) -> tuple[list[float], list[float]]:
+        # (time, starts' worth of fair share a competing channel has had since the beginning)
+        changes = []
+        for channel in channels:
+            spans = sorted(waited.get(channel, []))
+            merged: list[list[float]] = []
+            for begin, end in spans:
+                if merged and begin <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([begin, end])
+            changes += [(begin, 1) for begin, _ in merged] + [(end, -1) for _, end in merged]
+        times, shares, competing, share, last = [], [], 0, 0.0, None
+        for at, change in sorted(changes):
+            if last is not None:
+                share += (at - last) / (max(1, competing) * per_start)
+            times.append(at)
+            shares.append(share)
+            competing, last = competing + change, at
+        return times, shares
+
+    def fair_wait(clock: tuple[list[float], list[float]], at: float, per_start: float) -> float:
+        times, shares = clock
+        i = bisect.bisect_right(times, at) - 1
+        if i < 0 or i + 1 >= len(times):
+            return per_start
+        had = shares[i] + (shares[i + 1] - shares[i]) * (at - times[i]) / max(1e-12, times[i + 1] - times[i])
+        j = bisect.bisect_left(shares, had + 1.0)
+        if j >= len(shares):  # past the last wait: nobody competes, a start every per_start
+            return times[-1] - at + (had + 1.0 - shares[-1]) * per_start
+        slope = (shares[j] - shares[j - 1]) / max(1e-12, times[j] - times[j - 1])
+        return max(per_start, times[j - 1] + (had + 1.0 - shares[j - 1]) / max(1e-12, slope) - at)
+
+    groups: dict[int, list[str]] = {}
+    for channel in waited:
+        groups.setdefault(process_of(channel), []).append(channel)
+    own_per_start = seconds_per_start * PROCESSES
+    clocks = {process: fair_clock(channels, own_per_start) for process, channels in groups.items()}
+    fleet = fair_clock(list(waited), seconds_per_start)
+    worst = {"process": 0.0, "fleet": 0.0, "longest_fair_wait_s": 0.0}
+    for channel, spans in waited.items():
+        for at, start in spans:
+            own = fair_wait(clocks[process_of(channel)], at, own_per_start)
+            worst["process"] = max(worst["process"], (start - at) / own)
+            worst["fleet"] = max(worst["fleet"], (start - at) / fair_wait(fleet, at, seconds_per_start))
+            worst["longest_fair_wait_s"] = max(worst["longest_fair_wait_s"], own)
+    return worst
 
 
 async def run(options: Options) -> dict[str, Any]:

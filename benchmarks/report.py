@@ -932,9 +932,10 @@ def _fleet(fleet: dict[str, Any]) -> list[str]:
         f"account at the public limits (burst 5, 60 starts a minute); time {first['factor']:.0f}{TIMES} "
         "faster with every binding limit scaled, figures in real-limit units. A decision counts as "
         f"on a superseded state when its source had a newer line {fleet['grace_s']:.1f} s before it "
-        "started; a wait is from a line to the first decision start covering it, against the fair share "
-        f"then (triggers still waiting in its process {TIMES} the process's seconds per start, "
-        "2 s with two processes; in brackets: against the whole fleet's waiting triggers).",
+        "started; a wait is from a line to the first decision start covering it, against its fair wait "
+        "(the time its process's half of the ceiling, dealt evenly over the triggers of the process "
+        "with an undecided line at each moment, takes to add up to one start; in brackets: the "
+        "account's ceiling over the whole fleet's such triggers).",
         "",
     ]
     header = [

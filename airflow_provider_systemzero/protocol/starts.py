@@ -13,9 +13,17 @@ into one decision per process:
   the latency of an account below its ceiling.
 * **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
   ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts) that grows by half on each 429 and shrinks by 5 %
-  on each start the gateway accepts — so two processes on one account settle on sharing it,
-  told nothing but the 429s, and a long run of accepted starts brings the pace back to zero.
+  follow at a *pace* (seconds between starts). The pace grows by half on a 429 (to at least half
+  again the Retry-After) — once per Retry-After: the 429s of starts already on their way when the first one was heard change
+  nothing more.
+* **Sharing an account, told nothing but the 429s.** From one pace after the Retry-After ended,
+  the *rate* of starts (1 / pace) grows with *time*, by the same amount a second whatever share
+  the process has (additive increase, multiplicative decrease, as TCP shares a link): a process
+  that got few starts recovers as fast as one that got many, and the one that starts more often
+  hears more of the 429s, so processes on one account converge on equal shares. The time unit is
+  the gateway's own: the largest of the latest Retry-Afters (about the account's gap between
+  starts), so the rule is the same at any ceiling. An account quiet for :data:`QUIET_UNITS`
+  units (no 429) is unlimited again: its burst is there for the next changes.
 * **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
   its place when it asks again about a newer version (its wait counts from its first request),
   goes back to the front when its start was refused (429) or came too early, and to the back when
@@ -35,15 +43,22 @@ gateway and API key in a process and wakes the granted streams.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 __all__ = ["Grant", "StartQueue"]
 
-#: Pace multiplier on each 429 (the gap between starts grows by half).
+#: Pace multiplier on each 429: the gap between starts grows by half (and is at least half again
+#: the Retry-After and the unit: a start exactly on the gateway's next token would race it).
 PACE_BACKOFF = 1.5
-#: Pace multiplier on each start the gateway accepted while the queue is paced.
-PACE_RECOVERY = 0.95
+#: Growth of the start rate once a Retry-After is over, in starts per unit per unit (the unit: the
+#: largest of the latest Retry-Afters): 1 / pace grows by this much ÷ unit every unit.
+PACE_RECOVERY = 0.004
+#: How many of the latest Retry-Afters the unit is the largest of.
+UNIT_SAMPLES = 16
+#: Units without a 429 after which the queue is unlimited again (the account is quiet).
+QUIET_UNITS = 50
 #: Below this pace (seconds) the queue counts as unlimited again.
 MIN_PACE = 0.001
 #: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
@@ -88,6 +103,10 @@ class StartQueue:
         self.starts = 0
         #: The longest any stream waited for its start so far, in seconds.
         self.longest_wait = 0.0
+        #: The largest of the latest Retry-Afters, in seconds: the time unit of the pace's recovery.
+        self.unit = 0.0
+        self._delays: deque[float] = deque(maxlen=UNIT_SAMPLES)
+        self._recover_from = math.inf  # the pace shrinks from this time on
 
     # ------------------------------------------------------------------ views
 
@@ -120,6 +139,7 @@ class StartQueue:
         :returns: ``True`` when it may start now (the start is counted); ``False`` when it waits
             (queued, or its newer version replaces the one it waited with — its place is kept).
         """
+        self._recover(now)
         granted = self._granted.pop(stream, None)
         if granted is not None:
             waiting = granted[0]
@@ -153,13 +173,22 @@ class StartQueue:
     def accepted(self, now: float) -> None:
         """A start was not rate limited (a decision arrived, or it failed for another reason).
 
-        The pace shrinks, but not before a whole pace has passed since the last Retry-After ended:
-        the probe after a 429 being accepted does not let a second start into the same window.
+        The pace shrinks with time (see :meth:`_recover`), never by the count of starts: a
+        process's recovery does not depend on the share it already has.
         """
-        if self.pace and now >= self.blocked_until + self.pace:
-            self.pace *= PACE_RECOVERY
-            if self.pace < MIN_PACE:
-                self.pace = 0.0
+        self._recover(now)
+
+    def _recover(self, now: float) -> None:
+        # additive increase of the rate, by time: the same for every process whatever its share;
+        # not before a whole pace has passed since the last Retry-After ended: the probe after a
+        # 429 being accepted does not let a second start into the same window
+        if not self.pace or now <= self._recover_from:
+            return
+        unit = max(self.unit, MIN_PACE)
+        self.pace = 1 / (1 / self.pace + PACE_RECOVERY * (now - self._recover_from) / unit**2)
+        self._recover_from = now
+        if self.pace < MIN_PACE or now >= self.blocked_until + QUIET_UNITS * unit:
+            self.pace, self._recover_from = 0.0, math.inf
 
     def refused(
         self, stream: Hashable, version: int, retry_after: float | None, now: float, *, requeue: bool = True
@@ -175,9 +204,20 @@ class StartQueue:
             that retry as the window's one start instead.
         """
         self.rate_limited += 1
+        self._recover(now)
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
+        heard = now < self.blocked_until  # a start on its way when the last 429 was heard
         self.blocked_until = max(self.blocked_until, now + delay)
-        self.pace = max(delay, self.pace * PACE_BACKOFF, MIN_PACE)
+        if delay > 0:
+            self._delays.append(delay)
+            self.unit = max(self._delays)
+        if not heard:  # each Retry-After slows the process once, not once per stream
+            first = not self.pace
+            self.pace = max(delay, self.unit, self.pace, MIN_PACE) * PACE_BACKOFF
+            if first:  # the probe goes when the Retry-After ends, the next start a pace after it
+                self._started = min(self._started, self.blocked_until - self.pace)
+                self._last_start = min(self._last_start, self.blocked_until - self.pace)
+        self._recover_from = self.blocked_until + self.pace
         self._granted.pop(stream, None)
         if requeue:
             since = now
@@ -192,6 +232,7 @@ class StartQueue:
 
     def grant(self, now: float) -> Grant | None:
         """The next start, if one may happen now: the longest-waiting stream, for its newest version."""
+        self._recover(now)
         self._expire(now)
         if not self._waiting or now < self._next_start_at():
             return None

@@ -9,12 +9,16 @@ after it), and no stream waits while another starts twice.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import random
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_systemzero.protocol.starts import GRANT_TTL, StartQueue
+from airflow_provider_systemzero.protocol.starts import GRANT_TTL, QUIET_UNITS, StartQueue
 
 
 @dataclass
@@ -122,7 +126,8 @@ def test_grants_are_fair_newest_and_honour_retry_after(data: st.DataObject, n: i
 )
 def test_every_stream_is_granted_within_one_round(n: int, outcomes: list[float | None]) -> None:
     """Every stream keeps wanting a decision; each one is granted before any other starts twice,
-    and within a bound of time: the streams ahead of it times the largest gap between starts."""
+    and within a bound of time: the starts ahead of it (the other streams, and the retries of a
+    refused one, which keeps the front) times the largest gap between starts."""
     sim = _Sim()
     results = iter(outcomes)
     longest_gap = 0.0
@@ -152,7 +157,9 @@ def test_every_stream_is_granted_within_one_round(n: int, outcomes: list[float |
     for stream, seen in sim.overtaken.items():
         assert len(seen) == len(set(seen)), f"stream {stream} waited while {seen} started"
     for stream, since in sim.waiting_since.items():
-        assert sim.now - since <= (n + 1) * max(longest_gap, GRANT_TTL) + 1e-6, (stream, since, sim.now)
+        retried = sum(1 for at, _ in sim.refusals if at >= since)  # a refused start goes again first
+        bound = (n + retried + 1) * max(longest_gap, GRANT_TTL)
+        assert sim.now - since <= bound + 1e-6, (stream, since, sim.now)
 
 
 def test_unlimited_until_a_429() -> None:
@@ -173,8 +180,8 @@ def test_a_429_holds_every_stream_once_then_one_at_a_time() -> None:
     assert queue.request("b", 3, 2.2) is False  # a newer version keeps b's place
     assert queue.request("a", 1, 2.2)
     queue.accepted(2.3)
-    assert queue.grant(4.1) is None  # a pace after a's start (2.2 + 2.0)
-    grant = queue.grant(4.2)
+    assert queue.grant(5.1) is None  # a pace after a's start (2.2 + 1.5 × 2.0)
+    grant = queue.grant(5.2)
     assert grant is not None and (grant.stream, grant.version) == ("b", 3)
 
 
@@ -189,3 +196,132 @@ def test_an_unused_grant_loses_its_turn() -> None:
     assert grant is not None and grant.stream == "a"
     grant = queue.grant(2.5 + GRANT_TTL + 2.0)  # a never used it: b's turn, a waits behind
     assert grant is not None and grant.stream == "b"
+
+
+def test_each_retry_after_slows_the_process_once() -> None:
+    """The 429s of starts already on their way when the first one was heard change nothing more."""
+    queue = StartQueue()
+    assert all(queue.request(s, 1, 0.0) for s in "abcd")  # four starts go out before any answer
+    queue.refused("a", 1, 1.0, 0.1)
+    pace = queue.pace
+    for stream in "bcd":  # the gateway refused them too, for the same reason
+        queue.refused(stream, 1, 0.9, 0.12)
+    assert queue.pace == pace
+    assert queue.rate_limited == 4 and queue.blocked_until == 1.1
+
+
+def test_the_pace_recovers_with_time_not_with_the_starts_a_process_made() -> None:
+    """Two processes with the same 429s recover alike, however many starts each made since."""
+    busy, quiet = StartQueue(), StartQueue()
+    for queue in (busy, quiet):
+        queue.refused("x", 1, 1.0, 0.0)
+    slowed = busy.pace
+    for k in range(100):
+        busy.accepted(3.0 + k * 0.1)  # a start accepted every 0.1 s
+    quiet.accepted(12.9)  # one start, at the same end
+    assert busy.pace == pytest.approx(quiet.pace)
+    assert busy.pace < slowed  # it did recover
+    later = StartQueue()
+    later.refused("x", 1, 1.0, 0.0)
+    later.accepted(QUIET_UNITS * 1.0 + 1.0)
+    assert later.pace == 0.0 and not later.limited  # a quiet account is unlimited again
+
+
+class _Bucket:
+    """The gateway's account bucket: ``burst`` starts, refilled at ``rate`` a second."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, burst, float(burst), 0.0
+
+    def take(self, now: float) -> float | None:
+        """``None`` when the start is accepted, else the Retry-After."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return None
+        return max(0.001, (1 - self.tokens) / self.rate)
+
+
+def _two_processes(
+    rate: float, streams: int, latency: float, join: float, seed: int
+) -> tuple[list[list[float]], int]:
+    """Two saturated processes (two queues, told nothing but the 429s) share one bucket; the second
+    joins at ``join``. Returns the accepted starts' times per process and the 429s."""
+    rng = random.Random(seed)
+    bucket = _Bucket(rate, 5)
+    queues = [StartQueue(), StartQueue()]
+    versions = itertools.count(1)
+    order = itertools.count()
+    events: list[tuple[float, int, int, str, int, float]] = []  # (time, order, process, kind, stream, retry)
+    accepted: list[list[float]] = [[], []]
+
+    pumps: list[float | None] = [None, None]  # each process's one timer
+
+    def push(at: float, process: int, kind: str, stream: int = -1, retry_after: float = 0.0) -> None:
+        heapq.heappush(events, (at, next(order), process, kind, stream, retry_after))
+
+    def schedule(process: int, now: float) -> None:
+        wake = queues[process].wakeup(now)
+        if wake is not None and (pumps[process] is None or wake < pumps[process]):
+            pumps[process] = max(wake, now)
+            push(max(wake, now), process, "pump")
+
+    def ask(process: int, stream: int, now: float) -> None:
+        if queues[process].request(stream, next(versions), now):
+            push(now + latency * rng.uniform(0.5, 1.5), process, "gateway", stream)
+        else:
+            schedule(process, now)
+
+    for process, begin in ((0, 0.0), (1, join)):
+        for stream in range(streams):
+            push(begin, process, "ask", stream)
+    while events and events[0][0] <= 600 / rate:
+        now, _, process, kind, stream, retry_after = heapq.heappop(events)
+        queue = queues[process]
+        if kind == "ask":
+            ask(process, stream, now)
+        elif kind == "pump":
+            if pumps[process] != now:
+                continue  # replaced by an earlier timer
+            pumps[process] = None
+            while (grant := queue.grant(now)) is not None:
+                ask(process, int(grant.stream), now)  # the granted stream asks on its newest state
+            schedule(process, now)
+        elif kind == "gateway":
+            refused = bucket.take(now)
+            answer = now + latency * rng.uniform(0.5, 1.5)
+            push(answer, process, "accepted" if refused is None else "429", stream, refused or 0.0)
+        elif kind == "accepted":
+            queue.accepted(now)
+            accepted[process].append(now)
+            ask(process, stream, now)  # saturated: it has a newer state to decide at once
+        else:  # 429: back to the front of its queue, the whole process waits the Retry-After
+            queue.refused(stream, next(versions), retry_after, now)
+            schedule(process, now)
+    return accepted, sum(queue.rate_limited for queue in queues)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rate=st.sampled_from([1.0, 20.0]),
+    streams=st.integers(min_value=2, max_value=8),
+    latency=st.floats(min_value=0.01, max_value=0.3),
+    join=st.floats(min_value=0.0, max_value=100.0),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_two_processes_share_the_ceiling(
+    rate: float, streams: int, latency: float, join: float, seed: int
+) -> None:
+    """Two processes on one account, each with more streams waiting than the ceiling serves, told
+    nothing but the 429s: once both run, each gets at least a quarter of the account's starts (its
+    fair share is half: no wait longer than twice the fair one), the ceiling is used, and the 429s
+    stay a fraction of the starts (those of starts in flight when the first was heard included). The same at one start a second and at twenty."""
+    latency, join = latency / rate, join / rate  # in units of the account's gap between starts
+    accepted, refused = _two_processes(rate, streams, latency, join, seed)
+    begin, end = join + 100 / rate, 600 / rate
+    counts = [sum(1 for t in times if begin <= t < end) for times in accepted]
+    served = sum(counts) / ((end - begin) * rate)
+    assert min(counts) >= sum(counts) / 4, f"starts per process {counts}"
+    assert served >= 0.9, f"the account's ceiling was {served:.0%} used"
+    assert refused <= 0.4 * sum(len(times) for times in accepted), f"{refused} 429s: a retry storm"
