@@ -18,7 +18,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from tests.dormant import channels
-from tests.dormant.test_dormant_trigger import _trigger, emulator  # noqa: F401 (a fixture)
+from tests.dormant.test_dormant_trigger import _trigger, emulator, rules_file  # noqa: F401 (fixtures)
 
 #: Objects tracked by the collector that one dormant trigger's task keeps beyond what existed before
 #: it started: its task and context, the trigger and its records, the coroutine frames of the one
