@@ -413,7 +413,10 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
             for frame in self.session.data_to_send(now):
                 if not await self._write(ws, frame):
                     break
-        self._kick_if_due(time.monotonic())  # the writer's own timers, if they moved earlier
+        if self._release_for is ws:  # asked while writing (a start must wait its turn): the writer closes
+            self._kick()
+        else:
+            self._kick_if_due(time.monotonic())  # the writer's own timers, if they moved earlier
         return True
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
