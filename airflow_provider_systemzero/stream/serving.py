@@ -249,7 +249,11 @@ class ConnectionServing:
                 while not reader.done():
                     self._wake.clear()
                     now = time.monotonic()
-                    for frame in session.data_to_send(now):
+                    frames = session.data_to_send(now)
+                    if self._outbox:  # what a change left to the writer goes first
+                        frames[:0] = self._outbox
+                        self._outbox.clear()
+                    for frame in frames:
                         if not await self._write(ws, frame):
                             stalled = True
                             break
@@ -368,6 +372,7 @@ class ConnectionServing:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             session.connection_lost()
+            self._outbox.clear()  # written for this connection: the session replays what was not acknowledged
             self._connection_ended()
             self._release_for = None
             self._ws = None
