@@ -91,7 +91,7 @@ def _targets(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 ok = warm[key] <= target
                 rows.append(
                     [
-                        "Change → event, warm stream",
+                        "Change → event, push source, warm stream",
                         f"{key[:3]} ≤ {target:.0f} ms",
                         _ms(warm[key]),
                         MET if ok else MISSED,

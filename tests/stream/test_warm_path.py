@@ -1,6 +1,7 @@
 """The warm path does no needless work: hops and wake-ups counted, not timed.
 
-A change on a held stream is one frame out and an ack plus a decision back. Neither frame gives
+A change on a held stream is one frame out and an ack plus a decision back. The change is
+written by the caller's task (the writer is not woken to write it); neither frame back gives
 the writer anything to send, so neither wakes it; an ack does not wake the consumer of
 ``decisions()``; and the sensor's trigger hands its event over before the close handshake.
 """
@@ -81,6 +82,35 @@ async def test_frames_that_leave_nothing_to_send_do_not_wake_the_writer(held: De
         await decision_for(decisions, stream)
     # one wake-up per change, the one that writes it: the ack and the decision wake nobody
     assert sent == {"frames": CHANGES, "wake_ups": CHANGES}
+    await decisions.aclose()
+
+
+async def test_a_change_goes_out_from_the_callers_task_without_waking_the_writer(
+    held: DecisionStream,
+) -> None:
+    stream = held
+    decisions = stream.decisions()
+    await decision_for(decisions, stream)
+    wake = stream._wake = CountingEvent()  # the writer waits on the new event from its next turn
+    stream._kick()
+    await asyncio.sleep(0.05)
+    waits_before = wake.waits
+    written: list[str] = []
+    write = stream._write
+
+    async def counting(ws: Any, frame: str) -> bool:
+        written.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        return await write(ws, frame)
+
+    stream._write = counting  # type: ignore[method-assign]
+    caller = asyncio.current_task()
+    assert caller is not None
+    for index in range(CHANGES):
+        await stream.append_text(f"line {index}\n")
+        assert written[-1] == caller.get_name()  # written before append_text returned, by the caller
+        await decision_for(decisions, stream)
+    assert len(written) == CHANGES
+    assert wake.waits == waits_before  # nothing woke the writer: it still waits where it waited
     await decisions.aclose()
 
 
