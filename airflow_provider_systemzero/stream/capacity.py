@@ -191,18 +191,6 @@ class StreamCapacity:
                 self._origin_caps[origin or ""] = limit
                 self._grant_locked()
 
-    def try_acquire(self, origin: str | None = None) -> bool:
-        """Take a slot only if one is free and nobody waits (never queues); whether it was taken.
-
-        :param origin: the gateway the slot is for (its stream URL), bound by its advertised cap.
-        """
-        key = origin or ""
-        with self._lock:
-            if self._waiters or not self._fits_locked(key):
-                return False
-            self._take_locked(key)
-            return True
-
     async def acquire(self, origin: str | None = None) -> None:
         """Wait for a slot, first come first served (among the waiters a slot can go to).
 

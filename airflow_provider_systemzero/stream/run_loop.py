@@ -34,7 +34,6 @@ from airflow_provider_systemzero.stream.exceptions import (
     UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.serving import Ended
-from airflow_provider_systemzero.stream.spares import Spares, spares
 from airflow_provider_systemzero.stream.untrusted import server_token
 
 __all__ = ["Reconnect", "StreamRunLoop"]
@@ -73,9 +72,6 @@ class _Pending:
 
 class StreamRunLoop:
     """The run loop and the signals of a :class:`~airflow_provider_systemzero.stream.DecisionStream`."""
-
-    #: where connections upgraded ahead are taken from (see :mod:`~airflow_provider_systemzero.stream.spares`)
-    _spares: Spares = spares()
 
     # ------------------------------------------------------------------ stopping
 
@@ -238,25 +234,13 @@ class StreamRunLoop:
                     self._observe("reconnecting", plan.reason, pending.close_code, plan.delay)
                     attempt_number = plan.attempt
                     pending = None
-                origin = self._origin()
-                spare_key = self._spares.key(self._settings, self.session.limits)
-                ready = self._spares.take(spare_key, self.capacity)  # upgraded ahead, holding a slot
-                if ready is None:
-                    if spare_key is not None and (
-                        self.capacity.waiting or self.capacity.in_use >= self.capacity.limit_for(origin)
-                    ):
-                        self._spares.contended()
-                    await self.capacity.acquire(origin)
+                await self.capacity.acquire(self._origin())
                 try:
                     self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
-                    self._spares.refill(spare_key, self._settings, self.session.limits, self.capacity)
-                    ended = await self._connect_and_serve(ready)
+                    ended = await self._connect_and_serve()
                 finally:
-                    self.capacity.release(origin)
-                    self._spares.refill(spare_key, self._settings, self.session.limits, self.capacity)
+                    self.capacity.release(self._origin())
                 outcome = ended.outcome
-                if outcome.kind == "refused" and outcome.status == 429:
-                    self._spares.pause(spare_key)  # the account's streams are taken: no spare meanwhile
                 if ended.final:
                     if ended.error is not None:
                         self._fail(ended.error)

@@ -105,9 +105,7 @@ class ConnectionServing:
         assert self._settings is not None
         return connect_options(self._settings, self.session.limits, self._ssl)
 
-    async def _connect_and_serve(self, ready: tuple[ClientConnection, str] | None = None) -> Ended:
-        """Open a connection (or take ``ready``: a spare already upgraded, its subprotocol checked,
-        and the ``hello`` it read), serve it, close it."""
+    async def _connect_and_serve(self) -> Ended:
         settings = self._settings
         assert settings is not None
         url = settings.url
@@ -116,11 +114,7 @@ class ConnectionServing:
         self._goodbye = None
         self._last_fatal = None
         try:
-            ws, hello = (
-                ready
-                if ready is not None
-                else (await NoRedirectsConnect(url, **self._connect_kwargs()), None)
-            )
+            ws = await NoRedirectsConnect(url, **self._connect_kwargs())
             try:
                 violation = subprotocol_violation(ws, url)
                 if violation is not None:
@@ -128,7 +122,7 @@ class ConnectionServing:
                     return Ended(
                         ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), violation, final=True
                     )
-                return await self._serve(ws, hello)
+                return await self._serve(ws)
             finally:
                 await self._close(ws, CloseCode.NORMAL_CLOSURE)
         except InvalidStatus as exc:
@@ -183,33 +177,27 @@ class ConnectionServing:
             error,
         )
 
-    async def _read(self, ws: ClientConnection, first: str | None = None) -> None:
+    async def _read(self, ws: ClientConnection) -> None:
         session = self.session
         secret = self._secret()
         streak = 0  # frames handled since the reader last let other tasks run
-
-        def handle(frame: str | bytes) -> bool:
-            if isinstance(frame, str):
-                frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
-            now = time.monotonic()
-            events = session.receive_text(frame, now)
-            self._dispatch(events)
-            if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
-                self._kick_soon()
-            # the writer acts on a frame that gave it something to do before the next is read
-            return bool(events) and self._kick_if_due(now)
-
         with contextlib.suppress(ConnectionClosed):
-            if first is not None:  # a spare's hello, read when the spare was opened
-                handle(first)
             async for frame in ws:
-                turn = handle(frame)
+                if isinstance(frame, str):
+                    frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
+                now = time.monotonic()
+                events = session.receive_text(frame, now)
+                self._dispatch(events)
+                # the writer acts on a frame that gave it something to do before the next is read
+                turn = bool(events) and self._kick_if_due(now)
+                if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
+                    self._kick_soon()
                 streak += 1
                 if turn or streak == _FRAMES_PER_TURN:  # nor does a flood of frames hold the loop
                     streak = 0
                     await asyncio.sleep(0)
 
-    async def _serve(self, ws: ClientConnection, hello: str | None = None) -> Ended:
+    async def _serve(self, ws: ClientConnection) -> Ended:
         assert self._wake is not None
         session = self.session
         opened_at = time.monotonic()
@@ -222,7 +210,7 @@ class ConnectionServing:
             "replaying the stream's state" if replay else "first connection",
         )
         self._observe("connected", self._settings.url if self._settings else "", replay)
-        reader = asyncio.create_task(self._read(ws, hello), name="systemzero-stream-reader")
+        reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
         silent = recycle = lost = stalled = False
 
