@@ -123,6 +123,7 @@ def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> Non
     assert "no_such_dag" in result.stdout.split("exited", 1)[1]
     (home,) = [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")]
     assert f"kept {home}" in result.stdout
+    assert f"the end of {home / 'emulator.log'}:" in result.stdout, "the emulator's log is not quoted"
     assert (home / "demo.log").is_file() and (home / "emulator.log").is_file()
 
 
