@@ -4,6 +4,7 @@ bars below fail it."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -37,9 +38,21 @@ def _sensor(dag_id: str, states: list[str], interval: float = 0.3, **kwargs: Any
     return dag
 
 
-def test_without_hysteresis_the_first_ready_fires(emulator: Any) -> None:
-    # fires at the first "ready"; the timeout only has to outlast the trigger's start, which under
-    # dag.test() on Airflow 3.1 includes a 2-5 s connection lookup
+def test_without_hysteresis_the_first_ready_fires(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fires at the first "ready"; the timeout only has to outlast the trigger's start. The same
+    # connection comes from the environment: under dag.test() on Airflow 3.1 the trigger looks a
+    # metadata-DB connection up on a worker thread, which took 10 s and more on a loaded machine
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN_ID.upper()}",
+        json.dumps(
+            {
+                "conn_type": "systemzero",
+                "host": emulator.origin,
+                "password": "policy-key",
+                "extra": {"model": "sz-policy"},
+            }
+        ),
+    )
     dag = _sensor("sensor_flap_plain", FLAPPING, interval=0.25, timeout=10)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
