@@ -116,7 +116,7 @@ dist: $(STAMP)
 # installs the built wheel, pinned by constraints/airflow-<minor>-py<python>.txt, and runs the whole
 # suite from a copy of tests/ outside the checkout. Corners run one after another.
 test-matrix: dist
-	$(BIN)/python scripts/matrix.py run $(MATRIX) --workers $(MATRIX_WORKERS) --pytest-args "$(PYTEST_ARGS)"
+	$(BIN)/python scripts/matrix.py run $(MATRIX) --workers $(MATRIX_WORKERS) --pytest-args="$(PYTEST_ARGS)"
 
 lock-matrix: check-python
 	$(PYTHON) scripts/matrix.py lock $(MATRIX)

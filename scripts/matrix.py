@@ -243,8 +243,11 @@ def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool,
     return result.returncode == 0, time.monotonic() - started, closing
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python scripts/matrix.py {lock,run} [CORNER ...]``."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of :func:`main`.
+
+    :param argv: the arguments after the script's name (``None``: ``sys.argv``).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("lock", "run"))
     parser.add_argument("corners", nargs="*", help="AIRFLOW:PYTHON corners (default: all nine)")
@@ -255,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="run each corner's suite in this many pytest-xdist workers, a test file per worker (0: one process)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python scripts/matrix.py {lock,run} [CORNER ...]``."""
+    args = parse_args(argv)
     corners = [Corner.parse(c) for c in args.corners] or all_corners()
     if args.command == "lock":
         for corner in corners:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -123,6 +125,7 @@ def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> Non
     assert "no_such_dag" in result.stdout.split("exited", 1)[1]
     (home,) = [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")]
     assert f"kept {home}" in result.stdout
+    assert f"the end of {home / 'emulator.log'}:" in result.stdout, "the emulator's log is not quoted"
     assert (home / "demo.log").is_file() and (home / "emulator.log").is_file()
 
 
@@ -133,3 +136,24 @@ def test_log_tail_quotes_the_last_lines(tmp_path: Path) -> None:
     log.write_text("")
     assert log_tail(log) == "    (empty)"
     assert "cannot read" in log_tail(tmp_path / "missing.log")
+
+
+def test_make_test_matrix_hands_pytest_arguments_that_start_with_a_dash_to_the_corners() -> None:
+    if not (REPO / "Makefile").is_file() or not shutil.which("make"):
+        pytest.skip("needs the checkout's Makefile (a matrix corner runs a copy of tests/ alone)")
+    dry_run = subprocess.run(
+        ["make", "-n", "test-matrix", "MATRIX=3.1:3.11", "MATRIX_WORKERS=2", "PYTEST_ARGS=-rfEs"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (line,) = [line for line in dry_run.splitlines() if "scripts/matrix.py run" in line]
+    argv = shlex.split(line)
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import matrix
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    args = matrix.parse_args(argv[argv.index("scripts/matrix.py") + 1 :])
+    assert (args.corners, args.workers, args.pytest_args) == (["3.1:3.11"], 2, "-rfEs")

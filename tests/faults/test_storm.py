@@ -74,6 +74,14 @@ def spread_report(label: str, offsets: list[float]) -> dict[str, float]:
     return report
 
 
+def busiest_bin(delays: list[float]) -> int:
+    """The most reconnects the clients planned into one 50 ms bin. Bounded on the planned delays,
+    not on the arrivals: with 100 clients on one event loop, a loaded machine stalls the loop and
+    delivers a stall's worth of arrivals in one bin (32 were seen at load 8 on 2 cores) however
+    well the clients spread them; the arrivals' spread and deciles are checked as measured."""
+    return max(Counter(int(d / BIN) for d in delays).values())
+
+
 async def connected_clients(emu: SpiedEmulator, stack: contextlib.AsyncExitStack) -> list[DecisionStream]:
     """CLIENTS streams, each a separate client (its own process in production: its own cap)."""
     streams = [
@@ -109,7 +117,8 @@ async def test_100_clients_dropped_at_once_reconnect_spread_by_full_jitter() -> 
     report = spread_report("drop (1006)", offsets)
     assert all(0 <= p <= WINDOW for p in planned)
     assert min(planned) < 0.1 * WINDOW and max(planned) > 0.9 * WINDOW  # the whole window is used
-    assert report["spread"] >= 0.6 * WINDOW and report["busiest_50ms"] <= MAX_PER_BIN
+    assert busiest_bin(planned) <= MAX_PER_BIN
+    assert report["spread"] >= 0.6 * WINDOW
     assert report["p90"] - report["p10"] >= 0.5 * WINDOW  # uniform over the window: 0.8 × WINDOW
 
 
@@ -132,7 +141,8 @@ async def test_100_clients_told_to_wait_by_a_restart_come_back_after_the_delay_a
     report = spread_report(
         f"restart (goodbye shutdown, retry_after_ms={int(delay * 1000)})", [t - delay for t in offsets]
     )
-    assert report["spread"] >= 0.6 * WINDOW and report["busiest_50ms"] <= MAX_PER_BIN
+    assert busiest_bin([r.planned_delay - delay for r in records]) <= MAX_PER_BIN
+    assert report["spread"] >= 0.6 * WINDOW
 
 
 def test_the_jitter_is_counted_from_the_end_of_a_server_delay() -> None:
