@@ -46,8 +46,9 @@ LOWEST_PINS = ("websockets==17.0",)
 MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
-#: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target).
-COPIED = ("tests", "example_dags", "pyproject.toml")
+#: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target);
+#: ``benchmarks`` too, whose figures' definitions have unit tests (it is not part of the wheel).
+COPIED = ("tests", "example_dags", "benchmarks", "pyproject.toml")
 
 
 @dataclass(frozen=True)
