@@ -302,6 +302,15 @@ def _two_processes(
     return accepted, sum(queue.rate_limited for queue in queues)
 
 
+@pytest.mark.xfail(
+    reason=(
+        "open (issue 18): with a 10 ms gateway latency one process can be held near a tenth of the "
+        "ceiling for minutes while the other takes the rest (e.g. rate=1, streams=2, latency=0.01, "
+        "join=82.6, seed=3657: 90 of 417 starts); the fleet benchmark's worst wait stays under twice "
+        "the fair one, this simulation finds the case it does not cover"
+    ),
+    strict=False,
+)
 @settings(max_examples=15, deadline=None)
 @given(
     rate=st.sampled_from([1.0, 20.0]),
