@@ -263,11 +263,64 @@ class TriggerStream:
         return state
 
     @contextlib.asynccontextmanager
-    async def held(self, state: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def held(
+        self, state: Any, *, follow: StateSource | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """Open and enter the stream about ``state``, and leave it open on exit: :meth:`aclose`
-        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake."""
-        stream = self.open(state, **kwargs)
-        yield await stream.__aenter__()
+        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake.
+
+        :param follow: the trigger's source, whose changes become the stream's desired state while
+            it waits to open (see :meth:`enter`).
+        """
+        if follow is not None:
+            await self._resolve_settings()
+        yield await self.enter(self.open(state, **kwargs), follow)
+
+    @contextlib.asynccontextmanager
+    async def opened(
+        self, state: Any, *, follow: StateSource | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Like :meth:`held`, but the stream is closed on exit."""
+        if follow is not None:
+            await self._resolve_settings()
+        stream = await self.enter(self.open(state, **kwargs), follow)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    async def _resolve_settings(self) -> None:
+        """Look the connection up before the stream is built, so its session exists while it opens
+        (a change can then be made its desired state before the first connection)."""
+        if self._settings is None:
+            from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+
+    @staticmethod
+    async def enter(stream: Any, follow: StateSource | None) -> Any:
+        """Enter ``stream``; while it waits to open (for a slot of ``max_streams_per_process``, the
+        connection, ``start``'s acknowledgement), each change of ``follow`` becomes its desired state.
+
+        A trigger wakes on a change, but the slot may come many seconds later: its first connection
+        then starts with the source's newest state, and on_change never starts a decision about
+        the state it woke on once that is superseded. Only a stream without a decision filter
+        follows (with ``decide_when`` every change goes through the trigger's gate, fed once open).
+
+        :param stream: the stream, built and not entered.
+        :param follow: the trigger's source (``None``: enter only).
+        """
+        if follow is None:
+            return await stream.__aenter__()
+        # the entering task runs first (tasks start in the order they were created): the stream
+        # counts as entered before the follower hands it a change
+        entering = asyncio.ensure_future(stream.__aenter__())
+        follower = asyncio.ensure_future(_follow(stream, follow))
+        try:
+            return await entering
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
 
     async def within_deadline(
         self,
@@ -326,6 +379,26 @@ class TriggerStream:
         if stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(stream.aclose(), timeout=5)
+
+
+async def _follow(stream: Any, source: StateSource) -> None:
+    """Make each change of ``source`` the desired state of ``stream`` while it opens (the feeder
+    takes over once it is open, and says so if the source fails)."""
+    changes = source.changes()
+    said = False
+    try:
+        async for state in changes:
+            if state != stream.state:
+                if not said:
+                    said = True
+                    log.info(
+                        "the source changed while the stream waits to open: it opens with the newest state"
+                    )
+                await stream.set_state(state)
+    except Exception as exc:  # the feeder reads the same source once the stream is open
+        log.debug("not following the source while the stream opens: %s", exc)
+    finally:
+        await changes.aclose()  # type: ignore[attr-defined]
 
 
 class StreamLease:
