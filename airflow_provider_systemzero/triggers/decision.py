@@ -76,6 +76,7 @@ def _feeder(
         max_staleness=trigger.max_staleness,
         decision_filter=trigger.decision_filter,
         gate=gate,
+        reading=trigger._stream.take_reading(),
     )
 
 

@@ -30,7 +30,7 @@ from airflow_provider_systemzero.triggers.sources import StateSource
 if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to keep imports acyclic
     from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 
-__all__ = ["NO_CHANGE", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
+__all__ = ["NO_CHANGE", "SourceReading", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class TriggerStream:
         "_budget",
         "_budget_kwargs",
         "_dormant",
+        "_reading",
         "_settings",
         "deadline",
         "key_namespace",
@@ -143,6 +144,7 @@ class TriggerStream:
         self._budget: Any = None
         self._settings: Any = None  # the connection's settings, resolved once per trigger run
         self._dormant = False
+        self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
 
     @property
     def dormant(self) -> bool:
@@ -297,8 +299,7 @@ class TriggerStream:
 
             self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
 
-    @staticmethod
-    async def enter(stream: Any, follow: StateSource | None) -> Any:
+    async def enter(self, stream: Any, follow: StateSource | None) -> Any:
         """Enter ``stream``; while it waits to open (for a slot of ``max_streams_per_process``, the
         connection, ``start``'s acknowledgement), each change of ``follow`` becomes its desired state.
 
@@ -306,6 +307,8 @@ class TriggerStream:
         then starts with the source's newest state, and on_change never starts a decision about
         the state it woke on once that is superseded. Only a stream without a decision filter
         follows (with ``decide_when`` every change goes through the trigger's gate, fed once open).
+        The source's read goes on into the stream's feeder (:meth:`take_reading`): a push source is
+        not restarted, and no change is lost between the two.
 
         :param stream: the stream, built and not entered.
         :param follow: the trigger's source (``None``: enter only).
@@ -315,12 +318,25 @@ class TriggerStream:
         # the entering task runs first (tasks start in the order they were created): the stream
         # counts as entered before the follower hands it a change
         entering = asyncio.ensure_future(stream.__aenter__())
-        follower = asyncio.ensure_future(_follow(stream, follow))
+        reading = SourceReading(follow.changes())
+        follower = asyncio.ensure_future(reading.follow(stream))
+        opened = False
         try:
-            return await entering
+            result = await entering
+            opened = True
+            return result
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+            if opened and reading.usable:
+                self._reading = reading
+            else:
+                await reading.aclose()
+
+    def take_reading(self) -> SourceReading | None:
+        """The source's read :meth:`enter` began, for the stream's feeder (once; ``None``: none)."""
+        reading, self._reading = self._reading, None
+        return reading
 
     async def within_deadline(
         self,
@@ -376,29 +392,68 @@ class TriggerStream:
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""
         stream, self.stream = self.stream, None
+        reading = self.take_reading()
+        if reading is not None:
+            await reading.aclose()
         if stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(stream.aclose(), timeout=5)
 
 
-async def _follow(stream: Any, source: StateSource) -> None:
-    """Make each change of ``source`` the desired state of ``stream`` while it opens (the feeder
-    takes over once it is open, and says so if the source fails)."""
-    changes = source.changes()
-    said = False
-    try:
-        async for state in changes:
-            if state != stream.state:
-                if not said:
-                    said = True
-                    log.info(
-                        "the source changed while the stream waits to open: it opens with the newest state"
-                    )
-                await stream.set_state(state)
-    except Exception as exc:  # the feeder reads the same source once the stream is open
-        log.debug("not following the source while the stream opens: %s", exc)
-    finally:
-        await changes.aclose()  # type: ignore[attr-defined]
+class SourceReading:
+    """A source's ``changes()`` being read, one value at a time, by one reader after another.
+
+    The read of the next value survives its reader's cancellation (it is shielded), so the next
+    reader gets that value: nothing is lost and a push source is not restarted between readers.
+
+    :param changes: the source's ``changes()``.
+    """
+
+    __slots__ = ("_changes", "_pending", "usable")
+
+    def __init__(self, changes: AsyncIterator[Any]) -> None:
+        self._changes = changes
+        self._pending: asyncio.Future[Any] | None = None
+        #: ``False`` once a value could not be handed over (the next reader reads the source anew)
+        self.usable = True
+
+    def __aiter__(self) -> SourceReading:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._next())
+        value = await asyncio.shield(self._pending)
+        self._pending = None
+        return value
+
+    async def _next(self) -> Any:
+        return await anext(self._changes)
+
+    async def follow(self, stream: Any) -> None:
+        """Make each value the desired state of ``stream`` while it opens (until cancelled)."""
+        said = False
+        try:
+            async for state in self:
+                if state != stream.state:
+                    if not said:
+                        said = True
+                        log.info(
+                            "the source changed while the stream waits to open: it opens with the newest state"
+                        )
+                    await stream.set_state(state)
+        except Exception as exc:  # the feeder reads the source anew once the stream is open, and says why
+            self.usable = False
+            log.debug("not following the source while the stream opens: %s", exc)
+
+    async def aclose(self) -> None:
+        """Stop the read in progress and close the source's iterator."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._changes.aclose()  # type: ignore[attr-defined]
 
 
 class StreamLease:
