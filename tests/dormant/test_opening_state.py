@@ -21,6 +21,7 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
+from airflow_provider_systemzero.triggers.streaming import SourceReading
 from tests.dormant import channels
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_LIMITS, TRIGGER_REQUEST, TRIGGER_RULES
 
@@ -168,3 +169,27 @@ def test_the_recording_decider_answers_as_the_rules() -> None:
     decider = _Recording()
     answers = decider.decide({"state": NEWEST, "questions": TRIGGER_REQUEST["questions"]}, now=0.0)
     assert answers["ready"]["decision"] is True and decider.states == [NEWEST]
+
+
+async def test_a_reading_cancelled_while_it_waits_hands_the_next_value_to_the_next_reader() -> None:
+    starts: list[int] = []
+    gate = asyncio.Event()
+
+    async def changes() -> AsyncIterator[str]:
+        starts.append(1)
+        yield "a"
+        await gate.wait()
+        yield "b"
+
+    reading = SourceReading(changes())
+    assert await anext(reading) == "a"
+    first = asyncio.ensure_future(anext(reading))  # waits for "b"
+    await asyncio.sleep(0)
+    first.cancel()  # the stream opened: its follower stops while the read is in progress
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    gate.set()
+    async with asyncio.timeout(5):
+        assert await anext(reading) == "b"  # the feeder gets it: nothing lost …
+    assert starts == [1]  # … and the source was not restarted
+    await reading.aclose()
