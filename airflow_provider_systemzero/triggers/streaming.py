@@ -7,6 +7,8 @@ here, as plain classes each trigger *holds* (no mixin):
   outcome into one small event payload before the deadline, and closes the stream;
 * :class:`StreamLease` — gives a quiet stream back (close 1000) so a triggerer holds many waiting
   tasks within ``max_streams_per_process``; the next change reconnects with a byte-identical replay;
+* :class:`SourceReading` — the source's changes read while a stream waits to open (they become
+  the state it opens with), read on by its feeder once it is open;
 * :class:`~airflow_provider_systemzero.triggers.feeder.SourceFeeder` (in ``feeder.py``) — hands
   the source's changes to the stream and feeds the decisions to a
   :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
