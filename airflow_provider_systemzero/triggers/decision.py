@@ -76,6 +76,7 @@ def _feeder(
         max_staleness=trigger.max_staleness,
         decision_filter=trigger.decision_filter,
         gate=gate,
+        reading=trigger._stream.take_reading(),
     )
 
 
@@ -291,7 +292,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             # held, not closed on return: an event goes out before the close handshake (cleanup()
             # closes the stream after the trigger yielded it); a quiet stream is closed here
             async with self._stream.held(
-                state, decision_mode=mode, min_interval_ms=self.min_interval_ms
+                state,
+                follow=source if gate is None else None,  # it opens with the newest state
+                decision_mode=mode,
+                min_interval_ms=self.min_interval_ms,
             ) as stream:
                 feeder = _feeder(self, stream, source, mode, gate)
                 try:
@@ -483,7 +487,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
         try:
             while True:
-                async with self._stream.open(state, decision_mode=mode) as stream:
+                follow = source if gate is None else None  # it opens with the newest state
+                async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
                     feeder = _feeder(self, stream, source, mode, gate)
                     quiet = self._lease.watch(feeder.currency)
                     race = asyncio.ensure_future(feeder.race(functools.partial(consume, feeder)))

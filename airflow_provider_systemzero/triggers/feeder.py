@@ -24,7 +24,7 @@ from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
 from airflow_provider_systemzero.triggers.sources import StateSource
-from airflow_provider_systemzero.triggers.streaming import StreamLease, retrieved
+from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease, retrieved
 
 __all__ = ["SourceFeeder", "gate_change"]
 
@@ -75,6 +75,9 @@ class SourceFeeder:
     :param gate: the trigger's :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate`,
         kept across its streams (a dormant trigger reopens one without deciding its initial state
         again); ``None``: a fresh one from ``decision_filter``.
+    :param reading: the source's read the stream's opening began
+        (:meth:`~airflow_provider_systemzero.triggers.streaming.TriggerStream.take_reading`), read on
+        instead of a new one (``None``: the source's ``changes()``).
     :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
     """
 
@@ -88,6 +91,7 @@ class SourceFeeder:
         max_staleness: float = DEFAULT_MAX_STALENESS,
         decision_filter: DecisionFilter | None = None,
         gate: DecisionGate | None = None,
+        reading: SourceReading | None = None,
     ) -> None:
         chosen = decision_filter or DecisionFilter()
         self.gate: DecisionGate | None = gate or chosen.gate(asyncio.get_running_loop().time())
@@ -96,6 +100,7 @@ class SourceFeeder:
         self.relevance: Relevance | None = chosen.relevance()
         self.stream = stream
         self.source = source
+        self.reading = reading
         self.decision_mode = decision_mode
         self.lease = lease
         self._deciding = False
@@ -137,9 +142,15 @@ class SourceFeeder:
         arrived = asyncio.Event()
 
         async def read() -> None:
-            async for state in self.source.changes():
-                arrivals.append(state)
-                arrived.set()
+            # the read the stream's opening began goes on (a push source is not restarted)
+            reading = self.reading
+            try:
+                async for state in reading or self.source.changes():
+                    arrivals.append(state)
+                    arrived.set()
+            finally:
+                if reading is not None:
+                    await reading.aclose()
 
         reader = asyncio.ensure_future(read())
         try:

@@ -7,6 +7,8 @@ here, as plain classes each trigger *holds* (no mixin):
   outcome into one small event payload before the deadline, and closes the stream;
 * :class:`StreamLease` — gives a quiet stream back (close 1000) so a triggerer holds many waiting
   tasks within ``max_streams_per_process``; the next change reconnects with a byte-identical replay;
+* :class:`SourceReading` — the source's changes read while a stream waits to open (they become
+  the state it opens with), read on by its feeder once it is open;
 * :class:`~airflow_provider_systemzero.triggers.feeder.SourceFeeder` (in ``feeder.py``) — hands
   the source's changes to the stream and feeds the decisions to a
   :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
@@ -30,7 +32,7 @@ from airflow_provider_systemzero.triggers.sources import StateSource
 if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to keep imports acyclic
     from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 
-__all__ = ["NO_CHANGE", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
+__all__ = ["NO_CHANGE", "SourceReading", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class TriggerStream:
         "_budget",
         "_budget_kwargs",
         "_dormant",
+        "_reading",
         "_settings",
         "deadline",
         "key_namespace",
@@ -143,6 +146,7 @@ class TriggerStream:
         self._budget: Any = None
         self._settings: Any = None  # the connection's settings, resolved once per trigger run
         self._dormant = False
+        self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
 
     @property
     def dormant(self) -> bool:
@@ -263,11 +267,78 @@ class TriggerStream:
         return state
 
     @contextlib.asynccontextmanager
-    async def held(self, state: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def held(
+        self, state: Any, *, follow: StateSource | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """Open and enter the stream about ``state``, and leave it open on exit: :meth:`aclose`
-        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake."""
-        stream = self.open(state, **kwargs)
-        yield await stream.__aenter__()
+        (the trigger's ``cleanup()``) closes it, so an event goes out before the close handshake.
+
+        :param follow: the trigger's source, whose changes become the stream's desired state while
+            it waits to open (see :meth:`enter`).
+        """
+        if follow is not None:
+            await self._resolve_settings()
+        yield await self.enter(self.open(state, **kwargs), follow)
+
+    @contextlib.asynccontextmanager
+    async def opened(
+        self, state: Any, *, follow: StateSource | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Like :meth:`held`, but the stream is closed on exit."""
+        if follow is not None:
+            await self._resolve_settings()
+        stream = await self.enter(self.open(state, **kwargs), follow)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    async def _resolve_settings(self) -> None:
+        """Look the connection up before the stream is built, so its session exists while it opens
+        (a change can then be made its desired state before the first connection)."""
+        if self._settings is None:
+            from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+
+    async def enter(self, stream: Any, follow: StateSource | None) -> Any:
+        """Enter ``stream``; while it waits to open (for a slot of ``max_streams_per_process``, the
+        connection, ``start``'s acknowledgement), each change of ``follow`` becomes its desired state.
+
+        A trigger wakes on a change, but the slot may come many seconds later: its first connection
+        then starts with the source's newest state, and on_change never starts a decision about
+        the state it woke on once that is superseded. Only a stream without a decision filter
+        follows (with ``decide_when`` every change goes through the trigger's gate, fed once open).
+        The source's read goes on into the stream's feeder (:meth:`take_reading`): a push source is
+        not restarted, and no change is lost between the two.
+
+        :param stream: the stream, built and not entered.
+        :param follow: the trigger's source (``None``: enter only).
+        """
+        if follow is None:
+            return await stream.__aenter__()
+        # the entering task runs first (tasks start in the order they were created): the stream
+        # counts as entered before the follower hands it a change
+        entering = asyncio.ensure_future(stream.__aenter__())
+        reading = SourceReading(follow.changes())
+        follower = asyncio.ensure_future(reading.follow(stream))
+        opened = False
+        try:
+            result = await entering
+            opened = True
+            return result
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            if opened and reading.usable:
+                self._reading = reading
+            else:
+                await reading.aclose()
+
+    def take_reading(self) -> SourceReading | None:
+        """The source's read :meth:`enter` began, for the stream's feeder (once; ``None``: none)."""
+        reading, self._reading = self._reading, None
+        return reading
 
     async def within_deadline(
         self,
@@ -323,9 +394,68 @@ class TriggerStream:
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""
         stream, self.stream = self.stream, None
+        reading = self.take_reading()
+        if reading is not None:
+            await reading.aclose()
         if stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(stream.aclose(), timeout=5)
+
+
+class SourceReading:
+    """A source's ``changes()`` being read, one value at a time, by one reader after another.
+
+    The read of the next value survives its reader's cancellation (it is shielded), so the next
+    reader gets that value: nothing is lost and a push source is not restarted between readers.
+
+    :param changes: the source's ``changes()``.
+    """
+
+    __slots__ = ("_changes", "_pending", "usable")
+
+    def __init__(self, changes: AsyncIterator[Any]) -> None:
+        self._changes = changes
+        self._pending: asyncio.Future[Any] | None = None
+        #: ``False`` once a value could not be handed over (the next reader reads the source anew)
+        self.usable = True
+
+    def __aiter__(self) -> SourceReading:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._next())
+        value = await asyncio.shield(self._pending)
+        self._pending = None
+        return value
+
+    async def _next(self) -> Any:
+        return await anext(self._changes)
+
+    async def follow(self, stream: Any) -> None:
+        """Make each value the desired state of ``stream`` while it opens (until cancelled)."""
+        said = False
+        try:
+            async for state in self:
+                if state != stream.state:
+                    if not said:
+                        said = True
+                        log.info(
+                            "the source changed while the stream waits to open: it opens with the newest state"
+                        )
+                    await stream.set_state(state)
+        except Exception as exc:  # the feeder reads the source anew once the stream is open, and says why
+            self.usable = False
+            log.debug("not following the source while the stream opens: %s", exc)
+
+    async def aclose(self) -> None:
+        """Stop the read in progress and close the source's iterator."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._changes.aclose()  # type: ignore[attr-defined]
 
 
 class StreamLease:

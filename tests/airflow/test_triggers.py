@@ -19,6 +19,7 @@ from airflow_provider_systemzero.triggers.decision import (
 )
 from tests import helpers
 from tests.airflow import sources_for_tests
+from tests.dormant import channels
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_LIMITS, TRIGGER_REQUEST, trigger_kwargs
 
 REQUEST = TRIGGER_REQUEST
@@ -301,18 +302,19 @@ async def test_min_interval_spaces_decisions_on_a_busy_source(emulator: Emulator
         sensor_trigger(
             min_interval_ms=60_000,
             lease_after=60.0,
-            source={
-                "type": "callable",
-                "path": "tests.airflow.sources_for_tests.pushed_states",
-                "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nc\n"]},
-            },
+            source=channels.source("min-interval"),
         )
     )
     assert trigger.serialize()[1]["min_interval_ms"] == 60_000
+    channels.publish("min-interval", "a\n")
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))
     try:
-        await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 3, timeout=10)
+        await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched == 1, timeout=10)
+        # changes after the first decision (a stream opens with the newest state: these come later)
+        channels.publish("min-interval", "a\nb\n")
+        channels.publish("min-interval", "a\nb\nc\n")
+        await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 2, timeout=10)
         assert emulator.stats.decisions_dispatched == 1  # the next may start only 60 s after the first
     finally:
         task.cancel()
