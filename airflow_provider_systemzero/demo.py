@@ -89,10 +89,9 @@ def _say(message: str = "", *, step: str | None = None) -> None:
     print(f"{prefix}{message}", flush=True)
 
 
-@contextlib.contextmanager
-def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
-    """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
-    command = [
+def _emulator_command(rules: Path, key: str, admin: str) -> list[str]:
+    """The command line that runs the demo's emulator (each value one argument, whatever it holds)."""
+    return [
         sys.executable,
         "-m",
         "airflow_provider_systemzero.emulator",
@@ -102,11 +101,17 @@ def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str
         f"{key}:8",
         "--decider",
         f"rules:{rules}",
-        "--admin-token",
-        admin,
+        # one argument: a random token may begin with "-", which argparse would read as an option
+        f"--admin-token={admin}",
         "--decide-latency-ms",
         "50",
     ]
+
+
+@contextlib.contextmanager
+def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
+    """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
+    command = _emulator_command(rules, key, admin)
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     try:

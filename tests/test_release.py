@@ -157,3 +157,14 @@ def test_make_test_matrix_hands_pytest_arguments_that_start_with_a_dash_to_the_c
         sys.path.remove(str(REPO / "scripts"))
     args = matrix.parse_args(argv[argv.index("scripts/matrix.py") + 1 :])
     assert (args.corners, args.workers, args.pytest_args) == (["3.1:3.11"], 2, "-rfEs")
+
+
+def test_the_demo_hands_a_random_admin_token_to_the_emulator_as_one_argument() -> None:
+    # a token_urlsafe token begins with "-" one time in 64; as a separate argument argparse read it
+    # as an option and the emulator refused to start
+    from airflow_provider_systemzero.demo import _emulator_command
+    from airflow_provider_systemzero.emulator.cli import build_parser
+
+    command = _emulator_command(Path("rules.json"), "demo-key", "-Xy_token")
+    args = build_parser().parse_args(command[3:])
+    assert args.admin_token == "-Xy_token"
