@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -299,3 +299,19 @@ def trigger_kwargs(**overrides: Any) -> dict[str, Any]:
         "key_namespace": task_namespace("d", "t", "r", -1),
         **overrides,
     }
+
+
+@asynccontextmanager
+async def running_trigger(trigger: Any) -> AsyncIterator[asyncio.Future[Any]]:
+    """Run ``trigger`` as the triggerer does (its first event is the task's result); on exit cancel
+    it, close its generator and run its ``cleanup()``."""
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError, StopAsyncIteration):
+            await task
+        await gen.aclose()
+        await trigger.cleanup()

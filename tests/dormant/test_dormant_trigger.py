@@ -4,7 +4,6 @@ it: the real trigger against the real emulator over loopback (serialize → rebu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 from typing import Any
@@ -20,7 +19,7 @@ from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
 from tests.dormant import channels
-from tests.helpers import trigger_kwargs
+from tests.helpers import running_trigger, trigger_kwargs
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
@@ -63,20 +62,6 @@ def _alive(kind: type) -> set[int]:
     return {id(o) for o in gc.get_objects() if type(o) is kind}  # type(): no lazy proxy resolves
 
 
-@contextlib.asynccontextmanager
-async def _running(trigger: SystemZeroDecisionTrigger) -> Any:
-    gen = trigger.run()
-    task = asyncio.ensure_future(anext(gen))
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-            await task
-        await gen.aclose()
-        await trigger.cleanup()
-
-
 async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulator) -> None:
     others = set(asyncio.all_tasks())
     # what earlier tests of this process may have left is not this trigger's
@@ -84,7 +69,7 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
     capacity = default_capacity()
     in_use, offered = capacity.in_use, capacity.offered
     trigger = _trigger("quiet")
-    async with _running(trigger) as task:
+    async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         assert emulator.stats.decisions_delivered == 1 and not task.done()
@@ -105,7 +90,7 @@ async def test_a_change_wakes_the_trigger_which_rebuilds_its_stream_and_decides_
     emulator: Emulator,
 ) -> None:
     trigger = _trigger("wake")
-    async with _running(trigger) as task:
+    async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         opened = emulator.stats.streams_total
@@ -135,7 +120,7 @@ async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(
     channels.publish("steady", "waiting\nJob is ready.\n")
     condition = DecisionCondition("ready", True, min_confidence=0.5, min_true_for=1.0).to_dict()
     trigger = _trigger("steady", condition=condition)
-    async with _running(trigger) as task:
+    async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
         assert not task.done()  # qualifying, but not for long enough yet
         async with asyncio.timeout(20):

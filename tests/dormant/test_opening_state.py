@@ -23,7 +23,14 @@ from airflow_provider_systemzero.triggers.decision import (
 )
 from airflow_provider_systemzero.triggers.streaming import SourceReading
 from tests.dormant import channels
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_LIMITS, TRIGGER_REQUEST, TRIGGER_RULES
+from tests.helpers import (
+    TRIGGER_CONDITION,
+    TRIGGER_CONN_ID,
+    TRIGGER_LIMITS,
+    TRIGGER_REQUEST,
+    TRIGGER_RULES,
+    running_trigger,
+)
 
 WOKE_ON = "waiting\nstep A\n"
 NEWEST = "waiting\nstep A\nJob is ready.\n"
@@ -89,9 +96,7 @@ async def _woken_while_the_slot_is_held(
 ) -> tuple[Any, int]:
     """Run ``trigger`` until dormant, hold the slot, publish line A (the trigger wakes and waits
     for the slot), then B; release the slot; its first event and where its decisions after A begin."""
-    gen = trigger.run()
-    task = asyncio.ensure_future(anext(gen))
-    try:
+    async with running_trigger(trigger) as task:
         await emu.wait_for(lambda e: e.stats.decisions_billed >= 1 and e.stats.streams_open == 0, timeout=20)
         capacity = default_capacity()
         async with _slot_held(emu):
@@ -106,12 +111,6 @@ async def _woken_while_the_slot_is_held(
         async with asyncio.timeout(20):
             event = await task
         return event, after
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-            await task
-        await gen.aclose()
-        await trigger.cleanup()
 
 
 def _assert_first_decision_about_newest(decider: _Recording, after: int) -> None:
