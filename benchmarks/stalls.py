@@ -12,12 +12,18 @@ it spends its life with them waiting.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import gc
+import sys
+import threading
+import time
+import traceback
 from typing import Any
 
 from benchmarks.runner import StallWatchdog
 
-__all__ = ["phase_stalls", "waiting_stalls"]
+__all__ = ["LoopSampler", "phase_stalls", "waiting_stalls"]
 
 
 async def waiting_stalls(seconds: float) -> StallWatchdog:
@@ -49,3 +55,125 @@ def phase_stalls(watches: dict[str, StallWatchdog]) -> dict[str, Any]:
         "longest_stall_ms": max(r["longest_ms"] for r in reports.values()),
         "longest_stall_without_gc_ms": max(r["longest_without_gc_ms"] for r in reports.values()),
     }
+
+
+class LoopSampler:
+    """What ran during each long loop iteration: a thread samples the loop thread's stack.
+
+    A task in the loop stamps the clock every ``step``; a thread checks the stamp every ``step``
+    and, while it is older than ``threshold``, records the loop thread's innermost frames
+    (``sys._current_frames()``). ``gc.callbacks`` record every collection with its generation,
+    wall and CPU time and the objects it freed. A collection holds the interpreter lock, so the
+    thread cannot sample during one; a stall the collector took shows as a collection inside it.
+    Each record carries the phase set in :attr:`phase` when it began.
+
+    :param threshold: a loop iteration longer than this is recorded (seconds).
+    :param step: the stamp and sampling step (seconds).
+    """
+
+    def __init__(self, threshold: float = 0.05, step: float = 0.005) -> None:
+        self.threshold = threshold
+        self.step = step
+        self.phase = "setup"
+        self.stalls: list[dict[str, Any]] = []
+        self.collections: list[dict[str, Any]] = []
+        self._stamp = time.perf_counter()
+        self._gc_started = (0.0, 0.0)
+        self._loop_thread = threading.get_ident()
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start sampling the running loop's thread."""
+        self._loop_thread = threading.get_ident()
+        gc.callbacks.append(self._on_gc)
+        self._task = asyncio.ensure_future(self._beat())
+        self._thread = threading.Thread(target=self._sample, name="loop-sampler", daemon=True)
+        self._thread.start()
+
+    async def _beat(self) -> None:
+        while True:
+            self._stamp = time.perf_counter()
+            await asyncio.sleep(self.step)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = (time.perf_counter(), time.thread_time())
+            return
+        started, cpu = self._gc_started
+        self.collections.append(
+            {
+                "phase": self.phase,
+                "generation": info["generation"],
+                "at": started,
+                "wall_ms": (time.perf_counter() - started) * 1000,
+                "cpu_ms": (time.thread_time() - cpu) * 1000,
+                "collected": info["collected"],
+            }
+        )
+
+    def _sample(self) -> None:
+        current: dict[str, Any] | None = None
+        while not self._stop.wait(self.step):
+            stamp = self._stamp
+            late = time.perf_counter() - stamp
+            if late < self.threshold:
+                continue
+            if current is None or current["at"] != stamp:
+                current = {"phase": self.phase, "at": stamp, "samples": collections.Counter()}
+                self.stalls.append(current)
+            current["late_ms"] = late * 1000
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is not None:
+                frames = traceback.extract_stack(frame)[-6:]
+                current["samples"][
+                    "  <  ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in frames[::-1])
+                ] += 1
+
+    async def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def report(self, top: int = 8) -> list[dict[str, Any]]:
+        """The ``top`` longest stalls: phase, length, the collections inside, the commonest stacks."""
+        out = []
+        for stall in sorted(self.stalls, key=lambda s: -s["late_ms"])[:top]:
+            end = stall["at"] + stall["late_ms"] / 1000
+            inside = [c for c in self.collections if stall["at"] <= c["at"] <= end and c["wall_ms"] >= 1]
+            out.append(
+                {
+                    "phase": stall["phase"],
+                    "ms": stall["late_ms"],
+                    "collections": [
+                        {k: c[k] for k in ("generation", "wall_ms", "cpu_ms", "collected")} for c in inside
+                    ],
+                    "stacks": dict(stall["samples"].most_common(3)),
+                }
+            )
+        return out
+
+    def full_collections(self) -> dict[str, list[dict[str, Any]]]:
+        """Every generation-2 collection, by phase (the harness's own ``gc.collect()`` calls included)."""
+        by_phase: dict[str, list[dict[str, Any]]] = {}
+        for c in self.collections:
+            if c["generation"] == 2:
+                by_phase.setdefault(c["phase"], []).append(
+                    {k: round(c[k], 1) for k in ("wall_ms", "cpu_ms")} | {"collected": c["collected"]}
+                )
+        return by_phase
+
+
+def _short(filename: str) -> str:
+    """A frame's file name from the package on (``site-packages/`` and the checkout cut off)."""
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename.rsplit("/", 2)[-2] + "/" + filename.rsplit("/", 1)[-1] if "/" in filename else filename
