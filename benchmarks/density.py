@@ -15,8 +15,10 @@ so memory and CPU are this process's alone. In that process:
    progress line, then (the second change) the ``READY`` line; change → event latency is
    measured for the decisive change.
 
-Throughout, a 10 ms watchdog (Airflow's ``block_watchdog`` at a finer step) records the longest
-event-loop stall, and a sampler counts the process's open sockets. The emulator reports the most
+In each phase a 10 ms watchdog (Airflow's ``block_watchdog`` at a finer step) records the longest
+event-loop stall (:mod:`benchmarks.stalls`: the waiting phase's window includes one full
+collection; ``--trace-stalls`` also samples what the loop ran in each iteration over 50 ms), and
+a sampler counts the process's open sockets. The emulator reports the most
 streams it ever had open. The account's ``max_concurrent`` is raised so that the per-process cap
 (``max_streams_per_process`` = 4) is the binding limit, and its decision buckets are raised so
 that billing pacing does not queue the decisions.
@@ -43,6 +45,7 @@ from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONDITION, CONN_ID, FEEDS, READY, REQUEST, Feed
 from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, rebuild, rss_kb
+from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
 __all__ = ["run"]
 
@@ -142,9 +145,23 @@ def _decided(trigger: Any) -> bool:
 async def _wait_all(
     triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float, settled: Any = _settled
 ) -> float:
+    """Wait until every trigger has ``settled``, polling every 50 ms without scanning all N each time.
+
+    Triggers settle roughly in the order they started, so a cursor moves past the settled ones
+    (each poll costs what settled since the last, not N); a trigger that ends early is noticed
+    through its task's done callback. A scan over every trigger at every poll was an O(N) step
+    of the harness inside the loop the stall watch measures.
+    """
     started = time.perf_counter()
-    while not all(settled(t) for t in triggers):
-        ended = [i for i in ids if triggerer.task(i).done()]
+    ended: list[int] = []
+    for trigger_id in ids:
+        triggerer.task(trigger_id).add_done_callback(lambda _task, i=trigger_id: ended.append(i))
+    cursor = 0
+    while True:
+        while cursor < len(triggers) and settled(triggers[cursor]):
+            cursor += 1
+        if cursor == len(triggers):
+            break
         if ended:
             raise RuntimeError(f"trigger {ended[0]} ended while waiting: {triggerer.payload(ended[0])}")
         if time.perf_counter() - started > within:
@@ -246,7 +263,13 @@ async def _warm_up(triggerer: Triggerer, feed: Feed = _PUSH) -> None:
 
 
 async def measure(
-    n: int, options: Options, feed_kind: str = "push", *, gc_freeze: bool = False, waiting_only: bool = False
+    n: int,
+    options: Options,
+    feed_kind: str = "push",
+    *,
+    gc_freeze: bool = False,
+    waiting_only: bool = False,
+    sampler: LoopSampler | None = None,
 ) -> dict[str, Any]:
     """Run the scenario for ``n`` triggers in this process.
 
@@ -254,16 +277,25 @@ async def measure(
     :param gc_freeze: call :func:`freeze_after_start_up` after the warm-up (no trigger yet).
     :param waiting_only: stop after the waiting phase (the lighter harness for large N: no
         change phase, so no latency figures; the triggers are cancelled at the end).
+    :param sampler: if given, sample what the loop runs during each long iteration, phase by
+        phase, and add its report to the result as ``stall_trace``.
     """
     feed = Feed(feed_kind)
+    if sampler is not None:
+        sampler.start()
     try:
-        return await _measure(n, options, feed, gc_freeze, waiting_only)
+        result = await _measure(n, options, feed, gc_freeze, waiting_only, sampler or LoopSampler())
     finally:
         feed.close()
+        if sampler is not None:
+            await sampler.stop()
+    if sampler is not None:
+        result["stall_trace"] = {"longest": sampler.report(), "full_collections": sampler.full_collections()}
+    return result
 
 
 async def _measure(
-    n: int, options: Options, feed: Feed, gc_freeze: bool, waiting_only: bool
+    n: int, options: Options, feed: Feed, gc_freeze: bool, waiting_only: bool, sampler: LoopSampler
 ) -> dict[str, Any]:
     rng = random.Random(options.seed + n)
     idle_window = 1.0 if options.quick else 5.0
@@ -284,16 +316,18 @@ async def _measure(
         base_idle_cpu, _ = await _idle_cpu(idle_window)
 
         # start: N triggers, each to its first decision and back to waiting without a stream
+        sampler.phase = "start"
         start_watch = StallWatchdog(0.01)
         start_watch.start()
-        sampler = _SocketSampler(base_sockets)
-        sampler.start()
+        sockets = _SocketSampler(base_sockets)
+        sockets.start()
         started = time.perf_counter()
         channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER, feed)
         await _wait_all(triggerer, ids, triggers, 600)
         startup_s = time.perf_counter() - started
         await start_watch.stop()
-        await sampler.stop()
+        await sockets.stop()
+        sampler.phase = "measuring (the harness's own collections and censuses)"
 
         # waiting: memory, and CPU over a quiet window with only a triggerer's own 0.1 s watchdog
         gc.collect()
@@ -303,7 +337,11 @@ async def _measure(
         tracked_types = _census_per_trigger(base_census, _census(), n)
         tasks = _census_per_trigger(base_tasks, _task_census(), n)
         waiting_gc_ms = _full_collection_ms()
+        sampler.phase = "idle"
         idle_cpu, idle_watch = await _idle_cpu(idle_window)
+        sampler.phase = "waiting"
+        waiting_watch = await waiting_stalls(idle_window)
+        sampler.phase = "after waiting"
         idle_sockets = count_sockets() - base_sockets
         watchers = watching()
         waiting = {
@@ -332,15 +370,19 @@ async def _measure(
             "full_gc_ms_added_per_1000": (waiting_gc_ms - base_gc_ms) * 1000 / n,
         }
         if waiting_only:
+            sampler.phase = "cancel"
+            cancel_watch = StallWatchdog(0.01)
+            cancel_watch.start()
             await triggerer.finish()
-            watches = {"start": start_watch.report(), "idle": idle_watch.report()}
-            return {
-                **waiting,
-                "waiting_only": True,
-                "stalls": watches,
-                "longest_stall_ms": max(w["longest_ms"] for w in watches.values()),
-                "longest_stall_without_gc_ms": max(w["longest_without_gc_ms"] for w in watches.values()),
+            await asyncio.sleep(0.05)  # the watch records an iteration when it wakes, not when stopped
+            await cancel_watch.stop()
+            watches = {
+                "start": start_watch,
+                "idle": idle_watch,
+                "waiting": waiting_watch,
+                "cancel": cancel_watch,
             }
+            return {**waiting, "waiting_only": True, **phase_stalls(watches)}
 
         # changes: two per source at random moments; the second is the decisive one
         plan: list[tuple[float, int, bool]] = []
@@ -351,7 +393,8 @@ async def _measure(
         produced: dict[int, float] = {}
         change_watch = StallWatchdog(0.01)
         change_watch.start()
-        sampler.start()
+        sockets.start()
+        sampler.phase = "changes"
         emulator_cpu = (await emulator.stats())["cpu_seconds"]
         cpu = time.process_time()
         phase_start = time.perf_counter()
@@ -368,7 +411,7 @@ async def _measure(
         change_cpu = (time.process_time() - cpu) / change_phase_s
         emulator_cpu = ((await emulator.stats())["cpu_seconds"] - emulator_cpu) / change_phase_s
         await change_watch.stop()
-        await sampler.stop()
+        await sockets.stop()
 
         latencies, failures = [], 0
         for index, trigger_id in enumerate(ids):
@@ -383,7 +426,7 @@ async def _measure(
 
     from airflow_provider_systemzero.stream.capacity import default_capacity
 
-    watches = {"start": start_watch.report(), "idle": idle_watch.report(), "changes": change_watch.report()}
+    watches = {"start": start_watch, "idle": idle_watch, "waiting": waiting_watch, "changes": change_watch}
     return {
         **waiting,
         "change_window_s": change_window,
@@ -393,16 +436,14 @@ async def _measure(
         "change_phase_emulator_cpu_pct": emulator_cpu * 100,
         "latency": summary_ms(latencies),
         "failures": failures,
-        "max_sockets_open": sampler.max_open,
-        "max_capacity_in_use": max(sampler.max_capacity_in_use, default_capacity().max_in_use),
+        "max_sockets_open": sockets.max_open,
+        "max_capacity_in_use": max(sockets.max_capacity_in_use, default_capacity().max_in_use),
         "max_streams_per_process": default_capacity().limit,
         "emulator_max_streams_open": stats["max_streams_open"],
         "upgrade_refusals": stats["upgrade_refusals"],
         "decisions_billed": stats["decisions_billed"],
         "streams_opened": stats["streams_total"],
-        "stalls": watches,
-        "longest_stall_ms": max(w["longest_ms"] for w in watches.values()),
-        "longest_stall_without_gc_ms": max(w["longest_without_gc_ms"] for w in watches.values()),
+        **phase_stalls(watches),
     }
 
 
@@ -577,6 +618,11 @@ def main() -> None:
         "--gc-freeze", action="store_true", help="gc.freeze() after the warm-up, as in production"
     )
     parser.add_argument("--waiting-only", action="store_true", help="stop after the waiting phase (large N)")
+    parser.add_argument(
+        "--trace-stalls",
+        action="store_true",
+        help="sample the loop's stack in each iteration over 50 ms (adds stall_trace to the result)",
+    )
     args = parser.parse_args()
     if args.breakdown:
         result = asyncio.run(breakdown(args.n))
@@ -590,6 +636,7 @@ def main() -> None:
                 args.source,
                 gc_freeze=args.gc_freeze,
                 waiting_only=args.waiting_only,
+                sampler=LoopSampler() if args.trace_stalls else None,
             )
         )
     print(json.dumps(result))

@@ -299,20 +299,24 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
         fmt: Any,
         limit: float,
         strict: bool = False,
+        then_name: str | None = None,
     ) -> None:
         # frozen None: a figure the collector setting does not change; as Airflow leaves it if measured
+        # then_name: the before run's name for the figure, where it was measured under another name
         settings = (False, True) if frozen is None else (frozen,)
         now = next((g for f in settings if (g := group(after, n, f)) is not None), None)
         then = next((g for f in settings if (g := group(before, n, f)) is not None), None)
-        value = None if now is None else now[name]
+        if then is not None and (then_name or name) not in then:
+            then = None
+        value = None if now is None or name not in now else now[name]
         ok = value is not None and (value < limit if strict else value <= limit)
         verdict = "not measured" if value is None else MET if ok else MISSED
         rows.append(
             [
                 label,
                 target,
-                DASH if then is None else fmt(then[name]),
-                DASH if now is None else fmt(value),
+                DASH if then is None else fmt(then[then_name or name]),
+                DASH if value is None else fmt(value),
                 verdict,
             ]
         )
@@ -347,26 +351,34 @@ def _waiting_rows(doc: dict[str, Any]) -> list[list[Any]]:
             _ms,
             TARGETS["full_gc_ms_added_per_1000"],
         )
-        row(
-            "longest event-loop stall, N = 5,000, `gc.freeze()` after start-up (production setting)",
-            f"< {TARGETS['longest_stall_ms']:.0f} ms",
-            "longest_stall_ms",
-            5000,
-            True,
-            _ms,
-            TARGETS["longest_stall_ms"],
-            strict=True,
-        )
-        row(
-            "the same, collector as Airflow leaves it",
-            f"< {TARGETS['longest_stall_ms']:.0f} ms",
-            "longest_stall_ms",
-            5000,
-            False,
-            _ms,
-            TARGETS["longest_stall_ms"],
-            strict=True,
-        )
+        # the waiting phase (a quiet window with one full collection); before, one figure covered
+        # start-up and the quiet window together, and its longest stall was always in start-up
+        for phase, label, then_name in (
+            ("waiting", "while 5,000 triggers wait, one full collection included", None),
+            ("startup", "while 5,000 triggers start (to their first decision)", "longest_stall_ms"),
+        ):
+            row(
+                f"longest event-loop stall {label}, `gc.freeze()` after start-up (production setting)",
+                f"< {TARGETS['longest_stall_ms']:.0f} ms",
+                f"{phase}_stall_ms",
+                5000,
+                True,
+                _ms,
+                TARGETS["longest_stall_ms"],
+                strict=True,
+                then_name=then_name,
+            )
+            row(
+                f"{DASH} the same, collector as Airflow leaves it",
+                f"< {TARGETS['longest_stall_ms']:.0f} ms",
+                f"{phase}_stall_ms",
+                5000,
+                False,
+                _ms,
+                TARGETS["longest_stall_ms"],
+                strict=True,
+                then_name=then_name,
+            )
         row(
             "idle CPU, N = 5,000",
             f"≤ {TARGETS['idle_cpu_pct']:.0f} % of a core",
@@ -874,8 +886,12 @@ def _waiting(data: dict[str, Any]) -> list[str]:
             _ms(g["full_gc_ms_baseline"]),
             _ms(g["full_gc_ms_waiting"]),
             _ms(g["full_gc_ms_added_per_1000"]),
-            _ms(g["longest_stall_ms"]),
-            _ms(g["longest_stall_without_gc_ms"]),
+            *(
+                f"{_ms(g[f'{phase}_stall_ms'])} ({_ms(g[f'{phase}_stall_without_gc_ms'])})"
+                if f"{phase}_stall_ms" in g
+                else DASH
+                for phase in ("waiting", "startup")
+            ),
             f"{g['idle_cpu_pct']:.2f} %",
             f"{g['startup_s']:.0f} s",
         ]
@@ -883,8 +899,12 @@ def _waiting(data: dict[str, Any]) -> list[str]:
     ]
     out += [
         "Medians over the runs. Full-GC columns are the CPU time of one `gc.collect()` with no trigger, "
-        "with the N triggers waiting, and the difference scaled to 1,000 triggers; stalls are wall time "
-        "(start-up and a 5 s quiet window), so they include waiting for a core on a loaded machine.",
+        "with the N triggers waiting, and the difference scaled to 1,000 triggers. Stalls are the longest "
+        "loop iteration (wall time, so they include waiting for a core on a loaded machine; in brackets "
+        "without the collector's share), per phase: *waiting* is a 5 s window at a 10 ms step while the N "
+        "triggers wait, in which the loop runs one full collection (`gc.collect()`), as the collector does "
+        "whenever its threshold trips; *start-up* is from the first trigger handed over until every one "
+        "has had its first decision and given its stream back.",
         "",
     ]
     out += _table(
@@ -897,8 +917,8 @@ def _waiting(data: dict[str, Any]) -> list[str]:
             "full GC, no trigger",
             "full GC, waiting",
             "added per 1,000",
-            "longest stall",
-            "without GC",
+            "longest stall, waiting",
+            "longest stall, start-up",
             "idle CPU",
             "start-up",
         ],
@@ -1018,6 +1038,14 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                 "",
             ]
         lines += _table(["figure", "target", "before", "after", ""], waiting_rows)
+        lines += [
+            "The stall rows cover one phase each (scenario 6 below): *while 5,000 triggers wait* is a 5 s "
+            "window in which the loop runs one full collection, as the collector does whenever its "
+            "threshold trips; *while they start* runs from the first trigger handed over until all have "
+            "had their first decision. 'Before' had one figure for both, and its longest stall was in "
+            "start-up in every run, so it is shown on the start-up rows.",
+            "",
+        ]
     res = doc["results"]
     for name, section in (
         ("latency", _latency),

@@ -4,7 +4,10 @@ The lighter harness of scenario 2 (:mod:`benchmarks.density` with ``--waiting-on
 starts N decision triggers in a fresh process, lets each get its first decision and give its
 stream back, then measures the waiting phase (RSS, objects tracked by the collector, the CPU
 time of a full collection, idle CPU, the longest event-loop stall) and cancels them; there is no
-change phase, so N = 5,000 fits in a few minutes. Each N runs with the collector as Airflow leaves
+change phase, so N = 5,000 fits in a few minutes. The longest stall is reported per phase
+(:mod:`benchmarks.stalls`): while the N triggers wait (a quiet window at a 10 ms step in which
+the collector makes one full pass, as it does whenever its threshold trips) and, apart, while
+they start (handed over, each to its first decision and back to waiting without a stream). Each N runs with the collector as Airflow leaves
 it and with the production setting of ``docs/production.md`` (``gc.freeze()`` once start-up
 is over, :func:`benchmarks.density.freeze_after_start_up`); every figure is the median of the
 repeats.
@@ -33,6 +36,10 @@ FIGURES = (
     "full_gc_ms_added_per_1000",
     "longest_stall_ms",
     "longest_stall_without_gc_ms",
+    "waiting_stall_ms",
+    "waiting_stall_without_gc_ms",
+    "startup_stall_ms",
+    "startup_stall_without_gc_ms",
     "idle_cpu_pct",
     "idle_cpu_baseline_pct",
     "startup_s",
