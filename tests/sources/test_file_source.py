@@ -288,6 +288,28 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
             await source.aclose()
 
 
+async def test_a_source_keeps_one_timer_across_changes_and_none_once_closed(tmp_path: Path) -> None:
+    """The safety re-check (and a poll) is one timer per source, armed when an iterator waits: a
+    change is a notification and a read, not a timer scheduled and cancelled per wait."""
+    log = tmp_path / "job.log"
+    log.write_text("0\n")
+    async with tailing(spec(log)) as (source, changes):
+        assert await anext(changes) == "0\n"
+        timers = set()
+        for index in range(1, 4):
+            waiting = asyncio.ensure_future(anext(changes))
+            for _ in range(100):  # the iterator's first step: it waits, arming the timer
+                if source._timer is not None:
+                    break
+                await asyncio.sleep(0)
+            timers.add(source._timer)
+            with log.open("a") as handle:
+                handle.write(f"{index}\n")
+            assert (await asyncio.wait_for(waiting, 10)).endswith(f"{index}\n")
+        assert len(timers) == 1 and not source._timer.cancelled()
+    assert source._timer is None  # no iterator open: no timer
+
+
 async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
