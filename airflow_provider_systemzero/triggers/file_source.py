@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import errno
 import logging
 import os
@@ -103,6 +102,9 @@ class FileSource(StateSource):
         #: trigger's cleanup), so the iterators of a trigger's streams and dormant waits, one
         #: after the other, cost no subscribe, no unsubscribe and no read of an unchanged file
         self._subscriptions: list[Subscription] = []
+        #: the source's one timer while an iterator is open: the next poll, or on notifications the
+        #: safety re-check; it wakes every open iterator (one timer per source, not one per wait)
+        self._timer: asyncio.TimerHandle | None = None
 
     # ---------------------------------------------------------------- reading (in a worker thread)
 
@@ -246,17 +248,36 @@ class FileSource(StateSource):
             subscription.watcher.unsubscribe(subscription)
 
     async def _next_change(self, wake: asyncio.Event) -> None:
-        """Wait for a notification on ``wake`` (or the safety re-check), or poll."""
+        """Wait for a notification or the source's timer on ``wake`` (see :meth:`_arm`)."""
         if self._resubscribe or (self.mode == "notify" and not self._subscriptions):
             self._unsubscribe()
             self._subscribe()
+            self._arm()  # polling or notified now: the timer's interval changed
             if self._subscriptions:
                 return  # watching again: look at once, something may have changed meanwhile
-        wait = max(self.poll_interval, NOTIFY_RECHECK_SECONDS) if self._subscriptions else self.poll_interval
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                await wake.wait()
+        if self._timer is None:
+            self._arm()
+        await wake.wait()
         wake.clear()
+
+    def _arm(self) -> None:
+        """(Re)start the source's timer: ``poll_interval`` when polling, the safety re-check
+        (``max(poll_interval, 60)`` s) on notifications. It is armed when an iterator waits and no
+        timer is pending, so a poll comes ``poll_interval`` after the last one's read."""
+        if self._timer is not None:
+            self._timer.cancel()
+        wait = max(self.poll_interval, NOTIFY_RECHECK_SECONDS) if self._subscriptions else self.poll_interval
+        self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        for wake in self._wakes:
+            wake.set()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _choose_mode(self) -> str:
         if self._chosen is not None:
@@ -303,8 +324,11 @@ class FileSource(StateSource):
                     yield last
         finally:
             self._wakes.discard(wake)
+            if not self._wakes:
+                self._disarm()
 
     async def aclose(self) -> None:
+        self._disarm()
         self._unsubscribe()
 
 

@@ -5,8 +5,10 @@ its file changed from Linux's inotify instead of checking it on a timer. Every s
 event loop shares **one** inotify descriptor (:class:`FileWatcher`): a thousand triggers tailing
 a thousand files cost one descriptor, no thread, and one watch per *directory* (the kernel
 limit ``fs.inotify.max_user_watches`` counts directories here, not triggers). The descriptor is
-read by a reader callback on the event loop (``loop.add_reader``): a change costs one read of
-the descriptor and one wake-up of the sources watching that name — no task, no thread.
+read by a reader callback on the event loop (``loop.add_reader``): one read of the descriptor
+takes every event queued since the last (a write alone is a ``MODIFY`` and a ``CLOSE_WRITE``;
+under load, many files' events) and calls each source they name once, with their masks OR-ed —
+no task, no thread, no scan of the other sources.
 
 Directories are watched rather than files, so a file that appears later, a file that is
 deleted and recreated (even with the same inode number), and a file renamed away and replaced
@@ -38,7 +40,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -171,7 +173,7 @@ def watch_mode(path: str, requested: str = "auto") -> str:
     return "notify"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Directory:
     path: str
     wd: int
@@ -180,7 +182,7 @@ class _Directory:
     spellings: set[str] = field(default_factory=set)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Subscription:
     """What :meth:`FileWatcher.subscribe` hands back; give it to :meth:`FileWatcher.unsubscribe`."""
 
@@ -212,7 +214,10 @@ class FileWatcher:
         self._by_wd: dict[int, _Directory] = {}
         self._closed = False
         self._sweep: asyncio.TimerHandle | None = None
+        #: events read from the descriptor, and subscriber calls made for them (one per subscriber
+        #: per read, however many of the read's events named its file)
         self.events_read = 0
+        self.wakes = 0
         loop.add_reader(self._fd, self._on_readable)
 
     @property
@@ -221,12 +226,14 @@ class FileWatcher:
         return self._closed
 
     def stats(self) -> dict[str, int]:
-        """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions`` and ``events_read``."""
+        """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions``, ``events_read`` and
+        ``wakes`` (subscriber calls)."""
         return {
             "descriptors": 0 if self.closed else 1,
             "directories": len(self._directories),
             "subscriptions": sum(len(s) for d in self._directories.values() for s in d.names.values()),
             "events_read": self.events_read,
+            "wakes": self.wakes,
         }
 
     def subscribe(self, path: str, callback: Callback) -> Subscription:
@@ -297,6 +304,12 @@ class FileWatcher:
                 del self._directories[spelling]
 
     def _on_readable(self) -> None:
+        """Read every pending event, then wake each subscriber once with its events' masks OR-ed.
+
+        One read of the descriptor returns every event queued since the last one (a write is a
+        ``MODIFY`` and a ``CLOSE_WRITE``; a busy second, many files' events): each source is called
+        once per read, so it reads its file once, whatever number of events named it.
+        """
         try:
             events = self._inotify.read(timeout=0)
         except OSError as exc:  # pragma: no cover - the descriptor broke: everyone falls back
@@ -304,11 +317,13 @@ class FileWatcher:
             self._wake_all(LOST)
             self.close()
             return
+        masks: dict[Callback, int] = {}
         for event in events:
             self.events_read += 1
             if event.mask & OVERFLOW:
                 log.warning("file notifications overflowed: every tailed file is checked again")
-                self._wake_all(OVERFLOW)
+                for directory in self._by_wd.values():
+                    _add(masks, directory.names.values(), OVERFLOW)
                 continue
             directory = self._by_wd.get(event.wd)
             if directory is None:
@@ -319,18 +334,28 @@ class FileWatcher:
                 if not event.mask & _flags.IGNORED:
                     with contextlib.suppress(OSError):
                         self._inotify.rm_watch(event.wd)
-                for callbacks in list(directory.names.values()):
-                    for callback in list(callbacks):
-                        callback(LOST | REPLACED)
+                _add(masks, directory.names.values(), LOST | REPLACED)
                 continue
-            for callback in list(directory.names.get(event.name, ())):
-                callback(event.mask)
+            callbacks = directory.names.get(event.name)
+            if callbacks:
+                _add(masks, (callbacks,), event.mask)
+        self.wakes += len(masks)
+        for callback, mask in masks.items():
+            callback(mask)
 
     def _wake_all(self, mask: int) -> None:
-        for directory in list(self._by_wd.values()):
-            for callbacks in list(directory.names.values()):
-                for callback in list(callbacks):
-                    callback(mask)
+        masks: dict[Callback, int] = {}
+        for directory in self._by_wd.values():
+            _add(masks, directory.names.values(), mask)
+        for callback, mask_of in masks.items():
+            callback(mask_of)
+
+
+def _add(masks: dict[Callback, int], groups: Iterable[set[Callback]], mask: int) -> None:
+    """OR ``mask`` into the pending mask of every callback in ``groups``."""
+    for callbacks in groups:
+        for callback in callbacks:
+            masks[callback] = masks.get(callback, 0) | mask
 
 
 _WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FileWatcher] = weakref.WeakKeyDictionary()

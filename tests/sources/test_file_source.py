@@ -8,6 +8,7 @@ arrived by notification.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import shutil
@@ -22,7 +23,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
+from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES, FileSource
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import wait_until
@@ -233,6 +234,80 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
         lambda: file_watch._WATCHERS.get(loop) is None and inotify_descriptors() == descriptors,
         what="the watcher to stop and its descriptor to close",
     )
+
+
+async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_its_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes to K files made before the loop runs again reach the watcher as one read of its
+    descriptor (two writes each: at least a ``MODIFY`` and a ``CLOSE_WRITE`` apiece): each source
+    is called once for all of them — two sources on one file, once each — and reads its file once."""
+    woken: collections.Counter[int] = collections.Counter()
+    reads: collections.Counter[int] = collections.Counter()
+    on_event, read_file = FileSource._on_event, FileSource._read_file
+
+    def counting_event(self: FileSource, mask: int) -> None:
+        woken[id(self)] += 1
+        on_event(self, mask)
+
+    def counting_read(self: FileSource, replaced: bool, limit: int | None) -> Any:
+        reads[id(self)] += 1
+        return read_file(self, replaced, limit)
+
+    monkeypatch.setattr(FileSource, "_on_event", counting_event)
+    monkeypatch.setattr(FileSource, "_read_file", counting_read)
+    k = 6
+    logs = []
+    for index in range(k):
+        (tmp_path / f"job-{index}").mkdir()
+        logs.append(tmp_path / f"job-{index}" / "job.log")
+        logs[-1].write_text("starting\n")
+    sources = [build_source(spec(log), "") for log in [*logs, logs[0]]]
+    iterators = [source.changes() for source in sources]
+    try:
+        for changes in iterators:
+            assert await anext(changes) == "starting\n"
+        watcher = file_watch.current_watcher()
+        assert watcher is not None
+        events_before = watcher.events_read
+        woken.clear()
+        reads.clear()
+        for log in logs:  # no await in between: the watcher reads every event at once
+            for line in ("one\n", "two\n"):
+                with log.open("a") as handle:
+                    handle.write(line)
+        seen = await asyncio.gather(*(value_where(c, lambda v: v.endswith("two\n")) for c in iterators))
+        assert seen == ["starting\none\ntwo\n"] * (k + 1)
+        assert watcher.events_read - events_before >= 4 * k
+        assert woken == {id(source): 1 for source in sources}
+        assert reads == {id(source): 1 for source in sources}
+    finally:
+        for changes in iterators:
+            await changes.aclose()
+        for source in sources:
+            await source.aclose()
+
+
+async def test_a_source_keeps_one_timer_across_changes_and_none_once_closed(tmp_path: Path) -> None:
+    """The safety re-check (and a poll) is one timer per source, armed when an iterator waits: a
+    change is a notification and a read, not a timer scheduled and cancelled per wait."""
+    log = tmp_path / "job.log"
+    log.write_text("0\n")
+    async with tailing(spec(log)) as (source, changes):
+        assert await anext(changes) == "0\n"
+        timers = set()
+        for index in range(1, 4):
+            waiting = asyncio.ensure_future(anext(changes))
+            for _ in range(100):  # the iterator's first step: it waits, arming the timer
+                if source._timer is not None:
+                    break
+                await asyncio.sleep(0)
+            timers.add(source._timer)
+            with log.open("a") as handle:
+                handle.write(f"{index}\n")
+            assert (await asyncio.wait_for(waiting, 10)).endswith(f"{index}\n")
+        assert len(timers) == 1 and not source._timer.cancelled()
+    assert source._timer is None  # no iterator open: no timer
 
 
 async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
