@@ -124,7 +124,38 @@ class Triggerer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class StallWatchdog:
+class LoopWatch:
+    """A watch that runs one task on the event loop and hears every collection.
+
+    Subclasses define :meth:`_watch` (the task) and :meth:`_on_gc` (registered in
+    ``gc.callbacks`` while the watch runs).
+    """
+
+    _task: asyncio.Task[None] | None = None
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _watch(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start watching (the loop must be running)."""
+        gc.callbacks.append(self._on_gc)
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class StallWatchdog(LoopWatch):
     """Airflow's ``block_watchdog`` loop, recording how late each wake-up was.
 
     Airflow's sleeps 0.1 s and logs a round that overran; this one records every overrun and,
@@ -141,7 +172,6 @@ class StallWatchdog:
         self.gc_pauses: list[tuple[int, float]] = []
         self._gc_spans: list[tuple[float, float]] = []
         self._gc_started: float | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -151,11 +181,6 @@ class StallWatchdog:
             self._gc_spans.append((self._gc_started, now))
             self.gc_pauses.append((info["generation"], now - self._gc_started))
             self._gc_started = None
-
-    def start(self) -> None:
-        """Start watching (the loop must be running)."""
-        gc.callbacks.append(self._on_gc)
-        self._task = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
         while True:
@@ -197,13 +222,3 @@ class StallWatchdog:
             "longest_gc_generation": generation,
             "gc_passes": len(self.gc_pauses),
         }
-
-    async def stop(self) -> None:
-        """Stop watching."""
-        with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._on_gc)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import gc
 import sys
 import threading
@@ -21,7 +20,7 @@ import time
 import traceback
 from typing import Any
 
-from benchmarks.runner import StallWatchdog
+from benchmarks.runner import LoopWatch, StallWatchdog
 
 __all__ = ["LoopSampler", "phase_stalls", "waiting_stalls"]
 
@@ -57,7 +56,7 @@ def phase_stalls(watches: dict[str, StallWatchdog]) -> dict[str, Any]:
     }
 
 
-class LoopSampler:
+class LoopSampler(LoopWatch):
     """What ran during each long loop iteration: a thread samples the loop thread's stack.
 
     A task in the loop stamps the clock every ``step``; a thread checks the stamp every ``step``
@@ -81,18 +80,16 @@ class LoopSampler:
         self._gc_started = (0.0, 0.0)
         self._loop_thread = threading.get_ident()
         self._stop = threading.Event()
-        self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start sampling the running loop's thread."""
         self._loop_thread = threading.get_ident()
-        gc.callbacks.append(self._on_gc)
-        self._task = asyncio.ensure_future(self._beat())
+        super().start()
         self._thread = threading.Thread(target=self._sample, name="loop-sampler", daemon=True)
         self._thread.start()
 
-    async def _beat(self) -> None:
+    async def _watch(self) -> None:
         while True:
             self._stamp = time.perf_counter()
             await asyncio.sleep(self.step)
@@ -134,13 +131,7 @@ class LoopSampler:
     async def stop(self) -> None:
         """Stop sampling."""
         self._stop.set()
-        with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._on_gc)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await super().stop()
 
     def report(self, top: int = 8) -> list[dict[str, Any]]:
         """The ``top`` longest stalls: phase, length, the collections inside, the commonest stacks."""
