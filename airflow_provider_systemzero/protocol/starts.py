@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 
 An account may *start* ``account_decision_burst`` decisions at once and
-``account_decision_ceiling`` per minute, over all its streams and processes. Over it, a decide
-fails with 429 ``rate_limited`` and ``retry_after_ms``. A process does not know how much of the
+``account_decision_ceiling`` per minute, over all its streams and processes (the public limits:
+"account_decision_burst — 5 starts", "account_decision_ceiling — 60 starts per minute"). Over
+it, a decide fails with 429 ``rate_limited`` and ``retry_after_ms``. A process does not know how much of the
 account other processes use: the gateway's 429s are all it hears. :class:`StartQueue` turns them
 into one decision per process:
 
@@ -13,17 +14,27 @@ into one decision per process:
   the latency of an account below its ceiling.
 * **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
   ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts). The pace grows by half on a 429 (to at least half
-  again the Retry-After) — once per Retry-After: the 429s of starts already on their way when the first one was heard change
-  nothing more.
+  follow at a *pace* (seconds between starts), at least half again the Retry-After. The pace
+  grows once per Retry-After: the 429s of starts already on their way when the first one was
+  heard change nothing more.
 * **Sharing an account, told nothing but the 429s.** From one pace after the Retry-After ended,
   the *rate* of starts (1 / pace) grows with *time*, by the same amount a second whatever share
   the process has (additive increase, multiplicative decrease, as TCP shares a link): a process
-  that got few starts recovers as fast as one that got many, and the one that starts more often
-  hears more of the 429s, so processes on one account converge on equal shares. The time unit is
-  the gateway's own: the largest of the latest Retry-Afters (about the account's gap between
-  starts), so the rule is the same at any ceiling. An account quiet for :data:`QUIET_UNITS`
-  units (no 429) is unlimited again: its burst is there for the next changes.
+  that got few starts recovers as fast as one that got many. The time unit is the gateway's own:
+  the largest of the latest Retry-Afters (a token bucket never asks for more than its gap between
+  starts, so this is about that gap), and the rule is the same at any ceiling. An account quiet
+  for :data:`QUIET_UNITS` units (no 429) is unlimited again: its burst is there for the next
+  changes.
+* **A 429 slows a process by the share it takes.** A plain AIMD is fair only when a start's
+  chance of a 429 does not depend on who made it. Against the gateway's bucket it does: the
+  process starting at the ceiling takes each token as soon as it is made, and the starts of a
+  process far below it find the bucket empty more often — the smaller sender hears as many 429s
+  a minute as the larger one and, slowed as much by each, stays small for minutes. So the
+  decrease is weighted by the process's *share*, its accepted starts per unit over the last
+  :data:`SHARE_UNITS` units (1: the whole ceiling): at :data:`SHARE_FULL` of the ceiling or
+  more the pace grows by half, below it by (share ÷ :data:`SHARE_FULL`)² of that half (at a tenth
+  of the ceiling by 1.4 %). The larger sender backs off, the smaller keeps its pace and grows
+  with time, and the two meet at equal shares; a process alone at the ceiling slows as before.
 * **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
   its place when it asks again about a newer version (its wait counts from its first request),
   goes back to the front when its start was refused (429) or came too early, and to the back when
@@ -49,20 +60,27 @@ from dataclasses import dataclass
 
 __all__ = ["Grant", "StartQueue"]
 
-#: Pace multiplier on each 429: the gap between starts grows by half (and is at least half again
-#: the Retry-After and the unit: a start exactly on the gateway's next token would race it).
+#: Pace multiplier on a 429 (weighted by the process's share, see :data:`SHARE_FULL`): the gap
+#: between starts grows by up to half, and is at least half again the Retry-After (from
+#: unlimited: half again the unit): a start exactly on the gateway's next token would race it.
 PACE_BACKOFF = 1.5
 #: Growth of the start rate once a Retry-After is over, in starts per unit per unit (the unit: the
 #: largest of the latest Retry-Afters): 1 / pace grows by this much ÷ unit every unit.
 PACE_RECOVERY = 0.004
 #: How many of the latest Retry-Afters the unit is the largest of.
-UNIT_SAMPLES = 16
+UNIT_SAMPLES = 64
 #: Units without a 429 after which the queue is unlimited again (the account is quiet).
 QUIET_UNITS = 50
 #: Below this pace (seconds) the queue counts as unlimited again.
 MIN_PACE = 0.001
 #: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
 GRANT_TTL = 5.0
+#: Units over which a process counts its own accepted starts: its *share* of the account is
+#: that count ÷ this (1: one start a unit, the whole ceiling).
+SHARE_UNITS = 10
+#: The share at and above which a 429 slows the process by the whole :data:`PACE_BACKOFF`;
+#: below it, by (share ÷ this)² of it.
+SHARE_FULL = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +123,11 @@ class StartQueue:
         self.longest_wait = 0.0
         #: The largest of the latest Retry-Afters, in seconds: the time unit of the pace's recovery.
         self.unit = 0.0
-        self._delays: deque[float] = deque(maxlen=UNIT_SAMPLES)
+        self._delays: deque[float] = deque(maxlen=UNIT_SAMPLES)  # the latest Retry-Afters, in seconds
         self._recover_from = math.inf  # the pace shrinks from this time on
+        # times of this process's latest accepted starts (its share; at most about SHARE_UNITS +
+        # the burst fall in the window)
+        self._accepted: deque[float] = deque(maxlen=4 * SHARE_UNITS)
 
     # ------------------------------------------------------------------ views
 
@@ -177,6 +198,15 @@ class StartQueue:
         process's recovery does not depend on the share it already has.
         """
         self._recover(now)
+        self._accepted.append(now)
+
+    def share(self, now: float) -> float:
+        """This process's share of the account: its accepted starts per unit over the last
+        :data:`SHARE_UNITS` units (1.0: the whole ceiling; 1.0 too before any 429 gave a unit)."""
+        if self.unit <= 0:
+            return 1.0
+        since = now - SHARE_UNITS * self.unit
+        return min(1.0, sum(1 for at in self._accepted if at > since) / SHARE_UNITS)
 
     def _recover(self, now: float) -> None:
         # additive increase of the rate, by time: the same for every process whatever its share;
@@ -213,7 +243,11 @@ class StartQueue:
             self.unit = max(self._delays)
         if not heard:  # each Retry-After slows the process once, not once per stream
             first = not self.pace
-            self.pace = max(delay, self.unit, self.pace, MIN_PACE) * PACE_BACKOFF
+            if first:  # from unlimited: a pace half again the gateway's gap
+                self.pace = max(delay, self.unit, MIN_PACE) * PACE_BACKOFF
+            else:  # by as much as the process takes of the account (see the module docstring)
+                weight = min(1.0, self.share(now) / SHARE_FULL) ** 2
+                self.pace = max(delay * PACE_BACKOFF, self.pace * (1 + (PACE_BACKOFF - 1) * weight))
             if first:  # the probe goes when the Retry-After ends, the next start a pace after it
                 self._started = min(self._started, self.blocked_until - self.pace)
                 self._last_start = min(self._last_start, self.blocked_until - self.pace)
