@@ -117,15 +117,22 @@ class _Kwargs:
         return f"{type(trigger).__module__}.{type(trigger).__qualname__}", kwargs
 
 
+#: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
+#: (shared: a waiting trigger keeps one object fewer).
+_NO_FILTER = DecisionFilter()
+
+
 def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
     (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
     ``max_staleness`` and the stream lease; the source itself is built when the trigger runs."""
-    trigger.decision_filter = DecisionFilter(
+    decision_filter = DecisionFilter(
         decide_when=given["decide_when"],
         debounce_ms=given["debounce_ms"],
         decide_initial=given["decide_initial"],
     )
+    # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
+    trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
     trigger.max_staleness = validate_max_staleness(given["max_staleness"])
     trigger._lease = StreamLease(given["lease"], given["lease_after"])
     trigger._source = None
@@ -210,14 +217,17 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         self._kwargs.keep(self, locals())
         _watch_source(self, locals())
         self.end_when_unmet = bool(end_when_unmet)
-        self.skip_states = list(skip_states or [])
+        self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        path, kwargs = self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        if "skip_states" in kwargs:
+            kwargs["skip_states"] = list(self.skip_states)  # plain JSON
+        return path, kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""

@@ -160,6 +160,21 @@ _OPENINGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Openi
 )
 
 
+#: Per connection ID, the settings its triggers last resolved (immutable, so shared).
+_SETTINGS: dict[str | None, Any] = {}
+
+
+def _shared(settings: Any) -> Any:
+    """``settings``, or an equal object other triggers already keep (a frozen
+    :class:`~airflow_provider_systemzero.stream.settings.StreamSettings`): a thousand waiting
+    triggers of one connection keep one object, not a thousand; changed settings replace it."""
+    kept = _SETTINGS.get(settings.conn_id)
+    if kept is not None and kept == settings:
+        return kept
+    _SETTINGS[settings.conn_id] = settings
+    return settings
+
+
 class TriggerStream:
     """A trigger's stream: opened with the task's budget, closed on every exit, and let go while the
     source is quiet.
@@ -322,7 +337,7 @@ class TriggerStream:
         stream, self.stream = self.stream, None
         if stream is not None:  # the stream just closed: the wait starts where it ended
             if stream.settings is not None:
-                self._settings = stream.settings  # the next stream reuses them: no second lookup
+                self._settings = _shared(stream.settings)  # the next stream reuses them: no second lookup
             self._since = stream.state if gate is not None else NO_CHANGE
             del stream  # nothing of the stream is kept while dormant
         loop = asyncio.get_running_loop()
@@ -413,7 +428,9 @@ class TriggerStream:
         if self._settings is None:
             from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
-            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            self._settings = _shared(
+                await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            )
 
     async def enter(self, stream: Any, follow: StateSource | None) -> Any:
         """Enter ``stream``; while it waits to open (for a slot of ``max_streams_per_process``, the
