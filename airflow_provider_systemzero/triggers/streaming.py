@@ -36,7 +36,15 @@ if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to
     from airflow_provider_systemzero.decisions.watch import DecisionWatch
     from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 
-__all__ = ["NO_CHANGE", "SourceReading", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
+__all__ = [
+    "NO_CHANGE",
+    "SourceReading",
+    "StreamLease",
+    "TriggerStream",
+    "error_payload",
+    "gate_change",
+    "retrieved",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,20 @@ def retrieved(task: asyncio.Future[Any]) -> None:
     """Mark a stopped task's outcome as seen (its error, if any, no longer matters)."""
     if not task.cancelled():
         task.exception()
+
+
+async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
+    """Tell ``gate`` that the source changed from ``previous`` to ``state``, and whether the change
+    matches ``decide_when`` (``relevance``; an author's callable runs in a thread, never on the loop)."""
+    relevant = True
+    if relevance is not None:
+        if relevance.is_callable:
+            relevant = await asyncio.to_thread(relevance.matches, previous, state)
+        else:
+            relevant = relevance.matches(previous, state)
+    if not relevant:
+        log.debug("a change does not match decide_when: streamed, no decision started")
+    gate.changed(relevant, asyncio.get_running_loop().time())
 
 
 class _Opening:
@@ -376,8 +398,6 @@ class TriggerStream:
                     log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
                     await asyncio.sleep(wait)
             if gate is not None:
-                from airflow_provider_systemzero.triggers.feeder import gate_change
-
                 await gate_change(gate, relevance, since, state)
                 if not gate.pending:  # no decision is due: no stream for this change either
                     self._since = state
