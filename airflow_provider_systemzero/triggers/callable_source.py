@@ -171,15 +171,25 @@ class CallableSource(StateSource):
                 "call of this source starts until it returns)"
             ) from None
 
-    async def _next_generated(self) -> Any:
+    def _anext(self) -> Awaitable[Any]:
+        """The generator's next value, as the generator's own awaitable (called first, the function
+        is called): awaited where it is needed, it adds no coroutine frame to a waiting trigger."""
         if self._generator is None:
             self._generator = self.function(**self.kwargs)
-        try:
-            return await anext(self._generator)
-        except BaseException:
-            generator, self._generator = self._generator, None
+        return anext(self._generator)
+
+    async def _drop_generator(self) -> None:
+        """Close the generator after it raised (the next value calls the function again)."""
+        generator, self._generator = self._generator, None
+        if generator is not None:
             with contextlib.suppress(Exception):
                 await generator.aclose()  # type: ignore[attr-defined]
+
+    async def _next_generated(self) -> Any:
+        try:
+            return await self._anext()
+        except BaseException:
+            await self._drop_generator()
             raise
 
     async def _value(self, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -212,10 +222,20 @@ class CallableSource(StateSource):
         last = await self.current()
         yield last
         while True:
+            # what _value(_next_generated) does, inline: a trigger waiting here keeps no coroutine
+            # of this source but this generator's
             try:
-                value = await self._value(self._next_generated)
-            except StopAsyncIteration:
-                break
+                value = await self._anext()
+            except BaseException as exc:
+                await self._drop_generator()
+                if isinstance(exc, StopAsyncIteration):
+                    break
+                if isinstance(exc, LocalProtocolError) or not isinstance(exc, Exception):
+                    raise  # not a transient error: a bad value, or a cancellation
+                await self._failed(exc)
+                continue
+            self._checked(value)
+            self._failures = 0
             if value is not last and value != last:  # a generator called again yields its current state first
                 last = self._last = value
                 yield value

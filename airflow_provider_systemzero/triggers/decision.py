@@ -45,10 +45,9 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
-from airflow_provider_systemzero.triggers.feeder import SourceFeeder, gate_change
+from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.streaming import (
-    NO_CHANGE,
     StreamLease,
     TriggerStream,
     error_payload,
@@ -118,15 +117,22 @@ class _Kwargs:
         return f"{type(trigger).__module__}.{type(trigger).__qualname__}", kwargs
 
 
+#: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
+#: (shared: a waiting trigger keeps one object fewer).
+_NO_FILTER = DecisionFilter()
+
+
 def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
     (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
     ``max_staleness`` and the stream lease; the source itself is built when the trigger runs."""
-    trigger.decision_filter = DecisionFilter(
+    decision_filter = DecisionFilter(
         decide_when=given["decide_when"],
         debounce_ms=given["debounce_ms"],
         decide_initial=given["decide_initial"],
     )
+    # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
+    trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
     trigger.max_staleness = validate_max_staleness(given["max_staleness"])
     trigger._lease = StreamLease(given["lease"], given["lease_after"])
     trigger._source = None
@@ -211,15 +217,17 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         self._kwargs.keep(self, locals())
         _watch_source(self, locals())
         self.end_when_unmet = bool(end_when_unmet)
-        self.skip_states = list(skip_states or [])
+        self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
-        self._streamed: Any = NO_CHANGE  # the state the last stream ended with (a dormant wait starts there)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        path, kwargs = self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        if "skip_states" in kwargs:
+            kwargs["skip_states"] = list(self.skip_states)  # plain JSON
+        return path, kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Stream the state and yield one event."""
@@ -256,31 +264,18 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             if payload is not None:
                 return payload
             # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
-            loop = asyncio.get_running_loop()
-            kept, watch = (watch if watch.streak.count else None), None
-            seen = self._streamed if gate is not None else NO_CHANGE
-            while True:
-                time_left = kept.wait_time(loop.time()) if kept is not None else None
-                state = await self._stream.wait_for_change(
-                    source,
-                    self._lease,
-                    min_interval=(self.min_interval_ms or 0) / 1000,
-                    time_left=time_left,
-                    since=seen,
-                )
-                if state is NO_CHANGE:
-                    assert kept is not None  # only time was missing, and it passed
-                    verdict = kept.due(loop.time())
-                    if verdict is not None:
-                        return self._payload(kept, verdict)
-                    continue
-                if gate is not None:
-                    await gate_change(gate, relevance, seen, state)
-                    if not gate.pending:  # no decision is due: no stream for this change either
-                        seen = state
-                        continue
-                break
-            watch = kept
+            if not watch.streak.count:
+                watch = None
+            state, verdict = await self._stream.wait_until_due(
+                source,
+                self._lease,
+                watch,
+                gate=gate,
+                relevance=relevance,
+                min_interval=(self.min_interval_ms or 0) / 1000,
+            )
+            if verdict is not None:  # only time was missing, and it passed
+                return self._payload(watch, verdict)
 
     async def _hold(
         self, state: Any, source: StateSource, watch: DecisionWatch, gate: DecisionGate | None
@@ -298,17 +293,14 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 min_interval_ms=self.min_interval_ms,
             ) as stream:
                 feeder = _feeder(self, stream, source, mode, gate)
-                try:
-                    payload = await self._stream.until_quiet(
-                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
-                    )
-                finally:
-                    self._streamed = stream.state  # what the gateway had: a dormant wait starts there
+                payload = await self._stream.until_quiet(
+                    self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                )
                 if payload is None:
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload
         finally:
-            self._lease.disarm()
+            self._lease.end()
 
     async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
         """The payload of the first verdict that ends the wait."""
@@ -325,7 +317,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.disarm()
+        self._lease.end()
         source, self._source = self._source, None
         await self._stream.aclose()
         await _close_source(source)
@@ -465,8 +457,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         """Yield an event each time the condition becomes true; runs until cancelled."""
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
-        initial = await source.current()
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        state = await source.current()
         # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
         # can review an asset event, so only a met decision counts
         watch = DecisionWatch(condition, reviews=False)
@@ -474,24 +465,17 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         mode = self.decision_filter.stream_mode(self.decision_mode)
         relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the trigger
         gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
-        state = initial
-
-        async def consume(feeder: SourceFeeder) -> None:
-            async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-                async for verdict in verdicts:
-                    await queue.put(
-                        watch.event(
-                            verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
-                        ).to_payload()
-                    )
-
         try:
             while True:
                 follow = source if gate is None else None  # it opens with the newest state
+                # one queue per stream (it is drained before the trigger goes dormant: none is kept)
+                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
                     feeder = _feeder(self, stream, source, mode, gate)
                     quiet = self._lease.watch(feeder.currency)
-                    race = asyncio.ensure_future(feeder.race(functools.partial(consume, feeder)))
+                    race = asyncio.ensure_future(
+                        feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
+                    )
                     try:
                         while True:
                             getter = asyncio.ensure_future(queue.get())
@@ -508,38 +492,44 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         quiet.cancel()
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
-                        self._lease.disarm()
-                    seen = stream.state if gate is not None else NO_CHANGE  # what the gateway had
+                        self._lease.end()
                 del stream, feeder, race, quiet, getter  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
+                del queue
                 # dormant: the watch is kept (whether the condition was met decides the next event)
-                loop = asyncio.get_running_loop()
                 while True:
-                    state = await self._stream.wait_for_change(
-                        source, self._lease, time_left=watch.wait_time(loop.time()), since=seen
+                    state, verdict = await self._stream.wait_until_due(
+                        source, self._lease, watch, gate=gate, relevance=relevance
                     )
-                    if state is NO_CHANGE:
-                        verdict = watch.due(loop.time())  # only time was missing, and it passed
-                        if verdict is not None:
-                            yield TriggerEvent(
-                                watch.event(
-                                    verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
-                                ).to_payload()
-                            )
-                        continue
-                    if gate is not None:
-                        await gate_change(gate, relevance, seen, state)
-                        if not gate.pending:  # no decision is due: no stream for this change either
-                            seen = state
-                            continue
-                    break
+                    if verdict is None:
+                        break
+                    # only time was missing, and it passed
+                    yield TriggerEvent(self._event(watch, verdict, policy_fields))
         finally:
             await self.cleanup()
 
+    async def _publish(
+        self,
+        feeder: SourceFeeder,
+        watch: DecisionWatch,
+        queue: asyncio.Queue[dict[str, Any]],
+        policy_fields: bool,
+    ) -> None:
+        """Put the event payload of each verdict about the stream's decisions on ``queue``."""
+        async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
+            async for verdict in verdicts:
+                await queue.put(self._event(watch, verdict, policy_fields))
+
+    def _event(self, watch: DecisionWatch, verdict: Any, policy_fields: bool) -> dict[str, Any]:
+        """The asset event payload of a verdict."""
+        return watch.event(
+            verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
+        ).to_payload()
+
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.disarm()
+        self._lease.end()
         source, self._source = self._source, None
         await self._stream.aclose()
         await _close_source(source)

@@ -24,25 +24,11 @@ from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
 from airflow_provider_systemzero.triggers.sources import StateSource
-from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease, retrieved
+from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease, gate_change, retrieved
 
 __all__ = ["SourceFeeder", "gate_change"]
 
 log = logging.getLogger("airflow_provider_systemzero.triggers.streaming")  # the triggers' stream log
-
-
-async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
-    """Tell ``gate`` that the source changed from ``previous`` to ``state``, and whether the change
-    matches ``decide_when`` (``relevance``; an author's callable runs in a thread, never on the loop)."""
-    relevant = True
-    if relevance is not None:
-        if relevance.is_callable:
-            relevant = await asyncio.to_thread(relevance.matches, previous, state)
-        else:
-            relevant = relevance.matches(previous, state)
-    if not relevant:
-        log.debug("a change does not match decide_when: streamed, no decision started")
-    gate.changed(relevant, asyncio.get_running_loop().time())
 
 
 def _covers_current(stream: Any, decision: DecisionResult) -> bool:

@@ -23,6 +23,8 @@ import contextlib
 import logging
 import math
 import time
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,16 +32,26 @@ from airflow_provider_systemzero.triggers.currency import Currency
 from airflow_provider_systemzero.triggers.sources import StateSource
 
 if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to keep imports acyclic
+    from airflow_provider_systemzero.decisions.relevance import DecisionGate, Relevance
+    from airflow_provider_systemzero.decisions.watch import DecisionWatch
     from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 
-__all__ = ["NO_CHANGE", "SourceReading", "StreamLease", "TriggerStream", "error_payload", "retrieved"]
+__all__ = [
+    "NO_CHANGE",
+    "SourceReading",
+    "StreamLease",
+    "TriggerStream",
+    "error_payload",
+    "gate_change",
+    "retrieved",
+]
 
 log = logging.getLogger(__name__)
 
 #: What :attr:`StreamLease.covered` is before any decision (equal to no state).
 _NOTHING: Any = object()
 
-#: What :meth:`TriggerStream.wait_for_change` returns when only time passed (no change).
+#: What :meth:`TriggerStream.wait_until_due` returns as the state when only time passed (no change).
 NO_CHANGE: Any = object()
 
 T = TypeVar("T")
@@ -90,6 +102,101 @@ def retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
+    """Tell ``gate`` that the source changed from ``previous`` to ``state``, and whether the change
+    matches ``decide_when`` (``relevance``; an author's callable runs in a thread, never on the loop)."""
+    relevant = True
+    if relevance is not None:
+        if relevance.is_callable:
+            relevant = await asyncio.to_thread(relevance.matches, previous, state)
+        else:
+            relevant = relevance.matches(previous, state)
+    if not relevant:
+        log.debug("a change does not match decide_when: streamed, no decision started")
+    gate.changed(relevant, asyncio.get_running_loop().time())
+
+
+class _Opening:
+    """The streams of one connection that a loop's triggers are building and opening now.
+
+    A trigger whose source changed builds its stream only once it is *let in* (at most twice
+    ``max_streams_per_process`` of them at once, first come first served); the others wait on
+    one future each. A stream waiting for a slot of ``max_streams_per_process`` holds its session,
+    tasks and buffers; when a thousand triggers start or wake together, a thousand such streams
+    were built and freed one slot at a time, and the freed memory stayed in the allocator's pools
+    between the dormant triggers' objects (about 13 KB of free blocks per trigger at N = 1,000).
+    Letting in twice the cap keeps a waiter queued for every slot, so a quiet stream is still
+    asked to give its slot back (see :class:`StreamLease`).
+    """
+
+    __slots__ = ("active", "waiters")
+
+    def __init__(self) -> None:
+        self.active = 0  # streams let in and not entered yet
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    @staticmethod
+    def room() -> int:
+        """How many streams of a connection may be built and opened at once."""
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        return 2 * default_capacity().limit
+
+    async def let_in(self) -> None:
+        """Wait until this trigger may build its stream (:meth:`leave` when it is entered)."""
+        if not self.waiters and self.active < self.room():
+            self.active += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        log.info(
+            "waiting to build the stream: %d streams of this connection are being opened (at most %d "
+            "at once, twice max_streams_per_process), %d triggers waiting; first come first served",
+            self.active,
+            self.room(),
+            len(self.waiters),
+        )
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.leave()  # let in as it was cancelled: the place goes to the next waiter
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+
+    def leave(self) -> None:
+        """The stream is entered (or failed to be): its place goes to the oldest waiter."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.active -= 1
+
+
+#: Per event loop and connection ID: the streams being opened (a process may run several loops).
+_OPENINGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Opening]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+#: Per connection ID, the settings its triggers last resolved (immutable, so shared).
+_SETTINGS: dict[str | None, Any] = {}
+
+
+def _shared(settings: Any) -> Any:
+    """``settings``, or an equal object other triggers already keep (a frozen
+    :class:`~airflow_provider_systemzero.stream.settings.StreamSettings`): a thousand waiting
+    triggers of one connection keep one object, not a thousand; changed settings replace it."""
+    kept = _SETTINGS.get(settings.conn_id)
+    if kept is not None and kept == settings:
+        return kept
+    _SETTINGS[settings.conn_id] = settings
+    return settings
+
+
 class TriggerStream:
     """A trigger's stream: opened with the task's budget, closed on every exit, and let go while the
     source is quiet.
@@ -101,7 +208,7 @@ class TriggerStream:
       state, and :meth:`until_quiet` runs the trigger's work on it until the work ends or the
       :class:`StreamLease` says the stream is quiet; the trigger then closes the stream (close
       1000), which frees its slot of ``max_streams_per_process`` for the next waiter;
-    * **dormant** — :meth:`wait_for_change` is the trigger's one await, on the source's next change:
+    * **dormant** — :meth:`wait_until_due` is the trigger's one await, on the source's next change:
       no stream, session, connection, task or timer is held, only what resuming needs (the source
       with its offset, the state the last decision covered, the key namespace, the condition). A
       change rebuilds the rest; the same key namespace makes a state already decided replay unbilled.
@@ -120,6 +227,7 @@ class TriggerStream:
         "_dormant",
         "_reading",
         "_settings",
+        "_since",
         "deadline",
         "key_namespace",
         "request",
@@ -147,6 +255,9 @@ class TriggerStream:
         self._settings: Any = None  # the connection's settings, resolved once per trigger run
         self._dormant = False
         self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
+        self._since: Any = (
+            NO_CHANGE  # a dormant wait's state to compare changes with (NO_CHANGE: the covered one)
+        )
 
     @property
     def dormant(self) -> bool:
@@ -190,7 +301,7 @@ class TriggerStream:
 
     async def until_quiet(self, lease: StreamLease, feeder: SourceFeeder, work: Awaitable[T]) -> T | None:
         """Run ``work`` on the open stream until it ends (its result, or its error) or ``lease``
-        says the stream is quiet (``None``: close the stream and :meth:`wait_for_change`).
+        says the stream is quiet (``None``: close the stream and :meth:`wait_until_due`).
 
         :param lease: the stream's lease.
         :param feeder: the feeder ``work`` reads the decisions from.
@@ -209,62 +320,90 @@ class TriggerStream:
             return None
         return task.result()
 
-    async def wait_for_change(
+    async def wait_until_due(
         self,
         source: StateSource,
         lease: StreamLease,
+        watch: DecisionWatch | None = None,
         *,
+        gate: DecisionGate | None = None,
+        relevance: Relevance | None = None,
         min_interval: float = 0.0,
-        time_left: float | None = None,
-        since: Any = NO_CHANGE,
-    ) -> Any:
-        """The dormant phase: wait, holding no stream, until ``source`` has a state other than the
-        one the last decision covered (:attr:`StreamLease.covered`, or ``since`` when given); the
-        state to open the next stream with.
+    ) -> tuple[Any, Any]:
+        """The dormant phase: wait, holding no stream, until ``source`` has a state a decision is due
+        about, or until only time was missing for ``watch``'s verdict and it passed.
 
         The only thing the trigger does meanwhile is this one await on the source's change
         notification (its ``changes()``): no task, no timer, no stream — unless the condition itself
-        waits on time (``time_left``).
+        waits on time (hysteresis's ``min_true_for``). What must persist across the wait (the state
+        the next change is compared with) is kept in this record's slots, not in a closure or a
+        callback, so a dormant trigger keeps only this coroutine and the source's.
+
+        A change is the source's state other than the one the last decision covered
+        (:attr:`StreamLease.covered`); with ``gate`` (``decide_when``), other than the one the last
+        stream ended with, and only a change that makes a decision due ends the wait (the others
+        become the state the next change is compared with).
 
         :param source: the trigger's source.
         :param lease: the lease of the stream just closed (it knows what the last decision covered).
+        :param watch: the trigger's watch, when a run of qualifying decisions waits on time (its
+            ``wait_time``/``due``); ``None``: nothing does.
+        :param gate: the trigger's ``decide_when`` gate, kept across streams (``None``: every change
+            is due).
+        :param relevance: what ``gate`` matches a change with.
         :param min_interval: seconds that must pass between the last decision and the next stream's
             (the trigger's ``min_interval_ms``): a change sooner waits out the rest, and says so.
-        :param time_left: seconds until only time can end the wait (hysteresis's ``min_true_for``);
-            :data:`NO_CHANGE` is returned when they pass first.
-        :param since: the state to wait for a change from, when it is not the one the last decision
-            covered (a dormant trigger with ``decide_when`` saw a change that starts no decision).
+        :return: ``(state, None)``: open the next stream about ``state``; ``(NO_CHANGE, verdict)``:
+            ``watch``'s verdict, due now (called again, the wait goes on where it was).
         """
-        if self.stream is not None and self.stream.settings is not None:
-            self._settings = self.stream.settings  # the next stream reuses them: no second lookup
-        self.stream = None
-        self._dormant = True
-        covered = lease.covered if since is NO_CHANGE else since
-        changes = source.changes()
-        try:
-            if time_left is None:
-                async for state in changes:  # the one await of a dormant trigger
-                    if state is not covered and state != covered:
-                        break
-            else:
-                try:
-                    async with asyncio.timeout(time_left):
-                        async for state in changes:
-                            if state is not covered and state != covered:
-                                break
-                except TimeoutError:
-                    return NO_CHANGE
-        finally:
-            self._dormant = False
-            await changes.aclose()  # type: ignore[attr-defined]
-        if min_interval > 0:
-            loop = asyncio.get_running_loop()
-            # the lease stamped the last decision; a change before min_interval waits out the rest
-            wait = min_interval - (loop.time() - lease.decided_at)
-            if wait > 0:
-                log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
-                await asyncio.sleep(wait)
-        return state
+        stream, self.stream = self.stream, None
+        if stream is not None:  # the stream just closed: the wait starts where it ended
+            if stream.settings is not None:
+                self._settings = _shared(stream.settings)  # the next stream reuses them: no second lookup
+            self._since = stream.state if gate is not None else NO_CHANGE
+            del stream  # nothing of the stream is kept while dormant
+        loop = asyncio.get_running_loop()
+        while True:
+            since = self._since
+            covered = lease.covered if since is NO_CHANGE else since
+            time_left = None if watch is None else watch.wait_time(loop.time())
+            state = NO_CHANGE
+            changes = source.changes()
+            self._dormant = True
+            try:
+                if time_left is None:
+                    async for value in changes:  # the one await of a dormant trigger
+                        if value is not covered and value != covered:
+                            state = value
+                            break
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(time_left):
+                            async for value in changes:
+                                if value is not covered and value != covered:
+                                    state = value
+                                    break
+            finally:
+                self._dormant = False
+                await changes.aclose()  # type: ignore[attr-defined]
+            if state is NO_CHANGE:
+                verdict = None if watch is None else watch.due(loop.time())
+                if verdict is not None:
+                    return NO_CHANGE, verdict
+                continue  # only time was missing, and not enough of it passed
+            if min_interval > 0:
+                # the lease stamped the last decision; a change before min_interval waits out the rest
+                wait = min_interval - (loop.time() - lease.decided_at)
+                if wait > 0:
+                    log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
+                    await asyncio.sleep(wait)
+            if gate is not None:
+                await gate_change(gate, relevance, since, state)
+                if not gate.pending:  # no decision is due: no stream for this change either
+                    self._since = state
+                    continue
+            self._since = NO_CHANGE  # the next stream sets it again: no old state is kept meanwhile
+            return state, None
 
     @contextlib.asynccontextmanager
     async def held(
@@ -276,22 +415,32 @@ class TriggerStream:
         :param follow: the trigger's source, whose changes become the stream's desired state while
             it waits to open (see :meth:`enter`).
         """
-        if follow is not None:
-            await self._resolve_settings()
-        yield await self.enter(self.open(state, **kwargs), follow)
+        yield await self._let_in_and_enter(state, follow, kwargs)
 
     @contextlib.asynccontextmanager
     async def opened(
         self, state: Any, *, follow: StateSource | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """Like :meth:`held`, but the stream is closed on exit."""
-        if follow is not None:
-            await self._resolve_settings()
-        stream = await self.enter(self.open(state, **kwargs), follow)
+        stream = await self._let_in_and_enter(state, follow, kwargs)
         try:
             yield stream
         finally:
             await stream.aclose()
+
+    async def _let_in_and_enter(self, state: Any, follow: StateSource | None, kwargs: dict[str, Any]) -> Any:
+        """Wait to be let in (:class:`_Opening`), then build and :meth:`enter` the stream about ``state``."""
+        openings = _OPENINGS.setdefault(asyncio.get_running_loop(), {})
+        opening = openings.get(self.systemzero_conn_id)
+        if opening is None:
+            opening = openings[self.systemzero_conn_id] = _Opening()
+        await opening.let_in()
+        try:
+            if follow is not None:
+                await self._resolve_settings()
+            return await self.enter(self.open(state, **kwargs), follow)
+        finally:
+            opening.leave()
 
     async def _resolve_settings(self) -> None:
         """Look the connection up before the stream is built, so its session exists while it opens
@@ -299,7 +448,9 @@ class TriggerStream:
         if self._settings is None:
             from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 
-            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            self._settings = _shared(
+                await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            )
 
     async def enter(self, stream: Any, follow: StateSource | None) -> Any:
         """Enter ``stream``; while it waits to open (for a slot of ``max_streams_per_process``, the
@@ -544,6 +695,12 @@ class StreamLease:
         if offer is not None:
             self._stream.capacity.withdraw(offer)
         self._stream = None
+
+    def end(self) -> None:
+        """The stream is closed or the trigger ends: :meth:`disarm`, and let go of the future of
+        :meth:`watch` (a dormant trigger keeps nothing of its last stream)."""
+        self.disarm()
+        self._quiet = None
 
     def _quiet_for_long(self) -> None:
         self._timer = None
