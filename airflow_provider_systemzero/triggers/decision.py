@@ -299,9 +299,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             ) as stream:
                 feeder = _feeder(self, stream, source, mode, gate)
                 try:
-                    payload = await self._stream.until_quiet(
-                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
-                    )
+                    if feeder.direct:  # decisions straight from the stream's reader to this task
+                        verdict = await feeder.first_verdict(watch)
+                        payload = None if verdict is None else self._payload(watch, verdict)
+                    else:
+                        payload = await self._stream.until_quiet(
+                            self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                        )
                 finally:
                     self._streamed = stream.state  # what the gateway had: a dormant wait starts there
                 if payload is None:
