@@ -356,6 +356,19 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         """Close the stream: the connection ends with close code 1000; pending waits end."""
         await self._shutdown()
 
+    def close_soon(self) -> None:
+        """Begin closing the stream now, without waiting: the close (1000) goes out on the writer's
+        next turn, and its slot of ``max_streams_per_process`` is given back once the close
+        completed. :meth:`aclose` must still be awaited (it waits for the close, and ends it).
+
+        For a caller that has decided to close but has its own work to finish first: the close
+        handshake runs meanwhile instead of after.
+        """
+        if self._closing or self._closed or not self._entered:
+            return
+        self._closing = True
+        self._kick()
+
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
 

@@ -173,7 +173,9 @@ class SourceFeeder:
         superseded is dropped, the lease is armed on each current one, and the wait ends when
         only time was missing (hysteresis). :class:`asyncio.CancelledError` propagates, and no
         task outlives the call but a feeder being cancelled after a verdict (it stops on its own:
-        the event goes out first).
+        the event goes out first). Every outcome ends the stream, so its close begins on the way
+        out (:meth:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream.close_soon`):
+        the slot goes back to a waiting trigger without waiting for the caller's ``aclose()``.
 
         :param watch: the rules that end the wait.
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
@@ -227,6 +229,10 @@ class SourceFeeder:
                     timer.cancel()
                     timer = None
         finally:
+            # every way out ends this stream (a verdict ends the trigger; a quiet lease or the
+            # source's end makes it dormant): its close, and its slot, go first, while the event
+            # goes out and the feeder stops — the trigger's aclose() then waits for it
+            stream.close_soon()
             if timer is not None:
                 timer.cancel()
             quiet.cancel()

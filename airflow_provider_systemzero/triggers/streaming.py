@@ -545,6 +545,8 @@ class StreamLease:
         capacity = getattr(stream, "capacity", None)
         if capacity is not None:
             self._offer = capacity.offer(self._wanted)
+            if self._offer.called:  # a waiter queues now: the slot goes back now, not a loop turn later
+                self._wanted()
 
     def disarm(self) -> None:
         """Stop the countdown and withdraw the offer (the state changed, the stream was given back,

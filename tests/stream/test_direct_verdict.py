@@ -23,12 +23,16 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from airflow_provider_systemzero.stream.capacity import StreamCapacity
+from airflow_provider_systemzero.stream.exceptions import StreamClosed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.streaming import StreamLease
 from tests import helpers
 from tests.dormant import channels
 from tests.helpers import running_trigger, trigger_kwargs
+from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
@@ -69,6 +73,10 @@ class _Stream:
         self.state_version = version
         self.queued: deque[DecisionResult] = deque()
         self.waiter: asyncio.Future[Any] | None = None
+        self.closing = False
+
+    def close_soon(self) -> None:
+        self.closing = True
 
     def take_decision(self) -> DecisionResult | None:
         return self.queued.popleft() if self.queued else None
@@ -182,6 +190,7 @@ async def test_a_quiet_lease_ends_the_wait_without_a_verdict(caplog: pytest.LogC
     async with asyncio.timeout(5):
         assert await waiting is None
     assert "giving the stream back" in caplog.text  # the wait for a change says why
+    assert stream.closing  # its close began before the feeder stopped
     assert asyncio.all_tasks() == before
 
 
@@ -210,3 +219,55 @@ async def test_the_trigger_judges_each_decision_in_its_own_task(
             event = await run
     assert event.payload["status"] == "success"
     assert len(judged_in) >= 2 and set(judged_in) == {run}  # the trigger's task, no consumer task
+
+
+class _Held(_Stream):
+    """A fake stream holding a slot of ``capacity``."""
+
+    def __init__(self, capacity: StreamCapacity) -> None:
+        super().__init__(version=1)
+        self.capacity = capacity  # type: ignore[assignment]
+
+
+async def test_a_decision_gives_the_slot_back_at_once_when_a_waiter_queues() -> None:
+    capacity = StreamCapacity(1)
+    await capacity.acquire()  # the stream's slot
+    waiting = asyncio.ensure_future(capacity.acquire())  # another stream wants one
+    await _until(lambda: capacity.waiting == 1)
+    stream = _Held(capacity)
+    lease = StreamLease(True, 30.0)
+    feeder = _feeder(stream, lease)  # type: ignore[arg-type]
+    quiet = lease.watch(feeder.currency)
+    lease.arm(stream)  # a decision about the current state…
+    feeder.currency.evaluated()  # … that did not end the wait
+    assert quiet.done() and quiet.result() == "another stream waits for a slot"  # no loop turn between
+    lease.disarm()
+    capacity.release()
+    async with asyncio.timeout(5):
+        await waiting
+    assert capacity.in_use == 1
+
+
+async def test_close_soon_closes_the_connection_before_aclose_is_awaited(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    emu = await make_emulator()
+    capacity = StreamCapacity(4)
+    stream = DecisionStream(
+        settings_for(emu),
+        {"model": "MODEL_ID", "questions": QUESTIONS},
+        state="waiting\n",
+        identity="close-soon",
+        open_deadline=15,
+        backoff=fast_backoff,
+        capacity=capacity,
+    )
+    await stream.__aenter__()
+    assert stream.connected and capacity.in_use == 1
+    stream.close_soon()
+    await _until(lambda: capacity.in_use == 0)  # closed, and the slot given back, by the stream itself
+    assert not stream.connected
+    async with asyncio.timeout(10):
+        await stream.aclose()
+    with pytest.raises(StreamClosed):
+        await stream.append_text("more\n")
