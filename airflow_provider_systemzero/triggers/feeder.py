@@ -126,6 +126,7 @@ class SourceFeeder:
         self.reading = reading
         self.decision_mode = decision_mode
         self.lease = lease
+        self._feeding = False  # the feeder began (it closes the source's read it took over)
         self._deciding = False
         self._decided = asyncio.Event()  # set whenever no decide is in flight
         self._decided.set()
@@ -237,14 +238,19 @@ class SourceFeeder:
                 timer.cancel()
             quiet.cancel()
             feeder.cancel()
-            if verdict is not None:
+            if verdict is not None and self._feeding:
                 feeder.add_done_callback(retrieved)  # the answer goes out now; the feeder stops meanwhile
             else:
                 await asyncio.gather(feeder, return_exceptions=True)
+                if not self._feeding and self.reading is not None:
+                    # cancelled before it ran (the wait ended at once): the read the stream's
+                    # opening began is the feeder's to close, and it never will
+                    await self.reading.aclose()
 
     async def _feed(self) -> None:
         """Hand the source's changes to the stream in order; when the source changes faster than a
         decision takes, hold them back while a decision is in flight and then hand over the newest."""
+        self._feeding = True
         stream, currency = self.stream, self.currency
         arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
         arrived = _Wakeup()  # the read resolves the feeder's wait itself: one loop turn, not three

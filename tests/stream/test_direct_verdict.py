@@ -28,7 +28,7 @@ from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
-from airflow_provider_systemzero.triggers.streaming import StreamLease
+from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease
 from tests import helpers
 from tests.dormant import channels
 from tests.helpers import running_trigger, trigger_kwargs
@@ -271,3 +271,36 @@ async def test_close_soon_closes_the_connection_before_aclose_is_awaited(
         await stream.aclose()
     with pytest.raises(StreamClosed):
         await stream.append_text("more\n")
+
+
+async def test_a_wait_that_ends_at_once_closes_the_source_read_it_took_over() -> None:
+    closed = asyncio.Event()
+
+    async def changes() -> AsyncIterator[Any]:
+        try:
+            await asyncio.Event().wait()  # the first value never comes
+            yield "never"
+        finally:
+            closed.set()
+
+    before = asyncio.all_tasks()
+    reading = SourceReading(changes())
+    follower = asyncio.ensure_future(anext(reading))  # the read the stream's opening began…
+    await _until(lambda: reading._pending is not None)
+    follower.cancel()  # … goes on after its reader stopped
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    stream = _Stream(version=1)
+    stream.queued.append(_decision(True, 1))  # the answer is there before the feeder ever ran
+    feeder = SourceFeeder(
+        stream,
+        _Source(),  # type: ignore[arg-type]
+        decision_mode="on_change",
+        lease=StreamLease(False, 30.0),
+        reading=reading,
+    )
+    async with asyncio.timeout(5):
+        verdict = await feeder.first_verdict(_watch())
+    assert verdict.status == "success"
+    assert closed.is_set() and reading._pending is None  # the read stopped, the source is closed
+    assert asyncio.all_tasks() == before  # no read of the source outlives the wait
