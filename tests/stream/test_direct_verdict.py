@@ -22,7 +22,7 @@ from airflow_provider_systemzero.decisions import watch as watch_module
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
@@ -32,22 +32,11 @@ from airflow_provider_systemzero.triggers.streaming import SourceReading, Stream
 from tests import helpers
 from tests.dormant import channels
 from tests.helpers import running_trigger, trigger_kwargs
+from tests.policy.test_watch import _decision
 from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
-
-
-def _decision(ready: bool, version: int) -> DecisionResult:
-    answer = Answer(name="ready", type="boolean", decision=ready, probability=0.9, confidence=0.9)
-    return DecisionResult(
-        reply={"id": f"szd_{version}"},
-        state_version=version,
-        covered_event_ids=(),
-        request_id="r",
-        stream_id="s",
-        answers={"ready": answer},
-    )
 
 
 class _Source:
@@ -127,7 +116,7 @@ async def test_the_reader_wakes_the_waiting_task_itself() -> None:
     await _until(lambda: stream.waiter is not None)
     # the task awaits the very future the reader resolves: nothing stands in between
     assert waiting._fut_waiter is stream.waiter  # type: ignore[attr-defined]
-    stream.deliver(_decision(True, 1))
+    stream.deliver(_decision(True, version=1))
     await asyncio.sleep(0)  # one loop turn: the waiting task runs, evaluates and returns
     assert waiting.done()
     verdict = waiting.result()
@@ -139,14 +128,14 @@ async def test_a_superseded_decision_is_dropped_and_the_newest_state_decides() -
     feeder = _feeder(stream)
     waiting = asyncio.ensure_future(feeder.first_verdict(_watch()))
     await _until(lambda: stream.waiter is not None)
-    stream.deliver(_decision(True, 1))  # met, but about a superseded state
+    stream.deliver(_decision(True, version=1))  # met, but about a superseded state
     await _until(lambda: stream.waiter is not None)  # dropped: waiting again
     assert not waiting.done()
-    stream.deliver(_decision(False, 2))  # current, not met: the wait goes on
+    stream.deliver(_decision(False, version=2))  # current, not met: the wait goes on
     await _until(lambda: stream.waiter is not None)
     assert not waiting.done()
     stream.state_version = 3
-    stream.deliver(_decision(True, 3))
+    stream.deliver(_decision(True, version=3))
     async with asyncio.timeout(5):
         verdict = await waiting
     assert verdict.decision.state_version == 3
@@ -157,8 +146,10 @@ async def test_several_decisions_in_one_wake_up_are_all_judged_in_order() -> Non
     feeder = _feeder(stream)
     waiting = asyncio.ensure_future(feeder.first_verdict(_watch()))
     await _until(lambda: stream.waiter is not None)
-    stream.queued.extend([_decision(True, 1), _decision(True, 2)])  # both read before the task ran
-    stream.deliver(_decision(False, 2))  # … and a later one that did not meet it
+    stream.queued.extend(
+        [_decision(True, version=1), _decision(True, version=2)]
+    )  # both read before the task ran
+    stream.deliver(_decision(False, version=2))  # … and a later one that did not meet it
     async with asyncio.timeout(5):
         verdict = await waiting
     assert verdict.decision.state_version == 2 and verdict.decision.reply_id == "szd_2"
@@ -186,7 +177,7 @@ async def test_a_quiet_lease_ends_the_wait_without_a_verdict(caplog: pytest.LogC
     waiting = asyncio.ensure_future(feeder.first_verdict(_watch()))
     await _until(lambda: stream.waiter is not None)
     caplog.set_level("INFO", logger="airflow_provider_systemzero.triggers.streaming")
-    stream.deliver(_decision(False, 1))  # evaluated, not met: the lease counts from here
+    stream.deliver(_decision(False, version=1))  # evaluated, not met: the lease counts from here
     async with asyncio.timeout(5):
         assert await waiting is None
     assert "giving the stream back" in caplog.text  # the wait for a change says why
@@ -291,7 +282,7 @@ async def test_a_wait_that_ends_at_once_closes_the_source_read_it_took_over() ->
     with pytest.raises(asyncio.CancelledError):
         await follower
     stream = _Stream(version=1)
-    stream.queued.append(_decision(True, 1))  # the answer is there before the feeder ever ran
+    stream.queued.append(_decision(True, version=1))  # the answer is there before the feeder ever ran
     feeder = SourceFeeder(
         stream,
         _Source(),  # type: ignore[arg-type]
