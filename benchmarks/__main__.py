@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=Options.seed, help="random seed of the change times")
     parser.add_argument(
+        "--sources",
+        default="",
+        help="latency only: comma-separated sources to measure (push, file; default all)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -160,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
-    options = Options(quick=args.quick, seed=args.seed)
+    sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    if any(s not in ("push", "file") for s in sources):
+        parser.error(f"--sources: unknown source in {args.sources!r}; choose from push, file")
+    options = Options(quick=args.quick, seed=args.seed, sources=sources)
     out = (args.out or (QUICK_RESULTS / "quick.json" if args.quick else RESULTS / "latest.json")).resolve()
     render_docs = args.docs if args.docs is not None else not args.quick
 

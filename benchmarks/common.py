@@ -24,10 +24,13 @@ class Options:
 
     :param quick: the smoke run (about a minute): fewer samples, shorter windows.
     :param seed: the random seed of source change times.
+    :param sources: the sources the latency scenario measures (``push``, ``file``; empty: all), to
+        run one source's cases alone while working on it.
     """
 
     quick: bool = False
     seed: int = 20260601
+    sources: tuple[str, ...] = ()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -220,6 +220,55 @@ def _real_poke_loop(interval: float, samples: int, concurrency: int, seed: int) 
     return results
 
 
+#: A bare websockets echo server in its own process (as the emulator is): prints its port, echoes.
+_ECHO_SERVER = """
+import asyncio, sys
+from websockets.asyncio.server import serve
+
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+
+async def main():
+    async with serve(echo, "127.0.0.1", 0) as server:
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def _loopback_floor(count: int, rng: random.Random) -> dict[str, Any]:
+    """The machine's floor under the same load: one websockets round trip to another process.
+
+    A change on a warm stream is one frame out and two back (ack and decision, sent together), so
+    one round trip of a frame of about the same size is what no client can go below here.
+    """
+    import sys
+
+    from websockets.asyncio.client import connect
+
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _ECHO_SERVER, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert server.stdout is not None
+        port = int((await asyncio.wait_for(server.stdout.readline(), 30)).decode())
+        frame = '{"type":"append_text","event_id":"evt_000001","text":"waiting\\nREADY\\n"}'
+        samples = []
+        async with connect(f"ws://127.0.0.1:{port}") as ws:
+            for _ in range(count):
+                await asyncio.sleep(rng.uniform(0.0, 0.02))  # not in lockstep, as the changes
+                started = time.perf_counter()
+                await ws.send(frame)
+                await ws.recv()
+                samples.append(time.perf_counter() - started)
+        return {**summary_ms(samples), "what": "websockets echo round trip to another process"}
+    finally:
+        server.terminate()
+        await server.wait()
+
+
 def _notifications() -> bool:
     """Whether the provider under test has file notifications (a run of older code polls files)."""
     import importlib.util
@@ -231,6 +280,8 @@ async def _crowds(options: Options, notifications: bool) -> dict[str, Any]:
     """N triggers at 66 changes/s, per source kind, each in a fresh process (the density harness)."""
     n = 200 if options.quick else CROWD
     kinds = FEEDS if notifications else ("push", "file")
+    measured = set(options.sources) or {"push", "file"}
+    kinds = tuple(kind for kind in kinds if kind.split("-")[0] in measured)  # file-poll is a file source
     crowds = {}
     for kind in kinds:
         args = [
@@ -265,19 +316,25 @@ async def run(options: Options) -> dict[str, Any]:
     decide_n = 30 if options.quick else 100
     check_n, check_interval = (8, 0.5) if options.quick else (40, 0.5)
     notifications = _notifications()
+    files = (
+        not options.sources or "file" in options.sources
+    )  # the push cases always run (the baselines use them)
+    file_warm = file_cold = file_poll = None
     async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
         os.environ.update(emulator.connection_env())
         warm = await _trigger_latency(warm_n, cold=False, rng=rng)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
-        file_warm = await _trigger_latency(
-            file_n if notifications else poll_n, cold=False, rng=rng, feed="file"
-        )
-        file_cold = await _trigger_latency(file_cold_n, cold=True, rng=rng, feed="file")
-        file_poll = (
-            await _trigger_latency(poll_n, cold=False, rng=rng, feed="file-poll")
-            if notifications
-            else file_warm
-        )
+        if files:
+            file_warm = await _trigger_latency(
+                file_n if notifications else poll_n, cold=False, rng=rng, feed="file"
+            )
+            file_cold = await _trigger_latency(file_cold_n, cold=True, rng=rng, feed="file")
+            file_poll = (
+                await _trigger_latency(poll_n, cold=False, rng=rng, feed="file-poll")
+                if notifications
+                else file_warm
+            )
+        floor = await _loopback_floor(warm_n, rng)
         decide_times = await asyncio.to_thread(_poke_decide_times, decide_n)
         check = await asyncio.to_thread(_real_poke_loop, check_interval, check_n, 8, options.seed)
         stats = await emulator.stats()
@@ -295,6 +352,7 @@ async def run(options: Options) -> dict[str, Any]:
         "file_notifications": notifications,
         "warm": warm,
         "cold": cold,
+        "loopback_floor": floor,
         "file_warm": file_warm,
         "file_cold": file_cold,
         "file_poll": file_poll,

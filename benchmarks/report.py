@@ -517,6 +517,7 @@ def _source_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
         ("file source, notifications" + polled, "cold stream", "file_cold"),
         ("file source, polled every 1 s", "warm stream", "file_poll"),
         ("none: one poke", "the hook's sync `decide()`", "poke_decide"),
+        ("none: the loopback floor", "a bare websockets echo round trip", "loopback_floor"),
     ]
     rows = []
     for source, case, key in cases:

@@ -82,7 +82,7 @@ class CoreEventHandling:
                         future.set_result(event.result)
                 if self._queue_decisions and not event.repeated:
                     self._decisions.append(event.result)
-                    self._decision_ready.set()
+                    self._decisions_ready()
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
                 self._on_decision_failed(event)
@@ -161,7 +161,7 @@ class CoreEventHandling:
                 self.session.cancel_intent(intent)
         if self._queue_decisions:
             self._decisions.append(error)
-            self._decision_ready.set()
+            self._decisions_ready()
 
     # ------------------------------------------------------------------ budget and accounting
 

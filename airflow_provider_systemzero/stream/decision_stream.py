@@ -184,8 +184,9 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         self._pong_flush: asyncio.TimerHandle | None = None
         self._writer_wakes_at = -math.inf  # when the waiting writer wakes on its own (-inf: awake)
         self._pulse_waiting = 0  # tasks waiting for a pulse
-        #: set when decisions() has something to look at: a queued decision, a failure, the end
-        self._decision_ready = asyncio.Event()
+        #: resolved by the reader the moment there is something to take: a queued decision, a
+        #: failure, the end (see :meth:`wake_on_decision`)
+        self._decision_waiter: asyncio.Future[Any] | None = None
         self._last_pong_flush = -math.inf
         if self._settings is not None:
             self._session = self._build_session(self._settings)
@@ -354,6 +355,19 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
     async def aclose(self) -> None:
         """Close the stream: the connection ends with close code 1000; pending waits end."""
         await self._shutdown()
+
+    def close_soon(self) -> None:
+        """Begin closing the stream now, without waiting: the close (1000) goes out on the writer's
+        next turn, and its slot of ``max_streams_per_process`` is given back once the close
+        completed. :meth:`aclose` must still be awaited (it waits for the close, and ends it).
+
+        For a caller that has decided to close but has its own work to finish first: the close
+        handshake runs meanwhile instead of after.
+        """
+        if self._closing or self._closed or not self._entered:
+            return
+        self._closing = True
+        self._kick()
 
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
@@ -590,16 +604,58 @@ class DecisionStream(StreamRunLoop, ConnectionServing, CoreEventHandling):
         """
         self._check_usable()
         self._queue_decisions = True
+        loop = asyncio.get_running_loop()
         while True:
-            while self._decisions:
-                item = self._decisions.popleft()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-            if self._failure is not None:
-                raise self._failure
-            if self._closed:
-                return
+            try:
+                decision = self.take_decision()
+            except StreamClosed:
+                if self._failure is None:
+                    return
+                raise
+            if decision is not None:
+                yield decision
+                continue
             # woken by a queued decision, a failure or the end, not by every frame
-            self._decision_ready.clear()
-            await self._decision_ready.wait()
+            waiter = loop.create_future()
+            self.wake_on_decision(waiter)
+            await waiter
+
+    def take_decision(self) -> DecisionResult | None:
+        """The oldest on_change decision not taken yet, or ``None`` when there is none now.
+
+        Together with :meth:`wake_on_decision` it is :meth:`decisions` without a task or an
+        iterator in between: the consumer takes what is there, and waits on its own future.
+
+        :raises DecisionFailed: a dispatch failed and the gateway will not retry it (in order).
+        :raises StreamClosed: the stream closed (or the error that ended it).
+        """
+        if self._decisions:
+            item = self._decisions.popleft()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise StreamClosed(None, "closed", message="the stream closed: no further decision")
+        return None
+
+    def wake_on_decision(self, waiter: asyncio.Future[Any]) -> None:
+        """Resolve ``waiter`` (with ``None``) the moment :meth:`take_decision` has something new:
+        a decision, a failure, the end. The stream's reader resolves it itself, so the consumer
+        awaiting it is the next task to run — no queue, task or event in between.
+
+        One waiter at a time (a new one replaces the previous); a waiter already done (it timed
+        out, was cancelled, or something else resolved it) is left alone.
+
+        :param waiter: a future of the running loop.
+        """
+        self._decision_waiter = waiter
+        if self._decisions or self._failure is not None or self._closed:
+            self._decisions_ready()
+
+    def _decisions_ready(self) -> None:
+        """Wake the one consumer of decisions, if it waits."""
+        waiter, self._decision_waiter = self._decision_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -139,7 +139,7 @@ class StreamRunLoop:
     def _wake_all(self) -> None:
         """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
         self._pulse()
-        self._decision_ready.set()
+        self._decisions_ready()
 
     async def _wait_pulse(self, seconds: float | None) -> None:
         assert self._pulse_event is not None

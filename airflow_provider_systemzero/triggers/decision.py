@@ -293,9 +293,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 min_interval_ms=self.min_interval_ms,
             ) as stream:
                 feeder = _feeder(self, stream, source, mode, gate)
-                payload = await self._stream.until_quiet(
-                    self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
-                )
+                if feeder.direct:  # decisions straight from the stream's reader to this task
+                    verdict = await feeder.first_verdict(watch)
+                    payload = None if verdict is None else self._payload(watch, verdict)
+                else:
+                    payload = await self._stream.until_quiet(
+                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                    )
                 if payload is None:
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload

@@ -31,6 +31,29 @@ __all__ = ["SourceFeeder", "gate_change"]
 log = logging.getLogger("airflow_provider_systemzero.triggers.streaming")  # the triggers' stream log
 
 
+class _Wakeup:
+    """One future a task waits on, resolved by whichever callback comes first (a decision, the
+    source, the lease, a timer): the waiting task is the next to run, with no task in between.
+
+    Calling it resolves the current wait (once); :meth:`wait` starts the next one.
+    """
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] | None = None
+
+    def wait(self) -> asyncio.Future[None]:
+        """A new future to await (the previous one is forgotten)."""
+        self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    def __call__(self, *_: Any) -> None:
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+
 def _covers_current(stream: Any, decision: DecisionResult) -> bool:
     """Whether ``decision`` covers the complete state the stream holds now: on_change, or a decide
     that waited for its start under the account ceiling (it names the newest version when it starts)."""
@@ -89,6 +112,7 @@ class SourceFeeder:
         self.reading = reading
         self.decision_mode = decision_mode
         self.lease = lease
+        self._feeding = False  # the feeder began (it closes the source's read it took over)
         self._deciding = False
         self._decided = asyncio.Event()  # set whenever no decide is in flight
         self._decided.set()
@@ -120,36 +144,122 @@ class SourceFeeder:
             return consumer.result()
         return feeder.result()  # the source failed (or ended): raise its error
 
+    @property
+    def direct(self) -> bool:
+        """Whether :meth:`first_verdict` serves this feeder (on_change without a decision filter)."""
+        return self.decision_mode == "on_change" and self.gate is None
+
+    async def first_verdict(self, watch: DecisionWatch) -> Any:
+        """The first verdict of ``watch`` that ends the wait, or ``None`` once the lease says the
+        stream is quiet (or the source ended); only for a :attr:`direct` feeder.
+
+        The decisions are taken in the caller's task: the stream's reader resolves the one future
+        this task waits on (:meth:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream.wake_on_decision`),
+        so a decision reaches the condition one loop turn after its frame was read. The source is
+        fed meanwhile (:meth:`_feed`, the one task this starts); a decision about a state already
+        superseded is dropped, the lease is armed on each current one, and the wait ends when
+        only time was missing (hysteresis). :class:`asyncio.CancelledError` propagates, and no
+        task outlives the call but a feeder being cancelled after a verdict (it stops on its own:
+        the event goes out first). Every outcome ends the stream, so its close begins on the way
+        out (:meth:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream.close_soon`):
+        the slot goes back to a waiting trigger without waiting for the caller's ``aclose()``.
+
+        :param watch: the rules that end the wait.
+        :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
+        :raises StreamClosed: the stream ended without a verdict.
+        """
+        from airflow_provider_systemzero.identity import state_hash
+
+        assert self.direct, "first_verdict serves on_change without a decision filter"
+        loop = asyncio.get_running_loop()
+        stream, currency, lease = self.stream, self.currency, self.lease
+        wakeup = _Wakeup()
+        quiet = lease.watch(currency)
+        quiet.add_done_callback(wakeup)
+        feeder = asyncio.ensure_future(self._feed())
+        feeder.add_done_callback(wakeup)
+        timer: asyncio.TimerHandle | None = None
+        verdict = None
+        try:
+            while True:
+                decision = stream.take_decision()
+                while decision is not None:
+                    if not _covers_current(stream, decision):
+                        log.debug(
+                            "skipping decision for version %s: newer state was sent", decision.state_version
+                        )
+                        currency.skipped(settle=False)
+                    else:
+                        currency.current()
+                        self.lease.arm(stream)
+                        verdict = watch.observe(decision, state_hash(stream.state), stream.state, loop.time())
+                        if verdict is not None:
+                            return verdict
+                        currency.evaluated()  # it did not end the wait: held changes may go
+                    decision = stream.take_decision()
+                if quiet.done():
+                    return None
+                if feeder.done():
+                    return feeder.result()  # the source ended (None) or raises why it failed
+                wait = watch.wait_time(loop.time())
+                if wait is not None and wait <= 0:
+                    verdict = watch.due(loop.time())
+                    if verdict is not None:
+                        return verdict
+                waited = wakeup.wait()
+                stream.wake_on_decision(waited)
+                if wait is not None:  # only time is missing: the timer ends the wait, unless a decision comes
+                    log.debug("the condition holds: waiting %.3f s for it to have held long enough", wait)
+                    timer = loop.call_later(wait, wakeup)
+                await waited  # a decision, the lease, the source, or the time a run of decisions needs
+                if timer is not None:
+                    timer.cancel()
+                    timer = None
+        finally:
+            # every way out ends this stream (a verdict ends the trigger; a quiet lease or the
+            # source's end makes it dormant): its close, and its slot, go first, while the event
+            # goes out and the feeder stops — the trigger's aclose() then waits for it
+            stream.close_soon()
+            if timer is not None:
+                timer.cancel()
+            quiet.cancel()
+            feeder.cancel()
+            if verdict is not None and self._feeding:
+                feeder.add_done_callback(retrieved)  # the answer goes out now; the feeder stops meanwhile
+            else:
+                await asyncio.gather(feeder, return_exceptions=True)
+                if not self._feeding and self.reading is not None:
+                    # cancelled before it ran (the wait ended at once): the read the stream's
+                    # opening began is the feeder's to close, and it never will
+                    await self.reading.aclose()
+
     async def _feed(self) -> None:
         """Hand the source's changes to the stream in order; when the source changes faster than a
         decision takes, hold them back while a decision is in flight and then hand over the newest."""
+        self._feeding = True
         stream, currency = self.stream, self.currency
         arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
-        arrived = asyncio.Event()
+        arrived = _Wakeup()  # the read resolves the feeder's wait itself: one loop turn, not three
 
         async def read() -> None:
             # the read the stream's opening began goes on (a push source is not restarted)
             reading = self.reading
             try:
-                async for state in reading or self.source.changes():
+                async for state in reading.rest() if reading is not None else self.source.changes():
                     arrivals.append(state)
-                    arrived.set()
+                    arrived()
             finally:
                 if reading is not None:
                     await reading.aclose()
 
         reader = asyncio.ensure_future(read())
+        reader.add_done_callback(arrived)
         try:
             while True:
                 if not arrivals:
                     if reader.done():
                         return reader.result()  # the source ended (or raises why it failed)
-                    arrived.clear()
-                    waiter = asyncio.ensure_future(arrived.wait())
-                    try:
-                        await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiter.cancel()
+                    await arrived.wait()  # the source's next state (or its end)
                     continue
                 if arrivals[0] != stream.state and self.gate is not None and self._deciding:
                     await self._hold_while_deciding(reader)

@@ -583,6 +583,18 @@ class SourceReading:
     async def _next(self) -> Any:
         return await anext(self._changes)
 
+    async def rest(self) -> AsyncIterator[Any]:
+        """The values from here on for the last reader: the value a cancelled reader began to read,
+        then the source's own iterator, read in the caller's task (no task, no shield per value)."""
+        if self._pending is not None:
+            try:
+                value = await self.__anext__()
+            except StopAsyncIteration:
+                return
+            yield value
+        async for value in self._changes:
+            yield value
+
     async def follow(self, stream: Any) -> None:
         """Make each value the desired state of ``stream`` while it opens (until cancelled)."""
         said = False
@@ -684,6 +696,8 @@ class StreamLease:
         capacity = getattr(stream, "capacity", None)
         if capacity is not None:
             self._offer = capacity.offer(self._wanted)
+            if self._offer.called:  # a waiter queues now: the slot goes back now, not a loop turn later
+                self._wanted()
 
     def disarm(self) -> None:
         """Stop the countdown and withdraw the offer (the state changed, the stream was given back,

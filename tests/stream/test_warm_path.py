@@ -128,17 +128,24 @@ async def test_an_acknowledgement_does_not_wake_the_decisions_consumer(
         backoff=fast_backoff,
     )
     async with stream:
-        ready = stream._decision_ready = CountingEvent()
+        waits: list[asyncio.Future[Any]] = []  # each wait of the consumer is one wake-up after
+        wake_on_decision = stream.wake_on_decision
+
+        def counting(waiter: asyncio.Future[Any]) -> None:
+            waits.append(waiter)
+            wake_on_decision(waiter)
+
+        stream.wake_on_decision = counting  # type: ignore[method-assign]
         decisions = stream.decisions()
         consumer = asyncio.ensure_future(anext(decisions))
         await stream.wait_in_sync(timeout=10)  # the consumer is waiting by now
         for index in range(CHANGES):
             await stream.append_text(f"line {index}\n")
             await stream.wait_in_sync(timeout=10)
-        assert ready.waits == 1 and not consumer.done()  # five acks woke nobody
+        assert len(waits) == 1 and not consumer.done()  # five acks woke nobody
         decision = await stream.decide(timeout=10)
         assert (await asyncio.wait_for(consumer, 10)).reply_id == decision.reply_id
-        assert ready.waits == 1  # the decision ended the one wait
+        assert len(waits) == 1  # the decision ended the one wait
         await decisions.aclose()
 
 
