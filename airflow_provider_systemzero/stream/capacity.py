@@ -266,6 +266,8 @@ class StreamCapacity:
         self._max_in_use = max(self._max_in_use, self._in_use)
 
     def _grant_locked(self) -> None:
+        if self._in_use >= self._limit or not self._waiters:
+            return  # nothing to hand over: no walk of the queue
         for waiter in list(self._waiters):
             if self._in_use >= self._limit:
                 return
