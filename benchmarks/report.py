@@ -956,7 +956,10 @@ def _fleet(fleet: dict[str, Any]) -> list[str]:
         "started; a wait is from a line to the first decision start covering it, against its fair wait "
         "(the time its process's half of the ceiling, dealt evenly over the triggers of the process "
         "with an undecided line at each moment, takes to add up to one start; in brackets: the "
-        "account's ceiling over the whole fleet's such triggers).",
+        "account's ceiling over the whole fleet's such triggers). The bound on that ratio is for "
+        "the run without a filter, where every trigger competes for starts; with `decide_when` only "
+        "a few lines wait at any moment, their fair wait is a fraction of one Retry-After, and "
+        "the targets are the latency and the bill.",
         "",
     ]
     header = [
@@ -978,8 +981,8 @@ def _fleet(fleet: dict[str, Any]) -> list[str]:
             r["decisions_on_superseded_states"],
             f"{r['rate_limited_429s_heard']} / {r['rate_limited_429s_refused']}",
             f"{r['longest_wait_for_start_s']:,.0f} s",
-            f"{_num(r['fair_share_ratio_max'], 2)} ({_num(r.get('fleet_fair_share_ratio_max'), 2)}); "
-            f"bound {fleet['fair_share_bound']:.0f}",
+            f"{_num(r['fair_share_ratio_max'], 2)} ({_num(r.get('fleet_fair_share_ratio_max'), 2)})"
+            + ("" if r.get("decide_when") else f"; bound {fleet['fair_share_bound']:.0f}"),
         ]
         for r in runs.values()
     ]
