@@ -46,12 +46,9 @@ from airflow_provider_systemzero.decisions.relevance import DecisionFilter, Deci
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
+from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
-from airflow_provider_systemzero.triggers.streaming import (
-    StreamLease,
-    TriggerStream,
-    error_payload,
-)
+from airflow_provider_systemzero.triggers.streaming import TriggerStream, error_payload
 
 __all__ = [
     "SystemZeroDecideTrigger",

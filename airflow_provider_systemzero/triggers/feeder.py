@@ -23,8 +23,10 @@ from airflow_provider_systemzero.decisions.relevance import DecisionFilter, Deci
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, Currency
+from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.triggers.reading import SourceReading
 from airflow_provider_systemzero.triggers.sources import StateSource
-from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease, gate_change, retrieved
+from airflow_provider_systemzero.triggers.streaming import gate_change, retrieved
 
 __all__ = ["SourceFeeder", "gate_change"]
 

@@ -156,7 +156,7 @@ class _PushedSource:
 
 async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_current() -> None:
     from airflow_provider_systemzero.triggers.feeder import SourceFeeder
-    from airflow_provider_systemzero.triggers.streaming import StreamLease
+    from airflow_provider_systemzero.triggers.lease import StreamLease
 
     decider = _Recording()
     async with _emulator(60, decider) as emu, contextlib.AsyncExitStack() as stack:

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_systemzero.stream import StreamCapacity
 from airflow_provider_systemzero.triggers.currency import Currency
-from airflow_provider_systemzero.triggers.streaming import StreamLease
+from airflow_provider_systemzero.triggers.lease import StreamLease
 
 
 def _live_timers() -> list[asyncio.TimerHandle]:

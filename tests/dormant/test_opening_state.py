@@ -21,7 +21,7 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
-from airflow_provider_systemzero.triggers.streaming import SourceReading
+from airflow_provider_systemzero.triggers.reading import SourceReading
 from tests.dormant import channels
 from tests.helpers import (
     TRIGGER_CONDITION,

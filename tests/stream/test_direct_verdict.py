@@ -28,7 +28,8 @@ from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
-from airflow_provider_systemzero.triggers.streaming import SourceReading, StreamLease
+from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.triggers.reading import SourceReading
 from tests import helpers
 from tests.dormant import channels
 from tests.helpers import running_trigger, trigger_kwargs
