@@ -386,6 +386,14 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out"
         )
 
+    def _unlink(self) -> None:
+        """The stream is closed: its parts let go of it (the session's admission callback, the
+        observer's stream), so that reference counting frees a closed stream at once instead of
+        leaving a cycle for the collector's next full pass (which visits every waiting trigger)."""
+        if self._session is not None:
+            self._session.dispatch_admission = None
+        self.observer.unbind()
+
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
         return self.session.has_work()

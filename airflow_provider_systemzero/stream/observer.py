@@ -31,6 +31,9 @@ class StreamObserver:
     def bind(self, stream: Any) -> None:
         """The stream this observer watches (read its ``request`` and ``state`` only for content capture)."""
 
+    def unbind(self) -> None:
+        """The stream closed: let go of it (no event follows)."""
+
     def connecting(self, url: str, attempt: int) -> None:
         """A connection attempt starts (``attempt`` 0 after a connection that got going)."""
 

@@ -111,6 +111,7 @@ class StreamRunLoop:
             if not future.done():
                 future.set_exception(closed)
         self._wake_all()
+        self._unlink()
 
     # ------------------------------------------------------------------ waiting helpers
 

@@ -241,6 +241,9 @@ class AirflowStreamObserver(StreamObserver):
                 log.debug("System Zero spans are off: %s", exc)
                 self._spans = False
 
+    def unbind(self) -> None:
+        self._stream = None
+
     def _emit(self, kind: str, name: str, value: float = 1, **tags: Any) -> None:
         try:
             if self._stats is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
@@ -112,3 +113,23 @@ def test_the_walk_finds_a_stream_object_a_trigger_would_keep(kind: type) -> None
         del before
         if isinstance(holder["kept"], socket.socket):
             holder["kept"].detach()
+
+
+async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emulator) -> None:  # noqa: F811
+    """A closed stream leaves no cycle of ours behind: reference counting frees the stream, its
+    session and its budget when the trigger goes dormant, so the collector's full passes (which
+    visit every waiting trigger) have none of it to find."""
+    await _stop(*await _dormant(emulator, "freed-warm-up"))
+    gc.collect()
+    ours = (DecisionStream, ClientSession, DecisionBudget)
+    assert [o for o in gc.get_objects() if type(o) in ours] == []  # type(): a weak proxy is among them
+    gc.disable()
+    try:
+        trigger, task, gen = await _dormant(emulator, "freed")
+        left = collections.Counter(type(o).__qualname__ for o in gc.get_objects() if type(o) in ours)
+    finally:
+        gc.enable()
+    try:
+        assert left == collections.Counter(), f"a closed stream waits for the collector: {left}"
+    finally:
+        await _stop(trigger, task, gen)
