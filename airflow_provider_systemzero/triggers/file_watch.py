@@ -211,10 +211,17 @@ class MountTable:
         #: how many times the table was read and parsed
         self.parses = 0
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock, and the parent's descriptor (``/proc/<parent>``) dropped."""
+        self._lock = threading.Lock()
+        if self._watch is not None:
+            self._watch.close()
+        self._watch, self._mounts = None, None
+
     def _current_watch(self) -> MountTableWatch | None:
         """The open descriptor of this process (a forked child opens its own), or ``None``."""
         if self._watch is not None and self._pid != os.getpid():
-            self._watch, self._mounts = None, None  # the parent's: not ours to close
+            self.after_fork()
         if self._watch is None and hasattr(select, "poll"):
             try:
                 self._watch, self._pid = self._make_watch(self._path), os.getpid()
@@ -261,6 +268,8 @@ class MountTable:
 
 
 _MOUNT_TABLE = MountTable()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_MOUNT_TABLE.after_fork)
 
 
 def filesystem_type(directory: str) -> str | None:

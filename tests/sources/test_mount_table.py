@@ -111,6 +111,16 @@ def test_a_change_reported_by_the_kernel_makes_it_read_the_table_again() -> None
     assert table.parses == 2
 
 
+def test_a_forked_child_opens_its_own_descriptor_and_reads_the_table_again() -> None:
+    table, watches = driven_table()
+    assert table.filesystem_type("/data") == "tmpfs"
+    table.after_fork()
+    assert watches[0].closed
+    assert table.filesystem_type("/data") == "tmpfs"
+    assert len(watches) == 2
+    assert table.parses == 2
+
+
 def test_without_a_descriptor_the_table_is_read_on_every_lookup(tmp_path: Path) -> None:
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(TABLE)
