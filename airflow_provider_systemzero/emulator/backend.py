@@ -266,6 +266,13 @@ class DecideBackend:
         self._buckets: dict[str, TokenBucket] = {}
         self._last_bodies: dict[str, OrderedDict[str, str]] = {}
         self._on_change = on_change or (lambda: None)
+        decide = getattr(decider, "function", None) or getattr(decider, "decide", None)
+        self._plain_decider = not inspect.iscoroutinefunction(decide)
+
+    def decides_at_once(self) -> bool:
+        """Whether :meth:`decide` may be started outside a task: no simulated wait is set and the
+        decider is a plain function (a coroutine decider runs only inside a task)."""
+        return self._plain_decider and self.decide_latency_ms <= 0 and self.faults.delay_decisions_ms <= 0
 
     # ------------------------------------------------------------------ the call
 
