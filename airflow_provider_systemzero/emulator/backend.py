@@ -231,6 +231,21 @@ def complete_answers(questions: Mapping[str, Any], answers: Mapping[str, Any]) -
     return result
 
 
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, by string comparisons rather
+    than a loop over characters (a body that only grew is found at once)."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest equal prefix: a[:lo] == b[:lo], and not beyond hi
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class DecideBackend:
     """The ordinary decide API the gateway dispatches to (see the module docstring).
 
@@ -448,11 +463,7 @@ class DecideBackend:
             previous_bodies = self._last_bodies.setdefault(account, OrderedDict())
             previous = previous_bodies.pop(cache_key, None)
             if previous is not None:
-                prefix = 0
-                for a, b in zip(previous, body, strict=False):
-                    if a != b:
-                        break
-                    prefix += 1
+                prefix = _common_prefix(previous, body)
                 cached = min(input_tokens, len(body[:prefix].encode("utf-8")) // 4)
             previous_bodies[cache_key] = body
             while len(previous_bodies) > _CACHE_KEYS_PER_ACCOUNT:
