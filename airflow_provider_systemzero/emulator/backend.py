@@ -231,6 +231,21 @@ def complete_answers(questions: Mapping[str, Any], answers: Mapping[str, Any]) -
     return result
 
 
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, by string comparisons rather
+    than a loop over characters (a body that only grew is found at once)."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # the longest equal prefix: a[:lo] == b[:lo], and not beyond hi
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class DecideBackend:
     """The ordinary decide API the gateway dispatches to (see the module docstring).
 
@@ -266,6 +281,13 @@ class DecideBackend:
         self._buckets: dict[str, TokenBucket] = {}
         self._last_bodies: dict[str, OrderedDict[str, str]] = {}
         self._on_change = on_change or (lambda: None)
+        decide = getattr(decider, "function", None) or getattr(decider, "decide", None)
+        self._plain_decider = not inspect.iscoroutinefunction(decide)
+
+    def decides_at_once(self) -> bool:
+        """Whether :meth:`decide` may be started outside a task: no simulated wait is set and the
+        decider is a plain function (a coroutine decider runs only inside a task)."""
+        return self._plain_decider and self.decide_latency_ms <= 0 and self.faults.delay_decisions_ms <= 0
 
     # ------------------------------------------------------------------ the call
 
@@ -441,11 +463,7 @@ class DecideBackend:
             previous_bodies = self._last_bodies.setdefault(account, OrderedDict())
             previous = previous_bodies.pop(cache_key, None)
             if previous is not None:
-                prefix = 0
-                for a, b in zip(previous, body, strict=False):
-                    if a != b:
-                        break
-                    prefix += 1
+                prefix = _common_prefix(previous, body)
                 cached = min(input_tokens, len(body[:prefix].encode("utf-8")) // 4)
             previous_bodies[cache_key] = body
             while len(previous_bodies) > _CACHE_KEYS_PER_ACCOUNT:

@@ -16,7 +16,8 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Iterable
+import types
+from collections.abc import Awaitable, Coroutine, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection
@@ -149,6 +150,25 @@ _LOST = ("lost",)
 _CLOSE = object()
 
 
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any, Any, Any]:
+    """Carry on, inside a task, a coroutine that was stepped once outside one and is waiting on
+    ``pending`` (what an eager task start does): the rest of it runs exactly as it would have."""
+    while True:
+        try:
+            sent = yield pending
+        except BaseException as exc:  # cancellation and errors go to the coroutine, as in a task
+            try:
+                pending = coroutine.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                pending = coroutine.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
 class StreamLoop:
     """The I/O loop of one stream connection.
 
@@ -174,6 +194,10 @@ class StreamLoop:
         self.counted_close: int | None = None
         self.finished = asyncio.Event()
         self._state_seen: Any = None
+        # frames of the event being handled, written together when it is done
+        self._frames: list[tuple[bytes, int, int | None]] = []
+        # decide outcomes that were ready at once, fed to the session after the current actions
+        self._settled: list[tuple[int, DecideOutcome]] = []
 
     # ------------------------------------------------------------------ tasks
 
@@ -192,10 +216,6 @@ class StreamLoop:
     async def _write(self) -> None:
         while True:
             batch = [await self.outbox.get()]
-            if batch[0] is not _CLOSE and self.outbox.empty():
-                # one pass of the loop lets what is ready now join this write: an instant decision
-                # leaves with its ack, in one send and one wake-up of the client
-                await asyncio.sleep(0)
             while batch[-1] is not _CLOSE and not self.outbox.empty():
                 batch.append(self.outbox.get_nowait())
             frames = [item for item in batch if item is not _CLOSE]
@@ -203,8 +223,8 @@ class StreamLoop:
                 self.writing = True
                 try:
                     async with self.ws.send_context():
-                        for text, _, _ in frames:
-                            self.ws.protocol.send_text(text.encode())
+                        for data, _, _ in frames:
+                            self.ws.protocol.send_text(data)
                 except ConnectionClosed:
                     return
                 finally:
@@ -226,9 +246,9 @@ class StreamLoop:
         reader = asyncio.create_task(self._read())
         writer = asyncio.create_task(self._write())
         try:
-            self._perform(self.session.actions())
+            self._handle(self.session.actions())
             if self.emulator._shutting_down:
-                self._perform(
+                self._handle(
                     self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms)
                 )
             while not self.session.closed:
@@ -236,21 +256,21 @@ class StreamLoop:
                 now = time.monotonic()
                 kind = event[0]
                 if kind == "text":
-                    self._perform(self.session.receive_text(event[1], now))
+                    self._handle(self.session.receive_text(event[1], now))
                     self._observe_state()
                 elif kind == "binary":
-                    self._perform(self.session.receive_binary(now))
+                    self._handle(self.session.receive_binary(now))
                 elif kind == "decided":
-                    self._perform(self.session.dispatch_finished(event[1], event[2], now))
+                    self._handle(self.session.dispatch_finished(event[1], event[2], now))
                 elif kind == "ping_written":
                     self.session.ping_written(event[1], event[2])
                 elif kind == "shutdown":
-                    self._perform(self.session.begin_shutdown(now, event[1]))
+                    self._handle(self.session.begin_shutdown(now, event[1]))
                 elif kind == "lost":
                     self.session.connection_lost()
                     break
                 else:
-                    self._perform(self.session.tick(now))
+                    self._handle(self.session.tick(now))
                 if not self.outbox.empty():
                     # Let the writer hand what is queued to the transport before the next event:
                     # a burst of client frames must not look like a slow reader. Only real
@@ -275,26 +295,32 @@ class StreamLoop:
         except TimeoutError:
             return _TICK
 
+    def _handle(self, actions: Iterable[GatewayAction]) -> None:
+        """Perform the session's actions, then feed it the decide outcomes that were ready at once
+        (and perform what follows), then write the frames of it all together."""
+        self._perform(actions)
+        while self._settled:
+            dispatch_id, outcome = self._settled.pop(0)
+            self._perform(self.session.dispatch_finished(dispatch_id, outcome, time.monotonic()))
+        self._flush()
+
     def _perform(self, actions: Iterable[GatewayAction]) -> None:
         for action in actions:
             if isinstance(action, SendMessage):
                 message = action.message
-                text = encode_message(message)
-                size = len(text.encode("utf-8"))
-                if self.outbox.empty() and not self.writing:
-                    self.last_progress = time.monotonic()
-                self.out_bytes += size
-                self.outbox.put_nowait((text, size, message.nonce if isinstance(message, Ping) else None))
+                data = encode_message(message).encode("utf-8")
+                self._frames.append((data, len(data), message.nonce if isinstance(message, Ping) else None))
                 self.emulator._messages_sent[message.TYPE] += 1
-                if message.TYPE == "decision":
-                    log.info(
+                if message.TYPE == "decision" and log.isEnabledFor(logging.DEBUG):
+                    log.debug(
                         "stream %s: decision for state version %s",
                         self.stream_id,
                         getattr(message, "state_version", "?"),
                     )
             elif isinstance(action, DispatchDecide):
-                self.emulator._spawn(self._decide(action))
+                self._dispatch(action)
             elif isinstance(action, CloseConnection):
+                self._flush()  # what the session sent before the close leaves first
                 self.close_action = action
                 self.outbox.put_nowait(_CLOSE)
                 # Counted now, before the close frame is written, so a test that saw the close
@@ -304,20 +330,62 @@ class StreamLoop:
                 self.counted_close = sent.code if sent is not None else action.code
                 self.emulator._closes[self.counted_close] += 1
 
-    async def _decide(self, action: DispatchDecide) -> None:
+    def _flush(self) -> None:
+        """Write the frames of the event just handled: in one write, from here, when nothing is
+        queued before them and the transport takes data; else through the writer, in order."""
+        frames, self._frames = self._frames, []
+        if not frames:
+            return
+        ws = self.ws
+        if self.outbox.empty() and not self.writing and not ws.paused and ws.protocol.state is State.OPEN:
+            for data, _, _ in frames:
+                ws.protocol.send_text(data)
+            ws.send_data()
+            now = time.monotonic()
+            self.last_progress = now
+            for _, _, nonce in frames:
+                if nonce is not None:
+                    self.session.ping_written(nonce, now)
+            return
+        if self.outbox.empty() and not self.writing:
+            self.last_progress = time.monotonic()
+        for frame in frames:
+            self.out_bytes += frame[1]
+            self.outbox.put_nowait(frame)
+
+    def _dispatch(self, action: DispatchDecide) -> None:
+        # The decide call starts at once (as an eager task would): with nothing to wait for (no
+        # simulated latency, a plain decider) its outcome is fed to the session right after the
+        # current actions, so the decision leaves in the same write as the ack. Otherwise the
+        # rest runs as an emulator-owned task, which outlives a dropped connection.
+        coroutine = self._decide(action)
+        if not self.emulator.backend.decides_at_once():
+            self.emulator._spawn(self._decided_later(coroutine, None, action.dispatch_id))
+            return
         try:
-            outcome: DecideOutcome = await self.emulator.backend.decide(
-                self.account, action.body, action.idempotency_key
-            )
+            pending = coroutine.send(None)
+        except StopIteration as stop:
+            self._settled.append((action.dispatch_id, stop.value))
+            return
+        self.emulator._spawn(self._decided_later(coroutine, pending, action.dispatch_id))
+
+    async def _decided_later(
+        self, coroutine: Coroutine[Any, Any, DecideOutcome], pending: Any, dispatch_id: int
+    ) -> None:
+        outcome = await (coroutine if pending is None else _resume(coroutine, pending))
+        self.inbox.put_nowait(("decided", dispatch_id, outcome))
+
+    async def _decide(self, action: DispatchDecide) -> DecideOutcome:
+        try:
+            return await self.emulator.backend.decide(self.account, action.body, action.idempotency_key)
         except Exception as exc:  # keep the stream alive whatever the backend does
             log.exception("decide backend failed")
-            outcome = DecideFailure(
+            return DecideFailure(
                 500,
                 ErrorEnvelope("api_error", "internal_error", f"backend failure: {exc}"),
                 RetryHint(False),
                 "req_" + secrets.token_hex(12),
             )
-        self.inbox.put_nowait(("decided", action.dispatch_id, outcome))
 
     def _observe_state(self) -> None:
         current = self.session.stream_state
@@ -351,7 +419,7 @@ class StreamLoop:
         with contextlib.suppress(Exception):
             transport_bytes = self.ws.transport.get_write_buffer_size()
         stalled = now - self.last_progress if self._send_queue_pending() else 0.0
-        self._perform(
+        self._handle(
             self.session.send_queue_report(
                 queued_bytes=self.out_bytes + transport_bytes,
                 queued_frames=self._queued_frames(),

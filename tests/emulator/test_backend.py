@@ -190,3 +190,20 @@ def test_complete_answers_fills_the_shape_and_checks_answers() -> None:
         complete_answers(questions, {"ready": True, "pick": "z"})
     with pytest.raises(ValueError, match="boolean"):
         complete_answers(questions, {"ready": "yes", "pick": "a"})
+
+
+@pytest.mark.parametrize(
+    ("previous", "body", "expected"),
+    [
+        ("", "", 0),
+        ("abc", "abcdef", 3),  # the body grew
+        ("abcdef", "abc", 3),  # the body shrank
+        ("abXdef", "abYdef", 2),  # one change in the middle
+        ("xbc", "abc", 0),
+        ("é" * 5 + "a", "é" * 5 + "b", 5),
+    ],
+)
+def test_the_cached_prefix_is_the_longest_common_prefix(previous: str, body: str, expected: int) -> None:
+    from airflow_provider_systemzero.emulator.backend import _common_prefix
+
+    assert _common_prefix(previous, body) == expected
