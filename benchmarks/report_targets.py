@@ -7,6 +7,7 @@ explanation of a missed target quotes that run's own numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.report_format import DASH, FIGURES, MET, MISSED, TIMES, fmt_ms, latency_figure, with_unit
@@ -95,16 +96,19 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
         )
         if not sockets_ok:
             missed.append("More sockets were open at once than max_streams_per_process allows.")
-        target = den["targets"]["rss_per_trigger_kb"]
-        rss = [r["rss_per_trigger_kb"] for r in runs]
-        rss_ok = all(v <= target for v in rss)
-        rows.append(
-            [
-                "",
-                f"RSS per waiting trigger ≤ {target:.0f} KB",
-                cells(lambda r: f"{r['rss_per_trigger_kb']:.1f} KB"),
-                MET if rss_ok else MISSED,
-            ]
+
+        def bounded(name: str, label: str, show: Callable[[float], str]) -> tuple[float, list[float], bool]:
+            """A row for a figure bounded by its target, for every N: (target, values, met)."""
+            target = den["targets"][name]
+            values = [r[name] for r in runs]
+            ok = all(v <= target for v in values)
+            rows.append(
+                ["", label.format(target=target), cells(lambda r: show(r[name])), MET if ok else MISSED]
+            )
+            return target, values, ok
+
+        target, rss, rss_ok = bounded(
+            "rss_per_trigger_kb", "RSS per waiting trigger ≤ {target:.0f} KB", lambda v: f"{v:.1f} KB"
         )
         if not rss_ok:
             mem = den.get("memory_breakdown", {})
@@ -117,16 +121,10 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 f"{mem.get('total_kb_per_trigger', math.nan):.1f} KB ({parts}; measured with tracemalloc), "
                 "and RSS adds allocator slack from the connections each trigger opened and closed on the way."
             )
-        target = den["targets"]["idle_cpu_per_1000_pct"]
-        idle = [r["idle_cpu_per_1000_pct"] for r in runs]
-        idle_ok = all(v <= target for v in idle)
-        rows.append(
-            [
-                "",
-                f"idle CPU per 1000 waiting triggers ≤ {target:.0f} % of a core",
-                cells(lambda r: f"{r['idle_cpu_per_1000_pct']:.2f} %"),
-                MET if idle_ok else MISSED,
-            ]
+        _, idle, idle_ok = bounded(
+            "idle_cpu_per_1000_pct",
+            "idle CPU per 1000 waiting triggers ≤ {target:.0f} % of a core",
+            lambda v: f"{v:.2f} %",
         )
         if not idle_ok:
             missed.append(f"Idle CPU per 1000 waiting triggers reaches {max(idle):.2f} % of a core.")
