@@ -186,14 +186,8 @@ class SourceFeeder:
             while True:
                 decision = stream.take_decision()
                 while decision is not None:
-                    if not _covers_current(stream, decision):
-                        log.debug(
-                            "skipping decision for version %s: newer state was sent", decision.state_version
-                        )
-                        currency.skipped(settle=False)
-                    else:
-                        currency.current()
-                        self.lease.arm(stream)
+                    if self._current(decision):
+                        lease.arm(stream)
                         verdict = watch.observe(decision, state_hash(stream.state), stream.state, loop.time())
                         if verdict is not None:
                             return verdict
@@ -328,18 +322,23 @@ class SourceFeeder:
                 async with asyncio.timeout(None if due is None else due - loop.time()):
                     await self.changed.wait()
 
+    def _current(self, decision: DecisionResult) -> bool:
+        """Whether an on_change ``decision`` covers the complete desired state (counted current);
+        one about a state already superseded is skipped, and said so."""
+        if not _covers_current(self.stream, decision):
+            log.debug("skipping decision for version %s: newer state was sent", decision.state_version)
+            self.currency.skipped(settle=False)
+            return False
+        self.currency.current()
+        return True
+
     async def current_decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions that cover the complete desired state, leasing the stream in between."""
         stream, currency = self.stream, self.currency
         if self.decision_mode == "on_change":
             async for decision in stream.decisions():
-                if not _covers_current(stream, decision):
-                    log.debug(
-                        "skipping decision for version %s: newer state was sent", decision.state_version
-                    )
-                    currency.skipped(settle=False)
+                if not self._current(decision):
                     continue
-                currency.current()
                 yield decision
                 self.lease.arm(stream)
         else:
