@@ -206,7 +206,6 @@ class MountTable:
         self._make_watch = watch
         self._lock = threading.Lock()
         self._watch: MountTableWatch | None = None
-        self._pid = 0
         self._mounts: tuple[_Mount, ...] | None = None
         #: how many times the table was read and parsed
         self.parses = 0
@@ -219,12 +218,10 @@ class MountTable:
         self._watch, self._mounts = None, None
 
     def _current_watch(self) -> MountTableWatch | None:
-        """The open descriptor of this process (a forked child opens its own), or ``None``."""
-        if self._watch is not None and self._pid != os.getpid():
-            self.after_fork()
+        """The open descriptor (a forked child drops the parent's in :meth:`after_fork`), or ``None``."""
         if self._watch is None and hasattr(select, "poll"):
             try:
-                self._watch, self._pid = self._make_watch(self._path), os.getpid()
+                self._watch = self._make_watch(self._path)
             except OSError:
                 return None
         return self._watch
