@@ -28,7 +28,7 @@ from airflow_provider_systemzero.triggers.reading import SourceReading
 from airflow_provider_systemzero.triggers.sources import StateSource
 from airflow_provider_systemzero.triggers.streaming import gate_change, retrieved
 
-__all__ = ["SourceFeeder", "gate_change"]
+__all__ = ["SourceFeeder"]
 
 log = logging.getLogger("airflow_provider_systemzero.triggers.streaming")  # the triggers' stream log
 
