@@ -21,9 +21,14 @@ from typing import Any
 __all__ = ["body_hash", "compact_json", "json_size", "state_bytes", "synthesize_decide_body"]
 
 
+#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``, built once
+#: (``json.dumps`` with options builds a new encoder on every call).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def compact_json(value: Any) -> str:
     """Encode ``value`` as compact JSON with non-ASCII left unescaped (the wire's canonical form)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODE(value)
 
 
 def json_size(value: Any) -> int:
