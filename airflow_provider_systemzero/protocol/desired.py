@@ -23,6 +23,7 @@ string (see :meth:`~airflow_provider_systemzero.protocol.state.StreamState.with_
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -337,8 +338,22 @@ class DesiredState:
         State and attachments appear once in each, framed the same way, so the difference depends
         only on the request: it is measured once on an empty state.
         """
-        if self._start_overhead_for is None or self._start_overhead_for[0] != stream_id:
-            start = json_size(self._start(StreamState(""), "k" * 255).to_dict())
-            body = len(self.request.decide_body("", (), stream_id=stream_id).encode("utf-8"))
-            self._start_overhead_for = (stream_id, start - body)
+        # the stream_id only counts when it is the cache key (the request names none)
+        depends_on = stream_id if self.request.prompt_cache_key is None else None
+        if self._start_overhead_for is None or self._start_overhead_for[0] != depends_on:
+            overhead = _start_overhead(
+                self.request, self.decision_mode, self.min_interval_ms, depends_on or STREAM_ID_PLACEHOLDER
+            )
+            self._start_overhead_for = (depends_on, overhead)
         return self._start_overhead_for[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _start_overhead(
+    request: StreamRequest, decision_mode: str, min_interval_ms: int | None, stream_id: str
+) -> int:
+    """:meth:`DesiredState._start_overhead`, measured: the streams a trigger reopens about the same
+    request measure it once."""
+    start = Start(event_id(1), request, "", decision_mode, (), min_interval_ms, "k" * 255)
+    body = request.decide_body("", (), stream_id=stream_id)
+    return json_size(start.to_dict()) - len(body.encode("utf-8"))
