@@ -15,12 +15,14 @@ import contextlib
 import json
 import logging
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import (
     InvalidStatus,
 )
+from websockets.frames import Opcode
 from websockets.typing import Subprotocol
 
 from airflow_provider_systemzero.protocol.client import check_hello
@@ -54,7 +56,14 @@ from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     pass
 
-__all__ = ["NoRedirectsConnect", "connect_options", "probe", "subprotocol_violation", "upgrade_refusal_error"]
+__all__ = [
+    "NoRedirectsConnect",
+    "StreamConnection",
+    "connect_options",
+    "probe",
+    "subprotocol_violation",
+    "upgrade_refusal_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,48 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
             except (TypeError, ValueError):
                 text = f"{msg} {args!r}"
             super().log(level, "%s", scrub(text, self._secret), **kwargs)
+
+
+class StreamConnection(ClientConnection):
+    """websockets' client connection, handing each complete text frame to :attr:`on_text` as it is
+    parsed, in the transport's callback: no queue, task or loop turn between the socket and the
+    stream's session.
+
+    Only what websockets itself would hand over unchanged takes this way: a text frame that is not
+    fragmented, is valid UTF-8 and has nothing queued ahead of it. Everything else — a fragmented
+    message (reassembled by websockets), a binary frame, invalid UTF-8 (websockets closes with
+    1007), a frame behind one still queued — goes through websockets' message queue to the
+    stream's reader task, so frames are handled in the order they arrived.
+    """
+
+    #: Handles one frame; returns whether the next frames of the same read may follow at once
+    #: (``False``: the writer should run first, and they queue for the reader). ``None``: the
+    #: reader task reads every frame.
+    on_text: Callable[[str], bool] | None = None
+    _direct = True
+
+    def data_received(self, data: bytes) -> None:
+        self._direct = True
+        super().data_received(data)
+
+    def process_event(self, event: Any) -> None:
+        on_text = self.on_text
+        if (
+            on_text is not None
+            and self._direct
+            and self.response is not None  # the handshake is over: a frame
+            and event.opcode is Opcode.TEXT
+            and event.fin
+            and not len(self.recv_messages.frames)
+        ):
+            try:
+                text = str(event.data, "utf-8")
+            except UnicodeDecodeError:
+                pass  # websockets' own reading closes with 1007
+            else:
+                self._direct = on_text(text)
+                return
+        super().process_event(event)
 
 
 def connect_options(
@@ -104,6 +155,7 @@ def connect_options(
         "close_timeout": (limits.close_handshake_timeout_ms / 1000) or None,
         "max_size": limits.max_message_bytes + _MAX_SIZE_MARGIN,
         "logger": _RedactingLogger(logging.getLogger("websockets.client"), settings.api_key.strip()),
+        "create_connection": StreamConnection,
     }
     if ssl_context is not None and settings.url.startswith("wss://"):
         options["ssl"] = ssl_context

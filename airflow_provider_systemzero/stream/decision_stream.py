@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from airflow_provider_systemzero.decisions.budget import (
     BudgetExceeded,
@@ -178,6 +177,9 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
         self._refused: BudgetExceeded | None = None  # what the budget refused, holding this stream
         self._writing = False  # a frame is being written (its write is waiting for the peer)
+        #: why a frame handed over as it was parsed ended the connection (see ``_handle_at_once``)
+        self._frame_error: BaseException | None = None
+        self._scrub_secret: str | None = None  # the key, as removed from every frame of the connection
         #: frames a change made due that the writer sends first (see :meth:`_send_now`)
         self._outbox: list[str] = []
         self._pong_flush: asyncio.TimerHandle | None = None
@@ -416,11 +418,11 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
             self._dispatch(events)
-        if not await self._send_now():
+        if not self._send_now():
             self._kick()
         await asyncio.sleep(0)
 
-    async def _send_now(self) -> bool:
+    def _send_now(self) -> bool:
         """Write what the change made due from the caller's task, without waking the writer first
         (one loop turn less between a change and the wire); whether it did. Only when the writer
         is idle, and only frames that cannot make the caller wait: when the socket's buffer holds
@@ -441,18 +443,12 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             self._outbox
             or ws.transport.get_write_buffer_size()
             or sum(map(len, frames)) > _DIRECT_WRITE_BYTES
+            or not self._write_at_once(ws, frames)
         ):
             self._outbox.extend(frames)  # sent first by the writer, before anything newer
             self._kick()
             return True
-        with contextlib.suppress(ConnectionClosed):  # the reader sees the loss; the session replays
-            for frame in frames:
-                if not await self._write(ws, frame):
-                    break
-        if self._release_for is ws:  # asked while writing (a start must wait its turn): the writer closes
-            self._kick()
-        else:
-            self._kick_if_due(time.monotonic())  # the writer's own timers, if they moved earlier
+        self._kick_if_due(time.monotonic())  # the writer's own timers, if they moved earlier
         return True
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:

@@ -44,6 +44,7 @@ from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
 from airflow_provider_systemzero.stream.connection import (
     NoRedirectsConnect,
+    StreamConnection,
     connect_options,
     subprotocol_violation,
     upgrade_refusal_error,
@@ -177,21 +178,42 @@ class ConnectionServing:
             error,
         )
 
+    def _handle(self, frame: str | bytes) -> bool:
+        """Feed one frame to the session and act on its events; whether the writer should run
+        before the next frame is handled (this one gave it something to do)."""
+        if isinstance(frame, str):
+            frame = scrub(
+                frame, self._scrub_secret
+            )  # a key echoed back never reaches a message, log or error
+        now = time.monotonic()
+        events = self.session.receive_text(frame, now)
+        self._dispatch(events)
+        if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
+            self._kick_soon()
+            return False
+        return self._kick_if_due(now)
+
+    def _handle_at_once(self, frame: str) -> bool:
+        """:meth:`_handle` for a frame handed over in the transport's callback
+        (:class:`~airflow_provider_systemzero.stream.connection.StreamConnection`); whether the next
+        frames of the same read may follow at once. A frame that breaks the protocol ends the
+        connection as it would in the reader: the serving loop picks up :attr:`_frame_error`."""
+        try:
+            return not self._handle(frame)
+        except Exception as exc:
+            self._frame_error = exc
+            ws = self._ws
+            if ws is not None:
+                ws.on_text = None  # the reader task reads whatever still comes
+            self._kick()
+            return False
+
     async def _read(self, ws: ClientConnection) -> None:
-        session = self.session
-        secret = self._secret()
         streak = 0  # frames handled since the reader last let other tasks run
         with contextlib.suppress(ConnectionClosed):
             async for frame in ws:
-                if isinstance(frame, str):
-                    frame = scrub(frame, secret)  # a key echoed back never reaches a message, log or error
-                now = time.monotonic()
-                events = session.receive_text(frame, now)
-                self._dispatch(events)
                 # the writer acts on a frame that gave it something to do before the next is read
-                turn = bool(events) and self._kick_if_due(now)
-                if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
-                    self._kick_soon()
+                turn = self._handle(frame)
                 streak += 1
                 if turn or streak == _FRAMES_PER_TURN:  # nor does a flood of frames hold the loop
                     streak = 0
@@ -210,8 +232,12 @@ class ConnectionServing:
             "replaying the stream's state" if replay else "first connection",
         )
         self._observe("connected", self._settings.url if self._settings else "", replay)
+        self._frame_error = None
+        self._scrub_secret = self._secret()
         reader = asyncio.create_task(self._read(ws), name="systemzero-stream-reader")
         reader.add_done_callback(lambda _: self._kick())
+        if isinstance(ws, StreamConnection):
+            ws.on_text = self._handle_at_once  # frames from now on are handled as they are parsed
         silent = recycle = lost = stalled = False
 
         def outcome(code: int | None, kind: str = "closed") -> ConnectionOutcome:
@@ -234,7 +260,7 @@ class ConnectionServing:
 
         try:
             try:
-                while not reader.done():
+                while not reader.done() and self._frame_error is None:
                     self._wake.clear()
                     now = time.monotonic()
                     frames = session.data_to_send(now)
@@ -292,7 +318,7 @@ class ConnectionServing:
                 if not reader.done():
                     ws.transport.abort()
                     return Ended(outcome(CloseCode.ABNORMAL_CLOSURE))
-            if not reader.done():
+            if not reader.done() and self._frame_error is None:
                 # we close: the stream ends, fails, is released, or replays on a new connection
                 if recycle:
                     log.info(
@@ -310,7 +336,7 @@ class ConnectionServing:
                 if self._release_for is ws:
                     return Ended(outcome(CloseCode.NORMAL_CLOSURE, "released"))
                 return Ended(outcome(CloseCode.NORMAL_CLOSURE), final=True)
-            error = reader.exception()
+            error = self._frame_error if self._frame_error is not None else reader.exception()
             if isinstance(error, RemoteProtocolError):
                 # the message quotes the gateway's values: bounded, escaped, without the key
                 problem = server_text(error.message, self._secret(), limit=400, quote=False)
@@ -355,6 +381,8 @@ class ConnectionServing:
                 final=final,
             )
         finally:
+            if isinstance(ws, StreamConnection):
+                ws.on_text = None  # the connection keeps no reference to this stream
             if not reader.done():
                 reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -373,6 +401,21 @@ class ConnectionServing:
 
     def _write_timeout(self) -> float:
         return self.session.limits.write_progress_timeout_ms / 1000
+
+    @staticmethod
+    def _write_at_once(ws: ClientConnection, frames: list[str]) -> bool:
+        """Hand ``frames`` to the transport now, in one write, when nothing can make it wait: the
+        connection is open, no fragmented message is being sent, and the caller checked that the
+        socket's buffer is empty and the frames are small (so websockets' flow control would not
+        wait either). Whether it did; otherwise the writer sends them (:meth:`_write`)."""
+        protocol = ws.protocol
+        if protocol.state is not State.OPEN or ws.send_in_progress is not None:
+            return False
+        for frame in frames:
+            protocol.send_text(frame.encode())
+        chunks = protocol.data_to_send()
+        ws.transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return True
 
     async def _write(self, ws: ClientConnection, frame: str) -> bool:
         """Send one frame within ``write_progress_timeout``; ``False`` (the connection aborted) when

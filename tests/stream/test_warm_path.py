@@ -96,13 +96,13 @@ async def test_a_change_goes_out_from_the_callers_task_without_waking_the_writer
     await asyncio.sleep(0.05)
     waits_before = wake.waits
     written: list[str] = []
-    write = stream._write
+    write = stream._write_at_once
 
-    async def counting(ws: Any, frame: str) -> bool:
-        written.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
-        return await write(ws, frame)
+    def counting(ws: Any, frames: list[str]) -> bool:
+        written.extend(asyncio.current_task().get_name() for _ in frames)  # type: ignore[union-attr]
+        return write(ws, frames)
 
-    stream._write = counting  # type: ignore[method-assign]
+    stream._write_at_once = counting  # type: ignore[method-assign]
     caller = asyncio.current_task()
     assert caller is not None
     for index in range(CHANGES):

@@ -1,0 +1,147 @@
+"""Frames the client hands to its session as they are parsed, and the frames it must not.
+
+A complete text frame with nothing queued ahead of it is handled in the transport's callback
+(``stream/connection.py``, ``StreamConnection``); everything else goes through websockets' own
+reading. These scripts send what a gateway may legally send that way — a fragmented message, a
+fragmented message right before a complete one — and what it may not (invalid UTF-8), and check
+the order of handling, websockets' 1007 close, and that frames are handled at once at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from airflow_provider_systemzero.stream.connection import StreamConnection
+from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode, reply
+
+
+def _fragments(text: str, size: int = 7) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+async def _send_fragmented(peer: Peer, message: dict[str, Any]) -> None:
+    """Send ``message`` as a fragmented text message (a websockets server sends an iterable so)."""
+    seq = next(peer._seq)
+    await peer.ws.send(_fragments(encode({"stream_id": peer.stream_id, "seq": seq, **message})))
+
+
+def _decision(version: int, event: str) -> dict[str, Any]:
+    return {
+        "type": "decision",
+        "state_version": version,
+        "covered_event_ids": [event],
+        "reply": reply(),
+        "request_id": "req_decision",
+        "http_status": 200,
+        "server_timing": None,
+        "latency_ms": None,
+        "rate_limit": None,
+        "queue_ms": 0,
+        "decide_ms": 5,
+    }
+
+
+async def _decide(hook: Any) -> Any:
+    async with asyncio.timeout(20):
+        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
+            return await s.decide(timeout=20)
+
+
+async def test_a_fragmented_decision_is_reassembled_and_decided(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    async def script(peer: Peer) -> None:
+        await peer.open()
+        message = await peer.recv()
+        assert message["type"] == "decide"
+        await peer.send({"type": "scheduled", "state_version": 1, "in_flight": False})
+        await _send_fragmented(peer, _decision(1, "evt_1"))
+        await peer.drain()
+
+    decision = await _decide(connect(gateway(script)))
+    assert decision.answers["ready"].decision is True and decision.state_version == 1
+
+
+async def test_a_frame_after_a_fragmented_one_is_handled_after_it(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    """The ``start``'s ack arrives fragmented and the decision covering it at once after it,
+    unfragmented, in the same write: handled in the other order, the decision would come before
+    its ack (``decision_before_ack``, a breach) and no decision would ever be returned."""
+
+    async def script(peer: Peer) -> None:
+        await peer.hello()
+        start = await peer.recv()
+        ack = {
+            "stream_id": peer.stream_id,
+            "seq": next(peer._seq),
+            "type": "ack",
+            "event_id": start["event_id"],
+        }
+        ack.update(state_version=1, state_bytes=5, synthesized_body_bytes=100, scheduled=True)
+        decision = {"stream_id": peer.stream_id, "seq": next(peer._seq), **_decision(1, "evt_1")}
+        protocol = peer.ws.protocol
+        parts = _fragments(json.dumps(ack))
+        protocol.send_text(parts[0].encode(), fin=False)
+        for part in parts[1:-1]:
+            protocol.send_continuation(part.encode(), fin=False)
+        protocol.send_continuation(parts[-1].encode(), fin=True)
+        protocol.send_text(json.dumps(decision).encode())
+        peer.ws.transport.write(b"".join(protocol.data_to_send()))  # one write: read in one go
+        await peer.drain()
+
+    hook = connect(gateway(script))
+    async with asyncio.timeout(20):
+        async with hook.stream(REQUEST, decision_mode="on_change", state="log\n", open_deadline=20) as s:
+            decision = await s.decide(timeout=20)
+            reconnects = list(s.reconnects)
+    assert decision.state_version == 1
+    assert reconnects == []  # no breach, no second connection
+
+
+async def test_invalid_utf8_is_closed_with_1007_and_never_handled(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    closes: list[int | None] = []
+
+    async def script(peer: Peer) -> None:
+        if peer.number == 1:
+            await peer.open()
+            await peer.recv()  # the decide
+            await peer.ws.send(b'{"type":"scheduled","x":"\xff\xfe"}', text=True)
+            await peer.drain()
+            closes.append(peer.ws.close_code)
+            return
+        await peer.open()
+        message = await peer.recv()
+        await peer.send({"type": "scheduled", "state_version": message["state_version"], "in_flight": False})
+        await peer.decision(message["state_version"])
+        await peer.drain()
+
+    decision = await _decide(connect(gateway(script)))
+    assert decision.state_version == 1
+    assert closes == [1007]  # websockets' own reading refused it; the client reconnected and replayed
+
+
+async def test_complete_frames_are_handled_as_they_are_parsed(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    """The warm path itself: the stream's connection is a :class:`StreamConnection` handing each
+    complete text frame over at once, and nothing waits in websockets' message queue."""
+    seen: list[Any] = []
+
+    async def script(peer: Peer) -> None:
+        await peer.open()
+        await peer.decide_then()
+        await peer.drain()
+
+    hook = connect(gateway(script))
+    async with asyncio.timeout(20):
+        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
+            await s.decide(timeout=20)
+            ws = s._ws
+            seen += [type(ws), ws.on_text is not None, len(ws.recv_messages.frames)]
+    assert seen == [StreamConnection, True, 0]
