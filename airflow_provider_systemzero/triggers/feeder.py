@@ -187,10 +187,10 @@ class SourceFeeder:
                 decision = stream.take_decision()
                 while decision is not None:
                     if self._current(decision):
-                        lease.arm(stream)
                         verdict = watch.observe(decision, state_hash(stream.state), stream.state, loop.time())
                         if verdict is not None:
-                            return verdict
+                            return verdict  # the wait ends with it: no lease to arm on the way out
+                        lease.arm(stream)
                         currency.evaluated()  # it did not end the wait: held changes may go
                     decision = stream.take_decision()
                 if quiet.done():
