@@ -6,6 +6,7 @@ The client builds its URL and headers here; the gateway emulator checks an upgra
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from collections.abc import Mapping
@@ -46,8 +47,9 @@ def is_loopback_host(host: str) -> bool:
     return address.is_loopback and getattr(address, "ipv4_mapped", None) is None
 
 
+@functools.lru_cache(maxsize=256)
 def stream_url(origin: str) -> str:
-    """The exact stream URL for an API origin.
+    """The exact stream URL for an API origin (a pure function of it: worked out once per origin).
 
     ``https://h`` and ``wss://h`` become ``wss://h/v1/system-zero/stream``; a bare host means
     ``wss://``; ``ws://``/``http://`` are allowed only for a loopback host (the emulator).
