@@ -48,7 +48,14 @@ from airflow_provider_systemzero.utils.observability import AirflowStreamObserve
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-__all__ = ["DEFAULT_DECIDE_TIMEOUT", "DecideOptions", "StreamOptions", "SystemZeroHook", "reconnect_backoff"]
+__all__ = [
+    "DEFAULT_DECIDE_TIMEOUT",
+    "DecideOptions",
+    "StreamOptions",
+    "SystemZeroHook",
+    "backoff_config",
+    "reconnect_backoff",
+]
 
 #: Seconds :meth:`SystemZeroHook.decide` waits by default, opening included: a gateway that never
 #: answers cannot hold a worker slot for ever.
@@ -156,6 +163,15 @@ def reconnect_backoff() -> Backoff:
 
     :raises SystemZeroValidationError: a value is not a non-negative number.
     """
+    base, cap = backoff_config()
+    return Backoff(base=base, cap=cap)
+
+
+def backoff_config() -> tuple[float, float]:
+    """``[systemzero] reconnect_backoff_base`` and ``reconnect_backoff_cap`` (seconds), checked.
+
+    :raises SystemZeroValidationError: a value is not a non-negative number.
+    """
     from airflow.configuration import conf
 
     values = {}
@@ -172,7 +188,7 @@ def reconnect_backoff() -> Backoff:
                 field=name,
             )
         values[name] = value
-    return Backoff(base=values["reconnect_backoff_base"], cap=values["reconnect_backoff_cap"])
+    return values["reconnect_backoff_base"], values["reconnect_backoff_cap"]
 
 
 def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:

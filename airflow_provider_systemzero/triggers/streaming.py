@@ -192,6 +192,18 @@ def _shared(settings: Any) -> Any:
     return settings
 
 
+def _stream_options() -> tuple[float, float, bool, bool]:
+    """What a trigger's streams take from Airflow's configuration (each read costs tens of
+    microseconds, so a trigger reads it once per run, as it looks its connection up once): the
+    reconnect backoff's base and cap, whether spans are emitted, and whether they carry content."""
+    from airflow_provider_systemzero.hooks.systemzero import backoff_config
+    from airflow_provider_systemzero.utils.observability import capture_content_enabled, spans_enabled
+
+    base, cap = backoff_config()
+    spans = spans_enabled()
+    return base, cap, spans, capture_content_enabled() if spans else False
+
+
 class TriggerStream:
     """A trigger's stream: opened with the task's budget, closed on every exit, and let go while the
     source is quiet.
@@ -220,6 +232,7 @@ class TriggerStream:
         "_budget",
         "_budget_kwargs",
         "_dormant",
+        "_options",
         "_reading",
         "_settings",
         "_since",
@@ -248,6 +261,7 @@ class TriggerStream:
         self._budget_kwargs = budget
         self._budget: Any = None
         self._settings: Any = None  # the connection's settings, resolved once per trigger run
+        self._options: tuple[float, float, bool, bool] | None = None  # see _stream_options
         self._dormant = False
         self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
         self._since: Any = (
@@ -277,12 +291,20 @@ class TriggerStream:
     def open(self, state: Any, **kwargs: Any) -> Any:
         """Open the stream about ``state`` (``kwargs`` go to the hook's ``stream()``).
 
-        The connection is looked up once per trigger run: a stream rebuilt after a dormant phase
-        reuses the settings the first one resolved.
+        The connection and Airflow's configuration are looked up once per trigger run: a stream
+        rebuilt after a dormant phase reuses the settings and the options the first one resolved.
         """
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+        from airflow_provider_systemzero.stream import Backoff
+        from airflow_provider_systemzero.utils.observability import AirflowStreamObserver
 
-        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
+        if self._options is None:
+            self._options = _stream_options()
+        base, cap, spans, capture = self._options
+        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id, backoff=Backoff(base=base, cap=cap))
+        observer = AirflowStreamObserver(
+            kwargs.get("decision_mode", "on_change"), spans=spans, capture_content=capture
+        )
         self.stream = hook.stream(
             self.request,
             state=state,
@@ -290,6 +312,7 @@ class TriggerStream:
             identity=self.key_namespace,
             budget=self.budget,
             settings=self._settings,
+            observer=observer,
             **kwargs,
         )
         return self.stream
