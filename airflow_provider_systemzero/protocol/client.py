@@ -64,7 +64,7 @@ from airflow_provider_systemzero.protocol.connection_state import (
     check_hello,
 )
 from airflow_provider_systemzero.protocol.desired import Change, DesiredState
-from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.limits import DOCUMENT_LIMITS, Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
     ClientMessage,
@@ -133,7 +133,7 @@ class ClientSession(SessionInput):
         self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
         self.key_namespace = key_namespace
         #: The limits in force: the public document's until ``hello``, then the gateway's.
-        self.limits = limits or Limits()
+        self.limits = limits or DOCUMENT_LIMITS
         #: Where the session is (see :class:`Phase`).
         self.phase = Phase.DISCONNECTED
         #: What the caller wants, its key and generation (see :class:`DesiredState`).

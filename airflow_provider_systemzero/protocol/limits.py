@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import refuse
 
-__all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
+__all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "DOCUMENT_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
 
 #: A stream has at most one decide in flight plus one pending intent (WIRE.md §4): what a
 #: client may have started at the gateway and not yet seen settled.
@@ -75,10 +75,10 @@ class Limits:
     account_decision_ceiling_per_minute: int = 60
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _NAMES:
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"limit {f.name} must be a non-negative integer, got {value!r}")
+                raise ValueError(f"limit {name} must be a non-negative integer, got {value!r}")
 
     def advertised(self) -> dict[str, int]:
         """The ``hello.limits`` object, in the public example's key order."""
@@ -118,11 +118,15 @@ class Limits:
         return cls(**values)
 
 
+#: Every limit's name, in declaration order.
+_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Limits))
+
 #: Names of the limits the gateway advertises in ``hello``, in the public example's order (the
 #: fields marked as advertised, in their declaration order).
 ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits) if f.metadata.get("advertised"))
 
-_DOCUMENT = Limits()
+#: The public document's limits (immutable: shared by every session before its ``hello``).
+DOCUMENT_LIMITS = _DOCUMENT = Limits()
 #: The rates and bursts of a gateway's buckets only pace this client's own sending: a gateway may
 #: grant more than the document's numbers, up to this sanity bound.
 _MAX_RATE = 100_000
