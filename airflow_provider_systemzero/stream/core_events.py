@@ -17,6 +17,7 @@ it is not used on its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -232,7 +233,7 @@ class CoreEventHandling:
             ack.synthesized_body_bytes,
             ", decision scheduled" if ack.scheduled else "",
         )
-        self._observe("acknowledged", ack, event.message_type, event.replayed)
+        self._observe_later("acknowledged", ack, event.message_type, event.replayed)
 
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
@@ -240,7 +241,7 @@ class CoreEventHandling:
         if self._starts is not None:
             self._starts.ended(self, None, self.session.generation, requeue=False)
         billed = self._accounting.decided(result)
-        self._observe("decided", result, billed=billed)
+        self._observe_later("decided", result, billed=billed)
         if not log.isEnabledFor(logging.INFO):
             return  # the line below is built only for a log that shows it
         answers = "; ".join(
@@ -293,6 +294,28 @@ class CoreEventHandling:
         )
 
     def _observe(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Tell the observer now (after what it was told to hear later, in order)."""
+        if self._observations:
+            self._observe_pending()
+        self._observe_now(method, args, kwargs)
+
+    def _observe_later(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Tell the observer once whatever this frame woke has run: an ack or a decision is counted
+        (metrics, spans) after the task waiting for the decision got it, not before — the caller's
+        event does not wait for the metrics. The order of what the observer hears is kept."""
+        pending = self._observations
+        pending.append((method, args, kwargs))
+        if len(pending) == 1:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._observe_pending)  # behind the tasks woken this turn
+
+    def _observe_pending(self) -> None:
+        pending = self._observations
+        while pending:
+            method, args, kwargs = pending.popleft()
+            self._observe_now(method, args, kwargs)
+
+    def _observe_now(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             getattr(self.observer, method)(*args, **kwargs)
         except Exception as exc:  # an observer never breaks the stream

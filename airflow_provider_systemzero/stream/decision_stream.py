@@ -176,6 +176,8 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         #: What this stream's dispatches cost the budget (see :class:`DispatchAccounting`).
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
         self._refused: BudgetExceeded | None = None  # what the budget refused, holding this stream
+        #: what the observer hears once the tasks a frame woke have run (see ``_observe_later``)
+        self._observations: deque[tuple[str, tuple[Any, ...], dict[str, Any]]] = deque()
         self._writing = False  # a frame is being written (its write is waiting for the peer)
         #: why a frame handed over as it was parsed ended the connection (see ``_handle_at_once``)
         self._frame_error: BaseException | None = None
@@ -394,6 +396,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         leaving a cycle for the collector's next full pass (which visits every waiting trigger)."""
         if self._session is not None:
             self._session.dispatch_admission = None
+        self._observe_pending()  # what it was to hear later, it hears before it lets go
         self.observer.unbind()
 
     def has_work(self) -> bool:
