@@ -231,7 +231,11 @@ class SourceFeeder:
 
     async def _feed(self) -> None:
         """Hand the source's changes to the stream in order; when the source changes faster than a
-        decision takes, hold them back while a decision is in flight and then hand over the newest."""
+        decision takes, hold them back while a decision is in flight and then hand over the newest.
+
+        The read of the source hands a change over itself when nothing is held or queued (no
+        ``decide_when``: the usual case), one loop turn sooner than through this task; otherwise
+        the change queues here, behind the hold, while the read goes on."""
         self._feeding = True
         stream, currency = self.stream, self.currency
         arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
@@ -242,6 +246,13 @@ class SourceFeeder:
             reading = self.reading
             try:
                 async for state in reading.rest() if reading is not None else self.source.changes():
+                    if (
+                        self.gate is None
+                        and not arrivals
+                        and not (state != stream.state and currency.starved)
+                    ):
+                        await self._hand_over(state)
+                        continue
                     arrivals.append(state)
                     arrived()
             finally:
@@ -265,21 +276,26 @@ class SourceFeeder:
                     await currency.hold(reader)
                     while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
                         arrivals.popleft()
-                state = arrivals.popleft()
-                if state != stream.state:  # the first value usually equals the state the stream opened with
-                    self.lease.disarm()
-                    if self.gate is not None:
-                        await self._gate_change(stream.state, state)
-                    # currency changes before the stream takes the change: set_state yields, and a
-                    # decision arriving meanwhile is about the previous state
-                    currency.changed(deciding=self.decision_mode == "on_change")
-                    self.changed.set()
-                    await stream.set_state(state)
-                    if self.gate is not None and not self.gate.pending and not self._deciding:
-                        self.lease.arm(stream)  # nothing to decide: the stream may go back when quiet
+                await self._hand_over(arrivals.popleft())
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    async def _hand_over(self, state: Any) -> None:
+        """Make the source's ``state`` the stream's desired state (nothing when it already is)."""
+        stream = self.stream
+        if state == stream.state:  # the first value usually equals the state the stream opened with
+            return
+        self.lease.disarm()
+        if self.gate is not None:
+            await self._gate_change(stream.state, state)
+        # currency changes before the stream takes the change: set_state yields, and a decision
+        # arriving meanwhile is about the previous state
+        self.currency.changed(deciding=self.decision_mode == "on_change")
+        self.changed.set()
+        await stream.set_state(state)
+        if self.gate is not None and not self.gate.pending and not self._deciding:
+            self.lease.arm(stream)  # nothing to decide: the stream may go back when quiet
 
     async def _hold_while_deciding(self, reader: asyncio.Future[Any]) -> None:
         """A change arrived while a decide is in flight: hold it until the decision is back (at most
