@@ -65,9 +65,6 @@ __all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 log = logging.getLogger(__name__)
 
 
-#: Frames of a change up to this many characters are written by the caller's task (far below the
-#: transport's high-water mark, so the write never waits for the peer); larger ones by the writer.
-_DIRECT_WRITE_BYTES = 16 * 1024
 #: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
 _MAX_QUEUED_DECISIONS = 10_000
 
@@ -185,6 +182,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         #: frames a change made due that the writer sends first (see :meth:`_send_now`)
         self._outbox: list[str] = []
         self._pong_flush: asyncio.TimerHandle | None = None
+        self._alarm: asyncio.TimerHandle | None = None  # wakes the waiting writer (see _set_alarm)
         self._writer_wakes_at = -math.inf  # when the waiting writer wakes on its own (-inf: awake)
         self._pulse_waiting = 0  # tasks waiting for a pulse
         #: resolved by the reader the moment there is something to take: a queued decision, a
@@ -443,10 +441,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             return False
         frames = self.session.data_to_send(time.monotonic())
         if frames and (
-            self._outbox
-            or ws.transport.get_write_buffer_size()
-            or sum(map(len, frames)) > _DIRECT_WRITE_BYTES
-            or not self._write_at_once(ws, frames)
+            self._outbox or not self._may_write_at_once(ws, frames) or not self._write_at_once(ws, frames)
         ):
             self._outbox.extend(frames)  # sent first by the writer, before anything newer
             self._kick()

@@ -63,6 +63,9 @@ log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  #
 #: Frames the reader handles in a row before it lets other tasks run (frames already received are
 #: read without waiting: an ack and its decision arriving together are handled in one go).
 _FRAMES_PER_TURN = 16
+#: Frames of a change up to this many characters are written at once (far below the transport's
+#: high-water mark, so the write never waits for the peer); larger ones by the writer, bounded.
+_DIRECT_WRITE_BYTES = 16 * 1024
 #: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
 _PONG_FLUSH_INTERVAL = 1 / 40
 
@@ -267,6 +270,8 @@ class ConnectionServing:
                     if self._outbox:  # what a change left to the writer goes first
                         frames[:0] = self._outbox
                         self._outbox.clear()
+                    if frames and self._may_write_at_once(ws, frames) and self._write_at_once(ws, frames):
+                        frames = []  # nothing could wait: written in one go
                     for frame in frames:
                         if not await self._write(ws, frame):
                             stalled = True
@@ -286,13 +291,10 @@ class ConnectionServing:
                     times = [
                         t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)
                     ]
-                    timeout = max(0.0, min(times) - now) if times else None
                     # what the reader compares with before waking the writer (see _kick_if_due)
-                    self._writer_wakes_at = min(times) if times else math.inf
+                    self._writer_wakes_at = self._set_alarm(min(times) if times else None)
                     try:
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(timeout):
-                                await self._wake.wait()
+                        await self._wake.wait()
                     finally:
                         self._writer_wakes_at = -math.inf  # awake: every kick counts
             except ConnectionClosed:
@@ -381,6 +383,7 @@ class ConnectionServing:
                 final=final,
             )
         finally:
+            self._set_alarm(None)
             if isinstance(ws, StreamConnection):
                 ws.on_text = None  # the connection keeps no reference to this stream
             if not reader.done():
@@ -401,6 +404,34 @@ class ConnectionServing:
 
     def _write_timeout(self) -> float:
         return self.session.limits.write_progress_timeout_ms / 1000
+
+    def _set_alarm(self, at: float | None) -> float:
+        """Make sure the waiting writer is woken by ``at`` (monotonic time; ``None``: nothing to
+        wake it for) with one timer for the connection, not a timeout per wait: a timer that rings
+        sooner is kept (the writer then looks again and sleeps the rest); only a later one, or
+        none, is replaced. Returns when the writer will wake on its own."""
+        alarm = self._alarm
+        if at is None:
+            if alarm is not None:
+                alarm.cancel()
+                self._alarm = None
+            return math.inf
+        if alarm is not None:
+            if alarm.when() <= at:
+                return alarm.when()
+            alarm.cancel()
+        self._alarm = asyncio.get_running_loop().call_at(at, self._ring)
+        return at
+
+    def _ring(self) -> None:
+        self._alarm = None
+        self._kick()
+
+    @staticmethod
+    def _may_write_at_once(ws: ClientConnection, frames: list[str]) -> bool:
+        """Whether writing ``frames`` now cannot wait for the peer: the socket's buffer is empty
+        and they are small (far below the transport's high-water mark)."""
+        return not ws.transport.get_write_buffer_size() and sum(map(len, frames)) <= _DIRECT_WRITE_BYTES
 
     @staticmethod
     def _write_at_once(ws: ClientConnection, frames: list[str]) -> bool:

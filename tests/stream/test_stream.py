@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosedError
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import Limits
@@ -206,11 +205,13 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(
         ws = stream._ws
         assert ws is not None
 
-        async def send_into_a_dead_socket(message: Any, text: bool | None = None) -> None:
-            ws.transport.abort()  # the connection dies under the writer, before the reader notices
-            raise ConnectionClosedError(None, None)
+        write = ws.transport.write
 
-        ws.send = send_into_a_dead_socket  # type: ignore[method-assign]
+        def write_into_a_dead_socket(data: Any) -> None:
+            ws.transport.abort()  # the connection dies under the write, before the reader notices
+            write(data)  # what a lost connection is given is dropped
+
+        ws.transport.write = write_into_a_dead_socket  # type: ignore[method-assign]
         await stream.append_text("Job is ready.\n")
         await emu.wait_for(
             lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
