@@ -5,11 +5,12 @@ The I/O layer is thin. Every protocol rule lives in the sans-I/O core; this modu
 
 * answers the upgrade (WIRE.md §1) with the core's :func:`check_upgrade`, the account's stream
   capacity and the shutdown state, refusing with the core's status, envelope and ``Retry-After``;
-* per stream, runs one loop (:mod:`.connection`) that feeds the session every frame, decide
-  outcome, shutdown request and timer (``time.monotonic()`` at :meth:`GatewaySession.next_deadline`) and performs the
-  returned actions in order: a text frame per :class:`SendMessage` (through a FIFO writer, so
-  the loop never blocks on a slow reader and the send queue can be measured), a backend call
-  per :class:`DispatchDecide`, a close per :class:`CloseConnection`;
+* per stream (:mod:`.connection`), feeds the session every frame (a complete text frame in the
+  callback that parsed it), decide outcome, shutdown request and timer (one per stream, set to
+  :meth:`GatewaySession.next_deadline` on ``time.monotonic()``) and performs the returned actions
+  in order: a text frame per :class:`SendMessage` (written at once when nothing waits before it,
+  else through a FIFO writer, so the stream never blocks on a slow reader and the send queue can
+  be measured), a backend call per :class:`DispatchDecide`, a close per :class:`CloseConnection`;
 * reports the send queue (queued bytes and frames, write progress) to the session, which decides
   when that is a ``slow_reader``;
 * keeps stats, the billing ledger, the last accepted state of every stream, and fault controls.
@@ -387,7 +388,7 @@ class Emulator:
 
     async def _shutdown_streams(self, streams: list[StreamLoop], retry_after_ms: int) -> None:
         for stream in streams:
-            stream.inbox.put_nowait(("shutdown", retry_after_ms))
+            stream.shutdown(retry_after_ms)
         lim = self.limits
         bound = (
             lim.decision_settlement_timeout_ms

@@ -192,12 +192,17 @@ class GatewaySession:
 
     # ------------------------------------------------------------------ inputs
 
-    def receive_text(self, text: str, now: float) -> list[GatewayAction]:
-        """Handle one text frame from the client."""
+    def receive_text(self, text: str, now: float, size: int | None = None) -> list[GatewayAction]:
+        """Handle one text frame from the client.
+
+        :param text: the frame.
+        :param now: the current time.
+        :param size: the frame's UTF-8 length, when the adapter has it (else it is measured).
+        """
         self._run_timers(now)
         if self.closed:
             return self.actions()
-        if len(text.encode("utf-8")) > self.limits.max_message_bytes:
+        if (len(text.encode("utf-8")) if size is None else size) > self.limits.max_message_bytes:
             self._close(CloseCode.MESSAGE_TOO_BIG, "message too big")
             return self.actions()
         if not self._message_bucket.try_take(now):
