@@ -180,6 +180,7 @@ class Emulator:
         self._shutting_down = False
         self._shutdown_retry_after_ms = shutdown_retry_after_ms
         self._changed: asyncio.Event | None = None
+        self._waiting = 0  # wait_for calls waiting on _changed
         self._counters: Counter[str] = Counter()
         self._messages_sent: Counter[str] = Counter()
         self._upgrade_refusals: Counter[int] = Counter()
@@ -355,16 +356,21 @@ class Emulator:
                 while not predicate(self):
                     changed = self._changed or asyncio.Event()
                     # Re-check at least every 100 ms for conditions that only time changes.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(0.1):
-                            await changed.wait()
+                    self._waiting += 1
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(0.1):
+                                await changed.wait()
+                    finally:
+                        self._waiting -= 1
         except TimeoutError:
             raise TimeoutError(
                 f"emulator condition not met within {timeout} s; stats: {self.stats}"
             ) from None
 
     def _notify(self) -> None:
-        if self._changed is not None:
+        # Only a waiting wait_for needs the news: one that starts later checks its predicate first.
+        if self._waiting and self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
 
