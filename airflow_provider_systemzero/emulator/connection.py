@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from airflow_provider_systemzero.emulator.stats import AcceptedState
 from airflow_provider_systemzero.emulator.websocket import EmulatorConnection
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.gateway import (
@@ -434,9 +433,7 @@ class StreamLoop:
             key = self.session.request.prompt_cache_key
             self.emulator._latest_by_cache_key[key if key is not None else self.stream_id] = self.stream_id
         self._state_seen = current
-        self.emulator.final_states[self.stream_id] = AcceptedState(
-            current.state, [a.to_dict() for a in current.attachments]
-        )
+        self.emulator._note_state(self.stream_id, current)
 
     # ------------------------------------------------------------------ send queue
 

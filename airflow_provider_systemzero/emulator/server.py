@@ -71,6 +71,7 @@ from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
+from airflow_provider_systemzero.protocol.state import StreamState
 from airflow_provider_systemzero.protocol.upgrade import (
     STREAM_PATH,
     UpgradeRefusal,
@@ -97,6 +98,10 @@ DEFAULT_MAX_CONCURRENT = 8
 _HANDSHAKE_LOG_SIZE = 10_000
 #: The stream loop under the name it had when it lived in this module (tests spy on its methods).
 _Stream = StreamLoop
+
+
+def _accepted(state: StreamState) -> AcceptedState:
+    return AcceptedState(state.state, [a.to_dict() for a in state.attachments])
 
 
 def parse_api_key(spec: str) -> tuple[str, int]:
@@ -167,8 +172,8 @@ class Emulator:
         self.admin_token = admin_token if admin_token is not None else secrets.token_urlsafe(24)
         self.shutdown_retry_after_ms = shutdown_retry_after_ms
         self.capacity_retry_after_s = capacity_retry_after_s
-        #: The last accepted state of every stream that accepted a ``start``, by ``stream_id``.
-        self.final_states: dict[str, AcceptedState] = {}
+        # the last accepted state of every stream that accepted a ``start`` (see final_states)
+        self._states: dict[str, StreamState] = {}
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
         self._latest_by_cache_key: dict[str, str] = {}
@@ -341,7 +346,17 @@ class Emulator:
         :param prompt_cache_key: the key.
         """
         stream_id = self._latest_by_cache_key.get(prompt_cache_key)
-        return None if stream_id is None else self.final_states.get(stream_id)
+        state = None if stream_id is None else self._states.get(stream_id)
+        return None if state is None else _accepted(state)
+
+    @property
+    def final_states(self) -> dict[str, AcceptedState]:
+        """The last accepted state of every stream that accepted a ``start``, by ``stream_id``
+        (a snapshot)."""
+        return {stream_id: _accepted(state) for stream_id, state in dict(self._states).items()}
+
+    def _note_state(self, stream_id: str, state: StreamState) -> None:
+        self._states[stream_id] = state
 
     async def wait_for(self, predicate: Callable[[Emulator], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109 (a helper for tests: the bound is the point)
         """Wait until ``predicate(self)`` is true; it is re-checked whenever a stream, the backend
