@@ -21,8 +21,12 @@ from collections import deque
 from typing import Any
 
 from airflow_provider_systemzero.protocol import gateway_actions
-from airflow_provider_systemzero.protocol.admission import admit_mutation, decide_rejection, order_rejection
-from airflow_provider_systemzero.protocol.body import state_bytes
+from airflow_provider_systemzero.protocol.admission import (
+    BodyFrame,
+    admit_mutation,
+    decide_rejection,
+    order_rejection,
+)
 from airflow_provider_systemzero.protocol.dispatching import Dispatches, InFlightDecide
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
@@ -109,7 +113,9 @@ class GatewaySession:
         self.stream_state: StreamState | None = None
         self.state_version = 0
         self.idempotency_key: str | None = None
-        self.body: str | None = None
+        # the accepted state's decide body, as its frame and its state's JSON (see body)
+        self._frame: BodyFrame | None = None
+        self._state_json = ""
         self.success_watermark = 0
         #: The last version frozen into a dispatch (the later ones are pending events).
         self.frozen_version = 0
@@ -166,6 +172,11 @@ class GatewaySession:
     def dispatches(self) -> int:
         """Decide calls started on this connection."""
         return self._dispatches.started
+
+    @property
+    def body(self) -> str | None:
+        """The synthesized decide body of the accepted state (``None`` before ``start``)."""
+        return None if self._frame is None else self._frame.body(self._state_json)
 
     @property
     def pending_events(self) -> int:
@@ -415,6 +426,7 @@ class GatewaySession:
                 stream_id=self.stream_id,
                 limits=self.limits,
                 pending_events=self.pending_events,
+                frame=self._frame,
             )
         except LocalProtocolError as exc:
             self._reject(exc, eid)
@@ -441,7 +453,7 @@ class GatewaySession:
         self.stream_state = admitted.state
         self.state_version += 1
         self.idempotency_key = admitted.key
-        self.body = admitted.body
+        self._frame, self._state_json = admitted.frame, admitted.state_json
         self.accepted_events += 1
         scheduled = self.decision_mode == "on_change" and self.phase is Phase.OPEN
         self._emit(
@@ -450,7 +462,7 @@ class GatewaySession:
                 self._next_seq(),
                 eid,
                 self.state_version,
-                state_bytes(admitted.state.state),
+                admitted.state_bytes,
                 admitted.body_bytes,
                 scheduled,
             )
@@ -487,11 +499,12 @@ class GatewaySession:
     def _maybe_dispatch(self, now: float) -> None:
         if self.phase is not Phase.OPEN or not self._dispatches.due(now, self.min_interval_ms):
             return
-        assert self.body is not None
+        body = self.body
+        assert body is not None
         flight = self._dispatches.start(self.state_version, now)
         self.frozen_version = self.state_version
         self._actions.append(
-            DispatchDecide(flight.dispatch_id, self.state_version, self.body, self.idempotency_key)
+            DispatchDecide(flight.dispatch_id, self.state_version, body, self.idempotency_key)
         )
 
     # ------------------------------------------------------------------ emitting
