@@ -126,6 +126,10 @@ class GatewaySession:
         self.rejections = 0
         self.refusal_count = 0
         lim = self.limits
+        # the limits the timers use, in seconds
+        self._idle_s = lim.idle_timeout_ms / 1000
+        self._heartbeat_s = lim.heartbeat_interval_ms / 1000
+        self._pong_s = lim.pong_timeout_ms / 1000
         self._seq = 0
         self._actions: list[GatewayAction] = []
         self._start_deadline = now + lim.start_timeout_ms / 1000
@@ -136,7 +140,7 @@ class GatewaySession:
         self._message_bucket = TokenBucket(lim.max_messages_per_second, max(1, lim.message_burst), now)
         self._dispatches = Dispatches(now)
         self._nonce = 0
-        self._next_ping = now + lim.heartbeat_interval_ms / 1000
+        self._next_ping = now + self._heartbeat_s
         self._pongs_due: dict[int, float] = {}
         self._settle_deadline: float | None = None
         self._shutdown_retry_after_ms: int | None = None
@@ -185,21 +189,23 @@ class GatewaySession:
 
     def next_deadline(self) -> float | None:
         """The next time :meth:`tick` has something to do, or ``None``."""
-        if self.closed:
+        phase = self.phase
+        if phase is Phase.CLOSED:
             return None
-        times = [self._end_at]
-        if self.phase is Phase.AWAITING_START:
-            times.append(self._start_deadline)
-        times.append(self._next_ping)
-        times.extend(self._pongs_due.values())
-        idle = self._dispatches.in_flight is None and not self._dispatches.pending
-        if self.phase is Phase.OPEN and idle:
-            times.append(self._last_activity + self.limits.idle_timeout_ms / 1000)
-        if self.phase is Phase.OPEN and self._dispatches.pending and self._dispatches.in_flight is None:
-            times.append(self._dispatches.eligible_at(self.min_interval_ms))
+        at = min(self._end_at, self._next_ping)
+        if phase is Phase.AWAITING_START:
+            at = min(at, self._start_deadline)
+        if self._pongs_due:
+            at = min(at, *self._pongs_due.values())
+        dispatches = self._dispatches
+        if phase is Phase.OPEN and dispatches.in_flight is None:
+            if dispatches.pending:
+                at = min(at, dispatches.eligible_at(self.min_interval_ms))
+            else:
+                at = min(at, self._last_activity + self._idle_s)
         if self._settle_deadline is not None:
-            times.append(self._settle_deadline)
-        return min(times)
+            at = min(at, self._settle_deadline)
+        return at
 
     # ------------------------------------------------------------------ inputs
 
@@ -256,7 +262,7 @@ class GatewaySession:
     def ping_written(self, nonce: int, now: float) -> None:
         """The write of JSON ping ``nonce`` completed: the pong is due ``pong_timeout_ms`` from now."""
         if nonce in self._pongs_due:
-            self._pongs_due[nonce] = now + self.limits.pong_timeout_ms / 1000
+            self._pongs_due[nonce] = now + self._pong_s
 
     def dispatch_finished(self, dispatch_id: int, outcome: DecideOutcome, now: float) -> list[GatewayAction]:
         """Report the outcome of a :class:`DispatchDecide`."""
@@ -287,10 +293,11 @@ class GatewaySession:
         return self.actions()
 
     def _run_timers(self, now: float) -> None:
-        if self.closed:
+        phase = self.phase
+        if phase is Phase.CLOSED:
             return
         lim = self.limits
-        if self.phase is Phase.AWAITING_START and now >= self._start_deadline:
+        if phase is Phase.AWAITING_START and now >= self._start_deadline:
             self._error(
                 "start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)", fatal=True
             )
@@ -300,27 +307,28 @@ class GatewaySession:
             self._goodbye(GoodbyeReason.MAX_DURATION, 0)
             self._close(CloseCode.NORMAL_CLOSURE, "max_duration")
             return
-        if any(due <= now for due in self._pongs_due.values()):
+        if self._pongs_due and min(self._pongs_due.values()) <= now:
             self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
             return
         if self._settle_deadline is not None and now >= self._settle_deadline:
             self._dispatches.in_flight = None
             self._finish_shutdown()
             return
+        dispatches = self._dispatches
         if (
-            self.phase is Phase.OPEN
-            and self._dispatches.in_flight is None
-            and not self._dispatches.pending
-            and now >= self._last_activity + lim.idle_timeout_ms / 1000
+            phase is Phase.OPEN
+            and dispatches.in_flight is None
+            and not dispatches.pending
+            and now >= self._last_activity + self._idle_s
         ):
             self._goodbye(GoodbyeReason.IDLE_TIMEOUT, 0)
             self._close(CloseCode.NORMAL_CLOSURE, "idle_timeout")
             return
         if now >= self._next_ping:
-            self._next_ping = now + lim.heartbeat_interval_ms / 1000
+            self._next_ping = now + self._heartbeat_s
             if len(self._pongs_due) < max(1, lim.max_pending_probes):
                 self._nonce += 1
-                self._pongs_due[self._nonce] = now + lim.pong_timeout_ms / 1000
+                self._pongs_due[self._nonce] = now + self._pong_s
                 self._emit(Ping(self.stream_id, self._next_seq(), self._nonce))
         self._maybe_dispatch(now)
 
@@ -497,7 +505,12 @@ class GatewaySession:
     # ------------------------------------------------------------------ scheduling
 
     def _maybe_dispatch(self, now: float) -> None:
-        if self.phase is not Phase.OPEN or not self._dispatches.due(now, self.min_interval_ms):
+        dispatches = self._dispatches
+        if (
+            not dispatches.pending
+            or self.phase is not Phase.OPEN
+            or not dispatches.due(now, self.min_interval_ms)
+        ):
             return
         body = self.body
         assert body is not None
