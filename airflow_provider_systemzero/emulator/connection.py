@@ -210,8 +210,13 @@ class StreamLoop:
         self.emulator._notify()
         if session.closed:
             self._end()
-        else:
-            self._arm(session.next_deadline())
+            return
+        deadline = session.next_deadline()
+        if self._send_queue_pending():  # a write may not stall past write_progress_timeout
+            queue_deadline = self.last_progress + self.limits.write_progress_timeout_ms / 1000
+            if deadline is None or queue_deadline < deadline:
+                deadline = queue_deadline
+        self._arm(deadline)
 
     def _on_open(self) -> None:
         self._handle(self.session.actions())
@@ -257,9 +262,6 @@ class StreamLoop:
     def _arm(self, deadline: float | None) -> None:
         """Set the stream's one timer to the next deadline. A timer set earlier than needed
         stays: it finds nothing due and is set again."""
-        queue_deadline = self._send_queue_deadline()
-        if queue_deadline is not None and (deadline is None or queue_deadline < deadline):
-            deadline = queue_deadline
         timer = self._timer
         if deadline is None:
             if timer is not None:
@@ -444,19 +446,15 @@ class StreamLoop:
         return outbox.qsize() - (1 if self.close_action is not None and not outbox.empty() else 0)
 
     def _send_queue_pending(self) -> bool:
-        return self.writing or self._queued_frames() > 0
-
-    def _send_queue_deadline(self) -> float | None:
-        if self.session.closed or not self._send_queue_pending():
-            return None
-        return self.last_progress + self.limits.write_progress_timeout_ms / 1000
+        return self.writing or (self.outbox is not None and self._queued_frames() > 0)
 
     def _report_send_queue(self, now: float) -> None:
         if self.session.closed:
             return
-        transport_bytes = 0
-        with contextlib.suppress(Exception):
+        try:
             transport_bytes = self.ws.transport.get_write_buffer_size()
+        except Exception:  # a transport being torn down
+            transport_bytes = 0
         pending = self._send_queue_pending()
         if not (pending or transport_bytes or self.out_bytes) and self._idle_queue_is_fine:
             return  # nothing queued: no limit can be exceeded
