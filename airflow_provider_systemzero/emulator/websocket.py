@@ -89,6 +89,14 @@ class EmulatorConnection(ServerConnection):
         if pending:
             self.transport.write(b"".join(pending))
 
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        # Closed already (the usual end: the client closed, the TCP connection is gone): nothing
+        # to do. websockets would still wait for the lost connection under a close timeout and
+        # abort the transport again (its handler closes every connection it ran).
+        if self.protocol.state is State.CLOSED:
+            return
+        await super().close(code, reason)
+
     async def ping(self, data: Any = None) -> Awaitable[float]:
         self.emulator._counters["native_pings_sent"] += 1
         return await super().ping(data)
