@@ -515,7 +515,8 @@ class Emulator:
         counters["max_streams_open"] = max(counters["max_streams_open"], len(self._streams))
         self._by_account[account] += 1
         self._peak_by_account[account] = max(self._peak_by_account[account], self._by_account[account])
-        log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
+        if log.isEnabledFor(logging.INFO):  # the account's tag costs a hash: only when it is printed
+            log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
         self._notify()
         try:
             await stream.run()
