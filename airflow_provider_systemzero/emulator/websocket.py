@@ -56,6 +56,11 @@ class EmulatorConnection(ServerConnection):
         #: Messages handed to websockets' own reader and not yet delivered to the stream: while
         #: any waits, every later frame takes the same path, so none overtakes it.
         self.queued_messages = 0
+        #: The 101 response is held back, to leave in one write with the stream's hello: one
+        #: segment and one wake-up of the client fewer per stream. The next write of the
+        #: connection (the hello, or whatever comes first) carries it.
+        self._hold_response = True
+        self._held_response: bytes | None = None
         # the client's native pings and pongs, against the advertised native control limits
         lim, now = emulator.limits, time.monotonic()
         self._control_frames = TokenBucket(
@@ -72,8 +77,16 @@ class EmulatorConnection(ServerConnection):
             self.protocol.data_to_send()
             return
         # Frames sent together leave in one write (one segment, one wake-up of the client); an
-        # empty chunk is the end of the stream, as in the base class.
+        # empty chunk is the end of the stream, as in the base class. The 101 response waits for
+        # the stream's hello, which follows it in the same callback (see hold_response).
         pending: list[bytes] = []
+        if self._held_response is not None:
+            pending.append(self._held_response)
+            self._held_response = None
+        elif self._hold_response and self.protocol.state is State.OPEN:
+            self._hold_response = False
+            self._held_response = b"".join(self.protocol.data_to_send())
+            return
         for chunk in self.protocol.data_to_send():
             if chunk:
                 pending.append(chunk)

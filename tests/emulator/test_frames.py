@@ -155,3 +155,27 @@ async def test_the_stream_keeps_one_timer_while_changes_come(emu: Emulator) -> N
             await _acks(ws, 1)
         # each change moved the idle deadline later; the timer set for the first one stays
         assert loop._timer is timer
+
+
+async def test_the_upgrade_response_and_hello_leave_in_one_write(
+    emu: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[bytes] = []
+    connection_made = EmulatorConnection.connection_made
+
+    def spied_connection_made(self: EmulatorConnection, transport: Any) -> None:
+        connection_made(self, transport)
+        write = transport.write
+
+        def spied_write(data: Any) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = spied_write
+
+    monkeypatch.setattr(EmulatorConnection, "connection_made", spied_connection_made)
+    async with stream(emu) as ws:
+        hello = await recv(ws)
+    assert hello["type"] == "hello"
+    first = writes[0]
+    assert first.startswith(b"HTTP/1.1 101 ") and b'"type":"hello"' in first
