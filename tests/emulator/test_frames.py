@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection
 
 from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.emulator.connection import EmulatorConnection, StreamLoop
-from tests.emulator.wire import close_of, recv, recv_type, start_message, stream, until_closed
+from airflow_provider_systemzero.emulator.connection import EmulatorConnection, StreamLoop, _hello_frame
+from airflow_provider_systemzero.protocol import GatewaySession, Limits
+from airflow_provider_systemzero.protocol.gateway import SendMessage
+from airflow_provider_systemzero.protocol.messages import Hello, encode_message
+from tests.emulator.wire import FAST, close_of, recv, recv_type, start_message, stream, until_closed
 
 
 def append(n: int) -> dict[str, Any]:
@@ -155,6 +159,18 @@ async def test_the_stream_keeps_one_timer_while_changes_come(emu: Emulator) -> N
             await _acks(ws, 1)
         # each change moved the idle deadline later; the timer set for the first one stays
         assert loop._timer is timer
+
+
+@pytest.mark.parametrize("limits", [Limits(), FAST])
+def test_a_hello_frame_is_the_encoding_of_its_message(limits: Limits) -> None:
+    for _ in range(3):  # the first builds the stream-independent frame, the others reuse it
+        stream_id = "szws_" + secrets.token_hex(16)
+        session = GatewaySession(stream_id=stream_id, now=0.0, limits=limits)
+        (action,) = session.actions()
+        assert isinstance(action, SendMessage) and isinstance(action.message, Hello)
+        assert _hello_frame(action.message) == encode_message(action.message).encode()
+    other = Hello("szws_" + "a" * 32, 1, "system-zero.stream.v1", "req_elsewhere", limits, {"limit": 5})
+    assert _hello_frame(other) == encode_message(other).encode()
 
 
 async def test_the_upgrade_response_and_hello_leave_in_one_write(
