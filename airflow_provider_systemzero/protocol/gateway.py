@@ -20,13 +20,7 @@ import math
 from collections import deque
 from typing import Any
 
-from airflow_provider_systemzero.protocol import gateway_actions
-from airflow_provider_systemzero.protocol.admission import (
-    BodyFrame,
-    admit_mutation,
-    decide_rejection,
-    order_rejection,
-)
+from airflow_provider_systemzero.protocol import admission, gateway_actions
 from airflow_provider_systemzero.protocol.dispatching import Dispatches, InFlightDecide
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
@@ -114,7 +108,7 @@ class GatewaySession:
         self.state_version = 0
         self.idempotency_key: str | None = None
         # the accepted state's decide body, as its frame and its state's JSON (see body)
-        self._frame: BodyFrame | None = None
+        self._frame: admission.BodyFrame | None = None
         self._state_json = ""
         self.success_watermark = 0
         #: The last version frozen into a dispatch (the later ones are pending events).
@@ -127,9 +121,11 @@ class GatewaySession:
         self.refusal_count = 0
         lim = self.limits
         # the limits the timers use, in seconds
-        self._idle_s = lim.idle_timeout_ms / 1000
-        self._heartbeat_s = lim.heartbeat_interval_ms / 1000
-        self._pong_s = lim.pong_timeout_ms / 1000
+        self._idle_s, self._heartbeat_s, self._pong_s = (
+            lim.idle_timeout_ms / 1000,
+            lim.heartbeat_interval_ms / 1000,
+            lim.pong_timeout_ms / 1000,
+        )
         self._seq = 0
         self._actions: list[GatewayAction] = []
         self._start_deadline = now + lim.start_timeout_ms / 1000
@@ -389,7 +385,7 @@ class GatewaySession:
             )
 
     def _on_decide(self, message: Decide, now: float) -> None:
-        rejection = decide_rejection(
+        rejection = admission.decide_rejection(
             started=self.phase is not Phase.AWAITING_START,
             decision_mode=self.decision_mode,
             shutting_down=self.phase is Phase.SHUTTING_DOWN,
@@ -407,7 +403,7 @@ class GatewaySession:
 
     def _on_mutation(self, message: Mutation, now: float) -> None:
         eid = message.event_id
-        rejection = order_rejection(
+        rejection = admission.order_rejection(
             message, started=self.phase is not Phase.AWAITING_START, state_version=self.state_version
         )
         if rejection is not None:
@@ -425,7 +421,7 @@ class GatewaySession:
             self._close(CloseCode.POLICY_VIOLATION, "event_limit")
             return
         try:
-            admitted = admit_mutation(
+            admitted = admission.admit_mutation(
                 message,
                 current=self.stream_state,
                 request=self.request,
