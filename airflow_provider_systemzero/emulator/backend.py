@@ -308,7 +308,8 @@ class DecideBackend:
         scripted = self.faults.take_decide_failure()
         if scripted is not None:
             return self._fail(scripted.status, scripted.envelope(), scripted.retry(), request_id)
-        sha = hashlib.sha256(body.encode("utf-8")).hexdigest()
+        raw = body.encode("utf-8")
+        sha = hashlib.sha256(raw).hexdigest()
         now = time.monotonic()
         if idempotency_key is not None:
             verdict = self.ledger_records.check(account, idempotency_key, sha, now)
@@ -350,7 +351,7 @@ class DecideBackend:
                     reply=verdict.reply, request_id=request_id, decide_ms=(time.monotonic() - started) * 1000
                 )
         try:
-            outcome = await self._fresh(account, body, request_id, started, now)
+            outcome = await self._fresh(account, body, len(raw), request_id, started, now)
         except BaseException:
             if idempotency_key is not None:
                 self.ledger_records.abandon(account, idempotency_key)
@@ -368,7 +369,7 @@ class DecideBackend:
         return outcome
 
     async def _fresh(
-        self, account: str, body: str, request_id: str, started: float, now: float
+        self, account: str, body: str, size: int, request_id: str, started: float, now: float
     ) -> DecideOutcome:
         bucket = self._bucket(account, now)
         if not bucket.try_take(now):
@@ -397,7 +398,7 @@ class DecideBackend:
             answers = self.decider.decide(request, now=time.monotonic())
             if inspect.isawaitable(answers):
                 answers = await answers
-            reply = self._reply(account, request, body, complete_answers(request["questions"], answers))
+            reply = self._reply(account, request, body, size, complete_answers(request["questions"], answers))
         except Exception as exc:  # the decider is user code: any failure is the API's 500
             log.warning("decider failed: %s", exc)
             return self._fail(
@@ -453,9 +454,8 @@ class DecideBackend:
         self._on_change()
 
     def _reply(
-        self, account: str, request: Mapping[str, Any], body: str, answers: dict[str, Any]
+        self, account: str, request: Mapping[str, Any], body: str, size: int, answers: dict[str, Any]
     ) -> dict[str, Any]:
-        size = len(body.encode("utf-8"))
         input_tokens = math.ceil(size / 4)
         cached = 0
         cache_key = request.get("prompt_cache_key")
@@ -464,7 +464,8 @@ class DecideBackend:
             previous = previous_bodies.pop(cache_key, None)
             if previous is not None:
                 prefix = _common_prefix(previous, body)
-                cached = min(input_tokens, len(body[:prefix].encode("utf-8")) // 4)
+                shared = prefix if body.isascii() else len(body[:prefix].encode("utf-8"))
+                cached = min(input_tokens, shared // 4)
             previous_bodies[cache_key] = body
             while len(previous_bodies) > _CACHE_KEYS_PER_ACCOUNT:
                 previous_bodies.popitem(last=False)

@@ -1,32 +1,39 @@
-"""One stream connection of the emulator: the websockets connection class
-(:class:`EmulatorConnection`) and the I/O loop around the stream's
-:class:`~airflow_provider_systemzero.protocol.gateway.GatewaySession` (:class:`StreamLoop`).
+"""One stream connection of the emulator: the I/O around the stream's
+:class:`~airflow_provider_systemzero.protocol.gateway.GatewaySession` (:class:`StreamLoop`), over
+the websockets connection class (:class:`~.websocket.EmulatorConnection`, re-exported here).
 
-The loop feeds the session every frame, decide outcome, shutdown request and timer, and performs
-the actions it returns in order: a text frame per :class:`SendMessage` (through a FIFO writer, so
-the loop never blocks on a slow reader and the send queue can be measured), a backend call per
-:class:`DispatchDecide`, a close per :class:`CloseConnection`. Both classes are parts of
+The stream feeds the session every frame, decide outcome, shutdown request and timer, and
+performs the actions it returns in order: a text frame per :class:`SendMessage` (written at once
+when nothing waits before it, else through a FIFO writer, so the stream never blocks on a slow
+reader and the send queue can be measured), a backend call per :class:`DispatchDecide`, a close
+per :class:`CloseConnection`. Both classes are parts of
 :class:`~airflow_provider_systemzero.emulator.server.Emulator` and keep its counters.
+
+A complete text frame is handled where websockets hands it over
+(:meth:`EmulatorConnection.process_event`): decoded, fed to the session and answered in the same
+event-loop callback that read it. A frame that is not a complete, valid UTF-8 text frame — a
+fragment, a binary frame, a frame that arrives while an earlier message still waits in websockets'
+reader — takes websockets' own path (its reassembly, its close 1007 for invalid UTF-8) and reaches
+the stream through a reader task, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
 import types
-from collections.abc import Awaitable, Coroutine, Generator, Iterable
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Frame, Opcode
 from websockets.protocol import State
-from websockets.server import ServerProtocol
 
-from airflow_provider_systemzero.emulator.stats import AcceptedState
+from airflow_provider_systemzero.emulator.websocket import EmulatorConnection
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.gateway import (
     CloseConnection,
@@ -37,8 +44,7 @@ from airflow_provider_systemzero.protocol.gateway import (
     GatewaySession,
     SendMessage,
 )
-from airflow_provider_systemzero.protocol.messages import Ping, encode_message
-from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
+from airflow_provider_systemzero.protocol.messages import Hello, Ping, encode_message
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 
 if TYPE_CHECKING:
@@ -50,104 +56,35 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
-# the connection class: counts native control frames, and can play a silent peer
-# --------------------------------------------------------------------------------------------
-
-
-class EmulatorConnection(ServerConnection):
-    """The websockets connection of one stream: counts the client's native pings and pongs against
-    the advertised native control limits (close 1008 over them), plays a silent peer when the
-    faults say so, and releases the account's stream reservation as soon as the stream ends.
-
-    :param protocol: websockets' server protocol.
-    :param server: websockets' server.
-    :param emulator: the emulator it belongs to.
-    """
-
-    def __init__(
-        self, protocol: ServerProtocol, server: Server, *, emulator: Emulator, **kwargs: Any
-    ) -> None:
-        super().__init__(protocol, server, **kwargs)
-        self.emulator = emulator
-        self.account: str | None = None
-        self.reservation_released = True
-        # the client's native pings and pongs, against the advertised native control limits
-        lim, now = emulator.limits, time.monotonic()
-        self._control_frames = TokenBucket(
-            lim.max_native_control_frames_per_second, max(1, lim.native_control_frame_burst), now
-        )
-        self._control_bytes = TokenBucket(
-            lim.max_native_control_bytes_per_second, max(1, lim.native_control_byte_burst), now
-        )
-
-    def send_data(self) -> None:
-        # A silent peer: once open, every outgoing byte is dropped (pongs, pings, messages, the
-        # close frame). The protocol state still advances, so a close times out and aborts.
-        if not self.emulator.faults.answer_pings and self.protocol.state is not State.CONNECTING:
-            self.protocol.data_to_send()
-            return
-        # Frames sent together leave in one write (one segment, one wake-up of the client); an
-        # empty chunk is the end of the stream, as in the base class.
-        pending: list[bytes] = []
-        for chunk in self.protocol.data_to_send():
-            if chunk:
-                pending.append(chunk)
-                continue
-            if pending:
-                self.transport.write(b"".join(pending))
-                pending = []
-            if self.transport.can_write_eof():
-                with contextlib.suppress(Exception):
-                    self.transport.write_eof()
-            else:
-                self.transport.close()
-        if pending:
-            self.transport.write(b"".join(pending))
-
-    async def ping(self, data: Any = None) -> Awaitable[float]:
-        self.emulator._counters["native_pings_sent"] += 1
-        return await super().ping(data)
-
-    def process_event(self, event: Any) -> None:
-        if isinstance(event, Frame) and event.opcode in (Opcode.PING, Opcode.PONG):
-            if event.opcode is Opcode.PONG:
-                self.emulator._counters["native_pongs_received"] += 1
-            now = time.monotonic()
-            size = max(1, len(event.data))  # an empty ping still costs a byte of the budget
-            if not (self._control_frames.try_take(now) and self._control_bytes.try_take(now, size)):
-                # over max_native_control_frames_per_second / _bytes_per_second (and their bursts):
-                # the public document names the limits, not the outcome; the emulator closes 1008
-                if self.protocol.state is State.OPEN:
-                    self.emulator._counters["native_control_floods"] += 1
-                    self.protocol.fail(CloseCode.POLICY_VIOLATION, "native_control_rate_limited")
-                    self.send_data()
-                return
-        super().process_event(event)
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        # A close frame from the client ends the stream for capacity at once: the client can only
-        # see its connection closed (and open the next one) after this point.
-        if self.protocol.close_rcvd is not None:
-            self.release_reservation()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self.release_reservation()
-
-    def release_reservation(self) -> None:
-        if not self.reservation_released and self.account is not None:
-            self.reservation_released = True
-            self.emulator._reserved[self.account] -= 1
-
-
-# --------------------------------------------------------------------------------------------
 # one stream
 # --------------------------------------------------------------------------------------------
 
-_TICK = ("tick",)
-_LOST = ("lost",)
 _CLOSE = object()
+
+#: A stream's hello differs from another's with the same limits only in its stream ID (and the
+#: request ID made from it): it is encoded once per limits, around a placeholder ID, and each
+#: stream's frame is that encoding with its own ID put in.
+_HELLO_ID = "f" * 32
+_hello_frames: dict[tuple[Any, ...], list[bytes]] = {}
+
+
+def _hello_frame(message: Hello) -> bytes:
+    hex_id = message.stream_id.removeprefix("szws_")
+    if message.rate_limit is not None or message.request_id != f"req_{hex_id}_1" or len(hex_id) != 32:
+        return encode_message(message).encode("utf-8")
+    key = (message.limits, message.seq, message.protocol)
+    parts = _hello_frames.get(key)
+    if parts is None:
+        placeholder = dataclasses.replace(
+            message, stream_id="szws_" + _HELLO_ID, request_id=f"req_{_HELLO_ID}_1"
+        )
+        parts = encode_message(placeholder).encode("utf-8").split(_HELLO_ID.encode())
+        if len(parts) != 3:  # pragma: no cover - the placeholder turned up elsewhere: encode each time
+            return encode_message(message).encode("utf-8")
+        if len(_hello_frames) >= 64:  # a process making emulators with ever new limits
+            _hello_frames.clear()
+        _hello_frames[key] = parts
+    return hex_id.encode().join(parts)
 
 
 @types.coroutine
@@ -170,12 +107,16 @@ def _resume(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any,
 
 
 class StreamLoop:
-    """The I/O loop of one stream connection.
+    """The I/O of one stream connection.
 
-    Three tasks: a reader putting frames in the inbox, a writer taking frames from the outbox,
-    and :meth:`run`, the only one that touches the session. Decide calls (emulator-owned tasks,
-    so a decide outlives a dropped connection and settles in the ledger as it would on the real
-    service), shutdown requests and completed ping writes arrive through the inbox too.
+    Everything that happens to the stream is an *event* handled at once, in the callback that
+    brought it: a text frame (from :meth:`EmulatorConnection.process_event`, or from the reader
+    task for a message websockets assembled), a decide outcome (decide calls are emulator-owned
+    tasks, so a decide outlives a dropped connection and settles in the ledger as it would on the
+    real service), a shutdown request, a completed ping write, the stream's one timer, the loss
+    of the transport. One event is handled at a time (one that arrives during another waits for
+    it). After each, the send queue is reported and the timer is set to the session's next
+    deadline. :meth:`run` waits for the end and performs the close.
     """
 
     def __init__(self, emulator: Emulator, ws: EmulatorConnection, account: str) -> None:
@@ -185,39 +126,209 @@ class StreamLoop:
         self.stream_id = "szws_" + secrets.token_hex(16)
         self.limits = emulator.limits
         self.session = GatewaySession(stream_id=self.stream_id, now=time.monotonic(), limits=self.limits)
-        self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        #: Frames waiting for the writer task (made when the first frame has to wait).
+        self.outbox: asyncio.Queue[Any] | None = None
         self.out_bytes = 0
         self.writing = False
         self.last_progress = time.monotonic()
         self.close_action: CloseConnection | None = None
         self.counted_close: int | None = None
         self.finished = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        #: Resolved when the session closed or the transport was lost: no event is handled after.
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self._done = False
+        self._busy = False
+        self._later: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        # the send queue limits can only be exceeded by something queued (see _report_send_queue)
+        lim = self.limits
+        self._idle_queue_is_fine = (
+            lim.write_progress_timeout_ms > 0
+            and lim.max_send_queue_bytes >= 0
+            and lim.max_send_queue_frames >= 0
+        )
         self._state_seen: Any = None
         # frames of the event being handled, written together when it is done
         self._frames: list[tuple[bytes, int, int | None]] = []
         # decide outcomes that were ready at once, fed to the session after the current actions
         self._settled: list[tuple[int, DecideOutcome]] = []
 
+    # ------------------------------------------------------------------ the stream's life
+
+    async def run(self) -> None:
+        """Send ``hello``, handle the stream's events until it ends, then perform the close."""
+        try:
+            self._event(self._on_open)
+            self.ws.stream = self
+            if self.ws.queued_messages:
+                self.start_reader()  # frames that came before the stream was attached
+            await self._ended
+            if self.close_action is not None:
+                assert self._writer is not None  # the close is queued behind the frames
+                await self._finish_close(self._writer)
+        finally:
+            self.ws.stream = None
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._reader is not None:
+                self._reader.cancel()
+            if self._writer is not None and not self._writer.done():
+                self._writer.cancel()
+            self.session.connection_lost()
+
+    def receive_text(self, text: str, size: int | None = None) -> None:
+        """A complete text frame from the client.
+
+        :param text: the frame.
+        :param size: its UTF-8 length when known.
+        """
+        self._event(self._on_text, text, size)
+
+    def shutdown(self, retry_after_ms: int) -> None:
+        """Start the shutdown sequence (goodbye ``shutdown`` and close 1012 once a decide in flight
+        settled).
+
+        :param retry_after_ms: ``goodbye.resume.retry_after_ms``.
+        """
+        self._event(self._on_shutdown, retry_after_ms)
+
+    def transport_lost(self) -> None:
+        """The TCP connection is gone. The reader delivers the loss itself when it still holds
+        messages that came before it."""
+        if self._reader is None or not self.ws.queued_messages:
+            self._event(self._on_lost)
+
+    def start_reader(self) -> None:
+        """Start the reader task (once) that takes the messages websockets assembled."""
+        if self._reader is None and not self._done:
+            self._reader = self._loop.create_task(self._read())
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, handler: Callable[..., None], *args: Any) -> None:
+        if self._done:
+            return
+        if self._busy:  # one event at a time: this one follows the one being handled
+            self._later.append((handler, args))
+            return
+        self._busy = True
+        try:
+            handler(*args)
+            while self._later and not self._done:
+                handler, args = self._later.popleft()
+                handler(*args)
+            if not self._done:
+                self._after_event()
+        except Exception as exc:
+            self._end(exc)
+        finally:
+            self._busy = False
+
+    def _after_event(self) -> None:
+        session = self.session
+        if not session.closed:
+            self._report_send_queue(time.monotonic())
+        self.emulator._notify()
+        if session.closed:
+            self._end()
+            return
+        deadline = session.next_deadline()
+        if self._send_queue_pending():  # a write may not stall past write_progress_timeout
+            queue_deadline = self.last_progress + self.limits.write_progress_timeout_ms / 1000
+            if deadline is None or queue_deadline < deadline:
+                deadline = queue_deadline
+        self._arm(deadline)
+
+    def _on_open(self) -> None:
+        self._handle(self.session.actions())
+        if self.emulator._shutting_down:
+            self._handle(
+                self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms)
+            )
+
+    def _on_text(self, text: str, size: int | None) -> None:
+        self._handle(self.session.receive_text(text, time.monotonic(), size))
+        self._observe_state()
+
+    def _on_binary(self) -> None:
+        self._handle(self.session.receive_binary(time.monotonic()))
+
+    def _on_decided(self, dispatch_id: int, outcome: DecideOutcome) -> None:
+        self._handle(self.session.dispatch_finished(dispatch_id, outcome, time.monotonic()))
+
+    def _on_ping_written(self, nonce: int, now: float) -> None:
+        self.session.ping_written(nonce, now)
+
+    def _on_shutdown(self, retry_after_ms: int) -> None:
+        self._handle(self.session.begin_shutdown(time.monotonic(), retry_after_ms))
+
+    def _on_tick(self) -> None:
+        self._handle(self.session.tick(time.monotonic()))
+
+    def _on_lost(self) -> None:
+        self.session.connection_lost()
+        self._end()
+
+    def _end(self, exc: BaseException | None = None) -> None:
+        self._done = True
+        self._later.clear()
+        if not self._ended.done():
+            if exc is None:
+                self._ended.set_result(None)
+            else:
+                self._ended.set_exception(exc)
+
+    # ------------------------------------------------------------------ the timer
+
+    def _arm(self, deadline: float | None) -> None:
+        """Set the stream's one timer to the next deadline. A timer set earlier than needed
+        stays: it finds nothing due and is set again."""
+        timer = self._timer
+        if deadline is None:
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
+            return
+        if timer is not None:
+            if self._timer_at <= deadline:
+                return
+            timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._event(self._on_tick)
+
     # ------------------------------------------------------------------ tasks
 
     async def _read(self) -> None:
+        ws = self.ws
         try:
-            async for message in self.ws:
+            while True:
+                message = await ws.recv()
+                ws.queued_messages -= 1
                 if isinstance(message, str):
-                    self.inbox.put_nowait(("text", message))
+                    self._event(self._on_text, message, None)
                 else:
-                    self.inbox.put_nowait(("binary",))
+                    self._event(self._on_binary)
         except ConnectionClosed:
             pass
         finally:
-            self.inbox.put_nowait(_LOST)
+            self._event(self._on_lost)
 
     async def _write(self) -> None:
+        outbox = self.outbox
+        assert outbox is not None
         while True:
-            batch = [await self.outbox.get()]
-            while batch[-1] is not _CLOSE and not self.outbox.empty():
-                batch.append(self.outbox.get_nowait())
+            batch = [await outbox.get()]
+            while batch[-1] is not _CLOSE and not outbox.empty():
+                batch.append(outbox.get_nowait())
             frames = [item for item in batch if item is not _CLOSE]
             if frames:
                 self.writing = True
@@ -234,66 +345,20 @@ class StreamLoop:
                 for _, size, nonce in frames:
                     self.out_bytes -= size
                     if nonce is not None:
-                        self.inbox.put_nowait(("ping_written", nonce, now))
+                        self._event(self._on_ping_written, nonce, now)
             if batch[-1] is _CLOSE:
                 assert self.close_action is not None
                 await self.ws.close(self.close_action.code, self.close_action.reason)
                 return
 
-    # ------------------------------------------------------------------ the loop
+    def _enqueue(self, item: Any) -> None:
+        if self.outbox is None:
+            self.outbox = asyncio.Queue()
+        self.outbox.put_nowait(item)
+        if self._writer is None:
+            self._writer = self._loop.create_task(self._write())
 
-    async def run(self) -> None:
-        reader = asyncio.create_task(self._read())
-        writer = asyncio.create_task(self._write())
-        try:
-            self._handle(self.session.actions())
-            if self.emulator._shutting_down:
-                self._handle(
-                    self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms)
-                )
-            while not self.session.closed:
-                event = await self._next_event()
-                now = time.monotonic()
-                kind = event[0]
-                if kind == "text":
-                    self._handle(self.session.receive_text(event[1], now))
-                    self._observe_state()
-                elif kind == "binary":
-                    self._handle(self.session.receive_binary(now))
-                elif kind == "decided":
-                    self._handle(self.session.dispatch_finished(event[1], event[2], now))
-                elif kind == "ping_written":
-                    self.session.ping_written(event[1], event[2])
-                elif kind == "shutdown":
-                    self._handle(self.session.begin_shutdown(now, event[1]))
-                elif kind == "lost":
-                    self.session.connection_lost()
-                    break
-                else:
-                    self._handle(self.session.tick(now))
-                if not self.outbox.empty():
-                    # Let the writer hand what is queued to the transport before the next event:
-                    # a burst of client frames must not look like a slow reader. Only real
-                    # backpressure (a paused transport) leaves frames queued.
-                    await asyncio.sleep(0)
-                self._report_send_queue(time.monotonic())
-                self.emulator._notify()
-            if self.close_action is not None:
-                await self._finish_close(writer)
-        finally:
-            reader.cancel()
-            if not writer.done():
-                writer.cancel()
-            self.session.connection_lost()
-
-    async def _next_event(self) -> tuple[Any, ...]:
-        deadlines = [d for d in (self.session.next_deadline(), self._send_queue_deadline()) if d is not None]
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.inbox.get()
-        except TimeoutError:
-            return _TICK
+    # ------------------------------------------------------------------ actions
 
     def _handle(self, actions: Iterable[GatewayAction]) -> None:
         """Perform the session's actions, then feed it the decide outcomes that were ready at once
@@ -308,7 +373,10 @@ class StreamLoop:
         for action in actions:
             if isinstance(action, SendMessage):
                 message = action.message
-                data = encode_message(message).encode("utf-8")
+                if type(message) is Hello:
+                    data = _hello_frame(message)
+                else:
+                    data = encode_message(message).encode("utf-8")
                 self._frames.append((data, len(data), message.nonce if isinstance(message, Ping) else None))
                 self.emulator._messages_sent[message.TYPE] += 1
                 if message.TYPE == "decision" and log.isEnabledFor(logging.DEBUG):
@@ -322,7 +390,7 @@ class StreamLoop:
             elif isinstance(action, CloseConnection):
                 self._flush()  # what the session sent before the close leaves first
                 self.close_action = action
-                self.outbox.put_nowait(_CLOSE)
+                self._enqueue(_CLOSE)
                 # Counted now, before the close frame is written, so a test that saw the close
                 # sees it in the stats. websockets may have closed first (1009, a keepalive
                 # timeout): then that is the code on the wire.
@@ -337,7 +405,8 @@ class StreamLoop:
         if not frames:
             return
         ws = self.ws
-        if self.outbox.empty() and not self.writing and not ws.paused and ws.protocol.state is State.OPEN:
+        idle = not self.writing and (self.outbox is None or self.outbox.empty())
+        if idle and not ws.paused and ws.protocol.state is State.OPEN:
             for data, _, _ in frames:
                 ws.protocol.send_text(data)
             ws.send_data()
@@ -347,11 +416,11 @@ class StreamLoop:
                 if nonce is not None:
                     self.session.ping_written(nonce, now)
             return
-        if self.outbox.empty() and not self.writing:
+        if idle:
             self.last_progress = time.monotonic()
         for frame in frames:
             self.out_bytes += frame[1]
-            self.outbox.put_nowait(frame)
+            self._enqueue(frame)
 
     def _dispatch(self, action: DispatchDecide) -> None:
         # The decide call starts at once (as an eager task would): with nothing to wait for (no
@@ -373,7 +442,7 @@ class StreamLoop:
         self, coroutine: Coroutine[Any, Any, DecideOutcome], pending: Any, dispatch_id: int
     ) -> None:
         outcome = await (coroutine if pending is None else _resume(coroutine, pending))
-        self.inbox.put_nowait(("decided", dispatch_id, outcome))
+        self._event(self._on_decided, dispatch_id, outcome)
 
     async def _decide(self, action: DispatchDecide) -> DecideOutcome:
         try:
@@ -395,30 +464,30 @@ class StreamLoop:
             key = self.session.request.prompt_cache_key
             self.emulator._latest_by_cache_key[key if key is not None else self.stream_id] = self.stream_id
         self._state_seen = current
-        self.emulator.final_states[self.stream_id] = AcceptedState(
-            current.state, [a.to_dict() for a in current.attachments]
-        )
+        self.emulator._note_state(self.stream_id, current)
 
     # ------------------------------------------------------------------ send queue
 
     def _queued_frames(self) -> int:
-        return self.outbox.qsize() - (1 if self.close_action is not None and not self.outbox.empty() else 0)
+        outbox = self.outbox
+        if outbox is None:
+            return 0
+        return outbox.qsize() - (1 if self.close_action is not None and not outbox.empty() else 0)
 
     def _send_queue_pending(self) -> bool:
-        return self.writing or self._queued_frames() > 0
-
-    def _send_queue_deadline(self) -> float | None:
-        if self.session.closed or not self._send_queue_pending():
-            return None
-        return self.last_progress + self.limits.write_progress_timeout_ms / 1000
+        return self.writing or (self.outbox is not None and self._queued_frames() > 0)
 
     def _report_send_queue(self, now: float) -> None:
         if self.session.closed:
             return
-        transport_bytes = 0
-        with contextlib.suppress(Exception):
+        try:
             transport_bytes = self.ws.transport.get_write_buffer_size()
-        stalled = now - self.last_progress if self._send_queue_pending() else 0.0
+        except Exception:  # a transport being torn down
+            transport_bytes = 0
+        pending = self._send_queue_pending()
+        if not (pending or transport_bytes or self.out_bytes) and self._idle_queue_is_fine:
+            return  # nothing queued: no limit can be exceeded
+        stalled = now - self.last_progress if pending else 0.0
         self._handle(
             self.session.send_queue_report(
                 queued_bytes=self.out_bytes + transport_bytes,

@@ -5,11 +5,12 @@ The I/O layer is thin. Every protocol rule lives in the sans-I/O core; this modu
 
 * answers the upgrade (WIRE.md §1) with the core's :func:`check_upgrade`, the account's stream
   capacity and the shutdown state, refusing with the core's status, envelope and ``Retry-After``;
-* per stream, runs one loop (:mod:`.connection`) that feeds the session every frame, decide
-  outcome, shutdown request and timer (``time.monotonic()`` at :meth:`GatewaySession.next_deadline`) and performs the
-  returned actions in order: a text frame per :class:`SendMessage` (through a FIFO writer, so
-  the loop never blocks on a slow reader and the send queue can be measured), a backend call
-  per :class:`DispatchDecide`, a close per :class:`CloseConnection`;
+* per stream (:mod:`.connection`), feeds the session every frame (a complete text frame in the
+  callback that parsed it), decide outcome, shutdown request and timer (one per stream, set to
+  :meth:`GatewaySession.next_deadline` on ``time.monotonic()``) and performs the returned actions
+  in order: a text frame per :class:`SendMessage` (written at once when nothing waits before it,
+  else through a FIFO writer, so the stream never blocks on a slow reader and the send queue can
+  be measured), a backend call per :class:`DispatchDecide`, a close per :class:`CloseConnection`;
 * reports the send queue (queued bytes and frames, write progress) to the session, which decides
   when that is a ``slow_reader``;
 * keeps stats, the billing ledger, the last accepted state of every stream, and fault controls.
@@ -70,6 +71,7 @@ from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
+from airflow_provider_systemzero.protocol.state import StreamState
 from airflow_provider_systemzero.protocol.upgrade import (
     STREAM_PATH,
     UpgradeRefusal,
@@ -96,6 +98,10 @@ DEFAULT_MAX_CONCURRENT = 8
 _HANDSHAKE_LOG_SIZE = 10_000
 #: The stream loop under the name it had when it lived in this module (tests spy on its methods).
 _Stream = StreamLoop
+
+
+def _accepted(state: StreamState) -> AcceptedState:
+    return AcceptedState(state.state, [a.to_dict() for a in state.attachments])
 
 
 def parse_api_key(spec: str) -> tuple[str, int]:
@@ -166,8 +172,8 @@ class Emulator:
         self.admin_token = admin_token if admin_token is not None else secrets.token_urlsafe(24)
         self.shutdown_retry_after_ms = shutdown_retry_after_ms
         self.capacity_retry_after_s = capacity_retry_after_s
-        #: The last accepted state of every stream that accepted a ``start``, by ``stream_id``.
-        self.final_states: dict[str, AcceptedState] = {}
+        # the last accepted state of every stream that accepted a ``start`` (see final_states)
+        self._states: dict[str, StreamState] = {}
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
         self._latest_by_cache_key: dict[str, str] = {}
@@ -179,6 +185,7 @@ class Emulator:
         self._shutting_down = False
         self._shutdown_retry_after_ms = shutdown_retry_after_ms
         self._changed: asyncio.Event | None = None
+        self._waiting = 0  # wait_for calls waiting on _changed
         self._counters: Counter[str] = Counter()
         self._messages_sent: Counter[str] = Counter()
         self._upgrade_refusals: Counter[int] = Counter()
@@ -339,7 +346,17 @@ class Emulator:
         :param prompt_cache_key: the key.
         """
         stream_id = self._latest_by_cache_key.get(prompt_cache_key)
-        return None if stream_id is None else self.final_states.get(stream_id)
+        state = None if stream_id is None else self._states.get(stream_id)
+        return None if state is None else _accepted(state)
+
+    @property
+    def final_states(self) -> dict[str, AcceptedState]:
+        """The last accepted state of every stream that accepted a ``start``, by ``stream_id``
+        (a snapshot)."""
+        return {stream_id: _accepted(state) for stream_id, state in dict(self._states).items()}
+
+    def _note_state(self, stream_id: str, state: StreamState) -> None:
+        self._states[stream_id] = state
 
     async def wait_for(self, predicate: Callable[[Emulator], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109 (a helper for tests: the bound is the point)
         """Wait until ``predicate(self)`` is true; it is re-checked whenever a stream, the backend
@@ -354,16 +371,21 @@ class Emulator:
                 while not predicate(self):
                     changed = self._changed or asyncio.Event()
                     # Re-check at least every 100 ms for conditions that only time changes.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(0.1):
-                            await changed.wait()
+                    self._waiting += 1
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(0.1):
+                                await changed.wait()
+                    finally:
+                        self._waiting -= 1
         except TimeoutError:
             raise TimeoutError(
                 f"emulator condition not met within {timeout} s; stats: {self.stats}"
             ) from None
 
     def _notify(self) -> None:
-        if self._changed is not None:
+        # Only a waiting wait_for needs the news: one that starts later checks its predicate first.
+        if self._waiting and self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
 
@@ -387,7 +409,7 @@ class Emulator:
 
     async def _shutdown_streams(self, streams: list[StreamLoop], retry_after_ms: int) -> None:
         for stream in streams:
-            stream.inbox.put_nowait(("shutdown", retry_after_ms))
+            stream.shutdown(retry_after_ms)
         lim = self.limits
         bound = (
             lim.decision_settlement_timeout_ms
@@ -493,7 +515,8 @@ class Emulator:
         counters["max_streams_open"] = max(counters["max_streams_open"], len(self._streams))
         self._by_account[account] += 1
         self._peak_by_account[account] = max(self._peak_by_account[account], self._by_account[account])
-        log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
+        if log.isEnabledFor(logging.INFO):  # the account's tag costs a hash: only when it is printed
+            log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
         self._notify()
         try:
             await stream.run()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
-from airflow_provider_systemzero.protocol.messages import Mutation, Start, StreamRequest, event_id
+from airflow_provider_systemzero.protocol.messages import Attachment, Mutation, Start, StreamRequest, event_id
 from airflow_provider_systemzero.protocol.state import StreamState, apply_mutation
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
@@ -22,7 +23,7 @@ from airflow_provider_systemzero.protocol.validation import (
     validate_min_interval_ms,
 )
 
-__all__ = ["Admission", "admit_mutation", "decide_rejection", "order_rejection"]
+__all__ = ["Admission", "BodyFrame", "admit_mutation", "decide_rejection", "order_rejection"]
 
 
 def decide_rejection(
@@ -92,13 +93,61 @@ def order_rejection(message: Mutation, *, started: bool, state_version: int) -> 
     return None
 
 
+class BodyFrame:
+    """The synthesized decide body of a stream around its state: ``prefix`` + the state as compact
+    JSON + ``suffix`` (WIRE.md §3 puts ``state`` second, after ``model``).
+
+    Everything but the state — the model, the attachments, the questions, routing and the cache
+    key — is fixed for a connection or changes only with the attachments, so the frame is built
+    once per attachment list (by the one synthesis, :meth:`StreamRequest.decide_body`, around a
+    placeholder state) and a change encodes only its state.
+
+    :param request: the stream's fixed request parts.
+    :param attachments: the current attachments (the frame is for this very tuple).
+    :param stream_id: the fallback cache key when ``prompt_cache_key`` is ``None``.
+    """
+
+    __slots__ = ("_size", "attachments", "prefix", "suffix")
+
+    def __init__(self, request: StreamRequest, attachments: tuple[Attachment, ...], stream_id: str) -> None:
+        body = request.decide_body(0, attachments, stream_id=stream_id)
+        cut = len('{"model":') + len(compact_json(request.model)) + len(',"state":')
+        if body[cut : cut + 2] not in ("0,", "0}"):  # pragma: no cover - the body's key order changed
+            raise AssertionError(
+                f"the synthesized body does not hold its state at {cut}: {body[: cut + 2]!r}"
+            )
+        self.attachments = attachments
+        self.prefix, self.suffix = body[:cut], body[cut + 1 :]
+        self._size: int | None = None
+
+    def size(self, message: Any) -> int:
+        """UTF-8 size of the body without its state.
+
+        :param message: the mutation being admitted (named by the error).
+        :raises LocalProtocolError: ``invalid_state`` when the frame does not encode as UTF-8.
+        """
+        if self._size is None:
+            self._size = _utf8_size(self.prefix, message) + _utf8_size(self.suffix, message)
+        return self._size
+
+    def body(self, state_json: str) -> str:
+        """The body for a state already encoded as compact JSON.
+
+        :param state_json: :func:`~airflow_provider_systemzero.protocol.body.compact_json` of the state.
+        """
+        return self.prefix + state_json + self.suffix
+
+
 class Admission(NamedTuple):
     """What accepting a mutation makes."""
 
     #: The state after it.
     state: StreamState
-    #: The synthesized decide body of that state, and its UTF-8 size.
-    body: str
+    #: The state as compact JSON, and its UTF-8 size (``ack.state_bytes``).
+    state_json: str
+    state_bytes: int
+    #: The synthesized decide body's frame around the state, and the body's UTF-8 size.
+    frame: BodyFrame
     body_bytes: int
     #: The checked idempotency key (``None``: unkeyed).
     key: str | None
@@ -106,6 +155,11 @@ class Admission(NamedTuple):
     request: StreamRequest
     decision_mode: str
     min_interval_ms: int
+
+    @property
+    def body(self) -> str:
+        """The synthesized decide body of the state."""
+        return self.frame.body(self.state_json)
 
 
 def admit_mutation(
@@ -118,6 +172,7 @@ def admit_mutation(
     stream_id: str,
     limits: Limits,
     pending_events: int,
+    frame: BodyFrame | None = None,
 ) -> Admission:
     """Check a mutation in order against the stream and return what accepting it makes.
 
@@ -129,6 +184,7 @@ def admit_mutation(
     :param stream_id: the connection's ``stream_id`` (the cache key fallback of the body).
     :param limits: the limits in force.
     :param pending_events: accepted events not yet frozen into a dispatch.
+    :param frame: the body frame of the accepted state (reused when the attachments stay).
     :raises LocalProtocolError: the rejection, naming the field.
     """
     key = None if message.idempotency_key is None else validate_idempotency_key(message.idempotency_key)
@@ -140,10 +196,14 @@ def admit_mutation(
             validate_min_interval_ms(message.min_interval_ms, maximum=limits.maximum_decision_interval_ms)
             or 0
         )
+        frame = None
     state = apply_mutation(current, message)
     assert request is not None and decision_mode is not None
-    body = request.decide_body(state.state, state.attachments, stream_id=stream_id)
-    body_bytes = _utf8_size(body, message)
+    if frame is None or frame.attachments is not state.attachments:
+        frame = BodyFrame(request, state.attachments, stream_id)
+    state_json = compact_json(state.state)
+    size = _utf8_size(state_json, message)
+    body_bytes = frame.size(message) + size
     if body_bytes > limits.max_decide_body_bytes:
         raise LocalProtocolError(
             f"{message.TYPE} would make the decide body {body_bytes} bytes: the synthesized body may not "
@@ -158,12 +218,14 @@ def admit_mutation(
             code="too_many_pending_events",
             field="event_id",
         )
-    return Admission(state, body, body_bytes, key, request, decision_mode, min_interval_ms)
+    return Admission(state, state_json, size, frame, body_bytes, key, request, decision_mode, min_interval_ms)
 
 
-def _utf8_size(body: str, message: Any) -> int:
+def _utf8_size(text: str, message: Any) -> int:
+    if text.isascii():  # known without encoding (and ASCII is its own UTF-8)
+        return len(text)
     try:
-        return len(body.encode("utf-8"))
+        return len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise LocalProtocolError(
             f"{message.TYPE} holds text that is not valid Unicode (a lone surrogate such as \\ud800): "

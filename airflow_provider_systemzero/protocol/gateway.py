@@ -20,9 +20,7 @@ import math
 from collections import deque
 from typing import Any
 
-from airflow_provider_systemzero.protocol import gateway_actions
-from airflow_provider_systemzero.protocol.admission import admit_mutation, decide_rejection, order_rejection
-from airflow_provider_systemzero.protocol.body import state_bytes
+from airflow_provider_systemzero.protocol import admission, gateway_actions
 from airflow_provider_systemzero.protocol.dispatching import Dispatches, InFlightDecide
 from airflow_provider_systemzero.protocol.errors import (
     ErrorEnvelope,
@@ -109,7 +107,9 @@ class GatewaySession:
         self.stream_state: StreamState | None = None
         self.state_version = 0
         self.idempotency_key: str | None = None
-        self.body: str | None = None
+        # the accepted state's decide body, as its frame and its state's JSON (see body)
+        self._frame: admission.BodyFrame | None = None
+        self._state_json = ""
         self.success_watermark = 0
         #: The last version frozen into a dispatch (the later ones are pending events).
         self.frozen_version = 0
@@ -120,6 +120,12 @@ class GatewaySession:
         self.rejections = 0
         self.refusal_count = 0
         lim = self.limits
+        # the limits the timers use, in seconds
+        self._idle_s, self._heartbeat_s, self._pong_s = (
+            lim.idle_timeout_ms / 1000,
+            lim.heartbeat_interval_ms / 1000,
+            lim.pong_timeout_ms / 1000,
+        )
         self._seq = 0
         self._actions: list[GatewayAction] = []
         self._start_deadline = now + lim.start_timeout_ms / 1000
@@ -130,7 +136,7 @@ class GatewaySession:
         self._message_bucket = TokenBucket(lim.max_messages_per_second, max(1, lim.message_burst), now)
         self._dispatches = Dispatches(now)
         self._nonce = 0
-        self._next_ping = now + lim.heartbeat_interval_ms / 1000
+        self._next_ping = now + self._heartbeat_s
         self._pongs_due: dict[int, float] = {}
         self._settle_deadline: float | None = None
         self._shutdown_retry_after_ms: int | None = None
@@ -168,36 +174,48 @@ class GatewaySession:
         return self._dispatches.started
 
     @property
+    def body(self) -> str | None:
+        """The synthesized decide body of the accepted state (``None`` before ``start``)."""
+        return None if self._frame is None else self._frame.body(self._state_json)
+
+    @property
     def pending_events(self) -> int:
         """Accepted events not yet frozen into a dispatch."""
         return self.state_version - self.frozen_version
 
     def next_deadline(self) -> float | None:
         """The next time :meth:`tick` has something to do, or ``None``."""
-        if self.closed:
+        phase = self.phase
+        if phase is Phase.CLOSED:
             return None
-        times = [self._end_at]
-        if self.phase is Phase.AWAITING_START:
-            times.append(self._start_deadline)
-        times.append(self._next_ping)
-        times.extend(self._pongs_due.values())
-        idle = self._dispatches.in_flight is None and not self._dispatches.pending
-        if self.phase is Phase.OPEN and idle:
-            times.append(self._last_activity + self.limits.idle_timeout_ms / 1000)
-        if self.phase is Phase.OPEN and self._dispatches.pending and self._dispatches.in_flight is None:
-            times.append(self._dispatches.eligible_at(self.min_interval_ms))
+        at = min(self._end_at, self._next_ping)
+        if phase is Phase.AWAITING_START:
+            at = min(at, self._start_deadline)
+        if self._pongs_due:
+            at = min(at, *self._pongs_due.values())
+        dispatches = self._dispatches
+        if phase is Phase.OPEN and dispatches.in_flight is None:
+            if dispatches.pending:
+                at = min(at, dispatches.eligible_at(self.min_interval_ms))
+            else:
+                at = min(at, self._last_activity + self._idle_s)
         if self._settle_deadline is not None:
-            times.append(self._settle_deadline)
-        return min(times)
+            at = min(at, self._settle_deadline)
+        return at
 
     # ------------------------------------------------------------------ inputs
 
-    def receive_text(self, text: str, now: float) -> list[GatewayAction]:
-        """Handle one text frame from the client."""
+    def receive_text(self, text: str, now: float, size: int | None = None) -> list[GatewayAction]:
+        """Handle one text frame from the client.
+
+        :param text: the frame.
+        :param now: the current time.
+        :param size: the frame's UTF-8 length, when the adapter has it (else it is measured).
+        """
         self._run_timers(now)
         if self.closed:
             return self.actions()
-        if len(text.encode("utf-8")) > self.limits.max_message_bytes:
+        if (len(text.encode("utf-8")) if size is None else size) > self.limits.max_message_bytes:
             self._close(CloseCode.MESSAGE_TOO_BIG, "message too big")
             return self.actions()
         if not self._message_bucket.try_take(now):
@@ -240,7 +258,7 @@ class GatewaySession:
     def ping_written(self, nonce: int, now: float) -> None:
         """The write of JSON ping ``nonce`` completed: the pong is due ``pong_timeout_ms`` from now."""
         if nonce in self._pongs_due:
-            self._pongs_due[nonce] = now + self.limits.pong_timeout_ms / 1000
+            self._pongs_due[nonce] = now + self._pong_s
 
     def dispatch_finished(self, dispatch_id: int, outcome: DecideOutcome, now: float) -> list[GatewayAction]:
         """Report the outcome of a :class:`DispatchDecide`."""
@@ -271,10 +289,11 @@ class GatewaySession:
         return self.actions()
 
     def _run_timers(self, now: float) -> None:
-        if self.closed:
+        phase = self.phase
+        if phase is Phase.CLOSED:
             return
         lim = self.limits
-        if self.phase is Phase.AWAITING_START and now >= self._start_deadline:
+        if phase is Phase.AWAITING_START and now >= self._start_deadline:
             self._error(
                 "start_timeout", f"no start within start_timeout_ms ({lim.start_timeout_ms} ms)", fatal=True
             )
@@ -284,27 +303,28 @@ class GatewaySession:
             self._goodbye(GoodbyeReason.MAX_DURATION, 0)
             self._close(CloseCode.NORMAL_CLOSURE, "max_duration")
             return
-        if any(due <= now for due in self._pongs_due.values()):
+        if self._pongs_due and min(self._pongs_due.values()) <= now:
             self._close(CloseCode.TRY_AGAIN_LATER, "slow_reader")
             return
         if self._settle_deadline is not None and now >= self._settle_deadline:
             self._dispatches.in_flight = None
             self._finish_shutdown()
             return
+        dispatches = self._dispatches
         if (
-            self.phase is Phase.OPEN
-            and self._dispatches.in_flight is None
-            and not self._dispatches.pending
-            and now >= self._last_activity + lim.idle_timeout_ms / 1000
+            phase is Phase.OPEN
+            and dispatches.in_flight is None
+            and not dispatches.pending
+            and now >= self._last_activity + self._idle_s
         ):
             self._goodbye(GoodbyeReason.IDLE_TIMEOUT, 0)
             self._close(CloseCode.NORMAL_CLOSURE, "idle_timeout")
             return
         if now >= self._next_ping:
-            self._next_ping = now + lim.heartbeat_interval_ms / 1000
+            self._next_ping = now + self._heartbeat_s
             if len(self._pongs_due) < max(1, lim.max_pending_probes):
                 self._nonce += 1
-                self._pongs_due[self._nonce] = now + lim.pong_timeout_ms / 1000
+                self._pongs_due[self._nonce] = now + self._pong_s
                 self._emit(Ping(self.stream_id, self._next_seq(), self._nonce))
         self._maybe_dispatch(now)
 
@@ -365,7 +385,7 @@ class GatewaySession:
             )
 
     def _on_decide(self, message: Decide, now: float) -> None:
-        rejection = decide_rejection(
+        rejection = admission.decide_rejection(
             started=self.phase is not Phase.AWAITING_START,
             decision_mode=self.decision_mode,
             shutting_down=self.phase is Phase.SHUTTING_DOWN,
@@ -383,7 +403,7 @@ class GatewaySession:
 
     def _on_mutation(self, message: Mutation, now: float) -> None:
         eid = message.event_id
-        rejection = order_rejection(
+        rejection = admission.order_rejection(
             message, started=self.phase is not Phase.AWAITING_START, state_version=self.state_version
         )
         if rejection is not None:
@@ -401,7 +421,7 @@ class GatewaySession:
             self._close(CloseCode.POLICY_VIOLATION, "event_limit")
             return
         try:
-            admitted = admit_mutation(
+            admitted = admission.admit_mutation(
                 message,
                 current=self.stream_state,
                 request=self.request,
@@ -410,6 +430,7 @@ class GatewaySession:
                 stream_id=self.stream_id,
                 limits=self.limits,
                 pending_events=self.pending_events,
+                frame=self._frame,
             )
         except LocalProtocolError as exc:
             self._reject(exc, eid)
@@ -436,7 +457,7 @@ class GatewaySession:
         self.stream_state = admitted.state
         self.state_version += 1
         self.idempotency_key = admitted.key
-        self.body = admitted.body
+        self._frame, self._state_json = admitted.frame, admitted.state_json
         self.accepted_events += 1
         scheduled = self.decision_mode == "on_change" and self.phase is Phase.OPEN
         self._emit(
@@ -445,7 +466,7 @@ class GatewaySession:
                 self._next_seq(),
                 eid,
                 self.state_version,
-                state_bytes(admitted.state.state),
+                admitted.state_bytes,
                 admitted.body_bytes,
                 scheduled,
             )
@@ -480,13 +501,19 @@ class GatewaySession:
     # ------------------------------------------------------------------ scheduling
 
     def _maybe_dispatch(self, now: float) -> None:
-        if self.phase is not Phase.OPEN or not self._dispatches.due(now, self.min_interval_ms):
+        dispatches = self._dispatches
+        if (
+            not dispatches.pending
+            or self.phase is not Phase.OPEN
+            or not dispatches.due(now, self.min_interval_ms)
+        ):
             return
-        assert self.body is not None
+        body = self.body
+        assert body is not None
         flight = self._dispatches.start(self.state_version, now)
         self.frozen_version = self.state_version
         self._actions.append(
-            DispatchDecide(flight.dispatch_id, self.state_version, self.body, self.idempotency_key)
+            DispatchDecide(flight.dispatch_id, self.state_version, body, self.idempotency_key)
         )
 
     # ------------------------------------------------------------------ emitting
