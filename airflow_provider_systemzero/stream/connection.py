@@ -52,6 +52,7 @@ from airflow_provider_systemzero.stream.exceptions import (
 )
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
+from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
 if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
     pass
@@ -108,7 +109,26 @@ class StreamConnection(ClientConnection):
 
     def data_received(self, data: bytes) -> None:
         self._direct = True
+        if (
+            self.on_text is not None
+            and self.response is not None
+            and not len(self.recv_messages.frames)
+            and parser_waits_for_a_frame(self.protocol)
+        ):
+            # the complete text frames in front are read here; websockets parses from the first
+            # byte of anything else (see airflow_provider_systemzero.websocket_frames)
+            taken = take_text_frames(
+                data, masked=False, max_size=self.protocol.max_message_size, handle=self._take
+            )
+            if taken:
+                data = data[taken:]
+                if not data:
+                    return
         super().data_received(data)
+
+    def _take(self, text: str, _size: int) -> bool:
+        self._direct = self.on_text(text)  # type: ignore[misc]  # set: checked before the read
+        return self._direct
 
     def process_event(self, event: Any) -> None:
         on_text = self.on_text

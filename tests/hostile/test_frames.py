@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from airflow_provider_systemzero.stream.connection import StreamConnection
 from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode, reply
 
@@ -145,3 +147,87 @@ async def test_complete_frames_are_handled_as_they_are_parsed(
             ws = s._ws
             seen += [type(ws), ws.on_text is not None, len(ws.recv_messages.frames)]
     assert seen == [StreamConnection, True, 0]
+
+
+def _frame(payload: bytes, *, opcode: int = 1, fin: bool = True) -> bytes:
+    """A server frame (unmasked) with the shortest length encoding."""
+    head = bytes([(0x80 if fin else 0) | opcode])
+    n = len(payload)
+    if n < 126:
+        return head + bytes([n]) + payload
+    if n < 65536:
+        return head + bytes([126]) + n.to_bytes(2, "big") + payload
+    return head + bytes([127]) + n.to_bytes(8, "big") + payload
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 64, 700, 100_000])
+async def test_frames_split_anywhere_are_read_whole_and_in_order(
+    chunk: int, gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    """A burst of frames — small and 16-bit-length text frames, a fragmented one, a native ping —
+    cut into reads of every size: each is handled once and in order (the session checks ``seq``
+    and would reconnect otherwise), and the last ping is answered. Some payloads hold "с" (UTF-8
+    D1 81) before an ASCII letter: a read that starts inside such a frame starts with 0x81 and a
+    plausible length byte, which only the check that websockets' parser is between frames tells
+    apart from a frame of its own."""
+    pongs: list[int] = []
+    last = 40
+
+    async def script(peer: Peer) -> None:
+        await peer.hello()
+        start = await peer.recv()
+        seq = 1
+        burst = b""
+
+        def text(message: dict[str, Any]) -> bytes:
+            nonlocal seq
+            seq += 1
+            return json.dumps(
+                {"stream_id": peer.stream_id, "seq": seq, **message}, ensure_ascii=False
+            ).encode()
+
+        burst += _frame(
+            text(
+                {
+                    "type": "ack",
+                    "event_id": start["event_id"],
+                    "state_version": 1,
+                    "state_bytes": 5,
+                    "synthesized_body_bytes": 100,
+                    "scheduled": False,
+                }
+            )
+        )
+        for nonce in range(1, last + 1):
+            body = text(
+                {"type": "ping", "nonce": nonce, **({"padding": "\u0441a" * 150} if nonce % 7 == 0 else {})}
+            )
+            if nonce == 20:
+                burst += _frame(body[:9], fin=False) + _frame(body[9:], opcode=0)  # fragmented
+            else:
+                burst += _frame(body)
+            if nonce == 30:
+                burst += _frame(b"native", opcode=9)  # a native ping: websockets answers it
+        for offset in range(0, len(burst), chunk):
+            peer.ws.transport.write(burst[offset : offset + chunk])
+            await asyncio.sleep(0.001 if chunk >= 64 else 0)
+        peer._seq = iter(range(seq + 1, 10**6))
+        decide = None
+        while decide is None or not pongs or pongs[-1] != last:  # answered once the last ping was
+            message = await peer.recv()
+            if message["type"] == "pong":
+                pongs.append(message["nonce"])
+            elif message["type"] == "decide":
+                decide = message
+        await peer.send({"type": "scheduled", "state_version": 1, "in_flight": False})
+        await peer.decision(1)
+        await peer.drain()
+
+    hook = connect(gateway(script))
+    async with asyncio.timeout(20):
+        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
+            decision = await s.decide(timeout=20)
+            reconnects = list(s.reconnects)
+    assert decision.state_version == 1
+    assert reconnects == []
+    assert pongs == sorted(pongs) and pongs[-1] == last

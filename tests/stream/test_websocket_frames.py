@@ -1,0 +1,192 @@
+"""Text frames read straight from the received bytes (``websocket_frames.py``), against websockets'
+own parser: whatever the reads look like, every message comes out once, whole, in order, and
+what the fast path does not take websockets parses from exactly the first byte it left."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.client import ClientProtocol
+from websockets.frames import Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
+from websockets.utils import accept_key
+
+from airflow_provider_systemzero.stream.connection import StreamConnection
+from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
+
+
+def _frame(payload: bytes, opcode: int = 1, *, fin: bool = True, mask: bytes | None = None) -> bytes:
+    head = bytes([(0x80 if fin else 0) | opcode])
+    bit = 0x80 if mask is not None else 0
+    n = len(payload)
+    if n < 126:
+        head += bytes([bit | n])
+    elif n < 65536:
+        head += bytes([bit | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([bit | 127]) + n.to_bytes(8, "big")
+    if mask is None:
+        return head + payload
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+#: A message: its text and how it is framed (whole, in two fragments, or followed by a native ping).
+#: "\u0441" is D1 81 in UTF-8: a read that starts inside a frame may start with 0x81, as a text frame does.
+messages = st.lists(
+    st.tuples(
+        st.text(alphabet='ab{}":\u0441\u20ac', min_size=0, max_size=300),
+        st.sampled_from(["whole", "fragmented", "then_ping"]),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _burst(items: list[tuple[str, str]], mask: bytes | None = None) -> bytes:
+    data = b""
+    for text, how in items:
+        raw = text.encode()
+        if how == "fragmented" and len(raw) > 1:
+            data += _frame(raw[:1], fin=False, mask=mask) + _frame(raw[1:], 0, mask=mask)
+        else:
+            data += _frame(raw, mask=mask)
+        if how == "then_ping":
+            data += _frame(b"p", 9, mask=mask)
+    return data
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+
+    def write(self, data: Any) -> None:
+        self.written += bytes(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _open_client(connection: StreamConnection) -> None:
+    """The opening handshake, answered as a server would: the connection is open, its parser waits."""
+    protocol = connection.protocol
+    request = protocol.connect()
+    protocol.send_request(request)
+    protocol.data_to_send()
+    key = accept_key(request.headers["Sec-WebSocket-Key"])
+    connection.data_received(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        + f"Sec-WebSocket-Accept: {key}\r\n\r\n".encode()
+    )
+    assert protocol.state is State.OPEN and connection.response is not None
+
+
+def _open_server() -> ServerProtocol:
+    protocol = ServerProtocol()
+    client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+    request = client.connect()
+    client.send_request(request)
+    protocol.receive_data(b"".join(client.data_to_send()))
+    (received,) = protocol.events_received()
+    protocol.send_response(protocol.accept(received))
+    protocol.data_to_send()
+    assert protocol.state is State.OPEN
+    return protocol
+
+
+def _received(connection: Any) -> list[str]:
+    """The messages websockets' own reading queued, reassembled."""
+    texts, parts = [], b""
+    queue = connection.recv_messages.frames
+    while len(queue):
+        frame = queue.queue.popleft()
+        parts += bytes(frame.data)
+        if frame.fin:
+            texts.append(parts.decode())
+            parts = b""
+    return texts
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=40))
+async def test_the_client_reads_every_message_once_whole_and_in_order(
+    items: list[tuple[str, str]], cuts: list[int]
+) -> None:
+    connection = StreamConnection(ClientProtocol(parse_uri("ws://127.0.0.1/"), max_size=2**20))
+    connection.connection_made(_Transport())
+    _open_client(connection)
+    direct: list[str] = []
+    connection.on_text = lambda text: direct.append(text) is None
+    data = _burst(items)
+    position, index = 0, 0
+    while position < len(data):
+        size = cuts[index % len(cuts)]
+        connection.data_received(data[position : position + size])
+        position, index = position + size, index + 1
+    assert direct + _received(connection) == [text for text, _ in items]
+    pongs = connection.transport.written.count(bytes([0x8A, 0x81]))  # type: ignore[attr-defined]
+    assert pongs == sum(how == "then_ping" for _, how in items)  # websockets answered each native ping
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.integers(min_value=0, max_value=2**32 - 1))
+def test_masked_frames_read_straight_are_what_websockets_reads(
+    items: list[tuple[str, str]], key: int
+) -> None:
+    """The emulator's side: client frames are masked; the frames taken are the whole ones in front,
+    and websockets, fed the rest, reads the others."""
+    mask = key.to_bytes(4, "big")
+    data = _burst(items, mask)
+    taken: list[str] = []
+    used = take_text_frames(data, masked=True, max_size=2**20, handle=lambda t, _: taken.append(t) is None)
+    protocol = _open_server()
+    assert parser_waits_for_a_frame(protocol)
+    protocol.receive_data(data[used:])
+    rest, parts = [], b""
+    for event in protocol.events_received():
+        if event.opcode in (Opcode.TEXT, Opcode.CONT):
+            parts += bytes(event.data)
+            if event.fin:
+                rest.append(parts.decode())
+                parts = b""
+    assert taken + rest == [text for text, _ in items]
+
+
+def test_the_fast_path_stops_where_it_must() -> None:
+    """A frame cut off, over the limit, not valid UTF-8, or unmasked from a client is left whole."""
+    frame = _frame(b"{}")
+
+    def take(data: bytes, masked: bool = False) -> int:
+        return take_text_frames(data, masked=masked, max_size=10, handle=lambda *_: True)
+
+    assert take(frame + frame[:3]) == len(frame)
+    assert take(_frame(b"x" * 11)) == 0
+    assert take(_frame(b"\xff")) == 0
+    assert take(frame, masked=True) == 0
+    assert take(_frame(b"x", 2)) == 0  # binary
+    assert not parser_waits_for_a_frame(ClientProtocol(parse_uri("ws://127.0.0.1/")))  # no handshake yet
+    protocol = _open_server()
+    protocol.receive_data(_frame(b"{}", mask=b"abcd")[:3])  # a frame begun
+    assert not parser_waits_for_a_frame(protocol)
+    protocol.receive_data(_frame(b"{}", mask=b"abcd")[3:])
+    assert parser_waits_for_a_frame(protocol)
