@@ -506,13 +506,17 @@ def _no_constant(name: str) -> Any:
 _CHECKED = json.JSONDecoder(
     parse_int=_safe_int, parse_float=_finite_float, parse_constant=_no_constant
 ).decode
+#: ``json.loads`` refusing what is not JSON although Python reads it: ``NaN``, the infinities, and
+#: a float literal that overflows to one (a client's state may hold any integer).
+_FINITE = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant).decode
 
 
 def load_object(text: str | bytes, *, strict_numbers: bool = False) -> dict[str, Any]:
     """One text frame as a JSON object with a string ``type``.
 
     :param text: the frame (``bytes`` stands for a binary frame and is always refused).
-    :param strict_numbers: refuse non-finite numbers and integers beyond ±(2**53 - 1).
+    :param strict_numbers: refuse integers beyond ±(2**53 - 1) too (non-finite numbers are
+        never JSON: always refused).
     :raises RemoteProtocolError: a refusal saying what the frame is instead.
     """
     if isinstance(text, bytes | bytearray | memoryview):
@@ -520,7 +524,7 @@ def load_object(text: str | bytes, *, strict_numbers: bool = False) -> dict[str,
             "binary frames are not allowed: every message is one text frame holding a JSON object", None
         )
     try:
-        data = _CHECKED(text) if strict_numbers else json.loads(text)
+        data = _CHECKED(text) if strict_numbers else _FINITE(text)
     except (ValueError, RecursionError):
         raise refuse(
             "the frame is not valid JSON: every message is one text frame holding a JSON object", None

@@ -287,6 +287,10 @@ def test_event_limit_is_fatal_with_goodbye_and_1008() -> None:
         json.dumps({"type": "decide", "state_version": "1"}),
         json.dumps({"type": "pong", "nonce": True}),
         json.dumps({"type": "replace", "event_id": "evt_2", "state": 5}),
+        # Python reads these, JSON has no such numbers: refused, never an abort in admission
+        '{"type": "replace", "event_id": "evt_2", "state": [NaN]}',
+        '{"type": "append_items", "event_id": "evt_2", "items": [-Infinity]}',
+        '{"type": "replace", "event_id": "evt_2", "state": {"x": 1e999}}',
     ],
 )
 def test_malformed_frames_are_refusals(frame: str) -> None:
