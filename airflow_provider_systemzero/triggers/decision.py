@@ -85,7 +85,8 @@ _NO_FILTER = DecisionFilter()
 def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
     (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
-    ``max_staleness`` and the stream lease; the source itself is built when the trigger runs."""
+    ``max_staleness``; the source is built when the trigger runs, a lease with each stream
+    (:func:`_new_lease`)."""
     decision_filter = DecisionFilter(
         decide_when=given["decide_when"],
         debounce_ms=given["debounce_ms"],
@@ -94,11 +95,31 @@ def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
     trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
     trigger.max_staleness = validate_max_staleness(given["max_staleness"])
-    trigger._lease = StreamLease(given["lease"], given["lease_after"])
+    trigger._lease = None
     trigger._source = None
 
 
-async def _close_source(source: StateSource | None) -> None:
+def _new_lease(trigger: Any) -> StreamLease:
+    """The lease of the stream ``trigger`` is about to hold: it lives as long as that stream (a
+    dormant trigger keeps what it needs of it in its :class:`TriggerStream`, :func:`_end_lease`)."""
+    trigger._lease = lease = StreamLease(trigger.lease, trigger.lease_after)
+    return lease
+
+
+def _end_lease(trigger: Any) -> None:
+    """End the lease of ``trigger``'s stream (closed, or the trigger ends), keeping what the last
+    decision covered and when."""
+    lease, trigger._lease = trigger._lease, None
+    if lease is not None:
+        lease.end()
+        trigger._stream.remember(lease)
+
+
+async def _close(trigger: Any) -> None:
+    """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
+    _end_lease(trigger)
+    source, trigger._source = trigger._source, None
+    await trigger._stream.aclose()
     if source is not None:
         with contextlib.suppress(Exception):
             await source.aclose()
@@ -190,14 +211,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         return path, kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Stream the state and yield one event.
-
-        Holds a stream while the state changes (:meth:`_hold`) and none while it does not: then
-        this method itself awaits the source's next change (the source's own awaitable, such as a
-        push generator's next value), so a dormant trigger keeps no coroutine of the provider's
-        but this generator. The deadline, when there is one, is the scope of the whole wait.
-        """
-        stream, lease = self._stream, self._lease
+        """Stream the state and yield one event: a stream while the state changes (:meth:`_hold`),
+        none while it does not, when this generator itself awaits the source's next change (the
+        source's own awaitable: a dormant trigger keeps no other coroutine of the provider's)."""
+        stream = self._stream
         payload = stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
         decided = False
         try:
@@ -233,18 +250,17 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                                     # TriggerStream.change, inline: no coroutine between this
                                     # generator and the source's own wait
                                     state = await source.current()
-                                    while not stream.changed(state, lease):
+                                    while not stream.changed(state):
                                         try:
                                             state = await source.taken(await source.next_change())
                                         except Exception as exc:
                                             state = await source.failed(exc)
                                 else:  # a qualifying run waits on time: bounded by one timer
-                                    state = await stream.change_within(time_left, source, lease)
+                                    state = await stream.change_within(time_left, source)
                             finally:
                                 stream.dormant = False
                             state, verdict = await stream.woken(
                                 state,
-                                lease,
                                 watch,
                                 gate=gate,
                                 relevance=relevance,
@@ -300,19 +316,20 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 decision_mode=mode,
                 min_interval_ms=self.min_interval_ms,
             ) as stream:
+                lease = _new_lease(self)
                 feeder = _feeder(self, stream, source, mode, gate)
                 if feeder.direct:  # decisions straight from the stream's reader to this task
                     verdict = await feeder.first_verdict(watch)
                     payload = None if verdict is None else self._payload(watch, verdict)
                 else:
                     payload = await self._stream.until_quiet(
-                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                        lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
                     )
                 if payload is None:
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload
         finally:
-            self._lease.end()
+            _end_lease(self)
 
     async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
         """The payload of the first verdict that ends the wait."""
@@ -329,10 +346,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.end()
-        source, self._source = self._source, None
-        await self._stream.aclose()
-        await _close_source(source)
+        await _close(self)
 
 
 class SystemZeroDecideTrigger(BaseTrigger):
@@ -466,12 +480,9 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield an event each time the condition becomes true; runs until cancelled.
-
-        While it holds no stream, this method itself awaits the source's next change (as
-        :meth:`SystemZeroDecisionTrigger.run` does).
-        """
-        stream_of, lease = self._stream, self._lease
+        """Yield an event each time the condition becomes true; runs until cancelled (dormant, it
+        awaits the source's next change itself, as :meth:`SystemZeroDecisionTrigger.run` does)."""
+        stream_of = self._stream
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
         state = await source.current()
@@ -488,8 +499,9 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                 # one queue per stream (it is drained before the trigger goes dormant: none is kept)
                 queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
+                    lease = _new_lease(self)
                     feeder = _feeder(self, stream, source, mode, gate)
-                    quiet = self._lease.watch(feeder.currency)
+                    quiet = lease.watch(feeder.currency)
                     race = asyncio.ensure_future(
                         feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
                     )
@@ -509,8 +521,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         quiet.cancel()
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
-                        self._lease.end()
-                del stream, feeder, race, quiet, getter  # nothing of the stream outlives it
+                        _end_lease(self)
+                del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
                 del queue
@@ -524,18 +536,16 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         if time_left is None:
                             # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
                             state = await source.current()
-                            while not stream_of.changed(state, lease):
+                            while not stream_of.changed(state):
                                 try:
                                     state = await source.taken(await source.next_change())
                                 except Exception as exc:
                                     state = await source.failed(exc)
                         else:  # a qualifying run waits on time: bounded by one timer
-                            state = await stream_of.change_within(time_left, source, lease)
+                            state = await stream_of.change_within(time_left, source)
                     finally:
                         stream_of.dormant = False
-                    state, verdict = await stream_of.woken(
-                        state, lease, watch, gate=gate, relevance=relevance
-                    )
+                    state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
                     if verdict is not None:  # only time was missing, and it passed
                         yield TriggerEvent(self._event(watch, verdict, policy_fields))
         finally:
@@ -561,10 +571,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.end()
-        source, self._source = self._source, None
-        await self._stream.aclose()
-        await _close_source(source)
+        await _close(self)
 
 
 def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
 from collections import deque
@@ -48,6 +49,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: What :attr:`TriggerStream.covered` is before any decision (equal to no state).
+_NOTHING: Any = object()
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -223,7 +227,9 @@ class TriggerStream:
         "_reading",
         "_settings",
         "_since",
+        "covered",
         "deadline",
+        "decided_at",
         "dormant",
         "key_namespace",
         "request",
@@ -256,6 +262,10 @@ class TriggerStream:
         self._since: Any = (
             NO_CHANGE  # a dormant wait's state to compare changes with (NO_CHANGE: the covered one)
         )
+        #: the state the last decision covered, and its loop time (kept from each stream's lease:
+        #: :meth:`remember`; what a dormant trigger compares the source with, and ``min_interval_ms``)
+        self.covered: Any = _NOTHING
+        self.decided_at = -math.inf
 
     @property
     def budget(self) -> Any:
@@ -313,13 +323,22 @@ class TriggerStream:
             return None
         return task.result()
 
+    def remember(self, lease: StreamLease) -> None:
+        """The lease of a stream ends: keep what its last decision covered and when (a stream that
+        had no decision leaves the last ones), and nothing else of the lease.
+
+        :param lease: the lease of the stream (:class:`StreamLease`; one per stream).
+        """
+        if math.isfinite(lease.decided_at):
+            self.covered, self.decided_at = lease.covered, lease.decided_at
+
     def let_go(self, gate: DecisionGate | None = None) -> None:
         """The stream just closed and the trigger goes dormant: keep the connection's settings for
         the next stream (no second lookup) and what the dormant wait compares changes with, and
         nothing else of the stream.
 
         A change is the source's state other than the one the last decision covered
-        (:attr:`StreamLease.covered`); with ``gate`` (``decide_when``), other than the one the last
+        (:attr:`covered`); with ``gate`` (``decide_when``), other than the one the last
         stream ended with, and only a change that makes a decision due ends the wait (the others
         become the state the next change is compared with: :meth:`woken`).
 
@@ -331,16 +350,15 @@ class TriggerStream:
                 self._settings = _shared(stream.settings)
             self._since = stream.state if gate is not None else NO_CHANGE
 
-    def changed(self, state: Any, lease: StreamLease) -> bool:
+    def changed(self, state: Any) -> bool:
         """Whether ``state`` (what the source gave a dormant trigger) ends the dormant wait: a state
         other than the one the wait compares with (:meth:`let_go`); :data:`NO_CHANGE` never does.
 
         :param state: the source's state.
-        :param lease: the lease of the stream that closed (it knows what the last decision covered).
         """
         if state is NO_CHANGE:
             return False
-        covered = lease.covered if self._since is NO_CHANGE else self._since
+        covered = self.covered if self._since is NO_CHANGE else self._since
         return state is not covered and state != covered
 
     @staticmethod
@@ -352,34 +370,32 @@ class TriggerStream:
         """
         return None if watch is None else watch.wait_time(asyncio.get_running_loop().time())
 
-    async def change(self, source: StateSource, lease: StreamLease) -> Any:
+    async def change(self, source: StateSource) -> Any:
         """The dormant wait: the source's first state that :meth:`changed` accepts.
 
         The triggers' ``run()`` runs these same lines inline (a coroutine of its own would be one
         more object per waiting trigger, with its frame); this method is the bounded wait's body.
 
         :param source: the trigger's source.
-        :param lease: the lease of the stream that closed.
         """
         state = await source.current()
-        while not self.changed(state, lease):
+        while not self.changed(state):
             try:
                 state = await source.taken(await source.next_change())
             except Exception as exc:
                 state = await source.failed(exc)
         return state
 
-    async def change_within(self, seconds: float, source: StateSource, lease: StreamLease) -> Any:
+    async def change_within(self, seconds: float, source: StateSource) -> Any:
         """:meth:`change`, for at most ``seconds`` (:data:`NO_CHANGE` once they passed).
 
         :param seconds: the :meth:`time_left` of the trigger's watch.
         :param source: the trigger's source.
-        :param lease: the lease of the stream that closed.
         """
         timeout = asyncio.timeout(seconds)
         try:
             async with timeout:
-                return await self.change(source, lease)
+                return await self.change(source)
         except TimeoutError:
             if not timeout.expired():
                 raise  # the source's own
@@ -388,7 +404,6 @@ class TriggerStream:
     async def woken(
         self,
         state: Any,
-        lease: StreamLease,
         watch: DecisionWatch | None = None,
         *,
         gate: DecisionGate | None = None,
@@ -398,7 +413,6 @@ class TriggerStream:
         """What the end of one dormant wait means (the source changed, or only time passed).
 
         :param state: the changed state, or :data:`NO_CHANGE` when :meth:`change_within` ran out of time.
-        :param lease: the lease of the stream that closed (it stamped the last decision).
         :param watch: the trigger's watch, when a run of qualifying decisions waits on time.
         :param gate: the trigger's ``decide_when`` gate, kept across streams.
         :param relevance: what ``gate`` matches a change with.
@@ -411,8 +425,8 @@ class TriggerStream:
         if state is NO_CHANGE:  # only time was missing: maybe enough of it passed
             return NO_CHANGE, None if watch is None else watch.due(loop.time())
         if min_interval > 0:
-            # the lease stamped the last decision; a change before min_interval waits out the rest
-            wait = min_interval - (loop.time() - lease.decided_at)
+            # the last stream's lease stamped its last decision; a change sooner waits out the rest
+            wait = min_interval - (loop.time() - self.decided_at)
             if wait > 0:
                 log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
                 await asyncio.sleep(wait)
