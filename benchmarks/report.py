@@ -386,6 +386,13 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                 + "); each figure is a median of repeats.",
                 "",
             ]
+        appends = (baseline or {}).get("append_from")
+        if appends and origin and appends.get("commit") != origin.get("commit"):
+            lines += [
+                f"The append rows' 'before' is a run of commit `{appends.get('commit')}` "
+                f"({str(appends.get('started_at'))[:16].replace('T', ' ')} UTC).",
+                "",
+            ]
         lines += md_table(["figure", "target", "before", "after", ""], waiting_rows)
         lines += [
             "The stall rows cover one phase each (scenario 6 below): *while 5,000 triggers wait* is a 5 s "
