@@ -73,6 +73,31 @@ async def pushed(channel: str) -> AsyncIterator[Any]:
         entry.readers -= 1
 
 
+#: channel -> how many times :func:`flaky` was called for it
+CALLS: dict[str, int] = {}
+
+
+async def flaky(channel: str) -> AsyncIterator[Any]:
+    """As :func:`pushed`, but a published state starting with ``FAIL`` makes it raise (a dropped
+    feed) instead of yielding it; called again, it yields the channel's state first, whatever it is."""
+    CALLS[channel] = CALLS.get(channel, 0) + 1
+    entry = _CHANNELS.setdefault(channel, _Channel())
+    seen = entry.version
+    yield entry.state
+    while True:
+        if entry.version == seen:
+            waiter = asyncio.get_running_loop().create_future()
+            entry.waiters = (*entry.waiters, waiter)
+            try:
+                await waiter
+            finally:
+                entry.waiters = _without(entry.waiters, waiter)
+        seen = entry.version
+        if str(entry.state).startswith("FAIL"):
+            raise ConnectionError("the feed dropped")
+        yield entry.state
+
+
 def source(channel: str) -> dict[str, Any]:
     """The trigger's ``source`` kwarg for ``channel``."""
     return {"type": "callable", "path": "tests.dormant.channels.pushed", "kwargs": {"channel": channel}}
