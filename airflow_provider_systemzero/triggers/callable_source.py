@@ -136,7 +136,9 @@ class CallableSource(StateSource):
         self._call: concurrent.futures.Future[Any] | None = None  # the sync call outstanding, if any
         self._failures = 0
         self._push = inspect.isasyncgenfunction(function)
-        self._ended = False  # the generator returned: the state stays as it is
+        #: the generator returned: the state stays as it is until the function is called again
+        #: (by :meth:`current`, as the next wait or stream begins)
+        self._ended = False
 
     @staticmethod
     def _checked(value: Any) -> Any:
@@ -192,6 +194,7 @@ class CallableSource(StateSource):
         generator = self._live()
         if generator is None:
             generator = self._generator = self.function(**self.kwargs)
+            self._ended = False
         return anext(generator)
 
     async def _drop_generator(self) -> None:
