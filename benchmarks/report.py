@@ -394,12 +394,19 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                 "",
             ]
         lines += md_table(["figure", "target", "before", "after", ""], waiting_rows)
+        then_groups = ((baseline or {}).get("waiting") or {}).get("groups", [])
+        combined = bool(then_groups) and not any("startup_stall_ms" in g for g in then_groups)
         lines += [
             "The stall rows cover one phase each (scenario 6 below): *while 5,000 triggers wait* is a 5 s "
             "window in which the loop runs one full collection, as the collector does whenever its "
             "threshold trips; *while they start* runs from the first trigger handed over until all have "
-            "had their first decision. 'Before' had one figure for both, and its longest stall was in "
-            "start-up in every run, so it is shown on the start-up rows.",
+            "had their first decision."
+            + (
+                " 'Before' had one figure for both, and its longest stall was in start-up in every run, "
+                "so it is shown on the start-up rows."
+                if combined
+                else ""
+            ),
             "",
         ]
     res = doc["results"]

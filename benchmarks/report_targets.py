@@ -272,19 +272,22 @@ def waiting_target_rows(doc: dict[str, Any]) -> list[list[Any]]:
         source: str,
         strict: bool = False,
         then_name: str | None = None,
+        judged: bool = True,
     ) -> None:
         # frozen None: a figure the collector setting does not change; as Airflow leaves it if measured
         # then_name: the before run's name for the figure, where it was measured under another name
         settings = (False, True) if frozen is None else (frozen,)
         now = next((g for f in settings if (g := group(after, n, f, source)) is not None), None)
         then = next((g for f in settings if (g := group(before, n, f, source)) is not None), None)
+        if then is not None and name in then:
+            then_name = None  # the before run measured it under the same name
         if then is not None and (then_name or name) not in then:
             then = None
         value = None if now is None or name not in now else now[name]
         if value is None and then is None:
             return  # neither run measured it (a source measured at one N only)
         ok = value is not None and (value < limit if strict else value <= limit)
-        verdict = "not measured" if value is None else MET if ok else MISSED
+        verdict = "not measured" if value is None else (MET if ok else MISSED) if judged else ""
         rows.append(
             [
                 label,
@@ -326,15 +329,30 @@ def waiting_target_rows(doc: dict[str, Any]) -> list[list[Any]]:
                 TARGETS["gc_tracked_per_trigger"],
                 source,
             )
+            # with gc.freeze() a collection with no trigger costs almost nothing, so the figure is the
+            # triggers' own; as Airflow leaves it, it is the difference of two ~150 ms collections,
+            # whose noise is larger than the target
             row(
-                f"{on}full-GC time (CPU) added by 1,000 waiting triggers",
+                f"{on}full-GC time (CPU) added by 1,000 waiting triggers, `gc.freeze()` after start-up",
                 f"≤ {TARGETS['full_gc_ms_added_per_1000']:.0f} ms",
                 "full_gc_ms_added_per_1000",
                 1000,
-                None,
+                True,
                 fmt_ms,
                 TARGETS["full_gc_ms_added_per_1000"],
                 source,
+            )
+            row(
+                f"{DASH} the same, collector as Airflow leaves it (a difference of two ~150 ms collections: "
+                "not judged, its noise is larger than the target)",
+                DASH,
+                "full_gc_ms_added_per_1000",
+                1000,
+                False,
+                fmt_ms,
+                TARGETS["full_gc_ms_added_per_1000"],
+                source,
+                judged=False,
             )
             if 5000 not in sizes:
                 continue
