@@ -12,6 +12,7 @@ import contextvars
 import gc
 import os
 import socket
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,27 @@ async def test_a_dormant_trigger_keeps_a_few_objects_and_nothing_of_its_stream(
         }
         assert len(kept) <= MAX_TRACKED, f"{len(kept)} tracked objects: {census.most_common()}"
         assert channels.readers("footprint") == 1  # still waiting on its source
+    finally:
+        del before
+        await _stop(trigger, task, gen)
+
+
+async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emulator) -> None:  # noqa: F811
+    """With a deadline (a sensor's ``timeout``), the wait's scope is the one timer a dormant trigger
+    keeps, and it adds only that: the timeout, its timer handle and the handle's callback."""
+    await _stop(*await _dormant(emulator, "deadline-warm-up", deadline=time.time() + 3600))
+    gc.collect()
+    before = gc.get_objects()
+    existing = {id(o) for o in before}
+    trigger, task, gen = await _dormant(emulator, "deadline", deadline=time.time() + 3600)
+    try:
+        gc.collect()
+        kept = _kept(task, existing)
+        timers = [o for o in kept if isinstance(o, asyncio.TimerHandle)]
+        assert len(timers) == 1 and timers[0].when() > asyncio.get_running_loop().time() + 3000
+        assert [o for o in kept if isinstance(o, FORBIDDEN) and o not in timers] == []
+        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "pushed"}
+        assert len(kept) <= MAX_TRACKED + 3, collections.Counter(type(o).__qualname__ for o in kept)
     finally:
         del before
         await _stop(trigger, task, gen)
