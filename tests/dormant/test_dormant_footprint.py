@@ -40,8 +40,8 @@ from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
 #: dicts and the source's description, and the step ``run()`` awaits on the source's generator (no
 #: lease: a lease lives as long as its stream); and the test's push source (5: its generator, the
 #: future it awaits with the future's iterator, its channel record and the tuple of waiters).
-#: Measured: 16 (22 with a coroutine of the provider's per layer of the await, 27 on a queue-backed
-#: push source before that).
+#: Measured: 16 (the walk counted 33 before the await chain was flattened, on a queue-backed test
+#: source and with the task's context in).
 MAX_TRACKED = 16
 #: The same for a trigger tailing a file on notifications (no source generator: ``run()`` awaits the
 #: source's future itself): the task's 3, and the trigger, ``run()``, the stream record, the file
