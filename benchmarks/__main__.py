@@ -113,10 +113,12 @@ def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
 
     if results.get("density") and "error" not in results["density"]:
         baseline.update(density=results["density"], density_from=measured("density"))
-    if results.get("waiting") or append_cost:
-        baseline.update(
-            waiting=results.get("waiting"), append_cost=append_cost, waiting_from=measured("waiting")
-        )
+    if baseline.get("append_cost") and "append_from" not in baseline:
+        baseline["append_from"] = baseline.get("waiting_from")  # one origin covered both until now
+    if results.get("waiting"):
+        baseline.update(waiting=results["waiting"], waiting_from=measured("waiting"))
+    if append_cost:
+        baseline.update(append_cost=append_cost, append_from=measured("core"))
     return baseline
 
 

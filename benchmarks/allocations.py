@@ -44,7 +44,7 @@ def _owners() -> list[tuple[str, str]]:
     ]
     prefixes += [
         (os.path.abspath(runner.__file__), trigger_runner),
-        (os.path.abspath(fixtures.__file__), "benchmark source (push generator and its queue)"),
+        (os.path.abspath(fixtures.__file__), "benchmark source (its push generator)"),
     ]
     prefixes += [(os.path.abspath(path) + os.sep, "benchmark harness") for path in benchmarks.__path__]
     return prefixes

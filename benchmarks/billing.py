@@ -42,7 +42,7 @@ from typing import Any
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec
-from benchmarks.runner import Triggerer, rebuild
+from benchmarks.runner import Triggerer, covered, rebuild
 
 __all__ = ["run"]
 
@@ -100,8 +100,8 @@ def _decided(trigger: Any, state: str) -> bool:
     """Whether the trigger's stream holds ``state`` and has a decision that covers it."""
     stream = _stream(trigger)
     if stream is None or trigger._stream.dormant:
-        # dormant (no stream): the lease remembers the state its last decision covered
-        return bool(trigger._lease.covered == state)
+        # dormant (no stream): the trigger remembers the state its last decision covered
+        return bool(covered(trigger) == state)
     return (
         stream.last_decision is not None
         and stream.state == state

@@ -45,7 +45,7 @@ from benchmarks.allocations import charge
 from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONDITION, CONN_ID, FEEDS, READY, REQUEST, Feed
-from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, rebuild, rss_kb
+from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, decided_at, rebuild, rss_kb
 from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
 __all__ = ["run"]
@@ -140,7 +140,7 @@ def _settled(trigger: Any) -> bool:
 
 def _decided(trigger: Any) -> bool:
     # private, read only: the trigger's lease saw its first decision (it may still hold the stream)
-    return math.isfinite(trigger._lease.decided_at)
+    return math.isfinite(decided_at(trigger))
 
 
 async def _wait_all(

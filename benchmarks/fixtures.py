@@ -5,9 +5,15 @@
   stream and not a model.
 * :func:`pushed` is an async-generator *callable source* (``{"type": "callable", "path":
   "benchmarks.fixtures.pushed", "kwargs": {"channel": ...}}``): it yields the channel's
-  current state, then every state the benchmark publishes with :func:`publish`. No polling:
-  the time a benchmark publishes a state is the time the change was produced.
-* :class:`Feed` is how a scenario changes a trigger's source: the push source above, or a
+  current state, then the newest state each time the benchmark publishes with :func:`publish`.
+  It is the smallest correct push source: a waiting reader awaits one future of its own,
+  resolved by the publish, and a publish while it is not waiting is seen at its next step (it
+  yields the newest state; a state superseded meanwhile is skipped, as a trigger would skip it).
+  No polling: the time a benchmark publishes a state is the time the change was produced.
+* :func:`pushed_queue` is the same source written the common way, an ``asyncio.Queue`` per
+  reader that keeps every published state (feed ``push-queue``): scenario 6 reports both, to
+  show what a source's own objects cost a waiting trigger.
+* :class:`Feed` is how a scenario changes a trigger's source: a push source above, or a
   tailed file (``{"type": "file", ...}``) on notifications or polled — what DAG authors run.
   For a file, the time the write returned is the time the change was produced.
 """
@@ -21,7 +27,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
@@ -37,6 +42,7 @@ __all__ = [
     "decide",
     "publish",
     "pushed",
+    "pushed_queue",
     "source_spec",
     "state_of",
 ]
@@ -70,10 +76,18 @@ def decide(request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
     return {"ready": {"decision": ready, "probability": 0.97, "confidence": 0.94}}
 
 
-@dataclass
 class _Channel:
-    state: Any
-    subscribers: set[asyncio.Queue[Any]] = field(default_factory=set)
+    """A channel's newest state, how many times it was published, and who waits for the next."""
+
+    __slots__ = ("queues", "state", "version", "waiters")
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.version = 0
+        #: the futures of the :func:`pushed` readers waiting now (a tuple: none kept between waits)
+        self.waiters: tuple[asyncio.Future[None], ...] = ()
+        #: the queues of the :func:`pushed_queue` readers (made by the first)
+        self.queues: set[asyncio.Queue[Any]] | None = None
 
 
 _CHANNELS: dict[str, _Channel] = {}
@@ -83,6 +97,14 @@ def state_of(channel: str) -> Any:
     """The channel's current state (``"waiting\\n"`` until something is published)."""
     entry = _CHANNELS.get(channel)
     return "waiting\n" if entry is None else entry.state
+
+
+def _without(
+    waiters: tuple[asyncio.Future[None], ...], waiter: asyncio.Future[None]
+) -> tuple[asyncio.Future[None], ...]:
+    """``waiters`` but ``waiter`` (a function, not a comprehension in the generator: that would make
+    ``waiter`` a closure cell the waiting generator keeps)."""
+    return tuple(w for w in waiters if w is not waiter)
 
 
 def publish(channel: str, state: Any) -> float:
@@ -95,7 +117,12 @@ def publish(channel: str, state: Any) -> float:
     """
     entry = _CHANNELS.setdefault(channel, _Channel(state))
     entry.state = state
-    for queue in entry.subscribers:
+    entry.version += 1
+    waiters, entry.waiters = entry.waiters, ()
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+    for queue in entry.queues or ():
         queue.put_nowait(state)
     return time.perf_counter()
 
@@ -106,29 +133,60 @@ def forget(channel: str) -> None:
 
 
 async def pushed(channel: str) -> AsyncIterator[Any]:
-    """An async-generator source: the channel's current state, then each published state.
+    """An async-generator source: the channel's current state, then its newest state after each publish.
+
+    Waiting, it keeps one future (resolved by :func:`publish`) and its own frame.
 
     :param channel: the channel name (a plain-JSON kwarg, so the trigger serializes).
     """
     entry = _CHANNELS.setdefault(channel, _Channel("waiting\n"))
+    seen = entry.version
+    yield entry.state
+    while True:
+        if entry.version == seen:  # nothing published since the last value: wait for the next
+            waiter = asyncio.get_running_loop().create_future()
+            entry.waiters = (*entry.waiters, waiter)
+            try:
+                await waiter
+            finally:
+                entry.waiters = _without(entry.waiters, waiter)
+        seen = entry.version
+        yield entry.state
+
+
+async def pushed_queue(channel: str) -> AsyncIterator[Any]:
+    """The same source through an ``asyncio.Queue`` per reader: the channel's current state, then
+    every published state, in order.
+
+    :param channel: the channel name.
+    """
+    entry = _CHANNELS.setdefault(channel, _Channel("waiting\n"))
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    entry.subscribers.add(queue)
+    if entry.queues is None:
+        entry.queues = set()
+    entry.queues.add(queue)
     try:
         yield entry.state
         while True:
             yield await queue.get()
     finally:
-        entry.subscribers.discard(queue)
+        entry.queues.discard(queue)
 
 
-def source_spec(channel: str) -> dict[str, Any]:
-    """The trigger's ``source`` kwarg for a push channel."""
-    return {"type": "callable", "path": "benchmarks.fixtures.pushed", "kwargs": {"channel": channel}}
+def source_spec(channel: str, kind: str = "push") -> dict[str, Any]:
+    """The trigger's ``source`` kwarg for a push channel.
+
+    :param kind: ``push`` (:func:`pushed`) or ``push-queue`` (:func:`pushed_queue`).
+    """
+    path = "benchmarks.fixtures.pushed_queue" if kind == "push-queue" else "benchmarks.fixtures.pushed"
+    return {"type": "callable", "path": path, "kwargs": {"channel": channel}}
 
 
-#: Feed kinds: the push source, a tailed file on notifications (``watch`` left at ``auto``), a
-#: tailed file polled every second (the default ``poll_interval``).
-FEEDS = ("push", "file", "file-poll")
+#: Feed kinds: the push source, the push source through a queue, a tailed file on notifications
+#: (``watch`` left at ``auto``), a tailed file polled every second (the default ``poll_interval``).
+FEEDS = ("push", "push-queue", "file", "file-poll")
+#: The push feeds.
+PUSH_FEEDS = ("push", "push-queue")
 
 
 class Feed:
@@ -143,7 +201,7 @@ class Feed:
             raise ValueError(f"feed {kind!r} is not one of {FEEDS}")
         self.kind = kind
         self.poll_interval = poll_interval
-        self._directory = tempfile.mkdtemp(prefix="sz-bench-") if kind != "push" else ""
+        self._directory = tempfile.mkdtemp(prefix="sz-bench-") if kind not in PUSH_FEEDS else ""
         self._written: dict[str, str] = {}
 
     def _path(self, channel: str) -> str:
@@ -151,9 +209,9 @@ class Feed:
 
     def start(self, channel: str, state: str = "waiting\n") -> dict[str, Any]:
         """Give ``channel`` its first state; returns the trigger's ``source`` kwarg."""
-        if self.kind == "push":
+        if self.kind in PUSH_FEEDS:
             publish(channel, state)
-            return source_spec(channel)
+            return source_spec(channel, self.kind)
         os.makedirs(os.path.dirname(self._path(channel)), exist_ok=True)
         self.publish(channel, state)
         spec: dict[str, Any] = {
@@ -170,7 +228,7 @@ class Feed:
 
         :return: ``time.perf_counter()`` once the change is handed over (the write returned).
         """
-        if self.kind == "push":
+        if self.kind in PUSH_FEEDS:
             return publish(channel, state)
         written = self._written.get(channel)
         if written is not None and state.startswith(written):

@@ -131,7 +131,7 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     from airflow_provider_systemzero.stream.starts import running_starts
     from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-    from benchmarks.runner import Triggerer, rebuild
+    from benchmarks.runner import Triggerer, decided_at, rebuild
 
     os.environ.update(config["env"])
     factor, first, count = config["factor"], config["first"], config["count"]
@@ -159,8 +159,8 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
         ids[index], triggers[index] = triggerer.start(trigger), trigger
 
     def decided(trigger: Any) -> bool:
-        # private, read only: the lease stamps each decision (the stream itself may be gone: dormant)
-        return math.isfinite(trigger._lease.decided_at)
+        # private, read only: each decision is stamped (the stream itself may be gone: dormant)
+        return math.isfinite(decided_at(trigger))
 
     started = time.perf_counter()
     while not all(decided(t) for t in triggers.values()):

@@ -386,13 +386,27 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
                 + "); each figure is a median of repeats.",
                 "",
             ]
+        appends = (baseline or {}).get("append_from")
+        if appends and origin and appends.get("commit") != origin.get("commit"):
+            lines += [
+                f"The append rows' 'before' is a run of commit `{appends.get('commit')}` "
+                f"({str(appends.get('started_at'))[:16].replace('T', ' ')} UTC).",
+                "",
+            ]
         lines += md_table(["figure", "target", "before", "after", ""], waiting_rows)
+        then_groups = ((baseline or {}).get("waiting") or {}).get("groups", [])
+        combined = bool(then_groups) and not any("startup_stall_ms" in g for g in then_groups)
         lines += [
             "The stall rows cover one phase each (scenario 6 below): *while 5,000 triggers wait* is a 5 s "
             "window in which the loop runs one full collection, as the collector does whenever its "
             "threshold trips; *while they start* runs from the first trigger handed over until all have "
-            "had their first decision. 'Before' had one figure for both, and its longest stall was in "
-            "start-up in every run, so it is shown on the start-up rows.",
+            "had their first decision."
+            + (
+                " 'Before' had one figure for both, and its longest stall was in start-up in every run, "
+                "so it is shown on the start-up rows."
+                if combined
+                else ""
+            ),
             "",
         ]
     res = doc["results"]

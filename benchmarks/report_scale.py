@@ -85,8 +85,11 @@ def density_section(den: dict[str, Any]) -> list[str]:
 def waiting_section(data: dict[str, Any]) -> list[str]:
     """Scenario 6: one row per N and collector setting, then what a waiting trigger keeps."""
     out = ["### 6. Waiting triggers at scale", ""]
+    from benchmarks.waiting import source_of
+
     rows = [
         [
+            source_of(g),
             f"{g['n']:,}",
             "`gc.freeze()` after start-up" if g["gc_freeze"] else "as Airflow leaves it",
             g["repeats"],
@@ -113,11 +116,15 @@ def waiting_section(data: dict[str, Any]) -> list[str]:
         "without the collector's share), per phase: *waiting* is a 5 s window at a 10 ms step while the N "
         "triggers wait, in which the loop runs one full collection (`gc.collect()`), as the collector does "
         "whenever its threshold trips; *start-up* is from the first trigger handed over until every one "
-        "has had its first decision and given its stream back.",
+        "has had its first decision and given its stream back. Sources: *push* is the smallest correct "
+        "push source (an async generator awaiting one future per wait), *file* a tailed file on "
+        "notifications, *push-queue* the same push source written with an `asyncio.Queue` per reader "
+        "(N = 1,000 only: it shows what a source's own objects cost).",
         "",
     ]
     out += md_table(
         [
+            "source",
             "N",
             "collector",
             "runs",
@@ -133,8 +140,7 @@ def waiting_section(data: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    census = next((r for r in data["runs"] if r.get("gc_tracked_types_per_trigger")), None)
-    if census:
+    for census in _censuses(data["runs"]):
         types = ", ".join(
             f"{name.removeprefix('builtins.')} {count:.0f}"
             for name, count in census["gc_tracked_types_per_trigger"].items()
@@ -144,11 +150,22 @@ def waiting_section(data: dict[str, Any]) -> list[str]:
             f"`{name}`" for name, count in census.get("tasks_per_trigger", {}).items() if count >= 0.9
         )
         out += [
-            f"What one waiting trigger keeps (N = {census['n']:,}), objects by type: {types}."
-            + (f" Tasks per waiting trigger: {tasks}." if tasks else ""),
+            f"What one waiting trigger on the {source_of(census)} source keeps (N = {census['n']:,}), "
+            f"objects by type: {types}." + (f" Tasks per waiting trigger: {tasks}." if tasks else ""),
             "",
         ]
     return out
+
+
+def _censuses(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per source with an object census: at N = 1,000 with ``gc.freeze()`` when there is one."""
+    from benchmarks.waiting import source_of
+
+    chosen: dict[str, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: (r["n"], bool(r.get("gc_freeze"))) != (1000, True)):
+        if run.get("gc_tracked_types_per_trigger"):
+            chosen.setdefault(source_of(run), run)
+    return list(chosen.values())
 
 
 def fleet_section(fleet: dict[str, Any]) -> list[str]:

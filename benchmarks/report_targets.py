@@ -249,8 +249,12 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
 
 
 def waiting_target_rows(doc: dict[str, Any]) -> list[list[Any]]:
-    """The waiting-trigger and append figures: figure, target, before, after, met or missed."""
-    from benchmarks.waiting import TARGETS, group
+    """The waiting-trigger and append figures: figure, target, before, after, met or missed.
+
+    The waiting rows come per source (:data:`benchmarks.waiting.SOURCES`); each row's 'before' is
+    the baseline's group of the same source, N and collector setting.
+    """
+    from benchmarks.waiting import SOURCE_SIZES, SOURCES, TARGETS, group
 
     res = doc["results"]
     base = doc.get("baseline") or {}
@@ -265,19 +269,25 @@ def waiting_target_rows(doc: dict[str, Any]) -> list[list[Any]]:
         frozen: bool | None,
         fmt: Any,
         limit: float,
+        source: str,
         strict: bool = False,
         then_name: str | None = None,
+        judged: bool = True,
     ) -> None:
         # frozen None: a figure the collector setting does not change; as Airflow leaves it if measured
         # then_name: the before run's name for the figure, where it was measured under another name
         settings = (False, True) if frozen is None else (frozen,)
-        now = next((g for f in settings if (g := group(after, n, f)) is not None), None)
-        then = next((g for f in settings if (g := group(before, n, f)) is not None), None)
+        now = next((g for f in settings if (g := group(after, n, f, source)) is not None), None)
+        then = next((g for f in settings if (g := group(before, n, f, source)) is not None), None)
+        if then is not None and name in then:
+            then_name = None  # the before run measured it under the same name
         if then is not None and (then_name or name) not in then:
             then = None
         value = None if now is None or name not in now else now[name]
+        if value is None and then is None:
+            return  # neither run measured it (a source measured at one N only)
         ok = value is not None and (value < limit if strict else value <= limit)
-        verdict = "not measured" if value is None else MET if ok else MISSED
+        verdict = "not measured" if value is None else (MET if ok else MISSED) if judged else ""
         rows.append(
             [
                 label,
@@ -290,71 +300,102 @@ def waiting_target_rows(doc: dict[str, Any]) -> list[list[Any]]:
 
     if after and "error" not in after:
         kb, count, cpu = (lambda v: f"{v:.1f} KB"), (lambda v: f"{v:.0f}"), (lambda v: f"{v:.2f} %")
-        for n in (1000, 5000):
+        names = {
+            "push": "push source",
+            "file": "file source (notifications)",
+            "push-queue": "push source through a queue",
+        }
+        for source in SOURCES:
+            on = f"{names.get(source, source)}: "
+            sizes = SOURCE_SIZES.get(source, (1000, 5000))
+            for n in sizes:
+                row(
+                    f"{on}RSS per waiting trigger, N = {n:,}",
+                    f"≤ {TARGETS['rss_per_trigger_kb']:.0f} KB",
+                    "rss_per_trigger_kb",
+                    n,
+                    None,
+                    kb,
+                    TARGETS["rss_per_trigger_kb"],
+                    source,
+                )
             row(
-                f"RSS per waiting trigger, N = {n:,}",
-                f"≤ {TARGETS['rss_per_trigger_kb']:.0f} KB",
-                "rss_per_trigger_kb",
-                n,
+                f"{on}objects tracked by the collector per waiting trigger (N = 1,000)",
+                f"≤ {TARGETS['gc_tracked_per_trigger']:.0f}",
+                "gc_tracked_per_trigger",
+                1000,
                 None,
-                kb,
-                TARGETS["rss_per_trigger_kb"],
+                count,
+                TARGETS["gc_tracked_per_trigger"],
+                source,
             )
-        row(
-            "objects tracked by the collector per waiting trigger (N = 1,000)",
-            f"≤ {TARGETS['gc_tracked_per_trigger']:.0f}",
-            "gc_tracked_per_trigger",
-            1000,
-            None,
-            count,
-            TARGETS["gc_tracked_per_trigger"],
-        )
-        row(
-            "full-GC time (CPU) added by 1,000 waiting triggers",
-            f"≤ {TARGETS['full_gc_ms_added_per_1000']:.0f} ms",
-            "full_gc_ms_added_per_1000",
-            1000,
-            None,
-            fmt_ms,
-            TARGETS["full_gc_ms_added_per_1000"],
-        )
-        # the waiting phase (a quiet window with one full collection); before, one figure covered
-        # start-up and the quiet window together, and its longest stall was always in start-up
-        for phase, label, then_name in (
-            ("waiting", "while 5,000 triggers wait, one full collection included", None),
-            ("startup", "while 5,000 triggers start (to their first decision)", "longest_stall_ms"),
-        ):
+            # with gc.freeze() a collection with no trigger costs almost nothing, so the figure is the
+            # triggers' own; as Airflow leaves it, it is the difference of two ~150 ms collections,
+            # whose noise is larger than the target
             row(
-                f"longest event-loop stall {label}, `gc.freeze()` after start-up (production setting)",
-                f"< {TARGETS['longest_stall_ms']:.0f} ms",
-                f"{phase}_stall_ms",
-                5000,
+                f"{on}full-GC time (CPU) added by 1,000 waiting triggers, `gc.freeze()` after start-up",
+                f"≤ {TARGETS['full_gc_ms_added_per_1000']:.0f} ms",
+                "full_gc_ms_added_per_1000",
+                1000,
                 True,
                 fmt_ms,
-                TARGETS["longest_stall_ms"],
-                strict=True,
-                then_name=then_name,
+                TARGETS["full_gc_ms_added_per_1000"],
+                source,
             )
             row(
-                f"{DASH} the same, collector as Airflow leaves it",
-                f"< {TARGETS['longest_stall_ms']:.0f} ms",
-                f"{phase}_stall_ms",
-                5000,
+                f"{DASH} the same, collector as Airflow leaves it (a difference of two ~150 ms collections: "
+                "not judged, its noise is larger than the target)",
+                DASH,
+                "full_gc_ms_added_per_1000",
+                1000,
                 False,
                 fmt_ms,
-                TARGETS["longest_stall_ms"],
-                strict=True,
-                then_name=then_name,
+                TARGETS["full_gc_ms_added_per_1000"],
+                source,
+                judged=False,
             )
-        row(
-            "idle CPU, N = 5,000",
-            f"≤ {TARGETS['idle_cpu_pct']:.0f} % of a core",
-            "idle_cpu_pct",
-            5000,
-            None,
-            cpu,
-            TARGETS["idle_cpu_pct"],
-        )
+            if 5000 not in sizes:
+                continue
+            # the waiting phase (a quiet window with one full collection); before, one figure covered
+            # start-up and the quiet window together, and its longest stall was always in start-up
+            for phase, label, then_name in (
+                ("waiting", "while 5,000 triggers wait, one full collection included", None),
+                ("startup", "while 5,000 triggers start (to their first decision)", "longest_stall_ms"),
+            ):
+                row(
+                    f"{on}longest event-loop stall {label}, `gc.freeze()` after start-up (production setting)",
+                    f"< {TARGETS['longest_stall_ms']:.0f} ms",
+                    f"{phase}_stall_ms",
+                    5000,
+                    True,
+                    fmt_ms,
+                    TARGETS["longest_stall_ms"],
+                    source,
+                    strict=True,
+                    then_name=then_name,
+                )
+                row(
+                    f"{DASH} the same, collector as Airflow leaves it",
+                    f"< {TARGETS['longest_stall_ms']:.0f} ms",
+                    f"{phase}_stall_ms",
+                    5000,
+                    False,
+                    fmt_ms,
+                    TARGETS["longest_stall_ms"],
+                    source,
+                    strict=True,
+                    then_name=then_name,
+                )
+            row(
+                f"{on}idle CPU, N = 5,000",
+                f"≤ {TARGETS['idle_cpu_pct']:.0f} % of a core",
+                "idle_cpu_pct",
+                5000,
+                None,
+                cpu,
+                TARGETS["idle_cpu_pct"],
+                source,
+            )
     now = (res.get("core") or {}).get("append_cost")
     then = base.get("append_cost")
     if now:

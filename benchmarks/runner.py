@@ -20,12 +20,13 @@ import contextlib
 import gc
 import itertools
 import json
+import math
 import os
 import time
 from collections import deque
 from typing import Any
 
-__all__ = ["StallWatchdog", "Triggerer", "count_sockets", "rebuild", "rss_kb"]
+__all__ = ["StallWatchdog", "Triggerer", "count_sockets", "covered", "decided_at", "rebuild", "rss_kb"]
 
 
 def rss_kb() -> int:
@@ -45,6 +46,28 @@ def count_sockets() -> int:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 count += 1
     return count
+
+
+def _last_lease(trigger: Any) -> Any:
+    """The trigger's lease, if it stamped a decision (private, read only: a lease lives as long as
+    its stream; an older provider kept one for the trigger's whole run)."""
+    lease = getattr(trigger, "_lease", None)
+    return lease if lease is not None and math.isfinite(lease.decided_at) else None
+
+
+def decided_at(trigger: Any) -> float:
+    """The loop time of a decision trigger's last decision (``-inf`` before the first): its
+    stream's lease stamps each one, and its stream record keeps the last once the lease ends."""
+    lease = _last_lease(trigger)
+    return lease.decided_at if lease is not None else getattr(trigger._stream, "decided_at", -math.inf)
+
+
+def covered(trigger: Any) -> Any:
+    """The state a decision trigger's last decision covered (``None`` before the first)."""
+    lease = _last_lease(trigger)
+    if lease is not None:
+        return lease.covered
+    return getattr(trigger._stream, "covered", None) if math.isfinite(decided_at(trigger)) else None
 
 
 def rebuild(trigger: Any) -> Any:

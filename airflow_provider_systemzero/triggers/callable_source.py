@@ -21,7 +21,7 @@ from typing import Any
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_state
-from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource
+from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, NO_CHANGE, StateSource
 
 __all__ = ["CallableSource", "SourceFailed", "import_callable"]
 
@@ -102,6 +102,10 @@ class CallableSource(StateSource):
     at once, and never keeps another trigger or the process's exit waiting. An async generator
     that fails is called again.
 
+    A dormant trigger on an async generator awaits the generator's next value itself
+    (:meth:`next_change` is the generator's own ``anext()``): all the source adds to what the
+    author's generator keeps is this object.
+
     :param function: the callable.
     :param kwargs: keyword arguments for it (plain JSON).
     :param poll_interval: seconds between calls (ignored for async generators).
@@ -131,6 +135,10 @@ class CallableSource(StateSource):
         self._last: Any = None
         self._call: concurrent.futures.Future[Any] | None = None  # the sync call outstanding, if any
         self._failures = 0
+        self._push = inspect.isasyncgenfunction(function)
+        #: the generator returned: the state stays as it is until the function is called again
+        #: (by :meth:`current`, as the next wait or stream begins)
+        self._ended = False
 
     @staticmethod
     def _checked(value: Any) -> Any:
@@ -171,12 +179,23 @@ class CallableSource(StateSource):
                 "call of this source starts until it returns)"
             ) from None
 
+    def _live(self) -> AsyncIterator[Any] | None:
+        """The generator, unless it finished (an exception, a cancellation thrown into it while a
+        dormant trigger awaited it) or none was made yet."""
+        generator = self._generator
+        if generator is not None and generator.ag_frame is None:  # type: ignore[attr-defined]
+            self._generator = generator = None
+        return generator
+
     def _anext(self) -> Awaitable[Any]:
-        """The generator's next value, as the generator's own awaitable (called first, the function
-        is called): awaited where it is needed, it adds no coroutine frame to a waiting trigger."""
-        if self._generator is None:
-            self._generator = self.function(**self.kwargs)
-        return anext(self._generator)
+        """The generator's next value, as the generator's own awaitable (called first, or once the
+        generator finished, the function is called): awaited where it is needed, it adds no
+        coroutine frame to a waiting trigger."""
+        generator = self._live()
+        if generator is None:
+            generator = self._generator = self.function(**self.kwargs)
+            self._ended = False
+        return anext(generator)
 
     async def _drop_generator(self) -> None:
         """Close the generator after it raised (the next value calls the function again)."""
@@ -206,8 +225,8 @@ class CallableSource(StateSource):
             return value
 
     async def current(self) -> Any:
-        if inspect.isasyncgenfunction(self.function):
-            if self._generator is None:  # the first value the generator yields is the current state
+        if self._push:
+            if self._live() is None:  # the first value the generator yields is the current state
                 self._last = await self._value(self._next_generated)
             return self._last
         if inspect.iscoroutinefunction(self.function):
@@ -215,7 +234,7 @@ class CallableSource(StateSource):
         return await self._value(self._call_sync)
 
     async def changes(self) -> AsyncIterator[Any]:
-        if not inspect.isasyncgenfunction(self.function):
+        if not self._push:
             async for value in super().changes():
                 yield value
             return
@@ -240,6 +259,35 @@ class CallableSource(StateSource):
                 last = self._last = value
                 yield value
         await asyncio.Event().wait()  # the generator ended: the state stays as it is
+
+    def next_change(self) -> Awaitable[Any]:
+        """The generator's own next value (a sync or ``async def`` function: polled)."""
+        if not self._push:
+            return super().next_change()
+        if self._ended:
+            return asyncio.get_running_loop().create_future()  # the state stays as it is
+        return self._anext()
+
+    async def taken(self, value: Any) -> Any:
+        """A value the generator yielded, checked (a bad value raises :class:`LocalProtocolError`)."""
+        if self._push:
+            self._checked(value)
+            self._failures = 0
+            self._last = value
+        return value
+
+    async def failed(self, exc: Exception) -> Any:
+        """The generator (or the check of its value) raised ``exc``: a bad value raises again, the
+        end of the generator leaves the state as it is, any other failure is counted and retried
+        (the generator is called again after the back-off) until :class:`SourceFailed`."""
+        if not self._push or isinstance(exc, LocalProtocolError):
+            raise exc
+        await self._drop_generator()
+        if isinstance(exc, StopAsyncIteration):
+            self._ended = True
+        else:
+            await self._failed(exc)
+        return NO_CHANGE
 
     async def aclose(self) -> None:
         generator, self._generator = self._generator, None

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -46,8 +45,10 @@ from airflow_provider_systemzero.decisions.relevance import DecisionFilter, Deci
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
+from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
+from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream, error_payload
 
 __all__ = [
@@ -76,44 +77,6 @@ def _feeder(
     )
 
 
-@dataclass(frozen=True)
-class _Kwargs:
-    """A trigger's kwargs, declared once: each is the trigger's attribute of the same name, kept by
-    ``__init__`` (:meth:`keep`) and given back by ``serialize()`` (:meth:`serialized`).
-
-    :param names: the kwargs, space-separated, in their serialized order (the order is part of an
-        asset watcher's identity, ``BaseEventTrigger.hash``; tests/airflow/test_trigger_kwargs.py pins it).
-    :param when_set: kwargs left out while empty (``None``, ``[]``, ``False``).
-    :param unless: kwargs left out while at the given value (their default).
-    """
-
-    names: str
-    when_set: frozenset[str] = frozenset()
-    unless: Mapping[str, Any] = field(default_factory=dict)
-
-    def keep(self, trigger: BaseTrigger, given: Mapping[str, Any]) -> None:
-        """Set each declared kwarg in ``given`` (the ``__init__``'s ``locals()``) on ``trigger``."""
-        for name in self.names.split():
-            setattr(trigger, name, given[name])
-
-    def serialized(
-        self, trigger: BaseTrigger, tail: Mapping[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """The class path and plain-JSON kwargs (no secret) of ``trigger``.
-
-        :param trigger: the trigger.
-        :param tail: kwargs that follow the declared ones (the ``decide_when`` filter's).
-        """
-        kwargs: dict[str, Any] = {}
-        for name in self.names.split():
-            value = getattr(trigger, name)
-            if (name in self.when_set and not value) or (name in self.unless and value == self.unless[name]):
-                continue
-            kwargs[name] = value
-        kwargs.update(tail or {})
-        return f"{type(trigger).__module__}.{type(trigger).__qualname__}", kwargs
-
-
 #: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
 #: (shared: a waiting trigger keeps one object fewer).
 _NO_FILTER = DecisionFilter()
@@ -122,7 +85,8 @@ _NO_FILTER = DecisionFilter()
 def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
     (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
-    ``max_staleness`` and the stream lease; the source itself is built when the trigger runs."""
+    ``max_staleness``; the source is built when the trigger runs, a lease with each stream
+    (:func:`_new_lease`)."""
     decision_filter = DecisionFilter(
         decide_when=given["decide_when"],
         debounce_ms=given["debounce_ms"],
@@ -131,11 +95,31 @@ def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
     trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
     trigger.max_staleness = validate_max_staleness(given["max_staleness"])
-    trigger._lease = StreamLease(given["lease"], given["lease_after"])
+    trigger._lease = None
     trigger._source = None
 
 
-async def _close_source(source: StateSource | None) -> None:
+def _new_lease(trigger: Any) -> StreamLease:
+    """The lease of the stream ``trigger`` is about to hold: it lives as long as that stream (a
+    dormant trigger keeps what it needs of it in its :class:`TriggerStream`, :func:`_end_lease`)."""
+    trigger._lease = lease = StreamLease(trigger.lease, trigger.lease_after)
+    return lease
+
+
+def _end_lease(trigger: Any) -> None:
+    """End the lease of ``trigger``'s stream (closed, or the trigger ends), keeping what the last
+    decision covered and when."""
+    lease, trigger._lease = trigger._lease, None
+    if lease is not None:
+        lease.end()
+        trigger._stream.remember(lease)
+
+
+async def _close(trigger: Any) -> None:
+    """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
+    _end_lease(trigger)
+    source, trigger._source = trigger._source, None
+    await trigger._stream.aclose()
     if source is not None:
         with contextlib.suppress(Exception):
             await source.aclose()
@@ -182,7 +166,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
     """
 
-    _kwargs = _Kwargs(
+    _kwargs = TriggerKwargs(
         "systemzero_conn_id request condition state source key_namespace decision_mode budget deadline "
         "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness",
         when_set=frozenset({"budget", "skip_states", "end_when_unmet"}),
@@ -227,52 +211,95 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         return path, kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Stream the state and yield one event."""
-        payload = await self._stream.within_deadline(
-            self,
-            self._wait(),
-            {"key_namespace": self.key_namespace},
-            late="the sensor's deadline passed before the trigger started",
-            timed_out="no decision met the condition before the deadline",
-            keep_open=True,
-        )
-        yield TriggerEvent(self._stream.with_usage(payload))
+        """Stream the state and yield one event: a stream while the state changes (:meth:`_hold`),
+        none while it does not, when this generator itself awaits the source's next change (the
+        source's own awaitable: a dormant trigger keeps no other coroutine of the provider's)."""
+        stream = self._stream
+        payload = stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
+        decided = False
+        try:
+            deadline = None if payload is not None else stream.deadline_scope()
+            if deadline is not None:
+                await deadline.__aenter__()
+            try:
+                if payload is None:
+                    self._source = source = build_source(self.source, self.state)
+                    state = await source.current()
+                    # a callable that cannot be imported ends the wait here
+                    relevance = self.decision_filter.relevance()
+                    # kept across streams: a reopened stream does not decide its opening state
+                    # unless a change since the last one matched decide_when
+                    gate = self.decision_filter.gate(asyncio.get_running_loop().time())
+                    watch: DecisionWatch | None = None
+                    while payload is None:
+                        if watch is None:
+                            watch = self._watch()
+                        payload = await self._hold(state, source, watch, gate)
+                        if payload is not None:
+                            break
+                        # dormant: only a run of qualifying decisions (hysteresis) is worth keeping
+                        if not watch.streak.count:
+                            watch = None
+                        stream.let_go(gate)
+                        state = NO_CHANGE
+                        while state is NO_CHANGE:
+                            time_left = stream.time_left(watch)
+                            stream.dormant = True
+                            try:
+                                if time_left is None:
+                                    # TriggerStream.change, inline: no coroutine between this
+                                    # generator and the source's own wait
+                                    state = await source.current()
+                                    while not stream.changed(state):
+                                        try:
+                                            state = await source.taken(await source.next_change())
+                                        except Exception as exc:
+                                            state = await source.failed(exc)
+                                else:  # a qualifying run waits on time: bounded by one timer
+                                    state = await stream.change_within(time_left, source)
+                            finally:
+                                stream.dormant = False
+                            state, verdict = await stream.woken(
+                                state,
+                                watch,
+                                gate=gate,
+                                relevance=relevance,
+                                min_interval=(self.min_interval_ms or 0) / 1000,
+                            )
+                            if verdict is not None:  # only time was missing, and it passed
+                                payload = self._payload(watch, verdict)
+                                break
+                    decided = True
+            # what `async with deadline` does (which would keep a bound method all along the wait)
+            except BaseException as exc:
+                if deadline is not None:
+                    await deadline.__aexit__(type(exc), exc, exc.__traceback__)  # the deadline: TimeoutError
+                raise
+            else:
+                if deadline is not None:
+                    await deadline.__aexit__(None, None, None)
+        except TimeoutError:
+            payload = stream.timed_out(self._extra(), "no decision met the condition before the deadline")
+        except Exception as exc:
+            payload = stream.failure(self, exc, self._extra())
+        finally:
+            if not decided:
+                await self.cleanup()
+        yield TriggerEvent(stream.with_usage(payload))
         await self.cleanup()  # the event went out first: it does not wait for the close handshake
 
-    async def _wait(self) -> dict[str, Any]:
-        """Hold a stream while the state changes and be dormant (no stream) while it does not,
-        until a decision ends the wait."""
-        self._source = source = build_source(self.source, self.state)
-        state = await source.current()
-        relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the wait here
-        # kept across streams: a reopened stream does not decide its opening state unless a change
-        # since the last one matched decide_when
-        gate = self.decision_filter.gate(asyncio.get_running_loop().time())
-        watch: DecisionWatch | None = None
-        while True:
-            if watch is None:
-                watch = DecisionWatch(
-                    DecisionCondition.from_dict(self.condition),
-                    reviews=True,
-                    skip_states=self.skip_states,
-                    end_when_unmet=self.end_when_unmet,
-                )
-            payload = await self._hold(state, source, watch, gate)
-            if payload is not None:
-                return payload
-            # dormant: only a run of qualifying decisions (hysteresis) is worth keeping meanwhile
-            if not watch.streak.count:
-                watch = None
-            state, verdict = await self._stream.wait_until_due(
-                source,
-                self._lease,
-                watch,
-                gate=gate,
-                relevance=relevance,
-                min_interval=(self.min_interval_ms or 0) / 1000,
-            )
-            if verdict is not None:  # only time was missing, and it passed
-                return self._payload(watch, verdict)
+    def _extra(self) -> dict[str, Any]:
+        """The fields every event of this trigger carries."""
+        return {"key_namespace": self.key_namespace}
+
+    def _watch(self) -> DecisionWatch:
+        """A new watch of the condition (the trigger keeps one only while it matters)."""
+        return DecisionWatch(
+            DecisionCondition.from_dict(self.condition),
+            reviews=True,
+            skip_states=self.skip_states,
+            end_when_unmet=self.end_when_unmet,
+        )
 
     async def _hold(
         self, state: Any, source: StateSource, watch: DecisionWatch, gate: DecisionGate | None
@@ -289,19 +316,20 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 decision_mode=mode,
                 min_interval_ms=self.min_interval_ms,
             ) as stream:
+                lease = _new_lease(self)
                 feeder = _feeder(self, stream, source, mode, gate)
                 if feeder.direct:  # decisions straight from the stream's reader to this task
                     verdict = await feeder.first_verdict(watch)
                     payload = None if verdict is None else self._payload(watch, verdict)
                 else:
                     payload = await self._stream.until_quiet(
-                        self._lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                        lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
                     )
                 if payload is None:
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload
         finally:
-            self._lease.end()
+            _end_lease(self)
 
     async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
         """The payload of the first verdict that ends the wait."""
@@ -318,10 +346,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.end()
-        source, self._source = self._source, None
-        await self._stream.aclose()
-        await _close_source(source)
+        await _close(self)
 
 
 class SystemZeroDecideTrigger(BaseTrigger):
@@ -337,7 +362,7 @@ class SystemZeroDecideTrigger(BaseTrigger):
     :param budget: the task's spend caps and what it spent so far; the event reports the usage.
     """
 
-    _kwargs = _Kwargs(
+    _kwargs = TriggerKwargs(
         "systemzero_conn_id request state key_namespace idempotency_key attachments deadline budget",
         when_set=frozenset({"budget"}),
     )
@@ -420,7 +445,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
     """
 
-    _kwargs = _Kwargs(
+    _kwargs = TriggerKwargs(
         "systemzero_conn_id request condition state watch_id source decision_mode lease lease_after max_staleness",
         unless={"max_staleness": DEFAULT_MAX_STALENESS},
     )
@@ -455,7 +480,9 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield an event each time the condition becomes true; runs until cancelled."""
+        """Yield an event each time the condition becomes true; runs until cancelled (dormant, it
+        awaits the source's next change itself, as :meth:`SystemZeroDecisionTrigger.run` does)."""
+        stream_of = self._stream
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
         state = await source.current()
@@ -472,8 +499,9 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                 # one queue per stream (it is drained before the trigger goes dormant: none is kept)
                 queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
+                    lease = _new_lease(self)
                     feeder = _feeder(self, stream, source, mode, gate)
-                    quiet = self._lease.watch(feeder.currency)
+                    quiet = lease.watch(feeder.currency)
                     race = asyncio.ensure_future(
                         feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
                     )
@@ -493,20 +521,33 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         quiet.cancel()
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
-                        self._lease.end()
-                del stream, feeder, race, quiet, getter  # nothing of the stream outlives it
+                        _end_lease(self)
+                del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
                 del queue
                 # dormant: the watch is kept (whether the condition was met decides the next event)
-                while True:
-                    state, verdict = await self._stream.wait_until_due(
-                        source, self._lease, watch, gate=gate, relevance=relevance
-                    )
-                    if verdict is None:
-                        break
-                    # only time was missing, and it passed
-                    yield TriggerEvent(self._event(watch, verdict, policy_fields))
+                stream_of.let_go(gate)
+                state = NO_CHANGE
+                while state is NO_CHANGE:
+                    time_left = stream_of.time_left(watch)
+                    stream_of.dormant = True
+                    try:
+                        if time_left is None:
+                            # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
+                            state = await source.current()
+                            while not stream_of.changed(state):
+                                try:
+                                    state = await source.taken(await source.next_change())
+                                except Exception as exc:
+                                    state = await source.failed(exc)
+                        else:  # a qualifying run waits on time: bounded by one timer
+                            state = await stream_of.change_within(time_left, source)
+                    finally:
+                        stream_of.dormant = False
+                    state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
+                    if verdict is not None:  # only time was missing, and it passed
+                        yield TriggerEvent(self._event(watch, verdict, policy_fields))
         finally:
             await self.cleanup()
 
@@ -530,10 +571,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        self._lease.end()
-        source, self._source = self._source, None
-        await self._stream.aclose()
-        await _close_source(source)
+        await _close(self)
 
 
 def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:

@@ -13,20 +13,18 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from functools import lru_cache
 from typing import Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.file_watch import Subscription
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource
 
 __all__ = ["FINGERPRINT_BYTES", "FileSource", "missing_file"]
 
 log = logging.getLogger("airflow_provider_systemzero.triggers.sources")  # the sources' one log
 
-#: A file source on notifications still checks its file this often (seconds), as a safety net.
-NOTIFY_RECHECK_SECONDS = 60.0
 #: Bytes at the start of a tailed file, and before the read position, compared on every read.
 FINGERPRINT_BYTES = 1024
 #: A notified file source reads at most this many new bytes on the event loop (more in a thread).
@@ -38,10 +36,16 @@ class FileSource(StateSource):
 
     How it learns of a change (``watch``): ``notify`` waits for the operating system's file
     notifications through the process's one shared watcher
-    (:mod:`~airflow_provider_systemzero.triggers.file_watch`) and checks the file again every
-    ``max(poll_interval, 60)`` seconds as a safety net; ``poll`` checks every ``poll_interval``;
-    ``auto`` (the default) chooses ``poll`` on network and FUSE filesystems and where the system
-    has no inotify, ``notify`` elsewhere.
+    (:mod:`~airflow_provider_systemzero.triggers.file_watch`), whose one re-check timer also
+    compares every watched file with what was read every :data:`~.file_watch.RECHECK_SECONDS`
+    as a safety net (the source keeps no timer of its own); ``poll`` checks every
+    ``poll_interval`` (one timer per source while it is read); ``auto`` (the default) chooses
+    ``poll`` on network and FUSE filesystems and where the system has no inotify, ``notify``
+    elsewhere.
+
+    A dormant trigger on notifications awaits one future of the source's, resolved by the
+    watcher (:meth:`next_change`); the source is its own subscriber (:meth:`__call__`), and
+    keeps no decoder while no partial character is pending.
 
     The file counts as replaced — and is read again from its start — when its name now refers to
     another file (new inode; a notification of a create, delete or rename of the name), when it is
@@ -83,9 +87,11 @@ class FileSource(StateSource):
         self._text = prefix
         self._offset = 0
         self._identity: tuple[int, int] | None = None
+        self._mtime = 0  # the file's st_mtime_ns as last read (the watcher's re-check compares it)
         self._head = b""
         self._tail = b""
-        self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+        #: made for a read, kept only while it holds part of a character (or a byte-order mark's choice)
+        self._decoder: codecs.IncrementalDecoder | None = None
         self._replaced = False
         self._resubscribe = False
         #: a notification came since the last read (or nothing was read yet): the next
@@ -96,21 +102,25 @@ class FileSource(StateSource):
         #: the next read, from the next iterator, must start where that one ended
         self._reading = threading.Lock()
         #: one event per open ``changes()`` iterator, each set by a notification: a trigger's next
-        #: iterator (a dormant wait, a new stream) may start before the last one is closed
-        self._wakes: set[asyncio.Event] = set()
-        #: the source's watch: kept from its first ``changes()`` until :meth:`aclose` (the
-        #: trigger's cleanup), so the iterators of a trigger's streams and dormant waits, one
-        #: after the other, cost no subscribe, no unsubscribe and no read of an unchanged file
-        self._subscriptions: list[Subscription] = []
-        #: the source's one timer while an iterator is open: the next poll, or on notifications the
-        #: safety re-check; it wakes every open iterator (one timer per source, not one per wait)
+        #: iterator (a new stream) may start before the last one is closed (``None``: none open)
+        self._wakes: set[asyncio.Event] | None = None
+        #: the future a dormant trigger awaits (:meth:`next_change`), resolved by a notification
+        self._waiter: asyncio.Future[None] | None = None
+        #: the source's watch: the paths it subscribed to the watcher under, kept from its first
+        #: read until :meth:`aclose` (the trigger's cleanup), so a trigger's streams and dormant
+        #: waits, one after the other, cost no subscribe, no unsubscribe and no read of an
+        #: unchanged file
+        self._watcher: file_watch.FileWatcher | None = None
+        self._watched: tuple[str, ...] = ()
+        #: the source's one timer while polled and an iterator is open: the next poll (on
+        #: notifications the source has none: the watcher's re-check is one timer for all)
         self._timer: asyncio.TimerHandle | None = None
 
     # ---------------------------------------------------------------- reading (in a worker thread)
 
     def _forget_file(self) -> None:
         self._offset, self._identity, self._head, self._tail = 0, None, b"", b""
-        self._decoder.reset()
+        self._decoder = None
 
     def _same_prefix(self, fd: int) -> bool:
         """Whether the bytes already read are still there (their first and last bytes compared)."""
@@ -184,7 +194,7 @@ class FileSource(StateSource):
                 return None
             if restart:
                 self._forget_file()
-            self._identity = identity
+            self._identity, self._mtime = identity, stat.st_mtime_ns
             chunks = []
             while self._offset < stat.st_size:
                 data = os.pread(fd, stat.st_size - self._offset, self._offset)
@@ -195,7 +205,15 @@ class FileSource(StateSource):
                 chunks.append(data)
         finally:
             os.close(fd)
-        return restart, self._decoder.decode(b"".join(chunks)) if chunks else ""
+        return restart, self._decode(b"".join(chunks)) if chunks else ""
+
+    def _decode(self, data: bytes) -> str:
+        """``data`` decoded, continuing a character the last read cut (the decoder is kept only
+        while it holds one: a waiting source keeps none)."""
+        decoder = self._decoder or codecs.getincrementaldecoder(self.encoding)(errors="replace")
+        text = decoder.decode(data)
+        self._decoder = None if decoder.getstate() == _fresh_state(self.encoding) else decoder
+        return text
 
     async def _refresh(self) -> None:
         """Read what changed into the text."""
@@ -205,30 +223,61 @@ class FileSource(StateSource):
         # microseconds: it is done here, saving the hop to a thread and back (a scheduling delay
         # of its own on a busy machine) and the executor's threads. Anything larger, and a file
         # that is polled (maybe on a network filesystem), is read in a thread.
-        local = self._chosen == "notify" or (self._subscriptions and self._identity)
+        local = self._chosen == "notify" or (self._watched and self._identity)
         done = self._read(replaced, INLINE_READ_BYTES) if local else None
         if done is None:
             await asyncio.to_thread(self._read, replaced)
 
     # ---------------------------------------------------------------- notifications
 
+    def __call__(self, mask: int) -> None:
+        """The watcher's callback: the source subscribes itself (no bound method kept per watch)."""
+        self._on_event(mask)
+
     def _on_event(self, mask: int) -> None:
+        if mask == file_watch.RECHECK:  # the watcher's safety re-check: nothing was reported
+            if self._stale or self._reading.locked() or self._unchanged_on_disk():
+                return
+            log.info("%s changed without a notification: reading it again", self.path)
         self._stale = True
         if mask & file_watch.REPLACED:
             self._replaced = True
-        if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._subscriptions) > 1):
+        if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._watched) > 1):
             self._resubscribe = True  # the directory went away, or a symlink may point elsewhere now
-        for wake in self._wakes:
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the dormant trigger's wait and every open iterator."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        for wake in self._wakes or ():
             wake.set()
 
+    def _unchanged_on_disk(self) -> bool:
+        """Whether the file is as the last read left it (one ``stat``: same file, size and
+        modification time; a file still missing is unchanged)."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return self._identity is None
+        except OSError:
+            return True  # nothing to learn here: the next notified read says what is wrong
+        return (
+            (stat.st_dev, stat.st_ino) == self._identity
+            and stat.st_size == self._offset
+            and stat.st_mtime_ns == self._mtime
+        )
+
     def _subscribe(self) -> None:
-        if self.mode != "notify" or self._subscriptions:
+        if self.mode != "notify" or self._watched:
             return
         self._resubscribe = False
         try:
             watcher = file_watch.shared_watcher()
             for path in dict.fromkeys((os.path.abspath(self.path), os.path.realpath(self.path))):
-                self._subscriptions.append(watcher.subscribe(path, self._on_event))
+                watcher.subscribe(path, self)
+                self._watcher, self._watched = watcher, (*self._watched, path)
             self._stale = True  # unwatched until now: read once the watch is in place
         except OSError as exc:
             self._unsubscribe()
@@ -243,35 +292,40 @@ class FileSource(StateSource):
             # else: the directory does not exist yet; poll until it does
 
     def _unsubscribe(self) -> None:
-        subscriptions, self._subscriptions = self._subscriptions, []
-        for subscription in subscriptions:
-            subscription.watcher.unsubscribe(subscription)
+        watcher, watched = self._watcher, self._watched
+        self._watcher, self._watched = None, ()
+        for path in watched:
+            assert watcher is not None
+            watcher.remove(path, self)
 
-    async def _next_change(self, wake: asyncio.Event) -> None:
-        """Wait for a notification or the source's timer on ``wake`` (see :meth:`_arm`)."""
-        if self._resubscribe or (self.mode == "notify" and not self._subscriptions):
+    def _watch_again(self) -> bool:
+        """Subscribe again when the directory went away or was not there (``True``: watching
+        again, so look at once: something may have changed meanwhile)."""
+        if self._resubscribe or (self.mode == "notify" and not self._watched):
             self._unsubscribe()
             self._subscribe()
-            self._arm()  # polling or notified now: the timer's interval changed
-            if self._subscriptions:
-                return  # watching again: look at once, something may have changed meanwhile
-        if self._timer is None:
+            return bool(self._watched)
+        return False
+
+    async def _next_change(self, wake: asyncio.Event) -> None:
+        """Wait for a notification or the poll on ``wake`` (see :meth:`_arm`)."""
+        if self._watch_again():
+            self._disarm()  # notified now: no poll
+            return
+        if self._timer is None and not self._watched:
             self._arm()
         await wake.wait()
         wake.clear()
 
     def _arm(self) -> None:
-        """(Re)start the source's timer: ``poll_interval`` when polling, the safety re-check
-        (``max(poll_interval, 60)`` s) on notifications. It is armed when an iterator waits and no
-        timer is pending, so a poll comes ``poll_interval`` after the last one's read."""
+        """(Re)start the poll timer: ``poll_interval`` after the last read, while an iterator waits."""
         if self._timer is not None:
             self._timer.cancel()
-        wait = max(self.poll_interval, NOTIFY_RECHECK_SECONDS) if self._subscriptions else self.poll_interval
-        self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
+        self._timer = asyncio.get_running_loop().call_later(self.poll_interval, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        for wake in self._wakes:
+        for wake in self._wakes or ():
             wake.set()
 
     def _disarm(self) -> None:
@@ -290,13 +344,36 @@ class FileSource(StateSource):
     # ---------------------------------------------------------------- the source API
 
     async def current(self) -> str:
+        """The text now (the file is read unless it is watched and nothing changed since the last read)."""
         if self.mode is None:
             self._choose_mode()  # known before the first read: a local file is read on the loop
-        await self._refresh()
+        if self._stale or not self._watched or self._reading.locked():
+            await self._refresh()
         return self._text
+
+    def next_change(self) -> Awaitable[Any]:
+        """On notifications, a future the watcher resolves (a change, or its re-check finding one);
+        polled, the next poll (``poll_interval`` seconds)."""
+        if self.mode is None:
+            self.mode = self._choose_mode()
+        loop = asyncio.get_running_loop()
+        if not self._watch_again() and not self._watched:
+            return asyncio.sleep(self.poll_interval)
+        waiter = loop.create_future()
+        if self._stale or self._reading.locked():
+            waiter.set_result(None)  # already changed (or a read ends): read at once
+        else:
+            self._waiter = waiter
+        return waiter
+
+    async def taken(self, value: Any) -> Any:
+        """The text once the source was woken (read if it may have changed)."""
+        return await self.current()
 
     async def changes(self) -> AsyncIterator[Any]:
         wake = asyncio.Event()
+        if self._wakes is None:
+            self._wakes = set()
         self._wakes.add(wake)
         self.mode = self._choose_mode()
         if self._resubscribe:  # the directory went away while no iterator was open
@@ -305,12 +382,12 @@ class FileSource(StateSource):
         log.debug(
             "tailing %s (%s)",
             self.path,
-            "file notifications" if self._subscriptions else f"polling every {self.poll_interval:.3g} s",
+            "file notifications" if self._watched else f"polling every {self.poll_interval:.3g} s",
         )
         try:
             # read unless watched and unchanged since the last read, and no read is in progress
             # (one a cancelled iterator left running in a thread: wait for it)
-            if self._stale or not self._subscriptions or self._reading.locked():
+            if self._stale or not self._watched or self._reading.locked():
                 await self._refresh()
             last = self._text
             yield last
@@ -325,11 +402,19 @@ class FileSource(StateSource):
         finally:
             self._wakes.discard(wake)
             if not self._wakes:
+                self._wakes = None
                 self._disarm()
 
     async def aclose(self) -> None:
         self._disarm()
         self._unsubscribe()
+        self._waiter = None
+
+
+@lru_cache(maxsize=16)
+def _fresh_state(encoding: str) -> tuple[bytes, int]:
+    """The state of a new incremental decoder of ``encoding`` (a decoder back at it holds nothing)."""
+    return codecs.getincrementaldecoder(encoding)().getstate()  # type: ignore[return-value]
 
 
 def missing_file(path: str, must_exist: bool) -> None:

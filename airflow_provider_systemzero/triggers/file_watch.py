@@ -24,6 +24,14 @@ The library is `inotify_simple <https://pypi.org/project/inotify-simple/>`_: a s
 wrapper over the three inotify system calls with no dependencies and no thread; the descriptor
 is driven by the event loop directly.
 
+A notification can be missed where the kernel sees no write (a file changed through ``mmap``,
+a bind mount written from elsewhere): the watcher re-checks **every** watched file once every
+:data:`RECHECK_SECONDS`, with one timer for the whole process. Each subscriber is called with
+:data:`RECHECK` (no event bits); a file source then compares one ``stat`` of its file with what it
+last read and wakes only if they differ. The pass runs :data:`RECHECK_SLICE` subscribers per loop
+iteration, so thousands of watched files never hold the loop for long; a source keeps no timer,
+thread or descriptor of its own for it.
+
 Nothing is torn down on the path of a change: when a source goes (its trigger fired), its
 directory stays watched for up to :data:`IDLE_SECONDS` — the next source on it finds the watch in
 place — and idle watches are then removed together. Closing an inotify descriptor makes the
@@ -48,6 +56,8 @@ from dataclasses import dataclass, field
 __all__ = [
     "MOUNTINFO",
     "NETWORK_FILESYSTEMS",
+    "RECHECK",
+    "RECHECK_SECONDS",
     "WATCH_MODES",
     "FileWatcher",
     "MountTable",
@@ -121,6 +131,13 @@ else:  # pragma: no cover - not Linux
 #: Seconds a directory stays watched after its last source went; idle watches are removed (and a
 #: watcher left with none closes) at most this long after.
 IDLE_SECONDS = 5.0
+
+#: How often the watcher re-checks every watched file (seconds), as a safety net under the notifications.
+RECHECK_SECONDS = 60.0
+#: Subscribers called per loop iteration during a re-check pass.
+RECHECK_SLICE = 256
+#: The mask a subscriber is called with by the re-check: no event was reported, look for yourself.
+RECHECK = 0
 
 #: The name of the short-lived thread that closes a watcher's descriptor.
 CLOSING_THREAD = "systemzero-inotify-close"
@@ -307,9 +324,10 @@ def watch_mode(path: str, requested: str = "auto") -> str:
 class _Directory:
     path: str
     wd: int
-    names: dict[str, set[Callback]] = field(default_factory=dict)
+    #: each watched name's subscribers (tuples: a name's set of one is an object more per file)
+    names: dict[str, tuple[Callback, ...]] = field(default_factory=dict)
     #: the paths it was subscribed under (one directory, several spellings: symlinks, ``..``)
-    spellings: set[str] = field(default_factory=set)
+    spellings: tuple[str, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -344,10 +362,14 @@ class FileWatcher:
         self._by_wd: dict[int, _Directory] = {}
         self._closed = False
         self._sweep: asyncio.TimerHandle | None = None
+        #: the one re-check timer of every watched file (armed while anything is subscribed)
+        self._recheck: asyncio.TimerHandle | None = None
         #: events read from the descriptor, and subscriber calls made for them (one per subscriber
         #: per read, however many of the read's events named its file)
         self.events_read = 0
         self.wakes = 0
+        #: re-check passes begun
+        self.rechecks = 0
         loop.add_reader(self._fd, self._on_readable)
 
     @property
@@ -356,14 +378,16 @@ class FileWatcher:
         return self._closed
 
     def stats(self) -> dict[str, int]:
-        """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions``, ``events_read`` and
-        ``wakes`` (subscriber calls)."""
+        """``descriptors`` (0 or 1), watched ``directories``, ``subscriptions``, ``events_read``,
+        ``wakes`` (subscriber calls), ``recheck_timers`` (0 or 1) and ``rechecks`` (passes begun)."""
         return {
             "descriptors": 0 if self.closed else 1,
             "directories": len(self._directories),
             "subscriptions": sum(len(s) for d in self._directories.values() for s in d.names.values()),
             "events_read": self.events_read,
             "wakes": self.wakes,
+            "recheck_timers": 0 if self._recheck is None else 1,
+            "rechecks": self.rechecks,
         }
 
     def subscribe(self, path: str, callback: Callback) -> Subscription:
@@ -383,8 +407,13 @@ class FileWatcher:
                 directory = _Directory(directory_path, wd)
                 self._by_wd[wd] = directory
             self._directories[directory_path] = directory
-            directory.spellings.add(directory_path)
-        directory.names.setdefault(name, set()).add(callback)
+            if directory_path not in directory.spellings:
+                directory.spellings += (directory_path,)
+        callbacks = directory.names.get(name, ())
+        if callback not in callbacks:
+            directory.names[name] = (*callbacks, callback)
+        if self._recheck is None and not self._closed:
+            self._recheck = self._loop.call_later(RECHECK_SECONDS, self._recheck_all)
         return Subscription(self, directory, name, callback)
 
     def watching(self, subscription: Subscription) -> bool:
@@ -394,14 +423,52 @@ class FileWatcher:
     def unsubscribe(self, subscription: Subscription) -> None:
         """Stop calling the subscription's callback (the watch goes within :data:`IDLE_SECONDS`
         of its last subscriber, and the descriptor with the last watch)."""
-        directory = subscription.directory
-        callbacks = directory.names.get(subscription.name)
-        if callbacks is not None:
-            callbacks.discard(subscription.callback)
-            if not callbacks:
-                del directory.names[subscription.name]
+        self._drop(subscription.directory, subscription.name, subscription.callback)
+
+    def remove(self, path: str, callback: Callback) -> None:
+        """Stop calling ``callback`` for ``path`` (as :meth:`unsubscribe`, for a subscriber that kept
+        the path rather than its :class:`Subscription`; a directory no longer watched has nothing
+        to remove).
+
+        :param path: the path given to :meth:`subscribe`.
+        :param callback: the callback given with it.
+        """
+        directory_path, name = os.path.split(os.path.abspath(path))
+        directory = self._directories.get(directory_path)
+        if directory is not None:
+            self._drop(directory, name, callback)
+
+    def _drop(self, directory: _Directory, name: str, callback: Callback) -> None:
+        callbacks = directory.names.get(name)
+        if callbacks is not None and callback in callbacks:
+            kept = tuple(c for c in callbacks if c != callback)
+            if kept:
+                directory.names[name] = kept
+            else:
+                del directory.names[name]
         if not directory.names and self._sweep is None and not self._closed:
             self._sweep = self._loop.call_later(IDLE_SECONDS, self._remove_idle)
+
+    def _recheck_all(self) -> None:
+        """The safety re-check: call every subscriber with :data:`RECHECK`, a slice per loop
+        iteration, and arm the next pass (while anything is subscribed)."""
+        self._recheck = None
+        callbacks = list(
+            dict.fromkeys(c for d in self._by_wd.values() for cs in d.names.values() for c in cs)
+        )
+        if self._closed or not callbacks:
+            return  # the next subscribe arms it again
+        self.rechecks += 1
+        self._recheck = self._loop.call_later(RECHECK_SECONDS, self._recheck_all)
+        self._recheck_slice(callbacks, 0)
+
+    def _recheck_slice(self, callbacks: list[Callback], start: int) -> None:
+        end = start + RECHECK_SLICE
+        for callback in callbacks[start:end]:
+            if not self._closed:
+                callback(RECHECK)
+        if end < len(callbacks) and not self._closed:
+            self._loop.call_soon(self._recheck_slice, callbacks, end)
 
     def _remove_idle(self) -> None:
         """Remove the watches nobody subscribes to any more; close the watcher when none is left."""
@@ -421,6 +488,9 @@ class FileWatcher:
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._fd)
         if _WATCHERS.get(self._loop) is self:
@@ -481,7 +551,7 @@ class FileWatcher:
             callback(mask_of)
 
 
-def _add(masks: dict[Callback, int], groups: Iterable[set[Callback]], mask: int) -> None:
+def _add(masks: dict[Callback, int], groups: Iterable[tuple[Callback, ...]], mask: int) -> None:
     """OR ``mask`` into the pending mask of every callback in ``groups``."""
     for callbacks in groups:
         for callback in callbacks:

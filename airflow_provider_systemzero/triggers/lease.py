@@ -52,7 +52,7 @@ class StreamLease:
     def __init__(self, enabled: bool, after: float) -> None:
         self.enabled = enabled
         self.after = after
-        #: the state the last decision covered (what a dormant trigger compares the source with)
+        #: the state the last decision covered (the trigger keeps it when the lease ends)
         self.covered: Any = _NOTHING
         #: the loop time of the last decision
         self.decided_at = -math.inf

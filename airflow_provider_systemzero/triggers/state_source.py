@@ -1,19 +1,31 @@
 """The base of every state source: the desired state over time, and the state that never changes.
 
 See :mod:`~airflow_provider_systemzero.triggers.sources` for how a source is described and built.
+
+A source is read two ways. While a trigger holds a stream, :meth:`StateSource.changes` yields each
+new state to the stream's feeder. While it holds none (dormant), the trigger awaits
+:meth:`StateSource.next_change` itself, one awaitable at a time, and hands what it gives to
+:meth:`StateSource.taken` (or an error to :meth:`StateSource.failed`): no iterator, task or
+coroutine of the source stays between the trigger and the source's own wait — a push source's
+generator, a file's notification future — so a waiting trigger keeps as few objects as the
+source needs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "StateSource", "StaticSource"]
+__all__ = ["DEFAULT_POLL_INTERVAL", "NO_CHANGE", "StateSource", "StaticSource"]
 
 #: Seconds between checks of a polled source.
 DEFAULT_POLL_INTERVAL = 1.0
+
+#: What :meth:`StateSource.failed` returns when the source recovered but has no new state yet
+#: (and what a dormant wait returns as the state when only time passed).
+NO_CHANGE: Any = object()
 
 
 class StateSource:
@@ -37,6 +49,37 @@ class StateSource:
                 last = value
                 yield value
 
+    def next_change(self) -> Awaitable[Any]:
+        """What a dormant trigger awaits: one awaitable that completes when the source may have a
+        new state (its value goes to :meth:`taken`, an exception to :meth:`failed`).
+
+        Called, not awaited, by the trigger: a source that can hands out its own wait (a push
+        generator's next value, a notification future), so nothing of the provider's sits between
+        the waiting trigger and the source. The state it leads to may equal the last one. This
+        default polls: ``poll_interval`` seconds, then :meth:`current`.
+        """
+        return self._polled()
+
+    async def _polled(self) -> Any:
+        await asyncio.sleep(self.poll_interval)
+        return await self.current()
+
+    async def taken(self, value: Any) -> Any:
+        """The state that the value :meth:`next_change` gave stands for (this default: the value).
+
+        :param value: what the awaitable of :meth:`next_change` returned.
+        """
+        return value
+
+    async def failed(self, exc: Exception) -> Any:
+        """The awaitable of :meth:`next_change` raised ``exc``: raise (the trigger ends with an error
+        event), or return :data:`NO_CHANGE` once the source may be waited on again (this default
+        raises).
+
+        :param exc: the exception (a cancellation is never passed: it propagates).
+        """
+        raise exc
+
     async def aclose(self) -> None:
         """Release what the source holds (open files, generators)."""
 
@@ -53,3 +96,6 @@ class StaticSource(StateSource):
     async def changes(self) -> AsyncIterator[Any]:
         yield self.state
         await asyncio.Event().wait()  # nothing ever changes
+
+    def next_change(self) -> Awaitable[Any]:
+        return asyncio.get_running_loop().create_future()  # nothing ever completes it

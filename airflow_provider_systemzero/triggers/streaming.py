@@ -21,15 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.triggers.opening import OPENINGS, Opening
 from airflow_provider_systemzero.triggers.reading import SourceReading
 from airflow_provider_systemzero.triggers.sources import StateSource
+from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 
 if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to keep imports acyclic
     from airflow_provider_systemzero.decisions.relevance import DecisionGate, Relevance
@@ -46,10 +47,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What :meth:`TriggerStream.wait_until_due` returns as the state when only time passed (no change).
-NO_CHANGE: Any = object()
-
 T = TypeVar("T")
+
+#: What :attr:`TriggerStream.covered` is before any decision (equal to no state).
+_NOTHING: Any = object()
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -111,72 +112,6 @@ async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous:
     gate.changed(relevant, asyncio.get_running_loop().time())
 
 
-class _Opening:
-    """The streams of one connection that a loop's triggers are building and opening now.
-
-    A trigger whose source changed builds its stream only once it is *let in* (at most twice
-    ``max_streams_per_process`` of them at once, first come first served); the others wait on
-    one future each. A stream waiting for a slot of ``max_streams_per_process`` holds its session,
-    tasks and buffers; when a thousand triggers start or wake together, a thousand such streams
-    were built and freed one slot at a time, and the freed memory stayed in the allocator's pools
-    between the dormant triggers' objects (about 13 KB of free blocks per trigger at N = 1,000).
-    Letting in twice the cap keeps a waiter queued for every slot, so a quiet stream is still
-    asked to give its slot back (see :class:`StreamLease`).
-    """
-
-    __slots__ = ("active", "waiters")
-
-    def __init__(self) -> None:
-        self.active = 0  # streams let in and not entered yet
-        self.waiters: deque[asyncio.Future[None]] = deque()
-
-    @staticmethod
-    def room() -> int:
-        """How many streams of a connection may be built and opened at once."""
-        from airflow_provider_systemzero.stream.capacity import default_capacity
-
-        return 2 * default_capacity().limit
-
-    async def let_in(self) -> None:
-        """Wait until this trigger may build its stream (:meth:`leave` when it is entered)."""
-        if not self.waiters and self.active < self.room():
-            self.active += 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        log.info(
-            "waiting to build the stream: %d streams of this connection are being opened (at most %d "
-            "at once, twice max_streams_per_process), %d triggers waiting; first come first served",
-            self.active,
-            self.room(),
-            len(self.waiters),
-        )
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.leave()  # let in as it was cancelled: the place goes to the next waiter
-            else:
-                with contextlib.suppress(ValueError):
-                    self.waiters.remove(waiter)
-            raise
-
-    def leave(self) -> None:
-        """The stream is entered (or failed to be): its place goes to the oldest waiter."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.active -= 1
-
-
-#: Per event loop and connection ID: the streams being opened (a process may run several loops).
-_OPENINGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Opening]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 #: Per connection ID, the settings its triggers last resolved (immutable, so shared).
 _SETTINGS: dict[str | None, Any] = {}
 
@@ -215,10 +150,13 @@ class TriggerStream:
       state, and :meth:`until_quiet` runs the trigger's work on it until the work ends or the
       :class:`StreamLease` says the stream is quiet; the trigger then closes the stream (close
       1000), which frees its slot of ``max_streams_per_process`` for the next waiter;
-    * **dormant** — :meth:`wait_until_due` is the trigger's one await, on the source's next change:
-      no stream, session, connection, task or timer is held, only what resuming needs (the source
-      with its offset, the state the last decision covered, the key namespace, the condition). A
-      change rebuilds the rest; the same key namespace makes a state already decided replay unbilled.
+    * **dormant** — the trigger's ``run()`` itself awaits its source's next change
+      (:meth:`~airflow_provider_systemzero.triggers.state_source.StateSource.next_change`), with no
+      coroutine of this class or the source's in between; this record keeps what the wait needs
+      between wake-ups (:meth:`let_go`, :meth:`changed`, :meth:`woken`). No stream, session,
+      connection, task or timer is held, only what resuming needs (the source with its offset,
+      the state the last decision covered, the key namespace, the condition). A change rebuilds
+      the rest; the same key namespace makes a state already decided replay unbilled.
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: the request dict.
@@ -231,12 +169,14 @@ class TriggerStream:
     __slots__ = (
         "_budget",
         "_budget_kwargs",
-        "_dormant",
         "_options",
         "_reading",
         "_settings",
         "_since",
+        "covered",
         "deadline",
+        "decided_at",
+        "dormant",
         "key_namespace",
         "request",
         "stream",
@@ -262,16 +202,17 @@ class TriggerStream:
         self._budget: Any = None
         self._settings: Any = None  # the connection's settings, resolved once per trigger run
         self._options: tuple[float, float, bool, bool] | None = None  # see _stream_options
-        self._dormant = False
+        #: whether the trigger holds no stream and waits for its source to change (its ``run()``
+        #: sets it around the await)
+        self.dormant = False
         self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
         self._since: Any = (
             NO_CHANGE  # a dormant wait's state to compare changes with (NO_CHANGE: the covered one)
         )
-
-    @property
-    def dormant(self) -> bool:
-        """Whether the trigger holds no stream and waits for its source to change."""
-        return self._dormant
+        #: the state the last decision covered, and its loop time (kept from each stream's lease:
+        #: :meth:`remember`; what a dormant trigger compares the source with, and ``min_interval_ms``)
+        self.covered: Any = _NOTHING
+        self.decided_at = -math.inf
 
     @property
     def budget(self) -> Any:
@@ -338,90 +279,120 @@ class TriggerStream:
             return None
         return task.result()
 
-    async def wait_until_due(
+    def remember(self, lease: StreamLease) -> None:
+        """The lease of a stream ends: keep what its last decision covered and when (a stream that
+        had no decision leaves the last ones), and nothing else of the lease.
+
+        :param lease: the lease of the stream (:class:`StreamLease`; one per stream).
+        """
+        if math.isfinite(lease.decided_at):
+            self.covered, self.decided_at = lease.covered, lease.decided_at
+
+    def let_go(self, gate: DecisionGate | None = None) -> None:
+        """The stream just closed and the trigger goes dormant: keep the connection's settings for
+        the next stream (no second lookup) and what the dormant wait compares changes with, and
+        nothing else of the stream.
+
+        A change is the source's state other than the one the last decision covered
+        (:attr:`covered`); with ``gate`` (``decide_when``), other than the one the last
+        stream ended with, and only a change that makes a decision due ends the wait (the others
+        become the state the next change is compared with: :meth:`woken`).
+
+        :param gate: the trigger's ``decide_when`` gate (``None``: every change is due).
+        """
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            if stream.settings is not None:
+                self._settings = _shared(stream.settings)
+            self._since = stream.state if gate is not None else NO_CHANGE
+
+    def changed(self, state: Any) -> bool:
+        """Whether ``state`` (what the source gave a dormant trigger) ends the dormant wait: a state
+        other than the one the wait compares with (:meth:`let_go`); :data:`NO_CHANGE` never does.
+
+        :param state: the source's state.
+        """
+        if state is NO_CHANGE:
+            return False
+        covered = self.covered if self._since is NO_CHANGE else self._since
+        return state is not covered and state != covered
+
+    @staticmethod
+    def time_left(watch: DecisionWatch | None) -> float | None:
+        """Seconds until ``watch``'s run of qualifying decisions may be due (hysteresis's
+        ``min_true_for``: then a dormant wait is bounded, by the one timer it may keep), or ``None``.
+
+        :param watch: the trigger's watch while a run of qualifying decisions is under way.
+        """
+        return None if watch is None else watch.wait_time(asyncio.get_running_loop().time())
+
+    async def change(self, source: StateSource) -> Any:
+        """The dormant wait: the source's first state that :meth:`changed` accepts.
+
+        The triggers' ``run()`` runs these same lines inline (a coroutine of its own would be one
+        more object per waiting trigger, with its frame); this method is the bounded wait's body.
+
+        :param source: the trigger's source.
+        """
+        state = await source.current()
+        while not self.changed(state):
+            try:
+                state = await source.taken(await source.next_change())
+            except Exception as exc:
+                state = await source.failed(exc)
+        return state
+
+    async def change_within(self, seconds: float, source: StateSource) -> Any:
+        """:meth:`change`, for at most ``seconds`` (:data:`NO_CHANGE` once they passed).
+
+        :param seconds: the :meth:`time_left` of the trigger's watch.
+        :param source: the trigger's source.
+        """
+        timeout = asyncio.timeout(seconds)
+        try:
+            async with timeout:
+                return await self.change(source)
+        except TimeoutError:
+            if not timeout.expired():
+                raise  # the source's own
+            return NO_CHANGE
+
+    async def woken(
         self,
-        source: StateSource,
-        lease: StreamLease,
+        state: Any,
         watch: DecisionWatch | None = None,
         *,
         gate: DecisionGate | None = None,
         relevance: Relevance | None = None,
         min_interval: float = 0.0,
     ) -> tuple[Any, Any]:
-        """The dormant phase: wait, holding no stream, until ``source`` has a state a decision is due
-        about, or until only time was missing for ``watch``'s verdict and it passed.
+        """What the end of one dormant wait means (the source changed, or only time passed).
 
-        The only thing the trigger does meanwhile is this one await on the source's change
-        notification (its ``changes()``): no task, no timer, no stream — unless the condition itself
-        waits on time (hysteresis's ``min_true_for``). What must persist across the wait (the state
-        the next change is compared with) is kept in this record's slots, not in a closure or a
-        callback, so a dormant trigger keeps only this coroutine and the source's.
-
-        A change is the source's state other than the one the last decision covered
-        (:attr:`StreamLease.covered`); with ``gate`` (``decide_when``), other than the one the last
-        stream ended with, and only a change that makes a decision due ends the wait (the others
-        become the state the next change is compared with).
-
-        :param source: the trigger's source.
-        :param lease: the lease of the stream just closed (it knows what the last decision covered).
-        :param watch: the trigger's watch, when a run of qualifying decisions waits on time (its
-            ``wait_time``/``due``); ``None``: nothing does.
-        :param gate: the trigger's ``decide_when`` gate, kept across streams (``None``: every change
-            is due).
+        :param state: the changed state, or :data:`NO_CHANGE` when :meth:`change_within` ran out of time.
+        :param watch: the trigger's watch, when a run of qualifying decisions waits on time.
+        :param gate: the trigger's ``decide_when`` gate, kept across streams.
         :param relevance: what ``gate`` matches a change with.
         :param min_interval: seconds that must pass between the last decision and the next stream's
             (the trigger's ``min_interval_ms``): a change sooner waits out the rest, and says so.
         :return: ``(state, None)``: open the next stream about ``state``; ``(NO_CHANGE, verdict)``:
-            ``watch``'s verdict, due now (called again, the wait goes on where it was).
+            ``watch``'s verdict, due now; ``(NO_CHANGE, None)``: wait again.
         """
-        stream, self.stream = self.stream, None
-        if stream is not None:  # the stream just closed: the wait starts where it ended
-            if stream.settings is not None:
-                self._settings = _shared(stream.settings)  # the next stream reuses them: no second lookup
-            self._since = stream.state if gate is not None else NO_CHANGE
-            del stream  # nothing of the stream is kept while dormant
         loop = asyncio.get_running_loop()
-        while True:
-            since = self._since
-            covered = lease.covered if since is NO_CHANGE else since
-            time_left = None if watch is None else watch.wait_time(loop.time())
-            state = NO_CHANGE
-            changes = source.changes()
-            self._dormant = True
-            try:
-                if time_left is None:
-                    async for value in changes:  # the one await of a dormant trigger
-                        if value is not covered and value != covered:
-                            state = value
-                            break
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(time_left):
-                            async for value in changes:
-                                if value is not covered and value != covered:
-                                    state = value
-                                    break
-            finally:
-                self._dormant = False
-                await changes.aclose()  # type: ignore[attr-defined]
-            if state is NO_CHANGE:
-                verdict = None if watch is None else watch.due(loop.time())
-                if verdict is not None:
-                    return NO_CHANGE, verdict
-                continue  # only time was missing, and not enough of it passed
-            if min_interval > 0:
-                # the lease stamped the last decision; a change before min_interval waits out the rest
-                wait = min_interval - (loop.time() - lease.decided_at)
-                if wait > 0:
-                    log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
-                    await asyncio.sleep(wait)
-            if gate is not None:
-                await gate_change(gate, relevance, since, state)
-                if not gate.pending:  # no decision is due: no stream for this change either
-                    self._since = state
-                    continue
-            self._since = NO_CHANGE  # the next stream sets it again: no old state is kept meanwhile
-            return state, None
+        if state is NO_CHANGE:  # only time was missing: maybe enough of it passed
+            return NO_CHANGE, None if watch is None else watch.due(loop.time())
+        if min_interval > 0:
+            # the last stream's lease stamped its last decision; a change sooner waits out the rest
+            wait = min_interval - (loop.time() - self.decided_at)
+            if wait > 0:
+                log.info("the source changed: deciding the new state in %.1f s (min_interval_ms)", wait)
+                await asyncio.sleep(wait)
+        if gate is not None:
+            await gate_change(gate, relevance, self._since, state)
+            if not gate.pending:  # no decision is due: no stream for this change either
+                self._since = state
+                return NO_CHANGE, None
+        self._since = NO_CHANGE  # the next stream sets it again: no old state is kept meanwhile
+        return state, None
 
     @contextlib.asynccontextmanager
     async def held(
@@ -447,11 +418,12 @@ class TriggerStream:
             await stream.aclose()
 
     async def _let_in_and_enter(self, state: Any, follow: StateSource | None, kwargs: dict[str, Any]) -> Any:
-        """Wait to be let in (:class:`_Opening`), then build and :meth:`enter` the stream about ``state``."""
-        openings = _OPENINGS.setdefault(asyncio.get_running_loop(), {})
+        """Wait to be let in (:class:`~airflow_provider_systemzero.triggers.opening.Opening`), then
+        build and :meth:`enter` the stream about ``state``."""
+        openings = OPENINGS.setdefault(asyncio.get_running_loop(), {})
         opening = openings.get(self.systemzero_conn_id)
         if opening is None:
-            opening = openings[self.systemzero_conn_id] = _Opening()
+            opening = openings[self.systemzero_conn_id] = Opening()
         await opening.let_in()
         try:
             if follow is not None:
@@ -509,6 +481,47 @@ class TriggerStream:
         reading, self._reading = self._reading, None
         return reading
 
+    def late(self, extra: dict[str, Any], message: str) -> dict[str, Any] | None:
+        """The ``timeout`` payload when the deadline passed before the trigger started, else ``None``.
+
+        :param extra: fields every event of the trigger carries.
+        :param message: what the event says.
+        """
+        if self.deadline is None or self.deadline - time.time() > 0:
+            return None
+        return {"status": "timeout", "error_type": "timeout", **extra, "message": message}
+
+    def deadline_scope(self) -> asyncio.Timeout | None:
+        """The scope of the trigger's work: a timeout at the deadline (one timer, which ends the
+        wait), or ``None`` without a deadline (no scope, no timer)."""
+        return None if self.deadline is None else asyncio.timeout(self.deadline - time.time())
+
+    def timed_out(self, extra: dict[str, Any], message: str) -> dict[str, Any]:
+        """The ``timeout`` payload of a deadline reached (with the stream's last error, if any).
+
+        :param extra: fields every event of the trigger carries.
+        :param message: what the event says.
+        """
+        last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
+        return {
+            "status": "timeout",
+            "error_type": "timeout",
+            **extra,
+            "message": f"{message}; last error: {last}" if last else message,
+        }
+
+    @staticmethod
+    def failure(trigger: Any, exc: Exception, extra: dict[str, Any]) -> dict[str, Any]:
+        """The ``error`` payload of a failure that ends ``trigger`` (:func:`error_payload`).
+
+        :param trigger: the trigger (its class names it in the log).
+        :param exc: the failure.
+        :param extra: fields every event of the trigger carries.
+        """
+        # the event carries the message and the task raises it: said once, by the task
+        log.info("%s ends with an error event (%s)", type(trigger).__name__, type(exc).__name__)
+        return error_payload(exc, **extra)
+
     async def within_deadline(
         self,
         trigger: Any,
@@ -517,48 +530,36 @@ class TriggerStream:
         *,
         late: str,
         timed_out: str,
-        keep_open: bool = False,
     ) -> dict[str, Any]:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
         A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; ``trigger.cleanup()`` runs on every exit —
-        with ``keep_open``, on every exit but ``work``'s success, after which the caller yields its
-        event first and then cleans up.
+        ``timeout`` event; ``CancelledError`` propagates; ``trigger.cleanup()`` runs on every exit.
+        (The decision triggers do it in their ``run()`` itself, with :meth:`late` and the methods
+        after it: no coroutine of this class stays between a dormant trigger and its source.)
 
-        :param trigger: the trigger ``work`` belongs to (its class names it in the log; its
-            ``cleanup()`` runs on exit).
-        :param work: the trigger's wait, a coroutine (not a bound method: a waiting trigger keeps
-            no callback objects of its own while ``work`` awaits its source).
+        :param trigger: the trigger ``work`` belongs to (named in the log; its ``cleanup()`` runs on exit).
+        :param work: the trigger's work, a coroutine.
+        :param extra: fields every event of the trigger carries.
+        :param late: the message when the deadline passed before the trigger started.
+        :param timed_out: the message when the deadline passes.
         """
-        succeeded = False
         try:
-            remaining = None if self.deadline is None else self.deadline - time.time()
-            if remaining is not None and remaining <= 0:
+            payload = self.late(extra, late)
+            if payload is not None:
                 work.close()  # never started: no "never awaited" warning
-                return {"status": "timeout", "error_type": "timeout", **extra, "message": late}
-            if remaining is None:
-                payload = await work
-            else:
-                async with asyncio.timeout(remaining):
-                    payload = await work
-            succeeded = True
-            return payload
+                return payload
+            deadline = self.deadline_scope()
+            if deadline is None:
+                return await work
+            async with deadline:
+                return await work
         except TimeoutError:
-            last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
-            return {
-                "status": "timeout",
-                "error_type": "timeout",
-                **extra,
-                "message": f"{timed_out}; last error: {last}" if last else timed_out,
-            }
+            return self.timed_out(extra, timed_out)
         except Exception as exc:
-            # the event carries the message and the task raises it: said once, by the task
-            log.info("%s ends with an error event (%s)", type(trigger).__name__, type(exc).__name__)
-            return error_payload(exc, **extra)
+            return self.failure(trigger, exc, extra)
         finally:
-            if not (keep_open and succeeded):
-                await trigger.cleanup()
+            await trigger.cleanup()
 
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""

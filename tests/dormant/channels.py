@@ -1,5 +1,10 @@
 """A push source the dormant-trigger tests change at will (``{"type": "callable", "path":
-"tests.dormant.channels.pushed", "kwargs": {"channel": ...}}``)."""
+"tests.dormant.channels.pushed", "kwargs": {"channel": ...}}``).
+
+The smallest correct push source: a waiting reader awaits one future of its own, resolved by
+:func:`publish`, and yields the channel's newest state (a state superseded meanwhile is skipped,
+as a trigger skips it), so what a dormant trigger keeps is the provider's and little else.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +12,90 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-#: channel -> (current state, the queues of the sources reading it)
-_CHANNELS: dict[str, tuple[list[Any], set[asyncio.Queue[Any]]]] = {}
+
+class _Channel:
+    __slots__ = ("readers", "state", "version", "waiters")
+
+    def __init__(self) -> None:
+        self.state: Any = "waiting\n"
+        self.version = 0
+        self.readers = 0
+        self.waiters: tuple[asyncio.Future[None], ...] = ()
+
+
+#: channel name -> its state and readers
+_CHANNELS: dict[str, _Channel] = {}
+
+
+def _without(
+    waiters: tuple[asyncio.Future[None], ...], waiter: asyncio.Future[None]
+) -> tuple[asyncio.Future[None], ...]:
+    """``waiters`` but ``waiter`` (a function, not a comprehension in the generator: that would make
+    ``waiter`` a closure cell the waiting generator keeps)."""
+    return tuple(w for w in waiters if w is not waiter)
 
 
 def publish(channel: str, state: Any) -> None:
-    """Make ``state`` the channel's current state and push it to every source reading it."""
-    current, readers = _CHANNELS.setdefault(channel, (["waiting\n"], set()))
-    current[0] = state
-    for queue in readers:
-        queue.put_nowait(state)
+    """Make ``state`` the channel's current state and wake every source reading it."""
+    entry = _CHANNELS.setdefault(channel, _Channel())
+    entry.state = state
+    entry.version += 1
+    waiters, entry.waiters = entry.waiters, ()
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
 
 
 def readers(channel: str) -> int:
     """How many sources read the channel now."""
-    return len(_CHANNELS.get(channel, ([], set()))[1])
+    entry = _CHANNELS.get(channel)
+    return 0 if entry is None else entry.readers
 
 
 async def pushed(channel: str) -> AsyncIterator[Any]:
-    """The channel's current state, then each state published to it."""
-    current, subscribers = _CHANNELS.setdefault(channel, (["waiting\n"], set()))
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    subscribers.add(queue)
+    """The channel's current state, then its newest state after each publish."""
+    entry = _CHANNELS.setdefault(channel, _Channel())
+    entry.readers += 1
     try:
-        yield current[0]
+        seen = entry.version
+        yield entry.state
         while True:
-            yield await queue.get()
+            if entry.version == seen:
+                waiter = asyncio.get_running_loop().create_future()
+                entry.waiters = (*entry.waiters, waiter)
+                try:
+                    await waiter
+                finally:
+                    entry.waiters = _without(entry.waiters, waiter)
+            seen = entry.version
+            yield entry.state
     finally:
-        subscribers.discard(queue)
+        entry.readers -= 1
+
+
+#: channel -> how many times :func:`flaky` was called for it
+CALLS: dict[str, int] = {}
+
+
+async def flaky(channel: str) -> AsyncIterator[Any]:
+    """As :func:`pushed`, but a published state starting with ``FAIL`` makes it raise (a dropped
+    feed) instead of yielding it; called again, it yields the channel's state first, whatever it is."""
+    CALLS[channel] = CALLS.get(channel, 0) + 1
+    entry = _CHANNELS.setdefault(channel, _Channel())
+    seen = entry.version
+    yield entry.state
+    while True:
+        if entry.version == seen:
+            waiter = asyncio.get_running_loop().create_future()
+            entry.waiters = (*entry.waiters, waiter)
+            try:
+                await waiter
+            finally:
+                entry.waiters = _without(entry.waiters, waiter)
+        seen = entry.version
+        if str(entry.state).startswith("FAIL"):
+            raise ConnectionError("the feed dropped")
+        yield entry.state
 
 
 def source(channel: str) -> dict[str, Any]:

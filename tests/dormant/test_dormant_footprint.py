@@ -1,15 +1,20 @@
 """What a dormant decision trigger keeps, object by object: everything reachable from its task that
-its run created, with no stream, session, connection, socket or timer among it, and few enough
-objects for the collector (the real trigger against the real emulator over loopback)."""
+its run created, with no stream, session, connection, socket or timer among it, no coroutine of the
+provider's but the trigger's own ``run()``, and few enough objects for the collector (the real
+trigger against the real emulator over loopback, on a push source and on a tailed file)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import contextvars
 import gc
+import os
 import socket
+import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,17 +23,34 @@ from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
+from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.file_source import FileSource
 from tests.dormant import channels
-from tests.dormant.test_dormant_trigger import _trigger, emulator, rules_file  # noqa: F401 (fixtures)
+from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
+    _provider_timers,
+    _trigger,
+    emulator,
+    rules_file,
+)
 
 #: Objects tracked by the collector that one dormant trigger's task keeps beyond what existed before
-#: it started: its task, the future it awaits, its callback and context (7), the trigger and its records (trigger, stream, lease,
-#: source, the request's two dicts and the source's description: 7), the coroutine frames of the one
-#: await on the source (``run()`` and its step, the deadline scope, the wait, the dormant wait, the
-#: source's ``changes()`` and its step: 7), and this test's push source (an async generator with an
-#: ``asyncio.Queue``: 12). Measured: 33 (39 before the dormant wait, the callable source's await,
-#: the shared decision filter and connection settings, and the tuple of skipped states).
-MAX_TRACKED = 36
+#: it started (its context, which Airflow's runner fills, left out): the task, the builtin method
+#: that wakes it and its step of ``run()`` (3: the runner's, here the test's); the provider's (7):
+#: the trigger, its ``run()`` generator, its stream record, the callable source, the request's two
+#: dicts and the source's description, and the step ``run()`` awaits on the source's generator (no
+#: lease: a lease lives as long as its stream); and the test's push source (5: its generator, the
+#: future it awaits with the future's iterator, its channel record and the tuple of waiters).
+#: Measured: 16 (the walk counted 33 before the await chain was flattened, on a queue-backed test
+#: source and with the task's context in).
+MAX_TRACKED = 16
+#: The same for a trigger tailing a file on notifications (no source generator: ``run()`` awaits the
+#: source's future itself): the task's 3, and the trigger, ``run()``, the stream record, the file
+#: source and its read lock, the request's two dicts, the future and its iterator (9; the file's
+#: description holds no container, so the collector does not track it). Measured: 12.
+MAX_TRACKED_FILE = 12
+#: What the process's one watcher keeps for a file of its own directory: the directory's record,
+#: its names and the name's subscribers (a tuple).
+WATCHER_OBJECTS_PER_DIRECTORY = 3
 
 #: What a dormant trigger must not keep: the stream, its session and connection, and any timer.
 FORBIDDEN = (
@@ -41,18 +63,31 @@ FORBIDDEN = (
     asyncio.TimerHandle,
 )
 
-#: Shared objects a walk never enters: what they reach existed before the trigger and is not its own.
-_SHARED = (type, types.ModuleType, types.FunctionType, types.CodeType, asyncio.AbstractEventLoop)
+#: Shared objects a walk never enters: what they reach existed before the trigger and is not its own
+#: (the task's context is what the trigger runner sets in it).
+_SHARED = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.CodeType,
+    asyncio.AbstractEventLoop,
+    contextvars.Context,
+)
+
+#: The generators and coroutines of a dormant trigger: the provider's ``run()``, and the source's own
+#: (the push source's generator; a file source has none).
+_FRAMES = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
 
 
-def _kept(root: Any, existing: set[int]) -> list[Any]:
-    """The collector-tracked objects reachable from ``root`` that did not exist in ``existing``."""
+def _kept(root: Any, existing: set[int], shared: tuple[type, ...] = ()) -> list[Any]:
+    """The collector-tracked objects reachable from ``root`` that did not exist in ``existing``
+    (``shared``: more types the walk does not enter, such as the process's file watcher)."""
     found: list[Any] = []
     seen: set[int] = set()
     todo = [root]
     while todo:
         obj = todo.pop()
-        if id(obj) in seen or id(obj) in existing or isinstance(obj, _SHARED):
+        if id(obj) in seen or id(obj) in existing or isinstance(obj, _SHARED + shared):
             continue
         seen.add(id(obj))
         if gc.is_tracked(obj):
@@ -61,8 +96,22 @@ def _kept(root: Any, existing: set[int]) -> list[Any]:
     return found
 
 
-async def _dormant(emulator: Emulator, channel: str) -> tuple[Any, asyncio.Future[Any], Any]:  # noqa: F811
-    trigger = _trigger(channel)
+def _frames(kept: list[Any]) -> set[str]:
+    return {o.__qualname__ for o in kept if isinstance(o, _FRAMES)}
+
+
+def _provider_objects(kept: list[Any]) -> collections.Counter[str]:
+    return collections.Counter(
+        type(o).__qualname__ for o in kept if type(o).__module__.startswith("airflow_provider_systemzero")
+    )
+
+
+async def _dormant(
+    emulator: Emulator,  # noqa: F811
+    channel: str,
+    **overrides: Any,
+) -> tuple[Any, asyncio.Future[Any], Any]:
+    trigger = _trigger(channel, **overrides)
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))
     await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
@@ -94,11 +143,118 @@ async def test_a_dormant_trigger_keeps_a_few_objects_and_nothing_of_its_stream(
         census = collections.Counter(type(o).__qualname__ for o in kept)
         forbidden = [o for o in kept if isinstance(o, FORBIDDEN)]
         assert forbidden == [], f"a dormant trigger keeps {forbidden}"
+        # the one await: the trigger's run() on the source's own generator, nothing of ours between
+        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "pushed"}
+        assert _provider_objects(kept) == {
+            "SystemZeroDecisionTrigger": 1,
+            "TriggerStream": 1,
+            "CallableSource": 1,
+        }
         assert len(kept) <= MAX_TRACKED, f"{len(kept)} tracked objects: {census.most_common()}"
         assert channels.readers("footprint") == 1  # still waiting on its source
     finally:
         del before
         await _stop(trigger, task, gen)
+
+
+async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emulator) -> None:  # noqa: F811
+    """With a deadline (a sensor's ``timeout``), the wait's scope is the one timer a dormant trigger
+    keeps, and it adds only that: the timeout, its timer handle and the handle's callback."""
+    await _stop(*await _dormant(emulator, "deadline-warm-up", deadline=time.time() + 3600))
+    gc.collect()
+    before = gc.get_objects()
+    existing = {id(o) for o in before}
+    trigger, task, gen = await _dormant(emulator, "deadline", deadline=time.time() + 3600)
+    try:
+        gc.collect()
+        kept = _kept(task, existing)
+        timers = [o for o in kept if isinstance(o, asyncio.TimerHandle)]
+        assert len(timers) == 1 and timers[0].when() > asyncio.get_running_loop().time() + 3000
+        assert [o for o in kept if isinstance(o, FORBIDDEN) and o not in timers] == []
+        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "pushed"}
+        assert len(kept) <= MAX_TRACKED + 3, collections.Counter(type(o).__qualname__ for o in kept)
+    finally:
+        del before
+        await _stop(trigger, task, gen)
+
+
+async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator: Emulator) -> None:  # noqa: F811
+    """The asset watcher's trigger goes dormant the same way: its run() awaits the source's generator."""
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+
+    trigger = SystemZeroDecisionEventTrigger(
+        systemzero_conn_id=_trigger("watch-footprint").systemzero_conn_id,
+        request=_trigger("watch-footprint").request,
+        condition=_trigger("watch-footprint").condition,
+        state="",
+        watch_id="watch-footprint",
+        source=channels.source("watch-footprint"),
+        lease_after=0.05,
+    )
+    gen = trigger.run()
+    task = asyncio.ensure_future(anext(gen))
+    try:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        gc.collect()
+        kept = _kept(task, set())
+        assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
+        assert _frames(kept) == {"SystemZeroDecisionEventTrigger.run", "pushed"}
+        assert trigger._lease is None  # a lease lives as long as its stream
+    finally:
+        await _stop(trigger, task, gen)
+
+
+async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one_recheck(
+    emulator: Emulator,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """N triggers tailing N files (each in a directory of its own) on notifications: each keeps a
+    few objects and no timer; the process keeps one watcher and one safety re-check timer for all."""
+
+    def file_source(name: str) -> dict[str, Any]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.log").write_text("waiting\n")
+        return {"type": "file", "path": str(tmp_path / name / "job.log"), "poll_interval": 3600.0}
+
+    await _stop(*await _dormant(emulator, "file-warm-up", source=file_source("warm-up"), state=""))
+    gc.collect()
+    before = gc.get_objects()
+    existing = {id(o) for o in before}
+    n = 5
+    running = [
+        await _dormant(emulator, f"file-{i}", source=file_source(f"job-{i}"), state="") for i in range(n)
+    ]
+    try:
+        gc.collect()
+        watcher = file_watch.current_watcher()
+        assert watcher is not None
+        for trigger, task, _ in running:
+            kept = _kept(task, existing, shared=(file_watch.FileWatcher,))
+            census = collections.Counter(type(o).__qualname__ for o in kept)
+            assert [o for o in kept if isinstance(o, FORBIDDEN)] == [], census
+            # run() awaits the source's future itself: no generator or coroutine of the source's
+            assert _frames(kept) == {"SystemZeroDecisionTrigger.run"}
+            assert _provider_objects(kept) == {
+                "SystemZeroDecisionTrigger": 1,
+                "TriggerStream": 1,
+                "FileSource": 1,
+            }
+            assert len(kept) <= MAX_TRACKED_FILE, f"{len(kept)} tracked objects: {census.most_common()}"
+            # what the watcher keeps for this trigger's file (the trigger itself not counted again)
+            directory = watcher._directories[os.path.dirname(trigger._source.path)]
+            assert len(_kept(directory, existing, shared=(FileSource,))) == WATCHER_OBJECTS_PER_DIRECTORY
+        # one descriptor, one watch per directory, one re-check timer, and no timer of any source's
+        assert watcher.stats()["descriptors"] == 1 and watcher.stats()["subscriptions"] == n
+        timers = _provider_timers()
+        owners = [getattr(t._callback, "__self__", None) for t in timers]  # type: ignore[attr-defined]
+        assert all(owner is watcher for owner in owners), timers  # none of a source or a trigger
+        rechecks = [t for t in timers if t._callback.__func__ is file_watch.FileWatcher._recheck_all]  # type: ignore[attr-defined]
+        assert len(rechecks) == 1 and watcher.stats()["recheck_timers"] == 1
+    finally:
+        del before
+        for trigger, task, gen in running:
+            await _stop(trigger, task, gen)
 
 
 @pytest.mark.parametrize("kind", FORBIDDEN[:3])

@@ -128,3 +128,42 @@ async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(
         # time alone ended the wait: no second stream, no second decision
         assert emulator.stats.streams_total == 1 and emulator.stats.decisions_delivered == 1
     assert event.payload["status"] == "success" and event.payload["streak"]["true_for"] >= 1.0
+
+
+def _flaky(channel: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "callable",
+        "path": "tests.dormant.channels.flaky",
+        "kwargs": {"channel": channel},
+        **extra,
+    }
+
+
+async def test_a_push_source_failing_while_dormant_is_called_again_and_the_trigger_fires(
+    emulator: Emulator,
+) -> None:
+    trigger = _trigger("flaky-dormant", source=_flaky("flaky-dormant", retry_delay=0.01))
+    async with running_trigger(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        channels.publish("flaky-dormant", "FAIL\n")  # the generator raises in the dormant wait
+        await emulator.wait_for(lambda _: channels.CALLS["flaky-dormant"] == 2, timeout=10)
+        assert not task.done()  # retried: called again, it waits on
+        channels.publish("flaky-dormant", "waiting\nJob is ready.\n")
+        async with asyncio.timeout(20):
+            event = await task
+    assert event.payload["status"] == "success" and event.payload["decision"] is True
+
+
+async def test_a_push_source_that_fails_while_dormant_with_no_retry_left_ends_with_an_error_event(
+    emulator: Emulator,
+) -> None:
+    trigger = _trigger("flaky-dormant-out", source=_flaky("flaky-dormant-out", retries=0))
+    async with running_trigger(trigger) as task:
+        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        channels.publish("flaky-dormant-out", "FAIL\n")
+        async with asyncio.timeout(20):
+            event = await task
+    assert event.payload["status"] == "error"
+    assert "ConnectionError: the feed dropped" in event.payload["message"]
+    assert channels.readers("flaky-dormant-out") == 0  # cleaned up

@@ -13,8 +13,8 @@ import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.stream import default_capacity
-from airflow_provider_systemzero.triggers import streaming
-from airflow_provider_systemzero.triggers.streaming import TriggerStream, _Opening
+from airflow_provider_systemzero.triggers.opening import OPENINGS, Opening
+from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from tests.dormant.test_dormant_trigger import _trigger, emulator, rules_file  # noqa: F401 (fixtures)
 
 CROWD = 14
@@ -53,7 +53,7 @@ async def test_a_crowd_of_triggers_builds_at_most_twice_the_cap_of_streams_at_on
         limit = default_capacity().limit
         assert 2 * limit < CROWD  # else the bound below says nothing
         assert 0 < most <= 2 * limit, f"{most} streams built at once (at most {2 * limit})"
-        openings = streaming._OPENINGS[asyncio.get_running_loop()]
+        openings = OPENINGS[asyncio.get_running_loop()]
         assert all(o.active == 0 and not o.waiters for o in openings.values())  # every place given back
     finally:
         for task in tasks:
@@ -66,7 +66,7 @@ async def test_a_crowd_of_triggers_builds_at_most_twice_the_cap_of_streams_at_on
 
 
 async def test_a_waiter_cancelled_as_it_is_let_in_passes_its_place_on() -> None:
-    opening = _Opening()
+    opening = Opening()
     room = opening.room()
     for _ in range(room):
         await opening.let_in()

@@ -58,3 +58,10 @@ async def flaky_generator(name: str) -> AsyncIterator[str]:
     if CALLS[name] == 1:
         raise ConnectionError("the feed dropped")
     yield "Job is ready.\n"
+
+
+async def two_then_end(name: str) -> AsyncIterator[str]:
+    """An async generator that yields twice and returns (counted in :data:`CALLS`)."""
+    CALLS[name] = CALLS.get(name, 0) + 1
+    yield "waiting\n"
+    yield "still waiting\n"

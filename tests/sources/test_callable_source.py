@@ -19,6 +19,7 @@ import pytest
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers.sources import build_source
+from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.sources import callables
 
@@ -158,3 +159,23 @@ def test_bad_retry_settings_are_refused_naming_the_field(field: str, value: Any,
     with pytest.raises(SystemZeroArgumentError) as info:
         build_source(callable_spec("quick", kwargs={"name": "x"}, **{field: value}), "")
     assert message in str(info.value) and info.value.field == f"source.{field}"
+
+
+async def test_a_generator_that_ends_in_a_dormant_wait_leaves_the_state_until_called_again() -> None:
+    """The dormant wait of a trigger (next_change, taken, failed): a generator that returns leaves
+    the state as it is for that wait (nothing to await but a future nobody completes); the next
+    wait's current() calls the function again, and its values are awaited again."""
+    source = build_source(callable_spec("two_then_end", kwargs={"name": "ends"}), "")
+    try:
+        assert await source.current() == "waiting\n"
+        assert await source.taken(await source.next_change()) == "still waiting\n"
+        with pytest.raises(StopAsyncIteration) as ended:
+            await source.next_change()
+        assert await source.failed(ended.value) is NO_CHANGE
+        waiting = source.next_change()
+        assert isinstance(waiting, asyncio.Future) and not waiting.done()  # the state stays
+        assert await source.current() == "waiting\n"  # the next wait calls the function again
+        assert callables.CALLS["ends"] == 2
+        assert await source.taken(await source.next_change()) == "still waiting\n"
+    finally:
+        await source.aclose()

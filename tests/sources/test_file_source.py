@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,7 @@ async def test_every_open_iterator_hears_a_write_and_closing_one_keeps_the_watch
         )
         assert seen == ["one\ntwo\n", "one\ntwo\n"]
         await old.aclose()
-        assert source.mode == "notify" and source._subscriptions
+        assert source.mode == "notify" and source._watched
         with log.open("a") as handle:
             handle.write("three\n")
         assert await value_where(new, lambda v: v.endswith("three\n")) == "one\ntwo\nthree\n"
@@ -185,7 +185,7 @@ async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path
         log.parent.mkdir()
         log.write_text("one\n")
         assert await value_where(changes, lambda v: v == "one\n") == "one\n"
-        assert source.mode == "notify" and source._subscriptions  # watching now, no longer polling
+        assert source.mode == "notify" and source._watched  # watching now, no longer polling
 
 
 async def test_n_triggers_on_n_files_hold_one_watcher(
@@ -288,26 +288,110 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
             await source.aclose()
 
 
-async def test_a_source_keeps_one_timer_across_changes_and_none_once_closed(tmp_path: Path) -> None:
-    """The safety re-check (and a poll) is one timer per source, armed when an iterator waits: a
-    change is a notification and a read, not a timer scheduled and cancelled per wait."""
+async def test_a_polled_source_keeps_one_timer_while_read_and_none_once_closed(tmp_path: Path) -> None:
+    """A poll is one timer per source, armed when an iterator waits, and gone with the last iterator."""
     log = tmp_path / "job.log"
     log.write_text("0\n")
-    async with tailing(spec(log)) as (source, changes):
+    async with tailing(spec(log, watch="poll", poll_interval=0.02)) as (source, changes):
         assert await anext(changes) == "0\n"
-        timers = set()
         for index in range(1, 4):
             waiting = asyncio.ensure_future(anext(changes))
-            for _ in range(100):  # the iterator's first step: it waits, arming the timer
+            for _ in range(100):  # the iterator's first step: it waits, arming the poll
                 if source._timer is not None:
                     break
                 await asyncio.sleep(0)
-            timers.add(source._timer)
+            assert source._timer is not None and not source._timer.cancelled()
             with log.open("a") as handle:
                 handle.write(f"{index}\n")
             assert (await asyncio.wait_for(waiting, 10)).endswith(f"{index}\n")
-        assert len(timers) == 1 and not source._timer.cancelled()
     assert source._timer is None  # no iterator open: no timer
+
+
+def _scheduled_callbacks() -> list[Any]:
+    """What the running loop's live timers will call."""
+    loop = asyncio.get_running_loop()
+    return [h._callback for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+
+
+async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck(tmp_path: Path) -> None:
+    """On notifications the safety re-check is the watcher's one timer for every source: K sources,
+    each read through an iterator or waited on as a dormant trigger does, add no timer of theirs."""
+    k = 5
+    logs = []
+    for index in range(k):
+        (tmp_path / f"job-{index}").mkdir()
+        logs.append(tmp_path / f"job-{index}" / "job.log")
+        logs[-1].write_text("starting\n")
+    sources = [build_source(spec(log), "") for log in logs]
+    iterators = [source.changes() for source in sources[:2]]
+    waits: list[asyncio.Future[Any]] = []
+    try:
+        for changes in iterators:
+            assert await anext(changes) == "starting\n"
+        waits += [asyncio.ensure_future(anext(changes)) for changes in iterators]
+        for source in sources[2:]:
+            assert await source.current() == "starting\n"
+            # the first wait subscribes, and looks once the watch is in place
+            assert await source.taken(await source.next_change()) == "starting\n"
+            waits.append(asyncio.ensure_future(source.next_change()))  # as a dormant trigger awaits it
+        await asyncio.sleep(0.05)
+        watcher = file_watch.current_watcher()
+        assert watcher is not None and watcher.stats()["subscriptions"] == k
+        assert not any(w.done() for w in waits)  # nothing changed: nothing woke
+        assert all(source._timer is None for source in sources)
+        owners = [getattr(c, "__self__", c) for c in _scheduled_callbacks()]
+        assert not any(isinstance(o, FileSource) for o in owners)  # no timer of a source's
+        assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
+        assert watcher.stats()["recheck_timers"] == 1
+        # the re-check of unchanged files wakes nobody
+        watcher._recheck_all()
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waits) and watcher.stats()["recheck_timers"] == 1
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        for changes in iterators:
+            await changes.aclose()
+        for source in sources:
+            await source.aclose()
+
+
+@contextlib.contextmanager
+def notifications_lost(watcher: file_watch.FileWatcher) -> Iterator[None]:
+    """Writes made inside are never reported: the watcher's reader is off, and the events they
+    queued are read and dropped before it is on again (what a missed notification looks like)."""
+    loop = asyncio.get_running_loop()
+    loop.remove_reader(watcher._fd)
+    try:
+        yield
+    finally:
+        watcher._inotify.read(timeout=0)
+        loop.add_reader(watcher._fd, watcher._on_readable)
+
+
+@pytest.mark.parametrize("how", ["iterator", "dormant"])
+async def test_the_watchers_recheck_finds_a_change_no_notification_reported(tmp_path: Path, how: str) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("starting\n")
+    async with tailing(spec(log)) as (source, changes):
+        assert await anext(changes) == "starting\n"
+        watcher = file_watch.current_watcher()
+        assert watcher is not None
+        if how == "iterator":
+            waiting = asyncio.ensure_future(anext(changes))
+        else:
+            await changes.aclose()  # no iterator open: as a dormant trigger waits
+            waiting = asyncio.ensure_future(source.next_change())
+        await asyncio.sleep(0.02)
+        with notifications_lost(watcher), log.open("a") as handle:
+            handle.write("Job is ready.\n")
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the write went unreported
+        watcher._recheck_all()  # what the re-check timer runs: one stat per watched file
+        await asyncio.wait_for(asyncio.shield(waiting), 10)
+        value = waiting.result() if how == "iterator" else await source.taken(waiting.result())
+        assert value == "starting\nJob is ready.\n"
 
 
 async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
@@ -445,7 +529,7 @@ async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Pat
         log.write_text("second run\n")
         assert await value_where(changes, lambda v: v == "second run\n") == "second run\n"
         async with asyncio.timeout(10):
-            while not source._subscriptions:  # noqa: ASYNC110 - the source resubscribes on its next check
+            while not source._watched:  # noqa: ASYNC110 - the source resubscribes on its next check
                 await asyncio.sleep(0.01)
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
