@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used
     pass
 
 __all__ = [
+    "FRAMES_PER_READ",
     "NoRedirectsConnect",
     "StreamConnection",
     "connect_options",
@@ -89,6 +90,11 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
             super().log(level, "%s", scrub(text, self._secret), **kwargs)
 
 
+#: Frames of one read handed to the session in the transport's callback, at most; the rest of a
+#: flood goes to the reader task, which lets other tasks run every few frames.
+FRAMES_PER_READ = 16
+
+
 class StreamConnection(ClientConnection):
     """websockets' client connection, handing each complete text frame to :attr:`on_text` as it is
     parsed, in the transport's callback: no queue, task or loop turn between the socket and the
@@ -106,9 +112,11 @@ class StreamConnection(ClientConnection):
     #: reader task reads every frame.
     on_text: Callable[[str], bool] | None = None
     _direct = True
+    _handed = 0  # frames handed over at once during the current read
 
     def data_received(self, data: bytes) -> None:
         self._direct = True
+        self._handed = 0
         if (
             self.on_text is not None
             and self.response is not None
@@ -126,8 +134,37 @@ class StreamConnection(ClientConnection):
                     return
         super().data_received(data)
 
+    def take_queued(self, handle: Callable[[str], bool]) -> None:
+        """Hand to ``handle`` the complete text frames websockets queued before :attr:`on_text` was
+        set (the ``hello`` that came with the handshake's response), in order, before the reader
+        task first runs; stop at anything else, which the reader reads.
+
+        :param handle: as :attr:`on_text`: takes a frame, ``False`` leaves the rest to the reader.
+        """
+        queue = self.recv_messages.frames.queue
+        self._handed = 0
+        while queue:
+            frame = queue[0]
+            if frame.opcode is not Opcode.TEXT or not frame.fin:
+                break
+            try:
+                text = str(frame.data, "utf-8")
+            except UnicodeDecodeError:
+                break  # websockets' own reading closes with 1007
+            queue.popleft()
+            if not self._hand(handle, text):
+                break
+        self.recv_messages.maybe_resume()
+
     def _take(self, text: str, _size: int) -> bool:
-        self._direct = self.on_text(text)  # type: ignore[misc]  # set: checked before the read
+        return self._hand(self.on_text, text)  # type: ignore[arg-type]  # set: checked before the read
+
+    def _hand(self, on_text: Callable[[str], bool], text: str) -> bool:
+        """Hand one frame over; whether the next of this read may follow at once: the handler says
+        so, and at most :data:`FRAMES_PER_READ` do (a flood then queues for the reader task, which
+        lets the loop run between frames)."""
+        self._handed += 1
+        self._direct = on_text(text) and self._handed < FRAMES_PER_READ
         return self._direct
 
     def process_event(self, event: Any) -> None:
@@ -145,7 +182,7 @@ class StreamConnection(ClientConnection):
             except UnicodeDecodeError:
                 pass  # websockets' own reading closes with 1007
             else:
-                self._direct = on_text(text)
+                self._hand(on_text, text)
                 return
         super().process_event(event)
 

@@ -123,12 +123,15 @@ class StreamRunLoop:
     def _kick_if_due(self, now: float) -> bool:
         """Wake the writer only if the session may want to write before the writer wakes anyway
         (a frame that leaves nothing to send, such as most acks and decisions, wakes nobody);
-        whether it was woken."""
+        whether the session has something to write *now* — the writer must then act before the
+        next frame is handled (``hello`` makes ``start`` due, and the ``start``'s ack cannot be
+        handled before it went out), whether it slept or was busy."""
         due = self.session.next_wakeup(now)
-        if due is not None and due < self._writer_wakes_at:
+        if due is None:
+            return False
+        if due < self._writer_wakes_at:
             self._kick()
-            return True
-        return False
+        return due <= now
 
     def _pulse(self) -> None:
         """Wake whoever waits for the stream to change (entering, ``wait_in_sync``, retries …);

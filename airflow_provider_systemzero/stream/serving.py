@@ -43,6 +43,7 @@ from airflow_provider_systemzero.observability import GOODBYE_REASONS
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
 from airflow_provider_systemzero.stream.connection import (
+    FRAMES_PER_READ,
     NoRedirectsConnect,
     StreamConnection,
     connect_options,
@@ -60,9 +61,6 @@ __all__ = ["ConnectionServing", "Ended"]
 
 log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
 
-#: Frames the reader handles in a row before it lets other tasks run (frames already received are
-#: read without waiting: an ack and its decision arriving together are handled in one go).
-_FRAMES_PER_TURN = 16
 #: Frames of a change up to this many characters are written at once (far below the transport's
 #: high-water mark, so the write never waits for the peer); larger ones by the writer, bounded.
 _DIRECT_WRITE_BYTES = 16 * 1024
@@ -218,7 +216,7 @@ class ConnectionServing:
                 # the writer acts on a frame that gave it something to do before the next is read
                 turn = self._handle(frame)
                 streak += 1
-                if turn or streak == _FRAMES_PER_TURN:  # nor does a flood of frames hold the loop
+                if turn or streak == FRAMES_PER_READ:  # nor does a flood of frames hold the loop
                     streak = 0
                     await asyncio.sleep(0)
 
@@ -241,6 +239,7 @@ class ConnectionServing:
         reader.add_done_callback(lambda _: self._kick())
         if isinstance(ws, StreamConnection):
             ws.on_text = self._handle_at_once  # frames from now on are handled as they are parsed
+            ws.take_queued(self._handle_at_once)  # and those that came with the upgrade's answer
         silent = recycle = lost = stalled = False
 
         def outcome(code: int | None, kind: str = "closed") -> ConnectionOutcome:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream.connection import StreamConnection
 from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode, reply
 
@@ -231,3 +232,34 @@ async def test_frames_split_anywhere_are_read_whole_and_in_order(
     assert decision.state_version == 1
     assert reconnects == []
     assert pongs == sorted(pongs) and pongs[-1] == last
+
+
+async def test_a_start_acknowledged_in_the_read_that_brought_hello_is_sent_first(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    """A gateway may acknowledge ``start`` before reading it (it knows the client sends it next):
+    ``hello`` and that ack arrive in one read. The client sends ``start`` before it handles the
+    ack — handled at once, the ack would name an event not sent yet, a breach."""
+
+    async def script(peer: Peer) -> None:
+        hello = {"type": "hello", "protocol": "system-zero.stream.v1", "request_id": "req_hello"}
+        hello.update(limits=Limits().advertised(), rate_limit=None)
+        ack = {"type": "ack", "event_id": "evt_1", "state_version": 1, "state_bytes": 5}
+        ack.update(synthesized_body_bytes=100, scheduled=False)
+        frames = [encode({"stream_id": peer.stream_id, "seq": seq, **m}) for seq, m in ((1, hello), (2, ack))]
+        protocol = peer.ws.protocol
+        for frame in frames:
+            protocol.send_text(frame.encode())
+        peer.ws.transport.write(b"".join(protocol.data_to_send()))  # one write: one read
+        peer._seq = iter(range(3, 10**6))
+        assert (await peer.recv())["type"] == "start"
+        await peer.decide_then()
+        await peer.drain()
+
+    hook = connect(gateway(script))
+    async with asyncio.timeout(20):
+        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
+            decision = await s.decide(timeout=20)
+            reconnects = list(s.reconnects)
+    assert decision.state_version == 1
+    assert reconnects == []
