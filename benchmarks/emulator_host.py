@@ -11,11 +11,21 @@ prints ``{"origin": "ws://127.0.0.1:PORT"}``. Then each request line gets one an
 ``{"cmd": "restart", "retry_after_ms": N}``          the graceful restart (goodbye, close 1012)
 ``{"cmd": "sample", "interval": S}``                 start sampling ``events_accepted``
 ``{"cmd": "samples"}``                               stop sampling; the ``[t, events, rejections]``
+``{"cmd": "freeze"}``                                collect, then ``gc.freeze()`` what it holds
+``{"cmd": "collections", "since": T}``               its collector's pauses of 1 ms or more since
+                                                     ``perf_counter()`` T: ``[start, ms, generation]``
 ``{"cmd": "stop"}``                                  stop the emulator and exit
 ==================================================  =========================================
 
 :class:`EmulatorProcess` is the parent's async handle. Running the gateway elsewhere keeps its
 CPU, memory and event-loop time out of the measured process, as with a real remote gateway.
+
+The emulator stands in for that gateway, but its own garbage collector is CPython's: a full
+collection of a process holding a thousand streams' states pauses it for 15–40 ms, and every
+decision due meanwhile waits. A scenario that measures the client asks the host to ``freeze``
+once its streams are set up, so what a long-running gateway holds is not scanned again inside
+the window measured, and reports the host's remaining pauses (``collections``) beside its
+figures. ``perf_counter()`` is the system's monotonic clock on Linux, the same in both processes.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -47,6 +58,18 @@ class _Host:
         self.emulator = emulator
         self.sampler: asyncio.Task[None] | None = None
         self.samples: list[tuple[float, int, int]] = []
+        self.pauses: list[tuple[float, float, int]] = []  # [start, ms, generation], ≥ 1 ms
+        self._collecting_since = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._collecting_since = now
+        elif now - self._collecting_since >= 0.001:
+            self.pauses.append(
+                (self._collecting_since, (now - self._collecting_since) * 1000, info["generation"])
+            )
 
     async def handle(self, request: dict[str, Any]) -> Any:
         cmd = request["cmd"]
@@ -81,6 +104,13 @@ class _Host:
         if cmd == "samples":
             await self._stop_sampler()
             return self.samples
+        if cmd == "freeze":
+            gc.collect()
+            gc.freeze()
+            return {"frozen": gc.get_freeze_count()}
+        if cmd == "collections":
+            since = float(request.get("since", 0.0))
+            return [pause for pause in self.pauses if pause[0] >= since]
         raise ValueError(f"unknown command {cmd!r}")
 
     def _ledger(self, namespaces: list[str]) -> dict[str, Any]:
