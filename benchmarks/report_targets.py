@@ -15,12 +15,25 @@ from benchmarks.report_format import DASH, FIGURES, MET, MISSED, TIMES, fmt_ms, 
 __all__ = ["load_note", "target_rows", "waiting_target_rows"]
 
 
-def load_note(doc: dict[str, Any]) -> str:
-    """A sentence about other load on the machine, when there was enough to stretch stalls."""
+def load_note(doc: dict[str, Any], scenario: str) -> str:
+    """A sentence about other load on the machine, when there was enough to stretch stalls.
+
+    The load average after a run counts the run's own processes (a triggerer and an emulator,
+    up to about a core between them in the crowds), so it speaks of other load only above the
+    number of cores; the load before the run speaks of it above half of them. A scenario the
+    document kept from an earlier run gets no sentence: this run's load says nothing of it.
+
+    :param doc: the results document.
+    :param scenario: the scenario whose figure the sentence explains.
+    """
+    if scenario in doc.get("kept_from", {}):
+        return ""
     m = doc["machine"]
-    load = max(m.get("load_average_before", [0])[0], m.get("load_average_after", [0])[0])
     cores = m.get("cores_usable") or m.get("cores") or 1
-    if load <= cores / 2:
+    before = m.get("load_average_before", [0])[0]
+    after = m.get("load_average_after", [0])[0]
+    load = max(before if before > cores / 2 else 0, after if after > cores else 0)
+    if not load:
         return ""
     return (
         f" The machine's load average reached {load:.1f} on {cores} cores during the run (other processes "
@@ -53,7 +66,7 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 if not ok:
                     latency_missed.append(f"{figure}: {target}, measured {with_unit(after, unit)}.")
             if latency_missed:
-                latency_missed[-1] += load_note(doc)
+                latency_missed[-1] += load_note(doc, "latency")
             missed += latency_missed
         else:
             warm = lat["warm"]
@@ -158,7 +171,8 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 + f"one full collection of the triggerer process takes {min(base_gc):.0f}{DASH}{max(base_gc):.0f} ms "
                 "before any trigger exists (the Airflow import alone is about 200,000 objects) and "
                 f"{worst['full_gc_ms_waiting']:.0f} ms with {worst['n']} waiting triggers. "
-                f"Without the collector's share the longest stall is {fmt_ms(max(no_gc))}." + load_note(doc)
+                f"Without the collector's share the longest stall is {fmt_ms(max(no_gc))}."
+                + load_note(doc, "density")
             )
 
     bil = res.get("billing")
