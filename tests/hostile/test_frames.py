@@ -47,10 +47,15 @@ def _decision(version: int, event: str) -> dict[str, Any]:
     }
 
 
-async def _decide(hook: Any) -> Any:
+async def _decide_and_reconnects(hook: Any) -> tuple[Any, list[Any]]:
+    """One requested decision about ``log\n`` on a new stream, and the reconnects it took."""
     async with asyncio.timeout(20):
         async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
-            return await s.decide(timeout=20)
+            return await s.decide(timeout=20), list(s.reconnects)
+
+
+async def _decide(hook: Any) -> Any:
+    return (await _decide_and_reconnects(hook))[0]
 
 
 async def test_a_fragmented_decision_is_reassembled_and_decided(
@@ -224,11 +229,7 @@ async def test_frames_split_anywhere_are_read_whole_and_in_order(
         await peer.decision(1)
         await peer.drain()
 
-    hook = connect(gateway(script))
-    async with asyncio.timeout(20):
-        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
-            decision = await s.decide(timeout=20)
-            reconnects = list(s.reconnects)
+    decision, reconnects = await _decide_and_reconnects(connect(gateway(script)))
     assert decision.state_version == 1
     assert reconnects == []
     assert pongs == sorted(pongs) and pongs[-1] == last
@@ -256,10 +257,6 @@ async def test_a_start_acknowledged_in_the_read_that_brought_hello_is_sent_first
         await peer.decide_then()
         await peer.drain()
 
-    hook = connect(gateway(script))
-    async with asyncio.timeout(20):
-        async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
-            decision = await s.decide(timeout=20)
-            reconnects = list(s.reconnects)
+    decision, reconnects = await _decide_and_reconnects(connect(gateway(script)))
     assert decision.state_version == 1
     assert reconnects == []
