@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import billing, core, density, fleet, ingest, latency, report, waiting
+from benchmarks import billing, cold_cost, core, density, fleet, ingest, latency, report, waiting
 from benchmarks.common import Options, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +33,7 @@ DOCS_TABLE = ROOT / "docs" / "benchmarks-results.md"
 SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "core": core.run,
     "latency": latency.run,
+    "cold": cold_cost.run,
     "billing": billing.run,
     "ingest": ingest.run,
     "density": density.run,

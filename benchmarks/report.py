@@ -14,6 +14,7 @@ from benchmarks.report_format import (
     TIMES,
     fmt_duration,
     fmt_ms,
+    fmt_num,
     md_table,
     with_unit,
 )
@@ -171,6 +172,46 @@ def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[st
         "",
     ]
     return out
+
+
+def _cold(cold: dict[str, Any]) -> list[str]:
+    """The CPU of one cold change (:mod:`benchmarks.cold_cost`): what each change of a crowd costs."""
+    provider, alone = cold["provider"], cold["websockets_alone"]
+    rows = [
+        [
+            "the provider's trigger, run by Airflow's `TriggerRunner`",
+            fmt_ms(provider["cpu_ms"]),
+            fmt_ms(provider["emulator_cpu_ms"]),
+            fmt_num(provider["streams_opened"]),
+        ],
+        [
+            "websockets' client alone: connect, `hello`, `start`, decision, close",
+            fmt_ms(alone["cpu_ms"]),
+            fmt_ms(alone["emulator_cpu_ms"]),
+            fmt_num(alone["streams_opened"]),
+        ],
+    ]
+    ratio = cold.get("provider_vs_websockets")
+    return [
+        "### CPU of one cold change",
+        "",
+        f"{cold['n']} changes each way, one at a time, each to a dormant trigger (a progress line: the "
+        "trigger opens a stream, replays its state, takes the decision and gives the stream back "
+        f"{cold['lease_after_s'] * 1000:.0f} ms later). Client CPU is the benchmark process's, less its "
+        f"own polling ({fmt_ms(provider['harness_polls_ms'])} per change, measured alone); the emulator's "
+        "is its own process's. In a crowd every change is cold: this, times the change rate, is the "
+        "CPU the slowest changes queue behind.",
+        "",
+        *md_table(["client", "client CPU per change", "emulator CPU per change", "streams opened"], rows),
+        *(
+            [
+                f"The provider spends {ratio:.1f}{TIMES} the client CPU of websockets alone per cold change.",
+                "",
+            ]
+            if ratio
+            else []
+        ),
+    ]
 
 
 def _billing(bil: dict[str, Any]) -> list[str]:
@@ -417,6 +458,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
     res = doc["results"]
     for name, section in (
         ("latency", _latency),
+        ("cold", _cold),
         ("density", density_section),
         ("billing", _billing),
         ("ingest", _ingest),

@@ -1,0 +1,212 @@
+"""CPU of one cold change: the provider's trigger beside websockets alone, and the emulator's share.
+
+A change is *cold* when its trigger is dormant: the trigger opens a stream (TCP, the upgrade,
+``hello``), replays its state in ``start``, takes the decision and, quiet again, gives the stream
+back after ``lease_after``. In the crowd (scenario 1's N = 1,000 at 66 changes/s) every change is
+cold, so this cost times the change rate is the CPU behind which the crowd's slowest changes
+queue. Three figures, in one process and an emulator process of its own (``--only cold``):
+
+* **provider** — changes to dormant ``SystemZeroDecisionTrigger`` s run by Airflow's
+  ``TriggerRunner`` (a progress line: not decisive, so the trigger stays), one at a time: the
+  process's CPU from the change until the trigger is dormant again, less the harness's own
+  polling (each poll's cost is measured alone and subtracted);
+* **websockets alone** — the same exchange with websockets' client and nothing else: connect with
+  the same upgrade, read ``hello``, send a ``start`` the provider's core built beforehand, read up
+  to the decision, close. What any Python client on ``websockets`` pays per cold change here;
+* **emulator** — the stand-in gateway's CPU per change, in both (its own counter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from benchmarks.common import Options
+from benchmarks.emulator_host import EmulatorProcess
+from benchmarks.fixtures import CONDITION, CONN_ID, REQUEST, Feed
+from benchmarks.runner import Triggerer, rebuild
+
+__all__ = ["measure", "run"]
+
+#: As scenario 1: the account's decision buckets do not pace the changes.
+LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minute": 10_000_000}
+
+#: Dormant triggers the changes are spread over.
+TRIGGERS = 20
+#: The harness checks whether the trigger is dormant again this often (seconds).
+POLL = 0.005
+LEASE_AFTER = 0.02
+
+
+def _dormant(trigger: Any) -> bool:
+    # private, read only: the trigger gave its stream back and awaits its source
+    holder = trigger._stream
+    return holder.dormant and holder.stream is None
+
+
+async def _poll_until(condition: Any, within: float = 30.0) -> int:
+    """Poll ``condition`` every :data:`POLL` s; how many polls it took."""
+    deadline = time.monotonic() + within
+    polls = 0
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("a cold change did not end within 30 s")
+        await asyncio.sleep(POLL)
+        polls += 1
+    return polls
+
+
+async def _poll_cost(count: int = 400) -> float:
+    """CPU seconds of one poll of the harness with nothing else to do."""
+    cpu = time.process_time()
+    for _ in range(count):
+        await asyncio.sleep(POLL)
+    return (time.process_time() - cpu) / count
+
+
+def _new_trigger(feed: Feed, tag: str, index: int) -> tuple[str, Any]:
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+    channel = f"cold-cost-{tag}-{index}"
+    trigger = rebuild(
+        SystemZeroDecisionTrigger(
+            systemzero_conn_id=CONN_ID,
+            request=REQUEST,
+            condition=CONDITION,
+            state="",
+            key_namespace=task_namespace("bench_cold_cost", "wait", tag, index),
+            source=feed.start(channel),
+            lease_after=LEASE_AFTER,
+        )
+    )
+    return channel, trigger
+
+
+async def _provider(emulator: Any, count: int) -> dict[str, Any]:
+    feed = Feed("push")
+    triggerer = Triggerer()
+    tag = f"{time.monotonic_ns():x}"
+    try:
+        pairs = [_new_trigger(feed, tag, i) for i in range(TRIGGERS)]
+        for _, trigger in pairs:
+            triggerer.start(trigger)
+        for _, trigger in pairs:
+            await _poll_until(lambda t=trigger: _dormant(t))
+
+        async def change(index: int) -> int:
+            channel, trigger = pairs[index % TRIGGERS]
+            feed.publish(channel, f"waiting\nprogress {index}\n")
+            polls = await _poll_until(lambda: not _dormant(trigger))
+            return polls + await _poll_until(lambda: _dormant(trigger))
+
+        for index in range(TRIGGERS):  # every trigger once, before the count
+            await change(index)
+        per_poll = await _poll_cost()
+        before = await emulator.stats()
+        cpu, polls = time.process_time(), 0
+        for index in range(TRIGGERS, TRIGGERS + count):
+            polls += await change(index)
+        cpu = time.process_time() - cpu
+        after = await emulator.stats()
+        return {
+            "cpu_ms": max(0.0, cpu - polls * per_poll) / count * 1000,
+            "harness_polls_ms": polls * per_poll / count * 1000,
+            "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
+            "streams_opened": after["streams_total"] - before["streams_total"],
+        }
+    finally:
+        await triggerer.finish()
+        feed.close()
+
+
+def _start_frames(settings: Any, hello: str, count: int) -> list[str]:
+    """``start`` frames for ``count`` new states, each built by the provider's core as a stream would."""
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.protocol.client import ClientSession
+    from airflow_provider_systemzero.stream.request import build_request
+
+    namespace = task_namespace("bench_cold_cost", "alone", f"{time.monotonic_ns():x}", 0)
+    request = build_request(REQUEST, settings, identity=namespace)
+    frames = []
+    for index in range(count):
+        session = ClientSession(  # keyed, as a trigger's states are
+            request=request,
+            state=f"waiting\nprogress {index}\n",
+            decision_mode="on_change",
+            key_namespace=namespace,
+        )
+        now = time.monotonic()
+        session.connection_opened(now)
+        session.receive_text(hello, now)
+        frames.append(session.data_to_send(now)[0])
+    return frames
+
+
+async def _websockets_alone(emulator: Any, count: int) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+    from airflow_provider_systemzero.protocol.messages import PROTOCOL
+    from airflow_provider_systemzero.protocol.upgrade import request_headers
+
+    settings = await SystemZeroHook(systemzero_conn_id=CONN_ID).aget_settings()
+    options: dict[str, Any] = {
+        "additional_headers": request_headers(settings.api_key),
+        "subprotocols": [PROTOCOL],
+        "compression": None,
+        "origin": None,
+        "proxy": None,
+    }
+    async with connect(settings.url, **options) as ws:
+        hello = str(await ws.recv())
+    frames = _start_frames(settings, hello, count + TRIGGERS)
+
+    async def exchange(frame: str) -> None:
+        async with connect(settings.url, **options) as ws:
+            await ws.recv()  # hello
+            await ws.send(frame)
+            while json.loads(await ws.recv()).get("type") not in ("decision", "error"):
+                pass
+
+    for frame in frames[:TRIGGERS]:
+        await exchange(frame)
+    before = await emulator.stats()
+    cpu = time.process_time()
+    for frame in frames[TRIGGERS:]:
+        await exchange(frame)
+    cpu = time.process_time() - cpu
+    after = await emulator.stats()
+    return {
+        "cpu_ms": cpu / count * 1000,
+        "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
+        "streams_opened": after["streams_total"] - before["streams_total"],
+    }
+
+
+async def measure(emulator: Any, count: int) -> dict[str, Any]:
+    """Client and emulator CPU per cold change, through the provider and through websockets alone.
+
+    :param emulator: the running :class:`~benchmarks.emulator_host.EmulatorProcess` (the
+        connection's environment variable already set).
+    :param count: cold changes measured each way.
+    """
+    provider = await _provider(emulator, count)
+    alone = await _websockets_alone(emulator, count)
+    return {
+        "n": count,
+        "lease_after_s": LEASE_AFTER,
+        "provider": provider,
+        "websockets_alone": alone,
+        "provider_vs_websockets": provider["cpu_ms"] / alone["cpu_ms"] if alone["cpu_ms"] else None,
+    }
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run the measurement against an emulator process of its own and return its results."""
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
+        os.environ.update(emulator.connection_env())
+        return await measure(emulator, 60 if options.quick else 300)
