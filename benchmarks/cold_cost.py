@@ -10,6 +10,8 @@ queue. Three figures, in one process and an emulator process of its own (``--onl
   ``TriggerRunner`` (a progress line: not decisive, so the trigger stays), one at a time: the
   process's CPU from the change until the trigger is dormant again, less the harness's own
   polling (each poll's cost is measured alone and subtracted);
+* **the hook's stream alone** — ``SystemZeroHook.stream()`` without a trigger: entered about a
+  new state, its first decision taken, closed (the stream's share of the provider's figure);
 * **websockets alone** — the same exchange with websockets' client and nothing else: connect with
   the same upgrade, read ``hello``, send a ``start`` the provider's core built beforehand, read up
   to the decision, close. What any Python client on ``websockets`` pays per cold change here;
@@ -123,6 +125,43 @@ async def _provider(emulator: Any, count: int) -> dict[str, Any]:
         feed.close()
 
 
+async def _stream_alone(emulator: Any, count: int) -> dict[str, Any]:
+    """The hook's :class:`~airflow_provider_systemzero.stream.DecisionStream` without a trigger:
+    open it about a new state, take its first decision, close it."""
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+    from airflow_provider_systemzero.identity import task_namespace
+
+    hook = SystemZeroHook(systemzero_conn_id=CONN_ID)
+    settings = await hook.aget_settings()
+    namespace = task_namespace("bench_cold_cost", "stream", f"{time.monotonic_ns():x}", 0)
+
+    async def exchange(index: int) -> None:
+        stream = hook.stream(
+            REQUEST,
+            state=f"waiting\nprogress {index}\n",
+            key_namespace=namespace,
+            identity=namespace,
+            settings=settings,
+        )
+        async with stream:
+            async for _ in stream.decisions():
+                break
+
+    for index in range(TRIGGERS):
+        await exchange(index)
+    before = await emulator.stats()
+    cpu = time.process_time()
+    for index in range(TRIGGERS, TRIGGERS + count):
+        await exchange(index)
+    cpu = time.process_time() - cpu
+    after = await emulator.stats()
+    return {
+        "cpu_ms": cpu / count * 1000,
+        "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
+        "streams_opened": after["streams_total"] - before["streams_total"],
+    }
+
+
 def _start_frames(settings: Any, hello: str, count: int) -> list[str]:
     """``start`` frames for ``count`` new states, each built by the provider's core as a stream would."""
     from airflow_provider_systemzero.identity import task_namespace
@@ -188,18 +227,21 @@ async def _websockets_alone(emulator: Any, count: int) -> dict[str, Any]:
 
 
 async def measure(emulator: Any, count: int) -> dict[str, Any]:
-    """Client and emulator CPU per cold change, through the provider and through websockets alone.
+    """Client and emulator CPU per cold change: through the provider's trigger, the hook's stream
+    alone, and websockets alone.
 
     :param emulator: the running :class:`~benchmarks.emulator_host.EmulatorProcess` (the
         connection's environment variable already set).
     :param count: cold changes measured each way.
     """
     provider = await _provider(emulator, count)
+    stream = await _stream_alone(emulator, count)
     alone = await _websockets_alone(emulator, count)
     return {
         "n": count,
         "lease_after_s": LEASE_AFTER,
         "provider": provider,
+        "stream_alone": stream,
         "websockets_alone": alone,
         "provider_vs_websockets": provider["cpu_ms"] / alone["cpu_ms"] if alone["cpu_ms"] else None,
     }

@@ -177,27 +177,25 @@ def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[st
 def _cold(cold: dict[str, Any]) -> list[str]:
     """The CPU of one cold change (:mod:`benchmarks.cold_cost`): what each change of a crowd costs."""
     provider, alone = cold["provider"], cold["websockets_alone"]
+    clients = [
+        ("the provider's trigger, run by Airflow's `TriggerRunner`", provider),
+        ("the hook's stream alone: entered, first decision, closed", cold.get("stream_alone")),
+        ("websockets' client alone: connect, `hello`, `start`, decision, close", alone),
+    ]
     rows = [
-        [
-            "the provider's trigger, run by Airflow's `TriggerRunner`",
-            fmt_ms(provider["cpu_ms"]),
-            fmt_ms(provider["emulator_cpu_ms"]),
-            fmt_num(provider["streams_opened"]),
-        ],
-        [
-            "websockets' client alone: connect, `hello`, `start`, decision, close",
-            fmt_ms(alone["cpu_ms"]),
-            fmt_ms(alone["emulator_cpu_ms"]),
-            fmt_num(alone["streams_opened"]),
-        ],
+        [name, fmt_ms(data["cpu_ms"]), fmt_ms(data["emulator_cpu_ms"]), fmt_num(data["streams_opened"])]
+        for name, data in clients
+        if data is not None
     ]
     ratio = cold.get("provider_vs_websockets")
     return [
         "### CPU of one cold change",
         "",
-        f"{cold['n']} changes each way, one at a time, each to a dormant trigger (a progress line: the "
-        "trigger opens a stream, replays its state, takes the decision and gives the stream back "
-        f"{cold['lease_after_s'] * 1000:.0f} ms later). Client CPU is the benchmark process's, less its "
+        f"{cold['n']} cold changes per client, one at a time. The trigger's go to a dormant trigger (a "
+        "progress line: it opens a stream, replays its state, takes the decision and gives the stream "
+        f"back {cold['lease_after_s'] * 1000:.0f} ms later); the other two clients each open a "
+        "connection about a new state, take its decision and close. Client CPU is the benchmark "
+        "process's, less its "
         f"own polling ({fmt_ms(provider['harness_polls_ms'])} per change, measured alone); the emulator's "
         "is its own process's. In a crowd every change is cold: this, times the change rate, is the "
         "CPU the slowest changes queue behind.",

@@ -18,11 +18,10 @@ async def test_every_change_measured_opens_one_stream_each_way_and_the_page_show
         for name, value in emulator.connection_env().items():
             monkeypatch.setenv(name, value)
         result = await cold_cost.measure(emulator, 4)
-    provider, alone = result["provider"], result["websockets_alone"]
-    # each change found its trigger dormant and reopened a stream; each bare exchange opened one
-    assert provider["streams_opened"] == 4
-    assert alone["streams_opened"] == 4
-    assert provider["cpu_ms"] > 0 and alone["cpu_ms"] > 0
+    provider, stream, alone = result["provider"], result["stream_alone"], result["websockets_alone"]
+    # each change found its trigger dormant and reopened a stream; each other exchange opened one
+    assert provider["streams_opened"] == stream["streams_opened"] == alone["streams_opened"] == 4
+    assert provider["cpu_ms"] > 0 and stream["cpu_ms"] > 0 and alone["cpu_ms"] > 0
     assert provider["harness_polls_ms"] > 0  # the harness's own polling is taken out, not counted
     assert result["provider_vs_websockets"] == pytest.approx(provider["cpu_ms"] / alone["cpu_ms"])
 
@@ -36,3 +35,4 @@ async def test_every_change_measured_opens_one_stream_each_way_and_the_page_show
     page = render(document)
     assert "### CPU of one cold change" in page
     assert "websockets' client alone" in page
+    assert "the hook's stream alone" in page
