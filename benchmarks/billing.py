@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec
+from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, decision_trigger, publish, source_spec
 from benchmarks.runner import Triggerer, covered, rebuild
 
 __all__ = ["run"]
@@ -130,17 +130,12 @@ async def _trigger_run(
 
     :param knobs: decision-filter kwargs of the trigger (``debounce_ms`` in simulated time).
     """
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"billing-{namespace}"
     publish(channel, log[0][1])
-    original = SystemZeroDecisionTrigger(
-        systemzero_conn_id=CONN_ID,
-        request=REQUEST,
-        condition=CONDITION,
-        state="",
-        key_namespace=namespace,
-        source=source_spec(channel),
+    original = decision_trigger(
+        namespace,
+        source_spec(channel),
         lease_after=LEASE_AFTER_SIMULATED / SCALE,
         **_scaled(knobs or {}),
     )

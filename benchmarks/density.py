@@ -46,7 +46,7 @@ from typing import Any
 from benchmarks.allocations import charge
 from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, FEEDS, READY, REQUEST, Feed
+from benchmarks.fixtures import FEEDS, READY, Feed, decision_trigger
 from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, decided_at, rebuild, rss_kb
 from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
@@ -99,21 +99,10 @@ def _new_trigger(
     tag: str, index: int, lease_after: float = LEASE_AFTER, feed: Feed = _PUSH
 ) -> tuple[str, Any]:
     from airflow_provider_systemzero.identity import task_namespace
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"density-{tag}-{index}"
-    trigger = rebuild(
-        SystemZeroDecisionTrigger(
-            systemzero_conn_id=CONN_ID,
-            request=REQUEST,
-            condition=CONDITION,
-            state="",
-            key_namespace=task_namespace("bench_density", "wait", tag, index),
-            source=feed.start(channel),
-            lease_after=lease_after,
-        )
-    )
-    return channel, trigger
+    namespace = task_namespace("bench_density", "wait", tag, index)
+    return channel, rebuild(decision_trigger(namespace, feed.start(channel), lease_after=lease_after))
 
 
 def watching() -> dict[str, Any]:

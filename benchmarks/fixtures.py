@@ -13,6 +13,8 @@
 * :func:`pushed_queue` is the same source written the common way, an ``asyncio.Queue`` per
   reader that keeps every published state (feed ``push-queue``): scenario 6 reports both, to
   show what a source's own objects cost a waiting trigger.
+* :func:`decision_trigger` is the trigger every scenario waits with: this request and
+  condition, on the benchmarks' connection.
 * :class:`Feed` is how a scenario changes a trigger's source: a push source above, or a
   tailed file (``{"type": "file", ...}``) on notifications or polled — what DAG authors run.
   For a file, the time the write returned is the time the change was produced.
@@ -40,6 +42,7 @@ __all__ = [
     "REQUEST",
     "Feed",
     "decide",
+    "decision_trigger",
     "publish",
     "pushed",
     "pushed_queue",
@@ -171,6 +174,28 @@ async def pushed_queue(channel: str) -> AsyncIterator[Any]:
             yield await queue.get()
     finally:
         entry.queues.discard(queue)
+
+
+def decision_trigger(key_namespace: str, source: Any, *, state: Any = "", **options: Any) -> Any:
+    """A ``SystemZeroDecisionTrigger`` on :data:`CONN_ID` asking :data:`REQUEST` until :data:`CONDITION`
+    holds (pass it to :func:`benchmarks.runner.rebuild`, as the triggerer would).
+
+    :param key_namespace: the trigger's key namespace.
+    :param source: its ``source`` kwarg (:func:`source_spec`, or :meth:`Feed.start`).
+    :param state: its initial state.
+    :param options: the trigger's other kwargs (``lease_after`` …).
+    """
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+    return SystemZeroDecisionTrigger(
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        condition=CONDITION,
+        state=state,
+        key_namespace=key_namespace,
+        source=source,
+        **options,
+    )
 
 
 def source_spec(channel: str, kind: str = "push") -> dict[str, Any]:

@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from benchmarks.common import Options, summary_ms
-from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, publish, source_spec
+from benchmarks.fixtures import READY, decision_trigger, publish, source_spec
 
 __all__ = ["decide", "run"]
 
@@ -130,7 +130,6 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.stream.starts import running_starts
     from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
     from benchmarks.runner import Triggerer, decided_at, rebuild
 
     os.environ.update(config["env"])
@@ -142,13 +141,10 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
         channel = f"c{index}"
         publish(channel, f"{channel} line 0\n")
         trigger = rebuild(
-            SystemZeroDecisionTrigger(
-                systemzero_conn_id=CONN_ID,
-                request=REQUEST,
-                condition=CONDITION,
+            decision_trigger(
+                task_namespace("bench_fleet", "wait", config["tag"], index),
+                source_spec(channel),
                 state=f"{channel} line 0\n",
-                key_namespace=task_namespace("bench_fleet", "wait", config["tag"], index),
-                source=source_spec(channel),
                 decision_mode="on_request",
                 lease_after=LEASE_AFTER_S / factor,
                 max_staleness=DEFAULT_MAX_STALENESS / factor,

@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST
+from benchmarks.fixtures import READY, decision_trigger
 from benchmarks.runner import StallWatchdog, Triggerer, rebuild
 
 __all__ = ["run"]
@@ -102,7 +102,6 @@ async def run(options: Options) -> dict[str, Any]:
     """Run scenario 4 and return its results."""
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.stream.request import derive_prompt_cache_key
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     seconds = 5.0 if options.quick else 30.0
     workdir = Path(tempfile.mkdtemp(prefix="systemzero-bench-ingest-"))
@@ -113,14 +112,7 @@ async def run(options: Options) -> dict[str, Any]:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
         trigger = rebuild(
-            SystemZeroDecisionTrigger(
-                systemzero_conn_id=CONN_ID,
-                request=REQUEST,
-                condition=CONDITION,
-                state="",
-                key_namespace=namespace,
-                source={"type": "file", "path": str(path), "poll_interval": POLL_INTERVAL},
-            )
+            decision_trigger(namespace, {"type": "file", "path": str(path), "poll_interval": POLL_INTERVAL})
         )
         trigger_id = triggerer.start(trigger)
         await _started(emulator)

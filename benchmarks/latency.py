@@ -35,7 +35,17 @@ from typing import Any
 from benchmarks import density
 from benchmarks.common import Options, percentile, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, FEEDS, READY, REQUEST, Feed, publish, state_of
+from benchmarks.fixtures import (
+    CONDITION,
+    CONN_ID,
+    FEEDS,
+    READY,
+    REQUEST,
+    Feed,
+    decision_trigger,
+    publish,
+    state_of,
+)
 from benchmarks.runner import Triggerer, decided_at, rebuild
 
 __all__ = ["run"]
@@ -80,18 +90,13 @@ async def _trigger_sample(
     triggerer: Triggerer, tag: str, index: int, *, cold: bool, rng: random.Random, feed: Feed, polled: bool
 ) -> tuple[float, dict[str, Any]]:
     from airflow_provider_systemzero.identity import task_namespace
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     kind = "cold" if cold else "warm"
     channel = f"latency-{tag}-{kind}-{index}"
     trigger = rebuild(
-        SystemZeroDecisionTrigger(
-            systemzero_conn_id=CONN_ID,
-            request=REQUEST,
-            condition=CONDITION,
-            state="",
-            key_namespace=task_namespace("bench_latency", kind, tag, index),
-            source=feed.start(channel),
+        decision_trigger(
+            task_namespace("bench_latency", kind, tag, index),
+            feed.start(channel),
             lease_after=0.05 if cold else 30.0,
         )
     )
