@@ -24,11 +24,12 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
-from benchmarks.fixtures import CONDITION, CONN_ID, REQUEST, Feed
+from benchmarks.fixtures import CONN_ID, REQUEST, Feed, decision_trigger
 from benchmarks.runner import Triggerer, rebuild
 
 __all__ = ["measure", "run"]
@@ -69,23 +70,42 @@ async def _poll_cost(count: int = 400) -> float:
     return (time.process_time() - cpu) / count
 
 
+async def _counted(emulator: Any, exchange: Callable[[int], Awaitable[int]], count: int) -> dict[str, Any]:
+    """Run ``exchange`` for :data:`TRIGGERS` indices unmeasured (every lazy import and cache in
+    place), then ``count`` more measured: this process's CPU seconds (``cpu_s``), what the
+    measured exchanges returned, summed (``returned``), and per exchange the emulator's CPU and
+    the streams it opened."""
+    for index in range(TRIGGERS):
+        await exchange(index)
+    before = await emulator.stats()
+    cpu, returned = time.process_time(), 0
+    for index in range(TRIGGERS, TRIGGERS + count):
+        returned += await exchange(index)
+    cpu = time.process_time() - cpu
+    after = await emulator.stats()
+    return {
+        "cpu_s": cpu,
+        "returned": returned,
+        "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
+        "streams_opened": after["streams_total"] - before["streams_total"],
+    }
+
+
+def _per_change(counted: dict[str, Any], cpu_s: float, count: int) -> dict[str, Any]:
+    """The figures of one client: ``cpu_s`` of client CPU over ``count`` changes, and the emulator's."""
+    return {
+        "cpu_ms": cpu_s / count * 1000,
+        "emulator_cpu_ms": counted["emulator_cpu_ms"],
+        "streams_opened": counted["streams_opened"],
+    }
+
+
 def _new_trigger(feed: Feed, tag: str, index: int) -> tuple[str, Any]:
     from airflow_provider_systemzero.identity import task_namespace
-    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
     channel = f"cold-cost-{tag}-{index}"
-    trigger = rebuild(
-        SystemZeroDecisionTrigger(
-            systemzero_conn_id=CONN_ID,
-            request=REQUEST,
-            condition=CONDITION,
-            state="",
-            key_namespace=task_namespace("bench_cold_cost", "wait", tag, index),
-            source=feed.start(channel),
-            lease_after=LEASE_AFTER,
-        )
-    )
-    return channel, trigger
+    namespace = task_namespace("bench_cold_cost", "wait", tag, index)
+    return channel, rebuild(decision_trigger(namespace, feed.start(channel), lease_after=LEASE_AFTER))
 
 
 async def _provider(emulator: Any, count: int) -> dict[str, Any]:
@@ -105,37 +125,28 @@ async def _provider(emulator: Any, count: int) -> dict[str, Any]:
             polls = await _poll_until(lambda: not _dormant(trigger))
             return polls + await _poll_until(lambda: _dormant(trigger))
 
-        for index in range(TRIGGERS):  # every trigger once, before the count
-            await change(index)
         per_poll = await _poll_cost()
-        before = await emulator.stats()
-        cpu, polls = time.process_time(), 0
-        for index in range(TRIGGERS, TRIGGERS + count):
-            polls += await change(index)
-        cpu = time.process_time() - cpu
-        after = await emulator.stats()
+        counted = await _counted(emulator, change, count)  # every trigger changes once first
+        polls_s = counted["returned"] * per_poll
         return {
-            "cpu_ms": max(0.0, cpu - polls * per_poll) / count * 1000,
-            "harness_polls_ms": polls * per_poll / count * 1000,
-            "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
-            "streams_opened": after["streams_total"] - before["streams_total"],
+            **_per_change(counted, max(0.0, counted["cpu_s"] - polls_s), count),
+            "harness_polls_ms": polls_s / count * 1000,
         }
     finally:
         await triggerer.finish()
         feed.close()
 
 
-async def _stream_alone(emulator: Any, count: int) -> dict[str, Any]:
+async def _stream_alone(emulator: Any, settings: Any, count: int) -> dict[str, Any]:
     """The hook's :class:`~airflow_provider_systemzero.stream.DecisionStream` without a trigger:
     open it about a new state, take its first decision, close it."""
     from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
     from airflow_provider_systemzero.identity import task_namespace
 
     hook = SystemZeroHook(systemzero_conn_id=CONN_ID)
-    settings = await hook.aget_settings()
     namespace = task_namespace("bench_cold_cost", "stream", f"{time.monotonic_ns():x}", 0)
 
-    async def exchange(index: int) -> None:
+    async def exchange(index: int) -> int:
         stream = hook.stream(
             REQUEST,
             state=f"waiting\nprogress {index}\n",
@@ -146,20 +157,10 @@ async def _stream_alone(emulator: Any, count: int) -> dict[str, Any]:
         async with stream:
             async for _ in stream.decisions():
                 break
+        return 0
 
-    for index in range(TRIGGERS):
-        await exchange(index)
-    before = await emulator.stats()
-    cpu = time.process_time()
-    for index in range(TRIGGERS, TRIGGERS + count):
-        await exchange(index)
-    cpu = time.process_time() - cpu
-    after = await emulator.stats()
-    return {
-        "cpu_ms": cpu / count * 1000,
-        "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
-        "streams_opened": after["streams_total"] - before["streams_total"],
-    }
+    counted = await _counted(emulator, exchange, count)
+    return _per_change(counted, counted["cpu_s"], count)
 
 
 def _start_frames(settings: Any, hello: str, count: int) -> list[str]:
@@ -185,14 +186,12 @@ def _start_frames(settings: Any, hello: str, count: int) -> list[str]:
     return frames
 
 
-async def _websockets_alone(emulator: Any, count: int) -> dict[str, Any]:
+async def _websockets_alone(emulator: Any, settings: Any, count: int) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
-    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
     from airflow_provider_systemzero.protocol.messages import PROTOCOL
     from airflow_provider_systemzero.protocol.upgrade import request_headers
 
-    settings = await SystemZeroHook(systemzero_conn_id=CONN_ID).aget_settings()
     options: dict[str, Any] = {
         "additional_headers": request_headers(settings.api_key),
         "subprotocols": [PROTOCOL],
@@ -204,26 +203,16 @@ async def _websockets_alone(emulator: Any, count: int) -> dict[str, Any]:
         hello = str(await ws.recv())
     frames = _start_frames(settings, hello, count + TRIGGERS)
 
-    async def exchange(frame: str) -> None:
+    async def exchange(index: int) -> int:
         async with connect(settings.url, **options) as ws:
             await ws.recv()  # hello
-            await ws.send(frame)
+            await ws.send(frames[index])
             while json.loads(await ws.recv()).get("type") not in ("decision", "error"):
                 pass
+        return 0
 
-    for frame in frames[:TRIGGERS]:
-        await exchange(frame)
-    before = await emulator.stats()
-    cpu = time.process_time()
-    for frame in frames[TRIGGERS:]:
-        await exchange(frame)
-    cpu = time.process_time() - cpu
-    after = await emulator.stats()
-    return {
-        "cpu_ms": cpu / count * 1000,
-        "emulator_cpu_ms": (after["cpu_seconds"] - before["cpu_seconds"]) / count * 1000,
-        "streams_opened": after["streams_total"] - before["streams_total"],
-    }
+    counted = await _counted(emulator, exchange, count)
+    return _per_change(counted, counted["cpu_s"], count)
 
 
 async def measure(emulator: Any, count: int) -> dict[str, Any]:
@@ -234,9 +223,12 @@ async def measure(emulator: Any, count: int) -> dict[str, Any]:
         connection's environment variable already set).
     :param count: cold changes measured each way.
     """
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+
+    settings = await SystemZeroHook(systemzero_conn_id=CONN_ID).aget_settings()
     provider = await _provider(emulator, count)
-    stream = await _stream_alone(emulator, count)
-    alone = await _websockets_alone(emulator, count)
+    stream = await _stream_alone(emulator, settings, count)
+    alone = await _websockets_alone(emulator, settings, count)
     return {
         "n": count,
         "lease_after_s": LEASE_AFTER,

@@ -10,7 +10,7 @@ from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.report import render
 
 
-async def test_every_change_measured_opens_one_stream_each_way_and_the_page_shows_both(
+async def test_every_change_measured_opens_one_stream_for_each_client_and_the_page_shows_all_three(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(cold_cost, "TRIGGERS", 3)
