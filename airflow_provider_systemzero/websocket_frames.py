@@ -12,7 +12,7 @@ keeps every rule (reassembly, pings and the close handshake, 1002/1007/1009) for
 
 This is only safe where websockets' parser waits for the first byte of a frame with nothing
 buffered: :func:`parser_waits_for_a_frame` tells. The client's connection
-(:class:`~airflow_provider_systemzero.stream.connection.StreamConnection`) and the emulator's
+(:class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`) and the emulator's
 (:class:`~airflow_provider_systemzero.emulator.websocket.EmulatorConnection`) use both.
 """
 

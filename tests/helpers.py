@@ -155,6 +155,19 @@ def wait_until(
         time.sleep(interval)
 
 
+async def until(condition: Callable[[], object], within: float = 5.0, *, what: str = "the condition") -> None:
+    """Let the loop run until ``condition`` holds, polling every 5 ms (bounded: ``TimeoutError``
+    naming ``what`` after ``within`` seconds)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {within:.1f} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
 def dagbag_module() -> Any:
     """Where ``DagBag``, ``BundleDagBag`` and ``sync_bag_to_db`` live: ``airflow.dag_processing.dagbag``
     from Airflow 3.2, ``airflow.models.dagbag`` on 3.1."""

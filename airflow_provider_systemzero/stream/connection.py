@@ -3,7 +3,10 @@
 * :func:`connect_options` — the ``websockets`` options: only ``Authorization`` added to the
   request, the one subprotocol offered, no compression, no ``Origin``, no proxy from the
   environment, ``max_size`` from the limits, a logger that scrubs the key;
-* redirects are never followed: a ``3xx`` answer is a refusal, so the key goes to one URL only;
+* :func:`open_socket` — the TCP connection (TLS, an explicit proxy) by websockets' opener, then
+  the upgrade on a :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`, all
+  within ``open_timeout``; redirects are never followed: a ``3xx`` answer is a refusal, so the
+  key goes to one URL only;
 * :func:`upgrade_refusal_error` — the typed error for an HTTP refusal of the upgrade;
 * :func:`probe` — open, read ``hello``, close (the connection test), holding a slot of the stream cap.
 """
@@ -15,14 +18,10 @@ import contextlib
 import json
 import logging
 import ssl
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import (
-    InvalidStatus,
-)
-from websockets.frames import Opcode
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
 from airflow_provider_systemzero.protocol.client import check_hello
@@ -37,9 +36,7 @@ from airflow_provider_systemzero.protocol.messages import (
     Hello,
     decode_server_message,
 )
-from airflow_provider_systemzero.protocol.reconnect import (
-    CloseCode,
-)
+from airflow_provider_systemzero.protocol.reconnect import CloseCode
 from airflow_provider_systemzero.protocol.upgrade import (
     check_selected_subprotocol,
     request_headers,
@@ -50,18 +47,13 @@ from airflow_provider_systemzero.stream.exceptions import (
     ProtocolViolation,
     UpgradeRefused,
 )
+from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket, SocketHandler
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
-from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
-
-if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    pass
 
 __all__ = [
-    "FRAMES_PER_READ",
-    "NoRedirectsConnect",
-    "StreamConnection",
     "connect_options",
+    "open_socket",
     "probe",
     "subprotocol_violation",
     "upgrade_refusal_error",
@@ -90,103 +82,6 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
             super().log(level, "%s", scrub(text, self._secret), **kwargs)
 
 
-#: Frames of one read handed to the session in the transport's callback, at most; the rest of a
-#: flood goes to the reader task, which lets other tasks run every few frames.
-FRAMES_PER_READ = 16
-
-
-class StreamConnection(ClientConnection):
-    """websockets' client connection, handing each complete text frame to :attr:`on_text` as it is
-    parsed, in the transport's callback: no queue, task or loop turn between the socket and the
-    stream's session.
-
-    Only what websockets itself would hand over unchanged takes this way: a text frame that is not
-    fragmented, is valid UTF-8 and has nothing queued ahead of it. Everything else — a fragmented
-    message (reassembled by websockets), a binary frame, invalid UTF-8 (websockets closes with
-    1007), a frame behind one still queued — goes through websockets' message queue to the
-    stream's reader task, so frames are handled in the order they arrived.
-    """
-
-    #: Handles one frame; returns whether the next frames of the same read may follow at once
-    #: (``False``: the writer should run first, and they queue for the reader). ``None``: the
-    #: reader task reads every frame.
-    on_text: Callable[[str], bool] | None = None
-    _direct = True
-    _handed = 0  # frames handed over at once during the current read
-
-    def data_received(self, data: bytes) -> None:
-        self._direct = True
-        self._handed = 0
-        if (
-            self.on_text is not None
-            and self.response is not None
-            and not len(self.recv_messages.frames)
-            and parser_waits_for_a_frame(self.protocol)
-        ):
-            # the complete text frames in front are read here; websockets parses from the first
-            # byte of anything else (see airflow_provider_systemzero.websocket_frames)
-            taken = take_text_frames(
-                data, masked=False, max_size=self.protocol.max_message_size, handle=self._take
-            )
-            if taken:
-                data = data[taken:]
-                if not data:
-                    return
-        super().data_received(data)
-
-    def take_queued(self, handle: Callable[[str], bool]) -> None:
-        """Hand to ``handle`` the complete text frames websockets queued before :attr:`on_text` was
-        set (the ``hello`` that came with the handshake's response), in order, before the reader
-        task first runs; stop at anything else, which the reader reads.
-
-        :param handle: as :attr:`on_text`: takes a frame, ``False`` leaves the rest to the reader.
-        """
-        queue = self.recv_messages.frames.queue
-        self._handed = 0
-        while queue:
-            frame = queue[0]
-            if frame.opcode is not Opcode.TEXT or not frame.fin:
-                break
-            try:
-                text = str(frame.data, "utf-8")
-            except UnicodeDecodeError:
-                break  # websockets' own reading closes with 1007
-            queue.popleft()
-            if not self._hand(handle, text):
-                break
-        self.recv_messages.maybe_resume()
-
-    def _take(self, text: str, _size: int) -> bool:
-        return self._hand(self.on_text, text)  # type: ignore[arg-type]  # set: checked before the read
-
-    def _hand(self, on_text: Callable[[str], bool], text: str) -> bool:
-        """Hand one frame over; whether the next of this read may follow at once: the handler says
-        so, and at most :data:`FRAMES_PER_READ` do (a flood then queues for the reader task, which
-        lets the loop run between frames)."""
-        self._handed += 1
-        self._direct = on_text(text) and self._handed < FRAMES_PER_READ
-        return self._direct
-
-    def process_event(self, event: Any) -> None:
-        on_text = self.on_text
-        if (
-            on_text is not None
-            and self._direct
-            and self.response is not None  # the handshake is over: a frame
-            and event.opcode is Opcode.TEXT
-            and event.fin
-            and not len(self.recv_messages.frames)
-        ):
-            try:
-                text = str(event.data, "utf-8")
-            except UnicodeDecodeError:
-                pass  # websockets' own reading closes with 1007
-            else:
-                self._hand(on_text, text)
-                return
-        super().process_event(event)
-
-
 def connect_options(
     settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None = None
 ) -> dict[str, Any]:
@@ -212,19 +107,48 @@ def connect_options(
         "close_timeout": (limits.close_handshake_timeout_ms / 1000) or None,
         "max_size": limits.max_message_bytes + _MAX_SIZE_MARGIN,
         "logger": _RedactingLogger(logging.getLogger("websockets.client"), settings.api_key.strip()),
-        "create_connection": StreamConnection,
+        "create_connection": GatewaySocket,
     }
     if ssl_context is not None and settings.url.startswith("wss://"):
         options["ssl"] = ssl_context
     return options
 
 
-class NoRedirectsConnect(connect):
-    """``websockets.asyncio.client.connect`` that never follows a redirect: a ``3xx`` answer to the
-    upgrade is a refusal (:class:`UpgradeRefused`), so the key is never sent to another address."""
+async def open_socket(
+    settings: StreamSettings,
+    limits: Limits,
+    handler: SocketHandler,
+    ssl_context: ssl.SSLContext | None = None,
+) -> GatewaySocket:
+    """Open the TCP connection and upgrade it, within ``open_timeout``: the socket, open.
 
-    def process_redirect(self, exc: Exception) -> Exception | str:
-        return exc
+    websockets' opener makes the TCP connection (with TLS and an explicit proxy, from
+    :func:`connect_options`) and the socket; the upgrade request carries the options' headers.
+    Its answer is never followed anywhere: anything but ``101`` raises ``InvalidStatus``.
+    ``handler`` hears of the socket from the moment the upgrade succeeded, so the messages that
+    came with the response (``hello``) reach it in the same callback.
+
+    :param settings: where and how to connect.
+    :param limits: the limits in force (the last ``hello``'s, or the document's).
+    :param handler: what the socket tells of its messages.
+    :param ssl_context: a TLS context (from ``ca_bundle``) for ``wss://``.
+    :raises InvalidStatus: the gateway refused the upgrade (a redirect included).
+    :raises TimeoutError: no answer within ``open_timeout``.
+    """
+    opener = connect(settings.url, **connect_options(settings, limits, ssl_context))
+    try:
+        async with asyncio.timeout(settings.open_timeout):
+            socket = await opener.open_tcp_connection()
+            assert isinstance(socket, GatewaySocket)
+            socket.handler = handler
+            try:
+                await socket.handshake(opener.additional_headers, opener.user_agent_header)
+            except BaseException:
+                socket.abort()
+                raise
+    except TimeoutError as exc:
+        raise TimeoutError("timed out during opening handshake") from exc
+    return socket
 
 
 def upgrade_refusal_error(exc: InvalidStatus, url: str, secret: str | None = None) -> UpgradeRefused:
@@ -245,6 +169,23 @@ def upgrade_refusal_error(exc: InvalidStatus, url: str, secret: str | None = Non
     status = response.status_code
     cls = AuthenticationFailed if status in (401, 403) else UpgradeRefused
     return cls(status, envelope, delay_ms, url=url)
+
+
+class _Hello:
+    """What :func:`probe` hears of its socket: the first message."""
+
+    def __init__(self) -> None:
+        self.first: asyncio.Future[str | bytes] = asyncio.get_running_loop().create_future()
+
+    def socket_opened(self, socket: GatewaySocket) -> None:
+        return None
+
+    def socket_message(self, message: str | bytes) -> None:
+        if not self.first.done():
+            self.first.set_result(message)
+
+    def socket_writable(self) -> None:
+        return None
 
 
 async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None) -> Hello:
@@ -270,28 +211,34 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
 async def _probe(
     settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None
 ) -> Hello:
+    heard = _Hello()
     try:
-        async with NoRedirectsConnect(url, **connect_options(settings, limits, ssl_context)) as ws:
-            violation = subprotocol_violation(ws, url)
-            if violation is not None:
-                await ws.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-                raise violation
-            async with asyncio.timeout(limits.start_timeout_ms / 1000):
-                text = await ws.recv()
-            try:
-                hello = check_hello(decode_server_message(text))
-            except RemoteProtocolError as exc:
-                raise ProtocolViolation(
-                    f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
-                    code=exc.code,
-                ) from None
-            await ws.close(CloseCode.NORMAL_CLOSURE)
-            return hello
+        socket = await open_socket(settings, limits, heard, ssl_context)
     except InvalidStatus as exc:
         raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
+    try:
+        violation = subprotocol_violation(socket, url)
+        if violation is not None:
+            socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
+            raise violation
+        async with asyncio.timeout(limits.start_timeout_ms / 1000):
+            await asyncio.wait((heard.first, socket.lost), return_when=asyncio.FIRST_COMPLETED)
+        if not heard.first.done():
+            raise ConnectionError(f"{url} closed the connection before its hello")
+        try:
+            hello = check_hello(decode_server_message(heard.first.result()))
+        except RemoteProtocolError as exc:
+            raise ProtocolViolation(
+                f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
+                code=exc.code,
+            ) from None
+        return hello
+    finally:
+        socket.close(CloseCode.NORMAL_CLOSURE)
+        await asyncio.shield(socket.lost)  # the close completes, or close_timeout aborts it
 
 
-def subprotocol_violation(ws: ClientConnection, url: str) -> ProtocolViolation | None:
+def subprotocol_violation(ws: GatewaySocket, url: str) -> ProtocolViolation | None:
     """The error to raise when the server did not select the one subprotocol offered, else ``None``."""
     try:
         check_selected_subprotocol(ws.subprotocol)

@@ -10,8 +10,9 @@ of the stream lives by job in:
   ``wake_on_decision()``);
 * :mod:`~airflow_provider_systemzero.stream.run_loop` — the task that connects and reconnects as the
   core plans, and the wake-ups it shares with the waiters;
-* :mod:`~airflow_provider_systemzero.stream.serving` — one connection: the upgrade, the reader, the
-  writer loop, the watchdogs and the close;
+* :mod:`~airflow_provider_systemzero.stream.serving` — one connection: opening it, each message
+  to the session as its socket parses it, the writer's turns, the watchdogs and how it ended
+  (over :mod:`~airflow_provider_systemzero.stream.gateway_socket`);
 * :mod:`~airflow_provider_systemzero.stream.core_events` — what the core's events do: acks,
   decisions, failures, the budget's gate, the log lines and the observer.
 
@@ -25,12 +26,9 @@ import contextlib
 import logging
 import math
 import ssl
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
-
-from websockets.asyncio.client import ClientConnection
 
 from airflow_provider_systemzero.decisions.budget import (
     BudgetExceeded,
@@ -54,6 +52,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     StreamClosed,
     SystemZeroValidationError,
 )
+from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
 from airflow_provider_systemzero.stream.request import build_request
 from airflow_provider_systemzero.stream.run_loop import Reconnect, StreamRunLoop
 from airflow_provider_systemzero.stream.serving import ConnectionServing
@@ -150,7 +149,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._last_error: BaseException | None = None
         self._network: NetworkFailures | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._ws: ClientConnection | None = None
+        self._ws: GatewaySocket | None = None  # the open connection
         self._wake: asyncio.Event | None = None
         self._pulse_event: asyncio.Event | None = None
         self._ready = False
@@ -159,7 +158,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._goodbye: Goodbye | None = None
         self._last_fatal: Error | None = None
         #: the one connection a :meth:`release` was asked for (never carried to the next one)
-        self._release_for: ClientConnection | None = None
+        self._release_for: GatewaySocket | None = None
         self._dormant = False
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
@@ -175,15 +174,17 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._refused: BudgetExceeded | None = None  # what the budget refused, holding this stream
         #: what the observer hears once the tasks a frame woke have run (see ``_observe_later``)
         self._observations: deque[tuple[str, tuple[Any, ...], dict[str, Any]]] = deque()
-        self._writing = False  # a frame is being written (its write is waiting for the peer)
-        #: why a frame handed over as it was parsed ended the connection (see ``_handle_at_once``)
+        #: why the current connection ends (see ConnectionServing): a message that broke the
+        #: protocol, the subprotocol refused, the receipt deadline passed, a replay on a new
+        #: connection, this side began the close
         self._frame_error: BaseException | None = None
+        self._violation: BaseException | None = None
+        self._silent = self._recycle = self._closed_by_us = False
+        self._opened_at = 0.0  # monotonic time the current connection opened
         self._scrub_secret: str | None = None  # the key, as removed from every frame of the connection
-        #: frames a change made due that the writer sends first (see :meth:`_send_now`)
-        self._outbox: list[str] = []
+        self._flush_handle: asyncio.Handle | None = None  # a writer's turn asked for (see _flush_soon)
         self._pong_flush: asyncio.TimerHandle | None = None
-        self._alarm: asyncio.TimerHandle | None = None  # wakes the waiting writer (see _set_alarm)
-        self._writer_wakes_at = -math.inf  # when the waiting writer wakes on its own (-inf: awake)
+        self._alarm: asyncio.TimerHandle | None = None  # the writer's timer (see _set_alarm)
         self._pulse_waiting = 0  # tasks waiting for a pulse
         #: resolved by the reader the moment there is something to take: a queued decision, a
         #: failure, the end (see :meth:`wake_on_decision`)
@@ -358,9 +359,8 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         await self._shutdown()
 
     def close_soon(self) -> None:
-        """Begin closing the stream now, without waiting: the close (1000) goes out on the writer's
-        next turn, and its slot of ``max_streams_per_process`` is given back once the close
-        completed. :meth:`aclose` must still be awaited (it waits for the close, and ends it).
+        """Begin closing the stream now, without waiting: the close (1000) goes out at once, and
+        its slot of ``max_streams_per_process`` is given back once the close completed. :meth:`aclose` must still be awaited (it waits for the close, and ends it).
 
         For a caller that has decided to close but has its own work to finish first: the close
         handshake runs meanwhile instead of after.
@@ -368,7 +368,10 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         if self._closing or self._closed or not self._entered:
             return
         self._closing = True
-        self._kick()
+        if self._ws is not None:
+            self._flush()  # the close frame goes out now
+        else:
+            self._kick()
 
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
@@ -419,35 +422,11 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
             self._dispatch(events)
-        if not self._send_now():
+        if self._ws is not None:
+            self._flush()  # from the caller's task: one loop turn less between a change and the wire
+        else:
             self._kick()
         await asyncio.sleep(0)
-
-    def _send_now(self) -> bool:
-        """Write what the change made due from the caller's task, without waking the writer first
-        (one loop turn less between a change and the wire); whether it did. Only when the writer
-        is idle, and only frames that cannot make the caller wait: when the socket's buffer holds
-        anything or the frames are large, they go to the writer (:attr:`_outbox`), which bounds
-        every write that waits for the peer. Otherwise (a write in progress, no connection,
-        closing) the writer sends everything."""
-        ws = self._ws
-        if (
-            ws is None
-            or self._writing
-            or self._closing
-            or self._release_for is ws
-            or self._failure is not None
-        ):
-            return False
-        frames = self.session.data_to_send(time.monotonic())
-        if frames and (
-            self._outbox or not self._may_write_at_once(ws, frames) or not self._write_at_once(ws, frames)
-        ):
-            self._outbox.extend(frames)  # sent first by the writer, before anything newer
-            self._kick()
-            return True
-        self._kick_if_due(time.monotonic())  # the writer's own timers, if they moved earlier
-        return True
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         """Append text to a string state.

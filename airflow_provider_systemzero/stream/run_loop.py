@@ -9,8 +9,9 @@ connections), reconnect only once there is work, or stop and raise one of
 byte-identically. Every open connection holds a slot of the process-wide
 :class:`~airflow_provider_systemzero.stream.capacity.StreamCapacity`.
 
-Two signals connect the loop and its callers: the *wake* (``_kick``) tells the writer there is
-something to send or to look at; the *pulse* (``_pulse``) tells waiters (``decide()``,
+Two signals connect the loop and its callers: the *kick* (``_kick``) says there is something to
+send or to look at (a writer's turn on an open connection; the loop wakes if it waits for work);
+the *pulse* (``_pulse``) tells waiters (``decide()``,
 ``decisions()``, entering) that something happened. :class:`StreamRunLoop` is one part of
 :class:`~airflow_provider_systemzero.stream.DecisionStream`; it is not used on its own.
 """
@@ -84,15 +85,17 @@ class StreamRunLoop:
             self._starts.withdraw(self)
         runner = self._runner
         if runner is not None and not runner.done():
-            if self._ws is not None and self._writing:
-                # the peer is not reading: a close frame would queue behind the blocked write
+            socket = self._ws
+            if socket is not None and socket.paused:
+                # the peer is not reading: a close frame would queue behind the held-up write
                 log.warning(
                     "the System Zero gateway is not reading: closing the connection without a close handshake"
                 )
-                self._ws.transport.abort()
-            if self._ws is not None:
-                # serving: let the loop close with 1000 and release everything itself
-                self._kick()
+                socket.abort()
+            elif socket is not None:
+                # serving: the writer's turn closes with 1000 and the run loop releases everything
+                self._flush()
+            if socket is not None:
                 try:
                     # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
                     # cancellation that arrives as the runner ends, and the caller would never see it
@@ -102,7 +105,7 @@ class StreamRunLoop:
                     raise
             if not runner.done():
                 if self._ws is not None:
-                    self._ws.transport.abort()  # the graceful close had its time
+                    self._ws.abort()  # the graceful close had its time
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await runner
@@ -116,22 +119,11 @@ class StreamRunLoop:
     # ------------------------------------------------------------------ waiting helpers
 
     def _kick(self) -> None:
-        """Wake the writer: there may be something to send, or the connection should end."""
+        """Something to send or to look at: a writer's turn soon on an open connection, and the
+        run loop wakes if it waits for work."""
         if self._wake is not None:
             self._wake.set()
-
-    def _kick_if_due(self, now: float) -> bool:
-        """Wake the writer only if the session may want to write before the writer wakes anyway
-        (a frame that leaves nothing to send, such as most acks and decisions, wakes nobody);
-        whether the session has something to write *now* — the writer must then act before the
-        next frame is handled (``hello`` makes ``start`` due, and the ``start``'s ack cannot be
-        handled before it went out), whether it slept or was busy."""
-        due = self.session.next_wakeup(now)
-        if due is None:
-            return False
-        if due < self._writer_wakes_at:
-            self._kick()
-        return due <= now
+        self._flush_soon()
 
     def _pulse(self) -> None:
         """Wake whoever waits for the stream to change (entering, ``wait_in_sync``, retries …);

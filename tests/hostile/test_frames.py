@@ -1,10 +1,11 @@
 """Frames the client hands to its session as they are parsed, and the frames it must not.
 
-A complete text frame with nothing queued ahead of it is handled in the transport's callback
-(``stream/connection.py``, ``StreamConnection``); everything else goes through websockets' own
-reading. These scripts send what a gateway may legally send that way — a fragmented message, a
-fragmented message right before a complete one — and what it may not (invalid UTF-8), and check
-the order of handling, websockets' 1007 close, and that frames are handled at once at all.
+Every message is handed to the session in the transport's callback
+(``stream/gateway_socket.py``, ``GatewaySocket``): a complete text frame read straight from the
+bytes, everything else after websockets' own parser. These scripts send what a gateway may
+legally send — a fragmented message, a fragmented message right before a complete one — and
+what it may not (invalid UTF-8), and check the order of handling, the 1007 close, and that
+messages are handled as they are parsed, with no task or queue in between.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
-from airflow_provider_systemzero.stream.connection import StreamConnection
+from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
 from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode, reply
 
 
@@ -137,8 +138,9 @@ async def test_invalid_utf8_is_closed_with_1007_and_never_handled(
 async def test_complete_frames_are_handled_as_they_are_parsed(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
 ) -> None:
-    """The warm path itself: the stream's connection is a :class:`StreamConnection` handing each
-    complete text frame over at once, and nothing waits in websockets' message queue."""
+    """The warm path itself: the stream's connection is a :class:`GatewaySocket`, and the decision
+    reaches the session in the callback that read it: no task of the stream's serves the
+    connection (the stream's run loop only waits for the connection's end)."""
     seen: list[Any] = []
 
     async def script(peer: Peer) -> None:
@@ -150,9 +152,14 @@ async def test_complete_frames_are_handled_as_they_are_parsed(
     async with asyncio.timeout(20):
         async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
             await s.decide(timeout=20)
-            ws = s._ws
-            seen += [type(ws), ws.on_text is not None, len(ws.recv_messages.frames)]
-    assert seen == [StreamConnection, True, 0]
+            socket = s._ws
+            tasks = {getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()}
+            seen += [
+                type(socket),
+                socket.handler is s,
+                sorted(n for n in tasks if "Serving" in n or "_read" in n),
+            ]
+    assert seen == [GatewaySocket, True, []]
 
 
 def _frame(payload: bytes, *, opcode: int = 1, fin: bool = True) -> bytes:

@@ -1,9 +1,10 @@
 """The warm path does no needless work: hops and wake-ups counted, not timed.
 
 A change on a held stream is one frame out and an ack plus a decision back. The change is
-written by the caller's task (the writer is not woken to write it); neither frame back gives
-the writer anything to send, so neither wakes it; an ack does not wake the consumer of
-``decisions()``; and the sensor's trigger hands its event over before the close handshake.
+written by the caller's task (no writer's turn is scheduled to write it); neither frame back
+gives the writer anything to send, so neither costs a writer's turn; an ack does not wake the
+consumer of ``decisions()``; and the sensor's trigger hands its event over before the close
+handshake.
 """
 
 from __future__ import annotations
@@ -24,18 +25,6 @@ from tests.stream.support import QUESTIONS, TEST_LIMITS, EmulatorFactory, settin
 CHANGES = 5
 #: No heartbeat or watchdog timer fires while the test runs: every wake-up counted is a frame's.
 QUIET_LIMITS = dataclasses.replace(TEST_LIMITS, heartbeat_interval_ms=60_000, pong_timeout_ms=30_000)
-
-
-class CountingEvent(asyncio.Event):
-    """An event that counts how often somebody waited on it (each wait is one wake-up after)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits = 0
-
-    async def wait(self) -> bool:  # type: ignore[override]
-        self.waits += 1
-        return await super().wait()
 
 
 async def decision_for(decisions: AsyncIterator[Any], stream: DecisionStream) -> Any:
@@ -85,24 +74,30 @@ async def test_frames_that_leave_nothing_to_send_do_not_wake_the_writer(held: De
     await decisions.aclose()
 
 
-async def test_a_change_goes_out_from_the_callers_task_without_waking_the_writer(
+async def test_a_change_goes_out_from_the_callers_task_without_a_scheduled_turn(
     held: DecisionStream,
 ) -> None:
     stream = held
     decisions = stream.decisions()
     await decision_for(decisions, stream)
-    wake = stream._wake = CountingEvent()  # the writer waits on the new event from its next turn
-    stream._kick()
-    await asyncio.sleep(0.05)
-    waits_before = wake.waits
+    socket = stream._ws
+    assert socket is not None
     written: list[str] = []
-    write = stream._write_at_once
+    send_texts = socket.send_texts
 
-    def counting(ws: Any, frames: list[str]) -> bool:
-        written.extend(asyncio.current_task().get_name() for _ in frames)  # type: ignore[union-attr]
-        return write(ws, frames)
+    def counting(texts: list[str]) -> None:
+        written.extend(asyncio.current_task().get_name() for _ in texts)  # type: ignore[union-attr]
+        send_texts(texts)
 
-    stream._write_at_once = counting  # type: ignore[method-assign]
+    socket.send_texts = counting  # type: ignore[method-assign]
+    turns = {"scheduled": 0}
+    flush_now = stream._flush_now
+
+    def counting_turn() -> None:
+        turns["scheduled"] += 1
+        flush_now()
+
+    stream._flush_now = counting_turn  # type: ignore[method-assign]
     caller = asyncio.current_task()
     assert caller is not None
     for index in range(CHANGES):
@@ -110,7 +105,7 @@ async def test_a_change_goes_out_from_the_callers_task_without_waking_the_writer
         assert written[-1] == caller.get_name()  # written before append_text returned, by the caller
         await decision_for(decisions, stream)
     assert len(written) == CHANGES
-    assert wake.waits == waits_before  # nothing woke the writer: it still waits where it waited
+    assert turns["scheduled"] == 0  # no writer's turn was scheduled for a change or a frame back
     await decisions.aclose()
 
 

@@ -1,11 +1,11 @@
 """Text frames read straight from the received bytes (``websocket_frames.py``), against websockets'
 own parser: whatever the reads look like, every message comes out once, whole, in order, and
-what the fast path does not take websockets parses from exactly the first byte it left."""
+what the fast path does not take websockets parses from exactly the first byte it left. The
+client's :class:`GatewaySocket` is driven through its transport callbacks, as asyncio drives it."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,10 +14,10 @@ from websockets.frames import Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
-from websockets.utils import accept_key
 
-from airflow_provider_systemzero.stream.connection import StreamConnection
+from airflow_provider_systemzero.stream.gateway_socket import FRAMES_PER_TURN
 from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
+from tests.stream.socket_support import open_client
 
 
 def _frame(payload: bytes, opcode: int = 1, *, fin: bool = True, mask: bytes | None = None) -> bytes:
@@ -60,47 +60,6 @@ def _burst(items: list[tuple[str, str]], mask: bytes | None = None) -> bytes:
     return data
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-
-    def write(self, data: Any) -> None:
-        self.written += bytes(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-def _open_client(connection: StreamConnection) -> None:
-    """The opening handshake, answered as a server would: the connection is open, its parser waits."""
-    protocol = connection.protocol
-    request = protocol.connect()
-    protocol.send_request(request)
-    protocol.data_to_send()
-    key = accept_key(request.headers["Sec-WebSocket-Key"])
-    connection.data_received(
-        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        + f"Sec-WebSocket-Accept: {key}\r\n\r\n".encode()
-    )
-    assert protocol.state is State.OPEN and connection.response is not None
-
-
 def _open_server() -> ServerProtocol:
     protocol = ServerProtocol()
     client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
@@ -114,38 +73,48 @@ def _open_server() -> ServerProtocol:
     return protocol
 
 
-def _received(connection: Any) -> list[str]:
-    """The messages websockets' own reading queued, reassembled."""
-    texts, parts = [], b""
-    queue = connection.recv_messages.frames
-    while len(queue):
-        frame = queue.queue.popleft()
-        parts += bytes(frame.data)
-        if frame.fin:
-            texts.append(parts.decode())
-            parts = b""
-    return texts
-
-
 @settings(max_examples=200, deadline=None)
 @given(messages, st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=40))
 async def test_the_client_reads_every_message_once_whole_and_in_order(
     items: list[tuple[str, str]], cuts: list[int]
 ) -> None:
-    connection = StreamConnection(ClientProtocol(parse_uri("ws://127.0.0.1/"), max_size=2**20))
-    connection.connection_made(_Transport())
-    _open_client(connection)
-    direct: list[str] = []
-    connection.on_text = lambda text: direct.append(text) is None
+    socket, transport, heard = open_client()
     data = _burst(items)
     position, index = 0, 0
     while position < len(data):
         size = cuts[index % len(cuts)]
-        connection.data_received(data[position : position + size])
+        socket.data_received(data[position : position + size])
         position, index = position + size, index + 1
-    assert direct + _received(connection) == [text for text, _ in items]
-    pongs = connection.transport.written.count(bytes([0x8A, 0x81]))  # type: ignore[attr-defined]
+    for _ in range(len(items)):  # a long burst is handed over a few messages per loop turn
+        if not heard.messages[len(items) - 1 :]:
+            await asyncio.sleep(0)
+    assert heard.messages == [text for text, _ in items]
+    assert not transport.paused  # reading goes on once everything was handed over
+    pongs = transport.written.count(bytes([0x8A, 0x81]))
     assert pongs == sum(how == "then_ping" for _, how in items)  # websockets answered each native ping
+
+
+async def test_a_flood_in_one_read_is_handed_over_a_few_messages_per_loop_turn() -> None:
+    """Many small frames in one read: :data:`FRAMES_PER_TURN` are handed over at once, reading
+    pauses, and the rest follow in later loop turns, in order."""
+    socket, transport, heard = open_client()
+    texts = [f'{{"n":{n}}}' for n in range(3 * FRAMES_PER_TURN + 1)]
+    socket.data_received(b"".join(_frame(text.encode()) for text in texts))
+    assert heard.messages == texts[:FRAMES_PER_TURN] and transport.paused
+    await asyncio.sleep(0)
+    assert heard.messages == texts[: 2 * FRAMES_PER_TURN]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert heard.messages == texts and not transport.paused
+
+
+async def test_invalid_utf8_closes_1007_and_nothing_after_it_is_handed_over() -> None:
+    """RFC 6455 §8.1: a text message that is not UTF-8 fails the connection; a valid message after
+    it in the same read is not handed over."""
+    socket, _, heard = open_client()
+    socket.data_received(_frame(b'{"a"', fin=False) + _frame(b"\xff}", 0) + _frame(b"{}"))
+    assert heard.messages == []
+    assert socket.protocol.close_sent is not None and socket.protocol.close_sent.code == 1007
 
 
 @settings(max_examples=200, deadline=None)
