@@ -322,9 +322,12 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     verdict = await feeder.first_verdict(watch)
                     payload = None if verdict is None else self._payload(watch, verdict)
                 else:
-                    payload = await self._stream.until_quiet(
-                        lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
-                    )
+                    try:
+                        payload = await self._stream.until_quiet(
+                            lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
+                        )
+                    finally:
+                        await feeder.aclose()  # the source's reading, even if the race never ran
                 if payload is None:
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload
@@ -521,6 +524,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         quiet.cancel()
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
+                        await feeder.aclose()  # the source's reading, even if the race never ran
                         _end_lease(self)
                 del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet

@@ -114,7 +114,9 @@ class SourceFeeder:
         self.reading = reading
         self.decision_mode = decision_mode
         self.lease = lease
-        self._feeding = False  # the feeder began (it closes the source's read it took over)
+        self._arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
+        self._coordinator: asyncio.Task[None] | None = None  # hands the arrivals over (see _arrived)
+        self._fed: asyncio.Future[None] | None = None  # completes when the feeding ends (see _start)
         self._deciding = False
         self._decided = asyncio.Event()  # set whenever no decide is in flight
         self._decided.set()
@@ -124,27 +126,26 @@ class SourceFeeder:
 
     async def race(self, body: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``body`` while the source feeds the stream; the first to finish wins."""
-        feeder = asyncio.ensure_future(self._feed())
+        fed = self._start()
         consumer = asyncio.ensure_future(body())
         try:
-            await asyncio.wait({feeder, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({fed, consumer}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            for task in (feeder, consumer):
-                task.cancel()
-            await asyncio.gather(feeder, consumer, return_exceptions=True)
+            consumer.cancel()
+            await self._stop()
+            await asyncio.gather(consumer, return_exceptions=True)
             raise
         if consumer.done() and not consumer.cancelled() and consumer.exception() is None:
-            # the answer is in: it goes out now, and the feeder stops meanwhile (nothing it does
+            # the answer is in: it goes out now, and the feeding stops meanwhile (nothing it does
             # matters any more; its source and stream are closed by the trigger's cleanup)
-            feeder.cancel()
-            feeder.add_done_callback(retrieved)
+            await self._stop(wait=False)
             return consumer.result()
-        for task in (feeder, consumer):
-            task.cancel()
-        await asyncio.gather(feeder, consumer, return_exceptions=True)
+        consumer.cancel()
+        await self._stop()
+        await asyncio.gather(consumer, return_exceptions=True)
         if consumer.done() and not consumer.cancelled():
             return consumer.result()
-        return feeder.result()  # the source failed (or ended): raise its error
+        return fed.result()  # the source failed (or ended): raise its error
 
     @property
     def direct(self) -> bool:
@@ -158,7 +159,7 @@ class SourceFeeder:
         The decisions are taken in the caller's task: the stream's reader resolves the one future
         this task waits on (:meth:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream.wake_on_decision`),
         so a decision reaches the condition one loop turn after its frame was read. The source is
-        fed meanwhile (:meth:`_feed`, the one task this starts); a decision about a state already
+        fed meanwhile (:meth:`_start`: the reading's one task); a decision about a state already
         superseded is dropped, the lease is armed on each current one, and the wait ends when
         only time was missing (hysteresis). :class:`asyncio.CancelledError` propagates, and no
         task outlives the call but a feeder being cancelled after a verdict (it stops on its own:
@@ -178,8 +179,8 @@ class SourceFeeder:
         wakeup = _Wakeup()
         quiet = lease.watch(currency)
         quiet.add_done_callback(wakeup)
-        feeder = asyncio.ensure_future(self._feed())
-        feeder.add_done_callback(wakeup)
+        fed = self._start()
+        fed.add_done_callback(wakeup)
         timer: asyncio.TimerHandle | None = None
         verdict = None
         try:
@@ -195,8 +196,8 @@ class SourceFeeder:
                     decision = stream.take_decision()
                 if quiet.done():
                     return None
-                if feeder.done():
-                    return feeder.result()  # the source ended (None) or raises why it failed
+                if fed.done():
+                    return fed.result()  # the source ended (None) or raises why it failed
                 wait = watch.wait_time(loop.time())
                 if wait is not None and wait <= 0:
                     verdict = watch.due(loop.time())
@@ -219,67 +220,111 @@ class SourceFeeder:
             if timer is not None:
                 timer.cancel()
             quiet.cancel()
-            feeder.cancel()
-            if verdict is not None and self._feeding:
-                feeder.add_done_callback(retrieved)  # the answer goes out now; the feeder stops meanwhile
-            else:
-                await asyncio.gather(feeder, return_exceptions=True)
-                if not self._feeding and self.reading is not None:
-                    # cancelled before it ran (the wait ended at once): the read the stream's
-                    # opening began is the feeder's to close, and it never will
-                    await self.reading.aclose()
+            # with a verdict the answer goes out now, and the reading stops meanwhile
+            await self._stop(wait=verdict is None)
 
-    async def _feed(self) -> None:
-        """Hand the source's changes to the stream in order; when the source changes faster than a
-        decision takes, hold them back while a decision is in flight and then hand over the newest.
+    def _start(self) -> asyncio.Future[None]:
+        """Begin feeding: each state the source gives goes to the stream (:meth:`_arrived`). The
+        reading the stream's opening began reads on (a push source is not restarted), else a new
+        one reads the source's ``changes()``.
 
-        The read of the source hands a change over itself when nothing is held or queued (no
-        ``decide_when``: the usual case), one loop turn sooner than through this task; otherwise
-        the change queues here, behind the hold, while the read goes on."""
-        self._feeding = True
-        stream, currency = self.stream, self.currency
-        arrivals: deque[Any] = deque()  # the source's states not handed over yet, oldest first
-        arrived = _Wakeup()  # the read resolves the feeder's wait itself: one loop turn, not three
+        :return: a future that completes when the feeding ends on its own: the source ended
+            (``None``), or it failed, or a state could not be handed over (the error).
+        """
+        self._fed = asyncio.get_running_loop().create_future()
+        reading = self.reading
+        if reading is None:
+            reading = self.reading = SourceReading(self.source.changes())
+        reading.hand_to(self._arrived)
+        reading.task.add_done_callback(self._read_ended)
+        return self._fed
 
-        async def read() -> None:
-            # the read the stream's opening began goes on (a push source is not restarted)
-            reading = self.reading
-            try:
-                async for state in reading.rest() if reading is not None else self.source.changes():
-                    if (
-                        self.gate is None
-                        and not arrivals
-                        and not (state != stream.state and currency.starved)
-                    ):
-                        await self._hand_over(state)
-                        continue
-                    arrivals.append(state)
-                    arrived()
-            finally:
-                if reading is not None:
-                    await reading.aclose()
+    async def _arrived(self, state: Any) -> None:
+        """A state the source gave: handed over at once when nothing is held or queued (no
+        ``decide_when``: the usual case), in the reading's own task; else it queues behind the
+        hold, and one task (started only then) hands the queue over while the reading goes on."""
+        if (
+            self.gate is None
+            and not self._arrivals
+            and not (state != self.stream.state and self.currency.starved)
+        ):
+            await self._hand_over(state)
+            return
+        self._arrivals.append(state)
+        if self._coordinator is None:
+            self._coordinator = asyncio.ensure_future(self._coordinate())
+            self._coordinator.add_done_callback(self._coordinated)
 
-        reader = asyncio.ensure_future(read())
-        reader.add_done_callback(arrived)
-        try:
-            while True:
-                if not arrivals:
-                    if reader.done():
-                        return reader.result()  # the source ended (or raises why it failed)
-                    await arrived.wait()  # the source's next state (or its end)
-                    continue
-                if arrivals[0] != stream.state and self.gate is not None and self._deciding:
-                    await self._hold_while_deciding(reader)
-                    while len(arrivals) > 1:  # the newest covers what arrived meanwhile
-                        arrivals.popleft()
-                elif arrivals[0] != stream.state and currency.starved:
-                    await currency.hold(reader)
-                    while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
-                        arrivals.popleft()
-                await self._hand_over(arrivals.popleft())
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+    async def _coordinate(self) -> None:
+        """Hand the queued states over in order; when the source changes faster than a decision
+        takes, hold them back while a decision is in flight and then hand over the newest."""
+        stream, currency, arrivals = self.stream, self.currency, self._arrivals
+        assert self.reading is not None
+        reader = self.reading.task
+        while arrivals:
+            if arrivals[0] != stream.state and self.gate is not None and self._deciding:
+                await self._hold_while_deciding(reader)
+                while len(arrivals) > 1:  # the newest covers what arrived meanwhile
+                    arrivals.popleft()
+            elif arrivals[0] != stream.state and currency.starved:
+                await currency.hold(reader)
+                while len(arrivals) > 1:  # what arrived meanwhile is covered by the newest
+                    arrivals.popleft()
+            await self._hand_over(arrivals.popleft())
+
+    def _coordinated(self, task: asyncio.Task[None]) -> None:
+        if self._coordinator is task:
+            self._coordinator = None
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._end(error)
+        elif self._arrivals:  # queued as the last hand-over finished
+            self._coordinator = asyncio.ensure_future(self._coordinate())
+            self._coordinator.add_done_callback(self._coordinated)
+        elif self.reading is not None and self.reading.task.done():
+            self._read_ended(self.reading.task)
+
+    def _read_ended(self, task: asyncio.Task[None]) -> None:
+        """The reading ended: the feeding ends with it, once the queued states are handed over."""
+        if task.cancelled():
+            self._end(None, cancelled=True)
+        elif (error := task.exception()) is not None:
+            self._end(error)
+        elif self._coordinator is None:
+            self._end(None)
+
+    def _end(self, error: BaseException | None, *, cancelled: bool = False) -> None:
+        fed = self._fed
+        if fed is None or fed.done():
+            return
+        if cancelled:
+            fed.cancel()
+        elif error is not None:
+            fed.set_exception(error)
+        else:
+            fed.set_result(None)
+
+    async def aclose(self) -> None:
+        """Stop the feeding and the source's reading, whether or not they began (safe to call
+        again): what a stream's holder runs as the stream is given back."""
+        await self._stop()
+
+    async def _stop(self, *, wait: bool = True) -> None:
+        """Stop the feeding (the reading and any hand-over under way); ``wait=False``: without
+        waiting for them to end (an answer goes out first)."""
+        reading = self.reading
+        tasks = [t for t in (self._coordinator, reading.task if reading else None) if t is not None]
+        for task in tasks:
+            task.cancel()
+            task.add_done_callback(retrieved)  # no cycle through their frames outlives them
+        if reading is not None:
+            reading.deliver = None  # it held this feeder's hand-over
+        if self._fed is not None:
+            self._fed.add_done_callback(retrieved)  # its outcome no longer matters
+        if wait and tasks:
+            await asyncio.wait(tasks)
 
     async def _hand_over(self, state: Any) -> None:
         """Make the source's ``state`` the stream's desired state (nothing when it already is)."""

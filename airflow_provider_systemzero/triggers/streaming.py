@@ -7,8 +7,9 @@ here, as plain classes each trigger *holds* (no mixin):
   outcome into one small event payload before the deadline, and closes the stream;
 * :class:`~airflow_provider_systemzero.triggers.lease.StreamLease` (in ``lease.py``) — gives a quiet stream back (close 1000) so a triggerer holds many waiting
   tasks within ``max_streams_per_process``; the next change reconnects with a byte-identical replay;
-* :class:`~airflow_provider_systemzero.triggers.reading.SourceReading` (in ``reading.py``) — the source's changes read while a stream waits to open (they become
-  the state it opens with), read on by its feeder once it is open;
+* :class:`~airflow_provider_systemzero.triggers.reading.SourceReading` (in ``reading.py``) — the
+  one task reading the source while a stream opens (its changes become the state it opens with)
+  and, for its feeder, while it is held;
 * :class:`~airflow_provider_systemzero.triggers.feeder.SourceFeeder` (in ``feeder.py``) — hands
   the source's changes to the stream and feeds the decisions to a
   :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.opening import OPENINGS, Opening
-from airflow_provider_systemzero.triggers.reading import SourceReading
+from airflow_provider_systemzero.triggers.reading import SourceReading, retrieved
 from airflow_provider_systemzero.triggers.sources import StateSource
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 
@@ -90,12 +91,6 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     elif type(exc).__name__ == "AirflowNotFoundException":
         payload["error_type"] = "configuration"
     return payload
-
-
-def retrieved(task: asyncio.Future[Any]) -> None:
-    """Mark a stopped task's outcome as seen (its error, if any, no longer matters)."""
-    if not task.cancelled():
-        task.exception()
 
 
 async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
@@ -450,29 +445,26 @@ class TriggerStream:
         then starts with the source's newest state, and on_change never starts a decision about
         the state it woke on once that is superseded. Only a stream without a decision filter
         follows (with ``decide_when`` every change goes through the trigger's gate, fed once open).
-        The source's read goes on into the stream's feeder (:meth:`take_reading`): a push source is
-        not restarted, and no change is lost between the two.
+        The source's reading goes on into the stream's feeder (:meth:`take_reading`): one task reads
+        the whole way, so a push source is not restarted and no change falls between two readers.
 
         :param stream: the stream, built and not entered.
         :param follow: the trigger's source (``None``: enter only).
         """
         if follow is None:
             return await stream.__aenter__()
-        # the entering task runs first (tasks start in the order they were created): the stream
-        # counts as entered before the follower hands it a change
-        entering = asyncio.ensure_future(stream.__aenter__())
+        # one task reads the source from here on; it first runs once entering awaits something,
+        # so the stream counts as entered before the reading hands it a change
         reading = SourceReading(follow.changes())
-        follower = asyncio.ensure_future(reading.follow(stream))
+        reading.follow(stream)
         opened = False
         try:
-            result = await entering
+            result = await stream.__aenter__()
             opened = True
             return result
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
             if opened and reading.usable:
-                self._reading = reading
+                self._reading = reading  # the feeder takes it over, with no await in between
             else:
                 await reading.aclose()
 

@@ -170,7 +170,9 @@ def test_the_recording_decider_answers_as_the_rules() -> None:
     assert answers["ready"]["decision"] is True and decider.states == [NEWEST]
 
 
-async def test_a_reading_cancelled_while_it_waits_hands_the_next_value_to_the_next_reader() -> None:
+async def test_one_reading_hands_each_value_to_its_receiver_of_the_moment_and_never_restarts() -> None:
+    """The reading the stream's opening began goes on for the feeder: a value read as the
+    receiver changes goes to the new one, nothing is read twice, the source is not restarted."""
     starts: list[int] = []
     gate = asyncio.Event()
 
@@ -180,15 +182,40 @@ async def test_a_reading_cancelled_while_it_waits_hands_the_next_value_to_the_ne
         await gate.wait()
         yield "b"
 
-    reading = SourceReading(changes())
-    assert await anext(reading) == "a"
-    first = asyncio.ensure_future(anext(reading))  # waits for "b"
-    await asyncio.sleep(0)
-    first.cancel()  # the stream opened: its follower stops while the read is in progress
-    with contextlib.suppress(asyncio.CancelledError):
-        await first
+    following: list[str] = []
+    feeding: list[str] = []
+
+    async def follow(value: str) -> None:
+        following.append(value)
+
+    async def feed(value: str) -> None:
+        feeding.append(value)
+
+    reading = SourceReading(changes(), follow)
+    await _until(lambda: following == ["a"], 5, "the first value followed")
+    reading.hand_to(feed)  # the stream opened while the read of "b" is under way
     gate.set()
-    async with asyncio.timeout(5):
-        assert await anext(reading) == "b"  # the feeder gets it: nothing lost …
-    assert starts == [1]  # … and the source was not restarted
+    await _until(lambda: feeding == ["b"], 5, "the next value fed")
+    assert following == ["a"] and starts == [1]
     await reading.aclose()
+    assert reading.task.done()
+
+
+async def test_a_failure_while_following_stops_the_reading_for_a_fresh_one() -> None:
+    """A state the stream refuses while it opens stops the follow (the feeder then reads the
+    source anew and meets the error itself); the reading is no longer usable."""
+
+    async def changes() -> AsyncIterator[str]:
+        yield "a"
+
+    class _Refusing:
+        state = "x"
+
+        async def set_state(self, state: str) -> None:
+            raise ValueError("refused")
+
+    reading = SourceReading(changes())
+    reading.follow(_Refusing())
+    async with asyncio.timeout(5):
+        await reading.task
+    assert not reading.usable
