@@ -106,6 +106,11 @@ class Limits:
         """
         if not isinstance(data, Mapping):
             raise refuse("hello.limits must be an object", "limits")
+        given = tuple(map(data.get, ADVERTISED_LIMITS))
+        if all(type(value) is int for value in given):  # never a bool: True would hash as 1
+            known = _PARSED.get(given)
+            if known is not None:
+                return known  # a gateway advertises the same limits in every hello
         values: dict[str, int] = {}
         for name in ADVERTISED_LIMITS:
             value = data.get(name)
@@ -115,8 +120,17 @@ class Limits:
                 )
             low, high = ADVERTISED_BOUNDS[name]
             values[name] = min(max(value, low), high)
-        return cls(**values)
+        limits = cls(**values)
+        if len(_PARSED) >= _PARSED_KEPT:
+            _PARSED.clear()
+        _PARSED[given] = limits
+        return limits
 
+
+#: ``hello.limits`` values already parsed (in :data:`ADVERTISED_LIMITS` order) → their
+#: :class:`Limits` (immutable, so shared); at most :data:`_PARSED_KEPT` sets are kept.
+_PARSED: dict[tuple[int, ...], Limits] = {}
+_PARSED_KEPT = 64
 
 #: Every limit's name, in declaration order.
 _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Limits))

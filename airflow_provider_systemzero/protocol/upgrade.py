@@ -33,8 +33,10 @@ __all__ = [
 STREAM_PATH = "/v1/system-zero/stream"
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1); a pure function
+    of it, worked out once per host (every connection asks)."""
     host = host.strip("[]").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True

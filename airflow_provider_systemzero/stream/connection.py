@@ -114,6 +114,24 @@ def connect_options(
     return options
 
 
+#: websockets' openers by what they are built from (settings, limits, TLS context); at most
+#: :data:`_OPENERS_KEPT`. An opener keeps only its options (each TCP connection gets a protocol
+#: and a socket of its own), so every stream to a gateway shares one.
+_OPENERS: dict[tuple[StreamSettings, Limits, ssl.SSLContext | None], connect] = {}
+_OPENERS_KEPT = 64
+
+
+def _opener(settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None) -> connect:
+    """websockets' opener for :func:`connect_options` (made once per settings, limits and context)."""
+    key = (settings, limits, ssl_context)
+    opener = _OPENERS.get(key)
+    if opener is None:
+        if len(_OPENERS) >= _OPENERS_KEPT:
+            _OPENERS.clear()
+        opener = _OPENERS[key] = connect(settings.url, **connect_options(settings, limits, ssl_context))
+    return opener
+
+
 async def open_socket(
     settings: StreamSettings,
     limits: Limits,
@@ -135,7 +153,7 @@ async def open_socket(
     :raises InvalidStatus: the gateway refused the upgrade (a redirect included).
     :raises TimeoutError: no answer within ``open_timeout``.
     """
-    opener = connect(settings.url, **connect_options(settings, limits, ssl_context))
+    opener = _opener(settings, limits, ssl_context)
     try:
         async with asyncio.timeout(settings.open_timeout):
             socket = await opener.open_tcp_connection()

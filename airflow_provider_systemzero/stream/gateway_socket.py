@@ -210,9 +210,13 @@ class GatewaySocket(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _write_out(self) -> None:
+    def _write_out(self, *, peer_ended: bool = False) -> None:
         """Write what the protocol has to send, in one write; the end of the stream half-closes
-        the TCP connection (or closes it where that cannot be done, as over TLS)."""
+        the TCP connection (or closes it where that cannot be done, as over TLS).
+
+        :param peer_ended: the peer's end of the stream was just received: the transport closes
+            the connection next, so this side's end needs no write of its own.
+        """
         transport = self.transport
         protocol = self.protocol
         chunks = protocol.data_to_send()
@@ -221,7 +225,7 @@ class GatewaySocket(asyncio.Protocol):
         data = [chunk for chunk in chunks if chunk]
         if data:
             transport.write(data[0] if len(data) == 1 else b"".join(data))
-        if len(data) != len(chunks):  # an empty chunk: the end of the stream
+        if len(data) != len(chunks) and not peer_ended:  # an empty chunk: the end of the stream
             if transport.can_write_eof():
                 with contextlib.suppress(Exception):  # the transport may already be going away
                     transport.write_eof()
@@ -386,10 +390,11 @@ class GatewaySocket(asyncio.Protocol):
     def eof_received(self) -> None:
         self.protocol.receive_eof()
         self._frames(self.protocol.events_received())
-        self._write_out()
+        self._write_out(peer_ended=True)
         self._hand_over()
         # the WebSocket close handshake comes first: nothing is written after the peer's EOF, so
-        # the transport closes (returning a true value would keep it half-open)
+        # the transport closes (returning a true value would keep it half-open); closing sends
+        # this side's end, so the protocol's half-close would only be one more system call
 
     def connection_lost(self, exc: Exception | None) -> None:
         protocol = self.protocol

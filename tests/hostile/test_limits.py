@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import ADVERTISED_BOUNDS, ADVERTISED_LIMITS, Limits
 from airflow_provider_systemzero.stream import StreamSettings, default_capacity
 from airflow_provider_systemzero.stream.connection import connect_options
@@ -35,6 +36,20 @@ def test_every_advertised_limit_is_clamped_to_the_documents_bounds() -> None:
     assert min(zero.heartbeat_interval_ms, zero.native_heartbeat_interval_ms, zero.pong_timeout_ms) > 0
     options = connect_options(StreamSettings("ws://127.0.0.1:1", KEY), zero)
     assert options["ping_interval"] and options["ping_timeout"]  # native pings stay on
+
+
+def test_limits_parsed_before_are_reused_and_never_let_a_bad_value_through() -> None:
+    """A gateway advertises the same limits in every ``hello``: they are parsed (and clamped) once.
+    The reuse never accepts what a first parse would refuse: ``true`` equals 1 in Python, and a
+    boolean is still no limit."""
+    advertised = DOCUMENT.advertised()
+    first = Limits.from_hello(dict(advertised))
+    assert Limits.from_hello(dict(advertised)) is first
+    for bad in (True, -1, 1.0, "1", None, [1]):
+        with pytest.raises(RemoteProtocolError) as refused:
+            Limits.from_hello({**advertised, "max_streams_per_process": bad})
+        assert refused.value.field == "limits.max_streams_per_process"
+    assert Limits.from_hello({**advertised, "max_streams_per_process": 1}).max_streams_per_process == 1
 
 
 async def test_a_huge_advertised_max_message_bytes_lets_no_oversized_frame_in(

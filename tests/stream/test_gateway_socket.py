@@ -96,3 +96,4 @@ async def test_a_completed_close_resolves_lost() -> None:
     socket.connection_lost(None)
     assert socket.lost.done() and socket.close_code == 1000
     assert not transport.aborted
+    assert not transport.eof  # the peer ended the stream: closing sends this side's end, no half-close first
