@@ -71,7 +71,7 @@ class CoreEventHandling:
             if isinstance(event, HelloReceived):
                 self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self._origin())
                 self._log_hello(event.hello)
-                self._observe("hello", event.hello)
+                self._observe_later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
                 self._on_ack(event)
             elif isinstance(event, DecisionReceived):

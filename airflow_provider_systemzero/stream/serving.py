@@ -286,7 +286,8 @@ class ConnectionServing:
         log.info(
             "connected to %s (%s)", url, "replaying the stream's state" if replay else "first connection"
         )
-        self._observe("connected", url, replay)
+        # heard once the frames of this read were handled: the start goes out before the metrics
+        self._observe_later("connected", url, replay)
         self._flush()
 
     def socket_message(self, message: str | bytes) -> None:

@@ -214,9 +214,13 @@ class SourceFeeder:
                     timer = None
         finally:
             # every way out ends this stream (a verdict ends the trigger; a quiet lease or the
-            # source's end makes it dormant): its close, and its slot, go first, while the event
-            # goes out and the feeder stops — the trigger's aclose() then waits for it
-            stream.close_soon()
+            # source's end makes it dormant): its close begins without waiting for the trigger's
+            # aclose(), so its slot goes back sooner. With a verdict, the event goes out first and
+            # the close frame follows in the next loop turn: the answer does not wait for a write.
+            if verdict is None:
+                stream.close_soon()
+            else:
+                loop.call_soon(stream.close_soon)
             if timer is not None:
                 timer.cancel()
             quiet.cancel()
