@@ -28,6 +28,9 @@ STAMP := $(VENV)/.installed
 EXTRAS := test,docs,release
 
 PYTEST_ARGS ?=
+# pytest-xdist workers of 'make test' (whole test files per worker, as in the matrix); 0 runs the
+# suite in one process.
+TEST_WORKERS ?= 2
 DEPLOYMENT_DB ?= sqlite
 DEMO_ARGS ?=
 EMULATOR_ARGS ?=
@@ -65,7 +68,7 @@ help:
 	@echo "                 (MATRIX=\"3.1:3.11 3.3:3.13\" picks corners)"
 	@echo "  make lock-matrix  regenerate the per-corner constraints/ files (MATRIX=... as above)"
 	@echo "  make clean     remove caches and build artefacts (distclean also removes $(VENV))"
-	@echo "Variables: PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS)"
+	@echo "Variables: PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS) TEST_WORKERS=$(TEST_WORKERS)"
 
 check-python:
 	@command -v "$(PYTHON)" >/dev/null 2>&1 || { \
@@ -96,7 +99,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),--numprocesses=$(TEST_WORKERS) --dist=loadfile) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory docs
 
 # The documentation site, strict: a broken link or a missing page fails the build.
