@@ -103,28 +103,11 @@ class ConnectionServing:
         self._opened_at = time.monotonic()
         try:
             socket = await open_socket(settings, self.session.limits, self, self._ssl)
-        except InvalidStatus as exc:
-            return self._upgrade_refused(exc, url)
-        except (InvalidMessage, InvalidProxy, OSError, TimeoutError, ConnectionClosed) as exc:
-            return Ended(ConnectionOutcome(kind="network"), exc)
-        except InvalidURI as exc:
-            return Ended(
-                ConnectionOutcome(kind="network"),
-                SystemZeroValidationError(
-                    f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"
-                ),
-                final=True,
-            )
-        except InvalidHandshake as exc:
-            return Ended(
-                ConnectionOutcome(kind="violation"),
-                ProtocolViolation(
-                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
-                    "connection's host is a System Zero API origin",
-                    code="invalid_handshake",
-                ),
-                final=True,
-            )
+        except BaseException as exc:
+            adopted = self._ws
+            if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
+                self._connection_closed(adopted)
+            return self._opening_failed(exc, url)
         try:
             # served in the socket's callbacks (socket_opened, socket_message, the writer's turns)
             # until the TCP connection is gone
@@ -135,6 +118,32 @@ class ConnectionServing:
             raise
         finally:
             self._connection_closed(socket)
+
+    def _opening_failed(self, exc: BaseException, url: str) -> Ended:
+        """How an opening that raised ``exc`` ended (anything else is raised again)."""
+        if isinstance(exc, InvalidStatus):
+            return self._upgrade_refused(exc, url)
+        if isinstance(exc, InvalidMessage | InvalidProxy | OSError | TimeoutError | ConnectionClosed):
+            return Ended(ConnectionOutcome(kind="network"), exc)
+        if isinstance(exc, InvalidURI):
+            return Ended(
+                ConnectionOutcome(kind="network"),
+                SystemZeroValidationError(
+                    f"the stream URL {url} is invalid: {exc}", code="invalid_origin", field="host"
+                ),
+                final=True,
+            )
+        if isinstance(exc, InvalidHandshake):
+            return Ended(
+                ConnectionOutcome(kind="violation"),
+                ProtocolViolation(
+                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
+                    "connection's host is a System Zero API origin",
+                    code="invalid_handshake",
+                ),
+                final=True,
+            )
+        raise exc
 
     def _connection_closed(self, socket: GatewaySocket) -> None:
         """The connection is gone (or the serving task was cancelled): the session replays what
@@ -278,7 +287,11 @@ class ConnectionServing:
             return
         session = self.session
         self._opened_at = now = time.monotonic()
-        session.connection_opened(now)
+        try:
+            session.connection_opened(now)
+        except Exception as exc:
+            self._broke(socket, exc)
+            return
         self._ws = socket
         socket.write_timeout = self._write_timeout()
         self._scrub_secret = self._secret()
@@ -288,7 +301,7 @@ class ConnectionServing:
         )
         # heard once the frames of this read were handled: the start goes out before the metrics
         self._observe_later("connected", url, replay)
-        self._flush()
+        self._turn()
 
     def socket_message(self, message: str | bytes) -> None:
         """One message from the gateway: to the session, and its events to the caller; what it
@@ -305,20 +318,38 @@ class ConnectionServing:
                 log.debug("after this side's close, a message broke the protocol: %s", exc.code)
                 socket.handler = None
                 return
+            if not isinstance(exc, RemoteProtocolError):
+                self._broke(socket, exc)
+                return
             self._frame_error = exc
-            if isinstance(exc, RemoteProtocolError):
-                problem = server_text(exc.message, self._secret(), limit=400, quote=False)
-                log.warning("the System Zero gateway broke the protocol: %s", problem)
-                socket.close(CloseCode.PROTOCOL_ERROR, "protocol error")
-            else:
-                socket.close(CloseCode.NORMAL_CLOSURE)
+            problem = server_text(exc.message, self._secret(), limit=400, quote=False)
+            log.warning("the System Zero gateway broke the protocol: %s", problem)
+            socket.close(CloseCode.PROTOCOL_ERROR, "protocol error")
             return
         if due:
-            self._flush()
+            self._turn()
 
     def socket_writable(self) -> None:
         """The transport drained: the frames held back go now."""
-        self._flush()
+        self._turn()
+
+    def _broke(self, socket: GatewaySocket, exc: BaseException) -> None:
+        """Serving the connection failed here (a bug): the connection ends, and the run loop
+        raises ``exc`` — the stream fails with it — instead of the event loop logging it as an
+        error of a callback and going on."""
+        if self._frame_error is None:
+            self._frame_error = exc
+        socket.close(CloseCode.NORMAL_CLOSURE)
+
+    def _turn(self) -> None:
+        """:meth:`_flush` from a transport callback or a timer (a failure: :meth:`_broke`)."""
+        try:
+            self._flush()
+        except Exception as exc:
+            socket = self._ws
+            if socket is None:
+                raise
+            self._broke(socket, exc)
 
     def _handle(self, frame: str | bytes) -> bool:
         """Feed one frame to the session and act on its events; whether the session has
@@ -403,7 +434,7 @@ class ConnectionServing:
 
     def _flush_now(self) -> None:
         self._flush_handle = None
-        self._flush()
+        self._turn()
 
     def _kick_soon(self) -> None:
         """A writer's turn for pongs, at most every :data:`_PONG_FLUSH_INTERVAL`: a ping flood costs
@@ -420,7 +451,7 @@ class ConnectionServing:
         def fire() -> None:
             self._pong_flush = None
             self._last_pong_flush = loop.time()
-            self._flush()
+            self._turn()
 
         self._pong_flush = loop.call_later(delay, fire)
 
@@ -442,7 +473,7 @@ class ConnectionServing:
 
     def _ring(self) -> None:
         self._alarm = None
-        self._flush()
+        self._turn()
 
     def _write_timeout(self) -> float:
         return self.session.limits.write_progress_timeout_ms / 1000

@@ -1,0 +1,79 @@
+"""Serving a connection from the transport's callbacks (``stream/serving.py``): what happens at
+the edges of that, where no task of the stream's is there to catch it.
+
+An upgrade answered in the very loop turn in which ``open_timeout`` ends the opening leaves no
+half-adopted connection behind; and a failure inside a writer's turn run by a callback or a
+timer — a bug — fails the stream, as it would have failed the task that used to serve it,
+instead of being logged by the event loop and forgotten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from tests.helpers import until
+from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
+
+REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
+
+
+def _stream(emu: Emulator, backoff: Backoff, identity: str) -> DecisionStream:
+    return DecisionStream(
+        settings_for(emu),
+        REQUEST,
+        state="Initial log\n",
+        decision_mode="on_request",
+        identity=identity,
+        backoff=backoff,
+        open_deadline=10,
+    )
+
+
+async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_next_one_serves(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upgrade's answer (and its ``hello``) may reach the stream in the very loop turn in which
+    ``open_timeout`` ends the opening: the stream lets go of that socket as of any lost connection
+    (the session replays on the next one) rather than keeping it as its connection."""
+    from airflow_provider_systemzero.stream import serving
+
+    real_open = serving.open_socket
+    attempts: list[Any] = []
+
+    async def open_then_time_out(*args: Any, **kwargs: Any) -> Any:
+        socket = await real_open(*args, **kwargs)
+        attempts.append(socket)
+        if len(attempts) == 1:  # answered, adopted, and the timeout fires all the same
+            socket.abort()
+            raise TimeoutError("timed out during opening handshake")
+        return socket
+
+    monkeypatch.setattr(serving, "open_socket", open_then_time_out)
+    emu = await make_emulator()
+    async with _stream(emu, fast_backoff, "answered-as-timed-out") as stream:
+        decision = await stream.decide(timeout=10)
+        assert stream._ws is attempts[-1] and len(attempts) == 2
+        assert [r.reason for r in stream.reconnects] == ["network"]
+    assert decision.state_version == stream.state_version
+
+
+async def test_a_failure_in_a_writers_turn_run_by_a_timer_fails_the_stream(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    emu = await make_emulator()
+    stream = _stream(emu, fast_backoff, "a-turn-that-fails")
+    async with stream:
+
+        def broken(now: float) -> list[str]:
+            raise RuntimeError("a bug in the writer's turn")
+
+        stream.session.data_to_send = broken  # type: ignore[method-assign]
+        stream._flush_soon()  # a turn run by the loop, as a timer or a callback runs one
+        await until(lambda: stream.failure is not None, 10, what="the stream to fail")
+        assert isinstance(stream.failure, RuntimeError) and "a bug" in str(stream.failure)
+        with pytest.raises(RuntimeError, match="a bug in the writer's turn"):
+            await stream.decide(timeout=5)
