@@ -26,6 +26,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.reconnect import Backoff
@@ -152,7 +153,7 @@ class StreamCapacity:
             offer.called = True
             self._handing_over += 1
             try:
-                offer.loop.call_soon_threadsafe(_call, offer)
+                _schedule(offer.loop, _call, offer)
             except RuntimeError:  # the holder's loop is closed: it holds nothing any more
                 offer.called = False
                 self._handing_over -= 1
@@ -277,7 +278,7 @@ class StreamCapacity:
             waiter.granted = True
             self._take_locked(waiter.origin)
             try:
-                waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+                _schedule(waiter.loop, _wake, waiter.future)
             except RuntimeError:  # the waiter's loop is closed: it will never take the slot
                 waiter.granted = False
                 self._in_use -= 1
@@ -286,6 +287,23 @@ class StreamCapacity:
 
 def _nothing() -> None:
     return None
+
+
+def _schedule(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:
+    """Run ``callback(*args)`` on ``loop`` soon: from that loop's own thread with ``call_soon`` (no
+    wake-up of the loop through its self-pipe, a system call each way), from any other thread with
+    ``call_soon_threadsafe``.
+
+    :raises RuntimeError: ``loop`` is closed.
+    """
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.call_soon(callback, *args)
+    else:
+        loop.call_soon_threadsafe(callback, *args)
 
 
 def _call(offer: SlotOffer) -> None:

@@ -28,6 +28,35 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def test_a_slot_and_an_offer_on_the_same_loop_need_no_wake_up_through_the_self_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A waiter on the loop that releases the slot (the usual triggerer: one loop) is woken with
+    ``call_soon``: ``call_soon_threadsafe`` would write to the loop's self-pipe and read it back."""
+    loop = asyncio.get_running_loop()
+    threadsafe: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback: object, *args: object, **kwargs: object) -> object:
+        threadsafe.append(callback)
+        return original(callback, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    capacity = StreamCapacity(1)
+    await capacity.acquire()
+    asked = asyncio.Event()
+    offer = capacity.offer(asked.set)  # the holder is idle: it offers its slot
+    waiting = asyncio.create_task(capacity.acquire())
+    async with asyncio.timeout(5):
+        await asked.wait()  # the offer was called when the waiter queued
+    capacity.withdraw(offer)
+    capacity.release()
+    async with asyncio.timeout(5):
+        await waiting  # and the released slot reached the waiter
+    capacity.release()
+    assert threadsafe == []
+
+
 async def test_waiters_get_slots_in_arrival_order() -> None:
     capacity = StreamCapacity(1)
     await capacity.acquire()
