@@ -7,9 +7,11 @@ from typing import Any
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import Limits
-from airflow_provider_systemzero.stream import StreamSettings
+from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamSettings
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+#: The request of the stream tests.
+REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 #: Long enough for Airflow's secrets masker (it skips values under 5 characters).
 SECRET_KEY = "sz-live-0123456789abcdef"
 
@@ -34,3 +36,28 @@ EmulatorFactory = Callable[..., Awaitable[Emulator]]
 def settings_for(emulator: Emulator, **kwargs: Any) -> StreamSettings:
     """Settings pointing at an emulator with the test key."""
     return StreamSettings(emulator.origin, SECRET_KEY, **kwargs)
+
+
+def loopback_stream(
+    emulator: Emulator,
+    backoff: Backoff,
+    identity: str,
+    *,
+    state: object = "Initial log\n",
+    mode: str = "on_request",
+) -> DecisionStream:
+    """A stream to ``emulator`` with :data:`REQUEST`, ``backoff`` and a bounded opening (10 s).
+
+    :param identity: the stream's identity (its derived ``prompt_cache_key``).
+    :param state: its initial state.
+    :param mode: its decision mode.
+    """
+    return DecisionStream(
+        settings_for(emulator),
+        REQUEST,
+        state=state,
+        decision_mode=mode,
+        identity=identity,
+        backoff=backoff,
+        open_deadline=10,
+    )

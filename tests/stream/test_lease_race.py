@@ -14,26 +14,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.emulator import server as emulator_server
 from airflow_provider_systemzero.protocol.gateway import SendMessage
 from airflow_provider_systemzero.protocol.messages import Ack
-from airflow_provider_systemzero.stream import Backoff, DecisionStream
-from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
-
-REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
-
-
-def _stream(emu: Emulator, backoff: Backoff, identity: str) -> DecisionStream:
-    return DecisionStream(
-        settings_for(emu),
-        REQUEST,
-        state="Initial log\n",
-        decision_mode="on_request",
-        identity=identity,
-        backoff=backoff,
-        open_deadline=10,
-    )
+from airflow_provider_systemzero.stream import Backoff
+from tests.stream.support import EmulatorFactory, loopback_stream
 
 
 async def test_releasing_a_connection_whose_start_was_never_acknowledged(
@@ -50,7 +35,7 @@ async def test_releasing_a_connection_whose_start_was_never_acknowledged(
 
     monkeypatch.setattr(emulator_server._Stream, "_perform", perform)
     emu = await make_emulator()
-    async with _stream(emu, fast_backoff, "lease-unacked") as stream:
+    async with loopback_stream(emu, fast_backoff, "lease-unacked") as stream:
         withhold_acks = True
         await emu.drop_all()
         await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected, timeout=5)
@@ -75,7 +60,7 @@ async def test_a_release_landing_as_the_connection_ends_applies_to_that_connecti
     # The guard is checked at every loop step from the moment the gateway ends the connection,
     # so some step meets the window where the client has seen the end but still looks connected.
     emu = await make_emulator()
-    async with _stream(emu, fast_backoff, f"lease-{ending}") as stream:
+    async with loopback_stream(emu, fast_backoff, f"lease-{ending}") as stream:
         for steps in range(16):
             await emu.wait_for(lambda e: stream.connected and stream.in_sync, timeout=5)
             end = asyncio.ensure_future(emu.drop_all() if ending == "drop" else emu.restart(retry_after_ms=0))

@@ -13,24 +13,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.stream import Backoff, DecisionStream
+from airflow_provider_systemzero.stream import Backoff
 from tests.helpers import until
-from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
-
-REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
-
-
-def _stream(emu: Emulator, backoff: Backoff, identity: str) -> DecisionStream:
-    return DecisionStream(
-        settings_for(emu),
-        REQUEST,
-        state="Initial log\n",
-        decision_mode="on_request",
-        identity=identity,
-        backoff=backoff,
-        open_deadline=10,
-    )
+from tests.stream.support import EmulatorFactory, loopback_stream
 
 
 async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_next_one_serves(
@@ -54,7 +39,7 @@ async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_ne
 
     monkeypatch.setattr(serving, "open_socket", open_then_time_out)
     emu = await make_emulator()
-    async with _stream(emu, fast_backoff, "answered-as-timed-out") as stream:
+    async with loopback_stream(emu, fast_backoff, "answered-as-timed-out") as stream:
         decision = await stream.decide(timeout=10)
         assert stream._ws is attempts[-1] and len(attempts) == 2
         assert [r.reason for r in stream.reconnects] == ["network"]
@@ -65,7 +50,7 @@ async def test_a_failure_in_a_writers_turn_run_by_a_timer_fails_the_stream(
     make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
     emu = await make_emulator()
-    stream = _stream(emu, fast_backoff, "a-turn-that-fails")
+    stream = loopback_stream(emu, fast_backoff, "a-turn-that-fails")
     async with stream:
 
         def broken(now: float) -> list[str]:

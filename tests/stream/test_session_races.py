@@ -13,23 +13,8 @@ import contextlib
 
 import pytest
 
-from airflow_provider_systemzero.emulator import Emulator
-from airflow_provider_systemzero.stream import Backoff, DecisionFailed, DecisionStream
-from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
-
-REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
-
-
-def _stream(emu: Emulator, backoff: Backoff, identity: str, state: object, mode: str) -> DecisionStream:
-    return DecisionStream(
-        settings_for(emu),
-        REQUEST,
-        state=state,
-        decision_mode=mode,
-        identity=identity,
-        backoff=backoff,
-        open_deadline=10,
-    )
+from airflow_provider_systemzero.stream import Backoff, DecisionFailed
+from tests.stream.support import EmulatorFactory, loopback_stream
 
 
 @pytest.mark.parametrize("mode", ["on_request", "on_change"])
@@ -38,7 +23,7 @@ async def test_a_state_mutated_in_place_after_it_was_handed_over_is_sent(
 ) -> None:
     emu = await make_emulator()
     items = ["build 7 started"]
-    async with _stream(emu, fast_backoff, f"mutated-{mode}", items, mode) as stream:
+    async with loopback_stream(emu, fast_backoff, f"mutated-{mode}", state=items, mode=mode) as stream:
         await stream.decide(timeout=5)
         items.append("Job is ready.")  # the caller's own list, changed after the stream took it
         await stream.set_state(items)
@@ -55,7 +40,9 @@ async def test_decide_after_an_on_change_dispatch_failed_for_good_answers_at_onc
     emu = await make_emulator()
     emu.faults.delay_decisions_ms = 200  # the first decide() waits when the failure arrives
     emu.faults.fail_decides(1, status=400, code="invalid_request", retryable=False)
-    async with _stream(emu, fast_backoff, "failed-for-good", "Job is ready.\n", "on_change") as stream:
+    async with loopback_stream(
+        emu, fast_backoff, "failed-for-good", state="Job is ready.\n", mode="on_change"
+    ) as stream:
         with pytest.raises(DecisionFailed):
             await stream.decide(timeout=5)
         loop = asyncio.get_running_loop()
