@@ -112,6 +112,8 @@ def _baseline(path: Path, previous: dict[str, Any]) -> dict[str, Any]:
     def measured(name: str) -> dict[str, Any]:
         return {**origin, "load_average": None, **kept[name]} if name in kept else origin
 
+    if results.get("cold") and "error" not in results["cold"]:
+        baseline.update(cold=results["cold"], cold_from=measured("cold"))
     if results.get("density") and "error" not in results["density"]:
         baseline.update(density=results["density"], density_from=measured("density"))
     if baseline.get("append_cost") and "append_from" not in baseline:

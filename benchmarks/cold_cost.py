@@ -16,6 +16,10 @@ queue. Three figures, in one process and an emulator process of its own (``--onl
   the same upgrade, read ``hello``, send a ``start`` the provider's core built beforehand, read up
   to the decision, close. What any Python client on ``websockets`` pays per cold change here;
 * **emulator** — the stand-in gateway's CPU per change, in both (its own counter).
+
+CPU time moves 10–15 % between runs on a virtual machine; :mod:`benchmarks.instructions` counts
+each client's instructions per cold change with valgrind, which does not, and the scenario adds
+that count when valgrind is installed.
 """
 
 from __future__ import annotations
@@ -70,18 +74,34 @@ async def _poll_cost(count: int = 400) -> float:
     return (time.process_time() - cpu) / count
 
 
-async def _counted(emulator: Any, exchange: Callable[[int], Awaitable[int]], count: int) -> dict[str, Any]:
+class Meter:
+    """Marks the measured window (the scenario's own meter does nothing: it reads CPU time; the
+    instruction count, :mod:`benchmarks.instructions`, switches callgrind on and off here)."""
+
+    def start(self) -> None:
+        """The measured exchanges begin."""
+
+    def stop(self) -> None:
+        """They ended."""
+
+
+async def _counted(
+    emulator: Any, exchange: Callable[[int], Awaitable[int]], count: int, meter: Meter | None = None
+) -> dict[str, Any]:
     """Run ``exchange`` for :data:`TRIGGERS` indices unmeasured (every lazy import and cache in
     place), then ``count`` more measured: this process's CPU seconds (``cpu_s``), what the
     measured exchanges returned, summed (``returned``), and per exchange the emulator's CPU and
-    the streams it opened."""
+    the streams it opened. ``meter`` hears when the measured exchanges begin and end."""
+    meter = meter or Meter()
     for index in range(TRIGGERS):
         await exchange(index)
     before = await emulator.stats()
+    meter.start()
     cpu, returned = time.process_time(), 0
     for index in range(TRIGGERS, TRIGGERS + count):
         returned += await exchange(index)
     cpu = time.process_time() - cpu
+    meter.stop()
     after = await emulator.stats()
     return {
         "cpu_s": cpu,
@@ -108,7 +128,7 @@ def _new_trigger(feed: Feed, tag: str, index: int) -> tuple[str, Any]:
     return channel, rebuild(decision_trigger(namespace, feed.start(channel), lease_after=LEASE_AFTER))
 
 
-async def _provider(emulator: Any, count: int) -> dict[str, Any]:
+async def _provider(emulator: Any, count: int, meter: Meter | None = None) -> dict[str, Any]:
     feed = Feed("push")
     triggerer = Triggerer()
     tag = f"{time.monotonic_ns():x}"
@@ -126,18 +146,21 @@ async def _provider(emulator: Any, count: int) -> dict[str, Any]:
             return polls + await _poll_until(lambda: _dormant(trigger))
 
         per_poll = await _poll_cost()
-        counted = await _counted(emulator, change, count)  # every trigger changes once first
+        counted = await _counted(emulator, change, count, meter)  # every trigger changes once first
         polls_s = counted["returned"] * per_poll
         return {
             **_per_change(counted, max(0.0, counted["cpu_s"] - polls_s), count),
             "harness_polls_ms": polls_s / count * 1000,
+            "harness_polls": counted["returned"],
         }
     finally:
         await triggerer.finish()
         feed.close()
 
 
-async def _stream_alone(emulator: Any, settings: Any, count: int) -> dict[str, Any]:
+async def _stream_alone(
+    emulator: Any, settings: Any, count: int, meter: Meter | None = None
+) -> dict[str, Any]:
     """The hook's :class:`~airflow_provider_systemzero.stream.DecisionStream` without a trigger:
     open it about a new state, take its first decision, close it."""
     from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
@@ -159,7 +182,7 @@ async def _stream_alone(emulator: Any, settings: Any, count: int) -> dict[str, A
                 break
         return 0
 
-    counted = await _counted(emulator, exchange, count)
+    counted = await _counted(emulator, exchange, count, meter)
     return _per_change(counted, counted["cpu_s"], count)
 
 
@@ -186,7 +209,9 @@ def _start_frames(settings: Any, hello: str, count: int) -> list[str]:
     return frames
 
 
-async def _websockets_alone(emulator: Any, settings: Any, count: int) -> dict[str, Any]:
+async def _websockets_alone(
+    emulator: Any, settings: Any, count: int, meter: Meter | None = None
+) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
     from airflow_provider_systemzero.protocol.messages import PROTOCOL
@@ -211,8 +236,16 @@ async def _websockets_alone(emulator: Any, settings: Any, count: int) -> dict[st
                 pass
         return 0
 
-    counted = await _counted(emulator, exchange, count)
+    counted = await _counted(emulator, exchange, count, meter)
     return _per_change(counted, counted["cpu_s"], count)
+
+
+#: The clients, by the name their results carry.
+CLIENTS: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+    "provider": lambda emulator, settings, count, meter=None: _provider(emulator, count, meter),
+    "stream_alone": _stream_alone,
+    "websockets_alone": _websockets_alone,
+}
 
 
 async def measure(emulator: Any, count: int) -> dict[str, Any]:
@@ -240,7 +273,14 @@ async def measure(emulator: Any, count: int) -> dict[str, Any]:
 
 
 async def run(options: Options) -> dict[str, Any]:
-    """Run the measurement against an emulator process of its own and return its results."""
+    """Run the measurement against an emulator process of its own and return its results; with
+    valgrind installed (and not in the smoke run), each client's instructions per cold change too
+    (:mod:`benchmarks.instructions`)."""
+    from benchmarks import instructions
+
     async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
         os.environ.update(emulator.connection_env())
-        return await measure(emulator, 60 if options.quick else 300)
+        result = await measure(emulator, 60 if options.quick else 300)
+    if not options.quick and instructions.available():
+        result["instructions"] = await instructions.count()
+    return result

@@ -174,20 +174,53 @@ def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[st
     return out
 
 
-def _cold(cold: dict[str, Any]) -> list[str]:
-    """The CPU of one cold change (:mod:`benchmarks.cold_cost`): what each change of a crowd costs."""
+def _instructions(counted: dict[str, Any] | None, before: dict[str, Any] | None, client: str) -> str:
+    """A client's instructions per cold change, in millions (before → after with a baseline)."""
+    now = (counted or {}).get(client)
+    if now is None:
+        return DASH
+    after = f"{now['instructions_per_change'] / 1e6:.2f} M"
+    then = (before or {}).get(client)
+    return after if then is None else f"{then['instructions_per_change'] / 1e6:.2f} M → {after}"
+
+
+def _cold(cold: dict[str, Any], base: dict[str, Any] | None = None) -> list[str]:
+    """The CPU of one cold change (:mod:`benchmarks.cold_cost`): what each change of a crowd costs,
+    and its instruction count (:mod:`benchmarks.instructions`) when valgrind counted it."""
     provider, alone = cold["provider"], cold["websockets_alone"]
+    counted, before = cold.get("instructions"), (base or {}).get("instructions")
     clients = [
-        ("the provider's trigger, run by Airflow's `TriggerRunner`", provider),
-        ("the hook's stream alone: entered, first decision, closed", cold.get("stream_alone")),
-        ("websockets' client alone: connect, `hello`, `start`, decision, close", alone),
+        ("provider", "the provider's trigger, run by Airflow's `TriggerRunner`", provider),
+        (
+            "stream_alone",
+            "the hook's stream alone: entered, first decision, closed",
+            cold.get("stream_alone"),
+        ),
+        ("websockets_alone", "websockets' client alone: connect, `hello`, `start`, decision, close", alone),
     ]
+    header = ["client", "client CPU per change", "emulator CPU per change", "streams opened"]
+    if counted:
+        header.append("client instructions per change" + (" (before → after)" if before else ""))
     rows = [
         [name, fmt_ms(data["cpu_ms"]), fmt_ms(data["emulator_cpu_ms"]), fmt_num(data["streams_opened"])]
-        for name, data in clients
+        + ([_instructions(counted, before, key)] if counted else [])
+        for key, name, data in clients
         if data is not None
     ]
     ratio = cold.get("provider_vs_websockets")
+    counting = []
+    if counted:
+        changes = next(iter(counted.values()))["changes"]
+        counting = [
+            f"Instructions: valgrind's callgrind counted the client process's user-space instructions "
+            f"over {changes} more cold changes per client (the trigger's harness polling taken out), "
+            "switched on for the measured changes only (`python -m benchmarks.instructions`). Unlike "
+            f"CPU time, which moves 10{DASH}15 % between runs on a virtual machine, the count is the same "
+            "from run to run, so it shows the provider's own work changing"
+            + (f", against commit `{base.get('commit')}` before." if before and base.get("commit") else ".")
+            + " It leaves out the kernel's work for the system calls and the emulator.",
+            "",
+        ]
     return [
         "### CPU of one cold change",
         "",
@@ -200,7 +233,7 @@ def _cold(cold: dict[str, Any]) -> list[str]:
         "is its own process's. In a crowd every change is cold: this, times the change rate, is the "
         "CPU the slowest changes queue behind.",
         "",
-        *md_table(["client", "client CPU per change", "emulator CPU per change", "streams opened"], rows),
+        *md_table(header, rows),
         *(
             [
                 f"The provider spends {ratio:.1f}{TIMES} the client CPU of websockets alone per cold change.",
@@ -209,6 +242,7 @@ def _cold(cold: dict[str, Any]) -> list[str]:
             if ratio
             else []
         ),
+        *counting,
     ]
 
 
@@ -472,6 +506,9 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
             continue
         if name == "latency":
             lines += _latency(data, (doc.get("baseline") or {}).get("latency"))
+        elif name == "cold":
+            baseline = doc.get("baseline") or {}
+            lines += _cold(data, {**(baseline.get("cold") or {}), **(baseline.get("cold_from") or {})})
         else:
             lines += section(data)
         origin = doc.get("kept_from", {}).get(name)
