@@ -227,11 +227,18 @@ def _cold(cold: dict[str, Any], base: dict[str, Any] | None = None) -> list[str]
         f"{cold['n']} cold changes per client, one at a time. The trigger's go to a dormant trigger (a "
         "progress line: it opens a stream, replays its state, takes the decision and gives the stream "
         f"back {cold['lease_after_s'] * 1000:.0f} ms later); the other two clients each open a "
-        "connection about a new state, take its decision and close. Client CPU is the benchmark "
-        "process's, less its "
-        f"own polling ({fmt_ms(provider['harness_polls_ms'])} per change, measured alone); the emulator's "
-        "is its own process's. In a crowd every change is cold: this, times the change rate, is the "
-        "CPU the slowest changes queue behind.",
+        "connection about a new state, take its decision and close"
+        + (
+            f", {cold['lease_after_s'] * 1000:.0f} ms apart like the trigger's changes (a process "
+            "idle between changes, as in a crowd, finds its caches cold; back to back the same "
+            "exchange costs less)"
+            if cold.get("spaced")
+            else ""
+        )
+        + ". Client CPU is the benchmark process's, less its "
+        f"own polling and idling ({fmt_ms(provider['harness_polls_ms'])} per trigger change, measured "
+        "alone); the emulator's is its own process's. In a crowd every change is cold: this, times "
+        "the change rate, is the CPU the slowest changes queue behind.",
         "",
         *md_table(header, rows),
         *(
