@@ -160,11 +160,6 @@ class GatewaySocket(asyncio.Protocol):
         """The close reason received (``None`` while open)."""
         return self.protocol.close_reason
 
-    @property
-    def buffered(self) -> int:
-        """Bytes written and not yet sent."""
-        return self.transport.get_write_buffer_size() if self.transport is not None else 0
-
     # ------------------------------------------------------------------ actions
 
     def handshake(self, headers: Any = None, user_agent: str | None = None) -> asyncio.Future[None]:
