@@ -360,7 +360,8 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
 
     def close_soon(self) -> None:
         """Begin closing the stream now, without waiting: the close (1000) goes out at once, and
-        its slot of ``max_streams_per_process`` is given back once the close completed. :meth:`aclose` must still be awaited (it waits for the close, and ends it).
+        its slot of ``max_streams_per_process`` is given back once the close completed.
+        :meth:`aclose` must still be awaited (it waits for the close, and ends it).
 
         For a caller that has decided to close but has its own work to finish first: the close
         handshake runs meanwhile instead of after.
@@ -368,10 +369,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         if self._closing or self._closed or not self._entered:
             return
         self._closing = True
-        if self._ws is not None:
-            self._flush()  # the close frame goes out now
-        else:
-            self._kick()
+        self._turn_now()  # the close frame goes out now
 
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
@@ -422,10 +420,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
             self._dispatch(events)
-        if self._ws is not None:
-            self._flush()  # from the caller's task: one loop turn less between a change and the wire
-        else:
-            self._kick()
+        self._turn_now()  # from the caller's task: one loop turn less between a change and the wire
         await asyncio.sleep(0)
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:

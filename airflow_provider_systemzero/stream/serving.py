@@ -421,10 +421,16 @@ class ConnectionServing:
             return False
         if due <= now:
             return True
-        alarm = self._alarm
-        if alarm is None or due < alarm.when():
-            self._set_alarm(due)
+        self._set_alarm(due)  # kept when the timer already rings sooner
         return False
+
+    def _turn_now(self) -> None:
+        """From the caller's task: a writer's turn now on an open connection (its errors are the
+        caller's), else the run loop is woken to look."""
+        if self._ws is not None:
+            self._flush()
+        else:
+            self._kick()
 
     def _flush_soon(self) -> None:
         """A writer's turn in the next loop iteration (once, however often it is asked): for

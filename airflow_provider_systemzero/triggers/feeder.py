@@ -256,8 +256,12 @@ class SourceFeeder:
             return
         self._arrivals.append(state)
         if self._coordinator is None:
-            self._coordinator = asyncio.ensure_future(self._coordinate())
-            self._coordinator.add_done_callback(self._coordinated)
+            self._coordinate_soon()
+
+    def _coordinate_soon(self) -> None:
+        """Start the one task that hands the queued states over (:meth:`_coordinate`)."""
+        self._coordinator = asyncio.ensure_future(self._coordinate())
+        self._coordinator.add_done_callback(self._coordinated)
 
     async def _coordinate(self) -> None:
         """Hand the queued states over in order; when the source changes faster than a decision
@@ -285,8 +289,7 @@ class SourceFeeder:
         if error is not None:
             self._end(error)
         elif self._arrivals:  # queued as the last hand-over finished
-            self._coordinator = asyncio.ensure_future(self._coordinate())
-            self._coordinator.add_done_callback(self._coordinated)
+            self._coordinate_soon()
         elif self.reading is not None and self.reading.task.done():
             self._read_ended(self.reading.task)
 
