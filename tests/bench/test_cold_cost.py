@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks import cold_cost
 from benchmarks.common import machine
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.report import render
+
+
+def _page(cold: dict[str, Any], **document: Any) -> str:
+    """The results page of a run with only the cold scenario (and ``document``'s other keys)."""
+    return render(
+        {
+            "machine": machine(),
+            "options": {"quick": False},
+            "started_at": "2026-12-02T00:00:00",
+            "duration_s": 1.0,
+            "results": {"cold": cold},
+            **document,
+        }
+    )
 
 
 async def test_every_change_measured_opens_one_stream_for_each_client_and_the_page_shows_all_three(
@@ -25,14 +41,7 @@ async def test_every_change_measured_opens_one_stream_for_each_client_and_the_pa
     assert provider["harness_polls_ms"] > 0  # the harness's own polling is taken out, not counted
     assert result["provider_vs_websockets"] == pytest.approx(provider["cpu_ms"] / alone["cpu_ms"])
 
-    document = {
-        "machine": machine(),
-        "options": {"quick": True},
-        "started_at": "2026-12-02T00:00:00",
-        "duration_s": 1.0,
-        "results": {"cold": result},
-    }
-    page = render(document)
+    page = _page(result)
     assert "### CPU of one cold change" in page
     assert "websockets' client alone" in page
     assert "the hook's stream alone" in page
@@ -70,15 +79,7 @@ def test_the_page_shows_each_clients_instructions_before_and_after() -> None:
         },
     }
     before = {"instructions": {"provider": {"instructions_per_change": 5_100_000.0, "changes": 50}}}
-    document = {
-        "machine": machine(),
-        "options": {"quick": False},
-        "started_at": "2026-12-02T00:00:00",
-        "duration_s": 1.0,
-        "results": {"cold": cold},
-        "baseline": {"cold": before, "cold_from": {"commit": "abc1234"}},
-    }
-    page = render(document)
+    page = _page(cold, baseline={"cold": before, "cold_from": {"commit": "abc1234"}})
     assert "| client instructions per change (before → after) |" in page
     assert "5.10 M → 3.90 M" in page  # the trigger, against the baseline's count
     assert "| 1.70 M |" in page  # websockets alone: counted now, not before
