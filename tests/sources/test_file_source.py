@@ -218,7 +218,7 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
         assert watcher is not None
         assert watcher.stats()["directories"] == n and watcher.stats()["subscriptions"] == n
         assert inotify_descriptors() == descriptors + 1  # one descriptor for all of them
-        assert other_threads() == threads  # no watching thread (file reads use the loop's executor)
+        assert other_threads() <= threads  # no watching thread (file reads use the loop's executor)
         for log in logs:
             with log.open("a") as handle:
                 handle.write("Job is ready.\n")
