@@ -20,7 +20,15 @@ from airflow_provider_systemzero.protocol.body import body_hash
 from airflow_provider_systemzero.protocol.messages import Ack, Decision, Error, Goodbye, Pong
 from airflow_provider_systemzero.stream import DecisionStream
 from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import KEY, LIMITS, Harness, operator_outcome, sensor_outcome, set_source
+from tests.faults.harness import (
+    KEY,
+    LIMITS,
+    SHORT_PONG,
+    Harness,
+    operator_outcome,
+    sensor_outcome,
+    set_source,
+)
 
 WORKING = "build 7 started\n"
 READY = "build 7 started\nREADY\n"
@@ -124,7 +132,7 @@ async def test_drop_while_waiting_for_an_ack_operator(make_harness: HarnessFacto
 
 
 async def test_missed_pong_sensor(make_harness: HarnessFactory) -> None:
-    h = await make_harness()
+    h = await make_harness(limits=SHORT_PONG)
     task = await sensor_decided_working(h)
     h.emu.backend.decide_latency_ms = 1_000
     set_source("s", READY)
@@ -140,7 +148,7 @@ async def test_missed_pong_sensor(make_harness: HarnessFactory) -> None:
 
 
 async def test_missed_pong_operator(make_harness: HarnessFactory) -> None:
-    h = await make_harness()
+    h = await make_harness(limits=SHORT_PONG)
     h.emu.backend.decide_latency_ms = 1_000
     task = h.start(h.operator(OUTPUTS))
     await h.until(lambda e: e.backend.calls == 1)
