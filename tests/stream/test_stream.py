@@ -21,7 +21,14 @@ from airflow_provider_systemzero.stream import (
     SystemZeroValidationError,
     default_capacity,
 )
-from tests.stream.support import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, settings_for
+from tests.stream.support import (
+    QUESTIONS,
+    SECRET_KEY,
+    SHORT_PONG,
+    TEST_LIMITS,
+    EmulatorFactory,
+    settings_for,
+)
 
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 
@@ -225,7 +232,7 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(
 async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
     make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
-    emu = await make_emulator()
+    emu = await make_emulator(limits=SHORT_PONG)
     async with make_stream(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)
         session = stream.session
@@ -252,7 +259,7 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
 async def test_answered_pings_keep_a_quiet_stream_alive(
     make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
-    emu = await make_emulator()
+    emu = await make_emulator(limits=SHORT_PONG)
     async with make_stream(emu, fast_backoff) as stream:
         # several heartbeat intervals (400 ms) and pong timeouts (300 ms) pass with no application traffic
         await emu.wait_for(lambda e: e.stats.messages_sent.get("ping", 0) >= 4, timeout=10)
@@ -278,7 +285,7 @@ async def test_three_failed_dispatches_close_1013_and_the_state_is_replayed_afte
 async def test_a_silent_peer_is_treated_as_dead(
     make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
-    emu = await make_emulator()
+    emu = await make_emulator(limits=SHORT_PONG)  # silent for 0.7 s: dead
     async with make_stream(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)
         emu.faults.answer_pings = False  # the gateway stops sending anything at all
