@@ -27,6 +27,8 @@ from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.file_source import FileSource
 from tests.dormant import channels
 from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
+    _alive,
+    _new_since,
     _provider_timers,
     _trigger,
     emulator,
@@ -276,27 +278,15 @@ async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emul
     session and its budget when the trigger goes dormant, so the collector's full passes (which
     visit every waiting trigger) have none of it to find."""
     ours = (DecisionStream, ClientSession, DecisionBudget)
-
-    def alive() -> list[object]:
-        return [o for o in gc.get_objects() if type(o) in ours]  # type(): a weak proxy is among them
-
-    # What an earlier test of this process left alive is not this test's (a Dag run by dag.test() can
-    # leave its task's frames, and with them its trigger, alive after the test): kept alive here, so
-    # that no new object reuses an id of theirs.
-    gc.collect()
-    earlier = alive()
-    known = {id(o) for o in earlier}
-
-    def new_since(objects: list[object]) -> list[object]:
-        return [o for o in objects if id(o) not in known]
-
+    earlier = _alive(*ours)  # what earlier tests of this process left is not this test's
     await _stop(*await _dormant(emulator, "freed-warm-up"))
-    gc.collect()
-    assert new_since(alive()) == []
+    assert _new_since(earlier, _alive(*ours)) == []
     gc.disable()
     try:
         trigger, task, gen = await _dormant(emulator, "freed")
-        left = collections.Counter(type(o).__qualname__ for o in new_since(alive()))
+        left = collections.Counter(
+            type(o).__qualname__ for o in _new_since(earlier, _alive(*ours, collect=False))
+        )
     finally:
         gc.enable()
     try:
