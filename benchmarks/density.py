@@ -21,7 +21,8 @@ In each phase a 10 ms watchdog (Airflow's ``block_watchdog`` at a finer step) re
 event-loop stall (:mod:`benchmarks.stalls`: the waiting phase's window includes one full
 collection; ``--trace-stalls`` also samples what the loop ran in each iteration over 50 ms), and
 a sampler counts the process's open sockets. The emulator reports the most
-streams it ever had open. The account's ``max_concurrent`` is raised so that the per-process cap
+streams it ever had open. With ``--own-core`` (scenario 1's crowds) the emulator runs on a CPU of
+its own and this process on the others (:mod:`benchmarks.emulator_host`). The account's ``max_concurrent`` is raised so that the per-process cap
 (``max_streams_per_process`` = 4) is the binding limit, and its decision buckets are raised so
 that billing pacing does not queue the decisions.
 """
@@ -262,6 +263,7 @@ async def measure(
     gc_freeze: bool = False,
     waiting_only: bool = False,
     sampler: LoopSampler | None = None,
+    own_core: bool = False,
 ) -> dict[str, Any]:
     """Run the scenario for ``n`` triggers in this process.
 
@@ -271,12 +273,14 @@ async def measure(
         change phase, so no latency figures; the triggers are cancelled at the end).
     :param sampler: if given, sample what the loop runs during each long iteration, phase by
         phase, and add its report to the result as ``stall_trace``.
+    :param own_core: give the emulator a CPU of its own, this process the others
+        (:class:`~benchmarks.emulator_host.EmulatorProcess`); the result's ``cores`` says which.
     """
     feed = Feed(feed_kind)
     if sampler is not None:
         sampler.start()
     try:
-        result = await _measure(n, options, feed, gc_freeze, waiting_only, sampler or LoopSampler())
+        result = await _measure(n, options, feed, gc_freeze, waiting_only, sampler or LoopSampler(), own_core)
     finally:
         feed.close()
         if sampler is not None:
@@ -287,12 +291,18 @@ async def measure(
 
 
 async def _measure(
-    n: int, options: Options, feed: Feed, gc_freeze: bool, waiting_only: bool, sampler: LoopSampler
+    n: int,
+    options: Options,
+    feed: Feed,
+    gc_freeze: bool,
+    waiting_only: bool,
+    sampler: LoopSampler,
+    own_core: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(options.seed + n)
     idle_window = 1.0 if options.quick else 5.0
     change_window = 5.0 if options.quick else CHANGE_WINDOW
-    async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT) as emulator:
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=MAX_CONCURRENT, own_core=own_core) as emulator:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
         await _warm_up(triggerer, feed)
@@ -340,6 +350,7 @@ async def _measure(
             "n": n,
             "source": feed.kind,
             "gc_freeze": gc_freeze,
+            "cores": emulator.cores,
             "watching": watchers,
             "lease_after_s": LEASE_AFTER,
             "startup_s": startup_s,
@@ -560,6 +571,9 @@ def main() -> None:
     )
     parser.add_argument("--waiting-only", action="store_true", help="stop after the waiting phase (large N)")
     parser.add_argument(
+        "--own-core", action="store_true", help="the emulator on a CPU of its own, this process on the others"
+    )
+    parser.add_argument(
         "--trace-stalls",
         action="store_true",
         help="sample the loop's stack in each iteration over 50 ms (adds stall_trace to the result)",
@@ -578,6 +592,7 @@ def main() -> None:
                 gc_freeze=args.gc_freeze,
                 waiting_only=args.waiting_only,
                 sampler=LoopSampler() if args.trace_stalls else None,
+                own_core=args.own_core,
             )
         )
     print(json.dumps(result))

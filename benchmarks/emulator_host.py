@@ -26,6 +26,14 @@ decision due meanwhile waits. A scenario that measures the client asks the host 
 once its streams are set up, so what a long-running gateway holds is not scanned again inside
 the window measured, and reports the host's remaining pauses (``collections``) beside its
 figures. ``perf_counter()`` is the system's monotonic clock on Linux, the same in both processes.
+
+A process of its own does not keep the emulator off the measured process's core, though. Left to
+the operating system, the two exchanging messages end up on one core (the scheduler wakes a
+receiver next to its sender) and take turns on it: each time the client writes, the emulator it
+woke runs in its place, and a change that lands meanwhile waits for both while the other core is
+idle. A remote gateway never takes the triggerer's CPU. ``EmulatorProcess(own_core=True)`` gives
+the emulator the last CPU the parent may use and keeps the parent on the others (see
+:func:`split_cores`); the parent's affinity is restored when the emulator stops.
 """
 
 from __future__ import annotations
@@ -42,7 +50,27 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["EmulatorProcess", "main"]
+__all__ = ["EmulatorProcess", "main", "split_cores"]
+
+
+def split_cores() -> tuple[list[int], int] | None:
+    """The CPUs this process may use less the last, and that last one for the emulator.
+
+    ``None`` where the process may use only one CPU, or the platform cannot pin processes.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    return allowed[:-1], allowed[-1]
+
+
+def _pin_process(cpus: set[int]) -> None:
+    """Keep every thread of this process (and those it starts later) on ``cpus``."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cpus)
 
 
 def _rss_kb() -> int:
@@ -194,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decider", default="python:benchmarks.fixtures:decide")
     parser.add_argument("--decide-latency-ms", type=int, default=0)
     parser.add_argument("--limits", default="{}", help="Limits overrides as a JSON object")
-    asyncio.run(_serve(parser.parse_args(argv)))
+    parser.add_argument("--cpu", type=int, default=None, help="run on this CPU only")
+    args = parser.parse_args(argv)
+    if args.cpu is not None:
+        _pin_process({args.cpu})
+    asyncio.run(_serve(args))
 
 
 class EmulatorProcess:
@@ -205,6 +237,8 @@ class EmulatorProcess:
     :param max_concurrent: the account's ``max_concurrent`` (stream capacity is half of it).
     :param decide_latency_ms: simulated inference time of each fresh decision.
     :param decider: the emulator's ``--decider`` (default: :func:`benchmarks.fixtures.decide`).
+    :param own_core: run the emulator on a CPU of its own and keep this process off it while the
+        emulator runs (see the module docstring); nothing changes where :func:`split_cores` cannot.
     """
 
     def __init__(
@@ -215,8 +249,13 @@ class EmulatorProcess:
         max_concurrent: int = 8,
         decide_latency_ms: int = 0,
         decider: str = "python:benchmarks.fixtures:decide",
+        own_core: bool = False,
     ) -> None:
         self.decider = decider
+        self.own_core = own_core
+        #: the CPUs of this process and of the emulator while it runs, when ``own_core`` took effect
+        self.cores: dict[str, list[int]] | None = None
+        self._affinity: set[int] | None = None  # this process's CPUs before, to restore
         self.limits = dict(limits or {})
         self.api_key = api_key
         self.max_concurrent = max_concurrent
@@ -227,29 +266,45 @@ class EmulatorProcess:
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> EmulatorProcess:
-        self._proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.emulator_host",
-            "--api-key",
-            self.api_key,
-            "--max-concurrent",
-            str(self.max_concurrent),
-            "--decide-latency-ms",
-            str(self.decide_latency_ms),
-            "--limits",
-            json.dumps(self.limits),
-            "--decider",
-            self.decider,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=2**24,
-        )
-        hello = await self._read()
+        split = split_cores() if self.own_core else None
+        pin: list[str] = []
+        if split is not None:
+            measured, emulator_cpu = split
+            self._affinity = os.sched_getaffinity(0)
+            _pin_process(set(measured))
+            self.cores = {"measured": measured, "emulator": [emulator_cpu]}
+            pin = ["--cpu", str(emulator_cpu)]
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "benchmarks.emulator_host",
+                "--api-key",
+                self.api_key,
+                "--max-concurrent",
+                str(self.max_concurrent),
+                "--decide-latency-ms",
+                str(self.decide_latency_ms),
+                "--limits",
+                json.dumps(self.limits),
+                "--decider",
+                self.decider,
+                *pin,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=2**24,
+            )
+            hello = await self._read()
+        except BaseException:
+            await self.__aexit__(None, None, None)  # this process's CPUs back; the host stopped
+            raise
         self.origin, self.pid = hello["origin"], hello["pid"]
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._affinity is not None:
+            _pin_process(self._affinity)
+            self._affinity = None
         proc = self._proc
         if proc is None:
             return

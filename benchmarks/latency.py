@@ -12,6 +12,9 @@ state (a ``READY`` line) and measures until the runner receives the trigger's ev
   and then the same.
 
 The decider does no work (zero latency), so this is the provider's and the protocol's own cost.
+The emulator runs on a CPU of its own and this process on the others, as a remote gateway would
+not share the triggerer's core (:mod:`benchmarks.emulator_host`); the push crowd runs once more
+with the two processes left to share the cores, to show what that costs.
 
 The baseline is a classic sensor: ``poke()`` calls the hook's sync ``decide()`` (a fresh
 on_request stream per call) every ``poke_interval`` — Airflow sleeps ``poke_interval`` after
@@ -46,6 +49,7 @@ from benchmarks.fixtures import (
     publish,
     state_of,
 )
+from benchmarks.report_format import at_path
 from benchmarks.runner import Triggerer, decided_at, rebuild
 
 __all__ = ["run"]
@@ -225,10 +229,14 @@ def _real_poke_loop(interval: float, samples: int, concurrency: int, seed: int) 
     return results
 
 
-#: A bare websockets echo server in its own process (as the emulator is): prints its port, echoes.
+#: A bare websockets echo server in its own process (as the emulator is, and on its CPU when given
+#: one): prints its port, echoes.
 _ECHO_SERVER = """
-import asyncio, sys
+import asyncio, os, sys
 from websockets.asyncio.server import serve
+
+if len(sys.argv) > 1:
+    os.sched_setaffinity(0, {int(sys.argv[1])})
 
 async def echo(ws):
     async for message in ws:
@@ -243,18 +251,21 @@ asyncio.run(main())
 """
 
 
-async def _loopback_floor(count: int, rng: random.Random) -> dict[str, Any]:
+async def _loopback_floor(count: int, rng: random.Random, cpu: int | None = None) -> dict[str, Any]:
     """The machine's floor under the same load: one websockets round trip to another process.
 
     A change on a warm stream is one frame out and two back (ack and decision, sent together), so
     one round trip of a frame of about the same size is what no client can go below here.
+
+    :param cpu: the CPU of the echo server (the emulator's), or ``None``: any.
     """
     import sys
 
     from websockets.asyncio.client import connect
 
+    pin = [] if cpu is None else [str(cpu)]
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _ECHO_SERVER, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-c", _ECHO_SERVER, *pin, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert server.stdout is not None
@@ -281,35 +292,48 @@ def _notifications() -> bool:
     return importlib.util.find_spec("airflow_provider_systemzero.triggers.file_watch") is not None
 
 
-async def _crowds(options: Options, notifications: bool) -> dict[str, Any]:
-    """N triggers at 66 changes/s, per source kind, each in a fresh process (the density harness)."""
+def _crowd_args(options: Options, kind: str) -> list[str]:
+    """The density harness's arguments for a crowd of ``kind`` sources."""
     n = 200 if options.quick else CROWD
+    return [
+        "--n",
+        str(n),
+        "--seed",
+        str(options.seed),
+        "--source",
+        kind,
+        *(["--quick"] if options.quick else []),
+    ]
+
+
+async def _crowds(options: Options, notifications: bool) -> dict[str, Any]:
+    """N triggers at 66 changes/s, per source kind, each in a fresh process (the density harness)
+    with the emulator on a CPU of its own."""
     # the queue-backed push fixture is scenario 6's comparison of source costs, not a latency row
     kinds = tuple(k for k in FEEDS if k != "push-queue") if notifications else ("push", "file")
     measured = set(options.sources) or {"push", "file"}
     kinds = tuple(kind for kind in kinds if kind.split("-")[0] in measured)  # file-poll is a file source
-    crowds = {}
-    for kind in kinds:
-        args = [
-            "--n",
-            str(n),
-            "--seed",
-            str(options.seed),
-            "--source",
-            kind,
-            *(["--quick"] if options.quick else []),
-        ]
-        crowds[kind] = await density.child(*args)
-    return crowds
+    return {kind: await density.child(*_crowd_args(options, kind), "--own-core") for kind in kinds}
+
+
+async def _shared_cores(options: Options, warm_n: int, rng: random.Random) -> dict[str, Any]:
+    """The push source's warm case, the loopback floor and the push crowd once more with the
+    emulator free to share this process's cores, as the figures were measured before."""
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
+        os.environ.update(emulator.connection_env())
+        warm = await _trigger_latency(warm_n, cold=False, rng=rng)
+        floor = await _loopback_floor(warm_n, rng)
+    crowd = None
+    if not options.sources or "push" in options.sources:
+        crowd = await density.child(*_crowd_args(options, "push"))
+    return {"warm": warm, "loopback_floor": floor, "push_crowd": crowd}
 
 
 def _met(results: dict[str, Any]) -> dict[str, bool]:
     """Each figure of :data:`TARGETS` against its target."""
     met = {}
     for name, (path, limit) in TARGETS.items():
-        value = results
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
+        value = at_path(results, path)
         met[name] = value is not None and value <= limit
     return met
 
@@ -326,7 +350,7 @@ async def run(options: Options) -> dict[str, Any]:
         not options.sources or "file" in options.sources
     )  # the push cases always run (the baselines use them)
     file_warm = file_cold = file_poll = None
-    async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
+    async with EmulatorProcess(limits=LIMITS, max_concurrent=16, own_core=True) as emulator:
         os.environ.update(emulator.connection_env())
         warm = await _trigger_latency(warm_n, cold=False, rng=rng)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
@@ -340,11 +364,12 @@ async def run(options: Options) -> dict[str, Any]:
                 if notifications
                 else file_warm
             )
-        floor = await _loopback_floor(warm_n, rng)
+        floor = await _loopback_floor(warm_n, rng, emulator.cores["emulator"][0] if emulator.cores else None)
         decide_times = await asyncio.to_thread(_poke_decide_times, decide_n)
         check = await asyncio.to_thread(_real_poke_loop, check_interval, check_n, 8, options.seed)
         stats = await emulator.stats()
     crowds = await _crowds(options, notifications)
+    shared = await _shared_cores(options, warm_n, rng)
     model_rng = random.Random(options.seed)
     check_model = _modelled_poke(check_interval, decide_times, model_rng)
     baselines = []
@@ -355,6 +380,7 @@ async def run(options: Options) -> dict[str, Any]:
         model["ratio_p50_vs_cold"] = model["p50_ms"] / cold["p50_ms"]
         baselines.append(model)
     results = {
+        "cores": emulator.cores,
         "file_notifications": notifications,
         "warm": warm,
         "cold": cold,
@@ -363,6 +389,7 @@ async def run(options: Options) -> dict[str, Any]:
         "file_cold": file_cold,
         "file_poll": file_poll,
         "crowds": crowds,
+        "shared_cores": shared,
         "poke_decide": summary_ms(decide_times),
         "poke_baselines": baselines,
         "poke_model_check": {

@@ -12,6 +12,7 @@ from typing import Any
 from benchmarks.report_format import (
     DASH,
     TIMES,
+    at_path,
     fmt_duration,
     fmt_ms,
     fmt_num,
@@ -51,13 +52,19 @@ def _source_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
         ("file source, polled every 1 s", "warm stream", "file_poll"),
         ("none: one poke", "the hook's sync `decide()`", "poke_decide"),
         ("none: the loopback floor", "a bare websockets echo round trip", "loopback_floor"),
+        (f"push source, {_SHARED}", "warm stream", ("shared_cores", "warm")),
+        (
+            f"none: the loopback floor, {_SHARED}",
+            "a bare websockets echo round trip",
+            ("shared_cores", "loopback_floor"),
+        ),
     ]
     rows = []
     for source, case, key in cases:
-        data = lat.get(key)
+        data = at_path(lat, key)
         if not data:
             continue
-        before = base.get(key) or {}
+        before = _before(base, key)
         cells = [
             f"{fmt_ms(before.get(k))} → {fmt_ms(data[k])}" if base else fmt_ms(data[k])
             for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")
@@ -66,18 +73,39 @@ def _source_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+#: How the rows measured with the emulator free to share the client's cores are labelled.
+_SHARED = "the emulator sharing the client's cores"
+
+
+#: Where a baseline that ran before the emulator had a CPU of its own keeps each shared-cores
+#: figure: it measured everything with the emulator sharing the cores.
+_SHARED_BEFORE: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("shared_cores", "warm"): ("warm",),
+    ("shared_cores", "loopback_floor"): ("loopback_floor",),
+    ("shared_cores", "push_crowd"): ("crowds", "push"),
+}
+
+
+def _before(base: dict[str, Any], key: str | tuple[str, ...]) -> dict[str, Any]:
+    """The baseline's figures for a row (see :data:`_SHARED_BEFORE`)."""
+    if "cores" not in base and isinstance(key, tuple) and key in _SHARED_BEFORE:
+        key = _SHARED_BEFORE[key]
+    return at_path(base, key) or {}
+
+
 def _crowd_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for kind, label in (
-        ("push", "push source"),
-        ("file", "file source, notifications"),
-        ("file-poll", "file source, polled every 1 s"),
+        (("crowds", "push"), "push source"),
+        (("crowds", "file"), "file source, notifications"),
+        (("crowds", "file-poll"), "file source, polled every 1 s"),
+        (("shared_cores", "push_crowd"), f"push source, {_SHARED}"),
     ):
-        data = lat.get("crowds", {}).get(kind)
+        data = at_path(lat, kind)
         if not data:
             continue
-        before = (base.get("crowds") or {}).get(kind) or {}
-        if kind == "file" and base and not base.get("file_notifications", True):
+        before = _before(base, kind)
+        if kind[-1] == "file" and base and not base.get("file_notifications", True):
             label += " (before: polled)"
 
         def pair(get: Any, fmt: Any, data: dict[str, Any] = data, before: dict[str, Any] = before) -> str:
@@ -102,6 +130,20 @@ def _crowd_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def _cores_sentence(lat: dict[str, Any]) -> str:
+    """How the run placed the emulator and the client on the machine's CPUs."""
+    if not lat.get("cores"):
+        return (
+            " The emulator and the triggers' process shared the CPUs (the machine gave this run one, "
+            "or the code measured predates giving the emulator a CPU of its own)."
+        )
+    return (
+        " The emulator runs on a CPU of its own and the triggers' process on the others; the row "
+        f"'{_SHARED}' is the push crowd again with both left to the operating system, which puts "
+        "them on one core, where they take turns."
+    )
+
+
 def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[str]:
     base = base or {}
     out = ["### 1. Change → event latency", ""]
@@ -117,7 +159,8 @@ def _latency(lat: dict[str, Any], base: dict[str, Any] | None = None) -> list[st
             "watches the files (inotify descriptors / watched directories, and the process's threads). "
             "The emulator, in its own process, freezes what it holds before the changes begin, so its "
             "collector does not rescan the N streams' states inside the window; the last column is its "
-            "longest remaining collector pause there, which every decision due meanwhile waits out.",
+            "longest remaining collector pause there, which every decision due meanwhile waits out."
+            + _cores_sentence(lat),
             "",
         ]
         out += md_table(
@@ -449,6 +492,17 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
             f"{(baseline.get('load_average') or [math.nan])[0]:.1f}), where a file source polled.",
             "",
         ]
+        lat = doc["results"].get("latency") or {}
+        if lat.get("cores") and "cores" not in (baseline.get("latency") or {}):
+            cores = lat["cores"]
+            lines += [
+                f"That run let the emulator share the client's cores; this one gave the emulator CPU "
+                f"{cores['emulator'][0]} and the client the others ({', '.join(map(str, cores['measured']))}), "
+                "as a remote gateway would not take the triggerer's CPU. So part of a latency row's "
+                f"change is the setting: the rows '{_SHARED}' in the tables below measure this code the "
+                "way the 'before' was measured.",
+                "",
+            ]
         density_from = baseline.get("density_from")
         if density_from and (res := doc["results"].get("density")) and "error" not in res:
             lines += [

@@ -101,11 +101,16 @@ FIGURE_PATHS = {
 }
 
 
-def latency_figure(lat: dict[str, Any], name: str) -> Any:
-    value: Any = lat
-    for key in FIGURE_PATHS[name]:
+def at_path(results: Any, path: str | tuple[str, ...]) -> Any:
+    """``results[path]``, or along a path of keys; ``None`` where a key is missing."""
+    value = results
+    for key in (path,) if isinstance(path, str) else path:
         value = value.get(key) if isinstance(value, dict) else None
     return value
+
+
+def latency_figure(lat: dict[str, Any], name: str) -> Any:
+    return at_path(lat, FIGURE_PATHS[name])
 
 
 def with_unit(value: Any, unit: str) -> str:

@@ -1,0 +1,81 @@
+"""The emulator on a CPU of its own (``EmulatorProcess(own_core=True)``) and how the page shows it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.emulator_host import EmulatorProcess, split_cores
+from benchmarks.report import render
+from benchmarks.report_format import fmt_ms
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "latest.json"
+
+
+@pytest.mark.skipif(split_cores() is None, reason="this process may run on one CPU only")
+async def test_the_emulator_runs_on_a_cpu_of_its_own_and_this_process_gets_its_cpus_back() -> None:
+    before = os.sched_getaffinity(0)
+    split = split_cores()
+    assert split is not None
+    measured, emulator_cpu = split
+    async with EmulatorProcess(own_core=True) as emulator:
+        assert emulator.cores == {"measured": measured, "emulator": [emulator_cpu]}
+        assert os.sched_getaffinity(emulator.pid) == {emulator_cpu}
+        assert os.sched_getaffinity(0) == set(measured)
+        seen: list[set[int]] = []
+        thread = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        thread.start()
+        thread.join(10)
+        assert seen == [set(measured)]  # a thread started meanwhile stays off the emulator's CPU
+        assert (await emulator.stats())["streams_total"] == 0  # and the emulator answers
+    assert os.sched_getaffinity(0) == before
+
+
+async def test_without_own_core_nothing_is_pinned() -> None:
+    before = os.sched_getaffinity(0)
+    async with EmulatorProcess() as emulator:
+        assert emulator.cores is None
+        assert os.sched_getaffinity(0) == before
+        assert os.sched_getaffinity(emulator.pid) == before
+
+
+def _latency_page(latency: dict[str, Any], baseline: dict[str, Any]) -> str:
+    doc = json.loads(RESULTS.read_text())
+    return render(
+        {
+            **doc,
+            "results": {"latency": latency},
+            "kept_from": {},
+            "baseline": {**baseline, "commit": "abc1234", "started_at": "2026-11-01T00:00:00"},
+        }
+    )
+
+
+def test_the_shared_cores_rows_are_compared_with_a_baseline_that_shared_them() -> None:
+    then = json.loads(RESULTS.read_text())["results"]["latency"]
+    then.pop("cores", None)
+    then.pop("shared_cores", None)
+    now = copy.deepcopy(then)
+    now["cores"] = {"measured": [0], "emulator": [1]}
+    shared_warm = {**now["warm"], "p50_ms": 9.87654}
+    now["shared_cores"] = {
+        "warm": shared_warm,
+        "loopback_floor": now["loopback_floor"],
+        "push_crowd": now["crowds"]["push"],
+    }
+    page = _latency_page(now, {"latency": then})
+    warm_row = next(line for line in page.splitlines() if "sharing the client's cores | warm stream" in line)
+    # the baseline measured with shared cores: its plain warm figure is this row's 'before'
+    assert f"| {fmt_ms(then['warm']['p50_ms'])} → {fmt_ms(9.87654)} |" in warm_row
+    assert "gave the emulator CPU 1 and the client the others (0)" in page
+    assert "push source, the emulator sharing the client's cores |" in page  # the shared crowd's row
+
+    # a baseline that had its own cores too is compared row for row
+    page = _latency_page(now, {"latency": now})
+    assert "gave the emulator CPU" not in page
