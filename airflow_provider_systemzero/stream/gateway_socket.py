@@ -54,6 +54,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
+from airflow_provider_systemzero.utils.transports import release_transport
 from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
 __all__ = ["FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]
@@ -392,6 +393,7 @@ class GatewaySocket(asyncio.Protocol):
         # this side's end, so the protocol's half-close would only be one more system call
 
     def connection_lost(self, exc: Exception | None) -> None:
+        release_transport(self.transport)  # no reference cycle left for the collector
         protocol = self.protocol
         protocol.receive_eof()  # idempotent: the state becomes CLOSED
         for timer in (self._keepalive, self._close_timer, self._stall_timer, self._turn):

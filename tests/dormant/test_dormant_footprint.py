@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -291,5 +292,37 @@ async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emul
         gc.enable()
     try:
         assert left == collections.Counter(), f"a closed stream waits for the collector: {left}"
+    finally:
+        await _stop(trigger, task, gen)
+
+
+async def test_a_closed_connection_leaves_no_transport_for_the_collector(
+    emulator: Emulator,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio's socket transport keeps bound methods of itself (a reference cycle CPython breaks
+    only in ``close()``, and 3.11 never): the client's socket releases them when its connection is
+    lost, so every connection a trigger opens and closes is freed by reference counting."""
+    from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
+
+    transports: list[weakref.ref[asyncio.BaseTransport]] = []
+    made = GatewaySocket.connection_made
+
+    def connection_made(self: GatewaySocket, transport: asyncio.BaseTransport) -> None:
+        transports.append(weakref.ref(transport))
+        made(self, transport)
+
+    monkeypatch.setattr(GatewaySocket, "connection_made", connection_made)
+    await _stop(*await _dormant(emulator, "transport-warm-up"))
+    gc.disable()
+    try:
+        trigger, task, gen = await _dormant(emulator, "transport")
+        await asyncio.sleep(0)  # the transport's own end of the connection runs in a callback
+        left = [ref() for ref in transports if ref() is not None]
+    finally:
+        gc.enable()
+    try:
+        assert len(transports) == 2  # the warm-up's connection and this trigger's
+        assert left == [], f"a closed connection's transport waits for the collector: {left}"
     finally:
         await _stop(trigger, task, gen)
