@@ -48,7 +48,7 @@ from benchmarks.allocations import charge
 from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import FEEDS, READY, Feed, decision_trigger
-from benchmarks.runner import StallWatchdog, Triggerer, count_sockets, decided_at, rebuild, rss_kb
+from benchmarks.runner import EndedTasks, StallWatchdog, Triggerer, count_sockets, decided_at, rebuild, rss_kb
 from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
 __all__ = ["run"]
@@ -394,6 +394,7 @@ async def _measure(
             plan += [(first, index, False), (second, index, True)]
         plan.sort()
         produced: dict[int, float] = {}
+        ended = EndedTasks(triggerer, ids)
         # the emulator stands in for a remote gateway: what it holds for the N streams is not
         # scanned again by its collector inside the window (see benchmarks.emulator_host)
         await emulator.call("freeze")
@@ -412,7 +413,7 @@ async def _measure(
             stamp = feed.publish(channels[index], text)
             if decisive:
                 produced[index] = stamp
-        await asyncio.wait([triggerer.task(i) for i in ids], timeout=300)
+        await ended.all(within=300)
         change_phase_s = time.perf_counter() - phase_start
         emulator_pauses = await emulator.call("collections", since=phase_start)
         change_cpu = (time.process_time() - cpu) / change_phase_s

@@ -26,7 +26,16 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["StallWatchdog", "Triggerer", "count_sockets", "covered", "decided_at", "rebuild", "rss_kb"]
+__all__ = [
+    "EndedTasks",
+    "StallWatchdog",
+    "Triggerer",
+    "count_sockets",
+    "covered",
+    "decided_at",
+    "rebuild",
+    "rss_kb",
+]
 
 
 def rss_kb() -> int:
@@ -145,6 +154,33 @@ class Triggerer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class EndedTasks:
+    """Counts the triggers whose task ended, through done callbacks added before the changes begin.
+
+    Waiting for the last of them with ``asyncio.wait()`` on all N tasks, as the density harness
+    once did, added a done callback to each at the end of its change window: N handles at once,
+    and a collector pass over them (11–14 ms for N = 1,000) that the window's last changes
+    waited out.
+    """
+
+    def __init__(self, triggerer: Triggerer, ids: list[int]) -> None:
+        self.count = 0
+        self.expected = len(ids)
+        self._all = asyncio.Event()
+        for trigger_id in ids:
+            triggerer.task(trigger_id).add_done_callback(self._one)
+
+    def _one(self, _task: asyncio.Task[Any]) -> None:
+        self.count += 1
+        if self.count == self.expected:
+            self._all.set()
+
+    async def all(self, within: float) -> None:
+        """Return when every trigger's task ended, or after ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all.wait(), within)
 
 
 class LoopWatch:
