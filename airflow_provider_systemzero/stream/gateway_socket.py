@@ -54,7 +54,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
-from airflow_provider_systemzero.utils.transports import release_transport
+from airflow_provider_systemzero.stream.transports import release_transport
 from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
 __all__ = ["FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]

@@ -100,7 +100,7 @@ async def test_a_completed_close_resolves_lost() -> None:
 
 
 def test_release_transport_drops_only_the_methods_a_transport_keeps_of_itself() -> None:
-    from airflow_provider_systemzero.utils.transports import release_transport
+    from airflow_provider_systemzero.stream.transports import release_transport
 
     class Transport:
         def _read_ready__data_received(self) -> None: ...
