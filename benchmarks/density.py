@@ -21,10 +21,11 @@ In each phase a 10 ms watchdog (Airflow's ``block_watchdog`` at a finer step) re
 event-loop stall (:mod:`benchmarks.stalls`: the waiting phase's window includes one full
 collection; ``--trace-stalls`` also samples what the loop ran in each iteration over 50 ms), and
 a sampler counts the process's open sockets. The emulator reports the most
-streams it ever had open. With ``--own-core`` (scenario 1's crowds) the emulator runs on a CPU of
-its own and this process on the others (:mod:`benchmarks.emulator_host`). The account's ``max_concurrent`` is raised so that the per-process cap
-(``max_streams_per_process`` = 4) is the binding limit, and its decision buckets are raised so
-that billing pacing does not queue the decisions.
+streams it ever had open. With ``--own-core`` (scenario 1's crowds) the emulator runs on a CPU
+of its own and this process on the others (:mod:`benchmarks.emulator_host`). The account's
+``max_concurrent`` is raised so that the per-process cap (``max_streams_per_process`` = 4) is the
+binding limit, and its decision buckets are raised so that billing pacing does not queue the
+decisions.
 """
 
 from __future__ import annotations
