@@ -9,7 +9,10 @@ state (a ``READY`` line) and measures until the runner receives the trigger's ev
   one ``append_text``; the gateway acknowledges, dispatches, and the decision comes back;
 * **cold** — the trigger gave its stream back (``lease_after`` 0.05 s, waited until dormant):
   the change reopens a connection (TCP, upgrade, ``hello``), replays the full state in ``start``,
-  and then the same.
+  and then the same;
+* **back to back** — the warm case and the loopback floor once more with the change sent as soon
+  as the first decision settled, not up to :data:`IDLE_GAP_S` later: how much of a warm figure
+  is the machine waking two idle processes rather than the work they do.
 
 The decider does no work (zero latency), so this is the provider's and the protocol's own cost.
 The emulator runs on a CPU of its own and this process on the others, as a remote gateway would
@@ -59,6 +62,9 @@ LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minut
 POKE_INTERVALS = (30.0, 60.0)
 #: Triggers in a crowd: every source changes twice over 30 s, 66 changes/s.
 CROWD = 1000
+#: The longest idle gap before a warm change or a floor round trip: each comes at a random moment
+#: up to this long after the last activity, not in lockstep. The back-to-back rows use no gap.
+IDLE_GAP_S = 0.02
 #: Figure → its target: milliseconds, or percent of a core (where each figure is in the results:
 #: :data:`benchmarks.report_format.FIGURE_PATHS`).
 TARGETS: dict[str, float] = {
@@ -92,7 +98,15 @@ def _stream(trigger: Any) -> Any:
 
 
 async def _trigger_sample(
-    triggerer: Triggerer, tag: str, index: int, *, cold: bool, rng: random.Random, feed: Feed, polled: bool
+    triggerer: Triggerer,
+    tag: str,
+    index: int,
+    *,
+    cold: bool,
+    rng: random.Random,
+    feed: Feed,
+    polled: bool,
+    gap: float,
 ) -> tuple[float, dict[str, Any]]:
     from airflow_provider_systemzero.identity import task_namespace
 
@@ -111,7 +125,7 @@ async def _trigger_sample(
     if cold:
         await _until(lambda: _stream(trigger) is None or _stream(trigger).dormant)
     # the change comes at some moment, not in lockstep (with a polled file: anywhere in a poll interval)
-    await asyncio.sleep(rng.uniform(0.0, feed.poll_interval if polled else 0.02))
+    await asyncio.sleep(rng.uniform(0.0, feed.poll_interval if polled else gap))
     produced = feed.publish(channel, f"waiting\n{READY}\n")
     await triggerer.task(trigger_id)
     fired = triggerer.fired_at(trigger_id)
@@ -122,8 +136,12 @@ async def _trigger_sample(
 
 
 async def _trigger_latency(
-    count: int, *, cold: bool, rng: random.Random, feed: str = "push"
+    count: int, *, cold: bool, rng: random.Random, feed: str = "push", gap: float = IDLE_GAP_S
 ) -> dict[str, Any]:
+    """``count`` samples of one case.
+
+    :param gap: the longest idle gap before each change (a polled file's is its poll interval).
+    """
     triggerer = Triggerer()
     tag = uuid.uuid4().hex[:8]
     samples: list[float] = []
@@ -140,6 +158,7 @@ async def _trigger_latency(
                 rng=rng,
                 feed=source,
                 polled=feed == "file-poll" or (feed == "file" and not _notifications()),
+                gap=gap,
             )
             samples.append(latency)
             versions.append(payload["state_version"])
@@ -252,13 +271,16 @@ asyncio.run(main())
 """
 
 
-async def _loopback_floor(count: int, rng: random.Random, cpu: int | None = None) -> dict[str, Any]:
+async def _loopback_floor(
+    count: int, rng: random.Random, cpu: int | None = None, gap: float = IDLE_GAP_S
+) -> dict[str, Any]:
     """The machine's floor under the same load: one websockets round trip to another process.
 
     A change on a warm stream is one frame out and two back (ack and decision, sent together), so
     one round trip of a frame of about the same size is what no client can go below here.
 
     :param cpu: the CPU of the echo server (the emulator's), or ``None``: any.
+    :param gap: the longest idle gap before each round trip, as before a warm change.
     """
     import sys
 
@@ -275,7 +297,7 @@ async def _loopback_floor(count: int, rng: random.Random, cpu: int | None = None
         samples = []
         async with connect(f"ws://127.0.0.1:{port}") as ws:
             for _ in range(count):
-                await asyncio.sleep(rng.uniform(0.0, 0.02))  # not in lockstep, as the changes
+                await asyncio.sleep(rng.uniform(0.0, gap))  # not in lockstep, as the changes
                 started = time.perf_counter()
                 await ws.send(frame)
                 await ws.recv()
@@ -353,7 +375,13 @@ async def run(options: Options) -> dict[str, Any]:
     file_warm = file_cold = file_poll = None
     async with EmulatorProcess(limits=LIMITS, max_concurrent=16, own_core=True) as emulator:
         os.environ.update(emulator.connection_env())
+        echo_cpu = emulator.cores["emulator"][0] if emulator.cores else None
+        # the floor right after the warm case, and both again back to back (no idle gap): what
+        # the idle gap costs on this machine, with the same code, minutes apart at most
         warm = await _trigger_latency(warm_n, cold=False, rng=rng)
+        floor = await _loopback_floor(warm_n, rng, echo_cpu)
+        warm_back_to_back = await _trigger_latency(warm_n, cold=False, rng=rng, gap=0.0)
+        floor_back_to_back = await _loopback_floor(warm_n, rng, echo_cpu, gap=0.0)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
         if files:
             file_warm = await _trigger_latency(
@@ -365,7 +393,6 @@ async def run(options: Options) -> dict[str, Any]:
                 if notifications
                 else file_warm
             )
-        floor = await _loopback_floor(warm_n, rng, emulator.cores["emulator"][0] if emulator.cores else None)
         decide_times = await asyncio.to_thread(_poke_decide_times, decide_n)
         check = await asyncio.to_thread(_real_poke_loop, check_interval, check_n, 8, options.seed)
         stats = await emulator.stats()
@@ -386,6 +413,8 @@ async def run(options: Options) -> dict[str, Any]:
         "warm": warm,
         "cold": cold,
         "loopback_floor": floor,
+        "warm_back_to_back": warm_back_to_back,
+        "loopback_floor_back_to_back": floor_back_to_back,
         "file_warm": file_warm,
         "file_cold": file_cold,
         "file_poll": file_poll,

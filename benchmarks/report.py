@@ -52,6 +52,12 @@ def _source_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
         ("file source, polled every 1 s", "warm stream", "file_poll"),
         ("none: one poke", "the hook's sync `decide()`", "poke_decide"),
         ("none: the loopback floor", "a bare websockets echo round trip", "loopback_floor"),
+        ("push source, back to back", "warm stream, no idle gap before the change", "warm_back_to_back"),
+        (
+            "none: the loopback floor, back to back",
+            "a bare websockets echo round trip, no idle gap",
+            "loopback_floor_back_to_back",
+        ),
         (f"push source, {_SHARED}", "warm stream", ("shared_cores", "warm")),
         (
             f"none: the loopback floor, {_SHARED}",

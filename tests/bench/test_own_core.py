@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.emulator_host import EmulatorProcess, split_cores
 from benchmarks.report import render
-from benchmarks.report_format import fmt_ms
+from benchmarks.report_format import DASH, fmt_ms
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "latest.json"
 
@@ -79,3 +79,43 @@ def test_the_shared_cores_rows_are_compared_with_a_baseline_that_shared_them() -
     # a baseline that had its own cores too is compared row for row
     page = _latency_page(now, {"latency": now})
     assert "gave the emulator CPU" not in page
+
+
+def test_the_back_to_back_rows_stand_beside_the_warm_figure() -> None:
+    then = json.loads(RESULTS.read_text())["results"]["latency"]
+    then.pop("warm_back_to_back", None)
+    then.pop("loopback_floor_back_to_back", None)
+    now = copy.deepcopy(then)
+    now["warm_back_to_back"] = {**now["warm"], "p50_ms": 0.61234}
+    now["loopback_floor_back_to_back"] = {**now["loopback_floor"], "p50_ms": 0.21234}
+    page = _latency_page(now, {"latency": then})
+    warm = next(line for line in page.splitlines() if line.startswith("| push source, back to back |"))
+    floor = next(line for line in page.splitlines() if "loopback floor, back to back |" in line)
+    # measured only now: nothing before the arrow
+    assert f"| {DASH} → {fmt_ms(0.61234)} |" in warm and f"| {DASH} → {fmt_ms(0.21234)} |" in floor
+    # a run without them (older code) has no such rows
+    assert "back to back" not in _latency_page(then, {"latency": then})
+
+
+async def test_the_floor_back_to_back_leaves_no_gap() -> None:
+    import random
+
+    from benchmarks import latency
+
+    class Gaps(random.Random):
+        """Keeps the bounds each idle gap was drawn from."""
+
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.bounds: list[tuple[float, float]] = []
+
+        def uniform(self, a: float, b: float) -> float:
+            self.bounds.append((a, b))
+            return super().uniform(a, b)
+
+    gaps = Gaps()
+    floor = await latency._loopback_floor(5, gaps, gap=0.0)
+    assert floor["n"] == 5 and gaps.bounds == [(0.0, 0.0)] * 5
+    gaps.bounds.clear()
+    await latency._loopback_floor(5, gaps)
+    assert gaps.bounds == [(0.0, latency.IDLE_GAP_S)] * 5
