@@ -176,6 +176,12 @@ class ClientSession(SessionInput):
         return self.desired.current.state
 
     @property
+    def desired_state_hash(self) -> str:
+        """SHA-256 (hex) of :attr:`desired_state`'s canonical JSON, carried forward with each
+        change (:meth:`~airflow_provider_systemzero.protocol.desired.DesiredState.state_hash`)."""
+        return self.desired.state_hash()
+
+    @property
     def desired_attachments(self) -> tuple[Attachment, ...]:
         """The attachments the caller wants."""
         return self.desired.current.attachments

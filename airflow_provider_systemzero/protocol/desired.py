@@ -56,13 +56,14 @@ def _snapshot(value: Any) -> Any:
     return value if isinstance(value, str) else copy.deepcopy(value)
 
 
-def _check_json(value: Any, field: str) -> None:
+def _json_text(value: Any, field: str) -> str:
+    """:func:`compact_json` of ``value``, or a :class:`LocalProtocolError` naming ``field`` (text
+    that is not valid Unicode is refused where the text is encoded: :func:`_utf8`)."""
     try:
-        json_size(value)
+        return compact_json(value)
     except (TypeError, ValueError) as exc:
-        reason = "text that is not valid Unicode" if isinstance(exc, UnicodeEncodeError) else str(exc)
         raise LocalProtocolError(
-            f"{field} is not JSON-serialisable: {reason}", code="invalid_state", field=field
+            f"{field} is not JSON-serialisable: {exc}", code="invalid_state", field=field
         ) from None
 
 
@@ -84,6 +85,9 @@ class Change(NamedTuple):
 
     state: StreamState
     fragment: str | None = None
+    #: :func:`compact_json` of ``state.state`` when the change made it already (checking that the
+    #: state is JSON), so that accepting it does not encode the state a second time.
+    text: str | None = None
 
 
 class _Encoding(NamedTuple):
@@ -95,6 +99,9 @@ class _Encoding(NamedTuple):
     open_bytes: int
     #: The state JSON's closing character (``"`` or ``]``; ``""`` for an object, which never grows).
     close: bytes
+    #: SHA-256 of the state JSON alone, without its closing character: with ``close`` it is the
+    #: state's hash (:meth:`DesiredState.state_hash`), carried forward as the body's is.
+    state_open_hash: Any
 
 
 class DesiredState:
@@ -148,7 +155,7 @@ class DesiredState:
         #: Counts accepted changes; the initial state is generation 0.
         self.generation = -1
         self._prefix = ('{"model":' + compact_json(request.model) + ',"state":').encode("utf-8")
-        self._encoding = _Encoding(hashlib.sha256(), 0, b"")
+        self._encoding = _Encoding(hashlib.sha256(), 0, b"", hashlib.sha256())
         self._suffix_for: tuple[tuple[Attachment, ...], str, bytes] | None = None
         self._start_overhead_for: tuple[str, int] | None = None
 
@@ -180,17 +187,34 @@ class DesiredState:
             cached = self._suffix_for = (attachments, stream_id, empty[len(head) :])
         return cached[2]
 
+    def state_hash(self) -> str:
+        """SHA-256 (hex) of :attr:`current`'s state in its canonical compact JSON, as
+        :func:`~airflow_provider_systemzero.identity.state_hash` computes it from the whole state,
+        here from what each accepted change carried forward: O(1), however large the state."""
+        digest = self._encoding.state_open_hash.copy()
+        digest.update(self._encoding.close)
+        return digest.hexdigest()
+
     def _encode(self, change: Change, field: str) -> _Encoding:
         """The encoding of ``change.state``: extended by the fragment of an append, else anew."""
+        encoding = self._encoding
         if change.fragment is not None:
             fragment = _utf8(change.fragment, field)
-            grown = self._encoding.open_hash.copy()
+            grown, state_grown = encoding.open_hash.copy(), encoding.state_open_hash.copy()
             grown.update(fragment)
-            return _Encoding(grown, self._encoding.open_bytes + len(fragment), self._encoding.close)
-        text = compact_json(change.state.state)
+            state_grown.update(fragment)
+            return _Encoding(grown, encoding.open_bytes + len(fragment), encoding.close, state_grown)
+        text = change.text if change.text is not None else compact_json(change.state.state)
         grows = isinstance(change.state.state, str | list)
-        opening = self._prefix + _utf8(text[:-1] if grows else text, field)
-        return _Encoding(hashlib.sha256(opening), len(opening), text[-1].encode() if grows else b"")
+        state_open = _utf8(text[:-1] if grows else text, field)
+        opening = hashlib.sha256(self._prefix)
+        opening.update(state_open)
+        return _Encoding(
+            opening,
+            len(self._prefix) + len(state_open),
+            text[-1].encode() if grows else b"",
+            hashlib.sha256(state_open),
+        )
 
     # ------------------------------------------------------------------ proposed changes
 
@@ -227,19 +251,18 @@ class DesiredState:
                 "items must not be empty: append at least one item", code="empty_items", field="items"
             )
         values = _snapshot(list(items))
-        _check_json(values, "items")
-        fragment = ("," if self.current.state else "") + compact_json(values)[1:-1]
+        fragment = ("," if self.current.state else "") + _json_text(values, "items")[1:-1]
         return Change(StreamState([*self.current.state, *values], self.current.attachments), fragment)
 
     def with_state(self, state: Any, attachments: Sequence[Attachment] | None = None) -> Change:
         """The change that replaces the state (``attachments`` ``None`` keeps them, ``[]`` removes all)."""
         validate_state(state, field="state")
-        _check_json(state, "state")
+        text = _json_text(state, "state")
         new_attachments = self.current.attachments
         if attachments is not None:
             new_attachments = tuple(attachments)
             validate_attachment_tuple(new_attachments, field="attachments")
-        return Change(StreamState(_snapshot(state), new_attachments))
+        return Change(StreamState(_snapshot(state), new_attachments), None, text)
 
     def with_attachments(self, attachments: Sequence[Attachment]) -> Change:
         """The change that adds attachments (unique names); the state and its encoding stay."""

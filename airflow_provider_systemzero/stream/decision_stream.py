@@ -220,6 +220,17 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         return self._session.desired_state if self._session else self._initial[0]
 
     @property
+    def state_hash(self) -> str:
+        """SHA-256 (hex) of :attr:`state`'s canonical JSON
+        (:func:`~airflow_provider_systemzero.identity.state_hash`), without encoding the state
+        again once the stream has a session."""
+        if self._session is not None:
+            return self._session.desired_state_hash
+        from airflow_provider_systemzero.identity import state_hash
+
+        return state_hash(self._initial[0])
+
+    @property
     def attachments(self) -> tuple[Attachment, ...]:
         """The desired attachments."""
         return self._session.desired_attachments if self._session else self._initial[1]

@@ -171,8 +171,6 @@ class SourceFeeder:
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
         :raises StreamClosed: the stream ended without a verdict.
         """
-        from airflow_provider_systemzero.identity import state_hash
-
         assert self.direct, "first_verdict serves on_change without a decision filter"
         loop = asyncio.get_running_loop()
         stream, currency, lease = self.stream, self.currency, self.lease
@@ -188,7 +186,7 @@ class SourceFeeder:
                 decision = stream.take_decision()
                 while decision is not None:
                     if self._current(decision):
-                        verdict = watch.observe(decision, state_hash(stream.state), stream.state, loop.time())
+                        verdict = watch.observe(decision, stream.state_hash, stream.state, loop.time())
                         if verdict is not None:
                             return verdict  # the wait ends with it: no lease to arm on the way out
                         lease.arm(stream)
@@ -449,8 +447,6 @@ class SourceFeeder:
         The rules (condition, policy, skip states, hysteresis) are the watch's; this loop adds the
         timer that ends a wait when only time is missing.
         """
-        from airflow_provider_systemzero.identity import state_hash
-
         loop = asyncio.get_running_loop()
         stream, currency = self.stream, self.currency
         queue: asyncio.Queue[tuple[DecisionResult, str, Any]] = asyncio.Queue()
@@ -458,7 +454,7 @@ class SourceFeeder:
         async def pump() -> None:
             async for decision in self.current_decisions():
                 # the stream's state now is the state this decision covers (it is current)
-                await queue.put((decision, state_hash(stream.state), stream.state))
+                await queue.put((decision, stream.state_hash, stream.state))
             raise RuntimeError("the stream ended without a decision")
 
         pumper = asyncio.ensure_future(pump())

@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.protocol import Attachment, Limits, LocalProtocolError, StreamRequest
 from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.desired import STREAM_ID_PLACEHOLDER, DesiredState
@@ -76,6 +77,7 @@ def test_incremental_key_and_size_equal_a_from_scratch_encoding(
         assert desired.key == derive_state_key("ns", body)
         assert desired.body_bytes(stream_id) == len(body.encode("utf-8"))
         assert desired.body(stream_id) == body
+        assert desired.state_hash() == state_hash(desired.current.state)
 
 
 def test_a_refused_append_leaves_the_encoding_as_it_was() -> None:
@@ -92,6 +94,7 @@ def test_a_refused_append_leaves_the_encoding_as_it_was() -> None:
         else:  # pragma: no cover - the test's premise
             raise AssertionError("the change should have been refused")
     assert desired.key == key and desired.current.state == "log\n"
+    assert desired.state_hash() == state_hash("log\n")
     desired.accept(desired.with_text("ok"), None, field="text", limits=small, stream_id=None)  # type: ignore[arg-type]
     assert desired.key == derive_state_key("ns", request.decide_body("log\nok", ()))
 

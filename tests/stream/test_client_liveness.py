@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.protocol import compact_json
 from airflow_provider_systemzero.stream import (
     Backoff,
@@ -133,13 +134,16 @@ async def test_a_lone_surrogate_is_a_validation_error_and_changes_nothing(
 ) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
+        hashed = stream.state_hash
         with pytest.raises(SystemZeroValidationError, match="not valid Unicode"):
             await stream.append_text("\ud800")
         with pytest.raises(SystemZeroValidationError, match="not valid Unicode"):
             await stream.replace({"text": "\udfff"})
+        assert stream.state_hash == hashed == state_hash("Initial log\n")
         await stream.append_text("fine\n")
         decision = await stream.decide(timeout=5)
         assert decision.state_version == 2 and stream.state == "Initial log\nfine\n"
+        assert stream.state_hash == state_hash(stream.state)
 
 
 async def test_states_equal_in_python_but_not_as_json_are_sent(
@@ -162,7 +166,7 @@ async def test_a_list_changed_in_place_after_it_was_handed_over_is_still_sent(
     items = ["a"]
     async with make_stream(emu, fast_backoff, state=items) as stream:
         items.append("b")  # the session holds its own copy: this changes nothing yet
-        assert stream.state == ["a"]
+        assert stream.state == ["a"] and stream.state_hash == state_hash(["a"])
         await stream.set_state(items)
         decision = await stream.decide(timeout=5)
         assert decision.state_version == 2 and gateway_state(emu, stream) == ["a", "b"]

@@ -21,7 +21,7 @@ import pytest
 from airflow_provider_systemzero.decisions import watch as watch_module
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
-from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.identity import state_hash, task_namespace
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
@@ -82,6 +82,10 @@ class _Stream:
 
     async def set_state(self, state: Any) -> None:
         self.state = state
+
+    @property
+    def state_hash(self) -> str:
+        return state_hash(self.state)
 
     def has_work(self) -> bool:
         return False
