@@ -12,12 +12,14 @@ An append costs what it appends, not what the state holds. The decide body is
 a string or an array grows at its end: ``"abc`` + ``def"``, ``[1,2`` + ``,3]``. So the session
 keeps the SHA-256 of ``prefix + state JSON`` without its closing character, and its byte count;
 an ``append_text`` or ``append_items`` feeds only the new fragment into a copy of that hash, and
-the per-state key is a copy finished with the closing character and the suffix. The text itself
+the per-state key is a copy finished with the closing character and the suffix. The state's own
+SHA-256 (its JSON alone, the ``state_hash`` a verdict carries) is kept the same way beside it, so
+reading it is O(1) too. The text itself
 is not copied either: the new :class:`~airflow_provider_systemzero.protocol.state.StreamState`
 keeps the state it grew from and the appended piece, joined only when something reads the whole
 string (see :meth:`~airflow_provider_systemzero.protocol.state.StreamState.with_text`). A
-``replace`` encodes the new state once. Key and size are byte for byte what a from-scratch encoding gives
-(a test checks random sequences of appends, replaces and attachment changes).
+``replace`` encodes the new state once. Key, size and state hash are what a from-scratch encoding
+gives (a test checks random sequences of appends, replaces and attachment changes).
 """
 
 from __future__ import annotations
