@@ -13,7 +13,7 @@ from websockets.utils import accept_key
 
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
 
-__all__ = ["FakeTransport", "Messages", "open_client"]
+__all__ = ["FakeTransport", "Messages", "frames_written", "open_client"]
 
 
 class FakeTransport(asyncio.Transport):
@@ -94,3 +94,8 @@ def open_client(**options: Any) -> tuple[GatewaySocket, FakeTransport, Messages]
     )
     assert socket.protocol.state is State.OPEN and socket.opened.done() and heard.opened == 1
     return socket, transport, heard
+
+
+def frames_written(transport: FakeTransport) -> bytes:
+    """What the client wrote after its upgrade request: its WebSocket frames."""
+    return transport.written[transport.written.index(b"\r\n\r\n") + 4 :]

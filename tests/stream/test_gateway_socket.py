@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import until as _until
-from tests.stream.socket_support import FakeTransport, open_client
+from tests.stream.socket_support import frames_written, open_client
 
 
 def _pings(written: bytes) -> list[bytes]:
@@ -29,33 +29,29 @@ def _pings(written: bytes) -> list[bytes]:
     return found
 
 
-def _frames_after_upgrade(transport: FakeTransport) -> bytes:
-    return transport.written[transport.written.index(b"\r\n\r\n") + 4 :]
-
-
 def _pong(payload: bytes) -> bytes:
     return bytes([0x8A, len(payload)]) + payload
 
 
 async def test_a_ping_answered_keeps_the_connection_and_the_next_follows() -> None:
     socket, transport, _ = open_client(ping_interval=0.02, ping_timeout=0.5)
-    await _until(lambda: len(_pings(_frames_after_upgrade(transport))) == 1)
-    socket.data_received(_pong(_pings(_frames_after_upgrade(transport))[0]))
-    await _until(lambda: len(_pings(_frames_after_upgrade(transport))) == 2)
+    await _until(lambda: len(_pings(frames_written(transport))) == 1)
+    socket.data_received(_pong(_pings(frames_written(transport))[0]))
+    await _until(lambda: len(_pings(frames_written(transport))) == 2)
     assert socket.open and socket.protocol.close_sent is None
 
 
 async def test_a_ping_without_its_pong_closes_1011() -> None:
     socket, transport, _ = open_client(ping_interval=0.02, ping_timeout=0.05)
     await _until(lambda: socket.protocol.close_sent is not None)
-    assert len(_pings(_frames_after_upgrade(transport))) == 1
+    assert len(_pings(frames_written(transport))) == 1
     assert socket.protocol.close_sent.code == 1011  # type: ignore[union-attr]
     assert socket.protocol.close_sent.reason == "keepalive ping timeout"  # type: ignore[union-attr]
 
 
 async def test_a_pong_for_another_ping_is_ignored() -> None:
     socket, transport, _ = open_client(ping_interval=0.02, ping_timeout=0.1)
-    await _until(lambda: len(_pings(_frames_after_upgrade(transport))) == 1)
+    await _until(lambda: len(_pings(frames_written(transport))) == 1)
     socket.data_received(_pong(b"nope"))  # unsolicited (RFC 6455 §5.5.3)
     await _until(lambda: socket.protocol.close_sent is not None)
     assert socket.protocol.close_sent.code == 1011  # type: ignore[union-attr]
@@ -83,7 +79,7 @@ async def test_a_peer_that_drains_in_time_is_kept() -> None:
 async def test_a_close_the_peer_never_completes_is_aborted_after_close_timeout() -> None:
     socket, transport, _ = open_client(close_timeout=0.05)
     socket.close()
-    assert _frames_after_upgrade(transport)[:1] == b"\x88"  # the close frame went out at once
+    assert frames_written(transport)[:1] == b"\x88"  # the close frame went out at once
     assert not socket.open
     await _until(lambda: transport.aborted)
 

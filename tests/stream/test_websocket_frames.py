@@ -17,7 +17,7 @@ from websockets.uri import parse_uri
 
 from airflow_provider_systemzero.stream.gateway_socket import FRAMES_PER_TURN
 from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
-from tests.stream.socket_support import open_client
+from tests.stream.socket_support import frames_written, open_client
 
 
 def _frame(payload: bytes, opcode: int = 1, *, fin: bool = True, mask: bytes | None = None) -> bytes:
@@ -93,7 +93,7 @@ async def test_the_client_reads_every_message_once_whole_and_in_order(
     # websockets answered each native ping. What the client wrote is read back by websockets' own
     # server parser: a byte search would also find the pair inside the frames' random masks.
     gateway = _open_server()
-    gateway.receive_data(transport.written[transport.written.index(b"\r\n\r\n") + 4 :])
+    gateway.receive_data(frames_written(transport))
     pongs = [bytes(event.data) for event in gateway.events_received() if event.opcode is Opcode.PONG]
     assert pongs == [b"p"] * sum(how == "then_ping" for _, how in items)
 
