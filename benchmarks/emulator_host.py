@@ -14,6 +14,9 @@ prints ``{"origin": "ws://127.0.0.1:PORT"}``. Then each request line gets one an
 ``{"cmd": "freeze"}``                                collect, then ``gc.freeze()`` what it holds
 ``{"cmd": "collections", "since": T}``               its collector's pauses of 1 ms or more since
                                                      ``perf_counter()`` T: ``[start, ms, generation]``
+``{"cmd": "time_frames"}``                           from now on, time each client frame handled
+``{"cmd": "frames", "since": T}``                    the frames timed since T, and forget them:
+                                                     ``[start, wall ms, CPU ms]``
 ``{"cmd": "stop"}``                                  stop the emulator and exit
 ==================================================  =========================================
 
@@ -26,6 +29,11 @@ decision due meanwhile waits. A scenario that measures the client asks the host 
 once its streams are set up, so what a long-running gateway holds is not scanned again inside
 the window measured, and reports the host's remaining pauses (``collections``) beside its
 figures. ``perf_counter()`` is the system's monotonic clock on Linux, the same in both processes.
+
+The gateway's own part of a round trip is the emulator's, not the provider's: ``time_frames``
+times each complete text frame the emulator reads, from the moment its stream takes the frame to
+the return of the write of what it answered (the ack, and a decision ready at once), so a
+scenario can say how much of a change's latency was spent inside the gateway's stand-in.
 
 A process of its own does not keep the emulator off the measured process's core, though. Left to
 the operating system, the two exchanging messages end up on one core (the scheduler wakes a
@@ -88,6 +96,8 @@ class _Host:
         self.samples: list[tuple[float, int, int]] = []
         self.pauses: list[tuple[float, float, int]] = []  # [start, ms, generation], ≥ 1 ms
         self._collecting_since = 0.0
+        #: ``[start, wall ms, CPU ms]`` of each frame timed (see :func:`_time_frames`).
+        self.frames: list[tuple[float, float, float]] | None = None
         gc.callbacks.append(self._on_collection)
 
     def _on_collection(self, phase: str, info: dict[str, int]) -> None:
@@ -139,6 +149,17 @@ class _Host:
         if cmd == "collections":
             since = float(request.get("since", 0.0))
             return [pause for pause in self.pauses if pause[0] >= since]
+        if cmd == "time_frames":
+            if self.frames is None:
+                self.frames = []
+                _time_frames(self.frames)
+            return True
+        if cmd == "frames":
+            since = float(request.get("since", 0.0))
+            timed = [frame for frame in self.frames or () if frame[0] >= since]
+            if self.frames is not None:
+                self.frames.clear()  # the list the timer appends to: emptied, not replaced
+            return timed
         raise ValueError(f"unknown command {cmd!r}")
 
     def _ledger(self, namespaces: list[str]) -> dict[str, Any]:
@@ -172,6 +193,28 @@ class _Host:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+
+
+def _time_frames(into: list[tuple[float, float, float]]) -> None:
+    """Time every text frame a stream of this process handles from here on, into ``into``.
+
+    A stream handles a frame in one callback (``StreamLoop.receive_text``): decoded, fed to its
+    session, a decide that is ready at once run, and the replies written, before it returns. So
+    the span of that call is the gateway's share of a change's round trip. This host process only
+    runs the emulator, so wrapping the method here changes nothing else.
+    """
+    from airflow_provider_systemzero.emulator.connection import StreamLoop
+
+    receive = StreamLoop.receive_text
+
+    def timed(loop: StreamLoop, text: str, size: int | None = None) -> None:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            receive(loop, text, size)
+        finally:
+            into.append((started, (time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000))
+
+    StreamLoop.receive_text = timed  # type: ignore[method-assign]
 
 
 async def _serve(args: argparse.Namespace) -> None:

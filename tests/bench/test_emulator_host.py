@@ -1,8 +1,11 @@
-"""The emulator host's collector commands, against a real host process (no timing asserted)."""
+"""The emulator host's collector and frame-timing commands, against a real host process (no timing
+target asserted: only what the figures are made of)."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from benchmarks.emulator_host import EmulatorProcess
 
@@ -19,3 +22,30 @@ async def test_the_host_freezes_what_it_holds_and_reports_its_collector_pauses_s
             start >= before_freeze for start, _, _ in await emulator.call("collections", since=before_freeze)
         )
         assert await emulator.call("collections", since=time.perf_counter() + 3600) == []
+
+
+async def test_the_host_times_each_frame_its_streams_handle_once_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+    from benchmarks.fixtures import CONN_ID, REQUEST
+
+    async with EmulatorProcess() as emulator:
+        for name, value in emulator.connection_env().items():
+            monkeypatch.setenv(name, value)
+        async with SystemZeroHook(CONN_ID).stream(REQUEST, state="a\n") as stream:
+            decisions = stream.decisions().__aiter__()
+            await decisions.__anext__()
+            assert await emulator.call("frames", since=0.0) == []  # the start went by untimed
+            assert await emulator.call("time_frames") is True
+            assert await emulator.call("time_frames") is True  # asked twice: still one timer
+            before = time.perf_counter()
+            await stream.append_text("b\n")
+            await decisions.__anext__()
+            after = time.perf_counter()
+        frames = await emulator.call("frames", since=before)
+        # the append alone, timed in the host between the parent's two readings of the same clock
+        (start, wall_ms, cpu_ms), *later = frames
+        assert before <= start <= after and all(frame[0] > after for frame in later)
+        assert cpu_ms > 0 and 0 < wall_ms < (after - before) * 1000
+        assert await emulator.call("frames", since=0.0) == []  # handed over once, then forgotten
