@@ -14,7 +14,11 @@ state (a ``READY`` line) and measures until the runner receives the trigger's ev
   as the first decision settled, not up to :data:`IDLE_GAP_S` later: how much of a warm figure
   is the machine waking two idle processes rather than the work they do.
 
-The decider does no work (zero latency), so this is the provider's and the protocol's own cost.
+The decider does no work (zero latency), so this is the provider's and the protocol's own cost,
+with the emulator's: the two warm cases also report how long the emulator took over each change
+(``gateway``: from taking the frame to writing the ack and the decision, timed in its process),
+the part a real gateway would replace, and the p50 of each :data:`BLOCK` samples in turn
+(``blocks``), how much the figure moves within one run.
 The emulator runs on a CPU of its own and this process on the others, as a remote gateway would
 not share the triggerer's core (:mod:`benchmarks.emulator_host`); the push crowd runs once more
 with the two processes left to share the cores, to show what that costs.
@@ -29,6 +33,7 @@ distributions are computed from it. A real poke loop at a short interval checks 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import os
 import random
@@ -65,6 +70,8 @@ CROWD = 1000
 #: The longest idle gap before a warm change or a floor round trip: each comes at a random moment
 #: up to this long after the last activity, not in lockstep. The back-to-back rows use no gap.
 IDLE_GAP_S = 0.02
+#: Samples per block for the spread of the p50 within a run (``blocks``).
+BLOCK = 100
 #: Figure → its target: milliseconds, or percent of a core (where each figure is in the results:
 #: :data:`benchmarks.report_format.FIGURE_PATHS`).
 TARGETS: dict[str, float] = {
@@ -107,7 +114,8 @@ async def _trigger_sample(
     feed: Feed,
     polled: bool,
     gap: float,
-) -> tuple[float, dict[str, Any]]:
+) -> tuple[float, float, dict[str, Any]]:
+    """One sample: when the change was produced, when the runner got the event, and the event."""
     from airflow_provider_systemzero.identity import task_namespace
 
     kind = "cold" if cold else "warm"
@@ -132,25 +140,36 @@ async def _trigger_sample(
     payload = triggerer.payload(trigger_id) or {}
     if fired is None or payload.get("status") != "success" or payload.get("decision") is not True:
         raise RuntimeError(f"latency sample {kind} {index} did not succeed: {payload}")
-    return fired - produced, payload
+    return produced, fired, payload
 
 
 async def _trigger_latency(
-    count: int, *, cold: bool, rng: random.Random, feed: str = "push", gap: float = IDLE_GAP_S
+    count: int,
+    *,
+    cold: bool,
+    rng: random.Random,
+    feed: str = "push",
+    gap: float = IDLE_GAP_S,
+    emulator: EmulatorProcess | None = None,
 ) -> dict[str, Any]:
     """``count`` samples of one case.
 
     :param gap: the longest idle gap before each change (a polled file's is its poll interval).
+    :param emulator: the emulator, to report the part of each sample spent in its handling of the
+        change (:func:`_gateway_share`); ``None``: not reported.
     """
     triggerer = Triggerer()
     tag = uuid.uuid4().hex[:8]
     samples: list[float] = []
+    windows: list[tuple[float, float]] = []
     versions: list[int] = []
     started = time.perf_counter()
     source = Feed(feed)
+    if emulator is not None:
+        await emulator.call("time_frames")
     try:
         for index in range(count):
-            latency, payload = await _trigger_sample(
+            produced, fired, payload = await _trigger_sample(
                 triggerer,
                 tag,
                 index,
@@ -160,15 +179,56 @@ async def _trigger_latency(
                 polled=feed == "file-poll" or (feed == "file" and not _notifications()),
                 gap=gap,
             )
-            samples.append(latency)
+            samples.append(fired - produced)
+            windows.append((produced, fired))
             versions.append(payload["state_version"])
     finally:
         source.close()
-    return {
+    result = {
         **summary_ms(samples),
         "source": feed,
         "wall_s": time.perf_counter() - started,
         "state_version_of_event": sorted(set(versions)),
+        "blocks": {"samples": BLOCK, "p50_ms": _blocks_p50_ms(samples)},
+    }
+    if emulator is not None:
+        result["gateway"] = _gateway_share(windows, await emulator.call("frames", since=started))
+    return result
+
+
+def _blocks_p50_ms(samples: list[float], size: int = BLOCK) -> list[float]:
+    """The p50 of each ``size`` samples in turn (a last, shorter block only when it is at least
+    half as long): how much the figure moves within one run."""
+    blocks = [samples[i : i + size] for i in range(0, len(samples), size)]
+    return [percentile([s * 1000 for s in b], 50) for b in blocks if len(b) * 2 >= size]
+
+
+def _gateway_share(
+    windows: list[tuple[float, float]], frames: list[tuple[float, float, float]]
+) -> dict[str, Any]:
+    """The emulator's handling of each sample's change: the frames it timed between the change
+    and the event (:mod:`benchmarks.emulator_host`, ``time_frames``), summed per sample.
+
+    :param windows: ``(produced, fired)`` of each sample, ``perf_counter()`` seconds.
+    :param frames: ``[start, wall ms, CPU ms]`` of each frame the emulator handled.
+    :return: ``summary_ms`` of the wall time per sample, with ``cpu_p50_ms`` and the number of
+        frames per sample seen (one: the change; none would mean the timing missed it).
+    """
+    frames = sorted(frames)
+    starts = [frame[0] for frame in frames]
+    walls: list[float] = []
+    cpus: list[float] = []
+    counts: set[int] = set()
+    for produced, fired in windows:
+        inside = frames[bisect.bisect_left(starts, produced) : bisect.bisect_right(starts, fired)]
+        counts.add(len(inside))
+        if inside:
+            walls.append(sum(frame[1] for frame in inside) / 1000)
+            cpus.append(sum(frame[2] for frame in inside))
+    return {
+        **summary_ms(walls),
+        "cpu_p50_ms": percentile(cpus, 50),
+        "frames_per_sample": sorted(counts),
     }
 
 
@@ -378,9 +438,9 @@ async def run(options: Options) -> dict[str, Any]:
         echo_cpu = emulator.cores["emulator"][0] if emulator.cores else None
         # the floor right after the warm case, and both again back to back (no idle gap): what
         # the idle gap costs on this machine, with the same code, minutes apart at most
-        warm = await _trigger_latency(warm_n, cold=False, rng=rng)
+        warm = await _trigger_latency(warm_n, cold=False, rng=rng, emulator=emulator)
         floor = await _loopback_floor(warm_n, rng, echo_cpu)
-        warm_back_to_back = await _trigger_latency(warm_n, cold=False, rng=rng, gap=0.0)
+        warm_back_to_back = await _trigger_latency(warm_n, cold=False, rng=rng, gap=0.0, emulator=emulator)
         floor_back_to_back = await _loopback_floor(warm_n, rng, echo_cpu, gap=0.0)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
         if files:

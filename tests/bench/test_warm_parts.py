@@ -1,0 +1,67 @@
+"""What the latency scenario tells beside its warm figures: how far the p50 moves within a run
+(``blocks``) and the emulator's own share of each change (``gateway``), and how the page shows them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import latency
+from benchmarks.report import render
+from benchmarks.report_format import DASH, fmt_ms
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "latest.json"
+
+
+def test_each_samples_frames_are_the_ones_inside_its_window() -> None:
+    windows = [(10.0, 10.002), (20.0, 20.003), (30.0, 30.001)]
+    frames = [
+        (9.9995, 0.4, 0.4),  # before the first change (its first decision): no sample's
+        (20.0005, 0.5, 0.45),  # the second change: two frames, summed
+        (10.0004, 0.7, 0.6),  # the first change, listed out of order
+        (20.001, 0.25, 0.2),
+        (30.5, 9.0, 9.0),  # after the last event
+    ]
+    share = latency._gateway_share(windows, frames)
+    assert share["n"] == 2 and share["frames_per_sample"] == [0, 1, 2]
+    assert share["p50_ms"] == pytest.approx((0.7 + 0.75) / 2)
+    assert share["max_ms"] == pytest.approx(0.75)
+    assert share["cpu_p50_ms"] == pytest.approx((0.6 + 0.65) / 2)
+
+
+def test_the_blocks_p50_leave_out_a_short_last_block() -> None:
+    samples = [0.001] * 100 + [0.002] * 100 + [0.009] * 49
+    assert latency._blocks_p50_ms(samples) == pytest.approx([1.0, 2.0])
+    assert latency._blocks_p50_ms([*samples, 0.009]) == pytest.approx([1.0, 2.0, 9.0])  # half a block counts
+    assert latency._blocks_p50_ms([0.003] * 20, size=10) == pytest.approx([3.0, 3.0])
+
+
+def _page(lat: dict) -> str:
+    doc = json.loads(RESULTS.read_text())
+    return render({**doc, "results": {"latency": lat}, "kept_from": {}, "baseline": None})
+
+
+def test_the_page_shows_the_spread_and_the_gateways_share_when_the_run_has_them() -> None:
+    then = json.loads(RESULTS.read_text())["results"]["latency"]
+    for key in ("warm", "warm_back_to_back"):
+        then.get(key, {}).pop("blocks", None)
+        then.get(key, {}).pop("gateway", None)
+    now = copy.deepcopy(then)
+    now["warm"]["blocks"] = {"samples": 100, "p50_ms": [1.31, 1.72, 1.44]}
+    now["warm"]["gateway"] = {"n": 300, "p50_ms": 0.612, "p99_ms": 1.9, "cpu_p50_ms": 0.598}
+    now["warm_back_to_back"] = {
+        **now["warm"],
+        "blocks": {"samples": 100, "p50_ms": [0.55]},
+        "gateway": {"n": 100, "p50_ms": 0.21, "p99_ms": 0.4, "cpu_p50_ms": 0.2},
+    }
+    page = _page(now)
+    assert f"with the idle gap {fmt_ms(1.31)}{DASH}{fmt_ms(1.72)} (3 blocks of 100)" in page
+    assert f"back to back {fmt_ms(0.55)} (1 block of 100)" in page
+    assert f"with the idle gap p50 {fmt_ms(0.612)} (CPU {fmt_ms(0.598)}), p99 {fmt_ms(1.9)}" in page
+    assert f"back to back p50 {fmt_ms(0.21)} (CPU {fmt_ms(0.2)})" in page
+    # a run that measured neither (older code) says nothing of them
+    page = _page(then)
+    assert "each block of samples" not in page and "emulator's own handling" not in page
