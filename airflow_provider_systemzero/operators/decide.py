@@ -53,6 +53,14 @@ def file_attachment(name: str, path: str | Path, mime_type: str | None = None) -
     return {"name": name, "data": f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"}
 
 
+def _items(upstream_task_ids: Any) -> list[Any]:
+    """``upstream_task_ids`` as a list: one task ID or one XComArg stands for itself alone (a string
+    is never split into its characters)."""
+    if isinstance(upstream_task_ids, str) or getattr(upstream_task_ids, "operator", None) is not None:
+        return [upstream_task_ids]
+    return list(upstream_task_ids)
+
+
 def _as_attachment(value: Any, index: int) -> Attachment:
     if isinstance(value, Attachment):
         return value
@@ -100,8 +108,10 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
     :param questions: ``{name: instructions}`` (boolean) or full question objects (boolean/choice).
     :param state: the state (string, array or object), if not built from upstream outputs.
-    :param upstream_task_ids: tasks (IDs or their ``.output`` XComArgs) whose return values are replayed
-        as state, in order; XComArgs also set the dependency.
+    :param upstream_task_ids: tasks (IDs or their ``.output`` XComArgs, or one of either) whose return
+        values are replayed as state, in order; XComArgs also set the dependency. When the task
+        runs, each must be a task of the Dag that runs before this one and have returned a value
+        (``None`` is refused: nothing to decide about, but billed).
     :param instructions: ``{name: text}`` overriding questions' instructions.
     :param attachments: inline attachments: ``{"name", "data"}`` data URLs, ``{"name", "bytes",
         "mime_type"}``, or :func:`file_attachment`.
@@ -184,13 +194,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
         self.replay_task_ids: list[str] | None = None
         if upstream_task_ids is not None:
-            self.replay_task_ids = []
-            for item in upstream_task_ids:
-                producer = getattr(item, "operator", None)  # an XComArg: replay its task's output
-                if producer is not None:
-                    self.set_upstream(producer)
-                    item = producer.task_id
-                self.replay_task_ids.append(item)
+            self.replay_task_ids = [
+                self._replayed(item, index) for index, item in enumerate(_items(upstream_task_ids))
+            ]
         self.instructions = instructions
         self.attachments = list(attachments or [])
         self.model = model
@@ -203,8 +209,24 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self.key_salt = key_salt
         self._check_literals()
 
+    def _replayed(self, item: Any, index: int) -> str:
+        """The task ID of one entry of ``upstream_task_ids``; an XComArg also sets the dependency."""
+        producer = getattr(item, "operator", None)  # an XComArg: replay its task's output
+        if producer is not None:
+            self.set_upstream(producer)
+            return producer.task_id
+        if not isinstance(item, str) or not item:
+            raise ValueError(
+                f"{self.task_id}: upstream_task_ids[{index}] is {item!r}: name each task by its task ID "
+                "(a string) or pass its .output"
+            )
+        return item
+
     def _check_literals(self) -> None:
         """Parse time: check every argument that no template or XComArg can still change."""
+        if self.replay_task_ids is not None:
+            with parse_time(self.task_id):
+                self._check_replay_arguments()
         timeout = self.decision_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(
@@ -239,20 +261,20 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                     "state is required unless upstream_task_ids is given", code="invalid_state", field="state"
                 )
             return self.state
-        if self.state is not None:
-            raise SystemZeroArgumentError(
-                "give either state or upstream_task_ids, not both", code="invalid_state", field="state"
-            )
-        if not self.replay_task_ids:
-            raise SystemZeroArgumentError(
-                "upstream_task_ids is empty: name at least one task",
-                code="invalid_state",
-                field="upstream_task_ids",
-            )
+        self._check_replay_arguments()
+        self._check_replayed_tasks()
         items = []
         ti = context["ti"]
         for task_id in self.replay_task_ids:
             output = ti.xcom_pull(task_ids=task_id, key="return_value")
+            if output is None:
+                raise SystemZeroArgumentError(
+                    f"upstream task {task_id!r} left no output to replay (it returned None, or pushes "
+                    "no return value): return the value to decide about from it, or leave it out of "
+                    "upstream_task_ids",
+                    code="invalid_state",
+                    field=f"upstream_task_ids[{task_id}]",
+                )
             try:
                 json_size(output)
             except (TypeError, ValueError) as exc:
@@ -264,6 +286,46 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 ) from None
             items.append({"task_id": task_id, "output": output})
         return items
+
+    def _check_replay_arguments(self) -> None:
+        """``upstream_task_ids`` names at least one task, and ``state`` is not given beside it."""
+        if self.state is not None:
+            raise SystemZeroArgumentError(
+                "give either state or upstream_task_ids, not both", code="invalid_state", field="state"
+            )
+        if not self.replay_task_ids:
+            raise SystemZeroArgumentError(
+                "upstream_task_ids is empty: name at least one task",
+                code="invalid_state",
+                field="upstream_task_ids",
+            )
+
+    def _check_replayed_tasks(self) -> None:
+        """Each task replayed is a task of this Dag that runs before this one (its output exists).
+
+        Checked when the task runs, before anything is sent: the Dag's other tasks may be defined
+        after this one in the file.
+        """
+        if not self.has_dag():
+            return
+        dag = self.dag
+        upstream = self.get_flat_relative_ids(upstream=True)
+        for task_id in self.replay_task_ids or ():
+            if task_id not in dag.task_dict:
+                raise SystemZeroArgumentError(
+                    f"upstream_task_ids names {task_id!r}, which is not a task of Dag {dag.dag_id!r}: "
+                    f"check the spelling (its tasks: {sorted(dag.task_dict)[:20]})",
+                    code="invalid_state",
+                    field="upstream_task_ids",
+                )
+            if task_id not in upstream:
+                raise SystemZeroArgumentError(
+                    f"upstream task {task_id!r} does not run before {self.task_id!r}, so its output "
+                    f"may not exist yet: set {task_id} >> {self.task_id}, or pass its .output "
+                    "instead of its task ID",
+                    code="invalid_state",
+                    field="upstream_task_ids",
+                )
 
     def _state_name(self) -> str:
         """The state's origin, for messages."""
