@@ -297,7 +297,7 @@ class ConnectionServing:
         self._scrub_secret = self._secret()
         replay = session.connections > 1
         log.info(
-            "connected to %s (%s)", url, "replaying the stream's state" if replay else "first connection"
+            "connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream"
         )
         # heard once the frames of this read were handled: the start goes out before the metrics
         self._observe_later("connected", url, replay)

@@ -387,6 +387,7 @@ class TriggerStream:
                 self._since = state
                 return NO_CHANGE, None
         self._since = NO_CHANGE  # the next stream sets it again: no old state is kept meanwhile
+        log.info("the source changed: opening a new stream to decide the new state")
         return state, None
 
     @contextlib.asynccontextmanager

@@ -121,9 +121,10 @@ def _assert_first_decision_about_newest(decider: _Recording, after: int) -> None
 
 
 async def test_a_woken_trigger_waiting_for_a_slot_first_decides_the_newest_state(
-    recorded: tuple[Emulator, _Recording],
+    recorded: tuple[Emulator, _Recording], caplog: pytest.LogCaptureFixture
 ) -> None:
     emu, decider = recorded
+    caplog.set_level("INFO", logger="airflow_provider_systemzero")
     channel = "opening-sensor"
     channels.publish(channel, "waiting\n")
     trigger = SystemZeroDecisionTrigger(
@@ -140,6 +141,9 @@ async def test_a_woken_trigger_waiting_for_a_slot_first_decides_the_newest_state
     )
     assert event.payload["status"] == "success" and event.payload["decision"] is True
     _assert_first_decision_about_newest(decider, after)
+    # the log says the trigger woke and opened a new stream, not that it connected for the first time
+    woke = caplog.text.index("the source changed: opening a new stream to decide the new state")
+    assert "(a new stream)" in caplog.text[woke:] and "first connection" not in caplog.text
 
 
 async def test_an_asset_watch_woken_while_waiting_for_a_slot_first_decides_the_newest_state(

@@ -230,7 +230,7 @@ async def test_log_lines_follow_the_stream_without_content_or_key(
     text = "\n".join(lines)
     for expected in (
         "connected to ws://",
-        "(first connection)",
+        "(a new stream)",
         "open (system-zero.stream.v1): max_message_bytes=",
         "state version 1 acknowledged (start): state ",
         "decide body ",
