@@ -296,9 +296,7 @@ class ConnectionServing:
         socket.write_timeout = self._write_timeout()
         self._scrub_secret = self._secret()
         replay = session.connections > 1
-        log.info(
-            "connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream"
-        )
+        log.info("connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream")
         # heard once the frames of this read were handled: the start goes out before the metrics
         self._observe_later("connected", url, replay)
         self._turn()
