@@ -279,7 +279,9 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 if deadline is not None:
                     await deadline.__aexit__(None, None, None)
         except TimeoutError:
-            payload = stream.timed_out(self._extra(), "no decision met the condition before the deadline")
+            payload = stream.timed_out(
+                self._extra(), "no decision met the condition before the deadline", self._source
+            )
         except Exception as exc:
             payload = stream.failure(self, exc, self._extra())
         finally:

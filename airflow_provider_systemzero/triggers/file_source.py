@@ -75,6 +75,8 @@ class FileSource(StateSource):
         self.path = path
         self.must_exist = must_exist
         self._seen = False
+        #: the last read found no file (read as empty)
+        self._missing = False
         self.prefix = prefix
         self.encoding = encoding
         self.poll_interval = poll_interval
@@ -169,6 +171,14 @@ class FileSource(StateSource):
         finally:
             self._reading.release()
 
+    def waiting_on(self) -> str | None:
+        if not self._missing:
+            return None
+        return (
+            f"source file {self.path!r} does not exist on host {socket.gethostname()!r} (read as "
+            'empty all along): check the path, or set "must_exist": True to fail at the start'
+        )
+
     def _read_file(self, replaced: bool, limit: int | None) -> tuple[bool, str] | None:
         """``(restart, text)``: the new text, to append or (``restart``) to start over with."""
         try:
@@ -177,10 +187,11 @@ class FileSource(StateSource):
             if not self._seen:
                 self._seen = True  # said once (or, with must_exist, raised)
                 missing_file(self.path, self.must_exist)
+            self._missing = True
             restart = self._identity is not None
             self._forget_file()
             return restart, ""
-        self._seen = True
+        self._seen, self._missing = True, False
         try:
             stat = os.fstat(fd)
             identity = (stat.st_dev, stat.st_ino)

@@ -64,6 +64,11 @@ class StateSource:
         await asyncio.sleep(self.poll_interval)
         return await self.current()
 
+    def waiting_on(self) -> str | None:
+        """What a wait on this source may be stuck on, for the message of a deadline that passed
+        (``None``: nothing this source knows of)."""
+        return None
+
     async def taken(self, value: Any) -> Any:
         """The state that the value :meth:`next_change` gave stands for (this default: the value).
 

@@ -489,18 +489,24 @@ class TriggerStream:
         wait), or ``None`` without a deadline (no scope, no timer)."""
         return None if self.deadline is None else asyncio.timeout(self.deadline - time.time())
 
-    def timed_out(self, extra: dict[str, Any], message: str) -> dict[str, Any]:
-        """The ``timeout`` payload of a deadline reached (with the stream's last error, if any).
+    def timed_out(
+        self, extra: dict[str, Any], message: str, source: StateSource | None = None
+    ) -> dict[str, Any]:
+        """The ``timeout`` payload of a deadline reached, with what the wait may have been stuck
+        on: the source's condition (a file that never appeared) and the stream's last error.
 
         :param extra: fields every event of the trigger carries.
         :param message: what the event says.
+        :param source: the trigger's source, if it has one.
         """
+        causes = [source.waiting_on() if source is not None else None]
         last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
+        causes.append(f"last error: {last}" if last else None)
         return {
             "status": "timeout",
             "error_type": "timeout",
             **extra,
-            "message": f"{message}; last error: {last}" if last else message,
+            "message": "; ".join([message, *(cause for cause in causes if cause)]),
         }
 
     @staticmethod

@@ -185,6 +185,27 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     [warning] = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
     assert str(tmp_path / "not-yet.log") in warning and socket.gethostname() in warning
     assert '"must_exist": True' in warning
+    # still missing: a wait that times out names it; once the file is there, nothing is said
+    assert "does not exist" in (source.waiting_on() or "")
+    (tmp_path / "not-yet.log").write_text("Job is ready.\n")
+    assert await source.current() == "Job is ready.\n" and source.waiting_on() is None
+
+
+def test_a_sensor_that_times_out_on_a_missing_file_says_so(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "jbo.log"  # a typo: the file the job writes is job.log
+    with DAG("mistake_missing_file_timeout", schedule=None, start_date=START) as dag:
+        _sensor(
+            source={"type": "file", "path": str(missing), "poll_interval": 0.05}, timeout=2, deferrable=True
+        )
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert (
+        f"no decision met the condition before the deadline; source file {str(missing)!r} does not "
+        f"exist on host {socket.gethostname()!r} (read as empty all along): check the path"
+    ) in printed
 
 
 def test_a_state_too_large_names_the_upstream_task_and_the_fix(
