@@ -82,6 +82,23 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(f"    | {line}" for line in tail) if tail else "    (empty)"
 
 
+def done_message(count: int, seconds: float, log_path: Path, *, keep_home: bool) -> str:
+    """The last line of a successful run: where the full log is, or how to keep it.
+
+    Without ``--keep-home`` the home, and the log in it, is removed right after this line, so the
+    line names the flag instead of a file that is about to disappear.
+
+    :param count: how many Dags succeeded.
+    :param seconds: how long the whole demo took.
+    :param log_path: the demo's log in the throwaway home.
+    :param keep_home: whether ``--keep-home`` was given.
+    """
+    summary = f"all {count} Dags succeeded in {seconds:.1f} s"
+    if keep_home:
+        return f"{summary} (full log: {log_path})"
+    return f"{summary}; the home and its logs are removed ('make demo DEMO_ARGS=--keep-home' keeps them)"
+
+
 def _say(message: str = "", *, step: str | None = None) -> None:
     prefix = (
         f"\033[1m==> {step}\033[0m " if step and sys.stdout.isatty() else (f"==> {step} " if step else "    ")
@@ -270,7 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "SYSTEMZERO_EXAMPLE_DIR": str(examples),
-        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
         "PYTHONWARNINGS": "ignore",
     }
     env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
@@ -320,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 _show(dag_id, info)
         _say(
-            f"all {len(args.dags)} Dags succeeded in {time.monotonic() - started:.1f} s (full log: {log_path})",
+            done_message(len(args.dags), time.monotonic() - started, log_path, keep_home=args.keep_home),
             step="done",
         )
         failed = False

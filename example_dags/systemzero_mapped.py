@@ -29,6 +29,7 @@ with DAG(
     triage = SystemZeroDecideOperator.partial(
         task_id="triage",
         questions={"urgent": "Is this ticket urgent (an outage or users blocked)?"},
+        deferrable=True,  # each mapped instance waits in the triggerer
     ).expand(state=TICKETS)
 
     @task

@@ -45,6 +45,7 @@ with DAG(
                 "options": ["gold", "silver", "bronze"],
             },
         },
+        deferrable=True,  # wait for the answers in the triggerer
     )
 
     @task.branch

@@ -66,6 +66,7 @@ with DAG(
     @task.systemzero(
         questions={"urgent": "Does this ticket report an outage or customers who are blocked?"},
         policy=DecisionPolicy(act_above=0.8, below="default", default=False),
+        deferrable=True,
     )
     def triage(ticket: dict) -> dict:
         return {"subject": ticket["subject"], "body": ticket["body"]}  # the state System Zero decides about
@@ -83,6 +84,7 @@ with DAG(
             "support": BranchOption(description="how-to questions and everything else"),
         },
         policy=TEAM_POLICY,
+        deferrable=True,
     )
 
     @task
@@ -103,6 +105,7 @@ with DAG(
         instructions="Can this ticket be fully answered with a canned help-centre reply?",
         upstream_task_ids=[ticket],
         policy=DecisionPolicy(act_above=0.9, below="default", default=False),
+        deferrable=True,
     )
 
     @task

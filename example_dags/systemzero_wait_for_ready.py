@@ -69,6 +69,7 @@ with DAG(
         instructions="Is the job ready?",
         source={"type": "file", "path": "{{ ti.xcom_pull(task_ids='start_job') }}", "poll_interval": 0.2},
         min_confidence=0.8,
+        deferrable=True,  # wait in the triggerer; Airflow's default is to poke
         timeout=300,
     )
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import airflow_provider_systemzero
-from airflow_provider_systemzero.demo import example_dags_folder, log_tail
+from airflow_provider_systemzero.demo import done_message, example_dags_folder, log_tail
 from tests.conftest import REPO
 
 DIST = metadata.distribution("airflow-provider-systemzero")
@@ -115,6 +115,17 @@ def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp
     assert "systemzero_replay_and_branch: success" in result.stdout
     assert "decide: " in result.stdout and "state change(s) accepted" in result.stdout
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")], "home not removed"
+    (done,) = [line for line in result.stdout.splitlines() if "Dags succeeded" in line]
+    assert "demo.log" not in done and "--keep-home" in done, "the last line points at a removed log"
+
+
+def test_the_demo_names_its_log_only_when_the_log_is_kept() -> None:
+    log = Path("/tmp/systemzero-demo-x/demo.log")
+    kept = done_message(4, 67.84, log, keep_home=True)
+    assert kept == f"all 4 Dags succeeded in 67.8 s (full log: {log})"
+    removed = done_message(4, 67.84, log, keep_home=False)
+    assert removed.startswith("all 4 Dags succeeded in 67.8 s")
+    assert str(log) not in removed and "make demo DEMO_ARGS=--keep-home" in removed
 
 
 def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> None:

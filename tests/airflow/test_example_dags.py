@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,50 @@ def _dag(dag_id: str) -> Any:
     bag = DagBag(dag_folder=str(REPO / "example_dags"))
     assert not bag.import_errors, bag.import_errors
     return bag.get_dag(dag_id)
+
+
+#: Run with ``[operators] default_deferrable = False`` (Airflow's own default, which the test suite
+#: and a deployment may not share): every System Zero task of every example Dag, mapped ones
+#: included, reports whether it defers.
+_DEFERRABLE_PROBE = """
+import json
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:  # Airflow 3.1
+    from airflow.models.dagbag import DagBag
+bag = DagBag(dag_folder=EXAMPLES)
+assert not bag.import_errors, bag.import_errors
+found = {}
+for dag_id, dag in bag.dags.items():
+    for task in dag.tasks:
+        mapped = hasattr(task, "partial_kwargs")
+        operator_class = task.operator_class if mapped else type(task)
+        if operator_class.__module__.startswith("airflow_provider_systemzero"):
+            value = task.partial_kwargs.get("deferrable") if mapped else task.deferrable
+            found[f"{dag_id}.{task.task_id}"] = value
+print(json.dumps(found))
+"""
+
+
+def test_every_example_defers_without_the_default_deferrable_setting() -> None:
+    # Copied into an Airflow with the stock configuration, an example must still wait in the
+    # triggerer: each System Zero task passes deferrable=True itself.
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "False"}
+    script = f"EXAMPLES = {str(REPO / 'example_dags')!r}\n{_DEFERRABLE_PROBE}"
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {
+        "systemzero_wait_for_ready.wait_until_ready",
+        "systemzero_replay_and_branch.decide",
+        "systemzero_mapped.triage",
+        "systemzero_ticket_policy.triage",
+        "systemzero_ticket_policy.route",
+        "systemzero_ticket_policy.auto_reply_ok",
+    } <= set(found), found
+    assert {task: value for task, value in found.items() if value is not True} == {}
 
 
 def test_sensor_waits_for_the_growing_log(emulator: Any) -> None:
