@@ -24,7 +24,10 @@ from airflow_provider_systemzero.protocol.validation import validate_attachment_
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
 from airflow_provider_systemzero.utils.checks import (
+    check_conn_id,
     check_connection_before_deferring,
+    check_flag,
+    check_key_salt,
     is_literal,
     parse_time,
     refuse_empty_state,
@@ -177,7 +180,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     ) -> None:
         super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
         self.allow_empty = allow_empty
-        self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
+        with parse_time(self.task_id):
+            check_flag("deferrable", deferrable, "wait for the decision in the triggerer")
+            check_flag("allow_empty", allow_empty, "decide about an empty state")
+            check_key_salt(key_salt)
+            check_conn_id(systemzero_conn_id)
+            self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
         self.policy_question = policy_question
         if (
             self.policy is not None

@@ -234,26 +234,31 @@ def validate_idempotency_key(key: Any, *, field: str = "idempotency_key") -> str
     return trimmed
 
 
-def validate_route_and_mode(route: Any, mode: Any) -> tuple[str | None, str | None]:
+def validate_route_and_mode(
+    route: Any, mode: Any, *, route_field: str = "request.route", mode_field: str = "request.mode"
+) -> tuple[str | None, str | None]:
     """Check ``route`` (``direct``/``committee``) and ``mode`` (``fast``/``deliberate``), either may
     be omitted (``None``); ``committee`` with ``deliberate`` is refused.
+
+    :param route_field: how to name the route in the error.
+    :param mode_field: how to name the mode in the error.
     """
     if route is not None and route not in ROUTES:
         raise LocalProtocolError(
-            f"request.route {route!r} is not one of {list(ROUTES)}",
+            f"{route_field} {route!r} is not one of {list(ROUTES)}",
             code="invalid_route",
-            field="request.route",
+            field=route_field,
         )
     if mode is not None and mode not in MODES:
         raise LocalProtocolError(
-            f"request.mode {mode!r} is not one of {list(MODES)}", code="invalid_mode", field="request.mode"
+            f"{mode_field} {mode!r} is not one of {list(MODES)}", code="invalid_mode", field=mode_field
         )
     if route == "committee" and mode == "deliberate":
         raise LocalProtocolError(
-            "request.route 'committee' cannot be combined with request.mode 'deliberate': "
+            f"{route_field} 'committee' cannot be combined with {mode_field} 'deliberate': "
             "do not combine route committee with mode deliberate",
             code="incompatible_route_mode",
-            field="request.mode",
+            field=mode_field,
         )
     return route, mode
 
@@ -262,7 +267,14 @@ def validate_min_interval_ms(value: Any, *, maximum: int = MAXIMUM_DECISION_INTE
     """Check ``min_interval_ms``: an integer from 0 to ``maximum_decision_interval`` (60000), or ``None``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LocalProtocolError(
+            f"min_interval_ms must be an integer number of milliseconds from 0 to {maximum}, "
+            f"got {type(value).__name__} {value!r}",
+            code="invalid_min_interval",
+            field="min_interval_ms",
+        )
+    if not 0 <= value <= maximum:
         raise _fail(
             "min_interval_ms",
             f"{value!r} is out of range",
@@ -286,11 +298,10 @@ def validate_decision_mode(value: Any) -> str:
 def validate_state(state: Any, *, field: str = "state") -> Any:
     """Check that a state is a string, an array or an object (and JSON-serialisable)."""
     if not isinstance(state, str | list | dict):
-        raise _fail(
-            field,
-            f"must be a string, an array or an object, got {type(state).__name__}",
-            "state is a string, object or array",
-            "invalid_state",
+        raise LocalProtocolError(
+            f"{field} must be a string, an array or an object, got {type(state).__name__}",
+            code="invalid_state",
+            field=field,
         )
     return state
 

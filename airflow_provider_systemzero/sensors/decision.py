@@ -20,7 +20,6 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.protocol.validation import validate_min_interval_ms
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
 from airflow_provider_systemzero.sensors.inputs import START_FROM_TRIGGER_NAMESPACE, Inputs
 from airflow_provider_systemzero.sensors.outcomes import (
@@ -31,7 +30,7 @@ from airflow_provider_systemzero.sensors.outcomes import (
     outcome_of,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
-from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
+from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.utils.checks import check_connection_before_deferring
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
@@ -46,8 +45,8 @@ __all__ = ["START_FROM_TRIGGER_NAMESPACE", "SystemZeroDecisionSensor"]
 class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOperator):
     """Waits until System Zero decides a question as expected about a state that keeps changing.
 
-    In deferrable mode (the default, from ``[operators] default_deferrable``) the task defers at
-    once and a :class:`~airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger`
+    In deferrable mode (``deferrable=True``; left out, ``[operators] default_deferrable`` decides,
+    and Airflow's own default for it is ``False``) the task defers at once and a :class:`~airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger`
     holds the stream in the triggerer, so waiting costs no worker slot. Otherwise it pokes: each
     poke reads the source and asks one on_request decision.
 
@@ -59,6 +58,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             instructions="Is the job ready?",
             source={"type": "file", "path": "/data/job.log"},
             min_confidence=0.8,
+            deferrable=True,
         )
 
     :param question: the question to watch.
@@ -79,7 +79,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param systemzero_conn_id: the System Zero connection.
     :param deferrable: wait in the triggerer.
     :param lease: let the trigger give its stream back between decisions.
-    :param lease_after: seconds without a change before the trigger gives its stream back.
+    :param lease_after: seconds (0 or more) without a change before the trigger gives its stream back.
     :param min_interval_ms: minimum milliseconds between decisions the gateway starts (0 … 60000):
         on a source that changes often, fewer decisions are billed, each covering more changes,
         at the cost of latency.
@@ -115,7 +115,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         (refused by default: the decision about nothing is billed).
 
     Literal (non-templated) arguments are checked when the DAG is parsed, so a sensor that can
-    never work is an import error; templated ones when the task runs.
+    never work is an import error (a ``ValueError`` starting ``<task_id>: ``); templated ones when
+    the task runs.
 
     Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
@@ -171,25 +172,24 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         allow_empty: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
-        self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
-        self.question, self.instructions, self.questions = question, instructions, questions
-        self.state, self.source, self.allow_empty = state, source, allow_empty
-        self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
-        self.consecutive, self.min_true_for = consecutive, sz_inputs.seconds(min_true_for)
-        self.model, self.route, self.request_mode = model, route, request_mode
-        self.decision_mode, self.prompt_cache_key, self.key_salt = decision_mode, prompt_cache_key, key_salt
-        self.systemzero_conn_id, self.deferrable = systemzero_conn_id, deferrable
-        self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
-        self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
-        self.max_staleness = validate_max_staleness(max_staleness)
-        self.decision_filter = sz_inputs.decision_filter(decide_when, debounce_ms, decide_initial, source)
-        self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
-        self.start_from_trigger = start_from_trigger and sz_inputs.can_start_from_trigger(self)
-        self._poke_watch = PokeWatch()
-        sz_inputs.check_literals(self)
-        if self.start_from_trigger:
-            self.start_trigger_args = sz_inputs.start_trigger_args(self)
+        with sz_inputs.naming_the_task(kwargs.get("task_id")):
+            super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
+            self.question, self.instructions, self.questions = question, instructions, questions
+            self.state, self.source, self.allow_empty = state, source, allow_empty
+            self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
+            self.consecutive, self.min_true_for = consecutive, sz_inputs.seconds(min_true_for)
+            self.model, self.route, self.request_mode = model, route, request_mode
+            self.decision_mode, self.prompt_cache_key = decision_mode, prompt_cache_key
+            self.systemzero_conn_id, self.deferrable, self.key_salt = systemzero_conn_id, deferrable, key_salt
+            self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
+            sz_inputs.check_plain(self)
+            self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
+            self.min_interval_ms, self.max_staleness = sz_inputs.pacing(min_interval_ms, max_staleness)
+            self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
+            self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
+            self._poke_watch = PokeWatch()
+            sz_inputs.check_literals(self)
+            sz_inputs.start_in_triggerer(self, start_from_trigger)
 
     def _trigger_kwargs(
         self, inputs: Inputs, namespace: str, deadline: float | None, budget: Any, skip_states: list[str]

@@ -8,7 +8,10 @@ say which argument is wrong and how to fix it. Nothing here talks to System Zero
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +22,24 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.validation import (
+    validate_decision_mode,
+    validate_min_interval_ms,
+    validate_route_and_mode,
+)
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.triggers.currency import validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.sources import validate_source_spec
-from airflow_provider_systemzero.utils.checks import is_literal, parse_time, refuse_empty_state
+from airflow_provider_systemzero.utils.checks import (
+    check_conn_id,
+    check_flag,
+    check_key_salt,
+    is_literal,
+    parse_time,
+    refuse_empty_state,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,11 +53,15 @@ __all__ = [
     "build_inputs",
     "can_start_from_trigger",
     "check_literals",
+    "check_plain",
     "deadline_of",
     "ends_when_unmet",
     "is_expected",
+    "naming_the_task",
     "own_namespaces",
+    "pacing",
     "source_name",
+    "start_in_triggerer",
     "start_trigger_args",
 ]
 
@@ -71,6 +91,16 @@ _JINJA_MARKERS = ("{{", "{%", "{#")
 _DEFER_GRACE = timedelta(seconds=60)
 #: The arguments that make up the request (the triggerer cannot render them).
 _REQUEST_FIELDS = ("question", "instructions", "questions", "model", "prompt_cache_key")
+#: The watched question's stand-in at parse time while a template still fills ``question``: the
+#: rest of the condition (the expected answer, the bars, the policy, the hysteresis) is checked.
+_TEMPLATED_QUESTION = "templated_question"
+#: The sensor's on/off arguments (``start_from_trigger`` aside), and what ``True`` means.
+_FLAGS = {
+    "deferrable": "wait in the triggerer (False: poke from a worker)",
+    "lease": "let the trigger give its stream back between decisions",
+    "wait_on_static_state": "keep waiting, until the timeout, on a state that never changes",
+    "allow_empty": "decide about an empty state",
+}
 
 #: ``(request, condition, source)``: what the sensor's trigger and its poke are built from.
 Inputs = tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None]
@@ -100,10 +130,13 @@ def request_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     )
 
 
-def condition_of(sensor: SystemZeroDecisionSensor) -> DecisionCondition:
-    """The condition: the expected answer, its bars, the policy and the hysteresis."""
+def condition_of(sensor: SystemZeroDecisionSensor, question: str | None = None) -> DecisionCondition:
+    """The condition: the expected answer, its bars, the policy and the hysteresis.
+
+    :param question: the watched question in place of ``sensor.question`` (``None``: that one).
+    """
     return DecisionCondition(
-        sensor.question,
+        sensor.question if question is None else question,
         sensor.expect,
         sensor.min_confidence,
         sensor.min_probability,
@@ -160,12 +193,65 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
     return request, condition, source
 
 
+@contextmanager
+def naming_the_task(task_id: Any) -> Iterator[None]:
+    """Parse time: every ``ValueError`` raised while the sensor is built names the task first
+    (``<task_id>: …``), whichever check raised it (this module's, the budget's, the policy's or
+    Airflow's own on the sensor arguments). An argument error keeps its class, code and field."""
+    try:
+        yield
+    except ValueError as exc:
+        prefix = f"{task_id}: "
+        if str(exc).startswith(prefix):
+            raise
+        message = f"{prefix}{exc}"
+        if isinstance(exc, SystemZeroArgumentError):
+            raise SystemZeroArgumentError(message, code=exc.code, field=exc.field) from None
+        if isinstance(exc, LocalProtocolError):
+            raise LocalProtocolError(message, code=exc.code, field=exc.field) from None
+        raise ValueError(message) from None
+
+
+def check_plain(sensor: SystemZeroDecisionSensor) -> None:
+    """Parse time: check the arguments that are not templated (so always plain values) and that
+    nothing else checks before the task runs: the flags, ``lease_after``, ``key_salt``, the
+    connection, ``route`` and ``request_mode`` (the review settings: ``_init_review``).
+
+    :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
+        :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for the route and mode).
+    """
+    for name, meaning in _FLAGS.items():
+        check_flag(name, getattr(sensor, name), meaning)
+    after = sensor.lease_after
+    if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after < math.inf:
+        raise SystemZeroArgumentError(
+            f"lease_after must be a number of seconds (0 or more), got {type(after).__name__} "
+            f"{after!r}: how long a stream may stay quiet before the trigger gives it back "
+            "(lease=False keeps it)",
+            code="invalid_lease",
+            field="lease_after",
+        )
+    check_key_salt(sensor.key_salt)
+    check_conn_id(sensor.systemzero_conn_id)
+    validate_route_and_mode(sensor.route, sensor.request_mode, route_field="route", mode_field="request_mode")
+
+
+def pacing(min_interval_ms: Any, max_staleness: Any) -> tuple[int | None, float]:
+    """Parse time: ``min_interval_ms`` and ``max_staleness`` (how often decisions start, how long a
+    newer state may wait for one), checked and normalised."""
+    return validate_min_interval_ms(min_interval_ms), validate_max_staleness(max_staleness)
+
+
 def check_literals(sensor: SystemZeroDecisionSensor) -> None:
-    """Parse time: check every argument that no template or XComArg can still change."""
+    """Parse time: check every argument that no template or XComArg can still change.
+
+    A templated ``question`` is checked when the task runs (:func:`build_inputs`); until then the
+    rest of the condition is checked about a stand-in question.
+    """
     check_hysteresis(sensor)
     literal = {name: is_literal(getattr(sensor, name)) for name in sensor.template_fields}
     with parse_time(sensor.task_id):
-        condition = condition_of(sensor)
+        condition = condition_of(sensor, None if literal["question"] else _TEMPLATED_QUESTION)
         validate_decision_mode(sensor.decision_mode)
         request = None
         if all(literal[name] for name in _REQUEST_FIELDS):
@@ -186,6 +272,15 @@ def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
             f"{sensor.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
             "(a rescheduled poke forgets the run of decisions)"
         )
+
+
+def start_in_triggerer(sensor: SystemZeroDecisionSensor, start_from_trigger: Any) -> None:
+    """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
+    Airflow can start the sensor in the triggerer."""
+    check_flag("start_from_trigger", start_from_trigger, "start the wait in the triggerer")
+    sensor.start_from_trigger = start_from_trigger and can_start_from_trigger(sensor)
+    if sensor.start_from_trigger:
+        sensor.start_trigger_args = start_trigger_args(sensor)
 
 
 def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
@@ -300,13 +395,24 @@ def source_name(source: Any) -> str:
 
 
 def decision_filter(
-    decide_when: str | dict[str, str] | None, debounce_ms: int | None, decide_initial: bool, source: Any
+    sensor: SystemZeroDecisionSensor,
+    decide_when: str | dict[str, str] | None,
+    debounce_ms: int | None,
+    decide_initial: bool,
 ) -> DecisionFilter:
     """The sensor's ``decide_when`` / ``debounce_ms`` / ``decide_initial``, checked at parse time.
 
     A bad regular expression, callable path or debounce is an import error naming the field.
     """
-    if not decide_initial and source is None:
+    if debounce_ms is not None and (isinstance(debounce_ms, bool) or not isinstance(debounce_ms, int)):
+        raise SystemZeroArgumentError(
+            f"debounce_ms must be a whole number of milliseconds or None, got "
+            f"{type(debounce_ms).__name__} {debounce_ms!r}: how long the source must be quiet "
+            "before a decision starts",
+            code="invalid_debounce",
+            field="debounce_ms",
+        )
+    if decide_initial is False and sensor.source is None:
         raise SystemZeroArgumentError(
             "decide_initial=False with no source: the state never changes, so nothing would ever be "
             "decided; give a source, or drop decide_initial=False",

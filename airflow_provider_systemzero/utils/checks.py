@@ -18,7 +18,16 @@ from typing import Any
 from airflow_provider_systemzero.compat import AirflowFailException
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 
-__all__ = ["check_connection_before_deferring", "is_literal", "parse_time", "refuse_empty_state"]
+__all__ = [
+    "check_conn_id",
+    "check_connection_before_deferring",
+    "check_flag",
+    "check_key_salt",
+    "check_review",
+    "is_literal",
+    "parse_time",
+    "refuse_empty_state",
+]
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
@@ -46,6 +55,85 @@ def parse_time(task_id: str) -> Iterator[None]:
         yield
     except ARGUMENT_ERRORS as exc:
         raise ValueError(f"{task_id}: {exc}") from None
+
+
+def check_flag(name: str, value: Any, meaning: str) -> None:
+    """A flag is ``True`` or ``False``: a string such as ``"no"`` would count as ``True``.
+
+    :param meaning: what ``True`` means, for the message.
+    :raises SystemZeroArgumentError: naming the flag and what ``True`` means.
+    """
+    if not isinstance(value, bool):
+        raise SystemZeroArgumentError(
+            f"{name} must be True or False, got {type(value).__name__} {value!r}: True means {meaning}",
+            code="invalid_flag",
+            field=name,
+        )
+
+
+def check_review(assigned_users: Any, notifiers: Any, subject: Any) -> None:
+    """``review_assigned_users``: ``None``, a ``{"id", "name"}`` or a list of them;
+    ``review_notifiers``: ``None``, a notifier or a list of them (each called with the context);
+    ``review_subject``: ``None`` or a string.
+
+    :raises SystemZeroArgumentError: naming the argument.
+    """
+    users = [assigned_users] if isinstance(assigned_users, Mapping) else assigned_users
+    if users is not None and (
+        not isinstance(users, list | tuple)
+        or not all(
+            isinstance(user, Mapping) and all(isinstance(user.get(key), str) for key in ("id", "name"))
+            for user in users
+        )
+    ):
+        raise SystemZeroArgumentError(
+            f"review_assigned_users must be a user {{'id': …, 'name': …}} (two strings) or a list of "
+            f"them, got {assigned_users!r}",
+            code="invalid_review",
+            field="review_assigned_users",
+        )
+    called = notifiers if isinstance(notifiers, list | tuple) else [] if notifiers is None else [notifiers]
+    if not all(callable(notifier) for notifier in called):
+        raise SystemZeroArgumentError(
+            f"review_notifiers must be a notifier (called with the task's context) or a list of them, "
+            f"got {notifiers!r}",
+            code="invalid_review",
+            field="review_notifiers",
+        )
+    if subject is not None and not isinstance(subject, str):
+        raise SystemZeroArgumentError(
+            f"review_subject must be a string or None, got {type(subject).__name__} {subject!r}",
+            code="invalid_review",
+            field="review_subject",
+        )
+
+
+def check_key_salt(value: Any) -> None:
+    """``key_salt`` is a string or ``None``.
+
+    :raises SystemZeroArgumentError: naming the argument.
+    """
+    if value is not None and not isinstance(value, str):
+        raise SystemZeroArgumentError(
+            f"key_salt must be a string or None, got {type(value).__name__} {value!r}: "
+            f"pass e.g. key_salt={str(value)!r}",
+            code="invalid_key_salt",
+            field="key_salt",
+        )
+
+
+def check_conn_id(value: Any) -> None:
+    """``systemzero_conn_id`` names a connection: a non-empty string.
+
+    :raises SystemZeroArgumentError: naming the argument.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise SystemZeroArgumentError(
+            f"systemzero_conn_id must be the ID of a System Zero connection (a non-empty string), "
+            f"got {value!r}: pass e.g. systemzero_conn_id='systemzero_default'",
+            code="invalid_connection",
+            field="systemzero_conn_id",
+        )
 
 
 def refuse_empty_state(state: Any, *, allow_empty: bool, field: str = "state") -> None:

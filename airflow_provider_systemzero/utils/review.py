@@ -44,6 +44,7 @@ from airflow_provider_systemzero.decisions.policy import (
     ranked_answers,
     state_preview,
 )
+from airflow_provider_systemzero.utils.checks import check_review
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -276,7 +277,8 @@ class PolicyGateMixin:
         review_notifiers: Any = None,
         review_subject: str | None = None,
     ) -> None:
-        """Read the policy and review settings (raises ``ValueError`` on a bad policy)."""
+        """Read the policy and review settings (raises ``ValueError`` on a bad policy or setting)."""
+        check_review(review_assigned_users, review_notifiers, review_subject)
         self.policy = DecisionPolicy.coerce(policy)
         if isinstance(review_assigned_users, Mapping):
             review_assigned_users = [dict(review_assigned_users)]

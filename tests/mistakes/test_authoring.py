@@ -76,6 +76,25 @@ def test_literal_mistakes_fail_when_the_dag_is_parsed(build: Any, message: str) 
         build()
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"allow_empty": "no"}, "allow_empty must be True or False, got str 'no': True means decide about"),
+        ({"deferrable": "yes"}, "deferrable must be True or False, got str 'yes'"),
+        ({"key_salt": 5}, "key_salt must be a string or None, got int 5: pass e.g. key_salt='5'"),
+        ({"systemzero_conn_id": 5}, "systemzero_conn_id must be the ID of a System Zero connection"),
+        ({"review_assigned_users": 5}, "review_assigned_users must be a user"),
+        ({"review_subject": 5}, "review_subject must be a string or None, got int 5"),
+    ],
+)
+def test_an_operator_argument_of_the_wrong_type_fails_when_the_dag_is_parsed(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    # a truthy string such as "no" would silently mean True: refused, naming the task
+    with pytest.raises(ValueError, match="^decide: " + message):
+        SystemZeroDecideOperator(task_id="decide", questions={"ready": READY}, state="s", **kwargs)
+
+
 def test_a_broken_dag_file_is_an_import_error(airflow_db: None, tmp_path: Path) -> None:
     DagBag = dagbag_module().DagBag
 

@@ -1,0 +1,179 @@
+"""SystemZeroDecisionSensor's checks when the Dag is parsed: a literal that can never work is a
+``ValueError`` starting ``<task_id>: `` that names the argument the author wrote, while a templated
+value (``question="{{ params.q }}"``) is left for the task to check when it runs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from tests.helpers import READY_RULES, rules_emulator, run_dag, task_states
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+CONN = "sz_parse_time"
+READY = "Is the job ready?"
+
+
+@pytest.fixture(scope="module")
+def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with rules_emulator(
+        READY_RULES, tmp_path_factory.mktemp("rules"), "parse-key", CONN, model="sz-test"
+    ) as emu:
+        yield emu
+
+
+def _build(dag_id: str = "parse_time", **kwargs: Any) -> SystemZeroDecisionSensor:
+    """Construct task ``t`` in a Dag, as the Dag file does when it is parsed."""
+    arguments: dict[str, Any] = {
+        "task_id": "t",
+        "systemzero_conn_id": CONN,
+        "question": "ready",
+        "instructions": READY,
+        "state": "Job is ready.",
+        "timeout": 60,
+    }
+    with DAG(dag_id, schedule=None, start_date=START, params={"q": "ready"}):
+        return SystemZeroDecisionSensor(**(arguments | kwargs))
+
+
+def test_a_templated_question_is_left_for_the_run() -> None:
+    sensor = _build(questions={"ready": READY}, question="{{ params.q }}")
+    assert "question" in sensor.template_fields
+    assert sensor.question == "{{ params.q }}"
+
+
+def test_a_templated_question_still_checks_the_rest_of_the_condition() -> None:
+    with pytest.raises(ValueError, match=r"^t: min_confidence 80 must be a number from 0 to 1"):
+        _build(questions={"ready": READY}, question="{{ params.q }}", min_confidence=80)
+
+
+def test_a_templated_question_is_decided_when_it_renders_to_a_question_asked(emulator: Any) -> None:
+    with DAG("parse_time_question_ok", schedule=None, start_date=START, params={"q": "ready"}) as dag:
+        SystemZeroDecisionSensor(
+            task_id="t",
+            systemzero_conn_id=CONN,
+            questions={"ready": READY},
+            question="{{ params.q }}",
+            state="Job is ready.",
+            timeout=60,
+        )
+    assert task_states(run_dag(dag)) == {"t": "success"}
+
+
+@pytest.mark.parametrize(
+    ("rendered", "message"),
+    [
+        ("1ready", "t: question '1ready' must start with a letter or underscore"),
+        ("done", "t: question 'done' is not among the questions asked (['ready'])"),
+    ],
+)
+def test_a_templated_question_is_checked_when_the_task_runs(
+    emulator: Any, capsys: pytest.CaptureFixture[str], rendered: str, message: str
+) -> None:
+    before = emulator.stats
+    with DAG(
+        f"parse_time_question_{rendered}", schedule=None, start_date=START, params={"q": rendered}
+    ) as dag:
+        SystemZeroDecisionSensor(
+            task_id="t",
+            systemzero_conn_id=CONN,
+            questions={"ready": READY},
+            question="{{ params.q }}",
+            state="Job is ready.",
+            timeout=60,
+        )
+    assert task_states(run_dag(dag)) == {"t": "failed"}
+    assert message in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"lease_after": "5"}, "t: lease_after must be a number of seconds (0 or more), got str '5'"),
+        ({"lease_after": -5}, "t: lease_after must be a number of seconds (0 or more), got int -5"),
+        ({"lease_after": float("nan")}, "t: lease_after must be a number of seconds"),
+        ({"lease_after": True}, "t: lease_after must be a number of seconds"),
+        ({"lease": "yes"}, "t: lease must be True or False, got str 'yes'"),
+        ({"wait_on_static_state": "no"}, "t: wait_on_static_state must be True or False, got str 'no'"),
+        ({"allow_empty": "no"}, "t: allow_empty must be True or False, got str 'no'"),
+        ({"deferrable": "no"}, "t: deferrable must be True or False, got str 'no'"),
+        ({"start_from_trigger": "yes"}, "t: start_from_trigger must be True or False, got str 'yes'"),
+        ({"key_salt": 5}, "t: key_salt must be a string or None, got int 5: pass e.g. key_salt='5'"),
+        ({"systemzero_conn_id": 5}, "t: systemzero_conn_id must be the ID of a System Zero connection"),
+        ({"systemzero_conn_id": " "}, "t: systemzero_conn_id must be the ID of a System Zero connection"),
+        ({"review_subject": 5}, "t: review_subject must be a string or None, got int 5"),
+        ({"review_assigned_users": 5}, "t: review_assigned_users must be a user"),
+        ({"review_assigned_users": [{"id": "alice"}]}, "t: review_assigned_users must be a user"),
+        ({"review_notifiers": 5}, "t: review_notifiers must be a notifier"),
+        (
+            {"min_interval_ms": "100"},
+            "t: min_interval_ms must be an integer number of milliseconds from 0 to 60000, got str '100'",
+        ),
+        ({"min_interval_ms": 60_001}, "t: min_interval_ms 60001 is out of range"),
+        ({"max_staleness": "30"}, "t: max_staleness must be a number of seconds from 0 to 3600, got '30'"),
+        (
+            {"debounce_ms": "100"},
+            "t: debounce_ms must be a whole number of milliseconds or None, got str '100'",
+        ),
+        ({"debounce_ms": -1}, "t: debounce_ms -1 is out of range"),
+        ({"decide_initial": "no"}, "t: decide_initial must be True or False, got 'no'"),
+        ({"decide_initial": False}, "t: decide_initial=False with no source"),
+        ({"request_mode": "fastest"}, "t: request_mode 'fastest' is not one of ['fast', 'deliberate']"),
+        ({"route": "fastest"}, "t: route 'fastest' is not one of ['direct', 'committee']"),
+        (
+            {"route": "committee", "request_mode": "deliberate"},
+            "t: route 'committee' cannot be combined with request_mode 'deliberate'",
+        ),
+        ({"max_decisions": -1}, "t: max_decisions must be a whole number"),
+        ({"policy": {"act_above": 2}}, "t: act_above must be a number from 0 to 1"),
+        ({"poke_interval": -1}, "t: Operator arg `poke_interval` must be"),
+    ],
+)
+def test_a_literal_that_can_never_work_fails_naming_the_task(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        _build(**arguments)
+
+
+def test_a_route_or_request_mode_is_checked_even_when_the_request_is_templated() -> None:
+    with pytest.raises(ValueError, match=r"^t: request_mode 'fastest' is not one of"):
+        _build(question="{{ params.q }}", questions={"ready": READY}, request_mode="fastest")
+
+
+def test_a_state_of_the_wrong_type_is_named_once() -> None:
+    with pytest.raises(ValueError) as raised:
+        _build(state=42)
+    assert str(raised.value) == "t: state must be a string, an array or an object, got int"
+
+
+def test_plain_values_in_their_domain_are_accepted() -> None:
+    sensor = _build(
+        lease=False,
+        lease_after=0,
+        wait_on_static_state=True,
+        allow_empty=True,
+        deferrable=False,
+        mode="poke",
+        key_salt="",
+        route="committee",
+        request_mode="fast",
+        min_interval_ms=0,
+        review_assigned_users={"id": "alice", "name": "Alice"},
+        review_notifiers=[print],
+        review_subject="Ship it?",
+    )
+    assert sensor.lease_after == 0 and sensor.review_assigned_users == [{"id": "alice", "name": "Alice"}]
+    assert _build("parse_time_more", lease_after=2.5, review_notifiers=print).review_notifiers == [print]
+
+
+def test_a_named_error_keeps_its_class_and_field() -> None:
+    with pytest.raises(SystemZeroArgumentError) as raised:
+        _build(lease_after="5")
+    assert raised.value.field == "lease_after" and str(raised.value).startswith("t: lease_after ")
