@@ -41,6 +41,31 @@ def load_note(doc: dict[str, Any], scenario: str) -> str:
     )
 
 
+def _warm_why(lat: dict[str, Any]) -> str:
+    """What the same run measured around a missed warm p50: the floor, the emulator's own share,
+    the same path without the idle gap, and how far the p50 moved within the run."""
+    warm = lat.get("warm") or {}
+    block = warm.get("blocks") or {}
+    blocks = block.get("p50_ms") or []
+    parts = [
+        f"the loopback floor {fmt_ms(value)}"
+        if (value := (lat.get("loopback_floor") or {}).get("p50_ms")) is not None
+        else "",
+        f"the emulator's own handling of the change {fmt_ms(value)}"
+        if (value := (warm.get("gateway") or {}).get("p50_ms")) is not None
+        else "",
+        f"the same path back to back (no idle gap before the change) {fmt_ms(value)}"
+        if (value := (lat.get("warm_back_to_back") or {}).get("p50_ms")) is not None
+        else "",
+        f"the warm p50 of each {block.get('samples')} samples in turn {fmt_ms(min(blocks))}{DASH}"
+        f"{fmt_ms(max(blocks))}"
+        if blocks
+        else "",
+    ]
+    shown = [part for part in parts if part]
+    return f" In the same run, at the median: {'; '.join(shown)}." if shown else ""
+
+
 def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
     """The target table's rows, and a sentence for every target missed."""
     res = doc["results"]
@@ -64,7 +89,8 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 )
                 rows.append([label, target, shown, MET if ok else MISSED])
                 if not ok:
-                    latency_missed.append(f"{figure}: {target}, measured {with_unit(after, unit)}.")
+                    why = _warm_why(lat) if name == "push_p50_ms" else ""
+                    latency_missed.append(f"{figure}: {target}, measured {with_unit(after, unit)}.{why}")
             if latency_missed:
                 latency_missed[-1] += load_note(doc, "latency")
             missed += latency_missed

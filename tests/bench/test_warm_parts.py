@@ -32,11 +32,12 @@ def test_each_samples_frames_are_the_ones_inside_its_window() -> None:
     assert share["cpu_p50_ms"] == pytest.approx((0.6 + 0.65) / 2)
 
 
-def test_the_blocks_p50_leave_out_a_short_last_block() -> None:
-    samples = [0.001] * 100 + [0.002] * 100 + [0.009] * 49
-    assert latency._blocks_p50_ms(samples) == pytest.approx([1.0, 2.0])
-    assert latency._blocks_p50_ms([*samples, 0.009]) == pytest.approx([1.0, 2.0, 9.0])  # half a block counts
+def test_the_blocks_p50_are_of_whole_blocks_only() -> None:
+    samples = [0.001] * 100 + [0.002] * 100 + [0.009] * 99
+    assert latency._blocks_p50_ms(samples) == pytest.approx([1.0, 2.0])  # the 99 left are no block
+    assert latency._blocks_p50_ms([*samples, 0.009]) == pytest.approx([1.0, 2.0, 9.0])
     assert latency._blocks_p50_ms([0.003] * 20, size=10) == pytest.approx([3.0, 3.0])
+    assert latency._blocks_p50_ms([0.003] * 60) == []
 
 
 def _page(lat: dict) -> str:
@@ -65,3 +66,25 @@ def test_the_page_shows_the_spread_and_the_gateways_share_when_the_run_has_them(
     # a run that measured neither (older code) says nothing of them
     page = _page(then)
     assert "each block of samples" not in page and "emulator's own handling" not in page
+
+
+def test_a_missed_warm_p50_quotes_what_the_same_run_measured_around_it() -> None:
+    lat = json.loads(RESULTS.read_text())["results"]["latency"]
+    lat["warm"] = {
+        **lat["warm"],
+        "p50_ms": 1.71,
+        "blocks": {"samples": 100, "p50_ms": [1.36, 1.97]},
+        "gateway": {"n": 500, "p50_ms": 0.551, "p99_ms": 1.2, "cpu_p50_ms": 0.54},
+    }
+    lat["loopback_floor"] = {**lat["loopback_floor"], "p50_ms": 0.675}
+    lat["warm_back_to_back"] = {**lat["warm"], "p50_ms": 0.832}
+    lat["figures_met"] = {**lat["figures_met"], "push_p50_ms": False}
+    [line] = [
+        line for line in _page(lat).splitlines() if line.startswith("- Change → event, push source, warm")
+    ]
+    assert line == (
+        f"- Change → event, push source, warm stream: p50 ≤ 1.5 ms, measured {fmt_ms(1.71)}. In the same "
+        f"run, at the median: the loopback floor {fmt_ms(0.675)}; the emulator's own handling of the "
+        f"change {fmt_ms(0.551)}; the same path back to back (no idle gap before the change) "
+        f"{fmt_ms(0.832)}; the warm p50 of each 100 samples in turn {fmt_ms(1.36)}{DASH}{fmt_ms(1.97)}."
+    )
