@@ -40,9 +40,16 @@ def normalise_questions(
     :raises SystemZeroArgumentError: naming the field.
     """
     if not isinstance(questions, Mapping) or not questions:
+        # a template renders to text unless the Dag renders templates as native objects
+        rendered = (
+            f"; got the string {questions[:60]!r}: a template renders to a string unless the Dag "
+            "sets render_template_as_native_obj=True"
+            if isinstance(questions, str) and questions.lstrip().startswith("{")
+            else ""
+        )
         raise SystemZeroArgumentError(
             "questions must be a non-empty mapping of question names to questions, e.g. "
-            "{'ready': 'Is the job ready?'}",
+            f"{{'ready': 'Is the job ready?'}}{rendered}",
             code="invalid_questions",
             field="questions",
         )

@@ -127,6 +127,37 @@ def test_templated_values_are_checked_when_the_task_runs(
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
 
 
+def test_templated_questions_rendered_to_text_say_how_to_render_them_as_a_mapping(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG(
+        "mistake_templated_questions", schedule=None, start_date=START, params={"qs": {"ready": READY}}
+    ) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide", systemzero_conn_id=CONN, questions="{{ params.qs }}", state="Job is ready."
+        )  # the template renders to the text of the dict, not the dict
+    assert task_states(run_dag(dag)) == {"decide": "failed"}
+    assert (
+        "questions must be a non-empty mapping of question names to questions, e.g. {'ready': 'Is the "
+        "job ready?'}; got the string \"{'ready': 'Is the job ready?'}\": a template renders to a string "
+        "unless the Dag sets render_template_as_native_obj=True"
+    ) in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total
+    # what the message says works
+    with DAG(
+        "templated_questions_native",
+        schedule=None,
+        start_date=START,
+        params={"qs": {"ready": READY}},
+        render_template_as_native_obj=True,
+    ) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide", systemzero_conn_id=CONN, questions="{{ params.qs }}", state="Job is ready."
+        )
+    assert task_states(run_dag(dag)) == {"decide": "success"}
+
+
 def test_a_sensor_with_an_empty_static_state_is_refused_before_connecting(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
