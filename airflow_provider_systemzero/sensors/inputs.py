@@ -196,8 +196,9 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
 @contextmanager
 def naming_the_task(task_id: Any) -> Iterator[None]:
     """Parse time: every ``ValueError`` raised while the sensor is built names the task first
-    (``<task_id>: …``), whichever check raised it (this module's, the budget's, the policy's or
-    Airflow's own on the sensor arguments). An argument error keeps its class, code and field."""
+    (``<task_id>: …``), whichever check raised it (this module's, the budget's, the policy's, and
+    Airflow's own where they raise ``ValueError``). An argument error keeps its class, code and
+    field."""
     try:
         yield
     except ValueError as exc:
