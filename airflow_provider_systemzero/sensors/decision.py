@@ -32,7 +32,7 @@ from airflow_provider_systemzero.sensors.outcomes import (
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.utils.checks import check_connection_before_deferring
+from airflow_provider_systemzero.utils.checks import check_connection_before_deferring, parse_time
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -172,7 +172,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         allow_empty: bool = False,
         **kwargs: Any,
     ) -> None:
-        with sz_inputs.naming_the_task(kwargs.get("task_id")):
+        with parse_time(kwargs.get("task_id")):
             super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, source, allow_empty

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,6 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
     validate_min_interval_ms,
@@ -57,7 +54,6 @@ __all__ = [
     "deadline_of",
     "ends_when_unmet",
     "is_expected",
-    "naming_the_task",
     "own_namespaces",
     "pacing",
     "source_name",
@@ -191,26 +187,6 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
     except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
     return request, condition, source
-
-
-@contextmanager
-def naming_the_task(task_id: Any) -> Iterator[None]:
-    """Parse time: every ``ValueError`` raised while the sensor is built names the task first
-    (``<task_id>: …``), whichever check raised it (this module's, the budget's, the policy's, and
-    Airflow's own where they raise ``ValueError``). An argument error keeps its class, code and
-    field."""
-    try:
-        yield
-    except ValueError as exc:
-        prefix = f"{task_id}: "
-        if str(exc).startswith(prefix):
-            raise
-        message = f"{prefix}{exc}"
-        if isinstance(exc, SystemZeroArgumentError):
-            raise SystemZeroArgumentError(message, code=exc.code, field=exc.field) from None
-        if isinstance(exc, LocalProtocolError):
-            raise LocalProtocolError(message, code=exc.code, field=exc.field) from None
-        raise ValueError(message) from None
 
 
 def check_plain(sensor: SystemZeroDecisionSensor) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_provider_systemzero.compat import AirflowFailException
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 
 __all__ = [
     "check_conn_id",
@@ -49,12 +50,25 @@ def is_literal(value: Any) -> bool:
 
 
 @contextmanager
-def parse_time(task_id: str) -> Iterator[None]:
-    """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import."""
+def parse_time(task_id: Any) -> Iterator[None]:
+    """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import,
+    its message starting with the task ID (``<task_id>: …``) once, however the checks nest.
+
+    Any ``ValueError`` raised inside gets the prefix (this package's checks, a policy's, Airflow's
+    own where it raises one); an argument error keeps its class, code and field.
+    """
     try:
         yield
-    except ARGUMENT_ERRORS as exc:
-        raise ValueError(f"{task_id}: {exc}") from None
+    except ValueError as exc:
+        prefix = f"{task_id}: "
+        if str(exc).startswith(prefix):
+            raise
+        message = f"{prefix}{exc}"
+        if isinstance(exc, SystemZeroArgumentError):
+            raise SystemZeroArgumentError(message, code=exc.code, field=exc.field) from None
+        if isinstance(exc, LocalProtocolError):
+            raise LocalProtocolError(message, code=exc.code, field=exc.field) from None
+        raise ValueError(message) from None
 
 
 def check_flag(name: str, value: Any, meaning: str) -> None:
