@@ -24,10 +24,10 @@ __all__ = [
     "check_connection_before_deferring",
     "check_flag",
     "check_key_salt",
-    "check_review",
     "is_literal",
     "parse_time",
     "refuse_empty_state",
+    "review_settings",
 ]
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
@@ -85,11 +85,13 @@ def check_flag(name: str, value: Any, meaning: str) -> None:
         )
 
 
-def check_review(assigned_users: Any, notifiers: Any, subject: Any) -> None:
-    """``review_assigned_users``: ``None``, a ``{"id", "name"}`` or a list of them;
-    ``review_notifiers``: ``None``, a notifier or a list of them (each called with the context);
-    ``review_subject``: ``None`` or a string.
+def review_settings(assigned_users: Any, notifiers: Any, subject: Any) -> tuple[Any, list[Any], Any]:
+    """The review settings, checked and in the form a task keeps them.
 
+    :param assigned_users: ``None``, a ``{"id", "name"}`` or a list of them (``None`` or empty: anyone).
+    :param notifiers: ``None``, a notifier or a list of them (each called with the context).
+    :param subject: ``None`` or a string.
+    :return: ``(users as a list of dicts or None, notifiers as a list, subject)``.
     :raises SystemZeroArgumentError: naming the argument.
     """
     users = [assigned_users] if isinstance(assigned_users, Mapping) else assigned_users
@@ -120,6 +122,7 @@ def check_review(assigned_users: Any, notifiers: Any, subject: Any) -> None:
             code="invalid_review",
             field="review_subject",
         )
+    return ([dict(user) for user in users] if users else None), list(called), subject
 
 
 def check_key_salt(value: Any) -> None:

@@ -44,7 +44,7 @@ from airflow_provider_systemzero.decisions.policy import (
     ranked_answers,
     state_preview,
 )
-from airflow_provider_systemzero.utils.checks import check_review
+from airflow_provider_systemzero.utils.checks import review_settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -278,19 +278,10 @@ class PolicyGateMixin:
         review_subject: str | None = None,
     ) -> None:
         """Read the policy and review settings (raises ``ValueError`` on a bad policy or setting)."""
-        check_review(review_assigned_users, review_notifiers, review_subject)
-        self.policy = DecisionPolicy.coerce(policy)
-        if isinstance(review_assigned_users, Mapping):
-            review_assigned_users = [dict(review_assigned_users)]
-        self.review_assigned_users = (
-            [dict(u) for u in review_assigned_users] if review_assigned_users else None
+        self.review_assigned_users, self.review_notifiers, self.review_subject = review_settings(
+            review_assigned_users, review_notifiers, review_subject
         )
-        if review_notifiers is None:
-            review_notifiers = []
-        elif not isinstance(review_notifiers, list | tuple):
-            review_notifiers = [review_notifiers]
-        self.review_notifiers = list(review_notifiers)
-        self.review_subject = review_subject
+        self.policy = DecisionPolicy.coerce(policy)
 
     # ------------------------------------------------------------------ what the task does
 
