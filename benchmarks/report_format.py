@@ -16,6 +16,7 @@ __all__ = [
     "fmt_duration",
     "fmt_ms",
     "fmt_num",
+    "fmt_range_ms",
     "latency_figure",
     "md_table",
     "with_unit",
@@ -52,6 +53,12 @@ def fmt_ms(value: Any) -> str:
     if value >= 10_000:
         return f"{value / 1000:,.1f} s"
     return f"{value:,.1f} ms"
+
+
+def fmt_range_ms(values: list[float]) -> str:
+    """``low–high`` in milliseconds (:func:`fmt_ms`), or the one value when they read the same."""
+    low, high = fmt_ms(min(values)), fmt_ms(max(values))
+    return low if low == high else f"{low}{DASH}{high}"
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report_format import DASH, TIMES, at_path, fmt_ms, md_table, with_unit
+from benchmarks.report_format import DASH, TIMES, at_path, fmt_ms, fmt_range_ms, md_table, with_unit
 
 __all__ = ["SHARED", "latency_section"]
 
@@ -105,18 +105,12 @@ def _crowd_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def _range_ms(values: list[float]) -> str:
-    """``low–high`` in milliseconds, or the one value when they are the same."""
-    low, high = fmt_ms(min(values)), fmt_ms(max(values))
-    return low if low == high else f"{low}{DASH}{high}"
-
-
 def _inside_warm(lat: dict[str, Any]) -> list[str]:
     """How far the warm figures move within the run, and how much of them the gateway's stand-in
     spent handling the change (when the run measured it)."""
     cases = (("warm", "with the idle gap"), ("warm_back_to_back", "back to back"))
     spread = [
-        f"{label} {_range_ms(blocks['p50_ms'])} ({len(blocks['p50_ms'])} "
+        f"{label} {fmt_range_ms(blocks['p50_ms'])} ({len(blocks['p50_ms'])} "
         f"block{'s' if len(blocks['p50_ms']) != 1 else ''} of {blocks['samples']})"
         for key, label in cases
         if (blocks := (lat.get(key) or {}).get("blocks")) and blocks["p50_ms"]

@@ -10,7 +10,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.report_format import DASH, FIGURES, MET, MISSED, TIMES, fmt_ms, latency_figure, with_unit
+from benchmarks.report_format import (
+    DASH,
+    FIGURES,
+    MET,
+    MISSED,
+    TIMES,
+    fmt_ms,
+    fmt_range_ms,
+    latency_figure,
+    with_unit,
+)
 
 __all__ = ["load_note", "target_rows", "waiting_target_rows"]
 
@@ -57,8 +67,7 @@ def _warm_why(lat: dict[str, Any]) -> str:
         f"the same path back to back (no idle gap before the change) {fmt_ms(value)}"
         if (value := (lat.get("warm_back_to_back") or {}).get("p50_ms")) is not None
         else "",
-        f"the warm p50 of each {block.get('samples')} samples in turn {fmt_ms(min(blocks))}{DASH}"
-        f"{fmt_ms(max(blocks))}"
+        f"the warm p50 of each {block.get('samples')} samples in turn {fmt_range_ms(blocks)}"
         if blocks
         else "",
     ]
