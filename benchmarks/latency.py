@@ -12,7 +12,9 @@ state (a ``READY`` line) and measures until the runner receives the trigger's ev
   and then the same;
 * **back to back** — the warm case and the loopback floor once more with the change sent as soon
   as the first decision settled, not up to :data:`IDLE_GAP_S` later: how much of a warm figure
-  is the machine waking two idle processes rather than the work they do.
+  is the machine waking two idle processes rather than the work they do. Beside the floor with
+  the idle gap, a fixed piece of Python is timed right after each reply woke this process and
+  then back to back (``python_after_wake``): how much slower the same code runs just after a wake.
 
 The decider does no work (zero latency), so this is the provider's and the protocol's own cost,
 with the emulator's: the two warm cases also report how long the emulator took over each change
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import math
 import os
 import random
@@ -333,8 +336,38 @@ asyncio.run(main())
 """
 
 
+#: The frame a floor round trip carries and the fixed work decodes: the size of a warm change.
+_FRAME = '{"type":"append_text","event_id":"evt_000001","text":"waiting\\nREADY\\n"}'
+
+
+def _step(value: int) -> int:
+    return value + 1
+
+
+def _fixed_work() -> float:
+    """Seconds a fixed piece of Python takes now: one frame decoded and 100 small calls, the kind
+    of work a client does on a change (without the I/O)."""
+    started = time.perf_counter()
+    json.loads(_FRAME)
+    seen = {}
+    for index in range(100):
+        seen[index] = _step(index)
+    return time.perf_counter() - started
+
+
+def _wake_cost(woken: list[float], hot: list[float]) -> dict[str, Any]:
+    """The fixed work just after a wake against the same work run back to back (p50 of each)."""
+    after, warm = percentile(woken, 50) * 1e6, percentile(hot, 50) * 1e6
+    return {"n": len(woken), "woken_p50_us": after, "hot_p50_us": warm, "ratio": after / warm}
+
+
 async def _loopback_floor(
-    count: int, rng: random.Random, cpu: int | None = None, gap: float = IDLE_GAP_S
+    count: int,
+    rng: random.Random,
+    cpu: int | None = None,
+    gap: float = IDLE_GAP_S,
+    *,
+    probe: bool = False,
 ) -> dict[str, Any]:
     """The machine's floor under the same load: one websockets round trip to another process.
 
@@ -343,6 +376,10 @@ async def _loopback_floor(
 
     :param cpu: the CPU of the echo server (the emulator's), or ``None``: any.
     :param gap: the longest idle gap before each round trip, as before a warm change.
+    :param probe: also time :func:`_fixed_work` right after each reply woke this process (outside
+        the round trip), and as many times back to back at the end (``python_after_wake``): how
+        much slower the machine runs the same Python just after a wake, which is when a client
+        handles a change and its decision.
     """
     import sys
 
@@ -355,16 +392,21 @@ async def _loopback_floor(
     try:
         assert server.stdout is not None
         port = int((await asyncio.wait_for(server.stdout.readline(), 30)).decode())
-        frame = '{"type":"append_text","event_id":"evt_000001","text":"waiting\\nREADY\\n"}'
-        samples = []
+        samples: list[float] = []
+        woken: list[float] = []
         async with connect(f"ws://127.0.0.1:{port}") as ws:
             for _ in range(count):
                 await asyncio.sleep(rng.uniform(0.0, gap))  # not in lockstep, as the changes
                 started = time.perf_counter()
-                await ws.send(frame)
+                await ws.send(_FRAME)
                 await ws.recv()
                 samples.append(time.perf_counter() - started)
-        return {**summary_ms(samples), "what": "websockets echo round trip to another process"}
+                if probe:
+                    woken.append(_fixed_work())
+        result = {**summary_ms(samples), "what": "websockets echo round trip to another process"}
+        if probe:
+            result["python_after_wake"] = _wake_cost(woken, [_fixed_work() for _ in range(count)])
+        return result
     finally:
         server.terminate()
         await server.wait()
@@ -441,7 +483,7 @@ async def run(options: Options) -> dict[str, Any]:
         # the floor right after the warm case, and both again back to back (no idle gap): what
         # the idle gap costs on this machine, with the same code, minutes apart at most
         warm = await _trigger_latency(warm_n, cold=False, rng=rng, emulator=emulator)
-        floor = await _loopback_floor(warm_n, rng, echo_cpu)
+        floor = await _loopback_floor(warm_n, rng, echo_cpu, probe=True)
         warm_back_to_back = await _trigger_latency(warm_n, cold=False, rng=rng, gap=0.0, emulator=emulator)
         floor_back_to_back = await _loopback_floor(warm_n, rng, echo_cpu, gap=0.0)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)

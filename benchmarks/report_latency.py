@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmarks.report_format import DASH, TIMES, at_path, fmt_ms, fmt_range_ms, md_table, with_unit
 
-__all__ = ["SHARED", "latency_section"]
+__all__ = ["SHARED", "latency_section", "wake_phrase"]
 
 
 def _source_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
@@ -105,6 +105,19 @@ def _crowd_rows(lat: dict[str, Any], base: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def wake_phrase(lat: dict[str, Any]) -> str:
+    """How much slower the same run's fixed piece of Python went just after a reply woke the
+    process than back to back (measured beside the loopback floor), or ``""`` when not measured."""
+    wake = (lat.get("loopback_floor") or {}).get("python_after_wake")
+    if not wake:
+        return ""
+    return (
+        f"a fixed piece of Python (one frame decoded, 100 small calls) took {wake['woken_p50_us']:.1f} µs "
+        f"just after a reply woke the process, against {wake['hot_p50_us']:.1f} µs back to back "
+        f"({wake['ratio']:.1f}{TIMES})"
+    )
+
+
 def _inside_warm(lat: dict[str, Any]) -> list[str]:
     """How far the warm figures move within the run, and how much of them the gateway's stand-in
     spent handling the change (when the run measured it)."""
@@ -132,6 +145,11 @@ def _inside_warm(lat: dict[str, Any]) -> list[str]:
             "from taking the frame to the return of the write of the ack and the decision) took "
             + "; ".join(gateway)
             + ". That part is the gateway's stand-in, not the provider: a real gateway's would replace it."
+        )
+    if wake := wake_phrase(lat):
+        lines.append(
+            f"Beside the loopback floor, {wake}. The client handles a change and its decision, and "
+            "the emulator the change, right after such wakes."
         )
     return [" ".join(lines), ""] if lines else []
 

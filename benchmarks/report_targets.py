@@ -21,6 +21,7 @@ from benchmarks.report_format import (
     latency_figure,
     with_unit,
 )
+from benchmarks.report_latency import wake_phrase
 
 __all__ = ["load_note", "target_rows", "waiting_target_rows"]
 
@@ -70,6 +71,7 @@ def _warm_why(lat: dict[str, Any]) -> str:
         f"the warm p50 of each {block.get('samples')} samples in turn {fmt_range_ms(blocks)}"
         if blocks
         else "",
+        wake_phrase(lat),
     ]
     shown = [part for part in parts if part]
     return f" In the same run, at the median: {'; '.join(shown)}." if shown else ""

@@ -1,5 +1,6 @@
 """What the latency scenario tells beside its warm figures: how far the p50 moves within a run
-(``blocks``) and the emulator's own share of each change (``gateway``), and how the page shows them."""
+(``blocks``), the emulator's own share of each change (``gateway``), how much slower a fixed piece
+of Python runs just after a wake (``python_after_wake``), and how the page shows them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from benchmarks import latency
 from benchmarks.report import render
-from benchmarks.report_format import DASH, fmt_ms
+from benchmarks.report_format import DASH, TIMES, fmt_ms
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "latest.json"
 
@@ -77,6 +78,7 @@ def test_a_missed_warm_p50_quotes_what_the_same_run_measured_around_it() -> None
         "gateway": {"n": 500, "p50_ms": 0.551, "p99_ms": 1.2, "cpu_p50_ms": 0.54},
     }
     lat["loopback_floor"] = {**lat["loopback_floor"], "p50_ms": 0.675}
+    lat["loopback_floor"].pop("python_after_wake", None)
     lat["warm_back_to_back"] = {**lat["warm"], "p50_ms": 0.832}
     lat["figures_met"] = {**lat["figures_met"], "push_p50_ms": False}
     [line] = [
@@ -88,3 +90,49 @@ def test_a_missed_warm_p50_quotes_what_the_same_run_measured_around_it() -> None
         f"change {fmt_ms(0.551)}; the same path back to back (no idle gap before the change) "
         f"{fmt_ms(0.832)}; the warm p50 of each 100 samples in turn {fmt_ms(1.36)}{DASH}{fmt_ms(1.97)}."
     )
+
+
+async def test_the_fixed_work_is_timed_after_each_wake_and_then_back_to_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import random
+
+    calls: list[int] = []
+
+    def fixed_work() -> float:  # the first 5 calls come after each reply, the next 5 back to back
+        calls.append(len(calls))
+        return 0.000009 if len(calls) <= 5 else 0.000003
+
+    monkeypatch.setattr(latency, "_fixed_work", fixed_work)
+    floor = await latency._loopback_floor(5, random.Random(1), gap=0.0)
+    assert "python_after_wake" not in floor and calls == []
+    floor = await latency._loopback_floor(5, random.Random(1), gap=0.0, probe=True)
+    wake = floor["python_after_wake"]
+    assert floor["n"] == 5 and wake["n"] == 5 and len(calls) == 10
+    assert wake["woken_p50_us"] == pytest.approx(9.0)
+    assert wake["hot_p50_us"] == pytest.approx(3.0)
+    assert wake["ratio"] == pytest.approx(3.0)
+
+
+def test_the_fixed_work_takes_time_and_returns_it() -> None:
+    assert 0 < latency._fixed_work() < 1.0
+
+
+def test_the_page_and_a_missed_warm_p50_quote_the_slowdown_after_a_wake() -> None:
+    lat = json.loads(RESULTS.read_text())["results"]["latency"]
+    lat["loopback_floor"] = {
+        **lat["loopback_floor"],
+        "python_after_wake": {"n": 500, "woken_p50_us": 9.43, "hot_p50_us": 4.21, "ratio": 2.24},
+    }
+    lat["figures_met"] = {**lat["figures_met"], "push_p50_ms": False}
+    phrase = (
+        "a fixed piece of Python (one frame decoded, 100 small calls) took 9.4 µs just after a reply "
+        f"woke the process, against 4.2 µs back to back (2.2{TIMES})"
+    )
+    page = _page(lat)
+    assert f"Beside the loopback floor, {phrase}. The client handles" in page
+    [line] = [line for line in page.splitlines() if line.startswith("- Change → event, push source, warm")]
+    assert line.endswith(f"; {phrase}.")
+    # a run that did not measure it says nothing of it
+    lat["loopback_floor"].pop("python_after_wake")
+    assert "fixed piece of Python" not in _page(lat)
