@@ -25,6 +25,9 @@ from benchmarks.report_latency import wake_phrase
 
 __all__ = ["load_note", "target_rows", "waiting_target_rows"]
 
+#: The warm push figures a missed target explains with what the same run measured around them.
+WARM_FIGURES = ("push_p50_ms", "push_p99_ms")
+
 
 def load_note(doc: dict[str, Any], scenario: str) -> str:
     """A sentence about other load on the machine, when there was enough to stretch stalls.
@@ -52,29 +55,31 @@ def load_note(doc: dict[str, Any], scenario: str) -> str:
     )
 
 
-def _warm_why(lat: dict[str, Any]) -> str:
-    """What the same run measured around a missed warm p50: the floor, the emulator's own share,
-    the same path without the idle gap, and how far the p50 moved within the run."""
+def _warm_why(lat: dict[str, Any], key: str = "p50_ms") -> str:
+    """What the same run measured around a missed warm figure, at the same percentile (``key``):
+    the floor, the emulator's own share and the same path without the idle gap; for the p50 also
+    how far it moved within the run and how much slower Python ran just after a wake."""
     warm = lat.get("warm") or {}
     block = warm.get("blocks") or {}
-    blocks = block.get("p50_ms") or []
+    blocks = (block.get("p50_ms") or []) if key == "p50_ms" else []
     parts = [
         f"the loopback floor {fmt_ms(value)}"
-        if (value := (lat.get("loopback_floor") or {}).get("p50_ms")) is not None
+        if (value := (lat.get("loopback_floor") or {}).get(key)) is not None
         else "",
         f"the emulator's own handling of the change {fmt_ms(value)}"
-        if (value := (warm.get("gateway") or {}).get("p50_ms")) is not None
+        if (value := (warm.get("gateway") or {}).get(key)) is not None
         else "",
         f"the same path back to back (no idle gap before the change) {fmt_ms(value)}"
-        if (value := (lat.get("warm_back_to_back") or {}).get("p50_ms")) is not None
+        if (value := (lat.get("warm_back_to_back") or {}).get(key)) is not None
         else "",
         f"the warm p50 of each {block.get('samples')} samples in turn {fmt_range_ms(blocks)}"
         if blocks
         else "",
-        wake_phrase(lat),
+        wake_phrase(lat) if key == "p50_ms" else "",
     ]
     shown = [part for part in parts if part]
-    return f" In the same run, at the median: {'; '.join(shown)}." if shown else ""
+    where = "at the median" if key == "p50_ms" else f"at the {key.removesuffix('_ms')}"
+    return f" In the same run, {where}: {'; '.join(shown)}." if shown else ""
 
 
 def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
@@ -100,7 +105,7 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 )
                 rows.append([label, target, shown, MET if ok else MISSED])
                 if not ok:
-                    why = _warm_why(lat) if name == "push_p50_ms" else ""
+                    why = _warm_why(lat, name.removeprefix("push_")) if name in WARM_FIGURES else ""
                     latency_missed.append(f"{figure}: {target}, measured {with_unit(after, unit)}.{why}")
             if latency_missed:
                 latency_missed[-1] += load_note(doc, "latency")
