@@ -46,6 +46,35 @@ def _page(lat: dict) -> str:
     return render({**doc, "results": {"latency": lat}, "kept_from": {}, "baseline": None})
 
 
+#: A wake probe's figures (``loopback_floor.python_after_wake``).
+WAKE = {"n": 500, "woken_p50_us": 9.43, "hot_p50_us": 4.21, "ratio": 2.24}
+
+
+def _measured(
+    figure: str, *, warm: float, floor: float, gateway: float, back_to_back: float, wake: dict | None = None
+) -> dict:
+    """The latest run's latency results with the warm push ``figure`` (``p50_ms``, ``p99_ms``)
+    and what stands beside it set, two blocks of 100, and the wake probe only when given."""
+    lat = json.loads(RESULTS.read_text())["results"]["latency"]
+    share = {"n": 500, "p50_ms": 0.551, "p99_ms": 1.2, "cpu_p50_ms": 0.54, figure: gateway}
+    blocks = {"samples": 100, "p50_ms": [1.36, 1.97]}
+    lat["warm"] = {**lat["warm"], figure: warm, "blocks": blocks, "gateway": share}
+    lat["loopback_floor"] = {**lat["loopback_floor"], figure: floor}
+    lat["loopback_floor"].pop("python_after_wake", None)
+    if wake is not None:
+        lat["loopback_floor"]["python_after_wake"] = wake
+    lat["warm_back_to_back"] = {**lat["warm"], figure: back_to_back}
+    return lat
+
+
+def _missed_line(lat: dict, percentile: str) -> str:
+    """The page's one line on the warm push ``percentile`` (``p50``, ``p99``), marked missed."""
+    lat["figures_met"] = {**lat["figures_met"], f"push_{percentile}_ms": False}
+    prefix = f"- Change → event, push source, warm stream: {percentile}"
+    [line] = [line for line in _page(lat).splitlines() if line.startswith(prefix)]
+    return line
+
+
 def test_the_page_shows_the_spread_and_the_gateways_share_when_the_run_has_them() -> None:
     then = json.loads(RESULTS.read_text())["results"]["latency"]
     for key in ("warm", "warm_back_to_back"):
@@ -70,22 +99,8 @@ def test_the_page_shows_the_spread_and_the_gateways_share_when_the_run_has_them(
 
 
 def test_a_missed_warm_p50_quotes_what_the_same_run_measured_around_it() -> None:
-    lat = json.loads(RESULTS.read_text())["results"]["latency"]
-    lat["warm"] = {
-        **lat["warm"],
-        "p50_ms": 1.71,
-        "blocks": {"samples": 100, "p50_ms": [1.36, 1.97]},
-        "gateway": {"n": 500, "p50_ms": 0.551, "p99_ms": 1.2, "cpu_p50_ms": 0.54},
-    }
-    lat["loopback_floor"] = {**lat["loopback_floor"], "p50_ms": 0.675}
-    lat["loopback_floor"].pop("python_after_wake", None)
-    lat["warm_back_to_back"] = {**lat["warm"], "p50_ms": 0.832}
-    lat["figures_met"] = {**lat["figures_met"], "push_p50_ms": False}
-    [line] = [
-        line
-        for line in _page(lat).splitlines()
-        if line.startswith("- Change → event, push source, warm stream: p50")
-    ]
+    lat = _measured("p50_ms", warm=1.71, floor=0.675, gateway=0.551, back_to_back=0.832)
+    line = _missed_line(lat, "p50")
     assert line == (
         f"- Change → event, push source, warm stream: p50 ≤ 1.5 ms, measured {fmt_ms(1.71)}. In the same "
         f"run, at the median: the loopback floor {fmt_ms(0.675)}; the emulator's own handling of the "
@@ -122,48 +137,21 @@ def test_the_fixed_work_takes_time_and_returns_it() -> None:
 
 def test_the_page_and_a_missed_warm_p50_quote_the_slowdown_after_a_wake() -> None:
     lat = json.loads(RESULTS.read_text())["results"]["latency"]
-    lat["loopback_floor"] = {
-        **lat["loopback_floor"],
-        "python_after_wake": {"n": 500, "woken_p50_us": 9.43, "hot_p50_us": 4.21, "ratio": 2.24},
-    }
-    lat["figures_met"] = {**lat["figures_met"], "push_p50_ms": False}
+    lat["loopback_floor"] = {**lat["loopback_floor"], "python_after_wake": WAKE}
     phrase = (
         "a fixed piece of Python (one frame decoded, 100 small calls) took 9.4 µs just after a reply "
         f"woke the process, against 4.2 µs back to back (2.2{TIMES})"
     )
-    page = _page(lat)
-    assert f"Beside the loopback floor, {phrase}. The client handles" in page
-    [line] = [
-        line
-        for line in page.splitlines()
-        if line.startswith("- Change → event, push source, warm stream: p50")
-    ]
-    assert line.endswith(f"; {phrase}.")
+    assert f"Beside the loopback floor, {phrase}. The client handles" in _page(lat)
+    assert _missed_line(lat, "p50").endswith(f"; {phrase}.")
     # a run that did not measure it says nothing of it
     lat["loopback_floor"].pop("python_after_wake")
     assert "fixed piece of Python" not in _page(lat)
 
 
 def test_a_missed_warm_p99_quotes_the_same_runs_p99_figures() -> None:
-    lat = json.loads(RESULTS.read_text())["results"]["latency"]
-    lat["warm"] = {
-        **lat["warm"],
-        "p99_ms": 5.61,
-        "blocks": {"samples": 100, "p50_ms": [1.36, 1.97]},
-        "gateway": {"n": 500, "p50_ms": 0.551, "p99_ms": 2.14, "cpu_p50_ms": 0.54},
-    }
-    lat["loopback_floor"] = {
-        **lat["loopback_floor"],
-        "p99_ms": 5.83,
-        "python_after_wake": {"n": 500, "woken_p50_us": 9.43, "hot_p50_us": 4.21, "ratio": 2.24},
-    }
-    lat["warm_back_to_back"] = {**lat["warm"], "p99_ms": 8.62}
-    lat["figures_met"] = {**lat["figures_met"], "push_p99_ms": False}
-    [line] = [
-        line
-        for line in _page(lat).splitlines()
-        if line.startswith("- Change → event, push source, warm stream: p99")
-    ]
+    lat = _measured("p99_ms", warm=5.61, floor=5.83, gateway=2.14, back_to_back=8.62, wake=WAKE)
+    line = _missed_line(lat, "p99")
     # the same percentile throughout; the blocks and the wake probe are medians, so not quoted
     assert line == (
         f"- Change → event, push source, warm stream: p99 ≤ 5 ms, measured {fmt_ms(5.61)}. In the same "
