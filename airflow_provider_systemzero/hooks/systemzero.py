@@ -310,9 +310,10 @@ class SystemZeroHook(BaseHook):
         Uses ``await aget_connection`` and ``await conn.aextra_dejson()`` only, and registers the
         key with Airflow's log masking (``amask_secret``).
 
-        :raises SystemZeroValidationError: the connection is incomplete or invalid.
+        :raises SystemZeroValidationError: the connection is missing, not of type ``systemzero``,
+            incomplete or invalid.
         """
-        conn = await self._aget_connection()
+        conn = self._checked(await self._aget_connection())
         aextra_dejson = getattr(conn, "aextra_dejson", None)
         if aextra_dejson is not None:
             extra = await aextra_dejson()
@@ -335,19 +336,50 @@ class SystemZeroHook(BaseHook):
             return await self.aget_connection(self.systemzero_conn_id)
         except AirflowNotFoundException:
             if not _supervisor_comms_lack_async_send():
-                raise
+                raise self._missing() from None
         # ``dag.test()`` runs triggers with in-process supervisor comms that (in Airflow 3.3.2) have
         # no async send, so the async lookup cannot reach the metadata DB there. Look it up on a
         # worker thread instead — never on the event loop.
         log.debug("async connection lookup unavailable (in-process comms); using a worker thread")
-        return await asyncio.to_thread(self.get_connection, self.systemzero_conn_id)
+        return await asyncio.to_thread(self._get_connection)
+
+    def _get_connection(self) -> Any:
+        """The connection, read synchronously; a missing one is a :class:`SystemZeroValidationError`."""
+        from airflow_provider_systemzero.compat import AirflowNotFoundException
+
+        try:
+            return self.get_connection(self.systemzero_conn_id)
+        except AirflowNotFoundException:
+            raise self._missing() from None
+
+    def _missing(self) -> SystemZeroValidationError:
+        conn_id = self.systemzero_conn_id
+        return SystemZeroValidationError(
+            f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API origin, "
+            f"password = the API key) or set AIRFLOW_CONN_{conn_id.upper()}, or pass the right "
+            "systemzero_conn_id",
+            code="missing_connection",
+            field="systemzero_conn_id",
+        )
+
+    def _checked(self, conn: Any) -> Any:
+        """``conn``, when it is a System Zero connection (another type's fields mean other things)."""
+        if (conn.conn_type or "") != self.conn_type:
+            raise SystemZeroValidationError(
+                f"connection {self.systemzero_conn_id!r} has conn_type {conn.conn_type!r}, not 'systemzero': "
+                "pass the ID of a System Zero connection, or change its type",
+                code="invalid_connection",
+                field="conn_type",
+            )
+        return conn
 
     def get_settings(self) -> StreamSettings:
         """The connection's settings, read synchronously (workers; never from async code).
 
-        :raises SystemZeroValidationError: the connection is incomplete or invalid.
+        :raises SystemZeroValidationError: the connection is missing, not of type ``systemzero``,
+            incomplete or invalid.
         """
-        conn = self.get_connection(self.systemzero_conn_id)
+        conn = self._checked(self._get_connection())
         settings = self.settings_from_connection(conn, conn.extra_dejson)
         from airflow.sdk.log import mask_secret
 
@@ -438,33 +470,11 @@ class SystemZeroHook(BaseHook):
         :param model: the task's ``model=`` (``None``: the connection must name one).
         :raises SystemZeroValidationError: naming the connection, the field and the fix.
         """
-        from airflow_provider_systemzero.compat import AirflowNotFoundException
-
-        conn_id = self.systemzero_conn_id
-        try:
-            conn = self.get_connection(conn_id)
-        except AirflowNotFoundException:
-            raise SystemZeroValidationError(
-                f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API origin, "
-                f"password = the API key) or set AIRFLOW_CONN_{conn_id.upper()}, or pass the right "
-                "systemzero_conn_id",
-                code="missing_connection",
-                field="systemzero_conn_id",
-            ) from None
-        if (conn.conn_type or "") != self.conn_type:
-            raise SystemZeroValidationError(
-                f"connection {conn_id!r} has conn_type {conn.conn_type!r}, not 'systemzero': pass the ID of a "
-                "System Zero connection, or change its type",
-                code="invalid_connection",
-                field="conn_type",
-            )
-        settings = self.settings_from_connection(conn, conn.extra_dejson)
-        from airflow.sdk.log import mask_secret
-
-        mask_secret(settings.api_key)
+        settings = self.get_settings()
         if not (model or settings.default_model):
             raise SystemZeroValidationError(
-                f"no model: pass model= to the task or set the 'model' extra of connection {conn_id!r}",
+                f"no model: pass model= to the task or set the 'model' extra of connection "
+                f"{self.systemzero_conn_id!r}",
                 code="invalid_model",
                 field="model",
             )

@@ -238,3 +238,35 @@ def test_a_short_deadline_without_deferring_carries_the_last_error(
         info.value
     )
     assert f"{REFUSED} {closed_port}?" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "code", "said"),
+    [
+        (None, "missing_connection", "connection 'sz_hook_mistake' is not defined: create it"),
+        ("http", "invalid_connection", "has conn_type 'http', not 'systemzero'"),
+    ],
+)
+def test_the_hook_refuses_a_missing_or_foreign_connection_with_its_own_error(
+    emulator: Any, monkeypatch: pytest.MonkeyPatch, conn_type: str | None, code: str, said: str
+) -> None:
+    import asyncio
+    import json
+
+    from airflow_provider_systemzero.stream.exceptions import SystemZeroError
+
+    if conn_type is not None:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SZ_HOOK_MISTAKE",
+            json.dumps({"conn_type": conn_type, "host": emulator.origin, "password": "k", "extra": {}}),
+        )
+    before = emulator.stats
+    hook = SystemZeroHook("sz_hook_mistake")
+    # the documented `except SystemZeroError` catches it, on the worker and in a trigger alike
+    with pytest.raises(SystemZeroError) as sync_error:
+        hook.decide({"questions": WIRE_QUESTIONS, "model": "sz-test"}, "Job is ready.")
+    with pytest.raises(SystemZeroError) as async_error:
+        asyncio.run(hook.aget_settings())
+    for error in (sync_error.value, async_error.value):
+        assert error.code == code and said in str(error)
+    assert emulator.stats.streams_total == before.streams_total
