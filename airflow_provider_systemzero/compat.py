@@ -67,8 +67,10 @@ __all__ = [
 ]
 
 _SDK_EXCEPTIONS = ("airflow.sdk.exceptions", "airflow.exceptions")
-#: name → the modules that hold it, newest home first (the attribute has the same name unless paired).
-_MOVED: dict[str, tuple[str | tuple[str, str], ...]] = {
+#: name → the modules that hold it, newest home first (the attribute has the same name unless
+#: paired; paired with ``None``, the home is a module of its own, which its package may not have
+#: imported yet).
+_MOVED: dict[str, tuple[str | tuple[str, str | None], ...]] = {
     "AirflowException": _SDK_EXCEPTIONS,
     "AirflowFailException": _SDK_EXCEPTIONS,
     "AirflowNotFoundException": _SDK_EXCEPTIONS,
@@ -78,7 +80,8 @@ _MOVED: dict[str, tuple[str | tuple[str, str], ...]] = {
     "SkipMixin": ("airflow.sdk", "airflow.providers.standard.utils.skipmixin"),
     "KeywordParameters": ("airflow.sdk.bases.decorator", "airflow.utils.operator_helpers"),
     "conf": ("airflow.sdk.configuration", "airflow.configuration"),
-    "stats": ("airflow.sdk.observability", ("airflow.stats", "Stats")),
+    # ``airflow.stats`` warns that it is deprecated when imported, in every task's log: last resort
+    "stats": (("airflow.sdk.observability.stats", None), ("airflow.stats", "Stats")),
 }
 
 
@@ -91,7 +94,8 @@ def __getattr__(name: str) -> Any:
     for home in homes:
         module_name, attribute = home if isinstance(home, tuple) else (home, name)
         try:
-            value = getattr(importlib.import_module(module_name), attribute)
+            module = importlib.import_module(module_name)
+            value = module if attribute is None else getattr(module, attribute)
         except (ImportError, AttributeError):
             continue
         globals()[name] = value

@@ -243,3 +243,28 @@ def test_start_from_trigger_falls_back_to_a_worker_where_the_triggerer_cannot_re
         assert not sensor.start_from_trigger and sensor.start_trigger_args is None
         assert "start_from_trigger needs Airflow 3.3" in logged
     assert compat.has_trigger_templates() is (_installed_airflow() >= (3, 3))
+
+
+def test_the_metrics_module_is_taken_from_its_current_home_without_a_deprecation() -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    # a fresh process: whether ``airflow.stats`` (which warns on import) is loaded is per process
+    script = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    from airflow_provider_systemzero.compat import stats\n"
+        "    stats.incr('systemzero.test_metric', 1, tags={})\n"
+        "print(getattr(stats, '__name__', type(stats).__name__))\n"
+        "print('airflow.stats' in sys.modules)\n"
+        "print(sum('airflow.stats' in str(w.message) for w in caught))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    home, old_loaded, warned = done.stdout.split()
+    # an older Airflow has the one home (the script's incr() ran on it)
+    if importlib.util.find_spec("airflow.sdk.observability.stats") is not None:
+        assert home == "airflow.sdk.observability.stats"
+        assert old_loaded == "False" and warned == "0"
