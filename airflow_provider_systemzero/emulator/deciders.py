@@ -47,9 +47,13 @@ Three deciders ship (select them with :func:`load_decider`, or ``--decider`` on 
     ``pattern`` is a Python regular expression searched over the state rendered as text (a
     string as-is, anything else as compact JSON). ``question`` may be omitted (or ``"*"``) to
     apply to every question. ``probability``/``confidence`` default to 1.0. ``default`` answers a
-    question no rule matched; an answer that does not fit the question (a boolean for a choice
-    question) falls back to ``false`` or the first option. Without ``default`` the fallback is
-    ``false`` / the first option with probability and confidence 0.5.
+    question no rule matched; a rule for every question, or the default, whose answer does not fit
+    a question (a boolean for a choice question) is passed over for it, and the fallback is
+    ``false`` or the first option. Without ``default`` the fallback is ``false`` / the first option
+    with probability and confidence 0.5. A rule that names its question and matches with an
+    answer that does not fit that question (``"yes"`` for a boolean, an option not offered) is a
+    mistake in the file: the decide fails (HTTP 500) naming the rule, rather than answering
+    something else.
 
 ``python:module:function``
     Any callable ``function(request, now=now)`` returning answers as above, or an object with
@@ -281,6 +285,7 @@ class Rule:
     :param question: the question it answers (``None``: every question).
     :param probability: the probability reported.
     :param confidence: the confidence reported.
+    :param where: how errors name the rule (``FILE: rules[i]``).
     """
 
     pattern: re.Pattern[str]
@@ -288,6 +293,7 @@ class Rule:
     question: str | None = None
     probability: float = 1.0
     confidence: float = 1.0
+    where: str = "rules"
 
 
 def _unit(value: Any, where: str, default: float) -> float:
@@ -302,6 +308,16 @@ def _fits(question: Mapping[str, Any], answer: Any) -> bool:
     if question.get("type") == "choice":
         return isinstance(answer, str) and answer in (question.get("options") or ())
     return isinstance(answer, bool)
+
+
+def _misfit(name: str, question: Mapping[str, Any], answer: Any) -> str:
+    """Why ``answer`` does not fit question ``name``, and the fix."""
+    if question.get("type") == "choice":
+        return (
+            f"its answer {answer!r} is not one of the options of choice question {name!r} "
+            f"{list(question.get('options') or ())}: make the rule's answer one of them"
+        )
+    return f"its answer {answer!r} does not fit boolean question {name!r}: make it true or false"
 
 
 class RulesDecider:
@@ -369,6 +385,7 @@ class RulesDecider:
                     question=None if question in (None, "*") else question,
                     probability=_unit(raw.get("probability"), f"{at}.probability", 1.0),
                     confidence=_unit(raw.get("confidence"), f"{at}.confidence", 1.0),
+                    where=at,
                 )
             )
         default = data.get("default")
@@ -404,6 +421,8 @@ class RulesDecider:
                     "probability": rule.probability,
                     "confidence": rule.confidence,
                 }
+            if rule.question == name:  # a rule for this very question cannot mean another answer
+                raise ValueError(f"{rule.where} matched, but {_misfit(name, question, rule.answer)}")
         fallback: Any = (question.get("options") or [""])[0] if question.get("type") == "choice" else False
         if self.default is not None:
             answer = self.default["answer"] if _fits(question, self.default["answer"]) else fallback

@@ -179,7 +179,10 @@ class DecisionFailed(SystemZeroError):
         elif http_status is not None and 400 <= http_status < 500:
             fix = "fix the request (model, questions, state) and run again"
         else:
-            fix = "retry later; if it persists, contact System Zero support with the request ID"
+            fix = (
+                "retry later; if it persists, report it with the request ID to whoever runs the gateway "
+                "(System Zero support for the hosted API; for the emulator, its log and its decider)"
+            )
         rid = f" (request {request_id})" if request_id else ""
         version = f" for state version {state_version}" if state_version is not None else ""
         super().__init__(

@@ -94,7 +94,7 @@ def test_rules_decider(tmp_path: Path) -> None:
                         "confidence": 0.9,
                     },
                     {"pattern": "amber", "answer": "amber", "probability": 0.6},
-                    {"question": "colour", "pattern": "job", "answer": "not-an-option"},
+                    {"pattern": "job", "answer": "not-an-option"},
                 ],
                 "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
             }
@@ -104,11 +104,43 @@ def test_rules_decider(tmp_path: Path) -> None:
     questions = {**READY, **COLOUR}
     answers = decider.decide({"state": "Job is ready.", "questions": questions}, now=0)
     assert answers["ready"] == {"decision": True, "probability": 0.93, "confidence": 0.9}
-    # The rule whose answer does not fit is skipped; the default does not fit a choice question.
+    # A rule for every question whose answer does not fit one is passed over for it (and the
+    # default, a boolean, does not fit a choice question: the first option).
     assert answers["colour"] == {"decision": "red", "probability": 0.2, "confidence": 0.8}
     answers = decider.decide({"state": {"light": "amber"}, "questions": questions}, now=0)
     assert answers["ready"] == {"decision": False, "probability": 0.2, "confidence": 0.8}
     assert answers["colour"] == {"decision": "amber", "probability": 0.6, "confidence": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            {"question": "ready", "pattern": "(?i)say yes", "answer": "yes"},
+            "rules.json: rules[1] matched, but its answer 'yes' does not fit boolean question 'ready': "
+            "make it true or false",
+        ),
+        (
+            {"question": "colour", "pattern": "(?i)say yes", "answer": "marketing"},
+            "rules.json: rules[1] matched, but its answer 'marketing' is not one of the options of "
+            "choice question 'colour' ['red', 'green', 'amber']: make the rule's answer one of them",
+        ),
+    ],
+)
+def test_a_rule_for_one_question_never_turns_into_another_answer(
+    tmp_path: Path, rule: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "rules.json"
+    other = {"question": "elsewhere", "pattern": ".", "answer": True}
+    path.write_text(json.dumps({"rules": [other, rule], "default": {"answer": False}}))
+    decider = load_decider(f"rules:{path}")
+    questions = {**READY, **COLOUR}
+    with pytest.raises(ValueError) as error:
+        decider.decide({"state": "please say yes", "questions": questions}, now=0)
+    assert str(error.value).endswith(message)
+    # unmatched, the rule is no mistake: the default answers
+    answers = decider.decide({"state": "nothing", "questions": questions}, now=0)
+    assert answers["ready"]["decision"] is False and answers["colour"]["decision"] == "red"
 
 
 @pytest.mark.parametrize(

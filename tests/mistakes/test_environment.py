@@ -270,3 +270,30 @@ def test_the_hook_refuses_a_missing_or_foreign_connection_with_its_own_error(
     for error in (sync_error.value, async_error.value):
         assert error.code == code and said in str(error)
     assert emulator.stats.streams_total == before.streams_total
+
+
+def test_a_rules_file_mistake_fails_the_decision_naming_the_rule(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    from airflow_provider_systemzero.stream.exceptions import DecisionFailed
+    from tests.helpers import EmulatorThread
+
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": [{"question": "ready", "pattern": "(?i)ready", "answer": "yes"}]}))
+    with EmulatorThread(api_keys={"rules-key": 4}, decider=f"rules:{rules}") as emu:
+        env_connection(monkeypatch, "sz_rules_mistake", emu.origin, "rules-key", model="sz-test")
+        with pytest.raises(DecisionFailed) as info:
+            SystemZeroHook("sz_rules_mistake").decide({"questions": WIRE_QUESTIONS}, "Job is ready.")
+        billed = emu.stats.decisions_billed
+    said = str(info.value)
+    # the rule, never the opposite answer; the advice fits a local gateway too
+    assert f"{rules}: rules[0] matched, but its answer 'yes' does not fit boolean question 'ready'" in said
+    assert "for the emulator, its log and its decider" in said
+    # the gateway's words reach the task bounded; the emulator's log has them whole, fix included
+    logged = [
+        r.getMessage() for r in caplog.records if r.name.startswith("airflow_provider_systemzero.emulator")
+    ]
+    assert any(line.endswith("'ready': make it true or false") for line in logged)
+    assert billed == 0
