@@ -50,7 +50,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_provider_systemzero.emulator.server import Emulator, parse_api_key
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -79,9 +79,16 @@ def _api_key(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Says what is wrong in two lines, not below the usage of some fifty options."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nrun '{self.prog} --help' for every option\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every limit of the public document is an option)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="systemzero-emulator",
         description="Local System Zero stream gateway (system-zero.stream.v1) for development and tests. "
         "Plaintext ws:// — bind to loopback only.",

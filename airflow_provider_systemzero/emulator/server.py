@@ -107,16 +107,33 @@ def _accepted(state: StreamState) -> AcceptedState:
 def parse_api_key(spec: str) -> tuple[str, int]:
     """Parse ``KEY`` or ``KEY:MAX_CONCURRENT`` (the CLI's ``--api-key``).
 
+    Whatever follows the last ``:`` is the account's ``max_concurrent``, so it must be a number:
+    ``demo:abc`` is refused rather than read as a key named ``demo:abc`` (a key that holds a colon
+    is given with its number, ``a:b:8``).
+
     :param spec: the key, optionally followed by ``:`` and the account's ``max_concurrent``.
     :return: the key and its ``max_concurrent`` (default :data:`DEFAULT_MAX_CONCURRENT`).
     :raises ValueError: for an empty key, a key with spaces, or a bad number.
     """
     key, sep, tail = spec.rpartition(":")
-    if not sep or not tail.isdigit():
+    if not sep:
         key, tail = spec, ""
+    elif not tail.isdigit():
+        raise ValueError(
+            f"{spec!r} ends in {sep + tail!r}, which is not a number: give KEY or KEY:MAX_CONCURRENT "
+            f"(such as {key or 'demo'}:8; a key that holds a colon ends in its number too)"
+        )
+    _check_key(key)
+    return key, int(tail) if tail else DEFAULT_MAX_CONCURRENT
+
+
+def _check_key(key: str) -> None:
+    """Refuse a key the gateway could not be given (``Authorization: Bearer <key>``).
+
+    :raises ValueError: for an empty key or a key with spaces.
+    """
     if not key or any(c.isspace() for c in key):
         raise ValueError("an API key must be non-empty and contain no spaces")
-    return key, int(tail) if tail else DEFAULT_MAX_CONCURRENT
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +218,7 @@ class Emulator:
         if isinstance(api_keys, Mapping):
             accounts = {}
             for key, max_concurrent in api_keys.items():
-                parse_api_key(key)  # validates the key
+                _check_key(key)
                 if (
                     isinstance(max_concurrent, bool)
                     or not isinstance(max_concurrent, int)

@@ -136,3 +136,29 @@ def test_parser_covers_every_limit_and_rejects_bad_keys(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         parser.parse_args(["--idle-timeout-ms", "-1"])
     assert "has space" not in capsys.readouterr().out
+    assert parser.parse_args(["--api-key", "a:b:3"]).api_keys == [("a:b", 3)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--api-key", "demo:abc"],
+            "argument --api-key: 'demo:abc' ends in ':abc', which is not a number: give KEY or "
+            "KEY:MAX_CONCURRENT (such as demo:8; a key that holds a colon ends in its number too)",
+        ),
+        (["--api-key", "demo:"], "'demo:' ends in ':', which is not a number"),
+        (["--idle-timeout-ms", "-1"], "argument --idle-timeout-ms: expected a non-negative integer, got -1"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_argument_is_said_in_two_lines(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    error = capsys.readouterr().err
+    first, second = error.splitlines()  # the error and where to look, not the usage of every option
+    assert first.startswith("systemzero-emulator: error: ") and said in first
+    assert second == "run 'systemzero-emulator --help' for every option"
