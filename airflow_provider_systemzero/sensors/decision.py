@@ -87,7 +87,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         decision is in flight, once decisions keep coming back about an outdated state (a source that
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
         decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
-    :param decide_when: deferrable only: start a decision only for a change that can matter — a regular
+    :param decide_when: deferrable only (a poking sensor refuses it when the Dag is parsed): start a
+        decision only for a change that can matter — a regular
         expression searched in what changed (the appended text, the appended items as JSON, or the new
         state of a replace) or ``{"callable": "pkg.mod.func"}`` taking (previous, new) and returning a
         bool. Other changes are streamed but start no decision. See
@@ -95,7 +96,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param debounce_ms: deferrable only: decide once the source has been quiet this many milliseconds
         (a burst of changes is one decision).
     :param decide_initial: decide the state the wait starts with (default ``True``); ``False`` waits
-        for the first change matching ``decide_when``.
+        for the first change matching ``decide_when`` (deferrable only).
     :param key_salt: mixed into the task's key namespace (e.g. to force fresh decisions).
     :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for an expected answer: act (fire), ask a person (``review``: the task waits in
@@ -113,12 +114,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         ``soft_fail``). ``True`` waits anyway, until the timeout.
     :param allow_empty: accept an empty state (``""``, ``[]``, ``{}``) when there is no source
         (refused by default: the decision about nothing is billed).
-
-    Literal (non-templated) arguments are checked when the DAG is parsed, so a sensor that can
-    never work is an import error (a ``ValueError`` starting ``<task_id>: ``); templated ones when
-    the task runs.
-
-    Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
         before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.utils.usage`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
@@ -128,6 +123,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         the questions, ``model`` and ``prompt_cache_key`` must be plain values. The key namespace is
         :data:`START_FROM_TRIGGER_NAMESPACE` and the deadline is Airflow's trigger timeout (the sensor's
         ``timeout``). A mapped sensor (``.partial(...).expand(...)``) defers from a worker as usual.
+
+    Literal (non-templated) arguments are checked when the DAG is parsed, so a sensor that can
+    never work is an import error (a ``ValueError`` starting ``<task_id>: ``); templated ones when
+    the task runs.
+
+    Every decision that ends the wait pushes the ``decision`` audit record to XCom.
     """
 
     template_fields: Sequence[str] = sz_inputs.TEMPLATE_FIELDS

@@ -379,7 +379,8 @@ def decision_filter(
 ) -> DecisionFilter:
     """The sensor's ``decide_when`` / ``debounce_ms`` / ``decide_initial``, checked at parse time.
 
-    A bad regular expression, callable path or debounce is an import error naming the field.
+    A bad regular expression, callable path or debounce is an import error naming the field, and
+    so is any of them in a sensor that pokes, where nothing would apply them.
     """
     if debounce_ms is not None and (isinstance(debounce_ms, bool) or not isinstance(debounce_ms, int)):
         raise SystemZeroArgumentError(
@@ -396,4 +397,25 @@ def decision_filter(
             code="invalid_decide_initial",
             field="decide_initial",
         )
-    return DecisionFilter(decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial)
+    decision_filter = DecisionFilter(
+        decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+    )
+    if decision_filter.active and not sensor.deferrable:
+        given = [
+            name
+            for name, value in (
+                ("decide_when", decide_when),
+                ("debounce_ms", debounce_ms),
+                ("decide_initial=False", None if decide_initial else False),
+            )
+            if value is not None
+        ]
+        raise SystemZeroArgumentError(
+            f"{', '.join(given)} take{'s' if len(given) == 1 else ''} effect only while the sensor waits "
+            "in the triggerer, and this one pokes (deferrable=False, or [operators] default_deferrable "
+            "off): pass deferrable=True, or drop "
+            f"{'it' if len(given) == 1 else 'them'}",
+            code="invalid_decision_filter",
+            field=given[0].split("=")[0],
+        )
+    return decision_filter

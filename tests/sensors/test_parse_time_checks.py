@@ -167,3 +167,32 @@ def test_a_named_error_keeps_its_class_and_field() -> None:
     with pytest.raises(SystemZeroArgumentError) as raised:
         _build(lease_after="5")
     assert raised.value.field == "lease_after" and str(raised.value).startswith("t: lease_after ")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"decide_when": "(?i)ready", "deferrable": False},
+            "t: decide_when takes effect only while the sensor waits in the triggerer, and this one pokes "
+            "(deferrable=False, or [operators] default_deferrable off): pass deferrable=True, or drop it",
+        ),
+        (
+            {"decide_when": "(?i)ready", "debounce_ms": 2000, "decide_initial": False, "deferrable": False},
+            "t: decide_when, debounce_ms, decide_initial=False take effect only while the sensor waits in "
+            "the triggerer, and this one pokes (deferrable=False, or [operators] default_deferrable off): "
+            "pass deferrable=True, or drop them",
+        ),
+    ],
+)
+def test_triggerer_only_knobs_in_a_poking_sensor_are_refused(
+    tmp_path: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    source = {"type": "file", "path": str(tmp_path / "job.log")}
+    with pytest.raises(SystemZeroArgumentError) as raised:
+        _build(source=source, **kwargs)
+    assert str(raised.value) == message
+    assert raised.value.field == "decide_when"
+    # the same knobs in a deferrable sensor are what they are for
+    deferred = _build("parse_time_deferred", source=source, **{**kwargs, "deferrable": True})
+    assert deferred.decision_filter.active
