@@ -44,6 +44,20 @@ def _try_number(context: Mapping[str, Any]) -> int:
     return int(number) if isinstance(number, int) else 0
 
 
+def _refused(task_id: str, message: object, retry_after: Any) -> Exception:
+    """The task's error for a budget refusal. A task's own cap holds across its tries, so a retry
+    would be refused the same way: no retry. A time window's cap (per connection per hour) frees
+    room as it moves, so Airflow's retries apply."""
+    from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+
+    if retry_after is None:
+        return AirflowFailException(f"{task_id}: {message}")
+    return AirflowException(
+        f"{task_id}: {message}; the window moves, so Airflow's retries apply (a retry_delay of at "
+        "least that long lets the next try in)"
+    )
+
+
 class TaskUsageLedger:
     """A task's usage across all its tries, on the worker (the trigger cannot reach the store).
 
@@ -335,7 +349,8 @@ class UsageBudgetMixin:
         the trigger's budget refused a dispatch.
 
         :param event: the trigger's event, read back.
-        :raises AirflowFailException: the budget stopped the trigger.
+        :raises AirflowFailException: the task's budget stopped the trigger (``AirflowException``,
+            which Airflow retries, for a time window's).
         """
         report = event.extra.get(EVENT_USAGE_KEY)
         report = report if isinstance(report, Mapping) else {}
@@ -348,25 +363,22 @@ class UsageBudgetMixin:
             outcome="success" if ok else "failed",
         )
         if refusal is not None and not ok:
-            from airflow_provider_systemzero.compat import AirflowFailException
-
-            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refusal.get('message')}")
+            raise _refused(getattr(self, "task_id", "?"), refusal.get("message"), refusal.get("retry_after"))
         return record
 
     def decide_with_budget(self, context: Mapping[str, Any], call: Callable[[DecisionBudget], Any]) -> Any:
         """Run a synchronous decide under this try's budget; the usage is recorded on every exit.
 
         :param call: receives the budget and performs the decide (e.g. ``hook.decide(..., budget=b)``).
-        :raises AirflowFailException: the budget refused the dispatch.
+        :raises AirflowFailException: the task's budget refused the dispatch (``AirflowException``,
+            which Airflow retries, for a time window's).
         """
         ledger, budget = self.budget_before_dispatch(context)
         try:
             result = call(budget)
         except BudgetExceeded as exc:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
-            from airflow_provider_systemzero.compat import AirflowFailException
-
-            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {exc}") from None
+            raise _refused(getattr(self, "task_id", "?"), exc, exc.retry_after) from None
         except BaseException:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
             raise

@@ -156,3 +156,41 @@ def test_budget_holds_across_a_retry(emulator: Any) -> None:
     assert (usage["billed"], usage["replayed"]) == (1, 2)
     assert usage["total"]["billed"] == 3 and usage["total"]["refused"] == 1
     assert usage["total"]["input_tokens"] == ledger_tokens([e for e in entries if e.billed])["input_tokens"]
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_connection_window_refusal_is_retried(emulator: Any, deferrable: bool) -> None:
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+
+    conn_id = f"systemzero_hourly_{deferrable}"  # the window is per connection, in this process
+    with (
+        systemzero_connection(
+            conn_id, emulator.origin, "budget-key", model="sz-demo", budget_decisions_per_hour=1
+        ),
+        DAG(
+            f"systemzero_hourly_{deferrable}",
+            schedule=None,
+            start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        ) as dag,
+    ):
+        decide = {"systemzero_conn_id": conn_id, "questions": {"ready": "Is the job ready?"}}
+        first = SystemZeroDecideOperator(
+            task_id="first", state="Step 1 done.", deferrable=deferrable, **decide
+        )
+        second = SystemZeroDecideOperator(
+            task_id="second",
+            state="Step 2 done.",
+            deferrable=deferrable,
+            retries=1,
+            retry_delay=timedelta(0),
+            **decide,
+        )
+        first >> second
+        dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"first": "success", "second": "failed"}
+    # the hour's window frees room as it moves: Airflow retried (and the window refused again)
+    assert task_tries(dag_run) == {"first": 1, "second": 2}
+    usage = xcoms_of(f"systemzero_hourly_{deferrable}", dag_run.run_id)[("second", "usage", -1)]
+    assert usage["refused_by"] == "budget_decisions_per_hour"
