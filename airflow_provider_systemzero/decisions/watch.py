@@ -248,6 +248,8 @@ class DecisionWatch:
         self.streak = Streak(condition.consecutive, condition.min_true_for)
         self._last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
         self._fired = False
+        #: why the newest decision checked did (not) meet the condition, for a timeout's message
+        self.last_reason: str | None = None
 
     def check(self, decision: DecisionResult, state_key: str) -> ConditionResult:
         """The condition's verdict on ``decision``, demoted to ``wait`` for a skipped state."""
@@ -261,6 +263,7 @@ class DecisionWatch:
                 result.outcome,
             )
         log.info("decision at version %s: %s", decision.state_version, result.reason)
+        self.last_reason = f"the last decision (state version {decision.state_version}): {result.reason}"
         return result
 
     def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> _Verdict | None:

@@ -217,6 +217,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         stream = self._stream
         payload = stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
         decided = False
+        watch: DecisionWatch | None = None
+        said: str | None = None  # why the last decision did not end the wait, once its watch is gone
         try:
             deadline = None if payload is not None else stream.deadline_scope()
             if deadline is not None:
@@ -230,7 +232,6 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     # kept across streams: a reopened stream does not decide its opening state
                     # unless a change since the last one matched decide_when
                     gate = self.decision_filter.gate(asyncio.get_running_loop().time())
-                    watch: DecisionWatch | None = None
                     while payload is None:
                         if watch is None:
                             watch = self._watch()
@@ -239,7 +240,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                             break
                         # dormant: only a run of qualifying decisions (hysteresis) is worth keeping
                         if not watch.streak.count:
-                            watch = None
+                            said, watch = watch.last_reason or said, None
                         stream.let_go(gate)
                         state = NO_CHANGE
                         while state is NO_CHANGE:
@@ -280,7 +281,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     await deadline.__aexit__(None, None, None)
         except TimeoutError:
             payload = stream.timed_out(
-                self._extra(), "no decision met the condition before the deadline", self._source
+                self._extra(),
+                "no decision met the condition before the deadline",
+                self._source,
+                (watch.last_reason if watch is not None else None) or said,
             )
         except Exception as exc:
             payload = stream.failure(self, exc, self._extra())

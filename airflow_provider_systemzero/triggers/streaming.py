@@ -490,16 +490,22 @@ class TriggerStream:
         return None if self.deadline is None else asyncio.timeout(self.deadline - time.time())
 
     def timed_out(
-        self, extra: dict[str, Any], message: str, source: StateSource | None = None
+        self,
+        extra: dict[str, Any],
+        message: str,
+        source: StateSource | None = None,
+        last_decision: str | None = None,
     ) -> dict[str, Any]:
         """The ``timeout`` payload of a deadline reached, with what the wait may have been stuck
-        on: the source's condition (a file that never appeared) and the stream's last error.
+        on: the source's condition (a file that never appeared), why the last decision did not
+        meet the condition, and the stream's last error.
 
         :param extra: fields every event of the trigger carries.
         :param message: what the event says.
         :param source: the trigger's source, if it has one.
+        :param last_decision: why the newest decision did not end the wait, if there was one.
         """
-        causes = [source.waiting_on() if source is not None else None]
+        causes = [source.waiting_on() if source is not None else None, last_decision]
         last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
         causes.append(f"last error: {last}" if last else None)
         return {

@@ -309,6 +309,10 @@ def test_a_static_state_waits_until_the_timeout_when_the_author_opts_in(
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
-    assert "no decision met the condition before the deadline" in printed
+    # the timeout says why the decision it had did not do: the cause, not only the deadline
+    assert (
+        "no decision met the condition before the deadline; the last decision (state version 1): "
+        "ready = False, waiting for True"
+    ) in printed
     assert "the state has no source, so it never changes" not in printed
     assert emulator.stats.decisions_billed == before.decisions_billed + 1
