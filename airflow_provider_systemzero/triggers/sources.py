@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,6 +129,14 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
             f"source.path is required for a {kind} source", code="invalid_source", field="source.path"
         )
     if kind == "file":
+        path = spec["path"]
+        if "{{" not in path and not os.path.isabs(path):
+            raise SystemZeroArgumentError(
+                f"source.path {path!r} is relative: the triggerer (the worker, in poke mode) would read it "
+                "from its own working directory, not the Dag file's; give an absolute path",
+                code="invalid_source",
+                field="source.path",
+            )
         if not isinstance(spec.get("must_exist", False), bool):
             raise SystemZeroArgumentError(
                 "source.must_exist must be true or false", code="invalid_source", field="source.must_exist"

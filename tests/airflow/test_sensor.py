@@ -142,6 +142,11 @@ def test_error_events_raise_what_airflow_expects(
         ({"source": {"type": "tcp"}}, "source.type 'tcp' is not one of"),
         ({"source": {"type": "file"}}, "source.path is required"),
         (
+            {"source": {"type": "file", "path": "data/job.log"}},
+            "source.path 'data/job.log' is relative: the triggerer .* its own working directory, "
+            "not the Dag file's; give an absolute path",
+        ),
+        (
             {"state": ["not", "a", "string"], "source": {"type": "file", "path": "/x"}},
             "needs a string initial",
         ),
