@@ -224,6 +224,11 @@ class CallableSource(StateSource):
             self._failures = 0
             return value
 
+    def describe(self) -> str:
+        """The callable, and how often it is asked."""
+        how = "as its generator yields" if self._push else f"every {self.poll_interval:g} s"
+        return f"{self._name}(), {how}"
+
     async def current(self) -> Any:
         if self._push:
             if self._live() is None:  # the first value the generator yields is the current state

@@ -49,7 +49,7 @@ from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
-from airflow_provider_systemzero.triggers.streaming import TriggerStream, error_payload
+from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait, error_payload
 
 __all__ = [
     "SystemZeroDecideTrigger",
@@ -226,6 +226,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             try:
                 if payload is None:
                     self._source = source = build_source(self.source, self.state)
+                    announce_wait(self.condition, source)
                     state = await source.current()
                     # a callable that cannot be imported ends the wait here
                     relevance = self.decision_filter.relevance()
@@ -494,6 +495,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         stream_of = self._stream
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
+        announce_wait(self.condition, source)
         state = await source.current()
         # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
         # can review an asset event, so only a met decision counts

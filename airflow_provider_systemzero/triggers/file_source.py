@@ -171,6 +171,10 @@ class FileSource(StateSource):
         finally:
             self._reading.release()
 
+    def describe(self) -> str:
+        """The file and the host it is read on."""
+        return f"the file {self.path!r} on host {socket.gethostname()!r}"
+
     def waiting_on(self) -> str | None:
         if not self._missing:
             return None

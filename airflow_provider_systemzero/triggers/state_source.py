@@ -69,6 +69,10 @@ class StateSource:
         (``None``: nothing this source knows of)."""
         return None
 
+    def describe(self) -> str:
+        """Where the state comes from, in a few words for the log line a wait starts with."""
+        return "the task (it never changes)"
+
     async def taken(self, value: Any) -> Any:
         """The state that the value :meth:`next_change` gave stands for (this default: the value).
 

@@ -242,14 +242,18 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
 
 
 def test_a_sensor_that_times_out_on_a_missing_file_says_so(
-    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = tmp_path / "jbo.log"  # a typo: the file the job writes is job.log
     with DAG("mistake_missing_file_timeout", schedule=None, start_date=START) as dag:
         _sensor(
             source={"type": "file", "path": str(missing), "poll_interval": 0.05}, timeout=2, deferrable=True
         )
-    dag_run = run_dag(dag)
+    with caplog.at_level(logging.INFO):
+        dag_run = run_dag(dag)
+    # the wait says from its start what it waits for and which file it reads, where
+    said = f"waiting until ready = True; the state comes from the file {str(missing)!r} on host {socket.gethostname()!r}"
+    assert said in [r.getMessage() for r in caplog.records]
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
     assert (

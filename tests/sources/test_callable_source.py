@@ -179,3 +179,11 @@ async def test_a_generator_that_ends_in_a_dormant_wait_leaves_the_state_until_ca
         assert await source.taken(await source.next_change()) == "still waiting\n"
     finally:
         await source.aclose()
+
+
+def test_each_source_says_where_its_state_comes_from() -> None:
+    polled = build_source(callable_spec("quick", poll_interval=2.5), "")
+    assert polled.describe() == "tests.sources.callables.quick(), every 2.5 s"
+    pushed = build_source(callable_spec("two_then_end"), "")
+    assert pushed.describe() == "tests.sources.callables.two_then_end(), as its generator yields"
+    assert build_source(None, "Job started.").describe() == "the task (it never changes)"
