@@ -476,7 +476,12 @@ class PolicyGateMixin:
             ),
         )
         self.log.info(
-            "asking a person about %s (%s); the task waits in awaiting_input", gate.question, outcome.reason
+            "asking a person about %s (%s); the task waits in awaiting_input: answer on Airflow's "
+            "Required Actions page, or with PATCH .../taskInstances/%s/%s/hitlDetails",
+            gate.question,
+            outcome.reason,
+            context["ti"].task_id,
+            context["ti"].map_index,
         )
         for notifier in self.review_notifiers:
             notifier(context)

@@ -74,7 +74,9 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
 
 
 @needs_awaiting_input
-def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> None:
+def test_review_band_takes_the_persons_answer(
+    emulator: Any, core_api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     dag = _decide(
         "policy_review", "publish:review", POLICY, review_assigned_users={"id": "alice", "name": "alice"}
     )
@@ -82,6 +84,11 @@ def test_review_band_takes_the_persons_answer(emulator: Any, core_api: Any) -> N
         dag_run = run_dag(dag)
     assert dag_run.state == "success", task_states(dag_run)
     assert [code for code, _ in reviewer.responses] == [200]
+    # the task's log says where the person answers (the reviewer used that very endpoint)
+    assert (
+        "the task waits in awaiting_input: answer on Airflow's Required Actions page, or with "
+        "PATCH .../taskInstances/decide/-1/hitlDetails"
+    ) in capsys.readouterr().out
     (request,) = reviewer.seen
     # what the person saw: the question, the numbers, the ranked answers, the state
     assert request["options"] == ["Yes", "No"] and request["defaults"] == ["No"] and not request["multiple"]
