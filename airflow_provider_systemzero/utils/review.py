@@ -480,8 +480,8 @@ class PolicyGateMixin:
             "Required Actions page, or with PATCH .../taskInstances/%s/%s/hitlDetails",
             gate.question,
             outcome.reason,
-            context["ti"].task_id,
-            context["ti"].map_index,
+            getattr(self, "task_id", "?"),
+            getattr(context.get("ti"), "map_index", -1),
         )
         for notifier in self.review_notifiers:
             notifier(context)
