@@ -122,9 +122,10 @@ def validate_state_for_request(
     *,
     limits: Limits | None = None,
     field: str = "state",
-) -> None:
+) -> int:
     """Check a state (and attachments) against the request: JSON, kind, and the decide-body limit.
 
+    :return: the decide body's size in bytes (what a budget's token estimate reads).
     :raises SystemZeroArgumentError: naming the field.
     """
     validate_state(state, field=field)
@@ -151,3 +152,4 @@ def validate_state_for_request(
             code="decide_body_too_large",
             field=field,
         )
+    return size

@@ -385,13 +385,15 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self._check_policy(request)
         return request
 
-    def _prepare(self, context: Context) -> tuple[dict[str, Any], Any, list[Attachment], str]:
+    def _prepare(self, context: Context) -> tuple[dict[str, Any], Any, list[Attachment], str, int]:
+        """The request, the state, its attachments, the key namespace and the decide body's size
+        (checked: a mistake fails the task before anything is sent)."""
         try:
             request = self._request(context)
             state = self._state(context)
             refuse_empty_state(state, allow_empty=self.allow_empty)  # when it runs: a template may fill it
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
-            validate_state_for_request(request, state, attachments, field=self._state_name())
+            body_bytes = validate_state_for_request(request, state, attachments, field=self._state_name())
         except ARGUMENT_ERRORS as exc:
             fix = ""
             if exc.code == "decide_body_too_large":
@@ -402,13 +404,13 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 )
             raise AirflowFailException(f"{self.task_id}: {exc}{fix}") from None
         namespace = context_namespace(context, salt=self.key_salt)
-        return request, state, attachments, namespace
+        return request, state, attachments, namespace, body_bytes
 
     # ------------------------------------------------------------------ running
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Decide (deferring to the triggerer when deferrable)."""
-        request, state, attachments, namespace = self._prepare(context)
+        request, state, attachments, namespace, body_bytes = self._prepare(context)
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, request.get("model"))
         self.log.info(
             "asking %d question(s) about a state of %d bytes (sha256 %s)",
@@ -424,7 +426,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 key_namespace=namespace,
                 attachments=[a.to_dict() for a in attachments],
                 deadline=time.time() + self.decision_timeout,
-                budget=self.trigger_budget(context),
+                budget=self.trigger_budget(context, body_bytes),
             )
             self.defer(
                 trigger=trigger,
@@ -444,6 +446,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 timeout=self.decision_timeout,
                 budget=budget,
             ),
+            body_bytes,
         )
         return self._publish(
             context, WatchEvent.from_payload(answers_payload(decision, state, key_namespace=namespace))

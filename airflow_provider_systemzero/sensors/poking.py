@@ -64,7 +64,7 @@ class PokeWatch:
             )
         try:
             state = read_source_once(source, sensor.state)
-            validate_state_for_request(request, state, field=source_name(source))
+            body_bytes = validate_state_for_request(request, state, field=source_name(source))
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=sensor.key_salt)
@@ -74,6 +74,7 @@ class PokeWatch:
             lambda budget: hook.decide(
                 request, state=state, key_namespace=namespace, identity=namespace, budget=budget
             ),
+            body_bytes,
         )
         if self._watch is None:
             self._watch = DecisionWatch(

@@ -326,22 +326,23 @@ class UsageBudgetMixin:
             logger=getattr(self, "log", None),
         )
 
-    def budget_before_dispatch(self, context: Mapping[str, Any]) -> tuple[TaskUsageLedger, DecisionBudget]:
-        """The ledger and this try's budget; fails the task at once when nothing fits.
+    def budget_before_dispatch(
+        self, context: Mapping[str, Any], body_bytes: int | None = None
+    ) -> tuple[TaskUsageLedger, DecisionBudget]:
+        """The ledger and this try's budget; fails the task at once when the next dispatch does not fit.
 
+        :param body_bytes: the decide body's size when the state is known (the token estimate).
         :raises AirflowFailException: the budget is spent (the ``usage`` XCom is pushed first).
         """
         ledger = self.usage_ledger(context)
         budget = ledger.budget()
-        refused = budget.check(1, None)
+        refused = budget.check(1, body_bytes)
         if refused is not None:
             budget.record_exceeded(refused)
             ledger.finish(
                 budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
             )
-            from airflow_provider_systemzero.compat import AirflowFailException
-
-            raise AirflowFailException(f"{getattr(self, 'task_id', '?')}: {refused}")
+            raise _refused(getattr(self, "task_id", "?"), refused, refused.retry_after)
         return ledger, budget
 
     def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
@@ -366,14 +367,20 @@ class UsageBudgetMixin:
             raise _refused(getattr(self, "task_id", "?"), refusal.get("message"), refusal.get("retry_after"))
         return record
 
-    def decide_with_budget(self, context: Mapping[str, Any], call: Callable[[DecisionBudget], Any]) -> Any:
+    def decide_with_budget(
+        self,
+        context: Mapping[str, Any],
+        call: Callable[[DecisionBudget], Any],
+        body_bytes: int | None = None,
+    ) -> Any:
         """Run a synchronous decide under this try's budget; the usage is recorded on every exit.
 
         :param call: receives the budget and performs the decide (e.g. ``hook.decide(..., budget=b)``).
+        :param body_bytes: the decide body's size (checked before anything connects).
         :raises AirflowFailException: the task's budget refused the dispatch (``AirflowException``,
             which Airflow retries, for a time window's).
         """
-        ledger, budget = self.budget_before_dispatch(context)
+        ledger, budget = self.budget_before_dispatch(context, body_bytes)
         try:
             result = call(budget)
         except BudgetExceeded as exc:
@@ -385,12 +392,14 @@ class UsageBudgetMixin:
         ledger.finish(budget.usage, run_id=budget.run_id, outcome="success")
         return result
 
-    def trigger_budget(self, context: Mapping[str, Any]) -> dict[str, Any]:
+    def trigger_budget(self, context: Mapping[str, Any], body_bytes: int | None = None) -> dict[str, Any]:
         """Before deferring: the budget for the trigger's kwargs, with its allowance reserved.
 
+        :param body_bytes: the decide body's size when the state is known: a dispatch whose
+            estimate cannot fit is refused here, before a trigger connects.
         :raises AirflowFailException: the budget is spent already.
         """
-        ledger, budget = self.budget_before_dispatch(context)
+        ledger, budget = self.budget_before_dispatch(context, body_bytes)
         ledger.reserve(budget)
         return budget.to_kwargs()
 

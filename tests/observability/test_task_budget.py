@@ -194,3 +194,31 @@ def test_a_connection_window_refusal_is_retried(emulator: Any, deferrable: bool)
     assert task_tries(dag_run) == {"first": 1, "second": 2}
     usage = xcoms_of(f"systemzero_hourly_{deferrable}", dag_run.run_id)[("second", "usage", -1)]
     assert usage["refused_by"] == "budget_decisions_per_hour"
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_token_cap_the_state_cannot_fit_is_refused_before_connecting(
+    emulator: Any, deferrable: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+
+    before = emulator.stats
+    dag_id = f"systemzero_token_cap_{deferrable}"
+    with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC")) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id=CONN_ID,
+            questions={"ready": "Is the job ready?"},
+            state="Step 1 done.",
+            max_input_tokens=10,  # the decide body alone is estimated at more
+            deferrable=deferrable,
+        )
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"decide": "failed"}
+    assert "max_input_tokens=10" in capsys.readouterr().out
+    # known on the worker: no trigger, no stream, nothing billed
+    assert emulator.stats.streams_total == before.streams_total
+    usage = xcoms_of(dag_id, dag_run.run_id)[("decide", "usage", -1)]
+    assert usage["refused_by"] == "max_input_tokens" and usage["total"]["billed"] == 0
