@@ -235,7 +235,7 @@ class TaskUsageLedger:
         *,
         run_id: str | None = None,
         refusal: BudgetExceeded | Mapping[str, Any] | None = None,
-        outcome: str = "success",
+        outcome: str = "decided",
     ) -> dict[str, Any]:
         """Add a run's usage to the total, persist it, push the ``usage`` XCom and log a summary.
 
@@ -361,7 +361,7 @@ class UsageBudgetMixin:
             report.get("run"),
             run_id=report.get("run_id"),
             refusal=refusal,
-            outcome="success" if ok else "failed",
+            outcome="decided" if ok else "failed",
         )
         if refusal is not None and not ok:
             raise _refused(getattr(self, "task_id", "?"), refusal.get("message"), refusal.get("retry_after"))
@@ -389,7 +389,7 @@ class UsageBudgetMixin:
         except BaseException:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
             raise
-        ledger.finish(budget.usage, run_id=budget.run_id, outcome="success")
+        ledger.finish(budget.usage, run_id=budget.run_id, outcome="decided")
         return result
 
     def trigger_budget(self, context: Mapping[str, Any], body_bytes: int | None = None) -> dict[str, Any]:
