@@ -33,6 +33,7 @@ from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
     check_key_salt,
+    has_template,
     is_literal,
     parse_time,
     refuse_empty_state,
@@ -81,7 +82,6 @@ START_FROM_TRIGGER_NAMESPACE = "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.ru
 #: Longest key namespace the stream accepts, and the room kept for the run ID and map index.
 _MAX_NAMESPACE = 190
 _RUN_ID_ROOM = 64
-_JINJA_MARKERS = ("{{", "{%", "{#")
 #: Extra time Airflow gives the trigger beyond the sensor's own deadline, so the trigger's
 #: clearer timeout event wins.
 _DEFER_GRACE = timedelta(seconds=60)
@@ -267,11 +267,7 @@ def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
     """
     if not sensor.deferrable:
         raise ValueError(f"{sensor.task_id}: start_from_trigger=True needs deferrable=True")
-    templated = [
-        name
-        for name in _REQUEST_FIELDS
-        if any(marker in repr(getattr(sensor, name)) for marker in _JINJA_MARKERS)
-    ]
+    templated = [name for name in _REQUEST_FIELDS if has_template(repr(getattr(sensor, name)))]
     if templated:
         raise ValueError(
             f"{sensor.task_id}: with start_from_trigger=True the triggerer renders only state and "
@@ -279,7 +275,7 @@ def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
         )
     namespace = START_FROM_TRIGGER_NAMESPACE
     if sensor.key_salt is not None:
-        if any(marker in sensor.key_salt for marker in _JINJA_MARKERS):
+        if has_template(sensor.key_salt):
             raise ValueError(f"{sensor.task_id}: key_salt must not be templated with start_from_trigger=True")
         namespace += f".{sensor.key_salt}"
     if sensor.has_dag():

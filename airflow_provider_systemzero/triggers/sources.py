@@ -52,6 +52,7 @@ from airflow_provider_systemzero.triggers.callable_source import (
 )
 from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource, missing_file
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
+from airflow_provider_systemzero.utils.checks import has_template
 
 __all__ = [
     "FINGERPRINT_BYTES",
@@ -130,7 +131,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         )
     if kind == "file":
         path = spec["path"]
-        if "{{" not in path and not os.path.isabs(path):
+        if not has_template(path) and not os.path.isabs(path):
             raise SystemZeroArgumentError(
                 f"source.path {path!r} is relative: the triggerer (the worker, in poke mode) would read it "
                 "from its own working directory, not the Dag file's; give an absolute path",

@@ -24,6 +24,7 @@ __all__ = [
     "check_connection_before_deferring",
     "check_flag",
     "check_key_salt",
+    "has_template",
     "is_literal",
     "parse_time",
     "refuse_empty_state",
@@ -31,6 +32,14 @@ __all__ = [
 ]
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
+
+
+def has_template(text: str) -> bool:
+    """Whether ``text`` holds a Jinja template (``{{``, ``{%`` or ``{#``), rendered when the task runs.
+
+    :param text: an argument, or the ``repr`` of a structured one.
+    """
+    return any(marker in text for marker in _JINJA_MARKERS)
 
 
 def is_literal(value: Any) -> bool:
@@ -41,7 +50,7 @@ def is_literal(value: Any) -> bool:
     if value is None or isinstance(value, bool | int | float):
         return True
     if isinstance(value, str):
-        return not any(marker in value for marker in _JINJA_MARKERS)
+        return not has_template(value)
     if isinstance(value, list | tuple):
         return all(is_literal(item) for item in value)
     if isinstance(value, Mapping):
