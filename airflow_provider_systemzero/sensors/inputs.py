@@ -397,14 +397,15 @@ def decision_filter(
         decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
     )
     if decision_filter.active and not sensor.deferrable:
+        # the arguments that made the filter active (DecisionFilter.active), as the author wrote them
         given = [
             name
-            for name, value in (
-                ("decide_when", decide_when),
-                ("debounce_ms", debounce_ms),
-                ("decide_initial=False", None if decide_initial else False),
+            for name, makes_active in (
+                ("decide_when", decide_when is not None),
+                ("debounce_ms", bool(debounce_ms)),
+                ("decide_initial=False", not decide_initial),
             )
-            if value is not None
+            if makes_active
         ]
         raise SystemZeroArgumentError(
             f"{', '.join(given)} take{'s' if len(given) == 1 else ''} effect only while the sensor waits "
