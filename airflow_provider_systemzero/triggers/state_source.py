@@ -71,7 +71,7 @@ class StateSource:
 
     def describe(self) -> str:
         """Where the state comes from, in a few words for the log line a wait starts with."""
-        return "the task (it never changes)"
+        return f"a {type(self).__name__}"
 
     async def taken(self, value: Any) -> Any:
         """The state that the value :meth:`next_change` gave stands for (this default: the value).
@@ -108,3 +108,6 @@ class StaticSource(StateSource):
 
     def next_change(self) -> Awaitable[Any]:
         return asyncio.get_running_loop().create_future()  # nothing ever completes it
+
+    def describe(self) -> str:
+        return "the task (it never changes)"
