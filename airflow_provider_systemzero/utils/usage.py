@@ -44,13 +44,16 @@ def _try_number(context: Mapping[str, Any]) -> int:
     return int(number) if isinstance(number, int) else 0
 
 
-def _refused(task_id: str, message: object, retry_after: Any) -> Exception:
-    """The task's error for a budget refusal. A task's own cap holds across its tries, so a retry
-    would be refused the same way: no retry. A time window's cap (per connection per hour) frees
-    room as it moves, so Airflow's retries apply."""
+def _refused(task_id: str, refusal: BudgetExceeded | Mapping[str, Any]) -> Exception:
+    """The task's error for a budget refusal (raised here, or read back from a trigger's event).
+    A task's own cap holds across its tries, so a retry would be refused the same way: no retry.
+    A time window's cap (per connection per hour) frees room as it moves, so Airflow's retries
+    apply."""
     from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 
-    if retry_after is None:
+    facts = refusal.to_dict() if isinstance(refusal, BudgetExceeded) else refusal
+    message = facts.get("message")
+    if facts.get("retry_after") is None:
         return AirflowFailException(f"{task_id}: {message}")
     return AirflowException(
         f"{task_id}: {message}; the window moves, so Airflow's retries apply (a retry_delay of at "
@@ -342,7 +345,7 @@ class UsageBudgetMixin:
             ledger.finish(
                 budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
             )
-            raise _refused(getattr(self, "task_id", "?"), refused, refused.retry_after)
+            raise _refused(getattr(self, "task_id", "?"), refused)
         return ledger, budget
 
     def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
@@ -364,7 +367,7 @@ class UsageBudgetMixin:
             outcome="decided" if ok else "failed",
         )
         if refusal is not None and not ok:
-            raise _refused(getattr(self, "task_id", "?"), refusal.get("message"), refusal.get("retry_after"))
+            raise _refused(getattr(self, "task_id", "?"), refusal)
         return record
 
     def decide_with_budget(
@@ -385,7 +388,7 @@ class UsageBudgetMixin:
             result = call(budget)
         except BudgetExceeded as exc:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
-            raise _refused(getattr(self, "task_id", "?"), exc, exc.retry_after) from None
+            raise _refused(getattr(self, "task_id", "?"), exc) from None
         except BaseException:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
             raise
