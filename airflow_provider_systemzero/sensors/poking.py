@@ -21,7 +21,7 @@ from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
 from airflow_provider_systemzero.sensors.outcomes import static_unmet
-from airflow_provider_systemzero.triggers.sources import read_source_once
+from airflow_provider_systemzero.triggers.sources import NO_CONTENT, read_source_once
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -64,6 +64,14 @@ class PokeWatch:
             )
         try:
             state = read_source_once(source, sensor.state)
+            if state is NO_CONTENT:  # only a file source reads as no content
+                assert source is not None
+                sensor.log.info(
+                    "nothing to decide: the file %r has no content (it does not exist or is empty), so "
+                    "this poke decides and bills nothing; the next poke reads it again",
+                    source["path"],
+                )
+                return None
             body_bytes = validate_state_for_request(request, state, field=source_name(source))
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{sensor.task_id}: {exc}") from None

@@ -47,9 +47,10 @@ from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS,
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.triggers.payloads import error_payload
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
-from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait, error_payload
+from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait
 
 __all__ = [
     "SystemZeroDecideTrigger",
@@ -227,12 +228,12 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 if payload is None:
                     self._source = source = build_source(self.source, self.state)
                     announce_wait(self.condition, source)
-                    state = await source.current()
                     # a callable that cannot be imported ends the wait here
                     relevance = self.decision_filter.relevance()
                     # kept across streams: a reopened stream does not decide its opening state
                     # unless a change since the last one matched decide_when
                     gate = self.decision_filter.gate(asyncio.get_running_loop().time())
+                    state = await stream.first_state(source, gate, relevance)
                     while payload is None:
                         if watch is None:
                             watch = self._watch()
@@ -252,7 +253,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                                     # TriggerStream.change, inline: no coroutine between this
                                     # generator and the source's own wait
                                     state = await source.current()
-                                    while not stream.changed(state):
+                                    while not stream.changed(state, source):
                                         try:
                                             state = await source.taken(await source.next_change())
                                         except Exception as exc:
@@ -496,7 +497,6 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
         announce_wait(self.condition, source)
-        state = await source.current()
         # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
         # can review an asset event, so only a met decision counts
         watch = DecisionWatch(condition, reviews=False)
@@ -505,6 +505,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the trigger
         gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
         try:
+            state = await stream_of.first_state(source, gate, relevance)
             while True:
                 follow = source if gate is None else None  # it opens with the newest state
                 # one queue per stream (it is drained before the trigger goes dormant: none is kept)
@@ -548,7 +549,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         if time_left is None:
                             # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
                             state = await source.current()
-                            while not stream_of.changed(state):
+                            while not stream_of.changed(state, source):
                                 try:
                                     state = await source.taken(await source.next_change())
                                 except Exception as exc:

@@ -27,6 +27,8 @@ log = logging.getLogger("airflow_provider_systemzero.triggers.sources")  # the s
 
 #: Bytes at the start of a tailed file, and before the read position, compared on every read.
 FINGERPRINT_BYTES = 1024
+#: What a file source's ``changes()`` compares the text with before it yielded any (no text equals it).
+_NOTHING_YET: Any = object()
 #: A notified file source reads at most this many new bytes on the event loop (more in a thread).
 INLINE_READ_BYTES = 64 * 1024
 
@@ -54,12 +56,20 @@ class FileSource(StateSource):
     writing with shell ``>``, ``copytruncate`` followed by a fast writer, and ``rm`` + recreate that
     reuses the inode number are read afresh rather than spliced.
 
+    While the file does not exist or is empty, the source's state holds none of it; such a state
+    is withheld (:meth:`withheld`: ``changes()`` does not yield it, and a trigger opens no stream
+    about it), so nothing is decided or billed until the file has content, unless
+    ``decide_empty``.
+
     :param path: the file.
     :param prefix: the initial state the file content is appended to.
     :param encoding: the file's text encoding.
     :param poll_interval: seconds between checks when polling.
     :param watch: ``auto``, ``notify`` or ``poll``.
-    :param must_exist: fail when the file does not exist at the start (default: read it as empty).
+    :param must_exist: fail when the file does not exist at the start (default: wait for it).
+    :param decide_empty: decide a state that holds none of the file (it does not exist, or it is
+        empty); by default such a state is withheld (:meth:`withheld`): nothing is decided or
+        billed until the file has content.
     """
 
     def __init__(
@@ -71,12 +81,16 @@ class FileSource(StateSource):
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         watch: str = "auto",
         must_exist: bool = False,
+        decide_empty: bool = False,
     ) -> None:
         self.path = path
         self.must_exist = must_exist
+        self.decide_empty = decide_empty
         self._seen = False
         #: the last read found no file (read as empty)
         self._missing = False
+        #: a withheld state was said so (once per stretch without content; see :meth:`withheld`)
+        self._said_empty = False
         self.prefix = prefix
         self.encoding = encoding
         self.poll_interval = poll_interval
@@ -175,12 +189,49 @@ class FileSource(StateSource):
         """The file and the host it is read on."""
         return f"the file {self.path!r} on host {socket.gethostname()!r}"
 
+    def withheld(self, state: Any) -> bool:
+        """Whether ``state`` holds none of the file — it does not exist, or it is empty (truncated,
+        or between a rotation and the new file's first write) — and so is not decided, unless
+        ``decide_empty``. Without content there is no evidence to decide: a decision would be
+        billed, and a condition such as ``failed = False`` could end a wait on a log not written
+        yet. Said once each time the file goes without content.
+
+        :param state: a state the source gave (the initial state followed by the file's content).
+        """
+        if self.decide_empty or state != self.prefix:
+            self._said_empty = False
+            return False
+        if not self._said_empty:
+            self._said_empty = True
+            log.info(
+                "%s: nothing is sent or decided (or billed) until it has content; "
+                'set "decide_empty": True in the source to decide it anyway',
+                self._without_content(),
+            )
+        return True
+
+    def _without_content(self) -> str:
+        where = f"the file {self.path!r} on host {socket.gethostname()!r}"
+        return f"{where} does not exist" if self._missing else f"{where} is empty"
+
     def waiting_on(self) -> str | None:
-        if not self._missing:
+        if self._text != self.prefix:
             return None
+        if self.decide_empty:
+            if not self._missing:
+                return None
+            return (
+                f"source file {self.path!r} does not exist on host {socket.gethostname()!r} (read "
+                'as empty all along): check the path, or set "must_exist": True to fail at the start'
+            )
+        if self._missing:
+            return (
+                f"{self._without_content()}, so nothing was decided: check the path, or set "
+                '"must_exist": True to fail at the start'
+            )
         return (
-            f"source file {self.path!r} does not exist on host {socket.gethostname()!r} (read as "
-            'empty all along): check the path, or set "must_exist": True to fail at the start'
+            f"{self._without_content()}, so nothing was decided: a file without content is not "
+            'decided (set "decide_empty": True in the source to decide it)'
         )
 
     def _read_file(self, replaced: bool, limit: int | None) -> tuple[bool, str] | None:
@@ -190,7 +241,7 @@ class FileSource(StateSource):
         except FileNotFoundError:  # a missing file counts as empty
             if not self._seen:
                 self._seen = True  # said once (or, with must_exist, raised)
-                missing_file(self.path, self.must_exist)
+                missing_file(self.path, self.must_exist, self.decide_empty)
             self._missing = True
             restart = self._identity is not None
             self._forget_file()
@@ -404,15 +455,20 @@ class FileSource(StateSource):
             # (one a cancelled iterator left running in a thread: wait for it)
             if self._stale or not self._watched or self._reading.locked():
                 await self._refresh()
-            last = self._text
-            yield last
+            # a text without the file's content is not yielded (withheld): the content that
+            # follows is compared with the text yielded last
+            last: Any = _NOTHING_YET
+            if not self.withheld(self._text):
+                last = self._text
+                yield last
             while True:
                 await self._next_change(wake)
                 await self._refresh()
                 # what this iterator has not yielded yet (another iterator's read may have taken
                 # the change into the text: the text is compared, not the read's result)
-                if self._text is not last and self._text != last:
-                    last = self._text
+                text = self._text
+                if text is not last and text != last and not self.withheld(text):
+                    last = text
                     yield last
         finally:
             self._wakes.discard(wake)
@@ -432,8 +488,9 @@ def _fresh_state(encoding: str) -> tuple[bytes, int]:
     return codecs.getincrementaldecoder(encoding)().getstate()  # type: ignore[return-value]
 
 
-def missing_file(path: str, must_exist: bool) -> None:
-    """A file source's file does not exist: fail (``must_exist``) or say so once and read it as empty.
+def missing_file(path: str, must_exist: bool, decide_empty: bool = False) -> None:
+    """A file source's file does not exist: fail (``must_exist``) or say so once and read it as empty
+    (which is not decided, unless ``decide_empty``).
 
     :raises SystemZeroArgumentError: with ``must_exist``.
     """
@@ -446,8 +503,9 @@ def missing_file(path: str, must_exist: bool) -> None:
             field="source.path",
         )
     log.warning(
-        "source file %r does not exist on host %r: it is read as empty until it appears; if the path is "
-        'wrong, fix it, or set "must_exist": True to fail instead',
+        "source file %r does not exist on host %r: %s until it appears; if the path is wrong, fix it, "
+        'or set "must_exist": True to fail instead',
         path,
         host,
+        "it is read as empty" if decide_empty else "nothing is decided",
     )

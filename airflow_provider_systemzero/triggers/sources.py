@@ -13,7 +13,9 @@ triggerer with :func:`build_source`. Three kinds:
     are read incrementally off the event loop; a file that is replaced — renamed, deleted and
     recreated, rewritten in place or truncated — is read again from the start (see
     :class:`FileSource`). A missing file counts as empty, with
-    one WARNING naming the path and the host; ``"must_exist": True`` fails instead.
+    one WARNING naming the path and the host; ``"must_exist": True`` fails instead. A state that
+    holds none of the file (missing or empty) is not decided: the trigger waits for content,
+    unless ``"decide_empty": True``.
 ``{"type": "callable", "path": "my_pkg.sources.job_state", "kwargs": {...}, "poll_interval": 5.0}``
     A function returning the full desired state (string, array or object). A sync function runs
     in a daemon thread of its own (one call at a time, at most ``timeout`` seconds), an ``async
@@ -56,6 +58,7 @@ from airflow_provider_systemzero.utils.checks import has_template
 
 __all__ = [
     "FINGERPRINT_BYTES",
+    "NO_CONTENT",
     "CallableSource",
     "FileSource",
     "SourceFailed",
@@ -67,6 +70,9 @@ __all__ = [
 ]
 
 SOURCE_TYPES = ("static", "file", "callable")
+
+#: What :func:`read_source_once` returns for a file without content: nothing to decide.
+NO_CONTENT: Any = object()
 
 
 def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
@@ -94,7 +100,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         )
     allowed = {
         "static": {"type"},
-        "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist"},
+        "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist", "decide_empty"},
         "callable": {"type", "path", "kwargs", "poll_interval", "retries", "retry_delay", "timeout"},
     }[kind]
     unknown = sorted(set(spec) - allowed)
@@ -138,10 +144,13 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
                 code="invalid_source",
                 field="source.path",
             )
-        if not isinstance(spec.get("must_exist", False), bool):
-            raise SystemZeroArgumentError(
-                "source.must_exist must be true or false", code="invalid_source", field="source.must_exist"
-            )
+        for name in ("must_exist", "decide_empty"):
+            if not isinstance(spec.get(name, False), bool):
+                raise SystemZeroArgumentError(
+                    f"source.{name} must be true or false, got {spec[name]!r}",
+                    code="invalid_source",
+                    field=f"source.{name}",
+                )
         if not isinstance(initial_state, str):
             raise SystemZeroArgumentError(
                 "a file source needs a string initial state (the file content is appended to it)",
@@ -179,6 +188,7 @@ def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSou
             poll_interval=poll,
             watch=spec.get("watch", "auto"),
             must_exist=spec.get("must_exist", False),
+            decide_empty=spec.get("decide_empty", False),
         )
     if spec["type"] == "callable":
         return CallableSource(
@@ -197,16 +207,20 @@ def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
 
     :param spec: the source description.
     :param initial_state: the initial state.
+    :return: the state, or :data:`NO_CONTENT` for a file source whose file does not exist or is
+        empty (nothing to decide, unless ``decide_empty``: then the initial state).
     :raises SystemZeroArgumentError: for an async generator source (it needs the triggerer).
     """
     spec = validate_source_spec(spec, initial_state)
     if spec["type"] == "file":
+        decide_empty = spec.get("decide_empty", False)
         try:
             with open(spec["path"], encoding=spec.get("encoding", "utf-8"), errors="replace") as handle:
-                return initial_state + handle.read()
+                content = handle.read()
         except FileNotFoundError:
-            missing_file(spec["path"], spec.get("must_exist", False))
-            return initial_state
+            missing_file(spec["path"], spec.get("must_exist", False), decide_empty)
+            content = ""
+        return initial_state + content if content or decide_empty else NO_CONTENT
     if spec["type"] == "callable":
         function = import_callable(spec["path"])
         if inspect.isasyncgenfunction(function):

@@ -64,6 +64,18 @@ class StateSource:
         await asyncio.sleep(self.poll_interval)
         return await self.current()
 
+    def withheld(self, state: Any) -> bool:
+        """Whether ``state`` holds nothing to decide (this default: it always holds something).
+
+        A trigger opens no stream about a withheld state and sends none to an open stream; it
+        waits for the source's next state instead, so nothing is decided or billed meanwhile (a
+        file source whose file is missing or empty: :meth:`FileSource.withheld
+        <airflow_provider_systemzero.triggers.file_source.FileSource.withheld>`).
+
+        :param state: a state the source gave.
+        """
+        return False
+
     def waiting_on(self) -> str | None:
         """What a wait on this source may be stuck on, for the message of a deadline that passed
         (``None``: nothing this source knows of)."""

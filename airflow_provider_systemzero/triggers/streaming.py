@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.opening import OPENINGS, Opening
+from airflow_provider_systemzero.triggers.payloads import error_payload
 from airflow_provider_systemzero.triggers.reading import SourceReading, retrieved
 from airflow_provider_systemzero.triggers.sources import StateSource
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
@@ -42,7 +43,6 @@ __all__ = [
     "NO_CHANGE",
     "TriggerStream",
     "announce_wait",
-    "error_payload",
     "gate_change",
     "retrieved",
 ]
@@ -67,45 +67,6 @@ def announce_wait(condition: Mapping[str, Any], source: StateSource) -> None:
         condition.get("expect"),
         source.describe(),
     )
-
-
-def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
-    """A small JSON error event for an exception (never carries request headers or the key)."""
-    from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
-    from airflow_provider_systemzero.stream.exceptions import (
-        AuthenticationFailed,
-        DeadlineExceeded,
-        DecisionFailed,
-        SystemZeroError,
-        UpgradeRefused,
-    )
-
-    payload: dict[str, Any] = {
-        "status": "error",
-        "error_type": "unexpected",
-        "message": str(exc) or repr(exc),
-        **extra,
-    }
-    if isinstance(exc, DeadlineExceeded | TimeoutError):
-        payload.update(status="timeout", error_type="timeout")
-    elif isinstance(exc, AuthenticationFailed):
-        payload["error_type"] = "authentication"
-    elif isinstance(exc, ARGUMENT_ERRORS):
-        payload.update(error_type="validation", field=exc.field, code=exc.code)
-    elif isinstance(exc, DecisionFailed):
-        payload.update(
-            error_type="decision_failed",
-            http_status=exc.http_status,
-            code=exc.envelope.code,
-            retryable=exc.retryable,
-        )
-    elif isinstance(exc, UpgradeRefused):
-        payload.update(error_type="upgrade_refused", http_status=exc.status)
-    elif isinstance(exc, SystemZeroError):
-        payload["error_type"] = "stream_failed"
-    elif type(exc).__name__ == "AirflowNotFoundException":
-        payload["error_type"] = "configuration"
-    return payload
 
 
 async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:
@@ -316,16 +277,18 @@ class TriggerStream:
                 self._settings = _shared(stream.settings)
             self._since = stream.state if gate is not None else NO_CHANGE
 
-    def changed(self, state: Any) -> bool:
+    def changed(self, state: Any, source: StateSource) -> bool:
         """Whether ``state`` (what the source gave a dormant trigger) ends the dormant wait: a state
-        other than the one the wait compares with (:meth:`let_go`); :data:`NO_CHANGE` never does.
+        other than the one the wait compares with (:meth:`let_go`) that holds something to decide
+        (:meth:`StateSource.withheld`); :data:`NO_CHANGE` never does.
 
         :param state: the source's state.
+        :param source: the source that gave it.
         """
         if state is NO_CHANGE:
             return False
         covered = self.covered if self._since is NO_CHANGE else self._since
-        return state is not covered and state != covered
+        return state is not covered and state != covered and not source.withheld(state)
 
     @staticmethod
     def time_left(watch: DecisionWatch | None) -> float | None:
@@ -345,12 +308,39 @@ class TriggerStream:
         :param source: the trigger's source.
         """
         state = await source.current()
-        while not self.changed(state):
+        while not self.changed(state, source):
             try:
                 state = await source.taken(await source.next_change())
             except Exception as exc:
                 state = await source.failed(exc)
         return state
+
+    async def first_state(
+        self, source: StateSource, gate: DecisionGate | None = None, relevance: Relevance | None = None
+    ) -> Any:
+        """The state a trigger's first stream opens with: the source's state now, unless it holds
+        nothing to decide (:meth:`StateSource.withheld`: a file that does not exist yet or is
+        empty). Then the trigger waits as a dormant one does, with no stream, for the first state
+        that holds something and, with ``gate``, makes a decision due (matched against the state it
+        started with): nothing is decided or billed meanwhile.
+
+        :param source: the trigger's source.
+        :param gate: the trigger's ``decide_when`` gate (``None``: every change is due).
+        :param relevance: what ``gate`` matches a change with.
+        """
+        state = await source.current()
+        if not source.withheld(state):
+            return state
+        self._since = state  # what the first content is a change from
+        while True:
+            self.dormant = True
+            try:
+                state = await self.change(source)
+            finally:
+                self.dormant = False
+            state, _ = await self.woken(state, gate=gate, relevance=relevance)
+            if state is not NO_CHANGE:
+                return state
 
     async def change_within(self, seconds: float, source: StateSource) -> Any:
         """:meth:`change`, for at most ``seconds`` (:data:`NO_CHANGE` once they passed).

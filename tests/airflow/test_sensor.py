@@ -16,6 +16,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from airflow_provider_systemzero.triggers.sources import NO_CONTENT, read_source_once
 from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, wait_until, xcoms_of
 
 RULES = READY_RULES
@@ -165,3 +166,38 @@ def test_bad_sensor_input_fails_before_deferring(
     # a literal mistake fails when the DAG is parsed (ValueError), others when the task runs
     with pytest.raises((ValueError, AirflowFailException), match=message):
         SystemZeroDecisionSensor(**base).execute(_context())
+
+
+def test_poke_mode_decides_nothing_while_the_file_has_no_content(
+    emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_systemzero.sensors import poking
+
+    log = tmp_path / "job.log"
+    reads: list[Any] = []
+
+    def counted(spec: Any, initial: Any) -> Any:  # the real read, counted
+        reads.append(result := read_source_once(spec, initial))
+        return result
+
+    monkeypatch.setattr(poking, "read_source_once", counted)
+    with DAG("sensor_poke_no_content", schedule=None, start_date=START) as dag:
+        _sensor(log, deferrable=False, poke_interval=0.05, mode="poke")
+    before = emulator.stats
+    dispatched_without_content: list[int] = []
+
+    def write_after_pokes() -> None:
+        wait_until(lambda: len(reads) >= 3, timeout=60, what="three pokes of the missing file")
+        log.write_text("")
+        wait_until(lambda: len(reads) >= 6, timeout=60, what="three pokes of the empty file")
+        dispatched_without_content.append(emulator.stats.decisions_dispatched - before.decisions_dispatched)
+        log.write_text("Job is ready.\n")
+
+    helper = threading.Thread(target=write_after_pokes, daemon=True)
+    helper.start()
+    dag_run = run_dag(dag)
+    helper.join(timeout=60)
+    assert dag_run.state == "success", task_states(dag_run)
+    assert dispatched_without_content == [0]
+    assert emulator.stats.decisions_billed - before.decisions_billed == 1
+    assert reads[:6] == [NO_CONTENT] * 6

@@ -257,8 +257,8 @@ def test_a_sensor_that_times_out_on_a_missing_file_says_so(
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
     assert (
-        f"no decision met the condition before the deadline; source file {str(missing)!r} does not "
-        f"exist on host {socket.gethostname()!r} (read as empty all along): check the path"
+        f"no decision met the condition before the deadline; the file {str(missing)!r} on host "
+        f"{socket.gethostname()!r} does not exist, so nothing was decided: check the path"
     ) in printed
 
 

@@ -100,16 +100,6 @@ async def test_a_write_reaches_the_trigger_without_waiting_for_a_poll(
     assert payload["status"] == "success" and payload["decision"] is True
 
 
-async def test_a_file_that_appears_later_is_picked_up(emulator: Emulator, tmp_path: Path) -> None:
-    log = tmp_path / "later.log"
-    trigger = rebuilt(sensor_trigger(source=spec(log)))
-    task = asyncio.ensure_future(first_event(trigger))
-    await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
-    log.write_text("Job is ready.\n")
-    payload = await task
-    assert payload["status"] == "success" and payload["decision"] is True
-
-
 @pytest.mark.parametrize("watch", ["notify", "poll"])
 async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
@@ -180,7 +170,8 @@ async def test_every_open_iterator_hears_a_write_and_closing_one_keeps_the_watch
 
 async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path: Path) -> None:
     log = tmp_path / "not-yet" / "job.log"
-    async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
+    # decide_empty: the missing file's empty text is yielded (see test_empty_file.py for the default)
+    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, changes):
         assert await anext(changes) == ""
         log.parent.mkdir()
         log.write_text("one\n")
@@ -504,10 +495,10 @@ async def test_appends_after_a_rotation_are_followed(tmp_path: Path) -> None:
         assert await value_where(changes, lambda v: v.endswith("appended\n")) == NEW + "appended\n"
 
 
-async def test_a_deleted_file_counts_as_empty_until_it_returns(tmp_path: Path) -> None:
+async def test_with_decide_empty_a_deleted_file_counts_as_empty_until_it_returns(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("first\n")
-    async with tailing(spec(log)) as (_, changes):
+    async with tailing(spec(log, decide_empty=True)) as (_, changes):
         assert await anext(changes) == "first\n"
         log.unlink()
         assert await value_where(changes, lambda v: True) == ""
@@ -521,7 +512,7 @@ async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Pat
     log = directory / "job.log"
     log.write_text("first run\n")
     # poll_interval only matters while the directory is missing
-    async with tailing(spec(log, poll_interval=0.02)) as (source, changes):
+    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, changes):
         assert await anext(changes) == "first run\n"
         shutil.rmtree(directory)
         assert await value_where(changes, lambda v: True) == ""
