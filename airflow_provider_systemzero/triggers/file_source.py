@@ -226,12 +226,12 @@ class FileSource(StateSource):
             )
         if self._missing:
             return (
-                f"{self._without_content()}, so nothing was decided: check the path, or set "
-                '"must_exist": True to fail at the start'
+                f"{self._without_content()} (nothing is decided until it has content): check the "
+                'path, or set "must_exist": True to fail at the start'
             )
         return (
-            f"{self._without_content()}, so nothing was decided: a file without content is not "
-            'decided (set "decide_empty": True in the source to decide it)'
+            f"{self._without_content()} (nothing is decided until it has content): if an empty "
+            'file is itself the answer, set "decide_empty": True in the source'
         )
 
     def _read_file(self, replaced: bool, limit: int | None) -> tuple[bool, str] | None:

@@ -258,7 +258,7 @@ def test_a_sensor_that_times_out_on_a_missing_file_says_so(
     printed = capsys.readouterr().out
     assert (
         f"no decision met the condition before the deadline; the file {str(missing)!r} on host "
-        f"{socket.gethostname()!r} does not exist, so nothing was decided: check the path"
+        f"{socket.gethostname()!r} does not exist (nothing is decided until it has content): check the path"
     ) in printed
 
 

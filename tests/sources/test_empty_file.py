@@ -153,7 +153,7 @@ async def test_the_deadline_names_the_file_without_content(
     trigger = rebuilt(sensor_trigger(source=spec(log), deadline=time.time() + 0.5))
     payload = await first_event(trigger)
     assert payload["status"] == "timeout", payload
-    assert f"{cause}, so nothing was decided" in payload["message"]
+    assert f"{cause} (nothing is decided until it has content)" in payload["message"]
     assert emulator.stats.streams_total == 0
 
 
