@@ -190,6 +190,36 @@ def run_dag(dag: Any) -> Any:
     return dag.test()
 
 
+def run_dag_while(dag: Any, step: Callable[[], None], within: float = 60.0) -> Any:
+    """:func:`run_dag` with ``step`` run beside it in a thread: what a test does to the world while
+    the Dag runs (writes to a tailed file, a gateway restart). A step that fails or does not end
+    within ``within`` seconds fails the test once the run ended; a thread's error would otherwise
+    be lost.
+
+    :param step: the test's actions (each of its waits bounded).
+    :return: the DagRun.
+    """
+    errors: list[BaseException] = []
+
+    def beside() -> None:
+        try:
+            step()
+        except BaseException as exc:
+            errors.append(exc)
+
+    helper = threading.Thread(target=beside, name="beside-the-run", daemon=True)
+    helper.start()
+    try:
+        dag_run = run_dag(dag)
+    finally:
+        helper.join(within)
+    if errors:
+        raise errors[0]
+    if helper.is_alive():
+        raise TimeoutError(f"the step beside the run ({step.__name__}) did not end within {within:.0f} s")
+    return dag_run
+
+
 def xcoms_of(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
     """Every XCom of a run: ``(task_id, key, map_index) -> value``."""
     from airflow.models.xcom import XComModel

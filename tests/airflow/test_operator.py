@@ -4,7 +4,6 @@ and bad input refused before any connection."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperato
 from tests.helpers import (
     rules_emulator,
     run_dag,
+    run_dag_while,
     task_states,
     task_tries,
     wait_until,
@@ -100,12 +100,9 @@ def test_retry_replays_the_same_keys_and_is_billed_once(
         wait_until(lambda: emulator.stats.decisions_dispatched > before.decisions_dispatched, timeout=60)
         emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 0))
 
-    watcher = threading.Thread(target=slow_first_decide_only, daemon=True)
-    watcher.start()
     try:
-        dag_run = run_dag(dag)
+        dag_run = run_dag_while(dag, slow_first_decide_only)
     finally:
-        watcher.join(timeout=60)
         emulator.call(lambda emu: setattr(emu.faults, "delay_decisions_ms", 0))
     assert dag_run.state == "success", task_states(dag_run)
     assert task_tries(dag_run)["decide"] == 2

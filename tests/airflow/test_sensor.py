@@ -3,7 +3,6 @@ mid-wait, non-deferrable poking, and the event checks of execute_complete."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,16 @@ from airflow_provider_systemzero.compat import AirflowException, AirflowFailExce
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.triggers.sources import NO_CONTENT, read_source_once
-from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, wait_until, xcoms_of
+from tests.helpers import (
+    READY_RULES,
+    file_sensor,
+    rules_emulator,
+    run_dag,
+    run_dag_while,
+    task_states,
+    wait_until,
+    xcoms_of,
+)
 
 RULES = READY_RULES
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -53,10 +61,7 @@ def test_gateway_restart_mid_wait_replays_and_still_fires(emulator: Any, tmp_pat
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
 
-    helper = threading.Thread(target=restart_then_finish, daemon=True)
-    helper.start()
-    dag_run = run_dag(dag)
-    helper.join(timeout=60)
+    dag_run = run_dag_while(dag, restart_then_finish)
     assert dag_run.state == "success", task_states(dag_run)
     decision = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "return_value", -1)]
     assert decision["decision"] is True and decision["confidence"] == pytest.approx(0.9)
@@ -184,20 +189,15 @@ def test_poke_mode_decides_nothing_while_the_file_has_no_content(
     with DAG("sensor_poke_no_content", schedule=None, start_date=START) as dag:
         _sensor(log, deferrable=False, poke_interval=0.05, mode="poke")
     before = emulator.stats
-    dispatched_without_content: list[int] = []
 
     def write_after_pokes() -> None:
         wait_until(lambda: len(reads) >= 3, timeout=60, what="three pokes of the missing file")
         log.write_text("")
         wait_until(lambda: len(reads) >= 6, timeout=60, what="three pokes of the empty file")
-        dispatched_without_content.append(emulator.stats.decisions_dispatched - before.decisions_dispatched)
+        assert emulator.stats.decisions_dispatched == before.decisions_dispatched
         log.write_text("Job is ready.\n")
 
-    helper = threading.Thread(target=write_after_pokes, daemon=True)
-    helper.start()
-    dag_run = run_dag(dag)
-    helper.join(timeout=60)
+    dag_run = run_dag_while(dag, write_after_pokes)
     assert dag_run.state == "success", task_states(dag_run)
-    assert dispatched_without_content == [0]
     assert emulator.stats.decisions_billed - before.decisions_billed == 1
     assert reads[:6] == [NO_CONTENT] * 6

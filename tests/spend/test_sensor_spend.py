@@ -3,7 +3,6 @@ the real emulator (a tailed file gains irrelevant lines, then the decisive one).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,15 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.sensors.inputs import build_inputs
-from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, wait_until, xcoms_of
+from tests.helpers import (
+    READY_RULES,
+    file_sensor,
+    rules_emulator,
+    run_dag_while,
+    task_states,
+    wait_until,
+    xcoms_of,
+)
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -83,10 +90,7 @@ def test_deferrable_sensor_with_decide_when_bills_the_initial_and_the_decisive_l
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
 
-    writer = threading.Thread(target=write_lines, daemon=True)
-    writer.start()
-    dag_run = run_dag(dag)
-    writer.join(timeout=60)
+    dag_run = run_dag_while(dag, write_lines)
     assert dag_run.state == "success", task_states(dag_run)
     decision = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "return_value", -1)]
     assert decision["decision"] is True
