@@ -8,7 +8,6 @@ say which argument is wrong and how to fix it. Nothing here talks to System Zero
 
 from __future__ import annotations
 
-import math
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
     check_key_salt,
+    check_lease_after,
     has_template,
     is_literal,
     parse_time,
@@ -199,15 +199,7 @@ def check_plain(sensor: SystemZeroDecisionSensor) -> None:
     """
     for name, meaning in _FLAGS.items():
         check_flag(name, getattr(sensor, name), meaning)
-    after = sensor.lease_after
-    if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after < math.inf:
-        raise SystemZeroArgumentError(
-            f"lease_after must be a number of seconds (0 or more), got {type(after).__name__} "
-            f"{after!r}: how long a stream may stay quiet before the trigger gives it back "
-            "(lease=False keeps it)",
-            code="invalid_lease",
-            field="lease_after",
-        )
+    check_lease_after(sensor.lease_after)
     check_key_salt(sensor.key_salt)
     check_conn_id(sensor.systemzero_conn_id)
     validate_route_and_mode(sensor.route, sensor.request_mode, route_field="route", mode_field="request_mode")

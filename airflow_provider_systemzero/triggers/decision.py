@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -47,7 +47,7 @@ from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS,
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.lease import StreamLease
-from airflow_provider_systemzero.triggers.payloads import error_payload
+from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait
@@ -466,7 +466,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         *,
         systemzero_conn_id: str,
         request: dict[str, Any],
-        condition: dict[str, Any],
+        condition: dict[str, Any] | DecisionCondition,
         state: Any,
         watch_id: str,
         source: dict[str, Any] | None = None,
@@ -480,9 +480,11 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     ) -> None:
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
+        from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 
-        self._kwargs.keep(self, locals())
-        _watch_source(self, locals())
+        given = checked_watch(locals())  # in the Dag file: a mistake is an import error there
+        self._kwargs.keep(self, given)
+        _watch_source(self, given)
         self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
         self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
 
@@ -585,24 +587,3 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
         await _close(self)
-
-
-def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:
-    """Check that a resumed task got a usable event of its own (events may be redelivered, and a
-    misrouted one must never be taken for this task's decision).
-
-    :param task_id: the resuming task (for the message).
-    :param event: the trigger's payload.
-    :param accepted: the key namespaces that identify this task's request.
-    :raises AirflowException: the event is unusable or belongs to another request.
-    """
-    from airflow_provider_systemzero.compat import AirflowException
-
-    if not isinstance(event, dict) or "status" not in event:
-        raise AirflowException(f"{task_id}: the trigger sent no usable event ({event!r})")
-    if event.get("key_namespace") not in accepted:
-        raise AirflowException(
-            f"{task_id}: the event belongs to another task instance or request "
-            f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})"
-        )
-    return event

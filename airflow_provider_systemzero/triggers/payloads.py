@@ -1,14 +1,17 @@
-"""The event payload of a trigger's failure: small, plain JSON, and free of secrets.
+"""A trigger's event payloads, from both ends: what a failure becomes, and what a resuming task
+accepts.
 
-Every trigger ends a failed wait with one such event (:func:`error_payload`); the task reads its
-``error_type`` to choose the exception it raises.
+Every trigger ends a failed wait with one small, plain-JSON event free of secrets
+(:func:`error_payload`); the task reads its ``error_type`` to choose the exception it raises,
+once :func:`owned_event` found the event usable and its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-__all__ = ["error_payload"]
+__all__ = ["error_payload", "owned_event"]
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -48,3 +51,24 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     elif type(exc).__name__ == "AirflowNotFoundException":
         payload["error_type"] = "configuration"
     return payload
+
+
+def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str, Any]:
+    """Check that a resumed task got a usable event of its own (events may be redelivered, and a
+    misrouted one must never be taken for this task's decision).
+
+    :param task_id: the resuming task (for the message).
+    :param event: the trigger's payload.
+    :param accepted: the key namespaces that identify this task's request.
+    :raises AirflowException: the event is unusable or belongs to another request.
+    """
+    from airflow_provider_systemzero.compat import AirflowException
+
+    if not isinstance(event, dict) or "status" not in event:
+        raise AirflowException(f"{task_id}: the trigger sent no usable event ({event!r})")
+    if event.get("key_namespace") not in accepted:
+        raise AirflowException(
+            f"{task_id}: the event belongs to another task instance or request "
+            f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})"
+        )
+    return event

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "check_connection_before_deferring",
     "check_flag",
     "check_key_salt",
+    "check_lease_after",
     "has_template",
     "is_literal",
     "parse_time",
@@ -159,6 +161,21 @@ def check_conn_id(value: Any) -> None:
             f"got {value!r}: pass e.g. systemzero_conn_id='systemzero_default'",
             code="invalid_connection",
             field="systemzero_conn_id",
+        )
+
+
+def check_lease_after(value: Any) -> None:
+    """``lease_after`` is a number of seconds, 0 or more.
+
+    :raises SystemZeroArgumentError: naming the argument and what it means.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise SystemZeroArgumentError(
+            f"lease_after must be a number of seconds (0 or more), got {type(value).__name__} "
+            f"{value!r}: how long a stream may stay quiet before the trigger gives it back "
+            "(lease=False keeps it)",
+            code="invalid_lease",
+            field="lease_after",
         )
 
 

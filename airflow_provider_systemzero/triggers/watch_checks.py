@@ -1,0 +1,88 @@
+"""What an asset watcher's trigger checks of its kwargs when it is built: in the Dag file.
+
+A :class:`~airflow_provider_systemzero.triggers.decision.SystemZeroDecisionEventTrigger` is built
+by the Dag author, not by one of the provider's tasks, so nothing else checks its kwargs before
+the triggerer runs it; there a mistake would restart the trigger every few seconds, or be billed
+on every change and never fire, with the cause only in the triggerer's log. Built in the Dag
+file, the same mistake is an import error that names the argument and the fix, before anything
+is sent or billed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.questions import validate_state_for_request
+from airflow_provider_systemzero.triggers.sources import validate_source_spec
+from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
+
+__all__ = ["checked_watch", "condition_dict"]
+
+
+def condition_dict(condition: Any) -> dict[str, Any]:
+    """The condition as the trigger keeps it (plain JSON): a
+    :class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition` or its
+    :meth:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict`.
+
+    :raises SystemZeroArgumentError: anything else, or a dict that is not a condition.
+    """
+    if isinstance(condition, DecisionCondition):
+        return condition.to_dict()
+    if not isinstance(condition, Mapping):
+        raise SystemZeroArgumentError(
+            f"condition must be a DecisionCondition or its to_dict(), got {type(condition).__name__}: "
+            "pass e.g. condition=DecisionCondition('ready', True, min_confidence=0.8)",
+            code="invalid_condition",
+            field="condition",
+        )
+    try:
+        DecisionCondition.from_dict(condition)
+    except TypeError as exc:  # an unknown or a missing key
+        raise SystemZeroArgumentError(
+            f"condition {dict(condition)!r} is not a condition ({exc}): build it with "
+            "DecisionCondition(question, expect, ...).to_dict()",
+            code="invalid_condition",
+            field="condition",
+        ) from None
+    return dict(condition)
+
+
+def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Check an asset watcher trigger's kwargs (the ``decide_when`` filter and ``max_staleness``
+    check themselves).
+
+    :param given: the trigger's ``__init__``'s ``locals()``.
+    :return: ``given`` with the condition in its plain-JSON form (:func:`condition_dict`).
+    :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
+        :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for
+        ``decision_mode``).
+    """
+    checked = {**given, "condition": condition_dict(given["condition"])}
+    systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
+    watch_id = checked["watch_id"]
+    check_conn_id(systemzero_conn_id)
+    if not isinstance(watch_id, str) or not watch_id.strip():
+        raise SystemZeroArgumentError(
+            f"watch_id must be a non-empty string, got {watch_id!r}: a stable name for this watch "
+            "(its keys and cache key derive from it), e.g. watch_id='nightly-job'",
+            code="invalid_watch_id",
+            field="watch_id",
+        )
+    if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):
+        raise SystemZeroArgumentError(
+            "request must be a dict with 'questions' ({name: {'type': ..., 'instructions': ...}}) and "
+            "optionally 'model', 'route', 'mode' and 'prompt_cache_key'",
+            code="invalid_request",
+            field="request",
+        )
+    DecisionCondition.from_dict(checked["condition"]).check_questions(request["questions"])
+    validate_decision_mode(checked["decision_mode"])
+    check_flag("lease", checked["lease"], "give the stream back while the source is quiet")
+    check_lease_after(checked["lease_after"])
+    validate_source_spec(checked["source"], state)
+    validate_state_for_request(request, state)
+    return checked

@@ -1,0 +1,104 @@
+"""Mistakes in an asset watcher's trigger, which the Dag author builds: each fails where the Dag
+file is parsed, naming the argument and the fix, before the triggerer could restart it every few
+seconds or bill every change of a condition that can never be met."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_REQUEST, dagbag_module
+
+
+def watcher(**overrides: Any) -> SystemZeroDecisionEventTrigger:
+    kwargs: dict[str, Any] = {
+        "systemzero_conn_id": "systemzero_default",
+        "request": TRIGGER_REQUEST,
+        "condition": TRIGGER_CONDITION,
+        "state": "",
+        "watch_id": "nightly",
+        "source": {"type": "file", "path": "/data/status.log"},
+    }
+    return SystemZeroDecisionEventTrigger(**{**kwargs, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        (
+            {"condition": DecisionCondition("done", True).to_dict()},
+            "question",
+            "question 'done' is not among the questions asked (['ready'])",
+        ),
+        (
+            {"condition": DecisionCondition("ready", "yes").to_dict()},
+            "expect",
+            "expect 'yes' must be true or false for boolean question 'ready'",
+        ),
+        (
+            {"condition": "ready"},
+            "condition",
+            "condition must be a DecisionCondition or its to_dict(), got str",
+        ),
+        ({"condition": {"question": "ready", "expected": True}}, "condition", "is not a condition"),
+        (
+            {"source": {"type": "file", "path": "/data/status.log", "decide_emtpy": True}},
+            "source.decide_emtpy",
+            "source has unknown field 'decide_emtpy'",
+        ),
+        ({"source": {"type": "file", "path": "status.log"}}, "source.path", "is relative"),
+        ({"decision_mode": "always"}, "decision_mode", "decision_mode 'always' is not one of"),
+        ({"systemzero_conn_id": 5}, "systemzero_conn_id", "must be the ID of a System Zero connection"),
+        ({"state": 5, "source": None}, "state", "state must be a string, an array or an object, got int"),
+        ({"state": 5}, "state", "a file source needs a string initial state"),
+        ({"watch_id": " "}, "watch_id", "watch_id must be a non-empty string"),
+        ({"lease_after": "x"}, "lease_after", "lease_after must be a number of seconds (0 or more), got str"),
+        ({"lease": "no"}, "lease", "lease must be True or False, got str 'no'"),
+        ({"request": {"model": "m"}}, "request", "request must be a dict with 'questions'"),
+    ],
+)
+def test_a_watcher_mistake_fails_when_the_trigger_is_built(
+    overrides: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ARGUMENT_ERRORS, match=re.escape(message)) as error:
+        watcher(**overrides)
+    assert error.value.field == field
+
+
+def test_a_condition_object_is_kept_as_its_dict() -> None:
+    built = watcher(condition=DecisionCondition("ready", True, min_confidence=0.8))
+    assert built.condition == DecisionCondition("ready", True, min_confidence=0.8).to_dict()
+    assert built.serialize() == watcher(condition=built.condition).serialize()  # the same identity
+
+
+def test_a_watcher_mistake_is_an_import_error_of_the_dag_file(airflow_db: None, tmp_path: Path) -> None:
+    (tmp_path / "watching_dag.py").write_text(
+        textwrap.dedent("""
+        import pendulum
+        from airflow.sdk import DAG, Asset, AssetWatcher
+        from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+        from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+
+        trigger = SystemZeroDecisionEventTrigger(
+            systemzero_conn_id="systemzero_default",
+            request={"questions": {"ready": {"type": "boolean", "instructions": "Ready?"}}},
+            condition=DecisionCondition("ready", True),
+            state="",
+            watch_id="status",
+            source={"type": "file", "path": "/data/status.log", "decide_emtpy": True},
+        )
+        status = Asset("status", watchers=[AssetWatcher(name="status", trigger=trigger)])
+        with DAG("on_status", schedule=[status], start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+            pass
+    """)
+    )
+    bag = dagbag_module().DagBag(dag_folder=str(tmp_path))
+    [error] = bag.import_errors.values()
+    assert "source has unknown field 'decide_emtpy' for type 'file'" in error
