@@ -492,7 +492,9 @@ class SystemZeroHook(BaseHook):
                 and not isinstance(exc, SystemZeroError)
                 and (isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage")
             ):
-                return False, describe_connection_error(exc, settings.url, open_timeout=settings.open_timeout)
+                return False, describe_connection_error(
+                    exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
+                )
             return False, f"{type(exc).__name__}: {exc}"
         return True, (
             f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "

@@ -93,13 +93,38 @@ def _kind(exc: BaseException, url: str) -> str:
     return f"{type(exc).__name__}:{code}" if code is not None else type(exc).__name__
 
 
-def describe_connection_error(exc: BaseException, url: str, *, open_timeout: float | None = None) -> str:
+def _proxy_failure(exc: BaseException, url: str, proxy: str) -> str | None:
+    """A failure to reach the proxy itself (the TCP connection goes to it, not to the gateway),
+    named as the proxy's, with the proxy's URL and no credentials; ``None``: not such a failure."""
+    parts = urlsplit(proxy)
+    try:
+        where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        where = f"{parts.scheme}://{parts.hostname}"
+    fix = "check the connection's proxy extra, and that the proxy runs and is reachable from this machine"
+    raw = str(exc).strip() or "no detail"
+    if _refused(exc):
+        return f"connection to the proxy {where} refused on the way to {url}: nothing listens there; {fix}"
+    if getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror":
+        return f"cannot resolve the proxy's host {parts.hostname!r} ({raw}) on the way to {url}: {fix}"
+    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return f"the proxy {where} is unreachable ({raw}) on the way to {url}: {fix}"
+    return None
+
+
+def describe_connection_error(
+    exc: BaseException, url: str, *, open_timeout: float | None = None, proxy: str | None = None
+) -> str:
     """The cause of a failed connection attempt and its fix, naming the URL.
 
     :param exc: what the attempt raised (an ``OSError``, ``TimeoutError``, a websockets error …).
     :param url: the stream URL (it never carries credentials).
     :param open_timeout: the connection's ``open_timeout``, for a timed-out handshake.
+    :param proxy: the connection's proxy (its credentials are never quoted): the TCP connection
+        goes to it, so a refusal, a name that does not resolve or an unreachable host is its.
     """
+    if proxy and (about_proxy := _proxy_failure(exc, url, proxy)) is not None:
+        return about_proxy
     parts = urlsplit(url)
     host = parts.hostname or "?"
     try:
@@ -158,12 +183,15 @@ class NetworkFailures:
 
     :param url: the stream URL.
     :param open_timeout: the connection's ``open_timeout`` (for messages).
+    :param proxy: the connection's proxy, if any (see :func:`describe_connection_error`).
     """
 
-    def __init__(self, url: str, *, open_timeout: float | None = None) -> None:
+    def __init__(self, url: str, *, open_timeout: float | None = None, proxy: str | None = None) -> None:
         self.url = url
         self.open_timeout = open_timeout
-        self.loopback = is_loopback_host(urlsplit(url).hostname or "")
+        self.proxy = proxy
+        # the TCP connection goes to the proxy when there is one
+        self.loopback = is_loopback_host(urlsplit(proxy or url).hostname or "")
         #: the last network failure, described (``None`` before the first)
         self.last_text: str | None = None
         self._kind: str | None = None
@@ -179,7 +207,7 @@ class NetworkFailures:
         if exc is None:
             return None
         if isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage":
-            return describe_connection_error(exc, self.url, open_timeout=self.open_timeout)
+            return describe_connection_error(exc, self.url, open_timeout=self.open_timeout, proxy=self.proxy)
         return str(exc)
 
     def answered(self) -> None:
@@ -191,7 +219,9 @@ class NetworkFailures:
     def record(self, exc: BaseException) -> None:
         """A connection attempt failed below HTTP: log it when it is news (first, changed, every Nth)."""
         kind = _kind(exc, self.url)
-        self.last_text = text = describe_connection_error(exc, self.url, open_timeout=self.open_timeout)
+        self.last_text = text = describe_connection_error(
+            exc, self.url, open_timeout=self.open_timeout, proxy=self.proxy
+        )
         if kind == self._kind:
             self._repeats += 1
         else:

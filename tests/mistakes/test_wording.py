@@ -79,6 +79,41 @@ def test_each_cause_has_its_fix(error: BaseException, url: str, says: str) -> No
     assert says in describe_connection_error(error, url)
 
 
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (
+            ConnectionRefusedError(111, "Connect call failed"),
+            "connection to the proxy http://proxy.corp:3128 refused on the way to",
+        ),
+        (socket.gaierror(-2, "Name or service not known"), "cannot resolve the proxy's host 'proxy.corp'"),
+    ],
+)
+def test_a_failure_to_reach_the_proxy_is_named_as_the_proxys(error: BaseException, says: str) -> None:
+    text = describe_connection_error(
+        error, "wss://api.example.com/v1/system-zero/stream", proxy="http://user:s3cret@proxy.corp:3128"
+    )
+    assert says in text and "check the connection's proxy extra" in text
+    assert "s3cret" not in text and "user" not in text
+
+
+def test_a_dead_proxy_is_blamed_not_the_running_gateway(
+    emulator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as closed:  # a loopback port where nothing listens
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env_connection(
+        monkeypatch, "sz_wording_proxy", emulator.origin, proxy=f"http://user:s3cret@127.0.0.1:{port}"
+    )
+    ok, message = SystemZeroHook("sz_wording_proxy").test_connection()
+    assert not ok
+    assert (
+        f"connection to the proxy http://127.0.0.1:{port} refused on the way to {emulator.origin}" in message
+    )
+    assert "s3cret" not in message and "gateway (or" not in message
+
+
 def test_the_emulator_logs_at_info_by_default(
     emulator: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
