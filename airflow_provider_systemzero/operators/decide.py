@@ -31,6 +31,7 @@ from airflow_provider_systemzero.utils.checks import (
     is_literal,
     parse_time,
     refuse_empty_state,
+    template_of,
 )
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
@@ -199,6 +200,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             )
         self.questions = questions
         self.state = state
+        self._state_template = template_of(state)  # what a rendered 'None' came from
         #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
         self.replay_task_ids: list[str] | None = None
         if upstream_task_ids is not None:
@@ -391,7 +393,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         try:
             request = self._request(context)
             state = self._state(context)
-            refuse_empty_state(state, allow_empty=self.allow_empty)  # when it runs: a template may fill it
+            # when it runs: a template may fill it
+            refuse_empty_state(state, allow_empty=self.allow_empty, template=self._state_template)
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
             body_bytes = validate_state_for_request(request, state, attachments, field=self._state_name())
         except ARGUMENT_ERRORS as exc:

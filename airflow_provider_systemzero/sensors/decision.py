@@ -32,7 +32,11 @@ from airflow_provider_systemzero.sensors.outcomes import (
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.utils.checks import check_connection_before_deferring, parse_time
+from airflow_provider_systemzero.utils.checks import (
+    check_connection_before_deferring,
+    parse_time,
+    template_of,
+)
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -177,6 +181,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, source, allow_empty
+            self._state_template = template_of(state)  # what a rendered 'None' came from
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
             self.consecutive, self.min_true_for = consecutive, sz_inputs.seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode

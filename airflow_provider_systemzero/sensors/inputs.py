@@ -183,7 +183,7 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
         validate_decision_mode(sensor.decision_mode)
         source = checked_source(sensor, request)
         if running and is_static(source):
-            refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
+            refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty, template=sensor._state_template)
     except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
     return request, condition, source

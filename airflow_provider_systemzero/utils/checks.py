@@ -31,6 +31,7 @@ __all__ = [
     "parse_time",
     "refuse_empty_state",
     "review_settings",
+    "template_of",
 ]
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
@@ -179,15 +180,35 @@ def check_lease_after(value: Any) -> None:
         )
 
 
-def refuse_empty_state(state: Any, *, allow_empty: bool, field: str = "state") -> None:
-    """Refuse an empty state (``""``, ``[]``, ``{}``) unless the author allowed it.
+def template_of(value: Any) -> str | None:
+    """``value`` when it is a Jinja template (what :func:`refuse_empty_state` quotes once it is
+    rendered), else ``None``."""
+    return value if isinstance(value, str) and has_template(value) else None
+
+
+def refuse_empty_state(
+    state: Any, *, allow_empty: bool, field: str = "state", template: str | None = None
+) -> None:
+    """Refuse an empty state (``""``, ``[]``, ``{}``) unless the author allowed it, and a template
+    that rendered a missing value as the text ``"None"`` (``{{ dag_run.conf.get('x') }}``).
 
     :param state: the state.
     :param allow_empty: the task's ``allow_empty``.
     :param field: the argument named in the message.
-    :raises SystemZeroArgumentError: the state is empty.
+    :param template: the template ``state`` was rendered from (``None``: it was not).
+    :raises SystemZeroArgumentError: the state is empty, or a missing value rendered.
     """
-    if allow_empty or not isinstance(state, str | list | tuple | Mapping) or len(state):
+    if allow_empty:
+        return
+    if template is not None and isinstance(state, str) and state.strip() == "None":
+        raise SystemZeroArgumentError(
+            f"{field} rendered to 'None' from the template {template!r}: the value it reads is missing "
+            "(a dag_run.conf key, a param, an XCom that was not pushed); check it, give it a default "
+            "(e.g. dag_run.conf.get('key', 'text')), or pass allow_empty=True if 'None' is meant",
+            code="empty_state",
+            field=field,
+        )
+    if not isinstance(state, str | list | tuple | Mapping) or len(state):
         return
     raise SystemZeroArgumentError(
         f"{field} is empty ({state!r}): nothing would be decided but the decision is billed; "

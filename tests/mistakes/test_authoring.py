@@ -127,6 +127,32 @@ def test_templated_values_are_checked_when_the_task_runs(
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
 
 
+@pytest.mark.parametrize("kind", ["operator", "sensor"])
+def test_a_template_that_renders_a_missing_value_as_none_is_refused(
+    emulator: Any, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    before = emulator.stats
+    template = "{{ dag_run.conf.get('ticket') }}"  # no conf: Jinja renders None as the text 'None'
+    with DAG(f"mistake_none_template_{kind}", schedule=None, start_date=START) as dag:
+        if kind == "operator":
+            SystemZeroDecideOperator(
+                task_id="decide", systemzero_conn_id=CONN, questions={"ready": READY}, state=template
+            )
+        else:
+            _sensor(task_id="decide", state=template, deferrable=True)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"decide": "failed"}
+    assert f"decide: state rendered to 'None' from the template {template!r}" in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+def test_a_literal_none_text_is_still_decided() -> None:
+    from airflow_provider_systemzero.utils.checks import refuse_empty_state
+
+    refuse_empty_state("None", allow_empty=False)  # written by the author, not rendered: meant
+    refuse_empty_state("None", allow_empty=True, template="{{ x }}")
+
+
 def test_templated_questions_rendered_to_text_say_how_to_render_them_as_a_mapping(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
