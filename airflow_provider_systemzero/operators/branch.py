@@ -239,6 +239,14 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
                 code="invalid_question",
                 field="instructions",
             )
+        unknown = sorted(set(self.descriptions) - set(options))
+        if unknown:
+            raise SystemZeroArgumentError(
+                f"descriptions names no branch: {unknown[0]!r} (branches: {list(options)}): fix the "
+                "name, or drop its description",
+                code="invalid_branches",
+                field=f"descriptions.{unknown[0]}",
+            )
         if not self.multiple:
             described = [
                 f"- {name}: {desc}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.decorators.systemzero import systemzero_task
@@ -61,6 +62,12 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
                 task_id="b", state="s", instructions="Which?", branches=["a", "b"], policy={"default": "c"}
             ),
             "default 'c' is not an option",
+        ),
+        (
+            lambda: SystemZeroBranchOperator(
+                task_id="b", state="s", instructions="Which?", branches=["a", "b"], descriptions={"c": "?"}
+            ),
+            r"b: descriptions names no branch: 'c' \(branches: \['a', 'b'\]\)",
         ),
         (lambda: systemzero_task(questions=[READY])(_state)(), "questions must be a non-empty mapping"),
         (
@@ -144,6 +151,27 @@ def test_a_template_that_renders_a_missing_value_as_none_is_refused(
     assert task_states(dag_run) == {"decide": "failed"}
     assert f"decide: state rendered to 'None' from the template {template!r}" in capsys.readouterr().out
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+def test_a_description_of_no_downstream_branch_fails_the_task_before_any_connection(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_branch_description", schedule=None, start_date=START) as dag:
+        route = SystemZeroBranchOperator(
+            task_id="route",
+            systemzero_conn_id=CONN,
+            state="a ticket about an invoice",
+            instructions="Which team?",
+            descriptions={"billing": "payments, invoices"},  # the downstream task is "billing_team"
+        )
+        route >> [EmptyOperator(task_id="billing_team"), EmptyOperator(task_id="support")]
+    dag_run = run_dag(dag)
+    assert task_states(dag_run)["route"] == "failed"
+    assert "route: descriptions names no branch: 'billing' (branches: ['billing_team', 'support'])" in (
+        capsys.readouterr().out
+    )
+    assert emulator.stats.streams_total == before.streams_total
 
 
 def test_a_literal_none_text_is_still_decided() -> None:
