@@ -53,6 +53,14 @@ def normalise_questions(
             code="invalid_questions",
             field="questions",
         )
+    if instructions is not None and not isinstance(instructions, Mapping):
+        raise SystemZeroArgumentError(
+            f"instructions must map question names to their text, got {type(instructions).__name__} "
+            f"{instructions!r}: put the text in questions (questions={{'ready': 'Is the job ready?'}}), "
+            "or pass instructions={'ready': '...'} to replace a question's text",
+            code="invalid_questions",
+            field="instructions",
+        )
     result: dict[str, dict[str, Any]] = {}
     for name, value in questions.items():
         if isinstance(value, str):

@@ -62,7 +62,14 @@ def _items(upstream_task_ids: Any) -> list[Any]:
     is never split into its characters)."""
     if isinstance(upstream_task_ids, str) or getattr(upstream_task_ids, "operator", None) is not None:
         return [upstream_task_ids]
-    return list(upstream_task_ids)
+    if isinstance(upstream_task_ids, list | tuple):
+        return list(upstream_task_ids)
+    raise SystemZeroArgumentError(
+        f"upstream_task_ids must be a task ID, a list of task IDs or .output XComArgs, got "
+        f"{type(upstream_task_ids).__name__} {upstream_task_ids!r}: pass e.g. upstream_task_ids=['extract']",
+        code="invalid_upstream",
+        field="upstream_task_ids",
+    )
 
 
 def _as_attachment(value: Any, index: int) -> Attachment:
@@ -204,9 +211,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         #: task IDs whose outputs are replayed (``upstream_task_ids`` is BaseOperator's own attribute)
         self.replay_task_ids: list[str] | None = None
         if upstream_task_ids is not None:
-            self.replay_task_ids = [
-                self._replayed(item, index) for index, item in enumerate(_items(upstream_task_ids))
-            ]
+            with parse_time(self.task_id):
+                items = _items(upstream_task_ids)
+            self.replay_task_ids = [self._replayed(item, index) for index, item in enumerate(items)]
         self.instructions = instructions
         self.attachments = list(attachments or [])
         self.model = model
@@ -252,6 +259,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             attachments_literal = all(
                 isinstance(a, Mapping) and is_literal(dict(a)) for a in self.attachments
             )
+            if self.replay_task_ids is None and self.state is not None and is_literal(self.state):
+                refuse_empty_state(self.state, allow_empty=self.allow_empty)
             if (
                 self.replay_task_ids is None
                 and self.state is not None

@@ -227,7 +227,8 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
             request = request_of(sensor)
             condition.check_questions(request["questions"])
         if literal["state"] and literal["source"]:
-            checked_source(sensor, request)
+            if is_static(checked_source(sensor, request)):
+                refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
 
 
 def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:

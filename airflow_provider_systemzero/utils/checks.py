@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,6 +37,16 @@ __all__ = [
 ]
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
+#: Plain values a Dag file fixes that are not JSON (a state of them is refused when it is parsed).
+_PLAIN_NOT_JSON = (
+    bytes,
+    bytearray,
+    complex,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+)
 
 
 def has_template(text: str) -> bool:
@@ -50,11 +62,11 @@ def is_literal(value: Any) -> bool:
 
     :param value: an operator argument.
     """
-    if value is None or isinstance(value, bool | int | float):
-        return True
+    if value is None or isinstance(value, (bool, int, float, *_PLAIN_NOT_JSON)):
+        return True  # fixed for good: what is not JSON among them is refused as such
     if isinstance(value, str):
         return not has_template(value)
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | set | frozenset):
         return all(is_literal(item) for item in value)
     if isinstance(value, Mapping):
         return all(isinstance(key, str) and is_literal(item) for key, item in value.items())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import socket
 import textwrap
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,29 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
             r"b: descriptions names no branch: 'c' \(branches: \['a', 'b'\]\)",
         ),
         (lambda: systemzero_task(questions=[READY])(_state)(), "questions must be a non-empty mapping"),
+        (
+            lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, upstream_task_ids=5),
+            "d: upstream_task_ids must be a task ID, a list of task IDs or .output XComArgs, got int 5",
+        ),
+        (
+            lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, upstream_task_ids={"a": 1}),
+            "got dict",
+        ),
+        (
+            lambda: SystemZeroDecideOperator(
+                task_id="d", questions={"q": READY}, state="s", instructions="x"
+            ),
+            "d: instructions must map question names to their text, got str 'x'",
+        ),
+        (lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state={1, 2}), "got set"),
+        (
+            lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state=date(2026, 1, 1)),
+            "d: state must be a string, an array or an object, got date",
+        ),
+        (
+            lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state=[]),
+            r"d: state is empty \(\[\]\)",
+        ),
         (
             lambda: SystemZeroDecideOperator(
                 task_id="d", questions={"q": READY}, state="s", decision_timeout=0
@@ -215,11 +239,13 @@ def test_templated_questions_rendered_to_text_say_how_to_render_them_as_a_mappin
 def test_a_sensor_with_an_empty_static_state_is_refused_before_connecting(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    with pytest.raises(ValueError, match=r"^wait: state is empty \(\[\]\)"):
+        _sensor(state=[])  # literal, and no source either: refused when the Dag is parsed
     before = emulator.stats
-    with DAG("mistake_empty_sensor", schedule=None, start_date=START) as dag:
-        _sensor(state=[])  # no source either: nothing to decide, ever
+    with DAG("mistake_empty_sensor", schedule=None, start_date=START, params={"log": ""}) as dag:
+        _sensor(state="{{ params.log }}")  # rendered empty: refused when the task runs
     assert task_states(run_dag(dag)) == {"wait": "failed"}
-    assert "wait: state is empty ([])" in capsys.readouterr().out
+    assert "wait: state is empty ('')" in capsys.readouterr().out
     assert emulator.stats.streams_total == before.streams_total
 
 
