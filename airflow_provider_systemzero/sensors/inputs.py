@@ -226,9 +226,8 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
         if all(literal[name] for name in _REQUEST_FIELDS):
             request = request_of(sensor)
             condition.check_questions(request["questions"])
-        if literal["state"] and literal["source"]:
-            if is_static(checked_source(sensor, request)):
-                refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
+        if literal["state"] and literal["source"] and is_static(checked_source(sensor, request)):
+            refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
 
 
 def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:

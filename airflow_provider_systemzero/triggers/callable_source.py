@@ -300,18 +300,28 @@ class CallableSource(StateSource):
             await generator.aclose()  # type: ignore[attr-defined]
 
 
+def split_dotted_path(path: str) -> tuple[str, str]:
+    """``(module, attribute)`` of ``package.module.function`` (also ``package.module:function``).
+
+    :raises SystemZeroArgumentError: naming the path when it is not such a path.
+    """
+    module_name, sep, attribute = path.replace(":", ".").rpartition(".")
+    if not sep or not all(part.isidentifier() for part in (*module_name.split("."), attribute)):
+        raise SystemZeroArgumentError(
+            f"source.path {path!r} is not a dotted path 'package.module.function': name the function "
+            "with its module, importable where the triggerer runs",
+            code="invalid_source",
+            field="source.path",
+        )
+    return module_name, attribute
+
+
 def import_callable(path: str) -> Callable[..., Any]:
     """Import ``package.module.function`` (also ``package.module:function``).
 
     :raises SystemZeroArgumentError: naming the path when it cannot be imported or is not callable.
     """
-    module_name, sep, attribute = path.replace(":", ".").rpartition(".")
-    if not sep or not module_name:
-        raise SystemZeroArgumentError(
-            f"source.path {path!r} is not a dotted path 'package.module.function'",
-            code="invalid_source",
-            field="source.path",
-        )
+    module_name, attribute = split_dotted_path(path)
     try:
         target = getattr(import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:

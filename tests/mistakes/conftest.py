@@ -26,11 +26,13 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture
-def closed_port() -> int:
-    """A loopback port nothing listens on (the gateway is not running)."""
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on (the gateway is not running). The port stays bound, not
+    listening, for the whole test, so a connection is refused and no other process (another
+    test worker's server) can take the port meanwhile."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        yield int(sock.getsockname()[1])
 
 
 def emulator_port(emu: Any) -> int:

@@ -87,6 +87,10 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
         ),
         (lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state={1, 2}), "got set"),
         (
+            lambda: _sensor(source={"type": "callable", "path": "nomodule"}),
+            "wait: source.path 'nomodule' is not a dotted path 'package.module.function'",
+        ),
+        (
             lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state=date(2026, 1, 1)),
             "d: state must be a string, an array or an object, got date",
         ),

@@ -98,11 +98,9 @@ def test_a_failure_to_reach_the_proxy_is_named_as_the_proxys(error: BaseExceptio
 
 
 def test_a_dead_proxy_is_blamed_not_the_running_gateway(
-    emulator: Any, monkeypatch: pytest.MonkeyPatch
+    emulator: Any, monkeypatch: pytest.MonkeyPatch, closed_port: int
 ) -> None:
-    with socket.socket() as closed:  # a loopback port where nothing listens
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = closed_port
     env_connection(
         monkeypatch, "sz_wording_proxy", emulator.origin, proxy=f"http://user:s3cret@127.0.0.1:{port}"
     )

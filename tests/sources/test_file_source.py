@@ -21,12 +21,13 @@ import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES, FileSource
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
-from tests.helpers import wait_until
+from tests.helpers import TRIGGER_CONN_ID, wait_until
 from tests.sources.conftest import inotify_descriptors
 
 HOUR = 3600.0
@@ -190,6 +191,10 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
         directory.mkdir()
         logs.append(directory / "job.log")
         logs[-1].write_text("starting\n")
+    # Airflow looks a connection up in a thread pool of its own, started by the first lookup of
+    # the process: looked up once here, that pool is in the baseline (the test asks for no thread
+    # of the provider's, and does not depend on an earlier test having looked one up)
+    await SystemZeroHook(systemzero_conn_id=TRIGGER_CONN_ID).aget_settings()
     descriptors, threads = inotify_descriptors(), other_threads()
     loop = asyncio.get_running_loop()
     triggers = [
