@@ -51,6 +51,7 @@ from airflow_provider_systemzero.triggers.payloads import error_payload, owned_e
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait
+from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 
 __all__ = [
     "SystemZeroDecideTrigger",
@@ -480,7 +481,6 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     ) -> None:
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
-        from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 
         given = checked_watch(locals())  # in the Dag file: a mistake is an import error there
         self._kwargs.keep(self, given)

@@ -442,7 +442,7 @@ def sensor_outcome(payload: dict[str, Any], *, task_id: str = "wait") -> dict[st
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
     sensor = SystemZeroDecisionSensor(
-        task_id=task_id, instructions="Is the job ready?", systemzero_conn_id=CONN_ID
+        task_id=task_id, instructions="Is the job ready?", state="x", systemzero_conn_id=CONN_ID
     )
     return sensor.execute_complete(_context(FakeTI(task_id)), payload)
 
