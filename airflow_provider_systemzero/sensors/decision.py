@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_provider_systemzero.compat import AirflowSensorTimeout
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
@@ -236,7 +237,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         inputs = sz_inputs.build_inputs(self, running=True)
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, inputs[0].get("model"))
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout as timeout:  # Airflow's own words, and why the wait did not end
+                why = self._poke_watch.last_reason
+                if why is None:
+                    raise
+                raise AirflowSensorTimeout(f"{timeout}; {why}") from None
         self._defer(context, inputs, None, [])
 
     def poke(self, context: Context) -> PokeReturnValue:

@@ -39,6 +39,8 @@ class PokeWatch:
 
     def __init__(self, skip_states: Collection[str] = ()) -> None:
         self.skip_states = list(skip_states)
+        #: why the last poke did not end the wait (quoted when the sensor times out), ``None`` before one
+        self.last_reason: str | None = None
         self._watch: DecisionWatch | None = None
         self._slot_noted = False
 
@@ -66,11 +68,11 @@ class PokeWatch:
             state = read_source_once(source, sensor.state)
             if state is NO_CONTENT:  # only a file source reads as no content
                 assert source is not None
-                sensor.log.info(
-                    "nothing to decide: the file %r has no content (it does not exist or is empty), so "
-                    "this poke decides and bills nothing; the next poke reads it again",
-                    source["path"],
+                self.last_reason = (
+                    f"the last poke: the file {source['path']!r} has no content (it does not exist or is "
+                    "empty), so nothing was decided"
                 )
+                sensor.log.info("%s; the next poke reads it again", self.last_reason)
                 return None
             body_bytes = validate_state_for_request(request, state, field=source_name(source))
         except ARGUMENT_ERRORS as exc:
@@ -89,6 +91,7 @@ class PokeWatch:
                 condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)
             )
         verdict = self._watch.observe(decision, state_info(state)["state_hash"], state, time.monotonic())
+        self.last_reason = self._watch.last_reason
         if verdict is None:
             return None
         event = self._watch.sensor_event(verdict, key_namespace=namespace, deadline=None)

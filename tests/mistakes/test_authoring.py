@@ -325,6 +325,35 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     assert await source.current() == "Job is ready.\n" and source.waiting_on() is None
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (
+            "",
+            "; the last poke: the file {log!r} has no content (it does not exist or is empty), so nothing was decided",
+        ),
+        ("still working\n", "; the last decision (state version 1): ready = False, waiting for True"),
+    ],
+)
+def test_a_poking_sensor_that_times_out_says_why_the_wait_did_not_end(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, why: str
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(content)
+    with DAG(f"mistake_poke_timeout_{len(content)}", schedule=None, start_date=START) as dag:
+        _sensor(
+            source={"type": "file", "path": str(log)},
+            timeout=1.5,
+            poke_interval=0.2,
+            mode="poke",
+            deferrable=False,
+        )
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert "Sensor has timed out" in printed and why.format(log=str(log)) in printed
+
+
 def test_a_sensor_that_times_out_on_a_missing_file_says_so(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
