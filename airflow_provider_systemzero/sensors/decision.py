@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_systemzero.compat import AirflowSensorTimeout
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
@@ -182,7 +181,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, source, allow_empty
-            self._state_template = template_of(state)  # what a rendered 'None' came from
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
             self.consecutive, self.min_true_for = consecutive, sz_inputs.seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode
@@ -194,7 +192,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.min_interval_ms, self.max_staleness = sz_inputs.pacing(min_interval_ms, max_staleness)
             self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
-            self._poke_watch = PokeWatch()
+            self._state_template, self._poke_watch = template_of(state), PokeWatch()
             sz_inputs.check_literals(self)
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 
@@ -237,13 +235,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         inputs = sz_inputs.build_inputs(self, running=True)
         check_connection_before_deferring(self.task_id, self.systemzero_conn_id, inputs[0].get("model"))
         if not self.deferrable:
-            try:
+            with self._poke_watch.explaining_timeout():
                 return super().execute(context)
-            except AirflowSensorTimeout as timeout:  # Airflow's own words, and why the wait did not end
-                why = self._poke_watch.last_reason
-                if why is None:
-                    raise
-                raise AirflowSensorTimeout(f"{timeout}; {why}") from None
         self._defer(context, inputs, None, [])
 
     def poke(self, context: Context) -> PokeReturnValue:

@@ -9,11 +9,12 @@ and the states a person already said "no" about. When the wait ends, the poke ge
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
-from airflow_provider_systemzero.compat import AirflowFailException
+from airflow_provider_systemzero.compat import AirflowFailException, AirflowSensorTimeout
 from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
@@ -43,6 +44,16 @@ class PokeWatch:
         self.last_reason: str | None = None
         self._watch: DecisionWatch | None = None
         self._slot_noted = False
+
+    @contextlib.contextmanager
+    def explaining_timeout(self) -> Iterator[None]:
+        """Around the poking: Airflow's timeout gets why the last poke did not end the wait."""
+        try:
+            yield
+        except AirflowSensorTimeout as timeout:
+            if self.last_reason is None:
+                raise
+            raise AirflowSensorTimeout(f"{timeout}; {self.last_reason}") from None
 
     def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
         """Read the source, decide once, and say whether the wait ends.
