@@ -261,15 +261,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             )
             if self.replay_task_ids is None and self.state is not None and is_literal(self.state):
                 refuse_empty_state(self.state, allow_empty=self.allow_empty)
-            if (
-                self.replay_task_ids is None
-                and self.state is not None
-                and is_literal(self.state)
-                and attachments_literal
-            ):
-                state = self._state(None)  # type: ignore[arg-type] # a literal state needs no context
-                attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
-                validate_state_for_request(request, state, attachments)
+                if attachments_literal:
+                    attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
+                    validate_state_for_request(request, self.state, attachments)
 
     # ------------------------------------------------------------------ inputs
 

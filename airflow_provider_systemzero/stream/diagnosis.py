@@ -48,6 +48,16 @@ LOOPBACK_GIVE_UP_ATTEMPTS = 4
 LOOPBACK_GIVE_UP_SECONDS = 10.0
 
 
+def _unresolved(exc: BaseException) -> bool:
+    """A host name that did not resolve (``getaddrinfo``'s errors)."""
+    return getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror"
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """No route to the host or its network."""
+    return getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
 def _refused(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionRefusedError):
         return True
@@ -105,9 +115,9 @@ def _proxy_failure(exc: BaseException, url: str, proxy: str) -> str | None:
     raw = str(exc).strip() or "no detail"
     if _refused(exc):
         return f"connection to the proxy {where} refused on the way to {url}: nothing listens there; {fix}"
-    if getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror":
+    if _unresolved(exc):
         return f"cannot resolve the proxy's host {parts.hostname!r} ({raw}) on the way to {url}: {fix}"
-    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+    if _unreachable(exc):
         return f"the proxy {where} is unreachable ({raw}) on the way to {url}: {fix}"
     return None
 
@@ -160,7 +170,7 @@ def describe_connection_error(
         )
     if isinstance(exc, ssl.SSLError):
         return f"the TLS handshake with {url} failed ({raw}): check that the host serves TLS (wss://)"
-    if getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror":
+    if _unresolved(exc):
         return f"cannot resolve host {host!r} ({raw}): check the connection's host for a typo, and DNS"
     if isinstance(exc, TimeoutError):
         within = f" within open_timeout ({open_timeout:g} s)" if open_timeout else " in time"
@@ -168,7 +178,7 @@ def describe_connection_error(
             f"{url} did not complete the opening handshake{within}: check the host, the port, firewalls, "
             "the proxy extra and open_timeout"
         )
-    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+    if _unreachable(exc):
         return f"{host} is unreachable ({raw}): check the connection's host and this machine's network"
     if type(exc).__name__ == "InvalidMessage":
         return (

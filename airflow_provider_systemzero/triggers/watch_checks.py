@@ -23,15 +23,15 @@ from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, 
 __all__ = ["checked_watch", "condition_dict"]
 
 
-def condition_dict(condition: Any) -> dict[str, Any]:
-    """The condition as the trigger keeps it (plain JSON): a
+def condition_dict(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
+    """The condition as the trigger keeps it (plain JSON), and as it is checked: from a
     :class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition` or its
     :meth:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict`.
 
     :raises SystemZeroArgumentError: anything else, or a dict that is not a condition.
     """
     if isinstance(condition, DecisionCondition):
-        return condition.to_dict()
+        return condition.to_dict(), condition
     if not isinstance(condition, Mapping):
         raise SystemZeroArgumentError(
             f"condition must be a DecisionCondition or its to_dict(), got {type(condition).__name__}: "
@@ -40,7 +40,7 @@ def condition_dict(condition: Any) -> dict[str, Any]:
             field="condition",
         )
     try:
-        DecisionCondition.from_dict(condition)
+        built = DecisionCondition.from_dict(condition)
     except TypeError as exc:  # an unknown or a missing key
         raise SystemZeroArgumentError(
             f"condition {dict(condition)!r} is not a condition ({exc}): build it with "
@@ -48,7 +48,7 @@ def condition_dict(condition: Any) -> dict[str, Any]:
             code="invalid_condition",
             field="condition",
         ) from None
-    return dict(condition)
+    return dict(condition), built
 
 
 def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,7 +61,8 @@ def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
         :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for
         ``decision_mode``).
     """
-    checked = {**given, "condition": condition_dict(given["condition"])}
+    kept, condition = condition_dict(given["condition"])
+    checked = {**given, "condition": kept}
     systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
     watch_id = checked["watch_id"]
     check_conn_id(systemzero_conn_id)
@@ -79,7 +80,7 @@ def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
             code="invalid_request",
             field="request",
         )
-    DecisionCondition.from_dict(checked["condition"]).check_questions(request["questions"])
+    condition.check_questions(request["questions"])
     validate_decision_mode(checked["decision_mode"])
     check_flag("lease", checked["lease"], "give the stream back while the source is quiet")
     check_lease_after(checked["lease_after"])
