@@ -12,7 +12,10 @@ says when the wait ends. It owns the rules the deferrable trigger and the sensor
   later decision could differ;
 * **hysteresis** (:class:`~airflow_provider_systemzero.decisions.conditions.Streak`): the wait ends
   once a run of qualifying decisions about successive states is ``consecutive`` long and
-  ``min_true_for`` old, once per run; :meth:`DecisionWatch.wait_time` says when only time is missing.
+  ``min_true_for`` old, once per run; :meth:`DecisionWatch.wait_time` says when only time is missing;
+* **once per run**: after the verdict of a run (``fired``), the next one needs a decision that does
+  not qualify first; an asset watcher restores ``fired`` after a restart and hears each change of
+  it (``on_fired``), so a restart does not fire again for the run it already fired for.
 
 What it produces is one event type, :class:`WatchEvent`, whose :meth:`~WatchEvent.to_payload` is
 the plain JSON a trigger fires and :meth:`~WatchEvent.from_payload` reads it back on the worker.
@@ -25,7 +28,7 @@ worker reads either one, and a trigger's error or timeout payload, through
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,6 +234,12 @@ class DecisionWatch:
         a ``fail``/``skip`` verdict ends the wait; without (an asset watcher) only a met decision counts.
     :param skip_states: hashes of states a person already said "no" about.
     :param end_when_unmet: a static state: a decision that does not qualify ends the wait too.
+    :param fired: the current run of qualifying decisions already had its verdict (an asset
+        watcher's memory of an event it produced before a restart): the next verdict needs a
+        decision that does not qualify first.
+    :param on_fired: called with the new value and the decision each time ``fired`` changes: with
+        ``True`` as a verdict ends a run, with ``False`` when a decision that does not qualify
+        ends a run that had its verdict.
     """
 
     def __init__(
@@ -240,6 +249,8 @@ class DecisionWatch:
         reviews: bool = True,
         skip_states: Collection[str] = (),
         end_when_unmet: bool = False,
+        fired: bool = False,
+        on_fired: Callable[[bool, DecisionResult], None] | None = None,
     ) -> None:
         self.condition = condition
         self.reviews = reviews
@@ -247,7 +258,10 @@ class DecisionWatch:
         self.end_when_unmet = end_when_unmet
         self.streak = Streak(condition.consecutive, condition.min_true_for)
         self._last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
-        self._fired = False
+        #: the current run of qualifying decisions had its verdict; a decision that does not qualify
+        #: clears it
+        self.fired = fired
+        self._on_fired = on_fired
         #: why the newest decision checked did (not) meet the condition, for a timeout's message
         self.last_reason: str | None = None
 
@@ -281,7 +295,11 @@ class DecisionWatch:
         if qualifies:
             self._last = (decision, result, state_key, state)
         else:
-            self._last, self._fired = None, False
+            self._last = None
+            if self.fired:
+                self.fired = False
+                if self._on_fired is not None:
+                    self._on_fired(False, decision)
         if qualifies and self.condition.has_hysteresis and not self.streak.ready(now):
             # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
             log.info(
@@ -295,15 +313,17 @@ class DecisionWatch:
 
     def due(self, now: float) -> _Verdict | None:
         """The verdict when the current run of qualifying decisions has just become long and old enough."""
-        if self._fired or self._last is None or not self.streak.ready(now):
+        if self.fired or self._last is None or not self.streak.ready(now):
             return None
-        self._fired = True
+        self.fired = True
         decision, result, key, state = self._last
+        if self._on_fired is not None:
+            self._on_fired(True, decision)
         return _Verdict("success", decision, result, key, state, self.streak.to_dict(now))
 
     def wait_time(self, now: float) -> float | None:
         """Seconds until only time can end the wait (``None``: no decision is waiting on time)."""
-        return None if self._fired else self.streak.wait_time(now)
+        return None if self.fired else self.streak.wait_time(now)
 
     def event(
         self, verdict: _Verdict, *, policy_fields: bool = True, extra: Mapping[str, Any] | None = None

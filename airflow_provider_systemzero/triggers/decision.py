@@ -35,23 +35,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
+from airflow_provider_systemzero.decisions.relevance import DecisionGate
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
-from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS, validate_max_staleness
+from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
-from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait
 from airflow_provider_systemzero.triggers.watch_checks import checked_watch
+from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
+from airflow_provider_systemzero.triggers.watching import (
+    close_watching,
+    end_lease,
+    new_feeder,
+    new_lease,
+    watch_source,
+)
 
 __all__ = [
     "SystemZeroDecideTrigger",
@@ -60,71 +67,6 @@ __all__ = [
     "error_payload",
     "owned_event",
 ]
-
-
-def _feeder(
-    trigger: Any, stream: Any, source: StateSource, mode: str, gate: DecisionGate | None
-) -> SourceFeeder:
-    """The feeder of one of ``trigger``'s streams (a decision or an event trigger): its lease,
-    staleness bound and ``decide_when`` filter, with the gate it keeps across streams."""
-    return SourceFeeder(
-        stream,
-        source,
-        decision_mode=mode,
-        lease=trigger._lease,
-        max_staleness=trigger.max_staleness,
-        decision_filter=trigger.decision_filter,
-        gate=gate,
-        reading=trigger._stream.take_reading(),
-    )
-
-
-#: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
-#: (shared: a waiting trigger keeps one object fewer).
-_NO_FILTER = DecisionFilter()
-
-
-def _watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
-    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
-    (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
-    ``max_staleness``; the source is built when the trigger runs, a lease with each stream
-    (:func:`_new_lease`)."""
-    decision_filter = DecisionFilter(
-        decide_when=given["decide_when"],
-        debounce_ms=given["debounce_ms"],
-        decide_initial=given["decide_initial"],
-    )
-    # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
-    trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
-    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
-    trigger._lease = None
-    trigger._source = None
-
-
-def _new_lease(trigger: Any) -> StreamLease:
-    """The lease of the stream ``trigger`` is about to hold: it lives as long as that stream (a
-    dormant trigger keeps what it needs of it in its :class:`TriggerStream`, :func:`_end_lease`)."""
-    trigger._lease = lease = StreamLease(trigger.lease, trigger.lease_after)
-    return lease
-
-
-def _end_lease(trigger: Any) -> None:
-    """End the lease of ``trigger``'s stream (closed, or the trigger ends), keeping what the last
-    decision covered and when."""
-    lease, trigger._lease = trigger._lease, None
-    if lease is not None:
-        lease.end()
-        trigger._stream.remember(lease)
-
-
-async def _close(trigger: Any) -> None:
-    """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
-    _end_lease(trigger)
-    source, trigger._source = trigger._source, None
-    await trigger._stream.aclose()
-    if source is not None:
-        with contextlib.suppress(Exception):
-            await source.aclose()
 
 
 class SystemZeroDecisionTrigger(BaseTrigger):
@@ -198,7 +140,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     ) -> None:
         super().__init__()
         self._kwargs.keep(self, locals())
-        _watch_source(self, locals())
+        watch_source(self, locals())
         self.end_when_unmet = bool(end_when_unmet)
         self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
         self._stream = TriggerStream(
@@ -325,8 +267,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 decision_mode=mode,
                 min_interval_ms=self.min_interval_ms,
             ) as stream:
-                lease = _new_lease(self)
-                feeder = _feeder(self, stream, source, mode, gate)
+                lease = new_lease(self)
+                feeder = new_feeder(self, stream, source, mode, gate)
                 if feeder.direct:  # decisions straight from the stream's reader to this task
                     verdict = await feeder.first_verdict(watch)
                     payload = None if verdict is None else self._payload(watch, verdict)
@@ -341,7 +283,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
                 return payload
         finally:
-            _end_lease(self)
+            end_lease(self)
 
     async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
         """The payload of the first verdict that ends the wait."""
@@ -358,7 +300,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        await _close(self)
+        await close_watching(self)
 
 
 class SystemZeroDecideTrigger(BaseTrigger):
@@ -439,7 +381,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
     Use it in an ``AssetWatcher``. Its kwargs are its identity, so ``watch_id`` names the
     watch (and its keys) across triggerer restarts. An event is produced on each transition
     from "not met" to "met" (the first decision counts as a transition); a decision that
-    stays true does not fire again.
+    stays true does not fire again, also after a triggerer restart where Airflow keeps the
+    watch's memory (3.3: :mod:`~airflow_provider_systemzero.triggers.watch_memory`).
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}``.
@@ -484,7 +427,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
         given = checked_watch(locals())  # in the Dag file: a mistake is an import error there
         self._kwargs.keep(self, given)
-        _watch_source(self, given)
+        watch_source(self, given)
         self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
         self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
 
@@ -500,8 +443,14 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         self._source = source = build_source(self.source, self.state)
         announce_wait(self.condition, source)
         # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
-        # can review an asset event, so only a met decision counts
-        watch = DecisionWatch(condition, reviews=False)
+        # can review an asset event, so only a met decision counts; whether the current run of met
+        # decisions already fired outlives a triggerer restart where Airflow keeps it (3.3)
+        memory = WatchMemory(
+            getattr(self, "asset_state_store", None),
+            watch_id=self.watch_id,
+            identity=kwargs_identity(self.serialize()[1]),
+        )
+        watch = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
         policy_fields = condition.policy is not None or condition.has_hysteresis
         mode = self.decision_filter.stream_mode(self.decision_mode)
         relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the trigger
@@ -513,8 +462,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                 # one queue per stream (it is drained before the trigger goes dormant: none is kept)
                 queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
-                    lease = _new_lease(self)
-                    feeder = _feeder(self, stream, source, mode, gate)
+                    lease = new_lease(self)
+                    feeder = new_feeder(self, stream, source, mode, gate)
                     quiet = lease.watch(feeder.currency)
                     race = asyncio.ensure_future(
                         feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
@@ -525,6 +474,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                             await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
                             if getter.done():
                                 yield TriggerEvent(getter.result())
+                                memory.handed_over()
                                 continue
                             getter.cancel()
                             if race.done():
@@ -536,10 +486,11 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         race.cancel()
                         await asyncio.gather(race, return_exceptions=True)
                         await feeder.aclose()  # the source's reading, even if the race never ran
-                        _end_lease(self)
+                        end_lease(self)
                 del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
                 while not queue.empty():  # a transition seen as the stream went quiet
                     yield TriggerEvent(queue.get_nowait())
+                    memory.handed_over()
                 del queue
                 # dormant: the watch is kept (whether the condition was met decides the next event)
                 stream_of.let_go(gate)
@@ -563,7 +514,9 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                     state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
                     if verdict is not None:  # only time was missing, and it passed
                         yield TriggerEvent(self._event(watch, verdict, policy_fields))
+                        memory.handed_over()
         finally:
+            await memory.aclose()
             await self.cleanup()
 
     async def _publish(
@@ -586,4 +539,4 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
 
     async def cleanup(self) -> None:
         """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        await _close(self)
+        await close_watching(self)

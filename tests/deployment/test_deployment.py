@@ -15,6 +15,9 @@ scenarios, in the order they run:
    sensors wait at once, and the account is never refused for capacity;
 2. a triggerer is killed with SIGKILL mid-wait: its triggers move to the other triggerer and still
    succeed, and every billed decision is a distinct state (the replays are not billed);
+7. an asset watcher fires once; its triggerer is killed; the other triggerer adopts it and does
+   not fire again for the same run of met decisions, and fires once for the next run
+   (:mod:`tests.deployment.watcher`);
 6. (PostgreSQL mode only) the same with 50 sensors while their states keep changing: no trigger runs in both triggerers at once, every sensor succeeds once.
 
 A task may be retried, but only for apache/airflow#71580 (see :func:`_assert_retries_explained`).
@@ -32,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import airflow.sdk.execution_time.context
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -44,6 +48,7 @@ from tests.deployment.harness import (
     database,
     wait_for,
 )
+from tests.deployment.watcher import run_watcher_restart
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(600)]
 
@@ -444,6 +449,15 @@ def test_killed_triggerer_hands_its_triggers_over(deployment: Deployment, tmp_pa
         f"adopted trigger's decided state); max sockets per triggerer {sockets}; "
         f"#71580 retries: {mismatches}"
     )
+
+
+@pytest.mark.skipif(
+    not hasattr(airflow.sdk.execution_time.context, "AssetStateStoreAccessors"),
+    reason="the asset state store a watcher remembers in is new in Airflow 3.3",
+)
+def test_killed_triggerer_does_not_make_a_watcher_fire_again(deployment: Deployment) -> None:
+    """(7) SIGKILL the triggerer running an asset watcher that fired; the adopted watcher recalls it."""
+    RESULTS.append(run_watcher_restart(deployment))
 
 
 def _trigger_spans(

@@ -87,3 +87,28 @@ def test_without_policy_fields_the_event_is_the_decision_alone() -> None:
     payload = watch.event(verdict, policy_fields=False, extra={"watch_id": "w"}).to_payload()
     assert "action" not in payload and payload["watch_id"] == "w"
     assert WatchEvent.from_payload(payload).action == "act"
+
+
+def test_a_restored_fired_flag_waits_for_an_unmet_decision_and_reports_each_change() -> None:
+    """An asset watch restored with ``fired`` (its memory of an event before a restart) does not
+    fire for the run it fired for; ``on_fired`` hears each change of the flag."""
+    heard: list[tuple[bool, str]] = []
+    watch = DecisionWatch(
+        DecisionCondition("ready"),
+        reviews=False,
+        fired=True,
+        on_fired=lambda f, d: heard.append((f, d.reply_id)),
+    )
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None  # still the run it fired for
+    assert watch.observe(_decision(True, version=2), "b", "b", 1.0) is None and heard == []
+    assert watch.observe(_decision(False, version=3), "c", "c", 2.0) is None
+    assert heard == [(False, "szd_3")] and not watch.fired
+    assert watch.observe(_decision(False, version=4), "d", "d", 3.0) is None and len(heard) == 1
+    assert watch.observe(_decision(True, version=5), "e", "e", 4.0) is not None
+    assert heard[-1] == (True, "szd_5") and watch.fired
+
+
+def test_a_restored_fired_flag_keeps_a_hysteresis_run_from_waiting_on_time() -> None:
+    watch = DecisionWatch(DecisionCondition("ready", min_true_for=5), reviews=False, fired=True)
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None
+    assert watch.wait_time(1.0) is None and watch.due(10.0) is None

@@ -14,14 +14,18 @@ deferral, exposed to the same race. The test accepts a retry only when the sched
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 DEFAULTS: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=2)}
@@ -112,3 +116,40 @@ with _dag("sz_deploy_operator_xcom"):
 with _dag("sz_deploy_failover", max_active_tasks=64):
     for index in range(50):
         SystemZeroDecisionSensor(task_id=f"wait_{index:02d}", source=_file(f"job_{index:02d}.log"), **WAIT)
+
+# (7) an asset watcher on a file the test writes (until then it has no content: no stream, nothing
+# billed), and the Dag its events schedule; the test kills the triggerer running the watcher
+WATCH_FILE = Path(os.environ.get("AIRFLOW_HOME", "/nonexistent")) / "watch" / "release.log"
+release = Asset(
+    name="sz_deploy_release",
+    uri="systemzero://deployment/release",
+    watchers=[
+        AssetWatcher(
+            name="sz_deploy_release_watch",
+            trigger=SystemZeroDecisionEventTrigger(
+                systemzero_conn_id="systemzero_default",
+                request={"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}},
+                condition=DecisionCondition("ready", True, min_confidence=0.8),
+                state="",
+                watch_id="deploy-release",
+                source={"type": "file", "path": str(WATCH_FILE), "poll_interval": 0.5},
+                lease_after=1.0,
+            ),
+        )
+    ],
+)
+
+with DAG(
+    "sz_deploy_on_release",
+    schedule=[release],
+    start_date=START,
+    catchup=False,
+    default_args=DEFAULTS,
+    tags=["systemzero", "deployment-test"],
+):
+
+    @task
+    def released() -> str:
+        return "released"
+
+    released()

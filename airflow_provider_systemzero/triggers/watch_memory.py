@@ -1,0 +1,229 @@
+"""What an asset watch remembers across triggerer restarts: whether it already fired for the
+current run of met decisions.
+
+Theory of operation
+-------------------
+
+An asset watch fires on each transition from "not met" to "met"
+(:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`, ``fired``). Held only in
+the triggerer's memory, that flag is lost when the triggerer restarts (a deploy, a failover, a
+trigger moved to another triggerer): the restarted trigger's first met decision looks like a
+transition, and the consuming Dags are scheduled once more for a run they were already
+scheduled for.
+
+Airflow 3.3 gives a watcher trigger a key/value store per watched asset
+(``BaseEventTrigger.asset_state_store``, rows in the ``asset_state_store`` table). The watch
+keeps one key there, ``systemzero.watch:<watch_id>``, whose value is plain JSON:
+
+``fired``
+    the flag;
+``identity``
+    a digest of the trigger's kwargs: memory written by a watch whose request, condition or
+    source has since been edited is not this watch's, and is not used;
+``reply_id``, ``at``
+    the decision that changed the flag and when (UTC), for the log and for a person reading
+    the table.
+
+When the value is written decides what a crash can cost. ``fired = False`` (a decision that
+does not meet the condition ended the run) is written at once: until it is, a restart would
+miss the next transition. ``fired = True`` is written only once the trigger has handed its event
+to Airflow *and* :data:`SETTLE_S` has passed, the time Airflow needs to record the event: a
+crash in between fires once more, never not at all (at least once, as the event's ``reply_id``
+lets a consumer skip a repeat). A trigger that stops gracefully writes a pending ``False`` on
+its way out, and drops a pending ``True``. A writer task exists only while a value is
+pending, so a dormant watch holds no task.
+
+Without a store (Airflow 3.1 and 3.2, or a trigger run outside a triggerer) the watch keeps no
+memory and says so once; a trigger shared by two assets (the same kwargs in two watchers) keeps
+none either, and says how to give each its own. A store that fails is logged and the watch
+goes on as if it had no memory: a repeat is the cost, never a missed event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+from typing import Any
+
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+__all__ = ["SETTLE_S", "WatchMemory"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between handing an event to Airflow and writing ``fired = True``: Airflow's trigger
+#: runner sends its events to the triggerer's supervisor about once a second, which then records
+#: them; a crash within this time fires once more.
+SETTLE_S = 5.0
+
+#: How long a graceful stop waits to write a pending ``fired = False``.
+FLUSH_TIMEOUT_S = 2.0
+
+#: The key's prefix in the asset's store.
+KEY_PREFIX = "systemzero.watch:"
+
+
+def kwargs_identity(kwargs: dict[str, Any]) -> str:
+    """A short digest of a trigger's serialized kwargs: the memory's owner."""
+    text = json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class WatchMemory:
+    """One watch's ``fired`` flag, kept in the watched asset's store.
+
+    :param store: the trigger's ``asset_state_store`` (``None``: no memory), with ``aget`` and
+        ``aset`` as Airflow's ``AssetStateStoreAccessors`` has them.
+    :param watch_id: the watch's name (the key).
+    :param identity: :func:`kwargs_identity` of the trigger's kwargs.
+    :param settle: seconds between an event handed over and ``fired = True`` written (default
+        :data:`SETTLE_S`).
+    """
+
+    def __init__(self, store: Any, *, watch_id: str, identity: str, settle: float | None = None) -> None:
+        self._store = store
+        self.key = KEY_PREFIX + watch_id
+        self.identity = identity
+        self.settle = SETTLE_S if settle is None else settle
+        #: the flag the store holds, as far as this trigger knows (``None``: unknown)
+        self._stored: bool | None = None
+        #: the value to write next, and the loop time it may be written at
+        self._pending: dict[str, Any] | None = None
+        self._due = 0.0
+        #: a verdict that ended a run, waiting for its event to be handed over
+        self._fired_by: DecisionResult | None = None
+        #: the task writing the pending value (only while one is pending), and what wakes it
+        self._writer: asyncio.Future[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def kept(self) -> bool:
+        """Whether this watch has a store to remember in."""
+        return self._store is not None
+
+    async def recall(self) -> bool:
+        """The ``fired`` flag this watch left before a restart (``False`` when there is none)."""
+        if self._store is None:
+            log.info(
+                "this Airflow keeps no memory for asset watchers (an asset state store needs "
+                "Airflow 3.3): after a triggerer restart a condition still met fires once more"
+            )
+            return False
+        try:
+            value = await self._store.aget(self.key, None)
+        except ValueError as exc:  # Airflow: more than one asset, no single store
+            self._store = None
+            log.warning(
+                "this watch keeps no memory across triggerer restarts: %s. Give each asset's "
+                "watcher its own watch_id so each has a store of its own",
+                exc,
+            )
+            return False
+        except Exception as exc:
+            log.warning(
+                "could not read the watch's memory %r (%s): it starts afresh, so a condition "
+                "still met fires once more",
+                self.key,
+                exc,
+            )
+            return False
+        if not isinstance(value, dict) or value.get("identity") != self.identity:
+            if isinstance(value, dict):
+                log.info(
+                    "the watch's memory %r was written by other kwargs (request, condition or "
+                    "source edited since): it starts afresh",
+                    self.key,
+                )
+            return False
+        fired = value.get("fired") is True
+        self._stored = fired
+        if fired:
+            log.info(
+                "this watch fired (reply %s, %s) for a run of met decisions that no decision has "
+                "ended since: a decision still met does not fire again; the next event needs one "
+                "that does not meet the condition first",
+                value.get("reply_id"),
+                value.get("at"),
+            )
+        return fired
+
+    def note(self, fired: bool, decision: DecisionResult) -> None:
+        """:class:`DecisionWatch`'s ``on_fired``: the flag changed with ``decision``."""
+        if self._store is None:
+            return
+        if fired:
+            self._fired_by = decision  # written once the event is handed over (handed_over)
+            return
+        self._fired_by = None
+        self._want(False, decision, delay=0.0)
+
+    def handed_over(self) -> None:
+        """The trigger's event for the last verdict was taken by Airflow: remember it once settled."""
+        decision, self._fired_by = self._fired_by, None
+        if self._store is not None and decision is not None:
+            self._want(True, decision, delay=self.settle)
+
+    def _want(self, fired: bool, decision: DecisionResult, *, delay: float) -> None:
+        """Write ``fired`` (with ``decision``) in ``delay`` seconds, unless a newer value comes first.
+
+        A writer task lives only while a value is pending: a dormant watch holds none."""
+        self._pending = {
+            "fired": fired,
+            "identity": self.identity,
+            "reply_id": decision.reply_id,
+            "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        self._due = asyncio.get_running_loop().time() + delay
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_pending())
+        else:
+            self._wake.set()  # the newer value may be due sooner
+
+    async def _write_pending(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending is not None:
+                delay = self._due - loop.time()
+                if delay <= 0:
+                    await self._write()
+                    continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+        finally:
+            self._writer = None
+
+    async def aclose(self) -> None:
+        """On the way out (the trigger ends or is cancelled): stop the writer, then write a pending
+        ``fired = False`` (bounded) and drop a pending ``True``."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        if self._pending is not None and self._pending["fired"] is False:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await self._write()
+        self._pending = None
+
+    async def _write(self) -> None:
+        value, self._pending = self._pending, None
+        if value is None or value["fired"] == self._stored:
+            return
+        try:
+            await self._store.aset(self.key, value)
+        except Exception as exc:
+            log.warning(
+                "could not write the watch's memory %r (%s): after a triggerer restart this watch "
+                "may fire once more for the same run",
+                self.key,
+                exc,
+            )
+            return
+        self._stored = value["fired"]
+        log.info("remembered fired=%s in the asset's store (%s)", value["fired"], self.key)

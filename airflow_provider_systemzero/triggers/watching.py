@@ -1,0 +1,82 @@
+"""What a trigger that watches a source (the decision trigger, the event trigger) builds from its
+kwargs, with each stream it holds, and tears down: its ``decide_when`` filter, its lease, its
+source feeder, and the closing of its stream and source."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
+from airflow_provider_systemzero.triggers.currency import validate_max_staleness
+from airflow_provider_systemzero.triggers.feeder import SourceFeeder
+from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.triggers.sources import StateSource
+
+__all__ = ["close_watching", "end_lease", "new_feeder", "new_lease", "watch_source"]
+
+
+def new_feeder(
+    trigger: Any, stream: Any, source: StateSource, mode: str, gate: DecisionGate | None
+) -> SourceFeeder:
+    """The feeder of one of ``trigger``'s streams (a decision or an event trigger): its lease,
+    staleness bound and ``decide_when`` filter, with the gate it keeps across streams."""
+    return SourceFeeder(
+        stream,
+        source,
+        decision_mode=mode,
+        lease=trigger._lease,
+        max_staleness=trigger.max_staleness,
+        decision_filter=trigger.decision_filter,
+        gate=gate,
+        reading=trigger._stream.take_reading(),
+    )
+
+
+#: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
+#: (shared: a waiting trigger keeps one object fewer).
+_NO_FILTER = DecisionFilter()
+
+
+def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
+    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
+    (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
+    ``max_staleness``; the source is built when the trigger runs, a lease with each stream
+    (:func:`new_lease`)."""
+    decision_filter = DecisionFilter(
+        decide_when=given["decide_when"],
+        debounce_ms=given["debounce_ms"],
+        decide_initial=given["decide_initial"],
+    )
+    # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
+    trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
+    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
+    trigger._lease = None
+    trigger._source = None
+
+
+def new_lease(trigger: Any) -> StreamLease:
+    """The lease of the stream ``trigger`` is about to hold: it lives as long as that stream (a
+    dormant trigger keeps what it needs of it in its :class:`TriggerStream`, :func:`end_lease`)."""
+    trigger._lease = lease = StreamLease(trigger.lease, trigger.lease_after)
+    return lease
+
+
+def end_lease(trigger: Any) -> None:
+    """End the lease of ``trigger``'s stream (closed, or the trigger ends), keeping what the last
+    decision covered and when."""
+    lease, trigger._lease = trigger._lease, None
+    if lease is not None:
+        lease.end()
+        trigger._stream.remember(lease)
+
+
+async def close_watching(trigger: Any) -> None:
+    """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
+    end_lease(trigger)
+    source, trigger._source = trigger._source, None
+    await trigger._stream.aclose()
+    if source is not None:
+        with contextlib.suppress(Exception):
+            await source.aclose()
