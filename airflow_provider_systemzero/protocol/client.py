@@ -145,8 +145,13 @@ class ClientSession(SessionInput):
         self.stream_id: str | None = None
         #: Connections opened so far.
         self.connections = 0
-        #: The delay the gateway named for the next connection (goodbye), in ms, or ``None``.
+        #: The longest delay a ``goodbye`` or a fatal ``error`` of this connection named before the
+        #: next one, in ms, counted from the end of the connection (``None``: none named).
         self.server_delay_ms: int | None = None
+        #: No new connection before this time: the end of the longest retry delay another error
+        #: named (a decide failure the gateway retries after it, a rejected change), counted from
+        #: its arrival; it outlives the connection.
+        self.retry_not_before = 0.0
         self._stream_failure: Error | None = None
         #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
         #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
@@ -419,14 +424,27 @@ class ClientSession(SessionInput):
             return None
         return conn.last_receipt + (self.limits.heartbeat_interval_ms + self.limits.pong_timeout_ms) / 1000
 
-    def recycle_due(self, now: float) -> bool:
-        """Whether the session wants this connection closed and its state replayed on a new one.
+    def next_connection_delay_ms(self, now: float) -> int | None:
+        """How long, from ``now`` (the end of a connection, or a failed opening), before the next
+        connection: the longest of :attr:`server_delay_ms` and what is left of
+        :attr:`retry_not_before`, in ms (``None``: the gateway named no delay)."""
+        named = self.server_delay_ms if self._conn is not None else None
+        left = self.retry_not_before - now
+        if left <= 0:
+            return named
+        return max(named or 0, math.ceil(left * 1000))
 
-        on_change after a decide failure the gateway does not retry while the connection lives
-        (503 ``maintenance``): if no goodbye follows by the server's delay, the client acts.
-        """
-        conn = self._conn
-        return conn is not None and conn.recycle_at is not None and now >= conn.recycle_at
+    def recycle_due(self, now: float) -> bool:
+        """Whether the session wants this connection closed and its state replayed on a new one
+        (see :class:`~.connection_state.Recycle` for when; :attr:`recycle_reason` says why)."""
+        plan = self._conn.recycle_plan() if self._conn is not None else None
+        return plan is not None and now >= plan[0]
+
+    @property
+    def recycle_reason(self) -> str | None:
+        """Why the session wants the connection recycled (a sentence for the log), if it does."""
+        plan = self._conn.recycle_plan() if self._conn is not None else None
+        return plan[1].value if plan is not None else None
 
     # ------------------------------------------------------------------ output
 
@@ -507,8 +525,8 @@ class ClientSession(SessionInput):
         if conn is None:
             return None
         times = []
-        if conn.recycle_at is not None:
-            times.append(conn.recycle_at)
+        if (plan := conn.recycle_plan()) is not None:
+            times.append(plan[0])
         if conn.pongs:
             times.append(now)
         message, is_mutation = self._wanted(conn)

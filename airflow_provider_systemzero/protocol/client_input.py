@@ -7,6 +7,16 @@ pacing; a ``ping`` queues a ``pong``; an ``ack`` makes the mutation in flight wh
 holds; a ``decision`` settles the intents it covers; an ``error`` is a failed dispatch, a
 rejection of the mutation in flight (sent again later, or the end of the stream), a refused
 ``decide``, or only reported; a ``goodbye`` names the delay before the next connection.
+
+Every delay the gateway names is honoured (the public document: "Honor
+goodbye.resume.retry_after_ms and any longer server retry delay"): the longest delay a
+``goodbye`` or a fatal ``error`` names counts from the end of the connection
+(:attr:`~.client.ClientSession.server_delay_ms`); the retry delay of any other error counts from
+its arrival (:attr:`~.client.ClientSession.retry_not_before`), so a decide the gateway asked to
+retry in 20 s is not replayed on a new connection sooner. And whatever the gateway said it will
+do and then does not, the client does itself (WIRE.md §8; :class:`Recycle`): a ``goodbye`` or a
+fatal error with no close after it, a refused message nobody will answer, a decide refused as
+stale although it named the acknowledged version.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import math
 
 from airflow_provider_systemzero.protocol import client_events as events
 from airflow_provider_systemzero.protocol.client_events import ClientEvent
-from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Phase, check_hello
+from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Phase, Recycle, check_hello
 from airflow_provider_systemzero.protocol.desired import DesiredState
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -44,7 +54,9 @@ from airflow_provider_systemzero.protocol.reply import DecisionResult
 __all__ = ["SessionInput"]
 
 #: Rejections after which the same mutation may be sent again later.
-_RETRYABLE_REJECTIONS = frozenset({"event_rate_limited", "too_many_pending_events", "shutting_down"})
+_RETRYABLE_REJECTIONS = frozenset(
+    {"event_rate_limited", "too_many_pending_events", "shutting_down", "message_rate_limited"}
+)
 
 
 def _server_delay_s(error: Error) -> float:
@@ -66,6 +78,7 @@ class SessionInput:
     outcomes: Outcomes
     stream_id: str | None
     server_delay_ms: int | None
+    retry_not_before: float
 
     def _move(self, phase: Phase) -> None:  # pragma: no cover - the session's
         raise NotImplementedError
@@ -110,9 +123,29 @@ class SessionInput:
         if isinstance(message, Error):
             return self._on_error(conn, message, now)
         assert isinstance(message, Goodbye)
-        self.server_delay_ms = message.retry_after_ms
-        conn.recycle_at = None  # the gateway closes the connection itself
+        self._named_delay(message.retry_after_ms)  # a second goodbye never shortens the first's
+        self._expect_close(conn, now)
         return [events.GoodbyeReceived(message)]
+
+    def _named_delay(self, delay_ms: int | None) -> None:
+        """A ``goodbye`` or a fatal error named ``delay_ms`` before the next connection: the longest counts."""
+        if delay_ms is not None:
+            self.server_delay_ms = max(self.server_delay_ms or 0, delay_ms)
+
+    def _expect_close(self, conn: ConnectionState, now: float) -> None:
+        """The gateway closes the connection now (after a ``goodbye`` or a fatal error); if it does
+        not within the close handshake timeout, the client closes it and replays."""
+        conn.plan_recycle(now + self.limits.close_handshake_timeout_ms / 1000, Recycle.CLOSE_EXPECTED)
+
+    def _note_retry_delay(self, conn: ConnectionState, error: Error, now: float) -> None:
+        """The delays ``error`` names: a fatal one's counts from the end of the connection (which
+        must follow), any other's from now (no new connection replays the state sooner)."""
+        delay = error.retry.retry_after_ms
+        if error.fatal:
+            self._named_delay(delay)
+            self._expect_close(conn, now)
+        elif delay is not None:
+            self.retry_not_before = max(self.retry_not_before, now + min(delay / 1000, MAX_SERVER_DELAY_S))
 
     def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
         flight = conn.acknowledge(ack)
@@ -144,6 +177,7 @@ class SessionInput:
         ]
 
     def _on_error(self, conn: ConnectionState, error: Error, now: float) -> list[ClientEvent]:
+        self._note_retry_delay(conn, error, now)
         flight = conn.in_flight
         if error.http_status is not None and error.event_id is None:
             return self._on_decide_failure(conn, error, now)
@@ -158,9 +192,26 @@ class SessionInput:
             self._move(Phase.FAILED)
             return [events.StreamFailed(error)]
         if error.event_id is None and error.code in ("stale_state_version", "shutting_down"):
+            if error.code == "stale_state_version" and conn.decide_outstanding is not None:
+                # the decide named the acknowledged version with nothing in flight: the gateway
+                # counts otherwise, and the same decide would be refused again at once; it stays
+                # outstanding (nothing is sent again here) until the replay on a new connection
+                conn.plan_recycle(now + _server_delay_s(error), Recycle.VERSION_DISAGREES)
+                return [events.ServerError(error)]
             conn.decide_outstanding = None
             if error.code == "shutting_down":
                 conn.blocked_until = math.inf
+            return [events.ServerError(error)]
+        if (
+            error.event_id is None
+            and error.code == "message_rate_limited"
+            and not error.fatal
+            and (flight is not None or conn.decide_outstanding is not None)
+        ):
+            # one of the messages sent was dropped, and the gateway did not say which: if it was
+            # the change or the decide still unanswered, nothing will answer it (an answer that
+            # does come first cancels this: ConnectionState.cancel_recycle)
+            conn.plan_recycle(now + _server_delay_s(error), Recycle.MESSAGE_REFUSED)
             return [events.ServerError(error)]
         if (
             error.event_id is None
@@ -185,7 +236,7 @@ class SessionInput:
             return [events.DecisionFailedEvent(error, ())]
         if retry is DecideRetry.CLIENT:
             # nobody retries it on this connection: replay on a new one after the server's delay
-            conn.recycle_at = now + _server_delay_s(error)
+            conn.plan_recycle(now + _server_delay_s(error), Recycle.DECIDE_NOT_RETRIED)
         elif retry is DecideRetry.NONE:
             # the gateway will not dispatch this state again: it is settled, with this failure
             generation = conn.version_generation.get(error.state_version or 0, -1)

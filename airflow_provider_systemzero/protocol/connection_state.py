@@ -26,7 +26,7 @@ from airflow_provider_systemzero.protocol.messages import (
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.state import StreamState
 
-__all__ = ["TRANSITIONS", "ConnectionState", "InFlightMutation", "Phase", "check_hello"]
+__all__ = ["TRANSITIONS", "ConnectionState", "InFlightMutation", "Phase", "Recycle", "check_hello"]
 
 #: Pacing runs at this fraction of the gateway's advertised rates: our clock and the gateway's
 #: drift, and network jitter compresses intervals, so a client at exactly the advertised rate
@@ -70,6 +70,37 @@ class Phase(enum.Enum):
     STREAMING = "streaming"
     #: A non-retryable rejection: the desired state cannot be streamed. Terminal.
     FAILED = "failed"
+
+
+class Recycle(enum.Enum):
+    """Why the session wants its connection closed and the desired state replayed on a new one
+    (WIRE.md §8: the client never waits on the server for something the server has said it will
+    not do). The value is the log line."""
+
+    #: on_change: a decide failed and the gateway does not retry it on this connection (503
+    #: ``maintenance``), and no goodbye followed by the server's delay.
+    DECIDE_NOT_RETRIED = (
+        "the gateway does not retry the failed decision on this connection and said no goodbye: "
+        "reconnecting to replay the state"
+    )
+    #: A ``goodbye`` or a fatal ``error`` arrived ("A fatal error requires a following close"),
+    #: and the gateway has not closed within the close handshake timeout.
+    CLOSE_EXPECTED = (
+        "the gateway said goodbye (or sent a fatal error) but did not close the connection: "
+        "closing it and reconnecting after the delay it named"
+    )
+    #: The gateway refused a message (``message_rate_limited``) without naming it, and a mutation
+    #: or a ``decide`` is still unanswered: it may be the one refused, and nothing would answer it.
+    MESSAGE_REFUSED = (
+        "the gateway refused a message (message_rate_limited) without saying which, and a change "
+        "or a decide is still unanswered: reconnecting to replay the state"
+    )
+    #: A ``decide`` naming the acknowledged version (nothing in flight) was refused as
+    #: ``stale_state_version``: the gateway's version and ours disagree; a replay agrees again.
+    VERSION_DISAGREES = (
+        "the gateway refused a decide for the acknowledged version as stale: its state version "
+        "and this client's disagree; reconnecting to replay the state"
+    )
 
 
 #: The legal phase changes. Every connection ends in DISCONNECTED; FAILED is never left.
@@ -118,8 +149,13 @@ class ConnectionState:
     #: No mutation is sent before this time (a rejection's delay); ``inf`` while the gateway shuts
     #: down, which also stops ``decide``.
     blocked_until: float = 0.0
-    #: When to close and replay on a new connection (on_change decide failure nobody retries here).
+    #: When to close and replay on a new connection, and why (``None``: no such plan); a later
+    #: message can make the plan moot (:meth:`cancel_recycle`).
     recycle_at: float | None = None
+    recycle_why: Recycle | None = None
+    #: After a ``goodbye`` or a fatal ``error``: the gateway closes the connection by then, or the
+    #: client does (:attr:`Recycle.CLOSE_EXPECTED`); nothing cancels it.
+    close_expected_by: float | None = None
     last_receipt: float = 0.0
     event_bucket: TokenBucket | None = None
     message_bucket: TokenBucket | None = None
@@ -204,6 +240,8 @@ class ConnectionState:
         self.acked_version = ack.state_version
         self.acked_generation = flight.generation
         self.version_generation[ack.state_version] = flight.generation
+        if self.decide_outstanding is None:
+            self.cancel_recycle(Recycle.MESSAGE_REFUSED)  # nothing unanswered was refused after all
         return flight
 
     def decided(self, version: int) -> int:
@@ -212,14 +250,38 @@ class ConnectionState:
         :returns: the caller generation that version stands for (-1: not known here).
         """
         self.decided_version = version
-        self.recycle_at = None
+        self.cancel_recycle(Recycle.DECIDE_NOT_RETRIED, Recycle.VERSION_DISAGREES)
         generation = self.version_generation.get(version, -1)
         for older in [v for v in self.version_generation if v < version]:
             del self.version_generation[older]
         if self.decide_outstanding is not None and version >= self.decide_outstanding:
             self.decide_outstanding = None
         self.drain = False
+        if self.in_flight is None and self.decide_outstanding is None:
+            self.cancel_recycle(Recycle.MESSAGE_REFUSED)
         return generation
+
+    def plan_recycle(self, at: float, why: Recycle) -> None:
+        """Close this connection and replay on a new one at ``at`` (an earlier plan stands)."""
+        if why is Recycle.CLOSE_EXPECTED:
+            if self.close_expected_by is None or at < self.close_expected_by:
+                self.close_expected_by = at
+        elif self.recycle_at is None or at < self.recycle_at:
+            self.recycle_at, self.recycle_why = at, why
+
+    def recycle_plan(self) -> tuple[float, Recycle] | None:
+        """The earliest planned recycle and its reason (``None``: none)."""
+        plans = []
+        if self.recycle_at is not None and self.recycle_why is not None:
+            plans.append((self.recycle_at, self.recycle_why))
+        if self.close_expected_by is not None:
+            plans.append((self.close_expected_by, Recycle.CLOSE_EXPECTED))
+        return min(plans, key=lambda plan: plan[0]) if plans else None
+
+    def cancel_recycle(self, *whys: Recycle) -> None:
+        """Drop a planned recycle whose reason is one of ``whys`` (it no longer holds)."""
+        if self.recycle_why in whys:
+            self.recycle_at = self.recycle_why = None
 
     def rejected_for_now(self, error: Error, delay_s: float, now: float, *, drain: bool) -> None:
         """The mutation in flight was rejected for now: plan it again after ``delay_s``.

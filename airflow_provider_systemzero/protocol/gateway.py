@@ -219,12 +219,15 @@ class GatewaySession:
             self._close(CloseCode.MESSAGE_TOO_BIG, "message too big")
             return self.actions()
         if not self._message_bucket.try_take(now):
+            # unread, but a mutation's event_id is echoed and the delay named: what to resend, when
             self._refuse(
                 "message_rate_limited",
                 f"more than {self.limits.max_messages_per_second} messages per second "
                 f"(burst {self.limits.message_burst}): slow down",
                 now,
                 kind="rate_limit_error",
+                event_id_=sent_event_id(text),
+                retry=RetryHint(True, math.ceil(self._message_bucket.delay(now) * 1000)),
             )
             return self.actions()
         try:
@@ -564,22 +567,15 @@ class GatewaySession:
         self.rejections += 1
         self._error(exc.code, exc.message, fatal=False, event_id_=event_id_, retry=retry, kind=kind)
 
-    def _refuse(
-        self,
-        code: str,
-        message: str,
-        now: float,
-        *,
-        kind: str = "invalid_request_error",
-        event_id_: str | None = None,
-    ) -> None:
+    def _refuse(self, code: str, message: str, now: float, **error: Any) -> None:
+        """A protocol refusal (``error``: :meth:`_error`'s keywords); too many in the window close 1008."""
         self.refusal_count += 1
         window = self.limits.protocol_refusal_window_ms / 1000
         self._refusals.append(now)
         while self._refusals and self._refusals[0] <= now - window:
             self._refusals.popleft()
         fatal = len(self._refusals) >= self.limits.protocol_refusal_limit
-        self._error(code, message, fatal=fatal, kind=kind, event_id_=event_id_)
+        self._error(code, message, fatal=fatal, **error)
         if fatal:
             self._close(CloseCode.POLICY_VIOLATION, "protocol_refusal_limit")
 

@@ -341,7 +341,9 @@ class ReconnectPlanner:
             outcome.kind == "closed"
             and code == CloseCode.NORMAL_CLOSURE
             and (outcome.goodbye_reason is None or outcome.goodbye_reason in _WHEN_NEEDED_GOODBYES)
-        ):
+        ) or (outcome.kind == "recycled" and outcome.goodbye_reason in _WHEN_NEEDED_GOODBYES):
+            # an idle or lifetime goodbye: come back when there is work, whoever closed after it
+            # (the client does when the gateway did not: Recycle.CLOSE_EXPECTED)
             kind = PlanKind.WHEN_NEEDED
         if outcome.released and outcome.kind != "violation":
             # given back as it ended for another reason: the release still holds, so come back

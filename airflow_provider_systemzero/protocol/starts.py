@@ -39,6 +39,10 @@ into one decision per process:
   its place when it asks again about a newer version (its wait counts from its first request),
   goes back to the front when its start was refused (429) or came too early, and to the back when
   it left its grant unused for :data:`GRANT_TTL` (it had its turn).
+* **"Retry at once", refused again.** 429s naming a Retry-After of 0 with no accepted start in
+  between wait at least :data:`MIN_REFUSED_WAIT`, twice as long for each, up to
+  :data:`MAX_REFUSED_WAIT`: a gateway that says so over and over is not asked as fast as round
+  trips go.
 * **Newest version only.** A stream is queued once, with the newest version it asked about: a
   grant is for that version, never for one it has since replaced (in on_request the client sends
   ``decide`` for its current version when the grant arrives, so the gateway starts nothing on a
@@ -81,6 +85,13 @@ SHARE_UNITS = 10
 #: The share at and above which a 429 slows the process by the whole :data:`PACE_BACKOFF`;
 #: below it, by (share ÷ this)² of it.
 SHARE_FULL = 0.6
+#: The shortest wait after a 429 whose Retry-After is 0 with no accepted start since the one
+#: before, doubling with each such 429 up to :data:`MAX_REFUSED_WAIT`: a gateway that answers
+#: 429 "retry at once" over and over gets starts about once a second, not as fast as round trips
+#: go. Any Retry-After of a millisecond or more stands as given.
+MIN_REFUSED_WAIT = 0.05
+#: The longest that floor grows to (the public account ceiling, 60 starts a minute, is one a second).
+MAX_REFUSED_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +139,8 @@ class StartQueue:
         # times of this process's latest accepted starts (its share; at most about SHARE_UNITS +
         # the burst fall in the window)
         self._accepted: deque[float] = deque(maxlen=4 * SHARE_UNITS)
+        #: 429s heard since the last accepted start (each names a new Retry-After)
+        self.refused_in_a_row = 0
 
     # ------------------------------------------------------------------ views
 
@@ -199,6 +212,7 @@ class StartQueue:
         """
         self._recover(now)
         self._accepted.append(now)
+        self.refused_in_a_row = 0
 
     def share(self, now: float) -> float:
         """This process's share of the account: its accepted starts per unit over the last
@@ -237,6 +251,13 @@ class StartQueue:
         self._recover(now)
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
         heard = now < self.blocked_until  # a start on its way when the last 429 was heard
+        if not heard:
+            self.refused_in_a_row += 1
+        if delay < MIN_PACE and self.refused_in_a_row > 1:
+            # "retry at once", again, with nothing accepted since the last 429: no time at all is
+            # no answer (a token bucket names the time to its next token), so wait the floor
+            floor = MIN_REFUSED_WAIT * 2 ** min(self.refused_in_a_row - 2, 16)
+            delay = min(MAX_REFUSED_WAIT, floor)
         self.blocked_until = max(self.blocked_until, now + delay)
         if delay > 0:
             self._delays.append(delay)

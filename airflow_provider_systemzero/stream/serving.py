@@ -124,7 +124,8 @@ class ConnectionServing:
         if isinstance(exc, InvalidStatus):
             return self._upgrade_refused(exc, url)
         if isinstance(exc, InvalidMessage | InvalidProxy | OSError | TimeoutError | ConnectionClosed):
-            return Ended(ConnectionOutcome(kind="network"), exc)
+            delay_ms = self.session.next_connection_delay_ms(time.monotonic())
+            return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
         if isinstance(exc, InvalidURI):
             return Ended(
                 ConnectionOutcome(kind="network"),
@@ -230,14 +231,11 @@ class ConnectionServing:
 
     def _outcome(self, socket: GatewaySocket, code: int | None, kind: str = "closed") -> ConnectionOutcome:
         goodbye, fatal = self._goodbye, self._last_fatal
-        delay_ms = goodbye.retry_after_ms if goodbye is not None else None
-        if fatal is not None and fatal.retry.retry_after_ms is not None:
-            delay_ms = max(delay_ms or 0, fatal.retry.retry_after_ms)
         return ConnectionOutcome(
             code,
             server_text(socket.close_reason or "", self._secret()),
             goodbye.reason if goodbye else None,
-            delay_ms,
+            self.session.next_connection_delay_ms(time.monotonic()),
             fatal.code if fatal else None,
             self._started_this_connection,
             self._decided_this_connection,
@@ -265,9 +263,11 @@ class ConnectionServing:
                     "upgrade",
                     None if error.retry_after_ms is None else error.retry_after_ms / 1000,
                 )
+        named = self.session.next_connection_delay_ms(time.monotonic())
+        delays = [delay for delay in (error.retry_after_ms, named) if delay is not None]
         return Ended(
             ConnectionOutcome(
-                server_delay_ms=error.retry_after_ms,
+                server_delay_ms=max(delays) if delays else None,
                 kind="refused",
                 retryable=error.retryable,
                 status=error.status,
@@ -385,10 +385,7 @@ class ConnectionServing:
             self._close_connection(socket)
             return
         if session.recycle_due(now):
-            log.info(
-                "the gateway does not retry the failed decision on this connection and said no "
-                "goodbye: reconnecting to replay the state"
-            )
+            log.info("%s", session.recycle_reason)
             self._recycle = True
             self._close_connection(socket)
             return

@@ -362,3 +362,26 @@ def test_two_processes_share_the_ceiling(
         assert min(shares) >= sum(shares) / 8, f"starts per process {shares} from {at * rate:.0f} units on"
     assert served >= 0.9, f"the account's ceiling was {served:.0%} used"
     assert refused <= 0.4 * sum(len(times) for times in accepted), f"{refused} 429s: a retry storm"
+
+
+def test_429s_naming_no_delay_are_asked_again_ever_more_slowly() -> None:
+    """A gateway answering 429 with Retry-After 0 over and over: the waits double from
+    MIN_REFUSED_WAIT up to MAX_REFUSED_WAIT; an accepted start ends the run."""
+    from airflow_provider_systemzero.protocol.starts import MAX_REFUSED_WAIT, MIN_REFUSED_WAIT
+
+    queue, now, waits = StartQueue(), 0.0, []
+    assert queue.request("s", 1, now)
+    for _ in range(10):
+        queue.refused("s", 1, 0.0, now)
+        waits.append(max(0.0, queue.blocked_until - now))
+        now = max(now, queue.blocked_until)
+        grant = queue.grant(now)
+        while grant is None:  # the pace may hold it a little longer
+            now = queue.wakeup(now) or now + 0.001
+            grant = queue.grant(now)
+        queue.request("s", 1, now)
+    assert waits[0] == 0.0 and waits[1] == MIN_REFUSED_WAIT and waits[2] == 2 * MIN_REFUSED_WAIT
+    assert waits[-1] == MAX_REFUSED_WAIT and all(a <= b for a, b in zip(waits, waits[1:], strict=False))
+    queue.accepted(now)
+    queue.refused("s", 1, 0.0, now)
+    assert queue.blocked_until == now  # a run of refusals starts over

@@ -93,7 +93,9 @@ async def test_message_rate_is_a_refusal() -> None:
         # the decides finish: read up to the refusal, then check nothing else was refused
         error = await recv_type(ws, "error")
         assert error["error"]["envelope"]["error"]["code"] == "message_rate_limited"
-        assert error["event_id"] is None and error["fatal"] is False
+        # the refused mutation is named, and when to send it again
+        assert error["event_id"] == "evt_4" and error["fatal"] is False
+        assert error["error"]["retry"]["retryable"] is True and error["error"]["retry"]["retry_after_ms"] > 0
     assert emu.stats.protocol_refusals == 1
 
 

@@ -1,8 +1,8 @@
 """Reconnects a gateway cannot turn into a storm, and decisions it cannot misattribute
 (issue 24 items 1, 3 and 5), plus the default deadline of ``hook.decide`` (item 11).
 
-Items 1, 3 and 5 are fixed in the protocol client session (the reconnect plan and the
-``stream_id``/``seq`` check); until then these tests are expected to fail.
+The rules live in the protocol core: the reconnect plan (``protocol/reconnect.py``) and the
+``stream_id``/``seq`` check (``protocol/connection_state.py``).
 """
 
 from __future__ import annotations

@@ -6,10 +6,15 @@ and plays the I/O adapter's part: it writes what the session wants to send, wake
 the session asks, and reconnects as :class:`ReconnectPlanner` says. The machine mixes caller
 changes (no-op replaces, A→B→A toggles inside a pacing window, states equal in Python but not as
 JSON, bursts past the buckets), decide outcomes (every failure class, with and without a
-following goodbye), goodbyes, drops and silent peers. After every step:
+following goodbye), goodbyes, drops and silent peers, and a hostile gateway's legal but unusual
+sequences: a goodbye or a fatal error with no close after it, two goodbyes naming different
+delays, a message refused (``message_rate_limited``) with or without naming it, a decide refused
+as stale although it named the acknowledged version. After every step:
 
 (a) the client never spins: connected, it is never "due now" with nothing to send;
 (d) no idempotency key is ever used with two different bodies;
+(e) no connection is opened sooner than the gateway asked: the longest delay a goodbye or a fatal
+    error named, from the end of the connection, and any other error's retry delay from its arrival;
 
 and the ``settle`` rule checks that once the gateway behaves, within bounded simulated time,
 (b) the client is in sync and has a decision (or the state's final failure) about the current
@@ -47,8 +52,14 @@ from airflow_provider_systemzero.protocol.client_events import (
     GoodbyeReceived,
 )
 from airflow_provider_systemzero.protocol.gateway import CloseConnection, DispatchDecide, SendMessage
-from airflow_provider_systemzero.protocol.messages import Error
-from airflow_provider_systemzero.protocol.reconnect import Backoff, CloseCode
+from airflow_provider_systemzero.protocol.messages import (
+    Error,
+    Goodbye,
+    Ping,
+    decode_client_message,
+    sent_event_id,
+)
+from airflow_provider_systemzero.protocol.reconnect import MAX_SERVER_DELAY_S, Backoff, CloseCode
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 #: Small enough that bursts, pending-event limits, heartbeats and idle timeouts all happen.
@@ -62,6 +73,9 @@ LIMITS = Limits(
 )
 #: How long a behaving gateway may take to bring the client in sync with a current decision.
 SETTLE_BOUND_S = 120.0
+#: A gateway that said goodbye and never closes still pings this often (under the client's
+#: receipt deadline: heartbeat plus pong timeout).
+ZOMBIE_PING_S = 3.0
 
 
 def reply_for(body: str) -> DecideSuccess:
@@ -118,6 +132,16 @@ class World:
         self.decisions: list[DecisionReceived] = []
         self.failures: list[Error] = []
         self._conn: dict[str, Any] = {}
+        #: (e): the delay named for after this connection (ms), and no connection before this time
+        self.named_ms = 0
+        self.not_before = 0.0
+        #: the next client message (not a pong) is refused with this error code, naming it or not
+        self.refuse_next: tuple[str, bool] | None = None
+        #: after a goodbye or a fatal error with no close: the gateway reads nothing (its timers
+        #: stand still, so its idle timeout never closes the connection) and only pings,
+        #: every ZOMBIE_PING_S (so the client never finds it silent), until the client closes
+        self.zombie = False
+        self.zombie_ping_at = 0.0
         self.step()
 
     # ---------------------------------------------------------------- the adapter
@@ -129,8 +153,39 @@ class World:
         self.pending = []
         self.silent = False
         self._conn = {"opened": self.now, "goodbye": None, "fatal": None, "decided": False}
+        assert self.now >= self.not_before - 1e-9, (  # (e)
+            f"connected at {self.now:.3f} although the gateway asked not before {self.not_before:.3f}"
+        )
         self.reconnect_at = None
+        self.named_ms = 0
+        self.zombie = False
         self.handle(self.gateway.actions())
+
+    def deliver(self, message: Any) -> None:
+        """A server message reaches the client (and what it asks of the next connection is noted)."""
+        if isinstance(message, Goodbye) and message.retry_after_ms is not None:
+            self.named_ms = max(self.named_ms, message.retry_after_ms)
+        if isinstance(message, Error) and message.retry.retry_after_ms is not None:
+            if message.fatal:
+                self.named_ms = max(self.named_ms, message.retry.retry_after_ms)
+            else:
+                delay = min(message.retry.retry_after_ms / 1000, MAX_SERVER_DELAY_S)
+                self.not_before = max(self.not_before, self.now + delay)
+        for event in self.client.receive_text(encode_message(message), self.now):
+            if isinstance(event, DecisionReceived):
+                self.decisions.append(event)
+                self._conn["decided"] = True
+            elif isinstance(event, DecisionFailedEvent):
+                self.failures.append(event.error)
+                if event.error.fatal:
+                    self._conn["fatal"] = event.error
+            elif isinstance(event, GoodbyeReceived):
+                self._conn["goodbye"] = event.goodbye
+
+    def inject(self, message_type: type, **fields: Any) -> None:
+        """A message the gateway core would not send, numbered as the connection's next."""
+        assert self.gateway is not None
+        self.deliver(message_type(stream_id=self.gateway.stream_id, seq=self.gateway._next_seq(), **fields))
 
     def handle(self, actions: list[Any]) -> None:
         finished: list[DispatchDecide] = []  # decided after the rest is delivered, as a real gateway does
@@ -140,16 +195,7 @@ class World:
             if isinstance(action, SendMessage):
                 if self.silent:
                     continue
-                for event in self.client.receive_text(encode_message(action.message), self.now):
-                    if isinstance(event, DecisionReceived):
-                        self.decisions.append(event)
-                        self._conn["decided"] = True
-                    elif isinstance(event, DecisionFailedEvent):
-                        self.failures.append(event.error)
-                        if event.error.fatal:
-                            self._conn["fatal"] = event.error
-                    elif isinstance(event, GoodbyeReceived):
-                        self._conn["goodbye"] = event.goodbye
+                self.deliver(action.message)
             elif isinstance(action, DispatchDecide):
                 key = action.idempotency_key
                 if key is not None:
@@ -163,6 +209,25 @@ class World:
             if self.gateway is not None:
                 self.finish(action, reply_for(action.body))
 
+    def _refuse(self, text: str, code: str, named: bool) -> bool:
+        """Drop ``text`` unread and answer ``code``, as a hostile gateway would (a pong, and for
+        ``stale_state_version`` anything but a ``decide``, passes; a silent gateway refuses nothing)."""
+        kind = decode_client_message(text).TYPE
+        if self.silent or kind == "pong" or (code == "stale_state_version" and kind != "decide"):
+            return False
+        self.refuse_next = None
+        self.inject(
+            Error,
+            event_id=sent_event_id(text) if named and kind != "decide" else None,
+            state_version=None,
+            http_status=None,
+            request_id="r",
+            fatal=False,
+            envelope=ErrorEnvelope("rate_limit_error", code, "refused"),
+            retry=RetryHint(True, 300),
+        )
+        return True
+
     def finish(self, action: DispatchDecide, outcome: Any) -> None:
         assert self.gateway is not None
         if action in self.pending:
@@ -173,7 +238,8 @@ class World:
         assert self.gateway is not None
         goodbye = self._conn["goodbye"]
         fatal = self._conn["fatal"]
-        delay = goodbye.retry_after_ms if goodbye else None
+        delay = self.client.next_connection_delay_ms(self.now)  # as the I/O adapter asks it
+        self.not_before = max(self.not_before, self.now + min(self.named_ms / 1000, MAX_SERVER_DELAY_S))
         self.gateway.connection_lost()
         self.gateway = None
         self.pending = []
@@ -207,6 +273,10 @@ class World:
             for text in frames:
                 if self.gateway is None:
                     return
+                if self.refuse_next is not None and self._refuse(text, *self.refuse_next):
+                    continue
+                if self.zombie:
+                    continue  # read by nobody: only a close (the client's) ends this
                 self.handle(self.gateway.receive_text(text, self.now))
         raise AssertionError("the client kept sending without end")
 
@@ -233,7 +303,14 @@ class World:
             if deadline is not None and self.now >= deadline:
                 self.end(CloseCode.ABNORMAL_CLOSURE, "silent")
                 continue
-            if not self.silent:
+            if self.silent:
+                pass
+            elif self.zombie:
+                if self.now >= self.zombie_ping_at:
+                    self.zombie_ping_at = self.now + ZOMBIE_PING_S
+                    self.inject(Ping, nonce=1)
+                    continue
+            else:
                 actions = self.gateway.tick(self.now)
                 if actions:
                     self.handle(actions)
@@ -250,7 +327,11 @@ class World:
         if self.gateway is not None:
             times.append(self.client.next_wakeup(self.now))
             times.append(self.client.receipt_deadline())
-            if not self.silent:
+            if self.silent:
+                pass
+            elif self.zombie:
+                times.append(self.zombie_ping_at)
+            else:
                 times.append(self.gateway.next_deadline())
         elif self.reconnect_at is not None and (not self.when_needed or self.client.has_work()):
             times.append(self.reconnect_at)
@@ -346,6 +427,49 @@ class ClientLiveness(RuleBasedStateMachine):
         self.w.handle(self.w.gateway.begin_shutdown(self.w.now, retry_after_ms))
         self.w.step()
 
+    # ---- a hostile gateway
+    @precondition(lambda self: self.w.gateway is not None and not self.w.silent)
+    @rule(
+        reason=st.sampled_from(["shutdown", "overload", "idle_timeout", "max_duration"]),
+        retry_after_ms=st.sampled_from([None, 0, 250, 2_000]),
+        again_ms=st.sampled_from([None, 0, 5_000]),
+    )
+    def goodbye_and_no_close(self, reason: str, retry_after_ms: int | None, again_ms: int | None) -> None:
+        """A goodbye (maybe a second one naming another delay), and the gateway never closes."""
+        for delay in (retry_after_ms, again_ms) if again_ms is not None else (retry_after_ms,):
+            if self.w.gateway is not None:
+                self.w.inject(
+                    Goodbye,
+                    reason=reason,
+                    state_version=None,
+                    last_decision_state_version=None,
+                    retry_after_ms=delay,
+                )
+        self.w.zombie, self.w.zombie_ping_at = True, self.w.now + ZOMBIE_PING_S
+        self.w.step()
+
+    @precondition(lambda self: self.w.gateway is not None and not self.w.silent)
+    @rule(retry_after_ms=st.sampled_from([None, 0, 700]))
+    def fatal_error_and_no_close(self, retry_after_ms: int | None) -> None:
+        self.w.inject(
+            Error,
+            event_id=None,
+            state_version=None,
+            http_status=None,
+            request_id="r",
+            fatal=True,
+            envelope=ErrorEnvelope("api_error", "internal", "broken"),
+            retry=RetryHint(retry_after_ms is not None, retry_after_ms),
+        )
+        self.w.zombie, self.w.zombie_ping_at = True, self.w.now + ZOMBIE_PING_S
+        self.w.step()
+
+    @precondition(lambda self: self.w.gateway is not None and not self.w.silent)
+    @rule(code=st.sampled_from(["message_rate_limited", "stale_state_version"]), named=st.booleans())
+    def refuse_the_next_message(self, code: str, named: bool) -> None:
+        self.w.refuse_next = (code, named)
+        self.w.step()
+
     @precondition(lambda self: self.w.gateway is not None)
     @rule()
     def drop(self) -> None:
@@ -368,6 +492,7 @@ class ClientLiveness(RuleBasedStateMachine):
         if w.stopped:
             return
         w.auto = True
+        w.refuse_next = None
         for action in list(w.pending):
             w.finish(action, reply_for(action.body))
         if w.silent:

@@ -64,6 +64,26 @@ def test_a_1000_close_right_after_start_is_not_reconnected_at_once(goodbye: str 
     assert [plan.attempt for plan in plans] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(
+    ("goodbye", "kind"),
+    [
+        ("idle_timeout", PlanKind.WHEN_NEEDED),
+        ("max_duration", PlanKind.WHEN_NEEDED),
+        ("shutdown", PlanKind.RECONNECT),
+        (None, PlanKind.RECONNECT),
+    ],
+)
+def test_a_connection_the_client_closed_after_a_goodbye_keeps_the_goodbyes_plan(
+    goodbye: str | None, kind: PlanKind
+) -> None:
+    """The gateway said goodbye and never closed, so the client did (recycled): an idle or
+    lifetime goodbye still means "come back when there is work", after the delay it named."""
+    plan = planner().plan(
+        quick(CloseCode.NORMAL_CLOSURE, goodbye_reason=goodbye, server_delay_ms=700, kind="recycled")
+    )
+    assert plan.kind is kind and plan.delay >= 0.7
+
+
 def test_a_decision_or_a_healthy_stretch_resets_the_backoff() -> None:
     p = planner()
     for _ in range(4):
