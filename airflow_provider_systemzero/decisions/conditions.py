@@ -136,7 +136,8 @@ class DecisionCondition:
         """
         if self.question not in questions:
             raise SystemZeroArgumentError(
-                f"question {self.question!r} is not among the questions asked ({sorted(questions)})",
+                f"question {self.question!r} is not among the questions asked ({sorted(questions)}): "
+                "name one of them in the condition, or ask it",
                 code="unknown_question",
                 field="question",
             )

@@ -35,6 +35,7 @@ from typing import Any
 
 from airflow_provider_systemzero.emulator.deciders import Decider
 from airflow_provider_systemzero.emulator.faults import Faults
+from airflow_provider_systemzero.emulator.redaction import mask_secret
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.gateway import DecideFailure, DecideOutcome, DecideSuccess
 from airflow_provider_systemzero.protocol.limits import Limits
@@ -339,6 +340,12 @@ class DecideBackend:
             if verdict.kind == "replay":
                 assert verdict.reply is not None
                 self.replayed += 1
+                if log.isEnabledFor(logging.INFO):
+                    log.info(
+                        "decision %s replayed, not billed (account %s: the same key and body as before)",
+                        verdict.reply["id"],
+                        mask_secret(account),
+                    )
                 self._record(
                     account,
                     idempotency_key,
@@ -363,6 +370,8 @@ class DecideBackend:
         if idempotency_key is not None:
             self.ledger_records.complete(account, idempotency_key, outcome.reply, time.monotonic())
         self.billed += 1
+        if log.isEnabledFor(logging.INFO):
+            log.info("decision %s billed (account %s)", outcome.reply["id"], mask_secret(account))
         self._record(
             account, idempotency_key, sha, outcome.reply["id"], billed=True, usage=outcome.reply.get("usage")
         )

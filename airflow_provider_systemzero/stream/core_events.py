@@ -257,7 +257,9 @@ class CoreEventHandling:
             ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
             answers or "no answers",
             server_token(result.reply_id),
-            "billed" if billed else "replayed unbilled",
+            "a new reply, counted as billed"
+            if billed
+            else "a reply already counted: replayed, not billed again",
             usage.get("input_tokens", 0),
             _fmt(result.queue_ms, 0),
             _fmt(result.decide_ms, 0),

@@ -57,6 +57,7 @@ from airflow_provider_systemzero.triggers.watching import (
     end_lease,
     new_feeder,
     new_lease,
+    wait_to_watch_again,
     watch_source,
 )
 
@@ -452,72 +453,92 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         )
         watch = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
         policy_fields = condition.policy is not None or condition.has_hysteresis
-        mode = self.decision_filter.stream_mode(self.decision_mode)
-        relevance = self.decision_filter.relevance()  # a callable that cannot be imported ends the trigger
         gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
+        failures = 0
         try:
-            state = await stream_of.first_state(source, gate, relevance)
             while True:
-                follow = source if gate is None else None  # it opens with the newest state
-                # one queue per stream (it is drained before the trigger goes dormant: none is kept)
-                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-                async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
-                    lease = new_lease(self)
-                    feeder = new_feeder(self, stream, source, mode, gate)
-                    quiet = lease.watch(feeder.currency)
-                    race = asyncio.ensure_future(
-                        feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
-                    )
-                    try:
-                        while True:
-                            getter = asyncio.ensure_future(queue.get())
-                            await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
-                            if getter.done():
-                                yield TriggerEvent(getter.result())
-                                memory.handed_over()
-                                continue
-                            getter.cancel()
-                            if race.done():
-                                race.result()  # raises the failure
-                                return
-                            break  # quiet: give the stream back until the state changes
-                    finally:
-                        quiet.cancel()
-                        race.cancel()
-                        await asyncio.gather(race, return_exceptions=True)
-                        await feeder.aclose()  # the source's reading, even if the race never ran
-                        end_lease(self)
-                del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
-                while not queue.empty():  # a transition seen as the stream went quiet
-                    yield TriggerEvent(queue.get_nowait())
-                    memory.handed_over()
-                del queue
-                # dormant: the watch is kept (whether the condition was met decides the next event)
-                stream_of.let_go(gate)
-                state = NO_CHANGE
-                while state is NO_CHANGE:
-                    time_left = stream_of.time_left(watch)
-                    stream_of.dormant = True
-                    try:
-                        if time_left is None:
-                            # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
-                            state = await source.current()
-                            while not stream_of.changed(state, source):
-                                try:
-                                    state = await source.taken(await source.next_change())
-                                except Exception as exc:
-                                    state = await source.failed(exc)
-                        else:  # a qualifying run waits on time: bounded by one timer
-                            state = await stream_of.change_within(time_left, source)
-                    finally:
-                        stream_of.dormant = False
-                    state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
-                    if verdict is not None:  # only time was missing, and it passed
-                        yield TriggerEvent(self._event(watch, verdict, policy_fields))
-                        memory.handed_over()
+                try:
+                    # the connection is looked up now: a missing one is reported at the start, not
+                    # when the source first has something to decide
+                    await stream_of.resolve_settings()
+                    watching = self._watching(watch, source, gate, policy_fields)
+                    async with contextlib.aclosing(watching) as payloads:
+                        async for payload in payloads:
+                            yield TriggerEvent(payload)
+                            memory.handed_over()
+                            failures = 0
+                    return
+                except Exception as exc:  # a watch has no task to fail: it says why, waits, goes on
+                    failures += 1
+                    stream_of.forget_settings()  # a connection fixed meanwhile is used
+                    await wait_to_watch_again(self.watch_id, failures, exc)
         finally:
             await memory.aclose()
             await self.cleanup()
+
+    async def _watching(
+        self, watch: DecisionWatch, source: StateSource, gate: DecisionGate | None, policy_fields: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch itself: the payload of each event, until the source ends (or a failure)."""
+        stream_of = self._stream
+        mode = self.decision_filter.stream_mode(self.decision_mode)
+        relevance = self.decision_filter.relevance()  # a callable that cannot be imported fails
+        state = await stream_of.first_state(source, gate, relevance)
+        while True:
+            follow = source if gate is None else None  # it opens with the newest state
+            # one queue per stream (it is drained before the trigger goes dormant: none is kept)
+            queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+            async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
+                lease = new_lease(self)
+                feeder = new_feeder(self, stream, source, mode, gate)
+                quiet = lease.watch(feeder.currency)
+                race = asyncio.ensure_future(
+                    feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
+                )
+                try:
+                    while True:
+                        getter = asyncio.ensure_future(queue.get())
+                        await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
+                        if getter.done():
+                            yield getter.result()
+                            continue
+                        getter.cancel()
+                        if race.done():
+                            race.result()  # raises the failure
+                            return
+                        break  # quiet: give the stream back until the state changes
+                finally:
+                    quiet.cancel()
+                    race.cancel()
+                    await asyncio.gather(race, return_exceptions=True)
+                    await feeder.aclose()  # the source's reading, even if the race never ran
+                    end_lease(self)
+            del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
+            while not queue.empty():  # a transition seen as the stream went quiet
+                yield queue.get_nowait()
+            del queue
+            # dormant: the watch is kept (whether the condition was met decides the next event)
+            stream_of.let_go(gate)
+            state = NO_CHANGE
+            while state is NO_CHANGE:
+                time_left = stream_of.time_left(watch)
+                stream_of.dormant = True
+                try:
+                    if time_left is None:
+                        # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
+                        state = await source.current()
+                        while not stream_of.changed(state, source):
+                            try:
+                                state = await source.taken(await source.next_change())
+                            except Exception as exc:
+                                state = await source.failed(exc)
+                    else:  # a qualifying run waits on time: bounded by one timer
+                        state = await stream_of.change_within(time_left, source)
+                finally:
+                    stream_of.dormant = False
+                state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
+                if verdict is not None:  # only time was missing, and it passed
+                    yield self._event(watch, verdict, policy_fields)
 
     async def _publish(
         self,

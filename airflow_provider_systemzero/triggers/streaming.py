@@ -428,14 +428,24 @@ class TriggerStream:
         await opening.let_in()
         try:
             if follow is not None:
-                await self._resolve_settings()
+                await self.resolve_settings()
             return await self.enter(self.open(state, **kwargs), follow)
         finally:
             opening.leave()
 
-    async def _resolve_settings(self) -> None:
+    def forget_settings(self) -> None:
+        """Look the connection up again for the next stream (an asset watch trying again after a
+        failure: a connection fixed meanwhile is used without a restart)."""
+        self._settings = None
+
+    async def resolve_settings(self) -> None:
         """Look the connection up before the stream is built, so its session exists while it opens
-        (a change can then be made its desired state before the first connection)."""
+        (a change can then be made its desired state before the first connection); an asset watch
+        also does it when it starts, so a connection that does not exist is found then, not when
+        the source first has something to decide.
+
+        :raises SystemZeroValidationError: the connection does not exist, or is not a System Zero one.
+        """
         if self._settings is None:
             from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 

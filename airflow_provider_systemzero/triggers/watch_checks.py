@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.triggers.sources import validate_source_spec
@@ -57,22 +57,54 @@ def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
 
     :param given: the trigger's ``__init__``'s ``locals()``.
     :return: ``given`` with the condition in its plain-JSON form (:func:`condition_dict`).
-    :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
-        :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for
-        ``decision_mode``).
+    :raises SystemZeroArgumentError: naming the watch, the argument, the problem and the fix (the
+        traceback of an import error shows only the provider's frames: the message says where).
     """
-    kept, condition = condition_dict(given["condition"])
-    checked = {**given, "condition": kept}
-    systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
-    watch_id = checked["watch_id"]
-    check_conn_id(systemzero_conn_id)
+    watch_id = given["watch_id"]
     if not isinstance(watch_id, str) or not watch_id.strip():
         raise SystemZeroArgumentError(
-            f"watch_id must be a non-empty string, got {watch_id!r}: a stable name for this watch "
-            "(its keys and cache key derive from it), e.g. watch_id='nightly-job'",
+            f"SystemZeroDecisionEventTrigger: watch_id must be a non-empty string, got {watch_id!r}: a "
+            "stable name for this watch (its keys and cache key derive from it), e.g. watch_id='nightly-job'",
             code="invalid_watch_id",
             field="watch_id",
         )
+    try:
+        return _checked(given)
+    except ARGUMENT_ERRORS as exc:
+        field = exc.field or ""
+        argument = field.split(".")[0]
+        if argument and argument not in given:  # a field inside an argument: name the argument
+            where = f"{_ARGUMENT_OF.get(argument, 'request')}: "
+        elif not field or exc.message.startswith(field):
+            where = ""  # the message names it
+        else:
+            where = f"{field}: "
+        raise SystemZeroArgumentError(
+            f"SystemZeroDecisionEventTrigger(watch_id={watch_id!r}): {where}{exc.message}{_hint(exc)}",
+            code=exc.code,
+            field=exc.field,
+        ) from None
+
+
+#: The argument a checked field belongs to, for fields named inside it.
+_ARGUMENT_OF = {"question": "condition", "expect": "condition", "questions": "request"}
+
+
+def _hint(exc: Any) -> str:
+    """The fix, where the message of a protocol-level check does not give one."""
+    if (exc.field or "").startswith("questions.") and "must be an object" in exc.message:
+        return (
+            ": write each question as {'type': 'boolean', 'instructions': 'Is the job ready?'} "
+            "(or 'choice' with 'options')"
+        )
+    return ""
+
+
+def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
+    kept, condition = condition_dict(given["condition"])
+    checked = {**given, "condition": kept}
+    systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
+    check_conn_id(systemzero_conn_id)
     if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):
         raise SystemZeroArgumentError(
             "request must be a dict with 'questions' ({name: {'type': ..., 'instructions': ...}}) and "

@@ -86,6 +86,7 @@ class WatchMemory:
 
     def __init__(self, store: Any, *, watch_id: str, identity: str, settle: float | None = None) -> None:
         self._store = store
+        self.watch_id = watch_id
         self.key = KEY_PREFIX + watch_id
         self.identity = identity
         self.settle = SETTLE_S if settle is None else settle
@@ -109,24 +110,29 @@ class WatchMemory:
         """The ``fired`` flag this watch left before a restart (``False`` when there is none)."""
         if self._store is None:
             log.info(
-                "this Airflow keeps no memory for asset watchers (an asset state store needs "
-                "Airflow 3.3): after a triggerer restart a condition still met fires once more"
+                "asset watch %r keeps no memory across triggerer restarts (an asset state store "
+                "needs Airflow 3.3): after a restart a condition still met fires once more",
+                self.watch_id,
             )
             return False
         try:
             value = await self._store.aget(self.key, None)
-        except ValueError as exc:  # Airflow: more than one asset, no single store
-            self._store = None
+        except ValueError:  # Airflow: more than one asset, so no single store
+            assets, self._store = self._store, None
             log.warning(
-                "this watch keeps no memory across triggerer restarts: %s. Give each asset's "
-                "watcher its own watch_id so each has a store of its own",
-                exc,
+                "asset watch %r keeps no memory across triggerer restarts: Airflow runs one trigger "
+                "for the watchers of several assets (%r) when their trigger kwargs are the same, and "
+                "a memory needs one asset. Give each asset's watcher its own watch_id; until then a "
+                "condition still met after a restart fires once more",
+                self.watch_id,
+                assets,
             )
             return False
         except Exception as exc:
             log.warning(
-                "could not read the watch's memory %r (%s): it starts afresh, so a condition "
-                "still met fires once more",
+                "asset watch %r could not read its memory %r (%s): it starts afresh, so a "
+                "condition still met fires once more",
+                self.watch_id,
                 self.key,
                 exc,
             )
@@ -134,8 +140,9 @@ class WatchMemory:
         if not isinstance(value, dict) or value.get("identity") != self.identity:
             if isinstance(value, dict):
                 log.info(
-                    "the watch's memory %r was written by other kwargs (request, condition or "
-                    "source edited since): it starts afresh",
+                    "asset watch %r: its memory %r was written by other kwargs (request, condition "
+                    "or source edited since): it starts afresh, so a condition still met fires once more",
+                    self.watch_id,
                     self.key,
                 )
             return False
@@ -143,9 +150,10 @@ class WatchMemory:
         self._stored = fired
         if fired:
             log.info(
-                "this watch fired (reply %s, %s) for a run of met decisions that no decision has "
-                "ended since: a decision still met does not fire again; the next event needs one "
-                "that does not meet the condition first",
+                "asset watch %r fired (reply %s, %s) for a run of met decisions that no decision "
+                "has ended since: a decision still met does not fire again; the next event needs "
+                "one that does not meet the condition first",
+                self.watch_id,
                 value.get("reply_id"),
                 value.get("at"),
             )
@@ -219,8 +227,9 @@ class WatchMemory:
             await self._store.aset(self.key, value)
         except Exception as exc:
             log.warning(
-                "could not write the watch's memory %r (%s): after a triggerer restart this watch "
+                "asset watch %r could not write its memory %r (%s): after a triggerer restart it "
                 "may fire once more for the same run",
+                self.watch_id,
                 self.key,
                 exc,
             )

@@ -1,10 +1,13 @@
 """What a trigger that watches a source (the decision trigger, the event trigger) builds from its
 kwargs, with each stream it holds, and tears down: its ``decide_when`` filter, its lease, its
-source feeder, and the closing of its stream and source."""
+source feeder, and the closing of its stream and source; and how an asset watch, which has no
+task to fail, goes on after a failure (:func:`wait_to_watch_again`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +17,26 @@ from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.sources import StateSource
 
-__all__ = ["close_watching", "end_lease", "new_feeder", "new_lease", "watch_source"]
+__all__ = [
+    "WATCH_RETRY_FIRST_S",
+    "WATCH_RETRY_MAX_S",
+    "close_watching",
+    "end_lease",
+    "new_feeder",
+    "new_lease",
+    "wait_to_watch_again",
+    "watch_source",
+]
+
+log = logging.getLogger(__name__)
+
+#: After an asset watch's first failure in a row it tries again in this many seconds, twice as
+#: long after each further one, up to :data:`WATCH_RETRY_MAX_S`. A watcher trigger that ended
+#: would be started again by the triggerer within seconds, over and over, each time with a
+#: traceback and "Dependent tasks will be failed" (a watcher has none); so it stays and waits.
+WATCH_RETRY_FIRST_S = 5.0
+#: The longest wait between two tries: a connection fixed, or a gateway back, is picked up within it.
+WATCH_RETRY_MAX_S = 60.0
 
 
 def new_feeder(
@@ -80,3 +102,29 @@ async def close_watching(trigger: Any) -> None:
     if source is not None:
         with contextlib.suppress(Exception):
             await source.aclose()
+
+
+async def wait_to_watch_again(watch_id: str, failures: int, exc: BaseException) -> None:
+    """An asset watch failed (``failures`` times in a row, the last with ``exc``): say why and
+    when it tries again, then wait that long. Nothing is lost: whether the watch fired is kept.
+
+    :param watch_id: the watch's name.
+    :param failures: consecutive failures, this one included.
+    :param exc: the failure (its message names the cause and the fix; a failure that is not one
+        of the provider's errors is logged with its traceback).
+    """
+    from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
+    from airflow_provider_systemzero.stream.exceptions import SystemZeroError
+
+    delay = min(WATCH_RETRY_MAX_S, WATCH_RETRY_FIRST_S * 2 ** min(failures - 1, 16))
+    known = isinstance(exc, (SystemZeroError, *ARGUMENT_ERRORS))
+    log.error(
+        "asset watch %r failed%s: %s. It keeps watching: it tries again in %.0f s (fix the cause and "
+        "it goes on without a restart)",
+        watch_id,
+        "" if failures == 1 else f" ({failures} times in a row)",
+        exc if known else f"{type(exc).__name__}: {exc}",
+        delay,
+        exc_info=None if known else exc,
+    )
+    await asyncio.sleep(delay)

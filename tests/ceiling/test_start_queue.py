@@ -381,7 +381,7 @@ def test_429s_naming_no_delay_are_asked_again_ever_more_slowly() -> None:
             grant = queue.grant(now)
         queue.request("s", 1, now)
     assert waits[0] == 0.0 and waits[1] == MIN_REFUSED_WAIT and waits[2] == 2 * MIN_REFUSED_WAIT
-    assert waits[-1] == MAX_REFUSED_WAIT and all(a <= b for a, b in zip(waits, waits[1:], strict=False))
+    assert waits[-1] == MAX_REFUSED_WAIT and all(a <= b for a, b in itertools.pairwise(waits))
     queue.accepted(now)
     queue.refused("s", 1, 0.0, now)
     assert queue.blocked_until == now  # a run of refusals starts over

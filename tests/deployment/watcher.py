@@ -105,7 +105,11 @@ def run_watcher_restart(deployment: Deployment) -> str:
     # ... recalls that it fired, and stays quiet; a decision that does not meet the condition
     # ends the run, and the next met one fires
     log = deployment.logs / f"{survivor}.log"
-    wait_for(lambda: "this watch fired (reply" in log.read_text(errors="replace"), 30, "the recall logged")
+    wait_for(
+        lambda: "asset watch 'deploy-release' fired (reply" in log.read_text(errors="replace"),
+        30,
+        "the recall logged",
+    )
     path.write_text(WAITING)
     _remembers(deployment, False, "the end of the run remembered")
     path.write_text(READY + READY)

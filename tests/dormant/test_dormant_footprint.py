@@ -182,7 +182,9 @@ async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emu
 
 
 async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator: Emulator) -> None:  # noqa: F811
-    """The asset watcher's trigger goes dormant the same way: its run() awaits the source's generator."""
+    """The asset watcher's trigger goes dormant the same way: its run() awaits the source's
+    generator, through the one generator of its watch (``_watching``, which run() starts again
+    after a failure)."""
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 
     trigger = SystemZeroDecisionEventTrigger(
@@ -202,7 +204,11 @@ async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator
         gc.collect()
         kept = _kept(task, set())
         assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
-        assert _frames(kept) == {"SystemZeroDecisionEventTrigger.run", "pushed"}
+        assert _frames(kept) == {
+            "SystemZeroDecisionEventTrigger.run",
+            "SystemZeroDecisionEventTrigger._watching",
+            "pushed",
+        }
         assert trigger._lease is None  # a lease lives as long as its stream
     finally:
         await _stop(trigger, task, gen)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import ClientConnection
 
 from airflow_provider_systemzero.emulator import Emulator
@@ -50,6 +52,22 @@ async def test_replay_across_two_connections_is_billed_once(emu: Emulator) -> No
         '"instructions":"Is the job ready?"}},"prompt_cache_key":"example-affinity"}'
     )
     assert body_sha == hashlib.sha256(body.encode()).hexdigest()
+
+
+async def test_each_decision_is_one_log_line_saying_billed_or_replayed(
+    emu: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--log-level INFO`` (the default) promises one line per decision: its reply, and whether
+    it was billed or replayed for nothing; never the key."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.emulator")
+    start = start_message(STATE, key="state-1")
+    for _ in range(2):
+        async with stream(emu) as ws:
+            reply_id = (await decide_once(ws, start))["reply"]["id"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decision szd_")]
+    assert lines[0].startswith(f"decision {reply_id} billed (account sha256:")
+    assert lines[1].startswith(f"decision {reply_id} replayed, not billed (account sha256:")
+    assert len(lines) == 2 and "demo" not in " ".join(lines)
 
 
 async def test_a_changed_body_under_the_same_key_is_422(emu: Emulator) -> None:

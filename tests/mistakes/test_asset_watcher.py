@@ -62,6 +62,12 @@ def watcher(**overrides: Any) -> SystemZeroDecisionEventTrigger:
         ({"lease_after": "x"}, "lease_after", "lease_after must be a number of seconds (0 or more), got str"),
         ({"lease": "no"}, "lease", "lease must be True or False, got str 'no'"),
         ({"request": {"model": "m"}}, "request", "request must be a dict with 'questions'"),
+        (
+            {"request": {"questions": {"ready": "Is the job ready?"}}},
+            "questions.ready",
+            "questions.ready must be an object {type, instructions[, options]}: write each question as "
+            "{'type': 'boolean', 'instructions': 'Is the job ready?'}",
+        ),
     ],
 )
 def test_a_watcher_mistake_fails_when_the_trigger_is_built(
@@ -70,6 +76,18 @@ def test_a_watcher_mistake_fails_when_the_trigger_is_built(
     with pytest.raises(ARGUMENT_ERRORS, match=re.escape(message)) as error:
         watcher(**overrides)
     assert error.value.field == field
+    # an import error's traceback shows only the provider's frames: the message names the watch
+    if field != "watch_id":
+        assert str(error.value).startswith("SystemZeroDecisionEventTrigger(watch_id='nightly'): ")
+
+
+def test_a_question_mistake_names_the_condition_and_the_fix() -> None:
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        watcher(condition=DecisionCondition("redy", True))
+    assert str(error.value) == (
+        "SystemZeroDecisionEventTrigger(watch_id='nightly'): condition: question 'redy' is "
+        "not among the questions asked (['ready']): name one of them in the condition, or ask it"
+    )
 
 
 def test_a_condition_object_is_kept_as_its_dict() -> None:

@@ -198,7 +198,7 @@ async def test_a_failing_store_costs_a_repeat_never_an_event(
     async with events_of(watcher(log)) as events:
         await until(lambda: len(events) == 1, within=20, what="an event")
         await until(lambda: "could not write" in caplog.text, what="the failed write logged")
-    assert "could not read the watch's memory" in caplog.text
+    assert "asset watch 'release' could not read its memory" in caplog.text
 
 
 # ------------------------------------------------------------------ when the memory is written
@@ -280,4 +280,4 @@ async def test_without_a_store_nothing_is_kept_and_the_log_says_why(caplog: pyte
     memory.note(False, _decision("szd_1"))
     memory.handed_over()
     assert memory._writer is None  # nothing to write, no task
-    assert "needs Airflow 3.3" in caplog.text
+    assert "asset watch 'w' keeps no memory" in caplog.text and "needs Airflow 3.3" in caplog.text
