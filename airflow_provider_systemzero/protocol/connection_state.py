@@ -270,13 +270,14 @@ class ConnectionState:
             self.recycle_at, self.recycle_why = at, why
 
     def recycle_plan(self) -> tuple[float, Recycle] | None:
-        """The earliest planned recycle and its reason (``None``: none)."""
-        plans = []
-        if self.recycle_at is not None and self.recycle_why is not None:
-            plans.append((self.recycle_at, self.recycle_why))
-        if self.close_expected_by is not None:
-            plans.append((self.close_expected_by, Recycle.CLOSE_EXPECTED))
-        return min(plans, key=lambda plan: plan[0]) if plans else None
+        """The earliest planned recycle and its reason (``None``: none; asked on every writer's
+        turn, so that answer costs no allocation)."""
+        at, close_by = self.recycle_at, self.close_expected_by
+        if close_by is not None and (at is None or close_by <= at):
+            return close_by, Recycle.CLOSE_EXPECTED
+        if at is not None and self.recycle_why is not None:
+            return at, self.recycle_why
+        return None
 
     def cancel_recycle(self, *whys: Recycle) -> None:
         """Drop a planned recycle whose reason is one of ``whys`` (it no longer holds)."""
