@@ -503,6 +503,7 @@ class ClientSession(SessionInput):
         else:
             assert isinstance(message, Decide)
             conn.decide_outstanding = message.state_version
+            conn.decide_read = False
             conn.drain = False
         out.append(message)
         return out

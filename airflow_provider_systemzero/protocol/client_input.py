@@ -117,6 +117,7 @@ class SessionInput:
         if isinstance(message, Ack):
             return self._on_ack(conn, message)
         if isinstance(message, Scheduled):
+            conn.scheduled(message.state_version)
             return []
         if isinstance(message, Decision):
             return self._on_decision(conn, message)
@@ -206,7 +207,7 @@ class SessionInput:
             error.event_id is None
             and error.code == "message_rate_limited"
             and not error.fatal
-            and (flight is not None or conn.decide_outstanding is not None)
+            and conn.unanswered()
         ):
             # one of the messages sent was dropped, and the gateway did not say which: if it was
             # the change or the decide still unanswered, nothing will answer it (an answer that

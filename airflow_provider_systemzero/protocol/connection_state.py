@@ -149,13 +149,13 @@ class ConnectionState:
     #: No mutation is sent before this time (a rejection's delay); ``inf`` while the gateway shuts
     #: down, which also stops ``decide``.
     blocked_until: float = 0.0
-    #: When to close and replay on a new connection, and why (``None``: no such plan); a later
-    #: message can make the plan moot (:meth:`cancel_recycle`).
-    recycle_at: float | None = None
-    recycle_why: Recycle | None = None
-    #: After a ``goodbye`` or a fatal ``error``: the gateway closes the connection by then, or the
-    #: client does (:attr:`Recycle.CLOSE_EXPECTED`); nothing cancels it.
-    close_expected_by: float | None = None
+    #: When to close and replay on a new connection, per reason (see :class:`Recycle`): each is
+    #: kept and cancelled on its own (:meth:`cancel_recycle`), the earliest is due first;
+    #: :attr:`Recycle.CLOSE_EXPECTED` is never cancelled.
+    recycles: dict[Recycle, float] = field(default_factory=dict)
+    #: on_request: the gateway answered the outstanding ``decide`` with ``scheduled`` (it read it:
+    #: no refusal can have dropped it).
+    decide_read: bool = False
     last_receipt: float = 0.0
     event_bucket: TokenBucket | None = None
     message_bucket: TokenBucket | None = None
@@ -240,8 +240,7 @@ class ConnectionState:
         self.acked_version = ack.state_version
         self.acked_generation = flight.generation
         self.version_generation[ack.state_version] = flight.generation
-        if self.decide_outstanding is None:
-            self.cancel_recycle(Recycle.MESSAGE_REFUSED)  # nothing unanswered was refused after all
+        self.refusal_answered()
         return flight
 
     def decided(self, version: int) -> int:
@@ -257,32 +256,43 @@ class ConnectionState:
         if self.decide_outstanding is not None and version >= self.decide_outstanding:
             self.decide_outstanding = None
         self.drain = False
-        if self.in_flight is None and self.decide_outstanding is None:
-            self.cancel_recycle(Recycle.MESSAGE_REFUSED)
+        self.refusal_answered()
         return generation
 
+    def scheduled(self, version: int) -> None:
+        """The gateway answered ``decide`` for ``version`` with ``scheduled``: it read it."""
+        if version == self.decide_outstanding:
+            self.decide_read = True
+            self.refusal_answered()
+
+    def unanswered(self) -> bool:
+        """Whether a message sent may still be unread by the gateway: the change in flight, or a
+        ``decide`` not yet answered with ``scheduled``."""
+        return self.in_flight is not None or (self.decide_outstanding is not None and not self.decide_read)
+
+    def refusal_answered(self) -> None:
+        """An answer came: with nothing left unanswered, an unnamed refusal dropped nothing of ours."""
+        if Recycle.MESSAGE_REFUSED in self.recycles and not self.unanswered():
+            del self.recycles[Recycle.MESSAGE_REFUSED]
+
     def plan_recycle(self, at: float, why: Recycle) -> None:
-        """Close this connection and replay on a new one at ``at`` (an earlier plan stands)."""
-        if why is Recycle.CLOSE_EXPECTED:
-            if self.close_expected_by is None or at < self.close_expected_by:
-                self.close_expected_by = at
-        elif self.recycle_at is None or at < self.recycle_at:
-            self.recycle_at, self.recycle_why = at, why
+        """Close this connection and replay on a new one at ``at`` for ``why`` (an earlier plan
+        for the same reason stands)."""
+        self.recycles[why] = min(at, self.recycles.get(why, at))
 
     def recycle_plan(self) -> tuple[float, Recycle] | None:
         """The earliest planned recycle and its reason (``None``: none; asked on every writer's
         turn, so that answer costs no allocation)."""
-        at, close_by = self.recycle_at, self.close_expected_by
-        if close_by is not None and (at is None or close_by <= at):
-            return close_by, Recycle.CLOSE_EXPECTED
-        if at is not None and self.recycle_why is not None:
-            return at, self.recycle_why
-        return None
+        recycles = self.recycles
+        if not recycles:
+            return None
+        why = min(recycles, key=recycles.__getitem__)
+        return recycles[why], why
 
     def cancel_recycle(self, *whys: Recycle) -> None:
-        """Drop a planned recycle whose reason is one of ``whys`` (it no longer holds)."""
-        if self.recycle_why in whys:
-            self.recycle_at = self.recycle_why = None
+        """Drop the recycles planned for ``whys`` (they no longer hold); the others stand."""
+        for why in whys:
+            self.recycles.pop(why, None)
 
     def rejected_for_now(self, error: Error, delay_s: float, now: float, *, drain: bool) -> None:
         """The mutation in flight was rejected for now: plan it again after ``delay_s``.

@@ -315,8 +315,9 @@ class ReconnectPlanner:
             else min(outcome.server_delay_ms / 1000, MAX_SERVER_DELAY_S)
         )
         if outcome.kind == "released":
-            # a lease given back is no failure: reconnect as soon as there is work
-            return ReconnectPlan(PlanKind.WHEN_NEEDED, 0.0, self.attempt, label)
+            # a lease given back is no failure: reconnect as soon as there is work (and not before
+            # a retry delay the gateway named has passed)
+            return ReconnectPlan(PlanKind.WHEN_NEEDED, server_delay or 0.0, self.attempt, label, server_delay)
         if outcome.decided or outcome.duration >= HEALTHY_CONNECTION_S:
             self.attempt = 0
         self.violations = self.violations + 1 if outcome.kind == "violation" else 0

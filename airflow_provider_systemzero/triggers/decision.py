@@ -55,6 +55,7 @@ from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwarg
 from airflow_provider_systemzero.triggers.watching import (
     close_watching,
     end_lease,
+    failures_in_a_row,
     new_feeder,
     new_lease,
     wait_to_watch_again,
@@ -455,8 +456,10 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         policy_fields = condition.policy is not None or condition.has_hysteresis
         gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
         failures = 0
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                started = loop.time()
                 try:
                     # the connection is looked up now: a missing one is reported at the start, not
                     # when the source first has something to decide
@@ -466,10 +469,10 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                         async for payload in payloads:
                             yield TriggerEvent(payload)
                             memory.handed_over()
-                            failures = 0
+                            failures = 0  # it worked
                     return
                 except Exception as exc:  # a watch has no task to fail: it says why, waits, goes on
-                    failures += 1
+                    failures = failures_in_a_row(failures, loop.time() - started)
                     stream_of.forget_settings()  # a connection fixed meanwhile is used
                     await wait_to_watch_again(self.watch_id, failures, exc)
         finally:

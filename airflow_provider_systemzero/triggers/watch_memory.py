@@ -29,14 +29,16 @@ does not meet the condition ended the run) is written at once: until it is, a re
 miss the next transition. ``fired = True`` is written only once the trigger has handed its event
 to Airflow *and* :data:`SETTLE_S` has passed, the time Airflow needs to record the event: a
 crash in between fires once more, never not at all (at least once, as the event's ``reply_id``
-lets a consumer skip a repeat). A trigger that stops gracefully writes a pending ``False`` on
-its way out, and drops a pending ``True``. A writer task exists only while a value is
-pending, so a dormant watch holds no task.
+lets a consumer skip a repeat). A value stays pending until the store took it: a failed write
+is tried again, and a trigger that stops gracefully writes a pending ``False`` on its way out
+(also one whose write the stop interrupted) and drops a pending ``True``. A writer task exists
+only while a value is pending, so a dormant watch holds no task.
 
 Without a store (Airflow 3.1 and 3.2, or a trigger run outside a triggerer) the watch keeps no
 memory and says so once; a trigger shared by two assets (the same kwargs in two watchers) keeps
-none either, and says how to give each its own. A store that fails is logged and the watch
-goes on as if it had no memory: a repeat is the cost, never a missed event.
+none either, and says how to give each its own. A store that cannot be read: the watch starts
+afresh (a repeat). A write that fails is logged and tried again: until a ``False`` is written a
+restart would miss the next run, until a ``True`` is it may repeat one; the warning says which.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ SETTLE_S = 5.0
 
 #: How long a graceful stop waits to write a pending ``fired = False``.
 FLUSH_TIMEOUT_S = 2.0
+#: After a failed write the value is tried again in this many seconds, twice as long after each
+#: further failure, up to :data:`WRITE_RETRY_MAX_S`.
+WRITE_RETRY_FIRST_S = 1.0
+WRITE_RETRY_MAX_S = 60.0
 
 #: The key's prefix in the asset's store.
 KEY_PREFIX = "systemzero.watch:"
@@ -97,6 +103,8 @@ class WatchMemory:
         self._due = 0.0
         #: a verdict that ended a run, waiting for its event to be handed over
         self._fired_by: DecisionResult | None = None
+        #: failed writes in a row (the retry delay doubles with each)
+        self._failed_writes = 0
         #: the task writing the pending value (only while one is pending), and what wakes it
         self._writer: asyncio.Future[None] | None = None
         self._wake = asyncio.Event()
@@ -220,19 +228,36 @@ class WatchMemory:
         self._pending = None
 
     async def _write(self) -> None:
-        value, self._pending = self._pending, None
-        if value is None or value["fired"] == self._stored:
+        """Write the pending value. It stays pending until the store took it: a write cancelled
+        on the way out is flushed by :meth:`aclose`, and one that failed is tried again (sooner
+        for a newer value)."""
+        value = self._pending
+        if value is None:
+            return
+        if value["fired"] == self._stored:
+            self._pending = None
             return
         try:
             await self._store.aset(self.key, value)
         except Exception as exc:
+            self._failed_writes += 1
+            retry = min(WRITE_RETRY_MAX_S, WRITE_RETRY_FIRST_S * 2 ** min(self._failed_writes - 1, 16))
+            if self._pending is value:
+                self._due = asyncio.get_running_loop().time() + retry
             log.warning(
-                "asset watch %r could not write its memory %r (%s): after a triggerer restart it "
-                "may fire once more for the same run",
+                "asset watch %r could not write its memory %r (%s): %s; trying again in %.0f s",
                 self.watch_id,
                 self.key,
                 exc,
+                # what a restart before the write would cost, by direction
+                "until then a triggerer restart would not fire for the next run of met decisions"
+                if value["fired"] is False
+                else "until then a triggerer restart may fire once more for the same run",
+                retry,
             )
             return
+        self._failed_writes = 0
         self._stored = value["fired"]
-        log.info("remembered fired=%s in the asset's store (%s)", value["fired"], self.key)
+        if self._pending is value:
+            self._pending = None
+        log.info("asset watch %r remembered fired=%s (%s)", self.watch_id, value["fired"], self.key)

@@ -18,10 +18,12 @@ from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.sources import StateSource
 
 __all__ = [
+    "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
     "close_watching",
     "end_lease",
+    "failures_in_a_row",
     "new_feeder",
     "new_lease",
     "wait_to_watch_again",
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 WATCH_RETRY_FIRST_S = 5.0
 #: The longest wait between two tries: a connection fixed, or a gateway back, is picked up within it.
 WATCH_RETRY_MAX_S = 60.0
+#: A try that lasted this long was healthy: its failure counts as the first in a row again (a
+#: watch that ran for days without a transition does not start its next outage at the cap).
+WATCH_HEALTHY_S = 120.0
 
 
 def new_feeder(
@@ -102,6 +107,12 @@ async def close_watching(trigger: Any) -> None:
     if source is not None:
         with contextlib.suppress(Exception):
             await source.aclose()
+
+
+def failures_in_a_row(failures: int, lasted: float) -> int:
+    """The count of failures in a row, this one included, after a try that lasted ``lasted``
+    seconds (``failures``: the count before it)."""
+    return 1 if lasted >= WATCH_HEALTHY_S else failures + 1
 
 
 async def wait_to_watch_again(watch_id: str, failures: int, exc: BaseException) -> None:

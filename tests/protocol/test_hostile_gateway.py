@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from airflow_provider_systemzero.protocol import ErrorEnvelope, Limits, RetryHint, encode_message
-from airflow_provider_systemzero.protocol.connection_state import Recycle
+from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Recycle
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye
 from tests.protocol.pair import Pair
 from tests.protocol.test_client import make_client
@@ -186,3 +186,26 @@ def test_a_decide_refused_as_stale_is_not_sent_again_on_that_connection() -> Non
         pair.now += 0.09
     assert pair.client.recycle_due(pair.now + 0.2)
     assert pair.client.recycle_reason == Recycle.VERSION_DISAGREES.value
+
+
+def test_cancelling_one_recycle_reason_keeps_the_others() -> None:
+    """A 503 maintenance failure nobody retries plans a replay in 5 s; an unnamed refusal plans one
+    sooner, then its answer comes. The maintenance replay must still happen."""
+    conn = ConnectionState()
+    conn.plan_recycle(5.0, Recycle.DECIDE_NOT_RETRIED)
+    conn.plan_recycle(0.3, Recycle.MESSAGE_REFUSED)
+    assert conn.recycle_plan() == (0.3, Recycle.MESSAGE_REFUSED)
+    conn.refusal_answered()  # nothing unanswered: the refusal dropped nothing of ours
+    assert conn.recycle_plan() == (5.0, Recycle.DECIDE_NOT_RETRIED)
+
+
+def test_an_unnamed_refusal_does_not_replay_a_decide_the_gateway_already_scheduled() -> None:
+    """on_request: ``scheduled`` proves the gateway read the decide (its dispatch runs); a refusal
+    of some other message (a pong) must not abandon it for a replay."""
+    pair = Pair(make_client(mode="on_request"), limits=LIMITS, auto_decide=False)
+    pair.pump()
+    pair.client.request_decision()
+    pair.pump()  # decide → scheduled; the dispatch runs
+    assert pair.dispatches and '"scheduled"' in pair.server_frames[-1]
+    error(pair, "message_rate_limited", retry_after_ms=300)
+    assert not pair.client.recycle_due(pair.now + 10.0)

@@ -84,6 +84,11 @@ def test_a_connection_the_client_closed_after_a_goodbye_keeps_the_goodbyes_plan(
     assert plan.kind is kind and plan.delay >= 0.7
 
 
+def test_a_released_connection_waits_out_a_named_retry_delay() -> None:
+    plan = planner().plan(quick(CloseCode.NORMAL_CLOSURE, server_delay_ms=2_000, kind="released"))
+    assert (plan.kind, plan.delay, plan.server_delay) == (PlanKind.WHEN_NEEDED, 2.0, 2.0)
+
+
 def test_a_decision_or_a_healthy_stretch_resets_the_backoff() -> None:
     p = planner()
     for _ in range(4):

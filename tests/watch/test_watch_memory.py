@@ -281,3 +281,45 @@ async def test_without_a_store_nothing_is_kept_and_the_log_says_why(caplog: pyte
     memory.handed_over()
     assert memory._writer is None  # nothing to write, no task
     assert "asset watch 'w' keeps no memory" in caplog.text and "needs Airflow 3.3" in caplog.text
+
+
+class SlowOrFailingStore(Store):
+    """A store whose writes take ``delay`` seconds, and fail the first ``failures`` times."""
+
+    def __init__(self, delay: float = 0.0, failures: int = 0) -> None:
+        super().__init__()
+        self.delay, self.failures = delay, failures
+
+    async def aset(self, key: str, value: Any) -> None:
+        await asyncio.sleep(self.delay)
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionResetError("supervisor busy")
+        await super().aset(key, value)
+
+
+async def test_a_stop_that_interrupts_the_write_of_a_run_end_still_writes_it() -> None:
+    """Left as "fired", the store would keep a restarted watch from firing for the next run."""
+    store = SlowOrFailingStore(delay=0.2)
+    store.writes.append({"fired": True, "identity": "i", "reply_id": "szd_1", "at": None})
+    memory = WatchMemory(store, watch_id="w", identity="i")
+    assert await memory.recall() is True
+    memory.note(False, _decision("szd_2"))
+    await asyncio.sleep(0.05)  # the write is under way
+    await memory.aclose()  # the trigger stops
+    assert store.writes[-1]["fired"] is False
+    assert await WatchMemory(store, watch_id="w", identity="i").recall() is False
+
+
+async def test_a_failed_write_is_tried_again_and_the_warning_says_what_it_costs(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger=watch_memory.__name__)
+    store = SlowOrFailingStore(failures=2)
+    monkeypatch.setattr(watch_memory, "WRITE_RETRY_FIRST_S", 0.05)
+    async with kept(WatchMemory(store, watch_id="w", identity="i")) as memory:
+        memory.note(False, _decision("szd_2"))
+        await until(lambda: len(store.writes) == 1, what="the write, at the third try")
+    assert store.writes[0]["fired"] is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "would not fire for the next run" in warnings[0]

@@ -88,3 +88,9 @@ async def test_the_wait_between_tries_doubles_up_to_the_cap(monkeypatch: pytest.
     for failures in range(1, 8):
         await watching.wait_to_watch_again("w", failures, RuntimeError("boom"))
     assert slept == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+
+
+def test_a_healthy_try_starts_the_count_again() -> None:
+    """A watch that ran for days without a transition starts its next outage at 5 s, not 60 s."""
+    assert watching.failures_in_a_row(4, watching.WATCH_HEALTHY_S - 1) == 5
+    assert watching.failures_in_a_row(4, watching.WATCH_HEALTHY_S) == 1
