@@ -358,3 +358,24 @@ async def running_trigger(trigger: Any) -> AsyncIterator[asyncio.Future[Any]]:
             await task
         await gen.aclose()
         await trigger.cleanup()
+
+
+@asynccontextmanager
+async def watching_events(trigger: Any) -> AsyncIterator[tuple[list[Any], asyncio.Future[None]]]:
+    """Run a trigger that fires many times (an asset watcher's) as the triggerer does: yields the
+    list its events are collected in and the task running it; on exit cancel it (a triggerer
+    stopping) and run its ``cleanup()`` (a trigger that failed raises its failure there)."""
+    events: list[Any] = []
+
+    async def run() -> None:
+        async for event in trigger.run():
+            events.append(event)
+
+    task = asyncio.ensure_future(run())
+    try:
+        yield events, task
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        await trigger.cleanup()

@@ -146,7 +146,7 @@ class SessionInput:
             self._named_delay(delay)
             self._expect_close(conn, now)
         elif delay is not None:
-            self.retry_not_before = max(self.retry_not_before, now + min(delay / 1000, MAX_SERVER_DELAY_S))
+            self.retry_not_before = max(self.retry_not_before, now + _server_delay_s(error))
 
     def _on_ack(self, conn: ConnectionState, ack: Ack) -> list[ClientEvent]:
         flight = conn.acknowledge(ack)

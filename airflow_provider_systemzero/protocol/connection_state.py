@@ -272,8 +272,8 @@ class ConnectionState:
 
     def refusal_answered(self) -> None:
         """An answer came: with nothing left unanswered, an unnamed refusal dropped nothing of ours."""
-        if Recycle.MESSAGE_REFUSED in self.recycles and not self.unanswered():
-            del self.recycles[Recycle.MESSAGE_REFUSED]
+        if Recycle.MESSAGE_REFUSED in self.recycles and not self.unanswered():  # (every ack: cheap first)
+            self.cancel_recycle(Recycle.MESSAGE_REFUSED)
 
     def plan_recycle(self, at: float, why: Recycle) -> None:
         """Close this connection and replay on a new one at ``at`` for ``why`` (an earlier plan
@@ -282,7 +282,7 @@ class ConnectionState:
 
     def recycle_plan(self) -> tuple[float, Recycle] | None:
         """The earliest planned recycle and its reason (``None``: none; asked on every writer's
-        turn, so that answer costs no allocation)."""
+        turn, so with nothing planned it allocates nothing)."""
         recycles = self.recycles
         if not recycles:
             return None

@@ -50,6 +50,7 @@ __all__ = [
     "ReconnectPlanner",
     "classify_decide_failure",
     "delay_within",
+    "doubled",
 ]
 
 
@@ -151,6 +152,17 @@ def classify_decide_failure(http_status: int, envelope: ErrorEnvelope, retry: Re
     return DecideRetry.NONE
 
 
+def doubled(first: float, cap: float, times: int) -> float:
+    """``first`` doubled ``times`` times, at most ``cap``: the wait of every growing retry (the
+    backoff's jitter window, an asset watch's next try, a refused start's floor).
+
+    :param first: the first value (``times`` = 0).
+    :param cap: the largest value.
+    :param times: how many times it doubled (0 or more).
+    """
+    return min(cap, first * (2 ** min(max(times, 0), 62)))
+
+
 #: One random source for every stream's jitter (a generator per stream costs ~3 KB each).
 _SHARED_RNG = random.Random()
 
@@ -180,7 +192,7 @@ class Backoff:
 
     def window(self, attempt: int) -> float:
         """The jitter window of attempt ``attempt`` (0-based), in seconds."""
-        return min(self.cap, self.base * (2 ** min(attempt, 62)))
+        return doubled(self.base, self.cap, attempt)
 
     def delay(self, attempt: int, server_delay: float | None = None) -> float:
         """Seconds to wait before reconnect attempt ``attempt`` (0-based).

@@ -62,6 +62,8 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from airflow_provider_systemzero.protocol.reconnect import doubled
+
 __all__ = ["Grant", "StartQueue"]
 
 #: Pace multiplier on a 429 (weighted by the process's share, see :data:`SHARE_FULL`): the gap
@@ -256,8 +258,7 @@ class StartQueue:
         if delay < MIN_PACE and self.refused_in_a_row > 1:
             # "retry at once", again, with nothing accepted since the last 429: no time at all is
             # no answer (a token bucket names the time to its next token), so wait the floor
-            floor = MIN_REFUSED_WAIT * 2 ** min(self.refused_in_a_row - 2, 16)
-            delay = min(MAX_REFUSED_WAIT, floor)
+            delay = doubled(MIN_REFUSED_WAIT, MAX_REFUSED_WAIT, self.refused_in_a_row - 2)
         self.blocked_until = max(self.blocked_until, now + delay)
         if delay > 0:
             self._delays.append(delay)

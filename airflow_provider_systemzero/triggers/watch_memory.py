@@ -51,6 +51,7 @@ import json
 import logging
 from typing import Any
 
+from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 
 __all__ = ["SETTLE_S", "WatchMemory"]
@@ -241,7 +242,7 @@ class WatchMemory:
             await self._store.aset(self.key, value)
         except Exception as exc:
             self._failed_writes += 1
-            retry = min(WRITE_RETRY_MAX_S, WRITE_RETRY_FIRST_S * 2 ** min(self._failed_writes - 1, 16))
+            retry = doubled(WRITE_RETRY_FIRST_S, WRITE_RETRY_MAX_S, self._failed_writes - 1)
             if self._pending is value:
                 self._due = asyncio.get_running_loop().time() + retry
             log.warning(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
+from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.triggers.currency import validate_max_staleness
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.lease import StreamLease
@@ -127,7 +128,7 @@ async def wait_to_watch_again(watch_id: str, failures: int, exc: BaseException) 
     from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
     from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
-    delay = min(WATCH_RETRY_MAX_S, WATCH_RETRY_FIRST_S * 2 ** min(failures - 1, 16))
+    delay = doubled(WATCH_RETRY_FIRST_S, WATCH_RETRY_MAX_S, failures - 1)
     known = isinstance(exc, (SystemZeroError, *ARGUMENT_ERRORS))
     log.error(
         "asset watch %r failed%s: %s. It keeps watching: it tries again in %.0f s (fix the cause and "

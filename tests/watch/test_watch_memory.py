@@ -30,7 +30,7 @@ from airflow_provider_systemzero.triggers import watch_memory
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory
 from tests.airflow.test_triggers import rebuilt
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until, watching_events
 
 READY = "Job is ready.\n"
 WAITING = "Job is still waiting.\n"
@@ -94,30 +94,10 @@ def watcher(path: Path, *assets: str, store: bool = True, **overrides: Any) -> S
     return trigger
 
 
-@contextlib.asynccontextmanager
-async def events_of(trigger: Any) -> AsyncIterator[list[Any]]:
-    """Run ``trigger`` as the triggerer does, collecting its events; on exit cancel it (a triggerer
-    stopping) and run its ``cleanup()`` (a trigger that failed raises its failure there)."""
-    events: list[Any] = []
-
-    async def run() -> None:
-        async for event in trigger.run():
-            events.append(event)
-
-    task = asyncio.ensure_future(run())
-    try:
-        yield events
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await trigger.cleanup()
-
-
 async def fired_once_and_remembered(log: Path, supervisor: Supervisor) -> str:
     """A first watcher fires for READY and remembers it; returns the event's reply_id."""
     log.write_text(READY)  # noqa: ASYNC240 - a test writing its fixture file
-    async with events_of(watcher(log)) as events:
+    async with watching_events(watcher(log)) as (events, _):
         await until(lambda: len(events) == 1, within=20, what="the first event")
         await until(lambda: (supervisor.value() or {}).get("fired") is True, what="the memory written")
     return events[0].payload["reply_id"]
@@ -140,7 +120,7 @@ async def test_a_restarted_watch_does_not_fire_again_for_the_run_it_fired_for(
     caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.decisions.watch")
     first_reply = await fired_once_and_remembered(log, supervisor)
     assert met_decisions(caplog) == 1
-    async with events_of(watcher(log)) as events:
+    async with watching_events(watcher(log)) as (events, _):
         # the restarted watch checks a decision about the same state: still met, no event
         await until(lambda: met_decisions(caplog) == 2, within=20, what="the restarted watch's decision")
         log.write_text(WAITING)  # the run ends: remembered at once
@@ -159,7 +139,7 @@ async def test_without_a_store_a_restart_fires_again(emulator: Emulator, tmp_pat
     log.write_text(READY)
     replies = []
     for _ in range(2):
-        async with events_of(watcher(log, store=False)) as events:
+        async with watching_events(watcher(log, store=False)) as (events, _):
             await until(lambda: len(events) == 1, within=20, what="an event")
         replies.append(events[0].payload["reply_id"])
     assert replies[0] == replies[1] and emulator.stats.decisions_billed == 1
@@ -172,7 +152,7 @@ async def test_memory_of_a_watch_with_other_kwargs_is_not_used(
     await fired_once_and_remembered(log, supervisor)
     edited = DecisionCondition("ready", True, min_confidence=0.6).to_dict()
     caplog.set_level(logging.INFO, logger=watch_memory.__name__)
-    async with events_of(watcher(log, condition=edited)) as events:
+    async with watching_events(watcher(log, condition=edited)) as (events, _):
         await until(lambda: len(events) == 1, within=20, what="the edited watch's event")
     assert "written by other kwargs" in caplog.text
 
@@ -183,7 +163,7 @@ async def test_a_watch_shared_by_two_assets_keeps_no_memory_and_says_how_to_fix_
     log = tmp_path / "release.log"
     log.write_text(READY)
     caplog.set_level(logging.INFO, logger=watch_memory.__name__)
-    async with events_of(watcher(log, "release", "audit")) as events:
+    async with watching_events(watcher(log, "release", "audit")) as (events, _):
         await until(lambda: len(events) == 1, within=20, what="an event")
     assert "its own watch_id" in caplog.text and supervisor.rows == {}
 
@@ -195,7 +175,7 @@ async def test_a_failing_store_costs_a_repeat_never_an_event(
     log.write_text(READY)
     supervisor.failing = True
     caplog.set_level(logging.INFO, logger=watch_memory.__name__)
-    async with events_of(watcher(log)) as events:
+    async with watching_events(watcher(log)) as (events, _):
         await until(lambda: len(events) == 1, within=20, what="an event")
         await until(lambda: "could not write" in caplog.text, what="the failed write logged")
     assert "asset watch 'release' could not read its memory" in caplog.text

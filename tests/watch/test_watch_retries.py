@@ -8,8 +8,6 @@ starts, and is created while it waits.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -20,7 +18,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.triggers import watching
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests.airflow.test_triggers import rebuilt
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until, watching_events
 
 READY = "Job is ready.\n"
 
@@ -51,14 +49,7 @@ async def test_a_missing_connection_is_reported_at_once_and_picked_up_when_creat
             source={"type": "file", "path": str(log)},
         )
     )
-    events: list[object] = []
-
-    async def run() -> None:
-        async for event in trigger.run():
-            events.append(event)
-
-    task = asyncio.ensure_future(run())
-    try:
+    async with watching_events(trigger) as (events, task):
         # reported before the source has anything to decide, and again, more slowly, while it lasts
         await until(lambda: len(failures_logged(caplog)) >= 3, within=60, what="three failures logged")
         first = failures_logged(caplog)[0]
@@ -71,11 +62,6 @@ async def test_a_missing_connection_is_reported_at_once_and_picked_up_when_creat
         log.write_text(READY)
         await until(lambda: len(events) == 1, within=20, what="the event once the connection exists")
         assert emulator.stats.decisions_billed == 1
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await trigger.cleanup()
 
 
 async def test_the_wait_between_tries_doubles_up_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
