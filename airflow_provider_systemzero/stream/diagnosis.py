@@ -262,7 +262,7 @@ class NetworkFailures:
             return None
         return GatewayUnreachable(
             f"{self.last_text} (every attempt since the stream started failed so, {self._hopeless_attempts} in "
-            f"{elapsed:.0f} s: the stream gives up instead of waiting for the task's deadline)"
+            f"{elapsed:.0f} s: nothing listens there, so the stream stops retrying)"
         )
 
     def bound_delay(self, delay: float) -> float:
