@@ -23,6 +23,7 @@ from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
+from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_connection_before_deferring,
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["SystemZeroDecideOperator", "file_attachment"]
-
-_FATAL_ERRORS = frozenset({"authentication", "validation", "configuration"})
 
 
 def file_attachment(name: str, path: str | Path, mime_type: str | None = None) -> dict[str, str]:
@@ -467,25 +466,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         event = WatchEvent.from_payload(owned_event(self.task_id, event, namespaces))
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
         if event.status != "success":
-            message = f"{self.task_id}: {event.message or 'the decision failed'}"
-            # A client error the service will not accept again fails at once; a retryable failure or a
-            # server error (5xx) leaves Airflow's retries to act: the retry replays the same keys, so
-            # a decision the service did finish is returned, not billed again.
-            status = event.http_status
-            final = event.error_type in _FATAL_ERRORS or (
-                event.error_type == "decision_failed"
-                and not event.retryable
-                and status is not None
-                and 400 <= status < 500
-            )
-            if event.error_type == "decision_failed":
-                message += (
-                    f" (HTTP {status}, code {event.error_code}; "
-                    f"{'not retryable' if final else 'Airflow retries apply'})"
-                )
-            if final:
-                raise AirflowFailException(message)
-            raise AirflowException(message)
+            raise task_failure(self.task_id, event)
         return self._publish(context, event)
 
     def _publish(self, context: Context, event: WatchEvent) -> Any:

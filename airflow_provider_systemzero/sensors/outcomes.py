@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_systemzero.compat import (
-    AirflowException,
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
 )
 from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
 from airflow_provider_systemzero.sensors.inputs import build_inputs, source_name
+from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
 __all__ = ["end_without_decision", "fired_summary", "gate_of", "log_decision", "outcome_of", "static_unmet"]
-
-#: Error types that retrying cannot fix.
-_FATAL_ERRORS = frozenset({"authentication", "validation", "configuration"})
 
 
 def gate_of(sensor: SystemZeroDecisionSensor, event: WatchEvent) -> Gate:
@@ -108,18 +105,19 @@ def end_without_decision(sensor: SystemZeroDecisionSensor, context: Context, eve
     """End a wait that no decision ended: a static state unmet, the deadline, or an error.
 
     :raises AirflowSensorTimeout: the deadline passed (``AirflowSkipException`` with ``soft_fail``).
-    :raises AirflowFailException: retrying cannot help.
+    :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.triggers.payloads.task_failure`).
     :raises AirflowException: Airflow's retries may.
     """
     if event.status == "unmet":
         static_unmet(sensor, str(event.reason))
-    message = f"{sensor.task_id}: {event.message or 'the trigger failed'}"
+    fix = ""
     if event.error_code == "decide_body_too_large":
-        message += (
+        fix = (
             f" (the state comes from {source_name(sensor.source)}: send less, e.g. a callable "
             "source that returns the last part of the log, or a summary)"
         )
     if event.status == "timeout":
+        message = f"{sensor.task_id}: {event.message or 'the trigger failed'}"
         reason = event.message or "no decision met the condition before the deadline"
         effect = {"fired": False, "timed_out": True, "soft_fail": bool(sensor.soft_fail)}
         record = decision_record(
@@ -136,6 +134,4 @@ def end_without_decision(sensor: SystemZeroDecisionSensor, context: Context, eve
         if sensor.soft_fail:
             raise AirflowSkipException(message)
         raise AirflowSensorTimeout(message)
-    if event.error_type in _FATAL_ERRORS:
-        raise AirflowFailException(message)
-    raise AirflowException(message)
+    raise task_failure(sensor.task_id, event, fix=fix)

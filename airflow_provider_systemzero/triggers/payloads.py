@@ -2,16 +2,24 @@
 accepts.
 
 Every trigger ends a failed wait with one small, plain-JSON event free of secrets
-(:func:`error_payload`); the task reads its ``error_type`` to choose the exception it raises,
-once :func:`owned_event` found the event usable and its own.
+(:func:`error_payload`); the task reads its ``error_type`` to choose the exception it raises
+(:func:`task_failure`), once :func:`owned_event` found the event usable and its own. A task that
+decides on its worker (no trigger) reads its error the same way, so a failure retrying cannot fix
+fails at once in every mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["error_payload", "owned_event"]
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
+
+__all__ = ["FINAL_ERROR_TYPES", "error_payload", "owned_event", "task_failure"]
+
+#: Error types that retrying cannot fix: the same request is refused the same way again.
+FINAL_ERROR_TYPES = frozenset({"authentication", "validation", "configuration"})
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -72,3 +80,30 @@ def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str
             f"({event.get('key_namespace')!r}, expected one of {sorted(accepted)!r})"
         )
     return event
+
+
+def task_failure(task_id: str, event: WatchEvent, *, fix: str = "") -> Exception:
+    """The exception a task raises for a failed decision: ``AirflowFailException`` (no retry)
+    when retrying cannot help — an authentication, validation or configuration error, or a
+    client error (4xx) the gateway did not call retryable —, else ``AirflowException``, which
+    Airflow's retries act on (a retry replays the same keys, so a decision the service did
+    finish is returned, not billed again).
+
+    :param task_id: the failing task (the message starts with it).
+    :param event: the failed event (a trigger's, or :func:`error_payload` of a worker's error).
+    :param fix: appended to the event's message (what the author can change).
+    """
+    from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+
+    message = f"{task_id}: {event.message or 'the decision failed'}{fix}"
+    status = event.http_status
+    final = event.error_type in FINAL_ERROR_TYPES or (
+        event.error_type == "decision_failed"
+        and not event.retryable
+        and status is not None
+        and 400 <= status < 500
+    )
+    if event.error_type == "decision_failed":
+        retry = "not retryable" if final else "Airflow retries apply"
+        message += f" (HTTP {status}, code {event.error_code}; {retry})"
+    return AirflowFailException(message) if final else AirflowException(message)

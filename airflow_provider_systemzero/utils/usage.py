@@ -44,6 +44,18 @@ def _try_number(context: Mapping[str, Any]) -> int:
     return int(number) if isinstance(number, int) else 0
 
 
+def _final_failure(task_id: str, exc: BaseException) -> Exception | None:
+    """The ``AirflowFailException`` for a worker's decide error retrying cannot fix, else ``None``."""
+    from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
+    from airflow_provider_systemzero.decisions.watch import WatchEvent
+    from airflow_provider_systemzero.triggers.payloads import error_payload, task_failure
+
+    if not isinstance(exc, Exception) or isinstance(exc, AirflowException):
+        return None  # cancelled or interrupted; or already the task's own error
+    failure = task_failure(task_id, WatchEvent.from_payload(error_payload(exc)))
+    return failure if isinstance(failure, AirflowFailException) else None
+
+
 def _refused(task_id: str, refusal: BudgetExceeded | Mapping[str, Any]) -> Exception:
     """The task's error for a budget refusal (raised here, or read back from a trigger's event).
     A task's own cap holds across its tries, so a retry would be refused the same way: no retry.
@@ -381,7 +393,10 @@ class UsageBudgetMixin:
         :param call: receives the budget and performs the decide (e.g. ``hook.decide(..., budget=b)``).
         :param body_bytes: the decide body's size (checked before anything connects).
         :raises AirflowFailException: the task's budget refused the dispatch (``AirflowException``,
-            which Airflow retries, for a time window's).
+            which Airflow retries, for a time window's), or the decide failed in a way retrying
+            cannot fix (read as a trigger's failed event is:
+            :func:`~airflow_provider_systemzero.triggers.payloads.task_failure`); any other error
+            is raised as it is, for Airflow's retries.
         """
         ledger, budget = self.budget_before_dispatch(context, body_bytes)
         try:
@@ -389,8 +404,11 @@ class UsageBudgetMixin:
         except BudgetExceeded as exc:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
             raise _refused(getattr(self, "task_id", "?"), exc) from None
-        except BaseException:
+        except BaseException as exc:
             ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
+            final = _final_failure(getattr(self, "task_id", "?"), exc)
+            if final is not None:
+                raise final from None
             raise
         ledger.finish(budget.usage, run_id=budget.run_id, outcome="decided")
         return result
