@@ -37,7 +37,9 @@ RETRY = {"retries": 1, "retry_delay": timedelta(seconds=0)}
 
 @pytest.fixture(scope="module")
 def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with rules_emulator(READY_RULES, tmp_path_factory.mktemp("rules"), "final-key", CONN, model="sz-test") as emu:
+    with rules_emulator(
+        READY_RULES, tmp_path_factory.mktemp("rules"), "final-key", CONN, model="sz-test"
+    ) as emu:
         yield emu
 
 
