@@ -27,7 +27,11 @@ from airflow_provider_systemzero.protocol.validation import (
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.triggers.currency import validate_max_staleness
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-from airflow_provider_systemzero.triggers.sources import validate_source_spec
+from airflow_provider_systemzero.triggers.sources import (
+    check_changes_possible,
+    is_static,
+    validate_source_spec,
+)
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
@@ -142,11 +146,6 @@ def condition_of(sensor: SystemZeroDecisionSensor, question: str | None = None) 
     )
 
 
-def is_static(source: dict[str, Any] | None) -> bool:
-    """Whether the state never changes (no source, or a static one)."""
-    return source is None or source.get("type") == "static"
-
-
 def ends_when_unmet(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | None) -> bool:
     """Whether a decision that does not meet the condition ends the wait (a static state)."""
     return is_static(source) and not sensor.wait_on_static_state
@@ -160,13 +159,8 @@ def checked_source(sensor: SystemZeroDecisionSensor, request: dict[str, Any] | N
     source = validate_source_spec(sensor.source, sensor.state)
     if request is not None:
         validate_state_for_request(request, sensor.state)
-    if is_static(source) and sensor.consecutive != 1 and not sensor.wait_on_static_state:
-        raise SystemZeroArgumentError(
-            f"consecutive={sensor.consecutive} needs successive states, but with no "
-            "source the state never changes: give a source, or drop consecutive",
-            code="invalid_hysteresis",
-            field="consecutive",
-        )
+    if not sensor.wait_on_static_state:  # the author asked to wait until the timeout
+        check_changes_possible(source, consecutive=sensor.consecutive)
     return source
 
 
@@ -378,13 +372,7 @@ def decision_filter(
             code="invalid_debounce",
             field="debounce_ms",
         )
-    if decide_initial is False and sensor.source is None:
-        raise SystemZeroArgumentError(
-            "decide_initial=False with no source: the state never changes, so nothing would ever be "
-            "decided; give a source, or drop decide_initial=False",
-            code="invalid_decide_initial",
-            field="decide_initial",
-        )
+    check_changes_possible(sensor.source, decide_initial=decide_initial)
     decision_filter = DecisionFilter(
         decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
     )

@@ -76,6 +76,41 @@ SOURCE_TYPES = ("static", "file", "callable")
 NO_CONTENT: Any = object()
 
 
+def is_static(spec: Mapping[str, Any] | None) -> bool:
+    """Whether a source description gives a state that never changes (none, or ``static``)."""
+    return spec is None or (isinstance(spec, Mapping) and spec.get("type") == "static")
+
+
+def check_changes_possible(
+    spec: Mapping[str, Any] | None, *, consecutive: int = 1, decide_initial: bool = True
+) -> None:
+    """Refuse, for a state that never changes, what only a change can satisfy: a wait that
+    could not end until its deadline (or, for an asset watch, ever).
+
+    :param spec: the source description (``None``: no source).
+    :param consecutive: the condition's run of successive decisions (each about another state).
+    :param decide_initial: ``False`` decides nothing until the state changes.
+    :raises SystemZeroArgumentError: naming the argument and the fix.
+    """
+    if not is_static(spec):
+        return
+    never = "no source" if spec is None else "a static source"
+    if consecutive != 1:
+        raise SystemZeroArgumentError(
+            f"consecutive={consecutive} needs successive states, but with {never} the state never "
+            "changes: give a source that changes, or drop consecutive",
+            code="invalid_hysteresis",
+            field="consecutive",
+        )
+    if decide_initial is False:
+        raise SystemZeroArgumentError(
+            f"decide_initial=False with {never}: the state never changes, so nothing would ever be "
+            "decided; give a source that changes, or drop decide_initial=False",
+            code="invalid_decide_initial",
+            field="decide_initial",
+        )
+
+
 def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     """Check a source description (before deferring, so bad input fails on the worker).
 

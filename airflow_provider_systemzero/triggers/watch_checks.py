@@ -17,7 +17,7 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
-from airflow_provider_systemzero.triggers.sources import validate_source_spec
+from airflow_provider_systemzero.triggers.sources import check_changes_possible, validate_source_spec
 from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
 
 __all__ = ["checked_watch", "condition_dict"]
@@ -87,7 +87,12 @@ def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: The argument a checked field belongs to, for fields named inside it.
-_ARGUMENT_OF = {"question": "condition", "expect": "condition", "questions": "request"}
+_ARGUMENT_OF = {
+    "question": "condition",
+    "expect": "condition",
+    "consecutive": "condition",
+    "questions": "request",
+}
 
 
 def _hint(exc: Any) -> str:
@@ -117,5 +122,8 @@ def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
     check_flag("lease", checked["lease"], "give the stream back while the source is quiet")
     check_lease_after(checked["lease_after"])
     validate_source_spec(checked["source"], state)
+    check_changes_possible(
+        checked["source"], consecutive=condition.consecutive, decide_initial=checked["decide_initial"]
+    )
     validate_state_for_request(request, state)
     return checked

@@ -59,6 +59,17 @@ def watcher(**overrides: Any) -> SystemZeroDecisionEventTrigger:
         ({"state": 5, "source": None}, "state", "state must be a string, an array or an object, got int"),
         ({"state": 5}, "state", "a file source needs a string initial state"),
         ({"watch_id": " "}, "watch_id", "watch_id must be a non-empty string"),
+        (
+            {"source": None, "condition": DecisionCondition("ready", True, consecutive=3).to_dict()},
+            "consecutive",
+            "condition: consecutive=3 needs successive states, but with no source the state never changes",
+        ),
+        (
+            {"source": {"type": "static"}, "decide_initial": False},
+            "decide_initial",
+            "decide_initial=False with a static source: the state never changes, so nothing would ever be "
+            "decided",
+        ),
         ({"lease_after": "x"}, "lease_after", "lease_after must be a number of seconds (0 or more), got str"),
         ({"lease": "no"}, "lease", "lease must be True or False, got str 'no'"),
         ({"request": {"model": "m"}}, "request", "request must be a dict with 'questions'"),

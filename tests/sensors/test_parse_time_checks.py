@@ -117,6 +117,14 @@ def test_a_templated_question_is_checked_when_the_task_runs(
         ({"debounce_ms": -1}, "t: debounce_ms -1 is out of range"),
         ({"decide_initial": "no"}, "t: decide_initial must be True or False, got 'no'"),
         ({"decide_initial": False}, "t: decide_initial=False with no source"),
+        (
+            {"decide_initial": False, "source": {"type": "static"}},
+            "t: decide_initial=False with a static source: the state never changes",
+        ),
+        (
+            {"consecutive": 2, "source": {"type": "static"}},
+            "t: consecutive=2 needs successive states, but with a static source",
+        ),
         ({"request_mode": "fastest"}, "t: request_mode 'fastest' is not one of ['fast', 'deliberate']"),
         ({"route": "fastest"}, "t: route 'fastest' is not one of ['direct', 'committee']"),
         (
