@@ -1,7 +1,9 @@
 """The sensor's poke path: one on_request decision per poke, judged by the same
 :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` as the deferrable trigger.
 
-A poke reads the source once, asks System Zero about what it read (under the task's spending cap)
+A poke reads the source — the same source object a trigger would build, kept across the pokes,
+so a file reads the same bytes and the "no content" rule and its messages are the trigger's —,
+asks System Zero about what it read (under the task's spending cap)
 and feeds the decision to the watch, which keeps the run of decisions between pokes (hysteresis)
 and the states a person already said "no" about. When the wait ends, the poke gets the same
 :class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
@@ -22,12 +24,13 @@ from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
 from airflow_provider_systemzero.sensors.outcomes import static_unmet
-from airflow_provider_systemzero.triggers.sources import NO_CONTENT, read_source_once
+from airflow_provider_systemzero.triggers.sources import build_source
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from airflow_provider_systemzero.triggers.state_source import StateSource
 
 __all__ = ["PokeWatch"]
 
@@ -43,6 +46,8 @@ class PokeWatch:
         #: why the last poke did not end the wait (quoted when the sensor times out), ``None`` before one
         self.last_reason: str | None = None
         self._watch: DecisionWatch | None = None
+        #: the source, built at the first poke and read at each (a file keeps its read position)
+        self._source: StateSource | None = None
         self._slot_noted = False
 
     @contextlib.contextmanager
@@ -76,13 +81,11 @@ class PokeWatch:
                 sensor.timeout,
             )
         try:
-            state = read_source_once(source, sensor.state)
-            if state is NO_CONTENT:  # only a file source reads as no content
-                assert source is not None
-                self.last_reason = (
-                    f"the last poke: the file {source['path']!r} has no content (it does not exist or is "
-                    "empty), so nothing was decided"
-                )
+            if self._source is None:
+                self._source = build_source(source, sensor.state)
+            state = self._source.read_now()
+            if self._source.withheld(state):  # a file without content: nothing to decide
+                self.last_reason = f"the last poke: {self._source.waiting_on()}"
                 sensor.log.info("%s; the next poke reads it again", self.last_reason)
                 return None
             body_bytes = validate_state_for_request(request, state, field=source_name(source))

@@ -265,6 +265,21 @@ class CallableSource(StateSource):
                 yield value
         await asyncio.Event().wait()  # the generator ended: the state stays as it is
 
+    def read_now(self) -> Any:
+        """One call, in the calling thread (an ``async def`` function in an event loop of its own),
+        its value checked; a failure is raised as it is (each poke is a try of its own).
+
+        :raises SystemZeroArgumentError: for an async generator (it streams: it needs the triggerer).
+        """
+        if self._push:
+            raise SystemZeroArgumentError(
+                "an async generator source needs deferrable=True (it streams in the triggerer)",
+                code="invalid_source",
+                field="source.path",
+            )
+        value = self.function(**self.kwargs)
+        return self._checked(asyncio.run(value) if inspect.iscoroutine(value) else value)
+
     def next_change(self) -> Awaitable[Any]:
         """The generator's own next value (a sync or ``async def`` function: polled)."""
         if not self._push:

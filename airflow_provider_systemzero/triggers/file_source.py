@@ -185,6 +185,13 @@ class FileSource(StateSource):
         finally:
             self._reading.release()
 
+    def read_now(self) -> str:
+        """The file read as a trigger reads it (the same bytes kept, line endings included; a
+        replaced file read from its start; a missing file said once), in the calling thread."""
+        self._read(self._replaced)
+        self._replaced = False
+        return self._text
+
     def describe(self) -> str:
         """The file and the host it is read on."""
         return f"the file {self.path!r} on host {socket.gethostname()!r}"

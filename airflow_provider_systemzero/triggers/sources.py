@@ -35,9 +35,7 @@ builds them.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
-import inspect
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -53,27 +51,22 @@ from airflow_provider_systemzero.triggers.callable_source import (
     import_callable,
     split_dotted_path,
 )
-from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource, missing_file
+from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
 from airflow_provider_systemzero.utils.checks import has_template
 
 __all__ = [
     "FINGERPRINT_BYTES",
-    "NO_CONTENT",
     "CallableSource",
     "FileSource",
     "SourceFailed",
     "StateSource",
     "StaticSource",
     "build_source",
-    "read_source_once",
     "validate_source_spec",
 ]
 
 SOURCE_TYPES = ("static", "file", "callable")
-
-#: What :func:`read_source_once` returns for a file without content: nothing to decide.
-NO_CONTENT: Any = object()
 
 
 def is_static(spec: Mapping[str, Any] | None) -> bool:
@@ -211,7 +204,8 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
 
 
 def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSource:
-    """Build a source from its description (in the triggerer).
+    """Build a source from its description (in the triggerer; and on a poking sensor's worker,
+    which reads it with :meth:`~airflow_provider_systemzero.triggers.state_source.StateSource.read_now`).
 
     :param spec: the description (see the module docstring).
     :param initial_state: the trigger's initial state.
@@ -238,38 +232,3 @@ def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSou
             timeout=float(spec.get("timeout", DEFAULT_CALL_TIMEOUT)),
         )
     return StaticSource(initial_state)
-
-
-def read_source_once(spec: Mapping[str, Any] | None, initial_state: Any) -> Any:
-    """The desired state now, read synchronously (a sensor's poke on a worker).
-
-    :param spec: the source description.
-    :param initial_state: the initial state.
-    :return: the state, or :data:`NO_CONTENT` for a file source whose file does not exist or is
-        empty (nothing to decide, unless ``decide_empty``: then the initial state).
-    :raises SystemZeroArgumentError: for an async generator source (it needs the triggerer).
-    """
-    spec = validate_source_spec(spec, initial_state)
-    if spec["type"] == "file":
-        decide_empty = spec.get("decide_empty", False)
-        try:
-            with open(spec["path"], encoding=spec.get("encoding", "utf-8"), errors="replace") as handle:
-                content = handle.read()
-        except FileNotFoundError:
-            missing_file(spec["path"], spec.get("must_exist", False), decide_empty)
-            content = ""
-        return initial_state + content if content or decide_empty else NO_CONTENT
-    if spec["type"] == "callable":
-        function = import_callable(spec["path"])
-        if inspect.isasyncgenfunction(function):
-            raise SystemZeroArgumentError(
-                "an async generator source needs deferrable=True (it streams in the triggerer)",
-                code="invalid_source",
-                field="source.path",
-            )
-        kwargs = dict(spec.get("kwargs") or {})
-        value = (
-            asyncio.run(function(**kwargs)) if inspect.iscoroutinefunction(function) else function(**kwargs)
-        )
-        return CallableSource._checked(value)
-    return initial_state

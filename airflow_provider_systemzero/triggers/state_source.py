@@ -49,6 +49,12 @@ class StateSource:
                 last = value
                 yield value
 
+    def read_now(self) -> Any:
+        """The desired state now, read in the calling thread, without an event loop: a poking
+        sensor's read on its worker, poke after poke with the same source, so a poke reads what
+        a trigger would (:meth:`withheld` and :meth:`waiting_on` apply to it alike)."""
+        raise NotImplementedError
+
     def next_change(self) -> Awaitable[Any]:
         """What a dormant trigger awaits: one awaitable that completes when the source may have a
         new state (its value goes to :meth:`taken`, an exception to :meth:`failed`).
@@ -112,6 +118,9 @@ class StaticSource(StateSource):
     state: Any
 
     async def current(self) -> Any:
+        return self.state
+
+    def read_now(self) -> Any:
         return self.state
 
     async def changes(self) -> AsyncIterator[Any]:

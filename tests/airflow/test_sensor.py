@@ -15,7 +15,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.triggers.sources import NO_CONTENT, read_source_once
+from airflow_provider_systemzero.triggers.file_source import FileSource
 from tests.helpers import (
     READY_RULES,
     file_sensor,
@@ -176,16 +176,15 @@ def test_bad_sensor_input_fails_before_deferring(
 def test_poke_mode_decides_nothing_while_the_file_has_no_content(
     emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_systemzero.sensors import poking
-
     log = tmp_path / "job.log"
     reads: list[Any] = []
+    read_now = FileSource.read_now
 
-    def counted(spec: Any, initial: Any) -> Any:  # the real read, counted
-        reads.append(result := read_source_once(spec, initial))
+    def counted(source: FileSource) -> Any:  # the real read, counted
+        reads.append(result := read_now(source))
         return result
 
-    monkeypatch.setattr(poking, "read_source_once", counted)
+    monkeypatch.setattr(FileSource, "read_now", counted)
     with DAG("sensor_poke_no_content", schedule=None, start_date=START) as dag:
         _sensor(log, deferrable=False, poke_interval=0.05, mode="poke")
     before = emulator.stats
@@ -200,4 +199,4 @@ def test_poke_mode_decides_nothing_while_the_file_has_no_content(
     dag_run = run_dag_while(dag, write_after_pokes)
     assert dag_run.state == "success", task_states(dag_run)
     assert emulator.stats.decisions_billed - before.decisions_billed == 1
-    assert reads[:6] == [NO_CONTENT] * 6
+    assert reads[:6] == [""] * 6  # the file's content: none (the sensor's initial state is empty)

@@ -330,7 +330,8 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     [
         (
             "",
-            "; the last poke: the file {log!r} has no content (it does not exist or is empty), so nothing was decided",
+            "; the last poke: the file {log!r} on host {host!r} is empty (nothing is decided until it has "
+            'content): if an empty file is itself the answer, set "decide_empty": True in the source',
         ),
         ("still working\n", "; the last decision (state version 1): ready = False, waiting for True"),
     ],
@@ -351,7 +352,9 @@ def test_a_poking_sensor_that_times_out_says_why_the_wait_did_not_end(
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
-    assert "Sensor has timed out" in printed and why.format(log=str(log)) in printed
+    assert (
+        "Sensor has timed out" in printed and why.format(log=str(log), host=socket.gethostname()) in printed
+    )
 
 
 def test_a_sensor_that_times_out_on_a_missing_file_says_so(

@@ -20,7 +20,7 @@ import pytest
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
-from airflow_provider_systemzero.triggers.sources import NO_CONTENT, build_source, read_source_once
+from airflow_provider_systemzero.triggers.sources import build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, until
 
@@ -201,12 +201,16 @@ async def test_changes_skip_a_state_without_the_file_and_decide_empty_keeps_it(t
 
 def test_a_poke_reads_a_file_without_content_as_nothing_to_decide(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
-    assert read_source_once(spec(log), "log:\n") is NO_CONTENT
+    source = build_source(spec(log), "log:\n")
+    assert source.withheld(source.read_now())
+    assert "does not exist" in str(source.waiting_on()) and "must_exist" in str(source.waiting_on())
     log.write_text("")
-    assert read_source_once(spec(log), "log:\n") is NO_CONTENT
-    assert read_source_once(spec(log, decide_empty=True), "log:\n") == "log:\n"
+    assert source.withheld(source.read_now())
+    assert "is empty" in str(source.waiting_on()) and "decide_empty" in str(source.waiting_on())
+    empty_decided = build_source(spec(log, decide_empty=True), "log:\n")
+    assert not empty_decided.withheld(state := empty_decided.read_now()) and state == "log:\n"
     log.write_text(READY)
-    assert read_source_once(spec(log), "log:\n") == "log:\n" + READY
+    assert not source.withheld(state := source.read_now()) and state == "log:\n" + READY
 
 
 def test_decide_empty_must_be_a_bool() -> None:

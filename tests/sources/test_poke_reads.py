@@ -1,0 +1,119 @@
+"""A poking sensor reads its file as a trigger tails it: the same source object
+(``StateSource.read_now``), so the state — and with it the state hash, the idempotency keys and
+what ``decide_when`` sees — does not depend on ``deferrable``.
+
+Each test reads a real file both ways, or pokes it several times with one source as a poking
+sensor does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.triggers.sources import build_source
+
+HOUR = 3600.0
+
+
+def spec(path: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+
+
+async def _tailed(path: Path, initial: str) -> Any:
+    """The first state a trigger's source yields for ``path``."""
+    source = build_source(spec(path), initial)
+    changes = source.changes()
+    try:
+        async with asyncio.timeout(10):
+            return await anext(changes)
+    finally:
+        await changes.aclose()
+        await source.aclose()
+
+
+def test_line_endings_are_the_triggers(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_bytes(b"started\r\nJob is ready.\r\nlast\rline\n")
+    poked = build_source(spec(log), "log:\n").read_now()
+    assert poked == "log:\nstarted\r\nJob is ready.\r\nlast\rline\n"  # as written: no newline folding
+    assert poked == asyncio.run(_tailed(log, "log:\n"))
+
+
+def test_a_character_cut_between_two_pokes_is_read_whole(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    text = "état: prêt\n".encode()
+    log.write_bytes(text[:1])  # the first byte of 'é'
+    source = build_source(spec(log), "")
+    assert source.read_now() == ""
+    with log.open("ab") as handle:
+        handle.write(text[1:])
+    assert source.read_now() == "état: prêt\n"
+
+
+def test_a_missing_file_is_said_once_however_many_pokes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = build_source(spec(tmp_path / "never.log"), "")
+    with caplog.at_level(logging.INFO, logger="airflow_provider_systemzero"):
+        for _ in range(3):
+            assert source.withheld(source.read_now())
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and "does not exist" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+
+
+def test_must_exist_is_checked_at_the_first_read_only(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    with pytest.raises(SystemZeroArgumentError, match="does not exist on host"):
+        build_source(spec(log, must_exist=True), "").read_now()
+    log.write_text("started\n")
+    source = build_source(spec(log, must_exist=True), "")
+    assert source.read_now() == "started\n"
+    log.unlink()  # mid-rotation: the trigger reads it as without content, and so does a poke
+    assert source.withheld(source.read_now())
+    log.write_text("Job is ready.\n")
+    assert source.read_now() == "Job is ready.\n"
+
+
+def test_a_replaced_file_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("a long first run of the job\n")
+    source = build_source(spec(log), "")
+    assert source.read_now() == "a long first run of the job\n"
+    log.write_text("re-run\n")  # shorter: truncated and rewritten
+    assert source.read_now() == "re-run\n"
+    with log.open("a") as handle:
+        handle.write("Job is ready.\n")
+    assert source.read_now() == "re-run\nJob is ready.\n"  # appended to, not re-read
+
+
+def test_a_callable_and_a_static_state_read_now() -> None:
+    from tests.airflow.sources_for_tests import STATES
+
+    assert build_source(None, {"status": "ready"}).read_now() == {"status": "ready"}
+    STATES["poked"] = "Job is ready.\n"
+    try:
+        for path in ("flag_state", "sync_flag_state"):  # async def and def
+            source = build_source(
+                {
+                    "type": "callable",
+                    "path": f"tests.airflow.sources_for_tests.{path}",
+                    "kwargs": {"name": "poked"},
+                },
+                "",
+            )
+            assert source.read_now() == "Job is ready.\n"
+    finally:
+        del STATES["poked"]
+    generator = build_source(
+        {"type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states"}, ""
+    )
+    with pytest.raises(SystemZeroArgumentError, match="an async generator source needs deferrable=True"):
+        generator.read_now()
