@@ -126,8 +126,9 @@ def validate_debounce_ms(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEBOUNCE_MS:
         raise SystemZeroArgumentError(
-            f"debounce_ms {value!r} is out of range: pass a whole number of milliseconds from 0 to "
-            f"{MAX_DEBOUNCE_MS} (how long the source must be quiet before a decision starts), or None",
+            f"debounce_ms must be a whole number of milliseconds from 0 to {MAX_DEBOUNCE_MS} or None, "
+            f"got {type(value).__name__} {value!r}: how long the source must be quiet before a "
+            "decision starts",
             code="invalid_debounce",
             field="debounce_ms",
         )

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import BaseHook
 
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
+from airflow_provider_systemzero.durations import is_seconds, parse_seconds
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
@@ -119,17 +120,14 @@ def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _number(value: Any, *, field: str, conn_id: str, default: float) -> float:
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
+def _seconds(value: Any, *, field: str, conn_id: str, default: float) -> float:
+    number = parse_seconds(value, default)
+    if number is None or not is_seconds(number, positive=True):
         raise SystemZeroValidationError(
-            f"connection {conn_id!r}: extra {field!r} must be a number of seconds, got {value!r}",
+            f"connection {conn_id!r}: extra {field!r} must be a positive number of seconds, got {value!r}",
             code=f"invalid_{field}",
             field=field,
-        ) from None
+        )
     return number
 
 
@@ -177,11 +175,8 @@ def backoff_config() -> tuple[float, float]:
     values = {}
     for name, default in (("reconnect_backoff_base", 0.5), ("reconnect_backoff_cap", 30.0)):
         raw = conf.get("systemzero", name, fallback=None)
-        try:
-            value = default if raw is None or not str(raw).strip() else float(raw)
-        except ValueError:
-            value = -1.0
-        if not value >= 0 or value == float("inf"):
+        value = parse_seconds(raw, default)
+        if value is None or not is_seconds(value):
             raise SystemZeroValidationError(
                 f"[systemzero] {name} must be a non-negative number of seconds, got {raw!r}",
                 code=f"invalid_{name}",
@@ -290,7 +285,7 @@ class SystemZeroHook(BaseHook):
         return StreamSettings(
             origin=host,
             api_key=str(key).strip(),
-            open_timeout=_number(
+            open_timeout=_seconds(
                 extra.get("open_timeout"), field="open_timeout", conn_id=conn_id, default=10.0
             ),
             ca_bundle=_text(extra.get("ca_bundle"), field="ca_bundle", conn_id=conn_id),

@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
 from airflow_provider_systemzero.decisions.watch import WatchEvent, answers_payload
+from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.protocol.body import json_size
@@ -244,7 +245,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             with parse_time(self.task_id):
                 self._check_replay_arguments()
         timeout = self.decision_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        if not is_seconds(timeout, positive=True):
             raise ValueError(
                 f"{self.task_id}: decision_timeout {timeout!r} must be a positive number of seconds"
             )

@@ -364,14 +364,6 @@ def decision_filter(
     A bad regular expression, callable path or debounce is an import error naming the field, and
     so is any of them in a sensor that pokes, where nothing would apply them.
     """
-    if debounce_ms is not None and (isinstance(debounce_ms, bool) or not isinstance(debounce_ms, int)):
-        raise SystemZeroArgumentError(
-            f"debounce_ms must be a whole number of milliseconds or None, got "
-            f"{type(debounce_ms).__name__} {debounce_ms!r}: how long the source must be quiet "
-            "before a decision starts",
-            code="invalid_debounce",
-            field="debounce_ms",
-        )
     check_changes_possible(sensor.source, decide_initial=decide_initial)
     decision_filter = DecisionFilter(
         decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_systemzero.decisions.budget import parse_limit
+from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.protocol.errors import (
     LocalProtocolError,
 )
@@ -89,11 +90,7 @@ class StreamSettings:
                 code="invalid_api_key",
                 field="password",
             )
-        if (
-            isinstance(self.open_timeout, bool)
-            or not isinstance(self.open_timeout, int | float)
-            or not self.open_timeout > 0
-        ):
+        if not is_seconds(self.open_timeout, positive=True):
             raise SystemZeroValidationError(
                 f"{where}open_timeout must be a positive number of seconds, got {self.open_timeout!r}",
                 code="invalid_open_timeout",

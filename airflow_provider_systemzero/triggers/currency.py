@@ -13,6 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_systemzero.durations import is_seconds
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+
 __all__ = ["DEFAULT_MAX_STALENESS", "STARVED_AFTER", "Currency", "validate_max_staleness"]
 
 log = logging.getLogger(__name__)
@@ -24,14 +27,17 @@ STARVED_AFTER = 2
 
 
 def validate_max_staleness(value: Any) -> float:
-    """``max_staleness`` as a float, or ``ValueError`` naming the field and the fix.
+    """``max_staleness`` as a float.
 
     :param value: seconds (``0`` never holds a change back).
+    :raises SystemZeroArgumentError: naming the field and the fix.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
-        raise ValueError(
+    if not is_seconds(value, at_most=3600):
+        raise SystemZeroArgumentError(
             f"max_staleness must be a number of seconds from 0 to 3600, got {value!r}: pass how long "
-            "a newer state of the source may wait while a decision is in flight (0: never)"
+            "a newer state of the source may wait while a decision is in flight (0: never)",
+            code="invalid_max_staleness",
+            field="max_staleness",
         )
     return float(value)
 

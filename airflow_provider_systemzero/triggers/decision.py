@@ -427,9 +427,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
 
-        given = checked_watch(locals())  # in the Dag file: a mistake is an import error there
+        given = checked_watch(self, locals())  # in the Dag file: a mistake is an import error there
         self._kwargs.keep(self, given)
-        watch_source(self, given)
         self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
         self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
 

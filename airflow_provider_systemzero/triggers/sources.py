@@ -40,6 +40,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.callable_source import (
@@ -141,7 +142,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         )
     for name in ("poll_interval", "retry_delay", "timeout"):
         value = spec.get(name, 1.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        if not is_seconds(value, positive=True):
             raise SystemZeroArgumentError(
                 f"source.{name} {value!r} must be a positive number of seconds",
                 code="invalid_source",

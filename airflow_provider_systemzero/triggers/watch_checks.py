@@ -18,6 +18,7 @@ from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroAr
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.triggers.sources import check_changes_possible, validate_source_spec
+from airflow_provider_systemzero.triggers.watching import watch_source
 from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
 
 __all__ = ["checked_watch", "condition_dict"]
@@ -51,10 +52,12 @@ def condition_dict(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
     return dict(condition), built
 
 
-def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
-    """Check an asset watcher trigger's kwargs (the ``decide_when`` filter and ``max_staleness``
-    check themselves).
+def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Check an asset watcher trigger's kwargs, and build what it watches with (the
+    ``decide_when`` filter and ``max_staleness``, which check themselves:
+    :func:`~airflow_provider_systemzero.triggers.watching.watch_source`).
 
+    :param trigger: the trigger being built.
     :param given: the trigger's ``__init__``'s ``locals()``.
     :return: ``given`` with the condition in its plain-JSON form (:func:`condition_dict`).
     :raises SystemZeroArgumentError: naming the watch, the argument, the problem and the fix (the
@@ -69,7 +72,9 @@ def checked_watch(given: Mapping[str, Any]) -> dict[str, Any]:
             field="watch_id",
         )
     try:
-        return _checked(given)
+        checked = _checked(given)
+        watch_source(trigger, checked)
+        return checked
     except ARGUMENT_ERRORS as exc:
         field = exc.field or ""
         argument = field.split(".")[0]

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from airflow_provider_systemzero.compat import AirflowFailException
+from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 
@@ -182,7 +182,7 @@ def check_lease_after(value: Any) -> None:
 
     :raises SystemZeroArgumentError: naming the argument and what it means.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+    if not is_seconds(value):
         raise SystemZeroArgumentError(
             f"lease_after must be a number of seconds (0 or more), got {type(value).__name__} "
             f"{value!r}: how long a stream may stay quiet before the trigger gives it back "

@@ -177,7 +177,10 @@ def test_settings_come_from_the_connection_fields() -> None:
         ({"host": None}, {}, "connection 'sz' has no host", "host"),
         ({"host": "wss://me:pw@api.example.com"}, {}, "must not contain credentials", "host"),
         ({"host": "ws://api.example.com"}, {}, "only to a loopback host", "host"),
-        ({}, {"open_timeout": "soon"}, "extra 'open_timeout' must be a number", "open_timeout"),
+        ({}, {"open_timeout": "soon"}, "extra 'open_timeout' must be a positive number", "open_timeout"),
+        # an opening that never times out: a gateway that never answers the upgrade holds it forever
+        ({}, {"open_timeout": "inf"}, "extra 'open_timeout' must be a positive number", "open_timeout"),
+        ({}, {"open_timeout": 0}, "extra 'open_timeout' must be a positive number", "open_timeout"),
         ({}, {"model": 5}, "extra 'model' must be a string", "model"),
     ],
 )

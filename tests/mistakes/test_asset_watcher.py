@@ -60,6 +60,13 @@ def watcher(**overrides: Any) -> SystemZeroDecisionEventTrigger:
         ({"state": 5}, "state", "a file source needs a string initial state"),
         ({"watch_id": " "}, "watch_id", "watch_id must be a non-empty string"),
         (
+            {"debounce_ms": "500"},
+            "debounce_ms",
+            "debounce_ms must be a whole number of milliseconds from 0 to",
+        ),
+        ({"max_staleness": -1}, "max_staleness", "max_staleness must be a number of seconds from 0 to 3600"),
+        ({"decide_when": "(unclosed"}, "decide_when", "decide_when"),
+        (
             {"source": None, "condition": DecisionCondition("ready", True, consecutive=3).to_dict()},
             "consecutive",
             "condition: consecutive=3 needs successive states, but with no source the state never changes",

@@ -104,6 +104,12 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
             ),
             "decision_timeout 0 must be a positive number",
         ),
+        (  # timedelta(seconds=inf) would crash when the task defers
+            lambda: SystemZeroDecideOperator(
+                task_id="d", questions={"q": READY}, state="s", decision_timeout=float("inf")
+            ),
+            "decision_timeout inf must be a positive number",
+        ),
     ],
 )
 def test_literal_mistakes_fail_when_the_dag_is_parsed(build: Any, message: str) -> None:

@@ -111,10 +111,21 @@ def test_a_templated_question_is_checked_when_the_task_runs(
         ({"min_interval_ms": 60_001}, "t: min_interval_ms 60001 is out of range"),
         ({"max_staleness": "30"}, "t: max_staleness must be a number of seconds from 0 to 3600, got '30'"),
         (
-            {"debounce_ms": "100"},
-            "t: debounce_ms must be a whole number of milliseconds or None, got str '100'",
+            {"max_staleness": float("nan")},
+            "t: max_staleness must be a number of seconds from 0 to 3600, got nan",
         ),
-        ({"debounce_ms": -1}, "t: debounce_ms -1 is out of range"),
+        (
+            {"source": {"type": "file", "path": "/j.log", "poll_interval": float("inf")}},
+            "t: source.poll_interval inf",
+        ),
+        (
+            {"debounce_ms": "100"},
+            "t: debounce_ms must be a whole number of milliseconds from 0 to 3600000 or None, got str '100'",
+        ),
+        (
+            {"debounce_ms": -1},
+            "t: debounce_ms must be a whole number of milliseconds from 0 to 3600000 or None, got int -1",
+        ),
         ({"decide_initial": "no"}, "t: decide_initial must be True or False, got 'no'"),
         ({"decide_initial": False}, "t: decide_initial=False with no source"),
         (
