@@ -451,8 +451,12 @@ class SystemZeroHook(BaseHook):
                 settings=settings,
                 **options,
             ) as stream:
-                remaining = None if deadline is None else max(0.0, deadline - loop.time())
-                return await stream.decide(timeout=remaining)
+                try:
+                    remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                    return await stream.decide(timeout=remaining)
+                finally:
+                    if deadline is not None:  # the close handshake too ends by the deadline
+                        await stream.aclose(grace=max(0.0, deadline - loop.time()))
 
         return run_sync(run())
 

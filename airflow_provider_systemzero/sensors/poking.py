@@ -24,6 +24,7 @@ from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
 from airflow_provider_systemzero.sensors.outcomes import static_unmet
+from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 from airflow_provider_systemzero.triggers.sources import build_source
 
 if TYPE_CHECKING:
@@ -49,6 +50,16 @@ class PokeWatch:
         #: the source, built at the first poke and read at each (a file keeps its read position)
         self._source: StateSource | None = None
         self._slot_noted = False
+        #: when the first poke started (``time.monotonic()``): the sensor's timeout counts from it
+        self._started: float | None = None
+
+    def time_left(self, sensor: SystemZeroDecisionSensor) -> float:
+        """Seconds left of the sensor's ``timeout``, counted from the first poke in this process
+        (in ``reschedule`` mode each poke is a process of its own: at most the whole timeout)."""
+        now = time.monotonic()
+        if self._started is None:
+            self._started = now
+        return max(0.0, float(sensor.timeout) - (now - self._started))
 
     @contextlib.contextmanager
     def explaining_timeout(self) -> Iterator[None]:
@@ -69,7 +80,7 @@ class PokeWatch:
         :raises AirflowFailException: the source's state cannot be sent, or a static state's decision
             did not meet the condition (``AirflowSkipException`` with ``soft_fail``).
         """
-        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+        from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
 
         request, condition, source = inputs
         if sensor.mode == "poke" and not self._slot_noted:
@@ -93,13 +104,29 @@ class PokeWatch:
             raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=sensor.key_salt)
         hook = SystemZeroHook(systemzero_conn_id=sensor.systemzero_conn_id)
-        decision = sensor.decide_with_budget(
-            context,
-            lambda budget: hook.decide(
-                request, state=state, key_namespace=namespace, identity=namespace, budget=budget
-            ),
-            body_bytes,
-        )
+        # a poke's decide ends by the sensor's timeout (Airflow checks it only between pokes)
+        time_left = self.time_left(sensor)
+        limit = min(DEFAULT_DECIDE_TIMEOUT, time_left)
+        try:
+            decision = sensor.decide_with_budget(
+                context,
+                lambda budget: hook.decide(
+                    request,
+                    state=state,
+                    key_namespace=namespace,
+                    identity=namespace,
+                    budget=budget,
+                    timeout=limit,
+                ),
+                body_bytes,
+            )
+        except DeadlineExceeded as exc:
+            if limit < time_left:
+                raise  # the decide's own limit, not the sensor's timeout: Airflow's retries apply
+            raise AirflowSensorTimeout(
+                f"{sensor.task_id}: the sensor's timeout ({sensor.timeout} s) passed during a poke's "
+                f"decision ({exc})"
+            ) from None
         if self._watch is None:
             self._watch = DecisionWatch(
                 condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)

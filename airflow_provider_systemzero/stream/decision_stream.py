@@ -358,16 +358,25 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
                 ),
             )
         except BaseException:
-            await self._shutdown()
+            # The stream never opened (its start was not acknowledged): nothing the gateway holds
+            # needs a close handshake, and the caller's time to open is up (its deadline, or a
+            # cancellation at one): the connection, if any, is aborted at once.
+            await self._shutdown(grace=0)
             raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._shutdown()
 
-    async def aclose(self) -> None:
-        """Close the stream: the connection ends with close code 1000; pending waits end."""
-        await self._shutdown()
+    async def aclose(self, *, grace: float | None = None) -> None:
+        """Close the stream: the connection ends with close code 1000; pending waits end.
+
+        :param grace: seconds the close handshake may take at most (default: the gateway's close
+            handshake timeout, 5 s); the connection is then aborted. A caller with a deadline
+            passes the time it has left, so a gateway that never answers the close frame cannot
+            hold the caller past it.
+        """
+        await self._shutdown(grace)
 
     def close_soon(self) -> None:
         """Begin closing the stream now, without waiting: the close (1000) goes out at once, and

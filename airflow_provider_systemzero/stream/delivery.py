@@ -82,7 +82,7 @@ class DecisionDelivery:
                 delay = self.backoff.delay(0 if conflict else failures - 1, server)
                 if deadline is not None and loop.time() + delay >= deadline:
                     raise DeadlineExceeded(
-                        f"no decision within {timeout} s (the server asked to wait "
+                        f"no decision within {round(timeout, 1):g} s (the server asked to wait "
                         f"{delay:.3f} s before retrying)",
                         last_error=exc,
                     ) from exc
@@ -98,7 +98,7 @@ class DecisionDelivery:
                 if self._failure is not None:
                     raise self._failure from None
                 raise DeadlineExceeded(
-                    f"no decision within {timeout} s",
+                    f"no decision within {round(timeout, 1):g} s",
                     last_error=self._last_error,
                     detail=self.last_error_text,
                 ) from None

@@ -76,7 +76,9 @@ class StreamRunLoop:
 
     # ------------------------------------------------------------------ stopping
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, grace: float | None = None) -> None:
+        """Close: the close handshake may take the gateway's close handshake timeout (or
+        ``grace`` seconds, when less: the caller's deadline), then the connection is aborted."""
         if self._closed:
             return
         self._closing = True
@@ -99,7 +101,8 @@ class StreamRunLoop:
                 try:
                     # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
                     # cancellation that arrives as the runner ends, and the caller would never see it
-                    await asyncio.wait((runner,), timeout=self._close_timeout() + 1)
+                    limit = self._close_timeout() + 1
+                    await asyncio.wait((runner,), timeout=limit if grace is None else min(limit, grace))
                 except asyncio.CancelledError:
                     runner.cancel()
                     raise

@@ -162,7 +162,6 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         source's own awaitable: a dormant trigger keeps no other coroutine of the provider's)."""
         stream = self._stream
         payload = stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
-        decided = False
         watch: DecisionWatch | None = None
         said: str | None = None  # why the last decision did not end the wait, once its watch is gone
         try:
@@ -217,7 +216,6 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                             if verdict is not None:  # only time was missing, and it passed
                                 payload = self._payload(watch, verdict)
                                 break
-                    decided = True
             # what `async with deadline` does (which would keep a bound method all along the wait)
             except BaseException as exc:
                 if deadline is not None:
@@ -235,11 +233,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             )
         except Exception as exc:
             payload = stream.failure(self, exc, self._extra())
-        finally:
-            if not decided:
-                await self.cleanup()
+        except BaseException:  # cancelled: no event
+            await self.cleanup()
+            raise
+        # the event goes out first, a timeout's and an error's too: none waits for the close
+        # handshake, which a gateway that does not answer it holds for its timeout
         yield TriggerEvent(stream.with_usage(payload))
-        await self.cleanup()  # the event went out first: it does not wait for the close handshake
+        await self.cleanup()
 
     def _extra(self) -> dict[str, Any]:
         """The fields every event of this trigger carries."""
@@ -354,23 +354,31 @@ class SystemZeroDecideTrigger(BaseTrigger):
 
         async def decide() -> dict[str, Any]:
             attachments = [Attachment(**a) for a in self.attachments]
-            async with self._stream.open(
+            stream = self._stream.open(
                 self.state,
                 decision_mode="on_request",
                 attachments=attachments,
                 idempotency_key=self.idempotency_key,
-            ) as stream:
-                decision = await stream.decide()
+            )
+            # entered, not closed here: the decision (or the failure) goes out as the event first,
+            # and cleanup() closes the stream after it. A close inside the deadline's scope could
+            # outlast the deadline (a gateway that does not answer the close frame holds it for
+            # the close handshake timeout) and turn a decision in hand into a timeout.
+            await stream.__aenter__()
+            decision = await stream.decide()
             return answers_payload(decision, self.state, key_namespace=self.key_namespace)
 
-        payload = await self._stream.within_deadline(
-            self,
-            decide(),
-            extra,
-            late="the task's deadline passed before the trigger started",
-            timed_out="no decision before the task's deadline",
-        )
-        yield TriggerEvent(self._stream.with_usage(payload))
+        try:
+            payload = await self._stream.within_deadline(
+                self,
+                decide(),
+                extra,
+                late="the task's deadline passed before the trigger started",
+                timed_out="no decision before the task's deadline",
+            )
+            yield TriggerEvent(self._stream.with_usage(payload))
+        finally:
+            await self.cleanup()
 
     async def cleanup(self) -> None:
         """Close the stream (runs on every exit; exceptions are ignored by Airflow)."""

@@ -554,11 +554,13 @@ class TriggerStream:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
         A failure becomes an ``error`` event naming its cause (:func:`error_payload`), the deadline a
-        ``timeout`` event; ``CancelledError`` propagates; ``trigger.cleanup()`` runs on every exit.
-        (The decision triggers do it in their ``run()`` itself, with :meth:`late` and the methods
-        after it: no coroutine of this class stays between a dormant trigger and its source.)
+        ``timeout`` event; ``CancelledError`` propagates. The stream is not closed here: the caller
+        yields the event, then runs ``trigger.cleanup()``, so the close handshake never delays the
+        event nor runs inside the deadline. (The decision triggers do all this in their ``run()``
+        itself, with :meth:`late` and the methods after it: no coroutine of this class stays
+        between a dormant trigger and its source.)
 
-        :param trigger: the trigger ``work`` belongs to (named in the log; its ``cleanup()`` runs on exit).
+        :param trigger: the trigger ``work`` belongs to (named in the log).
         :param work: the trigger's work, a coroutine.
         :param extra: fields every event of the trigger carries.
         :param late: the message when the deadline passed before the trigger started.
@@ -578,8 +580,6 @@ class TriggerStream:
             return self.timed_out(extra, timed_out)
         except Exception as exc:
             return self.failure(trigger, exc, extra)
-        finally:
-            await trigger.cleanup()
 
     async def aclose(self) -> None:
         """Close the stream (errors are ignored: this runs on every exit)."""

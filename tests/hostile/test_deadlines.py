@@ -9,7 +9,8 @@ did not hold, and memory grew with the pongs owed.
 
 A caller leaving while a write is blocked drops the socket at once, so the deadline holds to the
 second. Otherwise closing a connection to a peer that stopped reading takes at most the
-document's ``close_handshake_timeout`` (5 s) before the socket is dropped.
+document's ``close_handshake_timeout`` (5 s) before the socket is dropped — after the caller's
+result, never inside its deadline (``test_unanswered_close``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,184 @@
+"""A gateway that never answers the client's close frame cannot hold a caller past its deadline,
+nor turn a decision in hand into a timeout.
+
+The document gives a close handshake ``close_handshake_timeout`` (5 s) before the socket is
+dropped. That wait belongs after the caller's result, never inside its deadline: ``hook.decide``
+bounds its close by the time it has left, a stream that never opened is dropped at once, and the
+triggers yield their event — a decision, a failure or a timeout — before ``cleanup()`` closes the
+stream. The gateways here stop reading (so the close frame is never read, nor answered) and keep
+the connection alive with pings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
+from tests.helpers import TRIGGER_CONDITION
+from tests.hostile.conftest import CONN_ID
+from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+
+#: The close handshake the gateway never completes (the document's timeout).
+CLOSING = Limits().close_handshake_timeout_ms / 1000
+#: Room for a loaded machine: well under the close handshake it must not include.
+SLACK = 2.5
+DEADLINE = 3.0
+
+
+async def deaf(peer: Peer) -> None:
+    """Stop reading (nothing the client sends, its close frame included, is read) and ping."""
+    peer.ws.transport.pause_reading()
+    for nonce in itertools.count(1):
+        await peer.send({"type": "ping", "nonce": nonce})
+        await asyncio.sleep(0.5)
+
+
+async def deaf_after_hello(peer: Peer) -> None:
+    await peer.hello()
+    await deaf(peer)
+
+
+async def deaf_after_ack(peer: Peer) -> None:
+    await peer.open()
+    await deaf(peer)
+
+
+async def deaf_after_decision(peer: Peer) -> None:
+    await peer.open()
+    await peer.decide_then()
+    await deaf(peer)
+
+
+@pytest.mark.parametrize("script", [deaf_after_hello, deaf_after_ack], ids=["opening", "open"])
+def test_hook_decide_ends_by_its_timeout(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any], script: Any
+) -> None:
+    hook = connect(gateway(script))
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        hook.decide(REQUEST, "log\n", timeout=DEADLINE)
+    assert time.monotonic() - started < DEADLINE + SLACK  # not DEADLINE + the close handshake
+
+
+async def test_the_decide_trigger_keeps_a_decision_it_has(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    connect(gateway(deaf_after_decision))
+    trigger = SystemZeroDecideTrigger(
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        state="log\n",
+        key_namespace="hostile",
+        deadline=time.time() + DEADLINE,
+    )
+    run = trigger.run()
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(60):
+            event = await anext(run)
+        # the decision, at once: not a timeout after a close handshake run inside the deadline
+        assert event.payload["status"] == "success", event.payload
+        assert time.monotonic() - started < DEADLINE
+    finally:
+        await run.aclose()
+        closing = time.monotonic()
+        await trigger.cleanup()
+    assert (
+        time.monotonic() - closing < CLOSING + 1 + SLACK
+    )  # the socket is dropped after the handshake's time
+
+
+@pytest.mark.parametrize("script", [deaf_after_hello, deaf_after_ack], ids=["opening", "open"])
+async def test_the_decide_triggers_timeout_comes_at_its_deadline(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any], script: Any
+) -> None:
+    connect(gateway(script))
+    trigger = SystemZeroDecideTrigger(
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        state="log\n",
+        key_namespace="hostile",
+        deadline=time.time() + DEADLINE,
+    )
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(60):
+            event = await anext(aiter(trigger.run()))
+        elapsed = time.monotonic() - started
+    finally:
+        await trigger.cleanup()
+    assert event.payload["status"] == "timeout"
+    assert elapsed < DEADLINE + SLACK
+
+
+@pytest.mark.parametrize("script", [deaf_after_hello, deaf_after_ack], ids=["opening", "open"])
+async def test_the_sensor_triggers_timeout_comes_at_its_deadline(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any], script: Any
+) -> None:
+    connect(gateway(script))
+    trigger = SystemZeroDecisionTrigger(
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        condition=TRIGGER_CONDITION,
+        state="log\n",
+        key_namespace="hostile",
+        decision_mode="on_request",
+        deadline=time.time() + DEADLINE,
+    )
+    run = trigger.run()
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(60):
+            event = await anext(run)
+        assert event.payload["status"] == "timeout"
+        assert time.monotonic() - started < DEADLINE + SLACK
+    finally:
+        await run.aclose()
+        await trigger.cleanup()
+
+
+def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
+    airflow_db: None,
+    gateway: Callable[..., HostileGateway],
+    connect: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Airflow checks a sensor's timeout between pokes; a poke's decide that the gateway never
+    answers ends by the sensor's timeout too (not the hook's 10-minute default), as a timeout:
+    ``soft_fail`` skips the task."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from tests.helpers import run_dag, task_states
+
+    connect(gateway(deaf_after_ack))
+    with DAG(
+        "hostile_poke_timeout", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")
+    ) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait",
+            systemzero_conn_id=CONN_ID,
+            model="sz-test",
+            question="ready",
+            instructions="Is the job ready?",
+            state="log\n",
+            wait_on_static_state=True,
+            deferrable=False,
+            mode="poke",
+            poke_interval=0.1,
+            timeout=DEADLINE,
+        )
+    started = time.monotonic()
+    dag_run = run_dag(dag)
+    assert time.monotonic() - started < 60  # dag.test()'s own start-up included; not 600 s
+    assert task_states(dag_run) == {"wait": "failed"}
+    assert f"the sensor's timeout ({DEADLINE} s) passed during a poke's decision" in capsys.readouterr().out
