@@ -85,39 +85,54 @@ class StreamRunLoop:
         self._closed = True
         if self._starts is not None:
             self._starts.withdraw(self)
+        try:
+            await self._stop_runner(grace)
+        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
+            closed = StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
+            for future in self._intent_futures.values():
+                if not future.done():
+                    future.set_exception(closed)
+            self._wake_all()
+            self._unlink()
+
+    async def _stop_runner(self, grace: float | None) -> None:
+        """End the run loop's task: the close handshake in its time (at most ``grace``), then an
+        abort; a cancellation of the caller meanwhile propagates once the task has ended."""
         runner = self._runner
-        if runner is not None and not runner.done():
-            socket = self._ws
-            if socket is not None and socket.paused:
-                # the peer is not reading: a close frame would queue behind the held-up write
-                log.warning(
-                    "the System Zero gateway is not reading: closing the connection without a close handshake"
-                )
-                socket.abort()
-            elif socket is not None:
-                # serving: the writer's turn closes with 1000 and the run loop releases everything
-                self._flush()
-            if socket is not None:
-                try:
-                    # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
-                    # cancellation that arrives as the runner ends, and the caller would never see it
-                    limit = self._close_timeout() + 1
-                    await asyncio.wait((runner,), timeout=limit if grace is None else min(limit, grace))
-                except asyncio.CancelledError:
-                    runner.cancel()
-                    raise
-            if not runner.done():
-                if self._ws is not None:
-                    self._ws.abort()  # the graceful close had its time
+        if runner is None or runner.done():
+            return
+        socket = self._ws
+        if socket is not None and socket.paused:
+            # the peer is not reading: a close frame would queue behind the held-up write
+            log.warning(
+                "the System Zero gateway is not reading: closing the connection without a close handshake"
+            )
+            socket.abort()
+        elif socket is not None:
+            # serving: the writer's turn closes with 1000 and the run loop releases everything
+            self._flush()
+        if socket is not None:
+            try:
+                # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
+                # cancellation that arrives as the runner ends, and the caller would never see it
+                limit = self._close_timeout() + 1
+                await asyncio.wait((runner,), timeout=limit if grace is None else min(limit, grace))
+            except asyncio.CancelledError:
                 runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await runner
-        closed = StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
-        for future in self._intent_futures.values():
-            if not future.done():
-                future.set_exception(closed)
-        self._wake_all()
-        self._unlink()
+                raise
+        if runner.done():
+            return
+        if self._ws is not None:
+            self._ws.abort()  # the graceful close had its time
+        runner.cancel()
+        try:
+            await runner
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller's own cancellation, not only the runner's
+        except Exception:
+            pass  # the runner's own failure: the stream is closing anyway
 
     # ------------------------------------------------------------------ waiting helpers
 

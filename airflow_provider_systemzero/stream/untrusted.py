@@ -3,12 +3,12 @@
 Whatever a gateway sends — a ``stream_id``, a goodbye reason, an error message, a close reason, an
 HTTP body — is untrusted: it may echo the API key back, carry newlines that forge log lines, or be
 megabytes long. :func:`server_text` quotes it (control characters escaped), bounds its length and
-removes the key; :func:`scrub` only removes the key (also in its JSON-escaped form).
+removes the key; :func:`scrub` only removes the key (in any JSON spelling too).
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 
 __all__ = ["MAX_SERVER_TEXT", "REDACTED", "scrub", "server_text", "server_token"]
@@ -22,26 +22,54 @@ MAX_SERVER_TEXT = 200
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` (raw or JSON-escaped) replaced by ``***``.
+    """``text`` with every occurrence of ``secret`` replaced by ``***``: raw, and in any JSON
+    spelling (each character as itself, as ``\\uXXXX`` in either case, or as its short escape), so
+    a key a gateway echoes back escaped does not survive a ``json.loads`` of the text.
 
-    :param text: any text.
+    :param text: any text (a frame, an HTTP body, a reason).
     :param secret: the API key (``None`` or empty: nothing to remove).
     """
     if not secret:
         return text
     if secret in text:
         text = text.replace(secret, REDACTED)
-    if not _plain(secret):  # JSON escapes it differently: the escaped form goes too
-        escaped = json.dumps(secret)[1:-1]
-        if escaped in text:
-            text = text.replace(escaped, REDACTED)
+    if "\\" in text:  # only an escape can spell the key otherwise: one search, then a regex
+        text = _spellings(secret).sub(REDACTED, text)
     return text
 
 
-def _plain(secret: str) -> bool:
-    """Whether ``secret`` reads the same JSON-escaped (printable ASCII without ``"`` or ``\\``,
-    as every valid API key is): then scrubbing a frame costs one search, not an encoding too."""
-    return secret.isascii() and secret.isprintable() and '"' not in secret and "\\" not in secret
+#: JSON's two-character escapes, by the character they stand for.
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _spellings(secret: str) -> re.Pattern[str]:
+    """A pattern matching ``secret`` in every way JSON can write it."""
+    parts = []
+    for char in secret:
+        options = []
+        if char.isprintable() and char not in '"\\':
+            options.append(re.escape(char))
+        if char in _SHORT_ESCAPES:
+            options.append(re.escape(_SHORT_ESCAPES[char]))
+        units = char.encode("utf-16-be")  # a character past U+FFFF is a surrogate pair
+        options.append(
+            "".join(
+                r"\\u" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in f"{unit:04x}")
+                for unit in (int.from_bytes(units[i : i + 2], "big") for i in range(0, len(units), 2))
+            )
+        )
+        parts.append(f"(?:{'|'.join(options)})")
+    return re.compile("".join(parts))
 
 
 def server_text(

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_systemzero.observability import AirflowStreamObserver, reason_tag
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, UpgradeRefused
-from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer, decide_and_fail
+from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer, Raw, decide_and_fail, encode, reply
 
 FORGED = "\n2026-01-01 00:00:00 [error] forged line"
 
@@ -99,6 +99,47 @@ async def test_a_key_echoed_back_appears_in_no_log_exception_or_tag(
     assert stats.tags and KEY not in json.dumps(stats.tags)
 
 
+#: The key as a JSON string literal that spells every other character as ``\\uXXXX``: the same
+#: string once decoded, but not the same text.
+ESCAPED_KEY = Raw('"' + "".join(f"\\u{ord(c):04X}" if i % 2 else c for i, c in enumerate(KEY)) + '"')
+
+
+async def test_a_key_echoed_back_json_escaped_is_removed_too(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def echo_it_escaped(peer: Peer) -> None:
+        await peer.open()
+        while (await peer.recv())["type"] != "decide":
+            pass
+        await peer.send({"type": "scheduled", "state_version": 1, "in_flight": False})
+        await peer.decision(1, reply={**reply(), "model": ESCAPED_KEY}, request_id=ESCAPED_KEY)
+        await peer.drain()
+
+    caplog.set_level(logging.DEBUG)
+    async with asyncio.timeout(20):
+        async with connect(gateway(echo_it_escaped)).stream(
+            REQUEST, decision_mode="on_request", state="log\n", open_deadline=10
+        ) as stream:
+            result = await stream.decide(timeout=10)
+    assert result.reply["model"] == "***" and result.request_id == "***"
+    assert KEY not in repr(result) and KEY not in json.dumps(result.reply)
+    assert KEY not in _everything_logged(caplog)
+
+
+async def test_a_key_echoed_back_json_escaped_in_a_refused_upgrade_is_removed(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    body = encode(
+        {"error": {"type": "authentication_error", "code": "invalid_api_key", "message": ESCAPED_KEY}}
+    )
+    gw = gateway(respond=(401, {"Content-Type": "application/json"}, body.encode()))
+    with pytest.raises(SystemZeroError) as caught:
+        async with asyncio.timeout(20):
+            async with connect(gw).stream(REQUEST, state="log\n", open_deadline=15):
+                pass
+    assert "***" in str(caught.value) and KEY not in str(caught.value) and KEY not in repr(caught.value)
+
+
 async def test_server_text_forges_no_log_line(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -153,3 +194,21 @@ def test_reconnect_reason_tags_come_from_a_closed_set_airflow_accepts(reason: st
 
     assert reason_tag(reason) == tag
     assert set(f"systemzero.reconnects,reason={tag}") <= {*ALLOWED_CHARACTERS, ",", "="}
+
+
+@pytest.mark.parametrize(
+    ("secret", "spelled"),
+    [
+        (KEY, KEY),
+        (KEY, "".join(f"\\u{ord(c):04x}" for c in KEY)),  # every character, lower-case hex
+        (KEY, KEY[:2] + "\\u002D" + KEY[3:]),  # one character, upper-case hex
+        ('k"e\\y/1', 'k\\"e\\\\y\\/1'),  # the short escapes
+        ('k"e\\y/1', "k\\u0022e\\u005cy/1"),
+    ],
+)
+def test_scrub_removes_every_json_spelling_of_the_key(secret: str, spelled: str) -> None:
+    from airflow_provider_systemzero.stream.untrusted import scrub
+
+    text = f'{{"message": "echo {spelled} echo"}}'
+    assert json.loads(text)["message"] == f"echo {secret} echo"  # the same string, once decoded
+    assert json.loads(scrub(text, secret))["message"] == "echo *** echo"

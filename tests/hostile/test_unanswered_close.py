@@ -182,3 +182,35 @@ def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
     assert time.monotonic() - started < 60  # dag.test()'s own start-up included; not 600 s
     assert task_states(dag_run) == {"wait": "failed"}
     assert f"the sensor's timeout ({DEADLINE} s) passed during a poke's decision" in capsys.readouterr().out
+
+
+async def test_a_close_that_is_cancelled_lets_the_cancellation_through(connect: Callable[..., Any]) -> None:
+    """Cancelled while it waits for the connecting run loop to end (a gateway that never answers
+    the upgrade), ``aclose()`` raises ``CancelledError``: a trigger cancelled in its cleanup
+    stops, instead of carrying on as if nothing happened."""
+    from types import SimpleNamespace
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.read()  # the upgrade request is never answered; until the client goes
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    hook = connect(SimpleNamespace(origin=f"ws://127.0.0.1:{port}"))
+    try:
+        for _ in range(3):
+            stream = hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=None)
+            entering = asyncio.ensure_future(stream.__aenter__())
+            await asyncio.sleep(0.3)  # the run loop is connecting
+            closing = asyncio.ensure_future(stream.aclose())
+            await asyncio.sleep(0)  # aclose() now waits for the run loop it ended
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            entering.cancel()
+            await asyncio.gather(entering, return_exceptions=True)
+    finally:
+        server.close()
+        await server.wait_closed()
