@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import base64
 import mimetypes
-import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +33,7 @@ from airflow_provider_systemzero.utils.checks import (
     refuse_empty_state,
     template_of,
 )
+from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -425,19 +424,20 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             state_hash(state)[:12],
         )
         if self.deferrable:
+            deadline = deadline_in(self, self.decision_timeout)  # execution_timeout, if shorter
             trigger = SystemZeroDecideTrigger(
                 systemzero_conn_id=self.systemzero_conn_id,
                 request=request,
                 state=state,
                 key_namespace=namespace,
                 attachments=[a.to_dict() for a in attachments],
-                deadline=time.time() + self.decision_timeout,
+                deadline=deadline,
                 budget=self.trigger_budget(context, body_bytes),
             )
             self.defer(
                 trigger=trigger,
                 method_name="execute_complete",
-                timeout=timedelta(seconds=self.decision_timeout + 60),
+                timeout=defer_timeout(deadline),
             )
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 

@@ -37,6 +37,7 @@ from airflow_provider_systemzero.utils.checks import (
     parse_time,
     template_of,
 )
+from airflow_provider_systemzero.utils.deadlines import defer_timeout, in_seconds
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -182,7 +183,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, source, allow_empty
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
-            self.consecutive, self.min_true_for = consecutive, sz_inputs.seconds(min_true_for)
+            self.consecutive, self.min_true_for = consecutive, in_seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode
             self.decision_mode, self.prompt_cache_key = decision_mode, prompt_cache_key
             self.systemzero_conn_id, self.deferrable, self.key_salt = systemzero_conn_id, deferrable, key_salt
@@ -225,7 +226,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         deadline = deadline or sz_inputs.deadline_of(self)
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
         kwargs = self._trigger_kwargs(inputs, namespace, deadline, budget, skip)
-        timeout = sz_inputs.defer_timeout(deadline)
+        timeout = defer_timeout(deadline)
         self.defer(
             trigger=SystemZeroDecisionTrigger(**kwargs), method_name="execute_complete", timeout=timeout
         )

@@ -8,7 +8,6 @@ say which argument is wrong and how to fix it. Nothing here talks to System Zero
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,7 @@ from airflow_provider_systemzero.utils.checks import (
     parse_time,
     refuse_empty_state,
 )
+from airflow_provider_systemzero.utils.deadlines import deadline_in
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -86,9 +86,6 @@ START_FROM_TRIGGER_NAMESPACE = "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.ru
 #: Longest key namespace the stream accepts, and the room kept for the run ID and map index.
 _MAX_NAMESPACE = 190
 _RUN_ID_ROOM = 64
-#: Extra time Airflow gives the trigger beyond the sensor's own deadline, so the trigger's
-#: clearer timeout event wins.
-_DEFER_GRACE = timedelta(seconds=60)
 #: The arguments that make up the request (the triggerer cannot render them).
 _REQUEST_FIELDS = ("question", "instructions", "questions", "model", "prompt_cache_key")
 #: The watched question's stand-in at parse time while a template still fills ``question``: the
@@ -319,19 +316,6 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
     return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
 
 
-def seconds(value: float | timedelta) -> float:
-    """A duration argument (seconds or a ``timedelta``) in seconds."""
-    return value.total_seconds() if isinstance(value, timedelta) else value
-
-
-def defer_timeout(deadline: float | None) -> timedelta | None:
-    """Airflow's timeout of a deferral that waits until ``deadline``: the time left plus a grace,
-    so the trigger's own, clearer timeout event wins."""
-    if not deadline:
-        return None
-    return timedelta(seconds=max(1.0, deadline - time.time())) + _DEFER_GRACE
-
-
 def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
     """The sensor's ``timeout`` as a ``timedelta``."""
     timeout = sensor.timeout
@@ -339,11 +323,9 @@ def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
 
 
 def deadline_of(sensor: SystemZeroDecisionSensor) -> float | None:
-    """The absolute deadline (epoch seconds) of a wait that starts now."""
-    timeout = sensor.timeout
-    if timeout is None:
-        return None
-    return time.time() + (timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+    """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
+    or its ``execution_timeout`` when that is shorter (:func:`~airflow_provider_systemzero.utils.deadlines.deadline_in`)."""
+    return deadline_in(sensor, sensor.timeout)
 
 
 def source_name(source: Any) -> str:

@@ -1,0 +1,50 @@
+"""When a deferred task's wait ends, and how long Airflow lets its deferral last.
+
+A task that defers hands its deadline to the trigger as epoch seconds, and Airflow a deferral
+timeout a little longer (:data:`DEFER_GRACE`), so the trigger's own timeout event — which says
+what the wait was stuck on — arrives before Airflow's generic one.
+
+Airflow does not apply a task's ``execution_timeout`` while the task is deferred (only to the
+time it runs on a worker). A wait the author bounded with ``execution_timeout`` would otherwise
+last until ``decision_timeout`` or the sensor's ``timeout``: :func:`deadline_in` takes the
+shorter of the two.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["DEFER_GRACE", "deadline_in", "defer_timeout", "in_seconds"]
+
+#: How much longer than the trigger's deadline Airflow lets the deferral last.
+DEFER_GRACE = timedelta(seconds=60)
+
+
+def in_seconds(value: float | timedelta | None) -> float | None:
+    """A duration argument (seconds or a ``timedelta``) in seconds (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
+    """The deadline (epoch seconds) of a wait of ``wait`` that starts now, no later than the
+    task's ``execution_timeout`` allows (``None``: neither bounds it).
+
+    :param task: the deferring task (its ``execution_timeout``, if any).
+    :param wait: the task's own bound (``decision_timeout``, the sensor's ``timeout``).
+    """
+    bounds = [
+        b for b in (in_seconds(wait), in_seconds(getattr(task, "execution_timeout", None))) if b is not None
+    ]
+    return time.time() + min(bounds) if bounds else None
+
+
+def defer_timeout(deadline: float | None) -> timedelta | None:
+    """Airflow's timeout of a deferral that waits until ``deadline``: the time left plus
+    :data:`DEFER_GRACE`, so the trigger's own, clearer timeout event wins."""
+    if not deadline:
+        return None
+    return timedelta(seconds=max(1.0, deadline - time.time())) + DEFER_GRACE
