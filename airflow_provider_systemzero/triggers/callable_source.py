@@ -139,6 +139,9 @@ class CallableSource(StateSource):
         #: the generator returned: the state stays as it is until the function is called again
         #: (by :meth:`current`, as the next wait or stream begins)
         self._ended = False
+        #: the generator's next value, read by a task of the source's while a stream's feeder
+        #: waits for it (:meth:`_read_ahead`); a feeder that stops waiting leaves it running
+        self._pending: asyncio.Task[Any] | None = None
 
     @staticmethod
     def _checked(value: Any) -> Any:
@@ -197,6 +200,25 @@ class CallableSource(StateSource):
             self._ended = False
         return anext(generator)
 
+    def _read_ahead(self) -> asyncio.Task[Any]:
+        """The generator's next value, read by a task of the source's own. A stream's feeder waits
+        for it shielded: a stream given back while the generator has no new value cancels the
+        feeder, not the read, so the generator keeps its place (and whatever it built up) and is
+        never called again because of leasing; the dormant trigger then waits for the same read
+        (:meth:`next_change`)."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = asyncio.ensure_future(self._read_next())
+        return pending
+
+    async def _read_next(self) -> Any:
+        return await self._anext()
+
+    def _read_done(self) -> None:
+        """The read ahead, if any, has been taken (its value or its error)."""
+        if self._pending is not None and self._pending.done():
+            self._pending = None
+
     async def _drop_generator(self) -> None:
         """Close the generator after it raised (the next value calls the function again)."""
         generator, self._generator = self._generator, None
@@ -249,8 +271,11 @@ class CallableSource(StateSource):
             # what _value(_next_generated) does, inline: a trigger waiting here keeps no coroutine
             # of this source but this generator's
             try:
-                value = await self._anext()
+                value = await asyncio.shield(self._read_ahead())
             except BaseException as exc:
+                if self._pending is not None and not self._pending.done():
+                    raise  # this reader was cancelled: the read goes on, for the next reader
+                self._pending = None
                 await self._drop_generator()
                 if isinstance(exc, StopAsyncIteration):
                     break
@@ -258,6 +283,7 @@ class CallableSource(StateSource):
                     raise  # not a transient error: a bad value, or a cancellation
                 await self._failed(exc)
                 continue
+            self._pending = None
             self._checked(value)
             self._failures = 0
             if value is not last and value != last:  # a generator called again yields its current state first
@@ -286,11 +312,14 @@ class CallableSource(StateSource):
             return super().next_change()
         if self._ended:
             return asyncio.get_running_loop().create_future()  # the state stays as it is
+        if self._pending is not None:  # the read a stream's feeder left running
+            return asyncio.shield(self._pending)
         return self._anext()
 
     async def taken(self, value: Any) -> Any:
         """A value the generator yielded, checked (a bad value raises :class:`LocalProtocolError`)."""
         if self._push:
+            self._read_done()
             self._checked(value)
             self._failures = 0
             self._last = value
@@ -300,6 +329,7 @@ class CallableSource(StateSource):
         """The generator (or the check of its value) raised ``exc``: a bad value raises again, the
         end of the generator leaves the state as it is, any other failure is counted and retried
         (the generator is called again after the back-off) until :class:`SourceFailed`."""
+        self._read_done()
         if not self._push or isinstance(exc, LocalProtocolError):
             raise exc
         await self._drop_generator()
@@ -310,6 +340,13 @@ class CallableSource(StateSource):
         return NO_CHANGE
 
     async def aclose(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if not pending.done():
+                pending.cancel()  # the trigger ends: the generator is cancelled where it waits
+                await asyncio.wait((pending,))
+            if not pending.cancelled():
+                pending.exception()  # a failure nobody will take now: not reported as unretrieved
         generator, self._generator = self._generator, None
         if generator is not None:
             await generator.aclose()  # type: ignore[attr-defined]

@@ -1,6 +1,7 @@
 """What a dormant decision trigger keeps, object by object: everything reachable from its task that
 its run created, with no stream, session, connection, socket or timer among it, no coroutine of the
-provider's but the trigger's own ``run()``, and few enough objects for the collector (the real
+provider's but the trigger's own ``run()`` (and, on a push source, the read of the generator's next
+value a stream's feeder left running), and few enough objects for the collector (the real
 trigger against the real emulator over loopback, on a push source and on a tailed file)."""
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
 #: it started (its context, which Airflow's runner fills, left out): the task, the builtin method
 #: that wakes it and its step of ``run()`` (3: the runner's, here the test's); the provider's (7):
 #: the trigger, its ``run()`` generator, its stream record, the callable source, the request's two
-#: dicts and the source's description, and the step ``run()`` awaits on the source's generator (no
-#: lease: a lease lives as long as its stream); and the test's push source (5: its generator, the
-#: future it awaits with the future's iterator, its channel record and the tuple of waiters).
-#: Measured: 16 (the walk counted 33 before the await chain was flattened, on a queue-backed test
-#: source and with the task's context in).
-MAX_TRACKED = 16
+#: dicts and the source's description (no lease: a lease lives as long as its stream); the read of
+#: the generator's next value that the stream's feeder left running when the stream was given back
+#: (7: its task, the task's wake-up method, its ``_read_next`` coroutine and the step it awaits,
+#: the shielded future ``run()`` awaits with its iterator, and the callbacks' list), which keeps the
+#: generator from being cancelled and called again by leasing; and the test's push source (6: its
+#: generator, the future it awaits with the future's iterator, its channel record and the tuple of
+#: waiters). Measured: 23 (the walk counted 33 before the await chain was flattened, on a
+#: queue-backed test source and with the task's context in; 16 while leasing still restarted the
+#: generator).
+MAX_TRACKED = 23
 #: The same for a trigger tailing a file on notifications (no source generator: ``run()`` awaits the
 #: source's future itself): the task's 3, and the trigger, ``run()``, the stream record, the file
 #: source and its read lock, the request's two dicts, the future and its iterator (9; the file's
@@ -78,7 +83,7 @@ _SHARED = (
 )
 
 #: The generators and coroutines of a dormant trigger: the provider's ``run()``, and the source's own
-#: (the push source's generator; a file source has none).
+#: (the push source's generator and its read left running; a file source has none).
 _FRAMES = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
 
 
@@ -146,8 +151,8 @@ async def test_a_dormant_trigger_keeps_a_few_objects_and_nothing_of_its_stream(
         census = collections.Counter(type(o).__qualname__ for o in kept)
         forbidden = [o for o in kept if isinstance(o, FORBIDDEN)]
         assert forbidden == [], f"a dormant trigger keeps {forbidden}"
-        # the one await: the trigger's run() on the source's own generator, nothing of ours between
-        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "pushed"}
+        # the trigger's run() awaits the read of the source's generator a stream's feeder left running
+        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "CallableSource._read_next", "pushed"}
         assert _provider_objects(kept) == {
             "SystemZeroDecisionTrigger": 1,
             "TriggerStream": 1,
@@ -174,7 +179,7 @@ async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emu
         timers = [o for o in kept if isinstance(o, asyncio.TimerHandle)]
         assert len(timers) == 1 and timers[0].when() > asyncio.get_running_loop().time() + 3000
         assert [o for o in kept if isinstance(o, FORBIDDEN) and o not in timers] == []
-        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "pushed"}
+        assert _frames(kept) == {"SystemZeroDecisionTrigger.run", "CallableSource._read_next", "pushed"}
         assert len(kept) <= MAX_TRACKED + 3, collections.Counter(type(o).__qualname__ for o in kept)
     finally:
         del before
@@ -207,6 +212,7 @@ async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator
         assert _frames(kept) == {
             "SystemZeroDecisionEventTrigger.run",
             "SystemZeroDecisionEventTrigger._watching",
+            "CallableSource._read_next",
             "pushed",
         }
         assert trigger._lease is None  # a lease lives as long as its stream

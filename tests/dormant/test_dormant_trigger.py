@@ -86,9 +86,16 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
         await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         assert emulator.stats.decisions_delivered == 1 and not task.done()
-        # the one task is the trigger's own (the triggerer's); the stream's runner, reader,
-        # feeder, consumer and pump are gone
-        assert set(asyncio.all_tasks()) - others == {task}
+        # the tasks are the trigger's own (the triggerer's) and the read of the source's next value
+        # the feeder left running (so the generator is not cancelled); the stream's runner,
+        # reader, feeder, consumer and pump are gone
+        reads = {
+            t
+            for t in asyncio.all_tasks()
+            if getattr(t.get_coro(), "__qualname__", "") == "CallableSource._read_next"
+        }
+        assert len(reads) == 1
+        assert set(asyncio.all_tasks()) - others == {task, *reads}
         # no stream object, session or connection is left, and no slot is held or offered
         assert trigger._stream.stream is None
         assert _new_since(earlier, _alive(DecisionStream, ClientSession)) == []
@@ -180,3 +187,23 @@ async def test_a_push_source_that_fails_while_dormant_with_no_retry_left_ends_wi
     assert event.payload["status"] == "error"
     assert "ConnectionError: the feed dropped" in event.payload["message"]
     assert channels.readers("flaky-dormant-out") == 0  # cleaned up
+
+
+async def test_a_push_sources_generator_outlives_the_streams_given_back(emulator: Emulator) -> None:
+    """Giving a quiet stream back does not cancel the generator waiting for its next value: it is
+    called once, keeps what it built up, and the trigger decides its newest state — not a restart's
+    first value (a generator that accumulates a log would go backwards)."""
+    channel = "leased-generator"
+    trigger = _trigger(channel, source=_flaky(channel))
+    async with running_trigger(trigger) as task:
+        for step in range(3):  # held, given back, woken: three times over
+            await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+            await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+            assert channels.CALLS[channel] == 1, "the generator was called again"
+            channels.publish(channel, f"waiting\nstep {step}\n")
+            await emulator.wait_for(lambda _: not trigger._stream.dormant, timeout=20)
+        channels.publish(channel, "waiting\nJob is ready.\n")
+        async with asyncio.timeout(20):
+            event = await task
+    assert event.payload["status"] == "success" and event.payload["decision"] is True
+    assert channels.CALLS[channel] == 1
