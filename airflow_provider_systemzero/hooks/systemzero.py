@@ -90,7 +90,9 @@ class StreamOptions(DecideOptions, total=False):
     ``decision_mode``: ``on_change`` (default) or ``on_request``; ``state``: the initial state
     (string, array or object); ``min_interval_ms``: minimum milliseconds between dispatch starts;
     ``open_deadline``: seconds allowed for opening (``None``: retry until cancelled);
-    ``decide_retries``: retries of a retryable on_request decision failure (default 3).
+    ``decide_retries``: retries of a retryable on_request decision failure (default 3);
+    ``reached``: an earlier stream of the caller reached this gateway (a loopback gateway that
+    refuses now is restarting: the stream keeps reconnecting instead of giving up).
     """
 
     decision_mode: str
@@ -98,6 +100,7 @@ class StreamOptions(DecideOptions, total=False):
     min_interval_ms: int | None
     open_deadline: float | None
     decide_retries: int
+    reached: bool
 
 
 def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:

@@ -97,6 +97,10 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     :param open_deadline: seconds allowed for entering (``None``: retry until cancelled).
     :param decide_retries: retries of a retryable on_request decision failure.
     :param backoff: the reconnect backoff (tests shrink it).
+    :param reached: an earlier stream of the same caller reached this gateway (a trigger's stream
+        before the one it gave back): a loopback gateway that refuses now is restarting, so this
+        stream keeps reconnecting instead of giving up after 10 s (see
+        :mod:`~airflow_provider_systemzero.stream.diagnosis`).
     :param capacity: the stream cap (default: the process-wide one).
     :param budget: the spend caps asked before every dispatch, and where usage is counted
         (default: an uncapped :class:`DecisionBudget`, so :attr:`usage` is always there). The
@@ -120,6 +124,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         identity: str | None = None,
         open_deadline: float | None = None,
         decide_retries: int = 3,
+        reached: bool = False,
         backoff: Backoff | None = None,
         capacity: StreamCapacity | None = None,
         budget: DecisionBudget | None = None,
@@ -138,6 +143,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._identity = identity
         self._open_deadline = open_deadline
         self._decide_retries = decide_retries
+        self._reached = reached
         self.backoff = backoff or Backoff()
         self.capacity = capacity or default_capacity()
         self.reconnects: list[Reconnect] = []

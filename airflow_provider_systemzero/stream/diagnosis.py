@@ -15,7 +15,8 @@ without a word in the log a wait would look like a model that keeps saying no.
   point is reached on time (the core's
   :func:`~airflow_provider_systemzero.protocol.reconnect.delay_within`): with the default settings the stream fails about 10 s after it
   started, not at the task's deadline. A local gateway that is still starting has those 10 s to
-  come up; a stream that connected once keeps reconnecting (the gateway restarts).
+  come up; a stream that connected once keeps reconnecting (the gateway restarts), and so does a
+  trigger's stream opened after one of its earlier streams connected (``reached``).
 """
 
 from __future__ import annotations
@@ -194,9 +195,13 @@ class NetworkFailures:
     :param url: the stream URL.
     :param open_timeout: the connection's ``open_timeout`` (for messages).
     :param proxy: the connection's proxy, if any (see :func:`describe_connection_error`).
+    :param reached: the caller reached this gateway before (an earlier stream of a trigger's): it
+        is restarting, not absent, and the stream never gives up on it.
     """
 
-    def __init__(self, url: str, *, open_timeout: float | None = None, proxy: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, open_timeout: float | None = None, proxy: str | None = None, reached: bool = False
+    ) -> None:
         self.url = url
         self.open_timeout = open_timeout
         self.proxy = proxy
@@ -209,7 +214,7 @@ class NetworkFailures:
         self._answered = False
         self._hopeless_attempts = 0
         #: whether every attempt so far failed as a never-answering loopback origin does
-        self._may_give_up = self.loopback
+        self._may_give_up = self.loopback and not reached
         self._first_failure: float | None = None
 
     def describe(self, exc: BaseException | None) -> str | None:

@@ -210,7 +210,10 @@ class StreamRunLoop:
     async def _run(self) -> None:
         assert self._settings is not None
         network = self._network = NetworkFailures(
-            self._settings.url, open_timeout=self._settings.open_timeout, proxy=self._settings.proxy
+            self._settings.url,
+            open_timeout=self._settings.open_timeout,
+            proxy=self._settings.proxy,
+            reached=self._reached,
         )
         planner = ReconnectPlanner(self.backoff)
         pending: _Pending | None = None

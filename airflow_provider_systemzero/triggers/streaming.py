@@ -149,6 +149,7 @@ class TriggerStream:
         "decided_at",
         "dormant",
         "key_namespace",
+        "reached",
         "request",
         "stream",
         "systemzero_conn_id",
@@ -176,6 +177,10 @@ class TriggerStream:
         #: whether the trigger holds no stream and waits for its source to change (its ``run()``
         #: sets it around the await)
         self.dormant = False
+        #: one of the trigger's streams opened: the gateway exists, and a loopback one that
+        #: refuses a later stream is restarting (that stream keeps reconnecting, see ``reached``
+        #: of :class:`~airflow_provider_systemzero.stream.DecisionStream`)
+        self.reached = False
         self._reading: SourceReading | None = None  # what enter() read of the source, for the feeder
         self._since: Any = (
             NO_CHANGE  # a dormant wait's state to compare changes with (NO_CHANGE: the covered one)
@@ -220,6 +225,7 @@ class TriggerStream:
         self.stream = hook.stream(
             self.request,
             state=state,
+            reached=self.reached,
             key_namespace=self.key_namespace,
             identity=self.key_namespace,
             budget=self.budget,
@@ -468,7 +474,9 @@ class TriggerStream:
         :param follow: the trigger's source (``None``: enter only).
         """
         if follow is None:
-            return await stream.__aenter__()
+            result = await stream.__aenter__()
+            self.reached = True
+            return result
         # one task reads the source from here on; it first runs once entering awaits something,
         # so the stream counts as entered before the reading hands it a change
         reading = SourceReading(follow.changes())
@@ -476,7 +484,7 @@ class TriggerStream:
         opened = False
         try:
             result = await stream.__aenter__()
-            opened = True
+            opened = self.reached = True
             return result
         finally:
             if opened and reading.usable:

@@ -207,3 +207,36 @@ async def test_a_push_sources_generator_outlives_the_streams_given_back(emulator
             event = await task
     assert event.payload["status"] == "success" and event.payload["decision"] is True
     assert channels.CALLS[channel] == 1
+
+
+async def test_a_loopback_gateway_restarting_while_the_trigger_is_dormant_is_waited_for(
+    rules_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream that never reached a loopback gateway gives up after a few seconds (nothing
+    listens there); a trigger whose earlier stream reached it knows the gateway exists, so the
+    stream it opens after a change keeps reconnecting while the gateway restarts."""
+    from airflow_provider_systemzero.stream import diagnosis
+
+    # the give-up point, shrunk from 10 s: reached well before the gateway comes back
+    monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_SECONDS", 0.5)
+    monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_ATTEMPTS", 2)
+    channel = "restarting-gateway"
+    trigger = _trigger(channel)
+    first_run = helpers.loopback_emulator(rules_file, monkeypatch)
+    first = await first_run.__aenter__()
+    port = first.port
+    async with running_trigger(trigger) as task:
+        try:
+            await first.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+            await first.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
+        finally:
+            await first_run.__aexit__(None, None, None)  # the gateway goes away
+        channels.publish(channel, "waiting\nJob is ready.\n")  # the trigger wakes while nothing listens
+        await helpers.until(lambda: not trigger._stream.dormant, within=10, what="the trigger to wake")
+        await asyncio.sleep(2)  # refused for four times the give-up point
+        assert not task.done(), task.result().payload
+        async with helpers.loopback_emulator(rules_file, monkeypatch, port=port):
+            async with asyncio.timeout(30):
+                event = await task
+    assert event.payload["status"] == "success" and event.payload["decision"] is True
