@@ -498,7 +498,12 @@ class SystemZeroHook(BaseHook):
                     exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
                 )
             return False, f"{type(exc).__name__}: {exc}"
+        model = (
+            f"default model {settings.default_model!r}"
+            if settings.default_model
+            else "no default model: every task must pass model=, or set the 'model' extra"
+        )
         return True, (
             f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
-            f"max_streams_per_process={hello.limits.max_streams_per_process}"
+            f"max_streams_per_process={hello.limits.max_streams_per_process}; {model}"
         )

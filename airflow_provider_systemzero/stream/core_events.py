@@ -238,6 +238,7 @@ class CoreEventHandling:
     def _on_decision(self, result: DecisionResult) -> None:
         version = result.state_version
         self._decided_this_connection = True
+        self._last_error = None  # overcome: a later timeout does not blame a failure of before
         if self._starts is not None:
             self._starts.ended(self, None, self.session.generation, requeue=False)
         billed = self._accounting.decided(result)

@@ -143,9 +143,16 @@ class CallableSource(StateSource):
         #: waits for it (:meth:`_read_ahead`); a feeder that stops waiting leaves it running
         self._pending: asyncio.Task[Any] | None = None
 
-    @staticmethod
-    def _checked(value: Any) -> Any:
-        validate_state(value, field="source result")
+    def _checked(self, value: Any) -> Any:
+        """``value`` once it is a state; else the error names the function and the fix."""
+        try:
+            validate_state(value, field="source result")
+        except LocalProtocolError as exc:
+            raise LocalProtocolError(
+                f"{exc.message} (from {self._name}()): return a string, a list or a dict of plain JSON values",
+                code=exc.code,
+                field=exc.field,
+            ) from None
         return value
 
     async def _failed(self, exc: BaseException) -> None:

@@ -49,10 +49,11 @@ from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.sources import StateSource, build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
-from airflow_provider_systemzero.triggers.streaming import TriggerStream, announce_wait
+from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
+    announce_wait,
     close_watching,
     end_lease,
     failures_in_a_row,
@@ -171,7 +172,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             try:
                 if payload is None:
                     self._source = source = build_source(self.source, self.state)
-                    announce_wait(self.condition, source)
+                    announce_wait(self.condition, source, stream.deadline)
                     # a callable that cannot be imported ends the wait here
                     relevance = self.decision_filter.relevance()
                     # kept across streams: a reopened stream does not decide its opening state

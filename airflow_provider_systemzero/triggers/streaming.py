@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.lease import StreamLease
@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # the feeder holds a lease: imported for annotations only, to
 __all__ = [
     "NO_CHANGE",
     "TriggerStream",
-    "announce_wait",
     "gate_change",
     "retrieved",
 ]
@@ -53,20 +52,6 @@ T = TypeVar("T")
 
 #: What :attr:`TriggerStream.covered` is before any decision (equal to no state).
 _NOTHING: Any = object()
-
-
-def announce_wait(condition: Mapping[str, Any], source: StateSource) -> None:
-    """The line a trigger's wait starts with: what it waits for, and where the state comes from.
-
-    :param condition: the trigger's condition (its dict form).
-    :param source: the trigger's source.
-    """
-    log.info(
-        "waiting until %s = %r; the state comes from %s",
-        condition.get("question"),
-        condition.get("expect"),
-        source.describe(),
-    )
 
 
 async def gate_change(gate: DecisionGate, relevance: Relevance | None, previous: Any, state: Any) -> None:

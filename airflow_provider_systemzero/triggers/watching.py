@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,7 @@ __all__ = [
     "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
+    "announce_wait",
     "close_watching",
     "end_lease",
     "failures_in_a_row",
@@ -65,6 +68,27 @@ def new_feeder(
 #: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
 #: (shared: a waiting trigger keeps one object fewer).
 _NO_FILTER = DecisionFilter()
+
+
+def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: float | None = None) -> None:
+    """The line a trigger's wait starts with: what it waits for, where the state comes from, and
+    until when.
+
+    :param condition: the trigger's condition (its dict form).
+    :param source: the trigger's source.
+    :param deadline: the task's deadline (epoch seconds; ``None``: an asset watch, which has none).
+    """
+    until = ""
+    if deadline is not None:
+        at = datetime.datetime.fromtimestamp(deadline, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
+    log.info(
+        "waiting until %s = %r; the state comes from %s%s",
+        condition.get("question"),
+        condition.get("expect"),
+        source.describe(),
+        until,
+    )
 
 
 def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:

@@ -374,7 +374,16 @@ def test_test_connection_reads_hello_and_closes_normally(threaded_emu: ThreadedE
     ok, message = SystemZeroHook(CONN_ID).test_connection()
     assert ok, message
     assert "system-zero.stream.v1" in message and "max_streams_per_process=4" in message
+    assert "default model 'MODEL_ID'" in message
     threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.closes_by_code == {1000: 1}, timeout=5))
+
+
+def test_test_connection_says_when_no_default_model_is_set(threaded_emu: ThreadedEmulator) -> None:
+    # the connection works, but a task that names no model would fail: the Test button says so
+    store_connection(host=threaded_emu.emulator.origin, extra={"open_timeout": "5"})
+    ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert ok, message
+    assert "no default model: every task must pass model=, or set the 'model' extra" in message
 
 
 def test_test_connection_reports_a_wrong_key_without_showing_it(threaded_emu: ThreadedEmulator) -> None:

@@ -5,6 +5,7 @@ a state too large for the decide body. Each runs the way the author meets it."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import textwrap
 from datetime import date
@@ -373,9 +374,10 @@ def test_a_sensor_that_times_out_on_a_missing_file_says_so(
         )
     with caplog.at_level(logging.INFO):
         dag_run = run_dag(dag)
-    # the wait says from its start what it waits for and which file it reads, where
+    # the wait says from its start what it waits for, which file it reads, where, and until when
     said = f"waiting until ready = True; the state comes from the file {str(missing)!r} on host {socket.gethostname()!r}"
-    assert said in [r.getMessage() for r in caplog.records]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)]
+    assert re.search(r"; the task's deadline is \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in \d+ s\)$", line), line
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
     assert (

@@ -278,6 +278,8 @@ async def test_three_failed_dispatches_close_1013_and_the_state_is_replayed_afte
         [reconnect] = stream.reconnects
         assert reconnect.reason == "goodbye:overload" and reconnect.close_code == 1013
         assert reconnect.server_delay == 0.2 and reconnect.waited >= 0.2
+        # overcome by the decision: a later timeout would not blame it
+        assert stream.last_error_text is None
     assert emu.stats.decide_failures == {503: 3} and len(billed_for(emu)) == 1
     assert_each_state_billed_once(emu)
 
