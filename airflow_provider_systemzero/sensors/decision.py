@@ -194,6 +194,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
             self._state_template, self._poke_watch = template_of(state), PokeWatch()
+            self._path_template = template_of(source.get("path")) if isinstance(source, dict) else None
             sz_inputs.check_literals(self)
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 

@@ -40,8 +40,9 @@ from airflow_provider_systemzero.utils.checks import (
     is_literal,
     parse_time,
     refuse_empty_state,
+    refuse_rendered_none,
 )
-from airflow_provider_systemzero.utils.deadlines import deadline_in
+from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -172,6 +173,8 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
         condition = condition_of(sensor)
         condition.check_questions(request["questions"])
         validate_decision_mode(sensor.decision_mode)
+        if running and isinstance(sensor.source, dict):
+            refuse_rendered_none(sensor.source.get("path"), sensor._path_template, field="source.path")
         source = checked_source(sensor, request)
         if running and is_static(source):
             refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty, template=sensor._state_template)
@@ -209,6 +212,11 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
     rest of the condition is checked about a stand-in question.
     """
     check_hysteresis(sensor)
+    if sensor.deferrable and in_seconds(sensor.timeout) == 0:
+        raise ValueError(
+            f"{sensor.task_id}: timeout=0 leaves a deferred sensor no time to decide (its deadline "
+            "passes before the trigger starts): pass the seconds the wait may take, e.g. timeout=3600"
+        )
     literal = {name: is_literal(getattr(sensor, name)) for name in sensor.template_fields}
     with parse_time(sensor.task_id):
         condition = condition_of(sensor, None if literal["question"] else _TEMPLATED_QUESTION)

@@ -32,6 +32,7 @@ __all__ = [
     "is_literal",
     "parse_time",
     "refuse_empty_state",
+    "refuse_rendered_none",
     "review_settings",
     "template_of",
 ]
@@ -198,6 +199,28 @@ def template_of(value: Any) -> str | None:
     return value if isinstance(value, str) and has_template(value) else None
 
 
+def refuse_rendered_none(value: Any, template: str | None, *, field: str, meant: str = "") -> None:
+    """Refuse a template that rendered a missing value as the text ``"None"``
+    (``{{ dag_run.conf.get('x') }}``, an XCom that was not pushed).
+
+    :param value: the rendered value.
+    :param template: the template it was rendered from (``None``: it was not).
+    :param field: the argument named in the message.
+    :param meant: how to say that ``'None'`` is meant, when it can be (``""``: it cannot).
+    :raises SystemZeroArgumentError: naming the field, the template and the fix.
+    """
+    if template is None or not isinstance(value, str) or value.strip() != "None":
+        return
+    also = f", or {meant} if 'None' is meant" if meant else ""
+    raise SystemZeroArgumentError(
+        f"{field} rendered to 'None' from the template {template!r}: the value it reads is missing "
+        "(a dag_run.conf key, a param, an XCom that was not pushed); check it, give it a default "
+        f"(e.g. dag_run.conf.get('key', 'text')){also}",
+        code="empty_state",
+        field=field,
+    )
+
+
 def refuse_empty_state(
     state: Any, *, allow_empty: bool, field: str = "state", template: str | None = None
 ) -> None:
@@ -212,14 +235,7 @@ def refuse_empty_state(
     """
     if allow_empty:
         return
-    if template is not None and isinstance(state, str) and state.strip() == "None":
-        raise SystemZeroArgumentError(
-            f"{field} rendered to 'None' from the template {template!r}: the value it reads is missing "
-            "(a dag_run.conf key, a param, an XCom that was not pushed); check it, give it a default "
-            "(e.g. dag_run.conf.get('key', 'text')), or pass allow_empty=True if 'None' is meant",
-            code="empty_state",
-            field=field,
-        )
+    refuse_rendered_none(state, template, field=field, meant="pass allow_empty=True")
     if not isinstance(state, str | list | tuple | Mapping) or len(state):
         return
     raise SystemZeroArgumentError(

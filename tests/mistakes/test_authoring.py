@@ -188,6 +188,21 @@ def test_a_template_that_renders_a_missing_value_as_none_is_refused(
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
 
 
+def test_a_source_path_that_renders_a_missing_value_as_none_is_refused(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    template = "{{ ti.xcom_pull(task_ids='start_job') }}"  # no such task: None, rendered as 'None'
+    with DAG("mistake_none_template_path", schedule=None, start_date=START) as dag:
+        _sensor(source={"type": "file", "path": template}, deferrable=True)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    assert f"wait: source.path rendered to 'None' from the template {template!r}" in printed
+    assert "is relative" not in printed  # not the rule a path that rendered fine would break
+    assert emulator.stats.streams_total == before.streams_total
+
+
 def test_a_description_of_no_downstream_branch_fails_the_task_before_any_connection(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

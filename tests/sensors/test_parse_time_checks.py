@@ -128,6 +128,7 @@ def test_a_templated_question_is_checked_when_the_task_runs(
         ),
         ({"decide_initial": "no"}, "t: decide_initial must be True or False, got 'no'"),
         ({"decide_initial": False}, "t: decide_initial=False with no source"),
+        ({"timeout": 0, "deferrable": True}, "t: timeout=0 leaves a deferred sensor no time to decide"),
         (
             {"decide_initial": False, "source": {"type": "static"}},
             "t: decide_initial=False with a static source: the state never changes",
