@@ -278,7 +278,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         items = []
         ti = context["ti"]
         for task_id in self.replay_task_ids:
-            output = ti.xcom_pull(task_ids=task_id, key="return_value")
+            output = self._mapped_outputs(ti, task_id)
+            if output is None:
+                output = ti.xcom_pull(task_ids=task_id, key="return_value")
             if output is None:
                 raise SystemZeroArgumentError(
                     f"upstream task {task_id!r} left no output to replay (it returned None, or pushes "
@@ -298,6 +300,40 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 ) from None
             items.append({"task_id": task_id, "output": output})
         return items
+
+    def _mapped_outputs(self, ti: Any, task_id: str) -> list[Any] | None:
+        """A mapped upstream task's outputs, one per map index in order (``None``: the task is not
+        mapped, or this Airflow cannot count its instances).
+
+        Pulled without map indexes, the outputs of a mapped task leave out every instance that
+        returned ``None`` (it pushed nothing), so the state would silently lack them: each index
+        is pulled, and a missing one is refused as an unmapped task's ``None`` is.
+        """
+        task = self.dag.task_dict.get(task_id) if self.has_dag() else None
+        count_of = getattr(ti, "get_ti_count", None)
+        if not getattr(task, "is_mapped", False) or count_of is None:
+            return None
+        try:
+            count = count_of(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id])
+        except Exception as exc:  # an Airflow whose task runner cannot count: as it returns them
+            self.log.warning(
+                "cannot count the instances of mapped task %r (%s): its outputs are replayed as Airflow "
+                "returns them, without the instances that returned None",
+                task_id,
+                exc,
+            )
+            return None
+        outputs = list(ti.xcom_pull(task_ids=task_id, key="return_value", map_indexes=list(range(count))))
+        missing = [index for index, output in enumerate(outputs) if output is None]
+        if missing:
+            raise SystemZeroArgumentError(
+                f"upstream task {task_id!r} is mapped, and its instance(s) at map index {missing} left "
+                f"no output to replay (of {count}; each returned None): return a value from every "
+                "instance (e.g. a status), or leave the task out of upstream_task_ids",
+                code="invalid_state",
+                field=f"upstream_task_ids[{task_id}]",
+            )
+        return outputs
 
     def _check_replay_arguments(self) -> None:
         """``upstream_task_ids`` names at least one task, and ``state`` is not given beside it."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk import DAG, task
+from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from tests.helpers import run_dag, task_states
@@ -97,3 +98,49 @@ def test_a_task_that_cannot_give_its_output_is_refused_before_connecting(
     assert states["decide"] == "failed" and states["fetch"] == "success"
     assert f"decide: {message}" in capsys.readouterr().out
     assert emulator.stats.streams_total == before.streams_total  # refused before any connection
+
+
+@pytest.mark.skipif(
+    not hasattr(RuntimeTaskInstance, "get_ti_count"),
+    reason="this Airflow's task instances cannot count a mapped task's instances",
+)
+@pytest.mark.parametrize("none_at", [None, 1])
+def test_a_mapped_upstream_is_replayed_by_map_index_and_a_missing_output_refused(
+    emulator: Any, capsys: pytest.CaptureFixture[str], none_at: int | None
+) -> None:
+    """Pulled without map indexes, a mapped task's outputs leave out each instance that returned
+    None: the state would silently lack it. Each index is pulled instead."""
+    key = f"replay-mapped-{none_at}"
+    with DAG(f"replay_mapped_{none_at}", schedule=None, start_date=START) as dag:
+
+        @task(task_id="check")
+        def check(index: int) -> str | None:
+            return None if index == none_at else f"check {index}: passed"
+
+        decide = SystemZeroDecideOperator(
+            task_id="decide",
+            systemzero_conn_id=CONN,
+            questions={"ready": READY},
+            upstream_task_ids=["check"],
+            prompt_cache_key=key,
+        )
+        check.expand(index=[0, 1, 2]) >> decide
+    before = emulator.stats
+    dag_run = run_dag(dag)
+    if none_at is None:
+        assert task_states(dag_run)["decide"] == "success"
+        accepted = emulator.latest_state(key)
+        outputs = [f"check {index}: passed" for index in range(3)]
+        assert accepted is not None and accepted.state == [{"task_id": "check", "output": outputs}]
+        return
+    assert task_states(dag_run) == {
+        "check[0]": "success",
+        "check[1]": "success",
+        "check[2]": "success",
+        "decide": "failed",
+    }
+    assert (
+        "upstream task 'check' is mapped, and its instance(s) at map index [1] left no output to replay"
+        in capsys.readouterr().out
+    )
+    assert emulator.stats.streams_total == before.streams_total  # refused before connecting
