@@ -29,11 +29,11 @@ to a stream.
 from __future__ import annotations
 
 import json
-import pkgutil
 import re
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_systemzero.dotted import check_dotted, import_dotted
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.state import same_json
 
@@ -55,6 +55,8 @@ MAX_DEBOUNCE_MS = 3_600_000
 #: still decided about).
 MAX_HOLD_FACTOR = 10
 _CODE = "invalid_decide_when"
+#: What a ``decide_when`` function is called with and returns (for messages).
+_TAKES = "taking (previous, new) and returning a bool"
 
 
 def _callable_path(spec: dict[str, Any]) -> str:
@@ -66,16 +68,7 @@ def _callable_path(spec: dict[str, Any]) -> str:
             code=_CODE,
             field="decide_when",
         )
-    path = spec["callable"]
-    parts = path.replace(":", ".").split(".") if isinstance(path, str) else []
-    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
-        raise SystemZeroArgumentError(
-            f"decide_when.callable {path!r} is not a dotted path: pass 'package.module.function' "
-            "naming a function importable in the triggerer that takes (previous, new) and returns a bool",
-            code=_CODE,
-            field="decide_when.callable",
-        )
-    return path
+    return check_dotted(spec["callable"], field="decide_when.callable", code=_CODE, takes=_TAKES)
 
 
 def validate_decide_when(value: Any) -> str | dict[str, str] | None:
@@ -202,22 +195,7 @@ class Relevance:
             return
         assert isinstance(self.spec, dict)
         path = _callable_path(self.spec)
-        try:
-            target = pkgutil.resolve_name(path)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise SystemZeroArgumentError(
-                f"decide_when.callable {path!r} cannot be imported in the triggerer: {exc}. The module "
-                "must be installed where the triggerer runs (not only in a Dag bundle)",
-                code=_CODE,
-                field="decide_when.callable",
-            ) from None
-        if not callable(target):
-            raise SystemZeroArgumentError(
-                f"decide_when.callable {path!r} is not callable: name a function taking (previous, new)",
-                code=_CODE,
-                field="decide_when.callable",
-            )
-        self._function = target
+        self._function = import_dotted(path, field="decide_when.callable", code=_CODE, takes=_TAKES)
 
     def matches(self, previous: Any, new: Any) -> bool:
         """Whether the change from ``previous`` to ``new`` can matter.

@@ -15,9 +15,9 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from importlib import import_module
 from typing import Any
 
+from airflow_provider_systemzero.dotted import check_dotted, import_dotted
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_state
@@ -359,39 +359,18 @@ class CallableSource(StateSource):
             await generator.aclose()  # type: ignore[attr-defined]
 
 
-def split_dotted_path(path: str) -> tuple[str, str]:
-    """``(module, attribute)`` of ``package.module.function`` (also ``package.module:function``).
+#: What a source's function is called with and returns (for messages).
+_SOURCE_TAKES = "taking the source's kwargs and returning the state"
 
-    :raises SystemZeroArgumentError: naming the path when it is not such a path.
-    """
-    module_name, sep, attribute = path.replace(":", ".").rpartition(".")
-    if not sep or not all(part.isidentifier() for part in (*module_name.split("."), attribute)):
-        raise SystemZeroArgumentError(
-            f"source.path {path!r} is not a dotted path 'package.module.function': name the function "
-            "with its module, importable where the triggerer runs",
-            code="invalid_source",
-            field="source.path",
-        )
-    return module_name, attribute
+
+def check_source_path(path: Any) -> str:
+    """A callable source's ``path``, checked for its form (:func:`~airflow_provider_systemzero.dotted.check_dotted`)."""
+    return check_dotted(path, field="source.path", code="invalid_source", takes=_SOURCE_TAKES)
 
 
 def import_callable(path: str) -> Callable[..., Any]:
-    """Import ``package.module.function`` (also ``package.module:function``).
+    """Import a callable source's function (:func:`~airflow_provider_systemzero.dotted.import_dotted`).
 
     :raises SystemZeroArgumentError: naming the path when it cannot be imported or is not callable.
     """
-    module_name, attribute = split_dotted_path(path)
-    try:
-        target = getattr(import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise SystemZeroArgumentError(
-            f"source.path {path!r} cannot be imported in the triggerer: {exc}. The module must "
-            "be installed where the triggerer runs, not only in a Dag bundle",
-            code="invalid_source",
-            field="source.path",
-        ) from None
-    if not callable(target):
-        raise SystemZeroArgumentError(
-            f"source.path {path!r} is not callable", code="invalid_source", field="source.path"
-        )
-    return target
+    return import_dotted(path, field="source.path", code="invalid_source", takes=_SOURCE_TAKES)

@@ -49,8 +49,8 @@ from airflow_provider_systemzero.triggers.callable_source import (
     DEFAULT_RETRY_DELAY,
     CallableSource,
     SourceFailed,
+    check_source_path,
     import_callable,
-    split_dotted_path,
 )
 from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
@@ -196,7 +196,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
                 field="source.encoding",
             ) from None
     if kind == "callable" and not has_template(spec["path"]):
-        split_dotted_path(spec["path"])  # imported in the triggerer: only its form is known here
+        check_source_path(spec["path"])  # imported in the triggerer: only its form is known here
     if kind == "callable" and not isinstance(spec.get("kwargs", {}), Mapping):
         raise SystemZeroArgumentError(
             "source.kwargs must be an object", code="invalid_source", field="source.kwargs"

@@ -117,3 +117,33 @@ def test_a_callable_and_a_static_state_read_now() -> None:
     )
     with pytest.raises(SystemZeroArgumentError, match="an async generator source needs deferrable=True"):
         generator.read_now()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["tests.airflow.sources_for_tests.sync_flag_state", "tests.airflow.sources_for_tests:sync_flag_state"],
+)
+def test_a_source_path_and_decide_when_read_a_dotted_path_alike(path: str) -> None:
+    """One rule for both (``dotted``): what one accepts the other imports the same way."""
+    from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+
+    assert (
+        build_source({"type": "callable", "path": path, "kwargs": {"name": "x"}}, "").read_now()
+        == "waiting\n"
+    )
+    relevance = DecisionFilter(decide_when={"callable": path}).relevance()
+    assert relevance is not None and relevance.is_callable
+
+
+@pytest.mark.parametrize("path", ["nomodule", "pkg.1bad.func", "pkg:mod:func", ""])
+def test_a_malformed_dotted_path_is_refused_alike(path: str) -> None:
+    from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+    from airflow_provider_systemzero.triggers.sources import validate_source_spec
+
+    with pytest.raises(SystemZeroArgumentError, match=r"is not a dotted path 'package\.module\.function'"):
+        DecisionFilter(decide_when={"callable": path})
+    if path:  # an empty path is refused as missing
+        with pytest.raises(
+            SystemZeroArgumentError, match=r"is not a dotted path 'package\.module\.function'"
+        ):
+            validate_source_spec({"type": "callable", "path": path}, "")
