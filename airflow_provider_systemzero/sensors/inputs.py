@@ -18,6 +18,7 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
+from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
 from airflow_provider_systemzero.protocol.validation import (
     validate_decision_mode,
     validate_min_interval_ms,
@@ -84,8 +85,7 @@ TEMPLATE_FIELDS = (
 #: a template, rendered by the triggerer and rendered again (to the same value) on the worker that
 #: resumes the task. Deterministic like :func:`~airflow_provider_systemzero.identity.task_namespace`.
 START_FROM_TRIGGER_NAMESPACE = "sz-sft-{{ ti.dag_id }}.{{ ti.task_id }}.{{ ti.run_id }}.{{ ti.map_index }}"
-#: Longest key namespace the stream accepts, and the room kept for the run ID and map index.
-_MAX_NAMESPACE = 190
+#: The room kept for the run ID and map index in a key namespace (at most MAX_KEY_NAMESPACE_LENGTH).
 _RUN_ID_ROOM = 64
 #: The arguments that make up the request (the triggerer cannot render them).
 _REQUEST_FIELDS = ("question", "instructions", "questions", "model", "prompt_cache_key")
@@ -271,10 +271,10 @@ def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
         namespace += f".{sensor.key_salt}"
     if sensor.has_dag():
         fixed = len(namespace.split("{{", 1)[0]) + len(sensor.dag_id) + len(sensor.task_id) + len("...-1")
-        if fixed + _RUN_ID_ROOM > _MAX_NAMESPACE:
+        if fixed + _RUN_ID_ROOM > MAX_KEY_NAMESPACE_LENGTH:
             raise ValueError(
                 f"{sensor.task_id}: the Dag and task IDs (and key_salt) are too long for a "
-                f"start_from_trigger key namespace (at most {_MAX_NAMESPACE} characters with "
+                f"start_from_trigger key namespace (at most {MAX_KEY_NAMESPACE_LENGTH} characters with "
                 f"the run ID); use shorter IDs or start_from_trigger=False"
             )
     try:

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_provider_systemzero.dotted import check_dotted, import_dotted
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.protocol.validation import validate_state
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, NO_CHANGE, StateSource
 
@@ -163,7 +164,7 @@ class CallableSource(StateSource):
             raise SourceFailed(
                 f"the source {self._name} failed {self._failures} time(s) in a row; last: {cause}"
             ) from exc
-        delay = min(self.retry_delay * 2 ** (self._failures - 1), MAX_RETRY_DELAY)
+        delay = doubled(self.retry_delay, MAX_RETRY_DELAY, self._failures - 1)
         log.warning(
             "the source %s failed (%s); retry %d of %d in %.3g s",
             self._name,
