@@ -295,6 +295,22 @@ class PolicyGateMixin:
         which only a task that waits (the sensor) implements."""
         raise AirflowFailException(f"{self.task_id}: this task cannot wait for a new state")
 
+    def _review_timed_out(
+        self, gate: Gate, outcome: PolicyOutcome, reason: str, review: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        """The record of a review nobody answered: the policy's ``below`` takes effect (``fail``
+        without a policy), decided by the policy.
+
+        :param outcome: the outcome that asked for the review (its bars and measure are kept).
+        :param reason: why, for the record.
+        :param review: what the review said (or the stored one).
+        """
+        below = self.policy.below if self.policy is not None else "fail"
+        fallback = PolicyOutcome(
+            below, reason, "review_timeout", outcome.measured, outcome.act_above, outcome.review_above
+        )
+        return self._record(gate, fallback, decision=None, decided_by="policy", reason=reason, review=review)
+
     def _fallback(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
         """Below the bars: ``fail``/``skip`` push ``record`` and stop; ``wait`` keeps waiting."""
         if record["action"] == "wait":
@@ -382,23 +398,7 @@ class PolicyGateMixin:
                     review=stored.get("review"),
                 )
                 if stored.get("decision") is None:
-                    below = self.policy.below if self.policy is not None else "fail"
-                    fallback = PolicyOutcome(
-                        below,
-                        stored["reason"],
-                        "review_timeout",
-                        outcome.measured,
-                        outcome.act_above,
-                        outcome.review_above,
-                    )
-                    record = self._record(
-                        gate,
-                        fallback,
-                        decision=None,
-                        decided_by="policy",
-                        reason=stored["reason"],
-                        review=stored.get("review"),
-                    )
+                    record = self._review_timed_out(gate, outcome, stored["reason"], stored.get("review"))
                     return self._fallback(context, gate, record)
                 return self._apply(context, gate, record)
             self._request_review(context, gate, outcome)
@@ -529,22 +529,11 @@ class PolicyGateMixin:
         the_gate = Gate.from_dict(gate)
         verdict = PolicyOutcome(**outcome)
         if "error" in event:
-            below = self.policy.below if self.policy is not None else "fail"
-            fallback = PolicyOutcome(
-                below,
-                f"nobody answered the review in time ({event.get('error')}) and the policy has no default",
-                "review_timeout",
-                verdict.measured,
-                verdict.act_above,
-                verdict.review_above,
-            )
-            record = self._record(
+            record = self._review_timed_out(
                 the_gate,
-                fallback,
-                decision=None,
-                decided_by="policy",
-                reason=fallback.reason,
-                review={"timedout": True, "chosen_options": [], "responded_by": None, "responded_at": None},
+                verdict,
+                f"nobody answered the review in time ({event.get('error')}) and the policy has no default",
+                {"timedout": True, "chosen_options": [], "responded_by": None, "responded_at": None},
             )
             self._store_review(context, the_gate, record)
             return self._fallback(context, the_gate, record)
