@@ -57,6 +57,17 @@ async def deaf_after_decision(peer: Peer) -> None:
     await deaf(peer)
 
 
+def decide_trigger() -> SystemZeroDecideTrigger:
+    """The deferrable operator's trigger, with a deadline of :data:`DEADLINE` from now."""
+    return SystemZeroDecideTrigger(
+        systemzero_conn_id=CONN_ID,
+        request=REQUEST,
+        state="log\n",
+        key_namespace="hostile",
+        deadline=time.time() + DEADLINE,
+    )
+
+
 @pytest.mark.parametrize("script", [deaf_after_hello, deaf_after_ack], ids=["opening", "open"])
 def test_hook_decide_ends_by_its_timeout(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any], script: Any
@@ -72,13 +83,7 @@ async def test_the_decide_trigger_keeps_a_decision_it_has(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
 ) -> None:
     connect(gateway(deaf_after_decision))
-    trigger = SystemZeroDecideTrigger(
-        systemzero_conn_id=CONN_ID,
-        request=REQUEST,
-        state="log\n",
-        key_namespace="hostile",
-        deadline=time.time() + DEADLINE,
-    )
+    trigger = decide_trigger()
     run = trigger.run()
     started = time.monotonic()
     try:
@@ -91,9 +96,8 @@ async def test_the_decide_trigger_keeps_a_decision_it_has(
         await run.aclose()
         closing = time.monotonic()
         await trigger.cleanup()
-    assert (
-        time.monotonic() - closing < CLOSING + 1 + SLACK
-    )  # the socket is dropped after the handshake's time
+    # the socket is dropped after the handshake's time
+    assert time.monotonic() - closing < CLOSING + 1 + SLACK
 
 
 @pytest.mark.parametrize("script", [deaf_after_hello, deaf_after_ack], ids=["opening", "open"])
@@ -101,13 +105,7 @@ async def test_the_decide_triggers_timeout_comes_at_its_deadline(
     gateway: Callable[..., HostileGateway], connect: Callable[..., Any], script: Any
 ) -> None:
     connect(gateway(script))
-    trigger = SystemZeroDecideTrigger(
-        systemzero_conn_id=CONN_ID,
-        request=REQUEST,
-        state="log\n",
-        key_namespace="hostile",
-        deadline=time.time() + DEADLINE,
-    )
+    trigger = decide_trigger()
     started = time.monotonic()
     try:
         async with asyncio.timeout(60):
