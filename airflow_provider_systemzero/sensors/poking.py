@@ -57,9 +57,8 @@ class PokeWatch:
         """Seconds left of the sensor's ``timeout``, counted from the first poke in this process
         (in ``reschedule`` mode each poke is a process of its own: at most the whole timeout)."""
         now = time.monotonic()
-        if self._started is None:
-            self._started = now
-        return max(0.0, float(sensor.timeout) - (now - self._started))
+        started = now if self._started is None else self._started
+        return max(0.0, float(sensor.timeout) - (now - started))
 
     @contextlib.contextmanager
     def explaining_timeout(self) -> Iterator[None]:
@@ -83,6 +82,8 @@ class PokeWatch:
         from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
 
         request, condition, source = inputs
+        if self._started is None:  # the sensor's timeout counts from the first poke, decided or not
+            self._started = time.monotonic()
         if sensor.mode == "poke" and not self._slot_noted:
             self._slot_noted = True
             sensor.log.warning(

@@ -235,11 +235,22 @@ class CallableSource(StateSource):
                 await generator.aclose()  # type: ignore[attr-defined]
 
     async def _next_generated(self) -> Any:
+        """The generator's next value, through the read ahead (:meth:`_read_ahead`). A reader
+        cancelled while it waits leaves the read, and its value or its error, to the next reader;
+        a read that failed or ended closes the generator (the next value calls the function)."""
+        pending = self._read_ahead()
         try:
-            return await self._anext()
+            value = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            raise  # this reader was cancelled: the read goes on, untouched
         except BaseException:
+            if self._pending is pending:
+                self._pending = None
             await self._drop_generator()
             raise
+        if self._pending is pending:
+            self._pending = None
+        return value
 
     async def _value(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()``'s checked value, retrying failures (a StopAsyncIteration is not one)."""
@@ -261,6 +272,10 @@ class CallableSource(StateSource):
 
     async def current(self) -> Any:
         if self._push:
+            if self._pending is not None and self._pending.done():
+                # a read that finished while nobody waited: the newest state, or its failure
+                with contextlib.suppress(StopAsyncIteration):  # ended: called again just below
+                    self._last = await self._value(self._next_generated)
             if self._live() is None:  # the first value the generator yields is the current state
                 self._last = await self._value(self._next_generated)
             return self._last
@@ -276,23 +291,15 @@ class CallableSource(StateSource):
         last = await self.current()
         yield last
         while True:
-            # what _value(_next_generated) does, inline: a trigger waiting here keeps no coroutine
-            # of this source but this generator's
             try:
-                value = await asyncio.shield(self._read_ahead())
-            except BaseException as exc:
-                if self._pending is not None and not self._pending.done():
-                    raise  # this reader was cancelled: the read goes on, for the next reader
-                self._pending = None
-                await self._drop_generator()
-                if isinstance(exc, StopAsyncIteration):
-                    break
-                if isinstance(exc, LocalProtocolError) or not isinstance(exc, Exception):
-                    raise  # not a transient error: a bad value, or a cancellation
+                value = self._checked(await self._next_generated())
+            except StopAsyncIteration:
+                break
+            except LocalProtocolError:
+                raise  # not a transient error: a bad value
+            except Exception as exc:
                 await self._failed(exc)
                 continue
-            self._pending = None
-            self._checked(value)
             self._failures = 0
             if value is not last and value != last:  # a generator called again yields its current state first
                 last = self._last = value
@@ -320,9 +327,9 @@ class CallableSource(StateSource):
             return super().next_change()
         if self._ended:
             return asyncio.get_running_loop().create_future()  # the state stays as it is
-        if self._pending is not None:  # the read a stream's feeder left running
-            return asyncio.shield(self._pending)
-        return self._anext()
+        # shielded: a wait that ends without a value (a hysteresis timer, a cancellation) leaves
+        # the read, and the generator, running for the next reader
+        return asyncio.shield(self._read_ahead())
 
     async def taken(self, value: Any) -> Any:
         """A value the generator yielded, checked (a bad value raises :class:`LocalProtocolError`)."""

@@ -128,10 +128,12 @@ async def close_watching(trigger: Any) -> None:
     """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
     end_lease(trigger)
     source, trigger._source = trigger._source, None
-    await trigger._stream.aclose()
-    if source is not None:
-        with contextlib.suppress(Exception):
-            await source.aclose()
+    try:
+        await trigger._stream.aclose()
+    finally:  # also when cancelled during the close handshake: a push source's read stops
+        if source is not None:
+            with contextlib.suppress(Exception):
+                await source.aclose()
 
 
 def failures_in_a_row(failures: int, lasted: float) -> int:

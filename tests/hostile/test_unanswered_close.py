@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,8 +151,8 @@ def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Airflow checks a sensor's timeout between pokes; a poke's decide that the gateway never
-    answers ends by the sensor's timeout too (not the hook's 10-minute default), as a timeout:
-    ``soft_fail`` skips the task."""
+    answers ends by the sensor's timeout too (not the hook's 10-minute default), as a timeout
+    (``AirflowSensorTimeout``, which ``soft_fail`` would turn into a skip)."""
     import pendulum
     from airflow.sdk import DAG
 
@@ -180,6 +181,54 @@ def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
     assert time.monotonic() - started < 60  # dag.test()'s own start-up included; not 600 s
     assert task_states(dag_run) == {"wait": "failed"}
     assert f"the sensor's timeout ({DEADLINE} s) passed during a poke's decision" in capsys.readouterr().out
+
+
+def test_a_poking_sensors_timeout_counts_from_its_first_poke(
+    airflow_db: None,
+    gateway: Callable[..., HostileGateway],
+    connect: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Any,
+) -> None:
+    """Pokes that decide nothing (the file is missing) count: the first decide, once the file has
+    content, gets what is left of the timeout, not all of it."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from tests.helpers import run_dag_while, task_states
+
+    connect(gateway(deaf_after_ack))
+    log = tmp_path / "job.log"
+    timeout = 6.0
+    with DAG("hostile_poke_clock", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait",
+            systemzero_conn_id=CONN_ID,
+            model="sz-test",
+            question="ready",
+            instructions="Is the job ready?",
+            source={"type": "file", "path": str(log)},
+            deferrable=False,
+            mode="poke",
+            poke_interval=0.1,
+            timeout=timeout,
+        )
+
+    def write_when_poked() -> None:
+        from tests.helpers import wait_until
+
+        # the sensor pokes the missing file (its clock runs), then the file gets content
+        wait_until(lambda: "the next poke reads it again" in capsys.readouterr().out, timeout=60)
+        time.sleep(timeout / 2)
+        log.write_text("Job is ready.\n")
+
+    dag_run = run_dag_while(dag, write_when_poked)
+    assert task_states(dag_run) == {"wait": "failed"}
+    printed = capsys.readouterr().out
+    given = re.search(r"passed during a poke's decision \(no decision within ([0-9.]+) s", printed)
+    assert given is not None, printed[-2000:]
+    assert float(given.group(1)) < timeout * 0.75  # what was left (about half), not the whole timeout
 
 
 async def test_a_close_that_is_cancelled_lets_the_cancellation_through(connect: Callable[..., Any]) -> None:
