@@ -426,8 +426,10 @@ class TriggerStream:
 
     def forget_settings(self) -> None:
         """Look the connection up again for the next stream (an asset watch trying again after a
-        failure: a connection fixed meanwhile is used without a restart)."""
+        failure: a connection fixed meanwhile is used without a restart). What the trigger knew of
+        the gateway goes too: the connection may now name another, never reached."""
         self._settings = None
+        self.reached = False
 
     async def resolve_settings(self) -> None:
         """Look the connection up before the stream is built, so its session exists while it opens

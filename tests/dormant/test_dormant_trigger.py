@@ -240,3 +240,42 @@ async def test_a_loopback_gateway_restarting_while_the_trigger_is_dormant_is_wai
             async with asyncio.timeout(30):
                 event = await task
     assert event.payload["status"] == "success" and event.payload["decision"] is True
+
+
+async def test_a_connection_looked_up_again_forgets_the_gateway_it_reached(
+    rules_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An asset watch that failed looks its connection up again: when it now names a loopback
+    port where nothing listens, the stream gives up as for any gateway never reached (the watch
+    then tries again), instead of reconnecting for ever on the strength of another gateway."""
+    import socket
+
+    from airflow_provider_systemzero.stream import diagnosis
+    from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
+    from airflow_provider_systemzero.triggers.streaming import TriggerStream
+
+    monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_SECONDS", 0.5)
+    monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_ATTEMPTS", 2)
+    stream = TriggerStream(helpers.TRIGGER_CONN_ID, helpers.TRIGGER_REQUEST, key_namespace="sz-forgets")
+    async with helpers.loopback_emulator(rules_file, monkeypatch):  # the gateway it reaches
+        await stream.resolve_settings()
+        async with stream.opened("waiting\n", decision_mode="on_change"):
+            pass
+    assert stream.reached
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{helpers.TRIGGER_CONN_ID.upper()}",
+        json.dumps({"conn_type": "systemzero", "host": f"ws://127.0.0.1:{closed}", "password": "demo"}),
+    )
+    stream.forget_settings()
+    await stream.resolve_settings()
+    try:
+        with pytest.raises(GatewayUnreachable):
+            async with asyncio.timeout(10):  # twenty times the give-up point
+                async with stream.opened("waiting\n", decision_mode="on_change"):
+                    pass
+    finally:
+        await stream.aclose()
