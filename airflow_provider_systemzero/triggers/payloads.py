@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["FINAL_ERROR_TYPES", "error_payload", "owned_event", "task_failure"]
 
 #: Error types that retrying cannot fix: the same request is refused the same way again.
-FINAL_ERROR_TYPES = frozenset({"authentication", "validation", "configuration"})
+FINAL_ERROR_TYPES = frozenset({"authentication", "validation", "configuration", "stream_rejected"})
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -29,6 +29,7 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
         AuthenticationFailed,
         DeadlineExceeded,
         DecisionFailed,
+        StreamRejected,
         SystemZeroError,
         UpgradeRefused,
     )
@@ -53,7 +54,12 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
             retryable=exc.retryable,
         )
     elif isinstance(exc, UpgradeRefused):
-        payload.update(error_type="upgrade_refused", http_status=exc.status)
+        code = exc.envelope.code if exc.envelope is not None else None
+        payload.update(
+            error_type="upgrade_refused", http_status=exc.status, retryable=exc.retryable, code=code
+        )
+    elif isinstance(exc, StreamRejected):
+        payload.update(error_type="stream_rejected", code=exc.code)
     elif isinstance(exc, SystemZeroError):
         payload["error_type"] = "stream_failed"
     elif type(exc).__name__ == "AirflowNotFoundException":
@@ -84,8 +90,9 @@ def owned_event(task_id: str, event: Any, accepted: Collection[str]) -> dict[str
 
 def task_failure(task_id: str, event: WatchEvent, *, fix: str = "") -> Exception:
     """The exception a task raises for a failed decision: ``AirflowFailException`` (no retry)
-    when retrying cannot help — an authentication, validation or configuration error, or a
-    client error (4xx) the gateway did not call retryable —, else ``AirflowException``, which
+    when retrying cannot help — an authentication, validation or configuration error, a state
+    the gateway rejected, an upgrade refused for good (a redirect, a 4xx but 429), or a
+    decision's client error (4xx) the gateway did not call retryable —, else ``AirflowException``, which
     Airflow's retries act on (a retry replays the same keys, so a decision the service did
     finish is returned, not billed again).
 
@@ -97,11 +104,15 @@ def task_failure(task_id: str, event: WatchEvent, *, fix: str = "") -> Exception
 
     message = f"{task_id}: {event.message or 'the decision failed'}{fix}"
     status = event.http_status
-    final = event.error_type in FINAL_ERROR_TYPES or (
-        event.error_type == "decision_failed"
-        and not event.retryable
-        and status is not None
-        and 400 <= status < 500
+    final = (
+        event.error_type in FINAL_ERROR_TYPES
+        or (event.error_type == "upgrade_refused" and not event.retryable)
+        or (
+            event.error_type == "decision_failed"
+            and not event.retryable
+            and status is not None
+            and 400 <= status < 500
+        )
     )
     if event.error_type == "decision_failed":
         retry = "not retryable" if final else "Airflow retries apply"

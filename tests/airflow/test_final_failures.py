@@ -99,6 +99,23 @@ def test_a_wrong_key_fails_at_once(emulator: Any, name: str, tmp_path: Path) -> 
     assert task_tries(dag_run)["decide"] == 1
 
 
+@pytest.mark.parametrize("name", ["operator, deferred", "sensor, poking"])
+def test_an_upgrade_refused_for_good_fails_at_once(
+    emulator: Any, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a 400 on the upgrade: the client does not retry it, and neither does Airflow
+    emulator.call(
+        lambda emu: emu.faults.refuse_upgrades(2, status=400, code="invalid_request", retry_after_s=None)
+    )
+    try:
+        dag_run = _run(name + " upgrade refused", TASKS[name], CONN, tmp_path)
+    finally:
+        emulator.call(lambda emu: emu.faults.clear())
+    assert task_states(dag_run) == {"decide": "failed"}
+    assert task_tries(dag_run)["decide"] == 1
+    assert "refused the stream upgrade with HTTP 400" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", ["operator, on the worker", "sensor, poking"])
 def test_a_server_error_is_left_to_airflows_retries(emulator: Any, name: str, tmp_path: Path) -> None:
     # one failure the gateway does not call retryable, with a server's status: the next try decides
