@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the 3.3 homes; at run time ``__getattr__`` below picks the 
         AirflowNotFoundException,
         AirflowSensorTimeout,
         AirflowSkipException,
+        AirflowTaskTimeout,
     )
     from airflow.sdk.observability import stats
 
@@ -51,6 +52,7 @@ __all__ = [
     "AirflowNotFoundException",
     "AirflowSensorTimeout",
     "AirflowSkipException",
+    "AirflowTaskTimeout",
     "BranchMixIn",
     "KeywordParameters",
     "SkipMixin",
@@ -76,6 +78,7 @@ _MOVED: dict[str, tuple[str | tuple[str, str | None], ...]] = {
     "AirflowNotFoundException": _SDK_EXCEPTIONS,
     "AirflowSensorTimeout": _SDK_EXCEPTIONS,
     "AirflowSkipException": _SDK_EXCEPTIONS,
+    "AirflowTaskTimeout": _SDK_EXCEPTIONS,
     "BranchMixIn": ("airflow.sdk", "airflow.providers.standard.operators.branch"),
     "SkipMixin": ("airflow.sdk", "airflow.providers.standard.utils.skipmixin"),
     "KeywordParameters": ("airflow.sdk.bases.decorator", "airflow.utils.operator_helpers"),

@@ -325,9 +325,10 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
 
 
 def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
-    """The sensor's ``timeout`` as a ``timedelta``."""
-    timeout = sensor.timeout
-    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+    """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
+    when that is shorter (Airflow applies it only to the time on a worker)."""
+    bounds = [b for b in (in_seconds(sensor.timeout), in_seconds(sensor.execution_timeout)) if b is not None]
+    return timedelta(seconds=min(bounds))
 
 
 def deadline_of(sensor: SystemZeroDecisionSensor) -> float | None:

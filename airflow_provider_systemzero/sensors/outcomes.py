@@ -20,10 +20,12 @@ from airflow_provider_systemzero.compat import (
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
+    AirflowTaskTimeout,
 )
 from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
 from airflow_provider_systemzero.sensors.inputs import build_inputs, source_name
 from airflow_provider_systemzero.triggers.payloads import task_failure
+from airflow_provider_systemzero.utils.deadlines import bound_by_execution_timeout
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
@@ -133,5 +135,8 @@ def end_without_decision(sensor: SystemZeroDecisionSensor, context: Context, eve
         sensor._push_record(context, record)
         if sensor.soft_fail:
             raise AirflowSkipException(message)
+        if bound_by_execution_timeout(sensor, sensor.timeout):
+            # the wait was cut by execution_timeout, as Airflow would cut a running task: retried
+            raise AirflowTaskTimeout(f"{message} (the task's execution_timeout)")
         raise AirflowSensorTimeout(message)
     raise task_failure(sensor.task_id, event, fix=fix)

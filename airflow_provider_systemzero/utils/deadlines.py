@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["DEFER_GRACE", "deadline_in", "defer_timeout", "in_seconds"]
+__all__ = ["DEFER_GRACE", "bound_by_execution_timeout", "deadline_in", "defer_timeout", "in_seconds"]
 
 #: How much longer than the trigger's deadline Airflow lets the deferral last.
 DEFER_GRACE = timedelta(seconds=60)
@@ -40,6 +40,14 @@ def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
         b for b in (in_seconds(wait), in_seconds(getattr(task, "execution_timeout", None))) if b is not None
     ]
     return time.time() + min(bounds) if bounds else None
+
+
+def bound_by_execution_timeout(task: Any, wait: float | timedelta | None) -> bool:
+    """Whether the task's ``execution_timeout``, not its own bound ``wait``, set the deadline of
+    :func:`deadline_in` (a timeout then is Airflow's own kind: ``AirflowTaskTimeout``, retried)."""
+    limit = in_seconds(getattr(task, "execution_timeout", None))
+    own = in_seconds(wait)
+    return limit is not None and (own is None or limit < own)
 
 
 def defer_timeout(deadline: float | None) -> timedelta | None:

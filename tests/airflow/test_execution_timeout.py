@@ -19,7 +19,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, xcoms_of
+from tests.helpers import READY_RULES, file_sensor, rules_emulator, run_dag, task_states, task_tries, xcoms_of
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 CONN = "systemzero_exec_timeout"
@@ -60,10 +60,20 @@ def test_a_deferred_sensor_waits_no_longer_than_its_execution_timeout(emulator: 
     log = tmp_path / "job.log"
     log.write_text("Job is ready.\n")
     with DAG("exec_timeout_sensor", schedule=None, start_date=START) as dag:
-        file_sensor(log, CONN, timeout=600, execution_timeout=timedelta(seconds=BOUND))
+        file_sensor(
+            log,
+            CONN,
+            timeout=600,
+            execution_timeout=timedelta(seconds=BOUND),
+            retries=1,
+            retry_delay=timedelta(seconds=0),
+        )
     started = time.monotonic()
     dag_run = run_dag(dag)
-    assert time.monotonic() - started < HELD
+    assert time.monotonic() - started < 2 * HELD
     assert task_states(dag_run) == {"wait": "failed"}
+    # cut by execution_timeout, as Airflow cuts a running task (AirflowTaskTimeout): retried, where
+    # the sensor's own timeout (AirflowSensorTimeout) is not
+    assert task_tries(dag_run)["wait"] == 2
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
     assert record["effect"]["timed_out"] is True  # the sensor's own timeout record, with its cause

@@ -87,6 +87,16 @@ def test_start_trigger_args_are_built_at_parse_time() -> None:
 
 
 @needs_trigger_templates
+def test_a_shorter_execution_timeout_bounds_the_trigger_too() -> None:
+    # Airflow applies execution_timeout only to the time on a worker; a sensor started in the
+    # triggerer has no worker time at all until the decision
+    with DAG("sft_exec_timeout", schedule=None, start_date=START):
+        sensor = _sensor(execution_timeout=timedelta(seconds=30))
+    assert sensor.start_trigger_args is not None
+    assert sensor.start_trigger_args.timeout == timedelta(seconds=30)
+
+
+@needs_trigger_templates
 def test_serialized_dag_keeps_start_from_trigger() -> None:
     from airflow.serialization.serialized_objects import BaseSerialization
 
