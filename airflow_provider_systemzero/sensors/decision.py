@@ -35,7 +35,6 @@ from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrig
 from airflow_provider_systemzero.utils.checks import (
     check_connection_before_deferring,
     parse_time,
-    template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import defer_timeout, in_seconds
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
@@ -193,8 +192,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.min_interval_ms, self.max_staleness = sz_inputs.pacing(min_interval_ms, max_staleness)
             self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
-            self._state_template, self._poke_watch = template_of(state), PokeWatch()
-            self._path_template = template_of(source.get("path")) if isinstance(source, dict) else None
+            self._templates, self._poke_watch = sz_inputs.templates_of(state, source), PokeWatch()
             sz_inputs.check_literals(self)
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 

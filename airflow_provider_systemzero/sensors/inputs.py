@@ -42,6 +42,7 @@ from airflow_provider_systemzero.utils.checks import (
     parse_time,
     refuse_empty_state,
     refuse_rendered_none,
+    template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds
 
@@ -174,10 +175,14 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
         condition.check_questions(request["questions"])
         validate_decision_mode(sensor.decision_mode)
         if running and isinstance(sensor.source, dict):
-            refuse_rendered_none(sensor.source.get("path"), sensor._path_template, field="source.path")
+            refuse_rendered_none(
+                sensor.source.get("path"), sensor._templates["source.path"], field="source.path"
+            )
         source = checked_source(sensor, request)
         if running and is_static(source):
-            refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty, template=sensor._state_template)
+            refuse_empty_state(
+                sensor.state, allow_empty=sensor.allow_empty, template=sensor._templates["state"]
+            )
     except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
     return request, condition, source
@@ -322,6 +327,15 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
     """Whether ``decision`` is the answer the sensor waits for (``True`` is not ``1``)."""
     wanted = sensor.expect if isinstance(sensor.expect, list) else [sensor.expect]
     return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
+
+
+def templates_of(state: Any, source: Any) -> dict[str, str | None]:
+    """The templates ``state`` and the source's path are rendered from (``None``: a literal), kept
+    so that a value rendered as the text ``'None'`` is named with its template when the task runs."""
+    return {
+        "state": template_of(state),
+        "source.path": template_of(source.get("path")) if isinstance(source, dict) else None,
+    }
 
 
 def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
