@@ -144,6 +144,29 @@ async def test_the_sensor_triggers_timeout_comes_at_its_deadline(
         await trigger.cleanup()
 
 
+def poking_dag(dag_id: str, timeout: float, **kwargs: Any) -> Any:
+    """A Dag of one poking sensor (task ``wait``, every 0.1 s) on the hostile gateway's connection."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+    with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait",
+            systemzero_conn_id=CONN_ID,
+            model="sz-test",
+            question="ready",
+            instructions="Is the job ready?",
+            deferrable=False,
+            mode="poke",
+            poke_interval=0.1,
+            timeout=timeout,
+            **kwargs,
+        )
+    return dag
+
+
 def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
     airflow_db: None,
     gateway: Callable[..., HostileGateway],
@@ -153,29 +176,10 @@ def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(
     """Airflow checks a sensor's timeout between pokes; a poke's decide that the gateway never
     answers ends by the sensor's timeout too (not the hook's 10-minute default), as a timeout
     (``AirflowSensorTimeout``, which ``soft_fail`` would turn into a skip)."""
-    import pendulum
-    from airflow.sdk import DAG
-
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
     from tests.helpers import run_dag, task_states
 
     connect(gateway(deaf_after_ack))
-    with DAG(
-        "hostile_poke_timeout", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")
-    ) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            systemzero_conn_id=CONN_ID,
-            model="sz-test",
-            question="ready",
-            instructions="Is the job ready?",
-            state="log\n",
-            wait_on_static_state=True,
-            deferrable=False,
-            mode="poke",
-            poke_interval=0.1,
-            timeout=DEADLINE,
-        )
+    dag = poking_dag("hostile_poke_timeout", DEADLINE, state="log\n", wait_on_static_state=True)
     started = time.monotonic()
     dag_run = run_dag(dag)
     assert time.monotonic() - started < 60  # dag.test()'s own start-up included; not 600 s
@@ -192,28 +196,12 @@ def test_a_poking_sensors_timeout_counts_from_its_first_poke(
 ) -> None:
     """Pokes that decide nothing (the file is missing) count: the first decide, once the file has
     content, gets what is left of the timeout, not all of it."""
-    import pendulum
-    from airflow.sdk import DAG
-
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
     from tests.helpers import run_dag_while, task_states
 
     connect(gateway(deaf_after_ack))
     log = tmp_path / "job.log"
     timeout = 6.0
-    with DAG("hostile_poke_clock", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            systemzero_conn_id=CONN_ID,
-            model="sz-test",
-            question="ready",
-            instructions="Is the job ready?",
-            source={"type": "file", "path": str(log)},
-            deferrable=False,
-            mode="poke",
-            poke_interval=0.1,
-            timeout=timeout,
-        )
+    dag = poking_dag("hostile_poke_clock", timeout, source={"type": "file", "path": str(log)})
 
     def write_when_poked() -> None:
         from tests.helpers import wait_until
