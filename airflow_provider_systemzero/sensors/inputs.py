@@ -44,7 +44,7 @@ from airflow_provider_systemzero.utils.checks import (
     refuse_rendered_none,
     template_of,
 )
-from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds
+from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds, wait_bound
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -341,8 +341,9 @@ def templates_of(state: Any, source: Any) -> dict[str, str | None]:
 def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
     """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
     when that is shorter (Airflow applies it only to the time on a worker)."""
-    bounds = [b for b in (in_seconds(sensor.timeout), in_seconds(sensor.execution_timeout)) if b is not None]
-    return timedelta(seconds=min(bounds))
+    bound = wait_bound(sensor, sensor.timeout)
+    assert bound is not None  # a sensor always has a timeout (Airflow's default: 7 days)
+    return timedelta(seconds=bound)
 
 
 def deadline_of(sensor: SystemZeroDecisionSensor) -> float | None:

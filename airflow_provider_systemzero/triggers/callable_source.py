@@ -103,9 +103,10 @@ class CallableSource(StateSource):
     at once, and never keeps another trigger or the process's exit waiting. An async generator
     that fails is called again.
 
-    A dormant trigger on an async generator awaits the generator's next value itself
-    (:meth:`next_change` is the generator's own ``anext()``): all the source adds to what the
-    author's generator keeps is this object.
+    An async generator's next value is read by one task of the source's, which every reader waits
+    for shielded (a stream's feeder, a dormant trigger through :meth:`next_change`): a reader
+    that stops waiting never cancels the author's generator, which is called once for the
+    trigger's life unless it fails or ends.
 
     :param function: the callable.
     :param kwargs: keyword arguments for it (plain JSON).
@@ -140,8 +141,8 @@ class CallableSource(StateSource):
         #: the generator returned: the state stays as it is until the function is called again
         #: (by :meth:`current`, as the next wait or stream begins)
         self._ended = False
-        #: the generator's next value, read by a task of the source's while a stream's feeder
-        #: waits for it (:meth:`_read_ahead`); a feeder that stops waiting leaves it running
+        #: the generator's next value, read by a task of the source's that every reader waits for
+        #: shielded (:meth:`_read_ahead`); a reader that stops waiting leaves it running
         self._pending: asyncio.Task[Any] | None = None
 
     def _checked(self, value: Any) -> Any:
@@ -198,29 +199,24 @@ class CallableSource(StateSource):
             self._generator = generator = None
         return generator
 
-    def _anext(self) -> Awaitable[Any]:
-        """The generator's next value, as the generator's own awaitable (called first, or once the
-        generator finished, the function is called): awaited where it is needed, it adds no
-        coroutine frame to a waiting trigger."""
-        generator = self._live()
-        if generator is None:
-            generator = self._generator = self.function(**self.kwargs)
-            self._ended = False
-        return anext(generator)
-
     def _read_ahead(self) -> asyncio.Task[Any]:
-        """The generator's next value, read by a task of the source's own. A stream's feeder waits
-        for it shielded: a stream given back while the generator has no new value cancels the
-        feeder, not the read, so the generator keeps its place (and whatever it built up) and is
-        never called again because of leasing; the dormant trigger then waits for the same read
-        (:meth:`next_change`)."""
+        """The generator's next value, read by a task of the source's own, which every reader (a
+        stream's feeder, a dormant wait, :meth:`current`) waits for shielded: a stream given back,
+        or a timer, cancels the reader, not the read, so the generator keeps its place (and
+        whatever it built up) and is never called again because of leasing."""
         pending = self._pending
         if pending is None:
             pending = self._pending = asyncio.ensure_future(self._read_next())
         return pending
 
     async def _read_next(self) -> Any:
-        return await self._anext()
+        """The read itself: the generator's next value (called first, or once the generator
+        finished, the function is called)."""
+        generator = self._live()
+        if generator is None:
+            generator = self._generator = self.function(**self.kwargs)
+            self._ended = False
+        return await anext(generator)
 
     def _read_done(self) -> None:
         """The read ahead, if any, has been taken (its value or its error)."""
@@ -238,18 +234,15 @@ class CallableSource(StateSource):
         """The generator's next value, through the read ahead (:meth:`_read_ahead`). A reader
         cancelled while it waits leaves the read, and its value or its error, to the next reader;
         a read that failed or ended closes the generator (the next value calls the function)."""
-        pending = self._read_ahead()
         try:
-            value = await asyncio.shield(pending)
+            value = await asyncio.shield(self._read_ahead())
         except asyncio.CancelledError:
             raise  # this reader was cancelled: the read goes on, untouched
         except BaseException:
-            if self._pending is pending:
-                self._pending = None
+            self._read_done()
             await self._drop_generator()
             raise
-        if self._pending is pending:
-            self._pending = None
+        self._read_done()
         return value
 
     async def _value(self, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -322,7 +315,8 @@ class CallableSource(StateSource):
         return self._checked(asyncio.run(value) if inspect.iscoroutine(value) else value)
 
     def next_change(self) -> Awaitable[Any]:
-        """The generator's own next value (a sync or ``async def`` function: polled)."""
+        """The generator's next value, through the read ahead (a sync or ``async def`` function:
+        polled)."""
         if not self._push:
             return super().next_change()
         if self._ended:

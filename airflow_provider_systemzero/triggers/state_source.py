@@ -5,9 +5,10 @@ See :mod:`~airflow_provider_systemzero.triggers.sources` for how a source is des
 A source is read two ways. While a trigger holds a stream, :meth:`StateSource.changes` yields each
 new state to the stream's feeder. While it holds none (dormant), the trigger awaits
 :meth:`StateSource.next_change` itself, one awaitable at a time, and hands what it gives to
-:meth:`StateSource.taken` (or an error to :meth:`StateSource.failed`): no iterator, task or
-coroutine of the source stays between the trigger and the source's own wait — a push source's
-generator, a file's notification future — so a waiting trigger keeps as few objects as the
+:meth:`StateSource.taken` (or an error to :meth:`StateSource.failed`): no iterator or
+coroutine of the provider's stays between the trigger and the source's own wait — a file's
+notification future, a push generator's one read (a task of its own, so that no waiter's
+cancellation reaches the author's generator) — so a waiting trigger keeps as few objects as the
 source needs.
 """
 
@@ -60,8 +61,8 @@ class StateSource:
         new state (its value goes to :meth:`taken`, an exception to :meth:`failed`).
 
         Called, not awaited, by the trigger: a source that can hands out its own wait (a push
-        generator's next value, a notification future), so nothing of the provider's sits between
-        the waiting trigger and the source. The state it leads to may equal the last one. This
+        generator's read, a notification future), so nothing of the provider's sits between the
+        waiting trigger and the source. The state it leads to may equal the last one. This
         default polls: ``poll_interval`` seconds, then :meth:`current`.
         """
         return self._polled()

@@ -16,7 +16,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["DEFER_GRACE", "bound_by_execution_timeout", "deadline_in", "defer_timeout", "in_seconds"]
+__all__ = [
+    "DEFER_GRACE",
+    "bound_by_execution_timeout",
+    "deadline_in",
+    "defer_timeout",
+    "in_seconds",
+    "wait_bound",
+]
 
 #: How much longer than the trigger's deadline Airflow lets the deferral last.
 DEFER_GRACE = timedelta(seconds=60)
@@ -29,9 +36,9 @@ def in_seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
-    """The deadline (epoch seconds) of a wait of ``wait`` that starts now, no later than the
-    task's ``execution_timeout`` allows (``None``: neither bounds it).
+def wait_bound(task: Any, wait: float | timedelta | None) -> float | None:
+    """Seconds a wait of ``wait`` may last: the shorter of ``wait`` and the task's
+    ``execution_timeout`` (``None``: neither bounds it).
 
     :param task: the deferring task (its ``execution_timeout``, if any).
     :param wait: the task's own bound (``decision_timeout``, the sensor's ``timeout``).
@@ -39,15 +46,20 @@ def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
     bounds = [
         b for b in (in_seconds(wait), in_seconds(getattr(task, "execution_timeout", None))) if b is not None
     ]
-    return time.time() + min(bounds) if bounds else None
+    return min(bounds) if bounds else None
+
+
+def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
+    """The deadline (epoch seconds) of a wait that starts now (:func:`wait_bound`)."""
+    bound = wait_bound(task, wait)
+    return None if bound is None else time.time() + bound
 
 
 def bound_by_execution_timeout(task: Any, wait: float | timedelta | None) -> bool:
-    """Whether the task's ``execution_timeout``, not its own bound ``wait``, set the deadline of
-    :func:`deadline_in` (a timeout then is Airflow's own kind: ``AirflowTaskTimeout``, retried)."""
-    limit = in_seconds(getattr(task, "execution_timeout", None))
+    """Whether the task's ``execution_timeout``, not its own bound ``wait``, set :func:`wait_bound`
+    (a timeout then is Airflow's own kind: ``AirflowTaskTimeout``, retried)."""
     own = in_seconds(wait)
-    return limit is not None and (own is None or limit < own)
+    return wait_bound(task, wait) != own
 
 
 def defer_timeout(deadline: float | None) -> timedelta | None:
