@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -65,7 +66,10 @@ async def test_other_path_is_404(emu: Emulator) -> None:
 
 
 async def test_account_capacity_is_half_of_max_concurrent() -> None:
-    async with Emulator(api_keys={"demo": 8, "small": 3}, limits=FAST) as emu:
+    # The streams here never send a start: FAST's 300 ms start timeout would close them under a
+    # loaded machine before the counts are read, so this test waits for starts longer.
+    patient = dataclasses.replace(FAST, start_timeout_ms=30_000, idle_timeout_ms=30_000)
+    async with Emulator(api_keys={"demo": 8, "small": 3}, limits=patient) as emu:
         small = {"additional_headers": {"Authorization": "Bearer small"}}
         async with stream(emu, key="small"):
             status, headers, body = await refused(emu.url, **small)
