@@ -217,6 +217,13 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
     rest of the condition is checked about a stand-in question.
     """
     check_hysteresis(sensor)
+    if not sensor.deferrable and in_seconds(sensor.poke_interval) == 0:
+        # each poke opens a stream and asks a decision: no pause between them hammers the gateway
+        raise ValueError(
+            f"{sensor.task_id}: poke_interval=0 would open a stream and ask a decision in a tight "
+            "loop: pass the seconds between pokes (e.g. poke_interval=60), or deferrable=True to be "
+            "told of each change as it happens"
+        )
     if sensor.deferrable and in_seconds(sensor.timeout) == 0:
         raise ValueError(
             f"{sensor.task_id}: timeout=0 leaves a deferred sensor no time to decide (its deadline "

@@ -130,6 +130,11 @@ def test_a_templated_question_is_checked_when_the_task_runs(
         ({"decide_initial": False}, "t: decide_initial=False with no source"),
         ({"timeout": 0, "deferrable": True}, "t: timeout=0 leaves a deferred sensor no time to decide"),
         (
+            {"poke_interval": 0, "deferrable": False},
+            "t: poke_interval=0 would open a stream and ask a decision in a tight loop: pass the "
+            "seconds between pokes",
+        ),
+        (
             {"decide_initial": False, "source": {"type": "static"}},
             "t: decide_initial=False with a static source: the state never changes",
         ),
