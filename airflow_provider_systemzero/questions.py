@@ -37,7 +37,9 @@ def normalise_questions(
 
     :param questions: ``{name: text | question dict}``.
     :param instructions: optional ``{name: text}`` overriding instructions.
-    :raises SystemZeroArgumentError: naming the field.
+    :raises SystemZeroArgumentError: a question's form is wrong (naming the field).
+    :raises LocalProtocolError: a question breaks a rule of the wire, e.g. its name (naming the
+        field); both are ``ValueError`` and :data:`~airflow_provider_systemzero.exceptions.ARGUMENT_ERRORS`.
     """
     if not isinstance(questions, Mapping) or not questions:
         # a template renders to text unless the Dag renders templates as native objects
@@ -101,7 +103,8 @@ def build_request_dict(
 ) -> dict[str, Any]:
     """The plain-JSON request a trigger carries (``model`` ``None`` means the connection's default).
 
-    :raises SystemZeroArgumentError: naming the first invalid field.
+    :raises SystemZeroArgumentError: naming the first invalid field (``LocalProtocolError`` for a
+        wire rule, as :func:`normalise_questions`).
     """
     wire = normalise_questions(questions, instructions)
     StreamRequest.build(
@@ -130,11 +133,17 @@ def validate_state_for_request(
     *,
     limits: Limits | None = None,
     field: str = "state",
+    too_large: str | None = None,
 ) -> int:
     """Check a state (and attachments) against the request: JSON, kind, and the decide-body limit.
 
+    :param field: what the state is called in the messages (the argument that holds it).
+    :param too_large: the fix a body over the limit is told (where the state came from decides it;
+        by default: send less).
+
     :return: the decide body's size in bytes (what a budget's token estimate reads).
-    :raises SystemZeroArgumentError: naming the field.
+    :raises SystemZeroArgumentError: naming the field (``LocalProtocolError`` for a wire rule of
+        the state or attachments).
     """
     validate_state(state, field=field)
     try:
@@ -154,9 +163,12 @@ def validate_state_for_request(
     )
     size = len(built.decide_body(state, tuple(attachments)).encode("utf-8"))
     if size > limits.max_decide_body_bytes:
+        if too_large is None:
+            too_large = "send less (a summary, the last part of a log)"
+            too_large += " or smaller attachments" if attachments else ""
         raise SystemZeroArgumentError(
             f"{field} makes the decide body {size} bytes: the body may not exceed "
-            f"max_decide_body_bytes ({limits.max_decide_body_bytes})",
+            f"max_decide_body_bytes ({limits.max_decide_body_bytes}): {too_large}",
             code="decide_body_too_large",
             field=field,
         )

@@ -434,16 +434,19 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             # when it runs: a template may fill it
             refuse_empty_state(state, allow_empty=self.allow_empty, template=self._state_template)
             attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
-            body_bytes = validate_state_for_request(request, state, attachments, field=self._state_name())
-        except ARGUMENT_ERRORS as exc:
-            fix = ""
-            if exc.code == "decide_body_too_large":
-                fix = (
-                    ": return less from those tasks (a summary, the last part)"
+            body_bytes = validate_state_for_request(
+                request,
+                state,
+                attachments,
+                field=self._state_name(),
+                **(
+                    {"too_large": "return less from those tasks (a summary, the last part)"}
                     if self.replay_task_ids
-                    else ": send less (a summary, the last part of a log) or smaller attachments"
-                )
-            raise AirflowFailException(f"{self.task_id}: {exc}{fix}") from None
+                    else {}
+                ),
+            )
+        except ARGUMENT_ERRORS as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
         namespace = context_namespace(context, salt=self.key_salt)
         return request, state, attachments, namespace, body_bytes
 

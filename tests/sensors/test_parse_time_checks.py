@@ -127,6 +127,11 @@ def test_a_templated_question_is_checked_when_the_task_runs(
             "t: debounce_ms must be a whole number of milliseconds from 0 to 3600000 or None, got int -1",
         ),
         ({"decide_initial": "no"}, "t: decide_initial must be True or False, got 'no'"),
+        (
+            {"state": "x" * 3_700_000},
+            "t: state makes the decide body 3700206 bytes: the body may not exceed max_decide_body_bytes "
+            "(3665920): send less (a summary, the last part of a log)",
+        ),
         ({"decide_initial": False}, "t: decide_initial=False with no source"),
         ({"timeout": 0, "deferrable": True}, "t: timeout=0 leaves a deferred sensor no time to decide"),
         (
