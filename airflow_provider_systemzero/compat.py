@@ -202,6 +202,16 @@ def legacy_ui_field_behaviour() -> dict[str, Any]:
     }
 
 
+def _above(bound: float, error: type[Exception]) -> Any:
+    """A WTForms validator for a JSON schema's ``exclusiveMinimum`` (``NumberRange`` is inclusive)."""
+
+    def check(form: Any, field: Any) -> None:
+        if field.data is not None and field.data <= bound:
+            raise error(f"Must be more than {bound:g}.")
+
+    return check
+
+
 def legacy_form_widgets() -> dict[str, Any]:
     """The connection form's extra fields as the WTForms widgets Airflow 3.1 asks hooks for.
 
@@ -215,8 +225,8 @@ def legacy_form_widgets() -> dict[str, Any]:
     try:
         from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
         from flask_babel import lazy_gettext
-        from wtforms import IntegerField, StringField
-        from wtforms.validators import NumberRange, Optional
+        from wtforms import FloatField, IntegerField, StringField
+        from wtforms.validators import NumberRange, Optional, ValidationError
     except ImportError:
         return {}
     widgets: dict[str, Any] = {}
@@ -231,10 +241,13 @@ def legacy_form_widgets() -> dict[str, Any]:
         if "default" in schema:
             options["default"] = schema["default"]
         if "integer" in kinds or "number" in kinds:
-            validators = [Optional()]
+            validators: list[Any] = [Optional()]
             if "minimum" in schema:
                 validators.append(NumberRange(min=schema["minimum"]))
-            widgets[name] = IntegerField(lazy_gettext(field["label"]), validators=validators, **options)
+            if "exclusiveMinimum" in schema:
+                validators.append(_above(schema["exclusiveMinimum"], ValidationError))
+            kind = IntegerField if "number" not in kinds else FloatField
+            widgets[name] = kind(lazy_gettext(field["label"]), validators=validators, **options)
         else:
             widgets[name] = StringField(lazy_gettext(field["label"]), validators=[Optional()], **options)
     return widgets

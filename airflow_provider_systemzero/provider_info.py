@@ -67,7 +67,7 @@ def get_provider_info() -> dict[str, Any]:
                     "open_timeout": {
                         "label": "Open timeout (s)",
                         "description": "Seconds allowed for the TCP, TLS and WebSocket opening handshake.",
-                        "schema": {"type": ["number", "null"], "minimum": 1, "default": 10},
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 10},
                     },
                     "ca_bundle": {
                         "label": "CA bundle",
@@ -84,6 +84,22 @@ def get_provider_info() -> dict[str, Any]:
                             "variables are not used unless set here."
                         ),
                         "schema": {"type": ["string", "null"]},
+                    },
+                    "budget_decisions_per_hour": {
+                        "label": "Decisions per hour (cap)",
+                        "description": (
+                            "Billed decisions allowed per hour on this connection in each process "
+                            "(worker or triggerer); 0 allows none. Empty: no cap."
+                        ),
+                        "schema": {"type": ["integer", "null"], "minimum": 0},
+                    },
+                    "budget_input_tokens_per_hour": {
+                        "label": "Input tokens per hour (cap)",
+                        "description": (
+                            "Input tokens allowed per hour on this connection in each process "
+                            "(worker or triggerer); 0 allows none. Empty: no cap."
+                        ),
+                        "schema": {"type": ["integer", "null"], "minimum": 0},
                     },
                 },
             }

@@ -66,8 +66,9 @@ def test_the_connection_form_is_complete_on_this_airflow() -> None:
         assert extra[name]["schema"]["title"] == field["label"], name
     assert extra["open_timeout"]["value"] == 10
     # Only the declarative path carries the schema's bounds: 3.2+ must not fall back to the hook.
-    declared = CONNECTION["conn-fields"]["open_timeout"]["schema"]["minimum"]
-    assert (extra["open_timeout"]["schema"].get("minimum") == declared) is compat.has_conn_fields()
+    declared = CONNECTION["conn-fields"]["open_timeout"]["schema"]["exclusiveMinimum"]
+    shown_bound = extra["open_timeout"]["schema"].get("exclusiveMinimum")
+    assert (shown_bound == declared) is compat.has_conn_fields()
     behaviour = CONNECTION["ui-field-behaviour"]
     standard = shown["standard_fields"]
     assert standard["host"]["title"] == behaviour["relabeling"]["host"]

@@ -77,10 +77,18 @@ def test_connection_type_declaration():
     assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"port", "login", "schema"}
     assert conn["ui-field-behaviour"]["relabeling"] == {"host": "API origin", "password": "API key"}
     fields = conn["conn-fields"]
-    assert set(fields) == {"model", "prompt_cache_key_prefix", "open_timeout", "ca_bundle", "proxy"}
+    assert set(fields) == {
+        "model",
+        "prompt_cache_key_prefix",
+        "open_timeout",
+        "ca_bundle",
+        "proxy",
+        "budget_decisions_per_hour",
+        "budget_input_tokens_per_hour",
+    }
     for name, field in fields.items():
         assert field["label"] and field["description"], name
-    assert fields["open_timeout"]["schema"]["minimum"] == 1
+    assert fields["open_timeout"]["schema"]["exclusiveMinimum"] == 0  # as the hook: any positive number
     assert fields["open_timeout"]["schema"]["default"] == 10
     # Airflow marks a field sensitive when its format is "password"; the API key lives in the
     # connection password instead, so no extra field should be sensitive.

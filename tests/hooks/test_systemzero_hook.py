@@ -133,6 +133,8 @@ def test_the_hook_matches_the_declared_connection_form() -> None:
         "open_timeout",
         "ca_bundle",
         "proxy",
+        "budget_decisions_per_hour",
+        "budget_input_tokens_per_hour",
     }
 
 

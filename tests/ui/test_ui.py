@@ -15,6 +15,7 @@ and docs/policies.md).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -106,11 +107,13 @@ def test_add_and_test_a_connection(page: Any, ui_deployment: Deployment) -> None
             ("model", "Default model", "Model ID used when a task does not name one."),
             ("open_timeout", "Open timeout (s)", "Seconds allowed for the TCP, TLS and WebSocket"),
             ("proxy", "Proxy URL", "Proxies from environment variables are not used unless set here."),
+            ("budget_decisions_per_hour", "Decisions per hour (cap)", "Billed decisions allowed per hour"),
         ):
             dialog.locator(f"input[name=element_{name}]").wait_for()
             assert label in dialog.inner_text() and help_text in dialog.inner_text()
         assert dialog.locator("input[name=element_open_timeout]").input_value() == "10"
         dialog.locator("input[name=element_model]").fill("sz-ui")
+        dialog.locator("input[name=element_budget_decisions_per_hour]").fill("500")
         _shot(page, "connection-extras")
         dialog.get_by_role("button", name="Save").click()
         dialog.wait_for(state="hidden")
@@ -118,6 +121,7 @@ def test_add_and_test_a_connection(page: Any, ui_deployment: Deployment) -> None
         stored = deployment.rest("GET", "/api/v2/connections/systemzero_ui")
         assert stored["conn_type"] == "systemzero" and stored["host"] == gateway.origin, stored
         assert stored["password"] == "***" and '"model": "sz-ui"' in stored["extra"], stored
+        assert json.loads(stored["extra"])["budget_decisions_per_hour"] == 500, stored
         assert stored["port"] is None and stored["login"] is None, stored
 
         title, text, answer = _test_button(page, deployment, "systemzero_ui")
