@@ -16,10 +16,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
 
-__all__ = ["FINAL_ERROR_TYPES", "error_payload", "owned_event", "task_failure"]
+__all__ = ["FINAL_ERROR_TYPES", "error_payload", "owned_event", "task_failure", "timeout_payload"]
 
 #: Error types that retrying cannot fix: the same request is refused the same way again.
 FINAL_ERROR_TYPES = frozenset({"authentication", "validation", "configuration", "stream_rejected"})
+
+
+def timeout_payload(message: str, **extra: Any) -> dict[str, Any]:
+    """The event of a wait whose deadline passed: ``status`` and ``error_type`` ``timeout``.
+
+    :param message: what the event says (why the wait had no decision, when known).
+    :param extra: fields every event of the trigger carries.
+    """
+    return {"status": "timeout", "error_type": "timeout", **extra, "message": message}
 
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
@@ -34,15 +43,11 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
         UpgradeRefused,
     )
 
-    payload: dict[str, Any] = {
-        "status": "error",
-        "error_type": "unexpected",
-        "message": str(exc) or repr(exc),
-        **extra,
-    }
+    message = str(exc) or repr(exc)
     if isinstance(exc, DeadlineExceeded | TimeoutError):
-        payload.update(status="timeout", error_type="timeout")
-    elif isinstance(exc, AuthenticationFailed):
+        return timeout_payload(message, **extra)
+    payload: dict[str, Any] = {"status": "error", "error_type": "unexpected", "message": message, **extra}
+    if isinstance(exc, AuthenticationFailed):
         payload["error_type"] = "authentication"
     elif isinstance(exc, ARGUMENT_ERRORS):
         payload.update(error_type="validation", field=exc.field, code=exc.code)

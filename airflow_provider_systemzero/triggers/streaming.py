@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.triggers.lease import StreamLease
 from airflow_provider_systemzero.triggers.opening import OPENINGS, Opening
-from airflow_provider_systemzero.triggers.payloads import error_payload
+from airflow_provider_systemzero.triggers.payloads import error_payload, timeout_payload
 from airflow_provider_systemzero.triggers.reading import SourceReading, retrieved
 from airflow_provider_systemzero.triggers.sources import StateSource
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
@@ -492,7 +492,7 @@ class TriggerStream:
         """
         if self.deadline is None or self.deadline - time.time() > 0:
             return None
-        return {"status": "timeout", "error_type": "timeout", **extra, "message": message}
+        return timeout_payload(message, **extra)
 
     def deadline_scope(self) -> asyncio.Timeout | None:
         """The scope of the trigger's work: a timeout at the deadline (one timer, which ends the
@@ -518,12 +518,7 @@ class TriggerStream:
         causes = [source.waiting_on() if source is not None else None, last_decision]
         last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
         causes.append(f"last error: {last}" if last else None)
-        return {
-            "status": "timeout",
-            "error_type": "timeout",
-            **extra,
-            "message": "; ".join([message, *(cause for cause in causes if cause)]),
-        }
+        return timeout_payload("; ".join([message, *(cause for cause in causes if cause)]), **extra)
 
     @staticmethod
     def failure(trigger: Any, exc: Exception, extra: dict[str, Any]) -> dict[str, Any]:
