@@ -16,7 +16,12 @@ import time
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
-from airflow_provider_systemzero.compat import AirflowFailException, AirflowSensorTimeout
+from airflow_provider_systemzero.compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    AirflowTaskTimeout,
+)
 from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
@@ -62,13 +67,28 @@ class PokeWatch:
 
     @contextlib.contextmanager
     def explaining_timeout(self) -> Iterator[None]:
-        """Around the poking: Airflow's timeout gets why the last poke did not end the wait."""
+        """Around the poking: Airflow's timeout gets why the last poke did not end the wait.
+
+        With ``soft_fail`` Airflow skips instead, saying only "Skipping due to soft_fail" for a
+        poke's failure or its own timeout text: the skip says the same as the failure would have.
+        """
         try:
             yield
         except AirflowSensorTimeout as timeout:
-            if self.last_reason is None:
-                raise
-            raise AirflowSensorTimeout(f"{timeout}; {self.last_reason}") from None
+            raise AirflowSensorTimeout(self._why(timeout)) from None
+        except AirflowSkipException as skip:
+            cause = skip.__cause__
+            if isinstance(cause, AirflowSensorTimeout | AirflowTaskTimeout | AirflowFailException):
+                raise AirflowSkipException(f"{self._why(cause)} (skipped: soft_fail)") from cause
+            if not str(skip).startswith("Sensor has timed out"):
+                raise  # a skip of the sensor's own (a static state unmet), already explained
+            raise AirflowSkipException(self._why(skip)) from None
+
+    def _why(self, ended: BaseException) -> str:
+        """``ended``'s message, with why the last poke did not end the wait after a timeout."""
+        if self.last_reason is None or isinstance(ended, AirflowFailException):
+            return str(ended)
+        return f"{ended}; {self.last_reason}"
 
     def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
         """Read the source, decide once, and say whether the wait ends.

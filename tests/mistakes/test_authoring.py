@@ -379,6 +379,28 @@ def test_a_poking_sensor_that_times_out_says_why_the_wait_did_not_end(
     assert why.format(log=str(log), host=socket.gethostname()) in printed
 
 
+def test_a_soft_failing_poking_sensor_says_why_it_skipped(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("still working\n")
+    with DAG("mistake_poke_soft_fail", schedule=None, start_date=START) as dag:
+        _sensor(
+            source={"type": "file", "path": str(log)},
+            timeout=1.5,
+            poke_interval=0.2,
+            mode="poke",
+            deferrable=False,
+            soft_fail=True,
+        )
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "skipped"}
+    printed = capsys.readouterr().out
+    # not Airflow's bare "Skipping due to soft_fail is set to True.": the timeout and its cause
+    assert "; the last decision (state version 1): ready = False, waiting for True" in printed
+    assert "Sensor has timed out" in printed or "the sensor's timeout (1.5 s) passed during a poke" in printed
+
+
 def test_a_sensor_that_times_out_on_a_missing_file_says_so(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
