@@ -143,7 +143,7 @@ class CallableSource(StateSource):
         self._ended = False
         #: the generator's next value, read by a task of the source's that every reader waits for
         #: shielded (:meth:`_read_ahead`); a reader that stops waiting leaves it running
-        self._pending: asyncio.Task[Any] | None = None
+        self._pending: asyncio.Future[Any] | None = None
 
     def _checked(self, value: Any) -> Any:
         """``value`` once it is a state; else the error names the function and the fix."""
@@ -199,24 +199,30 @@ class CallableSource(StateSource):
             self._generator = generator = None
         return generator
 
-    def _read_ahead(self) -> asyncio.Task[Any]:
+    def _read_ahead(self) -> asyncio.Future[Any]:
         """The generator's next value, read by a task of the source's own, which every reader (a
         stream's feeder, a dormant wait, :meth:`current`) waits for shielded: a stream given back,
         or a timer, cancels the reader, not the read, so the generator keeps its place (and
-        whatever it built up) and is never called again because of leasing."""
+        whatever it built up) and is never called again because of leasing.
+
+        The task runs the generator's own ``anext()`` awaitable, with no coroutine of the
+        provider's around it (one object less per waiting trigger); the function is called here
+        first, or once its generator finished, and a call that raises is a read that failed.
+        """
         pending = self._pending
         if pending is None:
-            pending = self._pending = asyncio.ensure_future(self._read_next())
+            loop = asyncio.get_running_loop()
+            generator = self._live()
+            try:
+                if generator is None:
+                    generator = self._generator = self.function(**self.kwargs)
+                    self._ended = False
+                pending = loop.create_task(anext(generator))  # type: ignore[arg-type]
+            except Exception as exc:
+                pending = loop.create_future()
+                pending.set_exception(exc)
+            self._pending = pending
         return pending
-
-    async def _read_next(self) -> Any:
-        """The read itself: the generator's next value (called first, or once the generator
-        finished, the function is called)."""
-        generator = self._live()
-        if generator is None:
-            generator = self._generator = self.function(**self.kwargs)
-            self._ended = False
-        return await anext(generator)
 
     def _read_done(self) -> None:
         """The read ahead, if any, has been taken (its value or its error)."""
@@ -314,16 +320,20 @@ class CallableSource(StateSource):
         value = self.function(**self.kwargs)
         return self._checked(asyncio.run(value) if inspect.iscoroutine(value) else value)
 
-    def next_change(self) -> Awaitable[Any]:
-        """The generator's next value, through the read ahead (a sync or ``async def`` function:
-        polled)."""
+    def next_change(self, *, kept: bool = False) -> Awaitable[Any]:
+        """The generator's next value: the read ahead itself, or with ``kept`` a shield of it (a
+        sync or ``async def`` function: polled).
+
+        Unkept, the dormant trigger awaits the read with nothing in between (a shield costs a
+        waiting trigger a dozen objects): only the trigger's end cancels that wait, and the
+        source is closed next. Kept (a wait a hysteresis timer bounds), a wait that ends without
+        a value leaves the read, and the generator's place, to the next reader.
+        """
         if not self._push:
-            return super().next_change()
+            return super().next_change(kept=kept)
         if self._ended:
             return asyncio.get_running_loop().create_future()  # the state stays as it is
-        # shielded: a wait that ends without a value (a hysteresis timer, a cancellation) leaves
-        # the read, and the generator, running for the next reader
-        return asyncio.shield(self._read_ahead())
+        return asyncio.shield(self._read_ahead()) if kept else self._read_ahead()
 
     async def taken(self, value: Any) -> Any:
         """A value the generator yielded, checked (a bad value raises :class:`LocalProtocolError`)."""

@@ -424,9 +424,10 @@ class FileSource(StateSource):
             await self._refresh()
         return self._text
 
-    def next_change(self) -> Awaitable[Any]:
+    def next_change(self, *, kept: bool = False) -> Awaitable[Any]:
         """On notifications, a future the watcher resolves (a change, or its re-check finding one);
-        polled, the next poll (``poll_interval`` seconds)."""
+        polled, the next poll (``poll_interval`` seconds). Either may be cancelled (``kept`` or not):
+        the next wait reads the file again."""
         if self.mode is None:
             self.mode = self._choose_mode()
         loop = asyncio.get_running_loop()

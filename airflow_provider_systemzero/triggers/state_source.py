@@ -56,7 +56,7 @@ class StateSource:
         a trigger would (:meth:`withheld` and :meth:`waiting_on` apply to it alike)."""
         raise NotImplementedError
 
-    def next_change(self) -> Awaitable[Any]:
+    def next_change(self, *, kept: bool = False) -> Awaitable[Any]:
         """What a dormant trigger awaits: one awaitable that completes when the source may have a
         new state (its value goes to :meth:`taken`, an exception to :meth:`failed`).
 
@@ -64,6 +64,11 @@ class StateSource:
         generator's read, a notification future), so nothing of the provider's sits between the
         waiting trigger and the source. The state it leads to may equal the last one. This
         default polls: ``poll_interval`` seconds, then :meth:`current`.
+
+        :param kept: whether the source must outlive the wait: ``False`` when only the trigger's
+            end cancels the wait (the source is closed next), ``True`` when a timer may end it
+            while the trigger goes on. A source whose wait holds what must not be lost (a push
+            generator's read) hands out a shield of it only when ``kept``.
         """
         return self._polled()
 
@@ -128,7 +133,7 @@ class StaticSource(StateSource):
         yield self.state
         await asyncio.Event().wait()  # nothing ever changes
 
-    def next_change(self) -> Awaitable[Any]:
+    def next_change(self, *, kept: bool = False) -> Awaitable[Any]:
         return asyncio.get_running_loop().create_future()  # nothing ever completes it
 
     def describe(self) -> str:

@@ -290,18 +290,20 @@ class TriggerStream:
         """
         return None if watch is None else watch.wait_time(asyncio.get_running_loop().time())
 
-    async def change(self, source: StateSource) -> Any:
+    async def change(self, source: StateSource, *, kept: bool = False) -> Any:
         """The dormant wait: the source's first state that :meth:`changed` accepts.
 
         The triggers' ``run()`` runs these same lines inline (a coroutine of its own would be one
         more object per waiting trigger, with its frame); this method is the bounded wait's body.
 
         :param source: the trigger's source.
+        :param kept: the wait may end while the trigger goes on (a timer bounds it): see
+            :meth:`StateSource.next_change`.
         """
         state = await source.current()
         while not self.changed(state, source):
             try:
-                state = await source.taken(await source.next_change())
+                state = await source.taken(await source.next_change(kept=kept))
             except Exception as exc:
                 state = await source.failed(exc)
         return state
@@ -342,7 +344,7 @@ class TriggerStream:
         timeout = asyncio.timeout(seconds)
         try:
             async with timeout:
-                return await self.change(source)
+                return await self.change(source, kept=True)
         except TimeoutError:
             if not timeout.expired():
                 raise  # the source's own

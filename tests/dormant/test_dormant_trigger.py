@@ -90,9 +90,7 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
         # the feeder left running (so the generator is not cancelled); the stream's runner,
         # reader, feeder, consumer and pump are gone
         reads = {
-            t
-            for t in asyncio.all_tasks()
-            if getattr(t.get_coro(), "__qualname__", "") == "CallableSource._read_next"
+            t for t in asyncio.all_tasks() - {task} if type(t.get_coro()).__name__ == "async_generator_asend"
         }
         assert len(reads) == 1
         assert set(asyncio.all_tasks()) - others == {task, *reads}
