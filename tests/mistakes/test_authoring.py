@@ -347,6 +347,20 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     assert await source.current() == "Job is ready.\n" and source.waiting_on() is None
 
 
+def _poking_until_timeout(dag_id: str, log: Path, **arguments: Any) -> DAG:
+    """A Dag of one poking sensor on the file ``log`` with a 1.5 s timeout."""
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        _sensor(
+            source={"type": "file", "path": str(log)},
+            timeout=1.5,
+            poke_interval=0.2,
+            mode="poke",
+            deferrable=False,
+            **arguments,
+        )
+    return dag
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
@@ -363,15 +377,7 @@ def test_a_poking_sensor_that_times_out_says_why_the_wait_did_not_end(
 ) -> None:
     log = tmp_path / "job.log"
     log.write_text(content)
-    with DAG(f"mistake_poke_timeout_{len(content)}", schedule=None, start_date=START) as dag:
-        _sensor(
-            source={"type": "file", "path": str(log)},
-            timeout=1.5,
-            poke_interval=0.2,
-            mode="poke",
-            deferrable=False,
-        )
-    dag_run = run_dag(dag)
+    dag_run = run_dag(_poking_until_timeout(f"mistake_poke_timeout_{len(content)}", log))
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
     # Airflow's check between pokes, or the deadline of a poke's decide that started late
@@ -384,16 +390,7 @@ def test_a_soft_failing_poking_sensor_says_why_it_skipped(
 ) -> None:
     log = tmp_path / "job.log"
     log.write_text("still working\n")
-    with DAG("mistake_poke_soft_fail", schedule=None, start_date=START) as dag:
-        _sensor(
-            source={"type": "file", "path": str(log)},
-            timeout=1.5,
-            poke_interval=0.2,
-            mode="poke",
-            deferrable=False,
-            soft_fail=True,
-        )
-    dag_run = run_dag(dag)
+    dag_run = run_dag(_poking_until_timeout("mistake_poke_soft_fail", log, soft_fail=True))
     assert task_states(dag_run) == {"wait": "skipped"}
     printed = capsys.readouterr().out
     # not Airflow's bare "Skipping due to soft_fail is set to True.": the timeout and its cause
