@@ -202,16 +202,6 @@ def legacy_ui_field_behaviour() -> dict[str, Any]:
     }
 
 
-def _above(bound: float, error: type[Exception]) -> Any:
-    """A WTForms validator for a JSON schema's ``exclusiveMinimum`` (``NumberRange`` is inclusive)."""
-
-    def check(form: Any, field: Any) -> None:
-        if field.data is not None and field.data <= bound:
-            raise error(f"Must be more than {bound:g}.")
-
-    return check
-
-
 def legacy_form_widgets() -> dict[str, Any]:
     """The connection form's extra fields as the WTForms widgets Airflow 3.1 asks hooks for.
 
@@ -225,8 +215,8 @@ def legacy_form_widgets() -> dict[str, Any]:
     try:
         from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
         from flask_babel import lazy_gettext
-        from wtforms import FloatField, IntegerField, StringField
-        from wtforms.validators import NumberRange, Optional, ValidationError
+        from wtforms import IntegerField, StringField
+        from wtforms.validators import NumberRange, Optional
     except ImportError:
         return {}
     widgets: dict[str, Any] = {}
@@ -241,13 +231,13 @@ def legacy_form_widgets() -> dict[str, Any]:
         if "default" in schema:
             options["default"] = schema["default"]
         if "integer" in kinds or "number" in kinds:
+            # Airflow 3.1's UI builds its form from stand-ins for StringField, IntegerField,
+            # PasswordField and BooleanField only, and reads no bound: a number is whole seconds
+            # there (a fraction can still be typed into the extra JSON).
             validators: list[Any] = [Optional()]
             if "minimum" in schema:
                 validators.append(NumberRange(min=schema["minimum"]))
-            if "exclusiveMinimum" in schema:
-                validators.append(_above(schema["exclusiveMinimum"], ValidationError))
-            kind = IntegerField if "number" not in kinds else FloatField
-            widgets[name] = kind(lazy_gettext(field["label"]), validators=validators, **options)
+            widgets[name] = IntegerField(lazy_gettext(field["label"]), validators=validators, **options)
         else:
             widgets[name] = StringField(lazy_gettext(field["label"]), validators=[Optional()], **options)
     return widgets
