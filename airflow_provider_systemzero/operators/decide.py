@@ -439,11 +439,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 state,
                 attachments,
                 field=self._state_name(),
-                **(
-                    {"too_large": "return less from those tasks (a summary, the last part)"}
-                    if self.replay_task_ids
-                    else {}
-                ),
+                too_large="return less from those tasks (a summary, the last part)"
+                if self.replay_task_ids
+                else None,  # the default fix: send less
             )
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
