@@ -103,10 +103,11 @@ class CallableSource(StateSource):
     at once, and never keeps another trigger or the process's exit waiting. An async generator
     that fails is called again.
 
-    An async generator's next value is read by one task of the source's, which every reader waits
-    for shielded (a stream's feeder, a dormant trigger through :meth:`next_change`): a reader
-    that stops waiting never cancels the author's generator, which is called once for the
-    trigger's life unless it fails or ends.
+    An async generator's next value is read by one task of the source's. A reader that may stop
+    waiting while the trigger goes on (a stream's feeder, a wait a hysteresis timer bounds) waits
+    for it shielded, so it never cancels the author's generator, which is called once for the
+    trigger's life unless it fails or ends; only the unbounded dormant wait, which the trigger's
+    end alone cancels, awaits it directly (:meth:`next_change`).
 
     :param function: the callable.
     :param kwargs: keyword arguments for it (plain JSON).
@@ -141,8 +142,8 @@ class CallableSource(StateSource):
         #: the generator returned: the state stays as it is until the function is called again
         #: (by :meth:`current`, as the next wait or stream begins)
         self._ended = False
-        #: the generator's next value, read by a task of the source's that every reader waits for
-        #: shielded (:meth:`_read_ahead`); a reader that stops waiting leaves it running
+        #: the generator's next value, read by a task of the source's (:meth:`_read_ahead`); a
+        #: reader that stops waiting while the trigger goes on leaves it running
         self._pending: asyncio.Future[Any] | None = None
 
     def _checked(self, value: Any) -> Any:
@@ -200,10 +201,11 @@ class CallableSource(StateSource):
         return generator
 
     def _read_ahead(self) -> asyncio.Future[Any]:
-        """The generator's next value, read by a task of the source's own, which every reader (a
-        stream's feeder, a dormant wait, :meth:`current`) waits for shielded: a stream given back,
-        or a timer, cancels the reader, not the read, so the generator keeps its place (and
-        whatever it built up) and is never called again because of leasing.
+        """The generator's next value, read by a task of the source's own. The readers that may
+        stop waiting while the trigger goes on (a stream's feeder, :meth:`current`, a timer-bounded
+        dormant wait) wait for it shielded: a stream given back, or a timer, cancels the reader,
+        not the read, so the generator keeps its place (and whatever it built up) and is never
+        called again because of leasing.
 
         The task runs the generator's own ``anext()`` awaitable, with no coroutine of the
         provider's around it (one object less per waiting trigger); the function is called here
