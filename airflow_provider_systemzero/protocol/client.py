@@ -467,13 +467,17 @@ class ClientSession(SessionInput):
             # the gateway holds too many undispatched events: a decide freezes them, then the
             # rejected mutation fits (WIRE.md §8)
             return Decide(conn.acked_version), False
+        wanted = self.outcomes.oldest_wanted()
+        if decide_possible and wanted is not None and conn.acked_generation >= wanted:
+            # "send decide for the current accepted version": with nothing in flight, the
+            # acknowledged version is the gateway's current one, and it holds what the caller
+            # asked about. The decide goes before the next change, or a caller who keeps
+            # changing the state faster than a round trip would never have it sent.
+            return Decide(conn.acked_version), False
         if not (on_change and self.dispatch_held):
             mutation = self._plan(conn)
             if mutation is not None:
                 return mutation, True
-        wanted = self.outcomes.oldest_wanted()
-        if decide_possible and wanted is not None and conn.acked_generation >= wanted:
-            return Decide(conn.acked_version), False
         return None, False
 
     def outgoing(self, now: float) -> list[ClientMessage]:
@@ -488,25 +492,27 @@ class ClientSession(SessionInput):
                     conn.message_bucket.try_take(now)
                 out.append(pong)
             conn.pongs = []
-        message, is_mutation = self._wanted(conn)
-        if message is None or conn.ready_at(is_mutation, now) > now:
-            return out
-        # what can start a dispatch at the gateway: on_change every mutation, on_request a decide
-        starts_dispatch = is_mutation == (self.decision_mode == "on_change")
-        if starts_dispatch and not self._may_dispatch(message):
-            return out
-        assert conn.event_bucket is not None and conn.message_bucket is not None
-        conn.message_bucket.try_take(now)
-        if is_mutation:
-            conn.event_bucket.try_take(now)
-            conn.in_flight = InFlightMutation(message, self.desired.current, self.desired.generation)  # type: ignore[arg-type]
-        else:
+        # at most a decide, then a mutation: each sets what stops the next _wanted from
+        # answering the same (a decide outstanding, a mutation in flight)
+        while True:
+            message, is_mutation = self._wanted(conn)
+            if message is None or conn.ready_at(is_mutation, now) > now:
+                return out
+            # what can start a dispatch at the gateway: on_change every mutation, on_request a decide
+            starts_dispatch = is_mutation == (self.decision_mode == "on_change")
+            if starts_dispatch and not self._may_dispatch(message):
+                return out
+            assert conn.event_bucket is not None and conn.message_bucket is not None
+            conn.message_bucket.try_take(now)
+            out.append(message)
+            if is_mutation:
+                conn.event_bucket.try_take(now)
+                conn.in_flight = InFlightMutation(message, self.desired.current, self.desired.generation)  # type: ignore[arg-type]
+                return out
             assert isinstance(message, Decide)
             conn.decide_outstanding = message.state_version
             conn.decide_read = False
             conn.drain = False
-        out.append(message)
-        return out
 
     def _plan(self, conn: ConnectionState) -> Mutation | None:
         if self.phase is Phase.STARTING:

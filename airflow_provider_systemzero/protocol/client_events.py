@@ -67,11 +67,16 @@ class DecisionFailedEvent:
     """A dispatch failed (``error`` with an HTTP status).
 
     :param error: the error message (envelope, retry hint, ``fatal``).
-    :param intents: the on_request intents it fails (empty for on_change: the gateway retries).
+    :param intents: the intents it fails: on_request, those asked about the version the decide
+        named or an older one; on_change, when the gateway will not retry, those asked about the
+        failed state or an older one; otherwise none (the dispatch is retried).
+    :param current: it is about the complete desired state; ``False`` when the caller has changed
+        the state since, and the newer state is dispatched on its own.
     """
 
     error: Error
     intents: tuple[int, ...] = ()
+    current: bool = True
 
 
 @dataclass(frozen=True, slots=True)

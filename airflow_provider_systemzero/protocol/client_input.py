@@ -228,9 +228,12 @@ class SessionInput:
         assert error.http_status is not None
         conn.drain = False
         if self.decision_mode == "on_request":
+            # the decide named one version: it answers whoever asked about that state or an
+            # older one; a caller who asked after a newer change gets a decide of its own
+            named = conn.decide_outstanding if conn.decide_outstanding is not None else error.state_version
             conn.decide_outstanding = None
-            failed = self.outcomes.fail_all()
-            return [events.DecisionFailedEvent(error, failed)]
+            generation = conn.version_generation.get(named or 0, -1)
+            return [events.DecisionFailedEvent(error, self.outcomes.fail_through(generation))]
         retry = classify_decide_failure(error.http_status, error.envelope, error.retry)
         if error.fatal:
             # goodbye and close follow; the next connection replays
@@ -239,7 +242,11 @@ class SessionInput:
             # nobody retries it on this connection: replay on a new one after the server's delay
             conn.plan_recycle(now + _server_delay_s(error), Recycle.DECIDE_NOT_RETRIED)
         elif retry is DecideRetry.NONE:
-            # the gateway will not dispatch this state again: it is settled, with this failure
+            # the gateway will not dispatch this state again: it is settled, with this failure,
+            # for whoever waits for it or an older state; a newer state is dispatched on its own
             generation = conn.version_generation.get(error.state_version or 0, -1)
             self.outcomes.failed_for_good(error, generation)
+            intents = self.outcomes.fail_through(generation)
+            current = generation < 0 or generation == self.desired.generation
+            return [events.DecisionFailedEvent(error, intents, current=current)]
         return [events.DecisionFailedEvent(error, ())]

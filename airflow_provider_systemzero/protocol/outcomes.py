@@ -65,17 +65,20 @@ class Outcomes:
         return min((i.generation for i in self.intents), default=None)
 
     def resolve(self, generation: int) -> tuple[int, ...]:
-        """Remove and return the intents a decision about ``generation`` answers."""
+        """Remove and return the intents a decision (or a final failure) about ``generation``
+        answers: those asked about it or an older one."""
         done = tuple(i.intent_id for i in self.intents if i.generation <= generation)
         if done:
             self.intents = [i for i in self.intents if i.generation > generation]
         return done
 
-    def fail_all(self) -> tuple[int, ...]:
-        """Remove and return every intent (an on_request decide failed)."""
-        failed = tuple(i.intent_id for i in self.intents)
-        self.intents = []
-        return failed
+    def fail_through(self, generation: int) -> tuple[int, ...]:
+        """Remove and return the intents a final failure about ``generation`` answers: those
+        asked about it or an older one. An intent asked about a newer generation still waits for
+        a dispatch of its own (``-1``, a generation not known: every intent is answered)."""
+        if generation < 0:
+            generation = max((i.generation for i in self.intents), default=-1)
+        return self.resolve(generation)
 
     def acknowledged(self, generation: int) -> None:
         """A connection acknowledged ``generation``."""

@@ -155,11 +155,16 @@ class CoreEventHandling:
                     server_token(error.envelope.code),
                 )
             return
-        # the gateway will not retry: whoever waits for this state's decision must hear it
-        for intent, future in list(self._intent_futures.items()):
-            if not future.done():
-                future.set_exception(error)
-                self.session.cancel_intent(intent)
+        # the gateway will not retry: whoever waited for this state's decision heard it above
+        if not event.current:
+            log.info(
+                "decision for state version %s failed with HTTP %s (%s), not retried; the state has "
+                "changed since, and the newer one is decided on its own",
+                event.error.state_version,
+                error.http_status,
+                server_token(error.envelope.code),
+            )
+            return
         if self._queue_decisions:
             self._decisions.append(error)
             self._decisions_ready()

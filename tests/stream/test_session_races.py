@@ -1,20 +1,25 @@
-"""Two races the session itself must close, through the stream against the emulator:
+"""Races the session itself must close, through the stream against the emulator:
 
 * a state mutated in place after it was handed over is still a change (the session snapshots
   what it accepts);
 * after an on_change dispatch failed for good, another ``decide()`` on the unchanged state
-  answers at once (the stored failure, or a replay) instead of waiting for the idle timeout.
+  answers at once (the stored failure, or a replay) instead of waiting for the idle timeout;
+* a final failure of an older state's dispatch does not fail the wait for a newer state;
+* an on_request ``decide()`` goes out while the caller keeps changing the state faster than a
+  round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_systemzero.stream import Backoff, DecisionFailed
-from tests.stream.support import EmulatorFactory, loopback_stream
+from airflow_provider_systemzero.stream import Backoff, DecisionFailed, DecisionStream, StreamSettings
+from tests.stream.latency_proxy import LatencyProxy
+from tests.stream.support import QUESTIONS, SECRET_KEY, EmulatorFactory, loopback_stream
 
 
 @pytest.mark.parametrize("mode", ["on_request", "on_change"])
@@ -50,3 +55,61 @@ async def test_decide_after_an_on_change_dispatch_failed_for_good_answers_at_onc
         with contextlib.suppress(DecisionFailed):
             await stream.decide(timeout=3)  # the same state: the stored failure, or a replay
         assert loop.time() - started < 1.0
+
+
+async def test_an_older_states_final_failure_does_not_fail_the_wait_for_the_newer_one(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    """on_change: version 1's dispatch fails for good while version 2 waits behind it; the gateway
+    dispatches version 2 on its own, and whoever waits for it gets its decision."""
+    emu = await make_emulator()
+    emu.faults.delay_decisions_ms = 600
+    emu.faults.fail_decides(count=1, status=400, retryable=False)  # version 1's dispatch only
+    async with loopback_stream(emu, fast_backoff, "older-failure", mode="on_change") as stream:
+        await stream.append_text("Job is ready.\n")
+        await stream.wait_in_sync(timeout=5)
+        assert stream.state_version == 2
+        decision = await stream.decide(timeout=10)
+        assert decision.state_version == 2 and decision.answer("ready").decision is True
+        assert emu.stats.decide_failures == {400: 1}
+
+
+async def test_a_decide_goes_out_while_the_caller_keeps_appending_over_a_slow_link(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    """on_request over a 100 ms round trip, a line appended every 50 ms: a change is in flight at
+    almost every moment, and the decide still goes out and is answered."""
+    emu = await make_emulator()
+    parts = urlsplit(emu.origin)
+    proxy = await LatencyProxy(parts.hostname or "127.0.0.1", parts.port or 80, one_way_s=0.05).start()
+    stop = asyncio.Event()
+
+    async def busy_log(stream: DecisionStream) -> None:
+        n = 0
+        while not stop.is_set():
+            await stream.append_text(f"line {n}\n")
+            n += 1
+            await asyncio.sleep(0.05)
+
+    try:
+        stream = DecisionStream(
+            StreamSettings(proxy.origin, SECRET_KEY),
+            {"model": "MODEL_ID", "questions": QUESTIONS},
+            state="log\n",
+            decision_mode="on_request",
+            identity="busy-log",
+            backoff=fast_backoff,
+            open_deadline=10,
+        )
+        async with stream:
+            writer = asyncio.ensure_future(busy_log(stream))
+            try:
+                await asyncio.sleep(1.0)  # past the pacing burst: the changes come as fast as paced
+                acknowledged = stream.state_version
+                decision = await stream.decide(timeout=10)
+            finally:
+                stop.set()
+                await asyncio.wait_for(writer, 5)
+            assert decision.state_version >= acknowledged >= 2
+    finally:
+        await proxy.stop()
