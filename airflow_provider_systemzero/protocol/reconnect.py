@@ -257,6 +257,8 @@ class ConnectionOutcome:
     :param status: for ``refused``: the HTTP status.
     :param released: the client had asked to give this connection back when it ended, whatever
         ended it first (a drop, a goodbye, a close before ``start`` was acknowledged).
+    :param work_left: the session still had something to send or a decision to wait for when the
+        connection ended (:meth:`~airflow_provider_systemzero.protocol.client.ClientSession.has_work`).
     """
 
     close_code: int | None = None
@@ -271,6 +273,7 @@ class ConnectionOutcome:
     retryable: bool = True
     status: int | None = None
     released: bool = False
+    work_left: bool = True
 
     @property
     def label(self) -> str:
@@ -361,6 +364,12 @@ class ReconnectPlanner:
         if outcome.released and outcome.kind != "violation":
             # given back as it ended for another reason: the release still holds, so come back
             # when there is work, after the backoff
+            kind = PlanKind.WHEN_NEEDED
+        if not outcome.work_left:
+            # everything was acknowledged (and, on_change, decided): a new connection now would
+            # only replay a settled state, and on_change its start dispatches that state again —
+            # a second decision and, where the service cannot replay the first reply, a second
+            # bill. Come back with the next change or decision asked for.
             kind = PlanKind.WHEN_NEEDED
         attempt = self.attempt
         delay = self.backoff.delay(attempt, server_delay)

@@ -242,6 +242,7 @@ class ConnectionServing:
             time.monotonic() - self._opened_at,
             kind,
             released=self._release_for is socket,
+            work_left=self.session.has_work(),
         )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:

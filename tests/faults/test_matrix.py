@@ -320,11 +320,16 @@ async def test_503_maintenance_operator(make_harness: HarnessFactory) -> None:
 
 
 async def test_401_sensor(make_harness: HarnessFactory) -> None:
-    """The key is revoked while the sensor waits: the reconnect meets 401 and the task fails for good."""
+    """The key is revoked while the sensor waits: the reconnect its next change makes meets 401,
+    and the task fails for good."""
     h = await make_harness()
     task = await sensor_decided_working(h)
     h.emu.faults.refuse_upgrades(1, status=401, code="invalid_api_key", retry_after_s=None)
     await h.emu.restart(retry_after_ms=0)
+    # decided and in sync: the restart alone opens nothing (it would only decide that state again)
+    await h.until(lambda e: e.stats.streams_open == 0)
+    assert not task.done() and [u.status for u in h.emu.upgrades] == [None]
+    set_source("s", READY)
     payload = await task
     assert (payload["status"], payload["error_type"]) == ("error", "authentication")
     assert "HTTP 401" in payload["message"] and "password field" in payload["message"]

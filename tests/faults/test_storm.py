@@ -82,6 +82,13 @@ def busiest_bin(delays: list[float]) -> int:
     return max(Counter(int(d / BIN) for d in delays).values())
 
 
+async def give_work(streams: list[DecisionStream]) -> None:
+    """A change for every client to send, made as its connection is lost: a client with nothing to
+    send or wait for comes back only with its next change (then the same backoff applies)."""
+    for n, stream in enumerate(streams):
+        await stream.append_text(f"client {n} goes on\n")
+
+
 async def connected_clients(emu: SpiedEmulator, stack: contextlib.AsyncExitStack) -> list[DecisionStream]:
     """CLIENTS streams, each a separate client (its own process in production: its own cap)."""
     streams = [
@@ -109,6 +116,7 @@ async def test_100_clients_dropped_at_once_reconnect_spread_by_full_jitter() -> 
         before = len(emu.upgrades)
         dropped_at = time.monotonic()
         await emu.drop_all()  # every TCP connection aborted: each client sees 1006
+        await give_work(streams)
         await emu.wait_for(lambda e: all(s.reconnects and s.in_sync for s in streams), timeout=20)
         offsets = [u.at - dropped_at for u in emu.upgrades[before:]]
         assert len(offsets) == CLIENTS and all(u.status is None for u in emu.upgrades[before:])
@@ -131,6 +139,7 @@ async def test_100_clients_told_to_wait_by_a_restart_come_back_after_the_delay_a
         streams = await connected_clients(emu, stack)
         before = len(emu.upgrades)
         await emu.restart(retry_after_ms=int(delay * 1000))  # goodbye shutdown to all, close 1012
+        await give_work(streams)
         told_at = min(s.at for s in emu.sent if type(s.message).__name__ == "Goodbye")
         await emu.wait_for(lambda e: all(s.reconnects and s.in_sync for s in streams), timeout=20)
         offsets = [u.at - told_at for u in emu.upgrades[before:]]

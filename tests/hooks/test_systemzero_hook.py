@@ -209,11 +209,11 @@ async def test_the_example_exchange_through_the_hook(
         assert stream.request.prompt_cache_key == derive_prompt_cache_key("hook-tests", "example")
 
         await emu.restart(retry_after_ms=500)
-        await emu.wait_for(
-            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
-        )
-        assert stream.reconnects[0].close_code == 1012 and stream.reconnects[0].waited >= 0.5
+        # decided: nothing to send or wait for, so no connection until the next decide asked for
+        await emu.wait_for(lambda e: stream.dormant and not stream.connected, timeout=10)
+        assert not stream.reconnects
         replayed = await stream.decide(timeout=10)
+        assert stream.reconnects[0].close_code == 1012 and stream.reconnects[0].waited >= 0.5
     assert replayed.decisions() == {"ready": True}
     assert emu.stats.decisions_billed == 1 and emu.stats.decisions_replayed == 1
     assert_no_sync_lookup(no_sync_connection_access)

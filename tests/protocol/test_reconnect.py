@@ -84,6 +84,32 @@ def test_a_connection_the_client_closed_after_a_goodbye_keeps_the_goodbyes_plan(
     assert plan.kind is kind and plan.delay >= 0.7
 
 
+@pytest.mark.parametrize(
+    ("code", "goodbye", "kind"),
+    [
+        (CloseCode.SERVICE_RESTART, "shutdown", "closed"),
+        (CloseCode.TRY_AGAIN_LATER, "overload", "closed"),
+        (CloseCode.TRY_AGAIN_LATER, None, "closed"),
+        (CloseCode.INTERNAL_ERROR, None, "closed"),
+        (CloseCode.ABNORMAL_CLOSURE, None, "closed"),
+        (CloseCode.ABNORMAL_CLOSURE, None, "silent"),
+        (CloseCode.ABNORMAL_CLOSURE, None, "stalled"),
+    ],
+)
+def test_a_connection_lost_with_nothing_left_to_do_is_replaced_only_when_needed(
+    code: int, goodbye: str | None, kind: str
+) -> None:
+    """Everything acknowledged and decided: a connection now would only replay a settled state,
+    and on_change its start would dispatch that state again. The same loss with work left
+    reconnects after the delay; both keep the server's delay and the backoff."""
+    idle = planner().plan(
+        quick(code, goodbye_reason=goodbye, server_delay_ms=300, kind=kind, work_left=False)
+    )
+    busy = planner().plan(quick(code, goodbye_reason=goodbye, server_delay_ms=300, kind=kind))
+    assert (idle.kind, busy.kind) == (PlanKind.WHEN_NEEDED, PlanKind.RECONNECT)
+    assert idle.delay == busy.delay >= 0.3 and idle.attempt == busy.attempt == 0
+
+
 def test_a_released_connection_waits_out_a_named_retry_delay() -> None:
     plan = planner().plan(quick(CloseCode.NORMAL_CLOSURE, server_delay_ms=2_000, kind="released"))
     assert (plan.kind, plan.delay, plan.server_delay) == (PlanKind.WHEN_NEEDED, 2.0, 2.0)

@@ -38,6 +38,7 @@ async def test_releasing_a_connection_whose_start_was_never_acknowledged(
     async with loopback_stream(emu, fast_backoff, "lease-unacked") as stream:
         withhold_acks = True
         await emu.drop_all()
+        await stream.append_text("Job is running.\n")  # something to send: it reconnects
         await emu.wait_for(lambda e: bool(stream.reconnects) and stream.connected, timeout=5)
         assert not stream.in_sync  # the replayed start is not acknowledged
         opened = emu.stats.streams_total

@@ -5,6 +5,7 @@
 * after an on_change dispatch failed for good, another ``decide()`` on the unchanged state
   answers at once (the stored failure, or a replay) instead of waiting for the idle timeout;
 * a final failure of an older state's dispatch does not fail the wait for a newer state;
+* a gateway restart does not make a decided stream decide its state again;
 * an on_request ``decide()`` goes out while the caller keeps changing the state faster than a
   round trip.
 """
@@ -72,6 +73,30 @@ async def test_an_older_states_final_failure_does_not_fail_the_wait_for_the_newe
         decision = await stream.decide(timeout=10)
         assert decision.state_version == 2 and decision.answer("ready").decision is True
         assert emu.stats.decide_failures == {400: 1}
+
+
+async def test_a_decided_stream_does_not_decide_its_state_again_after_a_restart(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    """on_change: with everything acknowledged and decided, a gateway restart opens no new
+    connection (its start would dispatch the same state again: a second decision, and a second
+    bill where the service cannot replay the first reply). The next change reconnects."""
+    emu = await make_emulator()
+    async with loopback_stream(emu, fast_backoff, "restart-decided", mode="on_change") as stream:
+        seen = []
+        decisions = stream.decisions()
+        seen.append(await anext(decisions))
+        assert not stream.has_work()
+        await emu.restart(retry_after_ms=100)
+        await emu.wait_for(lambda e: stream.dormant and not stream.connected, timeout=5)
+        await stream.append_text("Job is ready.\n")
+        seen.append(await asyncio.wait_for(anext(decisions), 10))
+        await decisions.aclose()
+    assert [d.state_version for d in seen] == [1, 1]  # a new stream: the replayed start is version 1
+    assert [d.answer("ready").decision for d in seen] == [False, True]
+    assert emu.stats.decisions_billed == 2 and emu.stats.decisions_replayed == 0
+    [reconnect] = stream.reconnects
+    assert (reconnect.reason, reconnect.close_code) == ("goodbye:shutdown", 1012)
 
 
 async def test_a_decide_goes_out_while_the_caller_keeps_appending_over_a_slow_link(

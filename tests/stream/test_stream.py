@@ -78,6 +78,14 @@ async def assert_replay_is_answered_from_the_ledger(emu: Emulator, stream: Decis
     assert (after.idempotency_key, after.body_sha256) == (before.idempotency_key, before.body_sha256)
 
 
+async def assert_no_reconnect_without_work(emu: Emulator, stream: DecisionStream) -> None:
+    """A stream with everything acknowledged and decided stays disconnected after its connection
+    is lost: a new one now would only decide the same state again. Its next change or decision
+    asked for reconnects."""
+    await emu.wait_for(lambda e: stream.dormant and not stream.connected, timeout=10)
+    assert not stream.reconnects and not stream.has_work()
+
+
 # ------------------------------------------------------------------ the example exchange and both modes
 
 
@@ -94,8 +102,12 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
         assert stream.state_version == 2
         first_stream_id = stream.stream_id
 
-        # the server restarts: goodbye shutdown (500 ms), close 1012; the client waits and replays
+        # the server restarts: goodbye shutdown (500 ms), close 1012. Everything is decided, so
+        # the client reconnects with the next decision asked for, and replays (not before 500 ms)
         await emu.restart(retry_after_ms=500)
+        await assert_no_reconnect_without_work(emu, stream)
+        assert emu.stats.streams_total == 1
+        decided_again = asyncio.ensure_future(stream.decide(timeout=10))
         await emu.wait_for(
             lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
         )
@@ -110,7 +122,7 @@ async def test_the_example_exchange(make_emulator: EmulatorFactory, fast_backoff
         latest = emu.latest_state(stream.request.prompt_cache_key or "")
         assert latest is not None and latest.state == "Initial log\nJob is ready.\n"
 
-        again = await stream.decide(timeout=10)
+        again = await decided_again
     assert again.decisions() == {"ready": True} and again.covered_event_ids == ("evt_1",)
     # the replayed start carried the same key and a byte-identical body: answered from the ledger
     entries = emu.ledger[SECRET_KEY]
@@ -246,11 +258,9 @@ async def test_unanswered_pings_close_1013_slow_reader_and_the_client_recovers(
         session.outgoing = without_pongs  # type: ignore[method-assign]
         await emu.wait_for(lambda e: e.stats.closes_by_code.get(1013, 0) >= 1, timeout=10)
         muted = False
-        await emu.wait_for(
-            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
-        )
+        await assert_no_reconnect_without_work(emu, stream)
+        await assert_replay_is_answered_from_the_ledger(emu, stream)  # the decide reconnects
         assert stream.reconnects[0].close_code == 1013 and stream.reconnects[0].reason == "close"
-        await assert_replay_is_answered_from_the_ledger(emu, stream)
         await stream.append_text("Job is ready.\n")
         assert (await stream.decide(timeout=10)).decisions() == {"ready": True}
     assert_each_state_billed_once(emu)
@@ -293,12 +303,10 @@ async def test_a_silent_peer_is_treated_as_dead(
         emu.faults.answer_pings = False  # the gateway stops sending anything at all
         await emu.wait_for(lambda e: not stream.connected, timeout=5)
         emu.faults.answer_pings = True
-        await emu.wait_for(
-            lambda e: bool(stream.reconnects) and stream.connected and stream.in_sync, timeout=10
-        )
+        await assert_no_reconnect_without_work(emu, stream)
+        await assert_replay_is_answered_from_the_ledger(emu, stream)  # the decide reconnects
         assert stream.reconnects[0].reason in ("receipt_timeout", "close")
         assert stream.reconnects[0].close_code in (1006, 1011)
-        await assert_replay_is_answered_from_the_ledger(emu, stream)
     assert_each_state_billed_once(emu)
 
 
@@ -344,14 +352,13 @@ async def test_a_429_upgrade_is_retried_after_retry_after(
         await stream.append_text("Job is ready.\n")
         await stream.decide(timeout=10)
         emu.faults.refuse_upgrades(1, status=429, code="stream_capacity", retry_after_s=1)
-        await emu.restart(retry_after_ms=0)  # the reconnect meets a full account
-        await emu.wait_for(
-            lambda e: len(stream.reconnects) == 2 and stream.connected and stream.in_sync, timeout=10
-        )
+        await emu.restart(retry_after_ms=0)
+        await assert_no_reconnect_without_work(emu, stream)
+        # the next decide reconnects, meets a full account, and is answered after Retry-After
+        await assert_replay_is_answered_from_the_ledger(emu, stream)
         first, second = stream.reconnects
         assert (first.reason, first.close_code) == ("goodbye:shutdown", 1012)
         assert second.reason == "upgrade_refused:429" and second.server_delay == 1.0 and second.waited >= 1.0
-        await assert_replay_is_answered_from_the_ledger(emu, stream)
     assert emu.stats.upgrade_refusals == {429: 1}
     assert_each_state_billed_once(emu)
 
