@@ -64,6 +64,7 @@ from airflow_provider_systemzero.protocol.connection_state import (
     check_hello,
 )
 from airflow_provider_systemzero.protocol.desired import Change, DesiredState
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.limits import DOCUMENT_LIMITS, Limits
 from airflow_provider_systemzero.protocol.messages import (
     Attachment,
@@ -110,7 +111,8 @@ class ClientSession(SessionInput):
     :param idempotency_key: the key of the initial state (``None``: derived from ``key_namespace``
         if given, else unkeyed).
     :param key_namespace: when set, every change without an explicit key gets
-        :func:`derive_state_key` of its resulting body.
+        :func:`derive_state_key` of its resulting body (the request must then name its
+        ``prompt_cache_key``).
     :param limits: limits to assume before ``hello`` (the public document's by default).
     """
 
@@ -127,6 +129,17 @@ class ClientSession(SessionInput):
         limits: Limits | None = None,
     ) -> None:
         request.validate()
+        if key_namespace is not None and request.prompt_cache_key is None:
+            # "If start omits prompt_cache_key, the server uses stream_id": each connection's body
+            # would differ, and a replay would send the same derived key with another body
+            raise LocalProtocolError(
+                "derived idempotency keys (key_namespace) need an explicit prompt_cache_key: "
+                "without one the gateway uses each connection's stream_id, so a replay would name "
+                "another decide body with the same key (422 idempotency_key_reused); pass a stable "
+                "prompt_cache_key",
+                code="prompt_cache_key_required",
+                field="prompt_cache_key",
+            )
         #: The fixed request parts.
         self.request = request
         self.decision_mode = validate_decision_mode(decision_mode)

@@ -74,6 +74,16 @@ def test_invalid_requests_are_refused(questions: dict[str, Any], message: str) -
         StreamRequest.build(model="m", questions=questions)
 
 
+def test_derived_keys_without_a_prompt_cache_key_are_refused() -> None:
+    """Without prompt_cache_key the gateway uses each stream_id: a replay's body would differ
+    while its derived key stays the same, which the decide API refuses for good."""
+    request = StreamRequest.build(model="m", questions=QUESTIONS)
+    with pytest.raises(LocalProtocolError, match="need an explicit prompt_cache_key") as refused:
+        ClientSession(request=request, state="", decision_mode="on_request", key_namespace="ns")
+    assert refused.value.field == "prompt_cache_key"
+    ClientSession(request=request, state="", decision_mode="on_request")  # unkeyed: nothing to clash
+
+
 def test_committee_with_deliberate_is_refused() -> None:
     with pytest.raises(LocalProtocolError, match="cannot be combined"):
         StreamRequest.build(model="m", questions=QUESTIONS, route="committee", mode="deliberate")
