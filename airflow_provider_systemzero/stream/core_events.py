@@ -276,11 +276,21 @@ class CoreEventHandling:
         if self._starts is not None:
             self._starts.withdraw(self)  # a start is granted to a connected stream only
             self._ask_again()
+        self._count_outstanding("the connection ended")
+
+    def _count_outstanding(self, why: str) -> None:
         if self._accounting.connection_ended():
             log.info(
-                "the connection ended with a dispatch possibly in flight: counted as one unconfirmed decision "
-                "against the budget"
+                "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
+                why,
             )
+
+    def settle_usage(self) -> None:
+        """Count a dispatch the gateway may still make for this connection as one unconfirmed
+        decision now, as the connection's end would count it: for a caller that reports what the
+        stream spent before it closes the stream (a trigger's event goes out before its cleanup).
+        Once the connection ends, nothing is counted twice."""
+        self._count_outstanding("the stream's usage was reported")
 
     def _log_hello(self, hello: Hello) -> None:
         lim = hello.limits

@@ -185,9 +185,13 @@ class TriggerStream:
         return self._budget
 
     def with_usage(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The event payload plus what this run spent (the worker adds it to the task's total)."""
+        """The final event's payload plus what this run spent (the worker adds it to the task's
+        total). A dispatch still in flight is counted as unconfirmed first: the stream closes
+        after this event, and its reply, billed or not, will never reach the task."""
         from airflow_provider_systemzero.decisions.budget import event_usage
 
+        if self._budget is not None and self.stream is not None:
+            self.stream.settle_usage()
         return {**payload, **event_usage(self._budget)}
 
     def open(self, state: Any, **kwargs: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +322,33 @@ async def test_min_interval_spaces_decisions_on_a_busy_source(emulator: Emulator
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await trigger.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["decide", "sensor"])
+async def test_a_dispatch_in_flight_at_the_deadline_is_reported_as_unconfirmed(
+    emulator: Emulator, kind: str
+) -> None:
+    """The deadline passes while the gateway still decides: the event goes out before the close,
+    and the decision the gateway may still bill is in its usage as unconfirmed, so the task's
+    max_decisions counts it across tries (it was counted only at the close, after the event)."""
+    from airflow_provider_systemzero.decisions.budget import EVENT_USAGE_KEY
+
+    emulator.faults.delay_decisions_ms = 3_000
+    budget = {"max_decisions": 5}
+    deadline = time.time() + 1.0
+    if kind == "decide":
+        trigger: Any = SystemZeroDecideTrigger(
+            systemzero_conn_id="systemzero_test",
+            request=REQUEST,
+            state="The site is down",
+            key_namespace=task_namespace("d", "in-flight", "r", -1),
+            deadline=deadline,
+            budget=budget,
+        )
+    else:
+        trigger = sensor_trigger(state="Job is ready.\n", deadline=deadline, budget=budget)
+    payload = await first_event(rebuilt(trigger))
+    assert payload["status"] == "timeout"
+    usage = payload[EVENT_USAGE_KEY]["run"]
+    assert (usage["dispatched"], usage["billed"], usage["unconfirmed"]) == (0, 0, 1)
+    await emulator.wait_for(lambda emu: emu.stats.decisions_billed == 1, timeout=10)  # billed all the same
