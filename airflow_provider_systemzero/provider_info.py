@@ -23,6 +23,11 @@ DOCS_URL = "https://github.com/systemzero/airflow-provider-systemzero/tree/main/
 VERSIONS = ["0.1.0"]
 
 
+def connection_fields() -> tuple[str, ...]:
+    """The names of a ``systemzero`` connection's extra fields (its form's ``conn-fields``)."""
+    return tuple(get_provider_info()["connection-types"][0]["conn-fields"])
+
+
 def get_provider_info() -> dict[str, Any]:
     """Return the provider-info dict for Airflow's provider discovery."""
     return {

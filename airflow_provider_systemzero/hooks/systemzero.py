@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import difflib
 import json
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
@@ -189,6 +190,32 @@ def backoff_config() -> tuple[float, float]:
     return values["reconnect_backoff_base"], values["reconnect_backoff_cap"]
 
 
+def _check_extra_names(extra: Mapping[str, Any], conn_id: str) -> None:
+    """Refuse an extra that is a misspelt field (a cap typed wrong would mean no cap); say that
+    any other unknown extra is ignored."""
+    from airflow_provider_systemzero.provider_info import connection_fields
+
+    fields = connection_fields()
+    for name in extra:
+        if name in fields:
+            continue
+        close = difflib.get_close_matches(str(name), fields, n=1, cutoff=0.8)
+        if close:
+            raise SystemZeroValidationError(
+                f"connection {conn_id!r}: extra {name!r} is not a field of a systemzero connection; "
+                f"did you mean {close[0]!r}? Rename it in the connection's extra (the fields are "
+                f"{', '.join(fields)})",
+                code="unknown_extra",
+                field=str(name),
+            )
+        log.warning(
+            "connection %r: extra %r is not a field of a systemzero connection and is ignored (the fields are %s)",
+            conn_id,
+            name,
+            ", ".join(fields),
+        )
+
+
 def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
     if not raw:
         return {}
@@ -278,6 +305,7 @@ class SystemZeroHook(BaseHook):
                 port = None
             if port is None and not parts.path.strip("/") and parts.hostname:
                 host = f"{host.rstrip('/')}:{conn.port}"
+        _check_extra_names(extra, conn_id)
         key = conn.password
         if not key or not str(key).strip():
             raise SystemZeroValidationError(

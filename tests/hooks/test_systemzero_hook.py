@@ -176,6 +176,15 @@ def test_settings_come_from_the_connection_fields() -> None:
         ({}, {"open_timeout": "inf"}, "extra 'open_timeout' must be a positive number", "open_timeout"),
         ({}, {"open_timeout": 0}, "extra 'open_timeout' must be a positive number", "open_timeout"),
         ({}, {"model": 5}, "extra 'model' must be a string", "model"),
+        # a cap spelt wrong would mean no cap at all
+        (
+            {},
+            {"budget_decision_per_hour": 2},
+            "extra 'budget_decision_per_hour' is not a field of a systemzero connection; did you mean "
+            "'budget_decisions_per_hour'",
+            "budget_decision_per_hour",
+        ),
+        ({}, {"modle": "m-1"}, "did you mean 'model'", "modle"),
     ],
 )
 def test_incomplete_connections_are_refused_naming_the_field(
@@ -184,6 +193,19 @@ def test_incomplete_connections_are_refused_naming_the_field(
     with pytest.raises(SystemZeroValidationError, match=message) as info:
         SystemZeroHook.settings_from_connection(sdk_connection(**fields), extra)
     assert info.value.field == field and SECRET_KEY not in str(info.value)
+
+
+def test_an_unknown_extra_that_is_no_misspelt_field_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_systemzero.hooks.systemzero"):
+        settings = SystemZeroHook.settings_from_connection(
+            sdk_connection(), {"team": "billing", "model": "m"}
+        )
+    assert settings.default_model == "m"
+    [record] = caplog.records
+    assert "extra 'team' is not a field of a systemzero connection and is ignored" in record.getMessage()
+    assert "budget_decisions_per_hour" in record.getMessage()  # the fields are listed
 
 
 # ------------------------------------------------------------------ async lookup, never the sync one
