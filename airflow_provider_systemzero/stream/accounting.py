@@ -15,6 +15,7 @@ flight plus one pending (WIRE.md §4) — and keeps the budget's holds and count
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sized
 from typing import Any, Protocol
 
@@ -78,12 +79,20 @@ class DispatchAccounting:
         self._body_bytes: dict[int, int] = {}
         #: What the budget refused, holding this stream (once it refused).
         self.exceeded: SystemZeroError | None = None
+        #: Since when (``time.monotonic()``) the gateway owes this connection a decision: the
+        #: first dispatch admitted while none was outstanding, or the last answer that left one
+        #: outstanding; ``None`` when none is.
+        self.waiting_since: float | None = None
 
     def outstanding(self) -> int:
         """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
         if self.on_request:
             return 1 if self._decide_in_flight else 0
         return min(len(self._uncovered), MAX_DISPATCHES_PER_STREAM)
+
+    def _answered(self) -> None:
+        """The gateway answered (or the connection ended): a wait still owed starts now."""
+        self.waiting_since = time.monotonic() if self.outstanding() else None
 
     def _hold(self, body_bytes: int | None = None) -> None:
         if self.budget.windows:
@@ -112,6 +121,8 @@ class DispatchAccounting:
             self._decide_in_flight = True
         else:
             self._uncovered.append(event_number(message.event_id))  # type: ignore[attr-defined]
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
         self._hold(body_bytes)
         return None
 
@@ -121,6 +132,8 @@ class DispatchAccounting:
         if not self.on_request and not ack.scheduled:
             number = event_number(ack.event_id)
             self._uncovered = [e for e in self._uncovered if e != number]
+            if not self._uncovered:
+                self.waiting_since = None
 
     def decided(self, result: DecisionResult) -> bool:
         """A decision arrived; returns whether it counts as billed (a new reply id)."""
@@ -133,6 +146,7 @@ class DispatchAccounting:
         else:
             self._uncovered = [e for e in self._uncovered if e > version]
         self._body_bytes = {v: b for v, b in self._body_bytes.items() if v >= version}
+        self._answered()
         self._hold()
         return billed
 
@@ -146,6 +160,7 @@ class DispatchAccounting:
             self._uncovered = (
                 [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
             )
+        self._answered()
         self._hold()
 
     def connection_ended(self) -> bool:
@@ -157,5 +172,6 @@ class DispatchAccounting:
         self._uncovered = []
         self._decide_in_flight = False
         self._body_bytes = {}
+        self.waiting_since = None
         self._hold()
         return unconfirmed

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -191,6 +192,8 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._flush_handle: asyncio.Handle | None = None  # a writer's turn asked for (see _flush_soon)
         self._pong_flush: asyncio.TimerHandle | None = None
         self._alarm: asyncio.TimerHandle | None = None  # the writer's timer (see _set_alarm)
+        #: the decision wait last said in the log: (since, next report, gap); see _report_decision_wait
+        self._decision_wait_report: tuple[float | None, float, float] = (None, 0.0, 0.0)
         self._pulse_waiting = 0  # tasks waiting for a pulse
         #: resolved by the reader the moment there is something to take: a queued decision, a
         #: failure, the end (see :meth:`wake_on_decision`)
@@ -271,6 +274,14 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     def in_sync(self) -> bool:
         """Whether the gateway acknowledged the complete desired state on the open connection."""
         return bool(self._session and self._session.in_sync)
+
+    @property
+    def deciding_for(self) -> float | None:
+        """How long (seconds) the gateway has owed this connection a decision: since the first
+        dispatch nothing has answered yet, or the last answer that left one owed; ``None`` when
+        none is owed."""
+        since = self._accounting.waiting_since
+        return None if since is None else time.monotonic() - since
 
     @property
     def failure(self) -> BaseException | None:

@@ -61,6 +61,10 @@ log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  #
 
 #: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
 _PONG_FLUSH_INTERVAL = 1 / 40
+#: A decision the gateway still owes is said in the log after this long (seconds), then again
+#: after twice as long each time, up to the cap: a slow gateway is a visible wait, not a silent one.
+DECISION_WAIT_REPORT_S = 10.0
+DECISION_WAIT_REPORT_CAP_S = 300.0
 
 
 @dataclass(slots=True)
@@ -399,8 +403,33 @@ class ConnectionServing:
             self._silent = True
             socket.abort()
             return
-        times = [t for t in (deadline, session.next_wakeup(now)) if t is not None and math.isfinite(t)]
+        times = [
+            t
+            for t in (deadline, session.next_wakeup(now), self._report_decision_wait(now))
+            if t is not None and math.isfinite(t)
+        ]
         self._set_alarm(min(times) if times else None)
+
+    def _report_decision_wait(self, now: float) -> float | None:
+        """Say in the log that the gateway has owed this connection a decision for a while, when
+        it is time to; returns when to say it next (``None``: no decision is owed)."""
+        since = self._accounting.waiting_since
+        if since is None:
+            return None
+        reported_since, at, gap = self._decision_wait_report
+        if reported_since != since:
+            at, gap = since + DECISION_WAIT_REPORT_S, DECISION_WAIT_REPORT_S
+        if now >= at:
+            log.info(
+                "waiting for the System Zero gateway's decision for %.0f s (state version %d acknowledged; "
+                "the gateway decides, there is nothing to send)",
+                now - since,
+                self._state_version,
+            )
+            gap = min(gap * 2, DECISION_WAIT_REPORT_CAP_S)
+            at = now + gap
+        self._decision_wait_report = (since, at, gap)
+        return at
 
     def _close_connection(self, socket: GatewaySocket) -> None:
         """This side ends the connection (1000): the stream closes, fails, is released or replays."""

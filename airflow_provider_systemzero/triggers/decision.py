@@ -231,6 +231,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 "no decision met the condition before the deadline",
                 self._source,
                 (watch.last_reason if watch is not None else None) or said,
+                more_time="raise the sensor's timeout (or its execution_timeout, if shorter)",
             )
         except Exception as exc:
             payload = stream.failure(self, exc, self._extra())
@@ -376,6 +377,7 @@ class SystemZeroDecideTrigger(BaseTrigger):
                 extra,
                 late="the task's deadline passed before the trigger started",
                 timed_out="no decision before the task's deadline",
+                more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
             )
             yield TriggerEvent(self._stream.with_usage(payload))
         finally:

@@ -511,17 +511,26 @@ class TriggerStream:
         message: str,
         source: StateSource | None = None,
         last_decision: str | None = None,
+        *,
+        more_time: str = "give the task more time",
     ) -> dict[str, Any]:
         """The ``timeout`` payload of a deadline reached, with what the wait may have been stuck
         on: the source's condition (a file that never appeared), why the last decision did not
-        meet the condition, and the stream's last error.
+        meet the condition, a decision the gateway was still making, and the stream's last error.
 
         :param extra: fields every event of the trigger carries.
         :param message: what the event says.
         :param source: the trigger's source, if it has one.
         :param last_decision: why the newest decision did not end the wait, if there was one.
+        :param more_time: the fix when the gateway was still deciding (which argument to raise).
         """
         causes = [source.waiting_on() if source is not None else None, last_decision]
+        deciding = getattr(self.stream, "deciding_for", None)
+        if deciding is not None:
+            causes.append(
+                f"the gateway was still deciding (for {deciding:.1f} s): {more_time}, or find out "
+                "why its decisions take this long"
+            )
         last = getattr(self.stream, "last_error_text", None)  # why the wait had no decision
         causes.append(f"last error: {last}" if last else None)
         return timeout_payload("; ".join([message, *(cause for cause in causes if cause)]), **extra)
@@ -546,6 +555,7 @@ class TriggerStream:
         *,
         late: str,
         timed_out: str,
+        more_time: str = "give the task more time",
     ) -> dict[str, Any]:
         """Run ``work`` until the deadline and turn every outcome into one small event payload.
 
@@ -561,6 +571,7 @@ class TriggerStream:
         :param extra: fields every event of the trigger carries.
         :param late: the message when the deadline passed before the trigger started.
         :param timed_out: the message when the deadline passes.
+        :param more_time: the fix when the gateway was still deciding (see :meth:`timed_out`).
         """
         try:
             payload = self.late(extra, late)
@@ -573,7 +584,7 @@ class TriggerStream:
             async with deadline:
                 return await work
         except TimeoutError:
-            return self.timed_out(extra, timed_out)
+            return self.timed_out(extra, timed_out, more_time=more_time)
         except Exception as exc:
             return self.failure(trigger, exc, extra)
 

@@ -325,12 +325,13 @@ async def test_min_interval_spaces_decisions_on_a_busy_source(emulator: Emulator
 
 
 @pytest.mark.parametrize("kind", ["decide", "sensor"])
-async def test_a_dispatch_in_flight_at_the_deadline_is_reported_as_unconfirmed(
+async def test_a_dispatch_in_flight_at_the_deadline_is_said_and_reported_as_unconfirmed(
     emulator: Emulator, kind: str
 ) -> None:
-    """The deadline passes while the gateway still decides: the event goes out before the close,
-    and the decision the gateway may still bill is in its usage as unconfirmed, so the task's
-    max_decisions counts it across tries (it was counted only at the close, after the event)."""
+    """The deadline passes while the gateway still decides: the timeout says so, with the fix; the
+    event goes out before the close, and the decision the gateway may still bill is in its usage
+    as unconfirmed, so the task's max_decisions counts it across tries (it was counted only at the
+    close, after the event)."""
     from airflow_provider_systemzero.decisions.budget import EVENT_USAGE_KEY
 
     emulator.faults.delay_decisions_ms = 3_000
@@ -349,6 +350,9 @@ async def test_a_dispatch_in_flight_at_the_deadline_is_reported_as_unconfirmed(
         trigger = sensor_trigger(state="Job is ready.\n", deadline=deadline, budget=budget)
     payload = await first_event(rebuilt(trigger))
     assert payload["status"] == "timeout"
+    # the message says what the wait was stuck on, and which argument gives it more time
+    assert "the gateway was still deciding (for " in payload["message"]
+    assert ("decision_timeout" if kind == "decide" else "the sensor's timeout") in payload["message"]
     usage = payload[EVENT_USAGE_KEY]["run"]
     assert (usage["dispatched"], usage["billed"], usage["unconfirmed"]) == (0, 0, 1)
     await emulator.wait_for(lambda emu: emu.stats.decisions_billed == 1, timeout=10)  # billed all the same

@@ -182,3 +182,33 @@ async def test_probe_holds_a_slot_of_the_stream_cap(make_emulator: EmulatorFacto
     capacity.release()
     hello = await asyncio.wait_for(probing, 5)
     assert hello.stream_id.startswith("szws_") and capacity.in_use == 0
+
+
+@pytest.mark.parametrize("mode", ["on_request", "on_change"])
+async def test_a_decision_the_gateway_owes_for_long_is_said_in_the_log(
+    make_emulator: EmulatorFactory,
+    fast_backoff: Backoff,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    mode: str,
+) -> None:
+    """A slow gateway is a visible wait: while a decision is owed the log says so, ever less often
+    (the first report after DECISION_WAIT_REPORT_S, then twice as long each time); once it
+    arrives, nothing more is said."""
+    from airflow_provider_systemzero.stream import serving
+
+    monkeypatch.setattr(serving, "DECISION_WAIT_REPORT_S", 0.2)
+    emu = await make_emulator()
+    emu.faults.delay_decisions_ms = 1_500
+    said = "waiting for the System Zero gateway's decision for"
+    with caplog.at_level("INFO", logger="airflow_provider_systemzero.stream.decision_stream"):
+        async with make_stream(emu, fast_backoff, mode=mode) as stream:
+            assert stream.deciding_for is None or mode == "on_change"
+            decision = await stream.decide(timeout=10)
+            reports = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+            # at 0.2, 0.6 and 1.4 s of the 1.5 s decide: the gap doubles
+            assert 2 <= len(reports) <= 4, reports
+            assert decision.state_version == 1 and stream.deciding_for is None
+            caplog.clear()
+            await asyncio.sleep(0.5)
+            assert not [r for r in caplog.records if said in r.getMessage()]
