@@ -304,6 +304,31 @@ class Streak:
             return None
         return max(0.0, self.since + self.min_true_for - now)
 
+    def short_of(self, now: float, *, more_time: str) -> str | None:
+        """What the run still lacks, with the fix, when it has begun but is not yet long or old
+        enough (``None`` otherwise): for a wait's timeout, which a hold rule, not the condition, kept.
+
+        :param now: the current time (the caller's clock).
+        :param more_time: the fix that gives the wait more time (which argument to raise).
+        """
+        if not self.count or self.since is None or self.ready(now):
+            return None
+        lacks, fixes = [], []
+        if self.count < self.consecutive:
+            lacks.append(
+                f"consecutive={self.consecutive} needs {self.consecutive} qualifying decisions in a "
+                f"row, each about a new state (had {self.count})"
+            )
+            fixes += ["a change of state (a decision about the same state does not count again)"]
+            fixes += ["a smaller consecutive"]
+        held = now - self.since
+        if held < self.min_true_for:
+            lacks.append(
+                f"min_true_for ({self.min_true_for:g} s) needs the condition to hold longer (held {held:.1f} s)"
+            )
+            fixes.append("a shorter min_true_for" if fixes else "shorten min_true_for")
+        return f"{', and '.join(lacks)}: {', '.join(fixes)}, or {more_time}"
+
     def to_dict(self, now: float) -> dict[str, Any]:
         """JSON summary for the ``decision`` record."""
         return {

@@ -321,6 +321,19 @@ class DecisionWatch:
             self._on_fired(True, decision)
         return _Verdict("success", decision, result, key, state, self.streak.to_dict(now))
 
+    def held_back(self, now: float, *, more_time: str) -> str | None:
+        """Why the newest decision, which qualified, has not ended the wait: the hold rule
+        (``consecutive``, ``min_true_for``) still unmet and the fix (:meth:`Streak.short_of
+        <airflow_provider_systemzero.decisions.conditions.Streak.short_of>`); ``None`` when no
+        qualifying run is waiting on one.
+
+        :param now: the current time (the clock of :meth:`observe`).
+        :param more_time: the fix that gives the wait more time (which argument to raise).
+        """
+        if self.fired or self._last is None:
+            return None
+        return self.streak.short_of(now, more_time=more_time)
+
     def wait_time(self, now: float) -> float | None:
         """Seconds until only time can end the wait (``None``: no decision is waiting on time)."""
         return None if self.fired else self.streak.wait_time(now)

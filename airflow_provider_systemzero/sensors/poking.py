@@ -85,10 +85,18 @@ class PokeWatch:
             raise AirflowSkipException(self._why(skip)) from None
 
     def _why(self, ended: BaseException) -> str:
-        """``ended``'s message, with why the last poke did not end the wait after a timeout."""
+        """``ended``'s message, with why the last poke did not end the wait after a timeout: the
+        last decision, and the hold rule (``consecutive``, ``min_true_for``) when it met the
+        condition but the rule kept it from ending the wait."""
         if self.last_reason is None or isinstance(ended, AirflowFailException):
             return str(ended)
-        return f"{ended}; {self.last_reason}"
+        watch = self._watch
+        held = (
+            None
+            if watch is None
+            else watch.held_back(time.monotonic(), more_time="raise the sensor's timeout")
+        )
+        return "; ".join(filter(None, [str(ended), self.last_reason, held]))
 
     def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
         """Read the source, decide once, and say whether the wait ends.

@@ -226,12 +226,21 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 if deadline is not None:
                     await deadline.__aexit__(None, None, None)
         except TimeoutError:
+            more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
+            # a met decision that a hold rule (consecutive, min_true_for) kept from ending the wait
+            held = (
+                None
+                if watch is None
+                else watch.held_back(asyncio.get_running_loop().time(), more_time=more_time)
+            )
             payload = stream.timed_out(
                 self._extra(),
-                "no decision met the condition before the deadline",
+                "no decision met the condition before the deadline"
+                if held is None
+                else "a decision met the condition, but a hold rule kept it from ending the wait before the deadline",
                 self._source,
-                (watch.last_reason if watch is not None else None) or said,
-                more_time="raise the sensor's timeout (or its execution_timeout, if shorter)",
+                "; ".join(filter(None, [(watch.last_reason if watch is not None else None) or said, held])),
+                more_time=more_time,
             )
         except Exception as exc:
             payload = stream.failure(self, exc, self._extra())

@@ -112,3 +112,30 @@ def test_a_restored_fired_flag_keeps_a_hysteresis_run_from_waiting_on_time() -> 
     watch = DecisionWatch(DecisionCondition("ready", min_true_for=5), reviews=False, fired=True)
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.wait_time(1.0) is None and watch.due(10.0) is None
+
+
+def test_a_run_held_back_by_min_true_for_says_how_long_it_held_and_the_fix() -> None:
+    watch = DecisionWatch(DecisionCondition("ready", min_true_for=7200))
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None
+    assert watch.held_back(20.0, more_time="raise the timeout") == (
+        "min_true_for (7200 s) needs the condition to hold longer (held 20.0 s): "
+        "shorten min_true_for, or raise the timeout"
+    )
+    assert watch.observe(_decision(False, version=2), "b", "b", 21.0) is None
+    assert watch.held_back(22.0, more_time="raise the timeout") is None  # nothing met: no hold to name
+
+
+def test_a_run_held_back_by_consecutive_says_how_many_decisions_it_had_and_the_fix() -> None:
+    watch = DecisionWatch(DecisionCondition("ready", consecutive=3, min_true_for=60))
+    assert watch.observe(_decision(True), "a", "a", 0.0) is None
+    assert watch.observe(_decision(True, version=2), "a", "a", 5.0) is None  # the same state: not counted
+    assert watch.held_back(10.0, more_time="raise the timeout") == (
+        "consecutive=3 needs 3 qualifying decisions in a row, each about a new state (had 1), and "
+        "min_true_for (60 s) needs the condition to hold longer (held 10.0 s): a change of state "
+        "(a decision about the same state does not count again), a smaller consecutive, a shorter "
+        "min_true_for, or raise the timeout"
+    )
+    # a plain condition is never held back
+    plain = DecisionWatch(DecisionCondition("ready"))
+    assert plain.observe(_decision(False), "a", "a", 0.0) is None
+    assert plain.held_back(1.0, more_time="raise the timeout") is None
