@@ -232,6 +232,7 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
     literal = {name: is_literal(getattr(sensor, name)) for name in sensor.template_fields}
     with parse_time(sensor.task_id):
         condition = condition_of(sensor, None if literal["question"] else _TEMPLATED_QUESTION)
+        check_min_true_for(condition.min_true_for, in_seconds(sensor.timeout))
         validate_decision_mode(sensor.decision_mode)
         request = None
         if all(literal[name] for name in _REQUEST_FIELDS):
@@ -251,6 +252,24 @@ def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
         raise ValueError(
             f"{sensor.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
             "(a rescheduled poke forgets the run of decisions)"
+        )
+
+
+def check_min_true_for(min_true_for: float, timeout: float | None) -> None:
+    """A ``min_true_for`` not shorter than the sensor's ``timeout`` can never be satisfied: the
+    first qualifying decision comes after the wait starts, and the timeout ends the wait first.
+
+    :param min_true_for: the condition's ``min_true_for`` (seconds, already checked).
+    :param timeout: the sensor's ``timeout`` in seconds.
+    :raises SystemZeroArgumentError: naming both fields and the fix.
+    """
+    if timeout is not None and min_true_for > 0 and min_true_for >= timeout:
+        raise SystemZeroArgumentError(
+            f"min_true_for ({min_true_for:g} s) is not shorter than timeout ({timeout:g} s): the "
+            "decisions must keep meeting the condition for min_true_for before the timeout ends "
+            "the wait, so the sensor could never succeed: shorten min_true_for, or raise timeout above it",
+            code="invalid_hysteresis",
+            field="min_true_for",
         )
 
 

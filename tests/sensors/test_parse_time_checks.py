@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pendulum
@@ -160,6 +161,30 @@ def test_a_templated_question_is_checked_when_the_task_runs(
 def test_a_literal_that_can_never_work_fails_naming_the_task(arguments: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         _build(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("min_true_for", "timeout", "message"),
+    [
+        (timedelta(hours=2), 20, "t: min_true_for (7200 s) is not shorter than timeout (20 s)"),
+        (60, timedelta(minutes=1), "t: min_true_for (60 s) is not shorter than timeout (60 s)"),
+    ],
+)
+def test_a_min_true_for_the_timeout_cannot_allow_is_refused(
+    tmp_path: Any, min_true_for: Any, timeout: Any, message: str
+) -> None:
+    source = {"type": "file", "path": str(tmp_path / "job.log")}
+    for deferrable in (True, False):  # a deferred wait and a poking one alike
+        with pytest.raises(SystemZeroArgumentError) as raised:
+            _build(source=source, min_true_for=min_true_for, timeout=timeout, deferrable=deferrable)
+        assert str(raised.value) == (
+            f"{message}: the decisions must keep meeting the condition for min_true_for before the "
+            "timeout ends the wait, so the sensor could never succeed: shorten min_true_for, or "
+            "raise timeout above it"
+        )
+        assert raised.value.field == "min_true_for"
+    # shorter than the timeout: accepted
+    assert _build("parse_time_held", source=source, min_true_for=59, timeout=60).min_true_for == 59
 
 
 def test_a_route_or_request_mode_is_checked_even_when_the_request_is_templated() -> None:
