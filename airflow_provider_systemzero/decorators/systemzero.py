@@ -39,6 +39,8 @@ __all__ = ["StateFunctionMixin", "systemzero_task"]
 class StateFunctionMixin:
     """Runs the decorated function to get the state, then lets the operator decide."""
 
+    #: the function returns the state when the task runs: no ``state`` is given at parse time
+    state_from_callable = True
     python_callable: Callable[..., Any]
     op_args: Sequence[Any]
     op_kwargs: dict[str, Any]

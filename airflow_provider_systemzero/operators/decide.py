@@ -149,6 +149,10 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     never work is an import error; templated ones when the task runs.
     """
 
+    #: the state comes from elsewhere when the task runs (a decorated function's return value), so
+    #: neither ``state`` nor ``upstream_task_ids`` is needed when the Dag is parsed
+    state_from_callable: bool = False
+
     template_fields: Sequence[str] = (
         "questions",
         "state",
@@ -223,6 +227,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self.deferrable = deferrable
         self.decision_timeout = decision_timeout
         self.key_salt = key_salt
+        self._check_state_arguments()
         self._check_literals()
 
     def _replayed(self, item: Any, index: int) -> str:
@@ -238,11 +243,17 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             )
         return item
 
+    def _check_state_arguments(self) -> None:
+        """Parse time: ``state`` or ``upstream_task_ids``, not both and not neither (unless the
+        state is a decorated function's return value); what they hold is checked in :meth:`_check_literals`."""
+        with parse_time(self.task_id):
+            if self.replay_task_ids is not None:
+                self._check_replay_arguments()
+            elif not self.state_from_callable:
+                self._check_state_given()
+
     def _check_literals(self) -> None:
         """Parse time: check every argument that no template or XComArg can still change."""
-        if self.replay_task_ids is not None:
-            with parse_time(self.task_id):
-                self._check_replay_arguments()
         timeout = self.decision_timeout
         if not is_seconds(timeout, positive=True):
             raise ValueError(
@@ -268,10 +279,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
     def _state(self, context: Context) -> Any:
         if self.replay_task_ids is None:
-            if self.state is None:
-                raise SystemZeroArgumentError(
-                    "state is required unless upstream_task_ids is given", code="invalid_state", field="state"
-                )
+            self._check_state_given()
             return self.state
         self._check_replay_arguments()
         self._check_replayed_tasks()
@@ -334,6 +342,18 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 field=f"upstream_task_ids[{task_id}]",
             )
         return outputs
+
+    def _check_state_given(self) -> None:
+        """Without ``upstream_task_ids``, ``state`` is given (``None`` is nothing: no template or
+        XComArg can fill it when the task runs)."""
+        if self.state is None:
+            raise SystemZeroArgumentError(
+                "state is required unless upstream_task_ids is given: pass state=... (a string, an "
+                "array or an object, a template, or an upstream task's .output), or "
+                "upstream_task_ids=[...] to decide about upstream tasks' outputs",
+                code="invalid_state",
+                field="state",
+            )
 
     def _check_replay_arguments(self) -> None:
         """``upstream_task_ids`` names at least one task, and ``state`` is not given beside it."""

@@ -118,6 +118,40 @@ def test_literal_mistakes_fail_when_the_dag_is_parsed(build: Any, message: str) 
         build()
 
 
+def test_an_operator_with_neither_state_nor_upstream_task_ids_fails_when_the_dag_is_parsed() -> None:
+    with DAG("mistake_no_state", schedule=None, start_date=START), pytest.raises(ValueError) as raised:
+        SystemZeroDecideOperator(task_id="d", questions={"ready": READY})
+    assert str(raised.value) == (
+        "d: state is required unless upstream_task_ids is given: pass state=... (a string, an array "
+        "or an object, a template, or an upstream task's .output), or upstream_task_ids=[...] to "
+        "decide about upstream tasks' outputs"
+    )
+    with DAG("mistake_no_state_branch", schedule=None, start_date=START), pytest.raises(ValueError) as raised:
+        SystemZeroBranchOperator(task_id="b", instructions="Which?", branches=["a", "b"])
+    assert str(raised.value).startswith("b: state is required unless upstream_task_ids is given")
+    with (
+        DAG("mistake_both_states_branch", schedule=None, start_date=START),
+        pytest.raises(ValueError) as raised,
+    ):
+        SystemZeroBranchOperator(
+            task_id="b", instructions="Which?", branches=["a", "b"], state="s", upstream_task_ids=["a"]
+        )
+    assert str(raised.value) == "b: give either state or upstream_task_ids, not both"
+    # what fills the state when the task runs is accepted: a template, an XComArg, upstream
+    # outputs, or the decorated function's return value
+    with DAG("mistake_state_later", schedule=None, start_date=START):
+
+        @task
+        def extract() -> str:
+            return "Job is ready."
+
+        output = extract()
+        SystemZeroDecideOperator(task_id="templated", questions={"ready": READY}, state="{{ params.s }}")
+        SystemZeroDecideOperator(task_id="xcomarg", questions={"ready": READY}, state=output)
+        SystemZeroDecideOperator(task_id="replayed", questions={"ready": READY}, upstream_task_ids=[output])
+        systemzero_task(questions={"ready": READY})(_state)()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
