@@ -207,7 +207,10 @@ class DecisionPolicy:
                     raise ValueError(
                         f"options[{name!r}] has unknown key {unknown[0]!r} (use act_above, review_above)"
                     )
-                bars = OptionBars(**bars)
+                try:
+                    bars = OptionBars(**bars)
+                except ValueError as exc:  # a bar out of range: say whose
+                    raise ValueError(f"option {name!r}: {exc}") from None
             elif not isinstance(bars, OptionBars):
                 raise ValueError(f"options[{name!r}] must be OptionBars or a dict, got {type(bars).__name__}")
             options[name] = bars

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
-from airflow_provider_systemzero.decisions.policy import DecisionPolicy, OptionBars
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.questions import build_request_dict
@@ -139,40 +139,42 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
         if "questions" in kwargs or "policy_question" in kwargs:
             raise TypeError("SystemZeroBranchOperator builds its own question: use instructions and branches")
         super().__init__(questions={}, policy=policy, policy_question=question, **kwargs)
-        self.branch_instructions = instructions
-        self.question = question
-        self.multiple = multiple
-        self.descriptions = dict(descriptions or {})
-        if multiple and len(question) > _MAX_BASE_NAME:
-            raise ValueError(
-                f"{self.task_id}: question names a multi-select branch in at most {_MAX_BASE_NAME} characters"
-            )
-        self.branches: dict[str, BranchOption] | None = None
-        if branches is not None:
-            if isinstance(branches, str):
-                branches = [branches]
-            if isinstance(branches, Mapping):
-                self.branches = {str(k): _as_option(v, str(k)) for k, v in branches.items()}
-            else:
-                self.branches = {str(b): BranchOption() for b in branches}
-            if not self.branches:
-                raise ValueError(f"{self.task_id}: branches is empty")
-            bars = {
-                name: OptionBars(option.act_above, option.review_above)
-                for name, option in self.branches.items()
-                if option.act_above is not None or option.review_above is not None
-            }
-            if bars:
-                base = self.policy or DecisionPolicy()
-                self.policy = DecisionPolicy(
-                    act_above=base.act_above,
-                    review_above=base.review_above,
-                    below=base.below,
-                    default=base.default,
-                    measure=base.measure,
-                    options={**base.options, **bars},
-                    review_timeout=base.review_timeout,
+        with parse_time(self.task_id):  # a bad option is an import error naming the task
+            self.branch_instructions = instructions
+            self.question = question
+            self.multiple = multiple
+            self.descriptions = dict(descriptions or {})
+            if multiple and len(question) > _MAX_BASE_NAME:
+                raise ValueError(
+                    f"{self.task_id}: question names a multi-select branch in at most {_MAX_BASE_NAME} characters"
                 )
+            self.branches: dict[str, BranchOption] | None = None
+            if branches is not None:
+                if isinstance(branches, str):
+                    branches = [branches]
+                if isinstance(branches, Mapping):
+                    self.branches = {str(k): _as_option(v, str(k)) for k, v in branches.items()}
+                else:
+                    self.branches = {str(b): BranchOption() for b in branches}
+                if not self.branches:
+                    raise ValueError(f"{self.task_id}: branches is empty")
+                # as dicts: the policy checks them, naming the option whose bar is wrong
+                bars = {
+                    name: {"act_above": option.act_above, "review_above": option.review_above}
+                    for name, option in self.branches.items()
+                    if option.act_above is not None or option.review_above is not None
+                }
+                if bars:
+                    base = self.policy or DecisionPolicy()
+                    self.policy = DecisionPolicy(
+                        act_above=base.act_above,
+                        review_above=base.review_above,
+                        below=base.below,
+                        default=base.default,
+                        measure=base.measure,
+                        options={**base.options, **bars},
+                        review_timeout=base.review_timeout,
+                    )
         self._check_branch_literals()
 
     def _check_literals(self) -> None:

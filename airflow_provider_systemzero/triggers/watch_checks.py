@@ -10,6 +10,7 @@ is sent or billed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,7 +80,9 @@ def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
         field = exc.field or ""
         argument = field.split(".")[0]
         if argument and argument not in given:  # a field inside an argument: name the argument
-            where = f"{_ARGUMENT_OF.get(argument, 'request')}: "
+            where = "condition" if argument in _CONDITION_FIELDS else "request"
+            # and the field, unless the message starts with it
+            where += ": " if exc.message.startswith(field) else f": {field}: "
         elif not field or exc.message.startswith(field):
             where = ""  # the message names it
         else:
@@ -91,13 +94,8 @@ def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
         ) from None
 
 
-#: The argument a checked field belongs to, for fields named inside it.
-_ARGUMENT_OF = {
-    "question": "condition",
-    "expect": "condition",
-    "consecutive": "condition",
-    "questions": "request",
-}
+#: The fields of the ``condition`` argument (any other field named inside an argument is the request's).
+_CONDITION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecisionCondition))
 
 
 def _hint(exc: Any) -> str:

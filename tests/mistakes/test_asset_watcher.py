@@ -99,6 +99,31 @@ def test_a_watcher_mistake_fails_when_the_trigger_is_built(
         assert str(error.value).startswith("SystemZeroDecisionEventTrigger(watch_id='nightly'): ")
 
 
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        ({"min_confidence": 80}, "condition: min_confidence 80 must be a number from 0 to 1"),
+        ({"min_probability": -1}, "condition: min_probability -1 must be a number from 0 to 1"),
+        ({"min_true_for": -1}, "condition: min_true_for -1 must be a number of seconds (0 or more)"),
+        (
+            {"policy": {"act_above": 0.8, "below": "default", "default": "yes"}},
+            "condition: policy: default 'yes' must be true or false for a boolean question",
+        ),
+        (
+            {"policy": {"act_above": 2}},
+            "condition: policy: act_above must be a number from 0 to 1 (or None), got 2",
+        ),
+    ],
+)
+def test_a_mistake_inside_the_condition_is_labelled_condition(
+    condition: dict[str, Any], message: str
+) -> None:
+    """Not ``request:``: the bad value is in the condition the author wrote."""
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        watcher(condition={"question": "ready", "expect": True, **condition})
+    assert str(error.value) == f"SystemZeroDecisionEventTrigger(watch_id='nightly'): {message}"
+
+
 def test_a_question_mistake_names_the_condition_and_the_fix() -> None:
     with pytest.raises(ARGUMENT_ERRORS) as error:
         watcher(condition=DecisionCondition("redy", True))

@@ -239,3 +239,33 @@ def test_a_policy_on_several_questions_names_the_gated_one() -> None:
         SystemZeroDecideOperator(task_id="d", questions={"a": "A?", "b": "B?"}, state="x", policy=POLICY)
     with pytest.raises(TypeError, match="builds its own question"):
         SystemZeroBranchOperator(task_id="b", instructions="Which?", questions={"a": "A?"})
+
+
+@pytest.mark.parametrize(
+    ("branches", "message"),
+    [
+        (
+            {"billing": BranchOption(act_above=90)},
+            "route: option 'billing': act_above must be a number from 0 to 1 (or None), got 90",
+        ),
+        (
+            {"billing": {"review_above": 80, "act_above": 0.9}},
+            "route: option 'billing': review_above must be a number from 0 to 1 (or None), got 80",
+        ),
+        (
+            {"billing": BranchOption(act_above=0.5, review_above=0.8)},
+            "route: option 'billing': review_above (0.8) must not be above act_above (0.5)",
+        ),
+        ({"billing": {"act_abov": 0.5}}, "route: branches['billing'] has unknown key 'act_abov'"),
+    ],
+)
+def test_a_bad_branch_option_names_the_task_and_the_option(branches: dict[str, Any], message: str) -> None:
+    with DAG("branch_option_mistake", schedule=None, start_date=START), pytest.raises(ValueError) as raised:
+        SystemZeroBranchOperator(task_id="route", instructions="Which team?", state="s", branches=branches)
+    assert str(raised.value) == message
+
+
+def test_a_bad_option_bar_in_a_policy_names_the_option() -> None:
+    with pytest.raises(ValueError) as raised:
+        DecisionPolicy(act_above=0.8, options={"refund": {"act_above": 95}})
+    assert str(raised.value) == "option 'refund': act_above must be a number from 0 to 1 (or None), got 95"
