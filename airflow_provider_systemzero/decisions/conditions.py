@@ -128,10 +128,12 @@ class DecisionCondition:
                 field="expect",
             )
 
-    def check_questions(self, questions: Mapping[str, Any]) -> None:
-        """Check that the watched question is asked and ``expect`` fits its type.
+    def check_questions(self, questions: Mapping[str, Any], *, reviews: bool = True) -> None:
+        """Check that the watched question is asked and ``expect`` fits its type, and the policy fits.
 
         :param questions: the request's questions in wire form.
+        :param reviews: a person can review a decision (the sensor); without (an asset watch) a
+            policy's review band is refused: a decision in it would never fire.
         :raises SystemZeroArgumentError: naming the field.
         """
         if self.question not in questions:
@@ -164,11 +166,12 @@ class DecisionCondition:
             from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 
             try:
-                DecisionPolicy.from_dict(self.policy).check(
-                    kind=kind or "boolean", options=options, allow_wait=True
-                )
+                policy = DecisionPolicy.from_dict(self.policy)
+                policy.check(kind=kind or "boolean", options=options, allow_wait=True)
             except ValueError as exc:
                 raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
+            if not reviews and policy.has_review:
+                _refuse_review_band(policy)
 
     def evaluate(self, result: DecisionResult) -> ConditionResult:
         """Check a decision against the condition."""
@@ -257,6 +260,27 @@ class DecisionCondition:
     def has_hysteresis(self) -> bool:
         """Whether firing needs more than one qualifying decision."""
         return self.consecutive > 1 or self.min_true_for > 0
+
+
+def _refuse_review_band(policy: Any) -> None:
+    """An asset watch never asks a person: a policy's review band would keep its decisions from
+    firing, and nothing would say why (``policy``: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`).
+
+    :raises SystemZeroArgumentError: naming the bar, the reason and the fix.
+    """
+    if policy.review_above is not None:
+        named = f"review_above ({policy.review_above})"
+    else:
+        option = next(o for o in policy.options if policy.bars_for(o)[1] is not None)
+        named = f"options[{option!r}] review_above ({policy.bars_for(option)[1]})"
+    raise SystemZeroArgumentError(
+        f"policy: {named} sends a decision to a person, but an asset watch never asks one (nobody "
+        "can review an asset event): a decision in the review band would never fire, and nothing "
+        "would say why; drop review_above (only an answer that passes act_above fires), or wait "
+        "with a SystemZeroDecisionSensor, which can ask a person",
+        code="invalid_policy",
+        field="policy",
+    )
 
 
 class Streak:

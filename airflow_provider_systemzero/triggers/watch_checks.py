@@ -120,7 +120,7 @@ def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
             code="invalid_request",
             field="request",
         )
-    condition.check_questions(request["questions"])
+    condition.check_questions(request["questions"], reviews=False)  # nobody reviews an asset event
     validate_decision_mode(checked["decision_mode"])
     check_flag("lease", checked["lease"], "give the stream back while the source is quiet")
     check_lease_after(checked["lease_after"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_REQUEST, dagbag_module
@@ -122,6 +123,42 @@ def test_a_mistake_inside_the_condition_is_labelled_condition(
     with pytest.raises(ARGUMENT_ERRORS) as error:
         watcher(condition={"question": "ready", "expect": True, **condition})
     assert str(error.value) == f"SystemZeroDecisionEventTrigger(watch_id='nightly'): {message}"
+
+
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        (DecisionPolicy(act_above=0.85, review_above=0.5), "review_above (0.5)"),
+        (
+            {"act_above": 0.85, "options": {"high": {"act_above": 0.9, "review_above": 0.6}}},
+            "options['high'] review_above (0.6)",
+        ),
+    ],
+)
+def test_a_review_band_in_a_watch_is_refused_with_the_reason_and_the_fix(policy: Any, named: str) -> None:
+    """A watch never asks a person, so a decision in the review band would never fire, silently."""
+    request = {
+        "questions": {"level": {"type": "choice", "instructions": "Level?", "options": ["high", "low"]}}
+    }
+    condition = DecisionCondition(
+        "level" if isinstance(policy, dict) else "ready",
+        "high" if isinstance(policy, dict) else True,
+        policy=policy if isinstance(policy, dict) else policy.to_dict(),
+    )
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        watcher(condition=condition, **({"request": request} if isinstance(policy, dict) else {}))
+    assert str(error.value) == (
+        "SystemZeroDecisionEventTrigger(watch_id='nightly'): condition: policy: "
+        f"{named} sends a decision to a person, but an asset watch never asks one (nobody can "
+        "review an asset event): a decision in the review band would never fire, and nothing would "
+        "say why; drop review_above (only an answer that passes act_above fires), or wait with a "
+        "SystemZeroDecisionSensor, which can ask a person"
+    )
+    assert error.value.field == "policy"
+    # the sensor asks a person in that band: the same condition is accepted there
+    DecisionCondition.from_dict(condition.to_dict()).check_questions(
+        request["questions"] if isinstance(policy, dict) else {"ready": {"type": "boolean"}}
+    )
 
 
 def test_a_question_mistake_names_the_condition_and_the_fix() -> None:
