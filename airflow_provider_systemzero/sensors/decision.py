@@ -32,6 +32,7 @@ from airflow_provider_systemzero.sensors.outcomes import (
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
+from airflow_provider_systemzero.triggers.sources import plain_source
 from airflow_provider_systemzero.utils.checks import (
     check_connection_before_deferring,
     parse_time,
@@ -180,7 +181,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         with parse_time(kwargs.get("task_id")):
             super().__init__(max_decisions=max_decisions, max_input_tokens=max_input_tokens, **kwargs)
             self.question, self.instructions, self.questions = question, instructions, questions
-            self.state, self.source, self.allow_empty = state, source, allow_empty
+            self.state, self.source, self.allow_empty = state, plain_source(source), allow_empty
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
             self.consecutive, self.min_true_for = consecutive, in_seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode

@@ -64,6 +64,7 @@ __all__ = [
     "StateSource",
     "StaticSource",
     "build_source",
+    "plain_source",
     "validate_source_spec",
 ]
 
@@ -105,6 +106,19 @@ def check_changes_possible(
         )
 
 
+def plain_source(spec: Any) -> Any:
+    """The source description with a path object (``pathlib.Path``, any ``os.PathLike``) given as
+    ``source.path`` turned into its text: the description travels in trigger kwargs, plain JSON.
+
+    :param spec: a source description as the author wrote it (anything else is returned as is, for
+        :func:`validate_source_spec` to name).
+    :return: ``spec``, or a copy whose ``path`` is a string.
+    """
+    if isinstance(spec, Mapping) and isinstance(spec.get("path"), os.PathLike):
+        return {**spec, "path": os.fspath(spec["path"])}
+    return spec
+
+
 def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     """Check a source description (before deferring, so bad input fails on the worker).
 
@@ -115,6 +129,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     """
     if spec is None:
         return {"type": "static"}
+    spec = plain_source(spec)
     if not isinstance(spec, Mapping):
         raise SystemZeroArgumentError(
             "source must be an object such as {'type': 'file', 'path': ...}",

@@ -18,7 +18,11 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
-from airflow_provider_systemzero.triggers.sources import check_changes_possible, validate_source_spec
+from airflow_provider_systemzero.triggers.sources import (
+    check_changes_possible,
+    plain_source,
+    validate_source_spec,
+)
 from airflow_provider_systemzero.triggers.watching import watch_source
 from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
 
@@ -110,7 +114,7 @@ def _hint(exc: Any) -> str:
 
 def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
     kept, condition = condition_dict(given["condition"])
-    checked = {**given, "condition": kept}
+    checked = {**given, "condition": kept, "source": plain_source(given["source"])}
     systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
     check_conn_id(systemzero_conn_id)
     if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):

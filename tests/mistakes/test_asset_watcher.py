@@ -176,6 +176,12 @@ def test_a_condition_object_is_kept_as_its_dict() -> None:
     assert built.serialize() == watcher(condition=built.condition).serialize()  # the same identity
 
 
+def test_a_path_object_as_the_source_path_is_kept_as_its_text() -> None:
+    built = watcher(source={"type": "file", "path": Path("/data/status.log")})
+    assert built.source == {"type": "file", "path": "/data/status.log"}
+    assert built.serialize() == watcher().serialize()  # plain JSON, and the same identity as the text
+
+
 def test_a_watcher_mistake_is_an_import_error_of_the_dag_file(airflow_db: None, tmp_path: Path) -> None:
     (tmp_path / "watching_dag.py").write_text(
         textwrap.dedent("""

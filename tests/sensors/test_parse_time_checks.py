@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pendulum
@@ -119,6 +120,7 @@ def test_a_templated_question_is_checked_when_the_task_runs(
             {"source": {"type": "file", "path": "/j.log", "poll_interval": float("inf")}},
             "t: source.poll_interval inf",
         ),
+        ({"source": {"type": "file", "path": Path("job.log")}}, "t: source.path 'job.log' is relative"),
         (
             {"debounce_ms": "100"},
             "t: debounce_ms must be a whole number of milliseconds from 0 to 3600000 or None, got str '100'",
@@ -251,3 +253,22 @@ def test_triggerer_only_knobs_in_a_poking_sensor_are_refused(
     # the same knobs in a deferrable sensor are what they are for
     deferred = _build("parse_time_deferred", source=source, **{**kwargs, "deferrable": True})
     assert deferred.decision_filter.active
+
+
+def test_a_path_object_as_a_file_source_path_is_taken_as_its_text(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("Job is ready.\n")
+    with DAG("parse_time_path_object", schedule=None, start_date=START) as dag:
+        sensor = SystemZeroDecisionSensor(
+            task_id="t",
+            systemzero_conn_id=CONN,
+            instructions=READY,
+            state="",
+            source={"type": "file", "path": log},  # a pathlib.Path, not its text
+            deferrable=True,
+            timeout=60,
+        )
+    assert sensor.source == {"type": "file", "path": str(log)}  # plain JSON in the trigger kwargs
+    assert task_states(run_dag(dag)) == {"t": "success"}, capsys.readouterr().out
