@@ -47,6 +47,8 @@ WARN_EVERY = 10
 LOOPBACK_GIVE_UP_ATTEMPTS = 4
 #: … spread over at least this many seconds.
 LOOPBACK_GIVE_UP_SECONDS = 10.0
+#: Why a loopback origin that failed so will not answer, by the kind of failure (:func:`_kind`).
+_NEVER_ANSWERS = {"refused": "nothing listens there", "tls_plaintext": "the port speaks plaintext, not TLS"}
 
 
 def _unresolved(exc: BaseException) -> bool:
@@ -213,6 +215,7 @@ class NetworkFailures:
         self._repeats = 0
         self._answered = False
         self._hopeless_attempts = 0
+        self._hopeless_kinds: set[str] = set()  # the kinds of those attempts' failures
         #: whether every attempt so far failed as a never-answering loopback origin does
         self._may_give_up = self.loopback and not reached
         self._first_failure: float | None = None
@@ -244,8 +247,9 @@ class NetworkFailures:
         if self._repeats % WARN_EVERY == 0:
             again = f" (the same failure {self._repeats + 1} times in a row)" if self._repeats else ""
             log.warning("System Zero stream: %s; retrying with backoff%s", text, again)
-        if self._may_give_up and not self._answered and kind in ("refused", "tls_plaintext"):
+        if self._may_give_up and not self._answered and kind in _NEVER_ANSWERS:
             self._hopeless_attempts += 1
+            self._hopeless_kinds.add(kind)
             if self._first_failure is None:
                 self._first_failure = time.monotonic()
         else:
@@ -265,9 +269,10 @@ class NetworkFailures:
             or elapsed < LOOPBACK_GIVE_UP_SECONDS
         ):
             return None
+        why = ", or ".join(text for kind, text in _NEVER_ANSWERS.items() if kind in self._hopeless_kinds)
         return GatewayUnreachable(
             f"{self.last_text} (every attempt since the stream started failed so, {self._hopeless_attempts} in "
-            f"{elapsed:.0f} s: nothing listens there, so the stream stops retrying)"
+            f"{elapsed:.0f} s: {why}, so the stream stops retrying)"
         )
 
     def bound_delay(self, delay: float) -> float:

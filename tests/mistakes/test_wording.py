@@ -153,3 +153,33 @@ def test_a_loopback_origin_that_never_answered_is_given_up_on_time(monkeypatch: 
         error
     )
     assert remote.give_up() is None and reached.give_up() is None
+
+
+@pytest.mark.parametrize(
+    ("errors", "why"),
+    [
+        ([ConnectionRefusedError(111, "Connect call failed")], "nothing listens there"),
+        ([ConnectionResetError()], "the port speaks plaintext, not TLS"),
+        (
+            [ConnectionRefusedError(111, "Connect call failed"), ConnectionResetError()],
+            "nothing listens there, or the port speaks plaintext, not TLS",
+        ),
+    ],
+)
+def test_giving_up_on_a_loopback_origin_says_the_cause_it_diagnosed(
+    monkeypatch: pytest.MonkeyPatch, errors: list[BaseException], why: str
+) -> None:
+    from airflow_provider_systemzero.stream import diagnosis
+
+    now = [100.0]
+    monkeypatch.setattr(diagnosis.time, "monotonic", lambda: now[0])
+    failures = NetworkFailures("wss://127.0.0.1:8765/v1/system-zero/stream")
+    for attempt in range(diagnosis.LOOPBACK_GIVE_UP_ATTEMPTS):
+        failures.record(errors[attempt % len(errors)])
+    now[0] += diagnosis.LOOPBACK_GIVE_UP_SECONDS
+    error = failures.give_up()
+    assert error is not None
+    assert str(error).endswith(
+        f"(every attempt since the stream started failed so, {diagnosis.LOOPBACK_GIVE_UP_ATTEMPTS} in "
+        f"{diagnosis.LOOPBACK_GIVE_UP_SECONDS:.0f} s: {why}, so the stream stops retrying)"
+    ), str(error)
