@@ -24,7 +24,7 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.questions import build_request_dict
-from airflow_provider_systemzero.utils.checks import is_literal, parse_time
+from airflow_provider_systemzero.utils.checks import is_literal, parse_time, refuse_rendered_none, template_of
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
@@ -141,6 +141,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
         super().__init__(questions={}, policy=policy, policy_question=question, **kwargs)
         with parse_time(self.task_id):  # a bad option is an import error naming the task
             self.branch_instructions = instructions
+            self._branch_template = template_of(instructions)  # what a text rendered as 'None' came from
             self.question = question
             self.multiple = multiple
             self.descriptions = dict(descriptions or {})
@@ -235,6 +236,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
 
     def _questions_for(self, options: Mapping[str, BranchOption]) -> dict[str, Any]:
         text = self.branch_instructions
+        refuse_rendered_none(text, self._branch_template, field="instructions", code="invalid_question")
         if not isinstance(text, str) or not text.strip():
             raise SystemZeroArgumentError(
                 "instructions must say what to decide, e.g. 'Which team should handle this ticket?'",
@@ -363,6 +365,10 @@ class SystemZeroShortCircuitOperator(_GateOperator, SkipMixin):
             **kwargs,
         )
         self.question = question
+        # the question's text is the author's instructions: name that argument
+        self._instruction_templates = {
+            name: ("instructions", template) for name, (_, template) in self._instruction_templates.items()
+        }
         self.proceed_when = proceed_when
         self.ignore_downstream_trigger_rules = ignore_downstream_trigger_rules
 

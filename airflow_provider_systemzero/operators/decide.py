@@ -28,9 +28,11 @@ from airflow_provider_systemzero.utils.checks import (
     check_connection_before_deferring,
     check_flag,
     check_key_salt,
+    instruction_templates,
     is_literal,
     parse_time,
     refuse_empty_state,
+    refuse_rendered_none_instructions,
     template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout
@@ -218,6 +220,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 items = _items(upstream_task_ids)
             self.replay_task_ids = [self._replayed(item, index) for index, item in enumerate(items)]
         self.instructions = instructions
+        #: what a question's text rendered as 'None' came from
+        self._instruction_templates = instruction_templates(questions, instructions)
         self.attachments = list(attachments or [])
         self.model = model
         self.route = route
@@ -450,6 +454,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         (checked: a mistake fails the task before anything is sent)."""
         try:
             request = self._request(context)
+            refuse_rendered_none_instructions(request["questions"], self._instruction_templates)
             state = self._state(context)
             # when it runs: a template may fill it
             refuse_empty_state(state, allow_empty=self.allow_empty, template=self._state_template)

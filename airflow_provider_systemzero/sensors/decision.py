@@ -193,7 +193,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.min_interval_ms, self.max_staleness = sz_inputs.pacing(min_interval_ms, max_staleness)
             self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
-            self._templates, self._poke_watch = sz_inputs.templates_of(state, source), PokeWatch()
+            self._templates, self._poke_watch = sz_inputs.templates_of(self), PokeWatch()
             sz_inputs.check_literals(self)
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 

@@ -38,10 +38,12 @@ from airflow_provider_systemzero.utils.checks import (
     check_key_salt,
     check_lease_after,
     has_template,
+    instruction_templates,
     is_literal,
     parse_time,
     refuse_empty_state,
     refuse_rendered_none,
+    refuse_rendered_none_instructions,
     template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds, wait_bound
@@ -171,6 +173,8 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
     """
     try:
         request = request_of(sensor)
+        if running:
+            refuse_rendered_none_instructions(request["questions"], sensor._templates["questions"])
         condition = condition_of(sensor)
         condition.check_questions(request["questions"])
         validate_decision_mode(sensor.decision_mode)
@@ -183,6 +187,8 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
             refuse_empty_state(
                 sensor.state, allow_empty=sensor.allow_empty, template=sensor._templates["state"]
             )
+        elif running:  # the source's content follows the state: a missing value would prefix it
+            refuse_rendered_none(sensor.state, sensor._templates["state"], field="state")
     except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
     return request, condition, source
@@ -355,12 +361,22 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
     return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
 
 
-def templates_of(state: Any, source: Any) -> dict[str, str | None]:
-    """The templates ``state`` and the source's path are rendered from (``None``: a literal), kept
-    so that a value rendered as the text ``'None'`` is named with its template when the task runs."""
+def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
+    """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
+    kept so that a value rendered as the text ``'None'`` is named with its template when the task
+    runs: ``state``, the source's path, and the asked questions' texts (``"questions"``:
+    :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or that of
+    ``instructions`` when it is the one question's text)."""
+    source = sensor.source
+    if sensor.questions is not None:
+        questions = instruction_templates(sensor.questions)
+    else:
+        template = template_of(sensor.instructions)
+        questions = {} if template is None else {sensor.question: ("instructions", template)}
     return {
-        "state": template_of(state),
+        "state": template_of(sensor.state),
         "source.path": template_of(source.get("path")) if isinstance(source, dict) else None,
+        "questions": questions,
     }
 
 

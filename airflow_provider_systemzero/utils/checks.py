@@ -29,10 +29,12 @@ __all__ = [
     "check_key_salt",
     "check_lease_after",
     "has_template",
+    "instruction_templates",
     "is_literal",
     "parse_time",
     "refuse_empty_state",
     "refuse_rendered_none",
+    "refuse_rendered_none_instructions",
     "review_settings",
     "template_of",
 ]
@@ -199,7 +201,9 @@ def template_of(value: Any) -> str | None:
     return value if isinstance(value, str) and has_template(value) else None
 
 
-def refuse_rendered_none(value: Any, template: str | None, *, field: str, meant: str = "") -> None:
+def refuse_rendered_none(
+    value: Any, template: str | None, *, field: str, meant: str = "", code: str = "empty_state"
+) -> None:
     """Refuse a template that rendered a missing value as the text ``"None"``
     (``{{ dag_run.conf.get('x') }}``, an XCom that was not pushed).
 
@@ -207,6 +211,7 @@ def refuse_rendered_none(value: Any, template: str | None, *, field: str, meant:
     :param template: the template it was rendered from (``None``: it was not).
     :param field: the argument named in the message.
     :param meant: how to say that ``'None'`` is meant, when it can be (``""``: it cannot).
+    :param code: the error's code.
     :raises SystemZeroArgumentError: naming the field, the template and the fix.
     """
     if template is None or not isinstance(value, str) or value.strip() != "None":
@@ -216,9 +221,49 @@ def refuse_rendered_none(value: Any, template: str | None, *, field: str, meant:
         f"{field} rendered to 'None' from the template {template!r}: the value it reads is missing "
         "(a dag_run.conf key, a param, an XCom that was not pushed); check it, give it a default "
         f"(e.g. dag_run.conf.get('key', 'text')){also}",
-        code="empty_state",
+        code=code,
         field=field,
     )
+
+
+def instruction_templates(questions: Any, instructions: Any = None) -> dict[str, tuple[str, str]]:
+    """The templates the questions' texts are rendered from, kept when the task is built so that a
+    text rendered as ``'None'`` is refused with its template when the task runs
+    (:func:`refuse_rendered_none_instructions`).
+
+    :param questions: the task's ``questions`` as written (``{name: text | question dict}``).
+    :param instructions: the task's ``{name: text}`` overrides, as written.
+    :return: ``{question name: (the argument it was written in, its template)}``, for the
+        templated texts only.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    for name, value in questions.items() if isinstance(questions, Mapping) else ():
+        text, field = value, f"questions.{name}"
+        if isinstance(value, Mapping):
+            text, field = value.get("instructions"), f"questions.{name}.instructions"
+        if (template := template_of(text)) is not None:
+            found[name] = (field, template)
+    for name, text in instructions.items() if isinstance(instructions, Mapping) else ():
+        found.pop(name, None)  # the override is the text asked
+        if (template := template_of(text)) is not None:
+            found[name] = (f"instructions.{name}", template)
+    return found
+
+
+def refuse_rendered_none_instructions(
+    questions: Mapping[str, Any], templates: Mapping[str, tuple[str, str]]
+) -> None:
+    """Refuse a question whose text rendered as ``'None'`` (:func:`refuse_rendered_none`): asked,
+    it would be billed and answered about nothing.
+
+    :param questions: the wire-form questions, rendered.
+    :param templates: :func:`instruction_templates` of the questions as written.
+    :raises SystemZeroArgumentError: naming the argument, the template and the fix.
+    """
+    for name, (field, template) in templates.items():
+        question = questions.get(name)
+        if isinstance(question, Mapping):
+            refuse_rendered_none(question.get("instructions"), template, field=field, code="invalid_question")
 
 
 def refuse_empty_state(
