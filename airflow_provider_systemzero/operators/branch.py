@@ -111,7 +111,8 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
     ``@task.branch``).
 
     :param instructions: what to decide (templated).
-    :param question: the question's name.
+    :param question: the question's name (default ``"branch"``; with ``multiple=True`` the options
+        are asked as ``branch__0``, ``branch__1``, …): the name emulator rules match.
     :param branches: option names (a list), or option → task ID(s) / :class:`BranchOption` / dict
         (default: the downstream task IDs, sorted).
     :param descriptions: option → description (added to the instructions).
@@ -334,7 +335,7 @@ class SystemZeroShortCircuitOperator(_GateOperator, SkipMixin):
     proceeds and which tasks were skipped.
 
     :param instructions: the yes/no question (templated).
-    :param question: the question's name.
+    :param question: the question's name (default ``"proceed"``): the name emulator rules match.
     :param proceed_when: the answer that lets downstream tasks run (``False`` makes a "skip if" gate).
     :param ignore_downstream_trigger_rules: skip every downstream task (``True``), or only the direct ones.
     :param policy: the :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`.
