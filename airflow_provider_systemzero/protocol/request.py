@@ -145,8 +145,13 @@ class Question:
             return value
         where = f"questions.{name}"
         if not isinstance(value, Mapping):
+            # the shorthand {name: text} of the operators, given where the wire form is read: its
+            # text, in the form to write (any other value: an example)
+            text = value if isinstance(value, str) and 0 < len(value.strip()) <= 80 else "Is the job ready?"
             raise LocalProtocolError(
-                f"{where} must be an object {{type, instructions[, options]}}",
+                f"{where} must be an object {{type, instructions[, options]}}: write each question as "
+                f"{{'type': 'boolean', 'instructions': {text!r}}} (or 'choice' with 'options'), or turn "
+                "the shorthand into that form with airflow_provider_systemzero.questions.normalise_questions",
                 code="invalid_question",
                 field=where,
             )

@@ -92,7 +92,7 @@ def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
         else:
             where = f"{field}: "
         raise SystemZeroArgumentError(
-            f"SystemZeroDecisionEventTrigger(watch_id={watch_id!r}): {where}{exc.message}{_hint(exc)}",
+            f"SystemZeroDecisionEventTrigger(watch_id={watch_id!r}): {where}{exc.message}",
             code=exc.code,
             field=exc.field,
         ) from None
@@ -100,16 +100,6 @@ def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
 
 #: The fields of the ``condition`` argument (any other field named inside an argument is the request's).
 _CONDITION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecisionCondition))
-
-
-def _hint(exc: Any) -> str:
-    """The fix, where the message of a protocol-level check does not give one."""
-    if (exc.field or "").startswith("questions.") and "must be an object" in exc.message:
-        return (
-            ": write each question as {'type': 'boolean', 'instructions': 'Is the job ready?'} "
-            "(or 'choice' with 'options')"
-        )
-    return ""
 
 
 def _checked(given: Mapping[str, Any]) -> dict[str, Any]:

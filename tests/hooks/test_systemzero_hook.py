@@ -378,6 +378,18 @@ async def test_sync_decide_from_a_running_loop_uses_a_helper_thread(threaded_emu
     assert decision.decisions() == {"ready": False}
 
 
+def test_a_short_form_question_is_refused_with_the_wire_form_to_write(threaded_emu: ThreadedEmulator) -> None:
+    hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
+    with pytest.raises(ValueError) as raised:
+        hook.decide({"questions": {"ready": "Is it ready?"}}, "Initial log\n", timeout=20)
+    assert str(raised.value) == (
+        "questions.ready must be an object {type, instructions[, options]}: write each question as "
+        "{'type': 'boolean', 'instructions': 'Is it ready?'} (or 'choice' with 'options'), or turn "
+        "the shorthand into that form with airflow_provider_systemzero.questions.normalise_questions"
+    )
+    assert threaded_emu.call(lambda e: e.stats).streams_total == 0  # refused before connecting
+
+
 def test_sync_decide_honours_its_timeout(threaded_emu: ThreadedEmulator) -> None:
     threaded_emu.emulator.faults.delay_decisions_ms = 10_000
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
