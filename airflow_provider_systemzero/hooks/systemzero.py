@@ -30,6 +30,7 @@ import concurrent.futures
 import difflib
 import json
 import logging
+import os
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 from urllib.parse import urlsplit
@@ -155,6 +156,19 @@ def _supervisor_comms_lack_async_send() -> bool:
         return False
     comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
     return comms is not None and not hasattr(comms, "asend")
+
+
+def _outside_a_task() -> bool:
+    """Whether this process reads connections as Airflow 3's fallback does: no task's (or trigger's)
+    supervisor comms and no server context, so environment variables and secrets backends only,
+    never the metadata DB (``airflow.sdk.execution_time.supervisor.ensure_secrets_backend_loaded``)."""
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # pragma: no cover - always present in Airflow 3
+        return False
+    if getattr(task_runner, "SUPERVISOR_COMMS", None) is not None:
+        return False
+    return os.environ.get("_AIRFLOW_PROCESS_CONTEXT") not in ("server", "client")
 
 
 def reconnect_backoff() -> Backoff:
@@ -379,14 +393,23 @@ class SystemZeroHook(BaseHook):
             raise self._missing() from None
 
     def _missing(self) -> SystemZeroValidationError:
+        """The error for a connection no backend this process reads has: where it looks, and the fix."""
         conn_id = self.systemzero_conn_id
-        return SystemZeroValidationError(
-            f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API origin, "
-            f"password = the API key) or set AIRFLOW_CONN_{conn_id.upper()}, or pass the right "
-            "systemzero_conn_id",
-            code="missing_connection",
-            field="systemzero_conn_id",
-        )
+        env = f"AIRFLOW_CONN_{conn_id.upper()}"
+        if _outside_a_task():
+            # a script, a notebook: the metadata DB's connections are out of reach, not absent
+            message = (
+                f"connection {conn_id!r} is not defined where this process looks: outside a task, Airflow 3 "
+                "reads connections from AIRFLOW_CONN_* environment variables and a configured secrets "
+                "backend only, not from the metadata DB (one created in the UI or with `airflow connections "
+                f"add` is not seen here): set {env} or define it in the secrets backend, or run this in a task"
+            )
+        else:
+            message = (
+                f"connection {conn_id!r} is not defined: create it (conn_type 'systemzero', host = the API "
+                f"origin, password = the API key) or set {env}, or pass the right systemzero_conn_id"
+            )
+        return SystemZeroValidationError(message, code="missing_connection", field="systemzero_conn_id")
 
     def _checked(self, conn: Any) -> Any:
         """``conn``, when it is a System Zero connection (another type's fields mean other things)."""

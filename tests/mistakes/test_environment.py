@@ -229,6 +229,14 @@ def test_gateway_not_running_fails_the_deferred_sensor_fast(
     assert f"{REFUSED} {closed_port}?" in capsys.readouterr().out
 
 
+def test_a_missing_connection_in_a_server_process_says_create_it(
+    airflow_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")  # the API server: it reads the metadata DB
+    ok, message = SystemZeroHook("sz_nowhere").test_connection()
+    assert not ok and "connection 'sz_nowhere' is not defined: create it (conn_type 'systemzero'" in message
+
+
 def test_a_short_deadline_without_deferring_carries_the_last_error(
     closed_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,7 +252,16 @@ def test_a_short_deadline_without_deferring_carries_the_last_error(
 @pytest.mark.parametrize(
     ("conn_type", "code", "said"),
     [
-        (None, "missing_connection", "connection 'sz_hook_mistake' is not defined: create it"),
+        # outside a task, Airflow 3 does not read the metadata DB's connections: say where it looks
+        (
+            None,
+            "missing_connection",
+            "connection 'sz_hook_mistake' is not defined where this process looks: outside a task, "
+            "Airflow 3 reads connections from AIRFLOW_CONN_* environment variables and a configured "
+            "secrets backend only, not from the metadata DB (one created in the UI or with `airflow "
+            "connections add` is not seen here): set AIRFLOW_CONN_SZ_HOOK_MISTAKE or define it in the "
+            "secrets backend, or run this in a task",
+        ),
         ("http", "invalid_connection", "has conn_type 'http', not 'systemzero'"),
     ],
 )
