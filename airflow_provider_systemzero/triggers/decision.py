@@ -470,6 +470,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
             getattr(self, "asset_state_store", None),
             watch_id=self.watch_id,
             identity=kwargs_identity(self.serialize()[1]),
+            stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
         )
         watch = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
         policy_fields = condition.policy is not None or condition.has_hysteresis

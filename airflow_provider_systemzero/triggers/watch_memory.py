@@ -35,7 +35,7 @@ is tried again, and a trigger that stops gracefully writes a pending ``False`` o
 only while a value is pending, so a dormant watch holds no task.
 
 Without a store (Airflow 3.1 and 3.2, or a trigger run outside a triggerer) the watch keeps no
-memory and says so once; a trigger shared by two assets (the same kwargs in two watchers) keeps
+memory and says so once, with the reason that applies; a trigger shared by two assets (the same kwargs in two watchers) keeps
 none either, and says how to give each its own. A store that cannot be read: the watch starts
 afresh (a repeat). A write that fails is logged and tried again: until a ``False`` is written a
 restart would miss the next run, until a ``True`` is it may repeat one; the warning says which.
@@ -89,10 +89,22 @@ class WatchMemory:
     :param identity: :func:`kwargs_identity` of the trigger's kwargs.
     :param settle: seconds between an event handed over and ``fired = True`` written (default
         :data:`SETTLE_S`).
+    :param stores_given: whether this Airflow gives a watcher trigger its asset's store (3.3: the
+        triggerer sets ``asset_state_store`` before ``run()``), so that without one the log says the
+        trigger runs outside a triggerer rather than that stores need Airflow 3.3.
     """
 
-    def __init__(self, store: Any, *, watch_id: str, identity: str, settle: float | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        watch_id: str,
+        identity: str,
+        settle: float | None = None,
+        stores_given: bool = False,
+    ) -> None:
         self._store = store
+        self._stores_given = stores_given
         self.watch_id = watch_id
         self.key = KEY_PREFIX + watch_id
         self.identity = identity
@@ -118,10 +130,17 @@ class WatchMemory:
     async def recall(self) -> bool:
         """The ``fired`` flag this watch left before a restart (``False`` when there is none)."""
         if self._store is None:
+            why = (
+                "no asset state store was given to this trigger: it runs outside a triggerer, which "
+                "gives each asset's watcher its store"
+                if self._stores_given
+                else "an asset state store needs Airflow 3.3"
+            )
             log.info(
-                "asset watch %r keeps no memory across triggerer restarts (an asset state store "
-                "needs Airflow 3.3): after a restart a condition still met fires once more",
+                "asset watch %r keeps no memory across triggerer restarts (%s): after a restart a "
+                "condition still met fires once more",
                 self.watch_id,
+                why,
             )
             return False
         try:

@@ -132,17 +132,26 @@ async def test_a_restarted_watch_does_not_fire_again_for_the_run_it_fired_for(
     assert emulator.stats.decisions_billed == 3  # READY, WAITING, READY + READY
 
 
-async def test_without_a_store_a_restart_fires_again(emulator: Emulator, tmp_path: Path) -> None:
-    """Airflow 3.1 and 3.2 (no store): the restarted watch's first met decision is a transition;
-    the repeat carries the same reply_id, which a consumer can skip."""
+async def test_without_a_store_a_restart_fires_again(
+    emulator: Emulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Airflow 3.1 and 3.2, or a trigger run outside a triggerer (no store): the restarted watch's
+    first met decision is a transition; the repeat carries the same reply_id, which a consumer can
+    skip. The log gives the reason there is no store on this Airflow."""
     log = tmp_path / "release.log"
     log.write_text(READY)
+    caplog.set_level(logging.INFO, logger=watch_memory.__name__)
     replies = []
     for _ in range(2):
         async with watching_events(watcher(log, store=False)) as (events, _):
             await until(lambda: len(events) == 1, within=20, what="an event")
         replies.append(events[0].payload["reply_id"])
     assert replies[0] == replies[1] and emulator.stats.decisions_billed == 1
+    if hasattr(context, "AssetStateStoreAccessors"):  # Airflow 3.3: the triggerer would give one
+        assert "no asset state store was given to this trigger: it runs outside a triggerer" in caplog.text
+        assert "needs Airflow 3.3" not in caplog.text
+    else:
+        assert "an asset state store needs Airflow 3.3" in caplog.text
 
 
 async def test_memory_of_a_watch_with_other_kwargs_is_not_used(
@@ -261,6 +270,19 @@ async def test_without_a_store_nothing_is_kept_and_the_log_says_why(caplog: pyte
     memory.handed_over()
     assert memory._writer is None  # nothing to write, no task
     assert "asset watch 'w' keeps no memory" in caplog.text and "needs Airflow 3.3" in caplog.text
+
+
+async def test_without_a_store_on_an_airflow_that_has_them_the_log_says_outside_a_triggerer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=watch_memory.__name__)
+    memory = WatchMemory(None, watch_id="w", identity="i", stores_given=True)
+    assert await memory.recall() is False and not memory.kept
+    assert (
+        "asset watch 'w' keeps no memory across triggerer restarts (no asset state store was given to "
+        "this trigger: it runs outside a triggerer, which gives each asset's watcher its store)"
+    ) in caplog.text
+    assert "needs Airflow 3.3" not in caplog.text
 
 
 class SlowOrFailingStore(Store):
