@@ -116,6 +116,13 @@ READY_RULES: dict[str, Any] = {
 }
 
 
+def ready_log(directory: Path) -> Path:
+    """A job log in ``directory`` whose one line makes the rules emulator answer ready = true."""
+    log = directory / "job.log"
+    log.write_text("Job is ready.\n")
+    return log
+
+
 @contextmanager
 def rules_emulator(
     rules: dict[str, Any], directory: Any, key: str, conn_id: str, **conn_extra: Any

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import run_dag, task_states
+from tests.helpers import ready_log, run_dag, task_states
 from tests.mistakes.conftest import CONN, START
 
 
@@ -29,8 +29,7 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
 def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("Job is ready.\n")
+    log = ready_log(tmp_path)
     with DAG("mistake_hold_min_true_for", schedule=None, start_date=START) as dag:
         # shorter than the timeout (accepted), but the first decision comes well after the start
         _sensor(source={"type": "file", "path": str(log)}, min_true_for=7.99, timeout=8, deferrable=True)
@@ -49,8 +48,7 @@ def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
 def test_a_soft_failing_poking_sensor_held_back_by_consecutive_names_it_in_the_skip(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("Job is ready.\n")  # never changes: one decision, however many pokes
+    log = ready_log(tmp_path)  # never changes: one decision, however many pokes
     with DAG("mistake_hold_consecutive", schedule=None, start_date=START) as dag:
         _sensor(
             source={"type": "file", "path": str(log)},

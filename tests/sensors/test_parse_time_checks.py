@@ -16,7 +16,7 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import READY_RULES, rules_emulator, run_dag, task_states
+from tests.helpers import READY_RULES, ready_log, rules_emulator, run_dag, task_states
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 CONN = "sz_parse_time"
@@ -258,8 +258,7 @@ def test_triggerer_only_knobs_in_a_poking_sensor_are_refused(
 def test_a_path_object_as_a_file_source_path_is_taken_as_its_text(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("Job is ready.\n")
+    log = ready_log(tmp_path)
     with DAG("parse_time_path_object", schedule=None, start_date=START) as dag:
         sensor = SystemZeroDecisionSensor(
             task_id="t",
