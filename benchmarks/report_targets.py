@@ -82,6 +82,31 @@ def _warm_why(lat: dict[str, Any], key: str = "p50_ms") -> str:
     return f" In the same run, {where}: {'; '.join(shown)}." if shown else ""
 
 
+def _crowd_why(lat: dict[str, Any], base: dict[str, Any], kind: str) -> str:
+    """What the same run measured around a missed crowd figure: the CPU the triggers' process and
+    the emulator used over the changes, beside the baseline run's for the same work (the
+    emulator's code is the gateway's stand-in: its share rising with the client's says the host
+    ran slower), and the emulator's longest collector pause, which every decision due waits out."""
+    crowd = (lat.get("crowds") or {}).get(kind) or {}
+    then = (base.get("crowds") or {}).get(kind) or {}
+    if "change_phase_cpu_pct" not in crowd:
+        return ""
+
+    def shares(run: dict[str, Any]) -> str:
+        return (
+            f"{run['change_phase_cpu_pct']:.1f} % of a core (triggers) and "
+            f"{run['change_phase_emulator_cpu_pct']:.1f} % (emulator)"
+        )
+
+    text = f" In the same run, over the changes: {shares(crowd)}"
+    if "change_phase_cpu_pct" in then:
+        text += f", against {shares(then)} for the same changes in the baseline run"
+    pause = (crowd.get("emulator_collections") or {}).get("longest_ms")
+    if pause is not None:
+        text += f"; the emulator's longest collector pause {fmt_ms(pause)}"
+    return text + "."
+
+
 def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
     """The target table's rows, and a sentence for every target missed."""
     res = doc["results"]
@@ -105,7 +130,12 @@ def target_rows(doc: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
                 )
                 rows.append([label, target, shown, MET if ok else MISSED])
                 if not ok:
-                    why = _warm_why(lat, name.removeprefix("push_")) if name in WARM_FIGURES else ""
+                    if name in WARM_FIGURES:
+                        why = _warm_why(lat, name.removeprefix("push_"))
+                    elif "_crowd_" in name:
+                        why = _crowd_why(lat, base, name.split("_crowd_")[0])
+                    else:
+                        why = ""
                     latency_missed.append(f"{figure}: {target}, measured {with_unit(after, unit)}.{why}")
             if latency_missed:
                 latency_missed[-1] += load_note(doc, "latency")

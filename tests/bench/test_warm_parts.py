@@ -158,3 +158,24 @@ def test_a_missed_warm_p99_quotes_the_same_runs_p99_figures() -> None:
         f"run, at the p99: the loopback floor {fmt_ms(5.83)}; the emulator's own handling of the change "
         f"{fmt_ms(2.14)}; the same path back to back (no idle gap before the change) {fmt_ms(8.62)}."
     )
+
+
+def test_a_missed_crowd_figure_quotes_the_cpu_of_both_processes_beside_the_baseline() -> None:
+    """The emulator's share is the gateway's stand-in: when it rises with the triggers' for the
+    same changes, the host ran slower, and the line says so with the numbers."""
+    doc = json.loads(RESULTS.read_text())
+    lat = copy.deepcopy(doc["results"]["latency"])
+    crowd = lat["crowds"]["push"]
+    crowd.update(change_phase_cpu_pct=40.3, change_phase_emulator_cpu_pct=20.6)
+    crowd["emulator_collections"] = {"longest_ms": 24.8, "over_1ms": 38, "full": 1}
+    crowd["latency"] = {**crowd["latency"], "p99_ms": 28.9}
+    lat["figures_met"] = {**lat["figures_met"], "push_crowd_p99_ms": False}
+    then = copy.deepcopy(lat)
+    then["crowds"]["push"].update(change_phase_cpu_pct=28.1, change_phase_emulator_cpu_pct=13.4)
+    page = render({**doc, "results": {"latency": lat}, "kept_from": {}, "baseline": {"latency": then}})
+    [line] = [x for x in page.splitlines() if x.startswith("- 1,000 triggers on push sources") and "p99" in x]
+    assert line.endswith(
+        "In the same run, over the changes: 40.3 % of a core (triggers) and 20.6 % (emulator), against "
+        "28.1 % of a core (triggers) and 13.4 % (emulator) for the same changes in the baseline run; "
+        f"the emulator's longest collector pause {fmt_ms(24.8)}."
+    )
