@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import deque
 from typing import Any
 
 from airflow_provider_systemzero.protocol import admission, gateway_actions
@@ -56,7 +55,7 @@ from airflow_provider_systemzero.protocol.messages import (
     event_id,
     sent_event_id,
 )
-from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
+from airflow_provider_systemzero.protocol.ratelimit import SlidingWindow, TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import (
     CloseCode,
     DecideRetry,
@@ -121,17 +120,15 @@ class GatewaySession:
         self.refusal_count = 0
         lim = self.limits
         # the limits the timers use, in seconds
-        self._idle_s, self._heartbeat_s, self._pong_s = (
-            lim.idle_timeout_ms / 1000,
-            lim.heartbeat_interval_ms / 1000,
-            lim.pong_timeout_ms / 1000,
-        )
+        self._idle_s = lim.idle_timeout_ms / 1000
+        self._heartbeat_s = lim.heartbeat_interval_ms / 1000
+        self._pong_s = lim.pong_timeout_ms / 1000
         self._seq = 0
         self._actions: list[GatewayAction] = []
         self._start_deadline = now + lim.start_timeout_ms / 1000
         self._end_at = now + lim.max_duration_ms / 1000
         self._last_activity = now
-        self._refusals: deque[float] = deque()
+        self._refusals = SlidingWindow(lim.protocol_refusal_window_ms / 1000)
         self._event_bucket = TokenBucket(lim.max_events_per_second, max(1, lim.event_burst), now)
         self._message_bucket = TokenBucket(lim.max_messages_per_second, max(1, lim.message_burst), now)
         self._dispatches = Dispatches(now)
@@ -570,11 +567,7 @@ class GatewaySession:
     def _refuse(self, code: str, message: str, now: float, **error: Any) -> None:
         """A protocol refusal (``error``: :meth:`_error`'s keywords); too many in the window close 1008."""
         self.refusal_count += 1
-        window = self.limits.protocol_refusal_window_ms / 1000
-        self._refusals.append(now)
-        while self._refusals and self._refusals[0] <= now - window:
-            self._refusals.popleft()
-        fatal = len(self._refusals) >= self.limits.protocol_refusal_limit
+        fatal = self._refusals.add(now) >= self.limits.protocol_refusal_limit
         self._error(code, message, fatal=fatal, **error)
         if fatal:
             self._close(CloseCode.POLICY_VIOLATION, "protocol_refusal_limit")

@@ -1,13 +1,37 @@
-"""Token buckets with time passed in (seconds, any monotonic origin).
+"""Rate limits with time passed in (seconds, any monotonic origin).
 
-Both sides use the same bucket: the gateway to enforce ``max_events_per_second`` /
+Both sides use the same :class:`TokenBucket`: the gateway to enforce ``max_events_per_second`` /
 ``event_burst`` and ``max_messages_per_second`` / ``message_burst``, the client to pace itself
-under them so its changes coalesce instead of being rejected.
+under them so its changes coalesce instead of being rejected. The gateway counts its protocol
+refusals in a :class:`SlidingWindow` (``protocol_refusal_limit`` within
+``protocol_refusal_window``).
 """
 
 from __future__ import annotations
 
-__all__ = ["TokenBucket"]
+from collections import deque
+
+__all__ = ["SlidingWindow", "TokenBucket"]
+
+
+class SlidingWindow:
+    """How many times something happened within the last ``window`` seconds.
+
+    :param window: the window's length in seconds.
+    """
+
+    __slots__ = ("_times", "window")
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._times: deque[float] = deque()  # when each counted thing happened, oldest first
+
+    def add(self, now: float) -> int:
+        """Count one more at ``now``; how many there are in the window ending at ``now``."""
+        self._times.append(now)
+        while self._times[0] <= now - self.window:
+            self._times.popleft()
+        return len(self._times)
 
 
 class TokenBucket:
