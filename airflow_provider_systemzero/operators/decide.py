@@ -30,9 +30,11 @@ from airflow_provider_systemzero.utils.checks import (
     check_key_salt,
     instruction_templates,
     is_literal,
+    option_templates,
     parse_time,
     refuse_empty_state,
     refuse_rendered_none_instructions,
+    refuse_rendered_none_options,
     template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout
@@ -222,6 +224,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self.instructions = instructions
         #: what a question's text rendered as 'None' came from
         self._instruction_templates = instruction_templates(questions, instructions)
+        self._option_templates = option_templates(questions)  # and a choice's option
         self.attachments = list(attachments or [])
         self.model = model
         self.route = route
@@ -455,6 +458,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         try:
             request = self._request(context)
             refuse_rendered_none_instructions(request["questions"], self._instruction_templates)
+            refuse_rendered_none_options(request["questions"], self._option_templates)
             state = self._state(context)
             # when it runs: a template may fill it
             refuse_empty_state(state, allow_empty=self.allow_empty, template=self._state_template)

@@ -40,10 +40,12 @@ from airflow_provider_systemzero.utils.checks import (
     has_template,
     instruction_templates,
     is_literal,
+    option_templates,
     parse_time,
     refuse_empty_state,
     refuse_rendered_none,
     refuse_rendered_none_instructions,
+    refuse_rendered_none_options,
     template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds, wait_bound
@@ -172,9 +174,14 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
         so this is checked only now).
     """
     try:
+        if running:  # the watched question's name, asked as 'None' with no questions=
+            refuse_rendered_none(
+                sensor.question, sensor._templates["question"], field="question", code="invalid_question"
+            )
         request = request_of(sensor)
         if running:
             refuse_rendered_none_instructions(request["questions"], sensor._templates["questions"])
+            refuse_rendered_none_options(request["questions"], sensor._templates["options"])
         condition = condition_of(sensor)
         condition.check_questions(request["questions"])
         validate_decision_mode(sensor.decision_mode)
@@ -364,9 +371,10 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
 def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
     kept so that a value rendered as the text ``'None'`` is named with its template when the task
-    runs: ``state``, the source's path, and the asked questions' texts (``"questions"``:
-    :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or that of
-    ``instructions`` when it is the one question's text)."""
+    runs: ``state``, the source's path, the watched ``question``'s name, the asked questions' texts
+    (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
+    that of ``instructions`` when it is the one question's text) and their options (``"options"``:
+    :func:`~airflow_provider_systemzero.utils.checks.option_templates`)."""
     source = sensor.source
     if sensor.questions is not None:
         questions = instruction_templates(sensor.questions)
@@ -376,7 +384,9 @@ def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     return {
         "state": template_of(sensor.state),
         "source.path": template_of(source.get("path")) if isinstance(source, dict) else None,
+        "question": template_of(sensor.question),
         "questions": questions,
+        "options": option_templates(sensor.questions),
     }
 
 

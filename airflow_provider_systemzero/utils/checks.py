@@ -31,10 +31,12 @@ __all__ = [
     "has_template",
     "instruction_templates",
     "is_literal",
+    "option_templates",
     "parse_time",
     "refuse_empty_state",
     "refuse_rendered_none",
     "refuse_rendered_none_instructions",
+    "refuse_rendered_none_options",
     "review_settings",
     "template_of",
 ]
@@ -264,6 +266,41 @@ def refuse_rendered_none_instructions(
         question = questions.get(name)
         if isinstance(question, Mapping):
             refuse_rendered_none(question.get("instructions"), template, field=field, code="invalid_question")
+
+
+def option_templates(questions: Any) -> dict[tuple[str, int], tuple[str, str]]:
+    """The templates a choice question's options are rendered from, kept when the task is built so
+    that an option rendered as ``'None'`` is refused with its template when the task runs
+    (:func:`refuse_rendered_none_options`).
+
+    :param questions: the task's ``questions`` as written (``{name: text | question dict}``).
+    :return: ``{(question name, index in its options): (the argument, its template)}``, for the
+        templated options only.
+    """
+    found: dict[tuple[str, int], tuple[str, str]] = {}
+    for name, value in questions.items() if isinstance(questions, Mapping) else ():
+        options = value.get("options") if isinstance(value, Mapping) else None
+        for index, option in enumerate(options) if isinstance(options, list | tuple) else ():
+            if (template := template_of(option)) is not None:
+                found[name, index] = (f"questions.{name}.options[{index}]", template)
+    return found
+
+
+def refuse_rendered_none_options(
+    questions: Mapping[str, Any], templates: Mapping[tuple[str, int], tuple[str, str]]
+) -> None:
+    """Refuse a choice question's option rendered as ``'None'`` (:func:`refuse_rendered_none`):
+    asked, the model could pick it, and the answer would name no real choice.
+
+    :param questions: the wire-form questions, rendered.
+    :param templates: :func:`option_templates` of the questions as written.
+    :raises SystemZeroArgumentError: naming the option, the template and the fix.
+    """
+    for (name, index), (field, template) in templates.items():
+        question = questions.get(name)
+        options = question.get("options") if isinstance(question, Mapping) else None
+        if isinstance(options, list | tuple) and index < len(options):
+            refuse_rendered_none(options[index], template, field=field, code="invalid_question")
 
 
 def refuse_empty_state(

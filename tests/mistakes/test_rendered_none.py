@@ -80,3 +80,52 @@ def test_a_question_text_that_renders_to_none_is_refused_before_anything_is_sent
         assert f"{task_id}: {_rendered_none(field)}" in printed, task_id
     after = emulator.stats
     assert after.streams_total == before.streams_total and after.decisions_billed == before.decisions_billed
+
+
+def test_a_question_name_or_an_option_that_renders_to_none_is_refused_before_anything_is_sent(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    common: dict[str, Any] = {"systemzero_conn_id": CONN, "deferrable": True}
+    tier = {"type": "choice", "instructions": "Which tier?", "options": ["gold", MISSING]}
+    with DAG("mistake_none_question_name", schedule=None, start_date=START) as dag:
+        # with no questions=, the watched name is the question asked: it would be asked as 'None'
+        SystemZeroDecisionSensor(
+            task_id="named",
+            question=MISSING,
+            instructions="Is the job ready?",
+            state="up",
+            timeout=60,
+            **common,
+        )
+        SystemZeroDecisionSensor(
+            task_id="watched",
+            question=MISSING,
+            questions={"ready": "Is the job ready?"},
+            state="up",
+            timeout=60,
+            **common,
+        )
+        SystemZeroDecideOperator(task_id="choice", questions={"tier": tier}, state="down", **common)
+        SystemZeroDecisionSensor(
+            task_id="option",
+            question="tier",
+            questions={"tier": {**tier, "options": (MISSING, "gold")}},
+            expect="gold",
+            state="up",
+            timeout=60,
+            **common,
+        )
+    states = task_states(run_dag(dag))
+    failing = ("named", "watched", "choice", "option")
+    assert {task_id: states[task_id] for task_id in failing} == dict.fromkeys(failing, "failed")
+    printed = capsys.readouterr().out
+    for task_id, field in (
+        ("named", "question"),
+        ("watched", "question"),
+        ("choice", "questions.tier.options[1]"),
+        ("option", "questions.tier.options[0]"),
+    ):
+        assert f"{task_id}: {_rendered_none(field)}" in printed, task_id
+    after = emulator.stats
+    assert after.streams_total == before.streams_total and after.decisions_billed == before.decisions_billed
