@@ -124,8 +124,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param start_from_trigger: start in the triggerer: the scheduler creates the trigger from
         ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``
-        may be templated (the triggerer renders them, with undefined variables rendering as ``""``);
-        the questions, ``model`` and ``prompt_cache_key`` must be plain values. The key namespace is
+        may be templated (the triggerer renders them, with undefined variables rendering as ``""``,
+        and refuses what it rendered as the worker would: an empty or ``'None'`` static state, a
+        ``'None'`` before a source's content); the questions, ``model`` and ``prompt_cache_key`` must be plain values. The key namespace is
         :data:`START_FROM_TRIGGER_NAMESPACE` and the deadline is Airflow's trigger timeout (the sensor's
         ``timeout``). A mapped sensor (``.partial(...).expand(...)``) defers from a worker as usual.
 
@@ -218,7 +219,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "max_staleness": self.max_staleness,
             **self.decision_filter.to_kwargs(),
             **({"skip_states": skip_states} if skip_states else {}),
-            **({"end_when_unmet": True} if sz_inputs.ends_when_unmet(self, source) else {}),
+            **sz_inputs.static_state_kwargs(self, source),
         }
 
     def _defer(self, context: Context, inputs: Inputs, deadline: float | None, skip: list[str]) -> None:

@@ -30,6 +30,8 @@ from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrig
 from airflow_provider_systemzero.triggers.sources import (
     check_changes_possible,
     is_static,
+    refuse_rendered_state,
+    state_templates,
     validate_source_spec,
 )
 from airflow_provider_systemzero.utils.checks import (
@@ -71,6 +73,7 @@ __all__ = [
     "source_name",
     "start_in_triggerer",
     "start_trigger_args",
+    "static_state_kwargs",
 ]
 
 #: The sensor's templated arguments.
@@ -154,6 +157,16 @@ def ends_when_unmet(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | N
     return is_static(source) and not sensor.wait_on_static_state
 
 
+def static_state_kwargs(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | None) -> dict[str, bool]:
+    """The trigger's kwargs about a static state, set only when they apply: ``end_when_unmet``
+    (:func:`ends_when_unmet`) and ``allow_empty`` (a state the triggerer renders, when the sensor
+    starts there, may be empty or ``'None'``)."""
+    return {
+        **({"end_when_unmet": True} if ends_when_unmet(sensor, source) else {}),
+        **({"allow_empty": True} if sensor.allow_empty and is_static(source) else {}),
+    }
+
+
 def checked_source(sensor: SystemZeroDecisionSensor, request: dict[str, Any] | None) -> dict[str, Any]:
     """The normalised source, once the state and source are known to be usable.
 
@@ -185,17 +198,11 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
         condition = condition_of(sensor)
         condition.check_questions(request["questions"])
         validate_decision_mode(sensor.decision_mode)
-        if running and isinstance(sensor.source, dict):
-            refuse_rendered_none(
-                sensor.source.get("path"), sensor._templates["source.path"], field="source.path"
+        if running:  # before checked_source: a path rendered as 'None' is named so, not as relative
+            refuse_rendered_state(
+                sensor.state, sensor.source, sensor._templates["state"], allow_empty=sensor.allow_empty
             )
         source = checked_source(sensor, request)
-        if running and is_static(source):
-            refuse_empty_state(
-                sensor.state, allow_empty=sensor.allow_empty, template=sensor._templates["state"]
-            )
-        elif running:  # the source's content follows the state: a missing value would prefix it
-            refuse_rendered_none(sensor.state, sensor._templates["state"], field="state")
     except ARGUMENT_ERRORS as exc:
         raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
     return request, condition, source
@@ -371,19 +378,18 @@ def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
 def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
     kept so that a value rendered as the text ``'None'`` is named with its template when the task
-    runs: ``state``, the source's path, the watched ``question``'s name, the asked questions' texts
+    runs: ``state`` and the source's path (``"state"``:
+    :func:`~airflow_provider_systemzero.triggers.sources.state_templates`), the watched ``question``'s name, the asked questions' texts
     (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
     that of ``instructions`` when it is the one question's text) and their options (``"options"``:
     :func:`~airflow_provider_systemzero.utils.checks.option_templates`)."""
-    source = sensor.source
     if sensor.questions is not None:
         questions = instruction_templates(sensor.questions)
     else:
         template = template_of(sensor.instructions)
         questions = {} if template is None else {sensor.question: ("instructions", template)}
     return {
-        "state": template_of(sensor.state),
-        "source.path": template_of(source.get("path")) if isinstance(source, dict) else None,
+        "state": state_templates(sensor.state, sensor.source),
         "question": template_of(sensor.question),
         "questions": questions,
         "options": option_templates(sensor.questions),

@@ -47,7 +47,12 @@ from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.feeder import SourceFeeder
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
-from airflow_provider_systemzero.triggers.sources import StateSource, build_source
+from airflow_provider_systemzero.triggers.sources import (
+    StateSource,
+    build_source,
+    refuse_rendered_state,
+    state_templates,
+)
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import checked_watch
@@ -108,6 +113,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     :param debounce_ms: decide once the source has been quiet this many milliseconds (a burst of
         changes is one decision).
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
+    :param allow_empty: the sensor's ``allow_empty``: a static state a template rendered here (a
+        sensor started in the triggerer) may be empty or ``'None'``.
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -115,8 +122,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
 
     _kwargs = TriggerKwargs(
         "systemzero_conn_id request condition state source key_namespace decision_mode budget deadline "
-        "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness",
-        when_set=frozenset({"budget", "skip_states", "end_when_unmet"}),
+        "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness allow_empty",
+        when_set=frozenset({"budget", "skip_states", "end_when_unmet", "allow_empty"}),
     )
 
     def __init__(
@@ -140,10 +147,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         decide_when: str | dict[str, str] | None = None,
         debounce_ms: int | None = None,
         decide_initial: bool = True,
+        allow_empty: bool = False,
     ) -> None:
         super().__init__()
         self._kwargs.keep(self, locals())
         watch_source(self, locals())
+        #: started in the triggerer, state and source are templates it renders: checked once rendered
+        self._templates = state_templates(state, source)
         self.end_when_unmet = bool(end_when_unmet)
         self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
         self._stream = TriggerStream(
@@ -171,6 +181,10 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                 await deadline.__aenter__()
             try:
                 if payload is None:
+                    if self._templates is not None:  # as the worker checks what it rendered
+                        refuse_rendered_state(
+                            self.state, self.source, self._templates, allow_empty=self.allow_empty
+                        )
                     self._source = source = build_source(self.source, self.state)
                     announce_wait(self.condition, source, stream.deadline)
                     # a callable that cannot be imported ends the wait here

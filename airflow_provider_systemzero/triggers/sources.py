@@ -54,7 +54,12 @@ from airflow_provider_systemzero.triggers.callable_source import (
 )
 from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource
 from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
-from airflow_provider_systemzero.utils.checks import has_template
+from airflow_provider_systemzero.utils.checks import (
+    has_template,
+    refuse_empty_state,
+    refuse_rendered_none,
+    template_of,
+)
 
 __all__ = [
     "FINGERPRINT_BYTES",
@@ -65,6 +70,8 @@ __all__ = [
     "StaticSource",
     "build_source",
     "plain_source",
+    "refuse_rendered_state",
+    "state_templates",
     "validate_source_spec",
 ]
 
@@ -74,6 +81,44 @@ SOURCE_TYPES = ("static", "file", "callable")
 def is_static(spec: Mapping[str, Any] | None) -> bool:
     """Whether a source description gives a state that never changes (none, or ``static``)."""
     return spec is None or (isinstance(spec, Mapping) and spec.get("type") == "static")
+
+
+#: What :func:`state_templates` finds: the templates of the state and of the source's path.
+Templates = tuple[str | None, str | None]
+
+
+def state_templates(state: Any, spec: Any) -> Templates | None:
+    """The templates ``state`` and the source's path are rendered from, as written, kept so that
+    what they render is checked with :func:`refuse_rendered_state`.
+
+    :param state: the initial state as written.
+    :param spec: the source description as written.
+    :return: ``(state's template, source.path's template)``, ``None`` for a literal; ``None`` when
+        both are literals (nothing is kept).
+    """
+    found = template_of(state), template_of(spec.get("path")) if isinstance(spec, Mapping) else None
+    return found if any(found) else None
+
+
+def refuse_rendered_state(state: Any, spec: Any, templates: Templates | None, *, allow_empty: bool) -> None:
+    """Refuse, once rendered, a source path a template rendered as ``'None'`` and a state that
+    cannot be meant: a static one that is empty or ``'None'`` (unless ``allow_empty``), or the
+    ``'None'`` a source's content would follow. Where the task runs first, or in the triggerer for
+    a sensor started there, before anything is sent.
+
+    :param state: the rendered initial state.
+    :param spec: the rendered source description.
+    :param templates: :func:`state_templates` of them as written.
+    :param allow_empty: the task's ``allow_empty`` (a static state only).
+    :raises SystemZeroArgumentError: naming the argument, its template and the fix.
+    """
+    state_template, path_template = templates or (None, None)
+    if isinstance(spec, Mapping):
+        refuse_rendered_none(spec.get("path"), path_template, field="source.path")
+    if is_static(spec):
+        refuse_empty_state(state, allow_empty=allow_empty, template=state_template)
+    else:  # the source's content follows the state: a missing value would prefix it
+        refuse_rendered_none(state, state_template, field="state")
 
 
 def check_changes_possible(

@@ -4,6 +4,7 @@ scenario 3 of ``tests/deployment``; here Airflow's own rendering code is driven 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_systemzero.compat import has_trigger_templates
+from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import (
     START_FROM_TRIGGER_NAMESPACE,
@@ -186,3 +187,62 @@ def test_default_path_has_no_start_trigger_args() -> None:
 def test_refuses_what_the_triggerer_cannot_render(kwargs: dict[str, Any], message: str) -> None:
     with DAG("sft_refused", schedule=None, start_date=START), pytest.raises(ValueError, match=message):
         _sensor(**kwargs)
+
+
+async def _first_event(trigger: SystemZeroDecisionTrigger) -> dict[str, Any]:
+    events = trigger.run()
+    try:
+        event = await asyncio.wait_for(anext(events), timeout=30)
+    finally:
+        await events.aclose()
+    return dict(event.payload)
+
+
+#: a value the run does not have: Jinja renders the missing value as the text 'None'
+MISSING = "{{ params.get('ticket') }}"
+
+
+@needs_trigger_templates
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"state": MISSING, "source": None},
+            f"state rendered to 'None' from the template {MISSING!r}: the value it reads is missing (a "
+            "dag_run.conf key, a param, an XCom that was not pushed); check it, give it a default (e.g. "
+            "dag_run.conf.get('key', 'text')), or pass allow_empty=True if 'None' is meant",
+        ),
+        ({"state": MISSING}, f"state rendered to 'None' from the template {MISSING!r}: the value it reads"),
+        (
+            {"state": "", "source": {"type": "file", "path": MISSING}},
+            f"source.path rendered to 'None' from the template {MISSING!r}: the value it reads",
+        ),
+        (
+            {"state": "{{ params.get('ticket', '') }}", "source": None},
+            "state is empty (''): nothing would be decided but the decision is billed",
+        ),
+    ],
+)
+def test_a_state_the_triggerer_renders_to_none_fails_the_task_before_anything_is_sent(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with DAG("sft_rendered_none", schedule=None, start_date=START):
+        sensor = _sensor(**kwargs)
+    event = asyncio.run(_first_event(_in_triggerer(sensor)))  # no connection is looked up
+    assert event["status"] == "error" and event["error_type"] == "validation", event
+    sensor.render_template_fields(_context(sensor))  # the resuming worker
+    with pytest.raises(AirflowFailException) as failed:  # no retry: the same template renders the same
+        sensor.execute_complete(_context(sensor), event=event)
+    assert str(failed.value).startswith(f"wait: {message}")
+
+
+@needs_trigger_templates
+def test_allow_empty_lets_the_triggerer_decide_a_static_state_rendered_to_none() -> None:
+    with DAG("sft_rendered_none_meant", schedule=None, start_date=START):
+        refused = _sensor(task_id="refused", state=MISSING, source=None)
+        meant = _sensor(task_id="meant", state=MISSING, source=None, allow_empty=True)
+    event = asyncio.run(_first_event(_in_triggerer(refused)))
+    assert event["message"].endswith("or pass allow_empty=True if 'None' is meant"), event
+    event = asyncio.run(_first_event(_in_triggerer(meant)))
+    # on to the connection (none here), as the sensor's allow_empty says
+    assert event["message"].startswith("connection 'systemzero_default' is not defined"), event

@@ -69,6 +69,7 @@ def test_the_sensor_trigger_kwargs_all_set() -> None:
         decide_when="(?i)ready",
         debounce_ms=100,
         decide_initial=False,
+        allow_empty=True,
     )
     assert items(trigger) == [
         ("systemzero_conn_id", "sz"),
@@ -86,6 +87,7 @@ def test_the_sensor_trigger_kwargs_all_set() -> None:
         ("end_when_unmet", True),
         ("min_interval_ms", 250),
         ("max_staleness", 0.0),
+        ("allow_empty", True),
         ("decide_when", "(?i)ready"),
         ("debounce_ms", 100),
         ("decide_initial", False),
