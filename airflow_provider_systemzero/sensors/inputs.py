@@ -252,7 +252,9 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
     literal = {name: is_literal(getattr(sensor, name)) for name in sensor.template_fields}
     with parse_time(sensor.task_id):
         condition = condition_of(sensor, None if literal["question"] else _TEMPLATED_QUESTION)
-        check_min_true_for(condition.min_true_for, in_seconds(sensor.timeout))
+        check_min_true_for(
+            condition.min_true_for, in_seconds(sensor.timeout), in_seconds(sensor.execution_timeout)
+        )
         validate_decision_mode(sensor.decision_mode)
         request = None
         if all(literal[name] for name in _REQUEST_FIELDS):
@@ -275,19 +277,28 @@ def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
         )
 
 
-def check_min_true_for(min_true_for: float, timeout: float | None) -> None:
-    """A ``min_true_for`` not shorter than the sensor's ``timeout`` can never be satisfied: the
-    first qualifying decision comes after the wait starts, and the timeout ends the wait first.
+def check_min_true_for(
+    min_true_for: float, timeout: float | None, execution_timeout: float | None = None
+) -> None:
+    """A ``min_true_for`` not shorter than the bound of the sensor's wait can never be satisfied:
+    the first qualifying decision comes after the wait starts, and the bound ends the wait first.
+    The bound is ``timeout``, or ``execution_timeout`` when that is shorter
+    (:func:`~airflow_provider_systemzero.utils.deadlines.wait_bound`).
 
     :param min_true_for: the condition's ``min_true_for`` (seconds, already checked).
     :param timeout: the sensor's ``timeout`` in seconds.
+    :param execution_timeout: the task's ``execution_timeout`` in seconds (``None``: none).
     :raises SystemZeroArgumentError: naming both fields and the fix.
     """
-    if timeout is not None and min_true_for > 0 and min_true_for >= timeout:
+    bound, name, first = timeout, "timeout", ""
+    if execution_timeout is not None and (timeout is None or execution_timeout < timeout):
+        bound, name = execution_timeout, "execution_timeout"
+        first = "" if timeout is None else f", which ends the wait before timeout ({timeout:g} s) does"
+    if bound is not None and min_true_for > 0 and min_true_for >= bound:
         raise SystemZeroArgumentError(
-            f"min_true_for ({min_true_for:g} s) is not shorter than timeout ({timeout:g} s): the "
-            "decisions must keep meeting the condition for min_true_for before the timeout ends "
-            "the wait, so the sensor could never succeed: shorten min_true_for, or raise timeout above it",
+            f"min_true_for ({min_true_for:g} s) is not shorter than {name} ({bound:g} s){first}: the "
+            f"decisions must keep meeting the condition for min_true_for before the {name} ends "
+            f"the wait, so the sensor could never succeed: shorten min_true_for, or raise {name} above it",
             code="invalid_hysteresis",
             field="min_true_for",
         )

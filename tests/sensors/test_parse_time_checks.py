@@ -189,6 +189,45 @@ def test_a_min_true_for_the_timeout_cannot_allow_is_refused(
     assert _build("parse_time_held", source=source, min_true_for=59, timeout=60).min_true_for == 59
 
 
+def test_a_min_true_for_a_shorter_execution_timeout_cannot_allow_is_refused(tmp_path: Any) -> None:
+    """Airflow's execution_timeout also ends the wait (deferred: the trigger's deadline is the
+    shorter bound), so it is what min_true_for must be shorter than."""
+    source = {"type": "file", "path": str(tmp_path / "job.log")}
+    for deferrable in (True, False):  # a deferred wait and a poking one alike
+        with pytest.raises(SystemZeroArgumentError) as raised:
+            _build(
+                source=source,
+                min_true_for=120,
+                timeout=3600,
+                execution_timeout=timedelta(minutes=1),
+                deferrable=deferrable,
+            )
+        assert str(raised.value) == (
+            "t: min_true_for (120 s) is not shorter than execution_timeout (60 s), which ends the wait "
+            "before timeout (3600 s) does: the decisions must keep meeting the condition for "
+            "min_true_for before the execution_timeout ends the wait, so the sensor could never "
+            "succeed: shorten min_true_for, or raise execution_timeout above it"
+        )
+        assert raised.value.field == "min_true_for"
+    # shorter than both, or an execution_timeout longer than the timeout: accepted
+    held = _build(
+        "parse_time_exec_held",
+        source=source,
+        min_true_for=59,
+        timeout=3600,
+        execution_timeout=timedelta(minutes=1),
+    )
+    assert held.min_true_for == 59
+    longer = _build(
+        "parse_time_exec_longer",
+        source=source,
+        min_true_for=59,
+        timeout=60,
+        execution_timeout=timedelta(hours=1),
+    )
+    assert longer.min_true_for == 59
+
+
 def test_a_route_or_request_mode_is_checked_even_when_the_request_is_templated() -> None:
     with pytest.raises(ValueError, match=r"^t: request_mode 'fastest' is not one of"):
         _build(question="{{ params.q }}", questions={"ready": READY}, request_mode="fastest")
