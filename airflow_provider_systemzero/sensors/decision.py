@@ -37,7 +37,7 @@ from airflow_provider_systemzero.utils.checks import (
     check_connection_before_deferring,
     parse_time,
 )
-from airflow_provider_systemzero.utils.deadlines import defer_timeout, in_seconds
+from airflow_provider_systemzero.utils.deadlines import defer_timeout
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -184,7 +184,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, plain_source(source), allow_empty
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
-            self.consecutive, self.min_true_for = consecutive, in_seconds(min_true_for)
+            self.consecutive, self.min_true_for = consecutive, sz_inputs.min_true_for_seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode
             self.decision_mode, self.prompt_cache_key = decision_mode, prompt_cache_key
             self.systemzero_conn_id, self.deferrable, self.key_salt = systemzero_conn_id, deferrable, key_salt

@@ -16,6 +16,7 @@ from airflow.triggers.base import StartTriggerArgs
 from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
@@ -68,6 +69,7 @@ __all__ = [
     "deadline_of",
     "ends_when_unmet",
     "is_expected",
+    "min_true_for_seconds",
     "own_namespaces",
     "pacing",
     "source_name",
@@ -275,6 +277,24 @@ def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
             f"{sensor.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
             "(a rescheduled poke forgets the run of decisions)"
         )
+
+
+def min_true_for_seconds(value: Any) -> float:
+    """Parse time: ``min_true_for`` in seconds, from a number of seconds or a ``timedelta``.
+
+    :param value: the sensor's ``min_true_for`` as given.
+    :raises SystemZeroArgumentError: naming the argument, the forms it takes and the fix.
+    """
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not is_seconds(seconds):  # a bool, a string such as "30s", a negative or endless time
+        raise SystemZeroArgumentError(
+            f"min_true_for must be a number of seconds (0 or more) or a timedelta, got "
+            f"{type(value).__name__} {value!r}: pass e.g. min_true_for=30 or "
+            "min_true_for=timedelta(seconds=30)",
+            code="invalid_hysteresis",
+            field="min_true_for",
+        )
+    return float(seconds)
 
 
 def check_min_true_for(

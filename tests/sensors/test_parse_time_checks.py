@@ -158,6 +158,16 @@ def test_a_templated_question_is_checked_when_the_task_runs(
         ),
         ({"max_decisions": -1}, "t: max_decisions must be a whole number"),
         ({"policy": {"act_above": 2}}, "t: act_above must be a number from 0 to 1"),
+        (
+            {"min_true_for": "30s"},
+            "t: min_true_for must be a number of seconds (0 or more) or a timedelta, got str '30s': pass "
+            "e.g. min_true_for=30 or min_true_for=timedelta(seconds=30)",
+        ),
+        ({"min_true_for": True}, "t: min_true_for must be a number of seconds (0 or more) or a timedelta"),
+        (
+            {"min_true_for": timedelta(seconds=-5)},
+            "t: min_true_for must be a number of seconds (0 or more) or a timedelta, got timedelta",
+        ),
     ],
 )
 def test_a_literal_that_can_never_work_fails_naming_the_task(arguments: dict[str, Any], message: str) -> None:
