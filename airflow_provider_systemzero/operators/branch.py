@@ -24,7 +24,13 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.questions import build_request_dict
-from airflow_provider_systemzero.utils.checks import is_literal, parse_time, refuse_rendered_none, template_of
+from airflow_provider_systemzero.utils.checks import (
+    check_flag,
+    is_literal,
+    parse_time,
+    refuse_rendered_none,
+    template_of,
+)
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
@@ -144,6 +150,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
             self.branch_instructions = instructions
             self._branch_template = template_of(instructions)  # what a text rendered as 'None' came from
             self.question = question
+            check_flag("multiple", multiple, "several branches may be chosen")
             self.multiple = multiple
             self.descriptions = dict(descriptions or {})
             if multiple and len(question) > _MAX_BASE_NAME:
@@ -357,8 +364,13 @@ class SystemZeroShortCircuitOperator(_GateOperator, SkipMixin):
     ) -> None:
         if "questions" in kwargs or "policy_question" in kwargs:
             raise TypeError("SystemZeroShortCircuitOperator builds its own question: use instructions")
-        if not isinstance(proceed_when, bool):
-            raise ValueError("proceed_when must be True or False")
+        with parse_time(kwargs.get("task_id")):  # a truthy "no" would open the gate
+            check_flag("proceed_when", proceed_when, "downstream tasks run on a yes (False: on a no)")
+            check_flag(
+                "ignore_downstream_trigger_rules",
+                ignore_downstream_trigger_rules,
+                "a closed gate skips every downstream task (False: only the direct ones)",
+            )
         super().__init__(
             questions={question: {"type": "boolean", "instructions": instructions}},
             policy=policy,

@@ -17,7 +17,11 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.decorators.systemzero import systemzero_task
-from airflow_provider_systemzero.operators.branch import SystemZeroBranchOperator
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.operators.branch import (
+    SystemZeroBranchOperator,
+    SystemZeroShortCircuitOperator,
+)
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.triggers.sources import FileSource
@@ -169,6 +173,39 @@ def test_an_operator_argument_of_the_wrong_type_fails_when_the_dag_is_parsed(
     # a truthy string such as "no" would silently mean True: refused, naming the task
     with pytest.raises(ValueError, match="^decide: " + message):
         SystemZeroDecideOperator(task_id="decide", questions={"ready": READY}, state="s", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: SystemZeroShortCircuitOperator(
+                task_id="gate", instructions=READY, state="s", proceed_when="yes"
+            ),
+            "gate: proceed_when must be True or False, got str 'yes': True means downstream tasks run on "
+            "a yes (False: on a no)",
+        ),
+        (
+            lambda: SystemZeroShortCircuitOperator(
+                task_id="gate", instructions=READY, state="s", ignore_downstream_trigger_rules="no"
+            ),
+            "gate: ignore_downstream_trigger_rules must be True or False, got str 'no': True means a "
+            "closed gate skips every downstream task (False: only the direct ones)",
+        ),
+        (
+            lambda: SystemZeroBranchOperator(
+                task_id="route", instructions="Which?", state="s", branches=["a", "b"], multiple="no"
+            ),
+            "route: multiple must be True or False, got str 'no': True means several branches may be chosen",
+        ),
+    ],
+)
+def test_a_gate_flag_that_is_not_a_bool_fails_naming_the_task(build: Any, message: str) -> None:
+    # a truthy string such as "no" would silently mean True
+    with pytest.raises(SystemZeroArgumentError) as raised:
+        build()
+    assert str(raised.value) == message
+    assert raised.value.field == message.split(" ")[1]
 
 
 def test_a_broken_dag_file_is_an_import_error(airflow_db: None, tmp_path: Path) -> None:
