@@ -133,7 +133,8 @@ class DecisionCondition:
 
         :param questions: the request's questions in wire form.
         :param reviews: a person can review a decision (the sensor); without (an asset watch) a
-            policy's review band is refused: a decision in it would never fire.
+            policy's review band is refused, and so is ``below="wait"``: a decision in either would
+            never fire.
         :raises SystemZeroArgumentError: naming the field.
         """
         if self.question not in questions:
@@ -172,6 +173,16 @@ class DecisionCondition:
                 raise SystemZeroArgumentError(str(exc), code="invalid_policy", field="policy") from None
             if not reviews and policy.has_review:
                 _refuse_review_band(policy)
+            if not reviews and policy.below == "wait":
+                raise SystemZeroArgumentError(
+                    "policy: below='wait' keeps a sensor waiting for more state, but an asset watch "
+                    "always keeps watching: a decision below the bar produces no event, so below='wait' "
+                    "would never fire and says nothing the watch does not do anyway; drop below, or pass "
+                    "below='default' with default=<the expected answer> to produce an event for such a "
+                    "decision",
+                    code="invalid_policy",
+                    field="policy",
+                )
 
     def evaluate(self, result: DecisionResult) -> ConditionResult:
         """Check a decision against the condition."""

@@ -161,6 +161,25 @@ def test_a_review_band_in_a_watch_is_refused_with_the_reason_and_the_fix(policy:
     )
 
 
+def test_below_wait_in_a_watch_is_refused_with_the_reason_and_the_fix() -> None:
+    """below='wait' keeps a sensor waiting; a watch always keeps watching, so it could never fire."""
+    policy = DecisionPolicy(act_above=0.85, below="wait").to_dict()
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        watcher(condition=DecisionCondition("ready", True, policy=policy))
+    assert str(error.value) == (
+        "SystemZeroDecisionEventTrigger(watch_id='nightly'): condition: policy: below='wait' keeps a "
+        "sensor waiting for more state, but an asset watch always keeps watching: a decision below "
+        "the bar produces no event, so below='wait' would never fire and says nothing the watch does "
+        "not do anyway; drop below, or pass below='default' with default=<the expected answer> to "
+        "produce an event for such a decision"
+    )
+    assert error.value.field == "policy"
+    # what the message offers is accepted, and the sensor keeps below='wait'
+    for fixed in ({"act_above": 0.85}, {"act_above": 0.85, "below": "default", "default": True}):
+        watcher(condition=DecisionCondition("ready", True, policy=fixed))
+    DecisionCondition("ready", True, policy=policy).check_questions({"ready": {"type": "boolean"}})
+
+
 def test_a_question_mistake_names_the_condition_and_the_fix() -> None:
     with pytest.raises(ARGUMENT_ERRORS) as error:
         watcher(condition=DecisionCondition("redy", True))
