@@ -272,6 +272,13 @@ class ClientSession(SessionInput):
         last = self.outcomes.last_decision
         if intents and last is not None:
             return [DecisionReceived(last, current=True, intents=intents, repeated=True)]
+        inherited = self.outcomes.inherited_failure(current)
+        if inherited is not None:
+            # on_change: the state the caller returned to failed for good, and the gateway will
+            # not dispatch it again: whoever waits hears that failure now, not after a timeout
+            error, failed, report = inherited
+            if failed or report:
+                return [DecisionFailedEvent(error, failed, current=report, repeated=True)]
         return []
 
     def append_text(self, text: str, *, idempotency_key: str | None = None) -> list[ClientEvent]:

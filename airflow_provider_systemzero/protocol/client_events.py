@@ -72,11 +72,15 @@ class DecisionFailedEvent:
         failed state or an older one; otherwise none (the dispatch is retried).
     :param current: it is about the complete desired state; ``False`` when the caller has changed
         the state since, and the newer state is dispatched on its own.
+    :param repeated: a failure received before, handed again because the caller returned to the
+        state it settled: it answers ``intents`` (and, when ``current``, is reported as the
+        current state's for the first time), but is not counted again.
     """
 
     error: Error
     intents: tuple[int, ...] = ()
     current: bool = True
+    repeated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,8 +245,8 @@ class SessionInput:
             # the gateway will not dispatch this state again: it is settled, with this failure,
             # for whoever waits for it or an older state; a newer state is dispatched on its own
             generation = conn.version_generation.get(error.state_version or 0, -1)
-            self.outcomes.failed_for_good(error, generation)
-            intents = self.outcomes.fail_through(generation)
             current = generation < 0 or generation == self.desired.generation
+            self.outcomes.failed_for_good(error, generation, reported=current)
+            intents = self.outcomes.fail_through(generation)
             return [events.DecisionFailedEvent(error, intents, current=current)]
         return [events.DecisionFailedEvent(error, ())]

@@ -48,6 +48,9 @@ class Outcomes:
     #: The last final (non-retryable) dispatch failure and the generation it settled.
     final_failure: Error | None = None
     failed: int = -1
+    #: Whether that failure was reported as the current state's (``decisions()`` raised it): one
+    #: about a state changed since is reported when the caller returns to its state.
+    failure_reported: bool = False
     _next_id: int = 0
 
     def request(self, generation: int) -> int:
@@ -91,14 +94,19 @@ class Outcomes:
         self.settled = max(self.settled, generation)
         return self.resolve(generation)
 
-    def failed_for_good(self, error: Error, generation: int) -> None:
-        """The dispatch of ``generation`` failed and nobody will retry it."""
+    def failed_for_good(self, error: Error, generation: int, *, reported: bool) -> None:
+        """The dispatch of ``generation`` failed and nobody will retry it.
+
+        :param reported: it was reported as the current state's failure.
+        """
         self.settled = max(self.settled, generation)
         self.failed, self.final_failure = generation, error
+        self.failure_reported = reported
 
     def adopt(self, previous: int, current: int, *, decided_here: bool) -> tuple[int, ...]:
         """``current`` holds the same state as the acknowledged ``previous``: it inherits what
-        settled ``previous``. Returns the intents the last decision now answers.
+        settled ``previous``. Returns the intents the last decision now answers (a final failure
+        of ``previous`` answers them through :meth:`inherited_failure`).
 
         :param decided_here: the last decision covered ``previous`` on the connection that holds it.
         """
@@ -111,6 +119,16 @@ class Outcomes:
             self.decided = current
             return self.resolve(current)
         return ()
+
+    def inherited_failure(self, current: int) -> tuple[Error, tuple[int, ...], bool] | None:
+        """After :meth:`adopt`: when ``current`` inherited a final failure, the failure, the
+        intents it now answers (nothing will dispatch that state again) and whether it was not
+        yet reported as the current state's (it is now); ``None`` otherwise."""
+        if self.failed != current or self.final_failure is None:
+            return None
+        report = not self.failure_reported
+        self.failure_reported = True
+        return self.final_failure, self.resolve(current), report
 
     def current_decision(self, generation: int) -> DecisionResult | None:
         """The last decision if it covers ``generation``."""

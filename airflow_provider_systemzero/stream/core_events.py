@@ -86,7 +86,10 @@ class CoreEventHandling:
                     self._decisions_ready()
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
-                self._on_decision_failed(event)
+                if event.repeated:
+                    self._on_failure_inherited(event)
+                else:
+                    self._on_decision_failed(event)
                 self._settle_exceeded()
             elif isinstance(event, MutationRejected):
                 log.debug(
@@ -166,6 +169,18 @@ class CoreEventHandling:
             )
             return
         if self._queue_decisions:
+            self._decisions.append(error)
+            self._decisions_ready()
+
+    def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
+        """The caller returned to a state whose dispatch failed for good (counted when it arrived):
+        its waiters hear the failure, and ``decisions()`` does if it has not yet."""
+        error = self._decision_error(event.error)
+        for intent in event.intents:
+            future = self._intent_futures.get(intent)
+            if future is not None and not future.done():
+                future.set_exception(error)
+        if event.current and self._queue_decisions:
             self._decisions.append(error)
             self._decisions_ready()
 

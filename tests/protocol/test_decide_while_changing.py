@@ -151,3 +151,31 @@ def test_an_on_change_final_failure_of_the_current_state_answers_everyone_waitin
     pair.run_until(3.0)
     [failed] = [e for _, e in pair.events if isinstance(e, DecisionFailedEvent)]
     assert failed.intents == waiting and failed.current and pair.client.pending_intents == 0
+
+
+def test_an_on_change_final_failure_answers_a_waiter_once_the_caller_returns_to_its_state() -> None:
+    """Version 1's dispatch fails for good while the next change is still local (paced): the
+    failure is about an older state. The caller then changes back to version 1's state, which the
+    gateway holds and will not dispatch again: nothing would ever answer the waiter, so the
+    inherited failure does, and is reported as the current state's."""
+    request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="p")
+    client = ClientSession(request=request, state="log\n", decision_mode="on_change", key_namespace="ns")
+    pair = Pair(client, auto_decide=False)
+    pair.pump()
+    [dispatch] = pair.dispatches
+    client.append_text("Job is ready.\n")  # not written yet
+    waiting = client.request_decision()
+    pair.finish(pair.dispatches.pop(), fail_first(dispatch))
+    [failed] = [e for e in pair.client_events if isinstance(e, DecisionFailedEvent)]
+    assert failed.intents == () and not failed.current
+    [inherited] = client.replace("log\n")
+    assert isinstance(inherited, DecisionFailedEvent)
+    assert inherited.intents == (waiting,) and inherited.current and inherited.repeated
+    assert client.pending_intents == 0 and not client.has_work()
+    assert client.current_failure is failed.error
+    # once reported, a later return to that state answers waiters without reporting it again
+    client.append_text("more\n")
+    again = client.request_decision()
+    [second] = client.replace("log\n")
+    assert isinstance(second, DecisionFailedEvent)
+    assert second.intents == (again,) and not second.current

@@ -20,7 +20,7 @@ import pytest
 
 from airflow_provider_systemzero.stream import Backoff, DecisionFailed, DecisionStream, StreamSettings
 from tests.stream.latency_proxy import LatencyProxy
-from tests.stream.support import QUESTIONS, SECRET_KEY, EmulatorFactory, loopback_stream
+from tests.stream.support import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, loopback_stream
 
 
 @pytest.mark.parametrize("mode", ["on_request", "on_change"])
@@ -138,3 +138,31 @@ async def test_a_decide_goes_out_while_the_caller_keeps_appending_over_a_slow_li
             assert decision.state_version >= acknowledged >= 2
     finally:
         await proxy.stop()
+
+
+async def test_a_final_failure_answers_who_waits_once_the_caller_returns_to_the_failed_state(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    """on_change: version 1's dispatch fails for good while a change is paced (not yet sent); the
+    failure is about an older state then. The caller changes back to version 1's state, which the
+    gateway holds and will not dispatch again: that failure is now the current state's, and
+    whoever waits (``decide()``, ``decisions()``) hears it instead of waiting until a timeout."""
+    # one event token: the start spends it, and the next change waits about a second for the next
+    emu = await make_emulator(limits=TEST_LIMITS.replace(max_events_per_second=1, event_burst=1))
+    emu.faults.delay_decisions_ms = 200
+    emu.faults.fail_decides(count=1, status=400, retryable=False)
+    async with loopback_stream(emu, fast_backoff, "back-to-failed", mode="on_change") as stream:
+        decisions = stream.decisions()
+        consumer = asyncio.ensure_future(anext(decisions))
+        await stream.append_text("Job is ready.\n")  # paced: not written before the failure
+        waiting = asyncio.ensure_future(stream.decide(timeout=5))
+        await emu.wait_for(lambda e: e.stats.decide_failures == {400: 1}, timeout=5)
+        await asyncio.sleep(0.05)  # the failure reached the client
+        assert stream.state_version == 1
+        await stream.replace("Initial log\n")  # back to what the gateway holds, and failed
+        with pytest.raises(DecisionFailed):
+            await waiting
+        with pytest.raises(DecisionFailed):
+            await asyncio.wait_for(consumer, 2)
+        await decisions.aclose()
+        assert emu.stats.decide_failures == {400: 1} and emu.stats.decisions_billed == 0
