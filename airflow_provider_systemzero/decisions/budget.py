@@ -509,18 +509,29 @@ class DecisionBudget:
     # ------------------------------------------------------------------ recording
 
     def record_decision(
-        self, reply_id: str | None, usage: Mapping[str, Any] | None = None, body_bytes: int | None = None
+        self,
+        reply_id: str | None,
+        usage: Mapping[str, Any] | None = None,
+        body_bytes: int | None = None,
+        *,
+        confirms: bool = False,
     ) -> bool:
         """Count a decision; returns ``True`` when it counts as billed, ``False`` for a replay.
 
         :param reply_id: ``reply.id`` (a reply without one is counted as billed).
         :param usage: ``reply.usage``.
         :param body_bytes: the decided body's bytes (teaches the tokens-per-byte ratio).
+        :param confirms: it is the dispatch already counted as unconfirmed (its usage was reported
+            before it arrived): a billed one takes that count's place instead of adding a decision
+            (the connection windows already hold it; its tokens are added).
         """
         self.usage.dispatched += 1
         if reply_id is not None and reply_id in self._seen:
             self.usage.replayed += 1
             return False
+        confirmed = confirms and self.usage.unconfirmed > 0
+        if confirmed:
+            self.usage.unconfirmed -= 1
         self.usage.billed += 1
         if reply_id is not None:
             self._seen.add(reply_id)
@@ -536,7 +547,10 @@ class DecisionBudget:
             ratio = tokens / body_bytes
             self._tokens_per_byte = max(ratio, self._tokens_per_byte or 0.0)
         for window in self.windows:
-            window.record(1, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0)
+            window.record(
+                0 if confirmed else 1,
+                tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0,
+            )
         return True
 
     def record_failure(self) -> None:

@@ -51,7 +51,12 @@ class DispatchBudget(Protocol):
     def hold(self, holder: Any, outstanding: int, body_bytes: int | None = None) -> None: ...
 
     def record_decision(
-        self, reply_id: str | None, usage: Mapping[str, Any] | None = None, body_bytes: int | None = None
+        self,
+        reply_id: str | None,
+        usage: Mapping[str, Any] | None = None,
+        body_bytes: int | None = None,
+        *,
+        confirms: bool = False,
     ) -> bool: ...
 
     def record_failure(self) -> None: ...
@@ -83,6 +88,10 @@ class DispatchAccounting:
         #: first dispatch admitted while none was outstanding, or the last answer that left one
         #: outstanding; ``None`` when none is.
         self.waiting_since: float | None = None
+        #: What may still be dispatched was counted as one unconfirmed decision while the
+        #: connection is open (:meth:`settle`): its end does not count it again, and the next
+        #: decision takes its place instead of adding one.
+        self._settled_ahead = False
 
     def outstanding(self) -> int:
         """Dispatches the gateway may still make for what this connection sent (not yet settled)."""
@@ -138,8 +147,9 @@ class DispatchAccounting:
     def decided(self, result: DecisionResult) -> bool:
         """A decision arrived; returns whether it counts as billed (a new reply id)."""
         version = result.state_version
+        confirms, self._settled_ahead = self._settled_ahead, False
         billed = self.budget.record_decision(
-            result.reply_id, result.reply.get("usage"), self._body_bytes.get(version)
+            result.reply_id, result.reply.get("usage"), self._body_bytes.get(version), confirms=confirms
         )
         if self.on_request:
             self._decide_in_flight = False
@@ -163,12 +173,24 @@ class DispatchAccounting:
         self._answered()
         self._hold()
 
+    def settle(self) -> bool:
+        """Count what the gateway may still dispatch for this connection as one unconfirmed
+        decision now, while it is open (a caller reports its usage before the close); returns
+        whether one was counted. Counted once: the connection's end does not count it again, and
+        a decision that still arrives takes its place."""
+        if self._settled_ahead or not self.outstanding():
+            return False
+        self.budget.record_unconfirmed(1)
+        self._settled_ahead = True
+        return True
+
     def connection_ended(self) -> bool:
         """The connection is gone; returns whether a dispatch may have been left behind (counted as
-        one unconfirmed decision)."""
-        unconfirmed = self.outstanding() > 0
+        one unconfirmed decision, unless :meth:`settle` already did)."""
+        unconfirmed = self.outstanding() > 0 and not self._settled_ahead
         if unconfirmed:
             self.budget.record_unconfirmed(1)
+        self._settled_ahead = False
         self._uncovered = []
         self._decide_in_flight = False
         self._body_bytes = {}

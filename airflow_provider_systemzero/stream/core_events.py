@@ -304,8 +304,13 @@ class CoreEventHandling:
         """Count a dispatch the gateway may still make for this connection as one unconfirmed
         decision now, as the connection's end would count it: for a caller that reports what the
         stream spent before it closes the stream (a trigger's event goes out before its cleanup).
-        Once the connection ends, nothing is counted twice."""
-        self._count_outstanding("the stream's usage was reported")
+        Once the connection ends, nothing is counted twice, and a decision that still arrives
+        takes the unconfirmed one's place."""
+        if self._accounting.settle():
+            log.info(
+                "the stream's usage was reported with a dispatch possibly in flight: counted as one "
+                "unconfirmed decision against the budget"
+            )
 
     def _log_hello(self, hello: Hello) -> None:
         lim = hello.limits

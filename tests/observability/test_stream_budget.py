@@ -154,3 +154,25 @@ async def test_connection_window_is_shared_by_the_streams_of_a_process(
     assert raised.value.limit == "budget_decisions_per_hour" and "'sz_window'" in str(raised.value)
     assert "per process" in str(raised.value)
     assert sum(e.billed for e in ledger_of(emu)) == 1
+
+
+async def test_usage_settled_before_the_close_is_not_counted_twice_when_the_decision_comes(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
+    """A trigger reports its usage before it closes the stream (DecisionStream.settle_usage): the
+    dispatch in flight counts as unconfirmed. When its decision still arrives before the close,
+    it is that same decision, not another: the connection's hourly window counts one, and the
+    next stream of the process is not refused for a decision billed once."""
+    emu.faults.delay_decisions_ms = 400
+    window = {"conn_id": "sz_settled", "budget_decisions_per_hour": 2}
+    async with stream_for(emu, fast_backoff, "on_request", identity="one", **window) as one:
+        deciding = asyncio.ensure_future(one.decide(timeout=10))
+        await emu.wait_for(lambda e: one.deciding_for is not None, timeout=5)
+        one.settle_usage()
+        assert one.usage.unconfirmed == 1
+        await deciding  # the decision comes before the close
+        assert one.usage.billed + one.usage.unconfirmed == 1, one.usage
+    assert sum(e.billed for e in ledger_of(emu)) == 1
+    async with stream_for(emu, fast_backoff, "on_request", identity="two", **window) as two:
+        await two.decide(timeout=10)  # the second of two per hour
+    assert sum(e.billed for e in ledger_of(emu)) == 2
