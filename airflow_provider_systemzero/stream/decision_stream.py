@@ -167,6 +167,8 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         #: the one connection a :meth:`release` was asked for (never carried to the next one)
         self._release_for: GatewaySocket | None = None
         self._dormant = False
+        #: callers of :meth:`wait_in_sync` now: a connection is work while one waits
+        self._sync_waiters = 0
         self._state_version = 0
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
         self._decisions: deque[DecisionResult | BaseException] = deque(maxlen=_MAX_QUEUED_DECISIONS)
@@ -519,14 +521,24 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         await self._apply(lambda: self.session.set_desired(state, idempotency_key=idempotency_key))
 
     async def wait_in_sync(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 - raises DeadlineExceeded
-        """Wait until the gateway acknowledged the complete desired state.
+        """Wait until the gateway acknowledged the complete desired state on an open connection.
+
+        A stream left disconnected because it had nothing to do (after a restart of the gateway,
+        an idle goodbye, or :meth:`release`) reconnects for this wait.
 
         :param timeout: seconds (``None``: no limit).
         :raises DeadlineExceeded: not in sync in time.
         """
         self._check_usable()
-        await self._wait_until(
-            lambda: self.in_sync,
-            timeout,
-            lambda: f"the gateway did not acknowledge the desired state within {timeout} s",
-        )
+        # a stream left disconnected with nothing to do (everything acknowledged and decided, or
+        # given back) reconnects for this caller: being in sync needs an open connection
+        self._sync_waiters += 1
+        self._kick()
+        try:
+            await self._wait_until(
+                lambda: self.in_sync,
+                timeout,
+                lambda: f"the gateway did not acknowledge the desired state within {timeout} s",
+            )
+        finally:
+            self._sync_waiters -= 1

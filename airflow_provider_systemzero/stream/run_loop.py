@@ -327,7 +327,9 @@ class StreamRunLoop:
         self._dormant = True
         self._pulse()
         try:
-            while not self._closing and self._failure is None and not session.has_work():
+            while (
+                not self._closing and self._failure is None and not (session.has_work() or self._sync_waiters)
+            ):
                 self._wake.clear()
                 await self._wake.wait()
         finally:

@@ -99,6 +99,24 @@ async def test_a_decided_stream_does_not_decide_its_state_again_after_a_restart(
     assert (reconnect.reason, reconnect.close_code) == ("goodbye:shutdown", 1012)
 
 
+async def test_waiting_to_be_in_sync_reconnects_a_stream_left_disconnected_with_nothing_to_do(
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
+) -> None:
+    """After a restart a decided stream stays disconnected (nothing to send or wait for); a caller
+    of ``wait_in_sync`` needs the state at the gateway again, so the wait is work: the stream
+    reconnects and replays it (one more decision: the replayed start is dispatched on_change)."""
+    emu = await make_emulator()
+    async with loopback_stream(emu, fast_backoff, "restart-sync", mode="on_change") as stream:
+        decisions = stream.decisions()
+        await anext(decisions)
+        await emu.restart(retry_after_ms=100)
+        await emu.wait_for(lambda e: stream.dormant and not stream.connected, timeout=5)
+        await stream.wait_in_sync(timeout=10)
+        assert stream.connected and stream.in_sync and not stream.dormant
+        await decisions.aclose()
+    assert emu.stats.streams_total == 2 and len(stream.reconnects) == 1
+
+
 async def test_a_decide_goes_out_while_the_caller_keeps_appending_over_a_slow_link(
     make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
