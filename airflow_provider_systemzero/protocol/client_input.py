@@ -51,12 +51,16 @@ from airflow_provider_systemzero.protocol.reconnect import (
 )
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 
-__all__ = ["SessionInput"]
+__all__ = ["DECIDE_REFUSALS", "SessionInput"]
 
 #: Rejections after which the same mutation may be sent again later.
 _RETRYABLE_REJECTIONS = frozenset(
     {"event_rate_limited", "too_many_pending_events", "shutting_down", "message_rate_limited"}
 )
+
+#: Error codes (with no ``event_id``) by which the gateway refuses a ``decide``: nothing is
+#: dispatched for it.
+DECIDE_REFUSALS = frozenset({"stale_state_version", "shutting_down"})
 
 
 def _server_delay_s(error: Error) -> float:
@@ -192,7 +196,7 @@ class SessionInput:
             self._stream_failure = error
             self._move(Phase.FAILED)
             return [events.StreamFailed(error)]
-        if error.event_id is None and error.code in ("stale_state_version", "shutting_down"):
+        if error.event_id is None and error.code in DECIDE_REFUSALS:
             if error.code == "stale_state_version" and conn.decide_outstanding is not None:
                 # the decide named the acknowledged version with nothing in flight: the gateway
                 # counts otherwise, and the same decide would be refused again at once; it stays

@@ -8,7 +8,7 @@ flight plus one pending (WIRE.md §4) — and keeps the budget's holds and count
 
 * :meth:`~DispatchAccounting.admit` — ``None`` to send, or the :class:`BudgetExceeded` that holds it;
 * :meth:`~DispatchAccounting.acknowledged`, :meth:`~DispatchAccounting.decided`,
-  :meth:`~DispatchAccounting.failed` — the gateway's answers;
+  :meth:`~DispatchAccounting.failed`, :meth:`~DispatchAccounting.refused` — the gateway's answers;
 * :meth:`~DispatchAccounting.connection_ended` — a lost connection may leave a dispatch behind
   that was billed but never seen: it is counted as one unconfirmed decision.
 """
@@ -171,6 +171,19 @@ class DispatchAccounting:
                 [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
             )
         self._answered()
+        self._hold()
+
+    def refused(self, error: Error) -> None:
+        """The gateway refused what :meth:`admit` let through, so nothing is dispatched for it: a
+        mutation rejected for now (it is admitted again when it is sent again), or, on_request, a
+        ``decide`` refused (``stale_state_version``, ``shutting_down``)."""
+        if error.event_id is not None:
+            number = event_number(error.event_id)
+            self._uncovered = [e for e in self._uncovered if e != number]
+        elif self.on_request:
+            self._decide_in_flight = False
+        if not self.outstanding():
+            self.waiting_since = None
         self._hold()
 
     def settle(self) -> bool:

@@ -33,6 +33,7 @@ from airflow_provider_systemzero.protocol.client_events import (
     ServerError,
     StreamFailed,
 )
+from airflow_provider_systemzero.protocol.client_input import DECIDE_REFUSALS
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Hello
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
@@ -92,6 +93,8 @@ class CoreEventHandling:
                     self._on_decision_failed(event)
                 self._settle_exceeded()
             elif isinstance(event, MutationRejected):
+                self._accounting.refused(event.error)
+                self._settle_exceeded()
                 log.debug(
                     "change %s deferred by the gateway (%s); it is sent again",
                     server_token(event.error.event_id),
@@ -105,6 +108,8 @@ class CoreEventHandling:
             elif isinstance(event, ServerError):
                 if event.error.fatal:
                     self._last_fatal = event.error
+                elif event.error.event_id is None and event.error.code in DECIDE_REFUSALS:
+                    self._accounting.refused(event.error)  # no dispatch follows the decide
                 log.info(
                     "gateway error %s (fatal=%s): %s",
                     server_token(event.error.code),

@@ -421,10 +421,10 @@ class ConnectionServing:
             at, gap = since + DECISION_WAIT_REPORT_S, DECISION_WAIT_REPORT_S
         if now >= at:
             log.info(
-                "waiting for the System Zero gateway's decision for %.0f s (state version %d acknowledged; "
-                "the gateway decides, there is nothing to send)",
+                "waiting for the System Zero gateway's decision for %.0f s (state version %d acknowledged%s)",
                 now - since,
                 self._state_version,
+                "" if self.session.in_sync else "; a newer change waits to be sent",
             )
             gap = min(gap * 2, DECISION_WAIT_REPORT_CAP_S)
             at = now + gap
