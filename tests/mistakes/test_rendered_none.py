@@ -27,12 +27,26 @@ def _rendered_none(field: str) -> str:
     return f"{field} rendered to 'None' from the template {MISSING!r}: the value it reads is missing"
 
 
+def _refused_before_anything_is_sent(
+    emulator: Any, dag: DAG, capsys: pytest.CaptureFixture[str], fields: dict[str, str]
+) -> None:
+    """Run ``dag``: each task of ``fields`` fails, naming the field that rendered to 'None', and
+    no stream was opened nor decision billed."""
+    before = emulator.stats
+    states = task_states(run_dag(dag))
+    assert {task_id: states[task_id] for task_id in fields} == dict.fromkeys(fields, "failed")
+    printed = capsys.readouterr().out
+    for task_id, field in fields.items():
+        assert f"{task_id}: {_rendered_none(field)}" in printed, task_id
+    after = emulator.stats
+    assert after.streams_total == before.streams_total and after.decisions_billed == before.decisions_billed
+
+
 def test_a_question_text_that_renders_to_none_is_refused_before_anything_is_sent(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "job.log"
     log.write_text("Job is ready.\n")
-    before = emulator.stats
     common: dict[str, Any] = {"systemzero_conn_id": CONN, "deferrable": True}
     with DAG("mistake_none_question_text", schedule=None, start_date=START) as dag:
         SystemZeroDecideOperator(task_id="short", questions={"urgent": MISSING}, state="down", **common)
@@ -64,28 +78,25 @@ def test_a_question_text_that_renders_to_none_is_refused_before_anything_is_sent
             timeout=60,
             **common,
         )
-    states = task_states(run_dag(dag))
-    failing = ("short", "long", "override", "gate", "route", "wait", "prefixed")
-    assert {task_id: states[task_id] for task_id in failing} == dict.fromkeys(failing, "failed")
-    printed = capsys.readouterr().out
-    for task_id, field in (
-        ("short", "questions.urgent"),
-        ("long", "questions.urgent.instructions"),
-        ("override", "instructions.urgent"),
-        ("gate", "instructions"),
-        ("route", "instructions"),
-        ("wait", "instructions"),
-        ("prefixed", "state"),
-    ):
-        assert f"{task_id}: {_rendered_none(field)}" in printed, task_id
-    after = emulator.stats
-    assert after.streams_total == before.streams_total and after.decisions_billed == before.decisions_billed
+    _refused_before_anything_is_sent(
+        emulator,
+        dag,
+        capsys,
+        {
+            "short": "questions.urgent",
+            "long": "questions.urgent.instructions",
+            "override": "instructions.urgent",
+            "gate": "instructions",
+            "route": "instructions",
+            "wait": "instructions",
+            "prefixed": "state",
+        },
+    )
 
 
 def test_a_question_name_or_an_option_that_renders_to_none_is_refused_before_anything_is_sent(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = emulator.stats
     common: dict[str, Any] = {"systemzero_conn_id": CONN, "deferrable": True}
     tier = {"type": "choice", "instructions": "Which tier?", "options": ["gold", MISSING]}
     with DAG("mistake_none_question_name", schedule=None, start_date=START) as dag:
@@ -116,16 +127,14 @@ def test_a_question_name_or_an_option_that_renders_to_none_is_refused_before_any
             timeout=60,
             **common,
         )
-    states = task_states(run_dag(dag))
-    failing = ("named", "watched", "choice", "option")
-    assert {task_id: states[task_id] for task_id in failing} == dict.fromkeys(failing, "failed")
-    printed = capsys.readouterr().out
-    for task_id, field in (
-        ("named", "question"),
-        ("watched", "question"),
-        ("choice", "questions.tier.options[1]"),
-        ("option", "questions.tier.options[0]"),
-    ):
-        assert f"{task_id}: {_rendered_none(field)}" in printed, task_id
-    after = emulator.stats
-    assert after.streams_total == before.streams_total and after.decisions_billed == before.decisions_billed
+    _refused_before_anything_is_sent(
+        emulator,
+        dag,
+        capsys,
+        {
+            "named": "question",
+            "watched": "question",
+            "choice": "questions.tier.options[1]",
+            "option": "questions.tier.options[0]",
+        },
+    )

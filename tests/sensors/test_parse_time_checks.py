@@ -220,22 +220,14 @@ def test_a_min_true_for_a_shorter_execution_timeout_cannot_allow_is_refused(tmp_
         )
         assert raised.value.field == "min_true_for"
     # shorter than both, or an execution_timeout longer than the timeout: accepted
-    held = _build(
-        "parse_time_exec_held",
-        source=source,
-        min_true_for=59,
-        timeout=3600,
-        execution_timeout=timedelta(minutes=1),
-    )
-    assert held.min_true_for == 59
-    longer = _build(
-        "parse_time_exec_longer",
-        source=source,
-        min_true_for=59,
-        timeout=60,
-        execution_timeout=timedelta(hours=1),
-    )
-    assert longer.min_true_for == 59
+    for dag_id, timeout, execution_timeout in (
+        ("parse_time_exec_held", 3600, timedelta(minutes=1)),
+        ("parse_time_exec_longer", 60, timedelta(hours=1)),
+    ):
+        built = _build(
+            dag_id, source=source, min_true_for=59, timeout=timeout, execution_timeout=execution_timeout
+        )
+        assert built.min_true_for == 59, dag_id
 
 
 def test_a_route_or_request_mode_is_checked_even_when_the_request_is_templated() -> None:
