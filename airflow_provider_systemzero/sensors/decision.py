@@ -126,9 +126,10 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``
         may be templated (the triggerer renders them, with undefined variables rendering as ``""``,
         and refuses what it rendered as the worker would: an empty or ``'None'`` static state, a
-        ``'None'`` before a source's content); the questions, ``model`` and ``prompt_cache_key`` must be plain values. The key namespace is
-        :data:`START_FROM_TRIGGER_NAMESPACE` and the deadline is Airflow's trigger timeout (the sensor's
-        ``timeout``). A mapped sensor (``.partial(...).expand(...)``) defers from a worker as usual.
+        ``'None'`` before a source's content); the questions, ``model`` and ``prompt_cache_key``
+        must be plain values. The key namespace is :data:`START_FROM_TRIGGER_NAMESPACE` and the
+        deadline is Airflow's trigger timeout (the sensor's ``timeout``). A mapped sensor
+        (``.partial(...).expand(...)``) defers from a worker as usual.
 
     Literal (non-templated) arguments are checked when the DAG is parsed, so a sensor that can
     never work is an import error (a ``ValueError`` starting ``<task_id>: ``); templated ones when

@@ -410,7 +410,8 @@ def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
     kept so that a value rendered as the text ``'None'`` is named with its template when the task
     runs: ``state`` and the source's path (``"state"``:
-    :func:`~airflow_provider_systemzero.triggers.sources.state_templates`), the watched ``question``'s name, the asked questions' texts
+    :func:`~airflow_provider_systemzero.triggers.sources.state_templates`), the watched
+    ``question``'s name, the asked questions' texts
     (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
     that of ``instructions`` when it is the one question's text) and their options (``"options"``:
     :func:`~airflow_provider_systemzero.utils.checks.option_templates`)."""

@@ -139,10 +139,7 @@ class DispatchAccounting:
         """A mutation was accepted; without ``scheduled`` (a gateway shutting down) no dispatch follows."""
         self._body_bytes[ack.state_version] = ack.synthesized_body_bytes
         if not self.on_request and not ack.scheduled:
-            number = event_number(ack.event_id)
-            self._uncovered = [e for e in self._uncovered if e != number]
-            if not self._uncovered:
-                self.waiting_since = None
+            self._not_dispatched(ack.event_id)
 
     def decided(self, result: DecisionResult) -> bool:
         """A decision arrived; returns whether it counts as billed (a new reply id)."""
@@ -178,13 +175,19 @@ class DispatchAccounting:
         mutation rejected for now (it is admitted again when it is sent again), or, on_request, a
         ``decide`` refused (``stale_state_version``, ``shutting_down``)."""
         if error.event_id is not None:
-            number = event_number(error.event_id)
-            self._uncovered = [e for e in self._uncovered if e != number]
+            self._not_dispatched(error.event_id)
         elif self.on_request:
             self._decide_in_flight = False
-        if not self.outstanding():
             self.waiting_since = None
         self._hold()
+
+    def _not_dispatched(self, event_id: str) -> None:
+        """No dispatch follows the mutation ``event_id`` (its ack scheduled none, or it was
+        rejected): it is not owed a decision."""
+        number = event_number(event_id)
+        self._uncovered = [e for e in self._uncovered if e != number]
+        if not self.outstanding():
+            self.waiting_since = None
 
     def settle(self) -> bool:
         """Count what the gateway may still dispatch for this connection as one unconfirmed

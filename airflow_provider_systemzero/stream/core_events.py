@@ -78,13 +78,9 @@ class CoreEventHandling:
             elif isinstance(event, DecisionReceived):
                 if not event.repeated:  # a repeated one was counted and queued when it arrived
                     self._on_decision(event.result)
-                for intent in event.intents:
-                    future = self._intent_futures.get(intent)
-                    if future is not None and not future.done():
-                        future.set_result(event.result)
+                self._answer(event.intents, event.result)
                 if self._queue_decisions and not event.repeated:
-                    self._decisions.append(event.result)
-                    self._decisions_ready()
+                    self._queue(event.result)
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
                 if event.repeated:
@@ -144,10 +140,7 @@ class CoreEventHandling:
             self._starts.ended(self, event.error, self.session.generation, requeue=on_request)
         if event.error.fatal:
             self._last_fatal = event.error
-        for intent in event.intents:
-            future = self._intent_futures.get(intent)
-            if future is not None and not future.done():
-                future.set_exception(error)
+        self._answer(event.intents, error)
         if self._decision_mode != "on_change":
             return
         if error.retryable:
@@ -174,20 +167,31 @@ class CoreEventHandling:
             )
             return
         if self._queue_decisions:
-            self._decisions.append(error)
-            self._decisions_ready()
+            self._queue(error)
 
     def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
         """The caller returned to a state whose dispatch failed for good (counted when it arrived):
         its waiters hear the failure, and ``decisions()`` does if it has not yet."""
         error = self._decision_error(event.error)
-        for intent in event.intents:
-            future = self._intent_futures.get(intent)
-            if future is not None and not future.done():
-                future.set_exception(error)
+        self._answer(event.intents, error)
         if event.current and self._queue_decisions:
-            self._decisions.append(error)
-            self._decisions_ready()
+            self._queue(error)
+
+    def _answer(self, intents: tuple[int, ...], outcome: DecisionResult | BaseException) -> None:
+        """Settle the ``decide()`` calls waiting for ``intents`` with a decision or an error."""
+        for intent in intents:
+            future = self._intent_futures.get(intent)
+            if future is None or future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _queue(self, outcome: DecisionResult | BaseException) -> None:
+        """Hand a decision, or the error that ends the state's wait, to ``decisions()``."""
+        self._decisions.append(outcome)
+        self._decisions_ready()
 
     # ------------------------------------------------------------------ budget and accounting
 
@@ -296,14 +300,15 @@ class CoreEventHandling:
         if self._starts is not None:
             self._starts.withdraw(self)  # a start is granted to a connected stream only
             self._ask_again()
-        self._count_outstanding("the connection ended")
-
-    def _count_outstanding(self, why: str) -> None:
         if self._accounting.connection_ended():
-            log.info(
-                "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
-                why,
-            )
+            self._said_unconfirmed("the connection ended")
+
+    @staticmethod
+    def _said_unconfirmed(why: str) -> None:
+        log.info(
+            "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
+            why,
+        )
 
     def settle_usage(self) -> None:
         """Count a dispatch the gateway may still make for this connection as one unconfirmed
@@ -312,10 +317,7 @@ class CoreEventHandling:
         Once the connection ends, nothing is counted twice, and a decision that still arrives
         takes the unconfirmed one's place."""
         if self._accounting.settle():
-            log.info(
-                "the stream's usage was reported with a dispatch possibly in flight: counted as one "
-                "unconfirmed decision against the budget"
-            )
+            self._said_unconfirmed("the stream's usage was reported")
 
     def _log_hello(self, hello: Hello) -> None:
         lim = hello.limits
