@@ -20,10 +20,8 @@ from tests.deployment.harness import (
     Deployment,
     database,
     running,
-    skip_unless_marked,
-    with_logs_section,
-    write_results,
 )
+from tests.deployment.reporting import skip_unless_marked, with_logs_section, write_results
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -177,7 +177,11 @@ class Deployment:
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__FERNET_KEY": self._fernet_key,
-            **({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url} if self.postgres else {}),
+            # SQLite: a writer waits up to 30 s for the lock, not sqlite3's 5 s, so a REST call
+            # made while the scheduler, a triggerer and a worker write is not answered with a 500
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
+                self.postgres.url if self.postgres else f"sqlite:///{self.db_path}?timeout=30"
+            ),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -415,11 +419,28 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
             return json.loads(response.read() or b"null")
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any], run_id: str | None = None) -> str:
-        """Create a manual run through the REST API; returns its run ID."""
-        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf)}
-        if run_id:
-            body["dag_run_id"] = run_id
-        return self.rest("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
+        """Create a manual run through the REST API; returns its run ID.
+
+        On SQLite the API server answers 500 when another component holds the write lock past
+        SQLite's 5 s busy timeout. The run ID is chosen here, so a failed request is retried only
+        while that run does not exist (bounded), and never creates a second run.
+        """
+        run_id = run_id or f"manual__{time.time_ns()}"
+        body = {"logical_date": None, "conf": dict(conf), "dag_run_id": run_id}
+        for attempt in range(1, 5):
+            try:
+                return self.rest("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
+            except urllib.error.HTTPError as exc:
+                if exc.code != 500:
+                    raise
+                if self.run_state(dag_id, run_id) is not None:  # created before the error
+                    return run_id
+                if attempt == 4:
+                    raise AssertionError(
+                        f"the API server refused run {run_id} 4 times: {exc.read()!r}"
+                    ) from exc
+                time.sleep(attempt)
+        raise AssertionError("unreachable")
 
     def run_state(self, dag_id: str, run_id: str) -> str | None:
         rows = self.query("SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", (dag_id, run_id))
@@ -562,45 +583,3 @@ def running(deployment: Deployment) -> Iterator[Deployment]:
         yield deployment
     finally:
         deployment.stop()
-
-
-def logs_section(item: Any) -> tuple[str, str] | None:
-    """The component logs of the deployment a pytest item used, as a report section (or ``None``)."""
-    for value in getattr(item, "funcargs", {}).values():
-        if isinstance(value, Deployment):
-            return "component logs", value.diagnostics()
-    return None
-
-
-def with_logs_section(item: Any, report: Any) -> Any:
-    """``report``, with the component logs of the deployment ``item`` used when it failed (the
-    ``pytest_runtest_makereport`` wrapper of the deployment and UI tests)."""
-    section = logs_section(item) if report.failed else None
-    if section:
-        report.sections.append(section)
-    return report
-
-
-def write_results(terminalreporter: Any, title: str, ui: bool) -> None:
-    """The scenario lines of :data:`RESULTS` in a terminal summary section: the UI tests' (``ui``)
-    or the deployment tests'."""
-    lines = [line for line in RESULTS if line.startswith("(ui") == ui]
-    if lines:
-        terminalreporter.section(title)
-        for line in lines:
-            terminalreporter.write_line(line)
-
-
-def skip_unless_marked(config: Any, items: list[Any], marker: str, reason: str) -> None:
-    """Skip the items carrying ``marker`` unless the run's ``-m`` expression asks for it (``-m
-    deployment``, ``-m ui``; ``not <marker>`` does not count)."""
-    import re
-
-    import pytest
-
-    if re.search(rf"(?<!not )\b{marker}\b", config.getoption("markexpr", default="") or ""):
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if item.get_closest_marker(marker):
-            item.add_marker(skip)

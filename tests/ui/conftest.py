@@ -21,11 +21,9 @@ import pytest
 from tests.deployment.harness import (
     Deployment,
     running,
-    skip_unless_marked,
     wait_for,
-    with_logs_section,
-    write_results,
 )
+from tests.deployment.reporting import skip_unless_marked, with_logs_section, write_results
 from tests.deployment.system import apt_install, ensure_python_packages
 
 HERE = Path(__file__).resolve().parent
