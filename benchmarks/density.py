@@ -49,7 +49,16 @@ from benchmarks.allocations import charge
 from benchmarks.common import Options, summary_ms
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import FEEDS, READY, Feed, decision_trigger
-from benchmarks.runner import EndedTasks, StallWatchdog, Triggerer, count_sockets, decided_at, rebuild, rss_kb
+from benchmarks.runner import (
+    EndedTasks,
+    SocketSampler,
+    StallWatchdog,
+    Triggerer,
+    count_sockets,
+    decided_at,
+    rebuild,
+    rss_kb,
+)
 from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
 __all__ = ["run"]
@@ -64,34 +73,6 @@ QUICK_SIZES = (100, 300)
 CHANGE_WINDOW = 30.0
 #: The trigger's default ``lease_after``.
 DEFAULT_LEASE_AFTER = 5.0
-
-
-class _SocketSampler:
-    def __init__(self, baseline: int, interval: float = 0.02) -> None:
-        self.baseline = baseline
-        self.interval = interval
-        self.max_open = 0
-        self.max_capacity_in_use = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        from airflow_provider_systemzero.stream.capacity import default_capacity
-
-        capacity = default_capacity()
-        while True:
-            self.max_open = max(self.max_open, count_sockets() - self.baseline)
-            self.max_capacity_in_use = max(self.max_capacity_in_use, capacity.in_use)
-            await asyncio.sleep(self.interval)
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 _PUSH = Feed("push")
@@ -322,7 +303,7 @@ async def _measure(
         sampler.phase = "start"
         start_watch = StallWatchdog(0.01)
         start_watch.start()
-        sockets = _SocketSampler(base_sockets)
+        sockets = SocketSampler(base_sockets)
         sockets.start()
         started = time.perf_counter()
         channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER, feed)

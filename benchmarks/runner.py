@@ -57,6 +57,37 @@ def count_sockets() -> int:
     return count
 
 
+class SocketSampler:
+    """Samples, every ``interval`` seconds on the running loop, this process's open sockets above
+    ``baseline`` and the streams the process-wide capacity has in use, and keeps both maxima."""
+
+    def __init__(self, baseline: int, interval: float = 0.02) -> None:
+        self.baseline = baseline
+        self.interval = interval
+        self.max_open = 0
+        self.max_capacity_in_use = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        capacity = default_capacity()
+        while True:
+            self.max_open = max(self.max_open, count_sockets() - self.baseline)
+            self.max_capacity_in_use = max(self.max_capacity_in_use, capacity.in_use)
+            await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def _last_lease(trigger: Any) -> Any:
     """The trigger's lease, if it stamped a decision (private, read only: a lease lives as long as
     its stream; an older provider kept one for the trigger's whole run)."""
