@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pendulum
@@ -21,9 +22,6 @@ from airflow.sdk import DAG, task
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
 LOG_DIR = Path(os.environ.get("SYSTEMZERO_EXAMPLE_DIR", tempfile.gettempdir())) / "systemzero-examples"
-
-#: Jobs started by this process (a real job would be tracked by its own scheduler).
-RUNNING_JOBS: list[subprocess.Popen[bytes]] = []
 
 #: The simulated job: a few progress lines, then "Job is ready.", then it exits.
 JOB = """
@@ -58,7 +56,9 @@ with DAG(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        RUNNING_JOBS.append(job)  # the job outlives this task; keep its handle until the process ends
+        # The job outlives this task. A thread collects its exit status when it ends, so it is
+        # not left a zombie (a real job would be tracked by its own scheduler).
+        threading.Thread(target=job.wait, name=f"job-{job.pid}", daemon=True).start()
         return str(log)
 
     log_path = start_job()

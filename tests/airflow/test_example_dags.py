@@ -3,6 +3,7 @@ connection stored in the metadata DB (not an env var)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,11 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.conftest import REPO
-from tests.helpers import EmulatorThread, dagbag_module, systemzero_connection, task_states, xcoms_of
+from tests.helpers import (
+    EmulatorThread,
+    dagbag_module,
+    systemzero_connection,
+    task_states,
+    wait_until,
+    xcoms_of,
+)
 
 RULES = REPO / "example_dags" / "emulator_rules.json"
 
@@ -30,6 +39,19 @@ def emulator(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         systemzero_connection("systemzero_default", emu.origin, "demo-key", model="sz-demo"),
     ):
         yield emu
+
+
+def _left_behind(command_part: str, zombies_before: set[int]) -> list[str]:
+    """This process's children that run ``command_part`` or are new zombies (ended, never reaped)."""
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                if child.pid not in zombies_before:
+                    found.append(f"zombie {child.pid}")
+            elif command_part in " ".join(child.cmdline()):
+                found.append(f"running {child.pid}")
+    return found
 
 
 def _dag(dag_id: str) -> Any:
@@ -85,14 +107,23 @@ def test_every_example_defers_without_the_default_deferrable_setting() -> None:
 
 
 def test_sensor_waits_for_the_growing_log(emulator: Any) -> None:
+    zombies_before = {
+        child.pid for child in psutil.Process().children() if child.status() == psutil.STATUS_ZOMBIE
+    }
     dag_run = _dag("systemzero_wait_for_ready").test()
     assert dag_run.state == "success", task_states(dag_run)
     xcoms = xcoms_of("systemzero_wait_for_ready", dag_run.run_id)
     decision = xcoms[("wait_until_ready", "return_value", -1)]
     assert decision["decision"] is True and decision["confidence"] >= 0.8
-    log = Path(xcoms[("start_job", "return_value", -1)]).read_text()
-    assert "Job is ready." in log
+    log_path = xcoms[("start_job", "return_value", -1)]
+    assert "Job is ready." in Path(log_path).read_text()
     assert xcoms[("report", "return_value", -1)].startswith("ready=True")
+    # the job started in the background ends on its own and is reaped, not left a zombie
+    wait_until(
+        lambda: not _left_behind(log_path, zombies_before),
+        timeout=30,
+        what=f"the job writing {log_path} to end and be reaped (neither running nor a zombie)",
+    )
 
 
 def test_operator_replays_outputs_and_branches(emulator: Any) -> None:
