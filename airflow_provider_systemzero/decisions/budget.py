@@ -327,6 +327,18 @@ class WindowBudget:
         with self._lock:
             self._entries.append((self._clock(), billed, input_tokens))
 
+    def withdraw(self, decisions: int) -> None:
+        """``decisions`` recorded as unconfirmed were not billed after all: the newest go."""
+        with self._lock:
+            for index in range(len(self._entries) - 1, -1, -1):
+                at, count, tokens = self._entries[index]
+                taken = min(count, decisions)
+                if taken > 0:
+                    self._entries[index] = (at, count - taken, tokens)
+                    decisions -= taken
+                if decisions <= 0:
+                    return
+
 
 _windows: dict[tuple[str, int | None, int | None], WindowBudget] = {}
 _windows_lock = threading.Lock()
@@ -564,6 +576,15 @@ class DecisionBudget:
             self.usage.unconfirmed += count
             for window in self.windows:
                 window.record(count, 0)
+
+    def withdraw_unconfirmed(self, count: int = 1) -> None:
+        """``count`` dispatches counted as unconfirmed were answered unbilled (a replayed reply, a
+        failure, a refusal): they no longer count."""
+        count = min(count, self.usage.unconfirmed)
+        if count > 0:
+            self.usage.unconfirmed -= count
+            for window in self.windows:
+                window.withdraw(count)
 
 
 def event_usage(budget: DecisionBudget | None) -> dict[str, Any]:

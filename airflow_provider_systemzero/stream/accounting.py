@@ -63,6 +63,8 @@ class DispatchBudget(Protocol):
 
     def record_unconfirmed(self, count: int = 1) -> None: ...
 
+    def withdraw_unconfirmed(self, count: int = 1) -> None: ...
+
 
 class DispatchAccounting:
     """One stream's dispatches against its budget.
@@ -140,6 +142,7 @@ class DispatchAccounting:
         self._body_bytes[ack.state_version] = ack.synthesized_body_bytes
         if not self.on_request and not ack.scheduled:
             self._not_dispatched(ack.event_id)
+            self._settled_unbilled()
 
     def decided(self, result: DecisionResult) -> bool:
         """A decision arrived; returns whether it counts as billed (a new reply id)."""
@@ -148,6 +151,8 @@ class DispatchAccounting:
         billed = self.budget.record_decision(
             result.reply_id, result.reply.get("usage"), self._body_bytes.get(version), confirms=confirms
         )
+        if confirms and not billed:
+            self.budget.withdraw_unconfirmed(1)  # a replay: what settle counted cost nothing
         if self.on_request:
             self._decide_in_flight = False
         else:
@@ -168,6 +173,7 @@ class DispatchAccounting:
                 [] if error.fatal or version is None else [e for e in self._uncovered if e > version]
             )
         self._answered()
+        self._settled_unbilled()
         self._hold()
 
     def refused(self, error: Error) -> None:
@@ -179,6 +185,7 @@ class DispatchAccounting:
         elif self.on_request:
             self._decide_in_flight = False
             self.waiting_since = None
+        self._settled_unbilled()
         self._hold()
 
     def _not_dispatched(self, event_id: str) -> None:
@@ -189,11 +196,20 @@ class DispatchAccounting:
         if not self.outstanding():
             self.waiting_since = None
 
+    def _settled_unbilled(self) -> None:
+        """What :meth:`settle` counted was answered without a bill (a failure, a refusal, an ack
+        that schedules nothing) and nothing else may still be dispatched: the unconfirmed decision
+        is taken back."""
+        if self._settled_ahead and not self.outstanding():
+            self._settled_ahead = False
+            self.budget.withdraw_unconfirmed(1)
+
     def settle(self) -> bool:
         """Count what the gateway may still dispatch for this connection as one unconfirmed
         decision now, while it is open (a caller reports its usage before the close); returns
-        whether one was counted. Counted once: the connection's end does not count it again, and
-        a decision that still arrives takes its place."""
+        whether one was counted. Counted once: the connection's end does not count it again, a
+        decision that still arrives takes its place, and an unbilled answer (a replayed reply, a
+        failure or refusal leaving nothing outstanding) takes it back."""
         if self._settled_ahead or not self.outstanding():
             return False
         self.budget.record_unconfirmed(1)

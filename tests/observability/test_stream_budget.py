@@ -176,3 +176,29 @@ async def test_usage_settled_before_the_close_is_not_counted_twice_when_the_deci
     async with stream_for(emu, fast_backoff, "on_request", identity="two", **window) as two:
         await two.decide(timeout=10)  # the second of two per hour
     assert sum(e.billed for e in ledger_of(emu)) == 2
+
+
+async def test_usage_settled_before_a_replayed_decision_comes_is_not_counted(
+    emu: Emulator, fast_backoff: Backoff
+) -> None:
+    """The dispatch counted as unconfirmed by settle_usage comes back as a replay of a reply
+    already billed (the same state decided again: same key, byte-identical body): it cost
+    nothing, so the unconfirmed count it stood for is taken back. Before, the stream's usage said
+    1 billed and 1 unconfirmed for one billed decision, and the connection's hourly window held
+    two: the next stream of the process was refused."""
+    window = {"conn_id": "sz_settled_replay", "budget_decisions_per_hour": 2}
+    async with stream_for(emu, fast_backoff, "on_request", identity="one", **window) as one:
+        first = await one.decide(timeout=10)
+        emu.faults.delay_decisions_ms = 400
+        deciding = asyncio.ensure_future(one.decide(timeout=10))  # the same state: a replay
+        await emu.wait_for(lambda e: one.deciding_for is not None, timeout=5)
+        one.settle_usage()
+        assert one.usage.unconfirmed == 1
+        again = await deciding
+        assert again.reply_id == first.reply_id
+        assert (one.usage.billed, one.usage.replayed, one.usage.unconfirmed) == (1, 1, 0), one.usage
+    emu.faults.delay_decisions_ms = 0
+    assert sum(e.billed for e in ledger_of(emu)) == 1
+    async with stream_for(emu, fast_backoff, "on_request", identity="two", **window) as two:
+        await two.decide(timeout=10)  # the second of two per hour
+    assert sum(e.billed for e in ledger_of(emu)) == 2

@@ -62,3 +62,30 @@ def test_a_rejected_change_leaves_the_others_owed() -> None:
     since = accounting.waiting_since
     accounting.refused(_error("event_rate_limited", "evt_3"))
     assert accounting.outstanding() == 1 and accounting.waiting_since == since
+
+
+@pytest.mark.parametrize("answer", ["failed", "refused"])
+def test_what_settle_counted_is_taken_back_when_it_is_answered_unbilled(answer: str) -> None:
+    """settle() counts the decide in flight as unconfirmed before the close; when the gateway
+    answers it with a failure or a refusal instead, nothing was billed and nothing else is owed:
+    the count goes (before, it stayed, and the next decision was counted besides it)."""
+    budget = DecisionBudget()
+    accounting = DispatchAccounting(budget, "on_request", holder="s")
+    assert accounting.admit(Decide(1), 10) is None
+    assert accounting.settle() and budget.usage.unconfirmed == 1
+    if answer == "failed":
+        accounting.failed(_error("internal_error"), retryable=False)
+    else:
+        accounting.refused(_error("shutting_down"))
+    assert budget.usage.unconfirmed == 0
+    assert accounting.connection_ended() is False and budget.usage.unconfirmed == 0
+
+
+def test_what_settle_counted_stays_while_the_gateway_retries_it() -> None:
+    budget = DecisionBudget()
+    accounting = DispatchAccounting(budget, "on_change", holder="s")
+    assert accounting.admit(AppendText("evt_2", "x\n"), 10) is None
+    assert accounting.settle()
+    accounting.failed(_error("rate_limited"), retryable=True)  # the gateway dispatches it again
+    assert budget.usage.unconfirmed == 1 and accounting.outstanding() == 1
+    assert accounting.connection_ended() is False and budget.usage.unconfirmed == 1
