@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import errno
 import logging
 import os
@@ -315,8 +316,9 @@ class FileSource(StateSource):
         self._stale = True
         if mask & file_watch.REPLACED:
             self._replaced = True
-        if mask & file_watch.LOST or (mask & file_watch.REPLACED and len(self._watched) > 1):
-            self._resubscribe = True  # the directory went away, or a symlink may point elsewhere now
+        if mask & (file_watch.LOST | file_watch.REPLACED):
+            # the directory went away, or the name (or a link on the path) may lead elsewhere now
+            self._resubscribe = True
         self._wake()
 
     def _wake(self) -> None:
@@ -351,6 +353,13 @@ class FileSource(StateSource):
             for path in dict.fromkeys((os.path.abspath(self.path), os.path.realpath(self.path))):
                 watcher.subscribe(path, self)
                 self._watcher, self._watched = watcher, (*self._watched, path)
+            # each symbolic link on the way too, under its own name: a link pointed elsewhere (a
+            # `current` directory switched to the next release) changes the file behind the path
+            for link in _links(self.path):
+                if link not in self._watched:
+                    with contextlib.suppress(OSError):  # its directory may not be readable
+                        watcher.subscribe(link, self)
+                        self._watched += (link,)
             self._stale = True  # unwatched until now: read once the watch is in place
         except OSError as exc:
             self._unsubscribe()
@@ -488,6 +497,27 @@ class FileSource(StateSource):
         self._disarm()
         self._unsubscribe()
         self._waiter = None
+
+
+def _links(path: str) -> list[str]:
+    """The symbolic links that resolving ``path`` goes through, in order (at most 40, as the kernel)."""
+    links: list[str] = []
+    pending = os.path.abspath(path)
+    while len(links) < 40:
+        head, parts = os.sep, pending.split(os.sep)[1:]
+        for index, part in enumerate(parts):
+            step = os.path.join(head, part)
+            try:
+                target = os.readlink(step)
+            except OSError:  # not a link (or not there)
+                head = step
+                continue
+            links.append(step)
+            pending = os.path.normpath(os.path.join(head, target, *parts[index + 1 :]))
+            break
+        else:
+            break
+    return links
 
 
 @lru_cache(maxsize=16)

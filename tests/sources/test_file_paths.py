@@ -1,0 +1,105 @@
+"""File sources whose watch can end up in the wrong place: symbolic links on the path, the
+watcher across event loops, a read cancelled before it started, a watch that cannot be placed.
+
+Sources get ``poll_interval`` = one hour: a change that arrives at all arrived by notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_systemzero.triggers.sources import build_source
+
+HOUR = 3600.0
+
+
+def spec(path: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+
+
+async def value_where(
+    changes: AsyncIterator[Any], predicate: Callable[[Any], bool], within: float = 10
+) -> Any:
+    """The first value of ``changes`` that ``predicate`` accepts (bounded)."""
+    async with asyncio.timeout(within):
+        async for value in changes:
+            if predicate(value):
+                return value
+    raise AssertionError("the source ended")
+
+
+def switch_link(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target`` atomically (a new link renamed over the old, as deploy tools do)."""
+    fresh = link.with_name(link.name + ".new")
+    fresh.symlink_to(target)
+    fresh.rename(link)
+
+
+async def test_a_directory_link_switched_to_another_directory_is_followed(tmp_path: Path) -> None:
+    """``current -> release-1`` switched to ``release-2``: the file behind the path is another one,
+    and every later write to it must reach the trigger (not only the once-a-minute re-check)."""
+    for release in ("release-1", "release-2"):
+        (tmp_path / release).mkdir()
+        (tmp_path / release / "job.log").write_text(f"{release} started\n")
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "release-1")
+    source = build_source(spec(current / "job.log"), "")
+    changes = source.changes()
+    try:
+        assert await anext(changes) == "release-1 started\n"
+        switch_link(current, tmp_path / "release-2")
+        assert await value_where(changes, lambda v: v.startswith("release-2")) == "release-2 started\n"
+        with (tmp_path / "release-2" / "job.log").open("a") as handle:
+            handle.write("Job is ready.\n")
+        ready = await value_where(changes, lambda v: v.endswith("ready.\n"))
+        assert ready == "release-2 started\nJob is ready.\n"
+    finally:
+        await changes.aclose()
+        await source.aclose()
+
+
+async def test_a_directory_link_switched_while_dormant_wakes_the_wait(tmp_path: Path) -> None:
+    for release in ("release-1", "release-2"):
+        (tmp_path / release).mkdir()
+        (tmp_path / release / "job.log").write_text(f"{release} started\n")
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "release-1")
+    source = build_source(spec(current / "job.log"), "")
+    try:
+        changes = source.changes()
+        assert await anext(changes) == "release-1 started\n"
+        await changes.aclose()  # no iterator open: as a dormant trigger waits
+        switch_link(current, tmp_path / "release-2")
+        await asyncio.wait_for(source.next_change(), 10)
+        assert await source.taken(None) == "release-2 started\n"
+        waiting = source.next_change()
+        with (tmp_path / "release-2" / "job.log").open("a") as handle:
+            handle.write("Job is ready.\n")
+        await asyncio.wait_for(waiting, 10)
+        assert await source.taken(None) == "release-2 started\nJob is ready.\n"
+    finally:
+        await source.aclose()
+
+
+async def test_a_file_replaced_by_a_link_follows_the_links_target(tmp_path: Path) -> None:
+    """A plain file replaced by a link to a file elsewhere: writes to the target must be heard."""
+    log = tmp_path / "job.log"
+    log.write_text("first\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "job.log").write_text("second\n")
+    source = build_source(spec(log), "")
+    changes = source.changes()
+    try:
+        assert await anext(changes) == "first\n"
+        switch_link(log, elsewhere / "job.log")
+        assert await value_where(changes, lambda v: v == "second\n") == "second\n"
+        with (elsewhere / "job.log").open("a") as handle:
+            handle.write("Job is ready.\n")
+        assert await value_where(changes, lambda v: v.endswith("ready.\n")) == "second\nJob is ready.\n"
+    finally:
+        await changes.aclose()
+        await source.aclose()
