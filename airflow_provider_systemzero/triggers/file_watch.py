@@ -52,6 +52,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "MOUNTINFO",
@@ -358,6 +359,10 @@ class FileWatcher:
         self._loop = loop
         self._inotify = inotify_simple.INotify(nonblocking=True)
         self._fd = self._inotify.fileno()
+        #: closes the descriptor on :meth:`close`, or once the watcher is dropped: its loop ended first
+        closing = threading.Thread(target=self._inotify.close, name=CLOSING_THREAD, daemon=True)
+        self._finalizer = weakref.finalize(self, closing.start)
+        self._finalizer.atexit = False  # the process's exit closes it
         self._directories: dict[str, _Directory] = {}
         self._by_wd: dict[int, _Directory] = {}
         self._closed = False
@@ -493,9 +498,9 @@ class FileWatcher:
             self._recheck = None
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._fd)
-        if _WATCHERS.get(self._loop) is self:
+        if _watcher_of(self._loop) is self:
             del _WATCHERS[self._loop]
-        threading.Thread(target=self._inotify.close, name=CLOSING_THREAD, daemon=True).start()
+        self._finalizer()
 
     def _forget(self, directory: _Directory) -> None:
         self._by_wd.pop(directory.wd, None)
@@ -558,7 +563,14 @@ def _add(masks: dict[Callback, int], groups: Iterable[tuple[Callback, ...]], mas
             masks[callback] = masks.get(callback, 0) | mask
 
 
-_WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FileWatcher] = weakref.WeakKeyDictionary()
+#: Each loop's watcher, held weakly: its loop's reader keeps it alive, and nothing once the loop
+#: ended (``asyncio.run`` returns before idle watches go): its descriptor does not outlive the loop.
+_WATCHERS: weakref.WeakKeyDictionary[Any, weakref.ref[FileWatcher]] = weakref.WeakKeyDictionary()
+
+
+def _watcher_of(loop: asyncio.AbstractEventLoop) -> FileWatcher | None:
+    ref = _WATCHERS.get(loop)
+    return None if ref is None else ref()
 
 
 def shared_watcher() -> FileWatcher:
@@ -567,13 +579,22 @@ def shared_watcher() -> FileWatcher:
     :raises OSError: inotify cannot be initialised (e.g. ``fs.inotify.max_user_instances`` reached).
     """
     loop = asyncio.get_running_loop()
-    watcher = _WATCHERS.get(loop)
+    watcher = _watcher_of(loop)
     if watcher is None or watcher.closed:
-        watcher = _WATCHERS[loop] = FileWatcher(loop)
+        close_ended()
+        watcher = FileWatcher(loop)
+        _WATCHERS[loop] = weakref.ref(watcher)
     return watcher
+
+
+def close_ended() -> None:
+    """Close the watchers of loops that ended (each new loop's first watch does, before its own)."""
+    for ref in list(_WATCHERS.values()):
+        if (watcher := ref()) is not None and watcher._loop.is_closed():
+            watcher.close()
 
 
 def current_watcher() -> FileWatcher | None:
     """The running loop's watcher if one is open (for tests and the benchmarks)."""
-    watcher = _WATCHERS.get(asyncio.get_running_loop())
+    watcher = _watcher_of(asyncio.get_running_loop())
     return None if watcher is None or watcher.closed else watcher

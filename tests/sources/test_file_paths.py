@@ -7,11 +7,15 @@ Sources get ``poll_interval`` = one hour: a change that arrives at all arrived b
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.sources import build_source
+from tests.helpers import wait_until
+from tests.sources.conftest import inotify_descriptors
 
 HOUR = 3600.0
 
@@ -103,3 +107,27 @@ async def test_a_file_replaced_by_a_link_follows_the_links_target(tmp_path: Path
     finally:
         await changes.aclose()
         await source.aclose()
+
+
+def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) -> None:
+    """``asyncio.run`` per trigger (``dag.test()``, a test suite) ends each loop before the idle
+    watch is removed: the loop's watcher must not outlive it, or every loop costs an inotify
+    instance until ``fs.inotify.max_user_instances`` (128 by default) is reached."""
+    log = tmp_path / "job.log"
+    log.write_text("one\n")
+
+    async def tail_once() -> None:
+        source = build_source(spec(log), "")
+        changes = source.changes()
+        assert await anext(changes) == "one\n"
+        assert file_watch.current_watcher() is not None
+        await changes.aclose()
+        await source.aclose()
+
+    before = inotify_descriptors()
+    for _ in range(3):
+        asyncio.run(tail_once())
+    # each loop's first watch closes the watchers of the loops that ended: one is left at most
+    wait_until(lambda: inotify_descriptors() <= before + 1, what="the ended loops' descriptors to close")
+    gc.collect()  # and the last goes with its loop (a watcher's timers make it a reference cycle)
+    wait_until(lambda: inotify_descriptors() <= before, what="the last loop's descriptor to close")

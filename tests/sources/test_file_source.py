@@ -195,6 +195,10 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
     # the process: looked up once here, that pool is in the baseline (the test asks for no thread
     # of the provider's, and does not depend on an earlier test having looked one up)
     await SystemZeroHook(systemzero_conn_id=TRIGGER_CONN_ID).aget_settings()
+    file_watch.close_ended()  # earlier tests' loops' watchers, not collected yet, are not counted
+    await asyncio.to_thread(
+        wait_until, lambda: all(t.name != file_watch.CLOSING_THREAD for t in threading.enumerate())
+    )
     descriptors, threads = inotify_descriptors(), other_threads()
     loop = asyncio.get_running_loop()
     triggers = [
