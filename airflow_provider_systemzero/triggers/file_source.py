@@ -300,7 +300,13 @@ class FileSource(StateSource):
         local = self._chosen == "notify" or (self._watched and self._identity)
         done = self._read(replaced, INLINE_READ_BYTES) if local else None
         if done is None:
-            await asyncio.to_thread(self._read, replaced)
+            try:
+                await asyncio.to_thread(self._read, replaced)
+            except asyncio.CancelledError:
+                # the read may not have started (every worker busy): the next wait reads again
+                self._stale = True
+                self._replaced = self._replaced or replaced
+                raise
 
     # ---------------------------------------------------------------- notifications
 

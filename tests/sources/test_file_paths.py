@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_systemzero.triggers import file_watch
+from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
 from airflow_provider_systemzero.triggers.sources import build_source
-from tests.helpers import wait_until
+from tests.helpers import until, wait_until
 from tests.sources.conftest import inotify_descriptors
 
 HOUR = 3600.0
@@ -131,3 +134,36 @@ def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) ->
     wait_until(lambda: inotify_descriptors() <= before + 1, what="the ended loops' descriptors to close")
     gc.collect()  # and the last goes with its loop (a watcher's timers make it a reference cycle)
     wait_until(lambda: inotify_descriptors() <= before, what="the last loop's descriptor to close")
+
+
+async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wait(tmp_path: Path) -> None:
+    """A large read goes to the loop's executor; when every worker is busy it waits in the queue,
+    and a feeder cancelled meanwhile (its stream went quiet) cancels it before it ran: the write it
+    was for must still wake the dormant wait that follows, not only the once-a-minute re-check."""
+    log = tmp_path / "job.log"
+    log.write_text("starting\n")
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(executor)
+    busy = threading.Event()
+    source = build_source(spec(log), "")
+    try:
+        changes = source.changes()
+        assert await anext(changes) == "starting\n"
+        blocker = loop.run_in_executor(None, busy.wait, 10)  # the one worker is taken
+        following = asyncio.ensure_future(anext(changes))
+        big = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
+        with log.open("a") as handle:
+            handle.write(big)
+        await until(lambda: executor._work_queue.qsize() == 1, what="the read to wait for a worker")
+        following.cancel()  # the stream went quiet: its feeder goes, with the queued read
+        await asyncio.gather(following, return_exceptions=True)
+        await changes.aclose()
+        busy.set()
+        await blocker
+        await asyncio.wait_for(source.next_change(), 10)
+        assert await source.taken(None) == "starting\n" + big
+    finally:
+        busy.set()
+        await source.aclose()
+        executor.shutdown(wait=False)
