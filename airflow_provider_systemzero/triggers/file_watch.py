@@ -263,7 +263,11 @@ class FileWatcher:
         directory_path, name = os.path.split(absolute)
         directory = self._directories.get(directory_path)
         if directory is None:
-            wd = self._inotify.add_watch(directory_path, _DIRECTORY_MASK)
+            try:
+                wd = self._inotify.add_watch(directory_path, _DIRECTORY_MASK)
+            except OSError:
+                self._idle_soon()  # a watcher made for this watch closes without it
+                raise
             directory = self._by_wd.get(wd)  # the same directory under another spelling
             if directory is None:
                 directory = _Directory(directory_path, wd)
@@ -308,7 +312,12 @@ class FileWatcher:
                 directory.names[name] = kept
             else:
                 del directory.names[name]
-        if not directory.names and self._sweep is None and not self._closed:
+        if not directory.names:
+            self._idle_soon()
+
+    def _idle_soon(self) -> None:
+        """Arm the idle sweep: it removes idle watches, and closes a watcher left with none."""
+        if self._sweep is None and not self._closed:
             self._sweep = self._loop.call_later(IDLE_SECONDS, self._remove_idle)
 
     def _recheck_all(self) -> None:
@@ -364,6 +373,8 @@ class FileWatcher:
         for spelling in directory.spellings:
             if self._directories.get(spelling) is directory:
                 del self._directories[spelling]
+        if not self._by_wd:  # its last watch went away
+            self._idle_soon()
 
     def _on_readable(self) -> None:
         """Read every pending event, then wake each subscriber once with its events' masks OR-ed.

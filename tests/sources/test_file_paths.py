@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
@@ -167,3 +170,30 @@ async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wa
         busy.set()
         await source.aclose()
         executor.shutdown(wait=False)
+
+
+@pytest.mark.parametrize("how", ["never-there", "removed"])
+async def test_a_watcher_left_without_a_watch_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A watcher made for a directory that is not there (yet), or whose only directory was removed,
+    holds no watch: it must still close once its last source is gone, like any idle watcher."""
+    monkeypatch.setattr(file_watch, "IDLE_SECONDS", 0.05)
+    directory = tmp_path / "run"
+    if how == "removed":
+        directory.mkdir()
+        (directory / "job.log").write_text("one\n")
+    source = build_source(spec(directory / "job.log", poll_interval=0.02, decide_empty=True), "")
+    changes = source.changes()
+    try:
+        first = await anext(changes)
+        if how == "removed":
+            assert first == "one\n" and source._watched
+            shutil.rmtree(directory)
+            assert await value_where(changes, lambda v: v == "") == ""
+        watcher = file_watch.current_watcher()
+        assert watcher is not None and watcher.stats()["directories"] == 0
+    finally:
+        await changes.aclose()
+        await source.aclose()
+    await until(lambda: file_watch.current_watcher() is None, what="the watcher without a watch to close")
