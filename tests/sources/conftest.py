@@ -1,8 +1,13 @@
-"""The emulator and trigger helpers of the trigger tests, shared with the source tests."""
+"""The emulator and trigger helpers of the trigger tests, shared with the source tests, and what
+the file-source tests share (a file source's spec, the first value a source yields that passes)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 from tests.airflow.test_triggers import emulator, rules_file  # noqa: F401 - fixtures
 
@@ -17,3 +22,23 @@ def inotify_descriptors() -> int:
         except OSError:
             continue
     return count
+
+
+#: A file source's ``poll_interval`` in the tests: a change that arrives at all arrived by notification.
+HOUR = 3600.0
+
+
+def spec(path: Path, **extra: Any) -> dict[str, Any]:
+    """A file source on ``path`` (polled only once an hour), with ``extra`` keys."""
+    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+
+
+async def value_where(
+    changes: AsyncIterator[Any], predicate: Callable[[Any], bool], within: float = 10
+) -> Any:
+    """The first value of ``changes`` that ``predicate`` accepts (bounded)."""
+    async with asyncio.timeout(within):
+        async for value in changes:
+            if predicate(value):
+                return value
+    raise AssertionError("the source ended")

@@ -10,10 +10,8 @@ import asyncio
 import gc
 import shutil
 import threading
-from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,24 +19,17 @@ from airflow_provider_systemzero.triggers import file_watch
 from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
 from airflow_provider_systemzero.triggers.sources import build_source
 from tests.helpers import until, wait_until
-from tests.sources.conftest import inotify_descriptors
-
-HOUR = 3600.0
+from tests.sources.conftest import inotify_descriptors, spec, value_where
 
 
-def spec(path: Path, **extra: Any) -> dict[str, Any]:
-    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
-
-
-async def value_where(
-    changes: AsyncIterator[Any], predicate: Callable[[Any], bool], within: float = 10
-) -> Any:
-    """The first value of ``changes`` that ``predicate`` accepts (bounded)."""
-    async with asyncio.timeout(within):
-        async for value in changes:
-            if predicate(value):
-                return value
-    raise AssertionError("the source ended")
+def releases(tmp_path: Path) -> Path:
+    """``release-1`` and ``release-2``, each with a started job log, and ``current -> release-1``."""
+    for release in ("release-1", "release-2"):
+        (tmp_path / release).mkdir()
+        (tmp_path / release / "job.log").write_text(f"{release} started\n")
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "release-1")
+    return current
 
 
 def switch_link(link: Path, target: Path) -> None:
@@ -51,11 +42,7 @@ def switch_link(link: Path, target: Path) -> None:
 async def test_a_directory_link_switched_to_another_directory_is_followed(tmp_path: Path) -> None:
     """``current -> release-1`` switched to ``release-2``: the file behind the path is another one,
     and every later write to it must reach the trigger (not only the once-a-minute re-check)."""
-    for release in ("release-1", "release-2"):
-        (tmp_path / release).mkdir()
-        (tmp_path / release / "job.log").write_text(f"{release} started\n")
-    current = tmp_path / "current"
-    current.symlink_to(tmp_path / "release-1")
+    current = releases(tmp_path)
     source = build_source(spec(current / "job.log"), "")
     changes = source.changes()
     try:
@@ -72,11 +59,7 @@ async def test_a_directory_link_switched_to_another_directory_is_followed(tmp_pa
 
 
 async def test_a_directory_link_switched_while_dormant_wakes_the_wait(tmp_path: Path) -> None:
-    for release in ("release-1", "release-2"):
-        (tmp_path / release).mkdir()
-        (tmp_path / release / "job.log").write_text(f"{release} started\n")
-    current = tmp_path / "current"
-    current.symlink_to(tmp_path / "release-1")
+    current = releases(tmp_path)
     source = build_source(spec(current / "job.log"), "")
     try:
         changes = source.changes()

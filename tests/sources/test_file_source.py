@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +28,7 @@ from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES, 
 from airflow_provider_systemzero.triggers.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONN_ID, wait_until
-from tests.sources.conftest import inotify_descriptors
-
-HOUR = 3600.0
-
-
-def spec(path: Path, **extra: Any) -> dict[str, Any]:
-    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
-
-
-async def value_where(
-    changes: AsyncIterator[Any], predicate: Callable[[Any], bool], within: float = 10
-) -> Any:
-    """The first value of ``changes`` that ``predicate`` accepts (bounded)."""
-    async with asyncio.timeout(within):
-        async for value in changes:
-            if predicate(value):
-                return value
-    raise AssertionError("the source ended")
+from tests.sources.conftest import HOUR, inotify_descriptors, spec, value_where
 
 
 @contextlib.asynccontextmanager
