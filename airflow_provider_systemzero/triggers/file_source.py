@@ -319,6 +319,8 @@ class FileSource(StateSource):
             if self._stale or self._reading.locked() or self._unchanged_on_disk():
                 return
             log.info("%s changed without a notification: reading it again", self.path)
+            # the watch may be on a directory renamed away (``mv data data.old; mkdir data``)
+            self._resubscribe = True
         self._stale = True
         if mask & file_watch.REPLACED:
             self._replaced = True

@@ -261,20 +261,21 @@ class FileWatcher:
         """
         absolute = os.path.abspath(path)
         directory_path, name = os.path.split(absolute)
-        directory = self._directories.get(directory_path)
+        # Asked of the kernel each time, not taken from the path's last watch: the directory at
+        # this path may be another one now (the old one renamed away, its watch moving with it).
+        # A directory already watched gets its own watch descriptor back.
+        try:
+            wd = self._inotify.add_watch(directory_path, _DIRECTORY_MASK)
+        except OSError:
+            self._idle_soon()  # a watcher made for this watch closes without it
+            raise
+        directory = self._by_wd.get(wd)  # the same directory, maybe under another spelling
         if directory is None:
-            try:
-                wd = self._inotify.add_watch(directory_path, _DIRECTORY_MASK)
-            except OSError:
-                self._idle_soon()  # a watcher made for this watch closes without it
-                raise
-            directory = self._by_wd.get(wd)  # the same directory under another spelling
-            if directory is None:
-                directory = _Directory(directory_path, wd)
-                self._by_wd[wd] = directory
-            self._directories[directory_path] = directory
-            if directory_path not in directory.spellings:
-                directory.spellings += (directory_path,)
+            directory = _Directory(directory_path, wd)
+            self._by_wd[wd] = directory
+        self._directories[directory_path] = directory
+        if directory_path not in directory.spellings:
+            directory.spellings += (directory_path,)
         callbacks = directory.names.get(name, ())
         if callback not in callbacks:
             directory.names[name] = (*callbacks, callback)
@@ -301,6 +302,16 @@ class FileWatcher:
         """
         directory_path, name = os.path.split(os.path.abspath(path))
         directory = self._directories.get(directory_path)
+        if directory is not None and callback not in directory.names.get(name, ()):
+            # subscribed before the path led to another directory: the one it was watched in
+            directory = next(
+                (
+                    d
+                    for d in self._by_wd.values()
+                    if directory_path in d.spellings and callback in d.names.get(name, ())
+                ),
+                directory,
+            )
         if directory is not None:
             self._drop(directory, name, callback)
 

@@ -155,6 +155,61 @@ async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wa
         executor.shutdown(wait=False)
 
 
+async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp_path: Path) -> None:
+    """``mv data data.old; mkdir -p data/run``: the watch moved with the old directory and no event
+    names the new file. The watcher's re-check finds the new file; from then on its writes must
+    arrive by notification again (not at each once-a-minute re-check)."""
+    run = tmp_path / "data" / "run"
+    run.mkdir(parents=True)
+    (run / "job.log").write_text("old run\n")
+    source = build_source(spec(run / "job.log"), "")
+    try:
+        changes = source.changes()
+        assert await anext(changes) == "old run\n"
+        await changes.aclose()  # no iterator open: as a dormant trigger waits
+        (tmp_path / "data").rename(tmp_path / "data.old")
+        run.mkdir(parents=True)
+        (run / "job.log").write_text("new run\n")
+        waiting = source.next_change()
+        watcher = file_watch.current_watcher()
+        assert watcher is not None
+        watcher._recheck_all()  # what the re-check timer runs
+        await asyncio.wait_for(waiting, 10)
+        assert await source.taken(None) == "new run\n"
+        waiting = source.next_change()
+        assert isinstance(waiting, asyncio.Future)  # notified, not polled
+        if waiting.done():  # subscribed again: it looks once at once
+            assert await source.taken(None) == "new run\n"
+            waiting = source.next_change()
+        assert not waiting.done()  # from here on, by notification
+        with (run / "job.log").open("a") as handle:
+            handle.write("Job is ready.\n")
+        await asyncio.wait_for(waiting, 10)
+        assert await source.taken(None) == "new run\nJob is ready.\n"
+    finally:
+        await source.aclose()
+
+
+async def test_a_subscriber_of_a_directory_renamed_away_is_removed_from_that_one(tmp_path: Path) -> None:
+    """After the path leads to a new directory, removing an earlier subscriber by its path must
+    drop it from the directory it was watched in (else that watch and its wakes stay for good)."""
+    run = tmp_path / "data" / "run"
+    run.mkdir(parents=True)
+    watcher = file_watch.shared_watcher()
+    path = str(run / "job.log")
+    earlier, later = (lambda mask: None), (lambda mask: None)
+    old = watcher.subscribe(path, earlier)
+    (tmp_path / "data").rename(tmp_path / "data.old")
+    run.mkdir(parents=True)
+    new = watcher.subscribe(path, later)
+    assert new.directory is not old.directory  # the kernel's answer, not the path's last watch
+    try:
+        watcher.remove(path, earlier)
+        assert old.directory.names == {} and new.directory.names == {"job.log": (later,)}
+    finally:
+        watcher.remove(path, later)
+
+
 @pytest.mark.parametrize("how", ["never-there", "removed"])
 async def test_a_watcher_left_without_a_watch_closes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
