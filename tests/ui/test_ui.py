@@ -195,6 +195,19 @@ def _wait_state(deployment: Deployment, run_id: str, states: set[str], timeout: 
         raise TimeoutError(f"{exc}; the task is {_task_state(deployment, run_id)!r}") from None
 
 
+def _pause_seen_by_scheduler(deployment: Deployment, run_id: str) -> bool:
+    """Whether the scheduler has processed the exit of the worker that paused ``run_id``'s sensor
+    for a person's answer. An answer resumed before that makes the scheduler fail the resumed try
+    on the stale exit event (apache/airflow#71580), and the next try asks again: a person takes
+    seconds to answer; a browser, less than the scheduler's next loop."""
+    log = (deployment.logs / "scheduler.log").read_text(errors="replace")
+    return any(
+        f"run_id={run_id}," in line and "state=awaiting_input," in line
+        for line in log.splitlines()
+        if "TaskInstance Finished:" in line
+    )
+
+
 def _review_page(page: Any, deployment: Deployment, run_id: str) -> Any:
     page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{run_id}/tasks/{TASK}/required_actions")
     page.get_by_text("Awaiting Input").first.wait_for()
@@ -228,6 +241,11 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
         ):
             assert expected in body, f"{expected!r} not on the review page:\n{body[-3000:]}"
         _shot(page, f"review-{answer.lower()}-asked")
+        wait_for(
+            lambda run_id=run_id: _pause_seen_by_scheduler(deployment, run_id),
+            60,
+            f"the scheduler to process the exit of {run_id}'s paused worker",
+        )
         page.get_by_role("button", name=answer, exact=True).click()
         page.get_by_text(re.compile("Response received at")).wait_for()
 
