@@ -10,8 +10,10 @@ import asyncio
 import gc
 import shutil
 import threading
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,15 @@ def releases(tmp_path: Path) -> Path:
     current = tmp_path / "current"
     current.symlink_to(tmp_path / "release-1")
     return current
+
+
+async def ready_is_heard(source: Any, waiting: Awaitable[Any], log: Path, before: str) -> None:
+    """Append the ready line to ``log``: the dormant wait ``waiting`` must end (bounded), and the
+    source's text be ``before`` and that line."""
+    with log.open("a") as handle:
+        handle.write("Job is ready.\n")
+    await asyncio.wait_for(waiting, 10)
+    assert await source.taken(None) == before + "Job is ready.\n"
 
 
 def switch_link(link: Path, target: Path) -> None:
@@ -69,10 +80,7 @@ async def test_a_directory_link_switched_while_dormant_wakes_the_wait(tmp_path: 
         await asyncio.wait_for(source.next_change(), 10)
         assert await source.taken(None) == "release-2 started\n"
         waiting = source.next_change()
-        with (tmp_path / "release-2" / "job.log").open("a") as handle:
-            handle.write("Job is ready.\n")
-        await asyncio.wait_for(waiting, 10)
-        assert await source.taken(None) == "release-2 started\nJob is ready.\n"
+        await ready_is_heard(source, waiting, tmp_path / "release-2" / "job.log", "release-2 started\n")
     finally:
         await source.aclose()
 
@@ -182,10 +190,7 @@ async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp
             assert await source.taken(None) == "new run\n"
             waiting = source.next_change()
         assert not waiting.done()  # from here on, by notification
-        with (run / "job.log").open("a") as handle:
-            handle.write("Job is ready.\n")
-        await asyncio.wait_for(waiting, 10)
-        assert await source.taken(None) == "new run\nJob is ready.\n"
+        await ready_is_heard(source, waiting, run / "job.log", "new run\n")
     finally:
         await source.aclose()
 
