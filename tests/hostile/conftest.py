@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,43 @@ def gateway() -> Iterator[Callable[..., HostileGateway]]:
     yield make
     for gw in started:
         gw.__exit__(None, None, None)
+
+
+def decide_dag(dag_id: str, **kwargs: Any) -> Any:
+    """A Dag of one ``SystemZeroDecideOperator`` (task ``decide``) asking ``ready`` about ``log\\n``
+    on the hostile gateway's connection (``kwargs`` add or override arguments)."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+
+    arguments: dict[str, Any] = {
+        "task_id": "decide",
+        "systemzero_conn_id": CONN_ID,
+        "state": "log\n",
+        "questions": {"ready": "Is the job ready?"},
+        "decision_timeout": 60,
+    }
+    with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        SystemZeroDecideOperator(**(arguments | kwargs))
+    return dag
+
+
+def sensor_dag(dag_id: str, **kwargs: Any) -> Any:
+    """A Dag of one ``SystemZeroDecisionSensor`` (task ``wait``) waiting for ``ready`` on the hostile
+    gateway's connection (``kwargs`` add or override arguments: the state or source, the mode)."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+    arguments: dict[str, Any] = {
+        "task_id": "wait",
+        "systemzero_conn_id": CONN_ID,
+        "model": "sz-test",
+        "question": "ready",
+        "instructions": "Is the job ready?",
+    }
+    with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        SystemZeroDecisionSensor(**(arguments | kwargs))
+    return dag

@@ -162,6 +162,35 @@ class Peer:
         await self.send({"type": "scheduled", "state_version": message["state_version"], "in_flight": False})
         await self.decision(message["state_version"], **decision)
 
+    async def error(
+        self,
+        kind: str,
+        code: str,
+        message: str,
+        *,
+        http_status: Any = None,
+        request_id: str = "r",
+        fatal: bool = False,
+        retryable: bool = False,
+        retry_after_ms: Any = None,
+    ) -> None:
+        """Send an ``error`` about no event (a decide's failure when ``http_status`` is set, a
+        refused ``decide`` when not) with the envelope ``kind``/``code``/``message``."""
+        await self.send(
+            {
+                "type": "error",
+                "event_id": None,
+                "state_version": 1,
+                "http_status": http_status,
+                "request_id": request_id,
+                "fatal": fatal,
+                "error": {
+                    "envelope": {"error": {"type": kind, "code": code, "message": message}},
+                    "retry": {"retryable": retryable, "retry_after_ms": retry_after_ms},
+                },
+            }
+        )
+
     async def goodbye(self, reason: str, retry_after_ms: Any = 0) -> None:
         """Send ``goodbye``."""
         await self.send(

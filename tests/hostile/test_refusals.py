@@ -22,22 +22,7 @@ async def _refuse_the_decide_then_restart(peer: Peer) -> None:
         return
     while (await peer.recv())["type"] != "decide":
         pass
-    await peer.send(
-        {
-            "type": "error",
-            "event_id": None,
-            "state_version": 1,
-            "http_status": None,
-            "request_id": "r",
-            "fatal": False,
-            "error": {
-                "envelope": {
-                    "error": {"type": "api_error", "code": "shutting_down", "message": "restarting"}
-                },
-                "retry": {"retryable": True, "retry_after_ms": 50},
-            },
-        }
-    )
+    await peer.error("api_error", "shutting_down", "restarting", retryable=True, retry_after_ms=50)
     await asyncio.sleep(0.2)
     await peer.goodbye("shutdown", retry_after_ms=50)
     await peer.ws.close(1012)

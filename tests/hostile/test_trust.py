@@ -64,22 +64,7 @@ async def test_a_key_echoed_back_appears_in_no_log_exception_or_tag(
     async def echo_the_key(peer: Peer) -> None:
         await peer.open()
         await peer.recv()  # decide
-        await peer.send(
-            {
-                "type": "error",
-                "event_id": None,
-                "state_version": 1,
-                "http_status": 400,
-                "request_id": "r",
-                "fatal": False,
-                "error": {
-                    "envelope": {
-                        "error": {"type": "invalid_request_error", "code": f"bad_{KEY}", "message": KEY}
-                    },
-                    "retry": {"retryable": False, "retry_after_ms": None},
-                },
-            }
-        )
+        await peer.error("invalid_request_error", f"bad_{KEY}", KEY, http_status=400)
         await peer.goodbye(KEY)
         await peer.ws.close(4000, KEY[:20])
 
@@ -147,21 +132,14 @@ async def test_server_text_forges_no_log_line(
         peer.stream_id = "szws_" + FORGED
         await peer.open()
         await peer.recv()
-        await peer.send(
-            {
-                "type": "error",
-                "event_id": None,
-                "state_version": 1,
-                "http_status": 503,
-                "request_id": "r",
-                "fatal": True,
-                "error": {
-                    "envelope": {
-                        "error": {"type": "api_error", "code": "x" + FORGED, "message": "down" + FORGED}
-                    },
-                    "retry": {"retryable": True, "retry_after_ms": 10},
-                },
-            }
+        await peer.error(
+            "api_error",
+            "x" + FORGED,
+            "down" + FORGED,
+            http_status=503,
+            fatal=True,
+            retryable=True,
+            retry_after_ms=10,
         )
         await peer.goodbye("maintenance" + FORGED + "x" * 10_000, retry_after_ms=10)
         await peer.ws.close(1013, FORGED[:60])

@@ -24,7 +24,7 @@ from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
 from tests.helpers import TRIGGER_CONDITION
-from tests.hostile.conftest import CONN_ID
+from tests.hostile.conftest import CONN_ID, sensor_dag
 from tests.hostile.gateway import REQUEST, HostileGateway, Peer
 
 #: The close handshake the gateway never completes (the document's timeout).
@@ -146,25 +146,7 @@ async def test_the_sensor_triggers_timeout_comes_at_its_deadline(
 
 def poking_dag(dag_id: str, timeout: float, **kwargs: Any) -> Any:
     """A Dag of one poking sensor (task ``wait``, every 0.1 s) on the hostile gateway's connection."""
-    import pendulum
-    from airflow.sdk import DAG
-
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-
-    with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            systemzero_conn_id=CONN_ID,
-            model="sz-test",
-            question="ready",
-            instructions="Is the job ready?",
-            deferrable=False,
-            mode="poke",
-            poke_interval=0.1,
-            timeout=timeout,
-            **kwargs,
-        )
-    return dag
+    return sensor_dag(dag_id, deferrable=False, mode="poke", poke_interval=0.1, timeout=timeout, **kwargs)
 
 
 def test_a_poking_sensor_ends_by_its_timeout_during_a_decide(

@@ -43,25 +43,13 @@ async def test_a_400_digit_integer_is_a_protocol_violation_not_an_overflow(
         if where == "goodbye":
             await peer.goodbye("shutdown", retry_after_ms=Raw(HUGE))
         else:
-            await peer.send(
-                {
-                    "type": "error",
-                    "event_id": None,
-                    "state_version": 1,
-                    "http_status": 429,
-                    "request_id": "r",
-                    "fatal": False,
-                    "error": {
-                        "envelope": {
-                            "error": {
-                                "type": "rate_limit_error",
-                                "code": "rate_limited",
-                                "message": "slow down",
-                            }
-                        },
-                        "retry": {"retryable": True, "retry_after_ms": Raw(HUGE)},
-                    },
-                }
+            await peer.error(
+                "rate_limit_error",
+                "rate_limited",
+                "slow down",
+                http_status=429,
+                retryable=True,
+                retry_after_ms=Raw(HUGE),
             )
         await peer.drain()
 
