@@ -1,9 +1,12 @@
-"""Text a gateway chose, made safe to log, raise and tag.
+"""Text a gateway chose, in a log line or an exception, without the key.
 
 Whatever a gateway sends — a ``stream_id``, a goodbye reason, an error message, a close reason, an
 HTTP body — is untrusted: it may echo the API key back, carry newlines that forge log lines, or be
-megabytes long. :func:`server_text` quotes it (control characters escaped), bounds its length and
-removes the key; :func:`scrub` only removes the key (in any JSON spelling too).
+megabytes long. :func:`server_text` removes the key and passes the rest through
+:func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`, the one function every gateway
+string passes through (escaped, bounded), quoted for a sentence; :func:`server_token` shows a plain
+identifier as it is; :func:`scrub` only removes the key (in any JSON spelling too), from a frame
+before it is read.
 """
 
 from __future__ import annotations
@@ -11,14 +14,14 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["MAX_SERVER_TEXT", "REDACTED", "scrub", "server_text", "server_token"]
+from airflow_provider_systemzero.protocol.untrusted import MAX_TEXT, safe_text
+
+__all__ = ["REDACTED", "scrub", "server_text", "server_token"]
 
 _TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 #: What replaces the key.
 REDACTED = "***"
-#: Characters of server text kept in a log line or an exception message.
-MAX_SERVER_TEXT = 200
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -73,25 +76,23 @@ def _spellings(secret: str) -> re.Pattern[str]:
 
 
 def server_text(
-    value: object, secret: str | None = None, limit: int = MAX_SERVER_TEXT, *, quote: bool = True
+    value: object, secret: str | None = None, limit: int = MAX_TEXT, *, quote: bool = True
 ) -> str:
-    """Server-chosen text as a quoted, escaped, bounded literal without the key: ``'shutdown'``.
+    """Server-chosen text for a log line or an exception message: ``'shutdown'``.
 
-    A newline becomes ``\\n`` (no forged log line), anything past ``limit`` characters is cut
-    (``…`` marks the cut), and the key is removed.
+    The key is removed, then the rest passes through
+    :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`: a newline becomes ``\\n``
+    (no forged log line), an escape ``\\x1b``, and anything past ``limit`` characters is cut
+    (``…`` marks the cut).
 
     :param value: the server's value (a non-string is shown by its ``repr``).
     :param secret: the API key.
     :param limit: characters kept.
-    :param quote: keep the quotes around it (``False`` for a sentence that quotes values itself).
+    :param quote: put quotes around it (``False`` for a sentence that quotes values itself).
     """
     text = value if isinstance(value, str) else repr(value)
-    text = scrub(text, secret)
-    cut = len(text) > limit
-    shown = repr(text[:limit])
-    if not quote:
-        shown = shown[1:-1]
-    return f"{shown}…" if cut else shown
+    shown = safe_text(scrub(text, secret), limit)
+    return f"'{shown}'" if quote else shown
 
 
 def server_token(value: object, secret: str | None = None) -> str:
