@@ -35,6 +35,7 @@ from typing import Any
 from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 
 __all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent", "answers_payload"]
 
@@ -394,7 +395,7 @@ def answers_payload(decision: DecisionResult, state: Any, *, key_namespace: str)
         "state_version": decision.state_version,
         "covered_event_ids": list(decision.covered_event_ids),
         "request_id": decision.request_id,
-        "stream_id": decision.stream_id,
+        "stream_id": safe_text(decision.stream_id),  # as sent (the client matches it): made safe here
         "model": decision.model,
         "answers": {name: answer.to_dict() for name, answer in decision.answers.items()},
         "reply": decision.reply,

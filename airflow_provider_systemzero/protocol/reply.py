@@ -3,7 +3,7 @@
 The reply keeps the shape of the public example: ``id`` (``szd_`` + 32 hex), ``model``,
 ``served_by``, ``created``, ``context``, ``answers`` (name → answer with ``probability``,
 ``confidence``, ``calibration_version``, ``decision``, ``alternatives``, ``calibrated``) and
-``usage``. :class:`DecisionResult` reads it leniently (a missing number is ``None``), keeps the raw
+``usage``. :class:`DecisionResult` reads it leniently (a missing number is ``None``), keeps the
 reply, and converts to a small JSON summary for trigger events and XCom.
 
 Given the questions the stream asked, :meth:`DecisionResult.from_message` first checks the reply
@@ -11,6 +11,15 @@ against them (:func:`check_reply`): a decision that is not a success, an answer 
 asked or missing, an answer of the wrong kind (``"maybe"`` for a boolean question, an option not
 offered), or a probability or confidence that is not a number from 0 to 1 is a contract breach
 (:class:`~airflow_provider_systemzero.protocol.errors.RemoteProtocolError`), never a decision.
+
+Every reply must also be one Airflow can store (:func:`storable_reply`): a decision becomes a trigger
+event and XCom, which Airflow's serializer writes, hands to the worker through its Execution API and
+reads back. A reply nested deeper than :data:`MAX_REPLY_DEPTH` levels, or holding a key Airflow's
+serializer reserves (:data:`RESERVED_KEYS`), is a contract breach too, so the task fails with the
+provider's error instead of an event Airflow cannot store. Once checked, every string of the reply
+(but the checked decisions, which are the caller's own options) and the decision's ``request_id``
+and ``covered_event_ids`` pass through :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`:
+what a :class:`DecisionResult` holds is safe to log, raise, store and show.
 """
 
 from __future__ import annotations
@@ -22,8 +31,33 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.messages import Decision, Question
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 
-__all__ = ["USAGE_FIELDS", "Answer", "DecisionResult", "check_reply", "share"]
+__all__ = [
+    "MAX_REPLY_DEPTH",
+    "RESERVED_KEYS",
+    "USAGE_FIELDS",
+    "Answer",
+    "DecisionResult",
+    "check_reply",
+    "share",
+    "storable_reply",
+]
+
+#: How deeply a reply may nest (the reply object is level 1; a reply of the public example is 5 deep).
+#: Airflow stores a decision inside its trigger event (``next_kwargs["event"]``) and hands it to the
+#: worker in an Execution API response, whose JSON parser (pydantic-core) refuses a document nested
+#: 200 deep: a reply fails at 199 levels on Airflow 3.2+, at 99 on 3.1 (whose serializer wraps each
+#: object in another). The serializer itself recurses once a level (twice on Python 3.11) up to the
+#: interpreter's recursion limit. 32 keeps a reply far from all of these.
+MAX_REPLY_DEPTH = 32
+#: Keys Airflow's serializer reserves (its ``FORBIDDEN_XCOM_KEYS``): an object holding
+#: ``__classname__`` or ``__id__`` is refused when the event is stored, and one holding ``__type``
+#: and ``__var`` (or ``__classname__`` and ``__version__``) is read back on the worker as another
+#: object than the gateway sent.
+RESERVED_KEYS = frozenset(
+    {"__classname__", "__version__", "__data__", "__id__", "__cache__", "__type", "__source", "__var"}
+)
 
 #: The counters of ``reply.usage``.
 USAGE_FIELDS = (
@@ -54,10 +88,88 @@ def share(value: Any) -> float | None:
     return number if number is not None and 0.0 <= number <= 1.0 else None
 
 
+class _Unstorable(Exception):
+    """Raised down a reply's walk; each level it leaves adds its key, so the refusal names the way."""
+
+    def __init__(self, reserved: str | None = None) -> None:
+        self.reserved = reserved
+        self.path: list[str | int] = []
+
+
+def _stored(value: Any, depth: int) -> Any:
+    """``value``, at ``depth`` in a reply, as a :class:`DecisionResult` keeps it: every string and
+    key through :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`. It recurses no
+    deeper than :data:`MAX_REPLY_DEPTH`, however deep the value."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        if depth > MAX_REPLY_DEPTH:
+            raise _Unstorable()
+        kept = {}
+        for key, item in value.items():
+            if key in RESERVED_KEYS:
+                exc = _Unstorable(key)
+                exc.path.append(key)
+                raise exc
+            try:
+                kept[safe_text(str(key))] = _stored(item, depth + 1)
+            except _Unstorable as exc:
+                exc.path.append(key)
+                raise
+        return kept
+    if isinstance(value, list):
+        if depth > MAX_REPLY_DEPTH:
+            raise _Unstorable()
+        items = []
+        for index, item in enumerate(value):
+            try:
+                items.append(_stored(item, depth + 1))
+            except _Unstorable as exc:
+                exc.path.append(index)
+                raise
+        return items
+    return value
+
+
+def storable_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` as a :class:`DecisionResult` keeps it, once checked that Airflow can store it in a
+    trigger event and XCom and read it back as sent: a copy with every string and key passed
+    through :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`.
+
+    :param reply: the decoded reply.
+    :raises RemoteProtocolError: ``unstorable_reply``, naming the field: the reply nests deeper than
+        :data:`MAX_REPLY_DEPTH` levels, or an object in it holds a key of :data:`RESERVED_KEYS`.
+    """
+    try:
+        return _stored(reply, 1)
+    except _Unstorable as exc:
+        steps = exc.path[::-1]
+        key = steps.pop() if exc.reserved is not None else None
+        where = "reply" + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in steps)
+        shown = safe_text(where, 120)
+        if key is None:
+            problem = (
+                f"the reply nests deeper than {MAX_REPLY_DEPTH} levels (at {shown}): Airflow could not "
+                "store it as a trigger event and XCom, and no reply of the service nests so deep"
+            )
+            where = "reply"
+        else:
+            problem = (
+                f"{shown} has the key {key!r}, which Airflow's serializer reserves: Airflow would refuse "
+                "the event or read it back as another object"
+            )
+        raise RemoteProtocolError(problem, code="unstorable_reply", field=where) from None
+
+
 def _breach(problem: str, field: str) -> RemoteProtocolError:
     return RemoteProtocolError(
         f"the decision does not answer the questions asked: {problem}", code="invalid_reply", field=field
     )
+
+
+def _shown(value: Any) -> str:
+    """A value of the reply, as a refusal quotes it."""
+    return safe_text(repr(value), 64)
 
 
 def _check_share(value: Any, field: str) -> None:
@@ -70,18 +182,15 @@ def _check_share(value: Any, field: str) -> None:
         or not math.isfinite(value)
         or not 0 <= value <= 1
     ):
-        shown = repr(value)[:40]
-        raise _breach(f"{field} is {shown}, not a number from 0 to 1", field)
+        raise _breach(f"{field} is {_shown(value)}, not a number from 0 to 1", field)
 
 
 def _check_decision(value: Any, question: Question, field: str) -> None:
     if question.type == "boolean":
         if not isinstance(value, bool):
-            raise _breach(
-                f"{field} must be true or false for a boolean question, got {repr(value)[:40]}", field
-            )
+            raise _breach(f"{field} must be true or false for a boolean question, got {_shown(value)}", field)
     elif not isinstance(value, str) or value not in (question.options or ()):
-        raise _breach(f"{field} {repr(value)[:40]} is not one of the options offered", field)
+        raise _breach(f"{field} {_shown(value)} is not one of the options offered", field)
 
 
 def check_reply(message: Decision, questions: Sequence[tuple[str, Question]]) -> None:
@@ -107,7 +216,7 @@ def check_reply(message: Decision, questions: Sequence[tuple[str, Question]]) ->
     for name in answers:
         if name not in asked:
             raise _breach(
-                f"reply.answers has an answer for {str(name)[:64]!r}, a question never asked", "reply.answers"
+                f"reply.answers has an answer for {_shown(name)}, a question never asked", "reply.answers"
             )
     for name, question in asked.items():
         where = f"reply.answers.{name}"
@@ -116,7 +225,7 @@ def check_reply(message: Decision, questions: Sequence[tuple[str, Question]]) ->
             raise _breach(f"{where} is missing or not an object", where)
         if "type" in answer and answer["type"] != question.type:
             raise _breach(
-                f"{where}.type is {repr(answer['type'])[:40]} for a {question.type} question", f"{where}.type"
+                f"{where}.type is {_shown(answer['type'])} for a {question.type} question", f"{where}.type"
             )
         _check_decision(answer.get("decision"), question, f"{where}.decision")
         for key in ("probability", "confidence"):
@@ -182,11 +291,16 @@ class Answer:
 class DecisionResult:
     """A decision: the typed answers plus where it stands in the stream.
 
-    :param reply: the raw decide reply.
+    Built by :meth:`from_message`, it holds the gateway's text only as
+    :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text` leaves it, but ``stream_id``.
+
+    :param reply: the decide reply, every string (but the checked decisions) passed through
+        :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text`.
     :param state_version: the version it covers (the coverage watermark).
     :param covered_event_ids: the events newly covered by this dispatch.
     :param request_id: the decide call's request ID.
-    :param stream_id: the stream that delivered it.
+    :param stream_id: the stream that delivered it, as the gateway sent it: the client matches it
+        against the connection's, so whatever shows or stores it passes it through ``safe_text``.
     :param answers: question name → :class:`Answer`.
     :param queue_ms: how long the dispatch waited at the gateway before it started (``None``: not reported).
     :param decide_ms: how long the decide call took (``None``: not reported).
@@ -207,15 +321,22 @@ class DecisionResult:
     def from_message(
         cls, message: Decision, questions: Sequence[tuple[str, Question]] | None = None
     ) -> DecisionResult:
-        """Build from a ``decision`` message.
+        """Build from a ``decision`` message: its reply checked, then made safe to show and store.
 
         :param message: the decoded ``decision``.
         :param questions: the questions asked; when given the reply is checked first (:func:`check_reply`).
-        :raises RemoteProtocolError: the reply does not answer the questions asked.
+        :raises RemoteProtocolError: the reply cannot be stored (:func:`storable_reply`), or does not
+            answer the questions asked.
         """
+        reply = storable_reply(message.reply)
         if questions is not None:
             check_reply(message, questions)
-        raw = message.reply.get("answers")
+        raw = reply.get("answers")
+        if questions is not None:
+            # checked: each decision is true, false or one of the caller's own options, kept as the
+            # caller wrote it (escaping would turn an option that is not printable into another)
+            for name, answer in message.reply["answers"].items():
+                raw[name]["decision"] = answer.get("decision")
         answers = (
             {
                 name: Answer.from_reply(name, value)
@@ -226,10 +347,10 @@ class DecisionResult:
             else {}
         )
         return cls(
-            reply=message.reply,
+            reply=reply,
             state_version=message.state_version,
-            covered_event_ids=tuple(message.covered_event_ids),
-            request_id=message.request_id,
+            covered_event_ids=tuple(map(safe_text, message.covered_event_ids)),
+            request_id=safe_text(message.request_id),
             stream_id=message.stream_id,
             answers=answers,
             queue_ms=_number(message.queue_ms),

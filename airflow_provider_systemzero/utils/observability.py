@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, StreamObserver
 
 if TYPE_CHECKING:
@@ -325,9 +326,9 @@ class AirflowStreamObserver(StreamObserver):
         span = self._conn_span
         if span is not None:
             with self._guard():
-                span.set_attribute("systemzero.stream_id", hello.stream_id)
+                span.set_attribute("systemzero.stream_id", safe_text(hello.stream_id))
                 span.set_attribute("systemzero.protocol", hello.protocol)
-                span.set_attribute("systemzero.hello.request_id", hello.request_id)
+                span.set_attribute("systemzero.hello.request_id", safe_text(hello.request_id))
 
     def closed(self, close_code: int | None, reason: str) -> None:
         if self._open:
@@ -398,7 +399,7 @@ class AirflowStreamObserver(StreamObserver):
         took = result.latency_ms if result.latency_ms is not None else result.decide_ms
         start = now - int(max(0.0, took or 0.0) * 1_000_000)
         attributes: dict[str, Any] = {
-            "systemzero.stream_id": result.stream_id,
+            "systemzero.stream_id": safe_text(result.stream_id),
             "systemzero.reply_id": result.reply_id or "",
             "systemzero.request_id": result.request_id,
             "systemzero.state_version": result.state_version,
@@ -452,7 +453,7 @@ class AirflowStreamObserver(StreamObserver):
                         "systemzero.error.code": code,
                         "systemzero.retryable": retryable,
                         "systemzero.state_version": state_version or 0,
-                        "systemzero.stream_id": getattr(self._stream, "stream_id", None) or "",
+                        "systemzero.stream_id": safe_text(getattr(self._stream, "stream_id", None) or ""),
                         "systemzero.decision_mode": self.decision_mode,
                     },
                 )

@@ -1,13 +1,23 @@
-"""The one function a gateway's text passes through (``protocol/untrusted.py``), as a pure
-function: what it lets through, what it changes, and that ``safe_text`` is the identity on what it
-already let through."""
+"""The one function a gateway's text passes through (``protocol/untrusted.py``) and the check that
+a reply can be stored (``protocol/reply.py``), as pure functions: what they let through, what they
+change, and that ``safe_text`` is the identity on what it already let through."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
+from airflow_provider_systemzero.protocol.messages import Decision, Question
+from airflow_provider_systemzero.protocol.reply import (
+    MAX_REPLY_DEPTH,
+    RESERVED_KEYS,
+    DecisionResult,
+    storable_reply,
+)
 from airflow_provider_systemzero.protocol.untrusted import MAX_TEXT, safe_text
 
 #: Any text, surrogates and unassigned code points included.
@@ -56,3 +66,92 @@ def test_safe_text_cuts_on_whole_escapes_and_marks_the_cut() -> None:
     assert safe_text("\n" * 1_000_000, 7) == "\\n\\n\\n…"  # a huge value costs the limit, not its size
     with pytest.raises(ValueError, match="at least 1"):
         safe_text("\n", 0)
+
+
+# ------------------------------------------------------------------------------------ storable
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A JSON object ``depth`` levels deep (itself level 1), built without recursion."""
+    value: dict[str, Any] = {"id": "szd_" + "0" * 32}
+    inner = value
+    for _ in range(depth - 1):
+        inner["context"] = {}
+        inner = inner["context"]
+    return value
+
+
+def test_a_reply_may_nest_as_deep_as_the_limit_and_no_deeper() -> None:
+    storable_reply(nested(MAX_REPLY_DEPTH))
+    with pytest.raises(RemoteProtocolError) as caught:
+        storable_reply(nested(MAX_REPLY_DEPTH + 1))
+    assert caught.value.code == "unstorable_reply" and caught.value.field == "reply"
+    assert f"deeper than {MAX_REPLY_DEPTH} levels" in str(caught.value)
+
+
+def test_every_string_of_a_reply_keys_included_is_made_safe() -> None:
+    value = {"a\nb": ["\x1b", {"c": "d\u202e", "n": 1.5, "t": True, "z": None}], "k": "x" * 300}
+    assert storable_reply(value) == {
+        "a\\nb": ["\\x1b", {"c": "d\\u202e", "n": 1.5, "t": True, "z": None}],
+        "k": "x" * (MAX_TEXT - 1) + "…",
+    }
+    plain = {"id": "szd_" + "0" * 32, "answers": {"ready": {"decision": True, "confidence": 0.9}}}
+    assert storable_reply(plain) == plain and storable_reply(plain) is not plain
+
+
+def test_a_reply_nested_far_too_deep_is_refused_without_recursion() -> None:
+    value: list[Any] = []
+    for _ in range(200_000):
+        value = [value]
+    with pytest.raises(RemoteProtocolError, match="deeper than"):
+        storable_reply({"context": value})
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_KEYS))
+def test_a_key_airflows_serializer_reserves_is_refused_wherever_it_is(key: str) -> None:
+    with pytest.raises(RemoteProtocolError) as caught:
+        storable_reply({"context": {"list": [{key: "builtins.dict"}]}})
+    assert caught.value.code == "unstorable_reply"
+    assert caught.value.field == "reply.context.list[0]" and repr(key) in str(caught.value)
+
+
+QUESTIONS = (("ready", Question("boolean", "Is it ready?")), ("tier", Question("choice", "?", ("a\nb", "c"))))
+
+
+def _decision(
+    reply: dict[str, Any], covered: tuple[str, ...] = ("evt_1",), request_id: str = "req"
+) -> Decision:
+    return Decision("szws_" + "0" * 32, 2, 1, covered, reply, request_id)
+
+
+def test_a_decision_holds_the_gateways_strings_only_made_safe() -> None:
+    reply = {
+        "id": "szd_\nforged",
+        "model": "m\x1b[2J",
+        "context": {"note\n": "x" * 500},
+        "answers": {
+            "ready": {
+                "decision": True,
+                "calibration_version": "v\u202e1",
+                "alternatives": [{"decision": "\n"}],
+            },
+            "tier": {"decision": "a\nb", "alternatives": [{"decision": "c"}]},
+        },
+    }
+    message = _decision(reply, ("evt_1\n",), "req\n" + "r" * 500)
+    result = DecisionResult.from_message(message, QUESTIONS)
+    assert result.reply_id == "szd_\\nforged" and result.model == "m\\x1b[2J"
+    assert result.reply["context"] == {"note\\n": "x" * (MAX_TEXT - 1) + "…"}
+    assert result.answer("ready").calibration_version == "v\\u202e1"
+    assert result.answer("ready").alternatives == ({"decision": "\\n"},)
+    assert result.answer("tier").decision == "a\nb"  # checked against the caller's own option: kept
+    assert result.request_id == "req\\n" + "r" * (MAX_TEXT - 6) + "…"
+    assert result.covered_event_ids == ("evt_1\\n",)
+    assert reply["id"] == "szd_\nforged"  # the message itself is left as it was decoded
+    unchecked = DecisionResult.from_message(message)  # read leniently: no option was checked
+    assert unchecked.answer("tier").decision == "a\\nb"
+
+
+def test_a_decision_whose_reply_cannot_be_stored_is_refused_even_read_leniently() -> None:
+    with pytest.raises(RemoteProtocolError, match="deeper than"):
+        DecisionResult.from_message(_decision(nested(MAX_REPLY_DEPTH + 1)))
