@@ -21,6 +21,7 @@ from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.stream.untrusted import server_token
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
 from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.checks import (
@@ -546,7 +547,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         self.log.info(
             "System Zero answered %s (reply %s, state version %s)",
             decisions,
-            event.reply_id,
+            server_token(event.reply_id),
             event.state_version,
         )
         try:

@@ -18,7 +18,8 @@
 
 Catch :class:`SystemZeroError` to handle every failure of the client. Messages name the cause
 and the fix; none of them ever contains the API key (the client never puts request headers in
-an exception).
+an exception). What the gateway said — an error envelope, a request ID — is kept and shown only
+as :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text` leaves it: escaped, bounded.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 from airflow_provider_systemzero.decisions.budget import BudgetExceeded
 from airflow_provider_systemzero.exceptions import SystemZeroError
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, LocalProtocolError, RetryHint
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
 __all__ = [
@@ -62,6 +64,13 @@ class SystemZeroValidationError(SystemZeroError, LocalProtocolError):
         return cls(exc.message, code=exc.code, field=exc.field)
 
 
+def _safe_envelope(envelope: ErrorEnvelope) -> ErrorEnvelope:
+    """The gateway's error envelope as an exception keeps it: each string through ``safe_text``, so
+    whatever shows or stores an exception's ``envelope`` (a trigger's error event) gets it escaped
+    and bounded."""
+    return ErrorEnvelope(safe_text(envelope.type), safe_text(envelope.code), safe_text(envelope.message))
+
+
 def _envelope_text(envelope: ErrorEnvelope | None) -> str:
     if envelope is None:
         return "no error body"
@@ -73,7 +82,8 @@ class UpgradeRefused(SystemZeroError):
     """The gateway answered the WebSocket upgrade with an HTTP error instead of ``101``.
 
     :param status: the HTTP status.
-    :param envelope: the error envelope of the response body, if it carried one.
+    :param envelope: the error envelope of the response body, if it carried one (kept with each
+        string through ``safe_text``).
     :param retry_after_ms: the server's retry delay (``Retry-After-Ms`` or ``Retry-After``), if any.
     :param url: the stream URL (it never carries credentials).
     """
@@ -87,7 +97,7 @@ class UpgradeRefused(SystemZeroError):
         url: str = "",
     ) -> None:
         self.status = status
-        self.envelope = envelope
+        self.envelope = None if envelope is None else _safe_envelope(envelope)
         self.retry_after_ms = retry_after_ms
         self.url = url
         super().__init__(self._describe())
@@ -143,13 +153,14 @@ class DecisionFailed(SystemZeroError):
     """A decide call failed; the gateway forwarded the ordinary HTTP status and error envelope.
 
     :param http_status: the decide call's HTTP status.
-    :param envelope: the API's error envelope.
+    :param envelope: the API's error envelope (kept with each string through ``safe_text``).
     :param retry: the server's retry hint.
     :param retryable: whether the failure is one a client retries (429, 503 — ``maintenance``
         included: the gateway is going away and the state is decided again after it —, 409
         ``idempotency_conflict``, with retry permitted).
     :param state_version: the stream version the decide was for, if known.
-    :param request_id: the decide call's request ID.
+    :param request_id: the decide call's request ID, as the gateway sent it (kept as
+        :func:`~airflow_provider_systemzero.protocol.untrusted.safe_text` leaves it: escaped, bounded).
     """
 
     def __init__(
@@ -163,11 +174,11 @@ class DecisionFailed(SystemZeroError):
         request_id: str = "",
     ) -> None:
         self.http_status = http_status
-        self.envelope = envelope
+        self.envelope = _safe_envelope(envelope)
         self.retry = retry
         self.retryable = retryable
         self.state_version = state_version
-        self.request_id = request_id
+        self.request_id = safe_text(request_id)
         if retryable:
             fix = "retry later" + (
                 f" (after {retry.retry_after_ms} ms)" if retry.retry_after_ms is not None else ""
@@ -183,7 +194,7 @@ class DecisionFailed(SystemZeroError):
                 "retry later; if it persists, report it with the request ID to whoever runs the gateway "
                 "(System Zero support for the hosted API; for the emulator, its log and its decider)"
             )
-        rid = f" (request {request_id})" if request_id else ""
+        rid = f" (request {server_token(request_id)})" if request_id else ""
         version = f" for state version {state_version}" if state_version is not None else ""
         super().__init__(
             f"the decision{version} failed with HTTP {http_status}{rid}: {_envelope_text(envelope)}: {fix}"
@@ -193,15 +204,15 @@ class DecisionFailed(SystemZeroError):
 class StreamRejected(SystemZeroError):
     """The gateway rejected a change for a reason a retry cannot fix; the stream cannot continue.
 
-    :param envelope: the rejection's error envelope.
+    :param envelope: the rejection's error envelope (kept with each string through ``safe_text``).
     :param event_id: the rejected mutation's event ID, if any.
     """
 
     def __init__(self, envelope: ErrorEnvelope, event_id: str | None = None) -> None:
-        self.envelope = envelope
+        self.envelope = _safe_envelope(envelope)
         self.event_id = event_id
-        self.code = envelope.code
-        what = f"change {event_id}" if event_id else "request"
+        self.code = self.envelope.code
+        what = f"change {server_token(event_id)}" if event_id else "request"
         super().__init__(
             f"the System Zero gateway rejected {what} ({_envelope_text(envelope)}): the desired "
             "state cannot be streamed; fix the state or request and open a new stream"
