@@ -31,6 +31,7 @@ twice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from airflow_provider_systemzero.decisions.policy import (
     ranked_answers,
     state_preview,
 )
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 from airflow_provider_systemzero.utils.checks import review_settings
 
 if TYPE_CHECKING:
@@ -203,19 +205,56 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+#: Runs of backticks, to find a code span's fence.
+_BACKTICKS = re.compile(r"`+")
+#: Characters Markdown acts on within a line (code, emphasis, links, images, HTML, entities,
+#: strikethrough, table cells): escaped in text shown as plain text.
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>!&~|])")
+
+
+def _code(value: Any, *, in_table: bool = False) -> str:
+    """``value`` as a Markdown code span that nothing inside it can close or leave.
+
+    The text passes through ``safe_text`` first (no line break can end the paragraph, nothing is
+    longer than a line), then the fence is one backtick longer than the longest run inside it
+    (CommonMark), and a space pads text that starts or ends with a backtick or a space. Inside a
+    code span Markdown, HTML and entities are literal: a link, an image or a tag in a value shows
+    as its own text.
+
+    :param value: what to show (a decision, an option, a model's or reply's ID).
+    :param in_table: the span sits in a table cell, where ``|`` must be escaped even in code (GFM).
+    """
+    text = safe_text(_shown(value))
+    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if not text or text[0] in "` " or text[-1] in "` " else ""
+    span = f"{fence}{pad}{text}{pad}{fence}"
+    return span.replace("|", "\\|") if in_table else span
+
+
+def _plain(text: str) -> str:
+    """``text`` shown as plain text in a Markdown line: through ``safe_text``, and every character
+    Markdown would act on backslash-escaped."""
+    return _MARKDOWN.sub(r"\\\1", safe_text(text, 1000))
+
+
 def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | None) -> str:
-    """The review request's Markdown body: question, state summary, answer, numbers, alternatives."""
-    lines = [f"**Question** `{gate.question}` ({'multi-select' if gate.multiple else gate.kind})"]
+    """The review request's Markdown body: question, state summary, answer, numbers, alternatives.
+
+    Every value in it — above all the gateway's (model, reply ID, the alternatives' answers) — is
+    a code span (:func:`_code`) no value can close, so no text a gateway chose becomes a link, an
+    image, HTML or a line of its own in what a person answers; the reason is plain text.
+    """
+    lines = [f"**Question** {_code(gate.question)} ({'multi-select' if gate.multiple else gate.kind})"]
     if gate.instructions:
         lines += ["", gate.instructions]
-    lines += ["", f"**Model's answer:** `{_shown(gate.proposed)}`"]
+    lines += ["", f"**Model's answer:** {_code(gate.proposed)}"]
     if gate.multiple:
         lines += ["", "| option | model says | probability | confidence |", "|---|---|---|---|"]
         for name, answer in (gate.option_answers or {}).items():
             decision, probability, confidence, _ = answer_numbers(answer)
             lines.append(
-                f"| `{name}` | {'run' if decision is True else 'skip'} | {_number(probability)} | "
-                f"{_number(confidence)} |"
+                f"| {_code(name, in_table=True)} | {'run' if decision is True else 'skip'} | "
+                f"{_number(probability)} | {_number(confidence)} |"
             )
     else:
         answer = gate.answer or {}
@@ -229,13 +268,13 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
                 f"{key} {item[key]:g}" for key in ("probability", "confidence") if item.get(key) is not None
             )
             lines.append(
-                f"{rank}. `{_shown(item['decision'])}`"
+                f"{rank}. {_code(item['decision'])}"
                 + (f" — {numbers}" if numbers else "")
                 + (" (proposed)" if rank == 1 else "")
             )
-    lines += ["", f"**Why you are asked:** {outcome.reason}."]
+    lines += ["", f"**Why you are asked:** {_plain(outcome.reason)}."]
     if gate.model or gate.reply_id:
-        lines.append(f"Model `{gate.model}`, reply `{gate.reply_id}`.")
+        lines.append(f"Model {_code(gate.model)}, reply {_code(gate.reply_id)}.")
     size = f", {gate.state_bytes} bytes" if gate.state_bytes is not None else ""
     digest = f", sha256 {gate.state_hash[:12]}…" if gate.state_hash else ""
     lines += [
@@ -248,7 +287,7 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
     ]
     if policy is not None and policy.review_timeout is not None:
         fallback = (
-            f"the default answer `{_shown(policy.default)}` applies"
+            f"the default answer {_code(policy.default)} applies"
             if policy.default is not None
             else f"the task does what the policy says below its bars ({policy.below})"
         )

@@ -1,4 +1,4 @@
-"""Nothing a gateway says reaches a person unescaped (issue 45 items 2 and 6): one function
+"""Nothing a gateway says reaches a person unescaped (issue 45 items 2, 3 and 6): one function
 (``protocol/untrusted.py``'s ``safe_text``) for every string it chooses.
 
 A scripted gateway puts the same hostile text — a newline and a forged ``INFO - Marking task as
@@ -9,7 +9,7 @@ HTML, a lone surrogate and twenty thousand characters — into every string fiel
 ``covered_event_ids``, ``hello.request_id``, the ``stream_id``, an error envelope's type, code and
 message and its ``request_id``, a goodbye reason and a close reason. Each value names its field, so
 each sink shows that the field reached it, and every sink — the task log, the client's log, the
-exception, the trigger event, every XCom — holds it only escaped and bounded.
+exception, the trigger event, every XCom, the review body — holds it only escaped and bounded.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from airflow.sdk.serde import deserialize, serialize
 
+from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
-from tests.helpers import run_dag, task_states, xcoms_of
+from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
 from tests.hostile.conftest import decide_dag, sensor_dag
 from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, decide_and_fail
 
@@ -341,6 +342,57 @@ def test_a_failed_decision_fails_the_task_with_the_gateways_text_escaped_and_bou
     assert '"decision_failed"' not in sinks.events and "decision_failed" in sinks.events
     for field in ("error.request_id", "envelope.code", "envelope.message"):
         assert marker(field) in sinks.events, field
+
+
+# ------------------------------------------------------------------------------------ a review
+
+
+def _markdown_leaks(body: str) -> tuple[list[str], str]:
+    """What Markdown makes of ``body``: the kinds of link, image and HTML tokens in it (none may be),
+    and the text that is not code (where no gateway text may be)."""
+    from markdown_it import MarkdownIt
+
+    parser = MarkdownIt("commonmark").enable("table")
+    kinds: list[str] = []
+    prose: list[str] = []
+
+    def walk(tokens: list[Any]) -> None:
+        for token in tokens:
+            if token.type in ("link_open", "image", "html_inline", "html_block"):
+                kinds.append(token.type)
+            if token.type == "text":
+                prose.append(token.content)
+            if token.children:
+                walk(token.children)
+
+    walk(parser.parse(body))
+    return kinds, "\n".join(prose)
+
+
+@needs_awaiting_input
+def test_gateway_text_in_a_review_body_stays_inside_code_spans(run_against: Callable[..., Sinks]) -> None:
+    """Item 3: the model, the reply ID and an alternative's answer reach the person asked only as
+    code: no tracking image, no link, no HTML, no line of their own."""
+    from tests.policy.conftest import CoreApi, Reviewer
+
+    dag = decide_dag(
+        "hostile_text_review", policy=DecisionPolicy(act_above=0.8, review_above=0.5, below="skip")
+    )
+    with Reviewer(CoreApi(), dag.dag_id, lambda request: ["No"]) as reviewer:
+        sinks = run_against(deciding(confidence=0.66), dag)
+    assert sinks.state == "success"
+    (request,) = reviewer.seen
+    body = request["body"]
+    assert_safe(body.split("\n"), "review body")
+    for field in ("reply.model", "reply.id", "alternatives.decision"):
+        assert marker(field) in body, field
+    kinds, prose = _markdown_leaks(body)
+    assert kinds == [], kinds
+    for field in ("reply.model", "reply.id", "alternatives.decision"):
+        assert marker(field) not in prose, field
+    assert "Approve: checked by SRE" not in prose and "evil.example" not in prose
+    assert "Is the job ready?" in prose  # the body still reads as prose around the code
+    assert marker("reply.model") in sinks.xcoms  # the decision record of the review
 
 
 def test_hook_decide_gives_the_caller_the_gateways_strings_made_safe(
