@@ -227,6 +227,33 @@ def run_dag_while(dag: Any, step: Callable[[], None], within: float = 60.0) -> A
     return dag_run
 
 
+def event_read_back(payload: dict[str, Any]) -> Any:
+    """A trigger event's payload as the resumed task reads it, by Airflow's own code: stored in
+    ``next_kwargs`` (``airflow.sdk.serde`` on Airflow 3.2+, which ``handle_event_submit`` calls; the
+    ``ExtendedJSON`` column's ``BaseSerialization`` on 3.1), handed to the worker as JSON the Task
+    SDK's ``TIRunContext`` model parses (one object around ``next_kwargs``, as in the Execution API's
+    response), and deserialized there.
+
+    :raises Exception: whatever Airflow raises on the way (``RecursionError``, ``AttributeError``,
+        pydantic's ``ValidationError`` …).
+    """
+    from airflow.sdk.api.datamodels._generated import TIRunContext
+    from pydantic import create_model
+
+    try:
+        from airflow.sdk.serde import deserialize, serialize
+    except ImportError:  # Airflow 3.1
+        from airflow.serialization.serialized_objects import BaseSerialization
+
+        serialize, deserialize = BaseSerialization.serialize, BaseSerialization.deserialize
+    response = create_model(
+        "Response", next_kwargs=(TIRunContext.model_fields["next_kwargs"].annotation, ...)
+    )
+    stored = json.dumps(serialize({"event": payload}))
+    handed = response.model_validate_json(f'{{"next_kwargs": {stored}}}').next_kwargs  # type: ignore[attr-defined]
+    return deserialize(handed)["event"]
+
+
 def xcoms_of(dag_id: str, run_id: str) -> dict[tuple[str, str, int], Any]:
     """Every XCom of a run: ``(task_id, key, map_index) -> value``."""
     from airflow.models.xcom import XComModel

@@ -14,7 +14,6 @@ exception, the trigger event, every XCom, the review body — holds it only esca
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -22,12 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from airflow.sdk.serde import deserialize, serialize
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
-from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
+from tests.helpers import event_read_back, needs_awaiting_input, run_dag, task_states, xcoms_of
 from tests.hostile.conftest import decide_dag, sensor_dag
 from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, decide_and_fail
 
@@ -177,8 +175,8 @@ def assert_log_clean(lines: list[str], sink: str) -> str:
 
 
 def assert_storable(payload: dict[str, Any], sink: str) -> None:
-    """Airflow's own serializer stores the event and reads it back unchanged."""
-    assert deserialize(json.loads(json.dumps(serialize({"event": payload}))))["event"] == payload, sink
+    """Airflow stores the event and reads it back unchanged."""
+    assert event_read_back(payload) == payload, sink
 
 
 @pytest.fixture

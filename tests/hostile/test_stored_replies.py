@@ -2,55 +2,35 @@
 client refuses, as a contract breach, any reply Airflow's own serializer could not store and read
 back as sent.
 
-:func:`through_airflow` is the road an operator's event takes in Airflow itself: the triggerer
-stores it with ``airflow.sdk.serde`` into ``next_kwargs`` (``handle_event_submit``), the Execution
-API hands ``next_kwargs`` to the worker as JSON its models parse (the Task SDK's ``TIRunContext``),
-and the worker deserializes it with ``airflow.sdk.serde``. Every reply the client accepts takes that
-road unchanged; what the client refuses is what fails on it (or comes back as another object).
+:func:`~tests.helpers.event_read_back` is the road an operator's event takes in Airflow itself:
+stored into ``next_kwargs``, handed to the worker as JSON the Task SDK parses, and deserialized
+there. Every reply the client accepts takes that road unchanged; what the client refuses is what
+fails on it, or comes back as another object, on some supported Airflow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from airflow.sdk.serde import deserialize, serialize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, create_model
 
 from airflow_provider_systemzero.decisions.watch import answers_payload
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.messages import Decision, Question
 from airflow_provider_systemzero.protocol.reply import MAX_REPLY_DEPTH, RESERVED_KEYS, DecisionResult
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
-from tests.helpers import run_dag, task_states
+from tests.helpers import event_read_back, run_dag, task_states
 from tests.hostile.conftest import decide_dag
 from tests.hostile.gateway import ANSWER, HostileGateway, Peer, Raw, decide_and_fail, reply
 from tests.protocol.test_untrusted import nested
 
 QUESTIONS = (("ready", Question("boolean", "Is the job ready?")),)
-
-
-def _next_kwargs_model() -> type[BaseModel]:
-    """How the worker parses ``next_kwargs`` from the Execution API's JSON (one object around it,
-    as in the response)."""
-    from airflow.sdk.api.datamodels._generated import TIRunContext
-
-    return create_model("Response", next_kwargs=(TIRunContext.model_fields["next_kwargs"].annotation, ...))
-
-
-RESPONSE = _next_kwargs_model()
-
-
-def through_airflow(payload: dict[str, Any]) -> Any:
-    """``payload`` as a resumed task reads it back: stored, handed out, deserialized by Airflow."""
-    stored = json.dumps(serialize({"event": payload}))
-    handed = RESPONSE.model_validate_json(f'{{"next_kwargs": {stored}}}').next_kwargs  # type: ignore[attr-defined]
-    return deserialize(handed)["event"]
 
 
 def _result(raw: dict[str, Any]) -> DecisionResult:
@@ -64,7 +44,7 @@ def deep_reply(depth: int) -> dict[str, Any]:
 
 def test_the_deepest_reply_accepted_is_stored_and_read_back_as_sent() -> None:
     payload = answers_payload(_result(deep_reply(MAX_REPLY_DEPTH)), "log\n", key_namespace="ns")
-    assert through_airflow(payload) == payload
+    assert event_read_back(payload) == payload
 
 
 @pytest.mark.parametrize("depth", [MAX_REPLY_DEPTH + 1, 199, 600])
@@ -74,7 +54,7 @@ def test_a_reply_nested_too_deep_is_refused_and_airflow_could_not_store_the_deep
     if depth >= 199:  # what the refusal spares: Airflow's own road fails for such a reply
         payload = {"status": "success", "reply": deep_reply(depth)}
         with pytest.raises((RecursionError, ValueError)):
-            through_airflow(payload)
+            event_read_back(payload)
 
 
 #: Objects Airflow's serializer refuses to store, or reads back as another object.
@@ -88,11 +68,13 @@ UNSTORABLE = {
 @pytest.mark.parametrize("case", sorted(UNSTORABLE))
 def test_a_reply_with_a_key_airflow_reserves_is_refused(case: str) -> None:
     raw = {**reply(), "context": UNSTORABLE[case]}
-    # what the refusal spares: Airflow refuses such an event, or reads it back as another object
-    with contextlib.suppress(AttributeError, TypeError, ValueError, ImportError):
-        assert through_airflow({"reply": raw}) != {"reply": raw}
     with pytest.raises(RemoteProtocolError, match="Airflow's serializer reserves"):
         _result(raw)
+    # what the refusal spares: from Airflow 3.2, whose serializer reserves these keys (3.1 stores
+    # next_kwargs another way), Airflow refuses such an event or reads it back as another object
+    if importlib.util.find_spec("airflow.sdk.serde") is not None:
+        with contextlib.suppress(AttributeError, TypeError, ValueError, ImportError):
+            assert event_read_back({"reply": raw}) != {"reply": raw}
 
 
 def test_the_reserved_keys_are_airflows_own() -> None:
@@ -138,7 +120,7 @@ def test_every_reply_the_client_accepts_airflow_stores_and_reads_back_as_sent(
         assert exc.code == "unstorable_reply"
         return
     payload = answers_payload(result, "log\n", key_namespace="ns")
-    assert through_airflow(payload) == payload
+    assert event_read_back(payload) == payload
 
 
 # ------------------------------------------------------------------------------------ end to end
