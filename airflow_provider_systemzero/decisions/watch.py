@@ -19,6 +19,9 @@ says when the wait ends. It owns the rules the deferrable trigger and the sensor
 
 What it produces is one event type, :class:`WatchEvent`, whose :meth:`~WatchEvent.to_payload` is
 the plain JSON a trigger fires and :meth:`~WatchEvent.from_payload` reads it back on the worker.
+Every decision it judges is recorded in its
+:class:`~airflow_provider_systemzero.decisions.timeline.DecisionTimeline` with what it did with it
+(waiting, hysteresis, held, fired …); its events carry that history as ``decisions``.
 Every decision payload of the package is built here: :meth:`DecisionWatch.sensor_event` (a
 sensor's wait) and :func:`answers_payload` (an operator's one decision with every answer); the
 worker reads either one, and a trigger's error or timeout payload, through
@@ -28,12 +31,15 @@ worker reads either one, and a trigger's error or timeout payload, through
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.decisions.policy import state_info
+from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
+from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.untrusted import safe_text
 
@@ -82,7 +88,7 @@ class WatchEvent:
     :param verdict: ``{"action", "outcome", "state_hash", "streak", "alternatives"}`` when a policy or
         hysteresis applies (empty otherwise).
     :param extra: what the caller adds (``key_namespace`` or ``watch_id``, and for a review
-        ``state_info``, ``deadline`` and ``skip_states``).
+        ``state_info``, ``deadline`` and ``skip_states``), and ``decisions``, the watch's history.
     """
 
     status: str
@@ -132,6 +138,14 @@ class WatchEvent:
         """The whole reply of an operator's decision (:func:`answers_payload`)."""
         reply = self.extra.get("reply")
         return dict(reply) if isinstance(reply, Mapping) else None
+
+    @property
+    def decisions(self) -> list[dict[str, Any]] | None:
+        """The history of the wait (:meth:`DecisionTimeline.to_list
+        <airflow_provider_systemzero.decisions.timeline.DecisionTimeline.to_list>` rows), ``None``
+        when the event carries none."""
+        rows = self.extra.get("decisions")
+        return [dict(row) for row in rows if isinstance(row, Mapping)] if isinstance(rows, list) else None
 
     @property
     def message(self) -> str | None:
@@ -241,6 +255,11 @@ class DecisionWatch:
     :param on_fired: called with the new value and the decision each time ``fired`` changes: with
         ``True`` as a verdict ends a run, with ``False`` when a decision that does not qualify
         ends a run that had its verdict.
+    :param timeline: where each decision judged is recorded, with what the watch did with it (a new
+        one, without state content, when not given); a caller that keeps one history across
+        several watches passes its own.
+    :param clock: the wall clock of the history's times (epoch seconds); the wait's own rules run
+        on the ``now`` each call is given.
     """
 
     def __init__(
@@ -252,6 +271,8 @@ class DecisionWatch:
         end_when_unmet: bool = False,
         fired: bool = False,
         on_fired: Callable[[bool, DecisionResult], None] | None = None,
+        timeline: DecisionTimeline | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.condition = condition
         self.reviews = reviews
@@ -265,11 +286,20 @@ class DecisionWatch:
         self._on_fired = on_fired
         #: why the newest decision checked did (not) meet the condition, for a timeout's message
         self.last_reason: str | None = None
+        #: every decision judged, with what the watch did with it (the events' ``decisions``)
+        self.timeline = timeline if timeline is not None else DecisionTimeline()
+        self.timeline.watching(condition.to_dict())
+        self._clock = clock
 
     def check(self, decision: DecisionResult, state_key: str) -> ConditionResult:
         """The condition's verdict on ``decision``, demoted to ``wait`` for a skipped state."""
+        return self._checked(decision, state_key)[0]
+
+    def _checked(self, decision: DecisionResult, state_key: str) -> tuple[ConditionResult, bool]:
+        """:meth:`check`, and whether the state's skip demoted a decision that qualified."""
         result = self.condition.evaluate(decision)
-        if state_key in self.skip_states and result.candidate:
+        declined = state_key in self.skip_states and result.candidate
+        if declined:
             result = ConditionResult(
                 False,
                 result.answer,
@@ -279,19 +309,37 @@ class DecisionWatch:
             )
         log.info("decision at version %s: %s", decision.state_version, result.reason)
         self.last_reason = f"the last decision (state version {decision.state_version}): {result.reason}"
-        return result
+        return result, declined
+
+    def _record(self, decision: DecisionResult, state_key: str, state: Any, disposition: str) -> None:
+        """Note a current decision in the history, with what the watch did with it."""
+        self.timeline.decision(
+            decision,
+            question=self.condition.question,
+            at=self._clock(),
+            disposition=disposition,
+            state_key=state_key,
+            state_bytes=None if state is None else json_size(state),
+            state=state,
+        )
 
     def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> _Verdict | None:
         """Take a current decision about the state ``state`` (hash ``state_key``) at time ``now``.
 
         :return: the verdict when the wait ends (or a person is asked), else ``None``.
         """
-        result = self.check(decision, state_key)
+        result, declined = self._checked(decision, state_key)
         if self.reviews and result.action in ("fail", "skip"):
+            self._record(decision, state_key, state, "failed" if result.action == "fail" else "skipped")
             return _Verdict("policy", decision, result, state_key, state, self.streak.to_dict(now))
         qualifies = result.candidate if self.reviews else result.met
         if self.end_when_unmet and not qualifies:
+            self._record(decision, state_key, state, "unmet")
             return _Verdict("unmet", decision, result, state_key, state, self.streak.to_dict(now))
+        if qualifies:  # fired below when the run is long and old enough
+            self._record(decision, state_key, state, "held" if self.fired else "hysteresis")
+        else:
+            self._record(decision, state_key, state, "declined" if declined else "waiting")
         self.streak.observe(qualifies, now, state_key)
         if qualifies:
             self._last = (decision, result, state_key, state)
@@ -310,14 +358,21 @@ class DecisionWatch:
                 self.streak.to_dict(now)["true_for"],
                 self.condition.min_true_for,
             )
-        return self.due(now)
+        return self._due(now, by_time=False)
 
     def due(self, now: float) -> _Verdict | None:
         """The verdict when the current run of qualifying decisions has just become long and old enough."""
+        return self._due(now, by_time=True)
+
+    def _due(self, now: float, *, by_time: bool) -> _Verdict | None:
+        """:meth:`due`; ``by_time``: no decision came, only time passed (the history marks it)."""
         if self.fired or self._last is None or not self.streak.ready(now):
             return None
         self.fired = True
         decision, result, key, state = self._last
+        self.timeline.settle(decision, "review" if result.action == "review" else "fired")
+        if by_time:
+            self.timeline.mark("hold_met", self._clock(), state_version=decision.state_version)
         if self._on_fired is not None:
             self._on_fired(True, decision)
         return _Verdict("success", decision, result, key, state, self.streak.to_dict(now))
@@ -342,7 +397,8 @@ class DecisionWatch:
     def event(
         self, verdict: _Verdict, *, policy_fields: bool = True, extra: Mapping[str, Any] | None = None
     ) -> WatchEvent:
-        """The :class:`WatchEvent` of ``verdict``.
+        """The :class:`WatchEvent` of ``verdict``, carrying the history so far as ``decisions``; the
+        history then starts again, so an asset watcher's next event tells the story since this one.
 
         :param policy_fields: add the verdict's action, outcome, state hash, run and alternatives.
         :param extra: the caller's keys (``key_namespace`` or ``watch_id``, review details).
@@ -358,6 +414,8 @@ class DecisionWatch:
                 "alternatives": [dict(a) for a in answer.alternatives] if answer is not None else [],
             }
         status = "unmet" if verdict.status == "unmet" and not verdict.result.candidate else verdict.status
+        extra = {**(extra or {}), "decisions": self.timeline.to_list()}
+        self.timeline.restart()
         return WatchEvent.from_decision(
             status, verdict.decision, self.condition.question, verdict.result, verdict=fields_, extra=extra
         )
@@ -379,15 +437,38 @@ class DecisionWatch:
         return self.event(verdict, extra=extra)
 
 
-def answers_payload(decision: DecisionResult, state: Any, *, key_namespace: str) -> dict[str, Any]:
+def answers_payload(
+    decision: DecisionResult,
+    state: Any,
+    *,
+    key_namespace: str,
+    at: float | None = None,
+    capture_content: bool = False,
+) -> dict[str, Any]:
     """An operator's event: one decision about a fixed state with every answer, as plain JSON.
 
-    It carries the state's hash, size and preview (for the ``decision`` record), never its content.
+    It carries the state's hash, size and preview (for the ``decision`` record), never its content,
+    and its history (``decisions``): the decision, one row per question.
 
     :param decision: the decision.
     :param state: the decided state.
     :param key_namespace: the operator's key namespace.
+    :param at: when it arrived (epoch seconds; ``None``: now).
+    :param capture_content: the history keeps the newest end of the state.
     """
+    info = state_info(state)
+    timeline = DecisionTimeline(capture_content=capture_content)
+    arrived = time.time() if at is None else at
+    for question in decision.answers:
+        timeline.decision(
+            decision,
+            question=question,
+            at=arrived,
+            disposition="decided",
+            state_key=info["state_hash"],
+            state_bytes=info["state_bytes"],
+            state=state,
+        )
     return {
         "status": "success",
         "key_namespace": key_namespace,
@@ -399,5 +480,6 @@ def answers_payload(decision: DecisionResult, state: Any, *, key_namespace: str)
         "model": decision.model,
         "answers": {name: answer.to_dict() for name, answer in decision.answers.items()},
         "reply": decision.reply,
-        "state_info": state_info(state),
+        "state_info": info,
+        "decisions": timeline.to_list(),
     }

@@ -1,0 +1,381 @@
+"""What a watch saw, decision by decision: the bounded history behind the "Decision timeline".
+
+A sensor that waited three hours and then fired (or timed out) leaves one ``decision`` record;
+:class:`DecisionTimeline` keeps the story that led to it, for one task try (or one asset event):
+
+* **decisions** (:meth:`DecisionTimeline.decision`) — when the watch received each one (UTC),
+  the state version, the state's size and hash, the answer with its probability and confidence,
+  whether it was billed or a replay, whether it was about the current state or an outdated one,
+  and what the watch did with it (its *disposition*, :data:`DISPOSITIONS`);
+* **markers** (:meth:`DecisionTimeline.mark`) — what happened around them: a state change, a
+  billed start, a reconnect, a stream opened or given back, a hold rule met (:data:`MARKS`);
+* **the condition** it watched for (:meth:`DecisionTimeline.watching`), so the condition's bars
+  can be drawn across the decisions.
+
+It holds at most the last :data:`HISTORY_LIMIT` decisions (and as many markers), whatever the
+length of the wait, and never the state's content unless content capture is on
+(``capture_content``, the ``[systemzero] capture_content`` setting the Airflow side reads): then a
+short view of each decided state, its newest end (:func:`state_tail`).
+
+Pure: no Airflow, no I/O, no clock of its own (every time is given, in epoch seconds). Its plain
+JSON form (:meth:`~DecisionTimeline.to_list`, :meth:`~DecisionTimeline.from_list`) is what the
+trigger's events carry and what the ``decisions`` XCom holds: a list of rows, each with a
+``kind`` (``condition``, ``decision`` or a marker's kind) and ``at`` (UTC ISO 8601).
+
+A watch records with three calls::
+
+    timeline.watching(condition)                       # once: what it waits for
+    timeline.decision(result, question="ready", at=time.time(), disposition="waiting",
+                      state_key=digest, state_bytes=size, billed=True)
+    timeline.mark("reconnect", time.time(), close_code=1012)
+
+Rows are kept as tuples of plain values, so a long history is a few objects for the collector.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pendulum
+
+from airflow_provider_systemzero.protocol.body import compact_json
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+
+__all__ = [
+    "DISPOSITIONS",
+    "ENDING_DISPOSITIONS",
+    "HISTORY_LIMIT",
+    "MARKS",
+    "DecisionTimeline",
+    "iso_time",
+    "merge_histories",
+    "settle_billed",
+]
+
+#: The most decisions (and the most markers) a history keeps: the newest ones.
+HISTORY_LIMIT = 200
+
+#: What a watch did with a decision, and what each disposition means.
+DISPOSITIONS: dict[str, str] = {
+    "waiting": "did not meet the condition: the wait went on",
+    "declined": "met the condition about a state a person had already said no about",
+    "hysteresis": "met the condition while the hold rule (consecutive, min_true_for) was still running",
+    "held": "met the condition, but this run of met decisions had already fired",
+    "fired": "ended the wait",
+    "review": "ended the wait by asking a person",
+    "failed": "the policy failed the task",
+    "skipped": "the policy skipped the task",
+    "unmet": "did not meet the condition about a state that never changes: the wait ended",
+    "decided": "the operator's one decision",
+    "ignored": "was about a state already superseded: not judged",
+}
+#: The dispositions of a decision that ended the wait (or, for an operator, was the decision).
+ENDING_DISPOSITIONS = frozenset({"fired", "review", "failed", "skipped", "unmet", "decided"})
+
+#: What a marker records, by kind.
+MARKS: dict[str, str] = {
+    "state_change": "the state changed (a new state version)",
+    "billed_start": "the gateway started a decision that is billed",
+    "reconnect": "the stream reconnected and replayed the state",
+    "stream_opened": "the stream was opened",
+    "stream_released": "the stream was given back until the state changes (lease)",
+    "hold_met": "a run of met decisions became long and old enough: the wait ended",
+}
+
+#: The fields of a decision row, in the order of the tuple that keeps it (``at`` is epoch seconds).
+_DECISION_FIELDS = (
+    "at",
+    "question",
+    "answer",
+    "probability",
+    "confidence",
+    "state_version",
+    "state_bytes",
+    "state_hash",
+    "reply_id",
+    "billed",
+    "current",
+    "disposition",
+    "state",
+)
+_AT, _DISPOSITION, _REPLY, _VERSION, _BILLED = (
+    _DECISION_FIELDS.index(name) for name in ("at", "disposition", "reply_id", "state_version", "billed")
+)
+#: A marker field's value: plain JSON scalars only (a marker is a point in time, not a record).
+_SCALARS = (str, int, float, bool, type(None))
+#: The characters of a decided state a history keeps when content capture is on: its newest end.
+PREVIEW_CHARS = 160
+
+
+def iso_time(at: float) -> str:
+    """Epoch seconds as UTC ISO 8601 with milliseconds (``2026-09-21T14:02:00.123Z``).
+
+    :param at: epoch seconds.
+    """
+    return pendulum.from_timestamp(round(at, 3), tz="UTC").format("YYYY-MM-DD[T]HH:mm:ss.SSS[Z]")
+
+
+def _epoch(value: Any, where: str) -> float:
+    """A row's ``at`` (ISO 8601) as epoch seconds."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.at must be an ISO 8601 time, got {value!r}")
+    try:
+        return float(pendulum.parse(value).timestamp())
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}.at must be an ISO 8601 time, got {value!r} ({exc})") from None
+
+
+def state_tail(state: Any) -> str:
+    """The newest end of a state (its last :data:`PREVIEW_CHARS` characters), what a history shows
+    of it when content capture is on.
+
+    :param state: the state (text, or any JSON value, shown as compact JSON).
+    """
+    text = state if isinstance(state, str) else compact_json(state)
+    return text if len(text) <= PREVIEW_CHARS else "…" + text[-(PREVIEW_CHARS - 1) :]
+
+
+def _scalar(value: Any) -> Any:
+    """A plain JSON scalar, or its text (a marker keeps nothing else)."""
+    return value if isinstance(value, _SCALARS) else str(value)
+
+
+class DecisionTimeline:
+    """The last decisions a watch saw and what happened around them (see the module docstring).
+
+    :param capture_content: keep a short preview of each decided state (off: never any content).
+    :param limit: the most decisions kept (and the most markers): the newest.
+    """
+
+    __slots__ = ("_condition", "_decisions", "_markers", "capture_content")
+
+    def __init__(self, *, capture_content: bool = False, limit: int = HISTORY_LIMIT) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive number of decisions, got {limit!r}")
+        self.capture_content = bool(capture_content)
+        self._condition: dict[str, Any] | None = None
+        self._decisions: deque[tuple[Any, ...]] = deque(maxlen=limit)
+        self._markers: deque[tuple[str, float, tuple[tuple[str, Any], ...]]] = deque(maxlen=limit)
+
+    # ------------------------------------------------------------------ recording
+
+    def watching(self, condition: Mapping[str, Any]) -> None:
+        """What the watch waits for: the condition's plain form (question, expected answer, bars,
+        policy, hold rule), drawn across the decisions.
+
+        :param condition: :meth:`DecisionCondition.to_dict
+            <airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict>`.
+        """
+        self._condition = json.loads(json.dumps(dict(condition)))  # a copy, plain JSON
+
+    def decision(
+        self,
+        decision: DecisionResult,
+        *,
+        question: str,
+        at: float,
+        disposition: str,
+        state_key: str | None = None,
+        state_bytes: int | None = None,
+        state: Any = None,
+        billed: bool | None = None,
+        current: bool = True,
+    ) -> None:
+        """Record a decision the watch received.
+
+        :param decision: the decision.
+        :param question: the watched question (its answer is recorded).
+        :param at: when the watch received it (epoch seconds).
+        :param disposition: what the watch did with it (one of :data:`DISPOSITIONS`).
+        :param state_key: the decided state's hash.
+        :param state_bytes: the decided state's size (compact JSON bytes).
+        :param state: the decided state: its newest end is kept only with ``capture_content``.
+        :param billed: ``True`` billed, ``False`` a replay of an earlier reply, ``None`` not known here.
+        :param current: about the current state (``False``: an outdated one).
+        :raises ValueError: an unknown disposition.
+        """
+        if disposition not in DISPOSITIONS:
+            raise ValueError(f"disposition must be one of {sorted(DISPOSITIONS)}, got {disposition!r}")
+        answer = decision.answers.get(question)
+        preview = state_tail(state) if self.capture_content and state is not None else None
+        self._decisions.append(
+            (
+                float(at),
+                question,
+                _scalar(answer.decision) if answer is not None else None,
+                answer.probability if answer is not None else None,
+                answer.confidence if answer is not None else None,
+                decision.state_version,
+                state_bytes,
+                state_key,
+                decision.reply_id,
+                billed,
+                bool(current),
+                disposition,
+                preview,
+            )
+        )
+
+    def settle(self, decision: DecisionResult, disposition: str) -> bool:
+        """A decision recorded earlier ended the wait later (a hold rule met once time passed):
+        its row takes ``disposition``.
+
+        :param decision: the decision (found by its reply id and state version, newest first).
+        :param disposition: what it became (one of :data:`DISPOSITIONS`).
+        :return: whether its row is still held (an older one may have left the history).
+        """
+        if disposition not in DISPOSITIONS:
+            raise ValueError(f"disposition must be one of {sorted(DISPOSITIONS)}, got {disposition!r}")
+        rows = self._decisions
+        for index in range(len(rows) - 1, -1, -1):
+            row = rows[index]
+            if row[_REPLY] == decision.reply_id and row[_VERSION] == decision.state_version:
+                rows[index] = (*row[:_DISPOSITION], disposition, *row[_DISPOSITION + 1 :])
+                return True
+        return False
+
+    def mark(self, kind: str, at: float, **fields: Any) -> None:
+        """Record what happened at ``at`` (epoch seconds) around the decisions.
+
+        :param kind: one of :data:`MARKS` (``state_change``, ``billed_start``, ``reconnect``,
+            ``stream_opened``, ``stream_released``, ``hold_met``).
+        :param fields: details, plain JSON scalars (e.g. ``state_version=4``, ``close_code=1012``);
+            never the state's content.
+        :raises ValueError: an unknown kind.
+        """
+        if kind not in MARKS:
+            raise ValueError(f"a marker's kind must be one of {sorted(MARKS)}, got {kind!r}")
+        self._markers.append((kind, float(at), tuple((key, _scalar(value)) for key, value in fields.items())))
+
+    def restart(self) -> None:
+        """Start the next story (an asset watcher after each event): the decisions and markers go,
+        the condition stays."""
+        self._decisions.clear()
+        self._markers.clear()
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        """The decisions held."""
+        return len(self._decisions)
+
+    @property
+    def limit(self) -> int:
+        """The most decisions (and markers) held."""
+        return self._decisions.maxlen or HISTORY_LIMIT
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Plain JSON rows, oldest first: the condition (when known), then the decisions and the
+        markers in time order. A marker older than the oldest decision held is left out once older
+        decisions have left the history (it would explain nothing shown)."""
+        rows: list[tuple[float, int, dict[str, Any]]] = []
+        decisions = [dict(zip(_DECISION_FIELDS, row, strict=True)) for row in self._decisions]
+        oldest = decisions[0]["at"] if decisions and len(decisions) == self.limit else None
+        for order, row in enumerate(decisions):
+            if row["state"] is None:
+                del row["state"]
+            rows.append((row["at"], order, {"kind": "decision", **row, "at": iso_time(row["at"])}))
+        for order, (kind, at, fields) in enumerate(self._markers, start=len(rows)):
+            if oldest is None or at >= oldest:
+                rows.append((at, order, {"kind": kind, "at": iso_time(at), **dict(fields)}))
+        rows.sort(key=lambda item: (item[0], item[1]))
+        head = [{"kind": "condition", **self._condition}] if self._condition is not None else []
+        return head + [row for _, _, row in rows]
+
+    @classmethod
+    def from_list(cls, rows: Iterable[Mapping[str, Any]], *, limit: int = HISTORY_LIMIT) -> DecisionTimeline:
+        """Read :meth:`to_list` rows back (the newest ``limit`` decisions and markers are kept).
+
+        A row of a kind this version does not know is kept as a marker, so a history written by a
+        newer version reads back whole.
+
+        :param rows: the plain JSON rows.
+        :param limit: the most decisions (and markers) kept.
+        :raises ValueError: naming the row that is not a history row.
+        """
+        timeline = cls(limit=limit)
+        for index, row in enumerate(rows):
+            where = f"decisions[{index}]"
+            if not isinstance(row, Mapping) or not isinstance(row.get("kind"), str):
+                raise ValueError(f"{where} must be an object with a 'kind', got {row!r}")
+            kind = row["kind"]
+            if kind == "condition":
+                timeline._condition = {key: value for key, value in row.items() if key != "kind"}
+                continue
+            at = _epoch(row.get("at"), where)
+            if kind == "decision":
+                values = {**{name: row.get(name) for name in _DECISION_FIELDS}, "at": at}
+                values["current"] = row.get("current", True) is not False
+                if values["disposition"] not in DISPOSITIONS:
+                    raise ValueError(f"{where}.disposition {values['disposition']!r} is not a disposition")
+                timeline._decisions.append(tuple(values[name] for name in _DECISION_FIELDS))
+            else:
+                fields = tuple(
+                    (key, _scalar(value)) for key, value in row.items() if key not in ("kind", "at")
+                )
+                timeline._markers.append((kind, at, fields))
+        return timeline
+
+
+def settle_billed(
+    rows: Iterable[Mapping[str, Any]], billed: Mapping[str, bool] | None = None, counted: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """Rows whose ``billed`` was not known when they were recorded, told by whoever counted the bill.
+
+    :param rows: the plain JSON rows.
+    :param billed: reply id → billed (``True``) or a replay (``False``), as a task's budget counted them.
+    :param counted: the billed reply ids of a run whose budget counted every decision of the rows
+        (a trigger's): a decision whose reply id is not among them was a replay.
+    """
+    known = dict(billed or {})
+    ids = set(counted)
+    out = []
+    for row in rows:
+        row = dict(row)
+        if (
+            row.get("kind") == "decision"
+            and row.get("billed") is None
+            and isinstance(row.get("reply_id"), str)
+        ):
+            reply = row["reply_id"]
+            if reply in known:
+                row["billed"] = known[reply]
+            elif ids:
+                row["billed"] = reply in ids
+        out.append(row)
+    return out
+
+
+def merge_histories(
+    earlier: Iterable[Mapping[str, Any]], later: Iterable[Mapping[str, Any]], *, limit: int = HISTORY_LIMIT
+) -> list[dict[str, Any]]:
+    """One history of two (a task's earlier deferral and its next one, or the same event read
+    twice): the rows of both, each once, in time order, bounded as one history (the later
+    condition kept).
+
+    :param earlier: the rows held so far.
+    :param later: the new rows.
+    :param limit: the most decisions (and markers) kept.
+    :raises ValueError: naming a row that is not a history row.
+    """
+    seen: set[str] = set()
+    conditions: list[Mapping[str, Any]] = []
+    timed: list[tuple[float, int, Mapping[str, Any]]] = []
+    for index, row in enumerate([*earlier, *later]):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"decisions[{index}] must be an object with a 'kind', got {row!r}")
+        key = json.dumps(row, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        if row.get("kind") == "condition":
+            conditions.append(row)
+        else:  # in time order before the bound applies, so the newest rows are the ones kept
+            timed.append((_epoch(row.get("at"), f"decisions[{index}]"), index, row))
+    timed.sort(key=lambda item: (item[0], item[1]))
+    return DecisionTimeline.from_list(
+        [*conditions[-1:], *(row for _, _, row in timed)], limit=limit
+    ).to_list()
