@@ -321,29 +321,27 @@ class DecisionTimeline:
 
 
 def settle_billed(
-    rows: Iterable[Mapping[str, Any]], billed: Mapping[str, bool] | None = None, counted: Iterable[str] = ()
+    rows: Iterable[Mapping[str, Any]],
+    billed: Mapping[str, bool] | None = None,
+    counted: Iterable[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows whose ``billed`` was not known when they were recorded, told by whoever counted the bill.
 
     :param rows: the plain JSON rows.
     :param billed: reply id → billed (``True``) or a replay (``False``), as a task's budget counted them.
     :param counted: the billed reply ids of a run whose budget counted every decision of the rows
-        (a trigger's): a decision whose reply id is not among them was a replay.
+        (a trigger's): a decision whose reply id is not among them was a replay. ``None``: no such run.
     """
     known = dict(billed or {})
-    ids = set(counted)
+    ids = None if counted is None else set(counted)
     out = []
     for row in rows:
         row = dict(row)
-        if (
-            row.get("kind") == "decision"
-            and row.get("billed") is None
-            and isinstance(row.get("reply_id"), str)
-        ):
-            reply = row["reply_id"]
+        reply = row.get("reply_id")
+        if row.get("kind") == "decision" and row.get("billed") is None and isinstance(reply, str):
             if reply in known:
                 row["billed"] = known[reply]
-            elif ids:
+            elif ids is not None:
                 row["billed"] = reply in ids
         out.append(row)
     return out

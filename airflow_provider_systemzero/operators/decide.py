@@ -39,6 +39,7 @@ from airflow_provider_systemzero.utils.checks import (
     template_of,
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout
+from airflow_provider_systemzero.utils.history import push_history
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -114,7 +115,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     XCom: the return value is ``{question: decision}``; ``answers`` holds every answer in full
     (probability, confidence, alternatives), ``reply`` the whole reply and ``decision_id`` its ID;
     ``decision`` is the audit record of the gated question (see
-    :func:`~airflow_provider_systemzero.decisions.policy.decision_record`).
+    :func:`~airflow_provider_systemzero.decisions.policy.decision_record`); ``decisions`` the
+    decision's history row per question, what the UI's "Decision timeline" shows.
 
     With a ``policy`` (:class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy`), the answer to
     ``policy_question`` is acted on, sent to a person (Airflow's Human-in-the-loop
@@ -521,9 +523,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             ),
             body_bytes,
         )
-        return self._publish(
-            context, WatchEvent.from_payload(answers_payload(decision, state, key_namespace=namespace))
+        from airflow_provider_systemzero.utils.observability import capture_content_enabled
+
+        payload = answers_payload(
+            decision, state, key_namespace=namespace, capture_content=capture_content_enabled()
         )
+        return self._publish(context, WatchEvent.from_payload(payload))
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Resume with the trigger's decision; idempotent (the same event gives the same XCom).
@@ -540,6 +545,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _publish(self, context: Context, event: WatchEvent) -> Any:
         answers = event.answers
         ti = context["ti"]
+        push_history(self, context, event)
         ti.xcom_push(key="answers", value=answers)
         ti.xcom_push(key="reply", value=event.reply)
         ti.xcom_push(key="decision_id", value=event.reply_id)

@@ -23,10 +23,10 @@ from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
 from airflow_provider_systemzero.sensors.inputs import START_FROM_TRIGGER_NAMESPACE, Inputs
 from airflow_provider_systemzero.sensors.outcomes import (
+    decided,
     end_without_decision,
     fired_summary,
     gate_of,
-    log_decision,
     outcome_of,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
@@ -135,7 +135,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     never work is an import error (a ``ValueError`` starting ``<task_id>: ``); templated ones when
     the task runs.
 
-    Every decision that ends the wait pushes the ``decision`` audit record to XCom.
+    Every decision that ends the wait pushes the ``decision`` audit record to XCom, and beside it the
+    ``decisions`` history its event carries: each decision the wait saw and what it did with it (the
+    UI's "Decision timeline", see :mod:`~airflow_provider_systemzero.utils.history`).
     """
 
     template_fields: Sequence[str] = sz_inputs.TEMPLATE_FIELDS
@@ -265,7 +267,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _finish(self, context: Context, event: WatchEvent) -> Any:
         """Act on a decision that ended the wait (or wants a person) under the policy."""
-        log_decision(self.log, event)
+        decided(self, context, event)
         return self._gate(context, gate_of(self, event), outcome_of(event))
 
     def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:

@@ -1,13 +1,15 @@
 """How a :class:`~airflow_provider_systemzero.sensors.decision.SystemZeroDecisionSensor`'s wait
 ends, given the :class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` that ended it.
 
-* A decision (``success``, or a ``policy`` verdict) becomes a
+* A decision (``success``, or a ``policy`` verdict) pushes the wait's ``decisions`` history
+  (:func:`decided`) and becomes a
   :class:`~airflow_provider_systemzero.utils.review.Gate` and the policy's outcome the watch
   reached (:func:`gate_of`, :func:`outcome_of`); the sensor acts on them through
   :class:`~airflow_provider_systemzero.utils.review.PolicyGateMixin`, like the operators.
 * A static state whose decision did not meet the condition fails the task (:func:`static_unmet`).
 * A deadline pushes the ``decision`` record saying nothing was decided; an error fails the task,
-  with no retry when retrying cannot help (:func:`end_without_decision`).
+  with no retry when retrying cannot help (:func:`end_without_decision`). Either way the
+  ``decisions`` history the event carries is pushed first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision
 from airflow_provider_systemzero.sensors.inputs import build_inputs, source_name
 from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.deadlines import bound_by_execution_timeout
+from airflow_provider_systemzero.utils.history import push_history
 from airflow_provider_systemzero.utils.review import Gate
 
 if TYPE_CHECKING:
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
-__all__ = ["end_without_decision", "fired_summary", "gate_of", "log_decision", "outcome_of", "static_unmet"]
+__all__ = ["decided", "end_without_decision", "fired_summary", "gate_of", "outcome_of", "static_unmet"]
 
 
 def gate_of(sensor: SystemZeroDecisionSensor, event: WatchEvent) -> Gate:
@@ -79,9 +82,11 @@ def outcome_of(event: WatchEvent) -> PolicyOutcome:
     return dataclasses.replace(PolicyOutcome(**outcome), action=event.action, reason=event.reason or "")
 
 
-def log_decision(log: Any, event: WatchEvent) -> None:
-    """Log the decision that ended the wait."""
-    log.info(
+def decided(sensor: SystemZeroDecisionSensor, context: Context, event: WatchEvent) -> None:
+    """A decision ended the wait (or wants a person): push the wait's ``decisions`` history and log
+    the decision."""
+    push_history(sensor, context, event)
+    sensor.log.info(
         "System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
         event.question,
         event.decision,
@@ -110,6 +115,7 @@ def end_without_decision(sensor: SystemZeroDecisionSensor, context: Context, eve
     :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.triggers.payloads.task_failure`).
     :raises AirflowException: Airflow's retries may.
     """
+    push_history(sensor, context, event)  # why nothing fired, when the event tells it
     if event.status == "unmet":
         static_unmet(sensor, str(event.reason))
     fix = ""

@@ -324,6 +324,9 @@ class UsageBudgetMixin:
         super().__init__(**kwargs)
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
         self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
+        #: reply id → billed (``True``) or replayed (``False``) of each decision this task made on the
+        #: worker (:meth:`decide_with_budget`), for its decision history
+        self.billed_by_reply: dict[str, bool] = {}
 
     def usage_ledger(self, context: Mapping[str, Any]) -> TaskUsageLedger:
         """This try's :class:`TaskUsageLedger`."""
@@ -411,6 +414,9 @@ class UsageBudgetMixin:
                 raise final from None
             raise
         ledger.finish(budget.usage, run_id=budget.run_id, outcome="decided")
+        reply_id = getattr(result, "reply_id", None)
+        if isinstance(reply_id, str):  # the budget lists the replies it billed, never a replay
+            self.billed_by_reply[reply_id] = reply_id in budget.usage.reply_ids
         return result
 
     def trigger_budget(self, context: Mapping[str, Any], body_bytes: int | None = None) -> dict[str, Any]:
