@@ -204,7 +204,7 @@ def test_the_observer_modules_import_first() -> None:
 
 
 #: The layers, left to right (docs/architecture.md): each one imports only the layers to its left.
-LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|utils")
+LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|utils|plugins")
 
 
 def _layer(name: str) -> int | None:

@@ -1,0 +1,143 @@
+"""The "Decision timeline" view served by Airflow's own API app (its plugins mounted, as the API
+server mounts them): it draws a sensor's ``decisions`` XCom and an asset watcher's events, asks
+Airflow's auth manager who may read them, and says why when it has nothing to draw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from tests.helpers import run_dag
+from tests.timeline.conftest import CONN_ID, START
+from tests.timeline.conftest import decisions_of as _decisions
+from tests.timeline.page import PageParts, check_chart_against
+
+pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
+
+
+@pytest.fixture(scope="module")
+def api(airflow_db: None) -> Any:
+    """Airflow's own API app in this process (its plugins mounted, as the API server mounts them)."""
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app(apps="core"))
+
+
+def _token(role: str | None) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="reader", role=role))
+
+
+def _text(response: Any) -> str:
+    return " ".join(PageParts(response.text).text)
+
+
+def _get(api: Any, path: str, role: str | None = "viewer") -> Any:
+    headers = {} if role == "nobody" else {"Authorization": f"Bearer {_token(role)}"}
+    return api.get(path, headers=headers)
+
+
+def test_the_view_draws_the_sensors_xcom_from_airflows_own_api_app(api: Any, sensor_run: Any) -> None:
+    dag_id, run_id, xcoms = sensor_run
+    # the address the UI's tab opens for an unmapped task instance (the map index left as it is)
+    response = _get(
+        api, f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/wait?map_index={{MAP_INDEX}}"
+    )
+    assert response.status_code == 200, response.text
+    page = PageParts(response.text)
+    assert check_chart_against(page, xcoms[("wait", "decisions", -1)]) == 3
+    (bar,) = page.having("line", "bar")
+    assert (bar["data-bar"], bar["data-value"]) == ("min_confidence", "0.8")
+    (ring,) = page.having("circle", "ending")
+    assert ring["data-disposition"] == "fired"
+    text = _text(response)
+    assert "decided by model" in text and "3 decisions (3 billed, 0 replayed)" in text
+
+
+def test_the_view_asks_airflow_who_may_read_the_dags_xcoms(api: Any, sensor_run: Any) -> None:
+    dag_id, run_id, _ = sensor_run
+    path = f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/wait"
+    assert _get(api, path, role="nobody").status_code == 401  # not logged in
+    assert _get(api, path, role=None).status_code == 403  # a user with no role may read no Dag
+    refused = _get(api, path, role=None)
+    assert "tick" not in refused.text and "szd_" not in refused.text
+    assert _get(api, f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}", role=None).status_code == 403
+
+
+def test_the_view_says_why_it_has_nothing_to_draw(api: Any, sensor_run: Any) -> None:
+    dag_id, run_id, _ = sensor_run
+    missing = _get(api, f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/nope")
+    assert missing.status_code == 404 and "There is no task instance 'nope'" in _text(missing)
+    wrong = _get(api, f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/wait?map_index=first")
+    assert wrong.status_code == 400 and "map_index must be a map index" in _text(wrong)
+    no_watch = _get(api, f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}")
+    assert no_watch.status_code == 200 and "No System Zero asset watcher started this run" in _text(no_watch)
+
+
+def _watch_payloads() -> list[dict[str, Any]]:
+    """Two asset events of a watch (the payloads the watcher trigger fires, built by its watch)."""
+    from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+    from airflow_provider_systemzero.decisions.watch import DecisionWatch
+    from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+
+    clock = iter(range(1_790_000_000, 1_790_000_100, 5))
+    watch = DecisionWatch(
+        DecisionCondition("ready", min_confidence=0.5), reviews=False, clock=lambda: next(clock)
+    )
+    payloads = []
+    for version, ready in enumerate([False, True, False, False, True], start=1):
+        answer = Answer(name="ready", type="boolean", decision=ready, probability=0.9, confidence=0.9)
+        decision = DecisionResult(
+            reply={"id": f"szd_{version:032x}"},
+            state_version=version,
+            covered_event_ids=(),
+            request_id="r",
+            stream_id="s",
+            answers={"ready": answer},
+        )
+        verdict = watch.observe(decision, f"s{version}", f"s{version}", float(version))
+        if verdict is not None:
+            payloads.append(watch.event(verdict, extra={"watch_id": "release"}).to_payload())
+    return payloads
+
+
+def test_the_run_an_asset_watcher_started_shows_the_story_of_each_event(api: Any, gateway: Any) -> None:
+    """Airflow stores an asset watcher's event payload in the asset event's ``extra``; the run it
+    started links to the event: the run's page draws each event's history."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with DAG("timeline_asset_run", schedule=None, start_date=START) as dag:
+        SystemZeroDecideOperator(
+            task_id="decide",
+            questions={"ready": "Is the job ready?"},
+            state="Job is ready.",
+            systemzero_conn_id=CONN_ID,
+        )
+    run_id = run_dag(dag).run_id
+    with create_session() as session:
+        asset = session.query(AssetModel).filter(AssetModel.name == "release").one_or_none()
+        if asset is None:
+            asset = AssetModel(name="release", uri="release", group="asset")
+            session.add(asset)
+            session.flush()
+        run = session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id).one()
+        for payload in _watch_payloads():
+            event = AssetEvent(asset_id=asset.id, extra={"from_trigger": True, "payload": payload})
+            session.add(event)
+            run.consumed_asset_events.append(event)
+    response = _get(api, f"/systemzero/timeline/dags/{dag.dag_id}/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    page = PageParts(response.text)
+    charts = page.having("svg", "chart")
+    assert len(charts) == 2 and len(page.having("circle", "ending")) == 2
+    drawn = len(page.having("g", "decision"))
+    assert drawn == sum(len(_decisions(payload["decisions"])) for payload in _watch_payloads()) == 5
+    assert "Asset event of release" in _text(response)
