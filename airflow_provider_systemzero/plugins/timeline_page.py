@@ -28,8 +28,10 @@ __all__ = ["Story", "render_page"]
 #: The chart's size and the plot's margins, in SVG units.
 WIDTH, HEIGHT = 960, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 132, 24, 40
-#: The time span drawn when every row is at one instant (seconds).
-MIN_SPAN = 60.0
+#: The shortest time span drawn (seconds): rows at one instant are drawn in the middle of it.
+MIN_SPAN = 1.0
+#: The share of the span left free before the first row and after the last.
+PADDING = 0.04
 
 #: Ring colour of the decision that ended the wait, by disposition.
 _ENDING_COLOURS = {
@@ -132,10 +134,10 @@ class _Scale:
     """Time and share (0 to 1) to chart coordinates."""
 
     def __init__(self, start: float, end: float) -> None:
-        if end - start < MIN_SPAN:
-            middle = (start + end) / 2
-            start, end = middle - MIN_SPAN / 2, middle + MIN_SPAN / 2
-        self.start, self.end = start, end
+        span = max(end - start, MIN_SPAN)
+        middle = (start + end) / 2
+        half = span * (1 + 2 * PADDING) / 2
+        self.start, self.end = middle - half, middle + half
         self.x0, self.x1 = LEFT, WIDTH - RIGHT
         self.y0, self.y1 = TOP, HEIGHT - BOTTOM  # y0: share 1, y1: share 0
 
@@ -208,13 +210,14 @@ def _chart(
         out.append(f'<text class="tick" x="{scale.x0 - 8}" y="{y + 4}" text-anchor="end">{share:g}</text>')
     out.append(f'<line class="axis" x1="{scale.x0}" x2="{scale.x1}" y1="{scale.y1}" y2="{scale.y1}"/>')
     out.append(f'<line class="axis" x1="{scale.x0}" x2="{scale.x0}" y1="{scale.y0}" y2="{scale.y1}"/>')
+    fine = scale.end - scale.start < 10  # a span of seconds: the ticks say milliseconds
     for step in range(5):
         at = scale.start + (scale.end - scale.start) * step / 4
         x = scale.x(at)
         anchor = "start" if step == 0 else "end" if step == 4 else "middle"
         out.append(
             f'<text class="tick" x="{x}" y="{scale.y1 + 16}" text-anchor="{anchor}">'
-            f"{_clock(at, with_date=with_date)}</text>"
+            f"{_clock(at, with_date=with_date, millis=fine)}</text>"
         )
     out.append(
         f'<text class="tick" x="{(scale.x0 + scale.x1) / 2}" y="{HEIGHT - 6}" text-anchor="middle">'
@@ -240,10 +243,12 @@ def _chart(
             f'x1="{x}" x2="{x}" y1="{scale.y0}" y2="{scale.y1}"><title>{escape(title)}</title></line>'
         )
     for attribute, css in (("probability", "p-line"), ("confidence", "c-line")):
+        # joined only through the answer waited for: another answer's numbers are about that answer
         points = [
             f"{scale.x(at)},{scale.y(value)}"
             for at, row in decisions
             if (value := _number(row.get(attribute))) is not None
+            and not (watched and row.get("answer") != expect)
         ]
         if len(points) > 1:
             out.append(f'<polyline class="{css}" points="{" ".join(points)}"/>')
@@ -274,7 +279,8 @@ def _chart(
                 f'<line x1="{x}" x2="{x}" y1="{scale.y0}" y2="{scale.y1}" stroke="{colour}" stroke-width="1"/>'
             )
             out.append(
-                f'<text class="label" x="{x + 6}" y="{scale.y0 + 10}" fill="{colour}">{escape(disposition)}</text>'
+                f'<text class="label" x="{x}" y="{scale.y0 - 8}" text-anchor="middle" fill="{colour}">'
+                f"{escape(disposition)}</text>"
             )
         out.append("</g>")
     out.append("</svg>")
