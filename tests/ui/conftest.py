@@ -41,6 +41,7 @@ CHROMIUM_ARGS = [
     "--disable-dev-shm-usage",
 ]
 UI_DAG_ID = "sz_ui_review"
+TIMELINE_DAG_ID = "sz_ui_timeline"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,7 +60,7 @@ def ui_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployme
         tmp_path_factory.mktemp("airflow-ui"),
         parallelism=2,
         dags=HERE / "dags",
-        dag_ids=(UI_DAG_ID,),
+        dag_ids=(UI_DAG_ID, TIMELINE_DAG_ID),
         rules=HERE / "emulator_rules.json",
         triggerers=("triggerer",),
         extra_env={"AIRFLOW__CORE__TEST_CONNECTION": "Enabled"},

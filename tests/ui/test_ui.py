@@ -8,9 +8,11 @@ Airflow components and the emulator (see ``conftest.py``).
    question, the state and the model's probability and confidence; "No" keeps the sensor waiting
    for a new state, "Yes" lets it succeed.
 3. The ``decision`` and ``usage`` XComs in the XCom view.
+4. The "Decision timeline" tab of a sensor that saw three states: its chart's points and its table
+   match the ``decisions`` XCom.
 
-Each step's screenshot is written to ``docs/images/ui-*.png`` (the pictures of docs/connection.md
-and docs/policies.md).
+Each step's screenshot is written to ``docs/images/ui-*.png`` (the pictures of docs/connection.md,
+docs/policies.md and docs/sensor.md).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import pytest
 
 from tests.deployment.harness import REPO, RESULTS, Deployment, wait_for
 from tests.helpers import EmulatorThread
-from tests.ui.conftest import UI_DAG_ID
+from tests.ui.conftest import TIMELINE_DAG_ID, UI_DAG_ID
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(900)]
 
 IMAGES = REPO / "docs" / "images"
 TASK = "wait_until_ready"
+TIMELINE_TASK = "wait_for_build"
+#: Seconds between the build log's lines in the timeline scenario (nothing waits on it).
+PACE = 3.0
 PERSON_KEY = "sz-ui-person-key"
 #: What Airflow 3.3.2's Test button gets for a connection without a port (apache/airflow#73298).
 PORT_BUG = "host or port to test differs from the stored connection"
@@ -306,4 +311,77 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
     RESULTS.append(
         f"(ui 2, 3) review answered 'Yes' then 'No' in the UI, XCom view checked, in "
         f"{time.monotonic() - started:.0f} s; #71580 retries: {retries}"
+    )
+
+
+# ---------------------------------------------------------------------------------------- 4
+
+
+def _decided(deployment: Deployment, count: int, what: str) -> None:
+    """Wait (bounded) until the emulator answered ``count`` decide calls of this test."""
+    wait_for(lambda: len(deployment.ledger()) >= count, 300, what, interval=0.5)
+
+
+def test_the_decision_timeline_of_a_sensor_that_saw_three_states(
+    page: Any, ui_deployment: Deployment, tmp_path: Path
+) -> None:
+    """(4) The "Decision timeline" tab of a sensor's task instance: one point per decision of its
+    wait at the XCom's numbers, the condition's bar, the decision that fired, and the table."""
+    deployment = ui_deployment
+    started = time.monotonic()
+    log = tmp_path / "build.log"
+    log.write_text("compiling\n")
+    before = len(deployment.ledger())
+    run_id = deployment.trigger(TIMELINE_DAG_ID, {"dir": str(tmp_path)}, run_id="timeline")
+    for decided, line in enumerate(
+        ("unit tests passed, the build looks ready\n", "Job is ready.\n"), start=1
+    ):
+        _decided(deployment, before + decided, f"the decision about state {decided}")
+        time.sleep(PACE)  # a build takes a while: the picture shows the wait spread over time
+        with log.open("a") as handle:
+            handle.write(line)
+    assert deployment.wait_run(TIMELINE_DAG_ID, run_id, timeout=300) == "success"
+    tries = deployment.task_instances(TIMELINE_DAG_ID, run_id)[TIMELINE_TASK]["try_number"]
+    assert tries == 1, f"the sensor ran {tries} tries: {deployment.state_mismatches()}"
+    rows = deployment.xcoms(TIMELINE_DAG_ID, run_id)[(TIMELINE_TASK, "decisions")]
+    decisions = [row for row in rows if row["kind"] == "decision"]
+    versions = [row["state_version"] for row in decisions]
+    assert len(set(versions)) >= 3 and versions == sorted(versions), rows
+    assert decisions[-1]["disposition"] == "fired" and decisions[-1]["answer"] is True
+
+    # reached from the task instance: its "Decision timeline" tab
+    page.set_viewport_size({"width": 1500, "height": 1250})
+    page.goto(f"{deployment.api}/dags/{TIMELINE_DAG_ID}/runs/{run_id}/tasks/{TIMELINE_TASK}")
+    page.get_by_role("tab", name="Decision timeline").or_(
+        page.get_by_role("link", name="Decision timeline")
+    ).first.click()
+    frame = page.frame_locator("iframe[title='Decision timeline']")
+    frame.locator("svg.chart").wait_for()
+    points = frame.locator("g.decision").evaluate_all(
+        "gs => gs.map(g => ({at: g.dataset.at, version: g.dataset.version, p: g.dataset.probability,"
+        " c: g.dataset.confidence, did: g.dataset.disposition,"
+        " cy: Number(g.querySelector('circle.probability').getAttribute('cy'))}))"
+    )
+    box = frame.locator("svg.chart").evaluate("s => ({y0: Number(s.dataset.y0), y1: Number(s.dataset.y1)})")
+    assert [(p["at"], p["version"], p["did"]) for p in points] == [
+        (row["at"], str(row["state_version"]), row["disposition"]) for row in decisions
+    ]
+    for point, row in zip(points, decisions, strict=True):
+        assert (float(point["p"]), float(point["c"])) == (row["probability"], row["confidence"])
+        assert abs(point["cy"] - (box["y1"] - row["probability"] * (box["y1"] - box["y0"]))) < 0.05
+    assert frame.locator("line.bar[data-bar=min_confidence]").get_attribute("data-value") == "0.8"
+    assert frame.locator("circle.ending").get_attribute("data-disposition") == "fired"
+    table = frame.locator("table.rows tr.decision").evaluate_all(
+        "rs => rs.map(r => [r.dataset.version, r.dataset.probability, r.dataset.confidence, r.dataset.disposition])"
+    )
+    assert table == [
+        [str(row["state_version"]), f"{row['probability']:g}", f"{row['confidence']:g}", row["disposition"]]
+        for row in decisions
+    ]
+    text = frame.locator("body").inner_text()
+    assert "compiling" not in text and "looks ready" not in text  # no state content: capture is off
+    _shot(page, "decision-timeline")
+    RESULTS.append(
+        f"(ui 4) the decision timeline of a sensor that saw {len(set(versions))} states checked against "
+        f"its XCom in {time.monotonic() - started:.0f} s"
     )

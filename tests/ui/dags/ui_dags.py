@@ -1,4 +1,5 @@
-"""The Dag of the UI test (``tests/ui``): a sensor whose policy asks a person.
+"""The Dags of the UI test (``tests/ui``): a sensor whose policy asks a person, and one whose wait
+the "Decision timeline" shows.
 
 The emulator's rules (``tests/ui/emulator_rules.json``) answer a log that "looks ready" with
 ``ready: true`` at probability 0.72 — between the policy's bars, so a person is asked — and a log
@@ -39,5 +40,26 @@ with DAG(
         policy=DecisionPolicy(act_above=0.85, review_above=0.6, below="wait"),
         review_subject="Ship the nightly build?",
         lease_after=1.0,
+        timeout=900,
+    )
+
+with DAG(
+    "sz_ui_timeline",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    params={"dir": ""},
+    tags=["systemzero", "ui-test"],
+):
+    # The build log gains a line at a time: "compiling" (not ready), "looks ready" (ready, but its
+    # confidence 0.64 is under the bar), "Job is ready." (fires). The stream is held through the
+    # test's changes (lease_after), so one trigger sees all three states.
+    SystemZeroDecisionSensor(
+        task_id="wait_for_build",
+        question="ready",
+        instructions="Is the nightly build ready to ship?",
+        source={"type": "file", "path": "{{ params.dir }}/build.log", "poll_interval": 0.5},
+        min_confidence=0.8,
+        lease_after=600,
         timeout=900,
     )
