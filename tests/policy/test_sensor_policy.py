@@ -146,9 +146,19 @@ def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: An
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
     assert len(reviewer.seen) == 1  # the answered state is not asked about again
-    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    record = xcoms[("wait", "decision", -1)]
     assert (record["action"], record["decided_by"], record["decision"]) == ("act", "model", True)
     assert record["confidence"] == pytest.approx(0.92)
+    # one history for the try: the wait that asked the person, then the one that fired, where the
+    # state already answered came back as a replay of its reply and was declined
+    history = [row for row in xcoms[("wait", "decisions", -1)] if row["kind"] == "decision"]
+    assert [(row["disposition"], row["billed"]) for row in history] == [
+        ("review", True),
+        ("declined", False),
+        ("fired", True),
+    ]
+    assert [row["at"] for row in history] == sorted(row["at"] for row in history)
 
 
 def test_below_the_bars_fails_the_sensor(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
