@@ -101,6 +101,27 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
             session.query(Connection).filter(Connection.conn_id == conn_id).delete()
 
 
+def decision_result(
+    version: int = 1, *, reply: str | None = None, **answers: tuple[Any, float | None, float | None]
+) -> Any:
+    """A ``DecisionResult`` about state ``version`` with boolean ``answers``, each
+    ``question=(decision, probability, confidence)``; its reply id is ``reply``, or ``szd_`` and the
+    version in 32 hex digits."""
+    from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+
+    return DecisionResult(
+        reply={"id": reply or f"szd_{version:032x}"},
+        state_version=version,
+        covered_event_ids=(),
+        request_id="r",
+        stream_id="s",
+        answers={
+            name: Answer(name=name, type="boolean", decision=d, probability=p, confidence=c)
+            for name, (d, p, c) in answers.items()
+        },
+    )
+
+
 #: The rules of most Dag tests: "job is ready" in the state means ready, anything else not.
 READY_RULES: dict[str, Any] = {
     "rules": [

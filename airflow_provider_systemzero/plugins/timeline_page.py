@@ -23,7 +23,7 @@ import pendulum
 
 from airflow_provider_systemzero.decisions.timeline import DISPOSITIONS, ENDING_DISPOSITIONS, MARKS
 
-__all__ = ["Story", "render_page"]
+__all__ = ["Story", "data_text", "render_page"]
 
 #: The chart's size and the plot's margins, in SVG units.
 WIDTH, HEIGHT = 960, 300
@@ -125,9 +125,18 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def data_text(value: Any) -> str:
+    """How a point or a row of the page writes a value in its ``data-`` attributes (``""`` for none,
+    ``true``/``false``, numbers as ``%g``), unescaped.
+
+    :param value: a row's value.
+    """
+    return "" if value is None else _shown(value)
+
+
 def _attr(value: Any) -> str:
-    """A value as a ``data-`` attribute (``""`` for none)."""
-    return "" if value is None else escape(_shown(value), quote=True)
+    """A value as a ``data-`` attribute, escaped."""
+    return escape(data_text(value), quote=True)
 
 
 class _Scale:

@@ -5,19 +5,12 @@ from __future__ import annotations
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
-from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from airflow_provider_systemzero.protocol.reply import DecisionResult
+from tests.helpers import decision_result
 
 
 def _decision(decision: object, confidence: float | None = 0.9, version: int = 1) -> DecisionResult:
-    answer = Answer(name="ready", type="boolean", decision=decision, probability=0.9, confidence=confidence)
-    return DecisionResult(
-        reply={"id": f"szd_{version}"},
-        state_version=version,
-        covered_event_ids=(),
-        request_id="r",
-        stream_id="s",
-        answers={"ready": answer},
-    )
+    return decision_result(version, reply=f"szd_{version}", ready=(decision, 0.9, confidence))
 
 
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail").to_dict()

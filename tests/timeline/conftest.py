@@ -64,23 +64,24 @@ def decisions_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in rows if row["kind"] == "decision"]
 
 
+def ready_sensor(source: dict[str, Any], **kwargs: Any) -> SystemZeroDecisionSensor:
+    """Task ``wait``: a sensor waiting for a confident "ready" (0.8) about ``source``'s states."""
+    arguments = {"instructions": "Is the job ready?", "min_confidence": 0.8, "timeout": 60}
+    return SystemZeroDecisionSensor(
+        task_id="wait", systemzero_conn_id=CONN_ID, source=source, **(arguments | kwargs)
+    )
+
+
 @pytest.fixture(scope="package")
 def sensor_run(gateway: Any) -> tuple[str, str, dict[tuple[str, str, int], Any]]:
     """A deferrable sensor that saw three states and fired on the third: (dag id, run id, XComs)."""
+    paced = {
+        "type": "callable",
+        "path": "tests.policy.sources.paced",
+        "kwargs": {"states": STATES, "interval": 1.0},
+    }
     with DAG("timeline_sensor", schedule=None, start_date=START) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            instructions="Is the job ready?",
-            systemzero_conn_id=CONN_ID,
-            source={
-                "type": "callable",
-                "path": "tests.policy.sources.paced",
-                "kwargs": {"states": STATES, "interval": 1.0},
-            },
-            min_confidence=0.8,
-            lease=False,
-            timeout=60,
-        )
+        ready_sensor(paced, lease=False)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
     return dag.dag_id, dag_run.run_id, xcoms_of(dag.dag_id, dag_run.run_id)

@@ -6,6 +6,10 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from typing import Any
 
+import pendulum
+
+from airflow_provider_systemzero.plugins.timeline_page import data_text as shown
+
 
 class PageParts(HTMLParser):
     """Every element of a page, as ``(tag, attributes)``, in document order."""
@@ -44,17 +48,6 @@ class PageParts(HTMLParser):
         return None
 
 
-def shown(value: Any) -> str:
-    """A value as the page writes it in a ``data-`` attribute."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def check_chart_against(page: PageParts, rows: list[dict[str, Any]], question: str = "ready") -> int:
     """The chart of ``question`` draws one point per decision row, at its time, with its numbers at
     the height the chart's own scale gives them, and the table lists every row: returns the points.
@@ -65,8 +58,6 @@ def check_chart_against(page: PageParts, rows: list[dict[str, Any]], question: s
     decisions = [row for row in rows if row["kind"] == "decision" and row["question"] == question]
     points = page.having("g", "decision")
     assert len(points) == len(decisions), (points, decisions)
-    import pendulum
-
     for point, row in zip(points, decisions, strict=True):
         assert point["data-at"] == row["at"]
         assert point["data-version"] == shown(row["state_version"])

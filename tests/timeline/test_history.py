@@ -26,6 +26,7 @@ from airflow_provider_systemzero.decisions.timeline import (
 )
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent, answers_payload
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from tests.helpers import decision_result
 
 #: 2026-09-21T14:13:20Z
 T0 = 1_790_000_000.0
@@ -41,17 +42,7 @@ def _decision(
     version: int = 1,
     reply: str | None = None,
 ) -> DecisionResult:
-    answer = Answer(
-        name="ready", type="boolean", decision=decision, probability=probability, confidence=confidence
-    )
-    return DecisionResult(
-        reply={"id": reply or f"szd_{version:032x}"},
-        state_version=version,
-        covered_event_ids=(),
-        request_id="r",
-        stream_id="s",
-        answers={"ready": answer},
-    )
+    return decision_result(version, reply=reply, ready=(decision, probability, confidence))
 
 
 class Clock:

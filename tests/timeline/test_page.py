@@ -9,24 +9,10 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.timeline import MARKS, DecisionTimeline
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
-from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
+from tests.helpers import decision_result
 from tests.timeline.page import PageParts, check_chart_against
 
 T0 = 1_790_000_000.0
-
-
-def _result(answers: dict[str, tuple[Any, float, float]], version: int) -> DecisionResult:
-    return DecisionResult(
-        reply={"id": f"szd_{version:032x}"},
-        state_version=version,
-        covered_event_ids=(),
-        request_id="r",
-        stream_id="s",
-        answers={
-            name: Answer(name=name, type="boolean", decision=d, probability=p, confidence=c)
-            for name, (d, p, c) in answers.items()
-        },
-    )
 
 
 def _page(rows: list[dict[str, Any]]) -> PageParts:
@@ -45,7 +31,7 @@ def _rows() -> list[dict[str, Any]]:
         timeline.mark("state_change", at - 20, state_version=version)
         timeline.mark("billed_start", at - 10, state_version=version)
         timeline.decision(
-            _result({"ready": (decision, probability, confidence)}, version),
+            decision_result(version, ready=(decision, probability, confidence)),
             question="ready",
             at=at,
             disposition=disposition,
@@ -87,7 +73,7 @@ def test_each_marker_is_a_line_at_its_time_and_a_row_of_the_table() -> None:
 
 def test_an_operator_gets_one_chart_per_question() -> None:
     timeline = DecisionTimeline()
-    decision = _result({"ready": (True, 0.9, 0.8), "urgent": (False, 0.7, 0.6)}, 1)
+    decision = decision_result(1, ready=(True, 0.9, 0.8), urgent=(False, 0.7, 0.6))
     for question in ("ready", "urgent"):
         timeline.decision(decision, question=question, at=T0, disposition="decided")
     rows = timeline.to_list()

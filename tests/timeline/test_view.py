@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from tests.helpers import run_dag
+from tests.helpers import decision_result, run_dag
 from tests.timeline.conftest import CONN_ID, START
 from tests.timeline.conftest import decisions_of as _decisions
 from tests.timeline.page import PageParts, check_chart_against
@@ -84,7 +84,6 @@ def _watch_payloads() -> list[dict[str, Any]]:
     """Two asset events of a watch (the payloads the watcher trigger fires, built by its watch)."""
     from airflow_provider_systemzero.decisions.conditions import DecisionCondition
     from airflow_provider_systemzero.decisions.watch import DecisionWatch
-    from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 
     clock = iter(range(1_790_000_000, 1_790_000_100, 5))
     watch = DecisionWatch(
@@ -92,15 +91,7 @@ def _watch_payloads() -> list[dict[str, Any]]:
     )
     payloads = []
     for version, ready in enumerate([False, True, False, False, True], start=1):
-        answer = Answer(name="ready", type="boolean", decision=ready, probability=0.9, confidence=0.9)
-        decision = DecisionResult(
-            reply={"id": f"szd_{version:032x}"},
-            state_version=version,
-            covered_event_ids=(),
-            request_id="r",
-            stream_id="s",
-            answers={"ready": answer},
-        )
+        decision = decision_result(version, ready=(ready, 0.9, 0.9))
         verdict = watch.observe(decision, f"s{version}", f"s{version}", float(version))
         if verdict is not None:
             payloads.append(watch.event(verdict, extra={"watch_id": "release"}).to_payload())

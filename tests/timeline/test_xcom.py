@@ -14,12 +14,11 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.decisions.timeline import HISTORY_LIMIT
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from airflow_provider_systemzero.utils import observability
 from tests import helpers
 from tests.helpers import run_dag, task_states, xcoms_of
-from tests.timeline.conftest import CONN_ID, START, STATES
+from tests.timeline.conftest import CONN_ID, START, STATES, ready_sensor
 from tests.timeline.conftest import decisions_of as _decisions
 
 #: The fixtures of the asset watcher's trigger test (its own emulator on the test's loop).
@@ -73,22 +72,13 @@ def test_a_poking_sensor_pushes_its_history_with_the_bill_its_own_budget_counted
     from tests.policy import sources
 
     sources.READS["timeline-poke"] = 0
+    stepping = {
+        "type": "callable",
+        "path": "tests.policy.sources.stepping",
+        "kwargs": {"name": "timeline-poke", "states": STATES},
+    }
     with DAG("timeline_poke", schedule=None, start_date=START) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            instructions="Is the job ready?",
-            systemzero_conn_id=CONN_ID,
-            source={
-                "type": "callable",
-                "path": "tests.policy.sources.stepping",
-                "kwargs": {"name": "timeline-poke", "states": STATES},
-            },
-            min_confidence=0.8,
-            deferrable=False,
-            mode="poke",
-            poke_interval=0.1,
-            timeout=60,
-        )
+        ready_sensor(stepping, deferrable=False, mode="poke", poke_interval=0.1)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
     decisions = _decisions(xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decisions", -1)])

@@ -23,42 +23,38 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 
-with DAG(
-    "sz_ui_review",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    params={"dir": ""},
-    tags=["systemzero", "ui-test"],
-    default_args={"retries": 4, "retry_delay": timedelta(seconds=2)},
-):
+#: What both Dags are: started by the test with the directory of the build log they watch.
+UI_DAG = {
+    "schedule": None,
+    "start_date": pendulum.datetime(2026, 1, 1, tz="UTC"),
+    "catchup": False,
+    "params": {"dir": ""},
+    "tags": ["systemzero", "ui-test"],
+}
+#: What both sensors wait for: the nightly build's log, a line at a time.
+BUILD_LOG = {
+    "question": "ready",
+    "instructions": "Is the nightly build ready to ship?",
+    "source": {"type": "file", "path": "{{ params.dir }}/build.log", "poll_interval": 0.5},
+}
+
+with DAG("sz_ui_review", **UI_DAG, default_args={"retries": 4, "retry_delay": timedelta(seconds=2)}):
     SystemZeroDecisionSensor(
         task_id="wait_until_ready",
-        question="ready",
-        instructions="Is the nightly build ready to ship?",
-        source={"type": "file", "path": "{{ params.dir }}/build.log", "poll_interval": 0.5},
+        **BUILD_LOG,
         policy=DecisionPolicy(act_above=0.85, review_above=0.6, below="wait"),
         review_subject="Ship the nightly build?",
         lease_after=1.0,
         timeout=900,
     )
 
-with DAG(
-    "sz_ui_timeline",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    params={"dir": ""},
-    tags=["systemzero", "ui-test"],
-):
+with DAG("sz_ui_timeline", **UI_DAG):
     # The build log gains a line at a time: "compiling" (not ready), "looks ready" (ready, but its
     # confidence 0.64 is under the bar), "Job is ready." (fires). The stream is held through the
     # test's changes (lease_after), so one trigger sees all three states.
     SystemZeroDecisionSensor(
         task_id="wait_for_build",
-        question="ready",
-        instructions="Is the nightly build ready to ship?",
-        source={"type": "file", "path": "{{ params.dir }}/build.log", "poll_interval": 0.5},
+        **BUILD_LOG,
         min_confidence=0.8,
         lease_after=600,
         timeout=900,
