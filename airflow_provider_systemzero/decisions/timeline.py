@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import pendulum
@@ -52,6 +53,7 @@ __all__ = [
     "DecisionTimeline",
     "iso_time",
     "merge_histories",
+    "parse_time",
     "settle_billed",
 ]
 
@@ -111,21 +113,37 @@ PREVIEW_CHARS = 160
 
 
 def iso_time(at: float) -> str:
-    """Epoch seconds as UTC ISO 8601 with milliseconds (``2026-09-21T14:02:00.123Z``).
+    """Epoch seconds as UTC ISO 8601 with milliseconds (``2026-09-21T14:02:00.123Z``), in pendulum's
+    UTC whatever the machine's zone.
 
     :param at: epoch seconds.
     """
-    return pendulum.from_timestamp(round(at, 3), tz="UTC").format("YYYY-MM-DD[T]HH:mm:ss.SSS[Z]")
+    # datetime's own formatting, in pendulum's UTC: a full history is 400 of these at an event,
+    # and pendulum's formatter takes three times as long in the triggerer's loop
+    return datetime.fromtimestamp(round(at, 3), pendulum.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def parse_time(value: Any) -> float:
+    """A row's ``at`` (ISO 8601; UTC when it names no offset) as epoch seconds.
+
+    :param value: the row's ``at``.
+    :raises ValueError: not an ISO 8601 time.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not an ISO 8601 time")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO 8601 time") from None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=pendulum.UTC)).timestamp()
 
 
 def _epoch(value: Any, where: str) -> float:
-    """A row's ``at`` (ISO 8601) as epoch seconds."""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}.at must be an ISO 8601 time, got {value!r}")
+    """A row's ``at`` as epoch seconds, or an error naming the row."""
     try:
-        return float(pendulum.parse(value).timestamp())
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{where}.at must be an ISO 8601 time, got {value!r} ({exc})") from None
+        return parse_time(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}.at must be an ISO 8601 time: {exc}") from None
 
 
 def state_tail(state: Any) -> str:

@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-import pendulum
-
-from airflow_provider_systemzero.decisions.timeline import DISPOSITIONS, ENDING_DISPOSITIONS, MARKS
+from airflow_provider_systemzero.decisions.timeline import (
+    DISPOSITIONS,
+    ENDING_DISPOSITIONS,
+    MARKS,
+    iso_time,
+    parse_time,
+)
 
 __all__ = ["Story", "data_text", "render_page"]
 
@@ -99,14 +103,14 @@ class Story:
 
 def _epoch(row: Mapping[str, Any]) -> float | None:
     try:
-        return float(pendulum.parse(str(row.get("at"))).timestamp())
-    except (ValueError, TypeError, AttributeError):
+        return parse_time(row.get("at"))
+    except ValueError:
         return None
 
 
 def _clock(at: float, *, with_date: bool = False, millis: bool = False) -> str:
-    moment = pendulum.from_timestamp(round(at, 3), tz="UTC")
-    return moment.format(("YYYY-MM-DD " if with_date else "") + "HH:mm:ss" + (".SSS" if millis else ""))
+    text = iso_time(at)  # 2026-09-21T14:02:00.123Z
+    return (text[:10] + " " if with_date else "") + text[11 : 23 if millis else 19]
 
 
 def _number(value: Any) -> float | None:

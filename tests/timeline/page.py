@@ -6,8 +6,7 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from typing import Any
 
-import pendulum
-
+from airflow_provider_systemzero.decisions.timeline import parse_time
 from airflow_provider_systemzero.plugins.timeline_page import data_text as shown
 
 
@@ -64,7 +63,7 @@ def check_chart_against(page: PageParts, rows: list[dict[str, Any]], question: s
         assert point["data-probability"] == shown(row["probability"])
         assert point["data-confidence"] == shown(row["confidence"])
         assert point["data-disposition"] == row["disposition"]
-        at = pendulum.parse(row["at"]).timestamp()
+        at = parse_time(row["at"])
         assert abs(float(point["data-x"]) - (x0 + (at - start) / (end - start) * (x1 - x0))) < 0.05
         circle = page.after(point, "circle")
         assert circle is not None and "probability" in circle["class"]
