@@ -304,7 +304,7 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
         assert expected in table, f"{expected!r} not in the XCom view:\n{table[:3000]}"
     # the rows of the run a person answered "Yes" to, from the top of the view
     yes_rows = page.get_by_role("row").filter(has_text=yes_run)
-    assert yes_rows.count() == 3, yes_rows.all_inner_texts()  # decision, return_value, usage
+    assert yes_rows.count() == 4, yes_rows.all_inner_texts()  # decision, decisions, return_value, usage
     yes_rows.first.evaluate("row => row.scrollIntoView({block: 'start'})")
     yes_rows.filter(has_text='"decided_by": "human"').first.wait_for()
     _shot(page, "xcom-decision-usage")
