@@ -37,16 +37,11 @@ _KEYS = (DECISIONS_XCOM_KEY, "decision", "usage")
 _NO_MAP_INDEX = ("", "{MAP_INDEX}")
 
 
-def _airflow_minor() -> tuple[int, int]:
-    from airflow import __version__
-
-    major, minor = (int(part) for part in __version__.split(".")[:2])
-    return major, minor
-
-
 def _run_id_note(found: bool) -> list[str]:
     """On Airflow 3.1 the UI puts the run id into this page's address as it is."""
-    if found or _airflow_minor() >= (3, 2):
+    from airflow_provider_systemzero.compat import airflow_version
+
+    if found or airflow_version()[:2] >= (3, 2):
         return []
     return [
         "Airflow 3.1's UI puts the run id into this page's address without encoding it, so a run id "
