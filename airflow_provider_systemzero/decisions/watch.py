@@ -447,8 +447,9 @@ def answers_payload(
 ) -> dict[str, Any]:
     """An operator's event: one decision about a fixed state with every answer, as plain JSON.
 
-    It carries the state's hash, size and preview (for the ``decision`` record), never its content,
-    and its history (``decisions``): the decision, one row per question.
+    It carries the state's hash, size and preview (for the ``decision`` record), never the rest of
+    its content, and its history (``decisions``): the decision, one row per question, with the
+    newest end of the state only when ``capture_content`` is on.
 
     :param decision: the decision.
     :param state: the decided state.
