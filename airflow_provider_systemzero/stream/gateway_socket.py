@@ -23,9 +23,15 @@ asyncio layer adds that a stream needs, each a timer or a flag rather than a tas
 * **keepalive** — a native ping every ``ping_interval`` seconds; no pong within ``ping_timeout``
   fails the connection (1011), as websockets' keepalive does;
 * **flow control** — writes go to the transport at once (frames written together in one write);
-  while the transport is above its high-water mark the socket is :attr:`~GatewaySocket.paused`
-  and the stream holds its frames back. Paused longer than :attr:`~GatewaySocket.write_timeout`
-  means the peer reads nothing: the transport is aborted (:attr:`~GatewaySocket.stalled`);
+  while the transport is above its high-water mark the socket is :attr:`~GatewaySocket.paused`,
+  the stream holds its frames back and the socket reads nothing (a peer that does not read what
+  it is sent is not read either). Paused longer than :attr:`~GatewaySocket.write_timeout` means
+  the peer reads nothing: the transport is aborted (:attr:`~GatewaySocket.stalled`);
+* **control replies** — websockets answers every native ping with a pong, and echoes a close:
+  replies the peer's frames force. They may take the transport's buffer at most
+  :data:`CONTROL_REPLY_BUDGET` bytes past its high-water mark, paused or not; a peer that forces
+  more (a ping flood while it reads nothing) has its connection dropped as a breach of the
+  protocol (:attr:`~GatewaySocket.flooded`), so its pongs never become a buffer;
 * **closing** — once a close frame is sent or received (the protocol then expects the TCP close),
   the transport is aborted if the close has not completed within ``close_timeout`` (RFC 6455
   §7.1.1: the client waits for the server to close the TCP connection first).
@@ -57,13 +63,17 @@ from airflow_provider_systemzero.protocol.reconnect import CloseCode
 from airflow_provider_systemzero.stream.transports import release_transport
 from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
-__all__ = ["FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]
+__all__ = ["CONTROL_REPLY_BUDGET", "FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]
 
 #: Messages handed to the handler per loop turn, at most; the rest of a read waits for the next
 #: turn (with reading paused), so a flood of small frames does not hold the loop.
 FRAMES_PER_TURN = 16
 #: Fragments of one message, at most (websockets' own bound); more closes with 1009.
 MAX_FRAGMENTS = 4096
+#: Bytes of control replies (pongs, a close echoed) the transport's buffer may hold past its
+#: high-water mark. A gateway pings every ``native_heartbeat_interval_ms``: its pongs take a few
+#: bytes. More means the peer floods pings and does not read the answers: a breach, not a buffer.
+CONTROL_REPLY_BUDGET = 16 * 1024
 
 _TEXT, _BINARY, _CONT, _PONG = Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PONG
 _OPEN, _CONNECTING = State.OPEN, State.CONNECTING
@@ -120,6 +130,9 @@ class GatewaySocket(asyncio.Protocol):
         self.paused = False
         #: aborted because the peer read nothing for :attr:`write_timeout` seconds
         self.stalled = False
+        #: aborted because the peer's frames forced more control replies (pongs) than the
+        #: transport may buffer (:data:`CONTROL_REPLY_BUDGET`): the peer floods and does not read
+        self.flooded = False
         #: seconds the transport may stay paused before the peer counts as not reading
         self.write_timeout: float | None = None
         self.ping_interval = ping_interval
@@ -206,12 +219,15 @@ class GatewaySocket(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _write_out(self, *, peer_ended: bool = False) -> None:
+    def _write_out(self, *, peer_ended: bool = False, replies: bool = False) -> None:
         """Write what the protocol has to send, in one write; the end of the stream half-closes
         the TCP connection (or closes it where that cannot be done, as over TLS).
 
         :param peer_ended: the peer's end of the stream was just received: the transport closes
             the connection next, so this side's end needs no write of its own.
+        :param replies: what there is to send was forced by the peer's frames (pongs, a close
+            echoed): it may take the buffer at most :data:`CONTROL_REPLY_BUDGET` bytes past the
+            high-water mark, else the connection is dropped (:attr:`flooded`).
         """
         transport = self.transport
         protocol = self.protocol
@@ -220,7 +236,15 @@ class GatewaySocket(asyncio.Protocol):
             return
         data = [chunk for chunk in chunks if chunk]
         if data:
-            transport.write(data[0] if len(data) == 1 else b"".join(data))
+            out = data[0] if len(data) == 1 else b"".join(data)
+            if (
+                replies
+                and transport.get_write_buffer_size() + len(out) > self._write_limits[0] + CONTROL_REPLY_BUDGET
+            ):
+                self.flooded = True
+                transport.abort()  # the peer reads nothing: a close frame would only queue behind
+                return
+            transport.write(out)
         if len(data) != len(chunks) and not peer_ended:  # an empty chunk: the end of the stream
             if transport.can_write_eof():
                 with contextlib.suppress(Exception):  # the transport may already be going away
@@ -280,7 +304,7 @@ class GatewaySocket(asyncio.Protocol):
         if data:
             protocol.receive_data(data)
             events = protocol.events_received()
-            self._write_out()  # pongs, the close frame echoed
+            self._write_out(replies=True)  # pongs, the close frame echoed
             self._frames(events)
         self._hand_over()
 
@@ -366,27 +390,38 @@ class GatewaySocket(asyncio.Protocol):
                     handler.socket_message(message)
         finally:
             self._handing = False
-        transport = self.transport
         if self._inbox:
             if self._turn is None:
-                if transport is not None and not transport.is_closing():
-                    transport.pause_reading()
                 self._turn = self.loop.call_soon(self._next_turn)
+                self._reading()
         elif self._turn is not None:
             self._turn.cancel()
             self._turn = None
+            self._reading()
 
     def _next_turn(self) -> None:
         self._turn = None
         self._hand_over()
+        self._reading()
+
+    def _reading(self) -> None:
+        """Read while the inbox is handed over and writing is not paused; else pause reading (a
+        peer that does not read what it is sent is not read either: every frame read may owe it
+        a reply)."""
         transport = self.transport
-        if self._turn is None and transport is not None and not transport.is_closing():
-            transport.resume_reading()
+        if transport is None or transport.is_closing():
+            return
+        wanted = self._turn is None and not self.paused
+        if wanted != transport.is_reading():
+            if wanted:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
 
     def eof_received(self) -> None:
         self.protocol.receive_eof()
         self._frames(self.protocol.events_received())
-        self._write_out(peer_ended=True)
+        self._write_out(peer_ended=True, replies=True)
         self._hand_over()
         # the WebSocket close handshake comes first: nothing is written after the peer's EOF, so
         # the transport closes (returning a true value would keep it half-open); closing sends
@@ -417,11 +452,13 @@ class GatewaySocket(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self._reading()
         if self.write_timeout is not None and self._stall_timer is None:
             self._stall_timer = self.loop.call_later(self.write_timeout, self._stall)
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._reading()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None

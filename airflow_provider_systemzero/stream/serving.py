@@ -52,13 +52,16 @@ from airflow_provider_systemzero.stream.exceptions import (
     StreamClosed,
     SystemZeroValidationError,
 )
-from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
+from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
 __all__ = ["ConnectionServing", "Ended"]
 
 log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
 
+#: Codes this client closes with when a frame of the gateway broke RFC 6455 (or its size limit): each
+#: is a contract breach, counted toward the breach rule.
+_BREACH_CLOSE_CODES = frozenset({CloseCode.PROTOCOL_ERROR, CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG})
 #: Pongs are flushed at most this often (seconds): the document's application message rate, 40 a second.
 _PONG_FLUSH_INTERVAL = 1 / 40
 #: A decision the gateway still owes is said in the log after this long (seconds), then again
@@ -174,6 +177,21 @@ class ConnectionServing:
             return Ended(
                 ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), self._violation, final=True
             )
+        if socket.flooded:
+            log.warning(
+                "the System Zero gateway sent native pings faster than it read their pongs (over %d "
+                "bytes owed): dropped the connection as a breach of the protocol",
+                CONTROL_REPLY_BUDGET,
+            )
+            return Ended(
+                self._outcome(socket, CloseCode.ABNORMAL_CLOSURE, "violation"),
+                ProtocolViolation(
+                    "the System Zero gateway flooded the connection with native pings while reading nothing "
+                    f"this client sent (pongs owed past {CONTROL_REPLY_BUDGET} bytes): this client dropped "
+                    "the connection without a close handshake",
+                    code="native_ping_flood",
+                ),
+            )
         if socket.stalled:
             log.warning(
                 "the System Zero gateway read nothing for %.1f s while this client had a frame to "
@@ -204,21 +222,9 @@ class ConnectionServing:
             if self._release_for is socket:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "released"))
             return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
-        sent = socket.protocol.close_sent
-        if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG and not final:
-            # websockets refused a frame over max_size: the gateway broke max_message_bytes
-            limit = self.session.limits.max_message_bytes
-            log.warning(
-                "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
-                limit,
-            )
-            return Ended(
-                self._outcome(socket, CloseCode.MESSAGE_TOO_BIG, "violation"),
-                ProtocolViolation(
-                    f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes)",
-                    code="message_too_big",
-                ),
-            )
+        breach = None if final else self._frame_breach(socket)
+        if breach is not None:
+            return breach
         goodbye = self._goodbye
         if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
             log.info(
@@ -227,10 +233,58 @@ class ConnectionServing:
             )
         code = socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE
         reason = server_text(socket.close_reason or "", self._secret())
+        protocol = socket.protocol
+        sent = protocol.close_sent
+        if sent is not None and protocol.close_rcvd_then_sent is not True:
+            # this side closed first (a keepalive ping unanswered): the code it sent is the cause
+            ours = server_text(sent.reason or "no reason", self._secret())
+            message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's close: {code}"
+        else:
+            message = f"connection closed with code {code} ({reason})"
+        return Ended(self._outcome(socket, code), StreamClosed(code, reason, message=message), final=final)
+
+    def _frame_breach(self, socket: GatewaySocket) -> Ended | None:
+        """The breach of the WebSocket protocol for which this client failed the connection (a frame
+        with a reserved bit set, invalid UTF-8, an illegal close code: 1002 or 1007; a frame over
+        ``max_message_bytes``: 1009), as a contract breach named by the code this client sent;
+        ``None`` when this client did not close so first."""
+        protocol = socket.protocol
+        sent = protocol.close_sent
+        if (
+            sent is None
+            or sent.code not in _BREACH_CLOSE_CODES
+            or protocol.close_rcvd_then_sent is True  # the gateway's own close, echoed
+        ):
+            return None
+        code = CloseCode(sent.code)
+        if code == CloseCode.MESSAGE_TOO_BIG:
+            limit = self.session.limits.max_message_bytes
+            log.warning(
+                "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
+                limit,
+            )
+            return Ended(
+                self._outcome(socket, code, "violation"),
+                ProtocolViolation(
+                    f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes): this "
+                    "client closed the connection with code 1009",
+                    code="message_too_big",
+                ),
+            )
+        why = server_text(sent.reason or "no reason", self._secret())
+        log.warning(
+            "the System Zero gateway broke the WebSocket protocol (%s): this client closed the connection "
+            "with code %d",
+            why,
+            code,
+        )
         return Ended(
-            self._outcome(socket, code),
-            StreamClosed(code, reason, message=f"connection closed with code {code} ({reason})"),
-            final=final,
+            self._outcome(socket, code, "violation"),
+            ProtocolViolation(
+                f"the System Zero gateway broke the WebSocket protocol ({why}): this client closed the "
+                f"connection with code {int(code)}",
+                code="invalid_utf8" if code == CloseCode.INVALID_DATA else "websocket_protocol_error",
+            ),
         )
 
     def _outcome(self, socket: GatewaySocket, code: int | None, kind: str = "closed") -> ConnectionOutcome:
