@@ -23,6 +23,8 @@ class FakeTransport(asyncio.Transport):
         self.paused = False
         self.aborted = False
         self.eof = False
+        #: what the transport reports as buffered (a test sets it: a peer that reads nothing)
+        self.buffered = 0
 
     def write(self, data: Any) -> None:
         self.written += bytes(data)
@@ -43,7 +45,7 @@ class FakeTransport(asyncio.Transport):
         return default
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return self.buffered
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
@@ -53,6 +55,9 @@ class FakeTransport(asyncio.Transport):
 
     def resume_reading(self) -> None:
         self.paused = False
+
+    def is_reading(self) -> bool:
+        return not self.paused
 
 
 class Messages:

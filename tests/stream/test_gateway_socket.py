@@ -76,6 +76,30 @@ async def test_a_peer_that_drains_in_time_is_kept() -> None:
     assert heard.writable == 1  # the handler heard it may write again
 
 
+async def test_reading_pauses_while_writing_is_paused() -> None:
+    """A peer that does not read what it is sent is not read either: each frame read may owe it a
+    reply (a pong) that could only be buffered."""
+    socket, transport, _ = open_client()
+    socket.pause_writing()
+    assert transport.paused
+    socket.resume_writing()
+    assert not transport.paused
+
+
+async def test_pongs_a_peer_forces_past_the_budget_drop_the_connection_as_a_flood() -> None:
+    from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET
+
+    socket, transport, _ = open_client()
+    transport.buffered = 2**15 + CONTROL_REPLY_BUDGET - 12  # the high-water mark, the budget almost spent
+    written = len(transport.written)
+    socket.data_received(b"\x89\x00")  # one ping: its 6-byte pong still fits
+    assert len(transport.written) == written + 6 and not transport.aborted
+    transport.buffered += 6
+    socket.data_received(b"\x89\x00" * 2)  # two more: 12 bytes of pongs do not
+    assert transport.aborted and socket.flooded
+    assert len(transport.written) == written + 6  # nothing more was buffered
+
+
 async def test_a_close_the_peer_never_completes_is_aborted_after_close_timeout() -> None:
     socket, transport, _ = open_client(close_timeout=0.05)
     socket.close()
