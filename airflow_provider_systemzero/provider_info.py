@@ -78,15 +78,31 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "CA bundle",
                         "description": (
                             "Path to a PEM file of CA certificates used to verify the gateway's "
-                            "TLS certificate instead of the system trust store."
+                            "TLS certificate (and an https:// proxy's) instead of the system trust store."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "client_cert": {
+                        "label": "Client certificate",
+                        "description": (
+                            "Path to a PEM client certificate presented to the gateway (mutual TLS); "
+                            "it may hold the private key too."
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "client_key": {
+                        "label": "Client key",
+                        "description": (
+                            "Path to the client certificate's unencrypted PEM private key, when it "
+                            "is not in the certificate's file."
                         ),
                         "schema": {"type": ["string", "null"]},
                     },
                     "proxy": {
                         "label": "Proxy URL",
                         "description": (
-                            "Explicit proxy URL for the connection. Proxies from environment "
-                            "variables are not used unless set here."
+                            "Explicit proxy URL (http://, https://, or socks5:// with python-socks "
+                            "installed). Proxies from environment variables are not used unless set here."
                         ),
                         "schema": {"type": ["string", "null"]},
                     },

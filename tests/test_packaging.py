@@ -82,6 +82,8 @@ def test_connection_type_declaration():
         "prompt_cache_key_prefix",
         "open_timeout",
         "ca_bundle",
+        "client_cert",
+        "client_key",
         "proxy",
         "budget_decisions_per_hour",
         "budget_input_tokens_per_hour",

@@ -6,7 +6,8 @@ The connection (``conn_type = "systemzero"``):
   ``ws://`` only to a loopback host, such as the local emulator);
 * **password** — the API key (masked in logs; never in a repr, an exception or a serialized object);
 * **extra** — ``model`` (default model), ``prompt_cache_key_prefix``, ``open_timeout`` (seconds),
-  ``ca_bundle`` (a PEM path), ``proxy`` (an explicit proxy URL; environment proxies are never used),
+  ``ca_bundle`` (a PEM path), ``client_cert`` / ``client_key`` (PEM paths: mutual TLS), ``proxy``
+  (an explicit proxy URL; environment proxies are never used),
   ``budget_decisions_per_hour`` / ``budget_input_tokens_per_hour`` (caps per connection and hour,
   checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.utils.usage`).
 
@@ -43,9 +44,10 @@ from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequ
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
-from airflow_provider_systemzero.stream.diagnosis import describe_connection_error
+from airflow_provider_systemzero.stream.diagnosis import describe_connection_error, without_proxy_credentials
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
 from airflow_provider_systemzero.stream.observer import StreamObserver
+from airflow_provider_systemzero.stream.tls import load_tls
 from airflow_provider_systemzero.utils.observability import AirflowStreamObserver
 
 if TYPE_CHECKING:
@@ -230,6 +232,17 @@ def _check_extra_names(extra: Mapping[str, Any], conn_id: str) -> None:
         )
 
 
+def _secrets(settings: StreamSettings) -> list[str]:
+    """What Airflow's log masking must hide of the settings: the key, the proxy URL and its password."""
+    secrets = [settings.api_key]
+    if settings.proxy:
+        secrets.append(settings.proxy)
+        parts = settings.proxy_parts
+        if parts is not None and parts.password:
+            secrets.append(parts.password)
+    return secrets
+
+
 def _parse_extra(raw: str | None, conn_id: str) -> dict[str, Any]:
     if not raw:
         return {}
@@ -335,6 +348,8 @@ class SystemZeroHook(BaseHook):
             ),
             ca_bundle=_text(extra.get("ca_bundle"), field="ca_bundle", conn_id=conn_id),
             proxy=_text(extra.get("proxy"), field="proxy", conn_id=conn_id),
+            client_cert=_text(extra.get("client_cert"), field="client_cert", conn_id=conn_id),
+            client_key=_text(extra.get("client_key"), field="client_key", conn_id=conn_id),
             default_model=_text(extra.get("model"), field="model", conn_id=conn_id),
             prompt_cache_key_prefix=_text(
                 extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix", conn_id=conn_id
@@ -364,9 +379,8 @@ class SystemZeroHook(BaseHook):
         settings = self.settings_from_connection(conn, extra)
         from airflow_provider_systemzero.compat import amask_secret
 
-        await amask_secret(settings.api_key)
-        if settings.proxy:
-            await amask_secret(settings.proxy)
+        for secret in _secrets(settings):
+            await amask_secret(secret)
         return settings
 
     async def _aget_connection(self) -> Any:
@@ -432,9 +446,8 @@ class SystemZeroHook(BaseHook):
         settings = self.settings_from_connection(conn, conn.extra_dejson)
         from airflow.sdk.log import mask_secret
 
-        mask_secret(settings.api_key)
-        if settings.proxy:
-            mask_secret(settings.proxy)
+        for secret in _secrets(settings):
+            mask_secret(secret)
         return settings
 
     def get_conn(self) -> StreamSettings:
@@ -517,13 +530,15 @@ class SystemZeroHook(BaseHook):
     def check_connection(self, model: str | None = None) -> StreamSettings:
         """Check, without the network, what a trigger will need (a worker calls it before deferring).
 
-        The connection exists and is of type ``systemzero``, its origin and key are valid, and a
-        model is known (``model``, or the connection's ``model`` extra).
+        The connection exists and is of type ``systemzero``, its origin, key and proxy are valid,
+        its TLS files (``ca_bundle``, ``client_cert``, ``client_key``) are readable PEM, and a model
+        is known (``model``, or the connection's ``model`` extra).
 
         :param model: the task's ``model=`` (``None``: the connection must name one).
         :raises SystemZeroValidationError: naming the connection, the field and the fix.
         """
         settings = self.get_settings()
+        load_tls(settings)  # a TLS file that cannot be used fails here, not in the triggerer
         if not (model or settings.default_model):
             raise SystemZeroValidationError(
                 f"no model: pass model= to the task or set the 'model' extra of connection "
@@ -548,7 +563,9 @@ class SystemZeroHook(BaseHook):
                 return False, describe_connection_error(
                     exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
                 )
-            return False, f"{type(exc).__name__}: {exc}"
+            return False, without_proxy_credentials(
+                f"{type(exc).__name__}: {exc}", settings.proxy if settings is not None else None
+            )
         model = (
             f"default model {settings.default_model!r}"
             if settings.default_model

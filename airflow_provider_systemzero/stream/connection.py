@@ -6,7 +6,11 @@
 * :func:`open_socket` — the TCP connection (TLS, an explicit proxy) by websockets' opener, then
   the upgrade on a :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`, all
   within ``open_timeout``; redirects are never followed: a ``3xx`` answer is a refusal, so the
-  key goes to one URL only;
+  key goes to one URL only. The first hop's name (the gateway's, or the proxy's) is resolved by
+  :mod:`~airflow_provider_systemzero.stream.resolver`, never on the loop's default executor, and
+  each of its addresses is tried in turn; websockets then connects to an address, so asyncio
+  resolves nothing itself. A SOCKS proxy is spoken to with ``python-socks`` directly, the
+  gateway's name resolved here too unless the proxy resolves it (``socks5h``, ``socks4a``);
 * :func:`upgrade_refusal_error` — the typed error for an HTTP refusal of the upgrade;
 * :func:`probe` — open, read ``hello``, close (the connection test), holding a slot of the stream cap.
 """
@@ -17,12 +21,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
 from typing import Any
+from urllib.parse import quote
 
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import InvalidStatus, ProxyError
 from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
 
 from airflow_provider_systemzero.protocol.client import check_hello
 from airflow_provider_systemzero.protocol.errors import (
@@ -48,7 +53,9 @@ from airflow_provider_systemzero.stream.exceptions import (
     UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket, SocketHandler
-from airflow_provider_systemzero.stream.settings import StreamSettings
+from airflow_provider_systemzero.stream.resolver import resolve
+from airflow_provider_systemzero.stream.settings import ProxyParts, StreamSettings
+from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 
 __all__ = [
@@ -83,7 +90,7 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 def connect_options(
-    settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None = None
+    settings: StreamSettings, limits: Limits, tls: TLSContexts | None = None, first_hop: str | None = None
 ) -> dict[str, Any]:
     """Keyword arguments for ``websockets.asyncio.client.connect`` per WIRE.md §1.
 
@@ -92,14 +99,17 @@ def connect_options(
 
     :param settings: where and how to connect.
     :param limits: the limits in force (the last ``hello``'s, or the document's).
-    :param ssl_context: a TLS context (from ``ca_bundle``) for ``wss://``; ``None``: the default.
+    :param tls: the TLS contexts from :func:`~airflow_provider_systemzero.stream.tls.load_tls`
+        (``None``: the system trust store).
+    :param first_hop: the address the TCP connection goes to — the gateway's, or an HTTP proxy's
+        (``None``: the host names themselves, resolved by asyncio).
     """
     options: dict[str, Any] = {
         "additional_headers": request_headers(settings.api_key),
         "subprotocols": [Subprotocol(PROTOCOL)],
         "compression": None,
         "origin": None,
-        "proxy": settings.proxy or None,
+        "proxy": None,
         "user_agent_header": settings.user_agent,
         "open_timeout": settings.open_timeout,
         "ping_interval": (limits.native_heartbeat_interval_ms / 1000) or None,
@@ -109,39 +119,121 @@ def connect_options(
         "logger": _RedactingLogger(logging.getLogger("websockets.client"), settings.api_key.strip()),
         "create_connection": GatewaySocket,
     }
-    if ssl_context is not None and settings.url.startswith("wss://"):
-        options["ssl"] = ssl_context
+    secure = settings.url.startswith("wss://")
+    if tls is not None and tls.gateway is not None and secure:
+        options["ssl"] = tls.gateway
+    proxy = settings.proxy_parts
+    if proxy is not None and proxy.scheme in ("http", "https"):
+        options["proxy"] = _proxy_url(proxy, first_hop or proxy.host)
+        if proxy.scheme == "https":
+            options["proxy_ssl"] = (tls.proxy if tls is not None else None) or True
+            options["proxy_server_hostname"] = proxy.host  # verified by name, connected by address
+    elif first_hop is not None and proxy is None:
+        options["host"] = first_hop  # the TLS handshake and the Host header keep the URL's name
     return options
 
 
-#: websockets' openers by what they are built from (settings, limits, TLS context); at most
-#: :data:`_OPENERS_KEPT`. An opener keeps only its options (each TCP connection gets a protocol
+def _proxy_url(proxy: ProxyParts, host: str) -> str:
+    """An HTTP proxy's URL for websockets, connecting to ``host`` (its address), credentials kept."""
+    credentials = ""
+    if proxy.username is not None:
+        credentials = f"{quote(proxy.username, safe='')}:{quote(proxy.password or '', safe='')}@"
+    where = f"[{host}]" if ":" in host else host
+    return f"{proxy.scheme}://{credentials}{where}:{proxy.port}"
+
+
+#: websockets' openers by what they are built from (settings, limits, TLS contexts, first hop); at
+#: most :data:`_OPENERS_KEPT`. An opener keeps only its options (each TCP connection gets a protocol
 #: and a socket of its own), so every stream to a gateway shares one.
-_OPENERS: dict[tuple[StreamSettings, Limits, ssl.SSLContext | None], connect] = {}
+_OPENERS: dict[tuple[StreamSettings, Limits, TLSContexts | None, str | None], connect] = {}
 _OPENERS_KEPT = 64
 
 
-def _opener(settings: StreamSettings, limits: Limits, ssl_context: ssl.SSLContext | None) -> connect:
-    """websockets' opener for :func:`connect_options` (made once per settings, limits and context)."""
-    key = (settings, limits, ssl_context)
+def _opener(
+    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, first_hop: str | None = None
+) -> connect:
+    """websockets' opener for :func:`connect_options` (made once per settings, limits, contexts and hop)."""
+    key = (settings, limits, tls, first_hop)
     opener = _OPENERS.get(key)
     if opener is None:
         if len(_OPENERS) >= _OPENERS_KEPT:
             _OPENERS.clear()
-        opener = _OPENERS[key] = connect(settings.url, **connect_options(settings, limits, ssl_context))
+        opener = _OPENERS[key] = connect(settings.url, **connect_options(settings, limits, tls, first_hop))
     return opener
+
+
+async def _tcp_connection(settings: StreamSettings, limits: Limits, tls: TLSContexts | None) -> Any:
+    """The TCP connection (TLS and a proxy included) with its socket, the upgrade not sent yet.
+
+    The first hop's name is resolved off the loop's executor; its addresses are tried in turn
+    and, when every one fails, the error of each is raised together (a single one as it is).
+    """
+    proxy = settings.proxy_parts
+    if proxy is not None and proxy.scheme.startswith("socks"):
+        return await _through_socks(settings, limits, tls, proxy)
+    uri_host, uri_port = _host_and_port(settings.url)
+    host, port = (proxy.host, proxy.port) if proxy is not None else (uri_host, uri_port)
+    errors: list[OSError] = []
+    for address in await resolve(host, port):
+        try:
+            return await _opener(settings, limits, tls, address[4][0]).open_tcp_connection()
+        except OSError as exc:
+            errors.append(exc)
+    if len(errors) == 1 or all(isinstance(e, ConnectionRefusedError) for e in errors):
+        raise errors[0]
+    raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
+
+
+def _host_and_port(url: str) -> tuple[str, int]:
+    uri = parse_uri(url)
+    return uri.host, uri.port
+
+
+async def _through_socks(
+    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, proxy: ProxyParts
+) -> Any:
+    """Through a SOCKS proxy, by ``python-socks``: the proxy's name and (unless the proxy resolves
+    it) the gateway's are resolved here, off the loop's executor."""
+    from python_socks import ProxyError as SocksError
+    from python_socks import ProxyType
+    from python_socks.async_.asyncio import Proxy as SocksProxy
+
+    remote_names = proxy.scheme in ("socks5h", "socks4a")
+    host, port = _host_and_port(settings.url)
+    destination = host if remote_names else (await resolve(host, port))[0][4][0]
+    proxy_address = (await resolve(proxy.host, proxy.port))[0][4][0]
+    socks = SocksProxy(
+        ProxyType.SOCKS5 if proxy.scheme.startswith("socks5") else ProxyType.SOCKS4,
+        proxy_address,
+        proxy.port,
+        proxy.username,
+        proxy.password,
+        remote_names,
+    )
+    try:
+        sock = await socks.connect(destination, port)
+    except SocksError as exc:
+        raise ProxyError(f"the SOCKS proxy {proxy.shown} refused the connection") from exc
+    try:
+        options = connect_options(settings, limits, tls)
+        options["sock"] = sock
+        return await connect(settings.url, **options).open_tcp_connection()
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def open_socket(
     settings: StreamSettings,
     limits: Limits,
     handler: SocketHandler,
-    ssl_context: ssl.SSLContext | None = None,
+    tls: TLSContexts | None = None,
 ) -> GatewaySocket:
     """Open the TCP connection and upgrade it, within ``open_timeout``: the socket, open.
 
     websockets' opener makes the TCP connection (with TLS and an explicit proxy, from
-    :func:`connect_options`) and the socket; the upgrade request carries the options' headers.
+    :func:`connect_options`) to an address :mod:`~airflow_provider_systemzero.stream.resolver`
+    found, and the socket; the upgrade request carries the options' headers.
     Its answer is never followed anywhere: anything but ``101`` raises ``InvalidStatus``.
     ``handler`` hears of the socket from the moment the upgrade succeeded, so the messages that
     came with the response (``hello``) reach it in the same callback.
@@ -149,18 +241,17 @@ async def open_socket(
     :param settings: where and how to connect.
     :param limits: the limits in force (the last ``hello``'s, or the document's).
     :param handler: what the socket tells of its messages.
-    :param ssl_context: a TLS context (from ``ca_bundle``) for ``wss://``.
+    :param tls: the TLS contexts (from :func:`~airflow_provider_systemzero.stream.tls.load_tls`).
     :raises InvalidStatus: the gateway refused the upgrade (a redirect included).
-    :raises TimeoutError: no answer within ``open_timeout``.
+    :raises TimeoutError: no answer within ``open_timeout`` (name resolution included).
     """
-    opener = _opener(settings, limits, ssl_context)
     try:
         async with asyncio.timeout(settings.open_timeout):
-            socket = await opener.open_tcp_connection()
+            socket = await _tcp_connection(settings, limits, tls)
             assert isinstance(socket, GatewaySocket)
             socket.handler = handler
             try:
-                await socket.handshake(opener.additional_headers, opener.user_agent_header)
+                await socket.handshake(request_headers(settings.api_key), settings.user_agent)
             except BaseException:
                 socket.abort()
                 raise
@@ -213,25 +304,22 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
 
     :param settings: where and how to connect.
     :param capacity: the stream cap (default: the process-wide one).
+    :raises SystemZeroValidationError: a TLS file of the connection is missing or invalid.
     :raises UpgradeRefused: the gateway refused the upgrade (:class:`AuthenticationFailed` for 401/403).
     :raises ProtocolViolation: the peer is not a System Zero gateway.
     :raises OSError: the network failed (``TimeoutError`` for the open timeout).
     """
     url = settings.url
-    ssl_context = None
-    if settings.ca_bundle and url.startswith("wss://"):
-        ssl_context = await asyncio.to_thread(ssl.create_default_context, cafile=settings.ca_bundle)
+    tls = await asyncio.to_thread(load_tls, settings)
     limits = Limits()
     async with (capacity or default_capacity()).slot(url):
-        return await _probe(settings, url, limits, ssl_context)
+        return await _probe(settings, url, limits, tls)
 
 
-async def _probe(
-    settings: StreamSettings, url: str, limits: Limits, ssl_context: ssl.SSLContext | None
-) -> Hello:
+async def _probe(settings: StreamSettings, url: str, limits: Limits, tls: TLSContexts) -> Hello:
     heard = _Hello()
     try:
-        socket = await open_socket(settings, limits, heard, ssl_context)
+        socket = await open_socket(settings, limits, heard, tls)
     except InvalidStatus as exc:
         raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
     try:

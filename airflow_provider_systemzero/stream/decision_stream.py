@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -59,6 +58,7 @@ from airflow_provider_systemzero.stream.run_loop import Reconnect, StreamRunLoop
 from airflow_provider_systemzero.stream.serving import ConnectionServing
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
+from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
 
 __all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 
@@ -173,7 +173,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
         self._decisions: deque[DecisionResult | BaseException] = deque(maxlen=_MAX_QUEUED_DECISIONS)
         self._queue_decisions = decision_mode == "on_change"
-        self._ssl: ssl.SSLContext | None = None
+        self._tls: TLSContexts | None = None  # the connection's TLS files, loaded on entering
         if budget is None:
             budget = DecisionBudget()
         self.budget = budget
@@ -363,10 +363,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
                     settings.budget_input_tokens_per_hour,
                 )
             )
-            if self._settings.ca_bundle and self._settings.url.startswith("wss://"):
-                self._ssl = await asyncio.to_thread(
-                    ssl.create_default_context, cafile=self._settings.ca_bundle
-                )
+            self._tls = await asyncio.to_thread(load_tls, settings)  # refused here, before any connect
             self._runner = asyncio.create_task(self._run(), name=f"systemzero-stream-{id(self):x}")
             await self._wait_until(
                 lambda: self._ready,

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
+from airflow_provider_systemzero.stream.untrusted import scrub
 
 __all__ = [
     "LOOPBACK_GIVE_UP_ATTEMPTS",
@@ -37,6 +38,7 @@ __all__ = [
     "WARN_EVERY",
     "NetworkFailures",
     "describe_connection_error",
+    "without_proxy_credentials",
 ]
 
 log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
@@ -125,6 +127,24 @@ def _proxy_failure(exc: BaseException, url: str, proxy: str) -> str | None:
     return None
 
 
+def without_proxy_credentials(text: str, proxy: str | None) -> str:
+    """``text`` with the proxy URL and its password replaced by ``***`` (a library's message may
+    quote either).
+
+    :param text: a message about a connection attempt.
+    :param proxy: the connection's proxy URL (``None``: nothing to remove).
+    """
+    if not proxy:
+        return text
+    text = scrub(text, proxy)
+    password = urlsplit(proxy).password if "://" in proxy else None
+    with_user = proxy.split("://", 1)[-1].rpartition("@")[0]
+    for secret in (with_user, password):
+        if secret:
+            text = scrub(text, secret)
+    return text
+
+
 def describe_connection_error(
     exc: BaseException, url: str, *, open_timeout: float | None = None, proxy: str | None = None
 ) -> str:
@@ -136,6 +156,10 @@ def describe_connection_error(
     :param proxy: the connection's proxy (its credentials are never quoted): the TCP connection
         goes to it, so a refusal, a name that does not resolve or an unreachable host is its.
     """
+    return without_proxy_credentials(_described(exc, url, open_timeout, proxy), proxy)
+
+
+def _described(exc: BaseException, url: str, open_timeout: float | None, proxy: str | None) -> str:
     if proxy and (about_proxy := _proxy_failure(exc, url, proxy)) is not None:
         return about_proxy
     parts = urlsplit(url)
@@ -226,7 +250,7 @@ class NetworkFailures:
             return None
         if isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage":
             return describe_connection_error(exc, self.url, open_timeout=self.open_timeout, proxy=self.proxy)
-        return str(exc)
+        return without_proxy_credentials(str(exc), self.proxy)
 
     def answered(self) -> None:
         """An attempt reached the gateway (any HTTP answer): the next outage is reported afresh."""

@@ -239,7 +239,8 @@ class GatewaySocket(asyncio.Protocol):
             out = data[0] if len(data) == 1 else b"".join(data)
             if (
                 replies
-                and transport.get_write_buffer_size() + len(out) > self._write_limits[0] + CONTROL_REPLY_BUDGET
+                and transport.get_write_buffer_size() + len(out)
+                > self._write_limits[0] + CONTROL_REPLY_BUDGET
             ):
                 self.flooded = True
                 transport.abort()  # the peer reads nothing: a close frame would only queue behind

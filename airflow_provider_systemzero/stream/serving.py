@@ -109,7 +109,7 @@ class ConnectionServing:
         self._silent = self._recycle = self._closed_by_us = False
         self._opened_at = time.monotonic()
         try:
-            socket = await open_socket(settings, self.session.limits, self, self._ssl)
+            socket = await open_socket(settings, self.session.limits, self, self._tls)
         except BaseException as exc:
             adopted = self._ws
             if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
