@@ -110,7 +110,10 @@ async def test_a_malformed_proxy_is_refused_at_once_and_its_password_appears_now
     assert gw.connections == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("python_socks") is not None, reason="python-socks is installed here: a SOCKS proxy is allowed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("python_socks") is not None,
+    reason="python-socks is installed here: a SOCKS proxy is allowed",
+)
 async def test_a_socks_proxy_without_python_socks_is_refused_naming_the_package(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, gateway: Any
 ) -> None:
