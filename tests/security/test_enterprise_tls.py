@@ -1,0 +1,244 @@
+"""TLS as companies run it behind firewalls: a client certificate (mutual TLS) from the
+connection's extras, and ``ca_bundle`` trusted for an ``https://`` proxy as well as for the
+gateway. Against a loopback gateway that requires a client certificate from a private CA of its
+own, and a CONNECT proxy on loopback that speaks TLS with a certificate from the gateway's CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from websockets.asyncio.server import ServerConnection
+
+from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
+from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
+from airflow_provider_systemzero.stream.tls import load_tls
+from tests.security.test_tls import KEY, REPLY, TLSGateway, make_pki, stream_to
+
+CLIENT_NAME = "systemzero test client"
+
+
+def make_client_pki(directory: Path, *, encrypt: bytes | None = None) -> tuple[Path, Path, Path]:
+    """A CA for clients and a client certificate it signed: (client-ca.pem, client.pem, client.key)."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "systemzero client CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CLIENT_NAME)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(encrypt) if encrypt else serialization.NoEncryption()
+    )
+    paths = directory / "client-ca.pem", directory / "client.pem", directory / "client.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    )
+    return paths
+
+
+class MutualTLSGateway(TLSGateway):
+    """A wss:// gateway that requires a client certificate from ``client_ca`` and records its name."""
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path) -> None:
+        super().__init__(cert, key)
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        self.context.load_verify_locations(client_ca)
+        self.clients: list[str] = []
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        peer = ws.transport.get_extra_info("peercert") or {}
+        self.clients += [
+            value for rdn in peer.get("subject", ()) for name, value in rdn if name == "commonName"
+        ]
+        await super()._handler(ws)
+
+
+@pytest.fixture
+async def mutual(tmp_path: Path) -> AsyncIterator[tuple[MutualTLSGateway, Path, Path, Path]]:
+    ca, cert, key = make_pki(tmp_path)
+    client_ca, client_cert, client_key = make_client_pki(tmp_path)
+    async with MutualTLSGateway(cert, key, client_ca) as gateway:
+        yield gateway, ca, client_cert, client_key
+
+
+async def test_mutual_tls_presents_the_client_certificate_from_the_extras(
+    mutual: tuple[MutualTLSGateway, Path, Path, Path],
+) -> None:
+    gateway, ca, client_cert, client_key = mutual
+    async with stream_to(
+        gateway.origin, ca_bundle=str(ca), client_cert=str(client_cert), client_key=str(client_key)
+    ) as stream:
+        decision = await stream.decide(timeout=5)
+    assert decision.reply_id == REPLY["id"] and gateway.clients == [CLIENT_NAME]
+
+
+async def test_without_a_client_certificate_the_gateway_refuses_and_no_request_is_sent(
+    mutual: tuple[MutualTLSGateway, Path, Path, Path],
+) -> None:
+    gateway, ca, _, _ = mutual
+    with pytest.raises(DeadlineExceeded):
+        async with stream_to(gateway.origin, ca_bundle=str(ca)):
+            pass
+    assert gateway.requests == [] and gateway.clients == []
+
+
+async def test_the_client_certificate_and_key_in_one_file_from_the_connection(
+    mutual: tuple[MutualTLSGateway, Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, ca, client_cert, client_key = mutual
+    both = tmp_path / "client-both.pem"
+    both.write_bytes(client_cert.read_bytes() + client_key.read_bytes())
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SYSTEMZERO_MTLS",
+        json.dumps(
+            {
+                "conn_type": "systemzero",
+                "host": gateway.origin,
+                "password": KEY,
+                "extra": {"ca_bundle": str(ca), "client_cert": str(both)},
+            }
+        ),
+    )
+    ok, message = await asyncio.to_thread(SystemZeroHook("systemzero_mtls").test_connection)
+    assert ok, message
+    assert gateway.clients == [CLIENT_NAME]
+
+
+def test_a_key_of_another_certificate_or_an_encrypted_one_is_refused_naming_the_field(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, cert, _ = make_client_pki(tmp_path / "a")
+    _, _, other_key = make_client_pki(tmp_path / "b")
+    with pytest.raises(SystemZeroValidationError) as mismatch:
+        load_tls(
+            StreamSettings("wss://api.example.com", KEY, client_cert=str(cert), client_key=str(other_key))
+        )
+    assert mismatch.value.field == "client_key" and "does not belong to the client certificate" in str(
+        mismatch.value
+    )
+    assert str(other_key) in str(mismatch.value)
+    (tmp_path / "c").mkdir()
+    _, cert, encrypted = make_client_pki(tmp_path / "c", encrypt=b"hunter2-passphrase")
+    with pytest.raises(SystemZeroValidationError) as locked:
+        load_tls(
+            StreamSettings("wss://api.example.com", KEY, client_cert=str(cert), client_key=str(encrypted))
+        )
+    assert locked.value.field == "client_key" and "encrypted" in str(locked.value)
+    with pytest.raises(SystemZeroValidationError) as alone:
+        StreamSettings("wss://api.example.com", KEY, client_key=str(encrypted))
+    assert alone.value.field == "client_cert"
+
+
+class ConnectProxy:
+    """An HTTPS CONNECT proxy on loopback (tunnels to loopback only) that records each request head."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self.heads: list[bytes] = []
+        self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"https://localhost:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            self.heads.append(head)
+            method, target, _ = head.split(b"\r\n")[0].decode().split(" ")
+            host, port = target.rsplit(":", 1)
+            assert method == "CONNECT" and host in ("127.0.0.1", "localhost"), head
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", int(port))
+        except Exception:
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(
+            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
+        )
+
+    async def __aenter__(self) -> ConnectProxy:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.context)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.writers:
+            writer.transport.abort()
+        await self.server.wait_closed()
+
+
+async def test_ca_bundle_trusts_an_https_proxy_too(tmp_path: Path) -> None:
+    ca, cert, key = make_pki(tmp_path)
+    async with TLSGateway(cert, key) as gateway, ConnectProxy(cert, key) as proxy:
+        async with stream_to(gateway.origin, ca_bundle=str(ca), proxy=proxy.url) as stream:
+            decision = await stream.decide(timeout=5)
+        assert decision.reply_id == REPLY["id"]
+        assert len(proxy.heads) == 1 and proxy.heads[0].startswith(b"CONNECT 127.0.0.1:")
+        assert KEY.encode() not in proxy.heads[0]  # the key went inside the gateway's TLS only
+        assert len(gateway.requests) == 1
+
+
+async def test_an_https_proxy_outside_the_bundle_is_refused_before_the_connect(tmp_path: Path) -> None:
+    """The control: a proxy whose certificate the bundle does not vouch for is not trusted."""
+    (tmp_path / "gw").mkdir()
+    (tmp_path / "proxy").mkdir()
+    ca, cert, key = make_pki(tmp_path / "gw")
+    _, proxy_cert, proxy_key = make_pki(tmp_path / "proxy")  # another CA
+    async with TLSGateway(cert, key) as gateway, ConnectProxy(proxy_cert, proxy_key) as proxy:
+        with pytest.raises(DeadlineExceeded) as info:
+            async with stream_to(gateway.origin, ca_bundle=str(ca), proxy=proxy.url):
+                pass
+    assert isinstance(info.value.last_error, ssl.SSLCertVerificationError)
+    assert proxy.heads == [] and gateway.requests == []
