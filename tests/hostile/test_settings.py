@@ -13,10 +13,11 @@ proxy, the key in clear text.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,13 @@ async def test_a_malformed_proxy_is_refused_at_once_and_its_password_appears_now
     assert gw.connections == 0
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("python_socks") is not None,
-    reason="python-socks is installed here: a SOCKS proxy is allowed",
-)
 async def test_a_socks_proxy_without_python_socks_is_refused_naming_the_package(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, gateway: Any
 ) -> None:
+    """Where ``python-socks`` is not installed (here: it cannot be imported, as when it is absent)."""
+    for module in ("python_socks", "python_socks.async_", "python_socks.async_.asyncio"):
+        monkeypatch.setitem(sys.modules, module, None)  # an import of it raises ImportError
+    _forget_socks()
     gw: HostileGateway = gateway(Peer.open)
     sinks = await _every_sink(
         monkeypatch, caplog, gw.origin, proxy=f"socks5://corpuser:{PASSWORD}@127.0.0.1:1080"
@@ -126,6 +127,21 @@ async def test_a_socks_proxy_without_python_socks_is_refused_naming_the_package(
         if sink != "log":
             assert "python-socks" in text and "extra 'proxy'" in text, f"{sink}: {text}"
     assert gw.connections == 0
+
+
+def _forget_socks() -> None:
+    """Ask again whether python-socks imports (the answer is cached per process)."""
+    try:
+        from airflow_provider_systemzero.stream.settings import socks_available
+    except ImportError:  # before the check existed
+        return
+    socks_available.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _socks_asked_afresh() -> Iterator[None]:
+    yield
+    _forget_socks()
 
 
 def _not_pem(tmp_path: Path) -> Path:

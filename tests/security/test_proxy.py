@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -109,3 +110,92 @@ async def test_environment_proxies_are_ignored_unless_configured(
         assert len(trap.seen) >= 2 and trap.seen[1].startswith(b"CONNECT 127.0.0.1:")
         assert len(emu.handshakes) == 1
         assert all(PROTOCOL.encode() not in seen for seen in trap.seen)
+
+
+class Socks5Proxy:
+    """A SOCKS5 proxy on loopback (RFC 1928, with RFC 1929 user and password) that tunnels to
+    loopback only and records, per connection, the credentials and the destination it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[bytes, bytes, int, bytes]] = []  # user, password, address type, address
+        self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    def url(self, scheme: str, user: str, password: str) -> str:
+        assert self.server is not None
+        return f"{scheme}://{user}:{password}@127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        try:
+            _, count = await reader.readexactly(2)
+            methods = await reader.readexactly(count)
+            assert 2 in methods  # user and password
+            writer.write(b"\x05\x02")
+            _, size = await reader.readexactly(2)
+            user = await reader.readexactly(size)
+            password = await reader.readexactly((await reader.readexactly(1))[0])
+            writer.write(b"\x01\x00")
+            _, command, _, kind = await reader.readexactly(4)
+            if kind == 1:
+                address = await reader.readexactly(4)
+                host = socket.inet_ntop(socket.AF_INET, address)
+            elif kind == 4:
+                address = await reader.readexactly(16)
+                host = socket.inet_ntop(socket.AF_INET6, address)
+            else:
+                address = await reader.readexactly((await reader.readexactly(1))[0])
+                host = address.decode()
+            port = int.from_bytes(await reader.readexactly(2), "big")
+            self.asked.append((user, password, kind, address))
+            assert command == 1 and host in ("127.0.0.1", "::1", "localhost"), host
+            upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+        except Exception:
+            writer.close()
+            return
+        writer.write(b"\x05\x00\x00\x01" + bytes(6))
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(
+            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
+        )
+
+    async def __aenter__(self) -> Socks5Proxy:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.writers:
+            writer.transport.abort()
+        await self.server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("scheme", "kind", "address"), [("socks5", 1, b"\x7f\x00\x00\x01"), ("socks5h", 3, b"localhost")]
+)
+async def test_a_socks5_proxy_carries_the_stream(scheme: str, kind: int, address: bytes) -> None:
+    """With python-socks installed, ``socks5://`` sends the gateway's address the client resolved
+    (off the loop's executor), ``socks5h://`` sends its name for the proxy to resolve."""
+    pytest.importorskip("python_socks", reason="the SOCKS path needs python-socks (the test extra has it)")
+    async with Emulator(api_keys={KEY: 8}, decider=ReadyDecider()) as emu, Socks5Proxy() as proxy:
+        origin = emu.origin.replace("127.0.0.1", "localhost")
+        async with DecisionStream(
+            StreamSettings(origin, KEY, proxy=proxy.url(scheme, "corp", "pw-socks"), open_timeout=5),
+            REQUEST,
+            state="READY\n",
+            decision_mode="on_request",
+            identity="socks",
+            open_deadline=10,
+        ) as stream:
+            decision = await stream.decide(timeout=10)
+    assert decision.answers["ready"].decision is True
+    assert proxy.asked == [(b"corp", b"pw-socks", kind, address)]
