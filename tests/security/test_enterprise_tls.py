@@ -24,6 +24,7 @@ from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.tls import load_tls
+from tests.security.loopback_proxy import LoopbackProxy
 from tests.security.test_tls import KEY, REPLY, TLSGateway, make_pki, stream_to
 
 CLIENT_NAME = "systemzero test client"
@@ -166,57 +167,28 @@ def test_a_key_of_another_certificate_or_an_encrypted_one_is_refused_naming_the_
     assert alone.value.field == "client_cert"
 
 
-class ConnectProxy:
-    """An HTTPS CONNECT proxy on loopback (tunnels to loopback only) that records each request head."""
+class ConnectProxy(LoopbackProxy):
+    """An HTTPS CONNECT proxy on loopback that records each request head."""
 
     def __init__(self, cert: Path, key: Path) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(cert, key)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        super().__init__(context)
         self.heads: list[bytes] = []
-        self.server: asyncio.Server | None = None
-        self.writers: list[asyncio.StreamWriter] = []
 
     @property
     def url(self) -> str:
-        assert self.server is not None
-        return f"https://localhost:{self.server.sockets[0].getsockname()[1]}"
+        return f"https://localhost:{self.port}"
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writers.append(writer)
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            self.heads.append(head)
-            method, target, _ = head.split(b"\r\n")[0].decode().split(" ")
-            host, port = target.rsplit(":", 1)
-            assert method == "CONNECT" and host in ("127.0.0.1", "localhost"), head
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", int(port))
-        except Exception:
-            writer.close()
-            return
+    async def negotiate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.heads.append(head)
+        method, target, _ = head.split(b"\r\n")[0].decode().split(" ")
+        host, port = target.rsplit(":", 1)
+        return int(port) if method == "CONNECT" and host in ("127.0.0.1", "localhost") else None
+
+    async def established(self, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            finally:
-                sink.close()
-
-        await asyncio.gather(
-            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
-        )
-
-    async def __aenter__(self) -> ConnectProxy:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.context)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in self.writers:
-            writer.transport.abort()
-        await self.server.wait_closed()
 
 
 async def test_ca_bundle_trusts_an_https_proxy_too(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, SystemZeroError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
 from tests.faults.harness import ReadyDecider, first_event, rebuilt
+from tests.security.loopback_proxy import LoopbackProxy
 
 KEY = "sz-proxy-test-0123456789"
 REQUEST = {"model": "m", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
@@ -112,71 +113,42 @@ async def test_environment_proxies_are_ignored_unless_configured(
         assert all(PROTOCOL.encode() not in seen for seen in trap.seen)
 
 
-class Socks5Proxy:
-    """A SOCKS5 proxy on loopback (RFC 1928, with RFC 1929 user and password) that tunnels to
-    loopback only and records, per connection, the credentials and the destination it was asked for."""
+class Socks5Proxy(LoopbackProxy):
+    """A SOCKS5 proxy on loopback (RFC 1928, with RFC 1929 user and password) that records, per
+    connection, the credentials and the destination it was asked for."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.asked: list[tuple[bytes, bytes, int, bytes]] = []  # user, password, address type, address
-        self.server: asyncio.Server | None = None
-        self.writers: list[asyncio.StreamWriter] = []
 
     def url(self, scheme: str, user: str, password: str) -> str:
-        assert self.server is not None
-        return f"{scheme}://{user}:{password}@127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return f"{scheme}://{user}:{password}@127.0.0.1:{self.port}"
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writers.append(writer)
-        try:
-            _, count = await reader.readexactly(2)
-            methods = await reader.readexactly(count)
-            assert 2 in methods  # user and password
-            writer.write(b"\x05\x02")
-            _, size = await reader.readexactly(2)
-            user = await reader.readexactly(size)
-            password = await reader.readexactly((await reader.readexactly(1))[0])
-            writer.write(b"\x01\x00")
-            _, command, _, kind = await reader.readexactly(4)
-            if kind == 1:
-                address = await reader.readexactly(4)
-                host = socket.inet_ntop(socket.AF_INET, address)
-            elif kind == 4:
-                address = await reader.readexactly(16)
-                host = socket.inet_ntop(socket.AF_INET6, address)
-            else:
-                address = await reader.readexactly((await reader.readexactly(1))[0])
-                host = address.decode()
-            port = int.from_bytes(await reader.readexactly(2), "big")
-            self.asked.append((user, password, kind, address))
-            assert command == 1 and host in ("127.0.0.1", "::1", "localhost"), host
-            upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
-        except Exception:
-            writer.close()
-            return
+    async def negotiate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
+        _, count = await reader.readexactly(2)
+        if 2 not in await reader.readexactly(count):  # user and password
+            return None
+        writer.write(b"\x05\x02")
+        _, size = await reader.readexactly(2)
+        user = await reader.readexactly(size)
+        password = await reader.readexactly((await reader.readexactly(1))[0])
+        writer.write(b"\x01\x00")
+        _, command, _, kind = await reader.readexactly(4)
+        if kind == 1:
+            address = await reader.readexactly(4)
+            host = socket.inet_ntop(socket.AF_INET, address)
+        elif kind == 4:
+            address = await reader.readexactly(16)
+            host = socket.inet_ntop(socket.AF_INET6, address)
+        else:
+            address = await reader.readexactly((await reader.readexactly(1))[0])
+            host = address.decode()
+        port = int.from_bytes(await reader.readexactly(2), "big")
+        self.asked.append((user, password, kind, address))
+        return port if command == 1 and host in ("127.0.0.1", "localhost") else None
+
+    async def established(self, writer: asyncio.StreamWriter) -> None:
         writer.write(b"\x05\x00\x00\x01" + bytes(6))
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            finally:
-                sink.close()
-
-        await asyncio.gather(
-            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
-        )
-
-    async def __aenter__(self) -> Socks5Proxy:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in self.writers:
-            writer.transport.abort()
-        await self.server.wait_closed()
 
 
 @pytest.mark.parametrize(
