@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_systemzero.decisions.budget import parse_limit
@@ -49,7 +49,8 @@ def socks_available() -> bool:
     return True
 
 
-class ProxyParts(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ProxyParts:
     """A proxy URL, checked: where the TCP connection goes, and the credentials it carries.
 
     :param scheme: ``http``, ``https``, ``socks5``, ``socks5h``, ``socks4`` or ``socks4a``.

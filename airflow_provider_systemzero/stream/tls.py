@@ -26,9 +26,12 @@ from airflow_provider_systemzero.stream.settings import StreamSettings
 __all__ = ["TLSContexts", "load_tls"]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True)
 class TLSContexts:
     """The TLS contexts of a connection (``None``: websockets' default, the system trust store).
+
+    Equal when they hold the same contexts (a context is only equal to itself), so every stream
+    without TLS files shares websockets' opener.
 
     :param gateway: for the ``wss://`` connection to the gateway.
     :param proxy: for the connection to an ``https://`` proxy.
