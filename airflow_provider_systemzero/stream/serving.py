@@ -238,7 +238,7 @@ class ConnectionServing:
         if sent is not None and protocol.close_rcvd_then_sent is not True:
             # this side closed first (a keepalive ping unanswered): the code it sent is the cause
             ours = server_text(sent.reason or "no reason", self._secret())
-            message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's close: {code}"
+            message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's code: {code}"
         else:
             message = f"connection closed with code {code} ({reason})"
         return Ended(self._outcome(socket, code), StreamClosed(code, reason, message=message), final=final)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
+from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, ProtocolViolation
 from tests.hostile.gateway import REQUEST, HostileGateway, Peer
 
 #: The gateways' receive buffer: a peer that stops reading stops the client's writes within a few KiB.
@@ -143,3 +143,29 @@ async def test_a_frame_that_breaks_rfc_6455_counts_toward_the_breach_rule(
     message = str(caught.value)
     assert f"this client closed the connection with code {code}" in message, message
     assert "1006" not in message
+
+
+async def test_the_last_error_names_the_close_code_this_client_sent(
+    gateway: Callable[..., HostileGateway], connect: Callable[..., Any]
+) -> None:
+    """A gateway that stops reading answers no native ping: the client closes with 1011 and, the
+    close never answered, drops the connection. The caller's deadline error names the 1011 this
+    client sent, not only the 1006 of the dropped connection."""
+
+    async def answer_no_native_ping(peer: Peer) -> None:
+        await peer.open({"native_heartbeat_interval_ms": 100, "pong_timeout_ms": 100})
+        if peer.number == 1:  # the advertised timers hold from the next connection on
+            await peer.goodbye("shutdown")
+            await peer.ws.close(1012)
+            return
+        peer.ws.transport.pause_reading()  # no ping read, no pong sent, no close answered
+        await asyncio.sleep(30)
+
+    with pytest.raises(DeadlineExceeded) as caught:
+        async with asyncio.timeout(40):
+            async with connect(gateway(answer_no_native_ping)).stream(
+                REQUEST, decision_mode="on_request", state="log\n", open_deadline=10
+            ) as stream:
+                await stream.decide(timeout=9)
+    message = str(caught.value)
+    assert "this client closed the connection with code 1011 ('keepalive ping timeout')" in message, message
