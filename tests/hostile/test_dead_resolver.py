@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Room for a loaded machine.
-SLACK = 2.0
+#: Room for a loaded machine (the lookups it bounds take 10 s: glibc's 5 s, twice).
+SLACK = 3.5
 
 
 def _run_without_dns(scenario: str, tmp_path: Path) -> dict[str, Any]:
@@ -63,6 +63,6 @@ def test_streams_resolving_a_dead_name_leave_the_loops_executor_free(tmp_path: P
     result = _run_without_dns("triggerer", tmp_path)
     assert result["queries"] > 0
     assert result["outcomes"] == ["DeadlineExceeded"], result
-    assert result["to_thread_waited"] < 0.5, (
+    assert result["to_thread_waited"] < 2.0, (
         f"another trigger's to_thread waited {result['to_thread_waited']:.1f} s"
     )
