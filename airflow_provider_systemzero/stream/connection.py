@@ -53,7 +53,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket, SocketHandler
-from airflow_provider_systemzero.stream.resolver import resolve
+from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut, resolve
 from airflow_provider_systemzero.stream.settings import ProxyParts, StreamSettings
 from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
@@ -162,19 +162,30 @@ def _opener(
     return opener
 
 
-async def _tcp_connection(settings: StreamSettings, limits: Limits, tls: TLSContexts | None) -> Any:
+async def _resolved(host: str, port: int, resolving: list[str]) -> list[Any]:
+    """:func:`resolve`, with ``host`` in ``resolving`` meanwhile (what a timeout then names)."""
+    resolving.append(host)
+    addresses = await resolve(host, port)
+    resolving.remove(host)
+    return addresses
+
+
+async def _tcp_connection(
+    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, resolving: list[str]
+) -> Any:
     """The TCP connection (TLS and a proxy included) with its socket, the upgrade not sent yet.
 
-    The first hop's name is resolved off the loop's executor; its addresses are tried in turn
-    and, when every one fails, the error of each is raised together (a single one as it is).
+    The first hop's name is resolved off the loop's executor (and is in ``resolving`` until it
+    is); its addresses are tried in turn and, when every one fails, the error of each is raised
+    together (a single one as it is).
     """
     proxy = settings.proxy_parts
     if proxy is not None and proxy.scheme.startswith("socks"):
-        return await _through_socks(settings, limits, tls, proxy)
+        return await _through_socks(settings, limits, tls, proxy, resolving)
     uri_host, uri_port = _host_and_port(settings.url)
     host, port = (proxy.host, proxy.port) if proxy is not None else (uri_host, uri_port)
     errors: list[OSError] = []
-    for address in await resolve(host, port):
+    for address in await _resolved(host, port, resolving):
         try:
             return await _opener(settings, limits, tls, address[4][0]).open_tcp_connection()
         except OSError as exc:
@@ -190,7 +201,7 @@ def _host_and_port(url: str) -> tuple[str, int]:
 
 
 async def _through_socks(
-    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, proxy: ProxyParts
+    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, proxy: ProxyParts, resolving: list[str]
 ) -> Any:
     """Through a SOCKS proxy, by ``python-socks``: the proxy's name and (unless the proxy resolves
     it) the gateway's are resolved here, off the loop's executor."""
@@ -200,8 +211,8 @@ async def _through_socks(
 
     remote_names = proxy.scheme in ("socks5h", "socks4a")
     host, port = _host_and_port(settings.url)
-    destination = host if remote_names else (await resolve(host, port))[0][4][0]
-    proxy_address = (await resolve(proxy.host, proxy.port))[0][4][0]
+    destination = host if remote_names else (await _resolved(host, port, resolving))[0][4][0]
+    proxy_address = (await _resolved(proxy.host, proxy.port, resolving))[0][4][0]
     socks = SocksProxy(
         ProxyType.SOCKS5 if proxy.scheme.startswith("socks5") else ProxyType.SOCKS4,
         proxy_address,
@@ -243,11 +254,13 @@ async def open_socket(
     :param handler: what the socket tells of its messages.
     :param tls: the TLS contexts (from :func:`~airflow_provider_systemzero.stream.tls.load_tls`).
     :raises InvalidStatus: the gateway refused the upgrade (a redirect included).
-    :raises TimeoutError: no answer within ``open_timeout`` (name resolution included).
+    :raises ResolutionTimedOut: a host name was still being resolved when ``open_timeout`` passed.
+    :raises TimeoutError: no answer within ``open_timeout``.
     """
+    resolving: list[str] = []
     try:
         async with asyncio.timeout(settings.open_timeout):
-            socket = await _tcp_connection(settings, limits, tls)
+            socket = await _tcp_connection(settings, limits, tls, resolving)
             assert isinstance(socket, GatewaySocket)
             socket.handler = handler
             try:
@@ -256,6 +269,8 @@ async def open_socket(
                 socket.abort()
                 raise
     except TimeoutError as exc:
+        if resolving:
+            raise ResolutionTimedOut(resolving[-1]) from exc
         raise TimeoutError("timed out during opening handshake") from exc
     return socket
 

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
+from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut
 from airflow_provider_systemzero.stream.untrusted import scrub
 
 __all__ = [
@@ -54,8 +55,12 @@ _NEVER_ANSWERS = {"refused": "nothing listens there", "tls_plaintext": "the port
 
 
 def _unresolved(exc: BaseException) -> bool:
-    """A host name that did not resolve (``getaddrinfo``'s errors)."""
-    return getattr(exc, "errno", None) in (-2, -3, -5) or type(exc).__name__ == "gaierror"
+    """A host name that did not resolve (``getaddrinfo``'s errors), or not within ``open_timeout``."""
+    return (
+        getattr(exc, "errno", None) in (-2, -3, -5)
+        or type(exc).__name__ == "gaierror"
+        or isinstance(exc, ResolutionTimedOut)
+    )
 
 
 def _unreachable(exc: BaseException) -> bool:

@@ -31,13 +31,25 @@ import threading
 from collections import deque
 from typing import Any
 
-__all__ = ["MAX_LOOKUP_THREADS", "Address", "resolve"]
+__all__ = ["MAX_LOOKUP_THREADS", "Address", "ResolutionTimedOut", "resolve"]
 
 #: Threads resolving names at once, at most, in this process.
 MAX_LOOKUP_THREADS = 4
 
 #: One address to connect to: ``(family, type, proto, canonname, sockaddr)`` as ``getaddrinfo`` gives it.
 Address = tuple[Any, ...]
+
+
+class ResolutionTimedOut(TimeoutError):
+    """A connection attempt's time ran out while a host name was still being resolved.
+
+    :param host: the name (the gateway's, or the proxy's).
+    """
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"timed out resolving {host!r}")
+        self.host = host
+
 
 _lock = threading.Lock()
 #: Lookups asked for and not answered yet, by ``(host, port)``: running, or waiting for a thread.

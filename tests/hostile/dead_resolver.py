@@ -5,8 +5,8 @@
 itself, on UDP port 53, reading every query and answering none: to ``getaddrinfo`` this is a DNS
 server that is down. It prints one JSON object with what it measured and the queries it swallowed.
 
-* ``decide`` — ``hook.decide(timeout=2)`` to ``wss://gateway.example.com``: the seconds it took,
-  ``asyncio.run``'s own end included, and the error;
+* ``decide`` — ``hook.decide(timeout=3)`` to ``wss://gateway.example.com`` with an ``open_timeout``
+  of 1 s: the seconds it took, ``asyncio.run``'s own end included, and the error;
 * ``triggerer`` — eight streams to that gateway opening on one event loop (as triggers in a
   triggerer), and meanwhile another trigger's ``asyncio.to_thread``: how long that one waited.
 """
@@ -50,7 +50,7 @@ def _decide() -> dict[str, Any]:
     hook.get_settings()  # Airflow's first connection lookup (imports, the masker) is not the decide's
     started = time.monotonic()
     try:
-        hook.decide(REQUEST, "log\n", timeout=2)
+        hook.decide(REQUEST, "log\n", timeout=3)
         error = None
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -89,7 +89,12 @@ def main() -> None:
     seen = _swallow_queries()
     os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"
     os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
-        {"conn_type": "systemzero", "host": ORIGIN, "password": KEY, "extra": {"model": "m"}}
+        {
+            "conn_type": "systemzero",
+            "host": ORIGIN,
+            "password": KEY,
+            "extra": {"model": "m", "open_timeout": 1},
+        }
     )
     scenario = sys.argv[1]
     result = _decide() if scenario == "decide" else asyncio.run(_triggerer())
