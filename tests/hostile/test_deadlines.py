@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, SystemZeroError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
 from tests.hostile.conftest import CONN_ID
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode
 
 #: Closing a connection whose peer stopped reading, at most (the document's close handshake).
 CLOSING = Limits().close_handshake_timeout_ms / 1000
@@ -39,10 +40,19 @@ BUFFER = 4096
 
 async def take_nothing_in(peer: Peer) -> None:
     """Acknowledge ``start`` without reading it, then read nothing and send JSON pings for ever:
-    the client's write of a large ``start`` blocks, and stays blocked."""
-    await peer.hello()
+    the client's write of a large ``start`` blocks, and stays blocked. The ack leaves with
+    ``hello``, in one write, so the client reads it with ``hello``: a client reads nothing while
+    its own writes are blocked, and would not see an ack sent after it began writing."""
+    hello = {"type": "hello", "protocol": PROTOCOL, "request_id": "req_hello", "rate_limit": None}
+    hello["limits"] = Limits().advertised()
+    ack = {"type": "ack", "event_id": "evt_1", "state_version": 1, "state_bytes": 4}
+    ack.update(synthesized_body_bytes=100, scheduled=False)
+    protocol = peer.ws.protocol
+    for seq, message in ((1, hello), (2, ack)):
+        protocol.send_text(encode({"stream_id": peer.stream_id, "seq": seq, **message}).encode())
     peer.ws.transport.pause_reading()
-    await peer.ack("evt_1", 1)
+    peer.ws.transport.write(b"".join(protocol.data_to_send()))
+    peer._seq = iter(range(3, 10**9))
     nonce = 0
     while True:
         nonce += 1
