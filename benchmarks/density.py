@@ -95,7 +95,7 @@ def watching() -> dict[str, Any]:
         with contextlib.suppress(OSError):
             inotify += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
     try:
-        from airflow_provider_systemzero.triggers.file_watch import current_watcher
+        from airflow_provider_systemzero.sources.file_watch import current_watcher
     except ImportError:  # a provider without file notifications
         watcher = None
     else:

@@ -127,9 +127,9 @@ def _plan(n: int, first: int, count: int, seed: int, factor: float) -> list[tupl
 
 async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     """One triggerer process: start its triggers, wait for their first decisions, then play the plan."""
+    from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.stream.starts import running_starts
-    from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
     from benchmarks.runner import Triggerer, decided_at, rebuild
 
     os.environ.update(config["env"])

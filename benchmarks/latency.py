@@ -416,7 +416,7 @@ def _notifications() -> bool:
     """Whether the provider under test has file notifications (a run of older code polls files)."""
     import importlib.util
 
-    return importlib.util.find_spec("airflow_provider_systemzero.triggers.file_watch") is not None
+    return importlib.util.find_spec("airflow_provider_systemzero.sources.file_watch") is not None
 
 
 def _crowd_args(options: Options, kind: str) -> list[str]:

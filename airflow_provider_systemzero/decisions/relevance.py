@@ -22,8 +22,8 @@ debounced: how long the source was quiet before the trigger started is unknown);
 for the first relevant change.
 
 :class:`DecisionGate` holds the timing; time is passed in, so it is tested without a clock. Nothing
-here imports Airflow; :class:`~airflow_provider_systemzero.triggers.feeder.SourceFeeder` wires it
-to a stream.
+here imports Airflow; a trigger's :class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`
+asks it when a decision is due.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
@@ -30,9 +31,8 @@ from airflow_provider_systemzero.sensors.outcomes import (
     outcome_of,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
-from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
+from airflow_provider_systemzero.sources.spec import plain_source
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.triggers.sources import plain_source
 from airflow_provider_systemzero.utils.checks import (
     check_connection_before_deferring,
     parse_time,
@@ -91,7 +91,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param max_staleness: seconds (0 … 3600, default 30) the source's newer state may wait while a
         decision is in flight, once decisions keep coming back about an outdated state (a source that
         changes faster than a decision takes); ``0`` never holds a change (such a source is then never
-        decided about). See :mod:`~airflow_provider_systemzero.triggers.currency`.
+        decided about). See :mod:`~airflow_provider_systemzero.decisions.source_watch`.
     :param decide_when: deferrable only (a poking sensor refuses it when the Dag is parsed): start a
         decision only for a change that can matter — a regular
         expression searched in what changed (the appended text, the appended items as JSON, or the new

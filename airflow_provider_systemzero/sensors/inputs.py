@@ -16,6 +16,7 @@ from airflow.triggers.base import StartTriggerArgs
 from airflow_provider_systemzero.compat import AirflowFailException, has_trigger_templates
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+from airflow_provider_systemzero.decisions.source_watch import validate_max_staleness
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
@@ -26,15 +27,14 @@ from airflow_provider_systemzero.protocol.validation import (
     validate_route_and_mode,
 )
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
-from airflow_provider_systemzero.triggers.currency import validate_max_staleness
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-from airflow_provider_systemzero.triggers.sources import (
+from airflow_provider_systemzero.sources.spec import (
     check_changes_possible,
     is_static,
     refuse_rendered_state,
     state_templates,
     validate_source_spec,
 )
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
@@ -410,7 +410,7 @@ def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
     kept so that a value rendered as the text ``'None'`` is named with its template when the task
     runs: ``state`` and the source's path (``"state"``:
-    :func:`~airflow_provider_systemzero.triggers.sources.state_templates`), the watched
+    :func:`~airflow_provider_systemzero.sources.spec.state_templates`), the watched
     ``question``'s name, the asked questions' texts
     (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
     that of ``instructions`` when it is the one question's text) and their options (``"options"``:

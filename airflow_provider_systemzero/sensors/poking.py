@@ -1,12 +1,16 @@
-"""The sensor's poke path: one on_request decision per poke, judged by the same
-:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` as the deferrable trigger.
+"""The sensor's poke path: the same watch as the deferrable trigger's, one poke at a time.
 
 A poke reads the source — the same source object a trigger would build, kept across the pokes,
-so a file reads the same bytes and the "no content" rule and its messages are the trigger's —,
-asks System Zero about what it read (under the task's spending cap)
-and feeds the decision to the watch, which keeps the run of decisions between pokes (hysteresis)
-and the states a person already said "no" about. When the wait ends, the poke gets the same
-:class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
+so a file reads the same bytes and the "no content" rule and its messages are the trigger's —
+and hands the read to the sensor's
+:class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`, kept across the pokes,
+which says whether a decision is wanted (a state it has no current decision about), asks System
+Zero about it (one on_request decide, under the task's spending cap), reads the source again and
+judges the decision as a trigger would: only a decision about the state the source holds now
+counts, and the rules of the wait — the condition, its policy, the states a person already said
+"no" about, the run of decisions (hysteresis) — are the trigger's
+:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`. When the wait ends, the poke gets
+the same :class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.compat import (
     AirflowFailException,
@@ -22,21 +26,21 @@ from airflow_provider_systemzero.compat import (
     AirflowSkipException,
     AirflowTaskTimeout,
 )
-from airflow_provider_systemzero.decisions.policy import state_info
+from airflow_provider_systemzero.decisions.source_watch import Decide, Fire, Open, Release, SourceWatch
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
-from airflow_provider_systemzero.identity import context_namespace
+from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
 from airflow_provider_systemzero.sensors.outcomes import static_unmet
+from airflow_provider_systemzero.sources.spec import build_source
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
-from airflow_provider_systemzero.triggers.sources import build_source
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-    from airflow_provider_systemzero.triggers.state_source import StateSource
+    from airflow_provider_systemzero.sources.base import StateSource
 
 __all__ = ["PokeWatch"]
 
@@ -51,7 +55,8 @@ class PokeWatch:
         self.skip_states = list(skip_states)
         #: why the last poke did not end the wait (quoted when the sensor times out), ``None`` before one
         self.last_reason: str | None = None
-        self._watch: DecisionWatch | None = None
+        self._rules: DecisionWatch | None = None
+        self._watch: SourceWatch | None = None
         #: the source, built at the first poke and read at each (a file keeps its read position)
         self._source: StateSource | None = None
         self._slot_noted = False
@@ -90,16 +95,16 @@ class PokeWatch:
         condition but the rule kept it from ending the wait."""
         if self.last_reason is None or isinstance(ended, AirflowFailException):
             return str(ended)
-        watch = self._watch
+        rules = self._rules
         held = (
             None
-            if watch is None
-            else watch.held_back(time.monotonic(), more_time="raise the sensor's timeout")
+            if rules is None
+            else rules.held_back(time.monotonic(), more_time="raise the sensor's timeout")
         )
         return "; ".join(filter(None, [str(ended), self.last_reason, held]))
 
     def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
-        """Read the source, decide once, and say whether the wait ends.
+        """Read the source, decide when the watch wants a decision, and say whether the wait ends.
 
         :param sensor: the poking sensor (its source, connection, budget and log).
         :param inputs: the sensor's request, condition and source.
@@ -107,8 +112,6 @@ class PokeWatch:
         :raises AirflowFailException: the source's state cannot be sent, or a static state's decision
             did not meet the condition (``AirflowSkipException`` with ``soft_fail``).
         """
-        from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
-
         request, condition, source = inputs
         if self._started is None:  # the sensor's timeout counts from the first poke, decided or not
             self._started = time.monotonic()
@@ -120,24 +123,78 @@ class PokeWatch:
                 "triggerer instead",
                 sensor.timeout,
             )
+        if self._watch is None:
+            self._rules = DecisionWatch(
+                condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)
+            )
+            # a poke decides once on request; its "stream" is the poke's own decide, given back at once
+            self._watch = SourceWatch(
+                self._rules, decision_mode="on_request", lease_after=0.0, max_staleness=sensor.max_staleness
+            )
+        watch = self._watch
+        state = self._read(sensor, source)
+        if self._source is not None and self._source.withheld(state):  # a file without content
+            self.last_reason = f"the last poke: {self._source.waiting_on()}"
+            sensor.log.info("%s; the next poke reads it again", self.last_reason)
+            return None
+        namespace = context_namespace(context, salt=sensor.key_salt)
+        while actions := watch.actions(time.monotonic()):
+            for action in actions:
+                if isinstance(action, Open):
+                    watch.opened(time.monotonic())
+                elif isinstance(action, Release):
+                    watch.released(time.monotonic())
+                elif isinstance(action, Decide):
+                    decision = self._decide(sensor, context, request, watch.sent, namespace)
+                    self._read(sensor, source)  # judged against what the source holds now
+                    watch.decided(decision, time.monotonic(), covers=True, state_hash=state_hash(watch.sent))
+                    assert self._rules is not None
+                    self.last_reason = self._rules.last_reason
+                elif isinstance(action, Fire):
+                    assert self._rules is not None
+                    event = self._rules.sensor_event(action.verdict, key_namespace=namespace, deadline=None)
+                    if event.status == "unmet":
+                        static_unmet(sensor, str(event.reason))
+                    return event
+        return None
+
+    def _read(self, sensor: SystemZeroDecisionSensor, source: Any) -> Any:
+        """Read the source (built at the first poke) and hand the read to the watch.
+
+        :raises AirflowFailException: the source cannot be read as a state.
+        """
+        assert self._watch is not None
         try:
             if self._source is None:
                 self._source = build_source(source, sensor.state)
             state = self._source.read_now()
-            if self._source.withheld(state):  # a file without content: nothing to decide
-                self.last_reason = f"the last poke: {self._source.waiting_on()}"
-                sensor.log.info("%s; the next poke reads it again", self.last_reason)
-                return None
-            body_bytes = validate_state_for_request(request, state, field=source_name(source))
+            withheld = self._source.withheld(state)
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
-        namespace = context_namespace(context, salt=sensor.key_salt)
+        self._watch.read(state, time.monotonic(), withheld=withheld)
+        return state
+
+    def _decide(
+        self, sensor: SystemZeroDecisionSensor, context: Context, request: Any, state: Any, namespace: str
+    ) -> Any:
+        """One on_request decision about ``state``, under the task's spending cap, ended by the
+        sensor's timeout at the latest.
+
+        :raises AirflowFailException: the state cannot be sent.
+        :raises AirflowSensorTimeout: the sensor's timeout passed during the decision.
+        """
+        from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
+
+        try:
+            body_bytes = validate_state_for_request(request, state, field=source_name(sensor.source))
+        except ARGUMENT_ERRORS as exc:
+            raise AirflowFailException(f"{sensor.task_id}: {exc}") from None
         hook = SystemZeroHook(systemzero_conn_id=sensor.systemzero_conn_id)
         # a poke's decide ends by the sensor's timeout (Airflow checks it only between pokes)
         time_left = self.time_left(sensor)
         limit = min(DEFAULT_DECIDE_TIMEOUT, time_left)
         try:
-            decision = sensor.decide_with_budget(
+            return sensor.decide_with_budget(
                 context,
                 lambda budget: hook.decide(
                     request,
@@ -156,15 +213,3 @@ class PokeWatch:
                 f"{sensor.task_id}: the sensor's timeout ({sensor.timeout} s) passed during a poke's "
                 f"decision ({exc})"
             ) from None
-        if self._watch is None:
-            self._watch = DecisionWatch(
-                condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)
-            )
-        verdict = self._watch.observe(decision, state_info(state)["state_hash"], state, time.monotonic())
-        self.last_reason = self._watch.last_reason
-        if verdict is None:
-            return None
-        event = self._watch.sensor_event(verdict, key_namespace=namespace, deadline=None)
-        if event.status == "unmet":
-            static_unmet(sensor, str(event.reason))
-        return event

@@ -17,53 +17,47 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   ``key_namespace`` derived from the task instance. The same namespace gives the same
   ``prompt_cache_key`` and the same per-state idempotency keys in every process, so a triggerer
   restart or two copies running at once (HA) replay byte-identically and are billed once.
-* A decision only counts when it covers the complete desired state (never a stale one). When a
-  source changes faster than a decision takes (decisions keep coming back stale), newer source
-  content is held back while a decision is in flight, for up to ``max_staleness`` seconds, so the
-  source is still decided about (see :class:`~airflow_provider_systemzero.triggers.currency.Currency`).
-* What a trigger shares with the others it *holds*
-  (:mod:`~airflow_provider_systemzero.triggers.streaming`): its stream, the lease on it and the source
-  feeder; what ends a wait is the pure :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
-* **Stream leasing**: once a decision about the current state settled and the source has nothing
-  new, the trigger gives its stream back (close 1000) and reconnects — with a byte-identical
-  replay — only when the source changes, so a triggerer holds many waiting sensors within
-  ``max_streams_per_process``.
+* One watch per run (:class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`, run
+  by :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`) decides, in one place,
+  which decision is about the state the source holds now (only such a decision fires), when to
+  open a stream and when to give it back, and what is read next; ``run()`` is a short loop over
+  its verdicts. The rules that end a wait are the pure
+  :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
+* **Stream leasing**: a stream that owes nothing (no decision in flight or wanted) offers its slot
+  to a trigger waiting for one and is given back (close 1000) after ``lease_after`` quiet seconds;
+  the next change that wants a decision reconnects with a byte-identical replay, so a triggerer
+  holds many waiting sensors within ``max_streams_per_process``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.relevance import DecisionGate
+from airflow_provider_systemzero.decisions.source_watch import (
+    DEFAULT_MAX_STALENESS,
+    FirstDecision,
+    SourceWatch,
+)
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
-from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
-from airflow_provider_systemzero.triggers.feeder import SourceFeeder
+from airflow_provider_systemzero.sources.base import StaticSource
+from airflow_provider_systemzero.sources.spec import build_source, refuse_rendered_state, state_templates
+from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
-from airflow_provider_systemzero.triggers.sources import (
-    StateSource,
-    build_source,
-    refuse_rendered_state,
-    state_templates,
-)
-from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
     announce_wait,
     close_watching,
-    end_lease,
     failures_in_a_row,
-    new_feeder,
-    new_lease,
+    start_watch,
     wait_to_watch_again,
     watch_source,
 )
@@ -88,7 +82,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     :param condition: :meth:`DecisionCondition.to_dict` — question, expect, min_confidence, min_probability,
         and optionally a policy and hysteresis (``consecutive``, ``min_true_for``).
     :param state: the initial state (string, array or object).
-    :param source: where the state comes from (see :mod:`~airflow_provider_systemzero.triggers.sources`).
+    :param source: where the state comes from (see :mod:`~airflow_provider_systemzero.sources.spec`).
     :param key_namespace: deterministic namespace of this task instance's keys and cache key.
     :param decision_mode: ``on_change`` (every change is decided) or ``on_request`` (decide after changes).
     :param deadline: absolute deadline in epoch seconds, or ``None``.
@@ -168,110 +162,46 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         return path, kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Stream the state and yield one event: a stream while the state changes (:meth:`_hold`),
-        none while it does not, when this generator itself awaits the source's next change (the
-        source's own awaitable: a dormant trigger keeps no other coroutine of the provider's)."""
-        stream = self._stream
-        payload = stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
-        watch: DecisionWatch | None = None
-        said: str | None = None  # why the last decision did not end the wait, once its watch is gone
-        try:
-            deadline = None if payload is not None else stream.deadline_scope()
-            if deadline is not None:
-                await deadline.__aenter__()
+        """Watch the source and yield one event: the verdict of a current decision, a timeout, or
+        an error (the event goes out before the stream's close handshake)."""
+        streams, extra = self._stream, self._extra()
+        payload = streams.late(extra, "the sensor's deadline passed before the trigger started")
+        rules: DecisionWatch | None = None
+        if payload is None:
+            scope = streams.deadline_scope()
             try:
-                if payload is None:
+                async with scope:
                     if self._templates is not None:  # as the worker checks what it rendered
                         refuse_rendered_state(
                             self.state, self.source, self._templates, allow_empty=self.allow_empty
                         )
                     self._source = source = build_source(self.source, self.state)
-                    announce_wait(self.condition, source, stream.deadline)
-                    # a callable that cannot be imported ends the wait here
-                    relevance = self.decision_filter.relevance()
-                    # kept across streams: a reopened stream does not decide its opening state
-                    # unless a change since the last one matched decide_when
-                    gate = self.decision_filter.gate(asyncio.get_running_loop().time())
-                    state = await stream.first_state(source, gate, relevance)
-                    while payload is None:
-                        if watch is None:
-                            watch = self._watch()
-                        payload = await self._hold(state, source, watch, gate)
-                        if payload is not None:
-                            break
-                        # dormant: only a run of qualifying decisions (hysteresis) is worth keeping
-                        if not watch.streak.count:
-                            said, watch = watch.last_reason or said, None
-                        stream.let_go(gate)
-                        state = NO_CHANGE
-                        while state is NO_CHANGE:
-                            time_left = stream.time_left(watch)
-                            stream.dormant = True
-                            try:
-                                if time_left is None:
-                                    # TriggerStream.change, inline: no coroutine between this
-                                    # generator and the source's own wait
-                                    state = await source.current()
-                                    while not stream.changed(state, source):
-                                        try:
-                                            state = await source.taken(await source.next_change())
-                                        except Exception as exc:
-                                            state = await source.failed(exc)
-                                else:  # a qualifying run waits on time: bounded by one timer
-                                    state = await stream.change_within(time_left, source)
-                            finally:
-                                stream.dormant = False
-                            state, verdict = await stream.woken(
-                                state,
-                                watch,
-                                gate=gate,
-                                relevance=relevance,
-                                min_interval=(self.min_interval_ms or 0) / 1000,
-                            )
-                            if verdict is not None:  # only time was missing, and it passed
-                                payload = self._payload(watch, verdict)
-                                break
-            # what `async with deadline` does (which would keep a bound method all along the wait)
-            except BaseException as exc:
-                if deadline is not None:
-                    await deadline.__aexit__(type(exc), exc, exc.__traceback__)  # the deadline: TimeoutError
+                    announce_wait(self.condition, source, streams.deadline)
+                    rules = self._rules()
+                    driver = start_watch(self, source, rules, once=True, min_interval_ms=self.min_interval_ms)
+                    verdict = await driver.next_verdict()
+                    payload = rules.sensor_event(
+                        verdict, key_namespace=self.key_namespace, deadline=self.deadline
+                    ).to_payload()
+            except TimeoutError as exc:
+                if not scope.expired():
+                    payload = self._failure(exc, extra)
+                else:
+                    payload = self._timed_out(rules, extra)
+            except Exception as exc:
+                payload = self._failure(exc, extra)
+            except BaseException:  # cancelled: no event
+                await self.cleanup()
                 raise
-            else:
-                if deadline is not None:
-                    await deadline.__aexit__(None, None, None)
-        except TimeoutError:
-            more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
-            # a met decision that a hold rule (consecutive, min_true_for) kept from ending the wait
-            held = (
-                None
-                if watch is None
-                else watch.held_back(asyncio.get_running_loop().time(), more_time=more_time)
-            )
-            payload = stream.timed_out(
-                self._extra(),
-                "no decision met the condition before the deadline"
-                if held is None
-                else "a decision met the condition, but a hold rule kept it from ending the wait before the deadline",
-                self._source,
-                "; ".join(filter(None, [(watch.last_reason if watch is not None else None) or said, held])),
-                more_time=more_time,
-            )
-        except Exception as exc:
-            payload = stream.failure(self, exc, self._extra())
-        except BaseException:  # cancelled: no event
-            await self.cleanup()
-            raise
-        # the event goes out first, a timeout's and an error's too: none waits for the close
-        # handshake, which a gateway that does not answer it holds for its timeout
-        yield TriggerEvent(stream.with_usage(payload))
+        yield TriggerEvent(streams.with_usage(payload))
         await self.cleanup()
 
     def _extra(self) -> dict[str, Any]:
         """The fields every event of this trigger carries."""
         return {"key_namespace": self.key_namespace}
 
-    def _watch(self) -> DecisionWatch:
-        """A new watch of the condition (the trigger keeps one only while it matters)."""
+    def _rules(self) -> DecisionWatch:
+        """What ends this wait: the condition, its policy and hysteresis, the skip states."""
         return DecisionWatch(
             DecisionCondition.from_dict(self.condition),
             reviews=True,
@@ -279,54 +209,31 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             end_when_unmet=self.end_when_unmet,
         )
 
-    async def _hold(
-        self, state: Any, source: StateSource, watch: DecisionWatch, gate: DecisionGate | None
-    ) -> dict[str, Any] | None:
-        """One stream about ``state``: the event payload, or ``None`` once the stream went quiet (it
-        is closed on return, and nothing of it outlives this call)."""
-        mode = self.decision_filter.stream_mode(self.decision_mode)
-        try:
-            # held, not closed on return: an event goes out before the close handshake (cleanup()
-            # closes the stream after the trigger yielded it); a quiet stream is closed here
-            async with self._stream.held(
-                state,
-                follow=source if gate is None else None,  # it opens with the newest state
-                decision_mode=mode,
-                min_interval_ms=self.min_interval_ms,
-            ) as stream:
-                lease = new_lease(self)
-                feeder = new_feeder(self, stream, source, mode, gate)
-                if feeder.direct:  # decisions straight from the stream's reader to this task
-                    verdict = await feeder.first_verdict(watch)
-                    payload = None if verdict is None else self._payload(watch, verdict)
-                else:
-                    try:
-                        payload = await self._stream.until_quiet(
-                            lease, feeder, feeder.race(functools.partial(self._consume, feeder, watch))
-                        )
-                    finally:
-                        await feeder.aclose()  # the source's reading, even if the race never ran
-                if payload is None:
-                    await stream.aclose()  # quiet: dormant, and nothing of the stream outlives this call
-                return payload
-        finally:
-            end_lease(self)
+    def _timed_out(self, rules: DecisionWatch | None, extra: dict[str, Any]) -> dict[str, Any]:
+        """The event of the deadline: what the wait was stuck on, and how long decisions took."""
+        more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
+        driver = self._driver
+        now = asyncio.get_running_loop().time()
+        # a met decision that a hold rule (consecutive, min_true_for) kept from ending the wait
+        held = None if rules is None else rules.held_back(now, more_time=more_time)
+        return self._stream.timed_out(
+            extra,
+            "no decision met the condition before the deadline"
+            if held is None
+            else "a decision met the condition, but a hold rule kept it from ending the wait before the deadline",
+            self._source,
+            "; ".join(filter(None, [rules.last_reason if rules is not None else None, held])),
+            more_time=more_time,
+            decision_seconds=None if driver is None else list(driver.decision_seconds),
+        )
 
-    async def _consume(self, feeder: SourceFeeder, watch: DecisionWatch) -> dict[str, Any]:
-        """The payload of the first verdict that ends the wait."""
-        async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-            async for verdict in verdicts:
-                return self._payload(watch, verdict)
-        raise RuntimeError("the stream ended without a decision")
-
-    def _payload(self, watch: DecisionWatch, verdict: Any) -> dict[str, Any]:
-        """The event payload of a verdict that ends the wait."""
-        return watch.sensor_event(
-            verdict, key_namespace=self.key_namespace, deadline=self.deadline
-        ).to_payload()
+    def _failure(self, exc: BaseException, extra: dict[str, Any]) -> dict[str, Any]:
+        # the event carries the message and the task raises it: said once, by the task
+        self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
+        return error_payload(exc, **extra)
 
     async def cleanup(self) -> None:
-        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
+        """Close the run, the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
         await close_watching(self)
 
 
@@ -366,48 +273,61 @@ class SystemZeroDecideTrigger(BaseTrigger):
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
+        self._driver: WatchDriver | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
         return self._kwargs.serialized(self)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Decide once and yield one event."""
+        """Decide once and yield one event (before the stream's close handshake: a gateway that does
+        not answer the close frame must not turn a decision in hand into a timeout)."""
         from airflow_provider_systemzero.protocol.messages import Attachment
 
-        extra = {"key_namespace": self.key_namespace}
-
-        async def decide() -> dict[str, Any]:
-            attachments = [Attachment(**a) for a in self.attachments]
-            stream = self._stream.open(
-                self.state,
-                decision_mode="on_request",
-                attachments=attachments,
-                idempotency_key=self.idempotency_key,
-            )
-            # entered, not closed here: the decision (or the failure) goes out as the event first,
-            # and cleanup() closes the stream after it. A close inside the deadline's scope could
-            # outlast the deadline (a gateway that does not answer the close frame holds it for
-            # the close handshake timeout) and turn a decision in hand into a timeout.
-            await stream.__aenter__()
-            decision = await stream.decide()
-            return answers_payload(decision, self.state, key_namespace=self.key_namespace)
-
-        try:
-            payload = await self._stream.within_deadline(
-                self,
-                decide(),
-                extra,
-                late="the task's deadline passed before the trigger started",
-                timed_out="no decision before the task's deadline",
-                more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
-            )
-            yield TriggerEvent(self._stream.with_usage(payload))
-        finally:
-            await self.cleanup()
+        streams, extra = self._stream, {"key_namespace": self.key_namespace}
+        payload = streams.late(extra, "the task's deadline passed before the trigger started")
+        if payload is None:
+            scope = streams.deadline_scope()
+            try:
+                async with scope:
+                    # the same watch as a sensor's, about a state that never changes: its first
+                    # decision is the answer
+                    watch = SourceWatch(FirstDecision(), decision_mode="on_request", lease=False)
+                    self._driver = driver = WatchDriver(
+                        watch,
+                        StaticSource(self.state),
+                        streams,
+                        stream_kwargs={
+                            "attachments": [Attachment(**a) for a in self.attachments],
+                            "idempotency_key": self.idempotency_key,
+                        },
+                    )
+                    decision = await driver.next_verdict()
+                    payload = answers_payload(decision, self.state, key_namespace=self.key_namespace)
+            except TimeoutError as exc:
+                if scope.expired():
+                    payload = streams.timed_out(
+                        extra,
+                        "no decision before the task's deadline",
+                        more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
+                        decision_seconds=list(self._driver.decision_seconds) if self._driver else None,
+                    )
+                else:
+                    payload = error_payload(exc, **extra)
+            except Exception as exc:
+                self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
+                payload = error_payload(exc, **extra)
+            except BaseException:  # cancelled: no event
+                await self.cleanup()
+                raise
+        yield TriggerEvent(streams.with_usage(payload))
+        await self.cleanup()
 
     async def cleanup(self) -> None:
-        """Close the stream (runs on every exit; exceptions are ignored by Airflow)."""
+        """Close the run and the stream (runs on every exit; exceptions are ignored by Airflow)."""
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.aclose()
         await self._stream.aclose()
 
 
@@ -471,9 +391,10 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield an event each time the condition becomes true; runs until cancelled (dormant, it
-        awaits the source's next change itself, as :meth:`SystemZeroDecisionTrigger.run` does)."""
-        stream_of = self._stream
+        """Yield an event each time the condition becomes true; runs until cancelled. A failure
+        is said, waited out and tried again (a watch has no task to fail); the watch — its source,
+        what it read, whether the current run of met decisions fired — is kept across tries."""
+        streams = self._stream
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)
         announce_wait(self.condition, source)
@@ -486,9 +407,8 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
             identity=kwargs_identity(self.serialize()[1]),
             stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
         )
-        watch = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
+        rules = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
         policy_fields = condition.policy is not None or condition.has_hysteresis
-        gate = self.decision_filter.gate(asyncio.get_running_loop().time())  # kept across streams
         failures = 0
         loop = asyncio.get_running_loop()
         try:
@@ -497,97 +417,23 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                 try:
                     # the connection is looked up now: a missing one is reported at the start, not
                     # when the source first has something to decide
-                    await stream_of.resolve_settings()
-                    watching = self._watching(watch, source, gate, policy_fields)
-                    async with contextlib.aclosing(watching) as payloads:
-                        async for payload in payloads:
-                            yield TriggerEvent(payload)
-                            memory.handed_over()
-                            failures = 0  # it worked
-                    return
+                    await streams.resolve_settings()
+                    driver = self._driver or start_watch(self, source, rules, once=False)
+                    while True:
+                        verdict = await driver.next_verdict()
+                        yield TriggerEvent(self._event(rules, verdict, policy_fields))
+                        memory.handed_over()
+                        failures = 0  # it worked
                 except Exception as exc:  # a watch has no task to fail: it says why, waits, goes on
                     failures = failures_in_a_row(failures, loop.time() - started)
-                    stream_of.forget_settings()  # a connection fixed meanwhile is used
+                    streams.forget_settings()  # a connection fixed meanwhile is used
+                    if self._driver is not None:
+                        await self._driver.reset()  # the stream goes; the watch and the source stay
                     await wait_to_watch_again(self.watch_id, failures, exc)
         finally:
-            await memory.aclose()
+            with contextlib.suppress(Exception):
+                await memory.aclose()
             await self.cleanup()
-
-    async def _watching(
-        self, watch: DecisionWatch, source: StateSource, gate: DecisionGate | None, policy_fields: bool
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The watch itself: the payload of each event, until the source ends (or a failure)."""
-        stream_of = self._stream
-        mode = self.decision_filter.stream_mode(self.decision_mode)
-        relevance = self.decision_filter.relevance()  # a callable that cannot be imported fails
-        state = await stream_of.first_state(source, gate, relevance)
-        while True:
-            follow = source if gate is None else None  # it opens with the newest state
-            # one queue per stream (it is drained before the trigger goes dormant: none is kept)
-            queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-            async with self._stream.opened(state, follow=follow, decision_mode=mode) as stream:
-                lease = new_lease(self)
-                feeder = new_feeder(self, stream, source, mode, gate)
-                quiet = lease.watch(feeder.currency)
-                race = asyncio.ensure_future(
-                    feeder.race(functools.partial(self._publish, feeder, watch, queue, policy_fields))
-                )
-                try:
-                    while True:
-                        getter = asyncio.ensure_future(queue.get())
-                        await asyncio.wait({getter, race, quiet}, return_when=asyncio.FIRST_COMPLETED)
-                        if getter.done():
-                            yield getter.result()
-                            continue
-                        getter.cancel()
-                        if race.done():
-                            race.result()  # raises the failure
-                            return
-                        break  # quiet: give the stream back until the state changes
-                finally:
-                    quiet.cancel()
-                    race.cancel()
-                    await asyncio.gather(race, return_exceptions=True)
-                    await feeder.aclose()  # the source's reading, even if the race never ran
-                    end_lease(self)
-            del stream, feeder, race, quiet, getter, lease  # nothing of the stream outlives it
-            while not queue.empty():  # a transition seen as the stream went quiet
-                yield queue.get_nowait()
-            del queue
-            # dormant: the watch is kept (whether the condition was met decides the next event)
-            stream_of.let_go(gate)
-            state = NO_CHANGE
-            while state is NO_CHANGE:
-                time_left = stream_of.time_left(watch)
-                stream_of.dormant = True
-                try:
-                    if time_left is None:
-                        # TriggerStream.change, inline (as in SystemZeroDecisionTrigger.run)
-                        state = await source.current()
-                        while not stream_of.changed(state, source):
-                            try:
-                                state = await source.taken(await source.next_change())
-                            except Exception as exc:
-                                state = await source.failed(exc)
-                    else:  # a qualifying run waits on time: bounded by one timer
-                        state = await stream_of.change_within(time_left, source)
-                finally:
-                    stream_of.dormant = False
-                state, verdict = await stream_of.woken(state, watch, gate=gate, relevance=relevance)
-                if verdict is not None:  # only time was missing, and it passed
-                    yield self._event(watch, verdict, policy_fields)
-
-    async def _publish(
-        self,
-        feeder: SourceFeeder,
-        watch: DecisionWatch,
-        queue: asyncio.Queue[dict[str, Any]],
-        policy_fields: bool,
-    ) -> None:
-        """Put the event payload of each verdict about the stream's decisions on ``queue``."""
-        async with contextlib.aclosing(feeder.verdicts(watch)) as verdicts:
-            async for verdict in verdicts:
-                await queue.put(self._event(watch, verdict, policy_fields))
 
     def _event(self, watch: DecisionWatch, verdict: Any, policy_fields: bool) -> dict[str, Any]:
         """The asset event payload of a verdict."""

@@ -18,7 +18,7 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
-from airflow_provider_systemzero.triggers.sources import (
+from airflow_provider_systemzero.sources.spec import (
     check_changes_possible,
     plain_source,
     validate_source_spec,

@@ -1,7 +1,6 @@
 """What a trigger that watches a source (the decision trigger, the event trigger) builds from its
-kwargs, with each stream it holds, and tears down: its ``decide_when`` filter, its lease, its
-source feeder, and the closing of its stream and source; and how an asset watch, which has no
-task to fail, goes on after a failure (:func:`wait_to_watch_again`)."""
+kwargs, runs its watch with, and tears down; and how an asset watch, which has no task to fail,
+goes on after a failure (:func:`wait_to_watch_again`)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_systemzero.decisions.relevance import DecisionFilter, DecisionGate
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter
+from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
 from airflow_provider_systemzero.protocol.reconnect import doubled
-from airflow_provider_systemzero.triggers.currency import validate_max_staleness
-from airflow_provider_systemzero.triggers.feeder import SourceFeeder
-from airflow_provider_systemzero.triggers.lease import StreamLease
-from airflow_provider_systemzero.triggers.sources import StateSource
+from airflow_provider_systemzero.sources.base import StateSource
+from airflow_provider_systemzero.triggers.driver import WatchDriver
 
 __all__ = [
     "WATCH_HEALTHY_S",
@@ -26,10 +24,8 @@ __all__ = [
     "WATCH_RETRY_MAX_S",
     "announce_wait",
     "close_watching",
-    "end_lease",
     "failures_in_a_row",
-    "new_feeder",
-    "new_lease",
+    "start_watch",
     "wait_to_watch_again",
     "watch_source",
 ]
@@ -48,26 +44,52 @@ WATCH_RETRY_MAX_S = 60.0
 WATCH_HEALTHY_S = 120.0
 
 
-def new_feeder(
-    trigger: Any, stream: Any, source: StateSource, mode: str, gate: DecisionGate | None
-) -> SourceFeeder:
-    """The feeder of one of ``trigger``'s streams (a decision or an event trigger): its lease,
-    staleness bound and ``decide_when`` filter, with the gate it keeps across streams."""
-    return SourceFeeder(
-        stream,
-        source,
-        decision_mode=mode,
-        lease=trigger._lease,
-        max_staleness=trigger.max_staleness,
-        decision_filter=trigger.decision_filter,
-        gate=gate,
-        reading=trigger._stream.take_reading(),
+def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
+    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
+    (``given``, its ``__init__``'s ``locals()``): the checked ``decide_when`` filter and
+    ``max_staleness``; the source and the watch are built when the trigger runs (:func:`start_watch`)."""
+    trigger.decision_filter = DecisionFilter(
+        decide_when=given["decide_when"],
+        debounce_ms=given["debounce_ms"],
+        decide_initial=given["decide_initial"],
     )
+    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
+    trigger._source = None
+    trigger._driver = None
 
 
-#: The filter of every trigger without ``decide_when``, ``debounce_ms`` or ``decide_initial``
-#: (shared: a waiting trigger keeps one object fewer).
-_NO_FILTER = DecisionFilter()
+def start_watch(
+    trigger: Any, source: StateSource, rules: Rules, *, once: bool, min_interval_ms: int | None = None
+) -> WatchDriver:
+    """The watch of ``trigger``'s run and its driver (kept as ``trigger._driver`` for its cleanup).
+
+    :param trigger: a decision or an event trigger (its kwargs: ``decision_mode``, ``lease``,
+        ``lease_after``, ``max_staleness`` and the ``decide_when`` filter).
+    :param source: the trigger's source, built.
+    :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`).
+    :param once: the first verdict ends the watch (a sensor); ``False``: an asset watch.
+    :param min_interval_ms: the trigger's ``min_interval_ms`` (between dispatch starts, and between
+        the last decision and the next stream).
+    :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
+    """
+    decision_filter: DecisionFilter = trigger.decision_filter
+    relevance = decision_filter.relevance()  # a callable that cannot be imported ends the wait here
+    watch = SourceWatch(
+        rules,
+        decision_mode=decision_filter.stream_mode(trigger.decision_mode),
+        gate=decision_filter.gate(asyncio.get_running_loop().time()),
+        relevance=relevance,
+        lease=trigger.lease,
+        lease_after=trigger.lease_after,
+        max_staleness=trigger.max_staleness,
+        min_interval=(min_interval_ms or 0) / 1000,
+        once=once,
+    )
+    stream_kwargs = {} if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
+    trigger._driver = driver = WatchDriver(
+        watch, source, trigger._stream, stream_kwargs=stream_kwargs, relevance=relevance
+    )
+    return driver
 
 
 def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: float | None = None) -> None:
@@ -91,44 +113,14 @@ def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: f
     )
 
 
-def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
-    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
-    (``given``, its ``__init__``'s ``locals()``): the ``decide_when`` filter, the validated
-    ``max_staleness``; the source is built when the trigger runs, a lease with each stream
-    (:func:`new_lease`)."""
-    decision_filter = DecisionFilter(
-        decide_when=given["decide_when"],
-        debounce_ms=given["debounce_ms"],
-        decide_initial=given["decide_initial"],
-    )
-    # without decide_when, debounce_ms and decide_initial the filter is never changed: one for all
-    trigger.decision_filter = _NO_FILTER if not decision_filter.to_kwargs() else decision_filter
-    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
-    trigger._lease = None
-    trigger._source = None
-
-
-def new_lease(trigger: Any) -> StreamLease:
-    """The lease of the stream ``trigger`` is about to hold: it lives as long as that stream (a
-    dormant trigger keeps what it needs of it in its :class:`TriggerStream`, :func:`end_lease`)."""
-    trigger._lease = lease = StreamLease(trigger.lease, trigger.lease_after)
-    return lease
-
-
-def end_lease(trigger: Any) -> None:
-    """End the lease of ``trigger``'s stream (closed, or the trigger ends), keeping what the last
-    decision covered and when."""
-    lease, trigger._lease = trigger._lease, None
-    if lease is not None:
-        lease.end()
-        trigger._stream.remember(lease)
-
-
 async def close_watching(trigger: Any) -> None:
-    """Close a watching trigger's stream and source (its ``cleanup()``: every exit, errors ignored)."""
-    end_lease(trigger)
+    """Close a watching trigger's run, stream and source (its ``cleanup()``: every exit, errors
+    ignored; safe to run twice)."""
+    driver, trigger._driver = trigger._driver, None
     source, trigger._source = trigger._source, None
     try:
+        if driver is not None:
+            await driver.aclose()
         await trigger._stream.aclose()
     finally:  # also when cancelled during the close handshake: a push source's read stops
         if source is not None:

@@ -1,7 +1,7 @@
-"""A file source: tails a local text file, on the operating system's file notifications.
+"""A file source: tails a local regular text file, on the operating system's file notifications.
 
 See :class:`FileSource`; the notifications come from the process's one shared watcher
-(:mod:`~airflow_provider_systemzero.triggers.file_watch`).
+(:mod:`~airflow_provider_systemzero.sources.file_watch`).
 """
 
 from __future__ import annotations
@@ -13,42 +13,44 @@ import errno
 import logging
 import os
 import socket
+import stat as stat_module
 import threading
-from collections.abc import AsyncIterator, Awaitable
 from functools import lru_cache
 from typing import Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource
+from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.base import DEFAULT_POLL_INTERVAL, StateSource, after
 
-__all__ = ["FINGERPRINT_BYTES", "FileSource", "missing_file"]
+__all__ = ["FINGERPRINT_BYTES", "INLINE_READ_BYTES", "FileSource", "missing_file", "not_a_regular_file"]
 
-log = logging.getLogger("airflow_provider_systemzero.triggers.sources")  # the sources' one log
+log = logging.getLogger(__name__)
 
 #: Bytes at the start of a tailed file, and before the read position, compared on every read.
 FINGERPRINT_BYTES = 1024
-#: What a file source's ``changes()`` compares the text with before it yielded any (no text equals it).
-_NOTHING_YET: Any = object()
 #: A notified file source reads at most this many new bytes on the event loop (more in a thread).
 INLINE_READ_BYTES = 64 * 1024
 
 
 class FileSource(StateSource):
-    """Tails a local text file (see the module docstring).
+    """Tails a local regular text file (see the module docstring).
 
     How it learns of a change (``watch``): ``notify`` waits for the operating system's file
     notifications through the process's one shared watcher
-    (:mod:`~airflow_provider_systemzero.triggers.file_watch`), whose one re-check timer also
+    (:mod:`~airflow_provider_systemzero.sources.file_watch`), whose one re-check timer also
     compares every watched file with what was read every :data:`~.file_watch.RECHECK_SECONDS`
     as a safety net (the source keeps no timer of its own); ``poll`` checks every
-    ``poll_interval`` (one timer per source while it is read); ``auto`` (the default) chooses
-    ``poll`` on network and FUSE filesystems and where the system has no inotify, ``notify``
-    elsewhere.
+    ``poll_interval`` (one timer per wait); ``auto`` (the default) chooses ``poll`` on network and
+    FUSE filesystems and where the system has no inotify, ``notify`` elsewhere.
 
-    A dormant trigger on notifications awaits one future of the source's, resolved by the
-    watcher (:meth:`next_change`); the source is its own subscriber (:meth:`__call__`), and
-    keeps no decoder while no partial character is pending.
+    A waiting trigger on notifications awaits one future of the source's, resolved by the
+    watcher (:meth:`changed`); the source is its own subscriber (:meth:`__call__`), and keeps no
+    decoder while no partial character is pending.
+
+    Only a regular file is read. A FIFO, a device, a socket or a directory at the path is refused
+    with an error naming the path (opening a FIFO for reading would wait for a writer, and a
+    device may never end): the path is checked with ``stat`` before it is opened, the file is
+    opened without blocking, and what was opened is checked again.
 
     The file counts as replaced — and is read again from its start — when its name now refers to
     another file (new inode; a notification of a create, delete or rename of the name), when it is
@@ -58,9 +60,8 @@ class FileSource(StateSource):
     reuses the inode number are read afresh rather than spliced.
 
     While the file does not exist or is empty, the source's state holds none of it; such a state
-    is withheld (:meth:`withheld`: ``changes()`` does not yield it, and a trigger opens no stream
-    about it), so nothing is decided or billed until the file has content, unless
-    ``decide_empty``.
+    is withheld (:meth:`withheld`: a trigger opens no stream about it and sends it to none), so
+    nothing is decided or billed until the file has content, unless ``decide_empty``.
 
     :param path: the file.
     :param prefix: the initial state the file content is appended to.
@@ -96,10 +97,10 @@ class FileSource(StateSource):
         self.encoding = encoding
         self.poll_interval = poll_interval
         self.watch = watch
-        #: ``notify`` or ``poll`` once :meth:`changes` runs.
+        #: ``notify`` or ``poll`` once the source was first read or waited on.
         self.mode: str | None = None
         #: what :func:`~.file_watch.watch_mode` chose once the file's directory existed: the mount
-        #: table is read once per source, not at every stream and dormant wait
+        #: table is read once per source, not at every wait
         self._chosen: str | None = None
         self._text = prefix
         self._offset = 0
@@ -112,26 +113,18 @@ class FileSource(StateSource):
         self._replaced = False
         self._resubscribe = False
         #: a notification came since the last read (or nothing was read yet): the next
-        #: ``changes()`` reads before it yields; otherwise it yields the text it has
+        #: :meth:`read` reads the file; otherwise it returns the text it has
         self._stale = True
         #: held by the one read in progress: a read runs to its end in its thread even when the
-        #: refresh that started it is cancelled (a feeder closed when its stream went quiet), and
-        #: the next read, from the next iterator, must start where that one ended
+        #: reader that started it is cancelled, and the next read must start where that one ended
         self._reading = threading.Lock()
-        #: one event per open ``changes()`` iterator, each set by a notification: a trigger's next
-        #: iterator (a new stream) may start before the last one is closed (``None``: none open)
-        self._wakes: set[asyncio.Event] | None = None
-        #: the future a dormant trigger awaits (:meth:`next_change`), resolved by a notification
+        #: the future a waiting reader awaits (:meth:`changed`), resolved by a notification
         self._waiter: asyncio.Future[None] | None = None
         #: the source's watch: the paths it subscribed to the watcher under, kept from its first
-        #: read until :meth:`aclose` (the trigger's cleanup), so a trigger's streams and dormant
-        #: waits, one after the other, cost no subscribe, no unsubscribe and no read of an
-        #: unchanged file
+        #: read until :meth:`aclose` (the trigger's cleanup), so a trigger's streams and waits,
+        #: one after the other, cost no subscribe, no unsubscribe and no read of an unchanged file
         self._watcher: file_watch.FileWatcher | None = None
         self._watched: tuple[str, ...] = ()
-        #: the source's one timer while polled and an iterator is open: the next poll (on
-        #: notifications the source has none: the watcher's re-check is one timer for all)
-        self._timer: asyncio.TimerHandle | None = None
 
     # ---------------------------------------------------------------- reading (in a worker thread)
 
@@ -160,9 +153,8 @@ class FileSource(StateSource):
         """Blocking part: read what changed and take it into the text (``True``: done).
 
         The read position and the text move together, under :attr:`_reading`: a read whose caller
-        was cancelled meanwhile still leaves text that holds everything read (every iterator
-        yields the text when it differs from what that iterator yielded last), never a position
-        past bytes the text lacks.
+        was cancelled meanwhile still leaves text that holds everything read (the next
+        :meth:`read` returns it), never a position past bytes the text lacks.
 
         :param limit: with a limit, read nothing and return ``None`` when more than ``limit``
             bytes would be read, or when another read is in progress (the caller reads in a
@@ -245,7 +237,10 @@ class FileSource(StateSource):
     def _read_file(self, replaced: bool, limit: int | None) -> tuple[bool, str] | None:
         """``(restart, text)``: the new text, to append or (``restart``) to start over with."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # stat first: opening a FIFO for reading would wait for a writer (a blocked loop, or
+            # a thread, for as long as nobody writes)
+            not_a_regular_file(self.path, os.stat(self.path).st_mode)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:  # a missing file counts as empty
             if not self._seen:
                 self._seen = True  # said once (or, with must_exist, raised)
@@ -257,6 +252,7 @@ class FileSource(StateSource):
         self._seen, self._missing = True, False
         try:
             stat = os.fstat(fd)
+            not_a_regular_file(self.path, stat.st_mode)  # replaced between the stat and the open
             identity = (stat.st_dev, stat.st_ino)
             restart = self._identity is not None and (
                 replaced
@@ -330,12 +326,10 @@ class FileSource(StateSource):
         self._wake()
 
     def _wake(self) -> None:
-        """Wake the dormant trigger's wait and every open iterator."""
+        """Wake the reader waiting on :meth:`changed`."""
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        for wake in self._wakes or ():
-            wake.set()
 
     def _unchanged_on_disk(self) -> bool:
         """Whether the file is as the last read left it (one ``stat``: same file, size and
@@ -397,32 +391,6 @@ class FileSource(StateSource):
             return bool(self._watched)
         return False
 
-    async def _next_change(self, wake: asyncio.Event) -> None:
-        """Wait for a notification or the poll on ``wake`` (see :meth:`_arm`)."""
-        if self._watch_again():
-            self._disarm()  # notified now: no poll
-            return
-        if self._timer is None and not self._watched:
-            self._arm()
-        await wake.wait()
-        wake.clear()
-
-    def _arm(self) -> None:
-        """(Re)start the poll timer: ``poll_interval`` after the last read, while an iterator waits."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(self.poll_interval, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        for wake in self._wakes or ():
-            wake.set()
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _choose_mode(self) -> str:
         if self._chosen is not None:
             return self._chosen
@@ -433,78 +401,47 @@ class FileSource(StateSource):
 
     # ---------------------------------------------------------------- the source API
 
-    async def current(self) -> str:
-        """The text now (the file is read unless it is watched and nothing changed since the last read)."""
+    def _start(self) -> None:
+        """Choose how changes are noticed, and watch the file when notifications work (once: the
+        watch is kept until :meth:`aclose`, across the trigger's streams and waits)."""
         if self.mode is None:
-            self._choose_mode()  # known before the first read: a local file is read on the loop
+            self.mode = self._choose_mode()
+            self._subscribe()
+            log.debug(
+                "tailing %s (%s)",
+                self.path,
+                "file notifications" if self._watched else f"polling every {self.poll_interval:.3g} s",
+            )
+
+    async def read(self) -> str:
+        """The text now: the file is read unless it is watched and nothing changed since the last
+        read (a read left running by a cancelled reader is waited for)."""
+        self._start()
         if self._stale or not self._watched or self._reading.locked():
             await self._refresh()
         return self._text
 
-    def next_change(self, *, kept: bool = False) -> Awaitable[Any]:
-        """On notifications, a future the watcher resolves (a change, or its re-check finding one);
-        polled, the next poll (``poll_interval`` seconds). Either may be cancelled (``kept`` or not):
-        the next wait reads the file again."""
-        if self.mode is None:
-            self.mode = self._choose_mode()
-        loop = asyncio.get_running_loop()
+    def changed(self) -> asyncio.Future[None]:
+        """On notifications, a future the watcher resolves (a change, or its re-check finding one),
+        done at once when a change is already known; polled (or while the file's directory does
+        not exist), the next poll in ``poll_interval`` seconds."""
+        self._start()
         if not self._watch_again() and not self._watched:
-            return asyncio.sleep(self.poll_interval)
-        waiter = loop.create_future()
+            return after(self.poll_interval)
+        waiter = asyncio.get_running_loop().create_future()
         if self._stale or self._reading.locked():
             waiter.set_result(None)  # already changed (or a read ends): read at once
         else:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.cancel()  # one reader: the last wait is over
             self._waiter = waiter
         return waiter
 
-    async def taken(self, value: Any) -> Any:
-        """The text once the source was woken (read if it may have changed)."""
-        return await self.current()
-
-    async def changes(self) -> AsyncIterator[Any]:
-        wake = asyncio.Event()
-        if self._wakes is None:
-            self._wakes = set()
-        self._wakes.add(wake)
-        self.mode = self._choose_mode()
-        if self._resubscribe:  # the directory went away while no iterator was open
-            self._unsubscribe()
-        self._subscribe()
-        log.debug(
-            "tailing %s (%s)",
-            self.path,
-            "file notifications" if self._watched else f"polling every {self.poll_interval:.3g} s",
-        )
-        try:
-            # read unless watched and unchanged since the last read, and no read is in progress
-            # (one a cancelled iterator left running in a thread: wait for it)
-            if self._stale or not self._watched or self._reading.locked():
-                await self._refresh()
-            # a text without the file's content is not yielded (withheld): the content that
-            # follows is compared with the text yielded last
-            last: Any = _NOTHING_YET
-            if not self.withheld(self._text):
-                last = self._text
-                yield last
-            while True:
-                await self._next_change(wake)
-                await self._refresh()
-                # what this iterator has not yielded yet (another iterator's read may have taken
-                # the change into the text: the text is compared, not the read's result)
-                text = self._text
-                if text is not last and text != last and not self.withheld(text):
-                    last = text
-                    yield last
-        finally:
-            self._wakes.discard(wake)
-            if not self._wakes:
-                self._wakes = None
-                self._disarm()
-
     async def aclose(self) -> None:
-        self._disarm()
         self._unsubscribe()
-        self._waiter = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
 
 
 def _links(path: str) -> list[str]:
@@ -554,4 +491,31 @@ def missing_file(path: str, must_exist: bool, decide_empty: bool = False) -> Non
         path,
         host,
         "it is read as empty" if decide_empty else "nothing is decided",
+    )
+
+
+#: What a file that is not regular is called in messages, by its ``stat`` type.
+_FILE_KINDS = (
+    (stat_module.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat_module.S_ISDIR, "a directory"),
+    (stat_module.S_ISCHR, "a character device"),
+    (stat_module.S_ISBLK, "a block device"),
+    (stat_module.S_ISSOCK, "a socket"),
+)
+
+
+def not_a_regular_file(path: str, mode: int) -> None:
+    """Refuse a path that is not a regular file (``mode``: its ``st_mode``).
+
+    :raises SystemZeroArgumentError: naming the path, what it is and the fix.
+    """
+    if stat_module.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    raise SystemZeroArgumentError(
+        f"source.path {path!r} on host {socket.gethostname()!r} is {kind}: a file source tails a "
+        "regular file only (reading anything else may never end); point source.path at the log "
+        "file itself, or use a callable source to read other kinds of input",
+        code="not_a_regular_file",
+        field="source.path",
     )

@@ -1,6 +1,6 @@
 """One operating-system file watcher per process, shared by every file source.
 
-A file source (:class:`~airflow_provider_systemzero.triggers.sources.FileSource`) learns that
+A file source (:class:`~airflow_provider_systemzero.sources.file.FileSource`) learns that
 its file changed from Linux's inotify instead of checking it on a timer. Every source in an
 event loop shares **one** inotify descriptor (:class:`FileWatcher`): a thousand triggers tailing
 a thousand files cost one descriptor, no thread, and one watch per *directory* (the kernel
@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_systemzero.triggers.mount_table import (
+from airflow_provider_systemzero.sources.mount_table import (
     MOUNTINFO,
     MountTable,
     MountTableWatch,

@@ -1,7 +1,7 @@
 """The mount table of this process, for telling network and FUSE filesystems from local ones.
 
 A file source polls a file whose directory is on a filesystem notifications do not work for
-(:func:`~airflow_provider_systemzero.triggers.file_watch.watch_mode`); the filesystem type comes
+(:func:`~airflow_provider_systemzero.sources.file_watch.watch_mode`); the filesystem type comes
 from the mount that holds the directory.
 """
 

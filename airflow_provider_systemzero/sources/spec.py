@@ -1,4 +1,4 @@
-"""Where a decision trigger's state comes from.
+"""How a state source is described, checked and built.
 
 A source is described by plain JSON (it travels in trigger kwargs) and built inside the
 triggerer with :func:`build_source`. Three kinds:
@@ -8,7 +8,7 @@ triggerer with :func:`build_source`. Three kinds:
 ``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "watch": "auto", "poll_interval": 1.0}``
     Tails a local text file: the state is the initial state (a string, usually ``""``) followed by
     the file's content. A change is noticed through the operating system's file notifications
-    (one watcher per process, :mod:`~airflow_provider_systemzero.triggers.file_watch`) or, on
+    (one watcher per process, :mod:`~airflow_provider_systemzero.sources.file_watch`) or, on
     network filesystems and where ``watch`` is ``"poll"``, every ``poll_interval`` seconds. New bytes
     are read incrementally off the event loop; a file that is replaced — renamed, deleted and
     recreated, rewritten in place or truncated — is read again from the start (see
@@ -18,7 +18,7 @@ triggerer with :func:`build_source`. Three kinds:
     unless ``"decide_empty": True``.
 ``{"type": "callable", "path": "my_pkg.sources.job_state", "kwargs": {...}, "poll_interval": 5.0}``
     A function returning the full desired state (string, array or object). A sync function runs
-    in a daemon thread of its own (one call at a time, at most ``timeout`` seconds), an ``async
+    on a daemon thread of the provider's (one call at a time, at most ``timeout`` seconds), an ``async
     def`` is awaited; an async *generator* is iterated and each value it yields is the new state
     (push, no polling). Failures are retried ``retries`` times with backoff from ``retry_delay``
     (see :class:`CallableSource`). The module must be importable in the triggerer (not from a Dag
@@ -27,10 +27,9 @@ triggerer with :func:`build_source`. Three kinds:
 The trigger reconciles the desired state with what the gateway has through the core's minimal
 mutation (text suffix → ``append_text``, array suffix → ``append_items``, otherwise ``replace``).
 
-The sources live by kind in :mod:`~airflow_provider_systemzero.triggers.state_source` (the base and
-the static source), :mod:`~airflow_provider_systemzero.triggers.file_source` and
-:mod:`~airflow_provider_systemzero.triggers.callable_source`; this module describes, checks and
-builds them.
+The sources live by kind in :mod:`~airflow_provider_systemzero.sources.base` (the read interface
+and the static source), :mod:`~airflow_provider_systemzero.sources.file` and
+:mod:`~airflow_provider_systemzero.sources.callable`; this module describes, checks and builds them.
 """
 
 from __future__ import annotations
@@ -42,18 +41,17 @@ from typing import Any
 
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.callable_source import (
+from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.base import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
+from airflow_provider_systemzero.sources.callable import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY,
     CallableSource,
-    SourceFailed,
     check_source_path,
     import_callable,
 )
-from airflow_provider_systemzero.triggers.file_source import FINGERPRINT_BYTES, FileSource
-from airflow_provider_systemzero.triggers.state_source import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
+from airflow_provider_systemzero.sources.file import FileSource
 from airflow_provider_systemzero.utils.checks import (
     has_template,
     refuse_empty_state,
@@ -62,13 +60,10 @@ from airflow_provider_systemzero.utils.checks import (
 )
 
 __all__ = [
-    "FINGERPRINT_BYTES",
-    "CallableSource",
-    "FileSource",
-    "SourceFailed",
-    "StateSource",
-    "StaticSource",
+    "SOURCE_TYPES",
     "build_source",
+    "check_changes_possible",
+    "is_static",
     "plain_source",
     "refuse_rendered_state",
     "state_templates",
@@ -266,7 +261,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
 
 def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSource:
     """Build a source from its description (in the triggerer; and on a poking sensor's worker,
-    which reads it with :meth:`~airflow_provider_systemzero.triggers.state_source.StateSource.read_now`).
+    which reads it with :meth:`~airflow_provider_systemzero.sources.base.StateSource.read_now`).
 
     :param spec: the description (see the module docstring).
     :param initial_state: the trigger's initial state.

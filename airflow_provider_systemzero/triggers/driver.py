@@ -1,0 +1,349 @@
+"""The asyncio driver of a :class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`:
+it does the I/O the watch asks for, and feeds back what happened.
+
+A trigger's ``run()`` is a short loop over :meth:`WatchDriver.next_verdict`. The driver owns every
+piece of work under way — the read of the source, the stream being opened or closed, an
+on_request decide, a ``decide_when`` check — each a future whose completion wakes the driver's one
+task; between wake-ups it awaits one future, and a waiting trigger with no stream holds nothing
+but that future's link to its source (a notified file's future, a push generator's read) and, when
+the watch waits on time, one timer.
+
+What is read next, and on which thread, is decided here once:
+
+* the source is read whenever its :meth:`~airflow_provider_systemzero.sources.base.StateSource.changed`
+  future completes, in every phase (dormant, opening, holding, releasing), and each read goes to
+  the watch; a decision is judged only once no read is under way (reads first: a decision is
+  judged against what the source holds now);
+* a ``decide_when`` callable runs on a daemon thread of the provider's with a timeout
+  (:class:`~airflow_provider_systemzero.sources.threads.UserCall`), never on the loop or its
+  shared executor, as a callable source does.
+
+:meth:`WatchDriver.aclose` cancels and awaits every piece of work and closes the stream: nothing of
+the run outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_systemzero.decisions.source_watch import (
+    Check,
+    Decide,
+    Fire,
+    Offer,
+    Open,
+    Phase,
+    Release,
+    Send,
+    SourceWatch,
+    Withdraw,
+)
+from airflow_provider_systemzero.sources.threads import UserCall
+
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.decisions.relevance import Relevance
+    from airflow_provider_systemzero.protocol.reply import DecisionResult
+    from airflow_provider_systemzero.sources.base import StateSource
+    from airflow_provider_systemzero.stream.capacity import SlotOffer
+    from airflow_provider_systemzero.stream.decision_stream import DecisionStream
+    from airflow_provider_systemzero.triggers.streaming import TriggerStream
+
+__all__ = ["DECIDE_WHEN_TIMEOUT", "WatchDriver"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a ``decide_when`` callable may run before the wait fails with an error naming it.
+DECIDE_WHEN_TIMEOUT = 60.0
+#: How many decision durations a wait keeps, for the message of a deadline that passed.
+_DURATIONS_KEPT = 5
+
+
+class _Wakeup:
+    """Wakes the driver's one task: every piece of work calls it when it completes.
+
+    A call before the driver waits is remembered, so no completion is lost between two waits.
+    """
+
+    __slots__ = ("_future", "_pending")
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+        self._pending = False
+
+    def wait(self) -> asyncio.Future[None]:
+        future = self._future = asyncio.get_running_loop().create_future()
+        if self._pending:
+            self._pending = False
+            future.set_result(None)
+        return future
+
+    def __call__(self, *_: Any) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+        else:
+            self._pending = True
+
+
+def _covers(stream: DecisionStream, decision: DecisionResult) -> bool:
+    """Whether ``decision`` covers the complete state ``stream`` holds now (in sync, same
+    connection, same version): a decide that waited for its start under the account ceiling names
+    the newest version when it starts, so it may cover a state sent after it was asked."""
+    return (
+        stream.in_sync
+        and decision.stream_id == stream.stream_id
+        and decision.state_version == stream.state_version
+    )
+
+
+class WatchDriver:
+    """Runs a :class:`SourceWatch` against a source and the trigger's streams.
+
+    :param watch: the watch (its phase says where the run is).
+    :param source: the state source (closed by the trigger's cleanup, not here).
+    :param streams: the trigger's :class:`~airflow_provider_systemzero.triggers.streaming.TriggerStream`.
+    :param stream_kwargs: what every stream is built with besides the state (``decision_mode`` …).
+    :param relevance: the ``decide_when`` callable's holder, for :class:`Check` s.
+    """
+
+    def __init__(
+        self,
+        watch: SourceWatch,
+        source: StateSource,
+        streams: TriggerStream,
+        *,
+        stream_kwargs: dict[str, Any] | None = None,
+        relevance: Relevance | None = None,
+    ) -> None:
+        self.watch = watch
+        self.source = source
+        self.streams = streams
+        self.stream_kwargs = {"decision_mode": watch.decision_mode, **(stream_kwargs or {})}
+        self.relevance = relevance
+        self._checks = (
+            UserCall(f"decide_when.callable {relevance.spec['callable']!r}", DECIDE_WHEN_TIMEOUT)  # type: ignore[index]
+            if relevance is not None and relevance.is_callable
+            else None
+        )
+        self._wake = _Wakeup()
+        #: the stream held now (being opened, open, or being closed)
+        self.stream: DecisionStream | None = None
+        #: the pieces of work under way (``None``: none)
+        self._change: asyncio.Future[None] | None = None
+        self._reading: asyncio.Task[Any] | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self._deciding: asyncio.Task[DecisionResult] | None = None
+        self._checking: asyncio.Task[bool] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._offer: SlotOffer | None = None
+        self._slot_wanted = False
+        #: when the decision the watch waits for was asked, and how long the last ones took
+        self._asked_at: float | None = None
+        self.decision_seconds: deque[float] = deque(maxlen=_DURATIONS_KEPT)
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the watch holds no stream and waits for its source (or for time)."""
+        return self.watch.phase is Phase.DORMANT and self.stream is None
+
+    # ------------------------------------------------------------------ the loop
+
+    async def next_verdict(self) -> Any:
+        """Run the watch until it fires; its verdict.
+
+        :raises Exception: the source, the stream or a ``decide_when`` callable failed (the
+            trigger turns it into its error event).
+        """
+        loop = asyncio.get_running_loop()
+        if self._reading is None and self._change is None:
+            self._reading = self._started(self.source.read())  # the first read, or a fresh one
+        while True:
+            self._collect(loop.time())
+            for action in self.watch.actions(loop.time()):
+                if isinstance(action, Fire):
+                    if self.watch.ended and self.stream is not None:
+                        # the event goes out first; the close frame follows in the next loop turn
+                        loop.call_soon(self.stream.close_soon)
+                    return action.verdict
+                await self._do(action)
+            self._listen(loop)
+            waited = self._wake.wait()
+            if self._takes_decisions():
+                # on_change decisions, a failure, the stream's end (a read under way first)
+                self.stream.wake_on_decision(waited)  # type: ignore[union-attr]
+            try:
+                await waited
+            finally:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+
+    def _started(self, work: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(self._wake)
+        return task
+
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait on the source when no read is under way, and on the watch's next time."""
+        if self._reading is None and self._change is None:
+            change = self.source.changed()
+            change.add_done_callback(self._wake)
+            self._change = change
+        at = self.watch.next_wakeup(loop.time())
+        if at is not None:
+            self._timer = loop.call_at(at, self._wake)
+
+    def _collect(self, now: float) -> None:
+        """Feed what completed to the watch: the source first, then the rest."""
+        watch = self.watch
+        change = self._change
+        if change is not None and change.done():
+            self._change = None
+            self._reading = self._started(self.source.read())
+        reading = self._reading
+        if reading is not None and reading.done():
+            self._reading = None
+            state = reading.result()  # a source that failed ends the run
+            watch.read(state, now, withheld=self.source.withheld(state))
+        if self._opening is not None and self._opening.done():
+            opening, self._opening = self._opening, None
+            opening.result()  # a stream that cannot open ends the run
+            watch.opened(now)
+        if self._closing is not None and self._closing.done():
+            self._closing = None
+            watch.released(now)
+        if self._checking is not None and self._checking.done():
+            checking, self._checking = self._checking, None
+            watch.checked(checking.result(), now)
+        if self._slot_wanted:
+            self._slot_wanted = False
+            watch.slot_wanted(now)
+        if not self._takes_decisions():
+            return  # a read is under way: decisions are judged against what it returns
+        stream = self.stream
+        assert stream is not None
+        if self._deciding is not None and self._deciding.done():
+            deciding, self._deciding = self._deciding, None
+            self._decided(stream, deciding.result(), now)
+        while (decision := stream.take_decision()) is not None:  # on_change; raises a final failure
+            self._decided(stream, decision, now)
+
+    def _takes_decisions(self) -> bool:
+        """Whether the stream's decisions are taken now: it is open, and no read of the source is
+        under way (a decision is judged against what the source holds now)."""
+        return (
+            self.stream is not None
+            and self._reading is None
+            and self._opening is None
+            and self._closing is None
+        )
+
+    def _decided(self, stream: DecisionStream, decision: DecisionResult, now: float) -> None:
+        if self._asked_at is not None:
+            self.decision_seconds.append(round(now - self._asked_at, 3))
+        self.watch.decided(decision, now, covers=_covers(stream, decision), state_hash=stream.state_hash)
+        self._asked_at = now if self.watch.deciding else None
+
+    # ------------------------------------------------------------------ actions
+
+    async def _do(self, action: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if isinstance(action, Send):
+            if self.watch.decision_mode == "on_change" and self._asked_at is None:
+                self._asked_at = loop.time()
+            if self.stream is not None:  # else the stream is built with it (Open)
+                await self.stream.set_state(action.state)
+        elif isinstance(action, Decide):
+            assert self.stream is not None
+            self._asked_at = loop.time()
+            self._deciding = self._started(self.stream.decide())
+        elif isinstance(action, Open):
+            if self.watch.decision_mode == "on_change":
+                self._asked_at = loop.time()
+            self._opening = self._started(self._open())
+        elif isinstance(action, Release):
+            stream, self.stream = self.stream, None
+            self._withdraw()
+            if stream is not None:
+                stream.close_soon()  # the close frame goes out now; its slot comes back when it is done
+                self._closing = self._started(self.streams.close(stream))
+            else:
+                self.watch.released(loop.time())
+        elif isinstance(action, Check):
+            assert self._checks is not None and self.relevance is not None
+            self._checking = self._started(self._checks(self.relevance.matches, action.previous, action.new))
+        elif isinstance(action, Offer):
+            if self.stream is not None:
+                self._offer = self.stream.capacity.offer(self._on_offer)
+                if self._offer.called:
+                    self._on_offer()
+        elif isinstance(action, Withdraw):
+            self._withdraw()
+
+    async def _open(self) -> None:
+        """Build the stream about the watch's state and enter it; what the source gives meanwhile
+        is sent into it (:class:`Send`), so it opens with the newest state."""
+        await self.streams.resolve_settings()
+        stream = self.stream = self.streams.build(self.watch.sent, **self.stream_kwargs)
+        await self.streams.enter(stream)
+
+    def _on_offer(self) -> None:
+        self._slot_wanted = True
+        self._wake()
+
+    def _withdraw(self) -> None:
+        offer, self._offer = self._offer, None
+        if offer is not None and self.stream is not None:
+            self.stream.capacity.withdraw(offer)
+
+    # ------------------------------------------------------------------ the end
+
+    async def reset(self) -> None:
+        """Stop everything under way and give the stream up (an asset watch after a failure): the
+        watch forgets its stream, and the next :meth:`next_verdict` starts reading afresh."""
+        await self._stop()
+        self.watch.lost(asyncio.get_running_loop().time())
+
+    async def aclose(self) -> None:
+        """Stop everything under way and close the stream (the trigger's cleanup): nothing of the
+        run is left."""
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._withdraw()
+        change, self._change = self._change, None
+        if change is not None:
+            change.cancel()
+        tasks = [
+            task
+            for task in (self._reading, self._opening, self._closing, self._deciding, self._checking)
+            if task is not None
+        ]
+        self._reading = self._opening = self._closing = self._deciding = self._checking = None
+        for task in tasks:
+            task.cancel()
+        stream, self.stream = self.stream, None
+        try:
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            for task in tasks:
+                _retrieved(task)
+            if stream is not None:
+                await self.streams.close(stream)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take a stopped task's outcome (its error no longer matters), so none is reported unretrieved."""
+    if task.cancelled():
+        return
+    with contextlib.suppress(BaseException):
+        task.exception()
