@@ -35,7 +35,7 @@ STEPS = ("notified", "read", "handed")
 
 async def measure(n: int, options: Options) -> dict[str, Any]:
     """Run the file crowd with the decisive change of each file stamped; the steps' summaries."""
-    from airflow_provider_systemzero.triggers import file_source, file_watch
+    from airflow_provider_systemzero.sources import file as file_source, file_watch
 
     written: dict[str, float] = {}
     stamps: dict[str, dict[str, float]] = {}

@@ -318,6 +318,9 @@ class SourceWatch:
         self.decided_at = -math.inf
         #: the verdict of the decision just judged, fired by the next :meth:`actions`
         self._verdict: Any = None
+        #: the newest decision about the state the stream holds that was not current when it came
+        #: (the source had moved on, unsent): judged if the source comes back to that state
+        self._parked: tuple[DecisionResult, str] | None = None
 
         # -- the lease
         #: since when the open stream has owed nothing (``None``: it owes something)
@@ -415,6 +418,9 @@ class SourceWatch:
         self.latest, self.latest_withheld = state, withheld
         if self.sent is not _NOTHING and same_json(state, self.sent):
             self.latest_gen = self.sent_gen  # back to what the stream holds: nothing to send
+            parked, self._parked = self._parked, None
+            if parked is not None and not self.deciding and self.judged_gen != self.sent_gen:
+                self._judge(*parked, now)  # the decision about it is current again
         else:
             self._generations += 1
             self.latest_gen = self._generations
@@ -466,9 +472,13 @@ class SourceWatch:
         """
         if self.phase is not Phase.HOLDING:
             return  # a stream given back, or a wait that ended: nothing of it counts
+        if self._verdict is not None and self.once:
+            return  # the wait ends with the verdict judged before it
         if covers or self.decision_mode == "on_request":
             self.deciding = False  # on_change: the gateway owes nothing more; on_request: the decide settled
         if not (covers and self.current(self.sent_gen, now)):
+            # about the state the stream holds, which the source left unsent: kept, in case it returns
+            self._parked = (decision, state_hash) if covers else None
             self.stale_in_a_row += 1
             log.debug(
                 "skipping the decision for version %s: the source changed since", decision.state_version
@@ -486,6 +496,11 @@ class SourceWatch:
             return
         if self.held_since is None:
             self.stale_in_a_row = 0  # the source was quiet while it was decided
+        self._judge(decision, state_hash, now)
+
+    def _judge(self, decision: DecisionResult, state_hash: str, now: float) -> None:
+        """A current decision about the state the stream holds: the rules judge it."""
+        self._parked = None
         self.judged_gen, self.decided_at = self.sent_gen, now
         verdict = self.rules.observe(decision, state_hash, self.sent, now)
         if verdict is not None:
@@ -523,15 +538,21 @@ class SourceWatch:
         out: list[Action] = []
         if self.phase in (Phase.ENDED, Phase.STARTING):
             return out
-        # a decision just judged that ends the wait: nothing else matters
-        if self._fire(self._verdict, out):
-            return out
+        # a verdict of the decision just judged, or of a run whose only lack was time (hysteresis),
+        # judged on a current decision: with ``once`` nothing else matters after it
+        verdict, self._verdict = self._verdict, None
+        if verdict is None and self.rules.wait_time(now) is not None and self.current(self.judged_gen, now):
+            verdict = self.rules.due(now)
+        if verdict is not None:
+            out.append(Fire(verdict))
+            if self.once:
+                if self._offered:
+                    out.insert(0, Withdraw())
+                self._move(Phase.ENDED)
+                self._forget_stream()
+                return out
         # decide_when: a callable judges one change at a time (the newest against the last judged)
         self._check_next(out)
-        # hysteresis: a run whose only lack was time, judged on a current decision
-        timed = self.rules.wait_time(now) is not None and self.current(self.judged_gen, now)
-        if timed and self._fire(self.rules.due(now), out):
-            return out
         if self.phase in _WITH_STREAM:
             self._send_newest(now, out)
             if self.phase is Phase.HOLDING:
@@ -544,18 +565,6 @@ class SourceWatch:
             self.deciding = self.decision_mode == "on_change"
             out.append(Open())
         return out
-
-    def _fire(self, verdict: Any, out: list[Action]) -> bool:
-        self._verdict = None
-        if verdict is None:
-            return False
-        out.append(Fire(verdict))
-        if self.once:
-            if self._offered:
-                out.insert(0, Withdraw())
-            self._move(Phase.ENDED)
-            self._forget_stream()
-        return True
 
     def _check_next(self, out: list[Action]) -> None:
         if (

@@ -15,7 +15,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.triggers.file_source import FileSource
+from airflow_provider_systemzero.sources.file import FileSource
 from tests.helpers import (
     READY_RULES,
     file_sensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
+from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     SystemZeroDecisionEventTrigger,

@@ -25,8 +25,8 @@ from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
-from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.file_source import FileSource
+from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.file import FileSource
 from tests.dormant import channels
 from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
     _alive,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.stream import StreamCapacity
-from airflow_provider_systemzero.triggers.currency import Currency
+from airflow_provider_systemzero.decisions.source_watch import Currency
 from airflow_provider_systemzero.triggers.lease import StreamLease
 
 

@@ -24,7 +24,7 @@ from airflow_provider_systemzero.operators.branch import (
 )
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.triggers.sources import FileSource
+from airflow_provider_systemzero.sources import FileSource
 from tests.helpers import dagbag_module, run_dag, task_states
 from tests.mistakes.conftest import CONN, START
 

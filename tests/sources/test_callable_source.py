@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.triggers.sources import build_source
+from airflow_provider_systemzero.sources.spec import build_source
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.sources import callables
@@ -87,7 +87,7 @@ async def test_a_hung_call_times_out_and_is_never_run_twice_at_once(caplog: pyte
 def test_a_process_whose_trigger_ended_does_not_wait_for_a_hung_call() -> None:
     script = textwrap.dedent("""
         import asyncio
-        from airflow_provider_systemzero.triggers.sources import build_source
+        from airflow_provider_systemzero.sources.spec import build_source
 
         async def main():
             source = build_source({"type": "callable", "path": "tests.sources.callables.sleep_for",

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.file_source import INLINE_READ_BYTES
-from airflow_provider_systemzero.triggers.sources import build_source
+from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES
+from airflow_provider_systemzero.sources.spec import build_source
 from tests.helpers import until, wait_until
 from tests.sources.conftest import inotify_descriptors, spec, value_where
 

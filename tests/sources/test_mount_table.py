@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_systemzero.triggers import file_watch
-from airflow_provider_systemzero.triggers.file_watch import MountTable, MountTableWatch
+from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.file_watch import MountTable, MountTableWatch
 
 #: Two mounts on /data (the later is on top), one on a longer path, one with a space in its name.
 TABLE = textwrap.dedent(
@@ -166,7 +166,7 @@ def test_lookups_from_many_threads_share_one_parse() -> None:
 
 MOUNTING = """
 import os, subprocess, sys
-from airflow_provider_systemzero.triggers.file_watch import MountTable
+from airflow_provider_systemzero.sources.file_watch import MountTable
 point = sys.argv[1]
 table = MountTable()
 before = table.filesystem_type(point)

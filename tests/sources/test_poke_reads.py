@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.triggers.sources import build_source
+from airflow_provider_systemzero.sources.spec import build_source
 
 HOUR = 3600.0
 
@@ -138,7 +138,7 @@ def test_a_source_path_and_decide_when_read_a_dotted_path_alike(path: str) -> No
 @pytest.mark.parametrize("path", ["nomodule", "pkg.1bad.func", "pkg:mod:func", ""])
 def test_a_malformed_dotted_path_is_refused_alike(path: str) -> None:
     from airflow_provider_systemzero.decisions.relevance import DecisionFilter
-    from airflow_provider_systemzero.triggers.sources import validate_source_spec
+    from airflow_provider_systemzero.sources.spec import validate_source_spec
 
     with pytest.raises(SystemZeroArgumentError, match=r"is not a dotted path 'package\.module\.function'"):
         DecisionFilter(decide_when={"callable": path})

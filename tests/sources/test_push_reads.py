@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.triggers.callable_source import CallableSource
+from airflow_provider_systemzero.sources.callable import CallableSource
 from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
