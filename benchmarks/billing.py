@@ -42,7 +42,7 @@ from typing import Any
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, decision_trigger, publish, source_spec
-from benchmarks.runner import Triggerer, covered, rebuild
+from benchmarks.runner import Triggerer, covered, dormant, rebuild
 
 __all__ = ["run"]
 
@@ -99,7 +99,7 @@ def _stream(trigger: Any) -> Any:
 def _decided(trigger: Any, state: str) -> bool:
     """Whether the trigger's stream holds ``state`` and has a decision that covers it."""
     stream = _stream(trigger)
-    if stream is None or trigger._stream.dormant:
+    if stream is None or dormant(trigger):
         # dormant (no stream): the trigger remembers the state its last decision covered
         return bool(covered(trigger) == state)
     return (

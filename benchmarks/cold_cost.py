@@ -36,7 +36,7 @@ from typing import Any
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONN_ID, REQUEST, Feed, decision_trigger
-from benchmarks.runner import Triggerer, rebuild
+from benchmarks.runner import Triggerer, dormant, rebuild
 
 __all__ = ["measure", "run"]
 
@@ -52,8 +52,7 @@ LEASE_AFTER = 0.02
 
 def _dormant(trigger: Any) -> bool:
     # private, read only: the trigger gave its stream back and awaits its source
-    holder = trigger._stream
-    return holder.dormant and holder.stream is None
+    return dormant(trigger)
 
 
 async def _poll_until(condition: Any, within: float = 30.0) -> int:

@@ -56,6 +56,7 @@ from benchmarks.runner import (
     Triggerer,
     count_sockets,
     decided_at,
+    dormant,
     rebuild,
     rss_kb,
 )
@@ -109,7 +110,7 @@ def watching() -> dict[str, Any]:
 
 def _settled(trigger: Any) -> bool:
     # private, read only: the first decision arrived and the trigger gave its stream back (dormant)
-    return trigger._stream.dormant
+    return dormant(trigger)
 
 
 def _decided(trigger: Any) -> bool:
@@ -152,7 +153,7 @@ async def _wait_all(
 def _describe(trigger: Any) -> str:
     stream = trigger._stream.stream  # the open DecisionStream, if any
     if stream is None:
-        return f"no stream (dormant={trigger._stream.dormant})"
+        return f"no stream (dormant={dormant(trigger)})"
     return (
         f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
         f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "

@@ -6,7 +6,7 @@ each step of the decisive change stamped, per file, from the moment the write re
 
 * ``notified`` — the watcher's reader callback handed the source its notification;
 * ``read`` — the source read the new bytes (on the event loop, or in a thread for a large read);
-* ``handed`` — the source's ``changes()`` yielded the text to the trigger.
+* ``handed`` — the source's ``read()`` returned the text to the trigger's driver.
 
 What comes after ``handed`` (the dormant trigger opening its stream, the decision, the event) is
 the stream's part, the same for every source kind; the crowd's end-to-end figure is in
@@ -22,7 +22,6 @@ import asyncio
 import gc
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from benchmarks import density, fixtures
@@ -35,7 +34,8 @@ STEPS = ("notified", "read", "handed")
 
 async def measure(n: int, options: Options) -> dict[str, Any]:
     """Run the file crowd with the decisive change of each file stamped; the steps' summaries."""
-    from airflow_provider_systemzero.sources import file as file_source, file_watch
+    from airflow_provider_systemzero.sources import file as file_source
+    from airflow_provider_systemzero.sources import file_watch
 
     written: dict[str, float] = {}
     stamps: dict[str, dict[str, float]] = {}
@@ -49,7 +49,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
     on_readable = file_watch.FileWatcher._on_readable
     on_event = file_source.FileSource._on_event
     read = file_source.FileSource._read
-    changes = file_source.FileSource.changes
+    source_read = file_source.FileSource.read
 
     def stamped_publish(self: fixtures.Feed, channel: str, state: str) -> float:
         produced = publish(self, channel, state)
@@ -72,11 +72,11 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
             stamp(self.path, "read")
         return done
 
-    async def stamped_changes(self: file_source.FileSource) -> AsyncIterator[Any]:
-        async for value in changes(self):
-            if fixtures.READY in value:
-                stamp(self.path, "handed")
-            yield value
+    async def stamped_source_read(self: file_source.FileSource) -> str:
+        value = await source_read(self)
+        if fixtures.READY in value:
+            stamp(self.path, "handed")
+        return value
 
     collections: list[tuple[float, float]] = []
     started: list[float] = []
@@ -92,7 +92,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
     file_watch.FileWatcher._on_readable = stamped_on_readable  # type: ignore[method-assign]
     file_source.FileSource._on_event = stamped_on_event  # type: ignore[method-assign]
     file_source.FileSource._read = stamped_read  # type: ignore[method-assign]
-    file_source.FileSource.changes = stamped_changes  # type: ignore[method-assign]
+    file_source.FileSource.read = stamped_source_read  # type: ignore[method-assign]
     gc.callbacks.append(on_gc)
     try:
         crowd = await density.measure(n, options, "file")
@@ -102,7 +102,7 @@ async def measure(n: int, options: Options) -> dict[str, Any]:
         file_watch.FileWatcher._on_readable = on_readable  # type: ignore[method-assign]
         file_source.FileSource._on_event = on_event  # type: ignore[method-assign]
         file_source.FileSource._read = read  # type: ignore[method-assign]
-        file_source.FileSource.changes = changes  # type: ignore[method-assign]
+        file_source.FileSource.read = source_read  # type: ignore[method-assign]
     first_write = min(written.values(), default=0.0)
     steps = {
         step: summary_ms([s[step] - written[path] for path, s in stamps.items() if step in s])

@@ -88,26 +88,46 @@ class SocketSampler:
                 await task
 
 
+def _watch(trigger: Any) -> Any:
+    """The trigger's watch, if it runs one (private, read only; an older provider had none)."""
+    driver = getattr(trigger, "_driver", None)
+    return None if driver is None else driver.watch
+
+
 def _last_lease(trigger: Any) -> Any:
-    """The trigger's lease, if it stamped a decision (private, read only: a lease lives as long as
-    its stream; an older provider kept one for the trigger's whole run)."""
+    """An older provider's lease, if it stamped a decision (private, read only: a lease lived as
+    long as its stream; an older provider still kept one for the trigger's whole run)."""
     lease = getattr(trigger, "_lease", None)
     return lease if lease is not None and math.isfinite(lease.decided_at) else None
 
 
 def decided_at(trigger: Any) -> float:
-    """The loop time of a decision trigger's last decision (``-inf`` before the first): its
-    stream's lease stamps each one, and its stream record keeps the last once the lease ends."""
+    """The loop time of a decision trigger's last current decision (``-inf`` before the first)."""
+    watch = _watch(trigger)
+    if watch is not None:
+        return float(watch.decided_at)
     lease = _last_lease(trigger)
     return lease.decided_at if lease is not None else getattr(trigger._stream, "decided_at", -math.inf)
 
 
 def covered(trigger: Any) -> Any:
-    """The state a decision trigger's last decision covered (``None`` before the first)."""
+    """The state a decision trigger's last current decision covered (``None`` before the first)."""
+    watch = _watch(trigger)
+    if watch is not None:
+        return watch.decided_state
     lease = _last_lease(trigger)
     if lease is not None:
         return lease.covered
     return getattr(trigger._stream, "covered", None) if math.isfinite(decided_at(trigger)) else None
+
+
+def dormant(trigger: Any) -> bool:
+    """Whether a decision trigger holds no stream and waits for its source (private, read only)."""
+    driver = getattr(trigger, "_driver", None)
+    if driver is not None:
+        return bool(driver.dormant)
+    holder = trigger._stream
+    return bool(getattr(holder, "dormant", False)) and getattr(holder, "stream", None) is None
 
 
 def rebuild(trigger: Any) -> Any:

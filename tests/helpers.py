@@ -434,3 +434,17 @@ async def watching_events(trigger: Any) -> AsyncIterator[tuple[list[Any], asynci
         with suppress(asyncio.CancelledError):
             await task
         await trigger.cleanup()
+
+
+async def until_read(trigger: Any, state: Any, within: float = 10.0) -> None:
+    """Wait (bounded) until ``trigger``'s watch has read ``state`` from its source."""
+    await until(
+        lambda: trigger._driver is not None and trigger._driver.watch.latest == state,
+        within,
+        what=f"the trigger to read {state!r}",
+    )
+
+
+def dormant(trigger: Any) -> bool:
+    """Whether ``trigger`` runs its watch and holds no stream (waiting for its source, or for time)."""
+    return trigger._driver is not None and trigger._driver.dormant

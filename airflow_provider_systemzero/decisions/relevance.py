@@ -181,6 +181,10 @@ class Relevance:
         self._pattern = re.compile(spec, re.MULTILINE) if isinstance(spec, str) else None
         self._function: Callable[[Any, Any], Any] | None = None
 
+    def describe(self) -> str:
+        """The expression, or the callable's path, for a log line."""
+        return f"callable {self.spec['callable']!r}" if isinstance(self.spec, dict) else repr(self.spec)
+
     @property
     def is_callable(self) -> bool:
         """Whether it calls a function (the trigger runs it off the event loop)."""

@@ -313,8 +313,10 @@ class SourceWatch:
         self.stale_in_a_row = 0
 
         # -- the verdict
-        #: the generation of the newest current decision (0: none), and when it came
+        #: the generation of the newest current decision (0: none), the state it covered, and when
+        #: it came
         self.judged_gen = 0
+        self.decided_state: Any = None
         self.decided_at = -math.inf
         #: the verdict of the decision just judged, fired by the next :meth:`actions`
         self._verdict: Any = None
@@ -325,6 +327,8 @@ class SourceWatch:
         # -- the lease
         #: since when the open stream has owed nothing (``None``: it owes something)
         self.quiet_since: float | None = None
+        #: the stream being opened took a newer state (said once per opening)
+        self._said_opening = False
         #: its slot is offered, and a waiting trigger asked for it
         self._offered = False
         self._wanted = False
@@ -452,15 +456,21 @@ class SourceWatch:
             self._judge_change(relevant, state, now)
 
     def _judge_change(self, relevant: bool, state: Any, now: float) -> None:
-        assert self.gate is not None
+        gate = self.gate
+        assert gate is not None
         if not relevant:
-            log.debug("a change does not match decide_when: streamed, no decision started")
-        self.gate.changed(relevant, now)
+            log.debug("a change does not match decide_when: no decision starts for it")
+        waiting = gate.pending
+        gate.changed(relevant, now)
         self._checked = state
+        due = gate.due_at()
+        if gate.debounce and gate.pending and due is not None and due > now and not waiting:
+            log.info("debounce: deciding once the source is quiet (in %.3f s at most)", due - now)
 
     def opened(self, now: float) -> None:
         """The stream opened (the gateway acknowledged its ``start``)."""
         self._move(Phase.HOLDING)
+        self._said_opening = False
 
     def decided(self, decision: DecisionResult, now: float, *, covers: bool, state_hash: str) -> None:
         """The stream's decision arrived.
@@ -501,10 +511,12 @@ class SourceWatch:
     def _judge(self, decision: DecisionResult, state_hash: str, now: float) -> None:
         """A current decision about the state the stream holds: the rules judge it."""
         self._parked = None
-        self.judged_gen, self.decided_at = self.sent_gen, now
+        self.judged_gen, self.decided_state, self.decided_at = self.sent_gen, self.sent, now
         verdict = self.rules.observe(decision, state_hash, self.sent, now)
         if verdict is not None:
             self._verdict = verdict
+        elif self.relevance is not None and self.rules.wait_time(now) is None:
+            log.info("waiting for a change that matches decide_when (%s)", self.relevance.describe())
 
     def slot_wanted(self, now: float) -> None:
         """A trigger waits for a slot and asked for this stream's (its offer was called)."""
@@ -560,6 +572,8 @@ class SourceWatch:
                 self._lease(now, out)
         elif self.phase is Phase.DORMANT and self._should_open(now):
             self._move(Phase.OPENING)
+            if self.sent is not _NOTHING:
+                log.info("the source changed: opening a new stream to decide the new state")
             self.sent, self.sent_gen = self.latest, self.latest_gen
             # on_change, the stream's opening state is decided by the gateway
             self.deciding = self.decision_mode == "on_change"
@@ -599,6 +613,9 @@ class SourceWatch:
                 self.max_staleness,
             )
         self.held_since = None
+        if self.phase is Phase.OPENING and not self._said_opening:
+            self._said_opening = True
+            log.info("the source changed while the stream waits to open: it opens with the newest state")
         self.sent, self.sent_gen = self.latest, self.latest_gen
         if self.decision_mode == "on_change":
             self.deciding = True  # the gateway decides every state sent

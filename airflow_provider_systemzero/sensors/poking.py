@@ -145,7 +145,11 @@ class PokeWatch:
                 elif isinstance(action, Release):
                     watch.released(time.monotonic())
                 elif isinstance(action, Decide):
-                    decision = self._decide(sensor, context, request, watch.sent, namespace)
+                    try:
+                        decision = self._decide(sensor, context, request, watch.sent, namespace)
+                    except BaseException:
+                        watch.lost(time.monotonic())  # the next poke (or try) decides afresh
+                        raise
                     self._read(sensor, source)  # judged against what the source holds now
                     watch.decided(decision, time.monotonic(), covers=True, state_hash=state_hash(watch.sent))
                     assert self._rules is not None

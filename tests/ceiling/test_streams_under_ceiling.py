@@ -143,20 +143,52 @@ async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> 
 
 
 class _PushedSource:
-    """The part of a state source the feeder reads: its states, as they are pushed."""
+    """A state source the test changes (the driver reads it through ``changed()`` and ``read()``)."""
 
     def __init__(self, first: str) -> None:
-        self.queue: asyncio.Queue[str] = asyncio.Queue()
-        self.queue.put_nowait(first)
+        self.state = first
+        self.waiter: asyncio.Future[None] | None = None
 
-    async def changes(self) -> Any:
-        while True:
-            yield await self.queue.get()
+    def set(self, state: str) -> None:
+        self.state = state
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def read(self) -> str:
+        return self.state
+
+    def changed(self) -> asyncio.Future[None]:
+        self.waiter = asyncio.get_running_loop().create_future()
+        return self.waiter
+
+    def withheld(self, state: Any) -> bool:
+        return False
+
+
+class _OpenStream:
+    """The trigger's streams, as its driver sees them: the one stream the test opened."""
+
+    def __init__(self, stream: DecisionStream) -> None:
+        self.stream = stream
+
+    async def resolve_settings(self) -> None:
+        return None
+
+    def build(self, state: Any, **kwargs: Any) -> DecisionStream:
+        return self.stream
+
+    async def enter(self, stream: DecisionStream) -> None:
+        return None
+
+    async def close(self, stream: DecisionStream, *, grace: float = 5.0) -> None:
+        return None
 
 
 async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_current() -> None:
-    from airflow_provider_systemzero.triggers.feeder import SourceFeeder
-    from airflow_provider_systemzero.triggers.lease import StreamLease
+    from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+    from airflow_provider_systemzero.decisions.source_watch import SourceWatch
+    from airflow_provider_systemzero.decisions.watch import DecisionWatch
+    from airflow_provider_systemzero.triggers.driver import WatchDriver
 
     decider = _Recording()
     async with _emulator(60, decider) as emu, contextlib.AsyncExitStack() as stack:
@@ -167,30 +199,20 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
         refused = asyncio.ensure_future(other.decide())
         await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
         source = _PushedSource(stream.state)
-        feeder = SourceFeeder(stream, source, decision_mode="on_request", lease=StreamLease(False, 0))  # type: ignore[arg-type]
-
-        async def first_current() -> Any:
-            async for decision in feeder.current_decisions():
-                return decision
-
-        async def change_while_waiting() -> None:
-            await _until(lambda: starts.queue.is_waiting(stream), 10, "the trigger's start queued")
-            source.queue.put_nowait(stream.state + "READY\n")
-            await asyncio.sleep(3600)
-
-        decision = await asyncio.wait_for(
-            feeder.race(lambda: _first(first_current(), change_while_waiting())), 30
+        watch = SourceWatch(
+            DecisionWatch(DecisionCondition("ready", True), reviews=False),
+            decision_mode="on_request",
+            lease=False,
         )
+        driver = WatchDriver(watch, source, _OpenStream(stream))  # type: ignore[arg-type]
+        verdict = asyncio.ensure_future(driver.next_verdict())
+        try:
+            await _until(lambda: starts.queue.is_waiting(stream), 10, "the trigger's start queued")
+            source.set(stream.state + "READY\n")  # the source changes while the start waits its turn
+            decision = (await asyncio.wait_for(verdict, 30)).decision
+        finally:
+            verdict.cancel()
+            await driver.aclose()
         await refused
         assert decision.answers["ready"].decision is True  # about the newest state, taken as current
         assert emu.stats.decisions_replayed == 0  # not asked again as if it were outdated
-
-
-async def _first(wanted: Any, beside: Any) -> Any:
-    side = asyncio.ensure_future(beside)
-    try:
-        return await wanted
-    finally:
-        side.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await side

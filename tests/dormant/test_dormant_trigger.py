@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.decisions import watch as watch_module
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.client import ClientSession
@@ -83,19 +85,19 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
     in_use, offered = capacity.in_use, capacity.offered
     trigger = _trigger("quiet")
     async with running_trigger(trigger) as task:
-        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         assert emulator.stats.decisions_delivered == 1 and not task.done()
-        # the tasks are the trigger's own (the triggerer's) and the read of the source's next value
-        # the feeder left running (so the generator is not cancelled); the stream's runner,
-        # reader, feeder, consumer and pump are gone
+        # the tasks are the trigger's own (the triggerer's) and the push source's read of its next
+        # value (a task of the source's, so the author's generator is never cancelled); the stream's
+        # runner and reader, and every piece of the watch's work, are gone
         reads = {
             t for t in asyncio.all_tasks() - {task} if type(t.get_coro()).__name__ == "async_generator_asend"
         }
         assert len(reads) == 1
         assert set(asyncio.all_tasks()) - others == {task, *reads}
         # no stream object, session or connection is left, and no slot is held or offered
-        assert trigger._stream.stream is None
+        assert trigger._stream.stream is None and trigger._driver.stream is None
         assert _new_since(earlier, _alive(DecisionStream, ClientSession)) == []
         assert (capacity.in_use, capacity.offered) == (in_use, offered)
         # no timer of the trigger's (a lease, a heartbeat, a poll) will wake it without a change
@@ -109,7 +111,7 @@ async def test_a_change_wakes_the_trigger_which_rebuilds_its_stream_and_decides_
 ) -> None:
     trigger = _trigger("wake")
     async with running_trigger(trigger) as task:
-        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         opened = emulator.stats.streams_total
         # several changes while dormant: the newest is the one that meets the condition
@@ -126,12 +128,12 @@ async def test_a_trigger_cancelled_while_dormant_ends_and_releases_the_source(em
     trigger = _trigger("cancel")
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))
-    await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+    await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await trigger.cleanup()
-    assert channels.readers("cancel") == 0 and not trigger._stream.dormant
+    assert channels.readers("cancel") == 0 and not helpers.dormant(trigger)
 
 
 async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(emulator: Emulator) -> None:
@@ -139,7 +141,7 @@ async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(
     condition = DecisionCondition("ready", True, min_confidence=0.5, min_true_for=1.0).to_dict()
     trigger = _trigger("steady", condition=condition)
     async with running_trigger(trigger) as task:
-        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         assert not task.done()  # qualifying, but not for long enough yet
         async with asyncio.timeout(20):
             event = await task
@@ -162,7 +164,7 @@ async def test_a_push_source_failing_while_dormant_is_called_again_and_the_trigg
 ) -> None:
     trigger = _trigger("flaky-dormant", source=_flaky("flaky-dormant", retry_delay=0.01))
     async with running_trigger(trigger) as task:
-        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         channels.publish("flaky-dormant", "FAIL\n")  # the generator raises in the dormant wait
         await emulator.wait_for(lambda _: channels.CALLS["flaky-dormant"] == 2, timeout=10)
@@ -178,7 +180,7 @@ async def test_a_push_source_that_fails_while_dormant_with_no_retry_left_ends_wi
 ) -> None:
     trigger = _trigger("flaky-dormant-out", source=_flaky("flaky-dormant-out", retries=0))
     async with running_trigger(trigger) as task:
-        await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+        await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         channels.publish("flaky-dormant-out", "FAIL\n")
         async with asyncio.timeout(20):
             event = await task
@@ -195,11 +197,11 @@ async def test_a_push_sources_generator_outlives_the_streams_given_back(emulator
     trigger = _trigger(channel, source=_flaky(channel))
     async with running_trigger(trigger) as task:
         for step in range(3):  # held, given back, woken: three times over
-            await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+            await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
             await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
             assert channels.CALLS[channel] == 1, "the generator was called again"
             channels.publish(channel, f"waiting\nstep {step}\n")
-            await emulator.wait_for(lambda _: not trigger._stream.dormant, timeout=20)
+            await emulator.wait_for(lambda _: not helpers.dormant(trigger), timeout=20)
         channels.publish(channel, "waiting\nJob is ready.\n")
         async with asyncio.timeout(20):
             event = await task
@@ -226,12 +228,12 @@ async def test_a_loopback_gateway_restarting_while_the_trigger_is_dormant_is_wai
     port = first.port
     async with running_trigger(trigger) as task:
         try:
-            await first.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+            await first.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
             await first.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         finally:
             await first_run.__aexit__(None, None, None)  # the gateway goes away
         channels.publish(channel, "waiting\nJob is ready.\n")  # the trigger wakes while nothing listens
-        await helpers.until(lambda: not trigger._stream.dormant, within=10, what="the trigger to wake")
+        await helpers.until(lambda: not helpers.dormant(trigger), within=10, what="the trigger to wake")
         await asyncio.sleep(2)  # refused for four times the give-up point
         assert not task.done(), task.result().payload
         async with helpers.loopback_emulator(rules_file, monkeypatch, port=port):
@@ -256,10 +258,17 @@ async def test_a_connection_looked_up_again_forgets_the_gateway_it_reached(
     monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_SECONDS", 0.5)
     monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_ATTEMPTS", 2)
     stream = TriggerStream(helpers.TRIGGER_CONN_ID, helpers.TRIGGER_REQUEST, key_namespace="sz-forgets")
+
+    async def one_stream() -> None:
+        built = stream.build("waiting\n", decision_mode="on_change")
+        try:
+            await stream.enter(built)
+        finally:
+            await stream.close(built)
+
     async with helpers.loopback_emulator(rules_file, monkeypatch):  # the gateway it reaches
         await stream.resolve_settings()
-        async with stream.opened("waiting\n", decision_mode="on_change"):
-            pass
+        await one_stream()
     assert stream.reached
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -273,7 +282,33 @@ async def test_a_connection_looked_up_again_forgets_the_gateway_it_reached(
     try:
         with pytest.raises(GatewayUnreachable):
             async with asyncio.timeout(10):  # twenty times the give-up point
-                async with stream.opened("waiting\n", decision_mode="on_change"):
-                    pass
+                await one_stream()
     finally:
         await stream.aclose()
+
+
+async def test_the_trigger_judges_each_decision_in_its_own_task(
+    emulator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judged_in: list[asyncio.Task[Any] | None] = []
+    observe = watch_module.DecisionWatch.observe
+
+    def recording(self: DecisionWatch, *args: Any, **kwargs: Any) -> Any:
+        judged_in.append(asyncio.current_task())
+        return observe(self, *args, **kwargs)
+
+    monkeypatch.setattr(watch_module.DecisionWatch, "observe", recording)
+    kwargs = trigger_kwargs(
+        key_namespace=task_namespace("d", "direct", "r", -1),
+        source=channels.source("direct"),
+        lease_after=30.0,  # a warm stream: held between the decisions
+    )
+    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
+    trigger = SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
+    async with running_trigger(trigger) as run:
+        await helpers.until(lambda: bool(judged_in), 10)  # the opening state's decision (not met)
+        channels.publish("direct", "waiting\nJob is ready.\n")
+        async with asyncio.timeout(20):
+            event = await run
+    assert event.payload["status"] == "success"
+    assert len(judged_in) >= 2 and set(judged_in) == {run}  # the trigger's task, no consumer task

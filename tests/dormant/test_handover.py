@@ -1,36 +1,31 @@
 """The stream slot is handed over on events, never by polling: a waiter asks an idle holder at
-once, and gets the freed slot within a loop iteration of its release (pure, no network)."""
+once, and gets the freed slot within a loop iteration of its release (the capacity alone, no
+network); and a trigger that owes its stream nothing holds no slot a waiting trigger needs (the
+real triggers against the real emulator)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.stream import StreamCapacity
-from airflow_provider_systemzero.decisions.source_watch import Currency
-from airflow_provider_systemzero.triggers.lease import StreamLease
+from airflow_provider_systemzero.emulator.server import Emulator
+from airflow_provider_systemzero.identity import task_namespace
+from airflow_provider_systemzero.stream import StreamCapacity, default_capacity
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from tests import helpers
+from tests.helpers import running_trigger, trigger_kwargs
+
+emulator = helpers.emulator  # the fixture
+rules_file = helpers.rules_file  # … and the one it takes
 
 
 def _live_timers() -> list[asyncio.TimerHandle]:
     loop = asyncio.get_running_loop()
     return [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
-
-
-class _Stream:
-    """What a lease reads of a stream: its state, its capacity and whether it is busy."""
-
-    def __init__(self, capacity: StreamCapacity, state: Any = "s1") -> None:
-        self.capacity = capacity
-        self.state = state
-        self.connected = True
-        self.dormant = False
-        self.work = False
-
-    def has_work(self) -> bool:
-        return self.work
 
 
 async def test_a_queued_waiter_asks_the_idle_holder_and_gets_the_slot_without_polling(
@@ -79,52 +74,39 @@ async def test_one_idle_holder_is_asked_per_waiter() -> None:
     assert capacity.in_use == 0 and capacity.offered == 0
 
 
-async def test_the_lease_gives_a_quiet_stream_back_when_another_waits_once_its_decision_was_evaluated() -> (
-    None
-):
-    capacity = StreamCapacity(1)
-    await capacity.acquire()
-    stream = _Stream(capacity)
-    lease = StreamLease(True, 3600.0)
-    currency = Currency(30.0, deciding=True)
-    quiet = lease.watch(currency)
-    lease.arm(stream)  # a decision came back; the watch has not evaluated it yet
-    assert lease.covered == "s1"
-    waiter = asyncio.ensure_future(capacity.acquire())
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert not quiet.done()  # that decision may end the wait: the stream is not given back under it
-    currency.evaluated()  # it did not end the wait
-    assert quiet.done() and quiet.result() == "another stream waits for a slot"
-    # the only timer is the lease's own quiet-time countdown (an hour here): nothing polls
-    assert [h.when() - asyncio.get_running_loop().time() > 3000 for h in _live_timers()] == [True]
-    capacity.release()
-    lease.disarm()
-    assert _live_timers() == [] and capacity.offered == 0
-    await waiter
-    capacity.release()
+def _file_trigger(log: Any, name: str, **overrides: Any) -> SystemZeroDecisionTrigger:
+    kwargs = trigger_kwargs(
+        key_namespace=task_namespace("d", "handover", name, -1),
+        source={"type": "file", "path": str(log), "poll_interval": 3600.0},
+        **overrides,
+    )
+    return SystemZeroDecisionTrigger(**kwargs)
 
 
-async def test_a_busy_stream_keeps_its_slot_and_lets_the_next_idle_one_go() -> None:
-    capacity = StreamCapacity(2)
-    await capacity.acquire()
-    await capacity.acquire()
-    busy, idle = _Stream(capacity, "b"), _Stream(capacity, "i")
-    busy.work = True  # a change is on its way to the gateway
-    leases = [StreamLease(True, 3600.0), StreamLease(True, 3600.0)]
-    quiets = []
-    for lease, stream in zip(leases, (busy, idle), strict=True):
-        currency = Currency(30.0, deciding=True)
-        quiets.append(lease.watch(currency))
-        lease.arm(stream)
-        currency.evaluated()
-    waiter = asyncio.ensure_future(capacity.acquire())
-    for _ in range(4):
-        await asyncio.sleep(0)
-    assert not quiets[0].done() and quiets[1].done()
-    capacity.release()
-    for lease in leases:
-        lease.disarm()
-    await waiter
-    capacity.release()
-    capacity.release()
+async def test_triggers_that_decide_nothing_initially_hold_no_slot_a_waiting_trigger_needs(
+    emulator: Emulator, tmp_path: Any
+) -> None:
+    """As many ``decide_initial=False`` triggers as the process has slots, on quiet files, hold
+    none of them: a trigger whose file already says ready fires at once, not after the gateway's
+    idle goodbye (120 s) ends one of their streams."""
+    assert default_capacity().limit == 4
+    quiet = []
+    for n in range(4):
+        log = tmp_path / f"quiet-{n}.log"
+        log.write_text("job started\n")
+        quiet.append(_file_trigger(log, f"quiet-{n}", decide_when=r"READY|FAILED", decide_initial=False))
+    ready = tmp_path / "ready.log"
+    ready.write_text("Job is ready.\n")
+    async with contextlib.AsyncExitStack() as stack:
+        tasks = [await stack.enter_async_context(running_trigger(trigger)) for trigger in quiet]
+        await helpers.until(
+            lambda: all(t._driver is not None and t._driver.watch.latest == "job started\n" for t in quiet),
+            10,
+            what="the quiet triggers to read their files",
+        )
+        assert emulator.stats.streams_total == 0  # nothing to decide: no stream, no slot
+        async with running_trigger(_file_trigger(ready, "ready", lease_after=30.0)) as task:
+            async with asyncio.timeout(15):
+                event = await task
+        assert event.payload["status"] == "success" and event.payload["decision"] is True
+        assert not any(t.done() for t in tasks)

@@ -21,7 +21,6 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
-from airflow_provider_systemzero.triggers.reading import SourceReading
 from tests.dormant import channels
 from tests.helpers import (
     TRIGGER_CONDITION,
@@ -172,54 +171,3 @@ def test_the_recording_decider_answers_as_the_rules() -> None:
     decider = _Recording()
     answers = decider.decide({"state": NEWEST, "questions": TRIGGER_REQUEST["questions"]}, now=0.0)
     assert answers["ready"]["decision"] is True and decider.states == [NEWEST]
-
-
-async def test_one_reading_hands_each_value_to_its_receiver_of_the_moment_and_never_restarts() -> None:
-    """The reading the stream's opening began goes on for the feeder: a value read as the
-    receiver changes goes to the new one, nothing is read twice, the source is not restarted."""
-    starts: list[int] = []
-    gate = asyncio.Event()
-
-    async def changes() -> AsyncIterator[str]:
-        starts.append(1)
-        yield "a"
-        await gate.wait()
-        yield "b"
-
-    following: list[str] = []
-    feeding: list[str] = []
-
-    async def follow(value: str) -> None:
-        following.append(value)
-
-    async def feed(value: str) -> None:
-        feeding.append(value)
-
-    reading = SourceReading(changes(), follow)
-    await _until(lambda: following == ["a"], 5, "the first value followed")
-    reading.hand_to(feed)  # the stream opened while the read of "b" is under way
-    gate.set()
-    await _until(lambda: feeding == ["b"], 5, "the next value fed")
-    assert following == ["a"] and starts == [1]
-    await reading.aclose()
-    assert reading.task.done()
-
-
-async def test_a_failure_while_following_stops_the_reading_for_a_fresh_one() -> None:
-    """A state the stream refuses while it opens stops the follow (the feeder then reads the
-    source anew and meets the error itself); the reading is no longer usable."""
-
-    async def changes() -> AsyncIterator[str]:
-        yield "a"
-
-    class _Refusing:
-        state = "x"
-
-        async def set_state(self, state: str) -> None:
-            raise ValueError("refused")
-
-    reading = SourceReading(changes())
-    reading.follow(_Refusing())
-    async with asyncio.timeout(5):
-        await reading.task
-    assert not reading.usable

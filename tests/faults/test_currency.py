@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.decisions.source_watch import STARVED_AFTER
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.stream import DecisionStream
-from airflow_provider_systemzero.decisions.source_watch import STARVED_AFTER
 from tests.faults.conftest import HarnessFactory
 from tests.faults.harness import set_source
 

@@ -19,8 +19,8 @@ import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from airflow_provider_systemzero.sources.spec import build_source
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, until
 

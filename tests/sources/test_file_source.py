@@ -23,9 +23,8 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, build_source, file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES, FileSource
-from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, build_source
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONN_ID, wait_until
 from tests.sources.conftest import HOUR, inotify_descriptors, spec, value_where

@@ -20,7 +20,7 @@ from tests.airflow.test_triggers import (
     rebuilt,
     sensor_trigger,
 )
-from tests.helpers import loopback_emulator
+from tests.helpers import loopback_emulator, until_read
 from tests.spend.sources import publish
 
 LINES = [f"step {n} done\n" for n in range(1, 6)]
@@ -35,29 +35,30 @@ async def accepted(emulator: Emulator, count: int) -> None:
     await emulator.wait_for(lambda emu: emu.stats.events_accepted >= count, timeout=10)
 
 
-async def test_irrelevant_appends_are_streamed_but_not_billed(emulator: Emulator) -> None:
+async def test_irrelevant_appends_start_no_decision_and_the_decisive_line_is_decided_with_them(
+    emulator: Emulator,
+) -> None:
     publish("irrelevant", "starting\n")
     trigger = rebuilt(sensor_trigger(source=pushed("irrelevant"), decide_when=r"(?i)job is ready"))
     task = asyncio.ensure_future(first_event(trigger))
     await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # the initial state
     state = "starting\n"
-    for number, line in enumerate(LINES, start=2):
+    for line in LINES:
         state += line
         publish("irrelevant", state)
-        await accepted(emulator, number)  # streamed: the gateway holds every line
+        await until_read(trigger, state)  # the trigger saw it, and started no decision for it
+    assert emulator.stats.decisions_dispatched == 1
     state += "Job is ready.\n"
     publish("irrelevant", state)
     payload = await task
     assert payload["status"] == "success" and payload["decision"] is True
-    stats = emulator.stats
-    assert stats.events_accepted == 2 + len(LINES)  # the start, five lines, the decisive line
     # the initial state and the decisive line: nothing for the five lines in between
+    stats = emulator.stats
     assert stats.decisions_billed == 2 and stats.decisions_dispatched == 2
-    # only the newest state holds the ready line, and the trigger fires only on a decision that
-    # covers the state its stream holds: the newest state was decided
+    # the decision that fired covers the newest state, every line included
     (key,) = emulator_cache_keys(emulator)
     latest = emulator.latest_state(key)
-    assert latest is not None and latest.state == state  # the gateway's state is complete
+    assert latest is not None and latest.state == state
 
 
 async def test_a_burst_within_debounce_is_one_decision_about_its_last_state(emulator: Emulator) -> None:
@@ -79,27 +80,32 @@ async def test_a_burst_within_debounce_is_one_decision_about_its_last_state(emul
     # the burst's last state (only it holds the ready line) was the one decided
 
 
-async def test_a_callable_decide_when_without_the_initial_decision(emulator: Emulator) -> None:
+async def test_a_callable_decide_when_without_the_initial_decision_holds_no_stream(
+    emulator: Emulator,
+) -> None:
+    """decide_initial=False: nothing is due until a change matches, so no stream is opened (and no
+    slot held) for the initial state or for the lines before the decisive one."""
     publish("callable", "starting\n")
     trigger = rebuilt(
         sensor_trigger(
             source=pushed("callable"),
             decide_when={"callable": "tests.spend.sources.says_ready"},
             decide_initial=False,
+            lease_after=5.0,
         )
     )
     task = asyncio.ensure_future(first_event(trigger))
-    await accepted(emulator, 1)  # the stream is open with the initial state
     state = "starting\n"
-    for number, line in enumerate(LINES, start=2):
+    await until_read(trigger, state)
+    for line in LINES:
         state += line
         publish("callable", state)
-        await accepted(emulator, number)
-    assert emulator.stats.decisions_dispatched == 0  # not even the initial state
+        await until_read(trigger, state)
+    assert emulator.stats.streams_total == 0 and emulator.stats.decisions_dispatched == 0
     publish("callable", state + "Job is ready.\n")
     payload = await task
     assert payload["status"] == "success" and payload["decision"] is True
-    assert emulator.stats.decisions_billed == 1
+    assert emulator.stats.decisions_billed == 1 and emulator.stats.streams_total == 1
 
 
 async def test_a_decide_when_callable_that_cannot_be_imported_ends_the_trigger(emulator: Emulator) -> None:
@@ -131,20 +137,22 @@ async def test_the_event_trigger_shares_the_filter(
     )
     assert trigger.serialize()[1]["decide_when"] == r"(?i)job is ready"
     events = trigger.run()
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.triggers.streaming")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.decisions.source_watch")
+    first = asyncio.ensure_future(anext(events))
     try:
-        first = asyncio.ensure_future(anext(events))
         await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)
         state = "starting\n"
-        for number, line in enumerate(LINES, start=2):
+        for line in LINES:
             state += line
             publish("asset", state)
-            await accepted(emulator, number)
+            await until_read(trigger, state)
         assert not first.done()
         publish("asset", state + "Job is ready.\n")
         async with asyncio.timeout(20):
             event = await first
     finally:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         await events.aclose()
     assert event.payload["status"] == "success" and event.payload["watch_id"] == "spend-watch"
     assert emulator.stats.decisions_billed == 2
@@ -173,14 +181,14 @@ async def test_a_change_during_a_decision_is_held_so_that_decision_counts(
     slow_emulator: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     emulator = slow_emulator
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.triggers.streaming")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.decisions.source_watch")
     publish("held", "starting\n")
     trigger = rebuilt(sensor_trigger(source=pushed("held"), decide_when=r"(?i)job is ready"))
     task = asyncio.ensure_future(first_event(trigger))
     await emulator.wait_for(lambda emu: emu.stats.decisions_dispatched >= 1, timeout=10)
     publish("held", "starting\nstep 1 done\n")  # arrives while the initial decision runs
     await emulator.wait_for(lambda emu: emu.stats.events_accepted >= 2, timeout=10)
-    assert "holding a change while a decision is in flight" in caplog.text
+    assert "holding the source's newer state while the decision in flight comes back" in caplog.text
     # the initial decision was about the newest state when it returned: not decided again
     assert emulator.stats.decisions_billed == 1 and emulator.stats.decisions_dispatched == 1
     publish("held", "starting\nstep 1 done\nJob is ready.\n")
@@ -194,14 +202,14 @@ async def test_a_dormant_trigger_opens_no_stream_for_a_change_that_cannot_matter
 ) -> None:
     """A dormant trigger (no stream) that sees a change not matching decide_when stays dormant: no
     connection, no decision; the next matching change opens one stream and is decided."""
-    caplog.set_level(logging.DEBUG, logger="airflow_provider_systemzero.triggers.streaming")
+    caplog.set_level(logging.DEBUG, logger="airflow_provider_systemzero.decisions.source_watch")
     publish("dormant", "starting\n")
     trigger = rebuilt(
         sensor_trigger(source=pushed("dormant"), decide_when=r"(?i)job is ready", lease_after=0.05)
     )
     task = asyncio.ensure_future(first_event(trigger))
     await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # the initial state
-    await emulator.wait_for(lambda _: trigger._stream.dormant, timeout=20)
+    await emulator.wait_for(lambda _: trigger._driver is not None and trigger._driver.dormant, timeout=20)
     streams = emulator.stats.streams_total
     state = "starting\n" + LINES[0]
     publish("dormant", state)
@@ -209,7 +217,7 @@ async def test_a_dormant_trigger_opens_no_stream_for_a_change_that_cannot_matter
     def ignored() -> bool:
         return any("does not match decide_when" in r.getMessage() for r in caplog.records)
 
-    await emulator.wait_for(lambda _: ignored() and trigger._stream.dormant, timeout=10)
+    await emulator.wait_for(lambda _: ignored() and trigger._driver.dormant, timeout=10)
     assert emulator.stats.streams_total == streams and emulator.stats.decisions_billed == 1
     state += "Job is ready.\n"
     publish("dormant", state)

@@ -284,7 +284,9 @@ class WatchMachine(RuleBasedStateMachine):
         self.now += seconds
         self._act()
 
-    @precondition(lambda self: not self.ended and self.read_ever and self.watch.next_wakeup(self.now) is not None)
+    @precondition(
+        lambda self: not self.ended and self.read_ever and self.watch.next_wakeup(self.now) is not None
+    )
     @rule()
     def wake_up(self) -> None:
         wake = self.watch.next_wakeup(self.now)
