@@ -341,3 +341,40 @@ def test_after_aclose_nothing_of_the_run_is_left_and_no_input_spins_the_driver(
         assert driver._offer is None
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["file", "callable"])
+async def test_a_run_stopped_mid_read_leaves_no_watch_thread_or_task(tmp_path: Any, kind: str) -> None:
+    """A run with a real source, stopped while the source is being read or waited on: after the
+    driver's ``aclose()`` and the source's, the process's file watcher holds no watch of it and no
+    call of the author's function is left running."""
+    from airflow_provider_systemzero.sources import build_source, file_watch
+
+    if kind == "file":
+        log = tmp_path / "job.log"
+        log.write_text("waiting\n")
+        source = build_source({"type": "file", "path": str(log), "poll_interval": 3600.0}, "")
+    else:
+        source = build_source(
+            {"type": "callable", "path": "tests.triggers.callables.read_value", "poll_interval": 0.01}, ""
+        )
+    watcher = file_watch.current_watcher()
+    subscriptions = 0 if watcher is None else watcher.stats()["subscriptions"]
+    streams = _Streams()
+    driver = _driver(source, streams)  # type: ignore[arg-type]
+    before = asyncio.all_tasks()
+    waiting = asyncio.ensure_future(driver.next_verdict())
+    stream = await _held(streams)
+    if kind == "file":
+        log.write_text("waiting\nstep 1\n")  # a read is under way or about to be
+    for _ in range(3):
+        await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    await driver.aclose()
+    await source.aclose()
+    assert asyncio.all_tasks() == before and stream.closed
+    watcher = file_watch.current_watcher()
+    assert (0 if watcher is None else watcher.stats()["subscriptions"]) == subscriptions
+    if kind == "callable":
+        assert not source._calls.running  # type: ignore[attr-defined]
