@@ -129,7 +129,7 @@ class Phase(enum.Enum):
 
 #: The legal phase changes. A stream lost or failed returns its watch to DORMANT (:meth:`SourceWatch.lost`).
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.STARTING: frozenset({Phase.DORMANT, Phase.OPENING, Phase.ENDED}),
+    Phase.STARTING: frozenset({Phase.DORMANT}),
     Phase.DORMANT: frozenset({Phase.OPENING, Phase.ENDED}),
     Phase.OPENING: frozenset({Phase.HOLDING, Phase.DORMANT, Phase.ENDED}),
     Phase.HOLDING: frozenset({Phase.RELEASING, Phase.DORMANT, Phase.ENDED}),
