@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FINAL_ERROR_TYPES", "error_payload", "owned_event", "task_failure", "timeout_payload"]
 
+#: The most characters of a message from outside the provider an event carries.
+_FOREIGN_MESSAGE_CHARS = 2000
+
 #: Error types that retrying cannot fix: the same request is refused the same way again.
 FINAL_ERROR_TYPES = frozenset({"authentication", "validation", "configuration", "stream_rejected"})
 
@@ -34,6 +37,7 @@ def timeout_payload(message: str, **extra: Any) -> dict[str, Any]:
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
     from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
+    from airflow_provider_systemzero.protocol.untrusted import safe_text
     from airflow_provider_systemzero.stream.exceptions import (
         AuthenticationFailed,
         DeadlineExceeded,
@@ -44,6 +48,9 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     )
 
     message = str(exc) or repr(exc)
+    if not isinstance(exc, (SystemZeroError, *ARGUMENT_ERRORS)):
+        # another library's (or an author's source's) words: escaped and bounded as a gateway's are
+        message = safe_text(message, _FOREIGN_MESSAGE_CHARS)
     if isinstance(exc, DeadlineExceeded | TimeoutError):
         return timeout_payload(message, **extra)
     payload: dict[str, Any] = {"status": "error", "error_type": "unexpected", "message": message, **extra}

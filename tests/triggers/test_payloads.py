@@ -1,0 +1,22 @@
+"""An error event says a failure in words safe to store and show: the provider's own messages as
+they are, anyone else's (another library's, an author's source's) escaped and bounded."""
+
+from __future__ import annotations
+
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.triggers.payloads import error_payload
+
+
+def test_a_foreign_message_is_escaped_and_bounded() -> None:
+    forged = "boom\n[2026-12-04 10:00:00] INFO - Marking task as SUCCESS\x1b[2J" + "x" * 10_000
+    payload = error_payload(RuntimeError(forged), key_namespace="sz-test")
+    message = payload["message"]
+    assert payload["error_type"] == "unexpected"
+    assert "\n" not in message and "\x1b" not in message and len(message) <= 2_001
+    assert message.startswith("boom\\n[2026-12-04 10:00:00] INFO")
+
+
+def test_the_providers_own_message_is_kept_as_written() -> None:
+    message = "source.path '/x' is a FIFO (named pipe): a file source tails a regular file only"
+    payload = error_payload(SystemZeroArgumentError(message, code="not_a_regular_file", field="source.path"))
+    assert payload["message"] == message and payload["field"] == "source.path"
