@@ -47,10 +47,13 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_provider_systemzero.decisions.relevance import DecisionGate, Relevance
+from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import DecisionResult
@@ -255,6 +258,12 @@ class SourceWatch:
     :param min_interval: seconds between the last decision and the next stream's opening.
     :param once: the first :class:`Fire` ends the watch (a sensor, an operator); ``False``: an asset
         watch, which fires again on its rules' next verdict.
+    :param timeline: the wait's history (the rules record the decisions they judge; the watch adds
+        the superseded ones, the state changes and the streams opened and given back); ``None``:
+        none is kept.
+    :param question: the watched question (what a superseded decision's row records).
+    :param clock: the history's wall clock (epoch seconds); the rules of the watch run on the
+        ``now`` each call is given.
     """
 
     def __init__(
@@ -269,6 +278,9 @@ class SourceWatch:
         max_staleness: float = DEFAULT_MAX_STALENESS,
         min_interval: float = 0.0,
         once: bool = True,
+        timeline: DecisionTimeline | None = None,
+        question: str | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if gate is not None and decision_mode != "on_request":
             raise ValueError("a gate (decide_when, debounce_ms, decide_initial=False) decides on request")
@@ -281,6 +293,9 @@ class SourceWatch:
         self.max_staleness = max_staleness
         self.min_interval = min_interval
         self.once = once
+        self.timeline = timeline
+        self.question = question
+        self._clock = clock
         #: where the watch is with its stream
         self.phase = Phase.STARTING
 
@@ -428,6 +443,7 @@ class SourceWatch:
         else:
             self._generations += 1
             self.latest_gen = self._generations
+        self._mark("state_change", generation=self.latest_gen, **({"withheld": True} if withheld else {}))
         if withheld:
             self.held_since = None  # nothing to decide now: no older state stands in for it
         elif self._checked is _NOTHING:
@@ -471,6 +487,7 @@ class SourceWatch:
         """The stream opened (the gateway acknowledged its ``start``)."""
         self._move(Phase.HOLDING)
         self._said_opening = False
+        self._mark("stream_opened")
 
     def decided(self, decision: DecisionResult, now: float, *, covers: bool, state_hash: str) -> None:
         """The stream's decision arrived.
@@ -489,6 +506,7 @@ class SourceWatch:
         if not (covers and self.current(self.sent_gen, now)):
             # about the state the stream holds, which the source left unsent: kept, in case it returns
             self._parked = (decision, state_hash) if covers else None
+            self._superseded(decision, state_hash if covers else None)
             self.stale_in_a_row += 1
             log.debug(
                 "skipping the decision for version %s: the source changed since", decision.state_version
@@ -517,6 +535,22 @@ class SourceWatch:
             self._verdict = verdict
         elif self.relevance is not None and self.rules.wait_time(now) is None:
             log.info("waiting for a change that matches decide_when (%s)", self.relevance.describe())
+
+    def _superseded(self, decision: DecisionResult, state_hash: str | None) -> None:
+        """Note a decision about a state the source no longer holds in the history."""
+        if self.timeline is not None and self.question is not None:
+            self.timeline.decision(
+                decision,
+                question=self.question,
+                at=self._clock(),
+                disposition="ignored",
+                state_key=state_hash,
+                current=False,
+            )
+
+    def _mark(self, kind: str, **fields: Any) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(kind, self._clock(), **fields)
 
     def slot_wanted(self, now: float) -> None:
         """A trigger waits for a slot and asked for this stream's (its offer was called)."""
@@ -666,6 +700,7 @@ class SourceWatch:
         if self._offered:
             out.append(Withdraw())
         log.info("%s: giving the stream back until the state changes", reason)
+        self._mark("stream_released", reason=reason)
         self._move(Phase.RELEASING)
         self._forget_stream()
         out.append(Release(reason))

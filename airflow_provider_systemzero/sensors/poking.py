@@ -5,9 +5,9 @@ so a file reads the same bytes and the "no content" rule and its messages are th
 and hands the read to the sensor's
 :class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`, kept across the pokes,
 which says whether a decision is wanted (a state it has no current decision about), asks System
-Zero about it (one on_request decide, under the task's spending cap), reads the source again and
-judges the decision as a trigger would: only a decision about the state the source holds now
-counts, and the rules of the wait — the condition, its policy, the states a person already said
+Zero about it (one on_request decide, under the task's spending cap) and judges the decision as a
+trigger does with a polled source: against the newest read (a change during the decide is read,
+and decided, at the next poke), and the rules of the wait — the condition, its policy, the states a person already said
 "no" about, the run of decisions (hysteresis) — are the trigger's
 :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`. When the wait ends, the poke gets
 the same :class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
@@ -124,12 +124,22 @@ class PokeWatch:
                 sensor.timeout,
             )
         if self._watch is None:
+            from airflow_provider_systemzero.triggers.watching import new_timeline
+
             self._rules = DecisionWatch(
-                condition, skip_states=self.skip_states, end_when_unmet=ends_when_unmet(sensor, source)
+                condition,
+                skip_states=self.skip_states,
+                end_when_unmet=ends_when_unmet(sensor, source),
+                timeline=new_timeline(),
             )
-            # a poke decides once on request; its "stream" is the poke's own decide, given back at once
+            # a poke decides on request; its "stream" is the poke's own decide, given back at once
             self._watch = SourceWatch(
-                self._rules, decision_mode="on_request", lease_after=0.0, max_staleness=sensor.max_staleness
+                self._rules,
+                decision_mode="on_request",
+                lease_after=0.0,
+                max_staleness=sensor.max_staleness,
+                timeline=self._rules.timeline,
+                question=condition.question,
             )
         watch = self._watch
         state = self._read(sensor, source)
@@ -150,7 +160,8 @@ class PokeWatch:
                     except BaseException:
                         watch.lost(time.monotonic())  # the next poke (or try) decides afresh
                         raise
-                    self._read(sensor, source)  # judged against what the source holds now
+                    # judged against the newest read, as a polled source's in the triggerer: a
+                    # change during the decide is read, and decided, at the next poke
                     watch.decided(decision, time.monotonic(), covers=True, state_hash=state_hash(watch.sent))
                     assert self._rules is not None
                     self.last_reason = self._rules.last_reason

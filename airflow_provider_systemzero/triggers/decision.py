@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -57,6 +58,7 @@ from airflow_provider_systemzero.triggers.watching import (
     announce_wait,
     close_watching,
     failures_in_a_row,
+    new_timeline,
     start_watch,
     wait_to_watch_again,
     watch_source,
@@ -193,6 +195,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
             except BaseException:  # cancelled: no event
                 await self.cleanup()
                 raise
+            if payload.get("status") in ("timeout", "error") and rules is not None:
+                payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
         yield TriggerEvent(streams.with_usage(payload))
         await self.cleanup()
 
@@ -201,12 +205,14 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         return {"key_namespace": self.key_namespace}
 
     def _rules(self) -> DecisionWatch:
-        """What ends this wait: the condition, its policy and hysteresis, the skip states."""
+        """What ends this wait: the condition, its policy and hysteresis, the skip states; with the
+        run's one history (what the wait saw, pushed as the ``decisions`` XCom)."""
         return DecisionWatch(
             DecisionCondition.from_dict(self.condition),
             reviews=True,
             skip_states=self.skip_states,
             end_when_unmet=self.end_when_unmet,
+            timeline=new_timeline(),
         )
 
     def _timed_out(self, rules: DecisionWatch | None, extra: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +309,13 @@ class SystemZeroDecideTrigger(BaseTrigger):
                         },
                     )
                     decision = await driver.next_verdict()
-                    payload = answers_payload(decision, self.state, key_namespace=self.key_namespace)
+                    payload = answers_payload(
+                        decision,
+                        self.state,
+                        key_namespace=self.key_namespace,
+                        at=time.time(),
+                        capture_content=new_timeline().capture_content,
+                    )
             except TimeoutError as exc:
                 if scope.expired():
                     payload = streams.timed_out(
@@ -407,7 +419,13 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
             identity=kwargs_identity(self.serialize()[1]),
             stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
         )
-        rules = DecisionWatch(condition, reviews=False, fired=await memory.recall(), on_fired=memory.note)
+        rules = DecisionWatch(
+            condition,
+            reviews=False,
+            fired=await memory.recall(),
+            on_fired=memory.note,
+            timeline=new_timeline(),
+        )
         policy_fields = condition.policy is not None or condition.has_hysteresis
         failures = 0
         loop = asyncio.get_running_loop()

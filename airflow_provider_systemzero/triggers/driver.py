@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,8 @@ class WatchDriver:
         #: when the decision the watch waits for was asked, and how long the last ones took
         self._asked_at: float | None = None
         self.decision_seconds: deque[float] = deque(maxlen=_DURATIONS_KEPT)
+        #: the reconnects of the stream held now that the history has heard of
+        self._reconnects_noted = 0
 
     @property
     def dormant(self) -> bool:
@@ -246,8 +249,27 @@ class WatchDriver:
     def _decided(self, stream: DecisionStream, decision: DecisionResult, now: float) -> None:
         if self._asked_at is not None:
             self.decision_seconds.append(round(now - self._asked_at, 3))
+        usage = getattr(stream, "usage", None)
+        billed = usage.billed if usage is not None else 0
         self.watch.decided(decision, now, covers=_covers(stream, decision), state_hash=stream.state_hash)
         self._asked_at = now if self.watch.deciding else None
+        self._note_stream(stream, decision, billed)
+
+    def _note_stream(self, stream: DecisionStream, decision: DecisionResult, billed_before: int) -> None:
+        """Tell the wait's history what the stream did around ``decision``: the reconnects since the
+        last one, and a billed start (back-dated by the time the gateway says it took)."""
+        timeline = self.watch.timeline
+        if timeline is None:
+            return
+        now = time.time()
+        reconnects = getattr(stream, "reconnects", ())
+        for reconnect in reconnects[self._reconnects_noted :]:
+            timeline.mark("reconnect", now, reason=reconnect.reason, close_code=reconnect.close_code)
+        self._reconnects_noted = len(reconnects)
+        usage = getattr(stream, "usage", None)
+        if usage is not None and usage.billed > billed_before:
+            took = (decision.queue_ms or 0.0) + (decision.decide_ms or 0.0)
+            timeline.mark("billed_start", now - took / 1000, state_version=decision.state_version)
 
     # ------------------------------------------------------------------ actions
 
@@ -290,6 +312,7 @@ class WatchDriver:
         is sent into it (:class:`Send`), so it opens with the newest state."""
         await self.streams.resolve_settings()
         stream = self.stream = self.streams.build(self.watch.sent, **self.stream_kwargs)
+        self._reconnects_noted = 0
         await self.streams.enter(stream)
 
     def _on_offer(self) -> None:

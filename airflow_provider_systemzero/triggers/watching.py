@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
-from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
+from airflow_provider_systemzero.decisions.source_watch import SourceWatch, validate_max_staleness
+from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
+from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.triggers.driver import WatchDriver
@@ -25,6 +27,7 @@ __all__ = [
     "announce_wait",
     "close_watching",
     "failures_in_a_row",
+    "new_timeline",
     "start_watch",
     "wait_to_watch_again",
     "watch_source",
@@ -58,8 +61,15 @@ def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
     trigger._driver = None
 
 
+def new_timeline() -> DecisionTimeline:
+    """A wait's history, keeping state content only where ``[systemzero] capture_content`` says so."""
+    from airflow_provider_systemzero.utils.observability import capture_content_enabled
+
+    return DecisionTimeline(capture_content=capture_content_enabled())
+
+
 def start_watch(
-    trigger: Any, source: StateSource, rules: Rules, *, once: bool, min_interval_ms: int | None = None
+    trigger: Any, source: StateSource, rules: DecisionWatch, *, once: bool, min_interval_ms: int | None = None
 ) -> WatchDriver:
     """The watch of ``trigger``'s run and its driver (kept as ``trigger._driver`` for its cleanup).
 
@@ -84,6 +94,8 @@ def start_watch(
         max_staleness=trigger.max_staleness,
         min_interval=(min_interval_ms or 0) / 1000,
         once=once,
+        timeline=rules.timeline,
+        question=rules.condition.question,
     )
     stream_kwargs = {} if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
     trigger._driver = driver = WatchDriver(
