@@ -1,14 +1,17 @@
 """The emulator and trigger helpers of the trigger tests, shared with the source tests, and what
-the file-source tests share (a file source's spec, the first value a source yields that passes)."""
+the source tests share (a file source's spec, a source's successive states, the first of them
+that passes)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_systemzero.sources import StateSource, build_source
 from tests.airflow.test_triggers import emulator, rules_file  # noqa: F401 - fixtures
 
 
@@ -31,6 +34,35 @@ HOUR = 3600.0
 def spec(path: Path, **extra: Any) -> dict[str, Any]:
     """A file source on ``path`` (polled only once an hour), with ``extra`` keys."""
     return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+
+
+async def states(source: StateSource) -> AsyncIterator[Any]:
+    """The successive distinct states of ``source`` that are not withheld, read as a trigger's
+    driver reads them: ``read()``, then ``changed()``, then ``read()`` again and compare."""
+    last: Any = _NOTHING_YET
+    while True:
+        state = await source.read()
+        if state != last and not source.withheld(state):
+            last = state
+            yield state
+        await source.changed()
+
+
+_NOTHING_YET: Any = object()
+
+
+@contextlib.asynccontextmanager
+async def tailing(
+    source_spec: dict[str, Any], initial: Any = ""
+) -> AsyncIterator[tuple[Any, AsyncIterator[Any]]]:
+    """The source built from ``source_spec`` and its :func:`states`, both closed on the way out."""
+    source = build_source(source_spec, initial)
+    read = states(source)
+    try:
+        yield source, read
+    finally:
+        await read.aclose()
+        await source.aclose()
 
 
 async def value_where(

@@ -1,8 +1,8 @@
 """File sources: notifications instead of polls, one watcher per process, every rotation style.
 
-The source API (``build_source(...).changes()``) and the decision trigger against the emulator.
-Sources that must not poll get ``poll_interval`` = one hour: a change that arrives at all
-arrived by notification.
+The source API (``build_source(...)``: ``read()``, ``changed()``) and the decision trigger against
+the emulator. Sources that must not poll get ``poll_interval`` = one hour: a change that arrives
+at all arrived by notification.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +23,11 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, build_source, file_watch
+from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, base, build_source, file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES, FileSource
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
-from tests.helpers import TRIGGER_CONN_ID, wait_until
-from tests.sources.conftest import HOUR, inotify_descriptors, spec, value_where
-
-
-@contextlib.asynccontextmanager
-async def tailing(source_spec: dict[str, Any]) -> AsyncIterator[tuple[Any, AsyncIterator[Any]]]:
-    source = build_source(source_spec, "")
-    changes = source.changes()
-    try:
-        yield source, changes
-    finally:
-        await changes.aclose()
-        await source.aclose()
-
-
-@contextlib.asynccontextmanager
-async def tailing_source(source: Any) -> AsyncIterator[AsyncIterator[Any]]:
-    changes = source.changes()
-    try:
-        yield changes
-    finally:
-        await changes.aclose()
-
+from tests.helpers import TRIGGER_CONN_ID, until, wait_until
+from tests.sources.conftest import HOUR, inotify_descriptors, spec, states, tailing, value_where
 
 # ------------------------------------------------------------------ notifications
 
@@ -84,13 +63,14 @@ async def test_a_write_reaches_the_trigger_without_waiting_for_a_poll(
 
 
 @pytest.mark.parametrize("watch", ["notify", "poll"])
-async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
+async def test_a_read_whose_reader_was_cancelled_meanwhile_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
 ) -> None:
-    """A feeder's iterator is closed when its stream goes quiet, maybe while its read runs in a
-    thread (polled, or more than the loop reads inline): that read still ends, and the next
-    iterator (the dormant wait), started while it runs, must yield what it read — not the text
-    from before it, nor start after it with text that lacks it."""
+    """A trigger's read of its source is cancelled when the trigger stops it (a stream given up,
+    the trigger's end), maybe while the read runs in a thread (polled, or more than the loop reads
+    inline): that read still ends, and the next ``read()``, started while it runs, must wait for it
+    and return what it read — not the text from before it, nor start after it with text that
+    lacks it. On notifications, a wait meanwhile ends at once: the next read is due now."""
     content = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
     log = tmp_path / "job.log"
     log.write_text(content)
@@ -105,60 +85,63 @@ async def test_a_read_whose_iterator_was_closed_meanwhile_loses_nothing(
         return read_file(replaced, limit)
 
     monkeypatch.setattr(source, "_read_file", held_read_file)
-    old = source.changes()
-    first = asyncio.ensure_future(anext(old))
+    first = asyncio.ensure_future(source.read())
     try:
         assert await asyncio.to_thread(started.wait, 10)
-        first.cancel()  # the stream went quiet: the feeder, and its read, are cancelled
+        first.cancel()  # the trigger stopped its read
         await asyncio.gather(first, return_exceptions=True)
-        await old.aclose()
-        async with tailing_source(source) as changes:
-            following = asyncio.ensure_future(anext(changes))
-            await asyncio.wait({following}, timeout=0.05)  # it must wait for the read in progress
-            release.set()
-            assert await following == content
+        assert first.cancelled()
+        if watch == "notify":
+            assert source.changed().done()  # a read is still under way: read at once
+        following = asyncio.ensure_future(source.read())
+        await asyncio.wait({following}, timeout=0.05)
+        assert not following.done()  # it waits for the read in progress
+        release.set()
+        assert await asyncio.wait_for(following, 10) == content
+        assert await source.read() == content  # read once: nothing doubled, nothing lost
     finally:
         release.set()
         await source.aclose()
 
 
-async def test_every_open_iterator_hears_a_write_and_closing_one_keeps_the_watch(tmp_path: Path) -> None:
-    """A trigger's next ``changes()`` (a dormant wait, a new stream) may start before the last one
-    is closed: a write reaches both, whichever of them reads it, and closing the old one must not
-    take the watch the new one waits on (polling is an hour here, so only a notification can
-    deliver a write)."""
+async def test_a_wait_given_up_keeps_the_watch_and_the_next_wait_hears_a_write(tmp_path: Path) -> None:
+    """A source has one reader (the trigger's driver), which stops waiting on ``changed()`` when it
+    stops (a stream given up, a new wait): the watch stays until ``aclose()``, and the next wait
+    hears a write by notification (polling is an hour here). A new wait ends the last one."""
     log = tmp_path / "job.log"
     log.write_text("one\n")
     source = build_source(spec(log), "")
-    old, new = source.changes(), source.changes()
     try:
-        assert await anext(old) == "one\n"
-        assert await anext(new) == "one\n"
+        assert await source.read() == "one\n"
+        watcher = file_watch.current_watcher()
+        assert watcher is not None and source.mode == "notify" and source._watched
+        given_up = source.changed()
+        given_up.cancel()
+        older, waiting = source.changed(), source.changed()
+        assert older.cancelled() and not waiting.done()  # one reader: the newer wait is the one
+        assert source._watched and watcher.stats()["subscriptions"] == 1
         with log.open("a") as handle:
             handle.write("two\n")
-        seen = await asyncio.gather(
-            value_where(old, lambda v: v == "one\ntwo\n"), value_where(new, lambda v: v == "one\ntwo\n")
-        )
-        assert seen == ["one\ntwo\n", "one\ntwo\n"]
-        await old.aclose()
-        assert source.mode == "notify" and source._watched
+        await asyncio.wait_for(waiting, 10)
+        assert await source.read() == "one\ntwo\n"
+        waiting = source.changed()
         with log.open("a") as handle:
             handle.write("three\n")
-        assert await value_where(new, lambda v: v.endswith("three\n")) == "one\ntwo\nthree\n"
+        await asyncio.wait_for(waiting, 10)
+        assert await source.read() == "one\ntwo\nthree\n"
     finally:
-        await old.aclose()
-        await new.aclose()
         await source.aclose()
+    assert not source._watched and watcher.stats()["subscriptions"] == 0
 
 
 async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path: Path) -> None:
     log = tmp_path / "not-yet" / "job.log"
     # decide_empty: the missing file's empty text is yielded (see test_empty_file.py for the default)
-    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, changes):
-        assert await anext(changes) == ""
+    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, successive):
+        assert await anext(successive) == ""
         log.parent.mkdir()
         log.write_text("one\n")
-        assert await value_where(changes, lambda v: v == "one\n") == "one\n"
+        assert await value_where(successive, lambda v: v == "one\n") == "one\n"
         assert source.mode == "notify" and source._watched  # watching now, no longer polling
 
 
@@ -245,10 +228,10 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
         logs.append(tmp_path / f"job-{index}" / "job.log")
         logs[-1].write_text("starting\n")
     sources = [build_source(spec(log), "") for log in [*logs, logs[0]]]
-    iterators = [source.changes() for source in sources]
+    iterators = [states(source) for source in sources]
     try:
-        for changes in iterators:
-            assert await anext(changes) == "starting\n"
+        for successive in iterators:
+            assert await anext(successive) == "starting\n"
         watcher = file_watch.current_watcher()
         assert watcher is not None
         events_before = watcher.events_read
@@ -264,29 +247,10 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
         assert woken == {id(source): 1 for source in sources}
         assert reads == {id(source): 1 for source in sources}
     finally:
-        for changes in iterators:
-            await changes.aclose()
+        for successive in iterators:
+            await successive.aclose()
         for source in sources:
             await source.aclose()
-
-
-async def test_a_polled_source_keeps_one_timer_while_read_and_none_once_closed(tmp_path: Path) -> None:
-    """A poll is one timer per source, armed when an iterator waits, and gone with the last iterator."""
-    log = tmp_path / "job.log"
-    log.write_text("0\n")
-    async with tailing(spec(log, watch="poll", poll_interval=0.02)) as (source, changes):
-        assert await anext(changes) == "0\n"
-        for index in range(1, 4):
-            waiting = asyncio.ensure_future(anext(changes))
-            for _ in range(100):  # the iterator's first step: it waits, arming the poll
-                if source._timer is not None:
-                    break
-                await asyncio.sleep(0)
-            assert source._timer is not None and not source._timer.cancelled()
-            with log.open("a") as handle:
-                handle.write(f"{index}\n")
-            assert (await asyncio.wait_for(waiting, 10)).endswith(f"{index}\n")
-    assert source._timer is None  # no iterator open: no timer
 
 
 def _scheduled_callbacks() -> list[Any]:
@@ -295,9 +259,41 @@ def _scheduled_callbacks() -> list[Any]:
     return [h._callback for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
 
 
+def _poll_timers() -> int:
+    """Live timers of sources' polls (:func:`~airflow_provider_systemzero.sources.base.after`)."""
+    return sum(callback is base._complete for callback in _scheduled_callbacks())
+
+
+async def test_a_polled_source_keeps_one_timer_per_wait_and_none_once_the_wait_is_over(
+    tmp_path: Path,
+) -> None:
+    """A poll is one timer, armed by a wait (``changed()``) and gone with it: when it ends, and
+    when the reader gives it up."""
+    log = tmp_path / "job.log"
+    log.write_text("0\n")
+    source = build_source(spec(log, watch="poll", poll_interval=0.02), "")
+    try:
+        assert await source.read() == "0\n"
+        assert _poll_timers() == 0  # no wait: no timer
+        for index in range(1, 4):
+            waiting = source.changed()
+            assert _poll_timers() == 1
+            with log.open("a") as handle:
+                handle.write(f"{index}\n")
+            await asyncio.wait_for(waiting, 10)
+            assert _poll_timers() == 0
+            assert (await source.read()).endswith(f"{index}\n")
+        given_up = source.changed()
+        assert _poll_timers() == 1
+        given_up.cancel()
+        await until(lambda: _poll_timers() == 0, within=10, what="the given-up poll's timer to go")
+    finally:
+        await source.aclose()
+
+
 async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck(tmp_path: Path) -> None:
     """On notifications the safety re-check is the watcher's one timer for every source: K sources,
-    each read through an iterator or waited on as a dormant trigger does, add no timer of theirs."""
+    each read and waited on as a trigger's driver does, add no timer of theirs."""
     k = 5
     logs = []
     for index in range(k):
@@ -305,24 +301,19 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         logs.append(tmp_path / f"job-{index}" / "job.log")
         logs[-1].write_text("starting\n")
     sources = [build_source(spec(log), "") for log in logs]
-    iterators = [source.changes() for source in sources[:2]]
     waits: list[asyncio.Future[Any]] = []
     try:
-        for changes in iterators:
-            assert await anext(changes) == "starting\n"
-        waits += [asyncio.ensure_future(anext(changes)) for changes in iterators]
-        for source in sources[2:]:
-            assert await source.current() == "starting\n"
-            # the first wait subscribes, and looks once the watch is in place
-            assert await source.taken(await source.next_change()) == "starting\n"
-            waits.append(asyncio.ensure_future(source.next_change()))  # as a dormant trigger awaits it
+        for source in sources:
+            assert await source.read() == "starting\n"  # the first read subscribes
+            waits.append(source.changed())  # as a waiting trigger awaits it
         await asyncio.sleep(0.05)
         watcher = file_watch.current_watcher()
         assert watcher is not None and watcher.stats()["subscriptions"] == k
         assert not any(w.done() for w in waits)  # nothing changed: nothing woke
-        assert all(source._timer is None for source in sources)
-        owners = [getattr(c, "__self__", c) for c in _scheduled_callbacks()]
+        callbacks = _scheduled_callbacks()
+        owners = [getattr(c, "__self__", c) for c in callbacks]
         assert not any(isinstance(o, FileSource) for o in owners)  # no timer of a source's
+        assert base._complete not in callbacks  # and no poll
         assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
         assert watcher.stats()["recheck_timers"] == 1
         # the re-check of unchanged files wakes nobody
@@ -332,9 +323,6 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
     finally:
         for wait in waits:
             wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-        for changes in iterators:
-            await changes.aclose()
         for source in sources:
             await source.aclose()
 
@@ -352,28 +340,33 @@ def notifications_lost(watcher: file_watch.FileWatcher) -> Iterator[None]:
         loop.add_reader(watcher._fd, watcher._on_readable)
 
 
-@pytest.mark.parametrize("how", ["iterator", "dormant"])
-async def test_the_watchers_recheck_finds_a_change_no_notification_reported(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize("when", ["waiting", "between waits"])
+async def test_the_watchers_recheck_finds_a_change_no_notification_reported(
+    tmp_path: Path, when: str
+) -> None:
+    """A write whose notification was lost is found by the watcher's re-check: it ends the wait
+    under way, or (found while the reader was busy) the next wait ends at once."""
     log = tmp_path / "job.log"
     log.write_text("starting\n")
-    async with tailing(spec(log)) as (source, changes):
-        assert await anext(changes) == "starting\n"
+    source = build_source(spec(log), "")
+    try:
+        assert await source.read() == "starting\n"
         watcher = file_watch.current_watcher()
         assert watcher is not None
-        if how == "iterator":
-            waiting = asyncio.ensure_future(anext(changes))
-        else:
-            await changes.aclose()  # no iterator open: as a dormant trigger waits
-            waiting = asyncio.ensure_future(source.next_change())
+        waiting = source.changed() if when == "waiting" else None
         await asyncio.sleep(0.02)
         with notifications_lost(watcher), log.open("a") as handle:
             handle.write("Job is ready.\n")
         await asyncio.sleep(0.05)
-        assert not waiting.done()  # the write went unreported
+        assert waiting is None or not waiting.done()  # the write went unreported
         watcher._recheck_all()  # what the re-check timer runs: one stat per watched file
-        await asyncio.wait_for(asyncio.shield(waiting), 10)
-        value = waiting.result() if how == "iterator" else await source.taken(waiting.result())
-        assert value == "starting\nJob is ready.\n"
+        if waiting is None:
+            waiting = source.changed()
+            assert waiting.done()  # a change is known already: read at once
+        await asyncio.wait_for(waiting, 10)
+        assert await source.read() == "starting\nJob is ready.\n"
+    finally:
+        await source.aclose()
 
 
 async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
@@ -450,13 +443,13 @@ async def test_every_rotation_style_is_read_again_from_the_start(
     log = tmp_path / "job.log"
     log.write_text(OLD)
     poll = HOUR if watch == "notify" else 0.02
-    async with tailing(spec(log, watch=watch, poll_interval=poll)) as (source, changes):
-        assert await anext(changes) == OLD
+    async with tailing(spec(log, watch=watch, poll_interval=poll)) as (source, successive):
+        assert await anext(successive) == OLD
         assert source.mode == watch
         rotate(log)
         # the source settles on the new file's content: never old text spliced with the new tail
         seen = await value_where(
-            changes, lambda v: v == expected or not OLD.startswith(v[: len(OLD)]) or len(v) > len(OLD)
+            successive, lambda v: v == expected or not OLD.startswith(v[: len(OLD)]) or len(v) > len(OLD)
         )
         assert seen == expected
 
@@ -466,35 +459,35 @@ async def test_a_rewrite_is_noticed_beyond_the_fingerprinted_head(tmp_path: Path
     head = "header line\n" * (FINGERPRINT_BYTES // 12 + 10)
     log = tmp_path / "job.log"
     log.write_text(head + "old tail of the first run\n")
-    async with tailing(spec(log)) as (_, changes):
-        await anext(changes)
+    async with tailing(spec(log)) as (_, successive):
+        await anext(successive)
         with log.open("w") as handle:
             handle.write(head + "second run: Job is ready.\n" + "more output\n" * 20)
-        value = await value_where(changes, lambda v: "more output" in v)
+        value = await value_where(successive, lambda v: "more output" in v)
         assert value == head + "second run: Job is ready.\n" + "more output\n" * 20
 
 
 async def test_appends_after_a_rotation_are_followed(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text(OLD)
-    async with tailing(spec(log)) as (_, changes):
-        await anext(changes)
+    async with tailing(spec(log)) as (_, successive):
+        await anext(successive)
         remove_and_recreate(log)
-        await value_where(changes, lambda v: v == NEW)
+        await value_where(successive, lambda v: v == NEW)
         with log.open("a") as handle:
             handle.write("appended\n")
-        assert await value_where(changes, lambda v: v.endswith("appended\n")) == NEW + "appended\n"
+        assert await value_where(successive, lambda v: v.endswith("appended\n")) == NEW + "appended\n"
 
 
 async def test_with_decide_empty_a_deleted_file_counts_as_empty_until_it_returns(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("first\n")
-    async with tailing(spec(log, decide_empty=True)) as (_, changes):
-        assert await anext(changes) == "first\n"
+    async with tailing(spec(log, decide_empty=True)) as (_, successive):
+        assert await anext(successive) == "first\n"
         log.unlink()
-        assert await value_where(changes, lambda v: True) == ""
+        assert await value_where(successive, lambda v: True) == ""
         log.write_text("second\n")
-        assert await value_where(changes, lambda v: True) == "second\n"
+        assert await value_where(successive, lambda v: True) == "second\n"
 
 
 async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Path) -> None:
@@ -503,19 +496,21 @@ async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Pat
     log = directory / "job.log"
     log.write_text("first run\n")
     # poll_interval only matters while the directory is missing
-    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, changes):
-        assert await anext(changes) == "first run\n"
+    async with tailing(spec(log, poll_interval=0.02, decide_empty=True)) as (source, successive):
+        assert await anext(successive) == "first run\n"
         shutil.rmtree(directory)
-        assert await value_where(changes, lambda v: True) == ""
+        assert await value_where(successive, lambda v: True) == ""
         directory.mkdir()
         log.write_text("second run\n")
-        assert await value_where(changes, lambda v: v == "second run\n") == "second run\n"
+        assert await value_where(successive, lambda v: v == "second run\n") == "second run\n"
         async with asyncio.timeout(10):
             while not source._watched:  # noqa: ASYNC110 - the source resubscribes on its next check
                 await asyncio.sleep(0.01)
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
-        assert await value_where(changes, lambda v: v.endswith("ready.\n")) == "second run\nJob is ready.\n"
+        assert (
+            await value_where(successive, lambda v: v.endswith("ready.\n")) == "second run\nJob is ready.\n"
+        )
 
 
 # ------------------------------------------------------------------ how the mode is chosen
