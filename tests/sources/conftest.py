@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_systemzero.sources import StateSource, build_source
+from airflow_provider_systemzero.sources import StateSource, base, build_source
 from tests.airflow.test_triggers import emulator, rules_file  # noqa: F401 - fixtures
 
 
@@ -25,6 +25,17 @@ def inotify_descriptors() -> int:
         except OSError:
             continue
     return count
+
+
+def scheduled_callbacks() -> list[Any]:
+    """What the running loop's live timers will call."""
+    loop = asyncio.get_running_loop()
+    return [h._callback for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+
+
+def poll_timers() -> int:
+    """Live timers of sources' polls (:func:`~airflow_provider_systemzero.sources.base.after`)."""
+    return sum(callback is base._complete for callback in scheduled_callbacks())
 
 
 #: A file source's ``poll_interval`` in the tests: a change that arrives at all arrived by notification.

@@ -27,7 +27,16 @@ from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, base, build_s
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES, FileSource
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONN_ID, until, wait_until
-from tests.sources.conftest import HOUR, inotify_descriptors, spec, states, tailing, value_where
+from tests.sources.conftest import (
+    HOUR,
+    inotify_descriptors,
+    poll_timers,
+    scheduled_callbacks,
+    spec,
+    states,
+    tailing,
+    value_where,
+)
 
 # ------------------------------------------------------------------ notifications
 
@@ -253,17 +262,6 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
             await source.aclose()
 
 
-def _scheduled_callbacks() -> list[Any]:
-    """What the running loop's live timers will call."""
-    loop = asyncio.get_running_loop()
-    return [h._callback for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
-
-
-def _poll_timers() -> int:
-    """Live timers of sources' polls (:func:`~airflow_provider_systemzero.sources.base.after`)."""
-    return sum(callback is base._complete for callback in _scheduled_callbacks())
-
-
 async def test_a_polled_source_keeps_one_timer_per_wait_and_none_once_the_wait_is_over(
     tmp_path: Path,
 ) -> None:
@@ -274,19 +272,19 @@ async def test_a_polled_source_keeps_one_timer_per_wait_and_none_once_the_wait_i
     source = build_source(spec(log, watch="poll", poll_interval=0.02), "")
     try:
         assert await source.read() == "0\n"
-        assert _poll_timers() == 0  # no wait: no timer
+        assert poll_timers() == 0  # no wait: no timer
         for index in range(1, 4):
             waiting = source.changed()
-            assert _poll_timers() == 1
+            assert poll_timers() == 1
             with log.open("a") as handle:
                 handle.write(f"{index}\n")
             await asyncio.wait_for(waiting, 10)
-            assert _poll_timers() == 0
+            assert poll_timers() == 0
             assert (await source.read()).endswith(f"{index}\n")
         given_up = source.changed()
-        assert _poll_timers() == 1
+        assert poll_timers() == 1
         given_up.cancel()
-        await until(lambda: _poll_timers() == 0, within=10, what="the given-up poll's timer to go")
+        await until(lambda: poll_timers() == 0, within=10, what="the given-up poll's timer to go")
     finally:
         await source.aclose()
 
@@ -310,7 +308,7 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         watcher = file_watch.current_watcher()
         assert watcher is not None and watcher.stats()["subscriptions"] == k
         assert not any(w.done() for w in waits)  # nothing changed: nothing woke
-        callbacks = _scheduled_callbacks()
+        callbacks = scheduled_callbacks()
         owners = [getattr(c, "__self__", c) for c in callbacks]
         assert not any(isinstance(o, FileSource) for o in owners)  # no timer of a source's
         assert base._complete not in callbacks  # and no poll
