@@ -1,5 +1,6 @@
-"""File sources whose watch can end up in the wrong place: symbolic links on the path, the
-watcher across event loops, a read cancelled before it started, a watch that cannot be placed.
+"""File sources whose path or watch can end up in the wrong place: symbolic links on the path, the
+watcher across event loops, a read cancelled before it started, a watch that cannot be placed, a
+path that is not a regular file (a FIFO, a directory, a device).
 
 Sources get ``poll_interval`` = one hour: a change that arrives at all arrived by notification.
 """
@@ -7,21 +8,27 @@ Sources get ``poll_interval`` = one hour: a change that arrives at all arrived b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import itertools
+import os
 import shutil
+import stat
 import threading
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES
 from airflow_provider_systemzero.sources.spec import build_source
 from tests.helpers import until, wait_until
-from tests.sources.conftest import inotify_descriptors, spec, value_where
+from tests.sources.conftest import inotify_descriptors, poll_timers, spec, tailing, value_where
 
 
 def releases(tmp_path: Path) -> Path:
@@ -35,12 +42,12 @@ def releases(tmp_path: Path) -> Path:
 
 
 async def ready_is_heard(source: Any, waiting: Awaitable[Any], log: Path, before: str) -> None:
-    """Append the ready line to ``log``: the dormant wait ``waiting`` must end (bounded), and the
-    source's text be ``before`` and that line."""
+    """Append the ready line to ``log``: the wait ``waiting`` (the source's ``changed()``) must end
+    (bounded), and the source's text be ``before`` and that line."""
     with log.open("a") as handle:
         handle.write("Job is ready.\n")
     await asyncio.wait_for(waiting, 10)
-    assert await source.taken(None) == before + "Job is ready.\n"
+    assert await source.read() == before + "Job is ready.\n"
 
 
 def switch_link(link: Path, target: Path) -> None:
@@ -54,32 +61,26 @@ async def test_a_directory_link_switched_to_another_directory_is_followed(tmp_pa
     """``current -> release-1`` switched to ``release-2``: the file behind the path is another one,
     and every later write to it must reach the trigger (not only the once-a-minute re-check)."""
     current = releases(tmp_path)
-    source = build_source(spec(current / "job.log"), "")
-    changes = source.changes()
-    try:
-        assert await anext(changes) == "release-1 started\n"
+    async with tailing(spec(current / "job.log")) as (_, successive):
+        assert await anext(successive) == "release-1 started\n"
         switch_link(current, tmp_path / "release-2")
-        assert await value_where(changes, lambda v: v.startswith("release-2")) == "release-2 started\n"
+        assert await value_where(successive, lambda v: v.startswith("release-2")) == "release-2 started\n"
         with (tmp_path / "release-2" / "job.log").open("a") as handle:
             handle.write("Job is ready.\n")
-        ready = await value_where(changes, lambda v: v.endswith("ready.\n"))
+        ready = await value_where(successive, lambda v: v.endswith("ready.\n"))
         assert ready == "release-2 started\nJob is ready.\n"
-    finally:
-        await changes.aclose()
-        await source.aclose()
 
 
 async def test_a_directory_link_switched_while_dormant_wakes_the_wait(tmp_path: Path) -> None:
     current = releases(tmp_path)
     source = build_source(spec(current / "job.log"), "")
     try:
-        changes = source.changes()
-        assert await anext(changes) == "release-1 started\n"
-        await changes.aclose()  # no iterator open: as a dormant trigger waits
+        assert await source.read() == "release-1 started\n"
+        waiting = source.changed()  # as a trigger with no stream waits
         switch_link(current, tmp_path / "release-2")
-        await asyncio.wait_for(source.next_change(), 10)
-        assert await source.taken(None) == "release-2 started\n"
-        waiting = source.next_change()
+        await asyncio.wait_for(waiting, 10)
+        assert await source.read() == "release-2 started\n"
+        waiting = source.changed()
         await ready_is_heard(source, waiting, tmp_path / "release-2" / "job.log", "release-2 started\n")
     finally:
         await source.aclose()
@@ -92,18 +93,13 @@ async def test_a_file_replaced_by_a_link_follows_the_links_target(tmp_path: Path
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "job.log").write_text("second\n")
-    source = build_source(spec(log), "")
-    changes = source.changes()
-    try:
-        assert await anext(changes) == "first\n"
+    async with tailing(spec(log)) as (_, successive):
+        assert await anext(successive) == "first\n"
         switch_link(log, elsewhere / "job.log")
-        assert await value_where(changes, lambda v: v == "second\n") == "second\n"
+        assert await value_where(successive, lambda v: v == "second\n") == "second\n"
         with (elsewhere / "job.log").open("a") as handle:
             handle.write("Job is ready.\n")
-        assert await value_where(changes, lambda v: v.endswith("ready.\n")) == "second\nJob is ready.\n"
-    finally:
-        await changes.aclose()
-        await source.aclose()
+        assert await value_where(successive, lambda v: v.endswith("ready.\n")) == "second\nJob is ready.\n"
 
 
 def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) -> None:
@@ -115,10 +111,8 @@ def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) ->
 
     async def tail_once() -> None:
         source = build_source(spec(log), "")
-        changes = source.changes()
-        assert await anext(changes) == "one\n"
+        assert await source.read() == "one\n"
         assert file_watch.current_watcher() is not None
-        await changes.aclose()
         await source.aclose()
 
     before = inotify_descriptors()
@@ -132,8 +126,9 @@ def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) ->
 
 async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wait(tmp_path: Path) -> None:
     """A large read goes to the loop's executor; when every worker is busy it waits in the queue,
-    and a feeder cancelled meanwhile (its stream went quiet) cancels it before it ran: the write it
-    was for must still wake the dormant wait that follows, not only the once-a-minute re-check."""
+    and a trigger that stops its read meanwhile (a stream given up) cancels it before it ran: the
+    write it was for must still end the next wait at once, not only at the once-a-minute
+    re-check, and the next read return it."""
     log = tmp_path / "job.log"
     log.write_text("starting\n")
     loop = asyncio.get_running_loop()
@@ -142,21 +137,21 @@ async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wa
     busy = threading.Event()
     source = build_source(spec(log), "")
     try:
-        changes = source.changes()
-        assert await anext(changes) == "starting\n"
+        assert await source.read() == "starting\n"
+        waiting = source.changed()
         blocker = loop.run_in_executor(None, busy.wait, 10)  # the one worker is taken
-        following = asyncio.ensure_future(anext(changes))
         big = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
         with log.open("a") as handle:
             handle.write(big)
+        await asyncio.wait_for(waiting, 10)
+        following = asyncio.ensure_future(source.read())
         await until(lambda: executor._work_queue.qsize() == 1, what="the read to wait for a worker")
-        following.cancel()  # the stream went quiet: its feeder goes, with the queued read
+        following.cancel()  # the trigger stopped its read, with the queued read
         await asyncio.gather(following, return_exceptions=True)
-        await changes.aclose()
         busy.set()
         await blocker
-        await asyncio.wait_for(source.next_change(), 10)
-        assert await source.taken(None) == "starting\n" + big
+        assert source.changed().done()  # the change is still to be read: the next wait ends at once
+        assert await asyncio.wait_for(source.read(), 10) == "starting\n" + big
     finally:
         busy.set()
         await source.aclose()
@@ -172,24 +167,22 @@ async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp
     (run / "job.log").write_text("old run\n")
     source = build_source(spec(run / "job.log"), "")
     try:
-        changes = source.changes()
-        assert await anext(changes) == "old run\n"
-        await changes.aclose()  # no iterator open: as a dormant trigger waits
+        assert await source.read() == "old run\n"
         (tmp_path / "data").rename(tmp_path / "data.old")
         run.mkdir(parents=True)
         (run / "job.log").write_text("new run\n")
-        waiting = source.next_change()
+        waiting = source.changed()  # as a trigger with no stream waits
         watcher = file_watch.current_watcher()
         assert watcher is not None
         watcher._recheck_all()  # what the re-check timer runs
         await asyncio.wait_for(waiting, 10)
-        assert await source.taken(None) == "new run\n"
-        waiting = source.next_change()
-        assert isinstance(waiting, asyncio.Future)  # notified, not polled
+        assert await source.read() == "new run\n"
+        waiting = source.changed()
         if waiting.done():  # subscribed again: it looks once at once
-            assert await source.taken(None) == "new run\n"
-            waiting = source.next_change()
-        assert not waiting.done()  # from here on, by notification
+            assert await source.read() == "new run\n"
+            waiting = source.changed()
+        assert not waiting.done()  # from here on, by notification (polling is an hour)
+        assert source._watched and not poll_timers()
         await ready_is_heard(source, waiting, run / "job.log", "new run\n")
     finally:
         await source.aclose()
@@ -226,17 +219,127 @@ async def test_a_watcher_left_without_a_watch_closes(
     if how == "removed":
         directory.mkdir()
         (directory / "job.log").write_text("one\n")
-    source = build_source(spec(directory / "job.log", poll_interval=0.02, decide_empty=True), "")
-    changes = source.changes()
-    try:
-        first = await anext(changes)
+    async with tailing(spec(directory / "job.log", poll_interval=0.02, decide_empty=True)) as (
+        source,
+        successive,
+    ):
+        first = await anext(successive)
         if how == "removed":
             assert first == "one\n" and source._watched
             shutil.rmtree(directory)
-            assert await value_where(changes, lambda v: v == "") == ""
+            assert await value_where(successive, lambda v: v == "") == ""
         watcher = file_watch.current_watcher()
         assert watcher is not None and watcher.stats()["directories"] == 0
-    finally:
-        await changes.aclose()
-        await source.aclose()
     await until(lambda: file_watch.current_watcher() is None, what="the watcher without a watch to close")
+
+
+# ------------------------------------------------------------------ paths that are not regular files
+
+#: What the refusal calls each kind of path.
+NOT_REGULAR = {"FIFO": "a FIFO (named pipe)", "directory": "a directory", "device": "a character device"}
+#: Seconds a read may stay stuck opening a FIFO before a writer lets it go (and the test fails).
+LET_GO_AFTER = 10.0
+
+
+def not_regular(tmp_path: Path, kind: str) -> Path:
+    """A path of ``kind`` (:data:`NOT_REGULAR`) where a log file was meant."""
+    if kind == "device":
+        return Path("/dev/null")
+    path = tmp_path / "job.log"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return path
+
+
+@contextlib.contextmanager
+def fails_if_stuck_opening(path: Path) -> Iterator[None]:
+    """Fail when a read inside gets stuck opening the FIFO ``path`` (an open for reading waits for
+    a writer). From :data:`LET_GO_AFTER` seconds on, and once more on the way out, a writer opens
+    it and closes it at once: a stuck read goes on (to the FIFO's end), so the test ends, failing
+    with this cause, and no thread is left stuck for the loop's executor to wait on. (Nothing is
+    done for a path that is not a FIFO: opening it does not wait.)"""
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        yield
+        return
+    done, let_go = threading.Event(), threading.Event()
+
+    def let_go_of_readers() -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # fails unless a reader has it open
+        except OSError:
+            return
+        let_go.set()
+        os.close(fd)
+
+    def writer() -> None:
+        if done.wait(LET_GO_AFTER):
+            return
+        while not done.wait(0.05):
+            let_go_of_readers()
+
+    thread = threading.Thread(target=writer, name="fifo-writer", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+        let_go_of_readers()
+        assert not let_go.is_set(), f"a read got stuck opening {path} (let go after {LET_GO_AFTER:g} s)"
+
+
+def assert_refused(error: SystemZeroArgumentError, path: Path, kind: str) -> None:
+    """``error`` refuses ``path`` as ``kind``, naming the path, the field and the fix."""
+    message = str(error)
+    assert error.code == "not_a_regular_file" and error.field == "source.path", message
+    assert f"source.path {str(path)!r}" in message and f"is {NOT_REGULAR[kind]}" in message, message
+    assert "point source.path at the log file itself" in message, message
+
+
+@pytest.mark.parametrize("watch", ["notify", "poll"])
+@pytest.mark.parametrize("kind", list(NOT_REGULAR))
+async def test_a_path_that_is_not_a_regular_file_is_refused_naming_it(
+    tmp_path: Path, kind: str, watch: str
+) -> None:
+    """A trigger's read refuses it, and never blocks the event loop meanwhile (a FIFO's open waits
+    for a writer): a heartbeat on the loop keeps beating while the read is attempted — notified,
+    the read runs on the loop; polled, in a thread."""
+    path = not_regular(tmp_path, kind)
+    source = build_source(spec(path, watch=watch), "")
+    beats: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            beats.append(time.monotonic())
+            await asyncio.sleep(0.005)
+
+    beating = asyncio.ensure_future(heartbeat())
+    try:
+        with fails_if_stuck_opening(path):
+            await until(lambda: beats, what="the heartbeat to start")
+            before = len(beats)
+            reading = asyncio.ensure_future(source.read())
+            await until(
+                lambda: reading.done() and len(beats) >= before + 3,
+                within=2 * LET_GO_AFTER,  # a read stuck opening a FIFO is let go before
+                what="the read to end with the loop beating",
+            )
+        gaps = [later - earlier for earlier, later in itertools.pairwise(beats[before - 1 :])]
+        assert max(gaps) < LET_GO_AFTER  # the loop never stood still waiting for the open
+        with pytest.raises(SystemZeroArgumentError) as info:
+            reading.result()
+        assert_refused(info.value, path, kind)
+    finally:
+        beating.cancel()
+        await asyncio.gather(beating, return_exceptions=True)
+        await source.aclose()
+
+
+@pytest.mark.parametrize("kind", list(NOT_REGULAR))
+def test_a_poke_refuses_a_path_that_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    path = not_regular(tmp_path, kind)
+    with fails_if_stuck_opening(path), pytest.raises(SystemZeroArgumentError) as info:
+        build_source(spec(path), "").read_now()
+    assert_refused(info.value, path, kind)
