@@ -1,6 +1,8 @@
-"""Callable sources: a hung call stays its own problem, a transient failure is retried.
+"""Callable sources: a hung call stays its own problem, a transient failure is retried, a value
+changed in place is seen to change.
 
-Through the source API (``build_source``) and the decision trigger against the emulator.
+Through the source API (``build_source(...).read()``, ``changed()``) and the decision trigger
+against the emulator.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import pytest
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
-from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.sources import callables
+from tests.triggers import callables as trigger_callables
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +47,7 @@ def hung_calls_return() -> Iterator[None]:
 async def test_hung_sources_do_not_starve_other_triggers(tmp_path: Path) -> None:
     # more hung sources than the loop's default executor has threads (at most 32)
     hung = [build_source(callable_spec("hang", kwargs={"name": f"h{i}"}), "") for i in range(40)]
-    calls = [asyncio.ensure_future(source.current()) for source in hung]
+    calls = [asyncio.ensure_future(source.read()) for source in hung]
     try:
         await asyncio.sleep(0.1)
         assert not any(call.done() for call in calls)
@@ -54,8 +56,8 @@ async def test_hung_sources_do_not_starve_other_triggers(tmp_path: Path) -> None
         log.write_text("file read too\n")
         tail = build_source({"type": "file", "path": str(log)}, "")
         async with asyncio.timeout(10):
-            assert await quick.current() == "other is fine\n"
-            assert await tail.current() == "file read too\n"  # the loop's executor is free
+            assert await quick.read() == "other is fine\n"
+            assert await tail.read() == "file read too\n"  # the loop's executor is free
     finally:
         for call in calls:
             call.cancel()
@@ -66,20 +68,20 @@ async def test_a_hung_call_times_out_and_is_never_run_twice_at_once(caplog: pyte
     source = build_source(
         callable_spec("hang", kwargs={"name": "stuck"}, timeout=0.05, retries=3, retry_delay=0.01), ""
     )
-    caplog.set_level(logging.WARNING, logger="airflow_provider_systemzero.triggers.sources")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_systemzero.sources.callable")
     with pytest.raises(
         Exception,
-        match=r"failed 4 time\(s\) in a row; last: TimeoutError: the call did not "
-        r"return within 0\.05 s",
+        match=r"failed 4 time\(s\) in a row; last: CallTimedOut: the source "
+        r"tests\.sources\.callables\.hang\(\) did not return within 0\.05 s",
     ) as info:
         async with asyncio.timeout(10):
-            await source.current()
+            await source.read()
     assert type(info.value).__name__ == "SourceFailed"
     assert (
         callables.CALLS["stuck"] == 1 and callables.MOST_RUNNING["stuck"] == 1
     )  # waited for, not called again
     assert (
-        sum("tests.sources.callables.hang failed (TimeoutError" in r.getMessage() for r in caplog.records)
+        sum("tests.sources.callables.hang failed (CallTimedOut" in r.getMessage() for r in caplog.records)
         == 3
     )
 
@@ -93,7 +95,7 @@ def test_a_process_whose_trigger_ended_does_not_wait_for_a_hung_call() -> None:
             source = build_source({"type": "callable", "path": "tests.sources.callables.sleep_for",
                                    "kwargs": {"seconds": 600}}, "")
             try:
-                await asyncio.wait_for(source.current(), 0.5)
+                await asyncio.wait_for(source.read(), 0.5)
             except TimeoutError:
                 print("gave up on the source")
 
@@ -112,7 +114,7 @@ def test_a_process_whose_trigger_ended_does_not_wait_for_a_hung_call() -> None:
 async def test_a_transient_failure_is_retried_and_the_trigger_fires(
     emulator: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="airflow_provider_systemzero.triggers.sources")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_systemzero.sources.callable")
     trigger = rebuilt(
         sensor_trigger(
             source=callable_spec("flaky", kwargs={"name": "blip", "failures": 2}, poll_interval=0.02)
@@ -161,24 +163,43 @@ def test_bad_retry_settings_are_refused_naming_the_field(field: str, value: Any,
     assert message in str(info.value) and info.value.field == f"source.{field}"
 
 
-async def test_a_generator_that_ends_in_a_dormant_wait_leaves_the_state_until_called_again() -> None:
-    """The dormant wait of a trigger (next_change, taken, failed): a generator that returns leaves
-    the state as it is for that wait (nothing to await but a future nobody completes); the next
-    wait's current() calls the function again, and its values are awaited again."""
+async def test_a_generator_that_ends_leaves_the_state_as_it_was_last_yielded() -> None:
+    """A push source's generator that returns leaves the state as it last yielded, for the rest of
+    the trigger's life: a wait on it never ends (nothing will change), and a read gives that state
+    without calling the function again."""
     source = build_source(callable_spec("two_then_end", kwargs={"name": "ends"}), "")
     try:
-        assert await source.current() == "waiting\n"
-        assert await source.taken(await source.next_change()) == "still waiting\n"
-        with pytest.raises(StopAsyncIteration) as ended:
-            await source.next_change()
-        assert await source.failed(ended.value) is NO_CHANGE
-        waiting = source.next_change()
-        assert isinstance(waiting, asyncio.Future) and not waiting.done()  # the state stays
-        assert await source.current() == "waiting\n"  # the next wait calls the function again
-        assert callables.CALLS["ends"] == 2
-        assert await source.taken(await source.next_change()) == "still waiting\n"
+        assert await source.read() == "waiting\n"
+        await asyncio.wait_for(source.changed(), 10)
+        assert await source.read() == "still waiting\n"
+        await asyncio.wait_for(source.changed(), 10)  # the generator returned: one more look
+        assert await source.read() == "still waiting\n"
+        waiting = source.changed()
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the state stays
+        waiting.cancel()
+        assert await source.read() == "still waiting\n"
+        assert callables.CALLS["ends"] == 1  # never called again
     finally:
         await source.aclose()
+
+
+async def test_a_list_changed_in_place_is_seen_to_change() -> None:
+    """A function that returns the same list each time, appended to in place: each read is a state
+    of its own (a copy), so the next one differs from it, and what the author's code does later
+    changes no state already read."""
+    growing = trigger_callables.GROWING
+    growing[:] = ["line 0"]
+    try:
+        source = build_source({"type": "callable", "path": "tests.triggers.callables.growing_list"}, [])
+        first = await source.read()
+        growing.append("line 1")
+        second = await source.read()
+        assert first == ["line 0"] and second == ["line 0", "line 1"]
+        growing.append("written later")
+        assert second == ["line 0", "line 1"]  # a state already read stays as it was read
+    finally:
+        growing.clear()
 
 
 def test_each_source_says_where_its_state_comes_from() -> None:
