@@ -1,6 +1,8 @@
-"""An async-generator source is called once for its trigger's life: whoever stops waiting for its
-next value — a stream's feeder given back, a hysteresis timer, a cancelled dormant wait — leaves
-the read (and the generator, and what it built up) to the next reader; a failure is counted once.
+"""An async-generator source is called once for its trigger's life: a reader that stops waiting
+on ``changed()`` — a stream given up, the trigger's driver stopped, a new wait — never cancels the
+author's generator; the read under way, and the generator, and what it built up, are left to the
+next ``read()``; a failure is counted once. Only the source's ``aclose()`` (the trigger's cleanup)
+ends the generator.
 
 The generator here builds a log up, as the docs' ``deployment_log`` does: a restart would send
 the state back to its first line.
@@ -15,8 +17,6 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.sources.callable import CallableSource
-from airflow_provider_systemzero.triggers.state_source import NO_CHANGE
-from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
 
 class Log:
@@ -46,35 +46,43 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_reader_cancelled_once_the_value_is_read_leaves_it_to_the_next_reader() -> None:
+async def test_a_reader_cancelled_once_the_value_is_read_leaves_it_to_the_next_read() -> None:
     log = Log()
     source = CallableSource(log.generate)
-    changes = source.changes()
-    assert await anext(changes) == "call 1 line 0\n"
-    reader = asyncio.ensure_future(anext(changes))  # a stream's feeder waits for the next value
+    assert await source.read() == "call 1 line 0\n"
+
+    async def wait_for_the_next_value() -> None:  # as the trigger's driver does
+        await source.changed()
+
+    reader = asyncio.ensure_future(wait_for_the_next_value())
     await _settle()
     assert source._pending is not None
-    # the read gets the value, and the stream is given back before the feeder resumes
+    # the read gets the value, and the reader is stopped before it resumes
     source._pending.add_done_callback(lambda _: reader.cancel())
     log.tick.set()
     with pytest.raises(asyncio.CancelledError):
         await reader
-    await changes.aclose()
-    assert await source.current() == "call 1 line 0\ncall 1 line 1\n"  # the value, not a restart
+    assert await source.read() == "call 1 line 0\ncall 1 line 1\n"  # the value, not a restart
     assert log.calls == 1
     await source.aclose()
 
 
-async def test_a_hysteresis_timer_in_a_dormant_wait_leaves_the_generator_alone() -> None:
+async def test_a_reader_that_stops_waiting_never_cancels_the_generator() -> None:
+    """What a hysteresis timer or a stream given up did to a dormant wait before: the wait on
+    ``changed()`` ends early, again and again; the generator goes on where it was."""
     log = Log()
     source = CallableSource(log.generate)
-    stream = TriggerStream("sz", {}, key_namespace="ns")
-    await source.current()
+    assert await source.read() == "call 1 line 0\n"
+    for _ in range(3):
+        waiting = source.changed()
+        await _settle()
+        waiting.cancel()
+        await _settle()
+    pending = source._pending
+    assert pending is not None and not pending.done()  # the read of the next value goes on
     log.tick.set()
-    stream.covered = await source.taken(await source.next_change())
-    # a qualifying run needs a little more time (min_true_for): the dormant wait is bounded
-    assert await stream.change_within(0.05, source) is NO_CHANGE
-    assert await source.current() == "call 1 line 0\ncall 1 line 1\n"
+    await asyncio.wait_for(source.changed(), 5)
+    assert await source.read() == "call 1 line 0\ncall 1 line 1\n"
     assert log.calls == 1
     await source.aclose()
 
@@ -82,18 +90,14 @@ async def test_a_hysteresis_timer_in_a_dormant_wait_leaves_the_generator_alone()
 async def test_a_read_that_failed_while_nobody_waited_is_one_failure_and_one_restart() -> None:
     log = Log()
     source = CallableSource(log.generate, retry_delay=0.01)
-    changes = source.changes()
-    assert await anext(changes) == "call 1 line 0\n"
-    reader = asyncio.ensure_future(anext(changes))
+    assert await source.read() == "call 1 line 0\n"
+    waiting = source.changed()
     await _settle()
-    reader.cancel()  # the stream was given back; the read goes on
-    with pytest.raises(asyncio.CancelledError):
-        await reader
-    await changes.aclose()
+    waiting.cancel()  # the reader stopped waiting; the read goes on
     log.fail = True
     log.tick.set()  # the feed fails while nobody waits
     await asyncio.wait({source._pending}, timeout=5)
-    assert await source.current() == "call 2 line 0\n"  # the failure taken, the function called again
+    assert await source.read() == "call 2 line 0\n"  # the failure taken, the function called again
     assert log.calls == 2 and source._failures == 0
     await source.aclose()
 
@@ -110,10 +114,9 @@ async def test_cleanup_cancels_the_read_and_the_generator_ends() -> None:
             ended.append(True)
 
     source = CallableSource(generate)
-    await source.current()
-    waiting = source.next_change()  # a dormant wait on the read
+    await source.read()
+    waiting = source.changed()  # the trigger waits on the read
     await _settle()
     await source.aclose()
     assert ended == [True] and source._pending is None
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    await asyncio.wait_for(waiting, 5)  # the wait does not outlive the source
