@@ -9,9 +9,7 @@ against the emulator, open no stream about such a state and send none to a strea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +19,17 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+from tests import helpers
 from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
 from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, until
+from tests.sources.conftest import HOUR, spec, tailing
 
-HOUR = 3600.0
 READY = "Job is ready.\n"
 
 
-def spec(path: Path, **extra: Any) -> dict[str, Any]:
-    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
-
-
-async def dormant(trigger: Any) -> None:
+async def until_dormant(trigger: Any) -> None:
     """Wait until ``trigger`` waits for its source with no stream (bounded)."""
-    await until(lambda: trigger._stream.dormant, within=10, what="the trigger to wait with no stream")
-
-
-@contextlib.asynccontextmanager
-async def tailing(source_spec: dict[str, Any], initial: str = "") -> AsyncIterator[AsyncIterator[Any]]:
-    source = build_source(source_spec, initial)
-    changes = source.changes()
-    try:
-        yield changes
-    finally:
-        await changes.aclose()
-        await source.aclose()
+    await until(lambda: helpers.dormant(trigger), within=10, what="the trigger to wait with no stream")
 
 
 # ------------------------------------------------------------------ the decision trigger
@@ -60,7 +44,7 @@ async def test_a_file_without_content_opens_no_stream_until_it_has_some(
         log.write_text("")
     trigger = rebuilt(sensor_trigger(source=spec(log)))
     async with running_trigger(trigger) as task:
-        await dormant(trigger)
+        await until_dormant(trigger)
         stats = emulator.stats
         assert (stats.streams_total, stats.decisions_dispatched, stats.decisions_billed) == (0, 0, 0)
         log.write_text(READY)
@@ -101,7 +85,7 @@ async def test_a_file_deleted_while_dormant_reopens_nothing_until_it_returns(
         await emulator.wait_for(
             lambda emu: emu.stats.decisions_delivered == 1 and emu.stats.streams_open == 0
         )
-        await dormant(trigger)
+        await until_dormant(trigger)
         log.unlink()  # rotated away; the new file comes later
         source = trigger._source
         await until(lambda: source._said_empty, within=10, what="the source to read the deletion")
@@ -119,10 +103,10 @@ async def test_decide_when_on_a_missing_file_decides_its_first_content(
     log = tmp_path / "job.log"
     trigger = rebuilt(sensor_trigger(source=spec(log), decide_when="(?i)ready", decide_initial=False))
     async with running_trigger(trigger) as task:
-        await dormant(trigger)
+        await until_dormant(trigger)
         log.write_text("still working\n")  # content, but no decision is due for it
         await until(lambda: trigger._source._text == "still working\n", within=10, what="the read")
-        await dormant(trigger)
+        await until_dormant(trigger)
         assert emulator.stats.decisions_dispatched == 0
         with log.open("a") as handle:
             handle.write(READY)
@@ -173,7 +157,7 @@ async def test_the_event_trigger_waits_for_content_too(emulator: Emulator, tmp_p
         )
     )
     async with running_trigger(trigger) as task:
-        await dormant(trigger)
+        await until_dormant(trigger)
         assert emulator.stats.streams_total == 0
         log.write_text(READY)
         async with asyncio.timeout(20):
@@ -184,19 +168,22 @@ async def test_the_event_trigger_waits_for_content_too(emulator: Emulator, tmp_p
 # ------------------------------------------------------------------ the source, and a poke's read
 
 
-async def test_changes_skip_a_state_without_the_file_and_decide_empty_keeps_it(tmp_path: Path) -> None:
+async def test_a_state_without_the_file_is_withheld_and_decide_empty_keeps_it(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("first\n")
-    async with tailing(spec(log)) as changes:
-        assert await anext(changes) == "first\n"
+    async with tailing(spec(log)) as (source, successive):
+        assert await anext(successive) == "first\n"
         log.unlink()
+        await asyncio.wait_for(source.changed(), 10)
+        assert source.withheld(await source.read())  # the gap: nothing to decide
         log.write_text("second\n")
         async with asyncio.timeout(10):
-            assert await anext(changes) == "second\n"  # the gap between them is not yielded
+            assert await anext(successive) == "second\n"  # the gap between them is not a state
     log.unlink()
-    async with tailing(spec(log, decide_empty=True), initial="log:\n") as changes:
+    async with tailing(spec(log, decide_empty=True), initial="log:\n") as (source, successive):
         async with asyncio.timeout(10):
-            assert await anext(changes) == "log:\n"
+            assert await anext(successive) == "log:\n"
+        assert not source.withheld("log:\n")
 
 
 def test_a_poke_reads_a_file_without_content_as_nothing_to_decide(tmp_path: Path) -> None:
