@@ -17,23 +17,16 @@ import pytest
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
-
-HOUR = 3600.0
-
-
-def spec(path: Path, **extra: Any) -> dict[str, Any]:
-    return {"type": "file", "path": str(path), "poll_interval": HOUR, **extra}
+from tests.sources.conftest import spec
 
 
 async def _tailed(path: Path, initial: str) -> Any:
-    """The first state a trigger's source yields for ``path``."""
+    """The first state a trigger's source reads for ``path``."""
     source = build_source(spec(path), initial)
-    changes = source.changes()
     try:
         async with asyncio.timeout(10):
-            return await anext(changes)
+            return await source.read()
     finally:
-        await changes.aclose()
         await source.aclose()
 
 
