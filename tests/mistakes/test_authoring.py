@@ -406,16 +406,20 @@ def test_a_missing_source_file_with_must_exist_fails_before_connecting(
 async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = FileSource(str(tmp_path / "not-yet.log"), poll_interval=0.01)
-    with caplog.at_level(logging.WARNING):
-        assert await source.current() == "" and await source.current() == ""
-    [warning] = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
-    assert str(tmp_path / "not-yet.log") in warning and socket.gethostname() in warning
-    assert '"must_exist": True' in warning
-    # still missing: a wait that times out names it; once the file is there, nothing is said
-    assert "does not exist" in (source.waiting_on() or "")
-    (tmp_path / "not-yet.log").write_text("Job is ready.\n")
-    assert await source.current() == "Job is ready.\n" and source.waiting_on() is None
+    # polled: every read looks at the path again
+    source = FileSource(str(tmp_path / "not-yet.log"), poll_interval=0.01, watch="poll")
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert await source.read() == "" and await source.read() == ""
+        [warning] = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+        assert str(tmp_path / "not-yet.log") in warning and socket.gethostname() in warning
+        assert '"must_exist": True' in warning
+        # still missing: a wait that times out names it; once the file is there, nothing is said
+        assert "does not exist" in (source.waiting_on() or "")
+        (tmp_path / "not-yet.log").write_text("Job is ready.\n")
+        assert await source.read() == "Job is ready.\n" and source.waiting_on() is None
+    finally:
+        await source.aclose()
 
 
 def _poking_until_timeout(dag_id: str, log: Path, **arguments: Any) -> DAG:
