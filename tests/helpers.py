@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
@@ -15,6 +15,7 @@ import pytest
 
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version, has_awaiting_input
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.emulator.deciders import RulesDecider
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.limits import Limits
 
@@ -336,6 +337,22 @@ TRIGGER_RULES: dict[str, Any] = {
     ],
     "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
 }
+
+
+class RecordingDecider(RulesDecider):
+    """An emulator decider answering by ``rules`` (default :data:`TRIGGER_RULES`) that remembers every
+    state a decision started about, in order (``states``)."""
+
+    def __init__(self, rules: Mapping[str, Any] | None = None) -> None:
+        base = RulesDecider.from_dict(TRIGGER_RULES if rules is None else rules)
+        super().__init__(base.rules, base.default)
+        self.states: list[Any] = []
+
+    def decide(self, request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+        self.states.append(request.get("state"))
+        return super().decide(request, now=now)
+
+
 #: The trigger tests' request and condition (the ``ready`` question of :data:`TRIGGER_RULES`).
 TRIGGER_REQUEST: dict[str, Any] = {
     "model": "sz-test",
@@ -364,11 +381,11 @@ async def loopback_emulator(
     """An :class:`Emulator` on this test's loop answering by ``rules_file``, with the account's buckets
     out of the way, and the :data:`TRIGGER_CONN_ID` connection to it (an environment variable).
 
-    :param kwargs: more :class:`Emulator` arguments (``decide_latency_ms`` …).
+    :param kwargs: more :class:`Emulator` arguments (``decide_latency_ms``, a ``decider`` of the
+        test's own …).
     """
-    async with Emulator(
-        api_keys={"demo": 8}, decider=f"rules:{rules_file}", limits=TRIGGER_LIMITS, **kwargs
-    ) as emu:
+    kwargs.setdefault("decider", f"rules:{rules_file}")
+    async with Emulator(api_keys={"demo": 8}, limits=TRIGGER_LIMITS, **kwargs) as emu:
         monkeypatch.setenv(
             f"AIRFLOW_CONN_{TRIGGER_CONN_ID.upper()}",
             json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),

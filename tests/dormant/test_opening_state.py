@@ -8,12 +8,11 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.emulator.deciders import RulesDecider
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, default_capacity
@@ -27,7 +26,7 @@ from tests.helpers import (
     TRIGGER_CONN_ID,
     TRIGGER_LIMITS,
     TRIGGER_REQUEST,
-    TRIGGER_RULES,
+    RecordingDecider,
     running_trigger,
 )
 
@@ -35,24 +34,11 @@ WOKE_ON = "waiting\nstep A\n"
 NEWEST = "waiting\nstep A\nJob is ready.\n"
 
 
-class _Recording(RulesDecider):
-    """The trigger tests' rules, remembering every state the emulator started a decision about."""
-
-    def __init__(self) -> None:
-        base = RulesDecider.from_dict(TRIGGER_RULES)
-        super().__init__(base.rules, base.default)
-        self.states: list[Any] = []
-
-    def decide(self, request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
-        self.states.append(request.get("state"))
-        return super().decide(request, now=now)
-
-
 @pytest.fixture
-async def recorded(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Emulator, _Recording]]:
+async def recorded(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Emulator, RecordingDecider]]:
     """The emulator (its buckets out of the way), its recording decider, the trigger tests'
     connection to it, and a process allowed one stream at a time."""
-    decider = _Recording()
+    decider = RecordingDecider()
     capacity = default_capacity()
     limit = capacity.limit
     async with Emulator(api_keys={"demo": 8}, decider=decider, limits=TRIGGER_LIMITS) as emu:
@@ -91,7 +77,7 @@ async def _slot_held(emu: Emulator) -> AsyncIterator[None]:
 
 
 async def _woken_while_the_slot_is_held(
-    emu: Emulator, decider: _Recording, channel: str, trigger: Any, stream_of: Callable[[], Any]
+    emu: Emulator, decider: RecordingDecider, channel: str, trigger: Any, stream_of: Callable[[], Any]
 ) -> tuple[Any, int]:
     """Run ``trigger`` until dormant, hold the slot, publish line A (the trigger wakes and waits
     for the slot), then B; release the slot; its first event and where its decisions after A begin."""
@@ -112,7 +98,7 @@ async def _woken_while_the_slot_is_held(
         return event, after
 
 
-def _assert_first_decision_about_newest(decider: _Recording, after: int) -> None:
+def _assert_first_decision_about_newest(decider: RecordingDecider, after: int) -> None:
     started = decider.states[after:]
     assert started, "no decision started after the wake"
     assert started[0] == NEWEST, f"the first decision after the wake was about {started[0]!r}"
@@ -120,7 +106,7 @@ def _assert_first_decision_about_newest(decider: _Recording, after: int) -> None
 
 
 async def test_a_woken_trigger_waiting_for_a_slot_first_decides_the_newest_state(
-    recorded: tuple[Emulator, _Recording], caplog: pytest.LogCaptureFixture
+    recorded: tuple[Emulator, RecordingDecider], caplog: pytest.LogCaptureFixture
 ) -> None:
     emu, decider = recorded
     caplog.set_level("INFO", logger="airflow_provider_systemzero")
@@ -146,7 +132,7 @@ async def test_a_woken_trigger_waiting_for_a_slot_first_decides_the_newest_state
 
 
 async def test_an_asset_watch_woken_while_waiting_for_a_slot_first_decides_the_newest_state(
-    recorded: tuple[Emulator, _Recording],
+    recorded: tuple[Emulator, RecordingDecider],
 ) -> None:
     emu, decider = recorded
     channel = "opening-watch"
@@ -168,6 +154,6 @@ async def test_an_asset_watch_woken_while_waiting_for_a_slot_first_decides_the_n
 
 
 def test_the_recording_decider_answers_as_the_rules() -> None:
-    decider = _Recording()
+    decider = RecordingDecider()
     answers = decider.decide({"state": NEWEST, "questions": TRIGGER_REQUEST["questions"]}, now=0.0)
     assert answers["ready"]["decision"] is True and decider.states == [NEWEST]

@@ -4,23 +4,14 @@ before ``aclose()`` is awaited (a trigger's event goes out first, the close runs
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import pytest
 
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
+from tests import helpers
 from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
-
-
-async def _until(condition: Callable[[], object], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the condition did not hold within {within} s")
-        await asyncio.sleep(0)
 
 
 async def test_close_soon_closes_the_connection_before_aclose_is_awaited(
@@ -40,7 +31,9 @@ async def test_close_soon_closes_the_connection_before_aclose_is_awaited(
     await stream.__aenter__()
     assert stream.connected and capacity.in_use == 1
     stream.close_soon()
-    await _until(lambda: capacity.in_use == 0)  # closed, and the slot given back, by the stream itself
+    await helpers.until(
+        lambda: capacity.in_use == 0, 5
+    )  # closed, and the slot given back, by the stream itself
     assert not stream.connected
     async with asyncio.timeout(10):
         await stream.aclose()

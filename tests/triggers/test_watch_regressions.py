@@ -20,14 +20,13 @@ import gc
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.emulator.deciders import RulesDecider
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers.decision import (
@@ -36,7 +35,7 @@ from airflow_provider_systemzero.triggers.decision import (
 )
 from tests import helpers
 from tests.dormant import channels
-from tests.helpers import TRIGGER_CONN_ID, TRIGGER_LIMITS, TRIGGER_REQUEST, running_trigger, watching_events
+from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, RecordingDecider, running_trigger, watching_events
 from tests.triggers import callables
 
 rules_file = helpers.rules_file  # the fixture
@@ -66,29 +65,12 @@ READY = STARTED + "Job is ready.\n"
 FAILED = READY + "job failed\n"
 
 
-class _Recording(RulesDecider):
-    """:data:`RULES`, remembering every state a decision started about."""
-
-    def __init__(self) -> None:
-        base = RulesDecider.from_dict(RULES)
-        super().__init__(base.rules, base.default)
-        self.states: list[Any] = []
-
-    def decide(self, request: Mapping[str, Any], *, now: float) -> dict[str, Any]:
-        self.states.append(request.get("state"))
-        return super().decide(request, now=now)
-
-
 @contextlib.asynccontextmanager
 async def _emulator(
-    monkeypatch: pytest.MonkeyPatch, **kwargs: Any
-) -> AsyncIterator[tuple[Emulator, _Recording]]:
-    decider = _Recording()
-    async with Emulator(api_keys={"demo": 8}, decider=decider, limits=TRIGGER_LIMITS, **kwargs) as emu:
-        monkeypatch.setenv(
-            f"AIRFLOW_CONN_{TRIGGER_CONN_ID.upper()}",
-            json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
-        )
+    monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any
+) -> AsyncIterator[tuple[Emulator, RecordingDecider]]:
+    decider = RecordingDecider(RULES)
+    async with helpers.loopback_emulator(rules_file, monkeypatch, decider=decider, **kwargs) as emu:
         yield emu, decider
 
 
@@ -124,7 +106,7 @@ def _watcher(name: str, source: Any, **overrides: Any) -> SystemZeroDecisionEven
     ],
 )
 async def test_min_true_for_never_fires_on_a_state_the_source_already_replaced(
-    monkeypatch: pytest.MonkeyPatch, kind: str, mode: str, lease_after: float
+    rules_file: str, monkeypatch: pytest.MonkeyPatch, kind: str, mode: str, lease_after: float
 ) -> None:
     """Decisions take 2 s, ``min_true_for`` is 1.5 s: "Job is ready." is decided (the run starts),
     then the log says the job failed; the run's time passes while that state is being decided.
@@ -136,7 +118,7 @@ async def test_min_true_for_never_fires_on_a_state_the_source_already_replaced(
     trigger = build(
         channel, channels.source(channel), condition=condition, decision_mode=mode, lease_after=lease_after
     )
-    async with _emulator(monkeypatch, decide_latency_ms=2000) as (emu, decider):
+    async with _emulator(monkeypatch, rules_file, decide_latency_ms=2000) as (emu, decider):
         runner = running_trigger(trigger) if kind == "sensor" else watching_events(trigger)
         async with runner as running:
             await emu.wait_for(lambda e: e.stats.decisions_delivered >= 1, timeout=20)  # the start: not ready
@@ -170,7 +152,7 @@ def _callable_source() -> dict[str, Any]:
 
 @pytest.mark.parametrize("source_kind", ["polled file", "sync callable"])
 async def test_a_stream_reopened_with_decide_when_decides_the_newest_line(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source_kind: str
+    rules_file: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source_kind: str
 ) -> None:
     """A dormant trigger wakes on a line matching ``decide_when`` and waits out
     ``min_interval_ms``; meanwhile the source gains a newer line. The stream that opens decides
@@ -192,7 +174,7 @@ async def test_a_stream_reopened_with_decide_when_decides_the_newest_line(
         min_interval_ms=2000,
         lease_after=0.0,
     )
-    async with _emulator(monkeypatch) as (emu, decider), running_trigger(trigger) as task:
+    async with _emulator(monkeypatch, rules_file) as (emu, decider), running_trigger(trigger) as task:
         # the initial state is decided, and the stream given back
         await emu.wait_for(
             lambda e: e.stats.decisions_delivered >= 1 and e.stats.streams_open == 0, timeout=20
@@ -243,7 +225,7 @@ def test_a_fifo_as_a_file_source_ends_the_wait_naming_the_path_and_never_blocks_
 
 
 async def test_hung_decide_when_callables_do_not_starve_the_loops_executor(
-    monkeypatch: pytest.MonkeyPatch,
+    rules_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two triggers whose decide_when callable hangs, on a loop whose shared executor has two
     threads: every other ``to_thread`` of the process (other triggers' file reads) still runs, and
@@ -263,7 +245,7 @@ async def test_hung_decide_when_callables_do_not_starve_the_loops_executor(
         for name in names
     ]
     try:
-        async with _emulator(monkeypatch) as (emu, _), contextlib.AsyncExitStack() as stack:
+        async with _emulator(monkeypatch, rules_file) as (emu, _), contextlib.AsyncExitStack() as stack:
             tasks = [await stack.enter_async_context(running_trigger(t)) for t in triggers]
             await emu.wait_for(lambda e: e.stats.decisions_delivered >= 2, timeout=20)
             for name in names:
@@ -286,7 +268,9 @@ async def test_hung_decide_when_callables_do_not_starve_the_loops_executor(
 # ------------------------------------------------------------------ 6. a cancelled asset watcher
 
 
-async def test_a_cancelled_asset_watcher_leaves_no_pending_task(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_cancelled_asset_watcher_leaves_no_pending_task(
+    rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The triggerer cancels a watch that fired and holds its stream, waiting for the next
     transition: nothing of it is left pending (a task left so is later destroyed, with asyncio's
     "Task was destroyed but it is pending!")."""
@@ -298,7 +282,7 @@ async def test_a_cancelled_asset_watcher_leaves_no_pending_task(monkeypatch: pyt
     channels.publish(channel, READY)
     trigger = _watcher(channel, channels.source(channel), lease_after=30.0)
     try:
-        async with _emulator(monkeypatch) as (emu, _):
+        async with _emulator(monkeypatch, rules_file) as (emu, _):
             before = asyncio.all_tasks()  # the emulator's own tasks are not the watch's
             async with watching_events(trigger) as (events, _task):
                 await helpers.until(lambda: len(events) == 1, 20, what="the first event")
