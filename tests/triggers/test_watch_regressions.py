@@ -42,6 +42,7 @@ rules_file = helpers.rules_file  # the fixture
 
 #: Rules in order: a failed job is not ready (first), a ready one is.
 RULES = {
+    **helpers.TRIGGER_RULES,
     "rules": [
         {
             "question": "ready",
@@ -50,15 +51,8 @@ RULES = {
             "probability": 0.1,
             "confidence": 0.9,
         },
-        {
-            "question": "ready",
-            "pattern": "(?i)job is ready",
-            "answer": True,
-            "probability": 0.93,
-            "confidence": 0.9,
-        },
+        *helpers.TRIGGER_RULES["rules"],
     ],
-    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
 }
 STARTED = "job started\n"
 READY = STARTED + "Job is ready.\n"
