@@ -29,9 +29,11 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.decisions.source_watch import (
+    Action,
     Check,
     Decide,
     Fire,
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["DECIDE_WHEN_TIMEOUT", "WatchDriver"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Seconds a ``decide_when`` callable may run before the wait fails with an error naming it.
 DECIDE_WHEN_TIMEOUT = 60.0
@@ -186,7 +190,7 @@ class WatchDriver:
                     self._timer.cancel()
                     self._timer = None
 
-    def _started(self, work: Any) -> asyncio.Task[Any]:
+    def _started(self, work: Awaitable[T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(work)
         task.add_done_callback(self._wake)
         return task
@@ -273,7 +277,7 @@ class WatchDriver:
 
     # ------------------------------------------------------------------ actions
 
-    async def _do(self, action: Any) -> None:
+    async def _do(self, action: Action) -> None:
         loop = asyncio.get_running_loop()
         if isinstance(action, Send):
             if self.watch.decision_mode == "on_change" and self._asked_at is None:

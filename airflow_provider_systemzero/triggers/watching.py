@@ -10,7 +10,7 @@ import datetime
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import SourceWatch, validate_max_staleness
@@ -19,11 +19,13 @@ from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.triggers.driver import WatchDriver
+from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
 __all__ = [
     "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
+    "WatchingTrigger",
     "announce_wait",
     "close_watching",
     "failures_in_a_row",
@@ -47,7 +49,21 @@ WATCH_RETRY_MAX_S = 60.0
 WATCH_HEALTHY_S = 120.0
 
 
-def watch_source(trigger: Any, given: Mapping[str, Any]) -> None:
+class WatchingTrigger(Protocol):
+    """What a trigger that watches a source has, for the functions here: its kwargs that shape the
+    watch (built by :func:`watch_source`), its streams, and its run's driver and source."""
+
+    decision_filter: DecisionFilter
+    decision_mode: str
+    lease: bool
+    lease_after: float
+    max_staleness: float
+    _stream: TriggerStream
+    _driver: WatchDriver | None
+    _source: StateSource | None
+
+
+def watch_source(trigger: WatchingTrigger, given: Mapping[str, Any]) -> None:
     """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
     (``given``, its ``__init__``'s ``locals()``): the checked ``decide_when`` filter and
     ``max_staleness``; the source and the watch are built when the trigger runs (:func:`start_watch`)."""
@@ -69,7 +85,12 @@ def new_timeline() -> DecisionTimeline:
 
 
 def start_watch(
-    trigger: Any, source: StateSource, rules: DecisionWatch, *, once: bool, min_interval_ms: int | None = None
+    trigger: WatchingTrigger,
+    source: StateSource,
+    rules: DecisionWatch,
+    *,
+    once: bool,
+    min_interval_ms: int | None = None,
 ) -> WatchDriver:
     """The watch of ``trigger``'s run and its driver (kept as ``trigger._driver`` for its cleanup).
 
@@ -125,7 +146,7 @@ def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: f
     )
 
 
-async def close_watching(trigger: Any) -> None:
+async def close_watching(trigger: WatchingTrigger) -> None:
     """Close a watching trigger's run, stream and source (its ``cleanup()``: every exit, errors
     ignored; safe to run twice)."""
     driver, trigger._driver = trigger._driver, None
