@@ -23,7 +23,7 @@ from airflow_provider_systemzero.sources.spec import (
     plain_source,
     validate_source_spec,
 )
-from airflow_provider_systemzero.triggers.watching import watch_source
+from airflow_provider_systemzero.triggers.watching import WatchingTrigger, watch_source
 from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
 
 __all__ = ["checked_watch", "condition_dict"]
@@ -57,7 +57,7 @@ def condition_dict(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
     return dict(condition), built
 
 
-def checked_watch(trigger: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+def checked_watch(trigger: WatchingTrigger, given: Mapping[str, Any]) -> dict[str, Any]:
     """Check an asset watcher trigger's kwargs, and build what it watches with (the
     ``decide_when`` filter and ``max_staleness``, which check themselves:
     :func:`~airflow_provider_systemzero.triggers.watching.watch_source`).
