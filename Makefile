@@ -6,6 +6,10 @@
 #                  triggerers, LocalExecutor workers, api-server) and the emulator, ~3 minutes;
 #                  DEPLOYMENT_DB=postgres runs it on a PostgreSQL cluster of its own, with the
 #                  50-sensor failover scenario (installs postgresql and its drivers when missing)
+#   make test-conformance  RFC 6455 as the Autobahn|Testsuite fuzzing server sees it: an echo client
+#                  on GatewaySocket held to one on websockets' own client, on the oldest and the
+#                  newest websockets the package allows (installs the server, which runs on
+#                  Python 2.7, into .cache/conformance; skipped where no Python 2.7 is found)
 #   make test-ui   the Airflow UI in Debian's Chromium (Playwright): connection form, Test button,
 #                  human review, XCom view; writes docs/images/ui-*.png (installs chromium and
 #                  playwright when missing)
@@ -48,7 +52,7 @@ export PIP_NO_INPUT := 1
 # mkdocs-material prints a banner about MkDocs 2.0 on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv install test test-deployment test-ui lint demo emulator bench lock clean distclean check-python \
+.PHONY: help venv install test test-deployment test-ui test-conformance lint demo emulator bench lock clean distclean check-python \
 	docs dist test-matrix lock-matrix
 
 help:
@@ -57,6 +61,8 @@ help:
 	@echo "  make test-deployment  end-to-end test with a real scheduler, two triggerers and workers (~3 min)"
 	@echo "                 DEPLOYMENT_DB=postgres: on PostgreSQL, plus a 50-sensor triggerer failover"
 	@echo "  make test-ui   drive the Airflow UI in Chromium; writes the screenshots in docs/images"
+	@echo "  make test-conformance  the Autobahn|Testsuite RFC 6455 cases against the client's socket"
+	@echo "                 (needs Python 2.7: PYTHON27=/path/to/python2.7 when not found)"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
 	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
 	@echo "  make lint      ruff check and ruff format --check"
@@ -132,6 +138,12 @@ test-deployment: $(STAMP)
 # The UI test (tests/ui): only the tests marked 'ui'; 'make test' collects and skips them.
 test-ui: $(STAMP)
 	$(BIN)/pytest -q -m ui tests/ui $(PYTEST_ARGS)
+
+# The RFC 6455 conformance run (tests/conformance): only the tests marked 'conformance'. The
+# fuzzing server's virtualenv (Python 2.7) and one per websockets release are made under
+# .cache/conformance the first time.
+test-conformance: $(STAMP)
+	$(BIN)/pytest -q -m conformance tests/conformance $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
