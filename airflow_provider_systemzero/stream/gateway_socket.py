@@ -55,6 +55,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
@@ -151,6 +152,7 @@ class GatewaySocket(asyncio.Protocol):
         self._keepalive: asyncio.TimerHandle | None = None  # next ping, or its pong's deadline
         self._close_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
+        self._subprotocol: str | None = None
 
     # ------------------------------------------------------------------ the read-only view
 
@@ -161,8 +163,8 @@ class GatewaySocket(asyncio.Protocol):
 
     @property
     def subprotocol(self) -> str | None:
-        """The subprotocol the server selected."""
-        return self.protocol.subprotocol
+        """The subprotocol the server selected (``None`` before the upgrade, or if it selected none)."""
+        return self._subprotocol
 
     @property
     def close_code(self) -> int | None:
@@ -173,6 +175,14 @@ class GatewaySocket(asyncio.Protocol):
     def close_reason(self) -> str | None:
         """The close reason received (``None`` while open)."""
         return self.protocol.close_reason
+
+    @property
+    def closed(self) -> ConnectionClosed | None:
+        """Once the connection is closed, how: the close frames sent and received and which came
+        first (websockets' ``ConnectionClosed``: ``sent``, ``rcvd``, ``rcvd_then_sent``); ``None``
+        before."""
+        protocol = self.protocol
+        return protocol.close_exc if protocol.state is State.CLOSED else None
 
     # ------------------------------------------------------------------ actions
 
@@ -320,12 +330,15 @@ class GatewaySocket(asyncio.Protocol):
         self._write_out()
         if not events:
             return  # the response is not complete yet
-        assert isinstance(events[0], Response)
+        response = events[0]
+        assert isinstance(response, Response)
         error = protocol.handshake_exc
         if error is not None:
             if not self.opened.done():
                 self.opened.set_exception(error)
             return
+        # websockets checked it is one of those offered
+        self._subprotocol = response.headers.get("Sec-WebSocket-Protocol")
         if not self.opened.done():
             self.opened.set_result(None)
         if self.ping_interval is not None:

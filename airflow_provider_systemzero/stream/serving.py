@@ -233,9 +233,9 @@ class ConnectionServing:
             )
         code = socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE
         reason = server_text(socket.close_reason or "", self._secret())
-        protocol = socket.protocol
-        sent = protocol.close_sent
-        if sent is not None and protocol.close_rcvd_then_sent is not True:
+        closed = socket.closed
+        sent = closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
+        if sent is not None:
             # this side closed first (a keepalive ping unanswered): the code it sent is the cause
             ours = server_text(sent.reason or "no reason", self._secret())
             message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's code: {code}"
@@ -248,13 +248,10 @@ class ConnectionServing:
         with a reserved bit set, invalid UTF-8, an illegal close code: 1002 or 1007; a frame over
         ``max_message_bytes``: 1009), as a contract breach named by the code this client sent;
         ``None`` when this client did not close so first."""
-        protocol = socket.protocol
-        sent = protocol.close_sent
-        if (
-            sent is None
-            or sent.code not in _BREACH_CLOSE_CODES
-            or protocol.close_rcvd_then_sent is True  # the gateway's own close, echoed
-        ):
+        closed = socket.closed
+        # not when the gateway closed first (its own close, echoed)
+        sent = closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
+        if sent is None or sent.code not in _BREACH_CLOSE_CODES:
             return None
         code = CloseCode(sent.code)
         if code == CloseCode.MESSAGE_TOO_BIG:
