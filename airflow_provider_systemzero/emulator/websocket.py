@@ -22,7 +22,6 @@ from websockets.server import ServerProtocol
 
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
-from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.emulator.connection import StreamLoop
@@ -155,29 +154,11 @@ class EmulatorConnection(ServerConnection):
         super().process_event(event)
 
     def data_received(self, data: bytes) -> None:
-        if self.stream is not None and not self.queued_messages and parser_waits_for_a_frame(self.protocol):
-            # the complete text frames in front are read here; websockets parses from the first
-            # byte of anything else (see airflow_provider_systemzero.websocket_frames)
-            taken = take_text_frames(
-                data, masked=True, max_size=self.protocol.max_message_size, handle=self._take
-            )
-            if taken:
-                data = data[taken:]
-                if not data:
-                    return
         super().data_received(data)
         # A close frame from the client ends the stream for capacity at once: the client can only
         # see its connection closed (and open the next one) after this point.
         if self.protocol.close_rcvd is not None:
             self.release_reservation()
-
-    def _take(self, text: str, size: int) -> bool:
-        """Hand one frame read straight from the bytes to the stream; whether the next may follow
-        the same way (the stream is still there, nothing queued, the connection still open)."""
-        stream = self.stream
-        assert stream is not None  # checked before the read, and a frame cannot clear it
-        stream.receive_text(text, size)
-        return self.stream is not None and not self.queued_messages and self.protocol.state is State.OPEN
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

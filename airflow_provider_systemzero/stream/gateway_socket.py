@@ -13,9 +13,7 @@ protocol driven straight from the transport's callbacks (``data_received``, ``eo
 ``connection_lost``, ``pause_writing``/``resume_writing``), with the few things websockets'
 asyncio layer adds that a stream needs, each a timer or a flag rather than a task:
 
-* **messages** — a complete text frame is handed over as it is parsed
-  (:mod:`~airflow_provider_systemzero.websocket_frames` reads such frames straight from the bytes
-  when websockets' parser waits for a frame; everything else goes through websockets' parser);
+* **messages** — a complete text frame is handed over as websockets' parser returns it;
   fragments are reassembled (at most :data:`MAX_FRAGMENTS`, else 1009) and text is decoded as
   UTF-8 (else 1007, RFC 6455 §8.1). A binary message is handed over as bytes, for the stream to
   refuse. At most :data:`FRAMES_PER_TURN` messages are handed over per loop turn: the rest of a
@@ -62,7 +60,6 @@ from websockets.protocol import State
 
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 from airflow_provider_systemzero.stream.transports import release_transport
-from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 
 __all__ = ["CONTROL_REPLY_BUDGET", "FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]
 
@@ -305,23 +302,11 @@ class GatewaySocket(asyncio.Protocol):
         if protocol.state is _CONNECTING:
             self._receive_response(data)
             return
-        if self._fragments is None and not self._inbox and parser_waits_for_a_frame(protocol):
-            # complete text frames in front are read here; websockets parses from the first
-            # byte of anything else (see airflow_provider_systemzero.websocket_frames)
-            taken = take_text_frames(
-                data, masked=False, max_size=protocol.max_message_size, handle=self._taken
-            )
-            data = data[taken:] if taken else data
-        if data:
-            protocol.receive_data(data)
-            events = protocol.events_received()
-            self._write_out(replies=True)  # pongs, the close frame echoed
-            self._frames(events)
+        protocol.receive_data(data)
+        events = protocol.events_received()
+        self._write_out(replies=True)  # pongs, the close frame echoed
+        self._frames(events)
         self._hand_over()
-
-    def _taken(self, text: str, _size: int) -> bool:
-        self._inbox.append(text)
-        return True
 
     def _receive_response(self, data: bytes) -> None:
         protocol = self.protocol

@@ -1,7 +1,6 @@
-"""Text frames read straight from the received bytes (``websocket_frames.py``), against websockets'
-own parser: whatever the reads look like, every message comes out once, whole, in order, and
-what the fast path does not take websockets parses from exactly the first byte it left. The
-client's :class:`GatewaySocket` is driven through its transport callbacks, as asyncio drives it."""
+"""Messages handed over by the client's :class:`GatewaySocket`, driven through its transport
+callbacks as asyncio drives it: whatever the reads look like, every message comes out once, whole,
+in order, a few per loop turn, and nothing after a text message that is not UTF-8."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from airflow_provider_systemzero.stream.gateway_socket import FRAMES_PER_TURN
-from airflow_provider_systemzero.websocket_frames import parser_waits_for_a_frame, take_text_frames
 from tests.stream.socket_support import frames_written, open_client
 
 
@@ -36,7 +34,8 @@ def _frame(payload: bytes, opcode: int = 1, *, fin: bool = True, mask: bytes | N
 
 
 #: A message: its text and how it is framed (whole, in two fragments, or followed by a native ping).
-#: "\u0441" is D1 81 in UTF-8: a read that starts inside a frame may start with 0x81, as a text frame does.
+#: "\u0441" is D1 81 in UTF-8: a read that starts inside a frame may start with 0x81, as a text frame
+#: does, so a reader that took such a read for a frame boundary would be caught.
 messages = st.lists(
     st.tuples(
         st.text(alphabet='ab{}":\u0441\u20ac', min_size=0, max_size=300),
@@ -119,47 +118,3 @@ async def test_invalid_utf8_closes_1007_and_nothing_after_it_is_handed_over() ->
     socket.data_received(_frame(b'{"a"', fin=False) + _frame(b"\xff}", 0) + _frame(b"{}"))
     assert heard.messages == []
     assert socket.protocol.close_sent is not None and socket.protocol.close_sent.code == 1007
-
-
-@settings(max_examples=200, deadline=None)
-@given(messages, st.integers(min_value=0, max_value=2**32 - 1))
-def test_masked_frames_read_straight_are_what_websockets_reads(
-    items: list[tuple[str, str]], key: int
-) -> None:
-    """The emulator's side: client frames are masked; the frames taken are the whole ones in front,
-    and websockets, fed the rest, reads the others."""
-    mask = key.to_bytes(4, "big")
-    data = _burst(items, mask)
-    taken: list[str] = []
-    used = take_text_frames(data, masked=True, max_size=2**20, handle=lambda t, _: taken.append(t) is None)
-    protocol = _open_server()
-    assert parser_waits_for_a_frame(protocol)
-    protocol.receive_data(data[used:])
-    rest, parts = [], b""
-    for event in protocol.events_received():
-        if event.opcode in (Opcode.TEXT, Opcode.CONT):
-            parts += bytes(event.data)
-            if event.fin:
-                rest.append(parts.decode())
-                parts = b""
-    assert taken + rest == [text for text, _ in items]
-
-
-def test_the_fast_path_stops_where_it_must() -> None:
-    """A frame cut off, over the limit, not valid UTF-8, or unmasked from a client is left whole."""
-    frame = _frame(b"{}")
-
-    def take(data: bytes, masked: bool = False) -> int:
-        return take_text_frames(data, masked=masked, max_size=10, handle=lambda *_: True)
-
-    assert take(frame + frame[:3]) == len(frame)
-    assert take(_frame(b"x" * 11)) == 0
-    assert take(_frame(b"\xff")) == 0
-    assert take(frame, masked=True) == 0
-    assert take(_frame(b"x", 2)) == 0  # binary
-    assert not parser_waits_for_a_frame(ClientProtocol(parse_uri("ws://127.0.0.1/")))  # no handshake yet
-    protocol = _open_server()
-    protocol.receive_data(_frame(b"{}", mask=b"abcd")[:3])  # a frame begun
-    assert not parser_waits_for_a_frame(protocol)
-    protocol.receive_data(_frame(b"{}", mask=b"abcd")[3:])
-    assert parser_waits_for_a_frame(protocol)
