@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from airflow_provider_systemzero.dependency_internals import close_frames
 from airflow_provider_systemzero.emulator.websocket import EmulatorConnection
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.gateway import (
@@ -394,7 +395,7 @@ class StreamLoop:
                 # Counted now, before the close frame is written, so a test that saw the close
                 # sees it in the stats. websockets may have closed first (1009, a keepalive
                 # timeout): then that is the code on the wire.
-                sent = self.ws.protocol.close_sent
+                sent, _ = close_frames(self.ws.protocol)
                 self.counted_close = sent.code if sent is not None else action.code
                 self.emulator._closes[self.counted_close] += 1
 
@@ -517,9 +518,9 @@ class StreamLoop:
 
     def close_code(self) -> int:
         """The close code of a stream the gateway session did not close itself."""
-        protocol = self.ws.protocol
-        if protocol.close_sent is not None:
-            return protocol.close_sent.code
-        if protocol.close_rcvd is not None:
-            return protocol.close_rcvd.code
+        sent, received = close_frames(self.ws.protocol)
+        if sent is not None:
+            return sent.code
+        if received is not None:
+            return received.code
         return CloseCode.ABNORMAL_CLOSURE

@@ -20,6 +20,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from airflow_provider_systemzero.dependency_internals import close_frames
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 
@@ -157,7 +158,7 @@ class EmulatorConnection(ServerConnection):
         super().data_received(data)
         # A close frame from the client ends the stream for capacity at once: the client can only
         # see its connection closed (and open the next one) after this point.
-        if self.protocol.close_rcvd is not None:
+        if close_frames(self.protocol)[1] is not None:
             self.release_reservation()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -7,8 +7,9 @@
   :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream's
   public API), :mod:`.run_loop` (its reconnect loop), :mod:`.serving` (one connection served),
   :mod:`.core_events` (what the core's events do), :mod:`.accounting` (what a stream's dispatches
-  cost the budget), :mod:`.gateway_socket` (the WebSocket on its transport), :mod:`.transports`
-  (a lost connection's transport freed without the collector);
+  cost the budget), :mod:`.gateway_socket` (the WebSocket on its transport; what it reads of
+  websockets' and asyncio's undocumented state is in
+  :mod:`airflow_provider_systemzero.dependency_internals`);
 * :mod:`.exceptions` — the error tree rooted at :class:`SystemZeroError`.
 """
 

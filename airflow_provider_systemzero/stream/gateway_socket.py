@@ -58,8 +58,8 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
 
+from airflow_provider_systemzero.dependency_internals import release_transport
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
-from airflow_provider_systemzero.stream.transports import release_transport
 
 __all__ = ["CONTROL_REPLY_BUDGET", "FRAMES_PER_TURN", "MAX_FRAGMENTS", "GatewaySocket", "SocketHandler"]
 

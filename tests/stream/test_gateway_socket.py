@@ -117,22 +117,3 @@ async def test_a_completed_close_resolves_lost() -> None:
     assert socket.lost.done() and socket.close_code == 1000
     assert not transport.aborted
     assert not transport.eof  # the peer ended the stream: closing sends this side's end, no half-close first
-
-
-def test_release_transport_drops_only_the_methods_a_transport_keeps_of_itself() -> None:
-    from airflow_provider_systemzero.stream.transports import release_transport
-
-    class Transport:
-        def _read_ready__data_received(self) -> None: ...
-
-    class Other:
-        def write(self) -> None: ...
-
-    transport, other = Transport(), Other()
-    transport._read_ready_cb = transport._read_ready__data_received  # type: ignore[attr-defined]
-    transport._write_ready = other.write  # type: ignore[attr-defined]  # not its own: kept
-    release_transport(transport)  # type: ignore[arg-type]
-    assert transport._read_ready_cb is None  # type: ignore[attr-defined]
-    assert transport._write_ready == other.write  # type: ignore[attr-defined]
-    release_transport(None)  # nothing to release
-    release_transport(object())  # type: ignore[arg-type]  # no attributes of its own
