@@ -9,8 +9,8 @@
 * :class:`FuzzingServer` — ``wstest -m fuzzingserver`` on a free loopback port, until stopped;
 * :func:`results` — what its report says of each case, per agent.
 
-Everything is installed with pip from the package index, as a person would; a failure names the
-command and shows its output.
+Everything is installed with pip from the package index, as a person would, through
+:func:`tests.deployment.system.run_command`: a failure names the command and shows its output.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.deployment.system import run_command
 
 __all__ = [
     "CASES",
@@ -82,26 +84,6 @@ def find_python27() -> Path | None:
     return None
 
 
-def run(command: list[str | Path], *, timeout: float = 900, env: dict[str, str] | None = None) -> str:
-    """Run ``command``; its output. A failure raises with the command and the end of its output."""
-    shown = " ".join(str(part) for part in command)
-    log.info("running %s", shown)
-    result = subprocess.run(
-        [str(part) for part in command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"'{shown}' failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
-        )
-    return result.stdout
-
-
 def _stamped(directory: Path, stamp: str) -> bool:
     marker = directory / ".installed"
     return marker.is_file() and marker.read_text() == stamp
@@ -122,12 +104,11 @@ def fuzzing_server_env(python27: Path) -> Path:
     tool = CACHE / "virtualenv"
     virtualenv = next(line[2:] for line in pins.splitlines() if line.startswith("# virtualenv=="))
     if not (tool / "virtualenv").is_dir():
-        run([python27, "-m", "pip", "install", "--quiet", "--target", tool, virtualenv])
-    run(
-        [python27, "-m", "virtualenv", "--quiet", env],
-        env={**os.environ, "PYTHONPATH": str(tool)},
+        run_command([str(python27), "-m", "pip", "install", "--quiet", "--target", str(tool), virtualenv])
+    run_command(
+        [str(python27), "-m", "virtualenv", "--quiet", str(env)], env={**os.environ, "PYTHONPATH": str(tool)}
     )
-    run([env / "bin" / "python", "-m", "pip", "install", "--quiet", "-r", REQUIREMENTS])
+    run_command([str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)])
     (env / ".installed").write_text(stamp)
     return wstest
 
@@ -143,8 +124,8 @@ def websockets_env(version: str) -> Path:
     if _stamped(env, stamp) and python.exists():
         return python
     shutil.rmtree(env, ignore_errors=True)
-    run([sys.executable, "-m", "venv", env])
-    run([python, "-m", "pip", "install", "--quiet", f"websockets=={version}"])
+    run_command([sys.executable, "-m", "venv", str(env)])
+    run_command([str(python), "-m", "pip", "install", "--quiet", f"websockets=={version}"])
     (env / ".installed").write_text(stamp)
     return python
 

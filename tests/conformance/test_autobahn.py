@@ -29,10 +29,10 @@ from tests.conformance.autobahn import (
     find_python27,
     fuzzing_server_env,
     results,
-    run,
     websockets_env,
 )
 from tests.conformance.conftest import SUMMARY
+from tests.deployment.system import run_command
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(1800)]
 
@@ -67,7 +67,7 @@ def fuzzing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzing
 
 def _echo(python: Path, client: str, server: FuzzingServer, agent: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = run([python, "-m", "tests.conformance.echo", client, server.url, agent], env=env, timeout=1200)
+    out = run_command([str(python), "-m", "tests.conformance.echo", client, server.url, agent], env, 1200)
     SUMMARY.append(out.strip())
 
 

@@ -9,12 +9,15 @@ installed (not root, no network), the error says which package and how to instal
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: apt-get update runs at most once per test session.
 _APT_UPDATED = False
@@ -35,9 +38,9 @@ def apt_install(packages: Iterable[str]) -> None:
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if not _APT_UPDATED:
-        _run(["apt-get", "update", "-q"], env, 600)
+        run_command(["apt-get", "update", "-q"], env, 600)
         _APT_UPDATED = True
-    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *names], env, 900)
+    run_command(["apt-get", "install", "-y", "-q", "--no-install-recommends", *names], env, 900)
 
 
 def ensure_python_packages(requirements: Path, modules: Iterable[str]) -> None:
@@ -48,11 +51,21 @@ def ensure_python_packages(requirements: Path, modules: Iterable[str]) -> None:
     """
     if all(importlib.util.find_spec(module) is not None for module in modules):
         return
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(requirements)], dict(os.environ), 600)
+    run_command(
+        [sys.executable, "-m", "pip", "install", "--quiet", "-r", str(requirements)], dict(os.environ), 600
+    )
     importlib.invalidate_caches()
 
 
-def _run(command: list[str], env: dict[str, str], timeout: float) -> None:
+def run_command(command: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    """Run ``command`` with no standard input; its standard output.
+
+    :param command: the program and its arguments.
+    :param env: its environment (``None``: this process's).
+    :param timeout: seconds it may take.
+    :raises RuntimeError: it failed; the message names the command and quotes the end of its output.
+    """
+    log.info("running %s", " ".join(command))
     result = subprocess.run(
         command,
         env=env,
@@ -66,3 +79,4 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> None:
         raise RuntimeError(
             f"'{' '.join(command)}' failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
         )
+    return result.stdout
