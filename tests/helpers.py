@@ -48,15 +48,18 @@ class EmulatorThread:
 
     def call(self, function: Callable[[Emulator], Any]) -> Any:
         """Run ``function(emulator)`` on the emulator's loop (awaiting it if it is a coroutine)."""
-
-        async def runner() -> Any:
-            result = function(self.emulator)
-            if asyncio.iscoroutine(result):
-                result = await result
-            return result
-
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(runner(), self._loop)
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(self._run(function), self._loop)
         return future.result(timeout=60)
+
+    async def _run(self, function: Callable[[Emulator], Any]) -> Any:
+        result = function(self.emulator)
+        if asyncio.iscoroutine(result):
+            result = await result
+        return result
+
+    async def acall(self, function: Callable[[Emulator], Any]) -> Any:
+        """:meth:`call`, awaited from another event loop instead of blocking it."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._run(function), self._loop))
 
     def __getattr__(self, name: str) -> Any:
         # read-only views (stats, origin, final_states …) come straight from the emulator

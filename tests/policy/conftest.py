@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_systemzero.emulator.deciders import RulesDecider
 from airflow_provider_systemzero.protocol.limits import Limits
 from tests.helpers import EmulatorThread, systemzero_connection
+from tests.policy import sources
 
 CONN_ID = "systemzero_policy"
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -80,7 +81,11 @@ def emulator(airflow_db: None) -> Iterator[Any]:
         EmulatorThread(api_keys={"policy-key": 16}, decider=decider, limits=limits) as emu,
         systemzero_connection(CONN_ID, emu.origin, "policy-key", model="sz-policy"),
     ):
-        yield emu
+        sources.GATEWAY = emu  # what the paced sources wait on
+        try:
+            yield emu
+        finally:
+            sources.GATEWAY = None
 
 
 # ------------------------------------------------------------------------------ people

@@ -13,6 +13,7 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import rules_emulator, run_dag, task_states, xcoms_of
+from tests.policy import sources
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 CONN_ID = "systemzero_timeline"
@@ -56,7 +57,11 @@ def gateway(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
     with rules_emulator(
         RULES, tmp_path_factory.mktemp("rules"), "timeline-key", CONN_ID, model="sz-test"
     ) as emu:
-        yield emu
+        sources.GATEWAY = emu  # what the paced sources wait on
+        try:
+            yield emu
+        finally:
+            sources.GATEWAY = None
 
 
 def decisions_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
