@@ -36,7 +36,6 @@ from airflow_provider_systemzero.decisions.budget import (
     Usage,
     connection_window,
 )
-from airflow_provider_systemzero.observability import StreamObserver
 from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.client_events import ClientEvent
@@ -53,6 +52,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
+from airflow_provider_systemzero.stream.observer import StreamObserver
 from airflow_provider_systemzero.stream.request import build_request
 from airflow_provider_systemzero.stream.run_loop import Reconnect, StreamRunLoop
 from airflow_provider_systemzero.stream.serving import ConnectionServing

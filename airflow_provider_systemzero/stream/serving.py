@@ -39,7 +39,6 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
-from airflow_provider_systemzero.observability import GOODBYE_REASONS
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
 from airflow_provider_systemzero.stream.connection import (
@@ -53,6 +52,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
+from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
 __all__ = ["ConnectionServing", "Ended"]
