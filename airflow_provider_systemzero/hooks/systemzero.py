@@ -38,8 +38,10 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_systemzero.compat import AirflowFailException
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.durations import is_seconds, parse_seconds
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
@@ -59,6 +61,7 @@ __all__ = [
     "StreamOptions",
     "SystemZeroHook",
     "backoff_config",
+    "check_connection_before_deferring",
     "reconnect_backoff",
 ]
 
@@ -575,3 +578,17 @@ class SystemZeroHook(BaseHook):
             f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
             f"max_streams_per_process={hello.limits.max_streams_per_process}; {model}"
         )
+
+
+def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) -> None:
+    """Fail the task on the worker when the connection cannot serve the trigger (no network used).
+
+    :param task_id: the task (for the message).
+    :param conn_id: the System Zero connection ID.
+    :param model: the task's ``model=`` (``None``: the connection's ``model`` extra).
+    :raises AirflowFailException: the connection is missing, of another type, invalid, or names no model.
+    """
+    try:
+        SystemZeroHook(systemzero_conn_id=conn_id).check_connection(model)
+    except ARGUMENT_ERRORS as exc:
+        raise AirflowFailException(f"{task_id}: {exc}") from None

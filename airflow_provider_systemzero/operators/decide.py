@@ -16,6 +16,7 @@ from airflow_provider_systemzero.compat import AirflowException, AirflowFailExce
 from airflow_provider_systemzero.decisions.watch import WatchEvent, answers_payload
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook, check_connection_before_deferring
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.messages import Attachment
@@ -26,7 +27,6 @@ from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigge
 from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
-    check_connection_before_deferring,
     check_flag,
     check_key_salt,
     instruction_templates,
@@ -508,8 +508,6 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 method_name="execute_complete",
                 timeout=defer_timeout(deadline),
             )
-        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-
         decision = self.decide_with_budget(
             context,
             lambda budget: SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).decide(

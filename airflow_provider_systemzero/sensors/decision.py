@@ -20,6 +20,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.decisions.watch import WatchEvent
+from airflow_provider_systemzero.hooks.systemzero import check_connection_before_deferring
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.sensors import inputs as sz_inputs
 from airflow_provider_systemzero.sensors.inputs import START_FROM_TRIGGER_NAMESPACE, Inputs
@@ -34,7 +35,6 @@ from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.sources.spec import plain_source
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 from airflow_provider_systemzero.utils.checks import (
-    check_connection_before_deferring,
     parse_time,
 )
 from airflow_provider_systemzero.utils.deadlines import defer_timeout

@@ -29,6 +29,7 @@ from airflow_provider_systemzero.compat import (
 from airflow_provider_systemzero.decisions.source_watch import Decide, Fire, Open, Release, SourceWatch
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
+from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import Inputs, ends_when_unmet, source_name
@@ -198,8 +199,6 @@ class PokeWatch:
         :raises AirflowFailException: the state cannot be sent.
         :raises AirflowSensorTimeout: the sensor's timeout passed during the decision.
         """
-        from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
-
         try:
             body_bytes = validate_state_for_request(request, state, field=source_name(sensor.source))
         except ARGUMENT_ERRORS as exc:

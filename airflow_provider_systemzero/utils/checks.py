@@ -17,14 +17,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_provider_systemzero.compat import AirflowFailException
 from airflow_provider_systemzero.durations import is_seconds
-from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 
 __all__ = [
     "check_conn_id",
-    "check_connection_before_deferring",
     "check_flag",
     "check_key_salt",
     "check_lease_after",
@@ -327,19 +325,3 @@ def refuse_empty_state(
         code="empty_state",
         field=field,
     )
-
-
-def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) -> None:
-    """Fail the task on the worker when the connection cannot serve the trigger (no network used).
-
-    :param task_id: the task (for the message).
-    :param conn_id: the System Zero connection ID.
-    :param model: the task's ``model=`` (``None``: the connection's ``model`` extra).
-    :raises AirflowFailException: the connection is missing, of another type, invalid, or names no model.
-    """
-    from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-
-    try:
-        SystemZeroHook(systemzero_conn_id=conn_id).check_connection(model)
-    except ARGUMENT_ERRORS as exc:
-        raise AirflowFailException(f"{task_id}: {exc}") from None
