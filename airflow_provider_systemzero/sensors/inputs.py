@@ -56,7 +56,7 @@ from airflow_provider_systemzero.utils.deadlines import deadline_in, in_seconds,
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from airflow_provider_systemzero.sensors.task import DecisionSensorTask
 
 __all__ = [
     "START_FROM_TRIGGER_NAMESPACE",
@@ -114,7 +114,7 @@ _FLAGS = {
 Inputs = tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None]
 
 
-def request_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
+def request_of(sensor: DecisionSensorTask) -> dict[str, Any]:
     """The decide request (questions, model, route, mode, cache key).
 
     :raises SystemZeroArgumentError: naming the field.
@@ -138,7 +138,7 @@ def request_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     )
 
 
-def condition_of(sensor: SystemZeroDecisionSensor, question: str | None = None) -> DecisionCondition:
+def condition_of(sensor: DecisionSensorTask, question: str | None = None) -> DecisionCondition:
     """The condition: the expected answer, its bars, the policy and the hysteresis.
 
     :param question: the watched question in place of ``sensor.question`` (``None``: that one).
@@ -154,12 +154,12 @@ def condition_of(sensor: SystemZeroDecisionSensor, question: str | None = None) 
     )
 
 
-def ends_when_unmet(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | None) -> bool:
+def ends_when_unmet(sensor: DecisionSensorTask, source: dict[str, Any] | None) -> bool:
     """Whether a decision that does not meet the condition ends the wait (a static state)."""
     return is_static(source) and not sensor.wait_on_static_state
 
 
-def static_state_kwargs(sensor: SystemZeroDecisionSensor, source: dict[str, Any] | None) -> dict[str, bool]:
+def static_state_kwargs(sensor: DecisionSensorTask, source: dict[str, Any] | None) -> dict[str, bool]:
     """The trigger's kwargs about a static state, set only when they apply: ``end_when_unmet``
     (:func:`ends_when_unmet`) and ``allow_empty`` (a state the triggerer renders, when the sensor
     starts there, may be empty or ``'None'``)."""
@@ -169,7 +169,7 @@ def static_state_kwargs(sensor: SystemZeroDecisionSensor, source: dict[str, Any]
     }
 
 
-def checked_source(sensor: SystemZeroDecisionSensor, request: dict[str, Any] | None) -> dict[str, Any]:
+def checked_source(sensor: DecisionSensorTask, request: dict[str, Any] | None) -> dict[str, Any]:
     """The normalised source, once the state and source are known to be usable.
 
     :param request: the request, to check the state against (``None``: not known yet).
@@ -182,7 +182,7 @@ def checked_source(sensor: SystemZeroDecisionSensor, request: dict[str, Any] | N
     return source
 
 
-def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> Inputs:
+def build_inputs(sensor: DecisionSensorTask, *, running: bool = False) -> Inputs:
     """The request, the condition and the source; fails the task (no retry) on bad input.
 
     :param running: the task starts: a static state must not be empty (a template may fill it,
@@ -210,7 +210,7 @@ def build_inputs(sensor: SystemZeroDecisionSensor, *, running: bool = False) -> 
     return request, condition, source
 
 
-def check_plain(sensor: SystemZeroDecisionSensor) -> None:
+def check_plain(sensor: DecisionSensorTask) -> None:
     """Parse time: check the arguments that are not templated (so always plain values) and that
     nothing else checks before the task runs: the flags, ``lease_after``, ``key_salt``, the
     connection, ``route`` and ``request_mode`` (the review settings: ``_init_review``).
@@ -232,7 +232,7 @@ def pacing(min_interval_ms: Any, max_staleness: Any) -> tuple[int | None, float]
     return validate_min_interval_ms(min_interval_ms), validate_max_staleness(max_staleness)
 
 
-def check_literals(sensor: SystemZeroDecisionSensor) -> None:
+def check_literals(sensor: DecisionSensorTask) -> None:
     """Parse time: check every argument that no template or XComArg can still change.
 
     A templated ``question`` is checked when the task runs (:func:`build_inputs`); until then the
@@ -266,7 +266,7 @@ def check_literals(sensor: SystemZeroDecisionSensor) -> None:
             refuse_empty_state(sensor.state, allow_empty=sensor.allow_empty)
 
 
-def check_hysteresis(sensor: SystemZeroDecisionSensor) -> None:
+def check_hysteresis(sensor: DecisionSensorTask) -> None:
     """A rescheduled poke forgets the run of decisions that hysteresis counts: refuse it."""
     if (
         (sensor.consecutive != 1 or sensor.min_true_for)
@@ -324,7 +324,7 @@ def check_min_true_for(
         )
 
 
-def start_in_triggerer(sensor: SystemZeroDecisionSensor, start_from_trigger: Any) -> None:
+def start_in_triggerer(sensor: DecisionSensorTask, start_from_trigger: Any) -> None:
     """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
     Airflow can start the sensor in the triggerer."""
     check_flag("start_from_trigger", start_from_trigger, "start the wait in the triggerer")
@@ -333,7 +333,7 @@ def start_in_triggerer(sensor: SystemZeroDecisionSensor, start_from_trigger: Any
         sensor.start_trigger_args = start_trigger_args(sensor)
 
 
-def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
+def start_trigger_args(sensor: DecisionSensorTask) -> StartTriggerArgs:
     """Parse time: the ``start_trigger_args`` of a sensor that starts in the triggerer.
 
     :raises ValueError: what the triggerer could not render, or IDs too long for the key namespace.
@@ -376,7 +376,7 @@ def start_trigger_args(sensor: SystemZeroDecisionSensor) -> StartTriggerArgs:
     )
 
 
-def can_start_from_trigger(sensor: SystemZeroDecisionSensor) -> bool:
+def can_start_from_trigger(sensor: DecisionSensorTask) -> bool:
     """Whether this Airflow can start the sensor in the triggerer (a warning says why not)."""
     if not has_trigger_templates():
         sensor.log.warning(
@@ -387,7 +387,7 @@ def can_start_from_trigger(sensor: SystemZeroDecisionSensor) -> bool:
     return has_trigger_templates()
 
 
-def own_namespaces(sensor: SystemZeroDecisionSensor, context: Context) -> set[str]:
+def own_namespaces(sensor: DecisionSensorTask, context: Context) -> set[str]:
     """The key namespaces a resumed sensor accepts an event for.
 
     Started from the triggerer, the trigger's namespace is the template rendered there; the task's
@@ -400,13 +400,13 @@ def own_namespaces(sensor: SystemZeroDecisionSensor, context: Context) -> set[st
     return accepted
 
 
-def is_expected(sensor: SystemZeroDecisionSensor, decision: Any) -> bool:
+def is_expected(sensor: DecisionSensorTask, decision: Any) -> bool:
     """Whether ``decision`` is the answer the sensor waits for (``True`` is not ``1``)."""
     wanted = sensor.expect if isinstance(sensor.expect, list) else [sensor.expect]
     return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
 
 
-def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
+def templates_of(sensor: DecisionSensorTask) -> dict[str, Any]:
     """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
     kept so that a value rendered as the text ``'None'`` is named with its template when the task
     runs: ``state`` and the source's path (``"state"``:
@@ -428,7 +428,7 @@ def templates_of(sensor: SystemZeroDecisionSensor) -> dict[str, Any]:
     }
 
 
-def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
+def timeout_of(sensor: DecisionSensorTask) -> timedelta:
     """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
     when that is shorter (Airflow applies it only to the time on a worker)."""
     bound = wait_bound(sensor, sensor.timeout)
@@ -436,7 +436,7 @@ def timeout_of(sensor: SystemZeroDecisionSensor) -> timedelta:
     return timedelta(seconds=bound)
 
 
-def deadline_of(sensor: SystemZeroDecisionSensor) -> float | None:
+def deadline_of(sensor: DecisionSensorTask) -> float | None:
     """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
     or its ``execution_timeout`` when that is shorter (:func:`~airflow_provider_systemzero.utils.deadlines.deadline_in`)."""
     return deadline_in(sensor, sensor.timeout)
@@ -450,7 +450,7 @@ def source_name(source: Any) -> str:
 
 
 def decision_filter(
-    sensor: SystemZeroDecisionSensor,
+    sensor: DecisionSensorTask,
     decide_when: str | dict[str, str] | None,
     debounce_ms: int | None,
     decide_initial: bool,

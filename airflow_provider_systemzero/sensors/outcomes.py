@@ -35,12 +35,12 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_systemzero.decisions.watch import WatchEvent
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from airflow_provider_systemzero.sensors.task import DecisionSensorTask
 
 __all__ = ["decided", "end_without_decision", "fired_summary", "gate_of", "outcome_of", "static_unmet"]
 
 
-def gate_of(sensor: SystemZeroDecisionSensor, event: WatchEvent) -> Gate:
+def gate_of(sensor: DecisionSensorTask, event: WatchEvent) -> Gate:
     """The gate of the watched question, carrying what the sensor needs after a review: the
     summary it returns, and the deadline, the skip states and the run of decisions to wait again.
 
@@ -82,7 +82,7 @@ def outcome_of(event: WatchEvent) -> PolicyOutcome:
     return dataclasses.replace(PolicyOutcome(**outcome), action=event.action, reason=event.reason or "")
 
 
-def decided(sensor: SystemZeroDecisionSensor, context: Context, event: WatchEvent) -> None:
+def decided(sensor: DecisionSensorTask, context: Context, event: WatchEvent) -> None:
     """A decision ended the wait (or wants a person): push the wait's ``decisions`` history and log
     the decision."""
     push_history(sensor, context, event)
@@ -96,7 +96,7 @@ def decided(sensor: SystemZeroDecisionSensor, context: Context, event: WatchEven
     )
 
 
-def static_unmet(sensor: SystemZeroDecisionSensor, reason: str) -> NoReturn:
+def static_unmet(sensor: DecisionSensorTask, reason: str) -> NoReturn:
     """A static state was decided and did not meet the condition: nothing can change that."""
     message = (
         f"{sensor.task_id}: the state has no source, so it never changes and no later decision can "
@@ -108,7 +108,7 @@ def static_unmet(sensor: SystemZeroDecisionSensor, reason: str) -> NoReturn:
     raise AirflowFailException(message)
 
 
-def end_without_decision(sensor: SystemZeroDecisionSensor, context: Context, event: WatchEvent) -> NoReturn:
+def end_without_decision(sensor: DecisionSensorTask, context: Context, event: WatchEvent) -> NoReturn:
     """End a wait that no decision ended: a static state unmet, the deadline, or an error.
 
     :raises AirflowSensorTimeout: the deadline passed (``AirflowSkipException`` with ``soft_fail``).

@@ -40,7 +40,7 @@ from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+    from airflow_provider_systemzero.sensors.task import DecisionSensorTask
     from airflow_provider_systemzero.sources.base import StateSource
 
 __all__ = ["PokeWatch"]
@@ -64,7 +64,7 @@ class PokeWatch:
         #: when the first poke started (``time.monotonic()``): the sensor's timeout counts from it
         self._started: float | None = None
 
-    def time_left(self, sensor: SystemZeroDecisionSensor) -> float:
+    def time_left(self, sensor: DecisionSensorTask) -> float:
         """Seconds left of the sensor's ``timeout``, counted from the first poke in this process
         (in ``reschedule`` mode each poke is a process of its own: at most the whole timeout)."""
         now = time.monotonic()
@@ -104,7 +104,7 @@ class PokeWatch:
         )
         return "; ".join(filter(None, [str(ended), self.last_reason, held]))
 
-    def poke(self, sensor: SystemZeroDecisionSensor, context: Context, inputs: Inputs) -> WatchEvent | None:
+    def poke(self, sensor: DecisionSensorTask, context: Context, inputs: Inputs) -> WatchEvent | None:
         """Read the source, decide when the watch wants a decision, and say whether the wait ends.
 
         :param sensor: the poking sensor (its source, connection, budget and log).
@@ -174,7 +174,7 @@ class PokeWatch:
                     return event
         return None
 
-    def _read(self, sensor: SystemZeroDecisionSensor, source: Any) -> Any:
+    def _read(self, sensor: DecisionSensorTask, source: Any) -> Any:
         """Read the source (built at the first poke) and hand the read to the watch.
 
         :raises AirflowFailException: the source cannot be read as a state.
@@ -191,7 +191,7 @@ class PokeWatch:
         return state
 
     def _decide(
-        self, sensor: SystemZeroDecisionSensor, context: Context, request: Any, state: Any, namespace: str
+        self, sensor: DecisionSensorTask, context: Context, request: Any, state: Any, namespace: str
     ) -> Any:
         """One on_request decision about ``state``, under the task's spending cap, ended by the
         sensor's timeout at the latest.
