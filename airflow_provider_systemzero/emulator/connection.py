@@ -49,7 +49,7 @@ from airflow_provider_systemzero.protocol.messages import Hello, Ping, encode_me
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.emulator.server import Emulator
+    from airflow_provider_systemzero.emulator.host import EmulatorHost
 
 __all__ = ["EmulatorConnection", "StreamLoop"]
 
@@ -120,7 +120,7 @@ class StreamLoop:
     deadline. :meth:`run` waits for the end and performs the close.
     """
 
-    def __init__(self, emulator: Emulator, ws: EmulatorConnection, account: str) -> None:
+    def __init__(self, emulator: EmulatorHost, ws: EmulatorConnection, account: str) -> None:
         self.emulator = emulator
         self.ws = ws
         self.account = account

@@ -18,7 +18,7 @@ from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.emulator.server import Emulator
+    from airflow_provider_systemzero.emulator.host import EmulatorHost
 
 __all__ = ["CONTROL_PREFIX", "apply_fault_params", "control_response", "respond", "set_headers"]
 
@@ -26,7 +26,7 @@ __all__ = ["CONTROL_PREFIX", "apply_fault_params", "control_response", "respond"
 CONTROL_PREFIX = "/_emulator/"
 
 
-def control_response(emulator: Emulator, connection: ServerConnection, request: Request) -> Response:
+def control_response(emulator: EmulatorHost, connection: ServerConnection, request: Request) -> Response:
     """Answer one request to the control surface (any path under :data:`CONTROL_PREFIX`).
 
     :param emulator: the emulator to observe or act on.

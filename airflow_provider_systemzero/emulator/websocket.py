@@ -25,8 +25,7 @@ from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.emulator.connection import StreamLoop
-    from airflow_provider_systemzero.emulator.server import Emulator
+    from airflow_provider_systemzero.emulator.host import EmulatorHost, FrameReceiver
 
 __all__ = ["EmulatorConnection"]
 
@@ -46,14 +45,14 @@ class EmulatorConnection(ServerConnection):
     """
 
     def __init__(
-        self, protocol: ServerProtocol, server: Server, *, emulator: Emulator, **kwargs: Any
+        self, protocol: ServerProtocol, server: Server, *, emulator: EmulatorHost, **kwargs: Any
     ) -> None:
         super().__init__(protocol, server, **kwargs)
         self.emulator = emulator
         self.account: str | None = None
         self.reservation_released = True
         #: The stream this connection feeds (``None`` before its handler runs and after it ends).
-        self.stream: StreamLoop | None = None
+        self.stream: FrameReceiver | None = None
         #: Messages handed to websockets' own reader and not yet delivered to the stream: while
         #: any waits, every later frame takes the same path, so none overtakes it.
         self.queued_messages = 0
