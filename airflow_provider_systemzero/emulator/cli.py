@@ -59,7 +59,7 @@ from airflow_provider_systemzero.protocol.upgrade import STREAM_PATH, is_loopbac
 __all__ = ["build_parser", "main"]
 
 DEFAULT_PORT = 8765
-log = logging.getLogger("airflow_provider_systemzero.emulator")
+log = logging.getLogger(__name__)
 
 
 def _non_negative(text: str) -> int:
