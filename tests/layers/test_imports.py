@@ -1,7 +1,9 @@
-"""The package's layers: no import cycle, and the pure decision logic imports no Airflow.
+"""The package's layers: no import cycle, and each layer imports only the layers to its left.
 
-The graph is read from the source (module-level imports only: an import inside a function or
-under ``if TYPE_CHECKING:`` runs later or never, so it cannot close a cycle at import time).
+The graph is read from the source and counts every import statement wherever it stands: at module
+level, inside a function (it runs later, but it still ties the two modules both ways) and under
+``if TYPE_CHECKING:`` (it never runs, but a type named across a loop is the same loop). A cycle
+cannot hide behind a deferred import.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import airflow_provider_systemzero
 
@@ -68,16 +72,20 @@ def _loaded(name: str, target: str) -> set[str]:
     }
 
 
-def module_level_imports(name: str, *, in_functions: bool = False) -> set[str]:
-    """The package modules that importing ``name`` imports at once (with ``in_functions``, also
-    the ones its functions import when they run; never those under ``if TYPE_CHECKING:``)."""
+def module_level_imports(name: str, *, deferred: bool = False, source: str | None = None) -> set[str]:
+    """The package modules that importing ``name`` imports at once; with ``deferred``, every
+    package module an import statement of ``name`` names wherever it stands (inside a function,
+    under ``if TYPE_CHECKING:``). ``source`` stands in for the module's file."""
     found: set[str] = set()
+
+    def add(node: ast.Import | ast.ImportFrom) -> None:
+        for target in _imported(name, node):
+            found.update(_loaded(name, target))
 
     def visit(statements: list[ast.stmt]) -> None:
         for node in statements:
             if isinstance(node, ast.Import | ast.ImportFrom):
-                for target in _imported(name, node):
-                    found.update(_loaded(name, target))
+                add(node)
             elif isinstance(node, ast.If) and _is_type_checking(node):
                 continue
             elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
@@ -85,12 +93,16 @@ def module_level_imports(name: str, *, in_functions: bool = False) -> set[str]:
                     visit(getattr(node, field, []))
                 for handler in getattr(node, "handlers", []):
                     visit(handler.body)
-            elif isinstance(node, ast.ClassDef) or (
-                in_functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            ):
+            elif isinstance(node, ast.ClassDef):
                 visit(node.body)
 
-    visit(ast.parse(MODULES[name].read_text(encoding="utf-8")).body)
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8") if source is None else source)
+    if deferred:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                add(node)
+    else:
+        visit(tree.body)
     return found
 
 
@@ -105,39 +117,108 @@ def all_imports(path: Path) -> set[str]:
     return names
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` as a path that ends where it starts, or ``None``."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
+def tangles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected parts of ``graph`` that hold a cycle (Tarjan's algorithm): the modules
+    of each part all reach each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[set[str]] = []
 
-    def walk(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
         for following in sorted(graph.get(node, ())):
-            if state.get(following) == 1:
-                return [*path[path.index(following) :], following]
-            if following not in state and (cycle := walk(following)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
+            if following not in index:
+                connect(following)
+                low[node] = min(low[node], low[following])
+            elif following in stack:
+                low[node] = min(low[node], index[following])
+        if low[node] == index[node]:
+            part = set()
+            while not part or node not in part:
+                part.add(stack.pop())
+            if len(part) > 1 or node in graph.get(node, ()):
+                parts.append(part)
 
     for start in sorted(graph):
-        if start not in state and (cycle := walk(start)):
-            return cycle
-    return None
+        if start not in index:
+            connect(start)
+    return sorted(parts, key=min)
 
 
-def test_the_cycle_finder_finds_a_cycle() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each tangle of ``graph``, each a path that ends where it starts; empty when
+    the graph has no cycle."""
+    return [_cycle_in(graph, part) for part in tangles(graph)]
+
+
+def _cycle_in(graph: dict[str, set[str]], part: set[str]) -> list[str]:
+    """The shortest cycle through the first module of ``part`` (breadth first, inside the part)."""
+    start = min(part)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following_frontier = []
+        for node in frontier:
+            for following in sorted(graph[node] & part):
+                if following == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if node != start else [start, start]
+                if following not in came_from:
+                    came_from[following] = node
+                    following_frontier.append(following)
+        frontier = following_frontier
+    raise AssertionError(f"no cycle through {start} in {sorted(part)}")
+
+
+def _short(name: str) -> str:
+    return name.removeprefix(f"{PACKAGE}.")
+
+
+def describe_tangles(graph: dict[str, set[str]]) -> str:
+    """Each tangle of ``graph`` as one of its cycles and every import inside it (what to untie)."""
+    return "\n".join(
+        " -> ".join(map(_short, _cycle_in(graph, part)))
+        + " (imports in this loop: "
+        + ", ".join(f"{_short(a)} -> {_short(b)}" for a in sorted(part) for b in sorted(graph[a] & part))
+        + ")"
+        for part in tangles(graph)
+    )
+
+
+def test_the_cycle_finder_finds_every_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d", "f"}, "f": set(), "g": {"g"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"], ["d", "e", "d"], ["g", "g"]]
+    assert find_cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_walk_counts_deferred_imports() -> None:
+    """An import inside a function and one under ``if TYPE_CHECKING:`` are edges of the graph."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        f"    from {PACKAGE}.stream.observer import StreamObserver\n"
+        "def configure():\n"
+        f"    from {PACKAGE}.compat import conf\n"
+    )
+    name = f"{PURE}.budget"
+    assert module_level_imports(name, source=source) == set()
+    assert module_level_imports(name, deferred=True, source=source) == {
+        f"{PACKAGE}.stream",
+        f"{PACKAGE}.stream.observer",
+        f"{PACKAGE}.compat",
+    }
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    graph = {name: module_level_imports(name) for name in MODULES}
+    """No cycle at import time, nor through an import inside a function (it runs later, to dodge a
+    cycle that still ties the two modules both ways) or under ``if TYPE_CHECKING:``."""
+    graph = {name: module_level_imports(name, deferred=True) for name in MODULES}
     assert graph[f"{PURE}.conditions"], "the import graph is empty: the walk reads nothing"
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    assert not find_cycles(graph), "import cycles:\n" + describe_tangles(graph)
 
 
 def test_an_import_runs_the_packages_above_the_module() -> None:
@@ -150,25 +231,53 @@ def test_an_import_runs_the_packages_above_the_module() -> None:
     }
 
 
-def test_no_import_inside_a_function_dodges_a_cycle() -> None:
-    """An import moved into a function (where it runs later) to keep a cycle from failing at import
-    time still ties the two modules both ways: with those imports counted the graph has no cycle either."""
-    graph = {name: module_level_imports(name, in_functions=True) for name in MODULES}
-    assert f"{PACKAGE}.compat" in graph[f"{PACKAGE}.hooks.systemzero"], "the walk misses function imports"
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle through an import inside a function: " + " -> ".join(cycle or [])
+def test_from_a_package_import_a_module_is_an_edge_to_the_module() -> None:
+    node = ast.parse(f"from {PACKAGE}.sensors import inputs as sz_inputs").body[0]
+    assert isinstance(node, ast.ImportFrom)
+    loaded = {
+        target
+        for name in _imported(f"{PACKAGE}.operators.decide", node)
+        for target in _loaded(f"{PACKAGE}.operators.decide", name)
+    }
+    assert loaded == {f"{PACKAGE}.sensors", f"{PACKAGE}.sensors.inputs"}
 
 
-def test_the_pure_decision_package_names_no_airflow_import() -> None:
-    pure = {name: path for name, path in MODULES.items() if name == PURE or name.startswith(f"{PURE}.")}
-    assert {f"{PURE}.conditions", f"{PURE}.policy", f"{PURE}.budget"} <= set(pure)
+def _package(folder: str) -> dict[str, Path]:
+    prefix = f"{PACKAGE}.{folder}"
+    return {name: path for name, path in MODULES.items() if name == prefix or name.startswith(f"{prefix}.")}
+
+
+@pytest.mark.parametrize("folder", ["protocol", "decisions", "stream"])
+def test_the_layers_below_the_airflow_classes_name_no_airflow_import(folder: str) -> None:
+    """The protocol core, the pure decision logic and the stream client name no Airflow module, not
+    even inside a function or for a type hint."""
+    modules = _package(folder)
+    assert len(modules) > 3, f"{folder}/ holds no modules: the check reads nothing"
     offending = {
         name: sorted(
             target for target in all_imports(path) if target == "airflow" or target.startswith("airflow.")
         )
-        for name, path in pure.items()
+        for name, path in modules.items()
     }
     assert not {name: targets for name, targets in offending.items() if targets}
+
+
+def test_the_protocol_core_imports_only_itself() -> None:
+    """``protocol/`` is sans-I/O and self-contained: it imports no other module of the package (no
+    stream, no Airflow glue, no shared helper), wherever the import stands."""
+    core = _package("protocol")
+    outside = sorted(
+        f"{_short(name)} -> {_short(target)}"
+        for name in core
+        for target in module_level_imports(name, deferred=True)
+        if target not in core and target != PACKAGE
+    )
+    assert module_level_imports(f"{PACKAGE}.protocol.client", deferred=True), "the walk reads nothing"
+    assert not outside, "the protocol core imports outside protocol/: " + ", ".join(outside)
+    io = {"asyncio", "socket", "selectors", "ssl", "websockets"}
+    for name, path in core.items():
+        named = {target.split(".")[0] for target in all_imports(path)}
+        assert not named & io, f"{_short(name)} imports I/O: {sorted(named & io)}"
 
 
 def test_importing_the_pure_decision_package_loads_no_airflow() -> None:
@@ -220,7 +329,7 @@ def test_each_layer_imports_only_the_layers_to_its_left() -> None:
         f"{name} -> {target}"
         for name in MODULES
         if (rank := _layer(name)) is not None
-        for target in module_level_imports(name, in_functions=True)
+        for target in module_level_imports(name, deferred=True)
         if (target_rank := _layer(target)) is not None and target_rank > rank
     )
     assert not upward, "imports against the layers: " + ", ".join(upward)
