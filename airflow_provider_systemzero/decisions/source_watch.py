@@ -118,9 +118,9 @@ class Phase(enum.Enum):
     #: No stream. The watch waits for the source to change, or for time (``min_interval_ms``,
     #: ``debounce_ms``, a hysteresis run's ``min_true_for``).
     DORMANT = "dormant"
-    #: A stream is being opened (a place among the streams being built, a slot of
-    #: ``max_streams_per_process``, the connection, the ``start``'s acknowledgement). What the
-    #: source gives meanwhile becomes its desired state, so it opens with the newest state.
+    #: A stream is being opened (a slot of ``max_streams_per_process``, the connection, the
+    #: ``start``'s acknowledgement). What the source gives meanwhile becomes its desired state,
+    #: so it opens with the newest state.
     OPENING = "opening"
     #: The stream is open: states are sent, decisions asked for and judged.
     HOLDING = "holding"
