@@ -333,3 +333,17 @@ def test_each_layer_imports_only_the_layers_to_its_left() -> None:
         if (target_rank := _layer(target)) is not None and target_rank > rank
     )
     assert not upward, "imports against the layers: " + ", ".join(upward)
+
+
+def test_the_glue_imports_no_hook() -> None:
+    """``utils/`` is what the hook and the tasks are built on (the hook imports its observer): a
+    function of the glue that builds a hook belongs with the hook, not behind a deferred import."""
+    glue = _package("utils")
+    assert f"{PACKAGE}.utils.checks" in glue, "the check reads nothing"
+    upward = sorted(
+        f"{_short(name)} -> {_short(target)}"
+        for name in glue
+        for target in module_level_imports(name, deferred=True)
+        if _short(target).split(".")[0] == "hooks"
+    )
+    assert not upward, "the glue imports the hook: " + ", ".join(upward)
