@@ -266,6 +266,43 @@ class SourceWatch:
         ``now`` each call is given.
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_checked",
+        "_checking",
+        "_clock",
+        "_generations",
+        "_offered",
+        "_parked",
+        "_said_opening",
+        "_verdict",
+        "_wanted",
+        "decided_at",
+        "decided_state",
+        "deciding",
+        "decision_mode",
+        "gate",
+        "held_since",
+        "judged_gen",
+        "latest",
+        "latest_gen",
+        "latest_withheld",
+        "lease",
+        "lease_after",
+        "max_staleness",
+        "min_interval",
+        "once",
+        "phase",
+        "question",
+        "quiet_since",
+        "relevance",
+        "rules",
+        "sent",
+        "sent_gen",
+        "stale_in_a_row",
+        "timeline",
+    )
+
     def __init__(
         self,
         rules: Rules,

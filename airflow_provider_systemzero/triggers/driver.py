@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -115,6 +114,30 @@ class WatchDriver:
     :param relevance: the ``decide_when`` callable's holder, for :class:`Check` s.
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_asked_at",
+        "_change",
+        "_checking",
+        "_checks",
+        "_closing",
+        "_deciding",
+        "_offer",
+        "_opening",
+        "_reading",
+        "_reconnects_noted",
+        "_slot_wanted",
+        "_timer",
+        "_wake",
+        "decision_seconds",
+        "relevance",
+        "source",
+        "stream",
+        "stream_kwargs",
+        "streams",
+        "watch",
+    )
+
     def __init__(
         self,
         watch: SourceWatch,
@@ -149,7 +172,7 @@ class WatchDriver:
         self._slot_wanted = False
         #: when the decision the watch waits for was asked, and how long the last ones took
         self._asked_at: float | None = None
-        self.decision_seconds: deque[float] = deque(maxlen=_DURATIONS_KEPT)
+        self.decision_seconds: tuple[float, ...] = ()
         #: the reconnects of the stream held now that the history has heard of
         self._reconnects_noted = 0
 
@@ -252,7 +275,9 @@ class WatchDriver:
 
     def _decided(self, stream: DecisionStream, decision: DecisionResult, now: float) -> None:
         if self._asked_at is not None:
-            self.decision_seconds.append(round(now - self._asked_at, 3))
+            self.decision_seconds = (*self.decision_seconds, round(now - self._asked_at, 3))[
+                -_DURATIONS_KEPT:
+            ]
         usage = getattr(stream, "usage", None)
         billed = usage.billed if usage is not None else 0
         self.watch.decided(decision, now, covers=_covers(stream, decision), state_hash=stream.state_hash)
