@@ -46,7 +46,11 @@ from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequ
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, probe
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity
-from airflow_provider_systemzero.stream.diagnosis import describe_connection_error, without_proxy_credentials
+from airflow_provider_systemzero.stream.diagnosis import (
+    describe_connection_error,
+    is_network_error,
+    without_proxy_credentials,
+)
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
 from airflow_provider_systemzero.stream.observer import StreamObserver
 from airflow_provider_systemzero.stream.tls import load_tls
@@ -558,11 +562,7 @@ class SystemZeroHook(BaseHook):
             settings = self.get_settings()
             hello = run_sync(probe(settings))
         except Exception as exc:
-            if (
-                settings is not None
-                and not isinstance(exc, SystemZeroError)
-                and (isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage")
-            ):
+            if settings is not None and not isinstance(exc, SystemZeroError) and is_network_error(exc):
                 return False, describe_connection_error(
                     exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
                 )

@@ -42,7 +42,7 @@ from airflow_provider_systemzero.stream.untrusted import server_text, server_tok
 
 __all__ = ["CoreEventHandling"]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+log = logging.getLogger(__name__)
 
 
 class CoreEventHandling:

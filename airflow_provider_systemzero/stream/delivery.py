@@ -23,7 +23,7 @@ from airflow_provider_systemzero.stream.untrusted import server_token
 
 __all__ = ["DecisionDelivery"]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+log = logging.getLogger(__name__)
 
 #: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
 _MAX_CONFLICT_RETRIES = 600

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import ssl
 import time
 from urllib.parse import urlsplit
+
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidProxy
 
 from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
@@ -36,13 +39,15 @@ from airflow_provider_systemzero.stream.untrusted import scrub
 __all__ = [
     "LOOPBACK_GIVE_UP_ATTEMPTS",
     "LOOPBACK_GIVE_UP_SECONDS",
+    "NETWORK_ERRORS",
     "WARN_EVERY",
     "NetworkFailures",
     "describe_connection_error",
+    "is_network_error",
     "without_proxy_credentials",
 ]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+log = logging.getLogger(__name__)
 
 #: Repeats of one cause between two WARNING lines.
 WARN_EVERY = 10
@@ -53,14 +58,33 @@ LOOPBACK_GIVE_UP_SECONDS = 10.0
 #: Why a loopback origin that failed so will not answer, by the kind of failure (:func:`_kind`).
 _NEVER_ANSWERS = {"refused": "nothing listens there", "tls_plaintext": "the port speaks plaintext, not TLS"}
 
+#: What a connection attempt raises when it failed below HTTP, by type: the socket's and the
+#: resolver's errors (``OSError``, ``socket.gaierror``, a timeout), a peer that does not answer as a
+#: WebSocket server (websockets' ``InvalidMessage``), a proxy that refused the tunnel
+#: (``InvalidProxy``) and a connection lost during the upgrade (``ConnectionClosed``). The stream
+#: retries these with backoff and describes them with :func:`describe_connection_error`; this is
+#: the one place that names websockets' exception types for that.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    InvalidMessage,
+    InvalidProxy,
+    ConnectionClosed,
+)
+
+
+def is_network_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure below HTTP (see :data:`NETWORK_ERRORS`): retried, and described
+    by :func:`describe_connection_error`.
+
+    :param exc: what a connection attempt raised.
+    """
+    return isinstance(exc, NETWORK_ERRORS)
+
 
 def _unresolved(exc: BaseException) -> bool:
     """A host name that did not resolve (``getaddrinfo``'s errors), or not within ``open_timeout``."""
-    return (
-        getattr(exc, "errno", None) in (-2, -3, -5)
-        or type(exc).__name__ == "gaierror"
-        or isinstance(exc, ResolutionTimedOut)
-    )
+    return isinstance(exc, socket.gaierror | ResolutionTimedOut)
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -212,7 +236,7 @@ def _described(exc: BaseException, url: str, open_timeout: float | None, proxy: 
         )
     if _unreachable(exc):
         return f"{host} is unreachable ({raw}): check the connection's host and this machine's network"
-    if type(exc).__name__ == "InvalidMessage":
+    if isinstance(exc, InvalidMessage):
         return (
             f"{url} did not answer as a WebSocket server ({raw}): check that the connection's host and port "
             "are a System Zero API origin"
@@ -253,7 +277,7 @@ class NetworkFailures:
         """:func:`describe_connection_error` for a network error; ``str(exc)`` for anything else."""
         if exc is None:
             return None
-        if isinstance(exc, OSError | TimeoutError) or type(exc).__name__ == "InvalidMessage":
+        if is_network_error(exc):
             return describe_connection_error(exc, self.url, open_timeout=self.open_timeout, proxy=self.proxy)
         return without_proxy_credentials(str(exc), self.proxy)
 

@@ -39,7 +39,7 @@ from airflow_provider_systemzero.stream.untrusted import server_token
 
 __all__ = ["Reconnect", "StreamRunLoop"]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

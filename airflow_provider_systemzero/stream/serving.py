@@ -30,14 +30,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from websockets.exceptions import (
-    ConnectionClosed,
-    InvalidHandshake,
-    InvalidMessage,
-    InvalidProxy,
-    InvalidStatus,
-    InvalidURI,
-)
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
@@ -46,6 +39,7 @@ from airflow_provider_systemzero.stream.connection import (
     subprotocol_violation,
     upgrade_refusal_error,
 )
+from airflow_provider_systemzero.stream.diagnosis import is_network_error
 from airflow_provider_systemzero.stream.exceptions import (
     ProtocolViolation,
     StreamClosed,
@@ -57,7 +51,7 @@ from airflow_provider_systemzero.stream.untrusted import scrub, server_text, ser
 
 __all__ = ["ConnectionServing", "Ended"]
 
-log = logging.getLogger("airflow_provider_systemzero.stream.decision_stream")  # the stream's own log
+log = logging.getLogger(__name__)
 
 #: Codes this client closes with when a frame of the gateway broke RFC 6455 (or its size limit): each
 #: is a contract breach, counted toward the breach rule.
@@ -130,7 +124,7 @@ class ConnectionServing:
         """How an opening that raised ``exc`` ended (anything else is raised again)."""
         if isinstance(exc, InvalidStatus):
             return self._upgrade_refused(exc, url)
-        if isinstance(exc, InvalidMessage | InvalidProxy | OSError | TimeoutError | ConnectionClosed):
+        if is_network_error(exc):
             delay_ms = self.session.next_connection_delay_ms(time.monotonic())
             return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
         if isinstance(exc, InvalidURI):

@@ -216,7 +216,7 @@ def test_spans_follow_airflow_tracing_unless_set(monkeypatch: pytest.MonkeyPatch
 async def test_log_lines_follow_the_stream_without_content_or_key(
     emu: Emulator, fast_backoff: Backoff, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream")  # every stream module's
     async with stream_for(emu, fast_backoff, mode="on_request") as stream:
         await stream.decide(timeout=10)
         await emu.drop_all()
@@ -225,7 +225,7 @@ async def test_log_lines_follow_the_stream_without_content_or_key(
     lines = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "airflow_provider_systemzero.stream.decision_stream" and r.levelno == logging.INFO
+        if r.name.startswith("airflow_provider_systemzero.stream.") and r.levelno == logging.INFO
     ]
     text = "\n".join(lines)
     for expected in (

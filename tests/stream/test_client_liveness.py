@@ -201,7 +201,7 @@ async def test_a_decision_the_gateway_owes_for_long_is_said_in_the_log(
     emu = await make_emulator()
     emu.faults.delay_decisions_ms = 1_500
     said = "waiting for the System Zero gateway's decision for"
-    with caplog.at_level("INFO", logger="airflow_provider_systemzero.stream.decision_stream"):
+    with caplog.at_level("INFO", logger="airflow_provider_systemzero.stream"):
         async with make_stream(emu, fast_backoff, mode=mode) as stream:
             assert stream.deciding_for is None or mode == "on_change"
             decision = await stream.decide(timeout=10)
