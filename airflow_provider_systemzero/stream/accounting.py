@@ -11,59 +11,21 @@ flight plus one pending (WIRE.md §4) — and keeps the budget's holds and count
   :meth:`~DispatchAccounting.failed`, :meth:`~DispatchAccounting.refused` — the gateway's answers;
 * :meth:`~DispatchAccounting.connection_ended` — a lost connection may leave a dispatch behind
   that was billed but never seen: it is counted as one unconfirmed decision.
+
+The budget is the pure :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`,
+imported as it is: the decisions layer imports nothing of the stream, so the import goes one way.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sized
-from typing import Any, Protocol
 
+from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM
 from airflow_provider_systemzero.protocol.messages import Ack, ClientMessage, Decide, Error, event_number
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
-__all__ = ["DispatchAccounting", "DispatchBudget"]
-
-
-class DispatchBudget(Protocol):
-    """What the stream tells a budget about its dispatches, and asks it before one: the typed
-    interface through which :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`
-    observes a stream's dispatches (this accounting imports no budget). What it refuses with is its
-    ``BudgetExceeded``, a :class:`~airflow_provider_systemzero.stream.exceptions.SystemZeroError`."""
-
-    @property
-    def windows(self) -> Sized: ...  # the per-connection windows (holds are reported when any)
-
-    @property
-    def limited(self) -> bool: ...
-
-    @property
-    def estimates_tokens(self) -> bool: ...
-
-    def check(
-        self, potential: int, body_bytes: int | None = None, *, holder: Any = 0
-    ) -> SystemZeroError | None: ...
-
-    def record_exceeded(self, exc: SystemZeroError) -> None: ...
-
-    def hold(self, holder: Any, outstanding: int, body_bytes: int | None = None) -> None: ...
-
-    def record_decision(
-        self,
-        reply_id: str | None,
-        usage: Mapping[str, Any] | None = None,
-        body_bytes: int | None = None,
-        *,
-        confirms: bool = False,
-    ) -> bool: ...
-
-    def record_failure(self) -> None: ...
-
-    def record_unconfirmed(self, count: int = 1) -> None: ...
-
-    def withdraw_unconfirmed(self, count: int = 1) -> None: ...
+__all__ = ["DispatchAccounting"]
 
 
 class DispatchAccounting:
@@ -71,10 +33,10 @@ class DispatchAccounting:
 
     :param budget: the budget asked and charged.
     :param decision_mode: the stream's decision mode.
-    :param holder: the budget's name for this stream's holds (any stable hashable).
+    :param holder: the budget's name for this stream's holds (the stream's ``id``).
     """
 
-    def __init__(self, budget: DispatchBudget, decision_mode: str, holder: object) -> None:
+    def __init__(self, budget: DecisionBudget, decision_mode: str, holder: int) -> None:
         self.budget = budget
         self.on_request = decision_mode == "on_request"
         self.holder = holder
@@ -85,7 +47,7 @@ class DispatchAccounting:
         #: version → decide body bytes (from acks), for token estimates.
         self._body_bytes: dict[int, int] = {}
         #: What the budget refused, holding this stream (once it refused).
-        self.exceeded: SystemZeroError | None = None
+        self.exceeded: BudgetExceeded | None = None
         #: Since when (``time.monotonic()``) the gateway owes this connection a decision: the
         #: first dispatch admitted while none was outstanding, or the last answer that left one
         #: outstanding; ``None`` when none is.
@@ -110,7 +72,7 @@ class DispatchAccounting:
             largest = max(self._body_bytes.values(), default=0) if body_bytes is None else body_bytes
             self.budget.hold(self.holder, self.outstanding(), largest)
 
-    def admit(self, message: ClientMessage, desired_body_bytes: int) -> SystemZeroError | None:
+    def admit(self, message: ClientMessage, desired_body_bytes: int) -> BudgetExceeded | None:
         """Before writing ``message``: ``None`` when it may go (the dispatch is now expected), else
         the refusal (recorded once in the budget).
 

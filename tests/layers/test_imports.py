@@ -296,13 +296,25 @@ def test_importing_the_pure_decision_package_loads_no_airflow() -> None:
     assert result.returncode == 0, f"importing {pure} loaded Airflow: {result.stdout}{result.stderr}"
 
 
-def test_the_stream_accounting_imports_no_budget() -> None:
-    """The budget observes a stream's dispatches through ``stream.accounting.DispatchBudget``: the
-    accounting names no budget module, not even for type hints."""
-    path = MODULES[f"{PACKAGE}.stream.accounting"]
-    budgets = {f"{PACKAGE}.budget", f"{PACKAGE}.decisions.budget"}
-    assert all_imports(path), "the walk reads nothing"
-    assert not all_imports(path) & budgets
+def test_the_stream_imports_the_budget_one_way() -> None:
+    """The stream's accounting asks the budget by its own type
+    (:class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`), with no interface of
+    its own in between: that holds because the budget, and the decisions layer it lives in, import
+    nothing of the stream."""
+    accounting = MODULES[f"{PACKAGE}.stream.accounting"]
+    assert f"{PACKAGE}.decisions.budget" in all_imports(accounting)
+    bases = {
+        ast.unparse(base)
+        for node in ast.walk(ast.parse(accounting.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        for base in node.bases
+    }
+    assert "Protocol" not in bases, "the budget's interface is the budget itself"
+    decisions = [path for name, path in MODULES.items() if name.startswith(f"{PACKAGE}.decisions.")]
+    assert decisions, "the walk reads nothing"
+    for path in decisions:
+        stream = {name for name in all_imports(path) if name.startswith(f"{PACKAGE}.stream")}
+        assert not stream, f"{path.name} imports {sorted(stream)}: the stream imports the budget, not back"
 
 
 def test_the_observer_modules_import_first() -> None:

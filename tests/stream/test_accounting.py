@@ -33,7 +33,7 @@ def _error(code: str, event_id: str | None = None) -> Error:
 
 def test_a_change_rejected_for_now_is_not_owed_a_decision() -> None:
     budget = DecisionBudget()
-    accounting = DispatchAccounting(budget, "on_change", holder="s")
+    accounting = DispatchAccounting(budget, "on_change", holder=1)
     assert accounting.admit(AppendText("evt_2", "x\n"), 10) is None
     assert accounting.outstanding() == 1 and accounting.waiting_since is not None
     accounting.refused(_error("event_rate_limited", "evt_2"))
@@ -47,7 +47,7 @@ def test_a_change_rejected_for_now_is_not_owed_a_decision() -> None:
 @pytest.mark.parametrize("code", ["stale_state_version", "shutting_down"])
 def test_a_refused_decide_is_not_owed_a_decision(code: str) -> None:
     budget = DecisionBudget()
-    accounting = DispatchAccounting(budget, "on_request", holder="s")
+    accounting = DispatchAccounting(budget, "on_request", holder=1)
     assert accounting.admit(Decide(1), 10) is None
     assert accounting.outstanding() == 1
     accounting.refused(_error(code))
@@ -56,7 +56,7 @@ def test_a_refused_decide_is_not_owed_a_decision(code: str) -> None:
 
 
 def test_a_rejected_change_leaves_the_others_owed() -> None:
-    accounting = DispatchAccounting(DecisionBudget(), "on_change", holder="s")
+    accounting = DispatchAccounting(DecisionBudget(), "on_change", holder=1)
     for number in (2, 3):
         assert accounting.admit(AppendText(f"evt_{number}", "x\n"), 10) is None
     since = accounting.waiting_since
@@ -70,7 +70,7 @@ def test_what_settle_counted_is_taken_back_when_it_is_answered_unbilled(answer: 
     answers it with a failure or a refusal instead, nothing was billed and nothing else is owed:
     the count goes (before, it stayed, and the next decision was counted besides it)."""
     budget = DecisionBudget()
-    accounting = DispatchAccounting(budget, "on_request", holder="s")
+    accounting = DispatchAccounting(budget, "on_request", holder=1)
     assert accounting.admit(Decide(1), 10) is None
     assert accounting.settle() and budget.usage.unconfirmed == 1
     if answer == "failed":
@@ -83,7 +83,7 @@ def test_what_settle_counted_is_taken_back_when_it_is_answered_unbilled(answer: 
 
 def test_what_settle_counted_stays_while_the_gateway_retries_it() -> None:
     budget = DecisionBudget()
-    accounting = DispatchAccounting(budget, "on_change", holder="s")
+    accounting = DispatchAccounting(budget, "on_change", holder=1)
     assert accounting.admit(AppendText("evt_2", "x\n"), 10) is None
     assert accounting.settle()
     accounting.failed(_error("rate_limited"), retryable=True)  # the gateway dispatches it again
