@@ -5,9 +5,11 @@
 * :class:`StreamCapacity` — the process-wide cap of open streams; :class:`Backoff` — reconnect delays;
 * the modules by job: :mod:`.settings`, :mod:`.request` (the request and its cache key),
   :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream's
-  public API), :mod:`.run_loop` (its reconnect loop), :mod:`.serving` (one connection served),
+  public API, and the parts it owns), :mod:`.life` (where a stream is in its life, and every signal
+  its parts wake each other with), :mod:`.delivery` (``decide()`` and ``decisions()``),
+  :mod:`.run_loop` (its reconnect loop), :mod:`.serving` (one connection served),
   :mod:`.core_events` (what the core's events do), :mod:`.accounting` (what a stream's dispatches
-  cost the budget), :mod:`.gateway_socket` (the WebSocket on its transport; what it reads of
+  cost the budget), :mod:`.diagnosis` (which failures are the network's, in words to act on), :mod:`.gateway_socket` (the WebSocket on its transport; what it reads of
   websockets' and asyncio's undocumented state is in
   :mod:`airflow_provider_systemzero.dependency_internals`);
 * :mod:`.exceptions` — the error tree rooted at :class:`SystemZeroError`.

@@ -38,6 +38,7 @@ class DispatchAccounting:
 
     def __init__(self, budget: DecisionBudget, decision_mode: str, holder: int) -> None:
         self.budget = budget
+        #: Whether the stream decides on request (one ``decide`` at a time) rather than on change.
         self.on_request = decision_mode == "on_request"
         self.holder = holder
         #: on_change: event numbers of this connection's mutations not yet covered by a decision.

@@ -3,24 +3,30 @@
 The sans-I/O :class:`~airflow_provider_systemzero.protocol.client.ClientSession` turns frames into
 events (:mod:`~airflow_provider_systemzero.protocol.client_events`); here they reach the caller:
 
-* acknowledgements and decisions resolve ``decide()`` waiters and feed ``decisions()``;
+* acknowledgements and decisions resolve ``decide()`` waiters and feed ``decisions()``
+  (through the stream's :class:`~airflow_provider_systemzero.stream.delivery.DecisionDelivery`);
 * a :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget` is asked before anything that can
   start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
-  every decision (billed, or replayed under a reply id it already holds);
+  every decision (billed, or replayed under a reply id it already holds), through the stream's
+  :class:`~airflow_provider_systemzero.stream.accounting.DispatchAccounting`;
 * a :class:`~airflow_provider_systemzero.stream.observer.StreamObserver` hears connections, acks,
   decisions, reconnects, refusals and rate-limit waits (metrics and spans); the INFO log lines
   say the same for a person reading the task log — never the state's content or the key.
 
-:class:`CoreEventHandling` is one part of :class:`~airflow_provider_systemzero.stream.DecisionStream`;
-it is not used on its own.
+:class:`CoreEvents` is the part of a stream that does this; what one connection's events told
+(its ``start`` acknowledged, a decision, a goodbye, a fatal error) is kept in its
+:class:`ConnectionFacts`, from which the connection's end is described.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
+from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
@@ -34,59 +40,133 @@ from airflow_provider_systemzero.protocol.client_events import (
     StreamFailed,
 )
 from airflow_provider_systemzero.protocol.client_input import DECIDE_REFUSALS
-from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Hello
+from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Goodbye, Hello
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
-from airflow_provider_systemzero.stream.exceptions import BudgetExceeded, DecisionFailed, StreamRejected
+from airflow_provider_systemzero.stream.accounting import DispatchAccounting
+from airflow_provider_systemzero.stream.capacity import StreamCapacity
+from airflow_provider_systemzero.stream.delivery import DecisionDelivery, decision_error
+from airflow_provider_systemzero.stream.exceptions import BudgetExceeded, StreamRejected
+from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.observer import ObserverRelay
+from airflow_provider_systemzero.stream.starts import DecisionStarts
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
-__all__ = ["CoreEventHandling"]
+__all__ = ["ConnectionFacts", "CoreEvents"]
 
 log = logging.getLogger(__name__)
 
 
-class CoreEventHandling:
-    """The core-event handling of a :class:`~airflow_provider_systemzero.stream.DecisionStream`."""
+@dataclass(slots=True)
+class ConnectionFacts:
+    """What one connection told about itself, for how it ended: a new one per connection attempt
+    (made by :meth:`CoreEvents.new_connection`), so nothing is carried to the next connection."""
 
-    # ------------------------------------------------------------------ failure
+    #: The socket serves the session (set and cleared by the connection server).
+    open: bool = False
+    #: The gateway acknowledged ``start`` on it (set by :class:`CoreEvents`).
+    started: bool = False
+    #: A decision arrived on it (set by :class:`CoreEvents`).
+    decided: bool = False
+    #: The gateway's goodbye, if it said one (set by :class:`CoreEvents`).
+    goodbye: Goodbye | None = None
+    #: The last fatal error the gateway sent on it (set by :class:`CoreEvents`).
+    last_fatal: Error | None = None
+    #: This side gives the connection back once nothing is due (``DecisionStream.release``, or
+    #: :class:`CoreEvents` when a stream that had its decision gives its slot to one waiting).
+    release: bool = False
 
-    def _decision_error(self, error: Error) -> DecisionFailed:
-        retryable = (
-            error.http_status is not None
-            and classify_decide_failure(error.http_status, error.envelope, error.retry)
-            is not DecideRetry.NONE
-        )
-        return DecisionFailed(
-            error.http_status,
-            error.envelope,
-            error.retry,
-            retryable,
-            state_version=error.state_version,
-            request_id=error.request_id,
-        )
+
+class EventsStream(Protocol):
+    """What the core's events read of their stream: its session, by its public view."""
+
+    @property
+    def session(self) -> ClientSession: ...
+
+
+class CoreEvents:
+    """The part of a stream that acts on the core's events, and asks the budget before a dispatch.
+
+    :param stream: the stream (its session).
+    :param holder: the stream itself, weakly: who asks the account's decision starts.
+    :param life: the stream's life (ready, its last error, the pulse).
+    :param delivery: where ``decide()`` and ``decisions()`` hear the outcomes.
+    :param accounting: what the dispatches cost the budget.
+    :param observations: what the observer hears.
+    :param capacity: the stream cap (it adopts what the gateway advertises).
+    :param fail: ends the stream with an error.
+    :param kick: asks for a writer's turn.
+    :param decision_mode: the stream's decision mode.
+    """
+
+    def __init__(
+        self,
+        stream: EventsStream,
+        holder: weakref.ref[object],
+        life: StreamLife,
+        delivery: DecisionDelivery,
+        accounting: DispatchAccounting,
+        observations: ObserverRelay,
+        capacity: StreamCapacity,
+        *,
+        fail: Callable[[BaseException], None],
+        kick: Callable[[], None],
+        decision_mode: str,
+    ) -> None:
+        self._stream = stream
+        self._holder = holder
+        self._life = life
+        self._delivery = delivery
+        self._accounting = accounting
+        self._observations = observations
+        self._capacity = capacity
+        self._fail = fail
+        self._kick = kick
+        self._decision_mode = decision_mode
+        #: The account's decision starts shared in this process (set by the stream on entering).
+        self.starts: DecisionStarts | None = None
+        #: The gateway the stream talks to, as the stream cap counts it (set on entering).
+        self.origin: str | None = None
+        #: The latest state version the gateway acknowledged (numbering restarts per connection).
+        self.state_version = 0
+        #: What the budget refused, holding this stream (set once, by :meth:`admit`).
+        self.refused: BudgetExceeded | None = None
+        #: The current connection's facts (replaced by :meth:`new_connection`).
+        self.facts = ConnectionFacts()
+
+    def new_connection(self) -> ConnectionFacts:
+        """A connection attempt begins: its facts start empty."""
+        self.facts = ConnectionFacts()
+        return self.facts
 
     # ------------------------------------------------------------------ events
 
-    def _dispatch(self, events: list[ClientEvent]) -> None:
+    def dispatch(self, events: list[ClientEvent]) -> None:
+        """Act on the core's events (from one frame, or a change of the caller's), then pulse.
+
+        :param events: what the session returned.
+        """
+        facts = self.facts
+        delivery = self._delivery
         for event in events:
             if isinstance(event, HelloReceived):
-                self.capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self._origin())
+                self._capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self.origin)
                 self._log_hello(event.hello)
-                self._observe_later("hello", event.hello)  # after the start it makes due is written
+                self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
-                self._on_ack(event)
+                self._on_ack(event, facts)
             elif isinstance(event, DecisionReceived):
                 if not event.repeated:  # a repeated one was counted and queued when it arrived
-                    self._on_decision(event.result)
-                self._answer(event.intents, event.result)
-                if self._queue_decisions and not event.repeated:
-                    self._queue(event.result)
+                    self._on_decision(event.result, facts)
+                delivery.answer(event.intents, event.result)
+                if delivery.queues and not event.repeated:
+                    delivery.queue(event.result)
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
                 if event.repeated:
                     self._on_failure_inherited(event)
                 else:
-                    self._on_decision_failed(event)
+                    self._on_decision_failed(event, facts)
                 self._settle_exceeded()
             elif isinstance(event, MutationRejected):
                 self._accounting.refused(event.error)
@@ -98,12 +178,12 @@ class CoreEventHandling:
                 )
                 if event.error.code == "event_rate_limited":
                     delay = event.error.retry.retry_after_ms
-                    self._observe("rate_limited", "event", None if delay is None else delay / 1000)
+                    self._observations.now("rate_limited", "event", None if delay is None else delay / 1000)
             elif isinstance(event, StreamFailed):
                 self._fail(StreamRejected(event.error.envelope, event.error.event_id))
             elif isinstance(event, ServerError):
                 if event.error.fatal:
-                    self._last_fatal = event.error
+                    facts.last_fatal = event.error
                 elif event.error.event_id is None and event.error.code in DECIDE_REFUSALS:
                     self._accounting.refused(event.error)  # no dispatch follows the decide
                 log.info(
@@ -113,19 +193,19 @@ class CoreEventHandling:
                     server_text(event.error.envelope.message),
                 )
             elif isinstance(event, GoodbyeReceived):
-                self._goodbye = event.goodbye
+                facts.goodbye = event.goodbye
             elif isinstance(event, DecisionRepeated):
                 log.warning(
                     "the System Zero gateway repeated the decision for state version %d: ignored",
                     event.state_version,
                 )
-        self._pulse()
+        self._life.pulse()
 
-    def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
-        error = self._decision_error(event.error)
-        self._last_error = error
+    def _on_decision_failed(self, event: DecisionFailedEvent, facts: ConnectionFacts) -> None:
+        error = decision_error(event.error)
+        self._life.last_error = error
         self._accounting.failed(event.error, retryable=error.retryable)
-        self._observe(
+        self._observations.now(
             "decision_failed",
             error.http_status,
             error.envelope.code,
@@ -134,13 +214,15 @@ class CoreEventHandling:
         )
         if error.http_status == 429:
             delay = error.retry.retry_after_ms
-            self._observe("rate_limited", "decide", None if delay is None else delay / 1000)
-        if self._starts is not None:
+            self._observations.now("rate_limited", "decide", None if delay is None else delay / 1000)
+        if self.starts is not None:
             on_request = self._decision_mode == "on_request"
-            self._starts.ended(self, event.error, self.session.generation, requeue=on_request)
+            self.starts.ended(
+                self._holder(), event.error, self._stream.session.generation, requeue=on_request
+            )
         if event.error.fatal:
-            self._last_fatal = event.error
-        self._answer(event.intents, error)
+            facts.last_fatal = event.error
+        self._delivery.answer(event.intents, error)
         if self._decision_mode != "on_change":
             return
         if error.retryable:
@@ -166,69 +248,55 @@ class CoreEventHandling:
                 server_token(error.envelope.code),
             )
             return
-        if self._queue_decisions:
-            self._queue(error)
+        if self._delivery.queues:
+            self._delivery.queue(error)
 
     def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
         """The caller returned to a state whose dispatch failed for good (counted when it arrived):
         its waiters hear the failure, and ``decisions()`` does if it has not yet."""
-        error = self._decision_error(event.error)
-        self._answer(event.intents, error)
-        if event.current and self._queue_decisions:
-            self._queue(error)
-
-    def _answer(self, intents: tuple[int, ...], outcome: DecisionResult | BaseException) -> None:
-        """Settle the ``decide()`` calls waiting for ``intents`` with a decision or an error."""
-        for intent in intents:
-            future = self._intent_futures.get(intent)
-            if future is None or future.done():
-                continue
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-    def _queue(self, outcome: DecisionResult | BaseException) -> None:
-        """Hand a decision, or the error that ends the state's wait, to ``decisions()``."""
-        self._decisions.append(outcome)
-        self._decisions_ready()
+        error = decision_error(event.error)
+        self._delivery.answer(event.intents, error)
+        if event.current and self._delivery.queues:
+            self._delivery.queue(error)
 
     # ------------------------------------------------------------------ budget and accounting
 
-    def _admit(self, message: ClientMessage) -> bool:
-        """Asked by the session before writing a message that can start a dispatch."""
-        starts = self._starts
+    def admit(self, message: ClientMessage) -> bool:
+        """Asked by the session before writing a message that can start a dispatch.
+
+        :param message: the message about to be written.
+        """
+        starts = self.starts
+        session = self._stream.session
         if starts is not None and not starts.may_start(
-            self, message, self.session.generation, self._ask_again
+            self._holder(), message, session.generation, self.ask_again
         ):
-            if self._decided_this_connection and self.capacity.waiting and self._ws is not None:
-                self._release_for = self._ws  # had its turn: its slot goes to a stream waiting for one
-            return False  # its turn under the account's decision ceiling comes: _ask_again
-        refused = self._accounting.admit(message, self.session.desired_body_bytes())
+            facts = self.facts
+            if facts.decided and self._capacity.waiting and facts.open:
+                facts.release = True  # had its turn: its slot goes to a stream waiting for one
+            return False  # its turn under the account's decision ceiling comes: ask_again
+        refused = self._accounting.admit(message, session.desired_body_bytes())
         if refused is not None:
             self._budget_exceeded(refused)
             return False
         return True
 
-    def _ask_again(self) -> None:
+    def ask_again(self) -> None:
         """Let the session ask for its decision start again: its turn came (it starts on its newest
         state), or a new connection asks anew."""
-        if self._refused is None and self._session is not None:
-            self._session.dispatch_held = False
+        if self.refused is None:
+            self._stream.session.dispatch_held = False
             self._kick()
 
     def _budget_exceeded(self, exc: BudgetExceeded) -> None:
-        first = self._refused is None
-        self._refused = exc
+        first = self.refused is None
+        self.refused = exc
         if first:
             log.warning("%s", exc)
-            self._observe("budget_exceeded", exc)
+            self._observations.now("budget_exceeded", exc)
         if self._decision_mode == "on_request":
             # nothing was sent: whoever waits for this decision hears why at once
-            for intent, future in list(self._intent_futures.items()):
-                if not future.done():
-                    future.set_exception(exc)
-                    self.session.cancel_intent(intent)
+            self._delivery.refuse_all(exc)
             return
         if first:
             log.info(
@@ -240,19 +308,19 @@ class CoreEventHandling:
     def _settle_exceeded(self) -> None:
         """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
         if (
-            self._refused is not None
+            self.refused is not None
             and self._decision_mode == "on_change"
             and self._accounting.outstanding() == 0
         ):
-            self._fail(self._refused)
+            self._fail(self.refused)
 
-    def _on_ack(self, event: Acknowledged) -> None:
+    def _on_ack(self, event: Acknowledged, facts: ConnectionFacts) -> None:
         ack = event.ack
-        self._state_version = ack.state_version
+        self.state_version = ack.state_version
         self._accounting.acknowledged(ack)
         if event.message_type == "start":
-            self._started_this_connection = True
-            self._ready = True
+            facts.started = True
+            self._life.ready = True
         log.info(
             "state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s",
             ack.state_version,
@@ -262,16 +330,16 @@ class CoreEventHandling:
             ack.synthesized_body_bytes,
             ", decision scheduled" if ack.scheduled else "",
         )
-        self._observe_later("acknowledged", ack, event.message_type, event.replayed)
+        self._observations.later("acknowledged", ack, event.message_type, event.replayed)
 
-    def _on_decision(self, result: DecisionResult) -> None:
+    def _on_decision(self, result: DecisionResult, facts: ConnectionFacts) -> None:
         version = result.state_version
-        self._decided_this_connection = True
-        self._last_error = None  # overcome: a later timeout does not blame a failure of before
-        if self._starts is not None:
-            self._starts.ended(self, None, self.session.generation, requeue=False)
+        facts.decided = True
+        self._life.last_error = None  # overcome: a later timeout does not blame a failure of before
+        if self.starts is not None:
+            self.starts.ended(self._holder(), None, self._stream.session.generation, requeue=False)
         billed = self._accounting.decided(result)
-        self._observe_later("decided", result, billed=billed)
+        self._observations.later("decided", result, billed=billed)
         if not log.isEnabledFor(logging.INFO):
             return  # the line below is built only for a log that shows it
         answers = "; ".join(
@@ -295,31 +363,26 @@ class CoreEventHandling:
             _fmt(result.decide_ms, 0),
         )
 
-    def _connection_ended(self) -> None:
+    def connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
-        if self._starts is not None:
-            self._starts.withdraw(self)  # a start is granted to a connected stream only
-            self._ask_again()
+        if self.starts is not None:
+            self.starts.withdraw(self._holder())  # a start is granted to a connected stream only
+            self.ask_again()
         if self._accounting.connection_ended():
-            self._said_unconfirmed("the connection ended")
+            _said_unconfirmed("the connection ended")
 
-    @staticmethod
-    def _said_unconfirmed(why: str) -> None:
-        log.info(
-            "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
-            why,
-        )
+    def withdraw_start(self) -> None:
+        """The stream closes: it wants no decision start any more."""
+        if self.starts is not None:
+            self.starts.withdraw(self._holder())
 
     def settle_usage(self) -> None:
-        """Count a dispatch the gateway may still make for this connection as one unconfirmed
-        decision now, as the connection's end would count it: for a caller that reports what the
-        stream spent before it closes the stream (a trigger's event goes out before its cleanup).
-        Once the connection ends, nothing is counted twice, and a decision that still arrives
-        takes the unconfirmed one's place."""
+        """``DecisionStream.settle_usage()`` (documented there)."""
         if self._accounting.settle():
-            self._said_unconfirmed("the stream's usage was reported")
+            _said_unconfirmed("the stream's usage was reported")
 
-    def _log_hello(self, hello: Hello) -> None:
+    @staticmethod
+    def _log_hello(hello: Hello) -> None:
         lim = hello.limits
         log.info(
             "System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
@@ -338,33 +401,12 @@ class CoreEventHandling:
             lim.max_streams_per_process,
         )
 
-    def _observe(self, method: str, *args: Any, **kwargs: Any) -> None:
-        """Tell the observer now (after what it was told to hear later, in order)."""
-        if self._observations:
-            self._observe_pending()
-        self._observe_now(method, args, kwargs)
 
-    def _observe_later(self, method: str, *args: Any, **kwargs: Any) -> None:
-        """Tell the observer once whatever this frame woke has run: an ack or a decision is counted
-        (metrics, spans) after the task waiting for the decision got it, not before — the caller's
-        event does not wait for the metrics. The order of what the observer hears is kept."""
-        pending = self._observations
-        pending.append((method, args, kwargs))
-        if len(pending) == 1:
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._observe_pending)  # behind the tasks woken this turn
-
-    def _observe_pending(self) -> None:
-        pending = self._observations
-        while pending:
-            method, args, kwargs = pending.popleft()
-            self._observe_now(method, args, kwargs)
-
-    def _observe_now(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        try:
-            getattr(self.observer, method)(*args, **kwargs)
-        except Exception as exc:  # an observer never breaks the stream
-            log.debug("stream observer %s failed: %s", method, exc)
+def _said_unconfirmed(why: str) -> None:
+    log.info(
+        "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
+        why,
+    )
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

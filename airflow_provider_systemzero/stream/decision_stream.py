@@ -2,19 +2,22 @@
 
 :class:`DecisionStream` owns one :class:`~airflow_provider_systemzero.protocol.client.ClientSession`
 (the desired state, pacing, replay, decide intents — every protocol rule lives there); this module
-is its public API: construction, the read-only view, entering and closing, and changes. The rest
-of the stream lives by job in:
+is its public API: construction, the read-only view, entering and closing, changes and decisions.
+The stream owns its parts, each a class with its own state, documented where it is declared:
 
-* :mod:`~airflow_provider_systemzero.stream.delivery` — the decisions: ``decide()``,
-  ``decisions()``, and the reader-to-consumer hand-over underneath (``take_decision()``,
-  ``wake_on_decision()``);
-* :mod:`~airflow_provider_systemzero.stream.run_loop` — the task that connects and reconnects as the
-  core plans, and the wake-ups it shares with the waiters;
-* :mod:`~airflow_provider_systemzero.stream.serving` — one connection: opening it, each message
-  to the session as its socket parses it, the writer's turns, the watchdogs and how it ended
-  (over :mod:`~airflow_provider_systemzero.stream.gateway_socket`);
-* :mod:`~airflow_provider_systemzero.stream.core_events` — what the core's events do: acks,
-  decisions, failures, the budget's gate, the log lines and the observer.
+| part | module | what it holds |
+|---|---|---|
+| ``_life`` | :class:`~airflow_provider_systemzero.stream.life.StreamLife` | entered, ready, closing, closed, failed; the pulse every waiter waits on |
+| ``_delivery`` | :class:`~airflow_provider_systemzero.stream.delivery.DecisionDelivery` | the ``decide()`` futures, the ``decisions()`` queue and its waiter |
+| ``_accounting`` | :class:`~airflow_provider_systemzero.stream.accounting.DispatchAccounting` | what the gateway may still dispatch, against the budget |
+| ``_events`` | :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents` | what the core's events do; the acknowledged version; the budget's refusal; the connection's facts |
+| ``_connection`` | :class:`~airflow_provider_systemzero.stream.serving.ConnectionServer` | the open socket, the writer's timers, why the connection ends |
+| ``_loop`` | :class:`~airflow_provider_systemzero.stream.run_loop.RunLoop` | the task that connects and reconnects, the reconnects made, dormancy |
+| ``_observations`` | :class:`~airflow_provider_systemzero.stream.observer.ObserverRelay` | what the observer hears, in order |
+
+The parts reach the stream only through its public view (``settings``, ``session``,
+``last_error_text``) and each other through the methods named in their constructors; the signals
+they wake each other with are the table of :mod:`~airflow_provider_systemzero.stream.life`.
 
 No Airflow imports here: the benchmarks and the emulator tests use this module directly.
 """
@@ -24,14 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from airflow_provider_systemzero.decisions.budget import (
-    BudgetExceeded,
     DecisionBudget,
     Usage,
     connection_window,
@@ -40,38 +41,34 @@ from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.client_events import ClientEvent
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
-from airflow_provider_systemzero.protocol.messages import Attachment, Error, Goodbye, StreamRequest
+from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
-from airflow_provider_systemzero.stream.core_events import CoreEventHandling
+from airflow_provider_systemzero.stream.core_events import CoreEvents
 from airflow_provider_systemzero.stream.delivery import DecisionDelivery
-from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
 from airflow_provider_systemzero.stream.exceptions import (
+    DeadlineExceeded,
     StreamClosed,
     SystemZeroValidationError,
 )
-from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
-from airflow_provider_systemzero.stream.observer import StreamObserver
+from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.observer import ObserverRelay, StreamObserver
 from airflow_provider_systemzero.stream.request import build_request
-from airflow_provider_systemzero.stream.run_loop import Reconnect, StreamRunLoop
-from airflow_provider_systemzero.stream.serving import ConnectionServing
+from airflow_provider_systemzero.stream.run_loop import Reconnect, RunLoop
+from airflow_provider_systemzero.stream.serving import ConnectionServer
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
-from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
+from airflow_provider_systemzero.stream.tls import load_tls
 
 __all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 
 log = logging.getLogger(__name__)
 
-
-#: Undelivered on_change decisions kept for :meth:`DecisionStream.decisions` (the oldest are dropped).
-_MAX_QUEUED_DECISIONS = 10_000
-
 _Source: TypeAlias = StreamSettings | Callable[[], Awaitable[StreamSettings]]
 
 
-class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEventHandling):
+class DecisionStream:
     """One logical System Zero stream that survives reconnects.
 
     Use it as an async context manager; entering waits until the gateway acknowledged ``start``
@@ -132,10 +129,15 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         observer: StreamObserver | None = None,
         starts: DecisionStarts | None = None,
     ) -> None:
+        #: The account's decision starts (given, or looked up on entering).
         self._starts = starts
+        #: The settings, or the resolver that gives them on entering.
         self._source = settings
+        #: The resolved settings (``None`` until a resolver gave them).
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
+        # What the session is built from once the settings are known (the parameters):
         self._request_arg = request
+        #: the initial state and attachments (the desired ones until there is a session)
         self._initial = (state, tuple(attachments))
         self._decision_mode = decision_mode
         self._min_interval_ms = min_interval_ms
@@ -143,64 +145,75 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         self._key_namespace = key_namespace
         self._identity = identity
         self._open_deadline = open_deadline
-        self._decide_retries = decide_retries
-        self._reached = reached
+        #: The reconnect backoff (also the delays between ``decide()`` retries).
         self.backoff = backoff or Backoff()
+        #: The stream cap this stream holds a slot of while connected.
         self.capacity = capacity or default_capacity()
-        self.reconnects: list[Reconnect] = []
-        self._session: ClientSession | None = None
-        self._entered = False
-        self._closed = False
-        self._closing = False
-        self._failure: BaseException | None = None
-        self._last_error: BaseException | None = None
-        self._network: NetworkFailures | None = None
-        self._runner: asyncio.Task[None] | None = None
-        self._ws: GatewaySocket | None = None  # the open connection
-        self._wake: asyncio.Event | None = None
-        self._pulse_event: asyncio.Event | None = None
-        self._ready = False
-        self._started_this_connection = False
-        self._decided_this_connection = False
-        self._goodbye: Goodbye | None = None
-        self._last_fatal: Error | None = None
-        #: the one connection a :meth:`release` was asked for (never carried to the next one)
-        self._release_for: GatewaySocket | None = None
-        self._dormant = False
-        #: callers of :meth:`wait_in_sync` now: a connection is work while one waits
-        self._sync_waiters = 0
-        self._state_version = 0
-        self._intent_futures: dict[int, asyncio.Future[DecisionResult]] = {}
-        self._decisions: deque[DecisionResult | BaseException] = deque(maxlen=_MAX_QUEUED_DECISIONS)
-        self._queue_decisions = decision_mode == "on_change"
-        self._tls: TLSContexts | None = None  # the connection's TLS files, loaded on entering
         if budget is None:
             budget = DecisionBudget()
         self.budget = budget
+        #: Hears what the stream does (bound to the stream until it closes).
         self.observer = observer or StreamObserver()
-        #: What this stream's dispatches cost the budget (see :class:`DispatchAccounting`).
+        #: The sans-I/O session (built with the settings: at once, or on entering).
+        self._session: ClientSession | None = None
+        # The parts (see the module's table), each with its own state. They hold the stream weakly
+        # (its running loop's task holds it while it runs), so that a closed stream leaves no
+        # reference cycle and is freed by reference counting, not by the collector's next pass.
+        me = weakref.proxy(self)
+
+        def kick() -> None:
+            me._kick()
+
+        def fail(exc: BaseException) -> None:
+            me._fail(exc)
+
+        def wake_all() -> None:
+            me._wake_all()
+
+        #: entered, ready, closing, closed, failed; the pulse
+        self._life = StreamLife()
+        #: what the observer hears, in order
+        self._observations = ObserverRelay(self.observer)
+        #: what the dispatches cost the budget
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
-        self._refused: BudgetExceeded | None = None  # what the budget refused, holding this stream
-        #: what the observer hears once the tasks a frame woke have run (see ``_observe_later``)
-        self._observations: deque[tuple[str, tuple[Any, ...], dict[str, Any]]] = deque()
-        #: why the current connection ends (see ConnectionServing): a message that broke the
-        #: protocol, the subprotocol refused, the receipt deadline passed, a replay on a new
-        #: connection, this side began the close
-        self._frame_error: BaseException | None = None
-        self._violation: BaseException | None = None
-        self._silent = self._recycle = self._closed_by_us = False
-        self._opened_at = 0.0  # monotonic time the current connection opened
-        self._scrub_secret: str | None = None  # the key, as removed from every frame of the connection
-        self._flush_handle: asyncio.Handle | None = None  # a writer's turn asked for (see _flush_soon)
-        self._pong_flush: asyncio.TimerHandle | None = None
-        self._alarm: asyncio.TimerHandle | None = None  # the writer's timer (see _set_alarm)
-        #: the decision wait last said in the log: (since, next report, gap); see _report_decision_wait
-        self._decision_wait_report: tuple[float | None, float, float] = (None, 0.0, 0.0)
-        self._pulse_waiting = 0  # tasks waiting for a pulse
-        #: resolved by the reader the moment there is something to take: a queued decision, a
-        #: failure, the end (see :meth:`wake_on_decision`)
-        self._decision_waiter: asyncio.Future[Any] | None = None
-        self._last_pong_flush = -math.inf
+        #: the decide() futures, the decisions() queue and its waiter
+        self._delivery = DecisionDelivery(
+            me,
+            self._life,
+            kick,
+            decision_mode=decision_mode,
+            decide_retries=decide_retries,
+            backoff=self.backoff,
+        )
+        #: what the core's events do; the acknowledged version; the connection's facts
+        self._events = CoreEvents(
+            me,
+            weakref.ref(self),
+            self._life,
+            self._delivery,
+            self._accounting,
+            self._observations,
+            self.capacity,
+            fail=fail,
+            kick=kick,
+            decision_mode=decision_mode,
+        )
+        #: the open socket, the writer and its timers, why a connection ends
+        self._connection = ConnectionServer(
+            me, self._life, self._events, self._accounting, self._observations
+        )
+        #: the task that connects and reconnects; the reconnects made; dormancy
+        self._loop = RunLoop(
+            me,
+            self._life,
+            self._connection,
+            self._observations,
+            self.capacity,
+            self.backoff,
+            fail=fail,
+            wake_all=wake_all,
+            reached=reached,
+        )
         if self._settings is not None:
             self._session = self._build_session(self._settings)
         with contextlib.suppress(Exception):
@@ -249,7 +262,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     @property
     def state_version(self) -> int:
         """The latest version the gateway acknowledged (numbering restarts on every connection)."""
-        return self._state_version
+        return self._events.state_version
 
     @property
     def last_decision(self) -> DecisionResult | None:
@@ -264,13 +277,13 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     @property
     def connected(self) -> bool:
         """Whether a WebSocket connection is open now."""
-        return self._ws is not None
+        return self._connection.socket is not None
 
     @property
     def dormant(self) -> bool:
         """Whether the stream is disconnected on purpose, waiting for work (after :meth:`release`
         or an ``idle_timeout`` / ``max_duration`` goodbye)."""
-        return self._dormant
+        return self._loop.dormant
 
     @property
     def in_sync(self) -> bool:
@@ -288,14 +301,21 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     @property
     def failure(self) -> BaseException | None:
         """The error that ended the stream, if any."""
-        return self._failure
+        return self._life.failure
 
     @property
     def last_error_text(self) -> str | None:
         """The last retryable failure, with its cause and fix (``None`` if there was none)."""
-        if self._network is None:
-            return None if self._last_error is None else str(self._last_error)
-        return self._network.describe(self._last_error)
+        last_error = self._life.last_error
+        network = self._loop.network
+        if network is None:
+            return None if last_error is None else str(last_error)
+        return network.describe(last_error)
+
+    @property
+    def reconnects(self) -> list[Reconnect]:
+        """Every reconnect so far, in order."""
+        return self._loop.reconnects
 
     @property
     def decision_mode(self) -> str:
@@ -310,7 +330,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
     def __repr__(self) -> str:
         origin = self._settings.origin if self._settings else "?"
         return (
-            f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self._state_version} "
+            f"<DecisionStream origin={origin!r} mode={self._decision_mode} version={self.state_version} "
             f"connected={self.connected} reconnects={len(self.reconnects)}>"
         )
 
@@ -333,15 +353,13 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
             )
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
-        session.dispatch_admission = self._admit
+        session.dispatch_admission = self._events.admit
         return session
 
     async def __aenter__(self) -> DecisionStream:
-        if self._entered:
+        if self._life.entered:
             raise RuntimeError("a DecisionStream can be entered once; create a new one")
-        self._entered = True
-        self._wake = asyncio.Event()
-        self._pulse_event = asyncio.Event()
+        self._life.start()
         try:
             if self._settings is None:
                 resolver = self._source
@@ -356,6 +374,9 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
                 self._session = self._build_session(self._settings)
             settings = self._settings
             self._starts = self._starts or decision_starts(settings.url, settings.api_key)
+            self._events.starts = self._starts
+            self._events.origin = settings.url
+            self._delivery.shares_starts = True
             self.budget.attach_window(
                 connection_window(
                     settings.conn_id or settings.url,
@@ -363,10 +384,11 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
                     settings.budget_input_tokens_per_hour,
                 )
             )
-            self._tls = await asyncio.to_thread(load_tls, settings)  # refused here, before any connect
-            self._runner = asyncio.create_task(self._run(), name=f"systemzero-stream-{id(self):x}")
+            # refused here, before any connect
+            self._connection.tls = await asyncio.to_thread(load_tls, settings)
+            self._loop.start(self, f"systemzero-stream-{id(self):x}")
             await self._wait_until(
-                lambda: self._ready,
+                lambda: self._life.ready,
                 self._open_deadline,
                 lambda: (
                     f"the stream to {self._settings.url if self._settings else '?'} did not "
@@ -402,10 +424,11 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         For a caller that has decided to close but has its own work to finish first: the close
         handshake runs meanwhile instead of after.
         """
-        if self._closing or self._closed or not self._entered:
+        life = self._life
+        if life.closing or life.closed or not life.entered:
             return
-        self._closing = True
-        self._turn_now()  # the close frame goes out now
+        life.closing = True
+        self._connection.turn_now()  # the close frame goes out now
 
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
@@ -413,16 +436,17 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         Use it to lease a connection: the session (desired state, pending decide) is kept and
         replayed on the next connection, which opens as soon as :meth:`has_work` is true.
         """
-        self._check_usable()
-        ws = self._ws
+        self._life.check_usable()
+        connection = self._connection
+        ws = connection.socket
         if ws is None:
             return
-        # The release is about this connection only: when it ends for another reason first (a drop,
-        # a goodbye) or before its start was acknowledged, the next connection must not inherit it.
-        self._release_for = ws
+        # The release is about this connection only (its facts): when it ends for another reason
+        # first (a drop, a goodbye) or before its start was acknowledged, the next one starts afresh.
+        connection.facts.release = True
         self._kick()
         await self._wait_until(
-            lambda: self._ws is not ws, self._close_timeout() + 1, lambda: "release timed out"
+            lambda: connection.socket is not ws, connection.close_timeout() + 1, lambda: "release timed out"
         )
 
     def _unlink(self) -> None:
@@ -431,7 +455,7 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         leaving a cycle for the collector's next full pass (which visits every waiting trigger)."""
         if self._session is not None:
             self._session.dispatch_admission = None
-        self._observe_pending()  # what it was to hear later, it hears before it lets go
+        self._observations.flush()  # what it was to hear later, it hears before it lets go
         self.observer.unbind()
 
     def has_work(self) -> bool:
@@ -440,23 +464,15 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
 
     # ------------------------------------------------------------------ changes
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._closed:
-            raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
-        if not self._entered:
-            raise RuntimeError("use the stream inside 'async with' first")
-
     async def _apply(self, change: Callable[[], list[ClientEvent]]) -> None:
-        self._check_usable()
+        self._life.check_usable()
         try:
             events = change()
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
-            self._dispatch(events)
-        self._turn_now()  # from the caller's task: one loop turn less between a change and the wire
+            self._events.dispatch(events)
+        self._connection.turn_now()  # from the caller's task: one loop turn less between a change and the wire
         await asyncio.sleep(0)
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
@@ -526,10 +542,11 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
         :param timeout: seconds (``None``: no limit).
         :raises DeadlineExceeded: not in sync in time.
         """
-        self._check_usable()
+        self._life.check_usable()
         # a stream left disconnected with nothing to do (everything acknowledged and decided, or
         # given back) reconnects for this caller: being in sync needs an open connection
-        self._sync_waiters += 1
+        loop = self._loop
+        loop.sync_waiters += 1
         self._kick()
         try:
             await self._wait_until(
@@ -538,4 +555,123 @@ class DecisionStream(DecisionDelivery, StreamRunLoop, ConnectionServing, CoreEve
                 lambda: f"the gateway did not acknowledge the desired state within {timeout} s",
             )
         finally:
-            self._sync_waiters -= 1
+            loop.sync_waiters -= 1
+
+    # ------------------------------------------------------------------ decisions
+
+    async def decide(self, *, timeout: float | None = None) -> DecisionResult:  # noqa: ASYNC109 - see DeadlineExceeded
+        """A decision covering the desired state as it is now.
+
+        on_request: sends ``decide`` for the version that holds every change made so far and
+        waits for its decision; a retryable failure (429, 503 other than maintenance, 409
+        ``idempotency_conflict``) is retried after the server's delay, up to ``decide_retries``
+        times (409 ``idempotency_conflict`` — the same state's call still running after a
+        reconnect — is waited out without spending that budget). on_change: returns the decision
+        covering the current state, waiting for it if needed. A connection
+        lost meanwhile is replayed and the decide re-sent; the caller sees one decision.
+
+        :param timeout: seconds (``None``: no limit).
+        :raises DecisionFailed: a non-retryable failure, or retries exhausted.
+        :raises DeadlineExceeded: no decision in time.
+        """
+        return await self._delivery.decide(timeout)
+
+    def decisions(self) -> AsyncIterator[DecisionResult]:
+        """Decisions as they arrive (on_change), in order; ends when the stream closes.
+
+        One consumer at a time. A non-retryable on_change decision failure is raised here.
+
+        :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
+        """
+        return self._delivery.decisions()
+
+    def take_decision(self) -> DecisionResult | None:
+        """The oldest on_change decision not taken yet, or ``None`` when there is none now.
+
+        Together with :meth:`wake_on_decision` it is :meth:`decisions` without a task or an
+        iterator in between: the consumer takes what is there, and waits on its own future.
+
+        :raises DecisionFailed: a dispatch failed and the gateway will not retry it (in order).
+        :raises StreamClosed: the stream closed (or the error that ended it).
+        """
+        return self._delivery.take_decision()
+
+    def wake_on_decision(self, waiter: asyncio.Future[Any]) -> None:
+        """Resolve ``waiter`` (with ``None``) the moment :meth:`take_decision` has something new:
+        a decision, a failure, the end. The stream's reader resolves it itself, so the consumer
+        awaiting it is the next task to run — no queue, task or event in between.
+
+        One waiter at a time (a new one replaces the previous); a waiter already done (it timed
+        out, was cancelled, or something else resolved it) is left alone.
+
+        :param waiter: a future of the running loop.
+        """
+        self._delivery.wake_on_decision(waiter)
+
+    def settle_usage(self) -> None:
+        """Count a dispatch the gateway may still make for this connection as one unconfirmed
+        decision now, as the connection's end would count it: for a caller that reports what the
+        stream spent before it closes the stream (a trigger's event goes out before its cleanup).
+        Once the connection ends, nothing is counted twice, and a decision that still arrives
+        takes the unconfirmed one's place."""
+        self._events.settle_usage()
+
+    # ------------------------------------------------------------------ the parts, together
+
+    def _kick(self) -> None:
+        """Something to send or to look at: the stream pulses, and an open connection gets a
+        writer's turn soon."""
+        self._connection.kick()
+
+    def _wake_all(self) -> None:
+        """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
+        self._life.pulse()
+        self._delivery.ready()
+
+    def _fail(self, exc: BaseException) -> None:
+        """End the stream with ``exc`` (the first error stays): every waiter raises it."""
+        life = self._life
+        if life.failure is None:
+            life.failure = exc
+            # every waiter raises it, so the caller reports it: said once, by the caller
+            log.debug("System Zero stream failed: %s", exc)
+        self._delivery.fail_all(exc)
+        self._kick()
+        self._wake_all()
+
+    async def _shutdown(self, grace: float | None = None) -> None:
+        """Close: the close handshake may take the gateway's close handshake timeout (or
+        ``grace`` seconds, when less: the caller's deadline), then the connection is aborted."""
+        life = self._life
+        if life.closed:
+            return
+        life.closing = True
+        life.closed = True
+        self._events.withdraw_start()
+        try:
+            await self._loop.stop(grace)
+        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
+            self._delivery.fail_all(
+                StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
+            )
+            self._wake_all()
+            self._unlink()
+
+    async def _wait_until(
+        self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
+    ) -> None:
+        """Wait on the pulse until ``condition()`` holds; the stream's failure or end is raised, and
+        :class:`DeadlineExceeded` (with the last failure's cause and fix) after ``seconds``."""
+        life = self._life
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while not condition():
+            if life.failure is not None:
+                raise life.failure
+            if life.closed and self._loop.finished:
+                raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded(describe(), last_error=life.last_error, detail=self.last_error_text)
+            with contextlib.suppress(TimeoutError):
+                await life.wait_pulse(remaining)

@@ -6,68 +6,138 @@
 * ``take_decision()`` / ``wake_on_decision()`` — that hand-over: the stream's reader queues a
   decision and resolves the one consumer's future itself, so the consumer is the next task to run.
 
-:class:`DecisionDelivery` is one part of :class:`~airflow_provider_systemzero.stream.DecisionStream`;
-it is not used on its own.
+:class:`DecisionDelivery` is the part of a stream that keeps what its callers wait for: the
+``decide()`` futures by intent, the queue of ``decisions()`` and its one waiter. The core's events
+(:mod:`~airflow_provider_systemzero.stream.core_events`) settle them through :meth:`~DecisionDelivery.answer`
+and :meth:`~DecisionDelivery.queue`; the stream's end through :meth:`~DecisionDelivery.fail_all`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
+from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol.messages import Error
+from airflow_provider_systemzero.protocol.reconnect import Backoff, DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, DecisionFailed, StreamClosed
+from airflow_provider_systemzero.stream.life import StreamLife
 from airflow_provider_systemzero.stream.untrusted import server_token
 
-__all__ = ["DecisionDelivery"]
+__all__ = ["DecisionDelivery", "decision_error"]
 
 log = logging.getLogger(__name__)
 
 #: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
 _MAX_CONFLICT_RETRIES = 600
+#: Undelivered on_change decisions kept for ``decisions()`` (the oldest are dropped).
+MAX_QUEUED_DECISIONS = 10_000
+
+
+def decision_error(error: Error) -> DecisionFailed:
+    """The :class:`~airflow_provider_systemzero.stream.exceptions.DecisionFailed` a caller hears for a
+    failed dispatch, retryable as the core classifies it.
+
+    :param error: the gateway's error for the dispatch.
+    """
+    retryable = (
+        error.http_status is not None
+        and classify_decide_failure(error.http_status, error.envelope, error.retry) is not DecideRetry.NONE
+    )
+    return DecisionFailed(
+        error.http_status,
+        error.envelope,
+        error.retry,
+        retryable,
+        state_version=error.state_version,
+        request_id=error.request_id,
+    )
+
+
+class DecidingStream(Protocol):
+    """What delivery reads of its stream: its public view."""
+
+    @property
+    def session(self) -> ClientSession: ...
+
+    @property
+    def last_error_text(self) -> str | None: ...
 
 
 class DecisionDelivery:
-    """The decisions of a :class:`~airflow_provider_systemzero.stream.DecisionStream`."""
+    """What the callers of a :class:`~airflow_provider_systemzero.stream.DecisionStream` wait for.
 
-    async def decide(self, *, timeout: float | None = None) -> DecisionResult:  # noqa: ASYNC109 - see DeadlineExceeded
-        """A decision covering the desired state as it is now.
+    :param stream: the stream (its session, and what its last failure was).
+    :param life: the stream's life.
+    :param kick: asks for a writer's turn (a ``decide`` to send).
+    :param decision_mode: the stream's decision mode.
+    :param decide_retries: retries of a retryable on_request decision failure.
+    :param backoff: the delays between those retries.
+    """
 
-        on_request: sends ``decide`` for the version that holds every change made so far and
-        waits for its decision; a retryable failure (429, 503 other than maintenance, 409
-        ``idempotency_conflict``) is retried after the server's delay, up to ``decide_retries``
-        times (409 ``idempotency_conflict`` — the same state's call still running after a
-        reconnect — is waited out without spending that budget). on_change: returns the decision
-        covering the current state, waiting for it if needed. A connection
-        lost meanwhile is replayed and the decide re-sent; the caller sees one decision.
+    def __init__(
+        self,
+        stream: DecidingStream,
+        life: StreamLife,
+        kick: Callable[[], None],
+        *,
+        decision_mode: str,
+        decide_retries: int,
+        backoff: Backoff,
+    ) -> None:
+        self._stream = stream
+        self._life = life
+        self._kick = kick
+        self._decision_mode = decision_mode
+        self._decide_retries = decide_retries
+        self._backoff = backoff
+        #: The account's shared decision starts (set by the stream on entering): with them a 429
+        #: is waited out by the process's start queue, not by a retry here.
+        self.shares_starts = False
+        #: The ``decide()`` calls waiting, by intent (added and removed by :meth:`decide`; settled
+        #: by :meth:`answer`, :meth:`refuse_all` and :meth:`fail_all`).
+        self.intents: dict[int, asyncio.Future[DecisionResult]] = {}
+        #: Decisions (and the errors that end a state's wait) not taken yet by ``decisions()``
+        #: (added by :meth:`queue`, taken by :meth:`take_decision`).
+        self._queued: deque[DecisionResult | BaseException] = deque(maxlen=MAX_QUEUED_DECISIONS)
+        #: Whether decisions are queued for ``decisions()``: always on_change, and from the first
+        #: ``decisions()`` call on_request.
+        self.queues = decision_mode == "on_change"
+        #: The one consumer's future, resolved the moment there is something to take (set by
+        #: :meth:`wake_on_decision`, resolved and cleared by :meth:`ready`).
+        self.waiter: asyncio.Future[Any] | None = None
+
+    async def decide(self, timeout: float | None) -> DecisionResult:  # noqa: ASYNC109 - see DeadlineExceeded
+        """``DecisionStream.decide()`` (documented there).
 
         :param timeout: seconds (``None``: no limit).
-        :raises DecisionFailed: a non-retryable failure, or retries exhausted.
-        :raises DeadlineExceeded: no decision in time.
         """
-        self._check_usable()
-        session = self.session
+        life = self._life
+        life.check_usable()
+        session = self._stream.session
         if self._decision_mode == "on_change":
             if session.current_decision is not None:
                 return session.current_decision  # already decided: on_change dispatches nothing new for it
             if session.current_failure is not None:
                 # the gateway will not dispatch this state again: its final failure is the answer
-                raise self._decision_error(session.current_failure)
+                raise decision_error(session.current_failure)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         failures = conflicts = 0
         while True:
             intent = session.request_decision()
             future: asyncio.Future[DecisionResult] = loop.create_future()
-            self._intent_futures[intent] = future
+            self.intents[intent] = future
             self._kick()
             try:
                 async with asyncio.timeout_at(deadline):
                     return await future
             except DecisionFailed as exc:
-                if exc.http_status == 429 and self._starts is not None:
+                if exc.http_status == 429 and self.shares_starts:
                     continue  # asked again: the process's start queue waits out the Retry-After, once
                 conflict = exc.http_status == 409 and exc.envelope.code == "idempotency_conflict"
                 if conflict:
@@ -79,7 +149,7 @@ class DecisionDelivery:
                 if not exc.retryable or failures > self._decide_retries or conflicts > _MAX_CONFLICT_RETRIES:
                     raise
                 server = exc.retry.retry_after_ms / 1000 if exc.retry.retry_after_ms is not None else None
-                delay = self.backoff.delay(0 if conflict else failures - 1, server)
+                delay = self._backoff.delay(0 if conflict else failures - 1, server)
                 if deadline is not None and loop.time() + delay >= deadline:
                     raise DeadlineExceeded(
                         f"no decision within {round(timeout, 1):g} s (the server asked to wait "
@@ -92,35 +162,30 @@ class DecisionDelivery:
                     server_token(exc.envelope.code),
                     delay,
                 )
-                await self._sleep(delay)
-                self._check_usable()
+                await life.sleep(delay)
+                life.check_usable()
             except TimeoutError:
-                if self._failure is not None:
-                    raise self._failure from None
+                if life.failure is not None:
+                    raise life.failure from None
                 raise DeadlineExceeded(
                     f"no decision within {round(timeout, 1):g} s",
-                    last_error=self._last_error,
-                    detail=self.last_error_text,
+                    last_error=life.last_error,
+                    detail=self._stream.last_error_text,
                 ) from None
             finally:
-                self._intent_futures.pop(intent, None)
+                self.intents.pop(intent, None)
                 session.cancel_intent(intent)
 
     async def decisions(self) -> AsyncIterator[DecisionResult]:
-        """Decisions as they arrive (on_change), in order; ends when the stream closes.
-
-        One consumer at a time. A non-retryable on_change decision failure is raised here.
-
-        :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
-        """
-        self._check_usable()
-        self._queue_decisions = True
+        """``DecisionStream.decisions()`` (documented there)."""
+        self._life.check_usable()
+        self.queues = True
         loop = asyncio.get_running_loop()
         while True:
             try:
                 decision = self.take_decision()
             except StreamClosed:
-                if self._failure is None:
+                if self._life.failure is None:
                     return
                 raise
             if decision is not None:
@@ -132,41 +197,76 @@ class DecisionDelivery:
             await waiter
 
     def take_decision(self) -> DecisionResult | None:
-        """The oldest on_change decision not taken yet, or ``None`` when there is none now.
-
-        Together with :meth:`wake_on_decision` it is :meth:`decisions` without a task or an
-        iterator in between: the consumer takes what is there, and waits on its own future.
-
-        :raises DecisionFailed: a dispatch failed and the gateway will not retry it (in order).
-        :raises StreamClosed: the stream closed (or the error that ended it).
-        """
-        if self._decisions:
-            item = self._decisions.popleft()
+        """``DecisionStream.take_decision()`` (documented there)."""
+        if self._queued:
+            item = self._queued.popleft()
             if isinstance(item, BaseException):
                 raise item
             return item
-        if self._failure is not None:
-            raise self._failure
-        if self._closed:
+        life = self._life
+        if life.failure is not None:
+            raise life.failure
+        if life.closed:
             raise StreamClosed(None, "closed", message="the stream closed: no further decision")
         return None
 
     def wake_on_decision(self, waiter: asyncio.Future[Any]) -> None:
-        """Resolve ``waiter`` (with ``None``) the moment :meth:`take_decision` has something new:
-        a decision, a failure, the end. The stream's reader resolves it itself, so the consumer
-        awaiting it is the next task to run — no queue, task or event in between.
-
-        One waiter at a time (a new one replaces the previous); a waiter already done (it timed
-        out, was cancelled, or something else resolved it) is left alone.
+        """``DecisionStream.wake_on_decision()`` (documented there).
 
         :param waiter: a future of the running loop.
         """
-        self._decision_waiter = waiter
-        if self._decisions or self._failure is not None or self._closed:
-            self._decisions_ready()
+        self.waiter = waiter
+        if self._queued or self._life.failure is not None or self._life.closed:
+            self.ready()
 
-    def _decisions_ready(self) -> None:
+    def ready(self) -> None:
         """Wake the one consumer of decisions, if it waits."""
-        waiter, self._decision_waiter = self._decision_waiter, None
+        waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    # ------------------------------------------------------------------ settled by the stream's events
+
+    def answer(self, intents: tuple[int, ...], outcome: DecisionResult | BaseException) -> None:
+        """Settle the ``decide()`` calls waiting for ``intents`` with a decision or an error.
+
+        :param intents: the decide intents the decision or failure covers.
+        :param outcome: the decision, or the error to raise.
+        """
+        for intent in intents:
+            future = self.intents.get(intent)
+            if future is None or future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def queue(self, outcome: DecisionResult | BaseException) -> None:
+        """Hand a decision, or the error that ends the state's wait, to ``decisions()``.
+
+        :param outcome: the decision or the error.
+        """
+        self._queued.append(outcome)
+        self.ready()
+
+    def refuse_all(self, exc: BaseException) -> None:
+        """Nothing was sent for the ``decide()`` calls waiting (the budget refused): each hears
+        ``exc`` at once, and its intent is withdrawn from the session.
+
+        :param exc: the refusal.
+        """
+        session = self._stream.session
+        for intent, future in list(self.intents.items()):
+            if not future.done():
+                future.set_exception(exc)
+                session.cancel_intent(intent)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """The stream failed or closed: every ``decide()`` waiting hears ``exc``.
+
+        :param exc: the error that ended the stream.
+        """
+        for future in self.intents.values():
+            if not future.done():
+                future.set_exception(exc)

@@ -3,11 +3,14 @@ about itself: the stream's observer interface, with no Airflow.
 
 The Airflow metrics and spans observer
 (:class:`~airflow_provider_systemzero.utils.observability.AirflowStreamObserver`) implements it
-next to the Airflow classes.
+next to the Airflow classes. :class:`ObserverRelay` is how a stream tells it, in order.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,7 +18,9 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.protocol.reply import DecisionResult
     from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
-__all__ = ["GOODBYE_REASONS", "StreamObserver"]
+__all__ = ["GOODBYE_REASONS", "ObserverRelay", "StreamObserver"]
+
+log = logging.getLogger(__name__)
 
 #: Goodbye reasons of the public document; any other reason a gateway sends is ``other``.
 GOODBYE_REASONS = frozenset({"shutdown", "overload", "idle_timeout", "max_duration", "event_limit"})
@@ -65,3 +70,52 @@ class StreamObserver:
 
     def rate_limited(self, kind: str, delay: float | None) -> None:
         """A rate limit made the client wait (``kind``: ``upgrade``, ``event`` or ``decide``)."""
+
+
+class ObserverRelay:
+    """Tells a stream's :class:`StreamObserver` what happened, in order, and never lets it break
+    the stream: :meth:`now` for what it hears at once, :meth:`later` for what it hears once the
+    tasks a frame woke have run (an ack or a decision is counted after the task waiting for it got
+    it, so the caller's event does not wait for the metrics).
+
+    :param observer: the observer told.
+    """
+
+    def __init__(self, observer: StreamObserver) -> None:
+        self.observer = observer
+        #: What the observer hears once the tasks this loop turn woke have run, in order (added by
+        #: :meth:`later`, told by :meth:`flush`).
+        self._pending: deque[tuple[str, tuple[Any, ...], dict[str, Any]]] = deque()
+
+    def now(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Tell the observer now (after what it was told to hear later, in order).
+
+        :param method: the :class:`StreamObserver` method.
+        """
+        if self._pending:
+            self.flush()
+        self._tell(method, args, kwargs)
+
+    def later(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Tell the observer once whatever this frame woke has run.
+
+        :param method: the :class:`StreamObserver` method.
+        """
+        pending = self._pending
+        pending.append((method, args, kwargs))
+        if len(pending) == 1:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.flush)  # behind the tasks woken this turn
+
+    def flush(self) -> None:
+        """Tell the observer what it was to hear later, now."""
+        pending = self._pending
+        while pending:
+            method, args, kwargs = pending.popleft()
+            self._tell(method, args, kwargs)
+
+    def _tell(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            getattr(self.observer, method)(*args, **kwargs)
+        except Exception as exc:  # an observer never breaks the stream
+            log.debug("stream observer %s failed: %s", method, exc)

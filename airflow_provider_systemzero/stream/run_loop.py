@@ -9,35 +9,35 @@ connections), reconnect only once there is work, or stop and raise one of
 byte-identically. Every open connection holds a slot of the process-wide
 :class:`~airflow_provider_systemzero.stream.capacity.StreamCapacity`.
 
-Two signals connect the loop and its callers: the *kick* (``_kick``) says there is something to
-send or to look at (a writer's turn on an open connection; the loop wakes if it waits for work);
-the *pulse* (``_pulse``) tells waiters (``decide()``,
-``decisions()``, entering) that something happened. :class:`StreamRunLoop` is one part of
-:class:`~airflow_provider_systemzero.stream.DecisionStream`; it is not used on its own.
+:class:`RunLoop` is the part of a :class:`~airflow_provider_systemzero.stream.DecisionStream` that
+owns this task, the reconnects it made and what it says about failed attempts
+(:class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`). It has no wake-up signal
+of its own: it waits for work, and out its backoff, on the stream's pulse (the table of
+:mod:`~airflow_provider_systemzero.stream.life`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from airflow_provider_systemzero.protocol.reconnect import PlanKind, ReconnectPlan, ReconnectPlanner
+from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol.reconnect import Backoff, PlanKind, ReconnectPlan, ReconnectPlanner
+from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
-from airflow_provider_systemzero.stream.exceptions import (
-    DeadlineExceeded,
-    ProtocolViolation,
-    StreamClosed,
-    UpgradeRefused,
-)
-from airflow_provider_systemzero.stream.serving import Ended
+from airflow_provider_systemzero.stream.exceptions import ProtocolViolation, StreamClosed, UpgradeRefused
+from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.observer import ObserverRelay
+from airflow_provider_systemzero.stream.serving import ConnectionServer, Ended
+from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.untrusted import server_token
 
-__all__ = ["Reconnect", "StreamRunLoop"]
+__all__ = ["Reconnect", "RunLoop", "RunStream"]
 
 log = logging.getLogger(__name__)
 
@@ -71,37 +71,95 @@ class _Pending:
     failed_at: float
 
 
-class StreamRunLoop:
-    """The run loop and the signals of a :class:`~airflow_provider_systemzero.stream.DecisionStream`."""
+class RunStream(Protocol):
+    """What the run loop reads of its stream: its public view."""
+
+    @property
+    def settings(self) -> StreamSettings | None: ...
+
+    @property
+    def session(self) -> ClientSession: ...
+
+
+class RunLoop:
+    """The task that connects and reconnects a :class:`~airflow_provider_systemzero.stream.DecisionStream`.
+
+    :param stream: the stream (its settings and session).
+    :param life: the stream's life.
+    :param connection: what serves each connection.
+    :param observations: what the observer hears.
+    :param capacity: the stream cap (a slot per open connection).
+    :param backoff: the reconnect backoff.
+    :param fail: ends the stream with an error.
+    :param wake_all: wakes every waiter once the loop ended.
+    :param reached: an earlier stream of the same caller reached this gateway (see
+        :class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`).
+    """
+
+    def __init__(
+        self,
+        stream: RunStream,
+        life: StreamLife,
+        connection: ConnectionServer,
+        observations: ObserverRelay,
+        capacity: StreamCapacity,
+        backoff: Backoff,
+        *,
+        fail: Callable[[BaseException], None],
+        wake_all: Callable[[], None],
+        reached: bool,
+    ) -> None:
+        self._stream = stream
+        self._life = life
+        self._connection = connection
+        self._observations = observations
+        self._capacity = capacity
+        self._backoff = backoff
+        self._fail = fail
+        self._wake_all = wake_all
+        self._reached = reached
+        #: Every reconnect made, in order (appended by the loop).
+        self.reconnects: list[Reconnect] = []
+        #: The loop's task (set by :meth:`start`).
+        self._task: asyncio.Task[None] | None = None
+        #: What the stream says about failed attempts (made when the loop starts).
+        self.network: NetworkFailures | None = None
+        #: Disconnected on purpose, waiting for work (set while the loop waits for it).
+        self.dormant = False
+        #: Callers of ``wait_in_sync`` now: a connection is work while one waits (counted by them).
+        self.sync_waiters = 0
+
+    @property
+    def finished(self) -> bool:
+        """Whether the loop's task ran and ended."""
+        return self._task is not None and self._task.done()
+
+    def start(self, owner: object, name: str) -> None:
+        """Start the loop's task.
+
+        :param owner: the stream, held by the task while it runs (its parts hold it weakly).
+        :param name: the task's name.
+        """
+        self._task = asyncio.create_task(self._run(owner), name=name)
+
+    def _origin(self) -> str | None:
+        """The gateway this stream talks to, as the stream cap counts it."""
+        settings = self._stream.settings
+        return settings.url if settings else None
 
     # ------------------------------------------------------------------ stopping
 
-    async def _shutdown(self, grace: float | None = None) -> None:
-        """Close: the close handshake may take the gateway's close handshake timeout (or
-        ``grace`` seconds, when less: the caller's deadline), then the connection is aborted."""
-        if self._closed:
-            return
-        self._closing = True
-        self._closed = True
-        if self._starts is not None:
-            self._starts.withdraw(self)
-        try:
-            await self._stop_runner(grace)
-        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
-            closed = StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
-            for future in self._intent_futures.values():
-                if not future.done():
-                    future.set_exception(closed)
-            self._wake_all()
-            self._unlink()
+    async def stop(self, grace: float | None) -> None:
+        """End the loop's task: the close handshake in its time (at most ``grace``), then an
+        abort; a cancellation of the caller meanwhile propagates once the task has ended.
 
-    async def _stop_runner(self, grace: float | None) -> None:
-        """End the run loop's task: the close handshake in its time (at most ``grace``), then an
-        abort; a cancellation of the caller meanwhile propagates once the task has ended."""
-        runner = self._runner
+        :param grace: seconds the close handshake may take at most (``None``: its own timeout).
+        """
+        runner = self._task
         if runner is None or runner.done():
             return
-        socket = self._ws
+        connection = self._connection
+        socket = connection.socket
         if socket is not None and socket.paused:
             # the peer is not reading: a close frame would queue behind the held-up write
             log.warning(
@@ -110,20 +168,20 @@ class StreamRunLoop:
             socket.abort()
         elif socket is not None:
             # serving: the writer's turn closes with 1000 and the run loop releases everything
-            self._flush()
+            connection.flush()
         if socket is not None:
             try:
                 # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
                 # cancellation that arrives as the runner ends, and the caller would never see it
-                limit = self._close_timeout() + 1
+                limit = connection.close_timeout() + 1
                 await asyncio.wait((runner,), timeout=limit if grace is None else min(limit, grace))
             except asyncio.CancelledError:
                 runner.cancel()
                 raise
         if runner.done():
             return
-        if self._ws is not None:
-            self._ws.abort()  # the graceful close had its time
+        if connection.socket is not None:
+            connection.socket.abort()  # the graceful close had its time
         runner.cancel()
         try:
             await runner
@@ -134,102 +192,33 @@ class StreamRunLoop:
         except Exception:
             pass  # the runner's own failure: the stream is closing anyway
 
-    # ------------------------------------------------------------------ waiting helpers
-
-    def _kick(self) -> None:
-        """Something to send or to look at: a writer's turn soon on an open connection, and the
-        run loop wakes if it waits for work."""
-        if self._wake is not None:
-            self._wake.set()
-        self._flush_soon()
-
-    def _pulse(self) -> None:
-        """Wake whoever waits for the stream to change (entering, ``wait_in_sync``, retries …);
-        nothing is done when nobody waits."""
-        if self._pulse_waiting and self._pulse_event is not None:
-            self._pulse_event.set()
-            self._pulse_event = asyncio.Event()
-
-    def _wake_all(self) -> None:
-        """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
-        self._pulse()
-        self._decisions_ready()
-
-    async def _wait_pulse(self, seconds: float | None) -> None:
-        assert self._pulse_event is not None
-        event = self._pulse_event
-        self._pulse_waiting += 1
-        try:
-            async with asyncio.timeout(seconds):
-                await event.wait()
-        finally:
-            self._pulse_waiting -= 1
-
-    async def _wait_until(
-        self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = None if seconds is None else loop.time() + seconds
-        while not condition():
-            if self._failure is not None:
-                raise self._failure
-            if self._closed and self._runner is not None and self._runner.done():
-                raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(describe(), last_error=self._last_error, detail=self.last_error_text)
-            with contextlib.suppress(TimeoutError):
-                await self._wait_pulse(remaining)
-
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake early when the stream closes or fails."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while not self._closing and self._failure is None:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await self._wait_pulse(remaining)
-
-    # ------------------------------------------------------------------ failure
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
-            # every waiter raises it, so the caller reports it: said once, by the caller
-            log.debug("System Zero stream failed: %s", exc)
-        for future in self._intent_futures.values():
-            if not future.done():
-                future.set_exception(exc)
-        self._kick()
-        self._wake_all()
-
     # ------------------------------------------------------------------ the connection loop
 
-    async def _run(self) -> None:
-        assert self._settings is not None
-        network = self._network = NetworkFailures(
-            self._settings.url,
-            open_timeout=self._settings.open_timeout,
-            proxy=self._settings.proxy,
+    async def _run(self, owner: object) -> None:  # owner: the stream, held while the loop runs
+        settings = self._stream.settings
+        assert settings is not None
+        network = self.network = NetworkFailures(
+            settings.url,
+            open_timeout=settings.open_timeout,
+            proxy=settings.proxy,
             reached=self._reached,
         )
-        planner = ReconnectPlanner(self.backoff)
+        life = self._life
+        planner = ReconnectPlanner(self._backoff)
         pending: _Pending | None = None
         try:
-            while not self._closing and self._failure is None:
+            while not life.ending:
                 attempt_number = planner.attempt
                 if pending is not None:
                     plan = pending.plan
                     if plan.kind is PlanKind.WHEN_NEEDED:
                         await self._wait_for_work()
-                        if self._closing or self._failure is not None:
+                        if life.ending:
                             return
                     remaining = plan.delay - (time.monotonic() - pending.failed_at)
                     if remaining > 0:
-                        await self._sleep(remaining)
-                        if self._closing or self._failure is not None:
+                        await life.sleep(remaining)
+                        if life.ending:
                             return
                     waited = time.monotonic() - pending.failed_at
                     self.reconnects.append(
@@ -248,20 +237,20 @@ class StreamRunLoop:
                         pending.close_code,
                         waited,
                     )
-                    self._observe("reconnecting", plan.reason, pending.close_code, plan.delay)
+                    self._observations.now("reconnecting", plan.reason, pending.close_code, plan.delay)
                     attempt_number = plan.attempt
                     pending = None
-                await self.capacity.acquire(self._origin())
+                await self._capacity.acquire(self._origin())
                 try:
-                    self._observe("connecting", self._settings.url if self._settings else "", attempt_number)
-                    ended = await self._connect_and_serve()
+                    self._observations.now("connecting", settings.url, attempt_number)
+                    ended = await self._connection.connect_and_serve()
                 finally:
-                    self.capacity.release(self._origin())
+                    self._capacity.release(self._origin())
                 outcome = ended.outcome
                 if ended.final:
                     if ended.error is not None:
                         self._fail(ended.error)
-                    elif not self._closing and self._failure is None:  # never leave waiters hanging
+                    elif not life.ending:  # never leave waiters hanging
                         self._fail(StreamClosed(outcome.close_code, outcome.label))
                     return
                 plan = planner.plan(outcome)
@@ -269,7 +258,7 @@ class StreamRunLoop:
                     self._fail(self._stop_error(ended, plan))
                     return
                 if ended.error is not None:
-                    self._last_error = ended.error
+                    life.last_error = ended.error
                 if outcome.kind == "network" and ended.error is not None:
                     network.record(ended.error)
                     if (unreachable := network.give_up()) is not None:
@@ -322,15 +311,13 @@ class StreamRunLoop:
         )
 
     async def _wait_for_work(self) -> None:
-        assert self._wake is not None
-        session = self.session
-        self._dormant = True
-        self._pulse()
+        """Wait, on the pulse, until the stream needs a connection (or closes, or fails)."""
+        life = self._life
+        session = self._stream.session
+        self.dormant = True
+        life.pulse()
         try:
-            while (
-                not self._closing and self._failure is None and not (session.has_work() or self._sync_waiters)
-            ):
-                self._wake.clear()
-                await self._wake.wait()
+            while not life.ending and not (session.has_work() or self.sync_waiters):
+                await life.wait_pulse(None)
         finally:
-            self._dormant = False
+            self.dormant = False

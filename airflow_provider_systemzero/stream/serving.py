@@ -5,7 +5,7 @@
   ``Origin``, no cookies, no proxy from the environment, ``max_size`` from the limits;
 * no task serves a connection: the :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`
   hands each message to the session in the transport's callback, and the *writer's turn*
-  (:meth:`ConnectionServing._flush`) writes ``session.data_to_send(now)`` at once — after a
+  (:meth:`ConnectionServer.flush`) writes ``session.data_to_send(now)`` at once — after a
   message that made something due, after a change, and at ``session.next_wakeup(now)`` (one
   timer per connection); a peer silent past ``session.receipt_deadline()`` is treated as dead
   (native pings run too); the run loop's task only opens the connection and waits for its end;
@@ -18,8 +18,10 @@
 * how the connection ended is described in an :class:`Ended` for the run loop
   (:mod:`~airflow_provider_systemzero.stream.run_loop`) to plan from.
 
-:class:`ConnectionServing` is one part of :class:`~airflow_provider_systemzero.stream.DecisionStream`
-(it uses the stream's session, signals and event handling); it is not used on its own.
+:class:`ConnectionServer` is the part of a :class:`~airflow_provider_systemzero.stream.DecisionStream`
+that holds its connection: the socket, the writer's timers (see the table of
+:mod:`~airflow_provider_systemzero.stream.life`) and why the connection ends. It hands the core's
+events to the stream's :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents`.
 """
 
 from __future__ import annotations
@@ -29,16 +31,20 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
+from airflow_provider_systemzero.stream.accounting import DispatchAccounting
 from airflow_provider_systemzero.stream.connection import (
     open_socket,
     subprotocol_violation,
     upgrade_refusal_error,
 )
+from airflow_provider_systemzero.stream.core_events import ConnectionFacts, CoreEvents
 from airflow_provider_systemzero.stream.diagnosis import is_network_error
 from airflow_provider_systemzero.stream.exceptions import (
     ProtocolViolation,
@@ -46,10 +52,13 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
-from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS
+from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, ObserverRelay
+from airflow_provider_systemzero.stream.settings import StreamSettings
+from airflow_provider_systemzero.stream.tls import TLSContexts
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
-__all__ = ["ConnectionServing", "Ended"]
+__all__ = ["ConnectionServer", "Ended", "ServedStream"]
 
 log = logging.getLogger(__name__)
 
@@ -77,35 +86,92 @@ class Ended:
     final: bool = False
 
 
-class ConnectionServing:
-    """The connection-serving part of a :class:`~airflow_provider_systemzero.stream.DecisionStream`:
-    the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler` of its sockets.
+class ServedStream(Protocol):
+    """What the connection server reads of its stream: its public view."""
 
-    Per connection it keeps why it ends (set by whoever ends it, read by :meth:`_ended`):
-    ``_frame_error`` (a message broke the protocol, or handling it failed), ``_violation`` (the
-    subprotocol was not selected), ``_silent`` (the receipt deadline passed), ``_recycle`` (a
-    failed dispatch the gateway does not retry here) and ``_closed_by_us`` (this side began the
-    close: the stream closes, fails or is released).
+    @property
+    def settings(self) -> StreamSettings | None: ...
+
+    @property
+    def session(self) -> ClientSession: ...
+
+
+class ConnectionServer:
+    """The part of a :class:`~airflow_provider_systemzero.stream.DecisionStream` that serves its
+    connections, one at a time: the
+    :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler` of its sockets, and
+    the writer.
+
+    :param stream: the stream (its settings and session).
+    :param life: the stream's life (closing, failed; the pulse).
+    :param events: what acts on the core's events (and keeps the connection's facts).
+    :param accounting: what the dispatches cost (how long a decision has been owed).
+    :param observations: what the observer hears.
     """
+
+    def __init__(
+        self,
+        stream: ServedStream,
+        life: StreamLife,
+        events: CoreEvents,
+        accounting: DispatchAccounting,
+        observations: ObserverRelay,
+    ) -> None:
+        self._stream = stream
+        self._life = life
+        self._events = events
+        self._accounting = accounting
+        self._observations = observations
+        #: The connection's TLS files (set by the stream on entering, before the first connection).
+        self.tls: TLSContexts | None = None
+        #: The open connection, serving the session (set in :meth:`socket_opened`, cleared when it
+        #: is gone); ``None`` between connections.
+        self.socket: GatewaySocket | None = None
+        #: What the current connection's events told (a new one per attempt, from the events).
+        self.facts = ConnectionFacts()
+        # Why the current connection ends, set by whoever ends it and read by _ended:
+        #: a message broke the protocol, or handling it failed (a bug)
+        self._frame_error: BaseException | None = None
+        #: the gateway did not select the subprotocol
+        self._violation: BaseException | None = None
+        #: the receipt deadline passed: the peer is silent
+        self._silent = False
+        #: a failed dispatch the gateway does not retry on this connection: it is replayed on a new one
+        self._recycle = False
+        #: this side began the close (the stream closes, fails, is released or replays)
+        self._closed_by_us = False
+        #: monotonic time the current connection opened
+        self._opened_at = 0.0
+        #: the key, as removed from every frame of the connection
+        self._scrub_secret: str | None = None
+        # The writer's signals (see the table of stream.life):
+        #: a writer's turn asked for in the next loop iteration (:meth:`kick`)
+        self.turn_soon: asyncio.Handle | None = None
+        #: the writer's one timer: a turn when something falls due (:meth:`_set_alarm`)
+        self.alarm: asyncio.TimerHandle | None = None
+        #: a writer's turn for pongs owed, rate-bounded (:meth:`_pongs_owed`)
+        self.pong_turn: asyncio.TimerHandle | None = None
+        #: loop time of the last pongs' turn
+        self._last_pong_turn = -math.inf
+        #: the decision wait last said in the log: (since, next report, gap); see _report_decision_wait
+        self._decision_wait_report: tuple[float | None, float, float] = (None, 0.0, 0.0)
 
     # ------------------------------------------------------------------ opening and the end
 
-    async def _connect_and_serve(self) -> Ended:
-        settings = self._settings
+    async def connect_and_serve(self) -> Ended:
+        """Open a connection, serve it until it is gone, and say how it ended."""
+        settings = self._stream.settings
         assert settings is not None
         url = settings.url
-        self._started_this_connection = False
-        self._decided_this_connection = False
-        self._goodbye = None
-        self._last_fatal = None
+        self.facts = self._events.new_connection()
         self._frame_error = None
         self._violation = None
         self._silent = self._recycle = self._closed_by_us = False
         self._opened_at = time.monotonic()
         try:
-            socket = await open_socket(settings, self.session.limits, self, self._tls)
+            socket = await open_socket(settings, self._stream.session.limits, self, self.tls)
         except BaseException as exc:
-            adopted = self._ws
+            adopted = self.socket
             if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
                 self._connection_closed(adopted)
             return self._opening_failed(exc, url)
@@ -125,7 +191,7 @@ class ConnectionServing:
         if isinstance(exc, InvalidStatus):
             return self._upgrade_refused(exc, url)
         if is_network_error(exc):
-            delay_ms = self.session.next_connection_delay_ms(time.monotonic())
+            delay_ms = self._stream.session.next_connection_delay_ms(time.monotonic())
             return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
         if isinstance(exc, InvalidURI):
             return Ended(
@@ -139,7 +205,7 @@ class ConnectionServing:
             return Ended(
                 ConnectionOutcome(kind="violation"),
                 ProtocolViolation(
-                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret())}: check that the "
+                    f"the opening handshake with {url} failed: {server_text(str(exc), self.secret())}: check that the "
                     "connection's host is a System Zero API origin",
                     code="invalid_handshake",
                 ),
@@ -152,18 +218,18 @@ class ConnectionServing:
         was not acknowledged on the next one; nothing of this connection is kept."""
         socket.handler = None  # the socket keeps no reference to this stream
         self._set_alarm(None)
-        if self._ws is not socket:
+        if self.socket is not socket:
             return  # never opened for the session (refused subprotocol)
-        self.session.connection_lost()
-        self._connection_ended()
-        self._release_for = None
-        self._ws = None
-        self._observe(
+        self._stream.session.connection_lost()
+        self._events.connection_ended()
+        self.facts.open = False
+        self.socket = None
+        self._observations.now(
             "closed",
             socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
-            server_text(socket.close_reason or "", self._secret()),
+            server_text(socket.close_reason or "", self.secret()),
         )
-        self._pulse()
+        self._life.pulse()
 
     def _ended(self, socket: GatewaySocket) -> Ended:
         """How the connection ended, for the run loop to plan from."""
@@ -190,7 +256,7 @@ class ConnectionServing:
             log.warning(
                 "the System Zero gateway read nothing for %.1f s while this client had a frame to "
                 "send: treating the connection as dead",
-                self._write_timeout(),
+                self.write_timeout(),
             )
             return Ended(self._outcome(socket, CloseCode.ABNORMAL_CLOSURE, "stalled"))
         if self._silent:
@@ -198,7 +264,7 @@ class ConnectionServing:
         error = self._frame_error
         if isinstance(error, RemoteProtocolError):
             # the message quotes the gateway's values: bounded, escaped, without the key
-            problem = server_text(error.message, self._secret(), limit=400, quote=False)
+            problem = server_text(error.message, self.secret(), limit=400, quote=False)
             return Ended(
                 self._outcome(socket, CloseCode.PROTOCOL_ERROR, "violation"),
                 ProtocolViolation(
@@ -207,31 +273,31 @@ class ConnectionServing:
             )
         if error is not None:
             raise error  # handling a message failed: a bug, which ends the stream
-        final = self._failure is not None or self._closing
+        final = self._life.ending
         if self._closed_by_us:
             if final:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
             if self._recycle:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "recycled"))
-            if self._release_for is socket:
+            if self.facts.release:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "released"))
             return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
         breach = None if final else self._frame_breach(socket)
         if breach is not None:
             return breach
-        goodbye = self._goodbye
+        goodbye = self.facts.goodbye
         if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
             log.info(
                 "the System Zero gateway said goodbye for an unknown reason %s",
-                server_text(goodbye.reason, self._secret()),
+                server_text(goodbye.reason, self.secret()),
             )
         code = socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE
-        reason = server_text(socket.close_reason or "", self._secret())
+        reason = server_text(socket.close_reason or "", self.secret())
         closed = socket.closed
         sent = closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
         if sent is not None:
             # this side closed first (a keepalive ping unanswered): the code it sent is the cause
-            ours = server_text(sent.reason or "no reason", self._secret())
+            ours = server_text(sent.reason or "no reason", self.secret())
             message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's code: {code}"
         else:
             message = f"connection closed with code {code} ({reason})"
@@ -249,7 +315,7 @@ class ConnectionServing:
             return None
         code = CloseCode(sent.code)
         if code == CloseCode.MESSAGE_TOO_BIG:
-            limit = self.session.limits.max_message_bytes
+            limit = self._stream.session.limits.max_message_bytes
             log.warning(
                 "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
                 limit,
@@ -262,7 +328,7 @@ class ConnectionServing:
                     code="message_too_big",
                 ),
             )
-        why = server_text(sent.reason or "no reason", self._secret())
+        why = server_text(sent.reason or "no reason", self.secret())
         log.warning(
             "the System Zero gateway broke the WebSocket protocol (%s): this client closed the connection "
             "with code %d",
@@ -279,27 +345,29 @@ class ConnectionServing:
         )
 
     def _outcome(self, socket: GatewaySocket, code: int | None, kind: str = "closed") -> ConnectionOutcome:
-        goodbye, fatal = self._goodbye, self._last_fatal
+        facts = self.facts
+        goodbye, fatal = facts.goodbye, facts.last_fatal
+        session = self._stream.session
         return ConnectionOutcome(
             code,
-            server_text(socket.close_reason or "", self._secret()),
+            server_text(socket.close_reason or "", self.secret()),
             goodbye.reason if goodbye else None,
-            self.session.next_connection_delay_ms(time.monotonic()),
+            session.next_connection_delay_ms(time.monotonic()),
             fatal.code if fatal else None,
-            self._started_this_connection,
-            self._decided_this_connection,
+            facts.started,
+            facts.decided,
             time.monotonic() - self._opened_at,
             kind,
-            released=self._release_for is socket,
-            work_left=self.session.has_work(),
+            released=facts.release,
+            work_left=session.has_work(),
         )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = upgrade_refusal_error(exc, url, self._secret())
+        error = upgrade_refusal_error(exc, url, self.secret())
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",
-                server_text(exc.response.headers.get("Location", ""), self._secret()),
+                server_text(exc.response.headers.get("Location", ""), self.secret()),
             )
         if error.retryable:  # a final refusal is raised to the caller, who reports it once
             log.info(
@@ -308,12 +376,12 @@ class ConnectionServing:
                 server_token(error.envelope.code) if error.envelope else "no error body",
             )
             if error.status == 429:
-                self._observe(
+                self._observations.now(
                     "rate_limited",
                     "upgrade",
                     None if error.retry_after_ms is None else error.retry_after_ms / 1000,
                 )
-        named = self.session.next_connection_delay_ms(time.monotonic())
+        named = self._stream.session.next_connection_delay_ms(time.monotonic())
         delays = [delay for delay in (error.retry_after_ms, named) if delay is not None]
         return Ended(
             ConnectionOutcome(
@@ -329,32 +397,33 @@ class ConnectionServing:
 
     def socket_opened(self, socket: GatewaySocket) -> None:
         """The upgrade succeeded (in the transport's callback; ``hello`` may follow at once)."""
-        url = self._settings.url if self._settings else "the gateway"
+        url = self._url()
         violation = subprotocol_violation(socket, url)
         if violation is not None:
             self._violation = violation
             socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
             return
-        session = self.session
+        session = self._stream.session
         self._opened_at = now = time.monotonic()
         try:
             session.connection_opened(now)
         except Exception as exc:
             self._broke(socket, exc)
             return
-        self._ws = socket
-        socket.write_timeout = self._write_timeout()
-        self._scrub_secret = self._secret()
+        self.socket = socket
+        self.facts.open = True
+        socket.write_timeout = self.write_timeout()
+        self._scrub_secret = self.secret()
         replay = session.connections > 1
         log.info("connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream")
         # heard once the frames of this read were handled: the start goes out before the metrics
-        self._observe_later("connected", url, replay)
+        self._observations.later("connected", url, replay)
         self._turn()
 
     def socket_message(self, message: str | bytes) -> None:
         """One message from the gateway: to the session, and its events to the caller; what it
         made due is written before the next message is handled."""
-        socket = self._ws
+        socket = self.socket
         if socket is None or self._frame_error is not None:
             return  # not served (yet), or after a broken rule: a message changes nothing
         try:
@@ -370,7 +439,7 @@ class ConnectionServing:
                 self._broke(socket, exc)
                 return
             self._frame_error = exc
-            problem = server_text(exc.message, self._secret(), limit=400, quote=False)
+            problem = server_text(exc.message, self.secret(), limit=400, quote=False)
             log.warning("the System Zero gateway broke the protocol: %s", problem)
             socket.close(CloseCode.PROTOCOL_ERROR, "protocol error")
             return
@@ -390,11 +459,11 @@ class ConnectionServing:
         socket.close(CloseCode.NORMAL_CLOSURE)
 
     def _turn(self) -> None:
-        """:meth:`_flush` from a transport callback or a timer (a failure: :meth:`_broke`)."""
+        """:meth:`flush` from a transport callback or a timer (a failure: :meth:`_broke`)."""
         try:
-            self._flush()
+            self.flush()
         except Exception as exc:
-            socket = self._ws
+            socket = self.socket
             if socket is None:
                 raise
             self._broke(socket, exc)
@@ -407,16 +476,16 @@ class ConnectionServing:
                 frame, self._scrub_secret
             )  # a key echoed back never reaches a message, log or error
         now = time.monotonic()
-        events = self.session.receive_text(frame, now)
-        self._dispatch(events)
+        events = self._stream.session.receive_text(frame, now)
+        self._events.dispatch(events)
         if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
-            self._kick_soon()
+            self._pongs_owed()
             return False
         return self._due(now)
 
     # ------------------------------------------------------------------ the writer
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """The writer's turn: write what the session has to send now (in one write), then end
         the connection if it should end, else set the one timer for the next thing due.
 
@@ -424,14 +493,14 @@ class ConnectionServing:
         session coalesces what changes meanwhile, and the socket aborts a peer that reads
         nothing for ``write_progress_timeout``.
         """
-        socket = self._ws
+        socket = self.socket
         if socket is None or not socket.open:
             return
-        session = self.session
+        session = self._stream.session
         now = time.monotonic()
         if not socket.paused and (frames := session.data_to_send(now)):
             socket.send_texts(frames)
-        if self._closing or self._failure is not None or self._release_for is socket:
+        if self._life.ending or self.facts.release:
             self._close_connection(socket)
             return
         if session.recycle_due(now):
@@ -468,8 +537,8 @@ class ConnectionServing:
             log.info(
                 "waiting for the System Zero gateway's decision for %.0f s (state version %d acknowledged%s)",
                 now - since,
-                self._state_version,
-                "" if self.session.in_sync else "; a newer change waits to be sent",
+                self._events.state_version,
+                "" if self._stream.session.in_sync else "; a newer change waits to be sent",
             )
             gap = min(gap * 2, DECISION_WAIT_REPORT_CAP_S)
             at = now + gap
@@ -486,7 +555,7 @@ class ConnectionServing:
         """Whether the session has something to write now; if it will later, sooner than the
         writer's timer rings, the timer is moved (a frame that leaves nothing to send, such as
         most acks and decisions, costs no writer's turn)."""
-        due = self.session.next_wakeup(now)
+        due = self._stream.session.next_wakeup(now)
         if due is None:
             return False
         if due <= now:
@@ -494,73 +563,90 @@ class ConnectionServing:
         self._set_alarm(due)  # kept when the timer already rings sooner
         return False
 
-    def _turn_now(self) -> None:
+    def turn_now(self) -> None:
         """From the caller's task: a writer's turn now on an open connection (its errors are the
-        caller's), else the run loop is woken to look."""
-        if self._ws is not None:
-            self._flush()
+        caller's), else whoever waits for work is woken to look."""
+        if self.socket is not None:
+            self.flush()
         else:
-            self._kick()
+            self.kick()
 
-    def _flush_soon(self) -> None:
-        """A writer's turn in the next loop iteration (once, however often it is asked): for
-        what is not run from the caller's own task or a socket callback."""
-        if self._ws is not None and self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_now)
+    def kick(self) -> None:
+        """Something to send or to look at: the stream pulses (the run loop wakes if it waits for
+        work) and, on an open connection, a writer's turn runs in the next loop iteration (once,
+        however often it is asked): for what does not run from the caller's own task or a socket
+        callback."""
+        self._life.pulse()
+        self._turn_soon()
 
-    def _flush_now(self) -> None:
-        self._flush_handle = None
+    def _turn_soon(self) -> None:
+        """A writer's turn in the next loop iteration, on an open connection (once, however often
+        it is asked)."""
+        if self.socket is not None and self.turn_soon is None:
+            self.turn_soon = asyncio.get_running_loop().call_soon(self._turn_soon_fired)
+
+    def _turn_soon_fired(self) -> None:
+        self.turn_soon = None
         self._turn()
 
-    def _kick_soon(self) -> None:
+    def _pongs_owed(self) -> None:
         """A writer's turn for pongs, at most every :data:`_PONG_FLUSH_INTERVAL`: a ping flood costs
         a bounded number of writes (the session keeps only the newest pongs owed)."""
-        if self._pong_flush is not None:
+        if self.pong_turn is not None:
             return
         loop = asyncio.get_running_loop()
-        delay = self._last_pong_flush + _PONG_FLUSH_INTERVAL - loop.time()
+        delay = self._last_pong_turn + _PONG_FLUSH_INTERVAL - loop.time()
         if delay <= 0:
-            self._last_pong_flush = loop.time()
-            self._flush_soon()
+            self._last_pong_turn = loop.time()
+            self._turn_soon()
             return
 
         def fire() -> None:
-            self._pong_flush = None
-            self._last_pong_flush = loop.time()
+            self.pong_turn = None
+            self._last_pong_turn = loop.time()
             self._turn()
 
-        self._pong_flush = loop.call_later(delay, fire)
+        self.pong_turn = loop.call_later(delay, fire)
 
     def _set_alarm(self, at: float | None) -> None:
         """The writer's one timer for the connection: a turn at ``at`` (monotonic time; ``None``:
         none). A timer that rings sooner is kept (the turn then sets the next one); only a
         later one, or none, is replaced."""
-        alarm = self._alarm
+        alarm = self.alarm
         if at is None:
             if alarm is not None:
                 alarm.cancel()
-                self._alarm = None
+                self.alarm = None
             return
         if alarm is not None:
             if alarm.when() <= at:
                 return
             alarm.cancel()
-        self._alarm = asyncio.get_running_loop().call_at(at, self._ring)
+        self.alarm = asyncio.get_running_loop().call_at(at, self._ring)
 
     def _ring(self) -> None:
-        self._alarm = None
+        self.alarm = None
         self._turn()
 
-    def _write_timeout(self) -> float:
-        return self.session.limits.write_progress_timeout_ms / 1000
+    # ------------------------------------------------------------------ the connection's settings
 
-    def _close_timeout(self) -> float:
-        limits = self._session.limits if self._session else None
-        return (limits.close_handshake_timeout_ms / 1000) if limits else 5.0
+    def write_timeout(self) -> float:
+        """Seconds a peer may read nothing while frames wait (``write_progress_timeout``)."""
+        return self._stream.session.limits.write_progress_timeout_ms / 1000
 
-    def _origin(self) -> str | None:
-        """The gateway this stream talks to, as the stream cap counts it."""
-        return self._settings.url if self._settings else None
+    def close_timeout(self) -> float:
+        """Seconds the close handshake may take (5 before the limits are known)."""
+        try:
+            limits = self._stream.session.limits
+        except RuntimeError:  # the settings are not resolved yet
+            return 5.0
+        return limits.close_handshake_timeout_ms / 1000
 
-    def _secret(self) -> str | None:
-        return self._settings.api_key.strip() if self._settings else None
+    def _url(self) -> str:
+        settings = self._stream.settings
+        return settings.url if settings else "the gateway"
+
+    def secret(self) -> str | None:
+        """The API key as it is removed from the gateway's text (``None`` before the settings)."""
+        settings = self._stream.settings
+        return settings.api_key.strip() if settings else None

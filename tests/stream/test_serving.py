@@ -41,7 +41,7 @@ async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_ne
     emu = await make_emulator()
     async with loopback_stream(emu, fast_backoff, "answered-as-timed-out") as stream:
         decision = await stream.decide(timeout=10)
-        assert stream._ws is attempts[-1] and len(attempts) == 2
+        assert stream._connection.socket is attempts[-1] and len(attempts) == 2
         assert [r.reason for r in stream.reconnects] == ["network"]
     assert decision.state_version == stream.state_version
 
@@ -57,7 +57,7 @@ async def test_a_failure_in_a_writers_turn_run_by_a_timer_fails_the_stream(
             raise RuntimeError("a bug in the writer's turn")
 
         stream.session.data_to_send = broken  # type: ignore[method-assign]
-        stream._flush_soon()  # a turn run by the loop, as a timer or a callback runs one
+        stream._connection.kick()  # a turn run by the loop, as a timer or a callback runs one
         await until(lambda: stream.failure is not None, 10, what="the stream to fail")
         assert isinstance(stream.failure, RuntimeError) and "a bug" in str(stream.failure)
         with pytest.raises(RuntimeError, match="a bug in the writer's turn"):

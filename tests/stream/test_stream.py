@@ -221,7 +221,7 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(
 ) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
-        ws = stream._ws
+        ws = stream._connection.socket
         assert ws is not None
 
         write = ws.transport.write

@@ -80,7 +80,7 @@ async def test_a_change_goes_out_from_the_callers_task_without_a_scheduled_turn(
     stream = held
     decisions = stream.decisions()
     await decision_for(decisions, stream)
-    socket = stream._ws
+    socket = stream._connection.socket
     assert socket is not None
     written: list[str] = []
     send_texts = socket.send_texts
@@ -91,13 +91,13 @@ async def test_a_change_goes_out_from_the_callers_task_without_a_scheduled_turn(
 
     socket.send_texts = counting  # type: ignore[method-assign]
     turns = {"scheduled": 0}
-    flush_now = stream._flush_now
+    flush_now = stream._connection._turn_soon_fired
 
     def counting_turn() -> None:
         turns["scheduled"] += 1
         flush_now()
 
-    stream._flush_now = counting_turn  # type: ignore[method-assign]
+    stream._connection._turn_soon_fired = counting_turn  # type: ignore[method-assign]
     caller = asyncio.current_task()
     assert caller is not None
     for index in range(CHANGES):
@@ -124,13 +124,14 @@ async def test_an_acknowledgement_does_not_wake_the_decisions_consumer(
     )
     async with stream:
         waits: list[asyncio.Future[Any]] = []  # each wait of the consumer is one wake-up after
-        wake_on_decision = stream.wake_on_decision
+        delivery = stream._delivery  # where decisions() waits
+        wake_on_decision = delivery.wake_on_decision
 
         def counting(waiter: asyncio.Future[Any]) -> None:
             waits.append(waiter)
             wake_on_decision(waiter)
 
-        stream.wake_on_decision = counting  # type: ignore[method-assign]
+        delivery.wake_on_decision = counting  # type: ignore[method-assign]
         decisions = stream.decisions()
         consumer = asyncio.ensure_future(anext(decisions))
         await stream.wait_in_sync(timeout=10)  # the consumer is waiting by now
