@@ -24,9 +24,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
     ClientEvent,
@@ -47,7 +45,7 @@ from airflow_provider_systemzero.stream.accounting import DispatchAccounting
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.delivery import DecisionDelivery, decision_error
 from airflow_provider_systemzero.stream.exceptions import BudgetExceeded, StreamRejected
-from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.life import StreamLife, StreamView
 from airflow_provider_systemzero.stream.observer import ObserverRelay
 from airflow_provider_systemzero.stream.starts import DecisionStarts
 from airflow_provider_systemzero.stream.untrusted import server_text, server_token
@@ -77,13 +75,6 @@ class ConnectionFacts:
     release: bool = False
 
 
-class EventsStream(Protocol):
-    """What the core's events read of their stream: its session, by its public view."""
-
-    @property
-    def session(self) -> ClientSession: ...
-
-
 class CoreEvents:
     """The part of a stream that acts on the core's events, and asks the budget before a dispatch.
 
@@ -101,7 +92,7 @@ class CoreEvents:
 
     def __init__(
         self,
-        stream: EventsStream,
+        stream: StreamView,
         holder: weakref.ref[object],
         life: StreamLife,
         delivery: DecisionDelivery,

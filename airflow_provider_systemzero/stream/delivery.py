@@ -18,14 +18,13 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any
 
-from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.messages import Error
 from airflow_provider_systemzero.protocol.reconnect import Backoff, DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, DecisionFailed, StreamClosed
-from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.life import StreamLife, StreamView
 from airflow_provider_systemzero.stream.untrusted import server_token
 
 __all__ = ["DecisionDelivery", "decision_error"]
@@ -58,16 +57,6 @@ def decision_error(error: Error) -> DecisionFailed:
     )
 
 
-class DecidingStream(Protocol):
-    """What delivery reads of its stream: its public view."""
-
-    @property
-    def session(self) -> ClientSession: ...
-
-    @property
-    def last_error_text(self) -> str | None: ...
-
-
 class DecisionDelivery:
     """What the callers of a :class:`~airflow_provider_systemzero.stream.DecisionStream` wait for.
 
@@ -81,7 +70,7 @@ class DecisionDelivery:
 
     def __init__(
         self,
-        stream: DecidingStream,
+        stream: StreamView,
         life: StreamLife,
         kick: Callable[[], None],
         *,

@@ -24,10 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
+from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
+from airflow_provider_systemzero.stream.settings import StreamSettings
 
-__all__ = ["StreamLife"]
+__all__ = ["StreamLife", "StreamView"]
+
+
+class StreamView(Protocol):
+    """What a part reads of its stream: the stream's public, read-only view."""
+
+    @property
+    def settings(self) -> StreamSettings | None: ...
+
+    @property
+    def session(self) -> ClientSession: ...
+
+    @property
+    def last_error_text(self) -> str | None: ...
 
 
 class StreamLife:

@@ -24,20 +24,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.reconnect import Backoff, PlanKind, ReconnectPlan, ReconnectPlanner
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation, StreamClosed, UpgradeRefused
-from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.life import StreamLife, StreamView
 from airflow_provider_systemzero.stream.observer import ObserverRelay
 from airflow_provider_systemzero.stream.serving import ConnectionServer, Ended
-from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.untrusted import server_token
 
-__all__ = ["Reconnect", "RunLoop", "RunStream"]
+__all__ = ["Reconnect", "RunLoop"]
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +68,6 @@ class _Pending:
     failed_at: float
 
 
-class RunStream(Protocol):
-    """What the run loop reads of its stream: its public view."""
-
-    @property
-    def settings(self) -> StreamSettings | None: ...
-
-    @property
-    def session(self) -> ClientSession: ...
-
-
 class RunLoop:
     """The task that connects and reconnects a :class:`~airflow_provider_systemzero.stream.DecisionStream`.
 
@@ -98,7 +85,7 @@ class RunLoop:
 
     def __init__(
         self,
-        stream: RunStream,
+        stream: StreamView,
         life: StreamLife,
         connection: ConnectionServer,
         observations: ObserverRelay,

@@ -31,11 +31,9 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
@@ -52,13 +50,12 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
-from airflow_provider_systemzero.stream.life import StreamLife
+from airflow_provider_systemzero.stream.life import StreamLife, StreamView
 from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, ObserverRelay
-from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.tls import TLSContexts
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
-__all__ = ["ConnectionServer", "Ended", "ServedStream"]
+__all__ = ["ConnectionServer", "Ended"]
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +83,6 @@ class Ended:
     final: bool = False
 
 
-class ServedStream(Protocol):
-    """What the connection server reads of its stream: its public view."""
-
-    @property
-    def settings(self) -> StreamSettings | None: ...
-
-    @property
-    def session(self) -> ClientSession: ...
-
-
 class ConnectionServer:
     """The part of a :class:`~airflow_provider_systemzero.stream.DecisionStream` that serves its
     connections, one at a time: the
@@ -111,7 +98,7 @@ class ConnectionServer:
 
     def __init__(
         self,
-        stream: ServedStream,
+        stream: StreamView,
         life: StreamLife,
         events: CoreEvents,
         accounting: DispatchAccounting,
