@@ -16,12 +16,6 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     (f"{PACKAGE}.stream.connection", "websockets.client"): (
         "websockets' own client logger, wrapped so that the request headers it logs lose the key"
     ),
-    **{
-        (f"{PACKAGE}.stream.{part}", f"{PACKAGE}.stream.decision_stream"): (
-            "a part of DecisionStream that logs as the stream"
-        )
-        for part in ("run_loop", "core_events", "serving", "diagnosis", "delivery")
-    },
 }
 
 

@@ -1,6 +1,5 @@
 """The stream's one boundary for a dependency's exceptions (``stream/diagnosis.py``): a failure
-below HTTP is recognised by its type, never by its class's name, and every ``stream/`` module
-logs under its own name."""
+below HTTP is recognised by its type, never by its class's name."""
 
 from __future__ import annotations
 
@@ -69,28 +68,3 @@ def test_no_stream_module_matches_an_exception_by_its_class_name() -> None:
             if names and literal:
                 offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, offenders
-
-
-def test_each_stream_module_logs_under_its_own_name() -> None:
-    """One logger per module, a child of ``airflow_provider_systemzero.stream`` (configure that
-    one to hear the whole stream)."""
-    loggers = {}
-    for path in _stream_modules():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "getLogger"
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "logging"
-                and node.args
-            ):
-                loggers.setdefault(path.name, []).append(ast.unparse(node.args[0]))
-    assert loggers, "the walk found no logger"
-    foreign = {
-        name: args
-        for name, args in loggers.items()
-        # connection.py also wraps websockets' own client logger, to redact it
-        if [a for a in args if a != "'websockets.client'"] != ["__name__"]
-    }
-    assert not foreign, foreign
