@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_provider_systemzero.protocol.errors import refuse
-from airflow_provider_systemzero.protocol.wire_compile import compile_decoder, compile_encoder
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -262,14 +261,6 @@ def _place(data: dict[str, Any], key: str, value: Any, after: str | None) -> dic
     return dict(items)
 
 
-#: Per declared class, its compiled encoder (``None``: it has nested fields, interpreted below).
-_ENCODERS: dict[type, Callable[[Any, dict[str, Any]], dict[str, Any]] | None] = {}
-#: Per (class, the keys a strict object may hold or ``None``), its compiled fast decoder.
-_DECODERS: dict[
-    tuple[type, frozenset[str] | None], Callable[[dict[str, Any]], dict[str, Any] | None] | None
-] = {}
-
-
 def encode_fields(obj: Any, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The wire object of a declared dataclass, keys in canonical order.
 
@@ -277,14 +268,7 @@ def encode_fields(obj: Any, data: dict[str, Any] | None = None) -> dict[str, Any
     :param data: keys that come first (a message's ``type``).
     """
     data = {} if data is None else data
-    cls = type(obj)
-    try:
-        encoder = _ENCODERS[cls]
-    except KeyError:
-        encoder = _ENCODERS[cls] = compile_encoder(cls, _plan(cls).slots)
-    if encoder is not None:
-        return encoder(obj, data)
-    for slot in _plan(cls).slots:
+    for slot in _plan(type(obj)).slots:
         spec = slot.spec
         value = getattr(obj, slot.attr)
         if (spec.omit == "none" and value is None) or (spec.omit == "empty" and not value):
@@ -316,16 +300,6 @@ def decode_fields(
     """
     plan = _plan(cls)
     strict = reader.strict
-    if type(reader.data) is dict:  # what a frame decodes to: the compiled fast path reads it first
-        allowed = plan.keys[None] | also if strict and check_keys else None
-        try:
-            decoder = _DECODERS[cls, allowed]
-        except KeyError:
-            decoder = _DECODERS[cls, allowed] = compile_decoder(
-                cls, plan.slots, allowed=allowed, string_array=StringTuple
-            )
-        if decoder is not None and (values := decoder(reader.data)) is not None:
-            return values
     if strict and check_keys:
         reader.only(plan.keys[None] | also, code=code)
     inner: dict[str, Reader] = {}
