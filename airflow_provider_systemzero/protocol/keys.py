@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError
 from airflow_provider_systemzero.protocol.validation import validate_prompt_cache_key
 
 __all__ = [
@@ -32,15 +33,28 @@ def _digest(text: str) -> str:
 def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
     """A deterministic ``prompt_cache_key``: ``<prefix>-<first 32 hex of sha256(identity)>``.
 
+    The same prefix and identity give the same key in every process, so a replay from another
+    worker or triggerer stays byte-identical (WIRE.md §8). The stream client re-exports it as
+    :func:`airflow_provider_systemzero.stream.derive_prompt_cache_key`.
+
     :param prefix: the connection's ``prompt_cache_key_prefix`` (``None`` or blank: the default).
     :param identity: the caller's identity for the stream (e.g. DAG, task and a stream name).
-    :raises LocalProtocolError: the prefix makes an invalid key.
+    :raises LocalProtocolError: the prefix makes an invalid key (``field`` is
+        ``prompt_cache_key_prefix``).
     """
     prefix = (
         DEFAULT_PROMPT_CACHE_KEY_PREFIX if prefix is None or not str(prefix).strip() else str(prefix).strip()
     )
     key = f"{prefix}-{_digest(identity)[:32]}"
-    validate_prompt_cache_key(key)
+    try:
+        validate_prompt_cache_key(key)
+    except LocalProtocolError as exc:
+        raise LocalProtocolError(
+            f"prompt_cache_key_prefix {prefix[:40]!r} does not make a valid prompt_cache_key ({exc.message}): "
+            "use at most 200 printable ASCII characters",
+            code=exc.code,
+            field="prompt_cache_key_prefix",
+        ) from None
     return key
 
 

@@ -1,17 +1,20 @@
-"""The request a stream sends: :func:`build_request` and the derived ``prompt_cache_key``."""
+"""The request a stream sends: :func:`build_request`, with its derived ``prompt_cache_key``.
+
+:func:`derive_prompt_cache_key` is the core's (:mod:`airflow_provider_systemzero.protocol.keys`),
+re-exported here; :func:`build_request` turns its error into a :class:`SystemZeroValidationError`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.errors import (
     LocalProtocolError,
 )
-from airflow_provider_systemzero.protocol.keys import DEFAULT_PROMPT_CACHE_KEY_PREFIX
+from airflow_provider_systemzero.protocol.keys import DEFAULT_PROMPT_CACHE_KEY_PREFIX, derive_prompt_cache_key
 from airflow_provider_systemzero.protocol.messages import (
     StreamRequest,
 )
@@ -20,33 +23,9 @@ from airflow_provider_systemzero.stream.exceptions import (
 )
 from airflow_provider_systemzero.stream.settings import StreamSettings
 
-if TYPE_CHECKING:  # budget imports the stream's exceptions: imported where used, to keep imports acyclic
-    pass
-
 __all__ = ["DEFAULT_PROMPT_CACHE_KEY_PREFIX", "build_request", "derive_prompt_cache_key"]
 
 _REQUEST_FIELDS = frozenset({"model", "questions", "route", "mode", "prompt_cache_key"})
-
-
-def derive_prompt_cache_key(prefix: str | None, identity: str) -> str:
-    """A deterministic ``prompt_cache_key``: ``<prefix>-<first 32 hex of sha256(identity)>``.
-
-    The same prefix and identity give the same key in every process, so a replay from another
-    worker or triggerer stays byte-identical (WIRE.md §8).
-
-    :param prefix: the connection's ``prompt_cache_key_prefix`` (``None``: ``airflow-systemzero``).
-    :param identity: the caller's identity for the stream (e.g. DAG, task and a stream name).
-    :raises SystemZeroValidationError: the prefix makes an invalid key.
-    """
-    try:
-        return keys.derive_prompt_cache_key(prefix, identity)
-    except LocalProtocolError as exc:
-        raise SystemZeroValidationError(
-            f"prompt_cache_key_prefix {str(prefix)[:40]!r} does not make a valid prompt_cache_key ({exc.message}): "
-            "use at most 200 printable ASCII characters",
-            code=exc.code,
-            field="prompt_cache_key_prefix",
-        ) from None
 
 
 def build_request(
@@ -106,20 +85,20 @@ def build_request(
                 code="invalid_request",
                 field="request",
             )
+        if built.prompt_cache_key is None:
+            if identity is None:
+                identity = json.dumps(
+                    {
+                        "model": built.model,
+                        "questions": built.questions_wire(),
+                        "route": built.route,
+                        "mode": built.mode,
+                    },
+                    sort_keys=True,
+                    separators=(",", ":"),
+                )
+            prefix = settings.prompt_cache_key_prefix if settings else None
+            built = dataclasses.replace(built, prompt_cache_key=derive_prompt_cache_key(prefix, identity))
     except LocalProtocolError as exc:
         raise SystemZeroValidationError.from_local(exc) from None
-    if built.prompt_cache_key is None:
-        if identity is None:
-            identity = json.dumps(
-                {
-                    "model": built.model,
-                    "questions": built.questions_wire(),
-                    "route": built.route,
-                    "mode": built.mode,
-                },
-                sort_keys=True,
-                separators=(",", ":"),
-            )
-        prefix = settings.prompt_cache_key_prefix if settings else None
-        built = dataclasses.replace(built, prompt_cache_key=derive_prompt_cache_key(prefix, identity))
     return built

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from airflow_provider_systemzero.protocol import LocalProtocolError, StreamRequest
+from airflow_provider_systemzero.protocol import LocalProtocolError, StreamRequest, keys
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.stream import (
     AuthenticationFailed,
@@ -113,9 +113,20 @@ def test_derived_prompt_cache_keys_are_deterministic() -> None:
     assert a.startswith("team-a-") and len(a) == len("team-a-") + 32
     assert a != derive_prompt_cache_key("team-a", "dag.other")
     assert derive_prompt_cache_key(None, "x").startswith("airflow-systemzero-")
-    with pytest.raises(SystemZeroValidationError, match="prompt_cache_key_prefix") as info:
+    with pytest.raises(LocalProtocolError, match="prompt_cache_key_prefix") as info:
         derive_prompt_cache_key("p" * 240, "x")
     assert info.value.field == "prompt_cache_key_prefix"
+    # through the stream's request, the same refusal is the stream's validation error
+    with pytest.raises(SystemZeroValidationError, match=r"^prompt_cache_key_prefix 'ppp") as built:
+        build_request(
+            {"questions": QUESTIONS}, settings(default_model="m", prompt_cache_key_prefix="p" * 240)
+        )
+    assert built.value.field == "prompt_cache_key_prefix"
+
+
+def test_the_prompt_cache_key_rule_is_written_once() -> None:
+    """The stream client's name is the core's function, not a second definition of the rule."""
+    assert derive_prompt_cache_key is keys.derive_prompt_cache_key
 
 
 def test_build_request_fills_the_model_and_an_explicit_cache_key() -> None:
