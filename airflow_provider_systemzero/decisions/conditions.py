@@ -15,21 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_systemzero.decisions.policy import check_bar
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult, share
 from airflow_provider_systemzero.protocol.validation import validate_question_name
 
 __all__ = ["ConditionResult", "DecisionCondition", "Streak"]
-
-
-def _bar(value: Any, field: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise SystemZeroArgumentError(
-            f"{field} {value!r} must be a number from 0 to 1", code="invalid_threshold", field=field
-        )
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +74,8 @@ class DecisionCondition:
 
     def __post_init__(self) -> None:
         validate_question_name(self.question, field="question")
-        _bar(self.min_confidence, "min_confidence")
-        _bar(self.min_probability, "min_probability")
+        check_bar(self.min_confidence, "min_confidence")
+        check_bar(self.min_probability, "min_probability")
         if (
             isinstance(self.consecutive, bool)
             or not isinstance(self.consecutive, int)

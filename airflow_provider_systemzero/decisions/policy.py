@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import share
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "OptionBars",
     "PolicyOutcome",
     "answer_numbers",
+    "check_bar",
     "combine_actions",
     "decision_record",
     "ranked_answers",
@@ -64,16 +66,26 @@ _PREVIEW_TAIL = 1200
 _SEVERITY = {"act": 0, "default": 1, "review": 2, "wait": 3, "skip": 4, "fail": 5}
 
 
-def _bar(value: Any, name: str) -> float | None:
+def check_bar(value: Any, field: str) -> float | None:
+    """A confidence or probability bar as an author gives it: ``None`` (no bar) or a number from 0 to 1.
+
+    The one check of every bar: a policy's ``act_above`` and ``review_above`` (its own and each
+    option's) and a condition's ``min_confidence`` and ``min_probability``.
+
+    :param value: the bar as written.
+    :param field: the argument's name, for the message.
+    :raises SystemZeroArgumentError: ``invalid_threshold``, naming the field, the value and the fix.
+    """
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or math.isnan(value)
-        or not 0 <= value <= 1
-    ):
-        raise ValueError(f"{name} must be a number from 0 to 1 (or None), got {value!r}")
+    # NaN fails both comparisons, so it is refused with the rest
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        fix = "a number from 0 to 1, or None for no bar"
+        if not isinstance(value, bool) and isinstance(value, int | float) and 1 < value <= 100:
+            fix += f" (a percentage: {value:g} % is {value / 100:g})"
+        raise SystemZeroArgumentError(
+            f"{field} {value!r} must be {fix}", code="invalid_threshold", field=field
+        )
     return float(value)
 
 
@@ -121,8 +133,8 @@ class OptionBars:
     review_above: float | None = None
 
     def __post_init__(self) -> None:
-        _bar(self.act_above, "act_above")
-        _bar(self.review_above, "review_above")
+        check_bar(self.act_above, "act_above")
+        check_bar(self.review_above, "review_above")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -184,8 +196,8 @@ class DecisionPolicy:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "act_above", _bar(self.act_above, "act_above"))
-        set_(self, "review_above", _bar(self.review_above, "review_above"))
+        set_(self, "act_above", check_bar(self.act_above, "act_above"))
+        set_(self, "review_above", check_bar(self.review_above, "review_above"))
         set_(self, "review_timeout", _seconds(self.review_timeout, "review_timeout"))
         if self.below not in BELOW_ACTIONS:
             raise ValueError(f"below must be one of {', '.join(BELOW_ACTIONS)}, got {self.below!r}")
@@ -209,8 +221,10 @@ class DecisionPolicy:
                     )
                 try:
                     bars = OptionBars(**bars)
-                except ValueError as exc:  # a bar out of range: say whose
-                    raise ValueError(f"option {name!r}: {exc}") from None
+                except SystemZeroArgumentError as exc:  # a bar out of range: say whose
+                    raise SystemZeroArgumentError(
+                        f"option {name!r}: {exc.message}", code=exc.code, field=f"options.{name}.{exc.field}"
+                    ) from None
             elif not isinstance(bars, OptionBars):
                 raise ValueError(f"options[{name!r}] must be OptionBars or a dict, got {type(bars).__name__}")
             options[name] = bars

@@ -103,8 +103,15 @@ def test_a_watcher_mistake_fails_when_the_trigger_is_built(
 @pytest.mark.parametrize(
     ("condition", "message"),
     [
-        ({"min_confidence": 80}, "condition: min_confidence 80 must be a number from 0 to 1"),
-        ({"min_probability": -1}, "condition: min_probability -1 must be a number from 0 to 1"),
+        (
+            {"min_confidence": 80},
+            "condition: min_confidence 80 must be a number from 0 to 1, or None for no bar "
+            "(a percentage: 80 % is 0.8)",
+        ),
+        (
+            {"min_probability": -1},
+            "condition: min_probability -1 must be a number from 0 to 1, or None for no bar",
+        ),
         ({"min_true_for": -1}, "condition: min_true_for -1 must be a number of seconds (0 or more)"),
         (
             {"policy": {"act_above": 0.8, "below": "default", "default": "yes"}},
@@ -112,7 +119,8 @@ def test_a_watcher_mistake_fails_when_the_trigger_is_built(
         ),
         (
             {"policy": {"act_above": 2}},
-            "condition: policy: act_above must be a number from 0 to 1 (or None), got 2",
+            "condition: policy: act_above 2 must be a number from 0 to 1, or None for no bar "
+            "(a percentage: 2 % is 0.02)",
         ),
     ],
 )

@@ -11,6 +11,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.branch import (
     BranchOption,
     SystemZeroBranchOperator,
@@ -246,11 +247,13 @@ def test_a_policy_on_several_questions_names_the_gated_one() -> None:
     [
         (
             {"billing": BranchOption(act_above=90)},
-            "route: option 'billing': act_above must be a number from 0 to 1 (or None), got 90",
+            "route: option 'billing': act_above 90 must be a number from 0 to 1, or None for no bar "
+            "(a percentage: 90 % is 0.9)",
         ),
         (
             {"billing": {"review_above": 80, "act_above": 0.9}},
-            "route: option 'billing': review_above must be a number from 0 to 1 (or None), got 80",
+            "route: option 'billing': review_above 80 must be a number from 0 to 1, or None for no bar "
+            "(a percentage: 80 % is 0.8)",
         ),
         (
             {"billing": BranchOption(act_above=0.5, review_above=0.8)},
@@ -268,4 +271,8 @@ def test_a_bad_branch_option_names_the_task_and_the_option(branches: dict[str, A
 def test_a_bad_option_bar_in_a_policy_names_the_option() -> None:
     with pytest.raises(ValueError) as raised:
         DecisionPolicy(act_above=0.8, options={"refund": {"act_above": 95}})
-    assert str(raised.value) == "option 'refund': act_above must be a number from 0 to 1 (or None), got 95"
+    assert str(raised.value) == (
+        "option 'refund': act_above 95 must be a number from 0 to 1, or None for no bar (a percentage: 95 % is 0.95)"
+    )
+    assert isinstance(raised.value, SystemZeroArgumentError)
+    assert (raised.value.code, raised.value.field) == ("invalid_threshold", "options.refund.act_above")

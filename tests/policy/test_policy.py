@@ -7,12 +7,14 @@ from datetime import UTC, timedelta
 
 import pytest
 
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import (
     DecisionPolicy,
     OptionBars,
     decision_record,
     ranked_answers,
 )
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import Answer
 
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=False, review_timeout=60)
@@ -20,6 +22,42 @@ POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="skip", default=F
 
 def answer(decision: object = True, probability: float | None = 0.9, confidence: float | None = 0.9) -> dict:
     return {"decision": decision, "probability": probability, "confidence": confidence, "alternatives": []}
+
+
+BAR_FIELDS = {
+    "min_confidence": lambda v: DecisionCondition(question="ready", min_confidence=v),
+    "min_probability": lambda v: DecisionCondition(question="ready", min_probability=v),
+    "act_above": lambda v: DecisionPolicy(act_above=v),
+    "review_above": lambda v: DecisionPolicy(act_above=1, review_above=v),
+    "option act_above": lambda v: OptionBars(act_above=v),
+}
+
+
+@pytest.mark.parametrize("make", BAR_FIELDS.values(), ids=list(BAR_FIELDS))
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        (80, "a number from 0 to 1, or None for no bar (a percentage: 80 % is 0.8)"),
+        (-0.1, "a number from 0 to 1, or None for no bar"),
+        (float("nan"), "a number from 0 to 1, or None for no bar"),
+        (True, "a number from 0 to 1, or None for no bar"),
+        ("0.8", "a number from 0 to 1, or None for no bar"),
+    ],
+)
+def test_every_bar_is_refused_alike(make: object, value: object, fix: str) -> None:
+    """A condition's bars and a policy's are one rule: one error type, one code, one message shape."""
+    with pytest.raises(SystemZeroArgumentError) as raised:
+        make(value)  # type: ignore[operator]
+    field = raised.value.field
+    assert field in ("min_confidence", "min_probability", "act_above", "review_above")
+    assert raised.value.code == "invalid_threshold"
+    assert str(raised.value) == f"{field} {value!r} must be {fix}"
+
+
+@pytest.mark.parametrize("make", BAR_FIELDS.values(), ids=list(BAR_FIELDS))
+@pytest.mark.parametrize("value", [None, 0, 1, 0.5])
+def test_every_bar_takes_none_and_numbers_from_0_to_1(make: object, value: object) -> None:
+    make(value)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize(

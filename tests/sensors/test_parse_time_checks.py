@@ -157,7 +157,7 @@ def test_a_templated_question_is_checked_when_the_task_runs(
             "t: route 'committee' cannot be combined with request_mode 'deliberate'",
         ),
         ({"max_decisions": -1}, "t: max_decisions must be a whole number"),
-        ({"policy": {"act_above": 2}}, "t: act_above must be a number from 0 to 1"),
+        ({"policy": {"act_above": 2}}, "t: act_above 2 must be a number from 0 to 1"),
         (
             {"min_true_for": "30s"},
             "t: min_true_for must be a number of seconds (0 or more) or a timedelta, got str '30s': pass "
