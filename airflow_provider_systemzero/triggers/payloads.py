@@ -36,6 +36,7 @@ def timeout_payload(message: str, **extra: Any) -> dict[str, Any]:
 
 def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """A small JSON error event for an exception (never carries request headers or the key)."""
+    from airflow_provider_systemzero.compat import AirflowNotFoundException
     from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
     from airflow_provider_systemzero.protocol.untrusted import safe_text
     from airflow_provider_systemzero.stream.exceptions import (
@@ -74,7 +75,7 @@ def error_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
         payload.update(error_type="stream_rejected", code=exc.code)
     elif isinstance(exc, SystemZeroError):
         payload["error_type"] = "stream_failed"
-    elif type(exc).__name__ == "AirflowNotFoundException":
+    elif isinstance(exc, AirflowNotFoundException):  # the installed release's class (compat)
         payload["error_type"] = "configuration"
     return payload
 

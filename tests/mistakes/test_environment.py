@@ -6,6 +6,8 @@ that nothing was billed."""
 from __future__ import annotations
 
 import logging
+import socketserver
+import threading
 import time
 import traceback
 from typing import Any
@@ -131,6 +133,34 @@ def test_test_connection_names_the_cause_and_the_url(
     ok, message = SystemZeroHook("sz_test_tls").test_connection()
     assert not ok and f"wss://127.0.0.1:{port}/v1/system-zero/stream failed" in message
     assert f"set the connection's host to ws://127.0.0.1:{port}" in message
+
+
+def test_test_connection_says_when_the_port_is_no_websocket_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers the upgrade with something other than HTTP: websockets' InvalidMessage,
+    described by the hook's Test button as a wrong origin."""
+    answered = threading.Event()
+
+    class NotHTTP(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(65536)
+            self.request.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+            answered.set()
+
+    with socketserver.TCPServer(("127.0.0.1", 0), NotHTTP) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            port = server.server_address[1]
+            env_connection(monkeypatch, "sz_not_ws", f"ws://127.0.0.1:{port}")
+            ok, message = SystemZeroHook("sz_not_ws").test_connection()
+        finally:
+            server.shutdown()
+            thread.join(timeout=10)
+    assert answered.is_set()
+    assert not ok and message.startswith(
+        f"ws://127.0.0.1:{port}/v1/system-zero/stream did not answer as a WebSocket server ("
+    ), message
+    assert message.endswith("check that the connection's host and port are a System Zero API origin")
 
 
 @pytest.mark.parametrize("deferrable", [True, False])

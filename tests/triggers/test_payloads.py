@@ -20,3 +20,17 @@ def test_the_providers_own_message_is_kept_as_written() -> None:
     message = "source.path '/x' is a FIFO (named pipe): a file source tails a regular file only"
     payload = error_payload(SystemZeroArgumentError(message, code="not_a_regular_file", field="source.path"))
     assert payload["message"] == message and payload["field"] == "source.path"
+
+
+def test_a_missing_connection_is_a_configuration_error_by_its_class() -> None:
+    """Matched by type (the installed release's class, through compat), not by its name."""
+    from airflow_provider_systemzero.compat import AirflowNotFoundException
+
+    class ConnectionMissing(AirflowNotFoundException):  # a subclass is still a missing connection
+        pass
+
+    class AirflowNotFoundException(Exception):  # type: ignore[no-redef]  # a namesake is not
+        pass
+
+    assert error_payload(ConnectionMissing("The conn_id `sz` isn't defined"))["error_type"] == "configuration"
+    assert error_payload(AirflowNotFoundException("elsewhere"))["error_type"] == "unexpected"
