@@ -16,9 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["body_hash", "compact_json", "json_size", "state_bytes", "synthesize_decide_body"]
+__all__ = ["JSONValue", "body_hash", "compact_json", "json_size", "state_bytes", "synthesize_decide_body"]
+
+#: A JSON value: what a state, a trigger's kwargs and an XCom value hold. Where a parameter takes
+#: one, it may hold any of these, and its reader checks the shape it needs.
+JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, "JSONValue"] | None
 
 
 #: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``, built once

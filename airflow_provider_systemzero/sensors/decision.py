@@ -202,7 +202,12 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 
     def _trigger_kwargs(
-        self, inputs: Inputs, namespace: str, deadline: float | None, budget: Any, skip_states: list[str]
+        self,
+        inputs: Inputs,
+        namespace: str,
+        deadline: float | None,
+        budget: dict[str, Any],
+        skip_states: list[str],
     ) -> dict[str, Any]:
         """The trigger's kwargs: the one place the sensor builds its trigger (defer, start, wait again)."""
         request, condition, source = inputs

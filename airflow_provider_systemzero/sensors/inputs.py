@@ -442,7 +442,7 @@ def deadline_of(sensor: DecisionSensorTask) -> float | None:
     return deadline_in(sensor, sensor.timeout)
 
 
-def source_name(source: Any) -> str:
+def source_name(source: object) -> str:
     """The state's origin, for messages: the file, the callable, or the ``state`` argument."""
     if isinstance(source, dict) and source.get("type") in ("file", "callable"):
         return f"the {source['type']} source {source.get('path')!r}"

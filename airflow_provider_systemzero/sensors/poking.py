@@ -40,6 +40,8 @@ from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_systemzero.protocol.body import JSONValue
+    from airflow_provider_systemzero.protocol.reply import DecisionResult
     from airflow_provider_systemzero.sensors.task import DecisionSensorTask
     from airflow_provider_systemzero.sources.base import StateSource
 
@@ -174,7 +176,7 @@ class PokeWatch:
                     return event
         return None
 
-    def _read(self, sensor: DecisionSensorTask, source: Any) -> Any:
+    def _read(self, sensor: DecisionSensorTask, source: dict[str, Any] | None) -> JSONValue:
         """Read the source (built at the first poke) and hand the read to the watch.
 
         :raises AirflowFailException: the source cannot be read as a state.
@@ -191,8 +193,13 @@ class PokeWatch:
         return state
 
     def _decide(
-        self, sensor: DecisionSensorTask, context: Context, request: Any, state: Any, namespace: str
-    ) -> Any:
+        self,
+        sensor: DecisionSensorTask,
+        context: Context,
+        request: dict[str, Any],
+        state: JSONValue,
+        namespace: str,
+    ) -> DecisionResult:
         """One on_request decision about ``state``, under the task's spending cap, ended by the
         sensor's timeout at the latest.
 

@@ -11,19 +11,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.protocol.messages import Ack, Hello
+    from airflow_provider_systemzero.protocol.body import JSONValue
+    from airflow_provider_systemzero.protocol.messages import Ack, Hello, StreamRequest
     from airflow_provider_systemzero.protocol.reply import DecisionResult
     from airflow_provider_systemzero.stream.exceptions import SystemZeroError
 
-__all__ = ["GOODBYE_REASONS", "ObserverRelay", "StreamObserver"]
+__all__ = ["GOODBYE_REASONS", "ObservedStream", "ObserverRelay", "StreamObserver"]
 
 log = logging.getLogger(__name__)
 
 #: Goodbye reasons of the public document; any other reason a gateway sends is ``other``.
 GOODBYE_REASONS = frozenset({"shutdown", "overload", "idle_timeout", "max_duration", "event_limit"})
+
+
+class ObservedStream(Protocol):
+    """What an observer may read of the stream it watches (for content capture only)."""
+
+    @property
+    def request(self) -> StreamRequest:
+        """The request as streamed."""
+        ...
+
+    @property
+    def state(self) -> JSONValue:
+        """The desired state."""
+        ...
 
 
 class StreamObserver:
@@ -33,7 +48,7 @@ class StreamObserver:
     must never raise (the stream ignores what it raises anyway).
     """
 
-    def bind(self, stream: Any) -> None:
+    def bind(self, stream: ObservedStream) -> None:
         """The stream this observer watches (read its ``request`` and ``state`` only for content capture)."""
 
     def unbind(self) -> None:

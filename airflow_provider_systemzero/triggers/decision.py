@@ -46,6 +46,7 @@ from airflow_provider_systemzero.decisions.source_watch import (
     SourceWatch,
 )
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
+from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.sources.base import StaticSource
 from airflow_provider_systemzero.sources.spec import build_source, refuse_rendered_state, state_templates
 from airflow_provider_systemzero.triggers.driver import WatchDriver
@@ -128,7 +129,7 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         systemzero_conn_id: str,
         request: dict[str, Any],
         condition: dict[str, Any],
-        state: Any,
+        state: JSONValue,
         key_namespace: str,
         source: dict[str, Any] | None = None,
         decision_mode: str = "on_change",
@@ -266,7 +267,7 @@ class SystemZeroDecideTrigger(BaseTrigger):
         *,
         systemzero_conn_id: str,
         request: dict[str, Any],
-        state: Any,
+        state: JSONValue,
         key_namespace: str,
         idempotency_key: str | None = None,
         attachments: list[dict[str, str]] | None = None,
@@ -379,7 +380,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         systemzero_conn_id: str,
         request: dict[str, Any],
         condition: dict[str, Any] | DecisionCondition,
-        state: Any,
+        state: JSONValue,
         watch_id: str,
         source: dict[str, Any] | None = None,
         decision_mode: str = "on_change",

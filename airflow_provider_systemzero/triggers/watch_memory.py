@@ -49,8 +49,9 @@ import datetime
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Protocol
 
+from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 
@@ -80,6 +81,19 @@ def kwargs_identity(kwargs: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class AssetStateStore(Protocol):
+    """What a watch uses of its asset's state store: ``aget`` and ``aset``, as Airflow 3.3's
+    ``AssetStateStoreAccessors`` has them (a test may pass any object that has both)."""
+
+    async def aget(self, key: str, default: JSONValue = None) -> JSONValue:
+        """The value stored under ``key`` (``default``: none stored)."""
+        ...
+
+    async def aset(self, key: str, value: JSONValue) -> None:
+        """Store ``value`` under ``key``."""
+        ...
+
+
 class WatchMemory:
     """One watch's ``fired`` flag, kept in the watched asset's store.
 
@@ -96,7 +110,7 @@ class WatchMemory:
 
     def __init__(
         self,
-        store: Any,
+        store: AssetStateStore | None,
         *,
         watch_id: str,
         identity: str,

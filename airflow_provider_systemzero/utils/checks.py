@@ -77,7 +77,7 @@ def is_literal(value: Any) -> bool:
 
 
 @contextmanager
-def parse_time(task_id: Any) -> Iterator[None]:
+def parse_time(task_id: str | None) -> Iterator[None]:
     """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import,
     its message starting with the task ID (``<task_id>: …``) once, however the checks nest.
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Protocol
 
 __all__ = [
     "DEFER_GRACE",
+    "TimedTask",
     "bound_by_execution_timeout",
     "deadline_in",
     "defer_timeout",
@@ -29,6 +30,15 @@ __all__ = [
 DEFER_GRACE = timedelta(seconds=60)
 
 
+class TimedTask(Protocol):
+    """What a deadline reads of a task: Airflow's ``execution_timeout`` (``None``: unbounded)."""
+
+    @property
+    def execution_timeout(self) -> timedelta | None:
+        """The task's ``execution_timeout``."""
+        ...
+
+
 def in_seconds(value: float | timedelta | None) -> float | None:
     """A duration argument (seconds or a ``timedelta``) in seconds (``None`` stays ``None``)."""
     if value is None:
@@ -36,26 +46,24 @@ def in_seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def wait_bound(task: Any, wait: float | timedelta | None) -> float | None:
+def wait_bound(task: TimedTask, wait: float | timedelta | None) -> float | None:
     """Seconds a wait of ``wait`` may last: the shorter of ``wait`` and the task's
     ``execution_timeout`` (``None``: neither bounds it).
 
     :param task: the deferring task (its ``execution_timeout``, if any).
     :param wait: the task's own bound (``decision_timeout``, the sensor's ``timeout``).
     """
-    bounds = [
-        b for b in (in_seconds(wait), in_seconds(getattr(task, "execution_timeout", None))) if b is not None
-    ]
+    bounds = [b for b in (in_seconds(wait), in_seconds(task.execution_timeout)) if b is not None]
     return min(bounds) if bounds else None
 
 
-def deadline_in(task: Any, wait: float | timedelta | None) -> float | None:
+def deadline_in(task: TimedTask, wait: float | timedelta | None) -> float | None:
     """The deadline (epoch seconds) of a wait that starts now (:func:`wait_bound`)."""
     bound = wait_bound(task, wait)
     return None if bound is None else time.time() + bound
 
 
-def bound_by_execution_timeout(task: Any, wait: float | timedelta | None) -> bool:
+def bound_by_execution_timeout(task: TimedTask, wait: float | timedelta | None) -> bool:
     """Whether the task's ``execution_timeout``, not its own bound ``wait``, set :func:`wait_bound`
     (a timeout then is Airflow's own kind: ``AirflowTaskTimeout``, retried)."""
     own = in_seconds(wait)

@@ -29,6 +29,8 @@ from airflow_provider_systemzero.decisions.budget import EVENT_USAGE_KEY
 from airflow_provider_systemzero.decisions.timeline import merge_histories, settle_billed
 
 if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+
     from airflow_provider_systemzero.decisions.watch import WatchEvent
 
 __all__ = ["DECISIONS_XCOM_KEY", "push_history"]
@@ -59,7 +61,9 @@ def _earlier(ti: Any) -> list[dict[str, Any]]:
     return [row for row in value if isinstance(row, Mapping)] if isinstance(value, list) else []
 
 
-def push_history(task: Any, context: Mapping[str, Any], event: WatchEvent) -> list[dict[str, Any]] | None:
+def push_history(
+    task: BaseOperator, context: Mapping[str, Any], event: WatchEvent
+) -> list[dict[str, Any]] | None:
     """Push ``event``'s decision history as the ``decisions`` XCom (see the module docstring).
 
     :param task: the sensor or operator (its ``do_xcom_push`` and ``billed_by_reply``, and its log).

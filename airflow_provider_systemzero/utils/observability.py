@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.protocol.untrusted import safe_text
-from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, StreamObserver
+from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, ObservedStream, StreamObserver
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import BudgetExceeded
@@ -220,7 +220,7 @@ class AirflowStreamObserver(StreamObserver):
         self.decision_mode = decision_mode
         self._spans = spans
         self._capture = capture_content
-        self._stream: Any = None
+        self._stream: ObservedStream | None = None
         self._tracer: Any = None
         self._conn_span: Any = None
         self._open = False
@@ -228,7 +228,7 @@ class AirflowStreamObserver(StreamObserver):
 
     # ------------------------------------------------------------------ plumbing
 
-    def bind(self, stream: Any) -> None:
+    def bind(self, stream: ObservedStream) -> None:
         self._stream = stream
         self.decision_mode = getattr(stream, "decision_mode", self.decision_mode)
         if self._spans is None:

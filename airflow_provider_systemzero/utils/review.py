@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_systemzero.compat import AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.decisions.policy import (
@@ -295,6 +295,14 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
     return "\n".join(lines)
 
 
+class TaskLog(Protocol):
+    """What a gate writes to its task's log (Airflow's task logger has it)."""
+
+    def info(self, event: str, *args: Any) -> Any:
+        """Log ``event`` %-formatted with ``args``."""
+        ...
+
+
 class PolicyGateMixin:
     """Acts on a :class:`Gate` under the task's policy (see the module docstring).
 
@@ -307,7 +315,7 @@ class PolicyGateMixin:
     review_notifiers: list[Any]
     review_subject: str | None
     task_id: str
-    log: Any
+    log: TaskLog
 
     def _init_review(
         self,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.decisions.budget import (
     EVENT_USAGE_KEY,
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
 
 __all__ = ["TaskUsageLedger", "UsageBudgetMixin"]
+
+#: What a budgeted decide returns (the hook's ``DecisionResult``, or what a caller's call makes of it).
+_Result = TypeVar("_Result")
 
 log = logging.getLogger(__name__)
 
@@ -388,9 +391,9 @@ class UsageBudgetMixin:
     def decide_with_budget(
         self,
         context: Mapping[str, Any],
-        call: Callable[[DecisionBudget], Any],
+        call: Callable[[DecisionBudget], _Result],
         body_bytes: int | None = None,
-    ) -> Any:
+    ) -> _Result:
         """Run a synchronous decide under this try's budget; the usage is recorded on every exit.
 
         :param call: receives the budget and performs the decide (e.g. ``hook.decide(..., budget=b)``).
