@@ -202,12 +202,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             sz_inputs.start_in_triggerer(self, start_from_trigger)
 
     def _trigger_kwargs(
-        self,
-        inputs: Inputs,
-        namespace: str,
-        deadline: float | None,
-        budget: dict[str, Any],
-        skip_states: list[str],
+        self, inputs: Inputs, namespace: str, deadline: float | None, budget: dict[str, Any], skip: list[str]
     ) -> dict[str, Any]:
         """The trigger's kwargs: the one place the sensor builds its trigger (defer, start, wait again)."""
         request, condition, source = inputs
@@ -226,7 +221,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "min_interval_ms": self.min_interval_ms,
             "max_staleness": self.max_staleness,
             **self.decision_filter.to_kwargs(),
-            **({"skip_states": skip_states} if skip_states else {}),
+            **({"skip_states": skip} if skip else {}),
             **sz_inputs.static_state_kwargs(self, source),
         }
 

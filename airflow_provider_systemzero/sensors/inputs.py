@@ -365,7 +365,7 @@ def start_trigger_args(sensor: DecisionSensorTask) -> StartTriggerArgs:
         raise ValueError(str(exc)) from None
     sensor.key_namespace = namespace
     kwargs = sensor._trigger_kwargs(
-        inputs, namespace=namespace, deadline=None, budget=sensor.start_trigger_budget(), skip_states=[]
+        inputs, namespace=namespace, deadline=None, budget=sensor.start_trigger_budget(), skip=[]
     )
     return StartTriggerArgs(
         trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
