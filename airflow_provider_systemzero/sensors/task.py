@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -19,8 +19,12 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import DecisionBudget
     from airflow_provider_systemzero.decisions.conditions import DecisionCondition
     from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+    from airflow_provider_systemzero.utils.review import TaskLog
 
 __all__ = ["DecisionSensorTask"]
+
+
+_Result = TypeVar("_Result")
 
 
 class DecisionSensorTask(Protocol):
@@ -31,7 +35,7 @@ class DecisionSensorTask(Protocol):
     # Airflow's operator
     task_id: str
     dag_id: str
-    log: Any
+    log: TaskLog
     deferrable: bool
     mode: str
     poke_interval: float
@@ -81,8 +85,8 @@ class DecisionSensorTask(Protocol):
         inputs: tuple[dict[str, Any], DecisionCondition, dict[str, Any] | None],
         namespace: str,
         deadline: float | None,
-        budget: Any,
-        skip_states: list[str],
+        budget: dict[str, Any],
+        skip: list[str],
     ) -> dict[str, Any]:
         """The trigger's kwargs (the one place the sensor builds its trigger)."""
         ...
@@ -94,9 +98,9 @@ class DecisionSensorTask(Protocol):
     def decide_with_budget(
         self,
         context: Mapping[str, Any],
-        call: Callable[[DecisionBudget], Any],
+        call: Callable[[DecisionBudget], _Result],
         body_bytes: int | None = None,
-    ) -> Any:
+    ) -> _Result:
         """Run a synchronous decide under this try's budget."""
         ...
 

@@ -296,10 +296,14 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
 
 
 class TaskLog(Protocol):
-    """What a gate writes to its task's log (Airflow's task logger has it)."""
+    """What the provider writes to a task's log (Airflow's task logger has it)."""
 
     def info(self, event: str, *args: Any) -> Any:
         """Log ``event`` %-formatted with ``args``."""
+        ...
+
+    def warning(self, event: str, *args: Any) -> Any:
+        """Log ``event`` %-formatted with ``args``, as a warning."""
         ...
 
 
