@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version, has_awaiting_input
+from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.emulator.deciders import RulesDecider
 from airflow_provider_systemzero.emulator.server import Emulator
@@ -26,14 +26,6 @@ needs_task_state_store = pytest.mark.skipif(
     airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE,
     reason="needs Airflow 3.3's task state store: older releases keep budgets and reviews per try "
     "(docs/compatibility.md)",
-)
-#: For a review run through ``dag.test()``: without ``awaiting_input`` (Airflow 3.1 / 3.2) the review
-#: defers to ``HITLTrigger``, which ``dag.test()``'s in-process supervisor cannot serve (it does not
-#: answer the trigger's ``GetHITLDetailResponse`` request). tests/test_compat.py checks that deferral.
-needs_awaiting_input = pytest.mark.skipif(
-    not has_awaiting_input(),
-    reason="a review through dag.test() needs Airflow 3.3's awaiting_input; on older releases dag.test() cannot "
-    "run the HITLTrigger the review defers to (tests/test_compat.py checks the deferral)",
 )
 
 

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 from datetime import UTC
 from importlib import metadata
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -180,9 +181,104 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
         deferred = raised.value
         assert deferred.method_name == "execute_review_complete" and deferred.kwargs == resume
         assert isinstance(deferred.trigger, HITLTrigger)
-        _classpath, kwargs = deferred.trigger.serialize()
+        classpath, kwargs = deferred.trigger.serialize()
+        assert classpath == "airflow_provider_systemzero.utils.review_wait.ReviewTrigger"
         assert (kwargs["ti_id"], kwargs["options"], kwargs["defaults"]) == (ti.id, ["Yes", "No"], ["No"])
         assert kwargs["timeout_datetime"] is not None
+        # what the task resumes with travels in the trigger too: dag.test() resumes with the event alone
+        assert kwargs["resume"] == resume
+
+
+def test_a_review_trigger_is_hitl_trigger_with_what_the_task_resumes_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trigger a review defers to on Airflow 3.1 / 3.2 rebuilds from its kwargs (as a triggerer
+    does) and fires Airflow's own HITL events, each with ``resume`` added."""
+    import asyncio
+    import uuid
+
+    from airflow.triggers.base import TriggerEvent
+
+    from airflow_provider_systemzero.utils import review_wait
+
+    resume = {"gate": {"question": "publish"}, "outcome": {"action": "review"}}
+    trigger = review_wait.ReviewTrigger(
+        ti_id=uuid.uuid4(), options=["Yes", "No"], params={}, timeout_datetime=None, resume=resume
+    )
+    classpath, kwargs = trigger.serialize()
+    rebuilt = review_wait.ReviewTrigger(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs) and rebuilt.resume == resume
+
+    answer = {"chosen_options": ["Yes"], "params_input": {}, "responded_at": None, "timedout": False}
+
+    async def answered(self: Any) -> TriggerEvent:  # a person answered (HITLTrigger read it back)
+        return TriggerEvent(answer)
+
+    async def first_event() -> TriggerEvent:
+        return await anext(rebuilt.run())
+
+    monkeypatch.setattr(review_wait.HITLTrigger, "_handle_response", answered)
+    event = asyncio.run(first_event())
+    assert event.payload == {**answer, "resume": resume}
+
+
+def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``dag.test()``'s in-process supervisor of 3.1 / 3.2 (which answers a task's requests
+    only), the two requests of ``HITLTrigger`` go to the supervisor's Execution API client; any other
+    request, and every request outside ``dag.test()`` or on 3.3, is left as it was."""
+    from airflow.sdk.execution_time import task_runner
+
+    from airflow_provider_systemzero.utils import review_wait
+
+    calls: list[tuple[str, Any]] = []
+
+    class Hitl:
+        def get_detail_response(self, ti_id: Any) -> str:
+            calls.append(("get", ti_id))
+            return "detail"
+
+        def update_response(self, ti_id: Any, chosen_options: list[str], params_input: dict[str, Any]) -> str:
+            calls.append(("update", (ti_id, chosen_options, params_input)))
+            return "updated"
+
+    class InProcessSupervisorComms:  # the name dag.test()'s comms have
+        supervisor = SimpleNamespace(client=SimpleNamespace(hitl=Hitl()))
+
+        def send(self, msg: Any) -> str:
+            calls.append(("comms", type(msg).__name__))
+            return "from the supervisor"
+
+    class GetHITLDetailResponse:
+        ti_id = "ti-1"
+
+    class UpdateHITLDetail:
+        ti_id, chosen_options, params_input = "ti-1", ["No"], {}
+
+    class GetConnection:
+        pass
+
+    comms = InProcessSupervisorComms()
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    monkeypatch.setattr(compat, "has_awaiting_input", lambda: False)
+    with review_wait.in_process_review_comms() as applied:
+        assert applied
+        served = task_runner.SUPERVISOR_COMMS
+        assert served.send(GetHITLDetailResponse()) == "detail"
+        assert served.send(UpdateHITLDetail()) == "updated"
+        assert served.send(GetConnection()) == "from the supervisor"
+    assert task_runner.SUPERVISOR_COMMS is comms
+    assert calls == [("get", "ti-1"), ("update", ("ti-1", ["No"], {})), ("comms", "GetConnection")]
+    # a triggerer's comms (or a release with awaiting_input) are left alone
+    other = SimpleNamespace(send=lambda msg: "triggerer")
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", other, raising=False)
+    with review_wait.in_process_review_comms() as applied:
+        assert not applied and task_runner.SUPERVISOR_COMMS is other
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
+    monkeypatch.setattr(compat, "has_awaiting_input", lambda: True)
+    with review_wait.in_process_review_comms() as applied:
+        assert not applied and task_runner.SUPERVISOR_COMMS is comms
 
 
 def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:

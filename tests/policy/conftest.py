@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pendulum
 import pytest
@@ -110,7 +111,7 @@ class CoreApi:
         self, username: str, dag_id: str, run_id: str, task_id: str, map_index: int, chosen: list[str]
     ) -> Any:
         return self.client.patch(
-            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/hitlDetails",
+            f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/{map_index}/hitlDetails",
             json={"chosen_options": chosen, "params_input": {}},
             headers={"Authorization": f"Bearer {self.token(username)}"},
         )
@@ -137,7 +138,7 @@ def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
             .filter(
                 TaskInstance.dag_id == dag_id,
                 HITLDetail.responded_at.is_(None),
-                TaskInstance.state == ("awaiting_input" if has_awaiting_input() else "deferred"),
+                TaskInstance.state.in_(WAITING if has_awaiting_input() else ("deferred", "queued")),
             )
             .all()
         )
@@ -156,6 +157,11 @@ def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
             }
             for detail, ti in rows
         ]
+
+
+#: Where a task waits for its review on Airflow 3.3; on 3.1 / 3.2 it is deferred, and queued while
+#: ``dag.test()`` runs its trigger in-process.
+WAITING = ("awaiting_input",)
 
 
 class Reviewer:

@@ -17,7 +17,7 @@ from airflow_provider_systemzero.operators.branch import (
     SystemZeroBranchOperator,
     SystemZeroShortCircuitOperator,
 )
-from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
+from tests.helpers import run_dag, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -110,7 +110,6 @@ def test_an_option_can_run_several_tasks(emulator: Any) -> None:
     assert record["effect"] == {"branches": ["escalate"], "follow": ["page_oncall", "open_incident"]}
 
 
-@needs_awaiting_input
 def test_a_person_chooses_the_branch_in_the_review_band(emulator: Any, core_api: Any) -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail")
     dag = _teams(

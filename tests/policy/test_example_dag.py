@@ -13,7 +13,6 @@ from tests.conftest import REPO
 from tests.helpers import (
     EmulatorThread,
     dagbag_module,
-    needs_awaiting_input,
     systemzero_connection,
     task_states,
     xcoms_of,
@@ -62,7 +61,6 @@ def test_the_model_routes_a_clear_ticket(example_emulator: Any) -> None:
     }
 
 
-@needs_awaiting_input
 def test_a_person_routes_an_ambiguous_ticket(example_emulator: Any, core_api: Any) -> None:
     with Reviewer(core_api, DAG_ID, lambda request: ["billing"], username="carol") as reviewer:
         dag_run = _run("T-1003")

@@ -13,7 +13,7 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import needs_awaiting_input, run_dag, task_states, xcoms_of
+from tests.helpers import run_dag, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -122,7 +122,6 @@ def test_min_true_for_waits_while_the_answer_holds(emulator: Any) -> None:
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait")
 
 
-@needs_awaiting_input
 def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> None:
     dag = _sensor("sensor_review_yes", ["tick 1: down", "tick 2: unsure ready"], policy=POLICY, timeout=30)
     with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
@@ -137,7 +136,6 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> Non
     assert record["confidence"] == pytest.approx(0.6) and record["state_version"] == 2
 
 
-@needs_awaiting_input
 def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any) -> None:
     dag = _sensor(
         "sensor_review_no", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5, policy=POLICY, timeout=30
@@ -203,7 +201,6 @@ def test_hysteresis_refuses_reschedule_mode() -> None:
         )
 
 
-@needs_awaiting_input
 def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     with DAG("sensor_poke_review", schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
@@ -229,7 +226,6 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
 
 
-@needs_awaiting_input
 def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
     """The trigger the sensor defers to after a person says "no" carries the task's budget: with
     one decision allowed and spent on the reviewed state, the next state is not decided."""
