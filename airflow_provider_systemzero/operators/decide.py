@@ -4,6 +4,7 @@ answers to downstream tasks through XCom."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import mimetypes
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from airflow_provider_systemzero.utils.checks import (
     refuse_rendered_none_options,
     template_of,
 )
-from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout
+from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout, timeout_reason
 from airflow_provider_systemzero.utils.history import push_history
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
@@ -536,6 +537,15 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         namespaces = {context_namespace(context, salt=self.key_salt)}
         event = WatchEvent.from_payload(owned_event(self.task_id, event, namespaces))
         self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
+        if event.status == "timeout":  # whose deadline it was, how long decisions took, what to raise
+            reason = timeout_reason(
+                self,
+                "decision_timeout",
+                self.decision_timeout,
+                event.extra,
+                needs="how long a decision takes",
+            )
+            event = dataclasses.replace(event, extra={**event.extra, "message": reason})
         if event.status != "success":
             raise task_failure(self.task_id, event)
         return self._publish(context, event)

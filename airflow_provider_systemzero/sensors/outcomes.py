@@ -27,7 +27,7 @@ from airflow_provider_systemzero.compat import (
 from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
 from airflow_provider_systemzero.sensors.inputs import build_inputs, source_name
 from airflow_provider_systemzero.triggers.payloads import task_failure
-from airflow_provider_systemzero.utils.deadlines import bound_by_execution_timeout
+from airflow_provider_systemzero.utils.deadlines import bound_by_execution_timeout, timeout_reason
 from airflow_provider_systemzero.utils.history import push_history
 from airflow_provider_systemzero.utils.review import Gate
 
@@ -125,8 +125,14 @@ def end_without_decision(sensor: DecisionSensorTask, context: Context, event: Wa
             "source that returns the last part of the log, or a summary)"
         )
     if event.status == "timeout":
-        message = f"{sensor.task_id}: {event.message or 'the trigger failed'}"
-        reason = event.message or "no decision met the condition before the deadline"
+        reason = timeout_reason(
+            sensor,
+            "timeout",
+            sensor.timeout,
+            {**event.extra, "message": event.message or "no decision met the condition before the deadline"},
+            needs="the time the state takes to meet the condition, and a decision after that",
+        )
+        message = f"{sensor.task_id}: {reason}"
         effect = {"fired": False, "timed_out": True, "soft_fail": bool(sensor.soft_fail)}
         record = decision_record(
             question=sensor.question,
@@ -143,6 +149,6 @@ def end_without_decision(sensor: DecisionSensorTask, context: Context, event: Wa
             raise AirflowSkipException(message)
         if bound_by_execution_timeout(sensor, sensor.timeout):
             # the wait was cut by execution_timeout, as Airflow would cut a running task: retried
-            raise AirflowTaskTimeout(f"{message} (the task's execution_timeout)")
+            raise AirflowTaskTimeout(message)
         raise AirflowSensorTimeout(message)
     raise task_failure(sensor.task_id, event, fix=fix)

@@ -8,21 +8,31 @@ Airflow does not apply a task's ``execution_timeout`` while the task is deferred
 time it runs on a worker). A wait the author bounded with ``execution_timeout`` would otherwise
 last until ``decision_timeout`` or the sensor's ``timeout``: :func:`deadline_in` takes the
 shorter of the two.
+
+When the deadline passes, the task says whose deadline it was and what to raise
+(:func:`timeout_reason`): the trigger's ``timeout`` event says what the wait was stuck on and how
+long decisions took (``decision_seconds``, ``deciding_for``), the task knows which of its
+arguments set the deadline.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
+
+from airflow_provider_systemzero.durations import is_seconds, readable
 
 __all__ = [
     "DEFER_GRACE",
     "TimedTask",
     "bound_by_execution_timeout",
     "deadline_in",
+    "decision_times",
     "defer_timeout",
     "in_seconds",
+    "timeout_reason",
     "wait_bound",
 ]
 
@@ -76,3 +86,62 @@ def defer_timeout(deadline: float | None) -> timedelta | None:
     if not deadline:
         return None
     return timedelta(seconds=max(1.0, deadline - time.time())) + DEFER_GRACE
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def decision_times(facts: Mapping[str, Any]) -> str | None:
+    """How long decisions took during a wait, in words, from a trigger's ``timeout`` event
+    (``None`` when the event says nothing about it).
+
+    :param facts: the event's fields: ``decision_seconds`` (the last decisions' durations, oldest
+        first) and ``deciding_for`` (how long the gateway had owed a decision at the deadline, or
+        ``None``).
+    """
+    raw = facts.get("decision_seconds")
+    took = [readable(s) for s in raw if is_seconds(s)] if isinstance(raw, list) else None
+    owed = facts.get("deciding_for")
+    parts = []
+    if took:
+        parts.append(
+            f"the last decision took {took[0]}"
+            if len(took) == 1
+            else f"the last {len(took)} decisions took {_listed(took)}"
+        )
+    elif took is not None:
+        parts.append("no decision arrived during the wait")
+    if is_seconds(owed):
+        parts.append(f"the gateway had owed a decision for {readable(owed)} when the deadline passed")
+    return ", and ".join(parts) or None
+
+
+def timeout_reason(
+    task: Any, wait_name: str, wait: float | timedelta | None, facts: Mapping[str, Any], *, needs: str
+) -> str:
+    """Why a deferred task's wait ended at its deadline: whose deadline it was (``wait_name`` or
+    ``execution_timeout``, with its length), what the trigger saw, how long decisions took, and what
+    to raise.
+
+    :param task: the task (its ``execution_timeout``).
+    :param wait_name: the task's own bound: ``timeout`` (a sensor) or ``decision_timeout``.
+    :param wait: its value.
+    :param facts: the trigger's ``timeout`` event (``message``, ``decision_seconds``, ``deciding_for``).
+    :param needs: what the raised bound must cover, in words (``how long a decision takes``).
+    """
+    own = in_seconds(wait)
+    if bound_by_execution_timeout(task, wait):
+        name, bound = "execution_timeout", in_seconds(getattr(task, "execution_timeout", None))
+        fix = f"raise execution_timeout (now {readable(bound or 0)}), which is shorter than {wait_name}"
+        fix += f" ({readable(own)})" if own is not None else ""
+    else:
+        name, bound = wait_name, own
+        fix = f"raise {wait_name} (now {readable(bound or 0)}) to cover {needs}"
+    owed = facts.get("deciding_for")
+    if is_seconds(owed) and not facts.get("decision_seconds"):
+        fix += ", or find out why the gateway's decisions take this long"
+    head = f"the task's {name} of {readable(bound or 0)} passed"
+    said = str(facts.get("message") or "the wait had no decision before the deadline")
+    times = decision_times(facts)
+    return f"{head}: {said}; {times}: {fix}" if times else f"{head}: {said}: {fix}"

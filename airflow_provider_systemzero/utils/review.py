@@ -45,6 +45,7 @@ from airflow_provider_systemzero.decisions.policy import (
     ranked_answers,
     state_preview,
 )
+from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.protocol.untrusted import safe_text
 from airflow_provider_systemzero.utils.checks import review_settings
 
@@ -305,7 +306,7 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
             if policy.default is not None
             else f"the task does what the policy says below its bars ({policy.below})"
         )
-        lines += ["", f"If nobody answers within {policy.review_timeout:g} s, {fallback}."]
+        lines += ["", f"If nobody answers within {readable(policy.review_timeout)}, {fallback}."]
     return "\n".join(lines)
 
 

@@ -53,7 +53,15 @@ def test_a_deferred_operator_waits_no_longer_than_its_execution_timeout(
     dag_run = run_dag(dag)
     assert time.monotonic() - started < HELD  # not the held decision, nor decision_timeout
     assert task_states(dag_run) == {"decide": "failed"}
-    assert "no decision before the task's deadline" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # whose deadline it was, and what to raise
+    assert (
+        f"decide: the task's execution_timeout of {BOUND} s passed: no decision before the task's deadline"
+        in printed
+    )
+    assert (
+        f"raise execution_timeout (now {BOUND} s), which is shorter than decision_timeout (10 min)" in printed
+    )
 
 
 def test_a_deferred_sensor_waits_no_longer_than_its_execution_timeout(emulator: Any, tmp_path: Path) -> None:
@@ -77,3 +85,7 @@ def test_a_deferred_sensor_waits_no_longer_than_its_execution_timeout(emulator: 
     assert task_tries(dag_run)["wait"] == 2
     record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
     assert record["effect"]["timed_out"] is True  # the sensor's own timeout record, with its cause
+    assert record["reason"].startswith(f"the task's execution_timeout of {BOUND} s passed: ")
+    assert (
+        f"raise execution_timeout (now {BOUND} s), which is shorter than timeout (10 min)" in record["reason"]
+    )

@@ -25,7 +25,7 @@ from airflow_provider_systemzero.operators.branch import (
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.sources import FileSource
-from tests.helpers import dagbag_module, run_dag, task_states
+from tests.helpers import dagbag_module, run_dag, task_states, xcoms_of
 from tests.mistakes.conftest import CONN, START
 
 READY = "Is the job ready?"
@@ -493,6 +493,31 @@ def test_a_sensor_that_times_out_on_a_missing_file_says_so(
         f"no decision met the condition before the deadline; the file {str(missing)!r} on host "
         f"{socket.gethostname()!r} does not exist (nothing is decided until it has content): check the path"
     ) in printed
+
+
+def test_a_timeout_shorter_than_the_job_names_the_deadline_and_how_long_decisions_took(
+    emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job is still running when the sensor's own timeout passes: the message names that
+    timeout and its length, what the model said about the state so far, how long its decisions
+    took, and what to raise — not only that no decision met the condition."""
+    log = tmp_path / "job.log"
+    log.write_text("Job started\n")  # the job never gets to "ready" before the timeout
+    with DAG("mistake_timeout_shorter_than_the_job", schedule=None, start_date=START) as dag:
+        # long enough for the first decision: under dag.test() on Airflow 3.1 the trigger's
+        # connection lookup alone takes 2-5 s
+        _sensor(source={"type": "file", "path": str(log), "poll_interval": 0.05}, timeout=8, deferrable=True)
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"wait": "failed"}
+    reason = (
+        r"the task's timeout of 8 s passed: no decision met the condition before the deadline; the last "
+        r"decision \(state version 1\): ready = False, waiting for True; the last decision took "
+        r"(\d+ ms|\d(\.\d)? s): raise timeout \(now 8 s\) to cover the time the state takes to meet "
+        r"the condition, and a decision after that"
+    )
+    assert re.search(f"wait: {reason}", capsys.readouterr().out)
+    record = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "decision", -1)]
+    assert re.fullmatch(reason, record["reason"]), record["reason"]
 
 
 def test_a_state_too_large_names_the_upstream_task_and_the_fix(

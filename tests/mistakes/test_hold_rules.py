@@ -38,8 +38,8 @@ def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
     printed = capsys.readouterr().out
     assert "no decision met the condition" not in printed
     assert (
-        "wait: a decision met the condition, but a hold rule kept it from ending the wait before the "
-        "deadline; the last decision (state version 1): ready = True"
+        "wait: the task's timeout of 8 s passed: a decision met the condition, but a hold rule kept it "
+        "from ending the wait before the deadline; the last decision (state version 1): ready = True"
     ) in printed
     assert "; min_true_for (7.99 s) needs the condition to hold longer (held " in printed
     assert "shorten min_true_for, or raise the sensor's timeout" in printed
