@@ -20,7 +20,7 @@ from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest, validate_attachment_tuple
-from airflow_provider_systemzero.protocol.validation import validate_state
+from airflow_provider_systemzero.protocol.validation import not_json_message, validate_state
 
 __all__ = ["build_request_dict", "normalise_questions", "validate_state_for_request"]
 
@@ -134,10 +134,13 @@ def validate_state_for_request(
     limits: Limits | None = None,
     field: str = "state",
     too_large: str | None = None,
+    templated: bool = False,
 ) -> int:
     """Check a state (and attachments) against the request: JSON, kind, and the decide-body limit.
 
     :param field: what the state is called in the messages (the argument that holds it).
+    :param templated: the state comes from a templated argument (a template is one fix for a value
+        JSON cannot carry).
     :param too_large: the fix a body over the limit is told (where the state came from decides it;
         by default: send less).
 
@@ -148,9 +151,9 @@ def validate_state_for_request(
     validate_state(state, field=field)
     try:
         json_size(state)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise SystemZeroArgumentError(
-            f"{field} is not JSON-serialisable: {exc}", code="invalid_state", field=field
+            not_json_message(state, field, exc, templated=templated), code="invalid_state", field=field
         ) from None
     validate_attachment_tuple(tuple(attachments), field="attachments")
     limits = limits or Limits()

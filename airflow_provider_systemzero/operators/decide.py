@@ -21,7 +21,7 @@ from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook, check_c
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.messages import Attachment
-from airflow_provider_systemzero.protocol.validation import validate_attachment_name
+from airflow_provider_systemzero.protocol.validation import not_json_message, validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.stream.untrusted import server_token
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
@@ -284,7 +284,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 refuse_empty_state(self.state, allow_empty=self.allow_empty)
                 if attachments_literal:
                     attachments = [_as_attachment(a, i) for i, a in enumerate(self.attachments)]
-                    validate_state_for_request(request, self.state, attachments)
+                    validate_state_for_request(
+                        request, self.state, attachments, templated="state" in self.template_fields
+                    )
 
     # ------------------------------------------------------------------ inputs
 
@@ -310,10 +312,10 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 )
             try:
                 json_size(output)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
+                what = f"the output of upstream task {task_id!r}, replayed as state"
                 raise SystemZeroArgumentError(
-                    f"the output of upstream task {task_id!r} is not JSON ({exc}): return "
-                    "plain JSON values to replay them as state",
+                    not_json_message(output, what, exc, root="output"),
                     code="invalid_state",
                     field=f"upstream_task_ids[{task_id}]",
                 ) from None
@@ -475,6 +477,8 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
                 too_large="return less from those tasks (a summary, the last part)"
                 if self.replay_task_ids
                 else None,  # the default fix: send less
+                # the state argument itself (a decorated task's state is its function's return value)
+                templated=not self.replay_task_ids and "state" in self.template_fields,
             )
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None

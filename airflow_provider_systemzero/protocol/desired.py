@@ -43,7 +43,11 @@ from airflow_provider_systemzero.protocol.messages import (
     validate_attachment_tuple,
 )
 from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation, same_json
-from airflow_provider_systemzero.protocol.validation import validate_idempotency_key, validate_state
+from airflow_provider_systemzero.protocol.validation import (
+    not_json_message,
+    validate_idempotency_key,
+    validate_state,
+)
 
 __all__ = ["MAX_KEY_NAMESPACE_LENGTH", "STREAM_ID_PLACEHOLDER", "Change", "DesiredState"]
 
@@ -63,9 +67,9 @@ def _json_text(value: Any, field: str) -> str:
     that is not valid Unicode is refused where the text is encoded: :func:`_utf8`)."""
     try:
         return compact_json(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise LocalProtocolError(
-            f"{field} is not JSON-serialisable: {exc}", code="invalid_state", field=field
+            not_json_message(value, field, exc), code="invalid_state", field=field
         ) from None
 
 

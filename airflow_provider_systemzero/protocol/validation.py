@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ __all__ = [
     "MODES",
     "QUESTION_TYPES",
     "ROUTES",
+    "json_fault",
+    "not_json_message",
     "validate_attachment_name",
     "validate_data_url",
     "validate_decision_mode",
@@ -304,6 +307,103 @@ def validate_state(state: Any, *, field: str = "state") -> Any:
             field=field,
         )
     return state
+
+
+#: What to give instead of a value JSON cannot carry, by its type's name.
+_JSON_FIXES = {
+    "datetime": "its text: str(value), or value.isoformat()",
+    "date": "its text: str(value), or value.isoformat()",
+    "time": "its text: str(value), or value.isoformat()",
+    "timedelta": "a number of seconds: value.total_seconds()",
+    "Decimal": "float(value), or str(value) to keep every digit",
+    "UUID": "its text: str(value)",
+    "set": "a list: sorted(value)",
+    "frozenset": "a list: sorted(value)",
+    "bytes": "text: value.decode() (or base64 for binary data)",
+    "bytearray": "text: value.decode() (or base64 for binary data)",
+}
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _fault(value: Any, path: str, holders: set[int]) -> tuple[str, str, str] | None:
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"the number {value!r}", "a finite number, or None")
+    if isinstance(value, list | tuple | dict):
+        if id(value) in holders:
+            return (
+                path,
+                f"the {type(value).__name__} that holds it",
+                "a copy that does not refer back to itself",
+            )
+        holders.add(id(value))
+        try:
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if key is not None and not isinstance(key, str | int | float | bool):
+                        return (
+                            path,
+                            f"an object with a key of type {_type_name(key)}",
+                            "string keys: str(key)",
+                        )
+                    found = _fault(item, f"{path}[{key!r}]", holders)
+                    if found is not None:
+                        return found
+            else:
+                for index, item in enumerate(value):
+                    found = _fault(item, f"{path}[{index}]", holders)
+                    if found is not None:
+                        return found
+        finally:
+            holders.discard(id(value))
+        return None
+    fix = _JSON_FIXES.get(type(value).__name__, "its text, str(value), or the plain JSON values it holds")
+    name = _type_name(value)
+    return path, f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}", fix
+
+
+def json_fault(value: Any, *, root: str = "state") -> tuple[str, str, str] | None:
+    """The first value inside ``value`` that JSON cannot carry (compact JSON refuses it), depth
+    first, or ``None`` when there is none (or the value nests too deep to search).
+
+    :param value: the value, e.g. a state.
+    :param root: the name its path starts with.
+    :return: ``(path, what, instead)``: the path to the value (``state['deploy']['started']``), what
+        it is (``a datetime.datetime``) and what to give instead (``its text: str(value), …``).
+    """
+    try:
+        return _fault(value, root, set())
+    except RecursionError:
+        return None
+
+
+def not_json_message(
+    value: Any, field: str, error: BaseException, *, root: str = "state", templated: bool = False
+) -> str:
+    """Why ``value`` cannot be sent, naming the path to the first value JSON cannot carry and what
+    to give instead (:func:`json_fault`).
+
+    :param value: the value compact JSON refused.
+    :param field: what the value is called where it was given (``state``, an upstream task's output).
+    :param error: the encoder's error (quoted when no single value is to blame).
+    :param root: the name the path starts with.
+    :param templated: the value is a templated argument: a template that renders to text is a fix too.
+    """
+    found = json_fault(value, root=root)
+    if found is None:
+        return f"{field} is not JSON ({error}): give plain JSON values (text, numbers, lists, objects); nothing was sent"
+    path, what, instead = found
+    where = "" if field == root else f" ({field})"
+    # a value of the wrong type (not a number, a key or a loop) can come from a template as text
+    template = (
+        " — or a template that renders it as text, e.g. '{{ ts }}'" if templated and "text" in instead else ""
+    )
+    return f"{path} is {what}, which JSON cannot carry{where}: give {instead}{template}; nothing was sent"
 
 
 def validate_model(model: Any) -> str:

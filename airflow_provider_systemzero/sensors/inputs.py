@@ -176,7 +176,7 @@ def checked_source(sensor: DecisionSensorTask, request: dict[str, Any] | None) -
     """
     source = validate_source_spec(sensor.source, sensor.state)
     if request is not None:
-        validate_state_for_request(request, sensor.state)
+        validate_state_for_request(request, sensor.state, templated="state" in sensor.template_fields)
     if not sensor.wait_on_static_state:  # the author asked to wait until the timeout
         check_changes_possible(source, consecutive=sensor.consecutive)
     return source

@@ -149,7 +149,11 @@ def _context(tmp: Path | None = None, outputs: dict[str, Any] | None = None) -> 
             "does not start with 'data:'",
         ),
         ({"questions": {"q": "x"}, "state": "x" * 3_700_000}, "max_decide_body_bytes"),
-        ({"questions": {"q": "x"}, "upstream_task_ids": ["up"]}, "not JSON"),
+        (
+            {"questions": {"q": "x"}, "upstream_task_ids": ["up"]},
+            r"output is a set, which JSON cannot carry \(the output of upstream task 'up', replayed as "
+            r"state\): give a list: sorted\(value\)",
+        ),
         ({"questions": {"q": "x"}}, "state is required"),
         ({"questions": {"q": "x"}, "state": 5}, "must be a string, an array or an object"),
     ],

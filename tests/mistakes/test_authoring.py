@@ -8,7 +8,7 @@ import logging
 import re
 import socket
 import textwrap
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,14 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
         (
             lambda: SystemZeroDecideOperator(task_id="d", questions={"q": READY}, state=[]),
             r"d: state is empty \(\[\]\)",
+        ),
+        (  # the path to the value and what to give instead, not only "Object of type datetime ..."
+            lambda: SystemZeroDecideOperator(
+                task_id="d", questions={"q": READY}, state={"deploy": {"started": datetime(2026, 1, 1)}}
+            ),
+            r"^d: state\['deploy'\]\['started'\] is a datetime\.datetime, which JSON cannot carry: give its "
+            r"text: str\(value\), or value\.isoformat\(\) — or a template that renders it as text, e\.g\. "
+            r"'\{\{ ts \}\}'; nothing was sent$",
         ),
         (
             lambda: SystemZeroDecideOperator(
@@ -493,6 +501,27 @@ def test_a_sensor_that_times_out_on_a_missing_file_says_so(
         f"no decision met the condition before the deadline; the file {str(missing)!r} on host "
         f"{socket.gethostname()!r} does not exist (nothing is decided until it has content): check the path"
     ) in printed
+
+
+def test_a_decorated_state_that_is_not_json_names_the_value_and_sends_nothing(
+    emulator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = emulator.stats
+    with DAG("mistake_state_not_json", schedule=None, start_date=START) as dag:
+
+        @task.systemzero(systemzero_conn_id=CONN, questions={"ready": READY})
+        def deploy_state() -> dict[str, Any]:
+            return {"deploy": {"steps": ["build", {"started": datetime(2026, 1, 1, 12)}]}}
+
+        deploy_state()
+    dag_run = run_dag(dag)
+    assert task_states(dag_run) == {"deploy_state": "failed"}
+    # the function's return value is no template: the fix is the value's text
+    assert (
+        "deploy_state: state['deploy']['steps'][1]['started'] is a datetime.datetime, which JSON cannot "
+        "carry: give its text: str(value), or value.isoformat(); nothing was sent"
+    ) in capsys.readouterr().out
+    assert emulator.stats.streams_total == before.streams_total
 
 
 def test_a_timeout_shorter_than_the_job_names_the_deadline_and_how_long_decisions_took(

@@ -39,7 +39,10 @@ def make_client(state: Any = "log\n", mode: str = "on_change", **kwargs: Any) ->
         (lambda c: c.append_text(5), "text must be a string"),
         (lambda c: c.append_text("x", idempotency_key=""), "idempotency_key is empty after trimming"),
         (lambda c: c.replace(5), "state must be a string, an array or an object"),
-        (lambda c: c.replace({"x": float("nan")}), "state is not JSON-serialisable"),
+        (
+            lambda c: c.replace({"x": float("nan")}),
+            r"state\['x'\] is the number nan, which JSON cannot carry",
+        ),
         (lambda c: c.append_attachments([]), "must not be empty"),
         (lambda c: c.append_attachments([Attachment("1a", DATA)]), "must start with a letter"),
         (lambda c: c.append_attachments([Attachment("a", "data:text/plain,hi")]), "not base64-encoded"),
