@@ -143,6 +143,13 @@ class TaskUsageLedger:
 
     @property
     def hint(self) -> str:
+        """The fix a refusal names: what holds where the total lives (all tries in the task state
+        store), or — without a store — that the next try counts from zero again."""
+        if not self.persistent:
+            return (
+                f"Raise max_decisions / max_input_tokens on task {self.task_label}; without a task "
+                "state store they cover this try only (a retry counts from zero)."
+            )
         return (
             f"Raise max_decisions / max_input_tokens on task {self.task_label}; the total across tries is "
             f"kept in the task state store under {TASK_STATE_KEY!r} (delete that key to start over)."

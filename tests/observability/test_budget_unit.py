@@ -184,6 +184,14 @@ def test_without_a_task_state_store_the_budget_covers_one_try() -> None:
     assert not ledger.persistent and "this try only" in ledger.scope
     record = ledger.finish(Usage(billed=1, dispatched=1))
     assert record["persistent"] is False
+    # the refusal says only what holds without a store (Airflow 3.1 / 3.2): no key to delete
+    refused = TaskUsageLedger(context(None), max_decisions=0, task_label="'d.t'").check()
+    assert refused is not None
+    assert "task state store under" not in str(refused) and "delete that key" not in str(refused)
+    assert str(refused).endswith(
+        "Raise max_decisions / max_input_tokens on task 'd.t'; without a task state store they cover "
+        "this try only (a retry counts from zero)."
+    )
 
 
 def test_event_usage_reports_the_run_and_the_refusal() -> None:
