@@ -145,8 +145,10 @@ test-ui: $(STAMP)
 test-conformance: $(STAMP)
 	$(BIN)/pytest -q -m conformance tests/conformance $(PYTEST_ARGS)
 
+# The demo's usage line and hints name the make command (the same module runs from an installed
+# package as 'python -m ...').
 demo: $(STAMP)
-	$(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
+	SYSTEMZERO_DEMO_MAKE="make demo" $(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
 
 emulator: $(STAMP)
 	$(BIN)/systemzero-emulator --api-key demo $(EMULATOR_ARGS)

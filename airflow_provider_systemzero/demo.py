@@ -1,4 +1,7 @@
-"""``make demo``: from a fresh clone to a sensor firing on a System Zero decision, in one command.
+"""The demo: a sensor firing on a System Zero decision, and three more example Dags, offline, in one command.
+
+``make demo`` runs it from a clone, ``python -m airflow_provider_systemzero.demo`` from an installed
+package.
 
 What it does, each step printed as it happens:
 
@@ -16,7 +19,8 @@ What it does, each step printed as it happens:
 
 The example Dags ship inside the package (``airflow_provider_systemzero.example_dags``), so
 ``python -m airflow_provider_systemzero.demo`` runs from an installed wheel as well as from a
-checkout.
+checkout. Its usage line and its hints name the command that was run (:class:`Invocation`):
+``make demo`` with ``DEMO_ARGS=...`` from a checkout, the ``python -m`` command otherwise.
 
 Point it at a real System Zero instead with ``--origin wss://HOST`` and the key in the
 ``SYSTEMZERO_API_KEY`` environment variable (never on the command line), or set
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -42,7 +47,23 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = [
+    "MAKE_COMMAND_ENV",
+    "Invocation",
+    "airflow_cli",
+    "done_message",
+    "example_dags_folder",
+    "log_tail",
+    "main",
+    "run_emulator",
+    "run_xcoms",
+    "say",
+    "store_connection",
+]
+
+#: Set by the Makefile to the ``make`` command a person typed (``make demo``): the usage line and the
+#: hints then say ``make demo DEMO_ARGS=...``; unset, they name the ``python -m`` command.
+MAKE_COMMAND_ENV = "SYSTEMZERO_DEMO_MAKE"
 
 DEMO_DAGS = (
     "systemzero_wait_for_ready",
@@ -82,7 +103,62 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(f"    | {line}" for line in tail) if tail else "    (empty)"
 
 
-def done_message(count: int, seconds: float, log_path: Path, *, keep_home: bool) -> str:
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """The command that was run, as a person typed it: ``make <target>`` (the Makefile sets
+    :data:`MAKE_COMMAND_ENV`; options then go in ``DEMO_ARGS``) or ``python -m <module>``.
+
+    :param command: the command, without options.
+    :param make: whether it was ``make`` (options are passed in ``DEMO_ARGS``).
+    """
+
+    command: str
+    make: bool = False
+
+    @classmethod
+    def of(cls, module: str) -> Invocation:
+        """How ``module`` was run: the Makefile's command, else ``python -m module``.
+
+        :param module: the module's dotted name.
+        """
+        made = os.environ.get(MAKE_COMMAND_ENV, "").strip()
+        return cls(made, make=True) if made else cls(f"python -m {module}")
+
+    def with_options(self, options: str) -> str:
+        """The command with ``options`` (``make demo DEMO_ARGS=--keep-home``).
+
+        :param options: the options, as typed.
+        """
+        if not self.make:
+            return f"{self.command} {options}"
+        return (
+            f'{self.command} DEMO_ARGS="{options}"'
+            if " " in options
+            else f"{self.command} DEMO_ARGS={options}"
+        )
+
+    def parser(self, description: str) -> argparse.ArgumentParser:
+        """An argument parser whose usage line is this command's (the options inside ``DEMO_ARGS``
+        with ``make``); add the arguments, then :meth:`finish` it.
+
+        :param description: what the command does.
+        """
+        return argparse.ArgumentParser(prog=self.command, description=description)
+
+    def finish(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Set ``parser``'s usage line once its arguments are added: ``make demo DEMO_ARGS="[...]"``.
+
+        :param parser: a parser from :meth:`parser`.
+        """
+        if self.make:
+            options = parser.format_usage().removeprefix("usage: ").strip().removeprefix(self.command).strip()
+            parser.usage = self.with_options(" ".join(options.split()) or "...")
+        return parser
+
+
+def done_message(
+    count: int, seconds: float, log_path: Path, *, keep_home: bool, invocation: Invocation
+) -> str:
     """The last line of a successful run: where the full log is, or how to keep it.
 
     Without ``--keep-home`` the home, and the log in it, is removed right after this line, so the
@@ -92,14 +168,20 @@ def done_message(count: int, seconds: float, log_path: Path, *, keep_home: bool)
     :param seconds: how long the whole demo took.
     :param log_path: the demo's log in the throwaway home.
     :param keep_home: whether ``--keep-home`` was given.
+    :param invocation: the command that was run (the hint repeats it with ``--keep-home``).
     """
     summary = f"all {count} Dags succeeded in {seconds:.1f} s"
     if keep_home:
         return f"{summary} (full log: {log_path})"
-    return f"{summary}; the home and its logs are removed ('make demo DEMO_ARGS=--keep-home' keeps them)"
+    return f"{summary}; the home and its logs are removed ('{invocation.with_options('--keep-home')}' keeps them)"
 
 
-def _say(message: str = "", *, step: str | None = None) -> None:
+def say(message: str = "", *, step: str | None = None) -> None:
+    """Print one line of the demo's output: a step (``==> step message``) or a detail under it.
+
+    :param message: what to say.
+    :param step: the step's name (bold on a terminal); ``None``: an indented detail line.
+    """
     prefix = (
         f"\033[1m==> {step}\033[0m " if step and sys.stdout.isatty() else (f"==> {step} " if step else "    ")
     )
@@ -126,7 +208,7 @@ def _emulator_command(rules: Path, key: str, admin: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
+def run_emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
     """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
     command = _emulator_command(rules, key, admin)
     with log_path.open("w") as log:
@@ -162,7 +244,15 @@ def _stats(origin: str, admin: str) -> dict[str, Any]:
         return json.loads(response.read())
 
 
-def _airflow(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeout: float = 300) -> None:
+def airflow_cli(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeout: float = 300) -> None:
+    """Run ``airflow ARGS`` with the demo's environment, its output appended to ``log_path``.
+
+    :param args: the command's arguments.
+    :param env: the environment (the throwaway ``AIRFLOW_HOME``).
+    :param log_path: where the output goes.
+    :param timeout: seconds the command may take.
+    :raises RuntimeError: the command failed; the message quotes the end of the log.
+    """
     with log_path.open("a") as log:
         log.write(f"\n$ airflow {' '.join(args)}\n")
         log.flush()
@@ -181,7 +271,7 @@ def _airflow(args: Sequence[str], env: dict[str, str], log_path: Path, *, timeou
         )
 
 
-def _store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
+def store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
     """Store ``systemzero_default`` in the metadata DB; the key travels in the child's environment,
     never on a command line (where ``ps`` would show it)."""
     script = """
@@ -197,7 +287,7 @@ with create_session() as s:
     subprocess.run([sys.executable, "-c", script], env=child, capture_output=True, timeout=120, check=True)
 
 
-def _xcoms(env: dict[str, str], dag_id: str) -> dict[str, Any]:
+def run_xcoms(env: dict[str, str], dag_id: str) -> dict[str, Any]:
     """The latest run's XComs, read in a child process with the demo's AIRFLOW_HOME."""
     script = f"""
 import json
@@ -225,7 +315,7 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
     xcom = info["xcom"]
     if dag_id == "systemzero_wait_for_ready":
         decision = xcom.get("wait_until_ready.return_value") or {}
-        _say(
+        say(
             f"sensor fired: ready={decision.get('decision')} probability={decision.get('probability')} "
             f"confidence={decision.get('confidence')} at state version {decision.get('state_version')} "
             f"(covered {len(decision.get('covered_event_ids') or [])} event(s), reply {decision.get('reply_id')})"
@@ -233,12 +323,12 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
     elif dag_id == "systemzero_replay_and_branch":
         answers = xcom.get("decide.answers") or {}
         for name, answer in answers.items():
-            _say(
+            say(
                 f"decide: {name} = {answer.get('decision')!r} (probability {answer.get('probability')}, "
                 f"confidence {answer.get('confidence')})"
             )
-        _say(f"XCom decide.return_value = {xcom.get('decide.return_value')}")
-        _say(
+        say(f"XCom decide.return_value = {xcom.get('decide.return_value')}")
+        say(
             f"branch: publish={info['tasks'].get('publish')} quarantine={info['tasks'].get('quarantine')} "
             f"-> {xcom.get('publish.return_value') or xcom.get('quarantine.return_value')}"
         )
@@ -247,23 +337,24 @@ def _show(dag_id: str, info: dict[str, Any]) -> None:
             value = xcom.get(f"triage[{index}].return_value")
             if value is None:
                 break
-            _say(f"triage[{index}] -> {value}")
-        _say(f"summary: {xcom.get('summarise.return_value')}")
+            say(f"triage[{index}] -> {value}")
+        say(f"summary: {xcom.get('summarise.return_value')}")
     elif dag_id == "systemzero_ticket_policy":
         for name, value in sorted(xcom.items()):
             if name.endswith(".decision") and isinstance(value, dict):
-                _say(
+                say(
                     f"{name.removesuffix('.decision')}: proposed {value.get('proposed')!r} -> "
                     f"{value.get('action')} (decided by {value.get('decided_by')}, probability "
                     f"{value.get('probability')}, confidence {value.get('confidence')})"
                 )
         ran = sorted(task for task, state in info["tasks"].items() if state == "success")
-        _say(f"tasks that ran: {ran}")
+        say(f"tasks that ran: {ran}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
+    invocation = Invocation.of("airflow_provider_systemzero.demo")
+    parser = invocation.parser(__doc__.split("\n\n")[0])
     parser.add_argument(
         "--origin",
         default=os.environ.get("SYSTEMZERO_ORIGIN"),
@@ -273,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=os.environ.get("SYSTEMZERO_MODEL", "sz-demo"), help="model ID")
     parser.add_argument("--dags", nargs="*", default=list(DEMO_DAGS), help="example Dag IDs to run")
     parser.add_argument("--keep-home", action="store_true", help="keep the throwaway AIRFLOW_HOME")
-    args = parser.parse_args(argv)
+    args = invocation.finish(parser).parse_args(argv)
 
     started = time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="systemzero-demo-"))
@@ -297,62 +388,68 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.origin:
                 key = os.environ.get("SYSTEMZERO_API_KEY")
                 if not key:
-                    _say("--origin needs the API key in SYSTEMZERO_API_KEY", step="error")
+                    say("--origin needs the API key in SYSTEMZERO_API_KEY", step="error")
                     return 2
                 origin = args.origin
-                _say(f"using System Zero at {origin}", step="gateway")
+                say(f"using System Zero at {origin}", step="gateway")
             else:
                 key = "demo-" + secrets.token_hex(8)
                 origin = stack.enter_context(
-                    _emulator(dags / "emulator_rules.json", key, admin, home / "emulator.log")
+                    run_emulator(dags / "emulator_rules.json", key, admin, home / "emulator.log")
                 )
-                _say(
+                say(
                     f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})",
                     step="gateway",
                 )
-            _say(f"AIRFLOW_HOME={home}", step="airflow")
-            _airflow(["db", "migrate"], env, log_path)
-            _store_connection(env, origin, key, args.model)
-            _say("metadata DB migrated; connection systemzero_default stored in the DB")
+            say(f"AIRFLOW_HOME={home}", step="airflow")
+            airflow_cli(["db", "migrate"], env, log_path)
+            store_connection(env, origin, key, args.model)
+            say("metadata DB migrated; connection systemzero_default stored in the DB")
             for dag_id in args.dags:
                 before = None if args.origin else _stats(origin, admin)
-                _say(dag_id, step="dags test")
+                say(dag_id, step="dags test")
                 t0 = time.monotonic()
-                _airflow(["dags", "test", dag_id], env, log_path)
-                info = _xcoms(env, dag_id)
+                airflow_cli(["dags", "test", dag_id], env, log_path)
+                info = run_xcoms(env, dag_id)
                 if info["state"] != "success":
                     raise RuntimeError(
                         f"{dag_id} ended {info['state']}: {info['tasks']}; the end of {log_path}:\n"
                         f"{log_tail(log_path)}"
                     )
-                _say(f"{dag_id}: {info['state']} in {time.monotonic() - t0:.1f} s; tasks {info['tasks']}")
+                say(f"{dag_id}: {info['state']} in {time.monotonic() - t0:.1f} s; tasks {info['tasks']}")
                 if before is not None:
                     after = _stats(origin, admin)
-                    _say(
+                    say(
                         f"gateway: {after['events_accepted'] - before['events_accepted']} state change(s) accepted, "
                         f"{after['decisions_dispatched'] - before['decisions_dispatched']} decision(s) dispatched, "
                         f"{after['decisions_billed'] - before['decisions_billed']} billed, "
                         f"{after['decisions_replayed'] - before['decisions_replayed']} replayed unbilled"
                     )
                 _show(dag_id, info)
-        _say(
-            done_message(len(args.dags), time.monotonic() - started, log_path, keep_home=args.keep_home),
+        say(
+            done_message(
+                len(args.dags),
+                time.monotonic() - started,
+                log_path,
+                keep_home=args.keep_home,
+                invocation=invocation,
+            ),
             step="done",
         )
         failed = False
         return 0
     except (RuntimeError, subprocess.SubprocessError) as exc:
-        _say(str(exc), step="error")
+        say(str(exc), step="error")
         emulator_log = home / "emulator.log"
         if emulator_log.is_file() and str(emulator_log) not in str(exc):
-            _say(f"the end of {emulator_log}:\n{log_tail(emulator_log)}")
+            say(f"the end of {emulator_log}:\n{log_tail(emulator_log)}")
         return 1
     except KeyboardInterrupt:
-        _say("interrupted", step="error")
+        say("interrupted", step="error")
         return 130
     finally:
         if args.keep_home or failed:
-            _say(f"kept {home} (logs: {log_path}, {home / 'emulator.log'})")
+            say(f"kept {home} (logs: {log_path}, {home / 'emulator.log'})")
         else:
             shutil.rmtree(home, ignore_errors=True)
 

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 import airflow_provider_systemzero
-from airflow_provider_systemzero.demo import done_message, example_dags_folder, log_tail
+from airflow_provider_systemzero.demo import (
+    MAKE_COMMAND_ENV,
+    Invocation,
+    done_message,
+    example_dags_folder,
+    log_tail,
+)
 from tests.conftest import REPO
 
 DIST = metadata.distribution("airflow-provider-systemzero")
@@ -116,16 +122,58 @@ def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp
     assert "decide: " in result.stdout and "state change(s) accepted" in result.stdout
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")], "home not removed"
     (done,) = [line for line in result.stdout.splitlines() if "Dags succeeded" in line]
-    assert "demo.log" not in done and "--keep-home" in done, "the last line points at a removed log"
+    assert "demo.log" not in done, "the last line points at a removed log"
+    # the hint names the command that was run: there is no Makefile beside an installed package
+    assert "('python -m airflow_provider_systemzero.demo --keep-home' keeps them)" in done
+    assert "make" not in result.stdout
 
 
 def test_the_demo_names_its_log_only_when_the_log_is_kept() -> None:
     log = Path("/tmp/systemzero-demo-x/demo.log")
-    kept = done_message(4, 67.84, log, keep_home=True)
+    python = Invocation.of("airflow_provider_systemzero.demo")
+    kept = done_message(4, 67.84, log, keep_home=True, invocation=python)
     assert kept == f"all 4 Dags succeeded in 67.8 s (full log: {log})"
-    removed = done_message(4, 67.84, log, keep_home=False)
+    removed = done_message(4, 67.84, log, keep_home=False, invocation=python)
     assert removed.startswith("all 4 Dags succeeded in 67.8 s")
-    assert str(log) not in removed and "make demo DEMO_ARGS=--keep-home" in removed
+    assert str(log) not in removed
+    assert removed.endswith("('python -m airflow_provider_systemzero.demo --keep-home' keeps them)")
+    made = done_message(4, 67.84, log, keep_home=False, invocation=Invocation("make demo", make=True))
+    assert made.endswith("('make demo DEMO_ARGS=--keep-home' keeps them)")
+
+
+def test_the_demos_usage_names_the_command_that_was_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = subprocess.run(
+        [sys.executable, "-I", "-m", "airflow_provider_systemzero.demo", "--help"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("SYSTEMZERO_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert result.stdout.startswith(
+        "usage: python -m airflow_provider_systemzero.demo [-h] [--origin ORIGIN]"
+    )
+    assert "make" not in result.stdout
+    # from the Makefile, the options go in DEMO_ARGS
+    monkeypatch.setenv(MAKE_COMMAND_ENV, "make demo")
+    invocation = Invocation.of("airflow_provider_systemzero.demo")
+    parser = invocation.parser("the demo")
+    parser.add_argument("--keep-home", action="store_true")
+    assert invocation.finish(parser).format_usage() == 'usage: make demo DEMO_ARGS="[-h] [--keep-home]"\n'
+    assert invocation.with_options("--origin wss://h --keep-home") == (
+        'make demo DEMO_ARGS="--origin wss://h --keep-home"'
+    )
+
+
+def test_the_makefile_tells_the_demos_which_command_ran() -> None:
+    if not (REPO / "Makefile").is_file() or not shutil.which("make"):
+        pytest.skip("needs the checkout's Makefile (a matrix corner runs a copy of tests/ alone)")
+    for target, module in (("demo", "demo"),):
+        dry_run = subprocess.run(
+            ["make", "-n", target], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+        (line,) = [line for line in dry_run.splitlines() if f"airflow_provider_systemzero.{module}" in line]
+        assert line.startswith(f'{MAKE_COMMAND_ENV}="make {target}" ')
 
 
 def test_a_failing_demo_keeps_its_home_and_quotes_the_log(tmp_path: Path) -> None:
