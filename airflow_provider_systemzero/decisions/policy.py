@@ -485,11 +485,14 @@ def decision_record(
     effect: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    decided_at: str | None = None,
+    answered_at: str | None = None,
 ) -> dict[str, Any]:
     """The ``decision`` XCom: one JSON object that says what happened and why.
 
-    It holds nothing that changes between attempts (no request IDs, no clocks except a
-    reviewer's response time), so a retry about the same state pushes the same record.
+    It holds nothing that changes between attempts (no request IDs, and no clock readings but
+    when System Zero decided — the reply's own time, which a replayed reply keeps — and when a
+    person answered), so a retry about the same state pushes the same record.
 
     :param question: the question that was gated.
     :param answer: the model's answer (``Answer`` or dict), or ``None`` for a multi-select branch.
@@ -509,6 +512,8 @@ def decision_record(
     :param effect: what the task did (e.g. ``{"branches": [...]}``).
     :param options: per-option answers of a multi-select branch.
     :param extra: anything else to record (JSON).
+    :param decided_at: when System Zero decided (UTC ISO 8601; ``None`` when nothing was decided).
+    :param answered_at: when a person answered the review (UTC ISO 8601; ``None`` without one).
     """
     if decided_by is not None and decided_by not in DECIDED_BY:
         raise ValueError(f"decided_by must be one of {DECIDED_BY}, got {decided_by!r}")
@@ -528,6 +533,8 @@ def decision_record(
         "decision": decision,
         "action": action,
         "decided_by": decided_by,
+        "decided_at": decided_at,
+        "answered_at": answered_at,
         "reason": reason,
         "probability": probability,
         "confidence": confidence,

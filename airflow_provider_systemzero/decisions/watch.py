@@ -42,8 +42,9 @@ from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.untrusted import safe_text
+from airflow_provider_systemzero.timestamps import now_iso, utc_iso
 
-__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent", "answers_payload"]
+__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent", "answers_payload", "decided_at"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ _DECISION_KEYS = (
     "model",
     "usage",
     "reason",
+    "decided_at",
 )
 #: The keys a policy or hysteresis adds (the verdict, the alternatives, the state's hash, the run).
 _VERDICT_KEYS = ("action", "outcome", "state_hash", "streak", "alternatives")
@@ -85,6 +87,8 @@ class WatchEvent:
     :param model: the model that decided.
     :param usage: the reply's usage.
     :param reason: why the decision ends the wait, in plain words.
+    :param decided_at: when System Zero decided (:func:`decided_at`; ``None`` in an event that
+        carries no decision).
     :param verdict: ``{"action", "outcome", "state_hash", "streak", "alternatives"}`` when a policy or
         hysteresis applies (empty otherwise).
     :param extra: what the caller adds (``key_namespace`` or ``watch_id``, and for a review
@@ -105,6 +109,7 @@ class WatchEvent:
     reason: str
     verdict: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    decided_at: str | None = None
 
     @property
     def action(self) -> str:
@@ -175,7 +180,8 @@ class WatchEvent:
         return bool(self.extra.get("retryable"))
 
     def summary(self) -> dict[str, Any]:
-        """The decision alone (what a sensor returns to XCom): question, answer, ids, usage, reason."""
+        """The decision alone (what a sensor returns to XCom): question, answer, ids, usage, reason
+        and when System Zero decided."""
         return {key: getattr(self, key) for key in _DECISION_KEYS}
 
     def to_payload(self) -> dict[str, Any]:
@@ -224,6 +230,7 @@ class WatchEvent:
             model=decision.model,
             usage=decision.usage,
             reason=result.reason,
+            decided_at=decided_at(decision),
             verdict=dict(verdict or {}),
             extra=dict(extra or {}),
         )
@@ -437,6 +444,16 @@ class DecisionWatch:
         return self.event(verdict, extra=extra)
 
 
+def decided_at(decision: DecisionResult) -> str:
+    """When System Zero decided, as UTC ISO 8601 text: the reply's ``created`` (so a replayed
+    reply, on a retry, gives the same time), or — when the reply has no valid one — now, as the
+    decision arrives.
+
+    :param decision: the decision.
+    """
+    return utc_iso(decision.reply.get("created")) or now_iso()
+
+
 def answers_payload(
     decision: DecisionResult,
     state: Any,
@@ -483,4 +500,5 @@ def answers_payload(
         "reply": decision.reply,
         "state_info": info,
         "decisions": timeline.to_list(),
+        "decided_at": decided_at(decision),
     }

@@ -47,6 +47,7 @@ from airflow_provider_systemzero.decisions.policy import (
 )
 from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.protocol.untrusted import safe_text
+from airflow_provider_systemzero.timestamps import utc_iso
 from airflow_provider_systemzero.utils.checks import review_settings
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class Gate:
     :param state_bytes: the state's size in bytes.
     :param preview: a short view of the state for a reviewer.
     :param extra: the task's own data carried through a review (JSON).
+    :param decided_at: when System Zero decided (UTC ISO 8601).
     """
 
     question: str
@@ -100,6 +102,7 @@ class Gate:
     state_bytes: int | None = None
     preview: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    decided_at: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -150,6 +153,7 @@ class Gate:
             state_bytes=info.get("state_bytes"),
             preview=info.get("preview"),
             extra=dict(extra or {}),
+            decided_at=event.decided_at,
         )
 
     @property
@@ -425,6 +429,8 @@ class PolicyGateMixin:
             status=status,
             review=review,
             options=gate.option_answers if gate.multiple else None,
+            decided_at=gate.decided_at,
+            answered_at=utc_iso((review or {}).get("responded_at")) if decided_by == "human" else None,
         )
         if gate.extra.get("streak"):  # the sensor's run of decisions (hysteresis)
             record["streak"] = gate.extra["streak"]

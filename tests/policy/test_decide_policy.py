@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
+import pendulum
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
@@ -71,6 +72,10 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
     assert record["state_hash"] == hashlib.sha256(json.dumps("publish:act").encode()).hexdigest()
     assert record["policy"] == POLICY.to_dict() and record["bars"]["code"] == "above_act_bar"
     assert record["effect"] == {"return_value": {"publish": True}}
+    # when System Zero decided: the reply's own time, in UTC, with its offset; nobody answered
+    created = xcoms[("decide", "reply", -1)]["created"]
+    assert record["decided_at"] == pendulum.from_timestamp(created, tz="UTC").isoformat()
+    assert record["decided_at"].endswith("+00:00") and record["answered_at"] is None
     assert billed(emulator) == before + 1
 
 
@@ -123,6 +128,11 @@ def test_review_band_takes_the_persons_answer(
     assert record["review"]["chosen_options"] == ["No"] and record["review"]["timedout"] is False
     assert isinstance(record["review"]["responded_at"], str)
     assert "alice answered false" in record["reason"]
+    # the model decided, then the person answered: both times in UTC
+    decided, answered = pendulum.parse(record["decided_at"]), pendulum.parse(record["answered_at"])
+    assert record["answered_at"].endswith("+00:00") and record["decided_at"].endswith("+00:00")
+    assert answered == pendulum.parse(record["review"]["responded_at"])
+    assert decided <= answered.add(seconds=1)  # the reply's time is whole seconds
 
 
 def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None:
@@ -133,6 +143,7 @@ def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None
     assert dag_run.state == "success", task_states(dag_run)
     record = _record(dag, dag_run.run_id)
     assert record["decided_by"] == "timeout_default" and record["decision"] is False
+    assert record["answered_at"] is None and record["decided_at"] is not None  # nobody answered
     assert record["review"]["timedout"] is True and record["review"]["responded_by"] is None
     assert xcoms_of(dag.dag_id, dag_run.run_id)[("decide", "return_value", -1)] == {"publish": False}
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import timedelta
+
+import pendulum
+
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent, answers_payload
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from tests.helpers import decision_result
 
@@ -71,6 +76,23 @@ def test_the_event_round_trips_through_its_payload() -> None:
     again = WatchEvent.from_payload(payload)
     assert again == event and again.to_payload() == payload and again.action == "review"
     assert again.summary()["reply_id"] == "szd_7"
+
+
+def test_every_decision_event_says_when_system_zero_decided_in_utc() -> None:
+    created = 1_790_000_000  # reply.created, as the public example gives it
+    decision = dataclasses.replace(_decision(True), reply={"id": "szd_1", "created": created})
+    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    verdict = watch.observe(decision, "a", "a", 0.0)
+    assert verdict is not None
+    payload = watch.event(verdict).to_payload()
+    assert payload["decided_at"] == "2026-09-21T14:13:20+00:00"
+    assert WatchEvent.from_payload(payload).summary()["decided_at"] == payload["decided_at"]
+    assert answers_payload(decision, "a", key_namespace="ns")["decided_at"] == payload["decided_at"]
+    # a reply without a time of its own: when it arrived, in UTC too
+    before = pendulum.now("UTC").replace(microsecond=0)
+    arrived = pendulum.parse(answers_payload(_decision(True), "a", key_namespace="ns")["decided_at"])
+    assert arrived.tzinfo is not None and arrived.utcoffset() == timedelta(0)
+    assert before <= arrived <= pendulum.now("UTC")
 
 
 def test_without_policy_fields_the_event_is_the_decision_alone() -> None:
