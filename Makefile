@@ -14,6 +14,7 @@
 #                  human review, XCom view; writes docs/images/ui-*.png (installs chromium and
 #                  playwright when missing)
 #   make demo      end-to-end demo against the embedded gateway emulator
+#   make review-demo  a person's review answered through Airflow's REST API (api-server on loopback)
 #   make emulator  run the gateway emulator in the foreground (API key "demo")
 #   make lock      regenerate constraints.txt from a throwaway venv
 #   make docs      build the documentation site (no tests)
@@ -52,7 +53,7 @@ export PIP_NO_INPUT := 1
 # mkdocs-material prints a banner about MkDocs 2.0 on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv install test test-deployment test-ui test-conformance lint demo emulator bench lock clean distclean check-python \
+.PHONY: help venv install test test-deployment test-ui test-conformance lint demo review-demo emulator bench lock clean distclean check-python \
 	docs dist test-matrix lock-matrix
 
 help:
@@ -64,6 +65,7 @@ help:
 	@echo "  make test-conformance  the Autobahn|Testsuite RFC 6455 cases against the client's socket"
 	@echo "                 (needs Python 2.7: PYTHON27=/path/to/python2.7 when not found)"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
+	@echo "  make review-demo  answer a review through the REST API, as a script would (DEMO_ARGS=...)"
 	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
 	@echo "  make lint      ruff check and ruff format --check"
 	@echo "  make bench     run the benchmarks (BENCH_ARGS=...)"
@@ -145,10 +147,13 @@ test-ui: $(STAMP)
 test-conformance: $(STAMP)
 	$(BIN)/pytest -q -m conformance tests/conformance $(PYTEST_ARGS)
 
-# The demo's usage line and hints name the make command (the same module runs from an installed
+# The demos' usage lines and hints name the make command (the same modules run from an installed
 # package as 'python -m ...').
 demo: $(STAMP)
 	SYSTEMZERO_DEMO_MAKE="make demo" $(BIN)/python -m airflow_provider_systemzero.demo $(DEMO_ARGS)
+
+review-demo: $(STAMP)
+	SYSTEMZERO_DEMO_MAKE="make review-demo" $(BIN)/python -m airflow_provider_systemzero.review_demo $(DEMO_ARGS)
 
 emulator: $(STAMP)
 	$(BIN)/systemzero-emulator --api-key demo $(EMULATOR_ARGS)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
 
@@ -101,11 +102,11 @@ def test_the_installed_wheel_is_what_runs() -> None:
     assert DIST.version in INSTALLED_WHEEL
 
 
-def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _demo(tmp_path: Path, *args: str, module: str = "demo") -> subprocess.CompletedProcess[str]:
     # -I: the checkout is neither on sys.path nor the working directory; only the installed package runs.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SYSTEMZERO_", "PYTHON"))}
     return subprocess.run(
-        [sys.executable, "-I", "-m", "airflow_provider_systemzero.demo", *args],
+        [sys.executable, "-I", "-m", f"airflow_provider_systemzero.{module}", *args],
         cwd=tmp_path,
         env={**env, "TMPDIR": str(tmp_path)},
         capture_output=True,
@@ -126,6 +127,30 @@ def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp
     # the hint names the command that was run: there is no Makefile beside an installed package
     assert "('python -m airflow_provider_systemzero.demo --keep-home' keeps them)" in done
     assert "make" not in result.stdout
+
+
+def test_the_review_demo_answers_a_review_through_the_rest_api_from_the_installed_package(
+    tmp_path: Path,
+) -> None:
+    """On every supported Airflow (3.1 and 3.2 included, where the review waits in HITLTrigger run
+    by ``dags test``): the request is shown, a script's PATCH answers it, the record says so."""
+    result = _demo(tmp_path, "--answer", "engineering", module="review_demo")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "==> review System Zero is unsure: team" in out and "**Why you are asked:** confidence 0.6" in out
+    assert re.search(r"curl -s http://127\.0\.0\.1:\d+/auth/token", out)
+    # the run ID URL-encoded in the path a script PATCHes
+    assert re.search(
+        r"/dagRuns/manual__\d{4}-\d\d-\d\dT\d\d%3A\d\d%3A[\d.]+%2B00%3A00/taskInstances/route/-1/", out
+    )
+    assert "route: proposed 'support', decision 'engineering', decided by human" in out
+    decided, answered = re.search(r"System Zero decided at (\S+); the person answered at (\S+)", out).groups()  # type: ignore[union-attr]
+    assert decided.endswith("+00:00") and answered.endswith("+00:00")
+    assert datetime.fromisoformat(decided) <= datetime.fromisoformat(answered) + timedelta(seconds=1)
+    assert "'python -m airflow_provider_systemzero.review_demo --keep-home' keeps it" in out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-review-demo-")], (
+        "home not removed"
+    )
 
 
 def test_the_demo_names_its_log_only_when_the_log_is_kept() -> None:
@@ -168,7 +193,7 @@ def test_the_demos_usage_names_the_command_that_was_run(monkeypatch: pytest.Monk
 def test_the_makefile_tells_the_demos_which_command_ran() -> None:
     if not (REPO / "Makefile").is_file() or not shutil.which("make"):
         pytest.skip("needs the checkout's Makefile (a matrix corner runs a copy of tests/ alone)")
-    for target, module in (("demo", "demo"),):
+    for target, module in (("demo", "demo"), ("review-demo", "review_demo")):
         dry_run = subprocess.run(
             ["make", "-n", target], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout
