@@ -20,7 +20,7 @@ step is printed as it happens:
 
 It works on every supported Airflow: on 3.3 the task waits in ``awaiting_input``; on 3.1 and 3.2 it
 waits deferred, and Airflow's ``HITLTrigger`` (run in-process by ``dags test``) checks for the
-answer every 5 s. The home is removed on exit unless ``--keep-home`` is given or something failed.
+answer every second. The home is removed on exit unless ``--keep-home`` is given or something failed.
 """
 
 from __future__ import annotations

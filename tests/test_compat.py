@@ -195,6 +195,7 @@ def test_a_review_trigger_is_hitl_trigger_with_what_the_task_resumes_with(
     """The trigger a review defers to on Airflow 3.1 / 3.2 rebuilds from its kwargs (as a triggerer
     does) and fires Airflow's own HITL events, each with ``resume`` added."""
     import asyncio
+    import contextlib
     import uuid
 
     from airflow.triggers.base import TriggerEvent
@@ -220,6 +221,11 @@ def test_a_review_trigger_is_hitl_trigger_with_what_the_task_resumes_with(
     monkeypatch.setattr(review_wait.HITLTrigger, "_handle_response", answered)
     event = asyncio.run(first_event())
     assert event.payload == {**answer, "resume": resume}
+    assert rebuilt.poke_interval == 5.0  # HITLTrigger's own, outside dag.test()
+    # under dag.test() (the shortcut applies), it checks every second
+    monkeypatch.setattr(review_wait, "in_process_review_comms", lambda: contextlib.nullcontext(True))
+    asyncio.run(first_event())
+    assert rebuilt.poke_interval == review_wait.IN_PROCESS_POKE_INTERVAL == 1.0
 
 
 def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(

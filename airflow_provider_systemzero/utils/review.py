@@ -554,7 +554,7 @@ class PolicyGateMixin:
             outcome.reason,
             "in awaiting_input"
             if has_awaiting_input()
-            else "deferred, while Airflow's HITLTrigger checks for an answer every 5 s",
+            else "deferred, while Airflow's HITLTrigger checks for an answer",
             review_endpoint(context.get("ti"), getattr(self, "task_id", "?")),
         )
         for notifier in self.review_notifiers:

@@ -10,6 +10,9 @@ in-process supervisor, those two requests go to the supervisor's own Execution A
 calls a triggerer makes for them), and every other request goes on as before. In a triggerer, and
 wherever the shortcut's parts are missing, it is ``HITLTrigger`` unchanged.
 
+Under ``dag.test()`` it also checks for the answer every second (``HITLTrigger`` checks every 5 s
+by default): a person at the terminal waits for it there, and no triggerer is shared.
+
 Its event also carries what the task resumes with (``resume``: the reviewed gate and the policy's
 verdict). A triggerer hands the task both its deferral's kwargs and the event, but ``dag.test()``
 resumes a deferred task with the event alone.
@@ -28,7 +31,10 @@ from typing import Any
 
 from airflow.providers.standard.triggers.hitl import HITLTrigger
 
-__all__ = ["ReviewTrigger", "in_process_review_comms"]
+__all__ = ["IN_PROCESS_POKE_INTERVAL", "ReviewTrigger", "in_process_review_comms"]
+
+#: Seconds between two checks for the answer under ``dag.test()``.
+IN_PROCESS_POKE_INTERVAL = 1.0
 
 
 class _ReviewComms:
@@ -103,7 +109,9 @@ class ReviewTrigger(HITLTrigger):
         """``HITLTrigger.run``, with the in-process shortcut while it runs."""
         from airflow.triggers.base import TriggerEvent
 
-        with in_process_review_comms():
+        with in_process_review_comms() as in_process:
+            if in_process:
+                self.poke_interval = min(self.poke_interval, IN_PROCESS_POKE_INTERVAL)
             async for event in super().run():
                 payload = event.payload
                 yield TriggerEvent({**payload, "resume": self.resume}) if isinstance(payload, dict) else event

@@ -93,7 +93,7 @@ def test_review_band_takes_the_persons_answer(
     where = (
         "in awaiting_input"
         if has_awaiting_input()
-        else "deferred, while Airflow's HITLTrigger checks for an answer every 5 s"
+        else "deferred, while Airflow's HITLTrigger checks for an answer"
     )
     run_id = quote(dag_run.run_id, safe="")
     assert (
