@@ -1,0 +1,105 @@
+"""The benchmark results page says what its runs of record measured: the figures of its first
+screen are those of ``benchmarks/results/latest.json``, each with the commit of its run, and its
+lines fit a screen. A ``make bench`` that writes new results makes these fail until the page says
+what the new run measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "benchmarks-results.md"
+RESULTS = REPO / "benchmarks" / "results" / "latest.json"
+
+pytestmark = pytest.mark.skipif(
+    not PAGE.is_file() or not RESULTS.is_file(),
+    reason="needs the checkout's docs/ (a matrix corner runs a copy of tests/ and benchmarks/ alone)",
+)
+
+
+def _first_screen() -> str:
+    text = PAGE.read_text(encoding="utf-8")
+    return text.split("## What the missed targets mean", 1)[0]
+
+
+def _results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text(encoding="utf-8"))
+
+
+def _commit(document: dict[str, Any], scenario: str) -> str:
+    kept = document.get("kept_from", {}).get(scenario)
+    return str(kept["commit"] if kept else document["machine"]["commit"])
+
+
+def _paragraph_after(screen: str, heading: str) -> str:
+    return screen.split(heading, 1)[1].split("\n### ", 1)[0]
+
+
+def test_the_page_is_the_one_written_for_readers() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmark results\n"), (
+        "docs/benchmarks-results.md is not the written page (make bench's renderer writes the same "
+        "path): restore it with 'git checkout docs/benchmarks-results.md' and update its figures "
+        "from the new benchmarks/results/latest.json"
+    )
+
+
+def test_the_page_fits_a_screen() -> None:
+    long = [
+        (number, len(line))
+        for number, line in enumerate(Path(PAGE).read_text(encoding="utf-8").splitlines(), start=1)
+        if len(line) > 100
+    ]
+    assert long == [], f"lines over 100 characters (line, length): {long}"
+
+
+def test_the_triggerer_figures_are_the_runs_of_record() -> None:
+    document = _results()
+    section = _paragraph_after(_first_screen(), "### How many waiting sensors one triggerer holds")
+    (push_5000,) = [
+        group
+        for group in document["results"]["waiting"]["groups"]
+        if group["source"] == "push" and group["n"] == 5000 and group["gc_freeze"]
+    ]
+    assert f"| {push_5000['rss_per_trigger_kb']:.1f} KB" in section
+    assert f"| {push_5000['idle_cpu_pct']:.2f} % of one core" in section
+    assert f"| {push_5000['waiting_stall_ms']:.0f} ms |" in section
+    density = max(document["results"]["density"]["runs"], key=lambda run: run["n"])
+    assert density["n"] == 1000
+    assert f"| {density['max_sockets_open']}, the gateway's cap per process" in section
+    assert f"| {density['startup_s']:.1f} s |" in section
+    assert f"2026-12-04 at commit `{_commit(document, 'waiting')}`" in section
+    assert f"`{_commit(document, 'density')}` (scenario 2)" in section
+
+
+def test_the_latency_figures_are_the_runs_of_record() -> None:
+    document = _results()
+    latency = document["results"]["latency"]
+    section = _paragraph_after(_first_screen(), "### How soon a Dag sees a change")
+    crowd = latency["crowds"]["file"]["latency"]
+    for figures in (latency["file_warm"], crowd, latency["file_cold"]):
+        assert f"| {figures['p50_ms']:.1f} ms | {figures['p99_ms']:.1f} ms |" in section, figures
+    polled = latency["file_poll"]
+    assert f"| {polled['p50_ms']:.0f} ms | {polled['p99_ms']:.0f} ms |" in section
+    assert f"at commit `{_commit(document, 'latency')}`" in section
+
+
+def test_the_billing_figures_are_the_runs_of_record() -> None:
+    document = _results()
+    billing = document["results"]["billing"]
+    section = _paragraph_after(_first_screen(), "### Decisions billed, against polling")
+    target = billing["decide_when_target"]
+    assert f"`decide_initial=False` | {target['billed']} |" in section
+    assert f'`decide_when="^READY$"` | {target["billed_with_initial"]} |' in section
+    unfiltered = next(f for f in billing["filters"] if not f["knobs"])
+    assert f"a decision on every change | {unfiltered['billed']} |" in section
+    pokes = {p["poke_interval_s"]: p["billed"] for p in billing["poke"] if p["log"] == "busy" and p["keyed"]}
+    assert f"`poke_interval` 30 s | {pokes[30.0]} |" in section and pokes[30.0] == target["poke_30s_billed"]
+    assert f"`poke_interval` 60 s | {pokes[60.0]} |" in section
+    assert set(billing["restart_added"].values()) == {0} and "each added 0 billed decisions" in section
+    assert f"at commit `{_commit(document, 'billing')}`" in section
