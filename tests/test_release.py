@@ -243,6 +243,27 @@ def test_make_test_matrix_hands_pytest_arguments_that_start_with_a_dash_to_the_c
     assert (args.corners, args.workers, args.pytest_args) == (["3.1:3.11"], 2, "-rfEs")
 
 
+def test_ci_runs_the_oldest_and_the_newest_corner_of_the_matrix() -> None:
+    ci = REPO / ".ci" / "run"
+    if not ci.is_file():
+        pytest.skip("needs the checkout's .ci/run (a matrix corner runs a copy of tests/ alone)")
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import matrix
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    runs = [
+        shlex.split(line)
+        for line in ci.read_text().splitlines()
+        if line.strip().startswith("make test-matrix")
+    ]
+    (run,) = runs
+    corners = {matrix.Corner.parse(c) for arg in run if arg.startswith("MATRIX=") for c in arg[7:].split()}
+    oldest = matrix.Corner(*matrix.OLDEST)
+    newest = matrix.Corner(matrix.AIRFLOW_MINORS[-1], matrix.PYTHONS[-1])
+    assert corners == {oldest, newest}, corners
+
+
 def test_the_demo_hands_a_random_admin_token_to_the_emulator_as_one_argument() -> None:
     # a token_urlsafe token begins with "-" one time in 64; as a separate argument argparse read it
     # as an option and the emulator refused to start
