@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "log_tail",
     "main",
     "run_emulator",
+    "run_in_home",
     "run_xcoms",
     "say",
     "store_connection",
@@ -154,6 +155,42 @@ class Invocation:
             options = parser.format_usage().removeprefix("usage: ").strip().removeprefix(self.command).strip()
             parser.usage = self.with_options(" ".join(options.split()) or "...")
         return parser
+
+
+def run_in_home(
+    home: Path, work: Callable[[], int], *, keep_home: bool, logs: Sequence[Path], quoted: Sequence[Path]
+) -> int:
+    """Run a demo's ``work`` in its throwaway home and end every demo the same way: its exit code
+    (0 when it succeeded), 1 on a failure — its message, then the end of each of ``quoted`` that
+    the message does not quote already —, 130 when interrupted. The home is removed unless
+    ``keep_home`` or something failed; then the last line says where it and its logs are.
+
+    :param home: the throwaway ``AIRFLOW_HOME``.
+    :param work: the demo's steps; returns the exit code, raises ``RuntimeError`` (or an ``OSError``
+        or a ``SubprocessError``) with the cause when a step fails.
+    :param keep_home: ``--keep-home`` was given.
+    :param logs: the logs the last line names when the home is kept.
+    :param quoted: the logs whose end a failure quotes.
+    """
+    failed = True
+    try:
+        code = work()
+        failed = code != 0
+        return code
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        say(str(exc), step="error")
+        for log in quoted:
+            if log.is_file() and str(log) not in str(exc):
+                say(f"the end of {log}:\n{log_tail(log)}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted", step="error")
+        return 130
+    finally:
+        if keep_home or failed:
+            say(f"kept {home} (logs: {', '.join(map(str, logs))})")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def done_message(
@@ -382,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
     admin = secrets.token_urlsafe(16)
-    failed = True
-    try:
+
+    def work() -> int:
         with contextlib.ExitStack() as stack:
             if args.origin:
                 key = os.environ.get("SYSTEMZERO_API_KEY")
@@ -436,22 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             step="done",
         )
-        failed = False
         return 0
-    except (RuntimeError, subprocess.SubprocessError) as exc:
-        say(str(exc), step="error")
-        emulator_log = home / "emulator.log"
-        if emulator_log.is_file() and str(emulator_log) not in str(exc):
-            say(f"the end of {emulator_log}:\n{log_tail(emulator_log)}")
-        return 1
-    except KeyboardInterrupt:
-        say("interrupted", step="error")
-        return 130
-    finally:
-        if args.keep_home or failed:
-            say(f"kept {home} (logs: {log_path}, {home / 'emulator.log'})")
-        else:
-            shutil.rmtree(home, ignore_errors=True)
+
+    emulator_log = home / "emulator.log"
+    return run_in_home(
+        home, work, keep_home=args.keep_home, logs=[log_path, emulator_log], quoted=[emulator_log]
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import json
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import socket
 import sqlite3
@@ -51,6 +50,7 @@ from airflow_provider_systemzero.demo import (
     example_dags_folder,
     log_tail,
     run_emulator,
+    run_in_home,
     run_xcoms,
     say,
     store_connection,
@@ -291,8 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = _free_port()
     api = f"http://127.0.0.1:{port}"
     env = _environment(home, api, port)
-    failed = True
-    try:
+
+    def work() -> int:
         with contextlib.ExitStack() as stack:
             key = "demo-" + secrets.token_hex(8)
             origin = stack.enter_context(
@@ -409,23 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"a person's review answered through the REST API in {time.monotonic() - started:.1f} s{kept}",
             step="done",
         )
-        failed = False
         return 0
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        say(str(exc), step="error")
-        for name in ("api-server.log", "emulator.log"):
-            other = home / name
-            if other.is_file() and str(other) not in str(exc):
-                say(f"the end of {other}:\n{log_tail(other)}")
-        return 1
-    except KeyboardInterrupt:
-        say("interrupted", step="error")
-        return 130
-    finally:
-        if args.keep_home or failed:
-            say(f"kept {home} (logs: {log_path}, {home / 'api-server.log'}, {home / 'emulator.log'})")
-        else:
-            shutil.rmtree(home, ignore_errors=True)
+
+    logs = [log_path, home / "api-server.log", home / "emulator.log"]
+    return run_in_home(home, work, keep_home=args.keep_home, logs=logs, quoted=logs[1:])
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ def _commit(document: dict[str, Any], scenario: str) -> str:
     return str(kept["commit"] if kept else document["machine"]["commit"])
 
 
-def _paragraph_after(screen: str, heading: str) -> str:
-    return screen.split(heading, 1)[1].split("\n### ", 1)[0]
+def _section(heading: str) -> tuple[dict[str, Any], str]:
+    """The results, and the part of the first screen under ``heading``."""
+    return _results(), _first_screen().split(heading, 1)[1].split("\n### ", 1)[0]
 
 
 def test_the_page_is_the_one_written_for_readers() -> None:
@@ -59,8 +60,7 @@ def test_the_page_fits_a_screen() -> None:
 
 
 def test_the_triggerer_figures_are_the_runs_of_record() -> None:
-    document = _results()
-    section = _paragraph_after(_first_screen(), "### How many waiting sensors one triggerer holds")
+    document, section = _section("### How many waiting sensors one triggerer holds")
     (push_5000,) = [
         group
         for group in document["results"]["waiting"]["groups"]
@@ -78,9 +78,8 @@ def test_the_triggerer_figures_are_the_runs_of_record() -> None:
 
 
 def test_the_latency_figures_are_the_runs_of_record() -> None:
-    document = _results()
+    document, section = _section("### How soon a Dag sees a change")
     latency = document["results"]["latency"]
-    section = _paragraph_after(_first_screen(), "### How soon a Dag sees a change")
     crowd = latency["crowds"]["file"]["latency"]
     for figures in (latency["file_warm"], crowd, latency["file_cold"]):
         assert f"| {figures['p50_ms']:.1f} ms | {figures['p99_ms']:.1f} ms |" in section, figures
@@ -90,9 +89,8 @@ def test_the_latency_figures_are_the_runs_of_record() -> None:
 
 
 def test_the_billing_figures_are_the_runs_of_record() -> None:
-    document = _results()
+    document, section = _section("### Decisions billed, against polling")
     billing = document["results"]["billing"]
-    section = _paragraph_after(_first_screen(), "### Decisions billed, against polling")
     target = billing["decide_when_target"]
     assert f"`decide_initial=False` | {target['billed']} |" in section
     assert f'`decide_when="^READY$"` | {target["billed_with_initial"]} |' in section
