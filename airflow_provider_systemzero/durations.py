@@ -9,7 +9,7 @@ is refused where it is given, with the argument named by the caller, instead of 
 cannot end or a crash when the task runs (``timedelta(seconds=inf)``).
 
 Every message that states a duration says it the way people read one (:func:`readable`): ``350
-ms``, ``2.5 s``, ``45 s``, ``4 min 10 s``, ``4 h``, ``2 d 3 h``.
+ms``, ``2.5 s``, ``7.99 s``, ``45 s``, ``4 min 10 s``, ``4 h``, ``2 d 3 h``.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def parse_seconds(raw: Any, default: float) -> float | None:
 
 
 def readable(seconds: float) -> str:
-    """A duration as people read it: milliseconds under a second, seconds (one decimal under ten)
-    under a minute, then the two largest units (``4 min 10 s``, ``1 h 5 min``, ``2 d 3 h``); a
+    """A duration as people read it: milliseconds under a second, seconds (at most two decimals
+    under ten) under a minute, then the two largest units (``4 min 10 s``, ``1 h 5 min``, ``2 d 3 h``); a
     unit that is zero is left out (``4 h``).
 
     :param seconds: the duration (a negative one reads as its size; a non-finite one as written).
@@ -66,8 +66,8 @@ def readable(seconds: float) -> str:
     seconds = abs(seconds)
     if round(seconds, 3) < 1:
         return f"{round(seconds * 1000)} ms"
-    if round(seconds, 1) < 10:
-        return f"{seconds:.1f}".removesuffix(".0") + " s"
+    if round(seconds, 2) < 10:
+        return f"{seconds:.2f}".rstrip("0").removesuffix(".") + " s"
     whole = round(seconds)
     if whole < 60:
         return f"{whole} s"

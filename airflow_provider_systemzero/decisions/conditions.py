@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.decisions.policy import check_bar
+from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult, share
 from airflow_provider_systemzero.protocol.validation import validate_question_name
@@ -350,7 +351,8 @@ class Streak:
         held = now - self.since
         if held < self.min_true_for:
             lacks.append(
-                f"min_true_for ({self.min_true_for:g} s) needs the condition to hold longer (held {held:.1f} s)"
+                f"min_true_for ({readable(self.min_true_for)}) needs the condition to hold longer (held "
+                f"{readable(held)})"
             )
             fixes.append("a shorter min_true_for" if fixes else "shorten min_true_for")
         return f"{', and '.join(lacks)}: {', '.join(fixes)}, or {more_time}"

@@ -39,6 +39,7 @@ from typing import Any
 from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
+from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.untrusted import safe_text
@@ -359,11 +360,11 @@ class DecisionWatch:
         if qualifies and self.condition.has_hysteresis and not self.streak.ready(now):
             # the run can outgrow ``consecutive`` while only time is missing: say what is still needed
             log.info(
-                "hysteresis: %d qualifying decision(s) in a row (%d needed), true for %.1f s (%.1f s needed)",
+                "hysteresis: %d qualifying decision(s) in a row (%d needed), true for %s (%s needed)",
                 self.streak.count,
                 self.condition.consecutive,
-                self.streak.to_dict(now)["true_for"],
-                self.condition.min_true_for,
+                readable(self.streak.to_dict(now)["true_for"]),
+                readable(self.condition.min_true_for),
             )
         return self._due(now, by_time=False)
 

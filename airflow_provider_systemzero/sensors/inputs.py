@@ -17,7 +17,7 @@ from airflow_provider_systemzero.compat import AirflowFailException, has_trigger
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import validate_max_staleness
-from airflow_provider_systemzero.durations import is_seconds
+from airflow_provider_systemzero.durations import is_seconds, readable
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
@@ -313,10 +313,10 @@ def check_min_true_for(
     bound, name, first = timeout, "timeout", ""
     if execution_timeout is not None and (timeout is None or execution_timeout < timeout):
         bound, name = execution_timeout, "execution_timeout"
-        first = "" if timeout is None else f", which ends the wait before timeout ({timeout:g} s) does"
+        first = "" if timeout is None else f", which ends the wait before timeout ({readable(timeout)}) does"
     if bound is not None and min_true_for > 0 and min_true_for >= bound:
         raise SystemZeroArgumentError(
-            f"min_true_for ({min_true_for:g} s) is not shorter than {name} ({bound:g} s){first}: the "
+            f"min_true_for ({readable(min_true_for)}) is not shorter than {name} ({readable(bound)}){first}: the "
             f"decisions must keep meeting the condition for min_true_for before the {name} ends "
             f"the wait, so the sensor could never succeed: shorten min_true_for, or raise {name} above it",
             code="invalid_hysteresis",

@@ -541,7 +541,7 @@ def test_a_timeout_shorter_than_the_job_names_the_deadline_and_how_long_decision
     reason = (
         r"the task's timeout of 8 s passed: no decision met the condition before the deadline; the last "
         r"decision \(state version 1\): ready = False, waiting for True; the last decision took "
-        r"(\d+ ms|\d(\.\d)? s): raise timeout \(now 8 s\) to cover the time the state takes to meet "
+        r"(\d+ ms|\d(\.\d\d?)? s): raise timeout \(now 8 s\) to cover the time the state takes to meet "
         r"the condition, and a decision after that"
     )
     assert re.search(f"wait: {reason}", capsys.readouterr().out)

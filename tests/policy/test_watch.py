@@ -133,7 +133,7 @@ def test_a_run_held_back_by_min_true_for_says_how_long_it_held_and_the_fix() -> 
     watch = DecisionWatch(DecisionCondition("ready", min_true_for=7200))
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.held_back(20.0, more_time="raise the timeout") == (
-        "min_true_for (7200 s) needs the condition to hold longer (held 20.0 s): "
+        "min_true_for (2 h) needs the condition to hold longer (held 20 s): "
         "shorten min_true_for, or raise the timeout"
     )
     assert watch.observe(_decision(False, version=2), "b", "b", 21.0) is None
@@ -146,7 +146,7 @@ def test_a_run_held_back_by_consecutive_says_how_many_decisions_it_had_and_the_f
     assert watch.observe(_decision(True, version=2), "a", "a", 5.0) is None  # the same state: not counted
     assert watch.held_back(10.0, more_time="raise the timeout") == (
         "consecutive=3 needs 3 qualifying decisions in a row, each about a new state (had 1), and "
-        "min_true_for (60 s) needs the condition to hold longer (held 10.0 s): a change of state "
+        "min_true_for (1 min) needs the condition to hold longer (held 10 s): a change of state "
         "(a decision about the same state does not count again), a smaller consecutive, a shorter "
         "min_true_for, or raise the timeout"
     )

@@ -178,8 +178,8 @@ def test_a_literal_that_can_never_work_fails_naming_the_task(arguments: dict[str
 @pytest.mark.parametrize(
     ("min_true_for", "timeout", "message"),
     [
-        (timedelta(hours=2), 20, "t: min_true_for (7200 s) is not shorter than timeout (20 s)"),
-        (60, timedelta(minutes=1), "t: min_true_for (60 s) is not shorter than timeout (60 s)"),
+        (timedelta(hours=2), 20, "t: min_true_for (2 h) is not shorter than timeout (20 s)"),
+        (60, timedelta(minutes=1), "t: min_true_for (1 min) is not shorter than timeout (1 min)"),
     ],
 )
 def test_a_min_true_for_the_timeout_cannot_allow_is_refused(
@@ -213,8 +213,8 @@ def test_a_min_true_for_a_shorter_execution_timeout_cannot_allow_is_refused(tmp_
                 deferrable=deferrable,
             )
         assert str(raised.value) == (
-            "t: min_true_for (120 s) is not shorter than execution_timeout (60 s), which ends the wait "
-            "before timeout (3600 s) does: the decisions must keep meeting the condition for "
+            "t: min_true_for (2 min) is not shorter than execution_timeout (1 min), which ends the wait "
+            "before timeout (1 h) does: the decisions must keep meeting the condition for "
             "min_true_for before the execution_timeout ends the wait, so the sensor could never "
             "succeed: shorten min_true_for, or raise execution_timeout above it"
         )
