@@ -107,3 +107,10 @@ def test_a_timeout_event_without_the_facts_still_names_the_deadline() -> None:
         "the task's decision_timeout of 2 min passed: the wait had no decision before the deadline: raise "
         "decision_timeout (now 2 min) to cover a decision"
     )
+
+
+def test_a_timeout_without_a_known_bound_says_so_without_a_length() -> None:
+    assert timeout_reason(_task(), "decision_timeout", None, {}, needs="a decision") == (
+        "the task's decision_timeout passed: the wait had no decision before the deadline: raise "
+        "decision_timeout to cover a decision"
+    )

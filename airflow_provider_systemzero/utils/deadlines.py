@@ -88,6 +88,10 @@ def defer_timeout(deadline: float | None) -> timedelta | None:
     return timedelta(seconds=max(1.0, deadline - time.time())) + DEFER_GRACE
 
 
+def _now(bound: float | None) -> str:
+    return "" if bound is None else f" (now {readable(bound)})"
+
+
 def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
@@ -133,15 +137,15 @@ def timeout_reason(
     own = in_seconds(wait)
     if bound_by_execution_timeout(task, wait):
         name, bound = "execution_timeout", in_seconds(getattr(task, "execution_timeout", None))
-        fix = f"raise execution_timeout (now {readable(bound or 0)}), which is shorter than {wait_name}"
+        fix = f"raise execution_timeout{_now(bound)}, which is shorter than {wait_name}"
         fix += f" ({readable(own)})" if own is not None else ""
     else:
         name, bound = wait_name, own
-        fix = f"raise {wait_name} (now {readable(bound or 0)}) to cover {needs}"
+        fix = f"raise {wait_name}{_now(bound)} to cover {needs}"
     owed = facts.get("deciding_for")
     if is_seconds(owed) and not facts.get("decision_seconds"):
         fix += ", or find out why the gateway's decisions take this long"
-    head = f"the task's {name} of {readable(bound or 0)} passed"
+    head = f"the task's {name}" + (f" of {readable(bound)}" if bound is not None else "") + " passed"
     said = str(facts.get("message") or "the wait had no decision before the deadline")
     times = decision_times(facts)
     return f"{head}: {said}; {times}: {fix}" if times else f"{head}: {said}: {fix}"
