@@ -123,9 +123,10 @@ POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait")
 
 
 def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> None:
-    # the timeouts leave room for Airflow 3.1 under dag.test(), where each trigger run looks the
-    # connection up for seconds, and the review's trigger checks for the answer every second
-    dag = _sensor("sensor_review_yes", ["tick 1: down", "tick 2: unsure ready"], policy=POLICY, timeout=60)
+    # the timeouts are bounds, not targets: on Airflow 3.1 and 3.2 under dag.test() each trigger run
+    # builds an in-process API and looks the connection up, which took over half a minute on a
+    # loaded 2-core machine, and the review's trigger is one more run
+    dag = _sensor("sensor_review_yes", ["tick 1: down", "tick 2: unsure ready"], policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
@@ -140,7 +141,11 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> Non
 
 def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any) -> None:
     dag = _sensor(
-        "sensor_review_no", ["tick 1: unsure ready", "tick 2: ready"], interval=1.5, policy=POLICY, timeout=60
+        "sensor_review_no",
+        ["tick 1: unsure ready", "tick 2: ready"],
+        interval=1.5,
+        policy=POLICY,
+        timeout=180,
     )
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)
