@@ -264,6 +264,40 @@ def test_ci_runs_the_oldest_and_the_newest_corner_of_the_matrix() -> None:
     assert corners == {oldest, newest}, corners
 
 
+def test_the_readme_and_the_quickstart_install_with_the_repositorys_constraints() -> None:
+    """Both give the one install command, and its constraints file exists for the Airflow and the
+    Python it runs with (here: the suite's own)."""
+    documents = [REPO / "README.md", REPO / "docs" / "quickstart.md"]
+    if not all(d.is_file() for d in documents):
+        pytest.skip("needs the checkout's README and docs (a matrix corner runs a copy of tests/ alone)")
+    for document in documents:
+        text = " ".join(document.read_text(encoding="utf-8").split())
+        assert (
+            "Install with `constraints/airflow-<minor>-py<ver>.txt` from this repository, or Airflow's own constraints where you can reach them"
+            in text
+        ), document
+        (block,) = [b for b in text.split("```bash")[1:] if "pip install dist/" in b.split("```")[0]]
+        command = block.split("```")[0]
+        assert '-c "constraints/airflow-${AIRFLOW_MINOR}-py${PYTHON_MINOR}.txt"' in command, document
+        # the lines that pick the file, run with this interpreter
+        script = "\n".join(
+            line.replace("$(python ", f"$({shlex.quote(sys.executable)} ")
+            for line in document.read_text(encoding="utf-8").splitlines()
+            if line.startswith(("AIRFLOW_MINOR=", "PYTHON_MINOR="))
+        )
+        picked = subprocess.run(
+            [
+                "bash",
+                "-c",
+                f'{script}\necho "constraints/airflow-${{AIRFLOW_MINOR}}-py${{PYTHON_MINOR}}.txt"',
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert (REPO / picked).is_file(), picked
+
+
 def test_the_demo_hands_a_random_admin_token_to_the_emulator_as_one_argument() -> None:
     # a token_urlsafe token begins with "-" one time in 64; as a separate argument argparse read it
     # as an option and the emulator refused to start
