@@ -4,6 +4,7 @@ met the condition; and a ``min_true_for`` the timeout can never allow is refused
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import ready_log, run_dag, task_states
+from tests.helpers import ready_log, run_dag, run_dag_while, task_states, wait_until
 from tests.mistakes.conftest import CONN, START
 
 
@@ -29,11 +30,24 @@ def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:
 def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = ready_log(tmp_path)
+    log = tmp_path / "job.log"
+    log.write_text("Job is starting.\n")
+    before = emulator.stats.decisions_dispatched
+
+    def ready_a_second_after_the_first_decision() -> None:
+        # the run of met decisions then begins at least 1 s after the deadline was set: min_true_for,
+        # shorter than the timeout (accepted), cannot be met before the deadline, and is at least
+        # 0.9 s short of it then, however soon the first decision came
+        wait_until(
+            lambda: emulator.stats.decisions_dispatched > before, timeout=60, what="the first decision"
+        )
+        time.sleep(1.0)
+        with log.open("a") as job:
+            job.write("Job is ready.\n")
+
     with DAG("mistake_hold_min_true_for", schedule=None, start_date=START) as dag:
-        # shorter than the timeout (accepted), but the first decision comes well after the start
-        _sensor(source={"type": "file", "path": str(log)}, min_true_for=7.99, timeout=8, deferrable=True)
-    dag_run = run_dag(dag)
+        _sensor(source={"type": "file", "path": str(log)}, min_true_for=7.9, timeout=8, deferrable=True)
+    dag_run = run_dag_while(dag, ready_a_second_after_the_first_decision)
     assert task_states(dag_run) == {"wait": "failed"}
     printed = capsys.readouterr().out
     assert "no decision met the condition" not in printed
@@ -41,7 +55,7 @@ def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
         "wait: the task's timeout of 8 s passed: a decision met the condition, but a hold rule kept it "
         "from ending the wait before the deadline; the last decision (state version 1): ready = True"
     ) in printed
-    assert "; min_true_for (7.99 s) needs the condition to hold longer (held " in printed
+    assert "; min_true_for (7.9 s) needs the condition to hold longer (held " in printed
     assert "shorten min_true_for, or raise the sensor's timeout" in printed
 
 
