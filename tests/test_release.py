@@ -145,7 +145,7 @@ def test_the_review_demo_answers_a_review_through_the_rest_api_from_the_installe
     )
     assert "route: proposed 'support', decision 'engineering', decided by human" in out
     decided, answered = re.search(r"System Zero decided at (\S+); the person answered at (\S+)", out).groups()  # type: ignore[union-attr]
-    assert decided.endswith("+00:00") and answered.endswith("+00:00")
+    assert decided.endswith("Z") and answered.endswith("Z")
     assert datetime.fromisoformat(decided) <= datetime.fromisoformat(answered) + timedelta(seconds=1)
     assert "'python -m airflow_provider_systemzero.review_demo --keep-home' keeps it" in out
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-review-demo-")], (

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_systemzero.compat import has_awaiting_input
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+from airflow_provider_systemzero.decisions.timeline import iso_time, parse_time
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from tests.helpers import (
     needs_task_state_store,
@@ -74,8 +75,8 @@ def test_act_band_takes_the_models_answer(emulator: Any) -> None:
     assert record["effect"] == {"return_value": {"publish": True}}
     # when System Zero decided: the reply's own time, in UTC, with its offset; nobody answered
     created = xcoms[("decide", "reply", -1)]["created"]
-    assert record["decided_at"] == pendulum.from_timestamp(created, tz="UTC").isoformat()
-    assert record["decided_at"].endswith("+00:00") and record["answered_at"] is None
+    assert record["decided_at"] == iso_time(created) and record["decided_at"].endswith("Z")
+    assert record["answered_at"] is None
     assert billed(emulator) == before + 1
 
 
@@ -129,10 +130,10 @@ def test_review_band_takes_the_persons_answer(
     assert isinstance(record["review"]["responded_at"], str)
     assert "alice answered false" in record["reason"]
     # the model decided, then the person answered: both times in UTC
-    decided, answered = pendulum.parse(record["decided_at"]), pendulum.parse(record["answered_at"])
-    assert record["answered_at"].endswith("+00:00") and record["decided_at"].endswith("+00:00")
-    assert answered == pendulum.parse(record["review"]["responded_at"])
-    assert decided <= answered.add(seconds=1)  # the reply's time is whole seconds
+    decided, answered = parse_time(record["decided_at"]), parse_time(record["answered_at"])
+    assert record["answered_at"].endswith("Z") and record["decided_at"].endswith("Z")
+    assert answered == pytest.approx(pendulum.parse(record["review"]["responded_at"]).timestamp(), abs=0.001)
+    assert decided <= answered + 1  # the reply's time is whole seconds
 
 
 def test_review_timeout_falls_back_to_the_policys_default(emulator: Any) -> None:

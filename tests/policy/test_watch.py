@@ -85,7 +85,7 @@ def test_every_decision_event_says_when_system_zero_decided_in_utc() -> None:
     verdict = watch.observe(decision, "a", "a", 0.0)
     assert verdict is not None
     payload = watch.event(verdict).to_payload()
-    assert payload["decided_at"] == "2026-09-21T14:13:20+00:00"
+    assert payload["decided_at"] == "2026-09-21T14:13:20.000Z"  # as the history writes its times
     assert WatchEvent.from_payload(payload).summary()["decided_at"] == payload["decided_at"]
     assert answers_payload(decision, "a", key_namespace="ns")["decided_at"] == payload["decided_at"]
     # a reply without a time of its own: when it arrived, in UTC too
