@@ -25,7 +25,7 @@ import pytest
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
-from tests.helpers import event_read_back, needs_awaiting_input, run_dag, task_states, xcoms_of
+from tests.helpers import event_read_back, run_dag, task_states, xcoms_of
 from tests.hostile.conftest import decide_dag, sensor_dag
 from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, decide_and_fail
 
@@ -367,7 +367,6 @@ def _markdown_leaks(body: str) -> tuple[list[str], str]:
     return kinds, "\n".join(prose)
 
 
-@needs_awaiting_input
 def test_gateway_text_in_a_review_body_stays_inside_code_spans(run_against: Callable[..., Sinks]) -> None:
     """Item 3: the model, the reply ID and an alternative's answer reach the person asked only as
     code: no tracking image, no link, no HTML, no line of their own."""
