@@ -114,3 +114,21 @@ def test_a_timeout_without_a_known_bound_says_so_without_a_length() -> None:
         "the task's decision_timeout passed: the wait had no decision before the deadline: raise "
         "decision_timeout to cover a decision"
     )
+
+
+def test_a_decision_still_owed_is_said_once_when_the_trigger_says_it() -> None:
+    said = (
+        "no decision before the task's deadline; the gateway was still deciding (for 1.9 s): raise the "
+        "operator's decision_timeout, or find out why its decisions take this long"
+    )
+    reason = timeout_reason(
+        _task(),
+        "decision_timeout",
+        2,
+        {"message": said, "decision_seconds": [], "deciding_for": 1.9},
+        needs="a decision",
+    )
+    assert reason == (
+        f"the task's decision_timeout of 2 s passed: {said}; no decision arrived during the wait: raise "
+        "decision_timeout (now 2 s) to cover a decision"
+    )

@@ -26,6 +26,7 @@ from airflow_provider_systemzero.durations import is_seconds, readable
 
 __all__ = [
     "DEFER_GRACE",
+    "STILL_DECIDING",
     "TimedTask",
     "bound_by_execution_timeout",
     "deadline_in",
@@ -36,6 +37,8 @@ __all__ = [
     "wait_bound",
 ]
 
+#: How a trigger's timeout message says that the gateway still owed a decision at the deadline.
+STILL_DECIDING = "the gateway was still deciding"
 #: How much longer than the trigger's deadline Airflow lets the deferral last.
 DEFER_GRACE = timedelta(seconds=60)
 
@@ -96,17 +99,18 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def decision_times(facts: Mapping[str, Any]) -> str | None:
+def decision_times(facts: Mapping[str, Any], *, owed: bool = True) -> str | None:
     """How long decisions took during a wait, in words, from a trigger's ``timeout`` event
     (``None`` when the event says nothing about it).
 
     :param facts: the event's fields: ``decision_seconds`` (the last decisions' durations, oldest
         first) and ``deciding_for`` (how long the gateway had owed a decision at the deadline, or
         ``None``).
+    :param owed: say how long a decision was owed (``False``: the trigger's message says it).
     """
     raw = facts.get("decision_seconds")
     took = [readable(s) for s in raw if is_seconds(s)] if isinstance(raw, list) else None
-    owed = facts.get("deciding_for")
+    owing = facts.get("deciding_for") if owed else None
     parts = []
     if took:
         parts.append(
@@ -116,8 +120,8 @@ def decision_times(facts: Mapping[str, Any]) -> str | None:
         )
     elif took is not None:
         parts.append("no decision arrived during the wait")
-    if is_seconds(owed):
-        parts.append(f"the gateway had owed a decision for {readable(owed)} when the deadline passed")
+    if is_seconds(owing):
+        parts.append(f"the gateway had owed a decision for {readable(owing)} when the deadline passed")
     return ", and ".join(parts) or None
 
 
@@ -142,10 +146,11 @@ def timeout_reason(
     else:
         name, bound = wait_name, own
         fix = f"raise {wait_name}{_now(bound)} to cover {needs}"
-    owed = facts.get("deciding_for")
-    if is_seconds(owed) and not facts.get("decision_seconds"):
+    said = str(facts.get("message") or "the wait had no decision before the deadline")
+    # the trigger may say itself that a decision was still owed, with that fix: not said twice
+    owed_said = STILL_DECIDING in said
+    if is_seconds(facts.get("deciding_for")) and not facts.get("decision_seconds") and not owed_said:
         fix += ", or find out why the gateway's decisions take this long"
     head = f"the task's {name}" + (f" of {readable(bound)}" if bound is not None else "") + " passed"
-    said = str(facts.get("message") or "the wait had no decision before the deadline")
-    times = decision_times(facts)
+    times = decision_times(facts, owed=not owed_said)
     return f"{head}: {said}; {times}: {fix}" if times else f"{head}: {said}: {fix}"
