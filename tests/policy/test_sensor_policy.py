@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +15,8 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import needs_task_state_store, run_dag, task_states, xcoms_of
-from tests.policy.conftest import CONN_ID, START, Reviewer, billed
+from tests.helpers import needs_task_state_store, run_dag, run_dag_while, task_states, wait_until, xcoms_of
+from tests.policy.conftest import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 
@@ -123,13 +124,46 @@ def test_min_true_for_waits_while_the_answer_holds(emulator: Any) -> None:
 POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait")
 
 
-def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> None:
-    # the timeouts are bounds, not targets: on Airflow 3.1 and 3.2 under dag.test() each trigger run
-    # builds an in-process API and looks the connection up, which took over half a minute on a
-    # loaded 2-core machine, and the review's trigger is one more run
-    dag = _sensor("sensor_review_yes", ["tick 1: down", "tick 2: unsure ready"], policy=POLICY, timeout=180)
+def _file_sensor(dag_id: str, log: Path, **kwargs: Any) -> DAG:
+    """The sensor on a log file the test appends to, holding its stream (each line a new version)."""
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        SystemZeroDecisionSensor(
+            task_id="wait",
+            instructions="Is the service ready?",
+            systemzero_conn_id=CONN_ID,
+            source={"type": "file", "path": str(log)},
+            lease=False,
+            **kwargs,
+        )
+    return dag
+
+
+def _append(log: Path, line: str) -> None:
+    with log.open("a") as out:
+        out.write(line + "\n")
+
+
+# The review tests change the log when the run gets there, not on a clock: on Airflow 3.1 and 3.2
+# under dag.test() a trigger's first connection takes seconds, and a state that changed meanwhile
+# would open the stream in its newest form. Their timeouts are bounds, not targets: each trigger
+# run there builds an in-process API and looks the connection up, which took over half a minute on
+# a loaded 2-core machine, and the review's trigger is one more run.
+
+
+def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any, tmp_path: Path) -> None:
+    log = tmp_path / "service.log"
+    log.write_text("tick 1: down\n")
+    before = emulator.stats.decisions_dispatched
+
+    def unsure_after_the_first_decision() -> None:
+        wait_until(
+            lambda: emulator.stats.decisions_dispatched > before, timeout=150, what="the first decision"
+        )
+        _append(log, "tick 2: unsure ready")
+
+    dag = _file_sensor("sensor_review_yes", log, policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
-        dag_run = run_dag(dag)
+        dag_run = run_dag_while(dag, unsure_after_the_first_decision, within=180)
     assert task_states(dag_run) == {"wait": "success"}
     (request,) = reviewer.seen
     assert request["options"] == ["Yes", "No"] and "tick 2: unsure ready" in request["body"]
@@ -140,20 +174,26 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any) -> Non
     assert record["confidence"] == pytest.approx(0.6) and record["state_version"] == 2
 
 
-def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any) -> None:
-    dag = _sensor(
-        "sensor_review_no",
-        ["tick 1: unsure ready", "tick 2: ready"],
-        interval=1.5,
-        policy=POLICY,
-        timeout=180,
-    )
-    before = billed(emulator)
+def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any, tmp_path: Path) -> None:
+    log = tmp_path / "service.log"
+    log.write_text("tick 1: unsure ready\n")
+    before = emulator.stats
+
+    def ready_once_the_answered_state_came_back() -> None:
+        # after the "no" the sensor waits again and first hears the answered state's reply again
+        wait_until(
+            lambda: emulator.stats.decisions_replayed > before.decisions_replayed,
+            timeout=170,
+            what="the answered state decided again after the no",
+        )
+        _append(log, "tick 2: ready")
+
+    dag = _file_sensor("sensor_review_no", log, policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
-        dag_run = run_dag(dag)
+        dag_run = run_dag_while(dag, ready_once_the_answered_state_came_back, within=180)
     assert task_states(dag_run) == {"wait": "success"}
     assert len(reviewer.seen) == 1  # the answered state is not asked about again
-    assert billed(emulator) == before + 2  # the state answered "no" about, then the ready one
+    assert emulator.stats.decisions_billed == before.decisions_billed + 2  # that state, then the ready one
     xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
     record = xcoms[("wait", "decision", -1)]
     assert (record["action"], record["decided_by"], record["decision"]) == ("act", "model", True)
