@@ -179,6 +179,32 @@ def wait_until(
         time.sleep(interval)
 
 
+def append_once(
+    emulator: Any, counter: str, log: Path, line: str, *, timeout: float, what: str, pause: float = 0.0
+) -> Callable[[], None]:
+    """A step for :func:`run_dag_while` that changes a tailed log when the run gets there, not on a
+    clock: once the emulator's ``counter`` statistic grew past its value now (and ``pause`` seconds
+    after, where the test needs the change later than that), ``line`` is appended to ``log``.
+
+    :param emulator: the emulator the Dag's connection points at.
+    :param counter: the name of a statistic on ``emulator.stats`` (``decisions_dispatched``, ...).
+    :param timeout: the bound on the wait (``TimeoutError`` naming ``what`` after it).
+    :param what: what the wait is for, as the timeout error names it.
+    """
+    import time
+
+    before = getattr(emulator.stats, counter)
+
+    def append() -> None:
+        wait_until(lambda: getattr(emulator.stats, counter) > before, timeout=timeout, what=what)
+        if pause:
+            time.sleep(pause)  # a spacing the test asserts on, after the awaited event
+        with log.open("a") as out:
+            out.write(line + "\n")
+
+    return append
+
+
 async def until(condition: Callable[[], object], within: float = 5.0, *, what: str = "the condition") -> None:
     """Let the loop run until ``condition`` holds, polling every 5 ms (bounded: ``TimeoutError``
     naming ``what`` after ``within`` seconds)."""

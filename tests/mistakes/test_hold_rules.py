@@ -4,7 +4,6 @@ met the condition; and a ``min_true_for`` the timeout can never allow is refused
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import ready_log, run_dag, run_dag_while, task_states, wait_until
+from tests.helpers import append_once, ready_log, run_dag, run_dag_while, task_states
 from tests.mistakes.conftest import CONN, START
 
 
@@ -32,18 +31,18 @@ def test_a_deferred_sensor_held_back_by_min_true_for_names_it_at_the_deadline(
 ) -> None:
     log = tmp_path / "job.log"
     log.write_text("Job is starting.\n")
-    before = emulator.stats.decisions_dispatched
-
-    def ready_a_second_after_the_first_decision() -> None:
-        # the run of met decisions then begins at least 1 s after the deadline was set: min_true_for,
-        # shorter than the timeout (accepted), cannot be met before the deadline, and is at least
-        # 0.9 s short of it then, however soon the first decision came
-        wait_until(
-            lambda: emulator.stats.decisions_dispatched > before, timeout=60, what="the first decision"
-        )
-        time.sleep(1.0)
-        with log.open("a") as job:
-            job.write("Job is ready.\n")
+    # the run of met decisions then begins at least 1 s after the deadline was set: min_true_for,
+    # shorter than the timeout (accepted), cannot be met before the deadline, and is at least 0.9 s
+    # short of it then, however soon the first decision came
+    ready_a_second_after_the_first_decision = append_once(
+        emulator,
+        "decisions_dispatched",
+        log,
+        "Job is ready.",
+        timeout=60,
+        what="the first decision",
+        pause=1.0,
+    )
 
     with DAG("mistake_hold_min_true_for", schedule=None, start_date=START) as dag:
         _sensor(source={"type": "file", "path": str(log)}, min_true_for=7.9, timeout=8, deferrable=True)

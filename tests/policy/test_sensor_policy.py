@@ -15,7 +15,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import needs_task_state_store, run_dag, run_dag_while, task_states, wait_until, xcoms_of
+from tests.helpers import append_once, needs_task_state_store, run_dag, run_dag_while, task_states, xcoms_of
 from tests.policy.conftest import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -24,16 +24,18 @@ FLAPPING = [f"tick {i}: {'ready' if i % 2 else 'down'}" for i in range(1, 13)]
 
 
 def _sensor(dag_id: str, states: list[str], interval: float = 0.3, **kwargs: Any) -> DAG:
+    """The sensor on a paced source of ``states``, one every ``interval`` seconds."""
+    paced = {"type": "callable", "path": "tests.policy.sources.paced"}
+    return _sensor_on(dag_id, paced | {"kwargs": {"states": states, "interval": interval}}, **kwargs)
+
+
+def _sensor_on(dag_id: str, source: dict[str, Any], **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
             task_id="wait",
             instructions="Is the service ready?",
             systemzero_conn_id=CONN_ID,
-            source={
-                "type": "callable",
-                "path": "tests.policy.sources.paced",
-                "kwargs": {"states": states, "interval": interval},
-            },
+            source=source,
             lease=False,
             **kwargs,
         )
@@ -126,21 +128,7 @@ POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="wait")
 
 def _file_sensor(dag_id: str, log: Path, **kwargs: Any) -> DAG:
     """The sensor on a log file the test appends to, holding its stream (each line a new version)."""
-    with DAG(dag_id, schedule=None, start_date=START) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            instructions="Is the service ready?",
-            systemzero_conn_id=CONN_ID,
-            source={"type": "file", "path": str(log)},
-            lease=False,
-            **kwargs,
-        )
-    return dag
-
-
-def _append(log: Path, line: str) -> None:
-    with log.open("a") as out:
-        out.write(line + "\n")
+    return _sensor_on(dag_id, {"type": "file", "path": str(log)}, **kwargs)
 
 
 # The review tests change the log when the run gets there, not on a clock: on Airflow 3.1 and 3.2
@@ -153,14 +141,9 @@ def _append(log: Path, line: str) -> None:
 def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any, tmp_path: Path) -> None:
     log = tmp_path / "service.log"
     log.write_text("tick 1: down\n")
-    before = emulator.stats.decisions_dispatched
-
-    def unsure_after_the_first_decision() -> None:
-        wait_until(
-            lambda: emulator.stats.decisions_dispatched > before, timeout=150, what="the first decision"
-        )
-        _append(log, "tick 2: unsure ready")
-
+    unsure_after_the_first_decision = append_once(
+        emulator, "decisions_dispatched", log, "tick 2: unsure ready", timeout=150, what="the first decision"
+    )
     dag = _file_sensor("sensor_review_yes", log, policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["Yes"]) as reviewer:
         dag_run = run_dag_while(dag, unsure_after_the_first_decision, within=180)
@@ -179,15 +162,15 @@ def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: An
     log.write_text("tick 1: unsure ready\n")
     before = emulator.stats
 
-    def ready_once_the_answered_state_came_back() -> None:
-        # after the "no" the sensor waits again and first hears the answered state's reply again
-        wait_until(
-            lambda: emulator.stats.decisions_replayed > before.decisions_replayed,
-            timeout=170,
-            what="the answered state decided again after the no",
-        )
-        _append(log, "tick 2: ready")
-
+    # after the "no" the sensor waits again and first hears the answered state's reply again
+    ready_once_the_answered_state_came_back = append_once(
+        emulator,
+        "decisions_replayed",
+        log,
+        "tick 2: ready",
+        timeout=170,
+        what="the answered state decided again after the no",
+    )
     dag = _file_sensor("sensor_review_no", log, policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag_while(dag, ready_once_the_answered_state_came_back, within=180)
