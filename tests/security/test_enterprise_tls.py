@@ -25,7 +25,7 @@ from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.tls import load_tls
 from tests.security.loopback_proxy import LoopbackProxy
-from tests.security.test_tls import KEY, REPLY, TLSGateway, make_pki, stream_to
+from tests.security.test_tls import CA_KEY_USAGE, KEY, REPLY, TLSGateway, make_pki, stream_to
 
 CLIENT_NAME = "systemzero test client"
 
@@ -44,6 +44,7 @@ def make_client_pki(directory: Path, *, encrypt: bytes | None = None) -> tuple[P
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
