@@ -234,7 +234,11 @@ def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
     """Under ``dag.test()``'s in-process supervisor of 3.1 / 3.2 (which answers a task's requests
     only), the two requests of ``HITLTrigger`` go to the supervisor's Execution API client; any other
     request, and every request outside ``dag.test()`` or on 3.3, is left as it was."""
+    import uuid
+
     from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import GetConnection, GetHITLDetailResponse, UpdateHITLDetail
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
 
     from airflow_provider_systemzero.utils import review_wait
 
@@ -249,33 +253,23 @@ def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
             calls.append(("update", (ti_id, chosen_options, params_input)))
             return "updated"
 
-    class InProcessSupervisorComms:  # the name dag.test()'s comms have
-        supervisor = SimpleNamespace(client=SimpleNamespace(hitl=Hitl()))
-
+    class Comms(InProcessSupervisorComms):  # dag.test()'s comms, without its supervisor
         def send(self, msg: Any) -> str:
             calls.append(("comms", type(msg).__name__))
             return "from the supervisor"
 
-    class GetHITLDetailResponse:
-        ti_id = "ti-1"
-
-    class UpdateHITLDetail:
-        ti_id, chosen_options, params_input = "ti-1", ["No"], {}
-
-    class GetConnection:
-        pass
-
-    comms = InProcessSupervisorComms()
+    comms = Comms(supervisor=SimpleNamespace(client=SimpleNamespace(hitl=Hitl())))  # type: ignore[arg-type]
+    ti_id = uuid.uuid4()
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
     monkeypatch.setattr(compat, "has_awaiting_input", lambda: False)
     with review_wait.in_process_review_comms() as applied:
         assert applied
         served = task_runner.SUPERVISOR_COMMS
-        assert served.send(GetHITLDetailResponse()) == "detail"
-        assert served.send(UpdateHITLDetail()) == "updated"
-        assert served.send(GetConnection()) == "from the supervisor"
+        assert served.send(GetHITLDetailResponse(ti_id=ti_id)) == "detail"
+        assert served.send(UpdateHITLDetail(ti_id=ti_id, chosen_options=["No"], params_input={})) == "updated"
+        assert served.send(GetConnection(conn_id="c")) == "from the supervisor"
     assert task_runner.SUPERVISOR_COMMS is comms
-    assert calls == [("get", "ti-1"), ("update", ("ti-1", ["No"], {})), ("comms", "GetConnection")]
+    assert calls == [("get", ti_id), ("update", (ti_id, ["No"], {})), ("comms", "GetConnection")]
     # a triggerer's comms (or a release with awaiting_input) are left alone
     other = SimpleNamespace(send=lambda msg: "triggerer")
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", other, raising=False)

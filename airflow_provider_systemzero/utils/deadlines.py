@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from airflow_provider_systemzero.durations import is_seconds, readable
 
@@ -126,7 +126,7 @@ def decision_times(facts: Mapping[str, Any], *, owed: bool = True) -> str | None
 
 
 def timeout_reason(
-    task: Any, wait_name: str, wait: float | timedelta | None, facts: Mapping[str, Any], *, needs: str
+    task: TimedTask, wait_name: str, wait: float | timedelta | None, facts: Mapping[str, Any], *, needs: str
 ) -> str:
     """Why a deferred task's wait ended at its deadline: whose deadline it was (``wait_name`` or
     ``execution_timeout``, with its length), what the trigger saw, how long decisions took, and what

@@ -38,18 +38,23 @@ IN_PROCESS_POKE_INTERVAL = 1.0
 
 
 class _ReviewComms:
-    """The in-process comms, with the review's two requests answered by the Execution API client."""
+    """The in-process comms, with the review's two requests answered by the Execution API client.
 
-    def __init__(self, comms: Any, hitl: Any) -> None:
+    :param comms: ``dag.test()``'s in-process comms.
+    :param hitl: the supervisor's Execution API client for reviews.
+    :param requests: the classes of the two requests (``GetHITLDetailResponse``, ``UpdateHITLDetail``).
+    """
+
+    def __init__(self, comms: Any, hitl: Any, requests: tuple[type, type]) -> None:
         self._comms = comms
         self._hitl = hitl
+        self._get_detail, self._update = requests
 
     def send(self, msg: Any) -> Any:
         """Answer ``GetHITLDetailResponse`` and ``UpdateHITLDetail``; pass anything else on."""
-        kind = type(msg).__name__
-        if kind == "GetHITLDetailResponse":
+        if isinstance(msg, self._get_detail):
             return self._hitl.get_detail_response(ti_id=msg.ti_id)
-        if kind == "UpdateHITLDetail":
+        if isinstance(msg, self._update):
             return self._hitl.update_response(
                 ti_id=msg.ti_id, chosen_options=msg.chosen_options, params_input=msg.params_input
             )
@@ -71,15 +76,17 @@ def in_process_review_comms() -> Iterator[bool]:
         return
     try:
         from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.comms import GetHITLDetailResponse, UpdateHITLDetail
+        from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
     except ImportError:
         yield False
         return
     comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
     hitl = getattr(getattr(getattr(comms, "supervisor", None), "client", None), "hitl", None)
-    if type(comms).__name__ != "InProcessSupervisorComms" or hitl is None:
+    if not isinstance(comms, InProcessSupervisorComms) or hitl is None:
         yield False
         return
-    wrapper = _ReviewComms(comms, hitl)
+    wrapper = _ReviewComms(comms, hitl, (GetHITLDetailResponse, UpdateHITLDetail))
     task_runner.SUPERVISOR_COMMS = wrapper
     try:
         yield True
