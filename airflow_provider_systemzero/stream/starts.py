@@ -11,6 +11,9 @@ queue, never a loop per stream.
 What the gateway rate limits, the whole process waits out once: after a 429 ``rate_limited`` every
 stream of the account in this process holds its start until the ``Retry-After`` has passed, then
 the longest-waiting one starts on its newest state.
+
+Nothing here keeps the event loop: a sync ``SystemZeroHook.decide()`` runs each call on a loop of
+its own, and once that loop is closed and dropped, it is collected with what it held here.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ __all__ = ["DecisionStarts", "decision_starts", "key_fingerprint", "running_star
 log = logging.getLogger(__name__)
 
 
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
 def key_fingerprint(api_key: str) -> str:
     """A short, non-secret tag of an API key (12 hex digits of its SHA-256): streams with the same
     key share the account's starts; the key itself is never kept."""
@@ -37,18 +44,20 @@ def key_fingerprint(api_key: str) -> str:
 
 
 class DecisionStarts:
-    """One account's decision starts in this process (on one event loop).
+    """One account's decision starts in this process (on the running event loop).
+
+    It holds no reference to its loop (the loop's time is read when asked), so a loop that ends is
+    collected even while this object is kept for it.
 
     :param label: how the log names the account (the gateway URL and the key's fingerprint).
-    :param loop: the event loop its timer runs on.
     """
 
-    def __init__(self, label: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, label: str) -> None:
         self.label = label
         self.queue = StartQueue()
-        self._loop = loop
         self._wake: dict[Any, Callable[[], None]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        #: the one timer, weakly: the loop holds it while it is scheduled, and a timer holds its loop
+        self._timer: weakref.ref[asyncio.TimerHandle] | None = None
 
     def may_start(self, stream: Any, message: ClientMessage, version: int, wake: Callable[[], None]) -> bool:
         """Asked before ``stream`` writes ``message``, which starts a decision about ``version``.
@@ -58,7 +67,7 @@ class DecisionStarts:
         :param wake: called (no arguments) when the stream's turn comes.
         :returns: whether it may write it now; if not, ``wake`` is called when it may.
         """
-        now = self._loop.time()
+        now = _now()
         if isinstance(message, Start):  # on_change: a connection's start schedules a decision
             self.queue.note_start(now)
             return True
@@ -83,7 +92,7 @@ class DecisionStarts:
         :param requeue: on a 429, put the stream back at the front (on_request: the client asks
             again); ``False`` when the gateway retries it itself (on_change).
         """
-        now = self._loop.time()
+        now = _now()
         if error is None or error.http_status != 429:
             self.queue.accepted(now)
             return
@@ -109,17 +118,19 @@ class DecisionStarts:
         self._schedule()
 
     def _schedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        now = self._loop.time()
+        timer = self._timer() if self._timer is not None else None
+        if timer is not None:
+            timer.cancel()
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         at = self.queue.wakeup(now)
         if at is not None:
-            self._timer = self._loop.call_at(max(at, now), self._fire)
+            self._timer = weakref.ref(loop.call_at(max(at, now), self._fire))
 
     def _fire(self) -> None:
         self._timer = None
-        now = self._loop.time()
+        now = _now()
         while (grant := self.queue.grant(now)) is not None:
             wake = self._wake.pop(grant.stream, None)  # a stream requeued by a 429 is woken by asking again
             log.debug("decision start granted after %.3f s (%s)", grant.waited, self.label)
@@ -144,7 +155,7 @@ def decision_starts(url: str, api_key: str) -> DecisionStarts:
     per_loop = _BY_LOOP.setdefault(loop, {})
     starts = per_loop.get((url, fingerprint))
     if starts is None:
-        starts = per_loop[(url, fingerprint)] = DecisionStarts(f"{url} key {fingerprint}", loop)
+        starts = per_loop[(url, fingerprint)] = DecisionStarts(f"{url} key {fingerprint}")
     return starts
 
 

@@ -1,0 +1,5 @@
+"""The ceiling tests' fixtures: an emulator on a thread of its own for the sync hook."""
+
+from __future__ import annotations
+
+from tests.hooks.conftest import server_context, threaded_emu  # noqa: F401 - fixtures
