@@ -9,6 +9,12 @@ A client never lets ``hello`` loosen its own safety checks: :meth:`Limits.from_h
 every advertised value into :data:`ADVERTISED_BOUNDS` (sizes, liveness timers and the stream cap
 never above the document's numbers, timers never zero), so a gateway cannot let a 200 MB frame
 in or switch the dead-connection checks off.
+
+The account's decision limits (``account_decision_burst``, ``account_decision_ceiling``) are in
+the document's list but not in its example ``hello``: a gateway may advertise them there, under
+those names (:data:`ACCOUNT_LIMITS`), and the client paces its decision starts by them; without
+them it uses the published values. They only pace the client (the gateway enforces its own), so
+any value from 1 up to 100 000 is taken.
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import refuse
 
-__all__ = ["ADVERTISED_BOUNDS", "ADVERTISED_LIMITS", "DOCUMENT_LIMITS", "MAX_DISPATCHES_PER_STREAM", "Limits"]
+__all__ = [
+    "ACCOUNT_LIMITS",
+    "ADVERTISED_BOUNDS",
+    "ADVERTISED_LIMITS",
+    "DOCUMENT_LIMITS",
+    "MAX_DISPATCHES_PER_STREAM",
+    "Limits",
+]
 
 #: A stream has at most one decide in flight plus one pending intent (WIRE.md §4): what a
 #: client may have started at the gateway and not yet seen settled.
@@ -81,8 +94,13 @@ class Limits:
                 raise ValueError(f"limit {name} must be a non-negative integer, got {value!r}")
 
     def advertised(self) -> dict[str, int]:
-        """The ``hello.limits`` object, in the public example's key order."""
-        return {name: getattr(self, name) for name in ADVERTISED_LIMITS}
+        """The ``hello.limits`` object, in the public example's key order; the account's decision
+        limits follow when they differ from the published ones (:data:`ACCOUNT_LIMITS`)."""
+        data = {name: getattr(self, name) for name in ADVERTISED_LIMITS}
+        for key, name in ACCOUNT_LIMITS.items():
+            if getattr(self, name) != getattr(_DOCUMENT, name):
+                data[key] = getattr(self, name)
+        return data
 
     def replace(self, **changes: int) -> Limits:
         """A copy with some limits changed (the emulator shrinks timeouts for tests).
@@ -106,8 +124,10 @@ class Limits:
         """
         if not isinstance(data, Mapping):
             raise refuse("hello.limits must be an object", "limits")
-        given = tuple(map(data.get, ADVERTISED_LIMITS))
-        if all(type(value) is int for value in given):  # never a bool: True would hash as 1
+        given = tuple(map(data.get, _PARSED_KEYS))
+        if all(type(value) is int for value in given[: len(ADVERTISED_LIMITS)]) and all(
+            value is None or type(value) is int for value in given[len(ADVERTISED_LIMITS) :]
+        ):  # never a bool: True would hash as 1
             known = _PARSED.get(given)
             if known is not None:
                 return known  # a gateway advertises the same limits in every hello
@@ -120,6 +140,15 @@ class Limits:
                 )
             low, high = ADVERTISED_BOUNDS[name]
             values[name] = min(max(value, low), high)
+        for key, name in ACCOUNT_LIMITS.items():
+            value = data.get(key)
+            if value is None:
+                continue  # not advertised: the published value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise refuse(
+                    f"hello.limits.{key} must be a non-negative integer, got {value!r}", f"limits.{key}"
+                )
+            values[name] = min(max(value, 1), _MAX_RATE)
         limits = cls(**values)
         if len(_PARSED) >= _PARSED_KEPT:
             _PARSED.clear()
@@ -138,6 +167,15 @@ _NAMES: tuple[str, ...] = tuple(f.name for f in fields(Limits))
 #: Names of the limits the gateway advertises in ``hello``, in the public example's order (the
 #: fields marked as advertised, in their declaration order).
 ADVERTISED_LIMITS: tuple[str, ...] = tuple(f.name for f in fields(Limits) if f.metadata.get("advertised"))
+
+#: The account's decision limits a gateway may advertise in ``hello.limits`` (the names of the
+#: public document's list) → the :class:`Limits` fields they set.
+ACCOUNT_LIMITS: dict[str, str] = {
+    "account_decision_burst": "account_decision_burst",
+    "account_decision_ceiling": "account_decision_ceiling_per_minute",
+}
+#: The ``hello.limits`` keys a parse depends on (its cache key).
+_PARSED_KEYS: tuple[str, ...] = (*ADVERTISED_LIMITS, *ACCOUNT_LIMITS)
 
 #: The public document's limits (immutable: shared by every session before its ``hello``).
 DOCUMENT_LIMITS = _DOCUMENT = Limits()
