@@ -1,99 +1,139 @@
-"""A fair queue of decision starts under the account's decision ceiling (sans I/O, time passed in).
+"""The account's decision starts as one process sees them: a mirror of the account's bucket and a
+queue of the streams that want a start (sans I/O, time passed in).
 
 Theory of operation
 -------------------
 
-An account may *start* ``account_decision_burst`` decisions at once and
-``account_decision_ceiling`` per minute, over all its streams and processes (the public limits:
-"account_decision_burst — 5 starts", "account_decision_ceiling — 60 starts per minute"). Over
-it, a decide fails with 429 ``rate_limited`` and ``retry_after_ms``. A process does not know how much of the
-account other processes use: the gateway's 429s are all it hears. :class:`StartQueue` turns them
-into one decision per process:
+The public document gives every account a fixed budget of decision *starts*, over all its streams
+and processes: ``account_decision_burst`` (5 starts) at once, refilled to
+``account_decision_ceiling`` (60 starts a minute). Over it, a decide fails with 429
+``rate_limited`` and a Retry-After. :class:`StartQueue` keeps a **mirror** of that bucket — the
+tokens the account holds, had this process alone spent them — and lets a stream start a decision
+only when the mirror holds one. A process alone on its account spends the burst, then one start
+per *gap* (1 / ceiling: a second at the published ceiling) as the gateway refills, and the gateway
+never has to say no. The burst and the ceiling are the published ones until a ``hello``
+advertises others (:meth:`StartQueue.adopt`); until the first ``hello`` of the account is heard,
+one start goes at a time (an on_change ``start`` goes before its connection's ``hello``), so a
+gateway advertising a smaller burst is not sent the published one. The mirror keeps :data:`CAP_MARGIN` below the
+burst: a start reaches the gateway a little after the mirror counted it, and while the account's
+bucket is full that time's refill is lost to the gateway, not to the mirror.
 
-* **Unlimited until told otherwise.** Before any 429 a start goes at once: nothing is added to
-  the latency of an account below its ceiling.
-* **One Retry-After per process.** A 429 blocks *every* stream of the queue until its
-  ``retry_after`` has passed (not once per stream), then lets one start through; the next ones
-  follow at a *pace* (seconds between starts), at least half again the Retry-After. The pace
-  grows once per Retry-After: the 429s of starts already on their way when the first one was
-  heard change nothing more.
-* **Sharing an account, told nothing but the 429s.** From one pace after the Retry-After ended,
-  the *rate* of starts (1 / pace) grows with *time*, by the same amount a second whatever share
-  the process has (additive increase, multiplicative decrease, as TCP shares a link): a process
-  that got few starts recovers as fast as one that got many. The time unit is the gateway's own:
-  the largest of the latest Retry-Afters (a token bucket never asks for more than its gap between
-  starts, so this is about that gap), and the rule is the same at any ceiling. An account quiet
-  for :data:`QUIET_UNITS` units (no 429) is unlimited again: its burst is there for the next
-  changes.
-* **A 429 slows a process by the share it takes.** A plain AIMD is fair only when a start's
-  chance of a 429 does not depend on who made it. Against the gateway's bucket it does: the
-  process starting at the ceiling takes each token as soon as it is made, and the starts of a
-  process far below it find the bucket empty more often — the smaller sender hears as many 429s
-  a minute as the larger one and, slowed as much by each, stays small for minutes. So the
-  decrease is weighted by the process's *share*, its accepted starts per unit over the last
-  :data:`SHARE_UNITS` units (1: the whole ceiling): at :data:`SHARE_FULL` of the ceiling or
-  more the pace grows by half, below it by (share ÷ :data:`SHARE_FULL`)² of that half (at a tenth
-  of the ceiling by 1.4 %). The larger sender backs off, the smaller keeps its pace and grows
-  with time, and the two meet at equal shares; a process alone at the ceiling slows as before.
-* **Longest waiting first.** Streams that may not start now wait in arrival order; a stream keeps
-  its place when it asks again about a newer version (its wait counts from its first request),
-  goes back to the front when its start was refused (429) or came too early, and to the back when
-  it left its grant unused for :data:`GRANT_TTL` (it had its turn).
-* **"Retry at once", refused again.** 429s naming a Retry-After of 0 with no accepted start in
-  between wait at least :data:`MIN_REFUSED_WAIT`, twice as long for each, up to
-  :data:`MAX_REFUSED_WAIT`: a gateway that says so over and over is not asked as fast as round
-  trips go.
-* **Newest version only.** A stream is queued once, with the newest version it asked about: a
-  grant is for that version, never for one it has since replaced (in on_request the client sends
-  ``decide`` for its current version when the grant arrives, so the gateway starts nothing on a
-  superseded state).
+**Sharing an account.** Other processes on the same account are heard only through the 429s (the
+mirror never lets a start go without a token, so a 429 means someone else took it). A 429 adapts
+the mirror: it holds no more than the Retry-After says the account holds (its next token is that
+far away). It also makes the process **shared**: from then on its starts follow its own *rate*
+too, which the 429s cut and time restores — additive increase, multiplicative decrease, as TCP
+shares a link — at random moments (each start takes between 1 − :data:`SPREAD` and
+1 + :data:`SPREAD` of its pace), so that which process a 429 hits does not depend on who happened
+to start right as the gateway made a token. A 429 cuts the rate by up to a third
+(:data:`PACE_BACKOFF`), weighted by the share of the account the process takes: at
+:data:`SHARE_FULL` of the ceiling or more the whole third, below it (share ÷ :data:`SHARE_FULL`)²
+of it, so the processes above their share back off more than those below and they meet at equal
+shares. The rate grows by :data:`PACE_RECOVERY` of a start per gap, every gap, whatever the share
+(a process that got few starts recovers as fast as one that got many). The 429s of starts already
+on their way when the first was heard cut nothing more. After :data:`QUIET_UNITS` gaps without a
+429 the process is alone again. Alone, a start waits a little past its token (up to
+:data:`JITTER` of a gap): a process that took every token the moment the gateway made it would
+leave another process nothing to start with, and never hear that it is not alone.
 
-The fair-share bound follows: with *n* streams waiting and a pace of *p* seconds, no stream waits
-more than about *n · p* for its start (every grant goes to the longest-waiting stream).
+**Longest waiting first.** Among the streams that want a start, the next one goes to the stream
+whose *newest* undecided change has waited longest: a state that keeps changing is decided once it
+settles, and no start is spent on a state about to be replaced. So that a source that never
+settles is still decided, a stream counts as settled :data:`PATIENCE_UNITS` gaps after its
+*first* undecided change at the latest; ties go in arrival order. A grant is for the stream's
+newest version: a state already superseded never gets a start (on_request the ``decide`` names
+the version the stream holds when its turn comes; on_change the mutation is planned then). A
+stream refused with 429 goes first; one that leaves its grant unused for :data:`GRANT_TTL` gives
+its token back and waits again.
 
-The asyncio adapter (:mod:`airflow_provider_systemzero.stream.starts`) holds one queue per
-gateway and API key in a process and wakes the granted streams.
+**The gateway's own retry.** on_change, the gateway retries a 429'd dispatch by itself once the
+Retry-After has passed, and closes the stream with 1013 at the third refusal in a row for one
+version. The mirror owes that retry the token the gateway makes for it: no start of this process
+takes it, so pacing alone never gets a retry refused.
+
+The rules, in one table: what each input does to the mirror and to the queue.
+
+=================================================  ===============================================  ==============================
+input                                              mirror                                           queue
+=================================================  ===============================================  ==============================
+``hello`` (advertising the account's limits or    burst and ceiling adopted; before the first      —
+not)                                               one, one start at a time
+a stream asks (:meth:`~StartQueue.request`)        a token taken, if one is there and none waits    otherwise the stream waits;
+                                                                                                    asking about a newer version
+                                                                                                    keeps its place, counts anew
+its turn comes (:meth:`~StartQueue.grant`)         a token taken for it                             the longest-waiting stream
+a grant unused for :data:`GRANT_TTL`               the token given back                             the stream waits again
+a start it could not hold                          a token taken, owed if there is none             —
+(:meth:`~StartQueue.note_start`)
+a start accepted (:meth:`~StartQueue.accepted`)    —  (the share counts it)                         —
+the first 429 of a Retry-After                     no more tokens than the Retry-After says; the    the stream goes first
+(:meth:`~StartQueue.refused`)                      process is shared, its rate cut by the           (on_request), or is the
+                                                   share-weighted third                             gateway's retry (on_change)
+a 429 of a start already on its way                no more tokens than the Retry-After says         as above
+a 429 on_change (the gateway retries)              one more token owed: the retry's                 —
+time passes                                        refills at the ceiling (shared: the pace at the  —
+                                                   rate, which grows by :data:`PACE_RECOVERY`);
+                                                   :data:`QUIET_UNITS` gaps without a 429: alone
+=================================================  ===============================================  ==============================
+
+The asyncio adapter (:mod:`airflow_provider_systemzero.stream.starts`) holds one queue per gateway
+and API key in a process and wakes the granted streams.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from airflow_provider_systemzero.protocol.limits import DOCUMENT_LIMITS
 from airflow_provider_systemzero.protocol.reconnect import doubled
 
 __all__ = ["Grant", "StartQueue"]
 
-#: Pace multiplier on a 429 (weighted by the process's share, see :data:`SHARE_FULL`): the gap
-#: between starts grows by up to half, and is at least half again the Retry-After (from
-#: unlimited: half again the unit): a start exactly on the gateway's next token would race it.
+#: Tokens the mirror keeps below the account's burst (see the module docstring): a start may take
+#: up to half a gap to reach the gateway before the mirror could be ahead of the account.
+CAP_MARGIN = 0.5
+#: Alone, a start waits for up to this much of a gap past its token (drawn anew after each start).
+JITTER = 0.5
+#: After a 429, the part of a gap past the Retry-After before this process starts again: the
+#: gateway's own retries of other processes' refused starts go first, at the Retry-After.
+RETRY_HEADSTART = 0.1
+#: A 429 divides a shared process's rate by up to this (the first one: the ceiling ÷ this).
 PACE_BACKOFF = 1.5
-#: Growth of the start rate once a Retry-After is over, in starts per unit per unit (the unit: the
-#: largest of the latest Retry-Afters): 1 / pace grows by this much ÷ unit every unit.
-PACE_RECOVERY = 0.004
-#: How many of the latest Retry-Afters the unit is the largest of.
-UNIT_SAMPLES = 64
-#: Units without a 429 after which the queue is unlimited again (the account is quiet).
-QUIET_UNITS = 50
-#: Below this pace (seconds) the queue counts as unlimited again.
-MIN_PACE = 0.001
-#: Seconds a granted stream has to use its grant before it goes back to the front of the queue.
-GRANT_TTL = 5.0
-#: Units over which a process counts its own accepted starts: its *share* of the account is
-#: that count ÷ this (1: one start a unit, the whole ceiling).
+#: Growth of a shared process's rate, in starts per gap, every gap (additive increase).
+PACE_RECOVERY = 0.002
+#: Shared, a start takes a random part of the pace between 1 − this and 1 + this (mean one).
+SPREAD = 0.5
+#: Gaps over which a process counts its own accepted starts: its *share* of the account is that
+#: count ÷ this (1: one start a gap, the whole ceiling).
 SHARE_UNITS = 10
-#: The share at and above which a 429 slows the process by the whole :data:`PACE_BACKOFF`;
-#: below it, by (share ÷ this)² of it.
-SHARE_FULL = 0.6
+#: The share at and above which a 429 cuts the rate by the whole :data:`PACE_BACKOFF`; below it,
+#: by (share ÷ this)² of it.
+SHARE_FULL = 0.3
+#: Gaps without a 429 after which a shared process counts as alone on the account again.
+QUIET_UNITS = 100
+#: The slowest a shared process paces itself, in starts per gap.
+MIN_RATE = 0.001
+#: Seconds a start waits for the first ``hello`` of the account (which may advertise a smaller
+#: burst than the published one) before it goes anyway, while an earlier start's connection opens.
+HELLO_WAIT = 2.0
+#: Seconds a granted stream has to use its grant before it gives the token back and waits again.
+GRANT_TTL = 5.0
+#: Gaps after its first undecided change at which a stream counts as settled, whatever changed
+#: since (see *Longest waiting first*).
+PATIENCE_UNITS = 300
 #: The shortest wait after a 429 whose Retry-After is 0 with no accepted start since the one
 #: before, doubling with each such 429 up to :data:`MAX_REFUSED_WAIT`: a gateway that answers
 #: 429 "retry at once" over and over gets starts about once a second, not as fast as round trips
 #: go. Any Retry-After of a millisecond or more stands as given.
 MIN_REFUSED_WAIT = 0.05
-#: The longest that floor grows to (the public account ceiling, 60 starts a minute, is one a second).
+#: The longest that floor grows to (the published ceiling, 60 starts a minute, is one a second).
 MAX_REFUSED_WAIT = 1.0
+#: Tokens the mirror counts as one (float sums of refills).
+_EPSILON = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,43 +153,73 @@ class Grant:
 @dataclass(slots=True)
 class _Waiting:
     version: int
-    since: float
+    since: float  # its first undecided change: when it began to ask
+    newest: float  # when it asked about its newest version
+    front: bool = False  # refused by the gateway: it goes first
 
 
 class StartQueue:
-    """Decision starts of one account, as one process sees them (see the module docstring)."""
+    """Decision starts of one account, as one process sees them (see the module docstring).
 
-    def __init__(self) -> None:
-        self._waiting: dict[Hashable, _Waiting] = {}  # insertion order = longest waiting first
+    :param burst: the account's ``account_decision_burst`` (default: the published 5).
+    :param ceiling_per_minute: the account's ``account_decision_ceiling`` (default: the published 60).
+    :param now: the time the mirror starts from (full, as an account nobody used).
+    :param rng: the random source of the jitter and the shared pace (tests pass a seeded one).
+    """
+
+    def __init__(
+        self,
+        burst: int = DOCUMENT_LIMITS.account_decision_burst,
+        ceiling_per_minute: int = DOCUMENT_LIMITS.account_decision_ceiling_per_minute,
+        now: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._rng = rng or random.Random()
+        self._waiting: dict[Hashable, _Waiting] = {}  # insertion order: arrival order
         self._granted: dict[Hashable, tuple[_Waiting, float]] = {}  # stream → (its wait, granted at)
+        #: The account's burst (starts at once).
+        self.burst = max(1, burst)
+        #: The account's ceiling, in starts a second.
+        self.ceiling = max(1, ceiling_per_minute) / 60
+        self._tokens = self._capacity  # the mirror: the account's tokens, had this process alone spent them
+        self._at = now  # the time of _tokens and _paced
+        self._jitter = 0.0  # alone: the part of a gap past its token the next start waits
+        self._shared = False
+        self._known = False  # a hello said the account's limits (until then: one start at a time)
+        self._hello_wait = -math.inf  # before a hello: no further start before this
+        #: This process's own rate, in starts a second (the ceiling while it is alone).
+        self.rate = self.ceiling
+        self._paced = 1.0  # shared: the pace's tokens (at most one; a start takes a random part)
         #: No start before this time (the newest Retry-After).
         self.blocked_until = -math.inf
-        #: Seconds between starts once a 429 was seen (0: unlimited).
-        self.pace = 0.0
-        self._last_start = -math.inf  # the last start or grant
-        self._started = -math.inf  # the last start
+        self._recover_from = math.inf  # the rate grows from this time on
+        self._quiet_from = -math.inf  # alone again QUIET_UNITS gaps after this
+        self._accepted: deque[float] = deque()  # this process's accepted starts of the share window
         #: 429 ``rate_limited`` answers heard.
         self.rate_limited = 0
-        #: Starts let through (at once or granted).
+        #: Starts let through (at once, granted, or not held).
         self.starts = 0
         #: The longest any stream waited for its start so far, in seconds.
         self.longest_wait = 0.0
-        #: The largest of the latest Retry-Afters, in seconds: the time unit of the pace's recovery.
-        self.unit = 0.0
-        self._delays: deque[float] = deque(maxlen=UNIT_SAMPLES)  # the latest Retry-Afters, in seconds
-        self._recover_from = math.inf  # the pace shrinks from this time on
-        # times of this process's latest accepted starts (its share; at most about SHARE_UNITS +
-        # the burst fall in the window)
-        self._accepted: deque[float] = deque(maxlen=4 * SHARE_UNITS)
-        #: 429s heard since the last accepted start (each names a new Retry-After)
+        #: 429s heard since the last accepted start (each names a new Retry-After).
         self.refused_in_a_row = 0
 
     # ------------------------------------------------------------------ views
 
     @property
+    def unit(self) -> float:
+        """The account's gap between starts, in seconds (1 / ceiling): the time unit of the rules."""
+        return 1 / self.ceiling
+
+    @property
     def limited(self) -> bool:
-        """Whether starts are paced (a 429 was heard and the pace has not recovered)."""
-        return self.pace >= MIN_PACE
+        """Whether a 429 said another process spends the account (this one paces itself below it)."""
+        return self._shared
+
+    @property
+    def pace(self) -> float:
+        """Seconds between this process's starts at its own rate (the gap while it is alone)."""
+        return 1 / self.rate
 
     @property
     def waiting(self) -> int:
@@ -164,10 +234,100 @@ class StartQueue:
         """Whether ``stream`` was granted a start it has not used yet."""
         return stream in self._granted
 
-    def _next_start_at(self) -> float:
-        return max(self.blocked_until, max(self._last_start, self._started) + self.pace)
+    def tokens(self, now: float) -> float:
+        """The mirror's tokens at ``now``: the most the account may hold (below 0: starts owed to
+        the gateway's own retries)."""
+        self._advance(now)
+        return self._tokens
+
+    def share(self, now: float) -> float:
+        """This process's share of the account: its accepted starts per gap over the last
+        :data:`SHARE_UNITS` gaps (1.0: the whole ceiling)."""
+        since = now - SHARE_UNITS * self.unit
+        while self._accepted and self._accepted[0] <= since:
+            self._accepted.popleft()
+        return min(1.0, len(self._accepted) / SHARE_UNITS)
+
+    # ------------------------------------------------------------------ the mirror
+
+    @property
+    def _capacity(self) -> float:
+        return max(1.0, self.burst - CAP_MARGIN)
+
+    def _advance(self, now: float) -> None:
+        """Bring the mirror, the pace and the rate to ``now``."""
+        if now <= self._at:
+            return
+        if self._shared:
+            alone_at = self._quiet_from + QUIET_UNITS * self.unit
+            if now >= alone_at:  # no 429 for long: alone again, at the account's rate
+                self._refill(alone_at)
+                self._shared, self.rate, self._recover_from, self._paced = False, self.ceiling, math.inf, 1.0
+        self._refill(now)
+
+    def _refill(self, until: float) -> None:
+        """Refill up to ``until``; past the end of the last Retry-After (and a pace), a shared rate
+        grows with time and the pace refills at its mean over the span."""
+        span = until - self._at
+        if span <= 0:
+            return
+        self._tokens = min(self._capacity, self._tokens + span * self.ceiling)
+        mean = self.rate
+        if self.rate < self.ceiling and until > self._recover_from:
+            begin = max(self._at, self._recover_from)
+            grown = min(self.ceiling, self.rate + PACE_RECOVERY * self.ceiling**2 * (until - begin))
+            mean = ((begin - self._at) * self.rate + (until - begin) * (self.rate + grown) / 2) / span
+            self.rate, self._recover_from = grown, until
+        self._paced = min(1.0, self._paced + span * mean)
+        self._at = until
+
+    def _next_start_at(self, now: float) -> float:
+        """When the mirror (and, shared, the pace) allows the next start: ``now`` if it does."""
+        self._advance(now)
+        need = 1.0 if self._shared else min(self._capacity, 1.0 + self._jitter)
+        at = now if self._tokens >= need - _EPSILON else now + (need - self._tokens) / self.ceiling
+        if self._shared and self._paced < 1 - _EPSILON:
+            at = max(at, now + (1 - self._paced) / self.rate)
+        return max(at, self.blocked_until, self._hello_wait)
+
+    def _take(self, now: float) -> None:
+        """A start leaves: a token of the mirror and, shared, a random part of the pace; alone, the
+        next start's jitter is drawn."""
+        self._advance(now)
+        self._tokens -= 1
+        if not self._known:  # the next one waits for the hello this start's connection brings
+            self._hello_wait = now + HELLO_WAIT
+        if self._shared:
+            self._paced -= self._spacing()
+        else:
+            self._jitter = self._rng.uniform(0.0, JITTER)
+
+    def _spacing(self) -> float:
+        return self._rng.uniform(1 - SPREAD, 1 + SPREAD)
+
+    def _started(self, waited: float) -> None:
+        self.starts += 1
+        self.longest_wait = max(self.longest_wait, waited)
 
     # ------------------------------------------------------------------ the stream's side
+
+    def adopt(self, burst: int, ceiling_per_minute: int, now: float) -> None:
+        """The gateway advertised the account's limits (``hello``): the mirror follows them.
+
+        :param burst: ``account_decision_burst``.
+        :param ceiling_per_minute: ``account_decision_ceiling``, in starts a minute.
+        :param now: the time it was heard.
+        """
+        burst, ceiling = max(1, burst), max(1, ceiling_per_minute) / 60
+        self._known, self._hello_wait = True, -math.inf
+        if burst == self.burst and ceiling == self.ceiling:
+            return
+        self._advance(now)
+        self.rate = min(ceiling, self.rate * ceiling / self.ceiling)
+        before = self._capacity
+        self.burst, self.ceiling = burst, ceiling
+        # the account began with the smaller burst: what was spent of it was spent of this one
+        self._tokens = min(self._capacity, self._tokens - max(0.0, before - self._capacity))
 
     def request(self, stream: Hashable, version: int, now: float) -> bool:
         """``stream`` wants to start a decision about ``version`` (its newest) now.
@@ -175,143 +335,138 @@ class StartQueue:
         :returns: ``True`` when it may start now (the start is counted); ``False`` when it waits
             (queued, or its newer version replaces the one it waited with — its place is kept).
         """
-        self._recover(now)
         granted = self._granted.pop(stream, None)
         if granted is not None:
             waiting = granted[0]
-            waiting.version = max(waiting.version, version)
-            if now >= max(self.blocked_until, self._started + self.pace):
-                self._start(now, now - waiting.since)
+            if now >= self.blocked_until:
+                self._started(now - waiting.since)  # its token was taken with the grant
                 return True
-            # a 429 arrived between the grant and its use, or an earlier grant was used late: back
-            # to the front, for a later grant
-            self._waiting = {stream: waiting, **self._waiting}
-            return False
+            # a 429 arrived between the grant and its use (the mirror was synced since): first again
+            waiting.front = True
+            self._waiting[stream] = waiting
         waiting = self._waiting.get(stream)
-        if waiting is None and not self._waiting and not self._granted and now >= self._next_start_at():
-            self._start(now, 0.0)
-            return True
         if waiting is None:
-            self._waiting[stream] = _Waiting(version, now)
+            if not self._waiting and self._next_start_at(now) <= now:
+                self._take(now)
+                self._started(0.0)
+                return True
+            self._waiting[stream] = _Waiting(version, now, now)
         else:
-            waiting.version = max(waiting.version, version)
+            self.changed(stream, version, now)
         return False
 
+    def changed(self, stream: Hashable, version: int, now: float) -> None:
+        """``stream``, waiting for its start, changed its state to ``version``: its grant is for
+        that one, and its newest change counts from now (nothing happens if it does not wait)."""
+        waiting = self._waiting.get(stream) or self._granted.get(stream, (None, 0.0))[0]
+        if waiting is not None and version > waiting.version:
+            waiting.version, waiting.newest = version, now
+
     def note_start(self, now: float) -> None:
-        """A start the queue could not hold (on_change: the ``start`` of a connection schedules one)."""
-        self._start(now, 0.0)
+        """A start the queue could not hold (an on_change ``start`` that must go out): its token is
+        taken, or owed when the mirror has none."""
+        self._take(now)
+        self._started(0.0)
 
     def withdraw(self, stream: Hashable) -> None:
-        """``stream`` no longer wants a start (it closed, or its caller gave up)."""
+        """``stream`` no longer wants a start (it closed, or its caller gave up); an unused grant's
+        token goes back."""
         self._waiting.pop(stream, None)
-        self._granted.pop(stream, None)
+        if self._granted.pop(stream, None) is not None:
+            self._tokens = min(self._capacity, self._tokens + 1)
 
     def accepted(self, now: float) -> None:
-        """A start was not rate limited (a decision arrived, or it failed for another reason).
-
-        The pace shrinks with time (see :meth:`_recover`), never by the count of starts: a
-        process's recovery does not depend on the share it already has.
-        """
-        self._recover(now)
+        """A start was not rate limited (a decision arrived, or it failed for another reason)."""
+        self._advance(now)
         self._accepted.append(now)
         self.refused_in_a_row = 0
-
-    def share(self, now: float) -> float:
-        """This process's share of the account: its accepted starts per unit over the last
-        :data:`SHARE_UNITS` units (1.0: the whole ceiling; 1.0 too before any 429 gave a unit)."""
-        if self.unit <= 0:
-            return 1.0
-        since = now - SHARE_UNITS * self.unit
-        return min(1.0, sum(1 for at in self._accepted if at > since) / SHARE_UNITS)
-
-    def _recover(self, now: float) -> None:
-        # additive increase of the rate, by time: the same for every process whatever its share;
-        # not before a whole pace has passed since the last Retry-After ended: the probe after a
-        # 429 being accepted does not let a second start into the same window
-        if not self.pace or now <= self._recover_from:
-            return
-        unit = max(self.unit, MIN_PACE)
-        self.pace = 1 / (1 / self.pace + PACE_RECOVERY * (now - self._recover_from) / unit**2)
-        self._recover_from = now
-        if self.pace < MIN_PACE or now >= self.blocked_until + QUIET_UNITS * unit:
-            self.pace, self._recover_from = 0.0, math.inf
 
     def refused(
         self, stream: Hashable, version: int, retry_after: float | None, now: float, *, requeue: bool = True
     ) -> None:
         """A start of ``stream`` was answered 429 ``rate_limited``.
 
-        Every stream of the queue waits out ``retry_after`` (once, together); the pace grows.
+        The mirror holds no more than the Retry-After says the account holds; the first 429 of a
+        Retry-After cuts the process's rate (see the module docstring).
 
         :param version: the newest version the stream holds now.
-        :param retry_after: the gateway's delay in seconds (``None``: the current pace, at least 1 s).
+        :param retry_after: the gateway's delay in seconds (``None``: the process's pace, at least 1 s).
         :param requeue: ``True`` (on_request) puts the stream back at the front of the queue;
-            ``False`` (on_change: the gateway retries it by itself after ``retry_after``) counts
-            that retry as the window's one start instead.
+            ``False`` (on_change: the gateway retries it by itself after ``retry_after``) owes
+            that retry its token instead.
         """
         self.rate_limited += 1
-        self._recover(now)
+        self._advance(now)
         delay = max(0.0, retry_after if retry_after is not None else max(self.pace, 1.0))
-        heard = now < self.blocked_until  # a start on its way when the last 429 was heard
-        if not heard:
+        if now >= self.blocked_until:  # not a start on its way when the last 429 was heard
             self.refused_in_a_row += 1
-        if delay < MIN_PACE and self.refused_in_a_row > 1:
-            # "retry at once", again, with nothing accepted since the last 429: no time at all is
-            # no answer (a token bucket names the time to its next token), so wait the floor
-            delay = doubled(MIN_REFUSED_WAIT, MAX_REFUSED_WAIT, self.refused_in_a_row - 2)
-        self.blocked_until = max(self.blocked_until, now + delay)
-        if delay > 0:
-            self._delays.append(delay)
-            self.unit = max(self._delays)
-        if not heard:  # each Retry-After slows the process once, not once per stream
-            first = not self.pace
-            if first:  # from unlimited: a pace half again the gateway's gap
-                self.pace = max(delay, self.unit, MIN_PACE) * PACE_BACKOFF
-            else:  # by as much as the process takes of the account (see the module docstring)
-                weight = min(1.0, self.share(now) / SHARE_FULL) ** 2
-                self.pace = max(delay * PACE_BACKOFF, self.pace * (1 + (PACE_BACKOFF - 1) * weight))
-            if first:  # the probe goes when the Retry-After ends, the next start a pace after it
-                self._started = min(self._started, self.blocked_until - self.pace)
-                self._last_start = min(self._last_start, self.blocked_until - self.pace)
+            if delay < _EPSILON and self.refused_in_a_row > 1:
+                # "retry at once", again, with nothing accepted since the last 429: no time at all
+                # is no answer (a token bucket names the time to its next token): wait the floor
+                delay = doubled(MIN_REFUSED_WAIT, MAX_REFUSED_WAIT, self.refused_in_a_row - 2)
+            self._cut(delay, now)
+        # the gateway's own retries (on_change) take the token at its very moment: a start of
+        # this process comes a little after, so that it never takes it from one
+        self.blocked_until = max(self.blocked_until, now + delay + RETRY_HEADSTART * self.unit)
+        self._quiet_from = self.blocked_until
         self._recover_from = self.blocked_until + self.pace
+        self._tokens = min(self._tokens, 1 - delay * self.ceiling)  # the next token is `delay` away
         self._granted.pop(stream, None)
         if requeue:
-            since = now
-            waiting = self._waiting.pop(stream, None)
-            if waiting is not None:
-                since, version = waiting.since, max(version, waiting.version)
-            self._waiting = {stream: _Waiting(version, since), **self._waiting}
+            waiting = self._waiting.pop(stream, None) or _Waiting(version, now, now)
+            if version > waiting.version:
+                waiting.version, waiting.newest = version, now
+            waiting.front = True
+            self._waiting[stream] = waiting
         else:
-            self._last_start = max(self._last_start, now + delay)  # the gateway's own retry
+            self._tokens -= 1  # the gateway's own retry takes the token it makes
+
+    def _cut(self, delay: float, now: float) -> None:
+        """A new 429: another process spends the account, and this one slows down."""
+        if not self._shared:
+            self._shared, self.rate = True, self.ceiling / PACE_BACKOFF
+        else:
+            weight = min(1.0, self.share(now) / SHARE_FULL) ** 2
+            self.rate = max(MIN_RATE * self.ceiling, self.rate / (1 + (PACE_BACKOFF - 1) * weight))
+        if delay > 0:  # never faster than the gap the gateway named
+            self.rate = min(self.rate, 1 / delay)
+        self._paced = min(self._paced, 1 - self._spacing())
 
     # ------------------------------------------------------------------ the queue's side
 
+    def _first(self) -> Hashable:
+        """The waiting stream whose newest undecided change waited longest (refused ones first)."""
+        patience = PATIENCE_UNITS * self.unit
+        return min(
+            self._waiting,
+            key=lambda s: (
+                not self._waiting[s].front,
+                min(self._waiting[s].newest, self._waiting[s].since + patience),
+            ),
+        )
+
     def grant(self, now: float) -> Grant | None:
         """The next start, if one may happen now: the longest-waiting stream, for its newest version."""
-        self._recover(now)
         self._expire(now)
-        if not self._waiting or now < self._next_start_at():
+        if not self._waiting or self._next_start_at(now) > now:
             return None
-        stream = next(iter(self._waiting))
+        stream = self._first()
         waiting = self._waiting.pop(stream)
+        waiting.front = False
+        self._take(now)  # reserved: the next grant keeps the pace even before this one is used
         self._granted[stream] = (waiting, now)
-        self._last_start = now  # reserved: the next grant keeps the pace even before this one is used
         return Grant(stream, waiting.version, now - waiting.since)
 
     def wakeup(self, now: float) -> float | None:
         """When :meth:`grant` may next return something (or a grant expire), or ``None``."""
         times = [granted_at + GRANT_TTL for _, granted_at in self._granted.values()]
         if self._waiting:
-            times.append(max(now, self._next_start_at()))
+            times.append(self._next_start_at(now))
         return min(times, default=None)
 
     def _expire(self, now: float) -> None:
-        # a grant not used in time loses its turn: its stream waits again behind the others
+        # a grant not used in time gives its token back; its stream waits again
         for stream in [s for s, (_, at) in self._granted.items() if now >= at + GRANT_TTL]:
             self._waiting[stream] = self._granted.pop(stream)[0]
-
-    def _start(self, now: float, waited: float) -> None:
-        self.starts += 1
-        self._last_start = max(self._last_start, now)
-        self._started = max(self._started, now)
-        self.longest_wait = max(self.longest_wait, waited)
+            self._advance(now)
+            self._tokens = min(self._capacity, self._tokens + 1)

@@ -9,6 +9,10 @@ events (:mod:`~airflow_provider_systemzero.protocol.client_events`); here they r
   start a dispatch is written (on_change: every mutation; on_request: ``decide``), and counts
   every decision (billed, or replayed under a reply id it already holds), through the stream's
   :class:`~airflow_provider_systemzero.stream.accounting.DispatchAccounting`;
+* so are the account's decision starts of the process
+  (:class:`~airflow_provider_systemzero.stream.starts.DecisionStarts`), and, on_change, before a
+  connection whose ``start`` starts a decision opens; an on_change 429 gives the connection back
+  rather than wait for the gateway's own retries;
 * a :class:`~airflow_provider_systemzero.stream.observer.StreamObserver` hears connections, acks,
   decisions, reconnects, refusals and rate-limit waits (metrics and spans); the INFO log lines
   say the same for a person reading the task log — never the state's content or the key.
@@ -20,6 +24,7 @@ events (:mod:`~airflow_provider_systemzero.protocol.client_events`); here they r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import Callable
@@ -38,7 +43,8 @@ from airflow_provider_systemzero.protocol.client_events import (
     StreamFailed,
 )
 from airflow_provider_systemzero.protocol.client_input import DECIDE_REFUSALS
-from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Goodbye, Hello
+from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM
+from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Goodbye, Hello, Start
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
@@ -124,6 +130,9 @@ class CoreEvents:
         self.refused: BudgetExceeded | None = None
         #: The current connection's facts (replaced by :meth:`new_connection`).
         self.facts = ConnectionFacts()
+        #: on_change: the opening's turn counted the start its connection sends (set by
+        #: :meth:`turn_to_open`, cleared when that ``start`` is admitted).
+        self._opening_counted = False
 
     def new_connection(self) -> ConnectionFacts:
         """A connection attempt begins: its facts start empty."""
@@ -142,6 +151,8 @@ class CoreEvents:
         for event in events:
             if isinstance(event, HelloReceived):
                 self._capacity.adopt_advertised(event.hello.limits.max_streams_per_process, self.origin)
+                if self.starts is not None:
+                    self.starts.adopt(event.hello.limits)
                 self._log_hello(event.hello)
                 self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
@@ -206,15 +217,28 @@ class CoreEvents:
         if error.http_status == 429:
             delay = error.retry.retry_after_ms
             self._observations.now("rate_limited", "decide", None if delay is None else delay / 1000)
+        give_back = self._gives_back(event.error, facts)
         if self.starts is not None:
             on_request = self._decision_mode == "on_request"
             self.starts.ended(
-                self._holder(), event.error, self._stream.session.generation, requeue=on_request
+                self._holder(),
+                event.error,
+                self._stream.session.generation,
+                requeue=on_request or give_back,
             )
         if event.error.fatal:
             facts.last_fatal = event.error
         self._delivery.answer(event.intents, error)
         if self._decision_mode != "on_change":
+            return
+        if give_back:
+            log.info(
+                "decision refused with HTTP 429 (another process spends the account too): the "
+                "connection is given back before the gateway retries it, and the state is decided "
+                "again on a new one when this process's turn comes"
+            )
+            facts.release = True
+            self._kick()
             return
         if error.retryable:
             if classify_decide_failure(error.http_status, error.envelope, error.retry) is DecideRetry.CLIENT:
@@ -242,6 +266,19 @@ class CoreEvents:
         if self._delivery.queues:
             self._delivery.queue(error)
 
+    def _gives_back(self, error: Error, facts: ConnectionFacts) -> bool:
+        """on_change: whether a decide failure makes the stream give its connection back — a 429
+        the gateway would retry by itself, closing the stream with 1013 at its third refusal in a
+        row for the version (WIRE.md §5). The stream does not wait for that: with the connection
+        closed, its start waits for this process's turn under the account's ceiling instead."""
+        return (
+            self._decision_mode == "on_change"
+            and self.starts is not None
+            and error.http_status == 429
+            and not error.fatal
+            and facts.open
+        )
+
     def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
         """The caller returned to a state whose dispatch failed for good (counted when it arrived):
         its waiters hear the failure, and ``decisions()`` does if it has not yet."""
@@ -259,18 +296,61 @@ class CoreEvents:
         """
         starts = self.starts
         session = self._stream.session
-        if starts is not None and not starts.may_start(
-            self._holder(), message, session.generation, self.ask_again
-        ):
-            facts = self.facts
-            if facts.decided and self._capacity.waiting and facts.open:
-                facts.release = True  # had its turn: its slot goes to a stream waiting for one
-            return False  # its turn under the account's decision ceiling comes: ask_again
+        if starts is not None and self._starts_a_decision(message):
+            if isinstance(message, Start):  # on_change: it cannot wait once the connection is open
+                if not self._opening_counted:
+                    starts.start_sent(self._holder(), session.generation)
+                self._opening_counted = False
+            elif not starts.may_start(self._holder(), session.generation, self.ask_again):
+                facts = self.facts
+                if facts.decided and self._capacity.waiting and facts.open:
+                    facts.release = True  # had its turn: its slot goes to a stream waiting for one
+                return False  # its turn under the account's decision ceiling comes: ask_again
         refused = self._accounting.admit(message, session.desired_body_bytes())
         if refused is not None:
             self._budget_exceeded(refused)
             return False
         return True
+
+    def _starts_a_decision(self, message: ClientMessage) -> bool:
+        """Whether the gateway starts a decision for ``message``, so it spends a start of the
+        account: not an on_change ``start`` replaying a state already decided (the gateway's
+        idempotency ledger answers it with the original reply), nor an on_change mutation that
+        joins the decision already pending behind the one in flight."""
+        if isinstance(message, Start):
+            return self._start_decides()
+        if self._decision_mode == "on_change":
+            return self._accounting.outstanding() < MAX_DISPATCHES_PER_STREAM
+        return True
+
+    def _start_decides(self) -> bool:
+        """on_change: whether the next ``start`` starts a decision (its state was not decided)."""
+        return self._stream.session.current_decision is None
+
+    async def turn_to_open(self) -> None:
+        """on_change: wait for this stream's turn under the account's decision ceiling before a
+        connection whose ``start`` starts a decision takes a slot of ``max_streams_per_process``
+        (once open, the ``start`` cannot wait). Asked by the run loop before each connection."""
+        self._opening_counted = False
+        starts = self.starts
+        if starts is None or self._decision_mode != "on_change" or not self._start_decides():
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not turn.done():
+                turn.set_result(None)
+
+        if starts.may_start(self._holder(), self._stream.session.generation, wake):
+            self._opening_counted = True  # counted now: its start is not counted again
+            return
+        await turn  # granted: the start spends the grant
+
+    def changed(self) -> None:
+        """The caller changed the state: if the stream waits for its decision start, the start is
+        for the newest state, and its newest change counts from now."""
+        if self.starts is not None:
+            self.starts.changed(self._holder(), self._stream.session.generation)
 
     def ask_again(self) -> None:
         """Let the session ask for its decision start again: its turn came (it starts on its newest
@@ -357,7 +437,9 @@ class CoreEvents:
     def connection_ended(self) -> None:
         """Account for dispatches the lost connection may leave behind (billed, reply never seen)."""
         if self.starts is not None:
-            self.starts.withdraw(self._holder())  # a start is granted to a connected stream only
+            if self._decision_mode == "on_request":
+                self.starts.withdraw(self._holder())  # a decide is granted to a connected stream only
+            # (on_change keeps its place: its next connection waits for its turn before it opens)
             self.ask_again()
         if self._accounting.connection_ended():
             _said_unconfirmed("the connection ended")

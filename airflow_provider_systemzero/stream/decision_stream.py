@@ -207,6 +207,7 @@ class DecisionStream:
             me,
             self._life,
             self._connection,
+            self._events,
             self._observations,
             self.capacity,
             self.backoff,
@@ -472,6 +473,7 @@ class DecisionStream:
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
             self._events.dispatch(events)
+        self._events.changed()  # waiting for its start: the start is for this state
         self._connection.turn_now()  # from the caller's task: one loop turn less between a change and the wire
         await asyncio.sleep(0)
 

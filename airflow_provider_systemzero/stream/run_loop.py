@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from airflow_provider_systemzero.protocol.reconnect import Backoff, PlanKind, ReconnectPlan, ReconnectPlanner
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
+from airflow_provider_systemzero.stream.core_events import CoreEvents
 from airflow_provider_systemzero.stream.diagnosis import NetworkFailures
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation, StreamClosed, UpgradeRefused
 from airflow_provider_systemzero.stream.life import StreamLife, StreamView
@@ -74,6 +75,7 @@ class RunLoop:
     :param stream: the stream (its settings and session).
     :param life: the stream's life.
     :param connection: what serves each connection.
+    :param events: what the core's events do (it waits for the stream's decision start turn).
     :param observations: what the observer hears.
     :param capacity: the stream cap (a slot per open connection).
     :param backoff: the reconnect backoff.
@@ -88,6 +90,7 @@ class RunLoop:
         stream: StreamView,
         life: StreamLife,
         connection: ConnectionServer,
+        events: CoreEvents,
         observations: ObserverRelay,
         capacity: StreamCapacity,
         backoff: Backoff,
@@ -99,6 +102,7 @@ class RunLoop:
         self._stream = stream
         self._life = life
         self._connection = connection
+        self._events = events
         self._observations = observations
         self._capacity = capacity
         self._backoff = backoff
@@ -227,6 +231,7 @@ class RunLoop:
                     self._observations.now("reconnecting", plan.reason, pending.close_code, plan.delay)
                     attempt_number = plan.attempt
                     pending = None
+                await self._events.turn_to_open()
                 await self._capacity.acquire(self._origin())
                 try:
                     self._observations.now("connecting", settings.url, attempt_number)

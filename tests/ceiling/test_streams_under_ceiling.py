@@ -1,22 +1,28 @@
-"""Several DecisionStreams of one process (the document's four) under a small account ceiling, against the real emulator.
+"""DecisionStreams of one process under a small account ceiling, against the real emulator.
 
-The streams share the process's decision starts for the account (one queue per gateway and key):
-each 429 is heard by that one queue and waited out once by all of them, the starts go to the
-longest-waiting stream on its newest state, and every stream gets its decisions.
+The streams share the process's decision starts for the account (one queue per gateway and key),
+paced by a mirror of the account's bucket: the gateway advertises the account's limits in
+``hello`` (the emulator does when they are not the published ones), and a process alone never
+hears a 429. The starts go to the longest-waiting stream, on its newest state. on_change, a stream
+waits for its turn before its connection's ``start`` (which starts a decision) takes a socket.
+Another process spending the account is heard through its 429s, which slow this one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamCapacity, StreamSettings
 from airflow_provider_systemzero.stream.starts import decision_starts
-from tests.emulator.wire import FAST
+from tests.emulator.wire import FAST, recv, recv_type, send, start_message, stream
 
 KEY = "fleet-key-0001"
 REQUEST = {"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
@@ -33,20 +39,18 @@ class _Recording:
         return {"ready": {"decision": "READY" in str(request["state"])}}
 
 
-def _streams(emu: Emulator, n: int, capacity: StreamCapacity) -> list[DecisionStream]:
-    settings = StreamSettings(emu.origin, KEY, default_model="sz-test")
-    return [
-        DecisionStream(
-            settings,
-            {**REQUEST, "prompt_cache_key": f"ceiling-{i}"},
-            state=f"stream {i}\n",
-            decision_mode="on_request",
-            identity=f"tests.ceiling.{i}",
-            backoff=Backoff(base=0.02, cap=0.1),
-            capacity=capacity,
-        )
-        for i in range(n)
-    ]
+def _stream(
+    emu: Emulator, i: int, capacity: StreamCapacity, *, mode: str = "on_request", state: str = ""
+) -> DecisionStream:
+    return DecisionStream(
+        StreamSettings(emu.origin, KEY, default_model="sz-test"),
+        {**REQUEST, "prompt_cache_key": f"ceiling-{i}"},
+        state=state or f"stream {i}\n",
+        decision_mode=mode,
+        identity=f"tests.ceiling.{i}",
+        backoff=Backoff(base=0.02, cap=0.1),
+        capacity=capacity,
+    )
 
 
 async def _until(condition: Any, within: float, what: str) -> None:
@@ -57,41 +61,34 @@ async def _until(condition: Any, within: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def _emulator(ceiling_per_minute: int, decider: _Recording) -> Emulator:
-    """An emulator whose account starts one decision at once and ``ceiling_per_minute`` a minute."""
+def _emulator(ceiling_per_minute: int, decider: Any, burst: int = 2) -> Emulator:
+    """An emulator whose account starts ``burst`` decisions at once and ``ceiling_per_minute`` a
+    minute (advertised in ``hello``: they are not the published ones)."""
     limits = FAST.replace(
-        account_decision_burst=1,
+        account_decision_burst=burst,
         account_decision_ceiling_per_minute=ceiling_per_minute,
         idle_timeout_ms=30_000,
+        start_timeout_ms=5_000,
     )
-    return Emulator(api_keys={KEY: 16}, limits=limits, decider=decider)
+    return Emulator(api_keys={KEY: 32}, limits=limits, decider=decider)
 
 
-async def test_one_retry_after_per_process_and_every_stream_decided() -> None:
+async def test_streams_of_one_process_share_the_ceiling_without_a_429() -> None:
     decider = _Recording()
     async with (
-        _emulator(240, decider) as emu,
+        _emulator(240, decider, burst=2) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
-        streams = [await stack.enter_async_context(s) for s in _streams(emu, 4, StreamCapacity(4))]
+        streams = [await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(4)]
         starts = decision_starts(emu.url, KEY)
+        assert (starts.queue.burst, round(starts.queue.ceiling * 60)) == (2, 240)  # from hello
         for round_ in range(3):
-            for i, stream in enumerate(streams):
-                await stream.append_text(f"round {round_} line of {i}\n")
+            for i, s in enumerate(streams):
+                await s.append_text(f"round {round_} line of {i}\n")
             decisions = await asyncio.wait_for(asyncio.gather(*(s.decide() for s in streams)), 60)
-            for stream, decision in zip(streams, decisions, strict=True):
-                assert decision.state_version == stream.state_version  # about its newest state
-            if round_ == 0:
-                # all four started at once, before anyone heard a 429: the burst let one through
-                wave = emu.stats.decision_starts_refused
-                assert 1 <= wave <= 3
-        refused = emu.stats.decision_starts_refused
-        # every 429 reached the one queue of this process, which waited it out for all streams
-        assert starts.queue.rate_limited == refused
-        # after the first wave, the process started one decision per Retry-After window: a few
-        # 429s while its pace settles, never one per waiting stream and round (each stream
-        # retrying after its own Retry-After would be refused again and again)
-        assert refused - wave <= 4, f"{refused - wave} refusals after the first wave"
+            for s, decision in zip(streams, decisions, strict=True):
+                assert decision.state_version == s.state_version  # about its newest state
+        assert emu.stats.decision_starts_refused == 0 and starts.queue.rate_limited == 0
         assert emu.stats.decisions_billed == 12
 
 
@@ -101,26 +98,25 @@ async def test_a_start_waiting_its_turn_decides_the_newest_state() -> None:
         _emulator(60, decider) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
-        first, *others = [await stack.enter_async_context(s) for s in _streams(emu, 4, StreamCapacity(4))]
+        first, *others = [
+            await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(4)
+        ]
         starts = decision_starts(emu.url, KEY)
         await first.decide()  # the account's one token
-        await first.append_text("more\n")
-        waiting_first = asyncio.ensure_future(first.decide())  # refused: the process is now limited
-        await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
         pending = [asyncio.ensure_future(s.decide()) for s in others]
         await _until(lambda: all(starts.queue.is_waiting(s) for s in others), 10, "the others queued")
-        for stream in others:  # their states change while they wait for their turn
-            await stream.append_text("READY\n")
-        decisions = await asyncio.wait_for(asyncio.gather(waiting_first, *pending), 60)
-        for stream, decision in zip([first, *others], decisions, strict=True):
-            assert decision.state_version == stream.state_version
-        for _, answer in zip(others, decisions[1:], strict=True):
-            assert answer.answers["ready"].decision is True
-        # no state the streams had already replaced was decided
+        for s in others:  # their states change while they wait for their turn
+            await s.append_text("READY\n")
+        decisions = await asyncio.wait_for(asyncio.gather(*pending), 60)
+        for s, decision in zip(others, decisions, strict=True):
+            assert decision.state_version == s.state_version
+            assert decision.answers["ready"].decision is True
+        # no state the streams had already replaced was decided, and nothing was refused
         for cache_key, state, _ in decider.decided:
             if cache_key != "ceiling-0":
                 assert state.endswith("READY\n"), f"{cache_key} was decided on a superseded state {state!r}"
-        assert len(decider.decided) == 2 + len(others)
+        assert len(decider.decided) == 1 + len(others)
+        assert emu.stats.decision_starts_refused == 0
 
 
 async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> None:
@@ -128,18 +124,96 @@ async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> 
         _emulator(60, _Recording()) as emu,
         contextlib.AsyncExitStack() as stack,
     ):
-        first, second = [await stack.enter_async_context(s) for s in _streams(emu, 2, StreamCapacity(4))]
+        first, second = [
+            await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(2)
+        ]
         starts = decision_starts(emu.url, KEY)
         await first.decide()
-        await first.append_text("more\n")
-        refused = asyncio.ensure_future(first.decide())
-        await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
         waiting = asyncio.ensure_future(second.decide())
         await _until(lambda: starts.queue.is_waiting(second), 10, "the second stream queued")
-        await emu.restart(retry_after_ms=50)  # both connections end while they wait for their turn
-        decisions = await asyncio.wait_for(asyncio.gather(refused, waiting), 30)
-        assert [d.state_version for d in decisions] == [first.state_version, second.state_version]
-        assert len(second.reconnects) >= 1
+        await emu.restart(retry_after_ms=50)  # its connection ends while it waits for its turn
+        decision = await asyncio.wait_for(waiting, 30)
+        assert decision.state_version == second.state_version
+        assert len(second.reconnects) >= 1 and emu.stats.decision_starts_refused == 0
+
+
+async def test_on_change_streams_wait_for_their_turn_before_they_connect() -> None:
+    """Twelve on_change streams opened at once (as leased triggers reopen on a change): each
+    connection's ``start`` starts a decision, so each waits for its turn before it takes a socket.
+    No start is refused, none is closed 1013, and a socket is held only to start and decide."""
+    decider = _Recording()
+    async with _emulator(600, decider, burst=2) as emu:
+        capacity = StreamCapacity(4)
+        starts_at = time.monotonic()
+
+        async def open_and_decide(i: int) -> Any:
+            async with _stream(emu, i, capacity, mode="on_change") as s:
+                return await s.decide()
+
+        decisions = await asyncio.wait_for(asyncio.gather(*(open_and_decide(i) for i in range(12))), 30)
+        assert all(d.state_version == 1 for d in decisions)
+        stats = emu.stats
+        assert stats.decision_starts_refused == 0 and stats.closes_by_code.get(1013, 0) == 0
+        assert decision_starts(emu.url, KEY).queue.rate_limited == 0
+        # two at once, then one every tenth of a second
+        assert time.monotonic() - starts_at >= (12 - 2) * 0.1 * 0.9
+
+
+async def _spend(emu: Emulator, state: str) -> dict[str, Any]:
+    """Another process's decide on the same account (a plain websockets client)."""
+    async with stream(emu, key=KEY) as ws:
+        await recv(ws)  # hello
+        await send(ws, start_message(state, key=None, cache_key=f"other-{state.strip()}"))
+        await recv_type(ws, "ack")
+        await send(ws, {"type": "decide", "state_version": 1})
+        await recv_type(ws, "scheduled")
+        while True:
+            message = await recv(ws)
+            if message["type"] in ("decision", "error"):
+                return message
+            if message["type"] == "ping":
+                await send(ws, {"type": "pong", "nonce": message["nonce"]})
+
+
+async def test_a_429_from_another_process_slows_this_one() -> None:
+    """Another process took the account's token: this one's start is refused once, waits out the
+    Retry-After, and from then on paces itself below the ceiling; its decision still comes."""
+    async with _emulator(60, _Recording(), burst=1) as emu, contextlib.AsyncExitStack() as stack:
+        (mine,) = [await stack.enter_async_context(_stream(emu, 0, StreamCapacity(4)))]
+        starts = decision_starts(emu.url, KEY)
+        assert (await _spend(emu, "theirs\n"))["type"] == "decision"  # the one token of the minute
+        refused_at = time.monotonic()
+        decision = await asyncio.wait_for(mine.decide(), 30)
+        waited = time.monotonic() - refused_at
+        assert decision.state_version == mine.state_version
+        assert emu.stats.decision_starts_refused == 1 and starts.queue.rate_limited == 1
+        assert starts.queue.limited and starts.queue.rate < starts.queue.ceiling
+        assert waited >= 0.9  # the Retry-After: the token a second after the other process's
+
+
+async def test_an_on_change_stream_refused_gives_its_connection_back_before_the_gateway_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """on_change, the gateway retries a 429'd dispatch by itself and closes the stream with 1013 at
+    the third refusal in a row: the stream does not wait for that, it gives the connection back
+    (close 1000) and opens again on its turn, so a second process's spending never closes it."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
+    async with _emulator(60, _Recording()) as emu:
+        async with _stream(emu, 0, StreamCapacity(4), mode="on_change", state="mine\n") as mine:
+            await asyncio.wait_for(mine.decide(), 10)  # the account's token of this second
+            bucket = emu.backend._buckets[KEY]  # private, read only: when the next token is there
+            await _until(lambda: bucket.tokens(time.monotonic()) >= 1, 5, "the account's next token")
+            assert (await _spend(emu, "theirs\n"))["type"] == "decision"  # another process takes it
+            await mine.append_text("more\n")  # its mirror had that token: refused
+            await _until(lambda: emu.stats.decision_starts_refused >= 1, 10, "the 429")
+            decision = await asyncio.wait_for(mine.decide(), 30)
+            assert mine.state.endswith("more\n") and decision.answers["ready"].decision is False
+        stats = emu.stats
+        assert stats.decision_starts_refused >= 1 and stats.closes_by_code.get(1013, 0) == 0
+        assert any(
+            "the connection is given back before the gateway retries it" in r.message for r in caplog.records
+        )
+        # (it reconnected to decide again, unless the gateway's retry came before its close)
 
 
 class _PushedSource:
@@ -191,13 +265,12 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
     from airflow_provider_systemzero.triggers.driver import WatchDriver
 
     decider = _Recording()
-    async with _emulator(60, decider) as emu, contextlib.AsyncExitStack() as stack:
-        other, stream = [await stack.enter_async_context(s) for s in _streams(emu, 2, StreamCapacity(4))]
+    async with _emulator(60, decider, burst=1) as emu, contextlib.AsyncExitStack() as stack:
+        other, stream = [
+            await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(2)
+        ]
         starts = decision_starts(emu.url, KEY)
-        await other.decide()  # the account's one token
-        await other.append_text("more\n")
-        refused = asyncio.ensure_future(other.decide())
-        await _until(lambda: starts.queue.rate_limited == 1, 10, "the first 429")
+        await other.decide()  # the account's one token: the next start waits a second for its turn
         source = _PushedSource(stream.state)
         watch = SourceWatch(
             DecisionWatch(DecisionCondition("ready", True), reviews=False),
@@ -213,6 +286,6 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
         finally:
             verdict.cancel()
             await driver.aclose()
-        await refused
         assert decision.answers["ready"].decision is True  # about the newest state, taken as current
         assert emu.stats.decisions_replayed == 0  # not asked again as if it were outdated
+        assert emu.stats.decision_starts_refused == 0
