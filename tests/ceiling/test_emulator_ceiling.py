@@ -6,23 +6,12 @@ from __future__ import annotations
 import json
 
 from airflow_provider_systemzero.emulator import Emulator
-from tests.emulator.wire import FAST, recv, recv_type, send, start_message, stream
+from tests.emulator.wire import FAST, decide_once
 
 
 async def _decide_once(emu: Emulator, key: str, state: str) -> dict:
-    """One on_request decide on a new connection of ``key``; its decision or error message."""
-    async with stream(emu, key=key) as ws:
-        await recv(ws)  # hello
-        await send(ws, start_message(state, key=None, cache_key=f"ceiling-{state.strip()}"))
-        await recv_type(ws, "ack")
-        await send(ws, {"type": "decide", "state_version": 1})
-        await recv_type(ws, "scheduled")
-        while True:
-            message = await recv(ws)
-            if message["type"] in ("decision", "error"):
-                return message
-            if message["type"] == "ping":
-                await send(ws, {"type": "pong", "nonce": message["nonce"]})
+    """One on_request decide on a new connection of ``key``: its decision or error message."""
+    return await decide_once(emu, key, state, cache_key=f"ceiling-{state.strip()}")
 
 
 async def test_the_bucket_is_the_keys_across_connections_and_refusals_are_counted() -> None:

@@ -309,14 +309,16 @@ def test_every_undecided_line_gets_a_start_and_none_a_superseded_state(
     assert account.closed() == 0
 
 
+#: The account of a simulation: its ceiling (a start a second, or twenty), the latency in gaps, the seed.
+_ACCOUNT = {
+    "ceiling": st.sampled_from([1.0, 20.0]),
+    "latency": st.floats(0.0, 0.3),
+    "seed": st.integers(0, 2**16),
+}
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    processes=st.integers(1, 4),
-    streams=st.integers(1, 8),
-    ceiling=st.sampled_from([1.0, 20.0]),
-    latency=st.floats(0.0, 0.3),
-    seed=st.integers(0, 2**16),
-)
+@given(processes=st.integers(1, 4), streams=st.integers(1, 8), **_ACCOUNT)
 def test_pacing_alone_never_gets_a_retry_refused_three_times(
     processes: int, streams: int, ceiling: float, latency: float, seed: int
 ) -> None:
@@ -334,13 +336,7 @@ def test_pacing_alone_never_gets_a_retry_refused_three_times(
 
 
 @settings(max_examples=20, deadline=None)
-@given(
-    processes=st.integers(2, 4),
-    streams=st.integers(2, 8),
-    ceiling=st.sampled_from([1.0, 20.0]),
-    latency=st.floats(0.01, 0.3),
-    seed=st.integers(0, 2**16),
-)
+@given(processes=st.integers(2, 4), streams=st.integers(2, 8), **_ACCOUNT)
 def test_processes_share_the_ceiling(
     processes: int, streams: int, ceiling: float, latency: float, seed: int
 ) -> None:

@@ -155,3 +155,20 @@ def http(
             return response.status, dict(response.headers), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), json.loads(exc.read() or b"null")
+
+
+async def decide_once(emu: Emulator, key: str, state: str, *, cache_key: str) -> dict[str, Any]:
+    """One on_request decide of ``state`` on a new connection of ``key`` (another process of the
+    account, for the client under test): its ``decision`` or ``error`` message."""
+    async with stream(emu, key=key) as ws:
+        await recv(ws)  # hello
+        await send(ws, start_message(state, key=None, cache_key=cache_key))
+        await recv_type(ws, "ack")
+        await send(ws, {"type": "decide", "state_version": 1})
+        await recv_type(ws, "scheduled")
+        while True:
+            message = await recv(ws)
+            if message["type"] in ("decision", "error"):
+                return message
+            if message["type"] == "ping":
+                await send(ws, {"type": "pong", "nonce": message["nonce"]})
