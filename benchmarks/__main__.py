@@ -1,7 +1,8 @@
 """``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
 
 A full run takes about ten minutes on two cores, plus 10–20 minutes for scenario 6 (waiting
-triggers up to N = 5,000; ``--only`` leaves it out), and writes ``benchmarks/results/latest.json``
+triggers up to N = 5,000; ``--only`` leaves it out) and about six for the account's decision
+ceiling (``ceiling``), and writes ``benchmarks/results/latest.json``
 and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
 run of about three minutes with fewer samples and shorter windows; it writes
 ``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import billing, cold_cost, core, density, fleet, ingest, latency, report, waiting
+from benchmarks import billing, ceiling, cold_cost, core, density, fleet, ingest, latency, report, waiting
 from benchmarks.common import Options, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +40,7 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "density": density.run,
     "waiting": waiting.run,
     "fleet": fleet.run,
+    "ceiling": ceiling.run,
 }
 
 

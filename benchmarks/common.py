@@ -1,8 +1,11 @@
-"""Small helpers shared by the scenarios: percentiles, the machine description, options."""
+"""Small helpers shared by the scenarios: percentiles, the machine description, options, and the
+triggerer processes of the multi-process scenarios (``python -m <scenario> --child CONFIG``)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
 import math
 import os
 import platform
@@ -13,9 +16,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Options", "machine", "per_call_us", "percentile", "summary_ms"]
+__all__ = [
+    "Options",
+    "json_line",
+    "jsonl",
+    "machine",
+    "per_call_us",
+    "percentile",
+    "play",
+    "spawn_child",
+    "summary_ms",
+]
 
 
 @dataclass(frozen=True)
@@ -137,3 +150,73 @@ def per_call_us(
         if gc_was_enabled:
             gc.enable()
     return statistics.median(samples)
+
+
+async def spawn_child(module: str, config: dict[str, Any]) -> asyncio.subprocess.Process:
+    """``python -m <module> --child <config as JSON>``: a triggerer process of a scenario, which
+    takes its orders on stdin and answers one JSON object a line on stdout.
+
+    :param module: the scenario's module (``benchmarks.fleet`` …).
+    :param config: what the child runs.
+    """
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        "--child",
+        json.dumps(config),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=2**26,
+    )
+
+
+async def json_line(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The child's next JSON line (other output skipped).
+
+    :raises RuntimeError: the child exited first.
+    """
+    assert proc.stdout is not None
+    while True:
+        line = await proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a benchmark triggerer exited with status {await proc.wait()}")
+        if line.startswith(b"{"):
+            return json.loads(line)
+
+
+def jsonl(path: str) -> list[Any]:
+    """The JSON values of a file, one a line (what a decider recorded so far)."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+class Played(NamedTuple):
+    """What :func:`play` saw: when the children began, the emulator's stats before and after,
+    the children's reports, and the decider's records from the beginning on."""
+
+    go: float
+    before: dict[str, Any]
+    after: dict[str, Any]
+    results: list[dict[str, Any]]
+    records: list[Any]
+
+
+async def play(procs: Sequence[asyncio.subprocess.Process], emulator: Any, records: str) -> Played:
+    """Tell every child (each ready) to begin one second from now — ``{"go": wall time}`` — then
+    wait for their reports and their exit.
+
+    :param emulator: the :class:`~benchmarks.emulator_host.EmulatorProcess` they use.
+    :param records: the file the emulator's decider records its starts in.
+    """
+    before = await emulator.stats()
+    skip = len(jsonl(records))
+    go = time.time() + 1.0
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps({"go": go}) + "\n").encode())
+        await proc.stdin.drain()
+    results = [await json_line(p) for p in procs]
+    for proc in procs:
+        await proc.wait()
+    return Played(go, before, await emulator.stats(), results, jsonl(records)[skip:])

@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from benchmarks.common import Options, summary_ms
+from benchmarks.common import Options, json_line, play, spawn_child, summary_ms
 from benchmarks.fixtures import READY, decision_trigger, publish, source_spec
 
 __all__ = ["decide", "run"]
@@ -198,36 +198,7 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _child(config: dict[str, Any]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "benchmarks.fleet",
-        "--child",
-        json.dumps(config),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        limit=2**26,
-    )
-
-
-async def _line(proc: asyncio.subprocess.Process) -> dict[str, Any]:
-    assert proc.stdout is not None
-    while True:
-        line = await proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"a fleet triggerer exited with status {await proc.wait()}")
-        if line.startswith(b"{"):
-            return json.loads(line)
-
-
 # ------------------------------------------------------------------------------------ the run
-
-
-def _records(path: str) -> list[list[Any]]:
-    """The decider's records so far: ``[channel, line number, wall time]`` per decision start."""
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 async def measure(
@@ -249,7 +220,8 @@ async def measure(
             tag = uuid.uuid4().hex[:8]
             share = n // PROCESSES
             procs = [
-                await _child(
+                await spawn_child(
+                    "benchmarks.fleet",
                     {
                         "env": env,
                         "factor": factor,
@@ -260,26 +232,17 @@ async def measure(
                         "tag": tag,
                         "tail_s": tail_s,
                         "decide_when": decide_when,
-                    }
+                    },
                 )
                 for k in range(PROCESSES)
             ]
-            startups = [(await _line(p))["ready"] for p in procs]
-            before = await emulator.stats()
-            skip = len(_records(records))  # the first decisions: before the window
-            go = time.time() + 1.0
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write((json.dumps({"go": go}) + "\n").encode())
-                await proc.stdin.drain()
-            results = [await _line(p) for p in procs]
-            for proc in procs:
-                await proc.wait()
-            after = await emulator.stats()
-        starts = _records(records)[skip:]
+            startups = [(await json_line(p))["ready"] for p in procs]
+            played = await play(procs, emulator, records)  # the first decisions: before the window
     finally:
         os.unlink(records)
-    return _figures(n, factor, decide_when, startups, before, after, results, starts)
+    return _figures(
+        n, factor, decide_when, startups, played.before, played.after, played.results, played.records
+    )
 
 
 def _figures(

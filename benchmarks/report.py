@@ -18,7 +18,7 @@ from benchmarks.report_format import (
     md_table,
 )
 from benchmarks.report_latency import SHARED, latency_section
-from benchmarks.report_scale import density_section, fleet_section, waiting_section
+from benchmarks.report_scale import ceiling_section, density_section, fleet_section, waiting_section
 from benchmarks.report_targets import target_rows, waiting_target_rows
 
 __all__ = ["render", "summary"]
@@ -381,6 +381,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         ("core", _core),
         ("waiting", waiting_section),
         ("fleet", fleet_section),
+        ("ceiling", ceiling_section),
     ):
         data = res.get(name)
         if data is None:
@@ -390,6 +391,8 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
             continue
         if name == "latency":
             lines += latency_section(data, (doc.get("baseline") or {}).get("latency"))
+        elif name == "ceiling":
+            lines += ceiling_section(data, res.get("fleet"))
         elif name == "cold":
             baseline = doc.get("baseline") or {}
             lines += _cold(data, {**(baseline.get("cold") or {}), **(baseline.get("cold_from") or {})})

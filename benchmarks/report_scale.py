@@ -1,5 +1,6 @@
-"""The results page's sections about triggers at scale: triggerer density, waiting triggers, and
-the fleet under the account's decision ceiling (:func:`benchmarks.report.render` puts them in order)."""
+"""The results page's sections about triggers at scale: triggerer density, waiting triggers, the
+fleet under the account's decision ceiling, and the ceiling spent by one process and shared by
+several (:func:`benchmarks.report.render` puts them in order)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from benchmarks.report_format import DASH, TIMES, fmt_ms, fmt_num, md_table
 
-__all__ = ["density_section", "fleet_section", "waiting_section"]
+__all__ = ["ceiling_section", "density_section", "fleet_section", "waiting_section"]
 
 
 def density_section(den: dict[str, Any]) -> list[str]:
@@ -212,3 +213,114 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         for r in runs.values()
     ]
     return out + md_table(header, rows)
+
+
+def _met(ok: bool | None) -> str:
+    return DASH if ok is None else ("met" if ok else "**missed**")
+
+
+def _versus_ideal(run: dict[str, Any]) -> str:
+    ideal = f"{run['ideal_last_decisive_to_event_s']:,.1f} s"
+    if run["last_vs_ideal"] is None:
+        return f"{run['not_fired']} of {run['fired'] + run['not_fired']} never fired (ideal: {ideal})"
+    return f"{run['last_decisive_to_event_s']:,.1f} s ÷ {ideal} = {fmt_num(run['last_vs_ideal'], 2)}"
+
+
+def ceiling_section(ceiling: dict[str, Any], fleet: dict[str, Any] | None = None) -> list[str]:
+    """The issue's table: each figure's target, the run of the code before (``before``) and this one.
+
+    :param ceiling: the ceiling scenario's result.
+    :param fleet: the fleet scenario's result of the same run (its ``decide_when`` row), if any.
+    """
+    runs, before, targets = ceiling["runs"], ceiling.get("before") or {}, ceiling["targets"]
+    commit = ceiling.get("before_commit")
+    out = [
+        "### The account's decision ceiling, spent fully",
+        "",
+        "One process: 12, 100 and 1,000 decision triggers with their defaults (`on_change`, no "
+        "`decide_when`, `lease_after` 0.5 s), each on a file that gains an initial line, a "
+        '"still working" line 2 s later and "Job is ready." 3 s after that, at the published '
+        f"account limits (burst 5, 60 starts a minute); 12 in real time, 100 and 1,000 {TIMES}20 faster "
+        "with every binding limit scaled (figures in real-limit units). The ideal is the schedule the "
+        "published budget allows for the same lines: the bucket full at the first line, a start the "
+        "moment a token is there for the trigger whose newest undecided line waited longest, decided "
+        "at once. Shared: 2 and 4 triggerer processes of 60 triggers each, every file gaining a line "
+        "about every 10 s (each process always has more to decide than its share), measured over "
+        "the window after a warm-up; a process's share of its fair share is its accepted starts ÷ "
+        "(the account's ÷ the processes)."
+        + (f" 'Before' is this scenario run against commit `{commit}`." if commit else ""),
+        "",
+    ]
+
+    rows: list[list[str]] = []
+
+    def row(label: str, target: str, then: Any, now: Any, show: Any, ok: bool) -> None:
+        rows.append([label, target, DASH if not then else show(then), show(now), _met(ok)])
+
+    for name, label in (("one_12", "12"), ("one_100", "100"), ("one_1000", "1,000")):
+        run, then = runs.get(name), before.get(name)
+        if run is None:
+            continue
+        limit = targets["rate_limited_per_accepted_one"]
+        row(
+            f"one process, {label} sensors: 429s per accepted start",
+            f"≤ {limit}",
+            then,
+            run,
+            lambda r: fmt_num(r["rate_limited_per_accepted"], 2),
+            run["rate_limited_per_accepted"] <= limit,
+        )
+        limit = targets["last_vs_ideal"]
+        row(
+            f"one process, {label} sensors: last decisive line → event ÷ ideal",
+            f"≤ {limit} {TIMES}",
+            then,
+            run,
+            _versus_ideal,
+            run["last_vs_ideal"] is not None and run["last_vs_ideal"] <= limit,
+        )
+        row(
+            f"one process, {label} sensors: 1013 closes",
+            "0",
+            then,
+            run,
+            lambda r: str(r["closes_1013"]),
+            run["closes_1013"] == 0,
+        )
+    for name, label in (("shared_2", "two"), ("shared_4", "four")):
+        run, then = runs.get(name), before.get(name)
+        if run is None:
+            continue
+        limit = targets["worst_fair_share"]
+        row(
+            f"{label} processes: worst process's share of its fair share (ceiling used)",
+            f"≥ {limit:.0%}",
+            then,
+            run,
+            lambda r: f"{r['worst_fair_share']:.0%} ({r['ceiling_used']:.0%})",
+            run["worst_fair_share"] >= limit,
+        )
+        limit = targets["rate_limited_per_accepted_shared"]
+        row(
+            f"{label} processes: 429s per accepted start (1013 closes)",
+            f"≤ {limit}",
+            then,
+            run,
+            lambda r: f"{fmt_num(r['rate_limited_per_accepted'], 2)} ({r['closes_1013']})",
+            run["rate_limited_per_accepted"] <= limit,
+        )
+    filtered = ((fleet or {}).get("runs") or {}).get("decide_when")
+    if filtered:
+        lat = filtered["latency"]
+        row(
+            "`decide_when`, 1,000 sensors in two processes (the fleet scenario): p50 / p99 / billed ÷ decisive",
+            "≤ 2 s / ≤ 15 s / ≤ 1.1",
+            before.get("fleet_decide_when"),
+            filtered,
+            lambda r: (
+                f"{fmt_ms(r['latency']['p50_ms'])} / {fmt_ms(r['latency']['p99_ms'])} / "
+                f"{fmt_num(r['billed_per_decisive'], 2)}"
+            ),
+            lat["p50_ms"] <= 2000 and lat["p99_ms"] <= 15000 and filtered["billed_per_decisive"] <= 1.1,
+        )
+    return out + md_table(["figure", "target", "before", "after", ""], rows)
