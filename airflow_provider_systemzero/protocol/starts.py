@@ -48,33 +48,33 @@ its token back and waits again.
 
 **The gateway's own retry.** on_change, the gateway retries a 429'd dispatch by itself once the
 Retry-After has passed, and closes the stream with 1013 at the third refusal in a row for one
-version. The mirror owes that retry the token the gateway makes for it: no start of this process
-takes it, so pacing alone never gets a retry refused.
+version. A stream that lets it retry (:meth:`~StartQueue.refused` with ``requeue=False``) is owed
+the token the gateway makes for that retry: no start of this process takes it. (The stream client
+gives its connection back on such a 429 instead, and asks for its turn again.)
 
 The rules, in one table: what each input does to the mirror and to the queue.
 
-=================================================  ===============================================  ==============================
-input                                              mirror                                           queue
-=================================================  ===============================================  ==============================
-``hello`` (advertising the account's limits or    burst and ceiling adopted; before the first      —
-not)                                               one, one start at a time
-a stream asks (:meth:`~StartQueue.request`)        a token taken, if one is there and none waits    otherwise the stream waits;
-                                                                                                    asking about a newer version
-                                                                                                    keeps its place, counts anew
-its turn comes (:meth:`~StartQueue.grant`)         a token taken for it                             the longest-waiting stream
-a grant unused for :data:`GRANT_TTL`               the token given back                             the stream waits again
-a start it could not hold                          a token taken, owed if there is none             —
-(:meth:`~StartQueue.note_start`)
-a start accepted (:meth:`~StartQueue.accepted`)    —  (the share counts it)                         —
-the first 429 of a Retry-After                     no more tokens than the Retry-After says; the    the stream goes first
-(:meth:`~StartQueue.refused`)                      process is shared, its rate cut by the           (on_request), or is the
-                                                   share-weighted third                             gateway's retry (on_change)
-a 429 of a start already on its way                no more tokens than the Retry-After says         as above
-a 429 on_change (the gateway retries)              one more token owed: the retry's                 —
-time passes                                        refills at the ceiling (shared: the pace at the  —
+=================================================  ================================================  ==============================
+input                                              mirror                                            queue
+=================================================  ================================================  ==============================
+a ``hello``                                        burst and ceiling as it advertises them (the      —
+                                                   published ones if it does not); before the
+                                                   first, one start at a time
+a request (:meth:`~StartQueue.request`)            a token taken, if one is there and none waits     else the stream waits; a newer
+                                                                                                     version keeps its place and
+                                                                                                     counts anew
+a grant (:meth:`~StartQueue.grant`)                a token taken for the stream                      the longest-waiting stream
+a grant unused for :data:`GRANT_TTL`               the token given back                              the stream waits again
+a start not held (:meth:`~StartQueue.note_start`)  a token taken, owed if there is none              —
+a start accepted (:meth:`~StartQueue.accepted`)    — (the share counts it)                           —
+a 429 (:meth:`~StartQueue.refused`)                no more tokens than the Retry-After says; the     the stream goes first, or
+                                                   first 429 of a Retry-After makes the process      (the gateway retries it) its
+                                                   shared and cuts its rate by the share-weighted    token is owed
+                                                   third
+time passing                                       refills at the ceiling (shared: the pace, at the  —
                                                    rate, which grows by :data:`PACE_RECOVERY`);
                                                    :data:`QUIET_UNITS` gaps without a 429: alone
-=================================================  ===============================================  ==============================
+=================================================  ================================================  ==============================
 
 The asyncio adapter (:mod:`airflow_provider_systemzero.stream.starts`) holds one queue per gateway
 and API key in a process and wakes the granted streams.
