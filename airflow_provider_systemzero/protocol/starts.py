@@ -67,10 +67,11 @@ a grant (:meth:`~StartQueue.grant`)                a token taken for the stream 
 a grant unused for :data:`GRANT_TTL`               the token given back                              the stream waits again
 a start not held (:meth:`~StartQueue.note_start`)  a token taken, owed if there is none              —
 a start accepted (:meth:`~StartQueue.accepted`)    — (the share counts it)                           —
-a 429 (:meth:`~StartQueue.refused`)                no more tokens than the Retry-After says; the     the stream goes first, or
-                                                   first 429 of a Retry-After makes the process      (the gateway retries it) its
-                                                   shared and cuts its rate by the share-weighted    token is owed
-                                                   third
+a 429 (:meth:`~StartQueue.refused`)                no more tokens than the Retry-After says; a       the stream goes first, or
+                                                   new one (not of a start on its way) makes a       (the gateway retries it) its
+                                                   process alone doubt, a doubting one shared,       token is owed
+                                                   and cuts a shared one's rate by the
+                                                   share-weighted third
 time passing                                       refills at the ceiling (shared: the pace, at the  —
                                                    rate, which grows by :data:`PACE_RECOVERY`);
                                                    :data:`QUIET_UNITS` gaps without a 429: alone
@@ -185,6 +186,7 @@ class StartQueue:
         self._at = now  # the time of _tokens and _paced
         self._jitter = 0.0  # alone: the part of a gap past its token the next start waits
         self._shared = False
+        self._doubted = False  # a 429 came lately: the next one within QUIET_UNITS makes it shared
         self._known = False  # a hello said the account's limits (until then: one start at a time)
         self._hello_wait = -math.inf  # before a hello: no further start before this
         #: This process's own rate, in starts a second (the ceiling while it is alone).
@@ -258,11 +260,14 @@ class StartQueue:
         """Bring the mirror, the pace and the rate to ``now``."""
         if now <= self._at:
             return
-        if self._shared:
-            alone_at = self._quiet_from + QUIET_UNITS * self.unit
-            if now >= alone_at:  # no 429 for long: alone again, at the account's rate
-                self._refill(alone_at)
-                self._shared, self.rate, self._recover_from, self._paced = False, self.ceiling, math.inf, 1.0
+        alone_at = self._quiet_from + QUIET_UNITS * self.unit
+        if self._shared and now >= alone_at:  # no 429 for long: alone again, at the account's rate
+            self._refill(alone_at)
+            self._shared, self.rate, self._recover_from, self._paced = False, self.ceiling, math.inf, 1.0
+            # but it shared the account lately: the next 429 means company again
+            self._quiet_from, alone_at = alone_at, alone_at + QUIET_UNITS * self.unit
+        if self._doubted and now >= alone_at:
+            self._doubted = False
         self._refill(now)
 
     def _refill(self, until: float) -> None:
@@ -422,9 +427,14 @@ class StartQueue:
             self._tokens -= 1  # the gateway's own retry takes the token it makes
 
     def _cut(self, delay: float, now: float) -> None:
-        """A new 429: another process spends the account, and this one slows down."""
+        """A new 429: another process spends the account, and this one slows down. The first one
+        heard alone only makes it doubt: one start slow to reach the gateway can be refused with
+        nobody else on the account (the mirror counted it when it left)."""
+        if not self._shared and not self._doubted:
+            self._doubted = True
+            return
         if not self._shared:
-            self._shared, self.rate = True, self.ceiling / PACE_BACKOFF
+            self._shared, self._doubted, self.rate = True, True, self.ceiling / PACE_BACKOFF
         else:
             weight = min(1.0, self.share(now) / SHARE_FULL) ** 2
             self.rate = max(MIN_RATE * self.ceiling, self.rate / (1 + (PACE_BACKOFF - 1) * weight))

@@ -43,7 +43,6 @@ from airflow_provider_systemzero.protocol.client_events import (
     StreamFailed,
 )
 from airflow_provider_systemzero.protocol.client_input import DECIDE_REFUSALS
-from airflow_provider_systemzero.protocol.limits import MAX_DISPATCHES_PER_STREAM
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Goodbye, Hello, Start
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
@@ -313,14 +312,13 @@ class CoreEvents:
         return True
 
     def _starts_a_decision(self, message: ClientMessage) -> bool:
-        """Whether the gateway starts a decision for ``message``, so it spends a start of the
+        """Whether ``message`` may make the gateway start a decision, so it spends a start of the
         account: not an on_change ``start`` replaying a state already decided (the gateway's
-        idempotency ledger answers it with the original reply), nor an on_change mutation that
-        joins the decision already pending behind the one in flight."""
+        idempotency ledger answers it with the original reply). An on_change mutation counts
+        even when a decision is pending behind the one in flight: by the time it arrives, that
+        one may have been dispatched, and the mutation makes the next."""
         if isinstance(message, Start):
             return self._start_decides()
-        if self._decision_mode == "on_change":
-            return self._accounting.outstanding() < MAX_DISPATCHES_PER_STREAM
         return True
 
     def _start_decides(self) -> bool:

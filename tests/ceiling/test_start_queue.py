@@ -112,25 +112,31 @@ def test_a_429_with_retry_after_still_slows_it(
     retry_after: float, at: float, requeue: bool, seed: int
 ) -> None:
     """Another process spent the account: after a 429 nothing starts before its Retry-After is over
-    (on_change not before a gap after it either: the gateway's own retry takes that token), and
-    the process starts fewer than the ceiling allows until it has heard no 429 for a while."""
+    (on_change not before a gap after it either: the gateway's own retry takes that token); at a
+    second 429 the process counts as sharing the account and starts fewer than the ceiling allows
+    until it has heard no 429 for a while."""
     queue = _heard(5, 60, rng=random.Random(seed))
     assert queue.request("a", 1, at)
     queue.refused("a", 1, retry_after, at + 0.01, requeue=requeue)
-    assert queue.limited and queue.rate < queue.ceiling
     heard = at + 0.01
     start = _next_start(queue, "a" if requeue else "b", 2, heard)
     assert start >= heard + retry_after - 1e-9
     if not requeue:
         assert start >= heard + retry_after + 1.0 - 1e-9
+    assert not queue.limited  # one 429 alone may be its own start, slow to reach the gateway
+    queue.refused("a" if requeue else "b", 2, retry_after, start + 0.01, requeue=requeue)
+    assert queue.limited and queue.rate < queue.ceiling
+    second = start + 0.01
+    now = _next_start(queue, "c", 1, second)
+    assert now >= second + retry_after - 1e-9
     # the next minute: fewer starts than the ceiling (a start a second) allows, none refused
-    now, starts = start, 1
-    while now < start + 60:
+    begin, starts = now, 1
+    while now < begin + 60:
         now = _next_start(queue, ("c", starts), 1, now)
         starts += 1
     assert starts < 55
     # alone again once no 429 came for QUIET_UNITS gaps: the ceiling's pace
-    now = heard + retry_after + QUIET_UNITS + 1
+    now = second + retry_after + QUIET_UNITS + 1
     times = [_next_start(queue, ("d", k), 1, now) for k in range(30)]
     assert not queue.limited and times[-1] - times[0] < 30
 
@@ -151,8 +157,10 @@ def test_a_429_cuts_a_process_by_the_share_it_takes() -> None:
     """The process taking most of the account slows down by a third; one far below its share barely."""
     big, small = _heard(5, 60, rng=random.Random(1)), _heard(5, 60, rng=random.Random(2))
     for queue in (big, small):
-        queue.refused("x", 1, 1.0, 0.0)  # shared from now on
+        queue.refused("x", 1, 1.0, 0.0)
+        queue.refused("x", 1, 1.0, 2.0)  # a second 429: shared from now on
         queue.withdraw("x")
+        assert queue.limited
     for k in range(10):
         big.accepted(10.0 + k)  # a start a gap: the whole ceiling
     small.accepted(15.0)  # one start in ten gaps

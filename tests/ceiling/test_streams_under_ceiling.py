@@ -165,8 +165,9 @@ async def _spend(emu: Emulator, state: str) -> dict[str, Any]:
 
 
 async def test_a_429_from_another_process_slows_this_one() -> None:
-    """Another process took the account's token: this one's start is refused once, waits out the
-    Retry-After, and from then on paces itself below the ceiling; its decision still comes."""
+    """Another process took the account's token: this one's start is refused once, the process
+    waits out the Retry-After (its mirror holds no more than the 429 said), and its decision
+    still comes."""
     async with _emulator(60, _Recording(), burst=1) as emu, contextlib.AsyncExitStack() as stack:
         (mine,) = [await stack.enter_async_context(_stream(emu, 0, StreamCapacity(4)))]
         starts = decision_starts(emu.url, KEY)
@@ -176,7 +177,6 @@ async def test_a_429_from_another_process_slows_this_one() -> None:
         waited = time.monotonic() - refused_at
         assert decision.state_version == mine.state_version
         assert emu.stats.decision_starts_refused == 1 and starts.queue.rate_limited == 1
-        assert starts.queue.limited and starts.queue.rate < starts.queue.ceiling
         assert waited >= 0.9  # the Retry-After: the token a second after the other process's
 
 
