@@ -151,9 +151,9 @@ def ideal(
 
 async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
     """One triggerer process: start its triggers, then play its files' lines and report."""
+    from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.stream.starts import running_starts
-    from airflow_provider_systemzero.triggers.currency import DEFAULT_MAX_STALENESS
     from benchmarks.fixtures import decision_trigger
     from benchmarks.runner import Triggerer, rebuild
 
