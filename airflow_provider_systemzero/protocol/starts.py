@@ -65,6 +65,7 @@ a request (:meth:`~StartQueue.request`)            a token taken, if one is ther
                                                                                                      counts anew
 a grant (:meth:`~StartQueue.grant`)                a token taken for the stream                      the longest-waiting stream
 a grant unused for :data:`GRANT_TTL`               the token given back                              the stream waits again
+a grant postponed (:meth:`~StartQueue.postpone`)   the token given back                              the stream waits again, first
 a start not held (:meth:`~StartQueue.note_start`)  a token taken, owed if there is none              —
 a start accepted (:meth:`~StartQueue.accepted`)    — (the share counts it)                           —
 a 429 (:meth:`~StartQueue.refused`)                no more tokens than the Retry-After says; a       the stream goes first, or
@@ -372,6 +373,30 @@ class StartQueue:
         taken, or owed when the mirror has none."""
         self._take(now)
         self._started(0.0)
+
+    def postpone(self, stream: Hashable, version: int, now: float, *, counted: bool = False) -> None:
+        """``stream`` was let start (granted, or at once) but cannot send its start yet (its
+        connection waits for a socket): the token goes back, and the stream waits again, first in
+        line. A start counted by a token taken long before it reaches the gateway would let the
+        gateway see starts closer together than the mirror spaced them.
+
+        :param version: the stream's newest version.
+        :param counted: the start was let through at once by :meth:`request` (it is uncounted).
+        """
+        self._advance(now)
+        granted = self._granted.pop(stream, None)
+        if granted is not None:
+            waiting = granted[0]
+        elif counted:
+            self.starts -= 1
+            waiting = self._waiting.pop(stream, None) or _Waiting(version, now, now)
+        else:
+            return  # nothing was let through
+        if version > waiting.version:
+            waiting.version, waiting.newest = version, now
+        waiting.front = True
+        self._waiting[stream] = waiting
+        self._tokens = min(self._capacity, self._tokens + 1)
 
     def withdraw(self, stream: Hashable) -> None:
         """``stream`` no longer wants a start (it closed, or its caller gave up); an unused grant's

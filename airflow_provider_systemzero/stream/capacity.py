@@ -203,8 +203,7 @@ class StreamCapacity:
         loop = asyncio.get_running_loop()
         key = origin or ""
         with self._lock:
-            if not self._waiters and self._fits_locked(key):
-                self._take_locked(key)
+            if self._take_if_free_locked(key):
                 return
             waiter = _Waiter(loop, key)
             self._waiters.append(waiter)
@@ -228,6 +227,15 @@ class StreamCapacity:
             if granted:
                 self.release(origin)
             raise
+
+    def try_acquire(self, origin: str | None = None) -> bool:
+        """Take a slot if one is free and nobody waits for one, without waiting.
+
+        :param origin: the gateway the slot is for (its stream URL), bound by its advertised cap.
+        :returns: whether a slot was taken (give it back with :meth:`release`).
+        """
+        with self._lock:
+            return self._take_if_free_locked(origin or "")
 
     def release(self, origin: str | None = None) -> None:
         """Give a slot back; the oldest waiter it can go to gets it.
@@ -255,6 +263,12 @@ class StreamCapacity:
             yield
         finally:
             self.release(origin)
+
+    def _take_if_free_locked(self, key: str) -> bool:
+        if self._waiters or not self._fits_locked(key):
+            return False
+        self._take_locked(key)
+        return True
 
     def _fits_locked(self, key: str) -> bool:
         return self._in_use < self._limit and self._origin_use.get(key, 0) < self._origin_caps.get(

@@ -132,6 +132,9 @@ class CoreEvents:
         #: on_change: the opening's turn counted the start its connection sends (set by
         #: :meth:`turn_to_open`, cleared when that ``start`` is admitted).
         self._opening_counted = False
+        #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
+        #: :meth:`turn_to_open`, cleared by :meth:`turn_postponed`).
+        self._turn_taken = False
 
     def new_connection(self) -> ConnectionFacts:
         """A connection attempt begins: its facts start empty."""
@@ -330,6 +333,7 @@ class CoreEvents:
         connection whose ``start`` starts a decision takes a slot of ``max_streams_per_process``
         (once open, the ``start`` cannot wait). Asked by the run loop before each connection."""
         self._opening_counted = False
+        self._turn_taken = False
         starts = self.starts
         if starts is None or self._decision_mode != "on_change" or not self._start_decides():
             return
@@ -341,8 +345,18 @@ class CoreEvents:
 
         if starts.may_start(self._holder(), self._stream.session.generation, wake):
             self._opening_counted = True  # counted now: its start is not counted again
-            return
-        await turn  # granted: the start spends the grant
+        else:
+            await turn  # granted: the start spends the grant
+        self._turn_taken = True
+
+    def turn_postponed(self) -> None:
+        """on_change: the turn :meth:`turn_to_open` took cannot be used yet (no socket is free):
+        its token goes back and the stream stays first in line for the next one."""
+        if self.starts is not None and self._turn_taken:
+            self.starts.postpone(
+                self._holder(), self._stream.session.generation, counted=self._opening_counted
+            )
+        self._opening_counted = self._turn_taken = False
 
     def changed(self) -> None:
         """The caller changed the state: if the stream waits for its decision start, the start is

@@ -232,7 +232,7 @@ class RunLoop:
                     attempt_number = plan.attempt
                     pending = None
                 await self._events.turn_to_open()
-                await self._capacity.acquire(self._origin())
+                await self._slot_after_turn()
                 try:
                     self._observations.now("connecting", settings.url, attempt_number)
                     ended = await self._connection.connect_and_serve()
@@ -283,6 +283,23 @@ class RunLoop:
             self._fail(exc)
         finally:
             self._wake_all()
+
+    async def _slot_after_turn(self) -> None:
+        """Take a slot of ``max_streams_per_process`` for the connection whose turn came. When none
+        is free, the turn goes back (the stream stays first in line) while it waits for one, and is
+        taken again once it holds the slot: a start's token is spent when its ``start`` can go out,
+        not a socket's wait earlier, so the starts reach the gateway as the mirror spaced them."""
+        origin = self._origin()
+        capacity = self._capacity
+        if capacity.try_acquire(origin):
+            return
+        self._events.turn_postponed()
+        await capacity.acquire(origin)
+        try:
+            await self._events.turn_to_open()  # first in line: at most the wait for the next token
+        except BaseException:
+            capacity.release(origin)
+            raise
 
     @staticmethod
     def _stop_error(ended: Ended, plan: ReconnectPlan) -> BaseException:

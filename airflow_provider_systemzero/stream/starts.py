@@ -111,6 +111,17 @@ class DecisionStarts:
             self.queue.note_start(now)
         self._wake.pop(stream, None)
 
+    def postpone(self, stream: Any, version: int, *, counted: bool) -> None:
+        """``stream``'s turn came, but its start cannot go out yet (its connection waits for a
+        socket): the token goes back, and the stream is first in line when it asks again.
+
+        :param version: the stream's newest version.
+        :param counted: its turn was a start counted at once (not a grant it waited for).
+        """
+        self.queue.postpone(stream, version, _now(), counted=counted)
+        self._wake.pop(stream, None)
+        self._schedule()
+
     def changed(self, stream: Any, version: int) -> None:
         """``stream`` changed its state to ``version``: if it waits for a start, the start is
         for that one and its newest change counts from now."""

@@ -253,6 +253,42 @@ def test_a_refused_stream_goes_first_and_an_unused_grant_gives_its_token_back() 
     assert queue.is_waiting("b")
 
 
+@pytest.mark.parametrize("at_once", [True, False], ids=["counted at once", "granted"])
+def test_a_start_that_waits_for_a_socket_gives_its_token_back_and_goes_first(at_once: bool) -> None:
+    """A stream let start whose connection must wait for a socket: had its token stayed spent,
+    its start would reach the gateway long after the mirror counted it, closer to the next ones
+    than the gateway's bucket allows. The token goes back, and the stream goes first once it asks
+    again, for its newest version."""
+    queue = _heard(5, 60, rng=random.Random(7))
+    if at_once:
+        assert queue.request("a", 1, 0.0)
+        now = 0.0
+    else:
+        assert all(queue.request(s, 1, 0.0) for s in range(4))  # the burst, less the margin
+        assert not queue.request("a", 1, 0.0)
+        now = queue.wakeup(0.0) or 0.0
+        grant = queue.grant(now)
+        assert grant is not None and grant.stream == "a"
+    starts, tokens = queue.starts, queue.tokens(now)
+    queue.postpone("a", 2, now, counted=at_once)
+    assert queue.tokens(now) == pytest.approx(tokens + 1)
+    assert queue.starts == starts - (1 if at_once else 0)  # a start counted at once is not made
+    assert queue.is_waiting("a") and not queue.holds_grant("a")
+    assert not queue.request("b", 1, now)  # a newcomer waits behind it
+    later = queue.wakeup(now)
+    assert later is not None
+    grant = queue.grant(later)
+    assert grant is not None and (grant.stream, grant.version) == ("a", 2)
+    assert queue.request("a", 2, later)
+
+
+def test_postponing_a_stream_that_was_let_through_nothing_changes_nothing() -> None:
+    queue = _heard(5, 60, rng=random.Random(8))
+    tokens = queue.tokens(1.0)
+    queue.postpone("a", 1, 1.0)
+    assert queue.tokens(1.0) == tokens and not queue.is_waiting("a")
+
+
 def test_the_gateway_retry_of_an_on_change_start_is_owed_its_token() -> None:
     queue = _heard(5, 60, rng=random.Random(6))
     queue.refused("a", 1, 0.4, 0.0, requeue=False)  # the gateway retries a at 0.4

@@ -191,3 +191,16 @@ def test_backoff_is_full_jitter_capped_and_never_below_the_server_delay() -> Non
     assert backoff.delay(10_000) <= 4.0  # no overflow for huge attempts
     with pytest.raises(ValueError):
         Backoff(base=-1)
+
+
+async def test_try_acquire_takes_a_slot_only_when_one_is_free() -> None:
+    cap = StreamCapacity(2)
+    assert cap.try_acquire() and cap.try_acquire()
+    assert not cap.try_acquire() and cap.in_use == 2  # full: nothing taken
+    waiter = asyncio.ensure_future(cap.acquire())
+    await _settle()
+    cap.release()
+    await _settle()
+    assert waiter.done() and cap.in_use == 2  # the freed slot went to the waiter
+    cap.release()
+    assert cap.waiting == 0 and cap.try_acquire() and cap.in_use == 2
