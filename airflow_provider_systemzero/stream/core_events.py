@@ -135,6 +135,9 @@ class CoreEvents:
         #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
         #: :meth:`turn_to_open`, cleared by :meth:`turn_postponed`).
         self._turn_taken = False
+        #: on_change: the turn the run loop waits for before it opens a connection (made by
+        #: :meth:`turn_to_open` while it waits, resolved when the account's decision starts grant it).
+        self.opening_turn: asyncio.Future[None] | None = None
 
     def new_connection(self) -> ConnectionFacts:
         """A connection attempt begins: its facts start empty."""
@@ -346,7 +349,11 @@ class CoreEvents:
         if starts.may_start(self._holder(), self._stream.session.generation, wake):
             self._opening_counted = True  # counted now: its start is not counted again
         else:
-            await turn  # granted: the start spends the grant
+            self.opening_turn = turn
+            try:
+                await turn  # granted: the start spends the grant
+            finally:
+                self.opening_turn = None
         self._turn_taken = True
 
     def turn_postponed(self) -> None:

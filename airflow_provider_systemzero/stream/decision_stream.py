@@ -10,7 +10,7 @@ The stream owns its parts, each a class with its own state, documented where it 
 | ``_life`` | :class:`~airflow_provider_systemzero.stream.life.StreamLife` | entered, ready, closing, closed, failed; the pulse every waiter waits on |
 | ``_delivery`` | :class:`~airflow_provider_systemzero.stream.delivery.DecisionDelivery` | the ``decide()`` futures, the ``decisions()`` queue and its waiter |
 | ``_accounting`` | :class:`~airflow_provider_systemzero.stream.accounting.DispatchAccounting` | what the gateway may still dispatch, against the budget |
-| ``_events`` | :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents` | what the core's events do; the acknowledged version; the budget's refusal; the connection's facts |
+| ``_events`` | :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents` | what the core's events do; the acknowledged version; the budget's refusal; the connection's facts; the turn under the account's decision ceiling |
 | ``_connection`` | :class:`~airflow_provider_systemzero.stream.serving.ConnectionServer` | the open socket, the writer's timers, why the connection ends |
 | ``_loop`` | :class:`~airflow_provider_systemzero.stream.run_loop.RunLoop` | the task that connects and reconnects, the reconnects made, dormancy |
 | ``_observations`` | :class:`~airflow_provider_systemzero.stream.observer.ObserverRelay` | what the observer hears, in order |

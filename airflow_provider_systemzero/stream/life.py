@@ -14,10 +14,12 @@ look again". Every other wake-up belongs to the part that sets it. This table is
 | `ConnectionServer.pong_turn` | a native ping received | pongs are owed | a writer's turn, at most every 1/40 s however fast pings come |
 | `DecisionDelivery.waiter` | the `decisions()` consumer (`wake_on_decision`) | it waits for what `take_decision()` returns | resolved when a decision or a failure is queued, or the stream fails or closes: the consumer is the next task to run |
 | `DecisionDelivery.intents` | `decide()`, one future per decide intent | the gateway's answer to that intent | resolved by the decision or failure that covers it, the budget's refusal, the stream's failure or close |
+| `CoreEvents.opening_turn` | the account's decision starts (`DecisionStarts`), when they grant this stream its turn | on_change: the connection whose `start` starts a decision may open | the run loop takes a slot of `max_streams_per_process` and connects; while no slot is free, the turn goes back and the stream stays first in line |
 | `GatewaySocket.lost` | the socket, once its TCP connection is gone | the connection ended | the run loop plans the next connection |
 
 The run loop has no signal of its own: it waits for work on the pulse, since a change that needs
-a connection kicks, and a kick pulses.
+a connection kicks, and a kick pulses; on_change, it waits for the opening turn of the stream's
+core events before it connects.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ byte-identically. Every open connection holds a slot of the process-wide
 :class:`RunLoop` is the part of a :class:`~airflow_provider_systemzero.stream.DecisionStream` that
 owns this task, the reconnects it made and what it says about failed attempts
 (:class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`). It has no wake-up signal
-of its own: it waits for work, and out its backoff, on the stream's pulse (the table of
+of its own: it waits for work, and out its backoff, on the stream's pulse, and on_change for the
+stream's turn under the account's decision ceiling before it connects (both in the table of
 :mod:`~airflow_provider_systemzero.stream.life`).
 """
 

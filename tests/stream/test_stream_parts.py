@@ -82,6 +82,7 @@ async def test_every_signal_in_the_table_exists_on_an_open_stream(
             "StreamLife": stream._life,
             "ConnectionServer": stream._connection,
             "DecisionDelivery": stream._delivery,
+            "CoreEvents": stream._events,
             "GatewaySocket": socket,
         }
         for part, attributes in _table().items():
