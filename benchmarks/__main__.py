@@ -1,11 +1,12 @@
-"""``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON, render the docs table.
+"""``python -m benchmarks`` (``make bench``): run the scenarios, write the JSON and its table.
 
 A full run takes about ten minutes on two cores, plus 10–20 minutes for scenario 6 (waiting
 triggers up to N = 5,000; ``--only`` leaves it out) and about six for the account's decision
-ceiling (``ceiling``), and writes ``benchmarks/results/latest.json``
-and ``docs/benchmarks-results.md`` (included by ``docs/benchmarks.md``). ``--quick`` is a smoke
-run of about three minutes with fewer samples and shorter windows; it writes
-``.cache/benchmarks/quick.json`` (not tracked) and leaves the docs alone unless ``--docs`` is given.
+ceiling (``ceiling``), and writes ``benchmarks/results/latest.json`` and every figure of it as a
+Markdown table, ``benchmarks/results/latest.md``, from which the written page
+``docs/benchmarks-results.md`` takes its runs of record. ``--quick`` is a smoke run of about three
+minutes with fewer samples and shorter windows; it writes ``.cache/benchmarks/quick.json`` (not
+tracked) and no table unless ``--table`` is given.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from benchmarks.common import Options, machine
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / ".cache" / "benchmarks"
-DOCS_TABLE = ROOT / "docs" / "benchmarks-results.md"
+TABLE = ROOT / "benchmarks" / "results" / "latest.md"
 
 #: Scenario name → runner, in the order they run (the CPU-only core first, density last).
 SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
@@ -157,15 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         "figures are shown as 'before' "
         "(default: the baseline already in the results file, if any)",
     )
-    docs = parser.add_mutually_exclusive_group()
-    docs.add_argument(
-        "--docs",
-        dest="docs",
+    table = parser.add_mutually_exclusive_group()
+    table.add_argument(
+        "--table",
+        dest="table",
         action="store_true",
         default=None,
-        help="render docs/benchmarks-results.md (the default for a full run)",
+        help="render every figure as Markdown in benchmarks/results/latest.md (the default for a full run)",
     )
-    docs.add_argument("--no-docs", dest="docs", action="store_false", help="leave the docs alone")
+    table.add_argument("--no-table", dest="table", action="store_false", help="write no table")
     args = parser.parse_args(argv)
 
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sources: unknown source in {args.sources!r}; choose from push, file")
     options = Options(quick=args.quick, seed=args.seed, sources=sources)
     out = (args.out or (QUICK_RESULTS / "quick.json" if args.quick else RESULTS / "latest.json")).resolve()
-    render_docs = args.docs if args.docs is not None else not args.quick
+    render_table = args.table if args.table is not None else not args.quick
 
     info = machine()
     info["load_average_before"] = list(os.getloadavg())
@@ -207,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     print(f"[bench] results written to {shown}")
     markdown = report.render(document, source=str(shown))
-    if render_docs:
-        _write(DOCS_TABLE, markdown)
-        print(f"[bench] docs table written to {DOCS_TABLE.relative_to(ROOT)}")
+    if render_table:
+        _write(TABLE, markdown)
+        print(f"[bench] table written to {TABLE.relative_to(ROOT)}")
     print(report.summary(document))
     print(f"[bench] total {document['duration_s']:.0f} s")
     return 1 if failed else 0

@@ -1,4 +1,5 @@
-"""The results as Markdown: ``docs/benchmarks-results.md``, included by ``docs/benchmarks.md``.
+"""The results as Markdown: ``benchmarks/results/latest.md``, every figure of one run (the written page
+``docs/benchmarks-results.md`` takes its runs of record from it).
 
 Everything here is computed from the JSON document of one run; the explanation of a missed
 target quotes that run's own numbers.

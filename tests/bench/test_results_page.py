@@ -44,9 +44,9 @@ def _section(heading: str) -> tuple[dict[str, Any], str]:
 def test_the_page_is_the_one_written_for_readers() -> None:
     text = PAGE.read_text(encoding="utf-8")
     assert text.startswith("# Benchmark results\n"), (
-        "docs/benchmarks-results.md is not the written page (make bench's renderer writes the same "
-        "path): restore it with 'git checkout docs/benchmarks-results.md' and update its figures "
-        "from the new benchmarks/results/latest.json"
+        "docs/benchmarks-results.md is not the written page: restore it with 'git checkout "
+        "docs/benchmarks-results.md' and update its figures from benchmarks/results/latest.json "
+        "(latest.md holds them as a table)"
     )
 
 
