@@ -44,6 +44,8 @@ BENCH_ARGS ?=
 MATRIX ?=
 # pytest-xdist workers per corner (whole test files per worker); 0 runs the suite in one process.
 MATRIX_WORKERS ?= 2
+# Corners run side by side (each in its own venv and tree).
+MATRIX_JOBS ?= 1
 
 LOCK_VENV := .cache/lock-venv
 
@@ -127,7 +129,7 @@ dist: $(STAMP)
 # installs the built wheel, pinned by constraints/airflow-<minor>-py<python>.txt, and runs the whole
 # suite from a copy of tests/ outside the checkout. Corners run one after another.
 test-matrix: dist
-	$(BIN)/python scripts/matrix.py run $(MATRIX) --workers $(MATRIX_WORKERS) --pytest-args="$(PYTEST_ARGS)"
+	$(BIN)/python scripts/matrix.py run $(MATRIX) --workers $(MATRIX_WORKERS) --jobs $(MATRIX_JOBS) --pytest-args="$(PYTEST_ARGS)"
 
 lock-matrix: check-python
 	$(PYTHON) scripts/matrix.py lock $(MATRIX)
