@@ -25,7 +25,7 @@ from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.tls import load_tls
 from tests.security.loopback_proxy import LoopbackProxy
-from tests.security.test_tls import CA_KEY_USAGE, KEY, REPLY, TLSGateway, make_pki, stream_to
+from tests.security.test_tls import KEY, REPLY, TLSGateway, make_ca, make_pki, stream_to
 
 CLIENT_NAME = "systemzero test client"
 
@@ -33,26 +33,12 @@ CLIENT_NAME = "systemzero test client"
 def make_client_pki(directory: Path, *, encrypt: bytes | None = None) -> tuple[Path, Path, Path]:
     """A CA for clients and a client certificate it signed: (client-ca.pem, client.pem, client.key)."""
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "systemzero client CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(CA_KEY_USAGE, critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca = make_ca("systemzero client CA")
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CLIENT_NAME)]))
-        .issuer_name(ca_name)
+        .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))

@@ -62,26 +62,33 @@ CA_KEY_USAGE = x509.KeyUsage(
 )
 
 
-def make_pki(
-    directory: Path, *, names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
-) -> tuple[Path, Path, Path]:
-    """A private CA and a server certificate it signed: (ca.pem, server.pem, server.key)."""
+def make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A private CA as real ones issue them (its key usage and key identifier declared: Python 3.13
+    verifies with VERIFY_X509_STRICT): (its key, its certificate)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
         x509.CertificateBuilder()
-        .subject_name(_name("systemzero test CA"))
-        .issuer_name(_name("systemzero test CA"))
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(CA_KEY_USAGE, critical=True)
-        # key identifiers, as real CAs issue them: Python 3.13 verifies with VERIFY_X509_STRICT
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca
+
+
+def make_pki(
+    directory: Path, *, names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
+) -> tuple[Path, Path, Path]:
+    """A private CA and a server certificate it signed: (ca.pem, server.pem, server.key)."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, ca = make_ca("systemzero test CA")
     key = ec.generate_private_key(ec.SECP256R1())
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
     alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
