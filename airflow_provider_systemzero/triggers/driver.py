@@ -117,6 +117,7 @@ class WatchDriver:
     # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
     __slots__ = (
         "_asked_at",
+        "_billed_noted",
         "_change",
         "_checking",
         "_checks",
@@ -175,6 +176,8 @@ class WatchDriver:
         self.decision_seconds: tuple[float, ...] = ()
         #: the reconnects of the stream held now that the history has heard of
         self._reconnects_noted = 0
+        #: the billed reply ids of the stream held now whose start the history has marked
+        self._billed_noted: set[str] = set()
 
     @property
     def dormant(self) -> bool:
@@ -278,15 +281,17 @@ class WatchDriver:
             self.decision_seconds = (*self.decision_seconds, round(now - self._asked_at, 3))[
                 -_DURATIONS_KEPT:
             ]
-        usage = getattr(stream, "usage", None)
-        billed = usage.billed if usage is not None else 0
         self.watch.decided(decision, now, covers=_covers(stream, decision), state_hash=stream.state_hash)
         self._asked_at = now if self.watch.deciding else None
-        self._note_stream(stream, decision, billed)
+        self._note_stream(stream, decision)
 
-    def _note_stream(self, stream: DecisionStream, decision: DecisionResult, billed_before: int) -> None:
+    def _note_stream(self, stream: DecisionStream, decision: DecisionResult) -> None:
         """Tell the wait's history what the stream did around ``decision``: the reconnects since the
-        last one, and a billed start (back-dated by the time the gateway says it took)."""
+        last one, and a billed start (back-dated by the time the gateway says it took).
+
+        The stream counts a decision's bill when it arrives, before the driver takes it: a decision
+        was billed when its reply id is among the stream's billed ones (a replay never is) and no
+        earlier decision of the stream was marked with it."""
         timeline = self.watch.timeline
         if timeline is None:
             return
@@ -296,7 +301,9 @@ class WatchDriver:
             timeline.mark("reconnect", now, reason=reconnect.reason, close_code=reconnect.close_code)
         self._reconnects_noted = len(reconnects)
         usage = getattr(stream, "usage", None)
-        if usage is not None and usage.billed > billed_before:
+        reply_id = decision.reply_id
+        if usage is not None and reply_id in usage.reply_ids and reply_id not in self._billed_noted:
+            self._billed_noted.add(reply_id)
             took = (decision.queue_ms or 0.0) + (decision.decide_ms or 0.0)
             timeline.mark("billed_start", now - took / 1000, state_version=decision.state_version)
 
@@ -342,6 +349,7 @@ class WatchDriver:
         await self.streams.resolve_settings()
         stream = self.stream = self.streams.build(self.watch.sent, **self.stream_kwargs)
         self._reconnects_noted = 0
+        self._billed_noted.clear()
         await self.streams.enter(stream)
 
     def _on_offer(self) -> None:

@@ -54,6 +54,10 @@ async def test_one_history_spans_the_streams_given_back_and_opened_again(emulato
     assert kinds[0] == "condition"
     assert kinds.count("state_change") == 3 and kinds.count("stream_opened") == 3
     assert kinds.count("stream_released") == 2  # given back twice, between the three decisions
+    # each of the three decisions was a new reply: its start is marked, before its decision
+    starts = [row for row in rows if row["kind"] == "billed_start"]
+    assert [row["state_version"] for row in starts] == [d["state_version"] for d in decisions]
+    assert all(start["at"] <= decision["at"] for start, decision in zip(starts, decisions, strict=True))
     released = [row for row in rows if row["kind"] == "stream_released"]
     assert all(row["reason"].startswith("nothing new for") for row in released)
     times = [row["at"] for row in rows[1:]]
