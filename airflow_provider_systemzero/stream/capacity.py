@@ -15,6 +15,15 @@ waits.
 A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that cap holds for the
 streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
 never for the streams to other gateways, and never above the process's own limit.
+
+A stream is built only once its slot is near (:meth:`StreamCapacity.opening`): a caller with many
+streams to open — a triggerer where a thousand triggers start, or wake on one change, together —
+builds at most twice a gateway's cap of them at once, first come first served, and each place
+is held until the stream is open. A stream waiting for a slot holds its session, tasks and
+buffers; built all at once and opened four at a time, a thousand of them would only be freed
+one slot at a time, and the allocator keeps the memory they took between what stays (the
+waiting triggers' own objects). Twice the cap keeps a built stream queued for every slot, so an
+idle holder is still asked to give its slot back.
 """
 
 from __future__ import annotations
@@ -82,6 +91,8 @@ class StreamCapacity:
         self._origin_use: dict[str, int] = {}  # origin → slots held
         self._offers: deque[SlotOffer] = deque()  # idle holders, oldest first
         self._handing_over = 0  # offers called whose holder has not withdrawn yet
+        self._opening: dict[str, int] = {}  # origin → streams being built and opened
+        self._openers: dict[str, deque[_Waiter]] = {}  # origin → callers waiting to build one, oldest first
 
     @staticmethod
     def _check(limit: int) -> int:
@@ -108,6 +119,11 @@ class StreamCapacity:
     def waiting(self) -> int:
         """Waiters queued for a slot."""
         return len(self._waiters)
+
+    @property
+    def building(self) -> int:
+        """Streams being built and opened now (places of :meth:`opening` held)."""
+        return sum(self._opening.values())
 
     @property
     def offered(self) -> int:
@@ -177,6 +193,8 @@ class StreamCapacity:
             self._origin_caps.clear()
             self._max_in_use = self._in_use
             self._grant_locked()
+            for key in list(self._openers):
+                self._grant_openers_locked(key)
 
     def adopt_advertised(self, limit: int, origin: str | None = None) -> None:
         """Take the cap a gateway advertised in ``hello`` for the streams to that gateway.
@@ -191,6 +209,7 @@ class StreamCapacity:
             with self._lock:
                 self._origin_caps[origin or ""] = limit
                 self._grant_locked()
+                self._grant_openers_locked(origin or "")
 
     async def acquire(self, origin: str | None = None) -> None:
         """Wait for a slot, first come first served (among the waiters a slot can go to).
@@ -263,6 +282,82 @@ class StreamCapacity:
             yield
         finally:
             self.release(origin)
+
+    def opening_room(self, origin: str | None = None) -> int:
+        """How many streams to ``origin`` may be built and opened at once: twice its cap.
+
+        :param origin: the gateway (its stream URL); ``None``: the process's limit.
+        """
+        return 2 * self.limit_for(origin)
+
+    @asynccontextmanager
+    async def opening(self, origin: str | None = None) -> AsyncIterator[None]:
+        """``async with capacity.opening(url):`` build and open one stream to ``origin`` in the
+        block, once one of the :meth:`opening_room` places is free (first come first served);
+        the place is given back when the block ends — the stream open, or its opening failed.
+
+        Cancelling the wait leaves the queue (a place granted at that moment goes to the next
+        caller). The places of one gateway never hold up the streams to another.
+
+        :param origin: the gateway the stream is for (its stream URL).
+        """
+        loop = asyncio.get_running_loop()
+        key = origin or ""
+        with self._lock:
+            if key not in self._openers and self._opening.get(key, 0) < self.opening_room(key):
+                self._opening[key] = self._opening.get(key, 0) + 1
+                waiter = None
+            else:
+                waiter = _Waiter(loop, key)
+                queue = self._openers.setdefault(key, deque())
+                queue.append(waiter)
+                log.info(
+                    "waiting to build a stream: %d streams to this gateway are being opened (at most "
+                    "%d at once, twice max_streams_per_process), %d callers waiting; first come first served",
+                    self._opening.get(key, 0),
+                    self.opening_room(key),
+                    len(queue),
+                )
+        if waiter is not None:
+            try:
+                await waiter.future
+            except BaseException:
+                with self._lock:
+                    granted = waiter.granted
+                    if not granted:
+                        queue.remove(waiter)
+                        if not queue:
+                            del self._openers[key]
+                if granted:
+                    self._leave_opening(key)
+                raise
+        try:
+            yield
+        finally:
+            self._leave_opening(key)
+
+    def _leave_opening(self, key: str) -> None:
+        with self._lock:
+            self._opening[key] -= 1
+            if not self._opening[key]:
+                del self._opening[key]
+            self._grant_openers_locked(key)
+
+    def _grant_openers_locked(self, key: str) -> None:
+        queue = self._openers.get(key)
+        while queue and self._opening.get(key, 0) < self.opening_room(key):
+            waiter = queue.popleft()
+            waiter.granted = True
+            self._opening[key] = self._opening.get(key, 0) + 1
+            try:
+                _schedule(waiter.loop, _wake, waiter.future)
+            except RuntimeError:  # the caller's loop is closed: it will never build
+                waiter.granted = False
+                self._opening[key] -= 1
+                if not self._opening[key]:
+                    del self._opening[key]
+        if queue is not None and not queue:
+            del self._openers[key]
 
     def _take_if_free_locked(self, key: str) -> bool:
         if self._waiters or not self._fits_locked(key):

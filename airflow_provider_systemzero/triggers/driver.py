@@ -4,9 +4,9 @@ it does the I/O the watch asks for, and feeds back what happened.
 A trigger's ``run()`` is a short loop over :meth:`WatchDriver.next_verdict`. The driver owns every
 piece of work under way — the read of the source, the stream being opened or closed, an
 on_request decide, a ``decide_when`` check — each a future whose completion wakes the driver's one
-task; between wake-ups it awaits one future, and a waiting trigger with no stream holds nothing
-but that future's link to its source (a notified file's future, a push generator's read) and, when
-the watch waits on time, one timer.
+task; between wake-ups it awaits one future. A waiting trigger with no stream and no timer awaits
+its source's own future (a notified file's, a push generator's read), and holds nothing else of
+its wait; when the watch also waits on time, one timer and the driver's wake-up future.
 
 What is read next, and on which thread, is decided here once:
 
@@ -86,7 +86,7 @@ class _Wakeup:
         return future
 
     def __call__(self, *_: Any) -> None:
-        future = self._future
+        future, self._future = self._future, None  # the task that awaits it holds it until it wakes
         if future is not None and not future.done():
             future.set_result(None)
         else:
@@ -110,7 +110,8 @@ class WatchDriver:
     :param watch: the watch (its phase says where the run is).
     :param source: the state source (closed by the trigger's cleanup, not here).
     :param streams: the trigger's :class:`~airflow_provider_systemzero.triggers.streaming.TriggerStream`.
-    :param stream_kwargs: what every stream is built with besides the state (``decision_mode`` …).
+    :param stream_kwargs: what every stream is built with besides the state and the watch's
+        ``decision_mode`` (``min_interval_ms`` …).
     :param relevance: the ``decide_when`` callable's holder, for :class:`Check` s.
     """
 
@@ -119,6 +120,7 @@ class WatchDriver:
         "_asked_at",
         "_billed_noted",
         "_change",
+        "_change_linked",
         "_checking",
         "_checks",
         "_closing",
@@ -151,7 +153,7 @@ class WatchDriver:
         self.watch = watch
         self.source = source
         self.streams = streams
-        self.stream_kwargs = {"decision_mode": watch.decision_mode, **(stream_kwargs or {})}
+        self.stream_kwargs = stream_kwargs or None
         self.relevance = relevance
         self._checks = (
             UserCall(f"decide_when.callable {relevance.spec['callable']!r}", DECIDE_WHEN_TIMEOUT)  # type: ignore[index]
@@ -163,6 +165,8 @@ class WatchDriver:
         self.stream: DecisionStream | None = None
         #: the pieces of work under way (``None``: none)
         self._change: asyncio.Future[None] | None = None
+        #: the wake-up is among the callbacks of :attr:`_change` (it is awaited itself otherwise)
+        self._change_linked = False
         self._reading: asyncio.Task[Any] | None = None
         self._opening: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -176,8 +180,9 @@ class WatchDriver:
         self.decision_seconds: tuple[float, ...] = ()
         #: the reconnects of the stream held now that the history has heard of
         self._reconnects_noted = 0
-        #: the billed reply ids of the stream held now whose start the history has marked
-        self._billed_noted: set[str] = set()
+        #: the billed reply ids of the stream held now whose start the history has marked (made
+        #: with the first)
+        self._billed_noted: set[str] | None = None
 
     @property
     def dormant(self) -> bool:
@@ -205,12 +210,8 @@ class WatchDriver:
                     return action.verdict
                 await self._do(action)
             self._listen(loop)
-            waited = self._wake.wait()
-            if self._takes_decisions():
-                # on_change decisions, a failure, the stream's end (a read under way first)
-                self.stream.wake_on_decision(waited)  # type: ignore[union-attr]
             try:
-                await waited
+                await self._waited()
             finally:
                 if self._timer is not None:
                     self._timer.cancel()
@@ -224,12 +225,37 @@ class WatchDriver:
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait on the source when no read is under way, and on the watch's next time."""
         if self._reading is None and self._change is None:
-            change = self.source.changed()
-            change.add_done_callback(self._wake)
-            self._change = change
+            self._change = self.source.changed()
+            self._change_linked = False
         at = self.watch.next_wakeup(loop.time())
         if at is not None:
             self._timer = loop.call_at(at, self._wake)
+
+    def _waited(self) -> asyncio.Future[None]:
+        """What the driver awaits until something completes: the source's own future when the run
+        waits on nothing else (a dormant watch with no timer: no wake-up future of the driver's
+        is made for it), else the wake-up future that every piece of work completes."""
+        change = self._change
+        if change is not None and self._timer is None and self.stream is None and not self._under_way():
+            if self._change_linked:  # asked for while the run held a stream
+                change.remove_done_callback(self._wake)
+                self._change_linked = False
+            return change
+        if change is not None and not self._change_linked:
+            change.add_done_callback(self._wake)
+            self._change_linked = True
+        waited = self._wake.wait()
+        if self._takes_decisions():
+            # on_change decisions, a failure, the stream's end (a read under way first)
+            self.stream.wake_on_decision(waited)  # type: ignore[union-attr]
+        return waited
+
+    def _under_way(self) -> bool:
+        """Whether a piece of work besides the wait on the source is under way."""
+        return any(
+            task is not None
+            for task in (self._reading, self._opening, self._closing, self._deciding, self._checking)
+        )
 
     def _collect(self, now: float) -> None:
         """Feed what completed to the watch: the source first, then the rest."""
@@ -302,8 +328,11 @@ class WatchDriver:
         self._reconnects_noted = len(reconnects)
         usage = getattr(stream, "usage", None)
         reply_id = decision.reply_id
-        if usage is not None and reply_id in usage.reply_ids and reply_id not in self._billed_noted:
-            self._billed_noted.add(reply_id)
+        noted = self._billed_noted
+        if usage is not None and reply_id in usage.reply_ids and (noted is None or reply_id not in noted):
+            if noted is None:
+                noted = self._billed_noted = set()
+            noted.add(reply_id)
             took = (decision.queue_ms or 0.0) + (decision.decide_ms or 0.0)
             timeline.mark("billed_start", now - took / 1000, state_version=decision.state_version)
 
@@ -327,6 +356,7 @@ class WatchDriver:
         elif isinstance(action, Release):
             stream, self.stream = self.stream, None
             self._withdraw()
+            self._billed_noted = None  # its decisions are all taken
             if stream is not None:
                 stream.close_soon()  # the close frame goes out now; its slot comes back when it is done
                 self._closing = self._started(self.streams.close(stream))
@@ -344,13 +374,17 @@ class WatchDriver:
             self._withdraw()
 
     async def _open(self) -> None:
-        """Build the stream about the watch's state and enter it; what the source gives meanwhile
-        is sent into it (:class:`Send`), so it opens with the newest state."""
+        """Build the stream about the watch's state once its slot is near, and enter it; what the
+        source gives meanwhile is sent into it (:class:`Send`), or it is built with it, so it
+        opens with the newest state."""
         await self.streams.resolve_settings()
-        stream = self.stream = self.streams.build(self.watch.sent, **self.stream_kwargs)
-        self._reconnects_noted = 0
-        self._billed_noted.clear()
-        await self.streams.enter(stream)
+        async with self.streams.opening():
+            stream = self.stream = self.streams.build(
+                self.watch.sent, decision_mode=self.watch.decision_mode, **(self.stream_kwargs or {})
+            )
+            self._reconnects_noted = 0
+            self._billed_noted = None
+            await self.streams.enter(stream)
 
     def _on_offer(self) -> None:
         self._slot_wanted = True

@@ -111,6 +111,14 @@ class TriggerStream:
         self._settings = None
         self.reached = False
 
+    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A place among the streams being built and opened to this connection's gateway
+        (:meth:`StreamCapacity.opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.opening>`):
+        the next stream is built and entered in it, once its slot is near."""
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        return default_capacity().opening(self._settings.url if self._settings is not None else None)
+
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         """Build the next stream about ``state`` (``kwargs`` go to the hook's ``stream()``); it is
         :attr:`stream` from now on, entered with :meth:`enter`."""

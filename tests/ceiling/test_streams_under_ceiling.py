@@ -186,7 +186,7 @@ async def test_an_on_change_stream_refused_gives_its_connection_back_before_the_
     """on_change, the gateway retries a 429'd dispatch by itself and closes the stream with 1013 at
     the third refusal in a row: the stream does not wait for that, it gives the connection back
     (close 1000) and opens again on its turn, so a second process's spending never closes it."""
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
     async with _emulator(60, _Recording()) as emu:
         async with _stream(emu, 0, StreamCapacity(4), mode="on_change", state="mine\n") as mine:
             await asyncio.wait_for(mine.decide(), 10)  # the account's token of this second
@@ -236,6 +236,9 @@ class _OpenStream:
 
     async def resolve_settings(self) -> None:
         return None
+
+    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()  # the stream is open already
 
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         return self.stream

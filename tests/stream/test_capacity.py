@@ -204,3 +204,132 @@ async def test_try_acquire_takes_a_slot_only_when_one_is_free() -> None:
     assert waiter.done() and cap.in_use == 2  # the freed slot went to the waiter
     cap.release()
     assert cap.waiting == 0 and cap.try_acquire() and cap.in_use == 2
+
+
+# ---------------------------------------------------------------------- building streams
+
+
+async def _enter_opening(
+    capacity: StreamCapacity, origin: str | None, entered: list[str], name: str, release: asyncio.Event
+) -> None:
+    async with capacity.opening(origin):
+        entered.append(name)
+        await release.wait()
+
+
+async def test_at_most_twice_the_cap_of_streams_are_built_at_once_first_come_first_served() -> None:
+    capacity = StreamCapacity(2)
+    assert capacity.opening_room() == 4
+    entered: list[str] = []
+    gates = {f"s{i}": asyncio.Event() for i in range(7)}
+    tasks = [asyncio.create_task(_enter_opening(capacity, None, entered, n, g)) for n, g in gates.items()]
+    await _settle()
+    assert entered == ["s0", "s1", "s2", "s3"] and capacity.building == 4  # the rest wait
+    gates["s2"].set()  # one is open: its place goes to the oldest caller waiting
+    await _settle()
+    assert entered == ["s0", "s1", "s2", "s3", "s4"] and capacity.building == 4
+    for gate in gates.values():
+        gate.set()
+    await asyncio.gather(*tasks)
+    assert entered == [f"s{i}" for i in range(7)] and capacity.building == 0
+
+
+async def test_a_newcomer_does_not_build_before_callers_waiting_to() -> None:
+    capacity = StreamCapacity(1)
+    entered: list[str] = []
+    gates = {name: asyncio.Event() for name in ("a", "b", "c", "late")}
+    tasks = [
+        asyncio.create_task(_enter_opening(capacity, None, entered, n, gates[n])) for n in ("a", "b", "c")
+    ]
+    await _settle()
+    gates["a"].set()  # a's place is granted to c, whose task has not run yet ...
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(_enter_opening(capacity, None, entered, "late", gates["late"])))
+    await _settle()
+    assert entered == ["a", "b", "c"]  # ... and the newcomer queues behind it
+    for gate in gates.values():
+        gate.set()
+    await asyncio.gather(*tasks)
+    assert entered == ["a", "b", "c", "late"]
+
+
+async def test_the_places_of_one_gateway_never_hold_up_another() -> None:
+    capacity = StreamCapacity(2)
+    capacity.adopt_advertised(1, "ws://a")  # a's gateway says 1 stream: 2 places
+    entered: list[str] = []
+    hold = asyncio.Event()
+    tasks = [
+        asyncio.create_task(_enter_opening(capacity, "ws://a", entered, f"a{i}", hold)) for i in range(3)
+    ]
+    await _settle()
+    assert entered == ["a0", "a1"]  # a's two places are taken, a2 waits
+    other = asyncio.Event()
+    b = asyncio.create_task(_enter_opening(capacity, "ws://b", entered, "b0", other))
+    await _settle()
+    assert entered == ["a0", "a1", "b0"]  # another gateway builds at once
+    capacity.adopt_advertised(2, "ws://a")  # it says 2 again: 4 places
+    await _settle()
+    assert entered == ["a0", "a1", "b0", "a2"]
+    hold.set()
+    other.set()
+    await asyncio.gather(*tasks, b)
+    assert capacity.building == 0
+
+
+async def test_a_caller_cancelled_while_waiting_to_build_leaves_the_queue() -> None:
+    capacity = StreamCapacity(1)
+    entered: list[str] = []
+    hold = asyncio.Event()
+    first = [asyncio.create_task(_enter_opening(capacity, None, entered, n, hold)) for n in ("a", "b")]
+    waiting = asyncio.create_task(_enter_opening(capacity, None, entered, "gone", hold))
+    after = asyncio.create_task(_enter_opening(capacity, None, entered, "next", hold))
+    await _settle()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    hold.set()
+    await asyncio.gather(*first, after)
+    assert entered == ["a", "b", "next"] and capacity.building == 0
+
+
+async def test_a_place_granted_to_a_cancelled_caller_is_passed_on() -> None:
+    capacity = StreamCapacity(1)
+    entered: list[str] = []
+    hold, rest = asyncio.Event(), asyncio.Event()
+    first = [asyncio.create_task(_enter_opening(capacity, None, entered, n, hold)) for n in ("a", "b")]
+    granted = asyncio.create_task(_enter_opening(capacity, None, entered, "gone", rest))
+    after = asyncio.create_task(_enter_opening(capacity, None, entered, "next", rest))
+    await _settle()
+    hold.set()  # a and b are open: their places go to "gone" and "next" ...
+    await first[0]
+    granted.cancel()  # ... and "gone" is cancelled before its task resumes
+    with pytest.raises(asyncio.CancelledError):
+        await granted
+    await _settle()
+    assert "gone" not in entered and capacity.building == entered.count("next")
+    rest.set()
+    await asyncio.gather(first[1], after)
+    assert entered == ["a", "b", "next"] and capacity.building == 0
+
+
+async def test_a_caller_on_another_thread_and_loop_is_let_in() -> None:
+    capacity = StreamCapacity(1)
+    entered: list[str] = []
+    hold = asyncio.Event()
+    tasks = [asyncio.create_task(_enter_opening(capacity, None, entered, n, hold)) for n in ("a", "b")]
+    await _settle()
+
+    def other_loop() -> None:
+        async def build() -> None:
+            async with capacity.opening():
+                entered.append("thread")
+
+        asyncio.run(build())
+
+    thread = threading.Thread(target=other_loop)
+    thread.start()
+    assert await asyncio.to_thread(_wait_for, lambda: capacity.building == 2 and "thread" not in entered, 5)
+    hold.set()
+    await asyncio.gather(*tasks)
+    await asyncio.to_thread(thread.join, 10)
+    assert entered == ["a", "b", "thread"] and capacity.building == 0

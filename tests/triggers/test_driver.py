@@ -9,6 +9,7 @@ it never spins).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -120,6 +121,9 @@ class _Streams:
 
     async def resolve_settings(self) -> None:
         return None
+
+    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.capacity.opening()
 
     def build(self, state: Any, **kwargs: Any) -> _Stream:
         self.stream = _Stream(state, self.capacity)
