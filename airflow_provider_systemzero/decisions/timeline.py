@@ -29,13 +29,13 @@ A watch records with three calls::
                       state_key=digest, state_bytes=size, billed=True)
     timeline.mark("reconnect", time.time(), close_code=1012)
 
-Rows are kept as tuples of plain values, so a long history is a few objects for the collector.
+Rows are kept as tuples of plain values, so a long history is a few objects for the collector,
+and a short one costs what it holds (the lists grow with it; the condition is kept as its JSON text).
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -168,15 +168,19 @@ class DecisionTimeline:
     :param limit: the most decisions kept (and the most markers): the newest.
     """
 
-    __slots__ = ("_condition", "_decisions", "_markers", "capture_content")
+    __slots__ = ("_condition", "_decisions", "_limit", "_markers", "capture_content")
 
     def __init__(self, *, capture_content: bool = False, limit: int = HISTORY_LIMIT) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive number of decisions, got {limit!r}")
         self.capture_content = bool(capture_content)
-        self._condition: dict[str, Any] | None = None
-        self._decisions: deque[tuple[Any, ...]] = deque(maxlen=limit)
-        self._markers: deque[tuple[str, float, tuple[tuple[str, Any], ...]]] = deque(maxlen=limit)
+        self._limit = limit
+        #: the condition watched for, as compact JSON text (a copy: the caller's dict may change)
+        self._condition: str | None = None
+        #: the newest ``limit`` decisions and markers, oldest first
+        self._decisions: list[tuple[Any, ...]] = []
+        #: a marker is one flat tuple: ``(kind, at, name, value, name, value, …)``
+        self._markers: list[tuple[Any, ...]] = []
 
     # ------------------------------------------------------------------ recording
 
@@ -187,7 +191,7 @@ class DecisionTimeline:
         :param condition: :meth:`DecisionCondition.to_dict
             <airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict>`.
         """
-        self._condition = json.loads(json.dumps(dict(condition)))  # a copy, plain JSON
+        self._condition = compact_json(dict(condition))
 
     def decision(
         self,
@@ -219,7 +223,8 @@ class DecisionTimeline:
             raise ValueError(f"disposition must be one of {sorted(DISPOSITIONS)}, got {disposition!r}")
         answer = decision.answers.get(question)
         preview = state_tail(state) if self.capture_content and state is not None else None
-        self._decisions.append(
+        self._keep(
+            self._decisions,
             (
                 float(at),
                 question,
@@ -234,7 +239,7 @@ class DecisionTimeline:
                 bool(current),
                 disposition,
                 preview,
-            )
+            ),
         )
 
     def settle(self, decision: DecisionResult, disposition: str) -> bool:
@@ -266,7 +271,16 @@ class DecisionTimeline:
         """
         if kind not in MARKS:
             raise ValueError(f"a marker's kind must be one of {sorted(MARKS)}, got {kind!r}")
-        self._markers.append((kind, float(at), tuple((key, _scalar(value)) for key, value in fields.items())))
+        self._keep(
+            self._markers,
+            (kind, float(at), *(item for key, value in fields.items() for item in (key, _scalar(value)))),
+        )
+
+    def _keep(self, rows: list[Any], row: Any) -> None:
+        """Append ``row``; the oldest goes once ``rows`` holds more than the limit."""
+        rows.append(row)
+        if len(rows) > self._limit:
+            del rows[0]
 
     def restart(self) -> None:
         """Start the next story (an asset watcher after each event): the decisions and markers go,
@@ -283,7 +297,7 @@ class DecisionTimeline:
     @property
     def limit(self) -> int:
         """The most decisions (and markers) held."""
-        return self._decisions.maxlen or HISTORY_LIMIT
+        return self._limit
 
     def to_list(self) -> list[dict[str, Any]]:
         """Plain JSON rows, oldest first: the condition (when known), then the decisions and the
@@ -296,11 +310,12 @@ class DecisionTimeline:
             if row["state"] is None:
                 del row["state"]
             rows.append((row["at"], order, {"kind": "decision", **row, "at": iso_time(row["at"])}))
-        for order, (kind, at, fields) in enumerate(self._markers, start=len(rows)):
+        for order, (kind, at, *fields) in enumerate(self._markers, start=len(rows)):
             if oldest is None or at >= oldest:
-                rows.append((at, order, {"kind": kind, "at": iso_time(at), **dict(fields)}))
+                details = dict(zip(fields[::2], fields[1::2], strict=True))
+                rows.append((at, order, {"kind": kind, "at": iso_time(at), **details}))
         rows.sort(key=lambda item: (item[0], item[1]))
-        head = [{"kind": "condition", **self._condition}] if self._condition is not None else []
+        head = [{"kind": "condition", **json.loads(self._condition)}] if self._condition is not None else []
         return head + [row for _, _, row in rows]
 
     @classmethod
@@ -321,7 +336,7 @@ class DecisionTimeline:
                 raise ValueError(f"{where} must be an object with a 'kind', got {row!r}")
             kind = row["kind"]
             if kind == "condition":
-                timeline._condition = {key: value for key, value in row.items() if key != "kind"}
+                timeline.watching({key: value for key, value in row.items() if key != "kind"})
                 continue
             at = _epoch(row.get("at"), where)
             if kind == "decision":
@@ -329,12 +344,15 @@ class DecisionTimeline:
                 values["current"] = row.get("current", True) is not False
                 if values["disposition"] not in DISPOSITIONS:
                     raise ValueError(f"{where}.disposition {values['disposition']!r} is not a disposition")
-                timeline._decisions.append(tuple(values[name] for name in _DECISION_FIELDS))
+                timeline._keep(timeline._decisions, tuple(values[name] for name in _DECISION_FIELDS))
             else:
-                fields = tuple(
-                    (key, _scalar(value)) for key, value in row.items() if key not in ("kind", "at")
+                fields = (
+                    item
+                    for key, value in row.items()
+                    if key not in ("kind", "at")
+                    for item in (key, _scalar(value))
                 )
-                timeline._markers.append((kind, at, fields))
+                timeline._keep(timeline._markers, (kind, at, *fields))
         return timeline
 
 
