@@ -96,7 +96,7 @@ class CallableSource(StateSource):
         self._push = inspect.isasyncgenfunction(function)
         self._sync = not self._push and not inspect.iscoroutinefunction(function)
         #: the sync function's calls: a thread of their own, one at a time, ``timeout`` each
-        self._calls = UserCall(f"the source {self._name}()", timeout)
+        self._calls = UserCall(f"the source {self._name}()", timeout) if self._sync else None
         self._failures = 0
         #: the newest value read (a copy of the source's own)
         self._last: Any = None
@@ -104,6 +104,8 @@ class CallableSource(StateSource):
         #: a push source: its generator, and the read of its next value (a task of the source's)
         self._generator: AsyncIterator[Any] | None = None
         self._pending: asyncio.Future[Any] | None = None
+        #: a push source: what :meth:`changed` returned, until the read ahead completes it
+        self._changed: asyncio.Future[None] | None = None
         #: the generator returned: the state stays as it was last yielded
         self._ended = False
 
@@ -169,13 +171,6 @@ class CallableSource(StateSource):
 
     # ---------------------------------------------------------------- a push source
 
-    def _live(self) -> AsyncIterator[Any] | None:
-        """The generator, unless it finished (or none was made yet)."""
-        generator = self._generator
-        if generator is not None and generator.ag_frame is None:  # type: ignore[attr-defined]
-            self._generator = generator = None
-        return generator
-
     def _read_ahead(self) -> asyncio.Future[Any]:
         """The generator's next value, read by a task of the source's own (the function is called
         first when there is no live generator; a call that raises is a read that failed)."""
@@ -183,7 +178,9 @@ class CallableSource(StateSource):
         if pending is None:
             loop = asyncio.get_running_loop()
             try:
-                generator = self._live()
+                # a generator that raised was dropped (:meth:`_drop_generator`); one that returned
+                # ended the source: the one held now is live
+                generator = self._generator
                 if generator is None:
                     generator = self._generator = self.function(**self.kwargs)
                 pending = loop.create_task(anext(generator))  # type: ignore[arg-type]
@@ -244,28 +241,32 @@ class CallableSource(StateSource):
             await self._pushed(wait=not self._has_last)
             return self._last
         if self._sync:
-            return self._keep(await self._value(lambda: self._calls(self.function, **self.kwargs)))
+            calls = self._calls
+            assert calls is not None
+            return self._keep(await self._value(lambda: calls(self.function, **self.kwargs)))
         return self._keep(await self._value(lambda: self.function(**self.kwargs)))
 
     def changed(self) -> asyncio.Future[None]:
         """A push source: a future that completes when its generator yielded (never once it ended);
         it waits on the read ahead without owning it, so cancelling it never reaches the author's
-        generator. Otherwise the next poll."""
+        generator. Until it completes, every call returns the same future (the one reader, the
+        trigger's driver, asks once per wait); once cancelled, the next call makes a new one.
+        Otherwise the next poll."""
         if not self._push:
             return after(self.poll_interval)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        if self._ended:
-            return future  # the state stays as it is
-        pending = self._read_ahead()
-
-        def done(_: Any) -> None:
-            if not future.done():
-                future.set_result(None)
-
-        pending.add_done_callback(done)
-        future.add_done_callback(lambda _: pending.remove_done_callback(done))
+        future = self._changed
+        if future is not None and not future.done():
+            return future
+        future = self._changed = asyncio.get_running_loop().create_future()
+        if not self._ended:  # once it ended, the state stays as it is
+            self._read_ahead().add_done_callback(self._yielded)
         return future
+
+    def _yielded(self, _: asyncio.Future[Any]) -> None:
+        """The read ahead completed: what :meth:`changed` returned completes."""
+        future, self._changed = self._changed, None
+        if future is not None and not future.done():
+            future.set_result(None)
 
     def read_now(self) -> Any:
         """One call, in the calling thread (an ``async def`` function in an event loop of its own),
