@@ -167,8 +167,8 @@ class SystemZeroDecisionTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Watch the source and yield one event: the verdict of a current decision, a timeout, or
         an error (the event goes out before the stream's close handshake)."""
-        streams, extra = self._stream, self._extra()
-        payload = streams.late(extra, "the sensor's deadline passed before the trigger started")
+        streams = self._stream  # the fields every event carries are made when one is (not held meanwhile)
+        payload = streams.late(self._extra(), "the sensor's deadline passed before the trigger started")
         rules: DecisionWatch | None = None
         if payload is None:
             scope = streams.deadline_scope()
@@ -188,11 +188,11 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                     ).to_payload()
             except TimeoutError as exc:
                 if not scope.expired():
-                    payload = self._failure(exc, extra)
+                    payload = self._failure(exc, self._extra())
                 else:
-                    payload = self._timed_out(rules, extra)
+                    payload = self._timed_out(rules, self._extra())
             except Exception as exc:
-                payload = self._failure(exc, extra)
+                payload = self._failure(exc, self._extra())
             except BaseException:  # cancelled: no event
                 await self.cleanup()
                 raise

@@ -118,7 +118,7 @@ def start_watch(
         timeline=rules.timeline,
         question=rules.condition.question,
     )
-    stream_kwargs = {} if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
+    stream_kwargs = None if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
     trigger._driver = driver = WatchDriver(
         watch, source, trigger._stream, stream_kwargs=stream_kwargs, relevance=relevance
     )
