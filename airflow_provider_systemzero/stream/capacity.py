@@ -236,16 +236,7 @@ class StreamCapacity:
                     len(self._waiters),
                 )
                 self._ask_locked()
-        try:
-            await waiter.future
-        except BaseException:
-            with self._lock:
-                granted = waiter.granted
-                if not granted:
-                    self._waiters.remove(waiter)
-            if granted:
-                self.release(origin)
-            raise
+        await self._granted(waiter, lambda: self._waiters.remove(waiter), lambda: self.release(origin))
 
     def try_acquire(self, origin: str | None = None) -> bool:
         """Take a slot if one is free and nobody waits for one, without waiting.
@@ -319,22 +310,34 @@ class StreamCapacity:
                     len(queue),
                 )
         if waiter is not None:
-            try:
-                await waiter.future
-            except BaseException:
-                with self._lock:
-                    granted = waiter.granted
-                    if not granted:
-                        queue.remove(waiter)
-                        if not queue:
-                            del self._openers[key]
-                if granted:
-                    self._leave_opening(key)
-                raise
+            await self._granted(waiter, lambda: self._leave_openers(waiter), lambda: self._leave_opening(key))
         try:
             yield
         finally:
             self._leave_opening(key)
+
+    async def _granted(
+        self, waiter: _Waiter, leave: Callable[[], object], give_back: Callable[[], None]
+    ) -> None:
+        """Wait until ``waiter`` is granted what it queued for. Cancelled meanwhile, it leaves its
+        queue (``leave``, under the lock); granted at that very moment, it gives what it got back
+        (``give_back``), so that it goes to the next in line and is never lost."""
+        try:
+            await waiter.future
+        except BaseException:
+            with self._lock:
+                granted = waiter.granted
+                if not granted:
+                    leave()
+            if granted:
+                give_back()
+            raise
+
+    def _leave_openers(self, waiter: _Waiter) -> None:
+        queue = self._openers[waiter.origin]
+        queue.remove(waiter)
+        if not queue:
+            del self._openers[waiter.origin]
 
     def _leave_opening(self, key: str) -> None:
         with self._lock:
