@@ -126,6 +126,11 @@ class StreamCapacity:
         return sum(self._opening.values())
 
     @property
+    def waiting_to_build(self) -> int:
+        """Callers queued for a place of :meth:`opening`."""
+        return sum(len(queue) for queue in self._openers.values())
+
+    @property
     def offered(self) -> int:
         """Idle holders that offered their slot and have not been asked for it yet."""
         return len(self._offers)

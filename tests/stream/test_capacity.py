@@ -225,6 +225,7 @@ async def test_at_most_twice_the_cap_of_streams_are_built_at_once_first_come_fir
     tasks = [asyncio.create_task(_enter_opening(capacity, None, entered, n, g)) for n, g in gates.items()]
     await _settle()
     assert entered == ["s0", "s1", "s2", "s3"] and capacity.building == 4  # the rest wait
+    assert capacity.waiting_to_build == 3
     gates["s2"].set()  # one is open: its place goes to the oldest caller waiting
     await _settle()
     assert entered == ["s0", "s1", "s2", "s3", "s4"] and capacity.building == 4
@@ -289,7 +290,7 @@ async def test_a_caller_cancelled_while_waiting_to_build_leaves_the_queue() -> N
         await waiting
     hold.set()
     await asyncio.gather(*first, after)
-    assert entered == ["a", "b", "next"] and capacity.building == 0
+    assert entered == ["a", "b", "next"] and capacity.building == capacity.waiting_to_build == 0
 
 
 async def test_a_place_granted_to_a_cancelled_caller_is_passed_on() -> None:

@@ -298,9 +298,14 @@ def _provider_timers() -> list[asyncio.TimerHandle]:
     ]
 
 
+async def _building(capacity: StreamCapacity) -> None:
+    async with capacity.opening():
+        await asyncio.get_running_loop().create_future()  # until cancelled
+
+
 #: What a random run does, step by step.
 _STEPS = st.lists(
-    st.sampled_from(["change", "met", "unmet", "stale", "waiter", "release", "pause"]),
+    st.sampled_from(["change", "met", "unmet", "stale", "waiter", "builder", "release", "pause"]),
     max_size=25,
 )
 
@@ -330,6 +335,8 @@ def test_after_aclose_nothing_of_the_run_is_left_and_no_input_spins_the_driver(
                 stream.deliver(_decision(step == "met", version=version))
             elif step == "waiter":
                 others.append(asyncio.ensure_future(capacity.acquire()))
+            elif step == "builder":  # another trigger building its stream: it holds a place
+                others.append(asyncio.ensure_future(_building(capacity)))
             elif step == "release" and capacity.in_use:
                 capacity.release()
             turns_before = driver.turns
@@ -349,6 +356,7 @@ def test_after_aclose_nothing_of_the_run_is_left_and_no_input_spins_the_driver(
         assert all(w.done() for w in source.waiters)
         assert _provider_timers() == []
         assert driver._offer is None
+        assert capacity.building == capacity.waiting_to_build == 0  # no place held or queued for
 
     asyncio.run(run())
 
