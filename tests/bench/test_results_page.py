@@ -36,6 +36,11 @@ def _commit(document: dict[str, Any], scenario: str) -> str:
     return str(kept["commit"] if kept else document["machine"]["commit"])
 
 
+def _date(document: dict[str, Any], scenario: str) -> str:
+    kept = document.get("kept_from", {}).get(scenario)
+    return str((kept or document)["started_at"])[:10]
+
+
 def _section(heading: str) -> tuple[dict[str, Any], str]:
     """The results, and the part of the first screen under ``heading``."""
     return _results(), _first_screen().split(heading, 1)[1].split("\n### ", 1)[0]
@@ -73,7 +78,7 @@ def test_the_triggerer_figures_are_the_runs_of_record() -> None:
     assert density["n"] == 1000
     assert f"| {density['max_sockets_open']}, the gateway's cap per process" in section
     assert f"| {density['startup_s']:.1f} s |" in section
-    assert f"2026-12-04 at commit `{_commit(document, 'waiting')}`" in section
+    assert f"{_date(document, 'waiting')} at commit `{_commit(document, 'waiting')}`" in section
     assert f"`{_commit(document, 'density')}` (scenario 2)" in section
 
 
