@@ -217,13 +217,13 @@ async def test_a_stream_waiting_for_its_turn_gives_its_socket_to_one_whose_turn_
     turn, on a new connection."""
     caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
     decider = _Recording()
-    async with _emulator(20, decider, burst=1) as emu, contextlib.AsyncExitStack() as stack:
+    async with _emulator(20, decider, burst=2) as emu, contextlib.AsyncExitStack() as stack:
         capacity = StreamCapacity(1)
         holder = await stack.enter_async_context(_stream(emu, 0, capacity, mode="on_change"))
-        await asyncio.wait_for(holder.decide(), 10)  # the account's one token; it holds the socket
+        await asyncio.wait_for(holder.decide(), 10)  # it holds the socket
         starts = decision_starts(emu.url, KEY)
         waiter = _stream(emu, 1, capacity, mode="on_change")
-        entering = _entering(stack, waiter)  # its next token is 3 s away
+        entering = _entering(stack, waiter)  # the mirror keeps half a token: its turn is 1.5 s away
         await _until(lambda: starts.queue.is_waiting(waiter), 10, "the second stream waits for its turn")
         assert capacity.waiting == 0  # for its turn, not for a socket
         await holder.append_text("more\n")  # its next start waits for its turn too, behind the other
