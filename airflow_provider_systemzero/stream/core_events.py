@@ -138,8 +138,8 @@ class CoreEvents:
         #: on_change: the turn the run loop waits for before it opens a connection (made by
         #: :meth:`turn_to_open` while it waits, resolved when the account's decision starts grant it).
         self.opening_turn: asyncio.Future[None] | None = None
-        #: on_change: the offer of this connection's slot while its next start waits for its turn
-        #: (made by :meth:`admit`, withdrawn when the turn comes or the connection ends).
+        #: The offer of this connection's slot while its next start waits for its turn (made by
+        #: :meth:`admit`, withdrawn when the turn comes or the connection ends).
         self._slot_offer: SlotOffer | None = None
 
     def new_connection(self) -> ConnectionFacts:
@@ -319,11 +319,11 @@ class CoreEvents:
         return True
 
     def _slot_while_waiting(self) -> None:
-        """on_change: this connection had its decision and its next start waits for its turn. Its
-        slot of ``max_streams_per_process`` goes to a stream waiting for one — now, or as soon as
-        one waits (an offer): a stream whose turn came and that waits for a socket is first in
-        line, so a socket kept by a stream that waits for its own turn would leave every start of
-        the process stalled until the queue's order reached it."""
+        """This connection had its decision and its next start waits for its turn: its slot of
+        ``max_streams_per_process`` goes to a stream waiting for one — now, or as soon as one
+        waits (an offer). An on_change stream whose turn came and that waits for a socket is first
+        in line, so a socket kept by a stream that waits for its own turn would leave every start
+        of the process stalled until the queue's order reached it."""
         facts = self.facts
         if not (facts.decided and facts.open):
             return
@@ -338,8 +338,9 @@ class CoreEvents:
         facts = self.facts
         if self._slot_offer is not None and facts.open and not facts.release:
             log.info(
-                "a stream whose decision start came waits for a socket while this one waits for its "
-                "turn: the connection is given back, and the newest state is decided on a new one"
+                "another stream waits for a socket while this one waits for its turn under the "
+                "account's decision ceiling: the connection is given back, and the newest state is "
+                "decided on a new one"
             )
             facts.release = True
             self._kick()
