@@ -239,6 +239,7 @@ async def test_a_stream_waiting_for_its_turn_gives_its_socket_to_one_whose_turn_
         stats = emu.stats
         assert stats.decision_starts_refused == 0 and stats.closes_by_code.get(1013, 0) == 0
         assert [key for key, _, _ in decider.decided] == ["ceiling-0", "ceiling-1", "ceiling-0"]
+        assert capacity.offered == 0  # no offer of a socket is left behind
 
 
 async def _spend(emu: Emulator, state: str) -> dict[str, Any]:
@@ -268,7 +269,7 @@ async def test_an_on_change_stream_refused_gives_its_connection_back_before_the_
     """on_change, the gateway retries a 429'd dispatch by itself and closes the stream with 1013 at
     the third refusal in a row: the stream does not wait for that, it gives the connection back
     (close 1000) and opens again on its turn, so a second process's spending never closes it."""
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.decision_stream")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
     async with _emulator(60, _Recording()) as emu:
         async with _stream(emu, 0, StreamCapacity(4), mode="on_change", state="mine\n") as mine:
             await asyncio.wait_for(mine.decide(), 10)  # the account's token of this second
