@@ -47,7 +47,7 @@ from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, 
 from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
-from airflow_provider_systemzero.stream.capacity import StreamCapacity
+from airflow_provider_systemzero.stream.capacity import SlotOffer, StreamCapacity
 from airflow_provider_systemzero.stream.delivery import DecisionDelivery, decision_error
 from airflow_provider_systemzero.stream.exceptions import BudgetExceeded, StreamRejected
 from airflow_provider_systemzero.stream.life import StreamLife, StreamView
@@ -138,6 +138,9 @@ class CoreEvents:
         #: on_change: the turn the run loop waits for before it opens a connection (made by
         #: :meth:`turn_to_open` while it waits, resolved when the account's decision starts grant it).
         self.opening_turn: asyncio.Future[None] | None = None
+        #: The offer of this connection's slot while its next start waits for its turn (made by
+        #: :meth:`admit`, withdrawn when the turn comes or the connection ends).
+        self._slot_offer: SlotOffer | None = None
 
     def new_connection(self) -> ConnectionFacts:
         """A connection attempt begins: its facts start empty."""
@@ -307,15 +310,44 @@ class CoreEvents:
                     starts.start_sent(self._holder(), session.generation)
                 self._opening_counted = False
             elif not starts.may_start(self._holder(), session.generation, self.ask_again):
-                facts = self.facts
-                if facts.decided and self._capacity.waiting and facts.open:
-                    facts.release = True  # had its turn: its slot goes to a stream waiting for one
+                self._slot_while_waiting()
                 return False  # its turn under the account's decision ceiling comes: ask_again
         refused = self._accounting.admit(message, session.desired_body_bytes())
         if refused is not None:
             self._budget_exceeded(refused)
             return False
         return True
+
+    def _slot_while_waiting(self) -> None:
+        """This connection had its decision and its next start waits for its turn: its slot of
+        ``max_streams_per_process`` goes to a stream waiting for one — now, or as soon as one
+        waits (an offer). An on_change stream whose turn came and that waits for a socket is first
+        in line, so a socket kept by a stream that waits for its own turn would leave every start
+        of the process stalled until the queue's order reached it."""
+        facts = self.facts
+        if not (facts.decided and facts.open):
+            return
+        if self._capacity.waiting:
+            facts.release = True  # had its turn: its slot goes to a stream waiting for one
+        elif self._slot_offer is None:
+            self._slot_offer = self._capacity.offer(self._slot_wanted)
+
+    def _slot_wanted(self) -> None:
+        """A stream waits for a slot while this one waits for its turn: the connection is given
+        back (the next one opens when the turn comes)."""
+        facts = self.facts
+        if self._slot_offer is not None and facts.open and not facts.release:
+            log.info(
+                "another stream waits for a socket while this one waits for its turn under the "
+                "account's decision ceiling: the connection is given back, and the newest state is "
+                "decided on a new one"
+            )
+            facts.release = True
+            self._kick()
+
+    def _withdraw_slot_offer(self) -> None:
+        offer, self._slot_offer = self._slot_offer, None
+        self._capacity.withdraw(offer)
 
     def _starts_a_decision(self, message: ClientMessage) -> bool:
         """Whether ``message`` may make the gateway start a decision, so it spends a start of the
@@ -374,6 +406,7 @@ class CoreEvents:
     def ask_again(self) -> None:
         """Let the session ask for its decision start again: its turn came (it starts on its newest
         state), or a new connection asks anew."""
+        self._withdraw_slot_offer()  # its turn came (it keeps its socket), or the connection ended
         if self.refused is None:
             self._stream.session.dispatch_held = False
             self._kick()
@@ -465,6 +498,7 @@ class CoreEvents:
 
     def withdraw_start(self) -> None:
         """The stream closes: it wants no decision start any more."""
+        self._withdraw_slot_offer()
         if self.starts is not None:
             self.starts.withdraw(self._holder())
 

@@ -61,6 +61,23 @@ async def _until(condition: Any, within: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def _entering(stack: contextlib.AsyncExitStack, stream: DecisionStream) -> asyncio.Future[DecisionStream]:
+    """Enter ``stream`` in the background (entering waits until its connection is open); the stack
+    closes it."""
+    entering = asyncio.ensure_future(stream.__aenter__())
+
+    async def leave() -> None:
+        if entering.done() and not entering.cancelled() and entering.exception() is None:
+            await stream.aclose()
+        else:
+            entering.cancel()
+            with contextlib.suppress(BaseException):
+                await entering
+
+    stack.push_async_callback(leave)
+    return entering
+
+
 def _emulator(ceiling_per_minute: int, decider: Any, burst: int = 2) -> Emulator:
     """An emulator whose account starts ``burst`` decisions at once and ``ceiling_per_minute`` a
     minute (advertised in ``hello``: they are not the published ones)."""
@@ -157,6 +174,72 @@ async def test_on_change_streams_wait_for_their_turn_before_they_connect() -> No
         assert decision_starts(emu.url, KEY).queue.rate_limited == 0
         # two at once, then one every quarter of a second
         assert time.monotonic() - starts_at >= (12 - 2) * 0.25 * 0.9
+
+
+async def test_a_turn_that_finds_every_socket_held_waits_first_in_line_for_one() -> None:
+    """on_change: a stream's turn comes while every socket of ``max_streams_per_process`` is held.
+    It gives the turn back and waits for a socket first in line: a decide asked meanwhile by
+    another stream of the process goes after it. Once a socket is free its ``start`` goes out, and
+    the gateway refuses nothing."""
+    decider = _Recording()
+    async with _emulator(20, decider, burst=2) as emu, contextlib.AsyncExitStack() as stack:
+        capacity = StreamCapacity(1)
+        holder = await stack.enter_async_context(_stream(emu, 0, capacity, mode="on_change"))
+        await asyncio.wait_for(holder.decide(), 10)  # it holds the one socket
+        starts = decision_starts(emu.url, KEY)
+        waiter = _stream(emu, 1, capacity, mode="on_change")
+        entering = _entering(stack, waiter)
+        await _until(lambda: capacity.waiting == 1, 10, "the stream whose turn came waits for a socket")
+        assert starts.queue.is_waiting(waiter) and not waiter.connected
+        # another stream (sockets of its own) asks for a decision while the first waits for a socket
+        other = await stack.enter_async_context(_stream(emu, 2, StreamCapacity(4)))
+        asked = asyncio.ensure_future(other.decide())
+        await _until(lambda: starts.queue.is_waiting(other), 10, "the other stream's decide queued")
+        await holder.release()  # the socket is free
+        await asyncio.wait_for(entering, 10)
+        decision = await asyncio.wait_for(waiter.decide(), 10)
+        assert decision.state_version == 1
+        await asyncio.wait_for(asked, 10)
+        assert [key for key, _, _ in decider.decided] == ["ceiling-0", "ceiling-1", "ceiling-2"]
+        stats = emu.stats
+        assert stats.decision_starts_refused == 0 and stats.closes_by_code.get(1013, 0) == 0
+        assert starts.queue.rate_limited == 0
+
+
+async def test_a_stream_waiting_for_its_turn_gives_its_socket_to_one_whose_turn_came(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """on_change: a stream had its decision and holds the one socket; its next change waits for
+    its turn behind a stream that waits without a socket. When that stream's turn comes, it finds
+    no socket and waits first in line; the holder, still waiting for its own turn, gives its
+    connection back, so the first in line starts — instead of both waiting for the other until
+    the gateway's idle timeout closes the holder. The holder's newest state is decided on its own
+    turn, on a new connection."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
+    decider = _Recording()
+    async with _emulator(20, decider, burst=2) as emu, contextlib.AsyncExitStack() as stack:
+        capacity = StreamCapacity(1)
+        holder = await stack.enter_async_context(_stream(emu, 0, capacity, mode="on_change"))
+        await asyncio.wait_for(holder.decide(), 10)  # it holds the socket
+        starts = decision_starts(emu.url, KEY)
+        waiter = _stream(emu, 1, capacity, mode="on_change")
+        entering = _entering(stack, waiter)  # the mirror keeps half a token: its turn is 1.5 s away
+        await _until(lambda: starts.queue.is_waiting(waiter), 10, "the second stream waits for its turn")
+        assert capacity.waiting == 0  # for its turn, not for a socket
+        await holder.append_text("more\n")  # its next start waits for its turn too, behind the other
+        await _until(lambda: starts.queue.is_waiting(holder), 10, "the holder's change waits for its turn")
+        assert holder.connected
+        await asyncio.wait_for(entering, 10)  # the gateway's idle timeout is 30 s
+        decision = await asyncio.wait_for(waiter.decide(), 10)
+        assert decision.state_version == 1
+        assert any("the connection is given back" in r.message for r in caplog.records)
+        await waiter.release()  # the socket is free for the holder's turn
+        newest = await asyncio.wait_for(holder.decide(), 10)
+        assert newest.state_version == holder.state_version and holder.state.endswith("more\n")
+        stats = emu.stats
+        assert stats.decision_starts_refused == 0 and stats.closes_by_code.get(1013, 0) == 0
+        assert [key for key, _, _ in decider.decided] == ["ceiling-0", "ceiling-1", "ceiling-0"]
+        assert capacity.offered == 0  # no offer of a socket is left behind
 
 
 async def _spend(emu: Emulator, state: str) -> dict[str, Any]:
