@@ -124,6 +124,20 @@ async def amask_secret(secret: Any) -> None:
     await mask(secret)
 
 
+def supervisor_comms() -> Any:
+    """The running task's (or trigger runner's) channel to its supervisor, ``None`` outside one.
+
+    The Task SDK keeps it as ``airflow.sdk.execution_time.task_runner.SUPERVISOR_COMMS``, which
+    no public API exposes; this is the one place the provider reads it. Under ``dag.test()`` it
+    is the in-process supervisor's comms, which cannot be awaited (no ``asend``).
+    """
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # pragma: no cover - always present in Airflow 3
+        return None
+    return getattr(task_runner, "SUPERVISOR_COMMS", None)
+
+
 #: The first Airflow release whose providers manager reads ``conn-fields`` from provider info.
 AIRFLOW_CONN_FIELDS = (3, 2)
 #: The first Airflow release with the ``awaiting_input`` task state (``TaskAwaitingInput``).

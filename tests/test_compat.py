@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 from datetime import UTC
 from importlib import metadata
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -369,3 +370,22 @@ def test_the_metrics_module_is_taken_from_its_current_home_without_a_deprecation
     if current_home:
         assert home == "airflow.sdk.observability.stats"
         assert old_loaded == "False" and warned == "0"
+
+
+def test_the_supervisor_comms_are_read_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.execution_time import task_runner
+
+    from airflow_provider_systemzero.hooks.systemzero import _supervisor_comms_lack_async_send
+
+    monkeypatch.delattr(task_runner, "SUPERVISOR_COMMS", raising=False)
+    assert compat.supervisor_comms() is None and not _supervisor_comms_lack_async_send()
+    in_process = object()  # dag.test()'s comms: no asend
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", in_process, raising=False)
+    assert compat.supervisor_comms() is in_process and _supervisor_comms_lack_async_send()
+    source = (Path(compat.__file__).parent).rglob("*.py")
+    readers = sorted(
+        str(path.relative_to(Path(compat.__file__).parent))
+        for path in source
+        if 'getattr(task_runner, "SUPERVISOR_COMMS"' in path.read_text(encoding="utf-8")
+    )
+    assert readers == ["compat.py"]

@@ -159,11 +159,9 @@ def _text(value: Any, *, field: str, conn_id: str) -> str | None:
 
 def _supervisor_comms_lack_async_send() -> bool:
     """Whether the task's supervisor comms exist but cannot be awaited (``dag.test()``'s in-process ones)."""
-    try:
-        from airflow.sdk.execution_time import task_runner
-    except ImportError:  # pragma: no cover - always present in Airflow 3.3
-        return False
-    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+    from airflow_provider_systemzero.compat import supervisor_comms
+
+    comms = supervisor_comms()
     return comms is not None and not hasattr(comms, "asend")
 
 
@@ -171,11 +169,9 @@ def _outside_a_task() -> bool:
     """Whether this process reads connections as Airflow 3's fallback does: no task's (or trigger's)
     supervisor comms and no server context, so environment variables and secrets backends only,
     never the metadata DB (``airflow.sdk.execution_time.supervisor.ensure_secrets_backend_loaded``)."""
-    try:
-        from airflow.sdk.execution_time import task_runner
-    except ImportError:  # pragma: no cover - always present in Airflow 3
-        return False
-    if getattr(task_runner, "SUPERVISOR_COMMS", None) is not None:
+    from airflow_provider_systemzero.compat import supervisor_comms
+
+    if supervisor_comms() is not None:
         return False
     return os.environ.get("_AIRFLOW_PROCESS_CONTEXT") not in ("server", "client")
 

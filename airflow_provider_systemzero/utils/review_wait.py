@@ -17,10 +17,12 @@ Its event also carries what the task resumes with (``resume``: the reviewed gate
 verdict). A triggerer hands the task both its deferral's kwargs and the event, but ``dag.test()``
 resumes a deferred task with the event alone.
 
-The shortcut reads private parts of the Task SDK (``task_runner.SUPERVISOR_COMMS``, the in-process
-comms' ``supervisor.client.hitl``); :func:`in_process_review_comms` is the one place that does,
-and it is checked against the installed release: it applies only where ``awaiting_input`` is
-missing (3.1, 3.2) and only to ``InProcessSupervisorComms``.
+The shortcut reads private parts of the Task SDK (the supervisor comms, read through
+:func:`~airflow_provider_systemzero.compat.supervisor_comms`, and the in-process comms'
+``supervisor.client.hitl``) and swaps ``task_runner.SUPERVISOR_COMMS`` while a review waits;
+:func:`in_process_review_comms` is the one place that does, and it is checked against the
+installed release: it applies only where ``awaiting_input`` is missing (3.1, 3.2) and only to
+``InProcessSupervisorComms``.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def in_process_review_comms() -> Iterator[bool]:
     """While it is entered, a review's requests are answered under ``dag.test()``'s in-process
     supervisor of Airflow 3.1 / 3.2; yields whether the shortcut applies (``False``: nothing changed).
     """
-    from airflow_provider_systemzero.compat import has_awaiting_input
+    from airflow_provider_systemzero.compat import has_awaiting_input, supervisor_comms
 
     if has_awaiting_input():  # 3.3+: a review never defers to a trigger
         yield False
@@ -81,7 +83,7 @@ def in_process_review_comms() -> Iterator[bool]:
     except ImportError:
         yield False
         return
-    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+    comms = supervisor_comms()
     hitl = getattr(getattr(getattr(comms, "supervisor", None), "client", None), "hitl", None)
     if not isinstance(comms, InProcessSupervisorComms) or hitl is None:
         yield False
@@ -91,7 +93,7 @@ def in_process_review_comms() -> Iterator[bool]:
     try:
         yield True
     finally:
-        if getattr(task_runner, "SUPERVISOR_COMMS", None) is wrapper:
+        if supervisor_comms() is wrapper:
             task_runner.SUPERVISOR_COMMS = comms
 
 
