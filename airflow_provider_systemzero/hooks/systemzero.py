@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_systemzero.compat import AirflowFailException
+from airflow_provider_systemzero.compat import AirflowFailException, supervisor_comms
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.durations import is_seconds, parse_seconds
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
@@ -159,8 +159,6 @@ def _text(value: Any, *, field: str, conn_id: str) -> str | None:
 
 def _supervisor_comms_lack_async_send() -> bool:
     """Whether the task's supervisor comms exist but cannot be awaited (``dag.test()``'s in-process ones)."""
-    from airflow_provider_systemzero.compat import supervisor_comms
-
     comms = supervisor_comms()
     return comms is not None and not hasattr(comms, "asend")
 
@@ -169,8 +167,6 @@ def _outside_a_task() -> bool:
     """Whether this process reads connections as Airflow 3's fallback does: no task's (or trigger's)
     supervisor comms and no server context, so environment variables and secrets backends only,
     never the metadata DB (``airflow.sdk.execution_time.supervisor.ensure_secrets_backend_loaded``)."""
-    from airflow_provider_systemzero.compat import supervisor_comms
-
     if supervisor_comms() is not None:
         return False
     return os.environ.get("_AIRFLOW_PROCESS_CONTEXT") not in ("server", "client")

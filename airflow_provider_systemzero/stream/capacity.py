@@ -301,7 +301,7 @@ class StreamCapacity:
         key = origin or ""
         with self._lock:
             if key not in self._openers and self._opening.get(key, 0) < self.opening_room(key):
-                self._opening[key] = self._opening.get(key, 0) + 1
+                self._count_opening_locked(key, 1)
                 waiter = None
             else:
                 waiter = _Waiter(loop, key)
@@ -346,24 +346,28 @@ class StreamCapacity:
 
     def _leave_opening(self, key: str) -> None:
         with self._lock:
-            self._opening[key] -= 1
-            if not self._opening[key]:
-                del self._opening[key]
+            self._count_opening_locked(key, -1)
             self._grant_openers_locked(key)
+
+    def _count_opening_locked(self, key: str, change: int) -> None:
+        """Count a place of :meth:`opening` taken (``1``) or given back (``-1``) for ``key``."""
+        count = self._opening.get(key, 0) + change
+        if count:
+            self._opening[key] = count
+        else:
+            del self._opening[key]
 
     def _grant_openers_locked(self, key: str) -> None:
         queue = self._openers.get(key)
         while queue and self._opening.get(key, 0) < self.opening_room(key):
             waiter = queue.popleft()
             waiter.granted = True
-            self._opening[key] = self._opening.get(key, 0) + 1
+            self._count_opening_locked(key, 1)
             try:
                 _schedule(waiter.loop, _wake, waiter.future)
             except RuntimeError:  # the caller's loop is closed: it will never build
                 waiter.granted = False
-                self._opening[key] -= 1
-                if not self._opening[key]:
-                    del self._opening[key]
+                self._count_opening_locked(key, -1)
         if queue is not None and not queue:
             del self._openers[key]
 

@@ -252,10 +252,11 @@ class WatchDriver:
 
     def _under_way(self) -> bool:
         """Whether a piece of work besides the wait on the source is under way."""
-        return any(
-            task is not None
-            for task in (self._reading, self._opening, self._closing, self._deciding, self._checking)
-        )
+        return any(task is not None for task in self._tasks())
+
+    def _tasks(self) -> tuple[asyncio.Task[Any] | None, ...]:
+        """The pieces of work besides the wait on the source, each ``None`` when none is under way."""
+        return (self._reading, self._opening, self._closing, self._deciding, self._checking)
 
     def _collect(self, now: float) -> None:
         """Feed what completed to the watch: the source first, then the rest."""
@@ -416,11 +417,7 @@ class WatchDriver:
         change, self._change = self._change, None
         if change is not None:
             change.cancel()
-        tasks = [
-            task
-            for task in (self._reading, self._opening, self._closing, self._deciding, self._checking)
-            if task is not None
-        ]
+        tasks = [task for task in self._tasks() if task is not None]
         self._reading = self._opening = self._closing = self._deciding = self._checking = None
         for task in tasks:
             task.cancel()
