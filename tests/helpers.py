@@ -205,6 +205,49 @@ def append_once(
     return append
 
 
+def append_once_logged(
+    logger: str, fragment: str, log: Path, line: str, *, timeout: float
+) -> Callable[[], None]:
+    """A step for :func:`run_dag_while` that appends ``line`` to ``log`` once ``logger`` logged a
+    message containing ``fragment``: for a point of the run the gateway cannot see (what a trigger
+    made of a decision). The listener is attached now, so a message logged before the step starts
+    counts; it is removed when the step ends.
+
+    :param logger: the name of the logger that says it (``airflow_provider_systemzero.decisions.watch``).
+    :param fragment: a part of the formatted message.
+    :param timeout: the bound on the wait (``TimeoutError`` naming the message after it).
+    """
+    import logging
+
+    seen = threading.Event()
+
+    class _Listener(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if fragment in record.getMessage():
+                seen.set()
+
+    target = logging.getLogger(logger)
+    listener = _Listener(logging.DEBUG)
+    target.addHandler(listener)
+    level = target.level
+    if not target.isEnabledFor(logging.INFO):
+        target.setLevel(logging.INFO)
+
+    def append() -> None:
+        try:
+            if not seen.wait(timeout):
+                raise TimeoutError(
+                    f"timed out after {timeout:.0f} s waiting for {logger} to log {fragment!r}"
+                )
+        finally:
+            target.removeHandler(listener)
+            target.setLevel(level)
+        with log.open("a") as out:
+            out.write(line + "\n")
+
+    return append
+
+
 async def until(condition: Callable[[], object], within: float = 5.0, *, what: str = "the condition") -> None:
     """Let the loop run until ``condition`` holds, polling every 5 ms (bounded: ``TimeoutError``
     naming ``what`` after ``within`` seconds)."""

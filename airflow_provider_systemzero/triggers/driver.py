@@ -308,9 +308,11 @@ class WatchDriver:
             self.decision_seconds = (*self.decision_seconds, round(now - self._asked_at, 3))[
                 -_DURATIONS_KEPT:
             ]
+        # what the stream did before the decision is marked first: the history's times then keep
+        # their order (a billed start is back-dated from a clock read before the decision's own)
+        self._note_stream(stream, decision)
         self.watch.decided(decision, now, covers=_covers(stream, decision), state_hash=stream.state_hash)
         self._asked_at = now if self.watch.deciding else None
-        self._note_stream(stream, decision)
 
     def _note_stream(self, stream: DecisionStream, decision: DecisionResult) -> None:
         """Tell the wait's history what the stream did around ``decision``: the reconnects since the

@@ -15,7 +15,15 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import append_once, needs_task_state_store, run_dag, run_dag_while, task_states, xcoms_of
+from tests.helpers import (
+    append_once,
+    append_once_logged,
+    needs_task_state_store,
+    run_dag,
+    run_dag_while,
+    task_states,
+    xcoms_of,
+)
 from tests.policy.conftest import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -162,14 +170,15 @@ def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: An
     log.write_text("tick 1: unsure ready\n")
     before = emulator.stats
 
-    # after the "no" the sensor waits again and first hears the answered state's reply again
-    ready_once_the_answered_state_came_back = append_once(
-        emulator,
-        "decisions_replayed",
+    # after the "no" the sensor waits again and first hears the answered state's reply again: the
+    # ready line comes once the watch has declined that replay (the gateway's count of replays
+    # comes earlier, and a line appended then makes the replay one about a superseded state)
+    ready_once_the_answered_state_came_back = append_once_logged(
+        "airflow_provider_systemzero.decisions.watch",
+        "a person already said no about this state",
         log,
         "tick 2: ready",
         timeout=170,
-        what="the answered state decided again after the no",
     )
     dag = _file_sensor("sensor_review_no", log, policy=POLICY, timeout=180)
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
