@@ -323,13 +323,11 @@ class CoreEvents:
         ``max_streams_per_process`` goes to a stream waiting for one — now, or as soon as one
         waits (an offer). An on_change stream whose turn came and that waits for a socket is first
         in line, so a socket kept by a stream that waits for its own turn would leave every start
-        of the process stalled until the queue's order reached it."""
+        of the process stalled until the queue's order reached it. The capacity asks one holder
+        per waiter (at once if one waits now): several streams that wait for their turns do not
+        all give their sockets back for one stream that waits for a socket."""
         facts = self.facts
-        if not (facts.decided and facts.open):
-            return
-        if self._capacity.waiting:
-            facts.release = True  # had its turn: its slot goes to a stream waiting for one
-        elif self._slot_offer is None:
+        if facts.decided and facts.open and self._slot_offer is None:
             self._slot_offer = self._capacity.offer(self._slot_wanted)
 
     def _slot_wanted(self) -> None:
@@ -405,8 +403,20 @@ class CoreEvents:
 
     def ask_again(self) -> None:
         """Let the session ask for its decision start again: its turn came (it starts on its newest
-        state), or a new connection asks anew."""
-        self._withdraw_slot_offer()  # its turn came (it keeps its socket), or the connection ended
+        state and keeps its socket: an offer of it ends, unless the capacity already asked for
+        the socket: then the offer ends once the socket is given back)."""
+        if not self.facts.release:
+            self._withdraw_slot_offer()
+        self._ask()
+
+    def slot_released(self) -> None:
+        """The connection's slot went back to the capacity: an offer of it ends. Not before: an
+        offer the capacity asked counts as the hand-over to a waiting stream until the slot is
+        free, so no second holder is asked for the same waiter meanwhile."""
+        self._withdraw_slot_offer()
+
+    def _ask(self) -> None:
+        """Let the session ask for its decision start again (a new connection asks anew)."""
         if self.refused is None:
             self._stream.session.dispatch_held = False
             self._kick()
@@ -492,13 +502,13 @@ class CoreEvents:
             if self._decision_mode == "on_request":
                 self.starts.withdraw(self._holder())  # a decide is granted to a connected stream only
             # (on_change keeps its place: its next connection waits for its turn before it opens)
-            self.ask_again()
+            self._ask()
         if self._accounting.connection_ended():
             _said_unconfirmed("the connection ended")
 
     def withdraw_start(self) -> None:
-        """The stream closes: it wants no decision start any more."""
-        self._withdraw_slot_offer()
+        """The stream closes: it wants no decision start any more (an offer of its slot ends when
+        the run loop gives the slot back)."""
         if self.starts is not None:
             self.starts.withdraw(self._holder())
 

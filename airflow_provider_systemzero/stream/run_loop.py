@@ -239,6 +239,7 @@ class RunLoop:
                     ended = await self._connection.connect_and_serve()
                 finally:
                     self._capacity.release(self._origin())
+                    self._events.slot_released()
                 outcome = ended.outcome
                 if ended.final:
                     if ended.error is not None:

@@ -242,6 +242,29 @@ async def test_a_stream_waiting_for_its_turn_gives_its_socket_to_one_whose_turn_
         assert capacity.offered == 0  # no offer of a socket is left behind
 
 
+async def test_one_socket_is_given_back_for_one_stream_waiting_for_a_socket() -> None:
+    """on_change: two streams hold both sockets and their next changes wait for their turns behind
+    a stream whose turn came and that waits for a socket. One of them gives its connection back
+    for it; the other keeps its own (its next start needs no new connection)."""
+    decider = _Recording()
+    async with _emulator(20, decider, burst=2) as emu, contextlib.AsyncExitStack() as stack:
+        capacity = StreamCapacity(2)
+        holders = [
+            await stack.enter_async_context(_stream(emu, i, capacity, mode="on_change")) for i in (0, 1)
+        ]
+        for holder in holders:
+            await asyncio.wait_for(holder.decide(), 10)  # the account's burst: the next token in 3 s
+        waiter = _stream(emu, 2, capacity, mode="on_change")
+        entering = _entering(stack, waiter)
+        await _until(lambda: capacity.waiting == 1, 10, "the stream whose turn came waits for a socket")
+        await asyncio.gather(*(holder.append_text("more\n") for holder in holders))
+        await asyncio.wait_for(entering, 10)
+        assert [holder.connected for holder in holders].count(True) == 1
+        decision = await asyncio.wait_for(waiter.decide(), 10)
+        assert decision.state_version == 1
+        assert emu.stats.decision_starts_refused == 0
+
+
 async def _spend(emu: Emulator, state: str) -> dict[str, Any]:
     """Another process's decide on the same account (a plain websockets client)."""
     return await decide_once(emu, KEY, state, cache_key=f"other-{state.strip()}")
