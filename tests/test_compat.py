@@ -43,13 +43,24 @@ def fresh_providers_manager() -> Iterator[None]:
     api-server's form request imports it with the stand-ins for WTForms that make the widgets
     work; a hook imported earlier in the process (a connection's ``get_hook()``, as other tests
     do) keeps an empty form. The form a user sees is the one a fresh api-server builds.
+
+    Airflow 3.1's form request also puts stand-ins into ``sys.modules`` for WTForms and
+    Flask-AppBuilder where they are not installed, and leaves them there: afterwards, hooks read
+    again outside the request would build their widgets from those stand-ins, which Airflow then
+    refuses (``hooks[...]`` reads ``None``). They are taken out with the rest of the state.
     """
+    import sys
+
     from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
     from airflow.providers_manager import ProvidersManager
 
+    modules = dict(sys.modules)
     ProvidersManager()._cleanup()
     HookMetaService.hook_meta_data.cache_clear()
     yield
+    for name in [name for name in sys.modules if name not in modules]:
+        if name.startswith(("wtforms", "flask_babel", "flask_appbuilder")):
+            del sys.modules[name]
     ProvidersManager()._cleanup()
     HookMetaService.hook_meta_data.cache_clear()
 
