@@ -201,16 +201,19 @@ def _wait_state(deployment: Deployment, run_id: str, states: set[str], timeout: 
 
 
 def _pause_seen_by_scheduler(deployment: Deployment, run_id: str) -> bool:
-    """Whether the scheduler has processed the exit of the worker that paused ``run_id``'s sensor
-    for a person's answer. An answer resumed before that makes the scheduler fail the resumed try
-    on the stale exit event (apache/airflow#71580), and the next try asks again: a person takes
-    seconds to answer; a browser, less than the scheduler's next loop."""
+    """Whether the scheduler has processed the exit of every worker that ran ``run_id``'s sensor,
+    the last of them while the task awaited a person's answer. An answer resumed before that makes
+    the scheduler fail the resumed try on the stale exit event (apache/airflow#71580), and the
+    next try asks again: a person takes seconds to answer; a browser, less than the scheduler's
+    next loop. One exit seen in ``awaiting_input`` is not enough: the worker that deferred before
+    the decision can exit after the next worker paused the task for the answer, and that worker's
+    exit is then still to come."""
     log = (deployment.logs / "scheduler.log").read_text(errors="replace")
-    return any(
-        f"run_id={run_id}," in line and "state=awaiting_input," in line
-        for line in log.splitlines()
-        if "TaskInstance Finished:" in line
-    )
+    mine = re.compile(rf"\brun_id={re.escape(run_id)}\b")
+    lines = [line for line in log.splitlines() if mine.search(line)]
+    workers = sum("Worker startup parse complete" in line for line in lines)
+    exits = [line for line in lines if "TaskInstance Finished:" in line]
+    return workers > 0 and len(exits) >= workers and "state=awaiting_input," in exits[-1]
 
 
 def _review_page(page: Any, deployment: Deployment, run_id: str) -> Any:
