@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -270,6 +272,34 @@ async def test_a_quiet_stream_gives_its_slot_back_at_once_when_a_waiter_queues(
     await driver.aclose()
     capacity.release()
     assert capacity.offered == 0
+
+
+async def test_a_billed_start_comes_before_its_decision_in_the_history(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway timed the decision at 0 ms (it reports whole milliseconds): its billed start,
+    back-dated by nothing, still comes before the decision in the wait's history. Every clock
+    reading here is a millisecond after the one before, so a start read after its decision
+    would follow it."""
+    ticks = itertools.count(1_800_000_000.0, 0.001)
+    monkeypatch.setattr(time, "time", lambda: next(ticks))
+    rules = DecisionWatch(DecisionCondition("ready", True), reviews=False, clock=time.time)
+    watch = SourceWatch(rules, decision_mode="on_change", timeline=rules.timeline, question="ready")
+    source, streams = _Source(), _Streams()
+    driver = WatchDriver(watch, source, streams)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(driver.next_verdict())
+    stream = await _held(streams)
+    stream.usage = SimpleNamespace(reply_ids={"szd_1"})  # billed when it arrived
+    decision = _decision(True, version=1)
+    assert (decision.queue_ms or 0) + (decision.decide_ms or 0) == 0
+    stream.deliver(decision)
+    async with asyncio.timeout(5):
+        await waiting
+    rows = rules.timeline.to_list()
+    (start,) = [row for row in rows if row["kind"] == "billed_start"]
+    (decided,) = [row for row in rows if row["kind"] == "decision"]
+    assert start["at"] < decided["at"]
+    await driver.aclose()
 
 
 async def test_cancelling_mid_wait_propagates_and_aclose_leaves_nothing() -> None:
