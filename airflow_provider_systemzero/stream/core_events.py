@@ -139,7 +139,8 @@ class CoreEvents:
         #: :meth:`turn_to_open` while it waits, resolved when the account's decision starts grant it).
         self.opening_turn: asyncio.Future[None] | None = None
         #: The offer of this connection's slot while its next start waits for its turn (made by
-        #: :meth:`admit`, withdrawn when the turn comes or the connection ends).
+        #: :meth:`admit`; it ends when the turn comes and the capacity has not asked for the slot,
+        #: else once the run loop gave the slot back: :meth:`slot_released`).
         self._slot_offer: SlotOffer | None = None
 
     def new_connection(self) -> ConnectionFacts:
