@@ -533,7 +533,7 @@ def dormant(trigger: Any) -> bool:
 
 #: What every process of an :func:`audited_python` runs first: an audit hook that writes down the
 #: address of every socket it connects or sends to, on the internet's families (``{log}`` is the file).
-_AUDIT_HOOK = '''
+_AUDIT_HOOK = """
 import os as _os, socket as _socket, sys as _sys
 
 def _systemzero_test_audit(event, args, _log={log!r}):
@@ -544,7 +544,7 @@ def _systemzero_test_audit(event, args, _log={log!r}):
             file.write(f"{{_os.getpid()}} {{event}} {{args[1]!r}}\\n")
 
 _sys.addaudithook(_systemzero_test_audit)
-'''
+"""
 
 
 def audited_python(directory: Path) -> tuple[Path, Path]:

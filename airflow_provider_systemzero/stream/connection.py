@@ -55,7 +55,7 @@ from airflow_provider_systemzero.stream.exceptions import (
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket, SocketHandler
 from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut, loopback_only, resolve
 from airflow_provider_systemzero.stream.settings import ProxyParts, StreamSettings
-from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
+from airflow_provider_systemzero.stream.tls import TLSContexts, ended_after_tls_handshake, load_tls
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 
 __all__ = [
@@ -276,8 +276,11 @@ async def open_socket(
             socket.handler = handler
             try:
                 await socket.handshake(request_headers(settings.api_key), settings.user_agent)
-            except BaseException:
+            except BaseException as exc:
                 socket.abort()
+                ended = ended_after_tls_handshake(exc, settings)  # what mutual TLS does without a certificate
+                if ended is not None:
+                    raise ended from exc
                 raise
     except TimeoutError as exc:
         if resolving:

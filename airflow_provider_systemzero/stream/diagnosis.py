@@ -34,6 +34,7 @@ from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
 from airflow_provider_systemzero.stream.resolver import PlaintextBeyondLoopback, ResolutionTimedOut
+from airflow_provider_systemzero.stream.tls import tls_refusal_text
 from airflow_provider_systemzero.stream.untrusted import scrub
 
 __all__ = [
@@ -136,6 +137,8 @@ def _kind(exc: BaseException, url: str) -> str:
     """A short name of the cause, to tell a changed cause from a repeat."""
     if isinstance(exc, PlaintextBeyondLoopback):
         return "plaintext_elsewhere"
+    if tls_refusal_text(exc, url) is not None:
+        return "tls_refused"
     if _refused(exc):
         return "refused"
     if _tls_to_plaintext(exc, url):
@@ -208,6 +211,8 @@ def _described(exc: BaseException, url: str, open_timeout: float | None, proxy: 
             f"clear text, so it goes to this machine only (decided by the address, not the name): use "
             f"wss:// for a gateway elsewhere, or ws://127.0.0.1:{port} for a local one"
         )
+    if (refused := tls_refusal_text(exc, url)) is not None:  # a TLS alert, named with its fix
+        return refused
     if proxy and (about_proxy := _proxy_failure(exc, url, proxy)) is not None:
         return about_proxy
     loopback = is_loopback_host(host)
