@@ -591,3 +591,47 @@ def network_peers(log: Path) -> list[str]:
         if not ipaddress.ip_address(host.split("%")[0]).is_loopback:
             outside.append(line)
     return outside
+
+
+def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", arguments: str = "") -> Any:
+    """Run ``python -m module`` in a network namespace and a mount namespace of its own (loopback
+    up, nothing else reachable), whose ``/etc/resolv.conf`` names ``127.0.0.1`` (the module answers
+    DNS there, or not), and return the JSON object its last line prints.
+
+    Skips the test, with the reason, where the machine refuses the namespaces (``unshare``).
+
+    :param module: the scenario's module (``tests.hostile.dead_resolver``).
+    :param setup: shell commands run first, in the namespace (``ip addr add …``).
+    :param arguments: the module's arguments.
+    """
+    import shutil
+    import subprocess
+    import sys
+
+    for tool in ("unshare", "ip", "mount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: no network namespace with a resolver of the test's own")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\n")
+    command = " && ".join(
+        step
+        for step in (
+            "ip link set lo up",
+            setup,
+            f"mount --bind {resolv} /etc/resolv.conf",
+            f"exec {sys.executable} -m {module} {arguments}".strip(),
+        )
+        if step
+    )
+    done = subprocess.run(
+        ["unshare", "--net", "--mount", "--map-root-user", "sh", "-c", command],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0 and not done.stdout.strip():
+        if "unshare" in done.stderr or "mount" in done.stderr or "Operation not permitted" in done.stderr:
+            pytest.skip(f"network and mount namespaces are refused here: {done.stderr.strip()[-300:]}")
+        raise AssertionError(f"the scenario failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,20 +7,20 @@ values of the wrong type, missing keys, numbers no chart can place (``NaN``, 1e3
 page that makes a history safe to draw, and says what it could not draw:
 
 * a row that is not an object with a text ``kind`` is left out;
-* a row other than the condition without a time the page can place — ISO 8601 text (or epoch
-  seconds) from 1970 to the end of year 9999 (:data:`~airflow_provider_systemzero.timestamps.EARLIEST` …
-  :data:`~airflow_provider_systemzero.timestamps.LATEST`) — is left out; a time that is drawn is
-  written again as the history writes it (UTC, to the millisecond);
+* a row other than the condition without a time the page can place is left out: ISO 8601 text
+  (or epoch seconds, or a ``datetime`` as Airflow's serializer may read one back) from 1970 to
+  the end of year 9999 (:data:`~airflow_provider_systemzero.timestamps.EARLIEST` …
+  :data:`~airflow_provider_systemzero.timestamps.LATEST`); a time that is drawn is written again
+  as the history writes it (UTC, to the millisecond);
 * only the newest :data:`MAX_ROWS` rows are drawn;
-* in a row kept, every key is text, every number finite (an integer within ±(2**53 - 1)), every
-  text at most :data:`MAX_TEXT` characters; an object only in the condition (its ``policy``),
-  one level deep; a value of another kind is shown as its JSON text, bounded; a number that
-  cannot be placed is shown as none; a text keeps its line breaks, and what else is
-  not printable is escaped (a lone surrogate, which no page can encode, included).
+* in a row kept, every key is text; every number is finite (an integer within ±(2**53 - 1)),
+  else it shows as none; every text is at most :data:`MAX_TEXT` characters, keeps its line breaks
+  and has what else is not printable escaped (a lone surrogate, which no page can encode,
+  included); an object is kept only in the condition (its ``policy``), one level deep; a value
+  of another kind shows as its JSON text, bounded.
 
 Each kind of thing left out or changed is one sentence of the notes the page shows above the
-history, so the reader knows what the chart does not show (a value of another kind in ``at``: a
-``datetime`` as Airflow's serializer may read one back is a time too). Pure: no Airflow, no I/O.
+history, so the reader knows what the chart does not show. Pure: no Airflow, no I/O.
 """
 
 from __future__ import annotations

@@ -13,42 +13,19 @@ Skipped, with the reason, where the machine refuses the namespaces (``unshare``)
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import run_in_network_namespace
 from tests.hostile.plaintext_resolver import ELSEWHERE, KEY, NAME
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_with_a_resolver_that_answers_elsewhere(tmp_path: Path) -> dict[str, Any]:
-    for tool in ("unshare", "ip", "mount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: no network namespace with a resolver of the test's own")
-    resolv = tmp_path / "resolv.conf"
-    resolv.write_text("nameserver 127.0.0.1\n")
-    command = (
-        f"ip link set lo up && ip addr add {ELSEWHERE}/32 dev lo && mount --bind {resolv} /etc/resolv.conf "
-        f"&& exec {sys.executable} -m tests.hostile.plaintext_resolver"
+    return run_in_network_namespace(
+        tmp_path, "tests.hostile.plaintext_resolver", setup=f"ip addr add {ELSEWHERE}/32 dev lo"
     )
-    done = subprocess.run(
-        ["unshare", "--net", "--mount", "--map-root-user", "sh", "-c", command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0 and not done.stdout.strip():
-        if "unshare" in done.stderr or "mount" in done.stderr or "Operation not permitted" in done.stderr:
-            pytest.skip(f"network and mount namespaces are refused here: {done.stderr.strip()[-300:]}")
-        raise AssertionError(f"the scenario failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_loopback_name_that_resolves_elsewhere_gets_no_key_in_clear_text(tmp_path: Path) -> None:
