@@ -488,23 +488,22 @@ def _unreadable(text: str, *, integers: bool) -> str | None:
     )
 
 
-def _checked_number(text: str, *, integers: bool) -> int | float:
-    problem = _unreadable(text, integers=integers)
-    if problem is not None:
-        raise refuse(f"the frame holds {problem}", None)
-    return float(text) if any(c in text for c in ".eE") else int(text)
-
-
 def _safe_int(text: str) -> int:
-    return int(_checked_number(text, integers=True))
+    value = int(text)
+    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        raise refuse(f"the frame holds {_unreadable(text, integers=True)}", None)
+    return value
 
 
 def _finite_float(text: str) -> float:
-    return float(_checked_number(text, integers=True))
+    value = float(text)
+    if not math.isfinite(value):
+        raise refuse(f"the frame holds {_unreadable(text, integers=True)}", None)
+    return value
 
 
 def _no_constant(name: str) -> Any:
-    return _checked_number(name, integers=True)
+    raise refuse(f"the frame holds {_unreadable(name, integers=True)}", None)
 
 
 def _kept(text: str) -> Any:
