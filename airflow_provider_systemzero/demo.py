@@ -109,7 +109,7 @@ KEPT_VARIABLES = (
 )
 #: The variables a demo never passes on unless it sets them itself (by prefix): Airflow's home,
 #: configuration, connections and variables, and this provider's own settings.
-SEALED_PREFIXES = ("AIRFLOW", "SYSTEMZERO_")
+_SEALED_PREFIXES = ("AIRFLOW", "SYSTEMZERO_")
 #: What says Airflow would use another database, configuration, connection or variable than the
 #: demo's own, beside ``AIRFLOW_HOME`` and the database URL (checked by :meth:`DemoHome.check`).
 _ELSEWHERE = (
@@ -228,7 +228,7 @@ def say_sealed(shown: int = 8) -> None:
     names = sorted(
         name
         for name in os.environ
-        if name.startswith(SEALED_PREFIXES) and name not in (MAKE_COMMAND_ENV, "SYSTEMZERO_API_KEY")
+        if name.startswith(_SEALED_PREFIXES) and name not in (MAKE_COMMAND_ENV, "SYSTEMZERO_API_KEY")
     )
     if names:
         more = f" and {len(names) - shown} more" if len(names) > shown else ""
