@@ -483,6 +483,8 @@ class SourceWatch:
         self._mark("state_change", generation=self.latest_gen, **({"withheld": True} if withheld else {}))
         if withheld:
             self.held_since = None  # nothing to decide now: no older state stands in for it
+            if self._checked is _NOTHING:
+                self._checked = state  # the first content is a change from it, as any other
         elif self._checked is _NOTHING:
             self._checked = state  # the first state: what the first change is matched against
         elif self.relevance is not None and not self.relevance.is_callable:

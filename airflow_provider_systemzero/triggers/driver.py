@@ -157,7 +157,11 @@ class WatchDriver:
         self.stream_kwargs = stream_kwargs or None
         self.relevance = relevance
         self._checks = (
-            UserCall(f"decide_when.callable {relevance.spec['callable']!r}", DECIDE_WHEN_TIMEOUT)  # type: ignore[index]
+            UserCall(
+                f"decide_when.callable {relevance.spec['callable']!r}",  # type: ignore[index]
+                DECIDE_WHEN_TIMEOUT,
+                own_outcome=True,  # an answer is about the change it was asked about
+            )
             if relevance is not None and relevance.is_callable
             else None
         )

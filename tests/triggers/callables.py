@@ -59,7 +59,13 @@ def flaky_gate(previous: Any, new: Any) -> bool:
         RELEASE.wait(60)
     if fail:
         raise ConnectionError("the gate's lookup failed")
-    last = str(new).rstrip("\n").rsplit("\n", 1)[-1].lower()
-    answer = "ready" in last or "failed" in last
+    answer = decisive(previous, new)
     GATE_ANSWERS.append((new, answer))
     return answer
+
+
+def decisive(previous: Any, new: Any) -> bool:
+    """A decide_when callable: a change matters when the newest line of the new state says the
+    job is ready or failed (whatever came before)."""
+    last = str(new).rstrip("\n").rsplit("\n", 1)[-1].lower()
+    return "ready" in last or "failed" in last
