@@ -138,15 +138,29 @@ class UserCall:
                 call = self._call
                 if call is not None and not call.done() and self.own_outcome:
                     with contextlib.suppress(Exception):  # about the arguments it was called with
-                        await asyncio.shield(asyncio.wrap_future(call))
+                        await asyncio.shield(_outcome(call))
                 if call is None or call.done():
                     context = contextvars.copy_context()
                     call = self._call = THREADS.submit(
                         functools.partial(context.run, function, *args, **kwargs)
                     )
-                return await asyncio.shield(asyncio.wrap_future(call))
+                return await asyncio.shield(_outcome(call))
         except TimeoutError:
             raise CallTimedOut(
                 f"{self.what} did not return within {self.timeout:.3g} s (it still runs in its own "
                 "thread; no other call of it starts until it returns)"
             ) from None
+
+
+def _outcome(call: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:
+    """``call``'s outcome on the running loop. A failure that comes after its caller stopped
+    waiting (the call timed out, or the caller was cancelled) is taken here, so asyncio does not
+    report it as never retrieved."""
+    outcome = asyncio.wrap_future(call)
+    outcome.add_done_callback(_taken)
+    return outcome
+
+
+def _taken(outcome: asyncio.Future[Any]) -> None:
+    if not outcome.cancelled():
+        outcome.exception()

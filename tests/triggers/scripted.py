@@ -283,7 +283,6 @@ class ScriptedStream:
             self._wake()
 
     async def set_state(self, state: Any) -> None:
-        await asyncio.sleep(0)  # accepted locally: a turn of the loop, where a cancellation may land
         if self.failure is not None:
             raise self.failure
         if not same_json(state, self.state):
@@ -291,6 +290,7 @@ class ScriptedStream:
             self.state_version += 1
             if self.decision_mode == "on_change" and self.opened:
                 self._dispatch()
+        await asyncio.sleep(0)  # accepted: a turn of the loop follows, where a cancellation may land
 
     async def decide(self) -> DecisionResult:
         if self.failure is not None:

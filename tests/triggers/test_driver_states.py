@@ -60,7 +60,7 @@ from tests.triggers.scripted import (
     ScriptedThreads,
 )
 
-EXAMPLES = 5000 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 150
+EXAMPLES = 5000 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 80
 
 #: Lines a source may gain: the decisive ones match the decide_when callable (and the rules).
 LINES = ("working\n", "heartbeat\n", "READY\n", "FAILED\n")
@@ -145,9 +145,11 @@ class DriverMachine(RuleBasedStateMachine):
         self.resumed_at = -1.0
         #: when the newest read started waiting unsent while a decision was in flight
         self.unsent_since: float | None = None
+        self.handover: asyncio.Future[None] | None = None
         self.others_waiting: list[asyncio.Task[None]] = []
         self.others_holding = 0
         self.first_read: Any = None
+        self.may_cancel = False
 
     # ------------------------------------------------------------------ the run
 
@@ -161,6 +163,8 @@ class DriverMachine(RuleBasedStateMachine):
         slots=st.sampled_from([1, 2]),
         manual_open=st.booleans(),
         slow_close=st.booleans(),
+        slow_handover=st.booleans(),
+        may_cancel=st.sampled_from([False, False, True]),
         initial=st.sampled_from(["working\n", "READY\n", ""]),
     )
     def start(
@@ -175,6 +179,8 @@ class DriverMachine(RuleBasedStateMachine):
         manual_open: bool,
         slow_close: bool,
         initial: str,
+        slow_handover: bool = False,
+        may_cancel: bool = False,
     ) -> None:
         now = self.loop.time()
         gate = relevance = None
@@ -183,10 +189,11 @@ class DriverMachine(RuleBasedStateMachine):
             relevance = Relevance(GATE)
         elif mode == "debounce":
             gate = DecisionGate(debounce_ms=700, decide_initial=True, now=now)
-        self.mode, self.once, self.min_interval = mode, once, min_interval
+        self.mode, self.once, self.min_interval, self.slow_handover = mode, once, min_interval, slow_handover
+        self.may_cancel = may_cancel
         self.debounce = 0.7 if mode == "debounce" else 0.0
         self.capacity = StreamCapacity(slots)
-        self.source = ScriptedSource(initial)
+        self.source_ = ScriptedSource(initial)
         self.first_read = initial
         self.streams = ScriptedStreams(self.capacity, manual_open=manual_open, slow_close=slow_close)
         self.rules = RecordingRules(self)
@@ -201,7 +208,7 @@ class DriverMachine(RuleBasedStateMachine):
             min_interval=min_interval,
             once=once,
         )
-        self.driver = WatchDriver(self.watch, self.source, self.streams, relevance=relevance)  # type: ignore[arg-type]
+        self.driver = WatchDriver(self.watch, self.source_, self.streams, relevance=relevance)  # type: ignore[arg-type]
         self.consumer = self.loop.create_task(self._consume())
         self.started = True
         self._settle()
@@ -221,6 +228,10 @@ class DriverMachine(RuleBasedStateMachine):
                     if self.once:
                         self.consumer_state = "done"
                         return
+                    if self.slow_handover:  # the triggerer takes the event when it gets to it
+                        self.consumer_state = "handing over"
+                        self.handover = loop.create_future()
+                        await self.handover
             except Exception as exc:
                 self.failures += 1
                 if self.once:  # the sensor's trigger ends with an error event
@@ -240,7 +251,7 @@ class DriverMachine(RuleBasedStateMachine):
         truth = self.about.get(decision.reply_id, "<a decision the gateway never made>")
         if not same_json(truth, state):
             self.violations.append(f"a decision about {truth!r} was judged as about {state!r}")
-        latest = self.source.last_read
+        latest = self.source_.last_read
         if not same_json(truth, latest):
             # the one exception: the stream's state, while the newest read waits unsent behind
             # the decision (a window that opened in this step, or less than max_staleness ago)
@@ -267,7 +278,7 @@ class DriverMachine(RuleBasedStateMachine):
         """The hold's window: it opens when the newest read is left unsent while a decision about
         the stream's state is in flight, and closes when the stream holds the newest read again
         (or nothing is in flight, or the stream goes)."""
-        stream, read = self.streams.stream, self.source.last_read
+        stream, read = self.streams.stream, self.source_.last_read
         if (
             stream is None
             or not stream.opened
@@ -327,197 +338,198 @@ class DriverMachine(RuleBasedStateMachine):
         stream = self.streams.stream
         return stream if stream is not None and stream.opened and stream.failure is None else None
 
-    # ------------------------------------------------------------------ the source
+    # ------------------------------------------------------------------ the world, one actor a rule
 
     @precondition(lambda self: self._running())
-    @rule(line=st.sampled_from(LINES))
-    def append(self, line: str) -> None:
-        self.source.set(self.source.state + line)
+    @rule(
+        change=st.sampled_from([*LINES, *LINES, "rotate", "rewrite"]),
+        slow=st.sampled_from([False, False, True]),
+    )
+    def source(self, change: str, slow: bool) -> None:
+        """The source gains a line, is rotated away (no content), or rewritten; ``slow``: the read
+        that sees it waits until :meth:`read_returns`."""
+        self.source_.hold_reads = slow
+        if change in LINES:
+            self.source_.set(self.source_.state + change)
+        else:
+            self.source_.set("" if change == "rotate" else "rerun\n")
         self._settle()
+        self.source_.hold_reads = False
 
-    @precondition(lambda self: self._running())
-    @rule(kind=st.sampled_from(["rotate", "rewrite"]))
-    def replace(self, kind: str) -> None:
-        self.source.set("" if kind == "rotate" else "rerun\n")
-        self._settle()
-
-    @precondition(lambda self: self._running())
-    @rule(slow=st.booleans())
-    def slow_reads(self, slow: bool) -> None:
-        self.source.hold_reads = slow
-        self._settle()
-
-    @precondition(lambda self: self.started and not self.ended and bool(self.source.held))
+    @precondition(lambda self: self.started and not self.ended and bool(self.source_.held))
     @rule()
     def read_returns(self) -> None:
-        self.source.finish_read()
+        self.source_.finish_read()
         self._settle()
 
-    # ------------------------------------------------------------------ the streams
+    def _gateway_can(self) -> list[str]:
+        """What the gateway can do now."""
+        can = []
+        if self.streams.entering is not None:
+            can += ["opens", "opens", "refuses to open"]
+        if self.streams.closing():
+            can.append("ends a close")
+        stream = self._stream()
+        if stream is not None and self._in_flight(stream):
+            can += ["decides met", "decides met", "decides unmet", "decides unmet", "fails a decision"]
+            if stream.decision_mode == "on_request":
+                can.append("lets a decide time out")
+        if stream is not None:
+            can += ["reconnects", "fails the stream"]
+        return can
 
-    @precondition(lambda self: self.started and not self.ended and self.streams.entering is not None)
-    @rule(fails=st.sampled_from([False, False, True]))
-    def stream_opens(self, fails: bool) -> None:
-        if fails:
-            self.streams.fail_open()
-        else:
+    @precondition(lambda self: self._running() and bool(self._gateway_can()))
+    @rule(data=st.data(), latency=st.sampled_from([0.0, 0.0, 0.5, 2.0]))
+    def gateway(self, data: st.DataObject, latency: float) -> None:
+        """The gateway opens a stream (or refuses to), ends a close handshake, answers the oldest
+        decision in flight (after ``latency``: met, not met, failed, or — on_request — its deadline
+        passed), reconnects a stream (what was dispatched on the old connection may still arrive,
+        late), or fails it for good."""
+        what = data.draw(st.sampled_from(self._gateway_can()), label="what")
+        if what.startswith("decides") or what == "lets a decide time out":
+            self._advance(10.0 if what == "lets a decide time out" else latency)
+            if what not in self._gateway_can():
+                return  # time moved the run on (a failure, a stream given back)
+        stream = self._stream()
+        if what == "opens":
             self.streams.finish_open()
+        elif what == "refuses to open":
+            self.streams.fail_open()
+        elif what == "ends a close":
+            self.streams.finish_close()
+        elif what.startswith("decides"):
+            assert stream is not None
+            answer = stream.answer_dispatch if stream.decision_mode == "on_change" else stream.answer_request
+            decision, about = answer(what == "decides met")
+            self.about[decision.reply_id] = about
+        elif what == "fails a decision":
+            assert stream is not None
+            if stream.decision_mode == "on_change":
+                stream.fail_dispatch()
+            else:
+                stream.fail_request(timed_out=False)
+        elif what == "lets a decide time out":
+            assert stream is not None
+            stream.fail_request(timed_out=True)
+        elif what == "reconnects":
+            assert stream is not None
+            stream.reconnect()
+        else:
+            assert stream is not None
+            stream.fail()
         self._settle()
-
-    @precondition(lambda self: self.started and not self.ended and bool(self.streams.closing()))
-    @rule()
-    def close_handshake_ends(self) -> None:
-        self.streams.finish_close()
-        self._settle()
-
-    @precondition(
-        lambda self: (
-            self._running()
-            and (s := self._stream()) is not None
-            and s.decision_mode == "on_change"
-            and bool(s.owed)
-        )
-    )
-    @rule(met=st.booleans())
-    def dispatch_decided(self, met: bool) -> None:
-        stream = self._stream()
-        assert stream is not None
-        decision, about = stream.answer_dispatch(met)
-        self.about[decision.reply_id] = about
-        self._settle()
-
-    @precondition(
-        lambda self: (
-            self._running()
-            and (s := self._stream()) is not None
-            and s.decision_mode == "on_change"
-            and bool(s.owed)
-        )
-    )
-    @rule()
-    def dispatch_fails(self) -> None:
-        stream = self._stream()
-        assert stream is not None
-        stream.fail_dispatch()
-        self._settle()
-
-    @precondition(lambda self: self._running() and (s := self._stream()) is not None and bool(s.requests))
-    @rule(met=st.booleans(), latency=st.sampled_from([0.0, 0.5, 2.0]))
-    def decide_answered(self, met: bool, latency: float) -> None:
-        self._advance(latency)
-        stream = self._stream()
-        if stream is None or not stream.requests:
-            return
-        decision, about = stream.answer_request(met)
-        self.about[decision.reply_id] = about
-        self._settle()
-
-    @precondition(lambda self: self._running() and (s := self._stream()) is not None and bool(s.requests))
-    @rule(timed_out=st.booleans())
-    def decide_fails(self, timed_out: bool) -> None:
-        if timed_out:
-            self._advance(10.0)
-        stream = self._stream()
-        if stream is None or not stream.requests:
-            return
-        stream.fail_request(timed_out=timed_out)
-        self._settle()
-
-    @precondition(lambda self: self._running() and self._stream() is not None)
-    @rule()
-    def reconnects(self) -> None:
-        stream = self._stream()
-        assert stream is not None
-        stream.reconnect()
-        self._settle()
-
-    @precondition(lambda self: self._running() and self._stream() is not None)
-    @rule()
-    def stream_fails(self) -> None:
-        stream = self._stream()
-        assert stream is not None
-        stream.fail()
-        self._settle()
-
-    # ------------------------------------------------------------------ decide_when callables
 
     def _calls(self, *, hung: bool) -> list[Any]:
         return [call for call in self.threads.pending() if call.hung is hung]
 
-    @precondition(lambda self: self.started and not self.ended and bool(self._calls(hung=False)))
-    @rule(outcome=st.sampled_from(["answers", "answers", "raises", "hangs"]))
-    def gate_called(self, outcome: str) -> None:
-        call = self._calls(hung=False)[0]
-        if outcome == "answers":
-            self.threads.answer(call)
-        elif outcome == "raises":
-            self.threads.fail(call)
-        else:
-            call.hung = True  # the driver's timeout ends the wait for it, once time gets there
+    @precondition(lambda self: self.started and not self.ended and bool(self.threads.pending()))
+    @rule(outcome=st.sampled_from(["answers", "answers", "raises", "hangs", "returns after hanging"]))
+    def gate_callable(self, outcome: str) -> None:
+        """The ``decide_when`` callable answers the call under way, raises, or hangs (the driver's
+        timeout ends the wait for it, once time gets there); or a call that hung returns."""
+        hung = self._calls(hung=True)
+        if outcome == "returns after hanging" and hung:
+            self.threads.answer(hung[0])
+        elif calls := self._calls(hung=False):
+            if outcome == "raises":
+                self.threads.fail(calls[0])
+            elif outcome == "hangs":
+                calls[0].hung = True
+            else:
+                self.threads.answer(calls[0])
         self._settle()
 
-    @precondition(lambda self: self.started and not self.ended and bool(self._calls(hung=True)))
-    @rule()
-    def hung_gate_returns(self) -> None:
-        self.threads.answer(self._calls(hung=True)[0])
-        self._settle()
+    def _others(self) -> int:
+        """Other triggers waiting for a slot, building a stream, or holding a slot."""
+        return self.others_holding + sum(not task.done() for task in self.others_waiting)
 
-    # ------------------------------------------------------------------ other triggers
+    def _others_can(self) -> list[str]:
+        can = ["waits", "waits", "builds"] if self._others() < 1 else []
+        return can + (["gives its slot back"] if self.others_holding else [])
 
-    @precondition(lambda self: self._running())
-    @rule(kind=st.sampled_from(["waits", "builds"]))
-    def another_trigger(self, kind: str) -> None:
-        if kind == "waits":
+    @precondition(lambda self: self._running() and bool(self._others_can()))
+    @rule(data=st.data())
+    def another_trigger(self, data: st.DataObject) -> None:
+        """Another trigger of the process (one at a time) queues for a slot, builds a stream
+        (a place among the streams being built, held until the end), or gives a slot it got back."""
+        kind = data.draw(st.sampled_from(self._others_can()), label="kind")
+        if kind == "gives its slot back":
+            self.others_holding -= 1
+            self.capacity.release()
+        elif kind == "waits":
             task = self.loop.create_task(self.capacity.acquire())
             task.add_done_callback(self._other_got_a_slot)
+            self.others_waiting.append(task)
         else:
-            task = self.loop.create_task(_building(self.capacity))
-        self.others_waiting.append(task)
+            self.others_waiting.append(self.loop.create_task(_building(self.capacity)))
         self._settle()
 
     def _other_got_a_slot(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is None:
             self.others_holding += 1
 
-    @precondition(lambda self: self._running() and self.others_holding > 0)
-    @rule()
-    def another_trigger_gives_its_slot_back(self) -> None:
-        self.others_holding -= 1
-        self.capacity.release()
-        self._settle()
-
-    # ------------------------------------------------------------------ time
-
     def _advance(self, seconds: float) -> None:
         self.loop.advance(seconds)
         self._settle()
 
     @precondition(lambda self: self._running())
-    @rule(seconds=st.sampled_from([0.1, 0.5, 2.0, 6.0]))
-    def tick(self, seconds: float) -> None:
-        self._advance(seconds)
+    @rule(
+        how=st.sampled_from([0.1, 0.5, 2.0, 6.0, "to the next timer", "to the next timer"]),
+        then=st.sampled_from([None, None, "met", "unmet"]),
+    )
+    def time_passes(self, how: float | str, then: str | None) -> None:
+        """Time passes (``how`` long, or to the next timer set); ``then`` the decisions in flight,
+        if any, come back, oldest first, met or not."""
+        if how == "to the next timer":
+            at = self.loop.next_timer()
+            how = 0.0 if at is None else at - self.loop.time()
+        assert isinstance(how, float)
+        self._advance(how)
+        while then is not None and (stream := self._stream()) is not None and self._in_flight(stream):
+            answer = stream.answer_dispatch if stream.decision_mode == "on_change" else stream.answer_request
+            decision, about = answer(then == "met")
+            self.about[decision.reply_id] = about
+            self._settle()
 
-    @precondition(lambda self: self._running() and self.loop.next_timer() is not None)
-    @rule()
-    def wake_up(self) -> None:
-        at = self.loop.next_timer()
-        assert at is not None
-        self._advance(at - self.loop.time())
-
-    # ------------------------------------------------------------------ the end
-
-    @precondition(lambda self: self.started and not self.ended)
-    @rule()
-    def cancelled(self) -> None:
-        """The triggerer cancels the trigger wherever it waits; its cleanup leaves nothing."""
+    @precondition(
+        lambda self: (
+            self.started and not self.ended and (self.consumer_state == "handing over" or self.may_cancel)
+        )
+    )
+    @rule(
+        what=st.sampled_from(["takes the event", "takes the event", "cancels"]),
+        during=st.sampled_from(["a wait", "a change", "a decision"]),
+        turns=st.integers(0, 6),
+    )
+    def triggerer(self, what: str, during: str, turns: int) -> None:
+        """The triggerer takes the event the trigger yielded (it goes on with what the watch asked
+        for after it), or cancels the trigger wherever it is — parked on a wait, or ``turns`` loop
+        turns into handling a change or a decision; the cancelled trigger's cleanup leaves nothing."""
+        if what == "takes the event" or not self.may_cancel:
+            if self.consumer_state == "handing over" and self.handover is not None:
+                self.handover.set_result(None)
+            self._settle()
+            return
+        stream = self._stream()
+        if during == "a change":
+            self.source_.set(self.source_.state + "working\n")
+        elif during == "a decision" and stream is not None and self._in_flight(stream):
+            answer = stream.answer_request if stream.requests else stream.answer_dispatch
+            decision, about = answer(True)
+            self.about[decision.reply_id] = about
+        self.loop.turns(turns)
         self._clean_up()
 
-    @precondition(lambda self: self.ended)
+    @precondition(lambda self: self.ended or (self.started and self.consumer_state == "done"))
     @rule()
     def after_the_end(self) -> None:
-        """A run cleaned up stays so: nothing of it wakes up again."""
+        """A run that ended (a sensor's verdict or error) does nothing more; one cleaned up stays
+        so: nothing of it wakes up again."""
+        asked = self.watch.asked
         self.loop.turns(TURNS)
-        assert not asyncio.all_tasks(self.loop) and self.loop.live_timers() == []
+        assert self.watch.asked == asked, "the driver ran after the run ended"
+        if self.ended:
+            assert not asyncio.all_tasks(self.loop) and self.loop.live_timers() == []
 
     def _others_go(self) -> None:
         for task in self.others_waiting:
@@ -552,21 +564,24 @@ class DriverMachine(RuleBasedStateMachine):
             0,
         )
         assert capacity.offered == 0, "an offer of a slot outlived the run"
-        assert all(waiter.done() for waiter in self.source.waiters)
+        assert all(waiter.done() for waiter in self.source_.waiters)
         assert self.loop.live_timers() == [], self.loop.live_timers()
+        assert not self.violations, self.violations
 
     def _drain(self) -> None:
         """The world goes quiet: other triggers go, every read, open, close, check and decision
         completes (decisions do not meet the condition), and time moves only to the next timer."""
         self._others_go()
-        self.source.hold_reads = False
+        self.source_.hold_reads = False
         for _ in range(400):
             self._settle()
             stream = self._stream()
             if self.consumer_state == "done":
                 return
-            if self.source.held:
-                self.source.finish_read()
+            if self.consumer_state == "handing over" and self.handover is not None:
+                self.handover.set_result(None)
+            elif self.source_.held:
+                self.source_.finish_read()
             elif self.streams.entering is not None:
                 self.streams.finish_open()
             elif self.streams.closing():
@@ -602,7 +617,7 @@ class DriverMachine(RuleBasedStateMachine):
         """Liveness: the newest state (with ``decide_when``, a relevant one) has a current
         decision, judged as soon as the world went quiet or — when the run was failing — it tried
         again after the retry delay, give or take the gate's and ``min_interval``'s own waits."""
-        newest = self.source.state
+        newest = self.source_.state
         if newest == "":
             return  # a file without content: nothing to decide
         if self.mode in ("gate", "no_initial") and not decisive(None, newest):
@@ -624,7 +639,7 @@ class DriverMachine(RuleBasedStateMachine):
 TestDriver = DriverMachine.TestCase
 TestDriver.settings = settings(
     max_examples=EXAMPLES,
-    stateful_step_count=40,
+    stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -648,11 +663,14 @@ def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> N
         slow_close=False,
         initial="working\n",
     )
-    machine.decide_answered(met=False, latency=0.0)  # the initial state: not ready
-    machine.append("working\n")  # irrelevant: its check hangs
-    machine.gate_called("hangs")
-    machine.append("READY\n")  # read while the check hangs
-    machine.wake_up()  # the check's timeout: the run fails, and waits to try again
-    machine.wake_up()  # it tries again: the ready line's check waits for the hung call
-    machine.hung_gate_returns()
+    stream = machine.streams.stream
+    assert stream is not None
+    decision, about = stream.answer_request(False)  # the initial state: not ready
+    machine.about[decision.reply_id] = about
+    machine.source("working\n", slow=False)  # irrelevant: its check hangs
+    machine.gate_callable("hangs")
+    machine.source("READY\n", slow=False)  # read while the check hangs
+    machine.time_passes("to the next timer", then=None)  # the check's timeout: the run fails, waits
+    machine.time_passes("to the next timer", then=None)  # it tries again: the check waits for the hung call
+    machine.gate_callable("returns after hanging")
     machine.teardown()  # the ready line gets a current decision
