@@ -54,8 +54,10 @@ _NOTHING: Any = object()
 _REPLIES = itertools.count(1)
 
 
-def ready_decision(met: bool, version: int, *, stream_id: str = "s") -> DecisionResult:
-    """A decision answering ``ready`` as ``met`` (probability and confidence 0.9) about
+def ready_decision(
+    met: bool, version: int, *, stream_id: str = "s", confidence: float = 0.9
+) -> DecisionResult:
+    """A decision answering ``ready`` as ``met`` (probability 0.9, and ``confidence``) about
     ``version`` of stream ``stream_id``, with a reply id of its own."""
     reply = f"szd_{next(_REPLIES):032x}"
     return DecisionResult(
@@ -64,7 +66,7 @@ def ready_decision(met: bool, version: int, *, stream_id: str = "s") -> Decision
         covered_event_ids=(),
         request_id=f"req-{reply}",
         stream_id=stream_id,
-        answers={"ready": Answer("ready", "boolean", met, 0.9, 0.9)},
+        answers={"ready": Answer("ready", "boolean", met, 0.9, confidence)},
     )
 
 
@@ -329,10 +331,10 @@ class ScriptedStream:
         self.queued.append(item)
         self._wake()
 
-    def answer_dispatch(self, met: bool) -> tuple[DecisionResult, Any]:
+    def answer_dispatch(self, met: bool, *, confidence: float = 0.9) -> tuple[DecisionResult, Any]:
         """on_change: the oldest dispatch is answered; the decision and the state it is about."""
         dispatch = self.owed.pop(0)
-        decision = ready_decision(met, dispatch.version, stream_id=dispatch.stream_id)
+        decision = ready_decision(met, dispatch.version, stream_id=dispatch.stream_id, confidence=confidence)
         self.deliver(decision)
         return decision, dispatch.state
 
@@ -341,10 +343,10 @@ class ScriptedStream:
         dispatch = self.owed.pop(0)
         self.deliver(decision_failed(dispatch.version))
 
-    def answer_request(self, met: bool) -> tuple[DecisionResult, Any]:
+    def answer_request(self, met: bool, *, confidence: float = 0.9) -> tuple[DecisionResult, Any]:
         """on_request: the oldest ``decide()`` is answered (on the connection open now)."""
         request = self.requests.pop(0)
-        decision = ready_decision(met, request.version, stream_id=self.stream_id)
+        decision = ready_decision(met, request.version, stream_id=self.stream_id, confidence=confidence)
         request.future.set_result(decision)
         return decision, request.state
 
