@@ -68,7 +68,6 @@ def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_gate() -> None:
     callables.GATE_FAILURES = callables.GATE_HANGS = 0
-    callables.GATE_ANSWERS.clear()
     callables.RELEASE.clear()
 
 
@@ -85,7 +84,7 @@ def _watcher(name: str, **kwargs: Any) -> SystemZeroDecisionEventTrigger:
         source=channels.source(name),
         **kwargs,
     )
-    classpath, serialized = trigger.serialize()
+    _, serialized = trigger.serialize()
     return SystemZeroDecisionEventTrigger(**serialized)
 
 
@@ -120,28 +119,30 @@ async def test_after_an_event_the_line_held_behind_it_is_sent_and_the_next_trans
         channels.publish(name, states[-1])
         return states[-1]
 
-    async with _emulator(monkeypatch, rules_file, decide_latency_ms=1000) as (emu, decider):
-        async with watching_events(trigger) as (events, _task):
-            # each line comes while the decision about the one before is in flight
-            for step in range(1, 4):
-                await emu.wait_for(lambda e, n=step: e.stats.decisions_dispatched >= n, timeout=20)
-                grow(f"step {step}\n")
-            # the source changes faster than decisions take: "step 3" waited behind "step 2"'s
-            # decision, then went; the ready line waits behind "step 3"'s, then goes
-            await emu.wait_for(lambda e: e.stats.decisions_dispatched >= 4, timeout=20)
-            ready = grow(READY_LINE)
-            await until(lambda: emu.stats.decisions_dispatched >= 5, 20, what="the ready state dispatched")
-            held = grow("step 5\n")  # waits behind the ready state's decision, which fires
-            await until(lambda: len(events) == 1, 20, what="the first event")
-            assert events[0].payload["decision"] is True
-            assert _decided(decider, ready) == 1
-            # the line that waited behind the decision that fired is sent and decided now
-            await until(lambda: _decided(decider, held) == 1, 10, what="the held line decided")
-            failed = grow(FAILED_LINE)
-            await until(lambda: _decided(decider, failed) == 1, 10, what="the failed state decided")
-            grow(READY_LINE)
-            await until(lambda: len(events) == 2, 10, what="the second event")
-            assert [e.payload["decision"] for e in events] == [True, True]
+    async with (
+        _emulator(monkeypatch, rules_file, decide_latency_ms=1000) as (emu, decider),
+        watching_events(trigger) as (events, _task),
+    ):
+        # each line comes while the decision about the one before is in flight
+        for step in range(1, 4):
+            await emu.wait_for(lambda e, n=step: e.stats.decisions_dispatched >= n, timeout=20)
+            grow(f"step {step}\n")
+        # the source changes faster than decisions take: "step 3" waited behind "step 2"'s
+        # decision, then went; the ready line waits behind "step 3"'s, then goes
+        await emu.wait_for(lambda e: e.stats.decisions_dispatched >= 4, timeout=20)
+        ready = grow(READY_LINE)
+        await until(lambda: emu.stats.decisions_dispatched >= 5, 20, what="the ready state dispatched")
+        held = grow("step 5\n")  # waits behind the ready state's decision, which fires
+        await until(lambda: len(events) == 1, 20, what="the first event")
+        assert events[0].payload["decision"] is True
+        assert _decided(decider, ready) == 1
+        # the line that waited behind the decision that fired is sent and decided now
+        await until(lambda: _decided(decider, held) == 1, 10, what="the held line decided")
+        failed = grow(FAILED_LINE)
+        await until(lambda: _decided(decider, failed) == 1, 10, what="the failed state decided")
+        grow(READY_LINE)
+        await until(lambda: len(events) == 2, 10, what="the second event")
+        assert [e.payload["decision"] for e in events] == [True, True]
 
 
 # ------------------------------------------------------------------ 2. a decide_when callable fails once
@@ -155,20 +156,22 @@ async def test_a_decide_when_callable_that_failed_once_is_called_again_and_its_c
     caplog.set_level(logging.INFO)
     name = f"gate-{failure.replace(' ', '-')}"
     trigger = _watcher(name, decide_when=GATE)
-    async with _emulator(monkeypatch, rules_file) as (emu, decider):
-        async with watching_events(trigger) as (events, _task):
-            await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
-            if failure == "raises":
-                callables.GATE_FAILURES = 1
-            else:
-                callables.GATE_HANGS = 1
-            ready = STARTED + READY_LINE
-            channels.publish(name, ready)
-            await until(lambda: len(_failures(caplog)) == 1, 10, what="the gate's failure logged")
-            callables.RELEASE.set()  # a hung call returns (its answer is about the same change)
-            await until(lambda: len(events) == 1, 10, what="the event once the gate answers")
-            assert _decided(decider, ready) == 1 and events[0].payload["decision"] is True
-            assert len(_failures(caplog)) == 1
+    async with (
+        _emulator(monkeypatch, rules_file) as (_, decider),
+        watching_events(trigger) as (events, _task),
+    ):
+        await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
+        if failure == "raises":
+            callables.GATE_FAILURES = 1
+        else:
+            callables.GATE_HANGS = 1
+        ready = STARTED + READY_LINE
+        channels.publish(name, ready)
+        await until(lambda: len(_failures(caplog)) == 1, 10, what="the gate's failure logged")
+        callables.RELEASE.set()  # a hung call returns (its answer is about the same change)
+        await until(lambda: len(events) == 1, 10, what="the event once the gate answers")
+        assert _decided(decider, ready) == 1 and events[0].payload["decision"] is True
+        assert len(_failures(caplog)) == 1
 
 
 # ------------------------------------------------------------------ 3. a decision fails once
@@ -183,16 +186,18 @@ async def test_a_decision_that_failed_once_is_asked_again_and_fires(
     caplog.set_level(logging.INFO)
     name = f"decide-fails-{'gate' if decide_when else 'plain'}"
     trigger = _watcher(name, decide_when=decide_when, decision_mode="on_request")
-    async with _emulator(monkeypatch, rules_file) as (emu, decider):
-        async with watching_events(trigger) as (events, _task):
-            await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
-            emu.faults.fail_decides(1, status=500)
-            ready = STARTED + READY_LINE
-            channels.publish(name, ready)
-            await until(lambda: len(_failures(caplog)) == 1, 10, what="the failed decision logged")
-            assert "HTTP 500" in _failures(caplog)[0]
-            await until(lambda: len(events) == 1, 10, what="the event after the retry")
-            assert _decided(decider, ready) == 1 and events[0].payload["decision"] is True
+    async with (
+        _emulator(monkeypatch, rules_file) as (emu, decider),
+        watching_events(trigger) as (events, _task),
+    ):
+        await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
+        emu.faults.fail_decides(1, status=500)
+        ready = STARTED + READY_LINE
+        channels.publish(name, ready)
+        await until(lambda: len(_failures(caplog)) == 1, 10, what="the failed decision logged")
+        assert "HTTP 500" in _failures(caplog)[0]
+        await until(lambda: len(events) == 1, 10, what="the event after the retry")
+        assert _decided(decider, ready) == 1 and events[0].payload["decision"] is True
 
 
 # ------------------------------------------------------------------ READY → FAILED → READY
@@ -204,20 +209,22 @@ async def test_ready_failed_ready_with_a_failed_decide_and_a_raising_gate_fires_
     caplog.set_level(logging.INFO)
     name = "ready-failed-ready"
     trigger = _watcher(name, decide_when=GATE)
-    async with _emulator(monkeypatch, rules_file) as (emu, decider):
-        async with watching_events(trigger) as (events, _task):
-            await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
-            emu.faults.fail_decides(1, status=500)  # the decision about READY fails once
-            ready = STARTED + READY_LINE
-            channels.publish(name, ready)
-            await until(lambda: len(events) == 1, 10, what="the first event")
-            callables.GATE_FAILURES = 1  # the gate raises once on FAILED
-            failed = ready + FAILED_LINE
-            channels.publish(name, failed)
-            await until(lambda: _decided(decider, failed) == 1, 10, what="the failed state decided")
-            again = failed + READY_LINE
-            channels.publish(name, again)
-            await until(lambda: len(events) == 2, 10, what="the second event")
-            assert [e.payload["decision"] for e in events] == [True, True]
-            assert len(_failures(caplog)) == 2  # the failed decide, the raising gate
-            assert emu.faults.pending_decide_failures == 0 and callables.GATE_FAILURES == 0
+    async with (
+        _emulator(monkeypatch, rules_file) as (emu, decider),
+        watching_events(trigger) as (events, _task),
+    ):
+        await until(lambda: _decided(decider, STARTED) == 1, 20, what="the initial state decided")
+        emu.faults.fail_decides(1, status=500)  # the decision about READY fails once
+        ready = STARTED + READY_LINE
+        channels.publish(name, ready)
+        await until(lambda: len(events) == 1, 10, what="the first event")
+        callables.GATE_FAILURES = 1  # the gate raises once on FAILED
+        failed = ready + FAILED_LINE
+        channels.publish(name, failed)
+        await until(lambda: _decided(decider, failed) == 1, 10, what="the failed state decided")
+        again = failed + READY_LINE
+        channels.publish(name, again)
+        await until(lambda: len(events) == 2, 10, what="the second event")
+        assert [e.payload["decision"] for e in events] == [True, True]
+        assert len(_failures(caplog)) == 2  # the failed decide, the raising gate
+        assert emu.faults.pending_decide_failures == 0 and callables.GATE_FAILURES == 0
