@@ -33,6 +33,7 @@ open, no wait on the source.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,10 @@ class DriverMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # thousands of runs, each failing and trying again: their log lines (with tracebacks, and
+        # so every object of the run) would pile up in the test's captured log
+        self._logging_disabled = logging.root.manager.disable
+        logging.disable(logging.CRITICAL)
         self.loop = ClockLoop()
         self.threads = ScriptedThreads()
         self._real_threads, threads.THREADS = threads.THREADS, self.threads  # type: ignore[assignment]
@@ -612,6 +617,7 @@ class DriverMachine(RuleBasedStateMachine):
         finally:
             threads.THREADS = self._real_threads  # type: ignore[assignment]
             self.loop.close()
+            logging.disable(self._logging_disabled)
 
     def _newest_state_decided(self, quiet_from: float) -> None:
         """Liveness: the newest state (with ``decide_when``, a relevant one) has a current
