@@ -390,7 +390,11 @@ class DriverMachine(RuleBasedStateMachine):
         decision in flight (after ``latency``: met, not met, failed, or — on_request — its deadline
         passed), reconnects a stream (what was dispatched on the old connection may still arrive,
         late), or fails it for good."""
-        what = data.draw(st.sampled_from(self._gateway_can()), label="what")
+        self.gateway_does(data.draw(st.sampled_from(self._gateway_can()), label="what"), latency)
+
+    def gateway_does(self, what: str, latency: float = 0.0) -> None:
+        """What :meth:`gateway` does, named (one of :meth:`_gateway_can`)."""
+        assert what in self._gateway_can(), f"the gateway cannot {what} now"
         if what.startswith("decides") or what == "lets a decide time out":
             self._advance(10.0 if what == "lets a decide time out" else latency)
             if what not in self._gateway_can():
@@ -669,10 +673,7 @@ def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> N
         slow_close=False,
         initial="working\n",
     )
-    stream = machine.streams.stream
-    assert stream is not None
-    decision, about = stream.answer_request(False)  # the initial state: not ready
-    machine.about[decision.reply_id] = about
+    machine.gateway_does("decides unmet")  # the initial state: not ready
     machine.source("working\n", slow=False)  # irrelevant: its check hangs
     machine.gate_callable("hangs")
     machine.source("READY\n", slow=False)  # read while the check hangs
@@ -680,3 +681,53 @@ def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> N
     machine.time_passes("to the next timer", then=None)  # it tries again: the check waits for the hung call
     machine.gate_callable("returns after hanging")
     machine.teardown()  # the ready line gets a current decision
+
+
+def test_a_decision_kept_for_a_state_is_not_judged_for_the_next_state_the_stream_holds() -> None:
+    """Another path the machine found: a decision comes back about the stream's state after the
+    source left it for a file without content, and is kept in case the source comes back to that
+    state. The stream is then handed a new state, whose decide fails; once the watch tries again,
+    the source goes without content and back to the new state. The kept decision is about the
+    old state: it must not be judged as the new state's."""
+    machine = DriverMachine()
+    machine.start(
+        mode="on_request",
+        lease=False,
+        lease_after=0.0,
+        max_staleness=0.0,
+        min_interval=0.0,
+        once=False,
+        slots=1,
+        manual_open=False,
+        slow_close=False,
+        initial="READY\n",
+    )
+    machine.source("rotate", slow=False)  # no content: not sent; the decide in flight goes on
+    machine.gateway_does("decides met")  # about READY, which the source left: kept
+    machine.source("rewrite", slow=False)  # sent, and decided
+    machine.gateway_does("fails a decision")  # the run fails, and waits to try again
+    machine.source("rotate", slow=False)
+    machine.time_passes("to the next timer", then=None)  # it tries again, and reads no content
+    machine.source("rewrite", slow=False)  # back to the state the stream was handed
+    machine.teardown()
+
+
+def test_with_decide_initial_false_the_first_content_of_a_source_that_had_none_is_a_change() -> None:
+    """A third path the machine found: the source starts without content (a file not written
+    yet), and its first content matches ``decide_when``: it is a change like any other (as the
+    docs say), and is decided."""
+    machine = DriverMachine()
+    machine.start(
+        mode="no_initial",
+        lease=True,
+        lease_after=0.0,
+        max_staleness=0.0,
+        min_interval=0.0,
+        once=False,
+        slots=1,
+        manual_open=False,
+        slow_close=False,
+        initial="",
+    )
+    machine.source("READY\n", slow=False)
+    machine.teardown()  # the first content gets a current decision
