@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +51,7 @@ from airflow_provider_systemzero.sources import threads
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.watching import failures_in_a_row, wait_to_watch_again
+from tests.helpers import examples
 from tests.triggers.callables import decisive
 from tests.triggers.scripted import (
     ClockLoop,
@@ -61,7 +61,7 @@ from tests.triggers.scripted import (
     ScriptedThreads,
 )
 
-EXAMPLES = 5000 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 80
+EXAMPLES = examples(80, thorough=5000)
 
 # Every time of the machine (steps, latencies, debounce_ms, lease_after, max_staleness, timeouts)
 # is a binary fraction, so the clock's sums are exact: a real clock passes a timer's time within
@@ -661,24 +661,31 @@ TestDriver.settings = settings(
 )
 
 
+def _machine(**given: Any) -> DriverMachine:
+    """A machine started with the arguments of the path spelled out (the rest: a plain run)."""
+    machine = DriverMachine()
+    arguments: dict[str, Any] = {
+        "mode": "on_request",
+        "lease": False,
+        "lease_after": 0.0,
+        "max_staleness": 0.0,
+        "min_interval": 0.0,
+        "once": False,
+        "slots": 1,
+        "manual_open": False,
+        "slow_close": False,
+        "initial": "working\n",
+    }
+    machine.start(**(arguments | given))
+    return machine
+
+
 def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> None:
     """One path of the machine, spelled out: a ``decide_when`` call hangs on an irrelevant change;
     the ready line comes while it hangs; the call times out and the watch tries again. When the
     hung call returns, its answer (about the irrelevant change) is not taken for the ready line's:
     that change is checked with its own arguments, and decided."""
-    machine = DriverMachine()
-    machine.start(
-        mode="gate",
-        lease=False,
-        lease_after=0.0,
-        max_staleness=0.0,
-        min_interval=0.0,
-        once=False,
-        slots=1,
-        manual_open=False,
-        slow_close=False,
-        initial="working\n",
-    )
+    machine = _machine(mode="gate")
     machine.gateway_does("decides unmet")  # the initial state: not ready
     machine.source("working\n", slow=False)  # irrelevant: its check hangs
     machine.gate_callable("hangs")
@@ -695,19 +702,7 @@ def test_a_decision_kept_for_a_state_is_not_judged_for_the_next_state_the_stream
     state. The stream is then handed a new state, whose decide fails; once the watch tries again,
     the source goes without content and back to the new state. The kept decision is about the
     old state: it must not be judged as the new state's."""
-    machine = DriverMachine()
-    machine.start(
-        mode="on_request",
-        lease=False,
-        lease_after=0.0,
-        max_staleness=0.0,
-        min_interval=0.0,
-        once=False,
-        slots=1,
-        manual_open=False,
-        slow_close=False,
-        initial="READY\n",
-    )
+    machine = _machine(initial="READY\n")
     machine.source("rotate", slow=False)  # no content: not sent; the decide in flight goes on
     machine.gateway_does("decides met")  # about READY, which the source left: kept
     machine.source("rewrite", slow=False)  # sent, and decided
@@ -722,18 +717,6 @@ def test_with_decide_initial_false_the_first_content_of_a_source_that_had_none_i
     """A third path the machine found: the source starts without content (a file not written
     yet), and its first content matches ``decide_when``: it is a change like any other (as the
     docs say), and is decided."""
-    machine = DriverMachine()
-    machine.start(
-        mode="no_initial",
-        lease=True,
-        lease_after=0.0,
-        max_staleness=0.0,
-        min_interval=0.0,
-        once=False,
-        slots=1,
-        manual_open=False,
-        slow_close=False,
-        initial="",
-    )
+    machine = _machine(mode="no_initial", lease=True, initial="")
     machine.source("READY\n", slow=False)
     machine.teardown()  # the first content gets a current decision

@@ -13,14 +13,11 @@ and a watch that sees READY → FAILED → READY, with one failed decide and one
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.triggers import driver, watching
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests import helpers
@@ -49,13 +46,8 @@ FAILED_LINE = "job FAILED\n"
 GATE = {"callable": "tests.triggers.callables.flaky_gate"}
 
 
-@contextlib.asynccontextmanager
-async def _emulator(
-    monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any
-) -> AsyncIterator[tuple[Emulator, RecordingDecider]]:
-    decider = RecordingDecider(LAST_LINE_RULES)
-    async with helpers.loopback_emulator(rules_file, monkeypatch, decider=decider, **kwargs) as emu:
-        yield emu, decider
+def _emulator(monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any) -> Any:
+    return helpers.recording_emulator(rules_file, monkeypatch, LAST_LINE_RULES, **kwargs)
 
 
 @pytest.fixture(autouse=True)
