@@ -169,15 +169,14 @@ async def test_a_decide_when_callable_that_failed_once_is_called_again_and_its_c
 # ------------------------------------------------------------------ 3. a decision fails once
 
 
-@pytest.mark.parametrize("decide_when", [r"(?i)ready|failed", None])
-async def test_a_decision_that_failed_once_is_asked_again_and_fires(
-    rules_file: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, decide_when: Any
+async def test_with_decide_when_a_decision_that_failed_once_is_asked_again_and_fires(
+    rules_file: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """HTTP 500 is not retried by the stream: the watch's try fails, and the next one asks for the
-    decision about the same change again (with ``decide_when`` as without)."""
+    decision about the same change again — with ``decide_when`` as without it."""
     caplog.set_level(logging.INFO)
-    name = f"decide-fails-{'gate' if decide_when else 'plain'}"
-    trigger = _watcher(name, decide_when=decide_when, decision_mode="on_request")
+    name = "decide-fails-once"
+    trigger = _watcher(name, decide_when=r"(?i)ready|failed")
     async with (
         _emulator(monkeypatch, rules_file) as (emu, decider),
         watching_events(trigger) as (events, _task),
