@@ -33,7 +33,9 @@ open, no wait on the source.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -625,9 +627,15 @@ class DriverMachine(RuleBasedStateMachine):
                     self._newest_state_decided(quiet_from)
                 self._clean_up()
         finally:
-            threads.THREADS = self._real_threads  # type: ignore[assignment]
+            self.put_back()
+
+    def put_back(self) -> None:
+        """Give the process back what the machine took for its run: the provider's threads, its
+        logging, and the loop (safe to call twice)."""
+        threads.THREADS = self._real_threads  # type: ignore[assignment]
+        logging.disable(self._logging_disabled)
+        if not self.loop.is_closed():
             self.loop.close()
-            logging.disable(self._logging_disabled)
 
     def _newest_state_decided(self, quiet_from: float) -> None:
         """Liveness: the newest state (with ``decide_when``, a relevant one) has a current
@@ -661,8 +669,10 @@ TestDriver.settings = settings(
 )
 
 
-def _machine(**given: Any) -> DriverMachine:
-    """A machine started with the arguments of the path spelled out (the rest: a plain run)."""
+@contextlib.contextmanager
+def _machine(**given: Any) -> Iterator[DriverMachine]:
+    """A machine started with the arguments of the path spelled out (the rest: a plain run); the
+    process gets back what it took even when a step fails before the machine's teardown."""
     machine = DriverMachine()
     arguments: dict[str, Any] = {
         "mode": "on_request",
@@ -676,8 +686,11 @@ def _machine(**given: Any) -> DriverMachine:
         "slow_close": False,
         "initial": "working\n",
     }
-    machine.start(**(arguments | given))
-    return machine
+    try:
+        machine.start(**(arguments | given))
+        yield machine
+    finally:
+        machine.put_back()
 
 
 def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> None:
@@ -685,15 +698,15 @@ def test_a_gate_call_that_hung_answers_only_the_change_it_was_asked_about() -> N
     the ready line comes while it hangs; the call times out and the watch tries again. When the
     hung call returns, its answer (about the irrelevant change) is not taken for the ready line's:
     that change is checked with its own arguments, and decided."""
-    machine = _machine(mode="gate")
-    machine.gateway_does("decides unmet")  # the initial state: not ready
-    machine.source("working\n", slow=False)  # irrelevant: its check hangs
-    machine.gate_callable("hangs")
-    machine.source("READY\n", slow=False)  # read while the check hangs
-    machine.time_passes("to the next timer", then=None)  # the check's timeout: the run fails, waits
-    machine.time_passes("to the next timer", then=None)  # it tries again: the check waits for the hung call
-    machine.gate_callable("returns after hanging")
-    machine.teardown()  # the ready line gets a current decision
+    with _machine(mode="gate") as machine:
+        machine.gateway_does("decides unmet")  # the initial state: not ready
+        machine.source("working\n", slow=False)  # irrelevant: its check hangs
+        machine.gate_callable("hangs")
+        machine.source("READY\n", slow=False)  # read while the check hangs
+        machine.time_passes("to the next timer", then=None)  # the check's timeout: the run fails
+        machine.time_passes("to the next timer", then=None)  # it tries again: waits for the hung call
+        machine.gate_callable("returns after hanging")
+        machine.teardown()  # the ready line gets a current decision
 
 
 def test_a_decision_kept_for_a_state_is_not_judged_for_the_next_state_the_stream_holds() -> None:
@@ -702,21 +715,21 @@ def test_a_decision_kept_for_a_state_is_not_judged_for_the_next_state_the_stream
     state. The stream is then handed a new state, whose decide fails; once the watch tries again,
     the source goes without content and back to the new state. The kept decision is about the
     old state: it must not be judged as the new state's."""
-    machine = _machine(initial="READY\n")
-    machine.source("rotate", slow=False)  # no content: not sent; the decide in flight goes on
-    machine.gateway_does("decides met")  # about READY, which the source left: kept
-    machine.source("rewrite", slow=False)  # sent, and decided
-    machine.gateway_does("fails a decision")  # the run fails, and waits to try again
-    machine.source("rotate", slow=False)
-    machine.time_passes("to the next timer", then=None)  # it tries again, and reads no content
-    machine.source("rewrite", slow=False)  # back to the state the stream was handed
-    machine.teardown()
+    with _machine(initial="READY\n") as machine:
+        machine.source("rotate", slow=False)  # no content: not sent; the decide in flight goes on
+        machine.gateway_does("decides met")  # about READY, which the source left: kept
+        machine.source("rewrite", slow=False)  # sent, and decided
+        machine.gateway_does("fails a decision")  # the run fails, and waits to try again
+        machine.source("rotate", slow=False)
+        machine.time_passes("to the next timer", then=None)  # it tries again, and reads no content
+        machine.source("rewrite", slow=False)  # back to the state the stream was handed
+        machine.teardown()
 
 
 def test_with_decide_initial_false_the_first_content_of_a_source_that_had_none_is_a_change() -> None:
     """A third path the machine found: the source starts without content (a file not written
     yet), and its first content matches ``decide_when``: it is a change like any other (as the
     docs say), and is decided."""
-    machine = _machine(mode="no_initial", lease=True, initial="")
-    machine.source("READY\n", slow=False)
-    machine.teardown()  # the first content gets a current decision
+    with _machine(mode="no_initial", lease=True, initial="") as machine:
+        machine.source("READY\n", slow=False)
+        machine.teardown()  # the first content gets a current decision

@@ -87,13 +87,15 @@ def _summary(event: WatchEvent | None, step: int | None) -> tuple[Any, ...] | No
     if event is None:
         return None
     payload = event.to_payload()
+    streak = dict(payload.get("streak") or {})
+    streak.pop("true_for", None)  # how long the run held: the poke's wall clock, the test's clock
     return (
         step,
         payload["status"],
         payload.get("action"),
         payload.get("decision"),
         payload.get("state_hash"),
-        payload.get("streak"),
+        streak,
     )
 
 
