@@ -204,15 +204,6 @@ class Dispatch:
 
 
 @dataclass
-class Asked:
-    """The stream was asked about ``state`` at ``at`` (a state it opened with or was sent, on_change;
-    a ``decide()``, on_request)."""
-
-    at: float
-    state: Any
-
-
-@dataclass
 class ScriptedStream:
     """A ``DecisionStream`` as the driver uses it, scripted by the test."""
 
@@ -229,7 +220,6 @@ class ScriptedStream:
     owed: list[Dispatch] = field(default_factory=list)
     #: on_request: the ``decide()`` calls waiting for an answer
     requests: list[Request] = field(default_factory=list)
-    asked: list[Asked] = field(default_factory=list)
     #: the failure that ended it (each call raises it)
     failure: BaseException | None = None
     holds_slot: bool = False
@@ -239,8 +229,6 @@ class ScriptedStream:
     #: the close handshake waits for the test (:meth:`ScriptedStreams.finish_close`) while set
     slow_close: bool = False
     closing_future: asyncio.Future[None] | None = None
-    #: the clock of :attr:`asked` (the loop's that built it)
-    clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_running_loop().time)
 
     def __post_init__(self) -> None:
         self.stream_id = f"szws_{id(self):x}_{next(self.connections)}"
@@ -299,7 +287,6 @@ class ScriptedStream:
             raise self.failure
         future: asyncio.Future[DecisionResult] = asyncio.get_running_loop().create_future()
         self.requests.append(Request(self.state_version, self.state, future))
-        self.asked.append(Asked(self.clock(), self.state))
         return await future
 
     # -- what the test does
@@ -313,7 +300,6 @@ class ScriptedStream:
     def _dispatch(self) -> None:
         """The gateway dispatches a decision about the newest state: one in flight, one pending."""
         self.owed = [*self.owed[:1], Dispatch(self.state_version, self.state, self.stream_id)]
-        self.asked.append(Asked(self.clock(), self.state))
 
     def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None
