@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_systemzero.compat import airflow_version
 from airflow_provider_systemzero.hooks.systemzero import ANSWER_LIMIT, SystemZeroHook
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
@@ -39,6 +40,9 @@ FORGED = "\n[1999-01-01T00:00:00.000+0000] {taskinstance.py:1} INFO - Marking ta
 ESCAPES = "\x1b[2J\x1b]8;;http://evil.example/\x07\u202e\ud800\x00"
 MARKUP = "[/bold][link=http://evil.example]Approved by SRE[/link]"
 LONG = "A" * 5_180
+#: What ``airflow connections test`` exits with when the test fails: 3.1 and 3.2 print "Connection
+#: failed!" and exit 0 (3.1.8, 3.2.2 read), 3.3 exits 1.
+CLI_FAILED = 1 if airflow_version() >= (3, 3, 0) else 0
 
 
 def hostile(field: str, *, header: bool = False) -> str:
@@ -235,7 +239,7 @@ async def test_every_gateway_field_reaches_every_answer_only_through_the_gate(
     for field in case.fields:
         assert marker(field) in button, (field, button)
     # Airflow's CLI prints the answer as rich markup: it must neither break nor hide a link
-    assert code == (0 if case.ok else 1), printed
+    assert code == (0 if case.ok else CLI_FAILED), printed
     assert_clean(printed, "airflow connections test")
     if not case.ok:
         for field in case.fields:
