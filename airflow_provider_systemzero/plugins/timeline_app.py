@@ -102,10 +102,14 @@ def _record_facts(record: Any, usage: Any) -> list[str]:
             f"The task's decision record ({status}): {record.get('question')} = "
             f"{record.get('decision')!r}, action {record.get('action')}, decided by {who}: {record.get('reason')}"
         )
-    if isinstance(usage, Mapping):
+    if isinstance(usage, Mapping):  # the whole try: every part of it (each resume, each poke)
+        parts = usage.get("resumes")
+        count = len(parts) if isinstance(parts, list) else 1
         facts.append(
-            f"Usage of try {usage.get('try_number')}: {usage.get('billed', 0)} decision(s) billed, "
-            f"{usage.get('replayed', 0)} replayed unbilled."
+            f"Usage of try {usage.get('try_number')}"
+            + (f", all {count} parts (each deferral's resume, or each poke)" if count > 1 else "")
+            + f": {usage.get('billed', 0)} decision(s) billed, {usage.get('replayed', 0)} replayed unbilled, "
+            f"{usage.get('dispatched', 0)} dispatched."
         )
     return facts
 

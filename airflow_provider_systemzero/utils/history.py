@@ -12,6 +12,11 @@ the worker can do:
 * **one story per try**: a sensor that asked a person, heard "no" and waited again resumes in the
   same try (Airflow keeps a deferred task's XComs), so the history pushed before is merged with the
   new one — each row once (the same event delivered twice adds nothing), the newest 200 decisions.
+  The earlier history is read only when the task knows this try pushed one (its try's record,
+  :attr:`UsageBudgetMixin.histories_pushed
+  <airflow_provider_systemzero.utils.usage.UsageBudgetMixin.histories_pushed>`): Airflow's client
+  logs an error for an XCom asked for by map index that does not exist, and a try's first
+  history has nothing before it.
 
 The ``decisions`` XCom follows ``do_xcom_push`` as the ``usage`` XCom does. What the UI's
 "Decision timeline" shows is this XCom.
@@ -49,8 +54,11 @@ def _counted(event: WatchEvent) -> list[str] | None:
     return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else None
 
 
-def _earlier(ti: Any) -> list[dict[str, Any]]:
-    """What this try pushed before (a wait that went on after a person said "no")."""
+def _earlier(task: Any, ti: Any) -> list[dict[str, Any]]:
+    """What this try pushed before (a wait that went on after a person said "no"); nothing, without
+    a read, when the task knows it pushed none."""
+    if not getattr(task, "histories_pushed", 0):
+        return []
     try:
         value = ti.xcom_pull(
             task_ids=ti.task_id, key=DECISIONS_XCOM_KEY, map_indexes=getattr(ti, "map_index", -1)
@@ -79,9 +87,12 @@ def push_history(
     if ti is None or not getattr(task, "do_xcom_push", True):
         return rows
     try:
-        history = merge_histories(_earlier(ti), rows)
+        history = merge_histories(_earlier(task, ti), rows)
         ti.xcom_push(key=DECISIONS_XCOM_KEY, value=history)
     except Exception as exc:  # the history explains the decision; it never fails the task
         getattr(task, "log", log).warning("could not push the System Zero decision history: %s", exc)
         return rows
+    noted = getattr(task, "history_pushed", None)
+    if callable(noted):
+        noted(context)
     return history
