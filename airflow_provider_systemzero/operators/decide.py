@@ -557,7 +557,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _publish(self, context: Context, event: WatchEvent) -> Any:
         answers = event.answers
         ti = context["ti"]
-        push_history(self, context, event)
+        push_history(self, context, event, condition=self._policy_drawn(answers))
         ti.xcom_push(key="answers", value=answers)
         ti.xcom_push(key="reply", value=event.reply)
         ti.xcom_push(key="decision_id", value=event.reply_id)
@@ -573,6 +573,14 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         return self._gate(context, self._make_gate(request, event))
+
+    def _policy_drawn(self, answers: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The policy the decision history is drawn against: its bars across the gated question's
+        chart (``None`` without a policy)."""
+        if self.policy is None:
+            return None
+        question = self.policy_question or (next(iter(answers)) if len(answers) == 1 else None)
+        return None if question is None else {"question": question, "policy": self.policy.to_dict()}
 
     def _make_gate(self, request: Mapping[str, Any], event: WatchEvent) -> Gate:
         """The gated question's decision, for the policy and the ``decision`` record."""

@@ -70,18 +70,26 @@ def _earlier(task: Any, ti: Any) -> list[dict[str, Any]]:
 
 
 def push_history(
-    task: BaseOperator, context: Mapping[str, Any], event: WatchEvent
+    task: BaseOperator,
+    context: Mapping[str, Any],
+    event: WatchEvent,
+    *,
+    condition: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]] | None:
     """Push ``event``'s decision history as the ``decisions`` XCom (see the module docstring).
 
     :param task: the sensor or operator (its ``do_xcom_push`` and ``billed_by_reply``, and its log).
     :param context: the task's context.
     :param event: the event that ended the wait (or the operator's decision).
+    :param condition: what the rows are drawn against when they carry no condition of their own
+        (an operator's policy: ``{"question", "policy"}``), the history's first row.
     :return: the history pushed (``None``: the event carries none).
     """
     rows = event.decisions
     if rows is None:
         return None
+    if condition is not None and not any(row.get("kind") == "condition" for row in rows):
+        rows = [{"kind": "condition", **condition}, *rows]
     rows = settle_billed(rows, getattr(task, "billed_by_reply", None), _counted(event))
     ti = context.get("ti")
     if ti is None or not getattr(task, "do_xcom_push", True):
