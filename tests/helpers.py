@@ -480,6 +480,24 @@ def trigger_kwargs(**overrides: Any) -> dict[str, Any]:
     }
 
 
+def channel_trigger(task: str, channel: str, **overrides: Any) -> Any:
+    """A ``SystemZeroDecisionTrigger`` of task ``task`` reading the push channel ``channel`` of
+    :mod:`tests.dormant.channels` (giving its stream back after 0.05 s of quiet), as the triggerer
+    runs it: serialized, then built again from its kwargs."""
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+    from tests.dormant import channels
+
+    kwargs = trigger_kwargs(
+        key_namespace=task_namespace("d", task, channel, -1),
+        source=channels.source(channel),
+        lease_after=0.05,
+        **overrides,
+    )
+    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
+    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
+
+
 @asynccontextmanager
 async def running_trigger(trigger: Any) -> AsyncIterator[asyncio.Future[Any]]:
     """Run ``trigger`` as the triggerer does (its first event is the task's result); on exit cancel

@@ -11,13 +11,11 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline, merge_histories
 from airflow_provider_systemzero.emulator.server import Emulator
-from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
 from tests.dormant import channels
-from tests.helpers import decision_result, run_dag, running_trigger, task_states, trigger_kwargs, xcoms_of
+from tests.helpers import channel_trigger, decision_result, run_dag, running_trigger, task_states, xcoms_of
 from tests.timeline.conftest import CONN_ID, START
 from tests.timeline.page import PageParts
 
@@ -57,20 +55,10 @@ def test_a_billed_start_is_never_placed_before_the_stream_it_started_on() -> Non
     assert rows[1]["at"] == rows[0]["at"]
 
 
-def _trigger(channel: str) -> SystemZeroDecisionTrigger:
-    kwargs = trigger_kwargs(
-        key_namespace=task_namespace("d", "numbers", channel, -1),
-        source=channels.source(channel),
-        lease_after=0.05,
-    )
-    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
-    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
-
-
 async def test_the_state_number_goes_on_across_streams_while_the_stream_version_starts_again(
     emulator: Emulator,
 ) -> None:
-    trigger = _trigger("numbers")
+    trigger = channel_trigger("numbers", "numbers")
     async with running_trigger(trigger) as task:
         decided = "waiting\n"
         for state in ("waiting\nstep 1\n", "waiting\nstep 1\nJob is ready.\n"):

@@ -4,32 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 from airflow_provider_systemzero.emulator.server import Emulator
-from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
 from tests.dormant import channels
-from tests.helpers import running_trigger, trigger_kwargs
+from tests.helpers import channel_trigger, running_trigger
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
 
 
-def _trigger(channel: str) -> SystemZeroDecisionTrigger:
-    kwargs = trigger_kwargs(
-        key_namespace=task_namespace("d", "progress", channel, -1),
-        source=channels.source(channel),
-        lease_after=0.05,
-    )
-    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
-    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
-
-
 async def test_progress_tells_the_newest_decision_and_whether_a_stream_is_held(emulator: Emulator) -> None:
-    trigger = _trigger("progress")
+    trigger = channel_trigger("progress", "progress")
     before = trigger.progress
     assert (before.running, before.dormant, before.decided_at, before.decided_state) == (
         False,
