@@ -489,9 +489,12 @@ def _summary(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
     count = f"{len(decisions)} decision{'s' if len(decisions) != 1 else ''} ({billed} billed, {replayed} replayed)"
     ending = [row for row in decisions if row.get("disposition") in ENDING_DISPOSITIONS]
     row = ending[-1] if ending else decisions[-1]
+    state = f"state #{_shown(row.get('generation'))} (stream version {_shown(row.get('state_version'))})"
+    if row.get("generation") is None:
+        state = f"stream version {_shown(row.get('state_version'))}"
     said = (
         f"{row.get('question')} = {_shown(row.get('answer'))} (probability {_shown(row.get('probability'))}, "
-        f"confidence {_shown(row.get('confidence'))}) about state version {_shown(row.get('state_version'))}"
+        f"confidence {_shown(row.get('confidence'))}) about {state}"
     )
     if ending:
         lead = f"{row.get('at')}: {said} — {DISPOSITIONS.get(str(row.get('disposition')), 'ended the wait')}."
