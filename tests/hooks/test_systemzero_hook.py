@@ -430,11 +430,11 @@ def test_test_connection_reports_an_unreachable_gateway(server_context: None) ->
 
 
 def test_a_connection_that_stores_no_port_is_named_as_the_test_buttons_cause(
-    threaded_emu: ThreadedEmulator, caplog: pytest.LogCaptureFixture
+    sync_threaded_emu: ThreadedEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Airflow 3.3.2's Test button refuses such a connection before the hook is asked
     # (apache/airflow#73298): where the hook is asked (the CLI, another Airflow) it says so
-    origin = threaded_emu.emulator.origin
+    origin = sync_threaded_emu.emulator.origin
     port = int(origin.rsplit(":", 1)[1])
     with caplog.at_level(logging.WARNING, logger="airflow_provider_systemzero.hooks.systemzero"):
         ok, message = SystemZeroHook(CONN_ID).test_connection()
@@ -482,7 +482,7 @@ def test_a_stored_port_that_contradicts_the_origins_is_refused() -> None:
 
 @pytest.mark.filterwarnings("ignore:The HMAC key is:Warning", "ignore:ProvidersManager.hooks is deprecated")
 def test_the_test_button_names_the_persons_connection_not_airflows_temporary_one(
-    threaded_emu: ThreadedEmulator, monkeypatch: pytest.MonkeyPatch
+    sync_threaded_emu: ThreadedEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Airflow's own API route (the Test button's request) tests a copy stored under a random ID
     from airflow.api_fastapi.app import create_app, get_auth_manager
@@ -502,7 +502,7 @@ def test_the_test_button_names_the_persons_connection_not_airflows_temporary_one
         assert response.status_code == 200, response.text
         return response.json()
 
-    origin = threaded_emu.emulator.origin
+    origin = sync_threaded_emu.emulator.origin
     store_connection("systemzero_named", host=origin, extra={"modle": "m-1"})  # a misspelt extra
     answer = press("systemzero_named")
     assert answer["status"] is False
