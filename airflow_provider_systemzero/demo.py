@@ -17,14 +17,24 @@ What it does, each step printed as it happens:
 5. stops the emulator and removes the home on every exit path (``--keep-home`` keeps it); when
    something fails, the home is kept and the end of the failing log is printed.
 
+The demo is sealed (:class:`DemoHome`): its children start from an environment of their own, which
+keeps of the caller's only what a child needs to run (:data:`KEPT_VARIABLES`: ``PATH``, the locale,
+the temporary directory, the TLS trust settings, the library path) — never an ``AIRFLOW_*``,
+``AIRFLOW__*``, ``AIRFLOW_CONN_*``, ``AIRFLOW_VAR_*`` or ``SYSTEMZERO_*`` variable it does not set
+itself. Where a deployment sets its metadata database, its home or its connections by environment
+(the official image, Helm and compose do), the demo still uses only the home and the SQLite
+database it created, and every step that starts Airflow refuses, naming the variable, an
+environment that points anywhere else (:meth:`DemoHome.check`).
+
 The example Dags ship inside the package (``airflow_provider_systemzero.example_dags``), so
 ``python -m airflow_provider_systemzero.demo`` runs from an installed wheel as well as from a
 checkout. Its usage line and its hints name the command that was run (:class:`Invocation`):
 ``make demo`` with ``DEMO_ARGS=...`` from a checkout, the ``python -m`` command otherwise.
 
 Point it at a real System Zero instead with ``--origin wss://HOST`` and the key in the
-``SYSTEMZERO_API_KEY`` environment variable (never on the command line), or set
-``SYSTEMZERO_ORIGIN``; ``--model`` picks the model (``SYSTEMZERO_MODEL``).
+``SYSTEMZERO_API_KEY`` environment variable (never on the command line); ``--model`` picks the
+model (``SYSTEMZERO_MODEL``). A real gateway is used only when ``--origin`` says so: a
+``SYSTEMZERO_ORIGIN`` or a ``systemzero_default`` connection in the caller's environment is not.
 """
 
 from __future__ import annotations
@@ -48,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "KEPT_VARIABLES",
     "MAKE_COMMAND_ENV",
+    "DemoHome",
     "Invocation",
     "airflow_cli",
     "done_message",
@@ -59,6 +71,7 @@ __all__ = [
     "run_in_home",
     "run_xcoms",
     "say",
+    "say_sealed",
     "store_connection",
 ]
 
@@ -76,6 +89,153 @@ DEMO_DAGS = (
 
 #: How many lines of a failing log the demo quotes.
 LOG_TAIL_LINES = 30
+
+#: What the demos' children keep of the caller's environment: what a process needs to run — where
+#: programs are, the locale, the temporary directory, the shared-library path an interpreter may
+#: need, the TLS trust settings (for ``--origin``) — and nothing that could point it at a
+#: deployment. ``LC_*`` variables are kept too (the locale).
+KEPT_VARIABLES = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "LD_LIBRARY_PATH",
+    "DYLD_LIBRARY_PATH",
+    "PYTHONHOME",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
+#: The variables a demo never passes on unless it sets them itself (by prefix): Airflow's home,
+#: configuration, connections and variables, and this provider's own settings.
+_SEALED_PREFIXES = ("AIRFLOW", "SYSTEMZERO_")
+#: What says Airflow would use another database, configuration, connection or variable than the
+#: demo's own, beside ``AIRFLOW_HOME`` and the database URL (checked by :meth:`DemoHome.check`).
+_ELSEWHERE = (
+    "AIRFLOW_CONFIG",
+    "AIRFLOW_CONN_",
+    "AIRFLOW_VAR_",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_",  # _CMD, _SECRET
+    "AIRFLOW__CORE__SQL_ALCHEMY_CONN",  # the setting's old home
+    "AIRFLOW__SECRETS__",
+    "SYSTEMZERO_API_KEY",
+    "SYSTEMZERO_ORIGIN",
+)
+#: The file that marks a home as one a demo created.
+_MARK = ".systemzero-demo-home"
+#: Where the home's database lives, inside it.
+_DATABASE = "airflow.db"
+
+
+class DemoHome:
+    """A throwaway ``AIRFLOW_HOME`` a demo creates, with its SQLite metadata database, and the sealed
+    environment of every child the demo starts there.
+
+    :param path: the home (an empty directory the demo created; :meth:`create` makes one).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        (path / _MARK).write_text("a throwaway Airflow home of the System Zero demo\n", encoding="utf-8")
+
+    @classmethod
+    def create(cls, prefix: str) -> DemoHome:
+        """A new home in the temporary directory.
+
+        :param prefix: its name's beginning (``systemzero-demo-``).
+        """
+        return cls(Path(tempfile.mkdtemp(prefix=prefix)))
+
+    @property
+    def database_url(self) -> str:
+        """The home's own metadata database (SQLite, a file in the home)."""
+        return f"sqlite:///{self.path / _DATABASE}"
+
+    def environment(self, **sets: str) -> dict[str, str]:
+        """The environment of the demo's children: :data:`KEPT_VARIABLES` (and ``LC_*``) of the
+        caller's, the import path this package came from, this home and its database, and ``sets``
+        (the only ``AIRFLOW*`` and ``SYSTEMZERO_*`` variables there are).
+
+        :param sets: more variables (``AIRFLOW__CORE__DAGS_FOLDER`` …); the database URL may be
+            given with options, as long as it is the home's database.
+        """
+        kept = {
+            name: value
+            for name, value in os.environ.items()
+            if name in KEPT_VARIABLES or name.startswith("LC_")
+        }
+        path = _import_path()
+        env = {
+            **kept,
+            **({"PYTHONPATH": path} if path else {}),
+            "AIRFLOW_HOME": str(self.path),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
+            **sets,
+        }
+        self.check(env)
+        return env
+
+    @staticmethod
+    def check(env: dict[str, str], what: str = "the demo's Airflow") -> None:
+        """Refuse an environment in which Airflow would use a home or a database the demo did not
+        create, or connections, variables, configuration or secrets from elsewhere.
+
+        :param env: the environment of a child about to start.
+        :param what: what the child is, for the message.
+        :raises RuntimeError: naming the variable (never its value: it may hold a password).
+        """
+        home = env.get("AIRFLOW_HOME")
+        if home is None or not (Path(home) / _MARK).is_file():
+            raise RuntimeError(
+                f"refusing to start {what} with AIRFLOW_HOME={'unset' if home is None else home}: the "
+                "demo runs Airflow only in the throwaway home it created, never in another"
+            )
+        url = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+        inside = f"sqlite:///{Path(home) / _DATABASE}"
+        if url is not None and url != inside and not url.startswith(inside + "?"):
+            raise RuntimeError(
+                f"refusing to start {what} with AIRFLOW__DATABASE__SQL_ALCHEMY_CONN set to another database "
+                f"(not shown: it may hold a password): the demo uses only {inside}, which it created"
+            )
+        for name in env:
+            if name.startswith(_ELSEWHERE):
+                raise RuntimeError(
+                    f"refusing to start {what} with {name} set (not shown): Airflow would read a "
+                    "configuration, a connection, a variable, a secret or a key the demo did not create"
+                )
+
+
+def _import_path() -> str:
+    """The ``PYTHONPATH`` entries a child needs to import this package and Airflow as this process
+    does (none when they are installed)."""
+    import airflow_provider_systemzero
+
+    holders = {Path(airflow_provider_systemzero.__file__).resolve().parent.parent}
+    airflow = importlib.util.find_spec("airflow")
+    if airflow is not None and airflow.origin is not None:
+        holders.add(Path(airflow.origin).resolve().parent.parent)
+    entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return os.pathsep.join(entry for entry in entries if Path(entry).resolve() in holders)
+
+
+def say_sealed(shown: int = 8) -> None:
+    """Say which of the caller's ``AIRFLOW*`` and ``SYSTEMZERO_*`` variables the demo's Airflow does
+    not see (their names only: a value may hold a password), if any.
+
+    :param shown: the most names listed.
+    """
+    names = sorted(
+        name
+        for name in os.environ
+        if name.startswith(_SEALED_PREFIXES) and name not in (MAKE_COMMAND_ENV, "SYSTEMZERO_API_KEY")
+    )
+    if names:
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        say(
+            f"not passed on from your environment: {', '.join(names[:shown])}{more} (the demo uses its "
+            "own home, database and connection; a real gateway only with --origin)"
+        )
 
 
 def example_dags_folder() -> Path:
@@ -245,11 +405,16 @@ def _emulator_command(rules: Path, key: str, admin: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def run_emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[str]:
-    """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it."""
+def run_emulator(
+    rules: Path, key: str, admin: str, log_path: Path, *, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Run ``systemzero-emulator`` as a child process; yield its origin; always stop it.
+
+    :param env: its environment (the demo's sealed one; ``None``: this process's).
+    """
     command = _emulator_command(rules, key, admin)
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -274,10 +439,15 @@ def run_emulator(rules: Path, key: str, admin: str, log_path: Path) -> Iterator[
             process.stdout.close()
 
 
+#: Opens the demo's own loopback addresses (the emulator, the api-server) directly: never through a
+#: proxy the caller's environment names.
+loopback_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _stats(origin: str, admin: str) -> dict[str, Any]:
     url = origin.replace("ws://", "http://", 1) + "/_emulator/stats"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin}"})
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with loopback_opener.open(request, timeout=5) as response:
         return json.loads(response.read())
 
 
@@ -288,8 +458,10 @@ def airflow_cli(args: Sequence[str], env: dict[str, str], log_path: Path, *, tim
     :param env: the environment (the throwaway ``AIRFLOW_HOME``).
     :param log_path: where the output goes.
     :param timeout: seconds the command may take.
-    :raises RuntimeError: the command failed; the message quotes the end of the log.
+    :raises RuntimeError: the command failed (the message quotes the end of the log), or ``env``
+        points Airflow at a home or a database the demo did not create (:meth:`DemoHome.check`).
     """
+    DemoHome.check(env, f"'airflow {' '.join(args)}'")
     with log_path.open("a") as log:
         log.write(f"\n$ airflow {' '.join(args)}\n")
         log.flush()
@@ -311,7 +483,11 @@ def airflow_cli(args: Sequence[str], env: dict[str, str], log_path: Path, *, tim
 def store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
     """Store ``systemzero_default`` in the metadata DB, with its port (the Test button needs one:
     see the connection docs); the key travels in the child's environment, never on a command line
-    (where ``ps`` would show it)."""
+    (where ``ps`` would show it).
+
+    :raises RuntimeError: ``env`` points Airflow at a home or a database the demo did not create.
+    """
+    DemoHome.check(env, "the process that stores the demo's connection")
     script = """
 import json, os
 from airflow.models import Connection
@@ -328,7 +504,11 @@ with create_session() as s:
 
 
 def run_xcoms(env: dict[str, str], dag_id: str) -> dict[str, Any]:
-    """The latest run's XComs, read in a child process with the demo's AIRFLOW_HOME."""
+    """The latest run's XComs, read in a child process with the demo's AIRFLOW_HOME.
+
+    :raises RuntimeError: ``env`` points Airflow at a home or a database the demo did not create.
+    """
+    DemoHome.check(env, "the process that reads the demo's XComs")
     script = f"""
 import json
 from airflow.models.dagrun import DagRun
@@ -397,7 +577,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = invocation.parser(__doc__.split("\n\n")[0])
     parser.add_argument(
         "--origin",
-        default=os.environ.get("SYSTEMZERO_ORIGIN"),
         help="a real System Zero API origin (wss://… or https://…); the key comes from "
         "SYSTEMZERO_API_KEY. Default: the embedded emulator",
     )
@@ -407,20 +586,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = invocation.finish(parser).parse_args(argv)
 
     started = time.monotonic()
-    home = Path(tempfile.mkdtemp(prefix="systemzero-demo-"))
+    sealed = DemoHome.create("systemzero-demo-")
+    home = sealed.path
     dags = example_dags_folder()
     examples = home / "examples"
     examples.mkdir()
     log_path = home / "demo.log"
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "SYSTEMZERO_EXAMPLE_DIR": str(examples),
-        "PYTHONWARNINGS": "ignore",
-    }
-    env.pop("SYSTEMZERO_API_KEY", None)  # the key reaches only the process that stores the connection
+    # the key reaches only the process that stores the connection (store_connection)
+    env = sealed.environment(
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        SYSTEMZERO_EXAMPLE_DIR=str(examples),
+        PYTHONWARNINGS="ignore",
+    )
     admin = secrets.token_urlsafe(16)
 
     def work() -> int:
@@ -435,13 +613,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 key = "demo-" + secrets.token_hex(8)
                 origin = stack.enter_context(
-                    run_emulator(dags / "emulator_rules.json", key, admin, home / "emulator.log")
+                    run_emulator(dags / "emulator_rules.json", key, admin, home / "emulator.log", env=env)
                 )
                 say(
                     f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})",
                     step="gateway",
                 )
             say(f"AIRFLOW_HOME={home}", step="airflow")
+            say_sealed()
             airflow_cli(["db", "migrate"], env, log_path)
             store_connection(env, origin, key, args.model)
             say("metadata DB migrated; connection systemzero_default stored in the DB")

@@ -18,6 +18,11 @@ step is printed as it happens:
 6. the ``decision`` record the task pushed once the run ended: ``decided_by: human``, when
    System Zero decided (``decided_at``) and when the person answered (``answered_at``).
 
+Like the demo, it is sealed (:class:`~airflow_provider_systemzero.demo.DemoHome`): no ``AIRFLOW*``
+or ``SYSTEMZERO_*`` variable of the caller's reaches its processes, so a connection, a database or
+a home set by environment (a real gateway and key in ``AIRFLOW_CONN_SYSTEMZERO_DEFAULT``) is never
+used, and every process it starts is refused an environment that points elsewhere.
+
 It works on every supported Airflow: on 3.3 the task waits in ``awaiting_input``; on 3.1 and 3.2 it
 waits deferred, and Airflow's ``HITLTrigger`` (run in-process by ``dags test``) checks for the
 answer every second. The home is removed on exit unless ``--keep-home`` is given or something failed.
@@ -35,7 +40,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -45,14 +49,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow_provider_systemzero.demo import (
+    DemoHome,
     Invocation,
     airflow_cli,
     example_dags_folder,
     log_tail,
+    loopback_opener,
     run_emulator,
     run_in_home,
     run_xcoms,
     say,
+    say_sealed,
     store_connection,
 )
 from airflow_provider_systemzero.durations import readable
@@ -96,6 +103,7 @@ class Background:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Background:
+        DemoHome.check(self.env, self.name)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -152,7 +160,7 @@ class RestApi:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with loopback_opener.open(request, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")
@@ -224,28 +232,26 @@ def _quoted(lines: str) -> None:
         say(f"| {line}")
 
 
-def _environment(home: Path, api: str, port: int) -> dict[str, str]:
-    """The environment of every Airflow process of the demo: one throwaway home on SQLite, the
-    example Dags, and an api-server where every user is an admin."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")},
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(example_dags_folder()),
+def _environment(home: DemoHome, api: str, port: int) -> dict[str, str]:
+    """The environment of every process of the demo: sealed (:meth:`DemoHome.environment`: nothing
+    of the caller's Airflow or System Zero settings), one throwaway home on SQLite, the example
+    Dags, and an api-server where every user is an admin. The emulator's key reaches only the
+    process that stores it."""
+    return home.environment(
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(example_dags_folder()),
         # two processes write the DB (dags test, the api-server's answer): a writer waits for the lock
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=30",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": api,
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(24),
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
-        "SYSTEMZERO_EXAMPLE_DIR": str(home / "examples"),
-        "PYTHONWARNINGS": "ignore",
-    }
-    env.pop("SYSTEMZERO_API_KEY", None)  # the emulator's key reaches only the process that stores it
-    return env
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"{home.database_url}?timeout=30",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+        AIRFLOW__API__HOST="127.0.0.1",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API__BASE_URL=api,
+        AIRFLOW__API__WORKERS="1",
+        AIRFLOW__API__SECRET_KEY=secrets.token_urlsafe(24),
+        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_urlsafe(64),
+        SYSTEMZERO_EXAMPLE_DIR=str(home.path / "examples"),
+        PYTHONWARNINGS="ignore",
+    )
 
 
 def _show_request(request: dict[str, Any]) -> None:
@@ -285,12 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = invocation.finish(parser).parse_args(argv)
 
     started = time.monotonic()
-    home = Path(tempfile.mkdtemp(prefix="systemzero-review-demo-"))
+    sealed = DemoHome.create("systemzero-review-demo-")
+    home = sealed.path
     (home / "examples").mkdir()
     log_path = home / "demo.log"
     port = _free_port()
     api = f"http://127.0.0.1:{port}"
-    env = _environment(home, api, port)
+    env = _environment(sealed, api, port)
 
     def work() -> int:
         with contextlib.ExitStack() as stack:
@@ -301,12 +308,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     key,
                     secrets.token_urlsafe(16),
                     home / "emulator.log",
+                    env=env,
                 )
             )
             say(
                 f"emulator listening on {origin} (rules decider, log {home / 'emulator.log'})", step="gateway"
             )
             say(f"AIRFLOW_HOME={home}", step="airflow")
+            say_sealed()
             airflow_cli(["db", "migrate"], env, log_path)
             with contextlib.closing(sqlite3.connect(home / "airflow.db")) as db:
                 db.execute("PRAGMA journal_mode=WAL")  # the api-server's reads never block a write

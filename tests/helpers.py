@@ -550,3 +550,109 @@ def dormant(trigger: Any) -> bool:
 
     progress = watch_progress(trigger)  # a decision trigger's ``progress``; an asset watcher's too
     return progress.running and progress.dormant
+
+
+#: What every process of an :func:`audited_python` runs first: an audit hook that writes down the
+#: address of every socket it connects or sends to, on the internet's families (``{log}`` is the file).
+_AUDIT_HOOK = """
+import os as _os, socket as _socket, sys as _sys
+
+def _systemzero_test_audit(event, args, _log={log!r}):
+    if event in ("socket.connect", "socket.sendto") and getattr(args[0], "family", None) in (
+        _socket.AF_INET, _socket.AF_INET6
+    ):
+        with open(_log, "a", encoding="utf-8") as file:
+            file.write(f"{{_os.getpid()}} {{event}} {{args[1]!r}}\\n")
+
+_sys.addaudithook(_systemzero_test_audit)
+"""
+
+
+def audited_python(directory: Path) -> tuple[Path, Path]:
+    """A Python interpreter of its own (a virtualenv in ``directory``) that runs this environment's
+    packages and writes down the address of every network socket any of its processes connects or
+    sends to — a child that runs ``sys.executable`` too, whatever environment it is given.
+
+    :return: the interpreter, and the file the addresses go to (one line each: pid, event, address).
+    """
+    import site
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = directory / "audited-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    ours = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    log = directory / "connections.log"
+    log.touch()
+    # the packages of this environment (its .pth files too: an editable install's finder)
+    lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in dict.fromkeys(ours))
+    (Path(purelib) / "systemzero_test_packages.pth").write_text(lines, encoding="utf-8")
+    (Path(purelib) / "sitecustomize.py").write_text(_AUDIT_HOOK.format(log=str(log)), encoding="utf-8")
+    return python, log
+
+
+def network_peers(log: Path) -> list[str]:
+    """The addresses an :func:`audited_python` wrote down that are not on loopback."""
+    import ast
+    import ipaddress
+
+    outside = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        _, _, address = line.split(" ", 2)
+        host = ast.literal_eval(address)[0]
+        if not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+            outside.append(line)
+    return outside
+
+
+def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", arguments: str = "") -> Any:
+    """Run ``python -m module`` in a network namespace and a mount namespace of its own (loopback
+    up, nothing else reachable), whose ``/etc/resolv.conf`` names ``127.0.0.1`` (the module answers
+    DNS there, or not), and return the JSON object its last line prints.
+
+    Skips the test, with the reason, where the machine refuses the namespaces (``unshare``).
+
+    :param module: the scenario's module (``tests.hostile.dead_resolver``).
+    :param setup: shell commands run first, in the namespace (``ip addr add …``).
+    :param arguments: the module's arguments.
+    """
+    import shutil
+    import subprocess
+    import sys
+
+    for tool in ("unshare", "ip", "mount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: no network namespace with a resolver of the test's own")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\n")
+    command = " && ".join(
+        step
+        for step in (
+            "ip link set lo up",
+            setup,
+            f"mount --bind {resolv} /etc/resolv.conf",
+            f"exec {sys.executable} -m {module} {arguments}".strip(),
+        )
+        if step
+    )
+    done = subprocess.run(
+        ["unshare", "--net", "--mount", "--map-root-user", "sh", "-c", command],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0 and not done.stdout.strip():
+        if "unshare" in done.stderr or "mount" in done.stderr or "Operation not permitted" in done.stderr:
+            pytest.skip(f"network and mount namespaces are refused here: {done.stderr.strip()[-300:]}")
+        raise AssertionError(f"the scenario failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

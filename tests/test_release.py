@@ -7,17 +7,22 @@ that a Dag runs against the emulator from the installed package alone.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tomllib
 from datetime import datetime, timedelta
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +35,7 @@ from airflow_provider_systemzero.demo import (
     log_tail,
 )
 from tests.conftest import REPO
+from tests.helpers import audited_python, network_peers
 
 DIST = metadata.distribution("airflow-provider-systemzero")
 PACKAGE_DIR = Path(airflow_provider_systemzero.__file__).resolve().parent
@@ -102,11 +108,21 @@ def test_the_installed_wheel_is_what_runs() -> None:
     assert DIST.version in INSTALLED_WHEEL
 
 
-def _demo(tmp_path: Path, *args: str, module: str = "demo") -> subprocess.CompletedProcess[str]:
+def _demo(
+    tmp_path: Path,
+    *args: str,
+    module: str = "demo",
+    deployment: Deployment | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a demo from the installed package, in the test's environment or, with ``deployment``,
+    in that deployment's (by its Python, which writes down every address a process connects to)."""
     # -I: the checkout is neither on sys.path nor the working directory; only the installed package runs.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SYSTEMZERO_", "PYTHON"))}
+    if deployment is not None:
+        env.update(deployment.env)
+    python = sys.executable if deployment is None else str(deployment.python)
     return subprocess.run(
-        [sys.executable, "-I", "-m", f"airflow_provider_systemzero.{module}", *args],
+        [python, "-I", "-m", f"airflow_provider_systemzero.{module}", *args],
         cwd=tmp_path,
         env={**env, "TMPDIR": str(tmp_path)},
         capture_output=True,
@@ -116,9 +132,104 @@ def _demo(tmp_path: Path, *args: str, module: str = "demo") -> subprocess.Comple
     )
 
 
-def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp_path: Path) -> None:
-    result = _demo(tmp_path, "--dags", "systemzero_replay_and_branch")
+#: A deployment's real-looking gateway and key (nothing listens there; a demo must not try).
+LIVE_ORIGIN = "wss://systemzero.example.com"
+LIVE_KEY = "sz-live-4f8a2c9e1b7d6a3f5e0c"
+
+
+@dataclasses.dataclass
+class Deployment:
+    """An environment as a deployment sets it (the official image, Helm, compose): its own
+    ``AIRFLOW_HOME``, its metadata database by URL (a migrated one, with a ``systemzero_default``
+    connection to a real gateway), a connection, a variable and this provider's settings by
+    environment, and a proxy. A demo run there must leave all of it as it was and open no socket
+    beyond loopback.
+
+    :param env: the variables.
+    :param python: the interpreter to run the demo with (:func:`~tests.helpers.audited_python`).
+    :param connections: where it writes down every address its processes connect to.
+    :param home: the deployment's ``AIRFLOW_HOME`` (its database inside).
+    """
+
+    env: dict[str, str]
+    python: Path
+    connections: Path
+    home: Path
+
+    def snapshot(self) -> dict[str, str]:
+        """Every file of the deployment's home, by its content's hash."""
+        return {
+            str(path.relative_to(self.home)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(self.home.rglob("*"))
+            if path.is_file()
+        }
+
+    def systemzero_default(self) -> tuple[Any, ...]:
+        with contextlib.closing(sqlite3.connect(self.home / "airflow.db")) as db:
+            return db.execute(
+                "SELECT conn_type, host, password, extra FROM connection WHERE conn_id = 'systemzero_default'"
+            ).fetchone()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, airflow_db: None, airflow_home: Path) -> Deployment:
+    home = tmp_path / "deployment"
+    home.mkdir()
+    database = home / "airflow.db"
+    with (
+        contextlib.closing(sqlite3.connect(airflow_home / "airflow.db")) as source,
+        contextlib.closing(sqlite3.connect(database)) as copy,
+    ):
+        source.backup(copy)  # a migrated metadata database, as a deployment's is
+        copy.execute("DELETE FROM connection WHERE conn_id = 'systemzero_default'")
+        copy.execute(
+            "INSERT INTO connection (conn_id, conn_type, host, password, extra, is_encrypted, "
+            "is_extra_encrypted) VALUES ('systemzero_default', 'systemzero', ?, ?, ?, 0, 0)",
+            (LIVE_ORIGIN, LIVE_KEY, json.dumps({"model": "sz-large"})),
+        )
+        copy.commit()
+    url = f"sqlite:///{database}"
+    (home / "airflow.cfg").write_text(f"[database]\nsql_alchemy_conn = {url}\n", encoding="utf-8")
+    python, connections = audited_python(tmp_path)
+    connection = {"conn_type": "systemzero", "host": LIVE_ORIGIN, "password": LIVE_KEY}
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "True",
+        "AIRFLOW_CONN_SYSTEMZERO_DEFAULT": json.dumps(connection),
+        "AIRFLOW_VAR_ENVIRONMENT": "production",
+        "SYSTEMZERO_ORIGIN": LIVE_ORIGIN,
+        "SYSTEMZERO_API_KEY": LIVE_KEY,
+        # a proxy nothing may go through: the demos talk to loopback only
+        "HTTP_PROXY": "http://203.0.113.10:3128",
+        "HTTPS_PROXY": "http://203.0.113.10:3128",
+        "ALL_PROXY": "http://203.0.113.10:3128",
+    }
+    return Deployment(env, python, connections, home)
+
+
+def _left_alone(deployment: Deployment, before: dict[str, str], out: str) -> None:
+    """The deployment's home and database as they were, its gateway and key unused, and no socket
+    opened beyond loopback by any process of the demo."""
+    assert deployment.snapshot() == before, "the deployment's home or database changed"
+    assert deployment.systemzero_default() == ("systemzero", LIVE_ORIGIN, LIVE_KEY, '{"model": "sz-large"}')
+    assert network_peers(deployment.connections) == []
+    assert deployment.connections.read_text(), "the audit hook wrote nothing: it did not run"
+    assert LIVE_KEY not in out and "systemzero.example.com" not in out
+    (sealed,) = [line for line in out.splitlines() if "not passed on from your environment" in line]
+    for name in ("AIRFLOW_CONN_SYSTEMZERO_DEFAULT", "AIRFLOW_HOME", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+        assert name in sealed, sealed
+
+
+def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(
+    tmp_path: Path, deployment: Deployment
+) -> None:
+    """In a deployment's environment (issue 54 items 3 and 4): its database, its connection and
+    its gateway untouched, no socket beyond loopback."""
+    before = deployment.snapshot()
+    result = _demo(tmp_path, "--dags", "systemzero_replay_and_branch", deployment=deployment)
     assert result.returncode == 0, result.stdout + result.stderr
+    _left_alone(deployment, before, result.stdout + result.stderr)
     assert "systemzero_replay_and_branch: success" in result.stdout
     assert "decide: " in result.stdout and "state change(s) accepted" in result.stdout
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("systemzero-demo-")], "home not removed"
@@ -130,13 +241,17 @@ def test_the_demo_runs_a_dag_against_the_emulator_from_the_installed_package(tmp
 
 
 def test_the_review_demo_answers_a_review_through_the_rest_api_from_the_installed_package(
-    tmp_path: Path,
+    tmp_path: Path, deployment: Deployment
 ) -> None:
     """On every supported Airflow (3.1 and 3.2 included, where the review waits in HITLTrigger run
-    by ``dags test``): the request is shown, a script's PATCH answers it, the record says so."""
-    result = _demo(tmp_path, "--answer", "engineering", module="review_demo")
+    by ``dags test``): the request is shown, a script's PATCH answers it, the record says so. In a
+    deployment's environment (issue 54 items 3 and 4): its database, its connection and its gateway
+    untouched, no socket beyond loopback."""
+    before = deployment.snapshot()
+    result = _demo(tmp_path, "--answer", "engineering", module="review_demo", deployment=deployment)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
+    _left_alone(deployment, before, out + result.stderr)
     assert "==> review System Zero is unsure: team" in out and "**Why you are asked:** confidence 0.6" in out
     assert re.search(r"\$ TOKEN=\$\(curl -s http://127\.0\.0\.1:\d+/auth/token \| python3 -c ", out)
     # the PATCH as printed, pasted into a shell: the token is put into its header
@@ -317,3 +432,77 @@ def test_the_demo_hands_a_random_admin_token_to_the_emulator_as_one_argument() -
     command = _emulator_command(Path("rules.json"), "demo-key", "-Xy_token")
     args = build_parser().parse_args(command[3:])
     assert args.admin_token == "-Xy_token"
+
+
+def test_the_demos_children_keep_only_what_a_process_needs_of_the_callers_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 items 3 and 4: every AIRFLOW_*, AIRFLOW__*, AIRFLOW_CONN_*, AIRFLOW_VAR_* and
+    SYSTEMZERO_* variable of the caller's is dropped; PATH, the locale and the temporary directory
+    are kept."""
+    from airflow_provider_systemzero.demo import DemoHome
+
+    for name, value in {
+        "AIRFLOW_HOME": "/opt/airflow",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow:pw@db/airflow",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat /run/secrets/db",
+        "AIRFLOW_CONN_SYSTEMZERO_DEFAULT": json.dumps({"conn_type": "systemzero", "host": LIVE_ORIGIN}),
+        "AIRFLOW_VAR_ENVIRONMENT": "production",
+        "AIRFLOW_CONFIG": "/opt/airflow/airflow.cfg",
+        "SYSTEMZERO_ORIGIN": LIVE_ORIGIN,
+        "SYSTEMZERO_API_KEY": LIVE_KEY,
+        "HTTPS_PROXY": "http://203.0.113.10:3128",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "home").mkdir()
+    home = DemoHome(tmp_path / "home")
+    env = home.environment(AIRFLOW__CORE__LOAD_EXAMPLES="False", SYSTEMZERO_EXAMPLE_DIR="/x")
+    ours = {name for name in env if name.startswith(("AIRFLOW", "SYSTEMZERO_"))}
+    assert ours == {
+        "AIRFLOW_HOME",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__CORE__LOAD_EXAMPLES",
+        "SYSTEMZERO_EXAMPLE_DIR",
+    }
+    assert env["AIRFLOW_HOME"] == str(home.path)
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{home.path / 'airflow.db'}"
+    assert (env["PATH"], env["LC_ALL"], env["TMPDIR"]) == (os.environ["PATH"], "C.UTF-8", str(tmp_path))
+    assert "HTTPS_PROXY" not in env and "HOME" not in env
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("AIRFLOW_HOME", "/opt/airflow"),
+        ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://airflow:pw-123@db/airflow"),
+        ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD", "cat /run/secrets/pw-123"),
+        ("AIRFLOW__CORE__SQL_ALCHEMY_CONN", "postgresql://airflow:pw-123@db/airflow"),
+        ("AIRFLOW_CONFIG", "/opt/airflow/pw-123.cfg"),
+        ("AIRFLOW_CONN_SYSTEMZERO_DEFAULT", json.dumps({"host": LIVE_ORIGIN, "password": "pw-123"})),
+        ("AIRFLOW_VAR_TOKEN", "pw-123"),
+        ("AIRFLOW__SECRETS__BACKEND", "pw-123"),
+        ("SYSTEMZERO_API_KEY", "pw-123"),
+    ],
+)
+def test_a_demo_refuses_to_start_airflow_where_it_did_not_create_the_home_or_the_database(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    """Asked to run Airflow with a home, a database, a configuration, a connection or a key it did
+    not create, a demo's step refuses before it starts anything, naming the variable (never its
+    value)."""
+    from airflow_provider_systemzero.demo import DemoHome, airflow_cli, run_xcoms, store_connection
+
+    (tmp_path / "home").mkdir()
+    env = {**DemoHome(tmp_path / "home").environment(), name: value}
+    log = tmp_path / "demo.log"
+    for step in (
+        lambda: airflow_cli(["db", "migrate"], env, log),
+        lambda: store_connection(env, "ws://127.0.0.1:1", "demo-key", "sz-demo"),
+        lambda: run_xcoms(env, "systemzero_mapped"),
+    ):
+        with pytest.raises(RuntimeError, match=f"refusing to start .* {name}") as refused:
+            step()
+        assert "pw-123" not in str(refused.value)
+    assert not log.exists(), "a step ran"

@@ -54,6 +54,7 @@ import pendulum
 
 from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.reply import DecisionResult
+from airflow_provider_systemzero.timestamps import iso_time
 
 __all__ = [
     "DISPOSITIONS",
@@ -126,17 +127,6 @@ _OPTIONAL = ("state", "generation", "reason")
 _SCALARS = (str, int, float, bool, type(None))
 #: The characters of a decided state a history keeps when content capture is on: its newest end.
 PREVIEW_CHARS = 160
-
-
-def iso_time(at: float) -> str:
-    """Epoch seconds as UTC ISO 8601 with milliseconds (``2026-09-21T14:02:00.123Z``), in pendulum's
-    UTC whatever the machine's zone.
-
-    :param at: epoch seconds.
-    """
-    # datetime's own formatting, in pendulum's UTC: a full history is 400 of these at an event,
-    # and pendulum's formatter takes three times as long in the triggerer's loop
-    return datetime.fromtimestamp(round(at, 3), pendulum.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_time(value: Any) -> float:

@@ -54,16 +54,19 @@ from airflow_provider_systemzero.stream.diagnosis import (
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, SystemZeroValidationError
 from airflow_provider_systemzero.stream.observer import StreamObserver
 from airflow_provider_systemzero.stream.tls import load_tls
+from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 from airflow_provider_systemzero.utils.observability import AirflowStreamObserver
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
 __all__ = [
+    "ANSWER_LIMIT",
     "DEFAULT_DECIDE_TIMEOUT",
     "DecideOptions",
     "StreamOptions",
     "SystemZeroHook",
+    "answer_text",
     "backoff_config",
     "check_connection_before_deferring",
     "no_port_note",
@@ -592,28 +595,58 @@ class SystemZeroHook(BaseHook):
         return no_port_note(name, conn.host)
 
     def _test_stream(self) -> tuple[bool, str]:
-        """:meth:`test_connection`'s stream: ``hello`` read and the stream closed, or why not."""
+        """:meth:`test_connection`'s stream: ``hello`` read and the stream closed, or why not.
+        Every answer passes through the one gate for a person's eyes (:func:`answer_text`): the key
+        removed, the gateway's text escaped and bounded."""
         settings: StreamSettings | None = None
         try:
             settings = self.get_settings()
             hello = run_sync(probe(settings))
         except Exception as exc:
             if settings is not None and not isinstance(exc, SystemZeroError) and is_network_error(exc):
-                return False, describe_connection_error(
-                    exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
+                return False, answer_text(
+                    describe_connection_error(
+                        exc, settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy
+                    ),
+                    settings,
                 )
-            return False, without_proxy_credentials(
-                f"{type(exc).__name__}: {exc}", settings.proxy if settings is not None else None
+            return False, answer_text(
+                without_proxy_credentials(
+                    f"{type(exc).__name__}: {exc}", settings.proxy if settings is not None else None
+                ),
+                settings,
             )
         model = (
             f"default model {settings.default_model!r}"
             if settings.default_model
             else "no default model: every task must pass model=, or set the 'model' extra"
         )
-        return True, (
-            f"connected to {settings.url}: {hello.protocol}, stream {hello.stream_id}; "
-            f"max_streams_per_process={hello.limits.max_streams_per_process}; {model}"
+        stream = server_token(hello.stream_id, settings.api_key.strip())
+        return True, answer_text(
+            f"connected to {settings.url}: {hello.protocol}, stream {stream}; "
+            f"max_streams_per_process={hello.limits.max_streams_per_process}; {model}",
+            settings,
         )
+
+
+#: The most characters of an answer :meth:`SystemZeroHook.test_connection` gives.
+ANSWER_LIMIT = 1_000
+
+
+def answer_text(text: str, settings: StreamSettings | None) -> str:
+    """An answer the hook gives a person (the Test button, ``airflow connections test``), through the
+    one gate for a gateway's text (:func:`~airflow_provider_systemzero.stream.untrusted.server_text`):
+    the API key removed, what is not printable escaped, at most :data:`ANSWER_LIMIT` characters.
+    Airflow's CLI prints the answer as ``rich`` markup, so what would read as a markup tag there
+    (``[/bold]``, ``[link=…]``) is escaped too: a gateway can neither hide a link in it nor break it.
+
+    :param text: the answer.
+    :param settings: the connection's settings, whose key is removed (``None``: not read yet).
+    """
+    from rich.markup import escape
+
+    secret = settings.api_key.strip() if settings is not None else None
+    return server_text(escape(scrub(text, secret)), secret, limit=ANSWER_LIMIT, quote=False)
 
 
 def stored_port(host: str | None) -> int:

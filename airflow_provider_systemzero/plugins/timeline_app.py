@@ -13,6 +13,10 @@ database, as Airflow's own API reads them) and asks Airflow's auth manager first
 routes do: the task page needs ``GET`` on the Dag's XComs, the run page ``GET`` on the Dag's runs
 and on assets. Without a login Airflow answers 401; without the permission, 403.
 
+Every answer carries a restrictive Content-Security-Policy (:data:`CONTENT_SECURITY_POLICY`: no
+script, no image, nothing loaded from anywhere), and a page draws whatever the XCom holds
+(:mod:`~airflow_provider_systemzero.plugins.timeline_rows`), saying what it could not draw.
+
 Built on the first request (:mod:`~airflow_provider_systemzero.plugins.timeline` registers it), so
 no other Airflow process imports FastAPI for it.
 """
@@ -22,14 +26,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query
-from fastapi.responses import HTMLResponse
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import select
 
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
+from airflow_provider_systemzero.plugins.timeline_rows import plain
 from airflow_provider_systemzero.utils.history import DECISIONS_XCOM_KEY
 
-__all__ = ["create_app"]
+__all__ = ["CONTENT_SECURITY_POLICY", "create_app"]
+
+#: What a page of the view may load and do: nothing but its own inline style — no script, no image
+#: (the charts are inline SVG), no font, no frame, no form, no connection — and only Airflow's UI,
+#: on the same origin, may show it in a frame.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'self'"
+)
+#: The headers every answer of the view carries.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 #: The XComs the task page reads.
 _KEYS = (DECISIONS_XCOM_KEY, "decision", "usage")
@@ -92,8 +111,17 @@ def _task_xcoms(dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple
         return exists is not None, {}
 
 
-def _record_facts(record: Any, usage: Any) -> list[str]:
-    """What the task's ``decision`` record and ``usage`` say, in a line each."""
+def _parts(usage: Any) -> int:
+    """How many parts of the try the ``usage`` XCom counts (each deferral's resume, or each poke)."""
+    resumes = usage.get("resumes") if isinstance(usage, Mapping) else None
+    return len(resumes) if isinstance(resumes, list) else 1
+
+
+def _record_facts(record: Any, usage: Any, parts: int = 1) -> list[str]:
+    """What the task's ``decision`` record and ``usage`` say, in a line each.
+
+    :param parts: how many parts of the try ``usage`` counts (:func:`_parts` of the stored one).
+    """
     facts = []
     if isinstance(record, Mapping):
         who = record.get("decided_by") or "nobody yet"
@@ -103,11 +131,9 @@ def _record_facts(record: Any, usage: Any) -> list[str]:
             f"{record.get('decision')!r}, action {record.get('action')}, decided by {who}: {record.get('reason')}"
         )
     if isinstance(usage, Mapping):  # the whole try: every part of it (each resume, each poke)
-        parts = usage.get("resumes")
-        count = len(parts) if isinstance(parts, list) else 1
         facts.append(
             f"Usage of try {usage.get('try_number')}"
-            + (f", all {count} parts (each deferral's resume, or each poke)" if count > 1 else "")
+            + (f", all {parts} parts (each deferral's resume, or each poke)" if parts > 1 else "")
             + f": {usage.get('billed', 0)} decision(s) billed, {usage.get('replayed', 0)} replayed unbilled, "
             f"{usage.get('dispatched', 0)} dispatched."
         )
@@ -147,11 +173,8 @@ def task_page(dag_id: str, run_id: str, task_id: str, map_index: str) -> HTMLRes
             "leaves only a reference in Airflow's database, which this view does not follow."
         )
         return HTMLResponse(render_page(heading=heading, subtitle=subtitle, stories=[], notes=[note]))
-    story = Story(
-        None,
-        [row for row in rows if isinstance(row, Mapping)],
-        _record_facts(values.get("decision"), values.get("usage")),
-    )
+    usage = values.get("usage")
+    story = Story(None, rows, _record_facts(plain(values.get("decision")), plain(usage), _parts(usage)))
     return HTMLResponse(render_page(heading=heading, subtitle=subtitle, stories=[story]))
 
 
@@ -172,11 +195,8 @@ def _watch_events(dag_id: str, run_id: str) -> tuple[bool, list[Story]]:
                 continue
             asset = getattr(event, "asset", None)
             name = getattr(asset, "name", None) or getattr(asset, "uri", None) or f"asset {event.asset_id}"
-            title = (
-                f"Asset event of {name} at {event.timestamp.isoformat()} (watch {payload.get('watch_id')!r})"
-            )
-            rows = [row for row in payload["decisions"] if isinstance(row, Mapping)]
-            stories.append(Story(title, rows))
+            title = f"Asset event of {name} at {event.timestamp.isoformat()} (watch {plain(payload.get('watch_id'))!r})"
+            stories.append(Story(title, payload["decisions"]))
         return True, stories
 
 
@@ -207,6 +227,12 @@ def create_app() -> FastAPI:
     from airflow.api_fastapi.core_api.security import requires_access_asset, requires_access_dag
 
     app = FastAPI(title="System Zero decision timeline", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        response.headers.update(_SECURITY_HEADERS)
+        return response
 
     @app.get(
         "/timeline/dags/{dag_id}/runs/{run_id}/tasks/{task_id}",

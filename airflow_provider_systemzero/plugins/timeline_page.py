@@ -18,6 +18,7 @@ the gateway).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
@@ -30,8 +31,11 @@ from airflow_provider_systemzero.decisions.timeline import (
     iso_time,
     parse_time,
 )
+from airflow_provider_systemzero.plugins.timeline_rows import drawable_stories, page_text
 
 __all__ = ["Story", "data_text", "render_page"]
+
+log = logging.getLogger(__name__)
 
 #: The chart's size and the plot's margins, in SVG units.
 WIDTH, HEIGHT = 960, 300
@@ -96,12 +100,13 @@ class Story:
     """One history to draw.
 
     :param title: its heading (``None``: none, when the page has one story).
-    :param rows: the history's plain JSON rows (a ``decisions`` XCom's value).
+    :param rows: the history's plain JSON rows (a ``decisions`` XCom's value, whatever it holds:
+        :func:`render_page` draws what it can and says what it could not).
     :param facts: lines shown above it (what ended it, who decided), already worded.
     """
 
     title: str | None
-    rows: Sequence[Mapping[str, Any]]
+    rows: Any
     facts: Sequence[str] = field(default_factory=tuple)
 
 
@@ -541,6 +546,18 @@ def _story(story: Story) -> str:
     return "".join(out)
 
 
+def _drawn(story: Story) -> str:
+    """:func:`_story`, or a note when drawing it failed (a bug: the page still answers)."""
+    try:
+        return _story(story)
+    except Exception:
+        log.exception("the decision timeline could not draw a history")
+        return (
+            '<section class="story"><p class="note">This history could not be drawn (the API server\'s '
+            "log says why); its rows are in the task's 'decisions' XCom.</p></section>"
+        )
+
+
 def render_page(*, heading: str, subtitle: str, stories: Sequence[Story], notes: Sequence[str] = ()) -> str:
     """The whole page.
 
@@ -549,11 +566,14 @@ def render_page(*, heading: str, subtitle: str, stories: Sequence[Story], notes:
     :param stories: the histories to draw (one per task try, or one per asset event).
     :param notes: what the reader must know first (no history, a version's limits), worded.
     """
+    # what Airflow stored, made safe to draw first: nothing stored can break the page
+    stories, dropped = drawable_stories(stories)
+    heading, subtitle = page_text(heading), page_text(subtitle)
     body = [
         "<h1>Decision timeline</h1>",
         f'<p class="sub">{escape(heading)}<br>{escape(subtitle)}</p>',
-        *(f'<p class="note">{escape(note)}</p>' for note in notes),
-        *(_story(story) for story in stories),
+        *(f'<p class="note">{escape(page_text(note))}</p>' for note in [*notes, *dropped]),
+        *(_drawn(story) for story in stories),
     ]
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'

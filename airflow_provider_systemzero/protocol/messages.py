@@ -14,6 +14,14 @@ compact JSON, keys in the order of the public example, so equal messages are byt
 Client messages are decoded strictly (an unknown field is refused: it would silently change
 nothing); server messages tolerate unknown fields so a newer gateway stays readable.
 
+Every number of a server message has a range, declared with its field (``state_version`` 1 to
+:data:`MAX_STATE_VERSION`, a dispatch's milliseconds 0 to :data:`MAX_DISPATCH_MS`, sizes up to
+``max_decide_body_bytes``, ``http_status`` an HTTP status): a number outside it is refused naming
+the field, so no value a gateway chooses reaches a computation the client cannot finish (a time
+out of range, an overflow). The reply's own numbers are bounded where the reply is read
+(:func:`~airflow_provider_systemzero.protocol.reply.check_reply_numbers`), the limits of ``hello``
+and a server's retry delays are clamped (:meth:`Limits.from_hello`, :data:`MAX_SERVER_DELAY_MS`).
+
 JSON-valued fields (``state``, ``items``, ``reply``) hold plain JSON values; treat them as
 read-only. The request's value types (:class:`Attachment`, :class:`Question`,
 :class:`StreamRequest`) live in :mod:`~airflow_provider_systemzero.protocol.request`.
@@ -23,6 +31,7 @@ read-only. The request's value types (:class:`Attachment`, :class:`Question`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -35,7 +44,7 @@ from airflow_provider_systemzero.protocol.errors import (
     RemoteProtocolError,
     RetryHint,
 )
-from airflow_provider_systemzero.protocol.limits import Limits
+from airflow_provider_systemzero.protocol.limits import DOCUMENT_LIMITS, Limits
 from airflow_provider_systemzero.protocol.request import (
     Attachment,
     Question,
@@ -57,7 +66,10 @@ from airflow_provider_systemzero.protocol.wire import (
 )
 
 __all__ = [
+    "HTTP_STATUSES",
+    "MAX_DISPATCH_MS",
     "MAX_SAFE_INTEGER",
+    "MAX_STATE_VERSION",
     "PROTOCOL",
     "Ack",
     "AppendAttachments",
@@ -240,6 +252,62 @@ ClientMessage: TypeAlias = Mutation | Decide | Pong
 # server → client
 # --------------------------------------------------------------------------------------------
 
+# The range of every number a server message carries is declared with its field (wire()'s
+# ``minimum`` / ``maximum``); a number outside it is a refusal naming the field, never a value the
+# client computes with. Every number is finite and every integer within ±(2**53 - 1) first
+# (:func:`decode_server_message`). The limits of ``hello`` are clamped instead
+# (:meth:`Limits.from_hello`), and so is a server's retry delay (:data:`MAX_SERVER_DELAY_MS`).
+
+#: The highest ``state_version`` a connection can reach: each accepted event makes one version, and
+#: the gateway ends the stream at ``max_events`` events (``start`` is version 1).
+MAX_STATE_VERSION = DOCUMENT_LIMITS.max_events
+#: The longest a dispatch can wait or take, in milliseconds (``queue_ms``, ``decide_ms``,
+#: ``latency_ms``): it starts and ends within one stream, which lives at most ``max_duration_ms``.
+MAX_DISPATCH_MS = DOCUMENT_LIMITS.max_duration_ms
+#: What an ``http_status`` may be: an HTTP status code.
+HTTP_STATUSES = (100, 599)
+
+
+def _version(*, optional: bool = False) -> Any:
+    """A ``state_version``: 1 to :data:`MAX_STATE_VERSION` (0 too where it may be absent)."""
+    return wire(
+        "int",
+        optional=optional,
+        minimum=0 if optional else 1,
+        maximum=MAX_STATE_VERSION,
+        why="a connection's versions count its accepted events, at most max_events",
+    )
+
+
+def _dispatch_ms(default: int | None) -> Any:
+    """A dispatch's ``queue_ms``, ``decide_ms`` or ``latency_ms``: 0 to :data:`MAX_DISPATCH_MS`."""
+    return wire(
+        "number",
+        optional=True,
+        minimum=0,
+        maximum=MAX_DISPATCH_MS,
+        why="a dispatch starts and ends within one stream, which lives at most max_duration_ms",
+        default=default,
+    )
+
+
+def _http_status(*, optional: bool = False, default: Any = dataclasses.MISSING) -> Any:
+    """An ``http_status``: an HTTP status code, 100 to 599."""
+    low, high = HTTP_STATUSES
+    return wire(
+        "int", optional=optional, minimum=low, maximum=high, why="an HTTP status code", default=default
+    )
+
+
+def _body_bytes() -> Any:
+    """A size in bytes of the state or the decide body: at most ``max_decide_body_bytes``."""
+    return wire(
+        "int",
+        minimum=0,
+        maximum=DOCUMENT_LIMITS.max_decide_body_bytes,
+        why="the state lives in the decide body, which is at most max_decide_body_bytes",
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class _ServerMessage(_Message):
@@ -268,9 +336,9 @@ class Ack(_ServerMessage):
 
     TYPE: ClassVar[str] = "ack"
     event_id: str = wire("str")
-    state_version: int = wire("int", minimum=1)
-    state_bytes: int = wire("int", minimum=0)
-    synthesized_body_bytes: int = wire("int", minimum=0)
+    state_version: int = _version()
+    state_bytes: int = _body_bytes()
+    synthesized_body_bytes: int = _body_bytes()
     scheduled: bool = wire("bool")
 
 
@@ -279,7 +347,7 @@ class Scheduled(_ServerMessage):
     """``scheduled``: the answer to ``decide``; ``in_flight`` when another decide runs first."""
 
     TYPE: ClassVar[str] = "scheduled"
-    state_version: int = wire("int", minimum=1)
+    state_version: int = _version()
     in_flight: bool = wire("bool")
 
 
@@ -292,16 +360,16 @@ class Decision(_ServerMessage):
     """
 
     TYPE: ClassVar[str] = "decision"
-    state_version: int = wire("int", minimum=1)
+    state_version: int = _version()
     covered_event_ids: tuple[str, ...] = wire("array", codec=StringTuple())
     reply: dict[str, Any] = wire("object")
     request_id: str = wire("str", nullable=True, convert=_text_or_empty)
-    http_status: int = wire("int", default=200)
+    http_status: int = _http_status(default=200)
     server_timing: Any = wire(optional=True, default=None)
-    latency_ms: Any = wire("number", optional=True, default=None)
+    latency_ms: Any = _dispatch_ms(None)
     rate_limit: Any = wire(optional=True, default=None)
-    queue_ms: int | float | None = wire("number", optional=True, default=0)
-    decide_ms: int | float | None = wire("number", optional=True, default=0)
+    queue_ms: int | float | None = _dispatch_ms(0)
+    decide_ms: int | float | None = _dispatch_ms(0)
 
 
 def _envelope(value: Any, field: str) -> ErrorEnvelope:
@@ -321,8 +389,8 @@ class Error(_ServerMessage):
 
     TYPE: ClassVar[str] = "error"
     event_id: str | None = wire("str", optional=True)
-    state_version: int | None = wire("int", optional=True)
-    http_status: int | None = wire("int", optional=True)
+    state_version: int | None = _version(optional=True)
+    http_status: int | None = _http_status(optional=True)
     request_id: str = wire("str", nullable=True, convert=_text_or_empty)
     fatal: bool = wire("bool")
     envelope: ErrorEnvelope = wire("object", at="error", codec=Via(_envelope, ErrorEnvelope.to_dict))
@@ -357,8 +425,8 @@ class Goodbye(_ServerMessage):
 
     TYPE: ClassVar[str] = "goodbye"
     reason: str = wire("str")
-    state_version: int | None = wire("int", optional=True)
-    last_decision_state_version: int | None = wire("int", optional=True)
+    state_version: int | None = _version(optional=True)
+    last_decision_state_version: int | None = _version(optional=True)
     resume_supported: bool = wire("bool", key="supported", at="resume", const=False)
     resume_action: str = wire("str", key="action", at="resume", const="reconnect_and_replay")
     retry_after_ms: int | None = wire(

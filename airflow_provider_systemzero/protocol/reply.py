@@ -12,6 +12,10 @@ asked or missing, an answer of the wrong kind (``"maybe"`` for a boolean questio
 offered), or a probability or confidence that is not a number from 0 to 1 is a contract breach
 (:class:`~airflow_provider_systemzero.protocol.errors.RemoteProtocolError`), never a decision.
 
+Its numbers have ranges too (:func:`check_reply_numbers`): ``created`` is a time from 1970 to the
+end of year 9999, ``context.tokens`` and the ``usage`` counters are counts from 0; out of range is a
+contract breach naming the field.
+
 Every reply must also be one Airflow can store (:func:`storable_reply`): a decision becomes a trigger
 event and XCom, which Airflow's serializer writes, hands to the worker through its Execution API and
 reads back. A reply nested deeper than :data:`MAX_REPLY_DEPTH` levels, or holding a key Airflow's
@@ -30,16 +34,18 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
-from airflow_provider_systemzero.protocol.messages import Decision, Question
+from airflow_provider_systemzero.protocol.messages import MAX_SAFE_INTEGER, Decision, Question
 from airflow_provider_systemzero.protocol.untrusted import safe_text
 
 __all__ = [
+    "MAX_CREATED",
     "MAX_REPLY_DEPTH",
     "RESERVED_KEYS",
     "USAGE_FIELDS",
     "Answer",
     "DecisionResult",
     "check_reply",
+    "check_reply_numbers",
     "share",
     "storable_reply",
 ]
@@ -68,6 +74,11 @@ USAGE_FIELDS = (
     "media_items",
     "thought_tokens",
 )
+
+
+#: The latest ``reply.created`` a reply may carry, in epoch seconds: the last second of year 9999,
+#: the latest time Python's ``datetime`` (and so a record of the provider) holds.
+MAX_CREATED = 253_402_300_799
 
 
 def _number(value: Any) -> float | None:
@@ -159,6 +170,45 @@ def storable_reply(reply: dict[str, Any]) -> dict[str, Any]:
                 "the event or read it back as another object"
             )
         raise RemoteProtocolError(problem, code="unstorable_reply", field=where) from None
+
+
+def _out_of_range(field: str, value: Any, allowed: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"{field} is {_shown(value)}, not {allowed}", code="invalid_reply", field=field
+    )
+
+
+def _check_count(value: Any, field: str) -> None:
+    """A token or item count: absent/null, or an integer from 0 to 2**53 - 1."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER
+    ):
+        raise _out_of_range(field, value, "a count (an integer from 0 to 2**53 - 1)")
+
+
+def check_reply_numbers(reply: Mapping[str, Any]) -> None:
+    """Check the numbers of a reply the client reads, whatever the questions: ``created`` (absent,
+    null, or epoch seconds from 0 to :data:`MAX_CREATED`), ``context.tokens`` and each counter of
+    ``usage`` (:data:`USAGE_FIELDS`: absent, null, or an integer from 0 to 2**53 - 1). Numbers the
+    client does not read are kept as the gateway sent them (finite, as the wire requires).
+
+    :param reply: the decoded reply.
+    :raises RemoteProtocolError: ``invalid_reply``, naming the field and its range.
+    """
+    created = reply.get("created")
+    if created is not None and (
+        isinstance(created, bool) or not isinstance(created, int | float) or not 0 <= created <= MAX_CREATED
+    ):
+        raise _out_of_range(
+            "reply.created", created, f"a time in epoch seconds from 0 to {MAX_CREATED} (year 9999)"
+        )
+    context = reply.get("context")
+    if isinstance(context, Mapping):
+        _check_count(context.get("tokens"), "reply.context.tokens")
+    usage = reply.get("usage")
+    if isinstance(usage, Mapping):
+        for name in USAGE_FIELDS:
+            _check_count(usage.get(name), f"reply.usage.{name}")
 
 
 def _breach(problem: str, field: str) -> RemoteProtocolError:
@@ -325,10 +375,11 @@ class DecisionResult:
 
         :param message: the decoded ``decision``.
         :param questions: the questions asked; when given the reply is checked first (:func:`check_reply`).
-        :raises RemoteProtocolError: the reply cannot be stored (:func:`storable_reply`), or does not
-            answer the questions asked.
+        :raises RemoteProtocolError: the reply cannot be stored (:func:`storable_reply`), a number it
+            holds is out of range (:func:`check_reply_numbers`), or it does not answer the questions asked.
         """
         reply = storable_reply(message.reply)
+        check_reply_numbers(message.reply)
         if questions is not None:
             check_reply(message, questions)
         raw = reply.get("answers")

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_systemzero.protocol.errors import did_you_mean, refuse
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError, did_you_mean, refuse
+from airflow_provider_systemzero.protocol.untrusted import safe_text
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -123,10 +124,10 @@ class Reader:
             raise self.fail(
                 f"{self.where}.{name} must be {words}, got {json_type(value)}", name, self._at(name)
             )
-        if spec.minimum is not None and value < spec.minimum:
-            raise self.fail(
-                f"{self.where}.{name} must be at least {spec.minimum}, got {value}", name, self._at(name)
-            )
+        if (spec.minimum is not None and value < spec.minimum) or (
+            spec.maximum is not None and value > spec.maximum
+        ):
+            raise self.fail(f"{self.where}.{name} {spec.out_of_range(value)}", name, self._at(name))
         return value
 
     def _at(self, name: str) -> str:
@@ -170,7 +171,11 @@ class WireField:
     :param optional: it may be missing or null (read as ``absent``).
     :param nullable: it is required, but may be null (read as ``None``).
     :param omit: when encoding leaves it out: ``never``, ``none`` (when ``None``) or ``empty``.
-    :param minimum: the smallest integer allowed.
+    :param minimum: the smallest number allowed.
+    :param maximum: the largest number allowed (a value outside the range is refused, naming the
+        field and the range).
+    :param why: why the range is what it is, ending the refusal (``a dispatch happens within one
+        stream``).
     :param codec: converts a structured value (records, tuples, limits).
     :param convert: applied to the value read (after the codec), e.g. a cap.
     :param absent: the attribute when an optional field is missing or null.
@@ -186,6 +191,8 @@ class WireField:
     nullable: bool = False
     omit: str = "never"
     minimum: int | None = None
+    maximum: int | None = None
+    why: str | None = None
     codec: Codec | None = None
     convert: Callable[[Any], Any] | None = None
     absent: Any = None
@@ -197,6 +204,16 @@ class WireField:
             raise ValueError(f"wire kind {self.kind!r} is not one of {sorted(_SHAPES)}")
         if self.omit not in ("never", "none", "empty"):
             raise ValueError(f"wire omit {self.omit!r} is not one of ['never', 'none', 'empty']")
+
+    def out_of_range(self, value: float) -> str:
+        """The refusal of ``value``, outside the field's range: ``must be from 0 to 3600000, got 1e+300``."""
+        if self.maximum is None:
+            allowed = f"at least {self.minimum}"
+        elif self.minimum is None:
+            allowed = f"at most {self.maximum}"
+        else:
+            allowed = f"from {self.minimum} to {self.maximum}"
+        return f"must be {allowed}, got {value!r}" + (f": {self.why}" if self.why else "")
 
 
 def wire(
@@ -452,29 +469,80 @@ def _relative(path: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class _Unreadable(str):
+    """A number literal no peer may send (see :func:`_unreadable`), kept as its text to find its field."""
+
+
+def _unreadable(text: str, *, integers: bool) -> str | None:
+    """Why a number literal cannot be read, or ``None`` when it can: an integer beyond ±(2**53 - 1)
+    (with ``integers``), a float that overflows to infinity, or ``NaN`` / ``Infinity``."""
+    if text in ("NaN", "Infinity", "-Infinity"):
+        return f"{text}, which is not JSON: numbers are finite"
+    if any(c in text for c in ".eE"):
+        if math.isfinite(float(text)):
+            return None
+        return f"the number {text[:24]!r}, which overflows to infinity: JSON numbers are finite"
+    if not integers or -MAX_SAFE_INTEGER <= int(text) <= MAX_SAFE_INTEGER:
+        return None
+    return (
+        f"the integer {text[:24]}{'…' if len(text) > 24 else ''} ({len(text)} digits), outside "
+        "±(2**53 - 1): a number every JSON parser reads exactly"
+    )
+
+
 def _safe_int(text: str) -> int:
     value = int(text)
     if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        raise refuse(
-            f"the frame holds the integer {text[:24]}{'…' if len(text) > 24 else ''} ({len(text)} "
-            f"digits), outside ±(2**53 - 1): a number every JSON parser reads exactly",
-            None,
-        )
+        raise refuse(f"the frame holds {_unreadable(text, integers=True)}", None)
     return value
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise refuse(
-            f"the frame holds the number {text[:24]!r}, which overflows to infinity: JSON numbers are finite",
-            None,
-        )
+        raise refuse(f"the frame holds {_unreadable(text, integers=True)}", None)
     return value
 
 
 def _no_constant(name: str) -> Any:
-    raise refuse(f"the frame holds {name}, which is not JSON: numbers are finite", None)
+    raise refuse(f"the frame holds {_unreadable(name, integers=True)}", None)
+
+
+def _kept(text: str) -> Any:
+    return _Unreadable(text) if _unreadable(text, integers=True) is not None else json.loads(text)
+
+
+#: ``json.loads`` keeping each number literal no peer may send as an :class:`_Unreadable`: read
+#: again only to name the field of a frame refused for one.
+_MARKING = json.JSONDecoder(parse_int=_kept, parse_float=_kept, parse_constant=_kept).decode
+
+
+def _unreadable_at(value: Any, path: str, integers: bool) -> tuple[str, str] | None:
+    """The path to the first unreadable number in ``value`` and the number's text, depth first."""
+    if isinstance(value, _Unreadable):
+        return (path, value) if _unreadable(value, integers=integers) is not None else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        at = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+        found = _unreadable_at(item, at, integers)
+        if found is not None:
+            return found
+    return None
+
+
+def _named(refusal: RemoteProtocolError, text: str, *, integers: bool) -> RemoteProtocolError:
+    """``refusal`` of a frame for a number, naming the number's field when the frame is a message."""
+    try:
+        data = _MARKING(text)
+        found = _unreadable_at(data, "", integers) if isinstance(data, dict) else None
+    except (ValueError, RecursionError):
+        return refusal
+    kind = data.get("type") if isinstance(data, dict) else None
+    if found is None or not isinstance(kind, str) or isinstance(kind, _Unreadable):
+        return refusal
+    # the path may hold any key the peer chose: escaped and bounded like any text of its
+    field, number = safe_text(found[0].removeprefix("."), 120), found[1]
+    return refuse(f"{safe_text(kind, 64)}.{field} holds {_unreadable(number, integers=integers)}", field)
 
 
 #: ``json.loads`` checking every integer and float literal as it is read (:func:`_safe_int`,
@@ -501,6 +569,8 @@ def load_object(text: str | bytes, *, strict_numbers: bool = False) -> dict[str,
         )
     try:
         data = _CHECKED(text) if strict_numbers else _FINITE(text)
+    except RemoteProtocolError as exc:  # a number no peer may send: name its field
+        raise _named(exc, text, integers=strict_numbers) from None
     except (ValueError, RecursionError):
         raise refuse(
             "the frame is not valid JSON: every message is one text frame holding a JSON object", None

@@ -53,9 +53,9 @@ from airflow_provider_systemzero.stream.exceptions import (
     UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket, SocketHandler
-from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut, resolve
+from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut, loopback_only, resolve
 from airflow_provider_systemzero.stream.settings import ProxyParts, StreamSettings
-from airflow_provider_systemzero.stream.tls import TLSContexts, load_tls
+from airflow_provider_systemzero.stream.tls import TLSContexts, ended_after_tls_handshake, load_tls
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text
 
 __all__ = [
@@ -185,7 +185,12 @@ async def _tcp_connection(
     uri_host, uri_port = _host_and_port(settings.url)
     host, port = (proxy.host, proxy.port) if proxy is not None else (uri_host, uri_port)
     errors: list[OSError] = []
-    for address in await _resolved(host, port, resolving):
+    addresses = await _resolved(host, port, resolving)
+    if settings.url.startswith("ws://"):  # plaintext: the key goes to loopback only, by address
+        addresses = loopback_only(host, addresses)
+        if proxy is not None:  # the proxy connects to the gateway's name: it must be this machine's too
+            loopback_only(uri_host, await _resolved(uri_host, uri_port, resolving))
+    for address in addresses:
         try:
             return await _opener(settings, limits, tls, address[4][0]).open_tcp_connection()
         except OSError as exc:
@@ -211,8 +216,14 @@ async def _through_socks(
 
     remote_names = proxy.scheme in ("socks5h", "socks4a")
     host, port = _host_and_port(settings.url)
-    destination = host if remote_names else (await _resolved(host, port, resolving))[0][4][0]
-    proxy_address = (await _resolved(proxy.host, proxy.port, resolving))[0][4][0]
+    plaintext = settings.url.startswith("ws://")  # the key goes to loopback only, by address
+    destination = host
+    if plaintext or not remote_names:  # a name the proxy resolves must be this machine's here too
+        addresses = await _resolved(host, port, resolving)
+        addresses = loopback_only(host, addresses) if plaintext else addresses
+        destination = host if remote_names else addresses[0][4][0]
+    proxy_addresses = await _resolved(proxy.host, proxy.port, resolving)
+    proxy_address = (loopback_only(proxy.host, proxy_addresses) if plaintext else proxy_addresses)[0][4][0]
     socks = SocksProxy(
         ProxyType.SOCKS5 if proxy.scheme.startswith("socks5") else ProxyType.SOCKS4,
         proxy_address,
@@ -265,8 +276,11 @@ async def open_socket(
             socket.handler = handler
             try:
                 await socket.handshake(request_headers(settings.api_key), settings.user_agent)
-            except BaseException:
+            except BaseException as exc:
                 socket.abort()
+                ended = ended_after_tls_handshake(exc, settings)  # what mutual TLS does without a certificate
+                if ended is not None:
+                    raise ended from exc
                 raise
     except TimeoutError as exc:
         if resolving:

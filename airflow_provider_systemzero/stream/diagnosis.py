@@ -33,7 +33,8 @@ from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidProxy
 from airflow_provider_systemzero.protocol.reconnect import delay_within
 from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
-from airflow_provider_systemzero.stream.resolver import ResolutionTimedOut
+from airflow_provider_systemzero.stream.resolver import PlaintextBeyondLoopback, ResolutionTimedOut
+from airflow_provider_systemzero.stream.tls import tls_refusal_text
 from airflow_provider_systemzero.stream.untrusted import scrub
 
 __all__ = [
@@ -56,7 +57,12 @@ LOOPBACK_GIVE_UP_ATTEMPTS = 4
 #: … spread over at least this many seconds.
 LOOPBACK_GIVE_UP_SECONDS = 10.0
 #: Why a loopback origin that failed so will not answer, by the kind of failure (:func:`_kind`).
-_NEVER_ANSWERS = {"refused": "nothing listens there", "tls_plaintext": "the port speaks plaintext, not TLS"}
+_NEVER_ANSWERS = {
+    "refused": "nothing listens there",
+    "tls_plaintext": "the port speaks plaintext, not TLS",
+    "plaintext_elsewhere": "its name resolves to no loopback address, where a plaintext connection would "
+    "send the key in clear text",
+}
 
 #: What a connection attempt raises when it failed below HTTP, by type: the socket's and the
 #: resolver's errors (``OSError``, ``socket.gaierror``, a timeout), a peer that does not answer as a
@@ -129,6 +135,10 @@ def _tls_to_plaintext(exc: BaseException, url: str) -> bool:
 
 def _kind(exc: BaseException, url: str) -> str:
     """A short name of the cause, to tell a changed cause from a repeat."""
+    if isinstance(exc, PlaintextBeyondLoopback):
+        return "plaintext_elsewhere"
+    if tls_refusal_text(exc, url) is not None:
+        return "tls_refused"
     if _refused(exc):
         return "refused"
     if _tls_to_plaintext(exc, url):
@@ -189,14 +199,22 @@ def describe_connection_error(
 
 
 def _described(exc: BaseException, url: str, open_timeout: float | None, proxy: str | None) -> str:
-    if proxy and (about_proxy := _proxy_failure(exc, url, proxy)) is not None:
-        return about_proxy
     parts = urlsplit(url)
     host = parts.hostname or "?"
     try:
         port = parts.port or (443 if parts.scheme == "wss" else 80)
     except ValueError:
         port = None
+    if isinstance(exc, PlaintextBeyondLoopback):
+        return (
+            f"no connection to {url}: {exc}, and a plaintext ws:// connection would send the API key in "
+            f"clear text, so it goes to this machine only (decided by the address, not the name): use "
+            f"wss:// for a gateway elsewhere, or ws://127.0.0.1:{port} for a local one"
+        )
+    if (refused := tls_refusal_text(exc, url)) is not None:  # a TLS alert, named with its fix
+        return refused
+    if proxy and (about_proxy := _proxy_failure(exc, url, proxy)) is not None:
+        return about_proxy
     loopback = is_loopback_host(host)
     raw = str(exc).strip() or "no detail"
     if _refused(exc):

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 from collections import deque
 from typing import Any, Protocol
 
@@ -441,8 +442,13 @@ class GatewaySocket(asyncio.Protocol):
                 if handler is not None:
                     handler.socket_message(message)
         if not self.opened.done():
+            # a TLS alert the gateway sent says more than the end of the stream websockets saw
+            alert = exc if isinstance(exc, ssl.SSLError) else None
             error = (
-                protocol.handshake_exc or exc or ConnectionError("the connection closed during the upgrade")
+                alert
+                or protocol.handshake_exc
+                or exc
+                or ConnectionError("the connection closed during the upgrade")
             )
             self.opened.set_exception(error)
             self.opened.exception()  # retrieved here: the opener may be gone

@@ -19,6 +19,10 @@ module's own:
   own and its answer is dropped. Nothing waits for it: not ``asyncio.run``, not the interpreter's
   exit (the threads are daemons);
 * a numeric address (``127.0.0.1``, ``::1``) is read without a thread.
+
+A plaintext (``ws://``) connection goes to loopback only, decided by the address it connects to,
+not by the name (:func:`loopback_only`): ``gateway.localhost`` is a loopback *name*, but a resolver
+that forwards ``*.localhost`` to DNS may answer with any address, and the upgrade carries the key.
 """
 
 from __future__ import annotations
@@ -31,7 +35,16 @@ import threading
 from collections import deque
 from typing import Any
 
-__all__ = ["MAX_LOOKUP_THREADS", "Address", "ResolutionTimedOut", "resolve"]
+from airflow_provider_systemzero.protocol.upgrade import is_loopback_host
+
+__all__ = [
+    "MAX_LOOKUP_THREADS",
+    "Address",
+    "PlaintextBeyondLoopback",
+    "ResolutionTimedOut",
+    "loopback_only",
+    "resolve",
+]
 
 #: Threads resolving names at once, at most, in this process.
 MAX_LOOKUP_THREADS = 4
@@ -49,6 +62,35 @@ class ResolutionTimedOut(TimeoutError):
     def __init__(self, host: str) -> None:
         super().__init__(f"timed out resolving {host!r}")
         self.host = host
+
+
+class PlaintextBeyondLoopback(OSError):
+    """The host of a plaintext (``ws://``) connection resolved to no loopback address: nothing was
+    sent (the key would have crossed the network in clear text).
+
+    :param host: the name.
+    :param addresses: the addresses it resolved to.
+    """
+
+    def __init__(self, host: str, addresses: list[str]) -> None:
+        shown = ", ".join(dict.fromkeys(addresses)) or "no address"
+        super().__init__(f"{host!r} resolves to {shown}, not a loopback address")
+        self.host = host
+        self.addresses = tuple(addresses)
+
+
+def loopback_only(host: str, addresses: list[Address]) -> list[Address]:
+    """The addresses of ``host`` a plaintext (``ws://``) connection may go to: the loopback ones
+    (127.0.0.0/8, ``::1``), whatever the name.
+
+    :param host: the name (or address) resolved.
+    :param addresses: what :func:`resolve` found.
+    :raises PlaintextBeyondLoopback: none of them is a loopback address.
+    """
+    kept = [address for address in addresses if is_loopback_host(str(address[4][0]))]
+    if not kept:
+        raise PlaintextBeyondLoopback(host, [str(address[4][0]) for address in addresses])
+    return kept
 
 
 _lock = threading.Lock()

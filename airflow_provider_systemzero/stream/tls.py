@@ -13,6 +13,13 @@ naming the field, the file and the fix — not retried as a network failure unti
 
 Verification is never switched off: the contexts are :func:`ssl.create_default_context`'s.
 Reading files blocks, so async callers run :func:`load_tls` in a thread.
+
+When the gateway refuses the TLS connection itself, what it said is named with the fix
+(:func:`tls_refusal_text`): a TLS alert (a client certificate required or refused, a TLS version
+refused, a handshake failure), or — what a TLS 1.3 gateway that requires a client certificate does
+when none is presented, its alert often lost to the reset that follows — a connection ended right
+after the TLS handshake, before any HTTP answer (:class:`EndedAfterTLSHandshake`, from
+:func:`ended_after_tls_handshake`).
 """
 
 from __future__ import annotations
@@ -20,10 +27,18 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 
+from websockets.exceptions import InvalidMessage
+
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.settings import StreamSettings
 
-__all__ = ["TLSContexts", "load_tls"]
+__all__ = [
+    "EndedAfterTLSHandshake",
+    "TLSContexts",
+    "ended_after_tls_handshake",
+    "load_tls",
+    "tls_refusal_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +160,118 @@ def load_tls(settings: StreamSettings) -> TLSContexts:
         gateway=gateway if secure else None,
         proxy=_trusting(settings) if proxy_tls and settings.ca_bundle is not None else None,
     )
+
+
+#: How to make a gateway that asks for a client certificate accept this connection.
+_CLIENT_CERT_FIX = (
+    "set the connection's client_cert extra to the PEM client certificate the gateway trusts (and "
+    "client_key to its key, unless the client_cert file holds both)"
+)
+#: How to make a gateway that refused the client certificate presented accept it.
+_REFUSED_CERT_FIX = (
+    "check that client_cert is a certificate the gateway trusts (issued by its client CA, neither "
+    "expired nor revoked) and that client_key is its key"
+)
+#: How to agree on a TLS version.
+_VERSION_FIX = (
+    "this client speaks TLS 1.2 and TLS 1.3 only, with Python's default ciphers: the gateway (or a "
+    "TLS-terminating proxy in front of it) must accept TLS 1.2 or newer"
+)
+_CERT_REFUSED = "the gateway refused this connection's client certificate"
+#: What each TLS alert (or local refusal) OpenSSL names means here, and its fix.
+_ALERTS: dict[str, tuple[str, str]] = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": (
+        "the gateway requires a client certificate (mutual TLS) and this connection presented none",
+        _CLIENT_CERT_FIX,
+    ),
+    "SSLV3_ALERT_HANDSHAKE_FAILURE": (
+        "the gateway ended the TLS handshake (handshake failure): it requires a client certificate "
+        "(mutual TLS) or refused the one presented, or it refuses this client's TLS versions or ciphers",
+        f"if it uses mutual TLS, {_CLIENT_CERT_FIX}; {_VERSION_FIX}",
+    ),
+    "SSLV3_ALERT_BAD_CERTIFICATE": (_CERT_REFUSED, _REFUSED_CERT_FIX),
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": (_CERT_REFUSED, _REFUSED_CERT_FIX),
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": (_CERT_REFUSED, _REFUSED_CERT_FIX),
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": (f"{_CERT_REFUSED} as expired", _REFUSED_CERT_FIX),
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": (f"{_CERT_REFUSED} as revoked", _REFUSED_CERT_FIX),
+    "TLSV1_ALERT_UNKNOWN_CA": (
+        "the gateway does not trust the CA of this connection's client certificate",
+        _REFUSED_CERT_FIX,
+    ),
+    "TLSV1_ALERT_ACCESS_DENIED": (
+        "the gateway denied this connection's client certificate",
+        _REFUSED_CERT_FIX,
+    ),
+    "TLSV1_ALERT_PROTOCOL_VERSION": ("the gateway refused this client's TLS version", _VERSION_FIX),
+    "TLSV1_ALERT_INSUFFICIENT_SECURITY": (
+        "the gateway refused this client's TLS version or ciphers as too weak",
+        _VERSION_FIX,
+    ),
+    "UNSUPPORTED_PROTOCOL": ("the gateway offered a TLS version this client refuses", _VERSION_FIX),
+    "NO_PROTOCOLS_AVAILABLE": ("the gateway offered no TLS version this client accepts", _VERSION_FIX),
+}
+
+
+def _alert(exc: BaseException) -> str | None:
+    """The TLS alert (or local refusal) OpenSSL names in ``exc`` or its cause, if one of :data:`_ALERTS`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            reason = str(getattr(seen, "reason", None) or "").upper()
+            if reason in _ALERTS:
+                return reason
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def tls_refusal_text(exc: BaseException, url: str) -> str | None:
+    """What the gateway's refusal of the TLS connection means, with its fix, or ``None`` when
+    ``exc`` is no such refusal: a TLS alert of :data:`_ALERTS` (in ``exc`` or its cause), or an
+    :class:`EndedAfterTLSHandshake`.
+
+    :param exc: what the connection attempt raised.
+    :param url: the stream URL.
+    """
+    alert = _alert(exc)
+    if alert is not None:
+        meaning, fix = _ALERTS[alert]
+        return f"the TLS connection to {url} was refused ({alert}): {meaning}; {fix}"
+    if isinstance(exc, EndedAfterTLSHandshake):
+        why = (
+            f"the gateway may not accept this connection's client certificate: {_REFUSED_CERT_FIX}"
+            if exc.client_certificate
+            else "a gateway that requires a client certificate (mutual TLS) does so when none is "
+            f"presented: {_CLIENT_CERT_FIX}; otherwise check that the host and port are a System Zero "
+            "API origin"
+        )
+        return f"{url} ended the connection right after the TLS handshake, before any HTTP answer: {why}"
+    return None
+
+
+class EndedAfterTLSHandshake(ConnectionError):
+    """The gateway ended a TLS connection right after its handshake, before answering the upgrade —
+    what a TLS 1.3 gateway that requires a client certificate does when none is presented (its alert
+    often lost to the reset that follows).
+
+    :param client_certificate: the connection presented a client certificate.
+    """
+
+    def __init__(self, client_certificate: bool) -> None:
+        super().__init__("the connection ended right after the TLS handshake, before any HTTP answer")
+        self.client_certificate = client_certificate
+
+
+def ended_after_tls_handshake(exc: BaseException, settings: StreamSettings) -> BaseException | None:
+    """The error to raise for an upgrade over TLS that failed as ``exc``, when the gateway ended the
+    connection before any HTTP answer (a reset, an end of stream while the status line was awaited):
+    an :class:`EndedAfterTLSHandshake` (``exc`` its cause); ``None`` for any other failure.
+
+    :param exc: what the upgrade raised (the TLS handshake had completed).
+    :param settings: the connection's settings.
+    """
+    if not settings.url.startswith("wss://") or _alert(exc) is not None:
+        return None
+    ended = isinstance(exc, ConnectionResetError | ConnectionAbortedError | EOFError) or (
+        isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError)
+    )
+    return EndedAfterTLSHandshake(settings.client_cert is not None) if ended else None

@@ -45,6 +45,7 @@ from airflow_provider_systemzero.decisions.source_watch import (
     Withdraw,
 )
 from airflow_provider_systemzero.sources.threads import UserCall
+from airflow_provider_systemzero.timestamps import back_dated
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.relevance import Relevance
@@ -337,7 +338,7 @@ class WatchDriver:
                 noted = self._billed_noted = set()
             noted.add(reply_id)
             took = (decision.queue_ms or 0.0) + (decision.decide_ms or 0.0)
-            timeline.mark("billed_start", now - took / 1000, state_version=decision.state_version)
+            timeline.mark("billed_start", back_dated(now, took), state_version=decision.state_version)
 
     # ------------------------------------------------------------------ actions
 

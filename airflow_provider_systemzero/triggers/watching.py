@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import math
 import time
@@ -20,6 +19,7 @@ from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
+from airflow_provider_systemzero.timestamps import iso_time
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
@@ -174,7 +174,7 @@ def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: f
     """
     until = ""
     if deadline is not None:
-        at = datetime.datetime.fromtimestamp(deadline, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        at = iso_time(deadline)[:19].replace("T", " ") + " UTC"
         until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
     log.info(
         "waiting until %s = %r; the state comes from %s%s",

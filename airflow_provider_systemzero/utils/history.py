@@ -54,7 +54,7 @@ def _counted(event: WatchEvent) -> list[str] | None:
     return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else None
 
 
-def _earlier(task: Any, ti: Any) -> list[dict[str, Any]]:
+def _earlier(task: BaseOperator, ti: Any) -> list[dict[str, Any]]:
     """What this try pushed before (a wait that went on after a person said "no"); nothing, without
     a read, when the task knows it pushed none."""
     if not getattr(task, "histories_pushed", 0):

@@ -14,42 +14,17 @@ Skipped, with the reason, where the machine refuses the namespaces (``unshare``)
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.helpers import run_in_network_namespace
 
-ROOT = Path(__file__).resolve().parents[2]
 #: Room for a loaded machine (the lookups it bounds take 10 s: glibc's 5 s, twice).
 SLACK = 3.5
 
 
 def _run_without_dns(scenario: str, tmp_path: Path) -> dict[str, Any]:
-    for tool in ("unshare", "ip", "mount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: no network namespace with a dead resolver here")
-    resolv = tmp_path / "resolv.conf"
-    resolv.write_text("nameserver 127.0.0.1\n")
-    command = (
-        f"ip link set lo up && mount --bind {resolv} /etc/resolv.conf && "
-        f"exec {sys.executable} -m tests.hostile.dead_resolver {scenario}"
-    )
-    done = subprocess.run(
-        ["unshare", "--net", "--mount", "--map-root-user", "sh", "-c", command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    if done.returncode != 0 and not done.stdout.strip():
-        if "unshare" in done.stderr or "mount" in done.stderr or "Operation not permitted" in done.stderr:
-            pytest.skip(f"network and mount namespaces are refused here: {done.stderr.strip()[-300:]}")
-        raise AssertionError(f"the scenario failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_in_network_namespace(tmp_path, "tests.hostile.dead_resolver", arguments=scenario)
 
 
 def test_hook_decide_timeout_holds_when_dns_does_not_answer(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ from airflow_provider_systemzero.protocol.limits import ADVERTISED_BOUNDS, ADVER
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)
 safe_ints = st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1)
-naturals = st.integers(min_value=0, max_value=2**53 - 1)
 positives = st.integers(min_value=1, max_value=2**53 - 1)
 numbers = st.one_of(safe_ints, st.floats(allow_nan=False, allow_infinity=False))
 json_values = st.recursive(
@@ -61,6 +60,14 @@ retries = st.builds(
     retry_after_ms=st.one_of(st.none(), st.integers(0, MAX_SERVER_DELAY_MS)),
 )
 common = {"stream_id": texts, "seq": positives}
+# the ranges of the numbers a server message carries (a value outside is refused)
+versions = st.integers(1, m.MAX_STATE_VERSION)
+some_versions = st.one_of(st.none(), st.integers(0, m.MAX_STATE_VERSION))
+body_bytes = st.integers(0, Limits().max_decide_body_bytes)
+statuses = st.integers(*m.HTTP_STATUSES)
+dispatch_ms = st.one_of(
+    st.none(), st.integers(0, m.MAX_DISPATCH_MS), st.floats(0, m.MAX_DISPATCH_MS, allow_nan=False)
+)
 
 MESSAGES: dict[type[Any], st.SearchStrategy[Any]] = {
     m.Start: st.builds(
@@ -101,32 +108,32 @@ MESSAGES: dict[type[Any], st.SearchStrategy[Any]] = {
         m.Ack,
         **common,
         event_id=texts,
-        state_version=positives,
-        state_bytes=naturals,
-        synthesized_body_bytes=naturals,
+        state_version=versions,
+        state_bytes=body_bytes,
+        synthesized_body_bytes=body_bytes,
         scheduled=st.booleans(),
     ),
-    m.Scheduled: st.builds(m.Scheduled, **common, state_version=positives, in_flight=st.booleans()),
+    m.Scheduled: st.builds(m.Scheduled, **common, state_version=versions, in_flight=st.booleans()),
     m.Decision: st.builds(
         m.Decision,
         **common,
-        state_version=positives,
+        state_version=versions,
         covered_event_ids=st.lists(texts, max_size=3).map(tuple),
         reply=objects,
         request_id=texts,
-        http_status=safe_ints,
+        http_status=statuses,
         server_timing=json_values,
-        latency_ms=st.one_of(st.none(), numbers),
+        latency_ms=dispatch_ms,
         rate_limit=json_values,
-        queue_ms=st.one_of(st.none(), numbers),
-        decide_ms=st.one_of(st.none(), numbers),
+        queue_ms=dispatch_ms,
+        decide_ms=dispatch_ms,
     ),
     m.Error: st.builds(
         m.Error,
         **common,
         event_id=keys,
-        state_version=st.one_of(st.none(), safe_ints),
-        http_status=st.one_of(st.none(), safe_ints),
+        state_version=some_versions,
+        http_status=st.one_of(st.none(), statuses),
         request_id=texts,
         fatal=st.booleans(),
         envelope=envelopes,
@@ -137,8 +144,8 @@ MESSAGES: dict[type[Any], st.SearchStrategy[Any]] = {
         m.Goodbye,
         **common,
         reason=texts,
-        state_version=st.one_of(st.none(), safe_ints),
-        last_decision_state_version=st.one_of(st.none(), safe_ints),
+        state_version=some_versions,
+        last_decision_state_version=some_versions,
         retry_after_ms=st.one_of(st.none(), st.integers(0, MAX_SERVER_DELAY_MS)),
     ),
 }

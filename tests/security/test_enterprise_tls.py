@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import socket
 import ssl
+import threading
+import time
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -21,11 +26,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from websockets.asyncio.server import ServerConnection
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.tls import load_tls
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
+from tests.faults.harness import first_event, rebuilt
 from tests.security.loopback_proxy import LoopbackProxy
-from tests.security.test_tls import KEY, REPLY, TLSGateway, make_ca, make_pki, stream_to
+from tests.security.test_tls import KEY, REPLY, REQUEST, TLSGateway, make_ca, make_pki, stream_to
 
 CLIENT_NAME = "systemzero test client"
 
@@ -201,3 +209,144 @@ async def test_an_https_proxy_outside_the_bundle_is_refused_before_the_connect(t
                 pass
     assert isinstance(info.value.last_error, ssl.SSLCertVerificationError)
     assert proxy.heads == [] and gateway.requests == []
+
+
+class OpenSSLGateway:
+    """A TLS server on loopback as nginx or envoy run one: blocking OpenSSL on a thread of its own,
+    which sends its TLS alert before it closes (asyncio's TLS server closes without one). Every
+    handshake it takes fails here: it requires a client certificate from ``client_ca``, or speaks
+    only the TLS versions up to ``maximum_version``.
+
+    :param cert: its certificate.
+    :param key: the certificate's key.
+    :param client_ca: the CA of the client certificates it requires (``None``: none required).
+    :param maximum_version: the newest TLS version it speaks.
+    """
+
+    def __init__(
+        self,
+        cert: Path,
+        key: Path,
+        *,
+        client_ca: Path | None = None,
+        maximum_version: ssl.TLSVersion | None = None,
+    ) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        if client_ca is not None:
+            self.context.verify_mode = ssl.CERT_REQUIRED
+            self.context.load_verify_locations(client_ca)
+        if maximum_version is not None:
+            with warnings.catch_warnings():  # the old versions are deprecated: that is the point
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.context.set_ciphers("DEFAULT:@SECLEVEL=0")
+                self.context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+                self.context.maximum_version = maximum_version
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.refusals: list[str] = []
+        self.requests = 0
+
+    @property
+    def origin(self) -> str:
+        return f"wss://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with connection:
+                try:
+                    with self.context.wrap_socket(connection, server_side=True) as tls:
+                        if tls.recv(65536):
+                            self.requests += 1
+                except (ssl.SSLError, OSError) as exc:
+                    self.refusals.append(str(getattr(exc, "reason", None) or exc))
+
+    def __enter__(self) -> OpenSSLGateway:
+        threading.Thread(target=self._serve, name="openssl-gateway", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+
+
+def _tls_connection(monkeypatch: pytest.MonkeyPatch, origin: str, ca: Path) -> SystemZeroHook:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SYSTEMZERO_MTLS",
+        json.dumps(
+            {
+                "conn_type": "systemzero",
+                "host": origin,
+                "password": KEY,
+                "extra": {"ca_bundle": str(ca), "model": "m", "open_timeout": 2},
+            }
+        ),
+    )
+    return SystemZeroHook("systemzero_mtls")
+
+
+async def _trigger_event() -> dict[str, Any]:
+    """What the deferrable operator's trigger ends with, its deadline a few seconds away."""
+    return await first_event(
+        rebuilt(
+            SystemZeroDecideTrigger(
+                systemzero_conn_id="systemzero_mtls",
+                request=REQUEST,
+                state="log\n",
+                key_namespace=task_namespace("mtls", "decide", "r", -1),
+                deadline=time.time() + 3,
+            )
+        ),
+        within=30,
+    )
+
+
+@pytest.mark.parametrize("version", ["TLS 1.3", "TLS 1.2"])
+async def test_a_gateway_that_requires_a_client_certificate_says_so_when_none_is_set(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 7: the Test button and the trigger name the client certificate and its extra,
+    not "did not answer as a WebSocket server … check host and port". TLS 1.3 ends the connection
+    right after the handshake (its certificate_required alert is lost to the reset that follows);
+    TLS 1.2 sends a handshake_failure alert."""
+    ca, cert, key = make_pki(tmp_path)
+    client_ca, _, _ = make_client_pki(tmp_path)
+    newest = ssl.TLSVersion.TLSv1_2 if version == "TLS 1.2" else None
+    with OpenSSLGateway(cert, key, client_ca=client_ca, maximum_version=newest) as gateway:
+        hook = _tls_connection(monkeypatch, gateway.origin, ca)
+        ok, button = await asyncio.to_thread(hook.test_connection)
+        event = await _trigger_event()
+    assert not ok
+    assert gateway.requests == 0 and gateway.refusals, gateway.refusals  # nothing was ever answered
+    for said in (button, event["message"]):
+        assert "client certificate (mutual TLS)" in said and "client_cert extra" in said, said
+        assert "did not answer as a WebSocket server" not in said
+    assert event["status"] == "timeout", event
+
+
+async def test_asyncios_tls_gateway_that_requires_a_client_certificate_says_so_too(
+    mutual: tuple[MutualTLSGateway, Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that sends no alert at all (asyncio's TLS server closes without one)."""
+    gateway, ca, _, _ = mutual
+    ok, button = await asyncio.to_thread(_tls_connection(monkeypatch, gateway.origin, ca).test_connection)
+    assert not ok and "ended the connection right after the TLS handshake" in button, button
+    assert "client_cert extra" in button and gateway.requests == []
+
+
+async def test_a_gateway_that_refuses_the_tls_version_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that speaks TLS 1.1 at most answers this client (TLS 1.2 and 1.3) with a
+    protocol_version alert: named, with the fix at the gateway."""
+    ca, cert, key = make_pki(tmp_path)
+    with OpenSSLGateway(cert, key, maximum_version=ssl.TLSVersion.TLSv1_1) as gateway:
+        hook = _tls_connection(monkeypatch, gateway.origin, ca)
+        ok, button = await asyncio.to_thread(hook.test_connection)
+        event = await _trigger_event()
+    assert not ok and gateway.requests == 0
+    for said in (button, event["message"]):
+        assert "(TLSV1_ALERT_PROTOCOL_VERSION): the gateway refused this client's TLS version" in said, said
+        assert "must accept TLS 1.2 or newer" in said

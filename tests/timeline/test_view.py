@@ -135,3 +135,67 @@ def test_the_run_an_asset_watcher_started_shows_the_story_of_each_event(api: Any
     drawn = len(page.having("g", "decision"))
     assert drawn == sum(len(_decisions(payload["decisions"])) for payload in _watch_payloads()) == 5
     assert "Asset event of release" in _text(response)
+
+
+def test_every_answer_of_the_view_forbids_scripts_and_remote_content(api: Any, sensor_run: Any) -> None:
+    """The page, a refusal, a page about nothing: each with a Content-Security-Policy that lets
+    nothing run or load (issue 54 item 2)."""
+    dag_id, run_id, _ = sensor_run
+    page = f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/wait"
+    for path, role, status in (
+        (page, "viewer", 200),
+        (page, "nobody", 401),
+        (f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}/tasks/nope", "viewer", 404),
+        (f"/systemzero/timeline/dags/{dag_id}/runs/{run_id}", "viewer", 200),
+    ):
+        response = _get(api, path, role=role)
+        assert response.status_code == status, (path, response.text)
+        policy = dict(
+            directive.strip().split(" ", 1)
+            for directive in response.headers["content-security-policy"].split(";")
+        )
+        assert policy["default-src"] == "'none'" and policy["img-src"] == "'none'"
+        assert "script-src" not in policy  # default-src 'none' forbids every script
+        assert policy["frame-ancestors"] == "'self'" and policy["form-action"] == "'none'"
+        assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_stored_history_no_version_writes_is_drawn_as_far_as_it_can_be(api: Any, gateway: Any) -> None:
+    """A ``decisions`` XCom holding a billed start in year 1 (what a gateway's ``queue_ms`` of
+    6.4e13 stored before), numbers and text no page can hold, and rows that are no rows: the page
+    answers 200 and says what it did not draw (issue 54 item 2)."""
+    from airflow.models.xcom import XComModel
+    from airflow.providers.standard.operators.empty import EmptyOperator
+
+    with DAG("timeline_stored", schedule=None, start_date=START) as dag:
+        EmptyOperator(task_id="wait")
+    run_id = run_dag(dag).run_id
+    at = "2026-09-21T14:13:20.000Z"
+    stored = [
+        {"kind": "condition", "question": "ready", "expect": True, "min_confidence": 10**400},
+        {"kind": "billed_start", "at": "0001-01-01T00:00:00.000Z", "state_version": 1},
+        {
+            "kind": "decision",
+            "at": at,
+            "question": "ready\ud800",
+            "answer": True,
+            "probability": float("nan"),
+            "confidence": 0.9,
+            "state_version": 1,
+            "disposition": "fired",
+            "billed": {"x": 1},
+        },
+        "not a row",
+    ]
+    XComModel.set("decisions", stored, dag_id=dag.dag_id, task_id="wait", run_id=run_id)
+    response = _get(api, f"/systemzero/timeline/dags/{dag.dag_id}/runs/{run_id}/tasks/wait")
+    assert response.status_code == 200, response.text
+    page = PageParts(response.text)
+    (point,) = page.having("g", "decision")
+    assert (point["data-at"], point["data-confidence"], point["data-probability"]) == (at, "0.9", "")
+    text = _text(response)
+    assert (
+        "1 row not drawn: no time from 1970 to 9999 in 'at' (the first: '0001-01-01T00:00:00.000Z')" in text
+    )
+    assert "1 row not drawn: not an object with a text 'kind' (the first: 'not a row')" in text
+    assert "2 numbers shown as none" in text and "ready\\ud800" in text
