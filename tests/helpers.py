@@ -386,6 +386,14 @@ def file_sensor(log: Path, conn_id: str, **kwargs: Any) -> Any:
     return SystemZeroDecisionSensor(**(arguments | kwargs))
 
 
+def examples(modest: int, thorough: int) -> int:
+    """How many examples a hypothesis state machine runs: ``modest`` in ``make test``, ``thorough``
+    with ``HYPOTHESIS_PROFILE=thorough`` (a run of thousands, once, on a developer's machine)."""
+    import os
+
+    return thorough if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else modest
+
+
 # ------------------------------------------------------------------ triggers run in the test's loop
 
 #: The trigger tests' rules: "job is ready" in the state means ready (0.93), anything else not.
@@ -455,6 +463,17 @@ async def loopback_emulator(
             json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": "demo"}),
         )
         yield emu
+
+
+@asynccontextmanager
+async def recording_emulator(
+    rules_file: str, monkeypatch: pytest.MonkeyPatch, rules: Mapping[str, Any], **kwargs: Any
+) -> AsyncIterator[tuple[Emulator, RecordingDecider]]:
+    """A :func:`loopback_emulator` answering by ``rules``, and its :class:`RecordingDecider` (every
+    state a decision started about, in order)."""
+    decider = RecordingDecider(rules)
+    async with loopback_emulator(rules_file, monkeypatch, decider=decider, **kwargs) as emu:
+        yield emu, decider
 
 
 @pytest.fixture

@@ -273,8 +273,10 @@ class DecisionGate:
         """A decision about the newest state started: it covers every change so far."""
         self._pending = False
 
-    def superseded(self, now: float) -> None:
-        """The decision came back about a state the source already changed: the newest state needs one."""
+    def again(self, now: float) -> None:
+        """The decision started for the pending changes will not settle them — it came back about
+        a state the source already changed, or it failed — so the newest state needs one: pending
+        again, from ``now``."""
         if not self._pending:
             self._pending = True
             self._first = now

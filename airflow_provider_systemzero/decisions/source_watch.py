@@ -488,6 +488,8 @@ class SourceWatch:
         self._mark("state_change", generation=self.latest_gen, **({"withheld": True} if withheld else {}))
         if withheld:
             self.held_since = None  # nothing to decide now: no older state stands in for it
+            if self._checked is _NOTHING:
+                self._checked = state  # the first content is a change from it, as any other
         elif self._checked is _NOTHING:
             self._checked = state  # the first state: what the first change is matched against
         elif self.relevance is not None and not self.relevance.is_callable:
@@ -562,7 +564,7 @@ class SourceWatch:
                     self.max_staleness,
                 )
             if self.gate is not None and self.decision_mode == "on_request":
-                self.gate.superseded(now)  # the relevant change it was for still needs a current decision
+                self.gate.again(now)  # the relevant change it was for still needs a current decision
             return
         if self.held_since is None:
             self.stale_in_a_row = 0  # the source was quiet while it was decided
@@ -606,17 +608,38 @@ class SourceWatch:
             self._move(Phase.DORMANT)
 
     def lost(self, now: float) -> None:
-        """The stream ended without being given back (it failed; the driver reports why): no
-        decision is owed any more, and the next stream opens when one is wanted."""
-        if self.phase in (Phase.OPENING, Phase.HOLDING, Phase.RELEASING):
+        """The work under way failed or was stopped (the driver stopped every piece of it and
+        reports why): the stream ended without being given back, or a decision or a
+        ``decide_when`` check failed. The watch goes on from what it read: see :meth:`_stop_work`
+        for what this undoes and what it asks again."""
+        if self.phase in _WITH_STREAM or self.phase is Phase.RELEASING:
             self._move(Phase.DORMANT)
-        self._forget_stream()
+        self._stop_work(now)
 
-    def _forget_stream(self) -> None:
+    def _stop_work(self, now: float) -> None:
+        """The one rule of an end of work (a failure, a stream given back, the end of the wait):
+        every mark of work the watch counted as started goes, and what that work was for is
+        wanted again, so the newest state is decided as soon as the watch runs on.
+
+        * a decision asked for (on_request) or owed by the gateway (on_change) will not come: no
+          decision is in flight; with a gate, the change it was asked for is pending again;
+        * a ``decide_when`` check will not answer: the newest change is checked again;
+        * a newer state held behind the decision in flight is held no longer, and the stream's
+          quiet time, the offer of its slot and a waiter's ask for it end with the stream;
+        * what is settled stays: what was read, the decisions judged (and a decision parked for a
+          state the source may come back to), a verdict judged and not fired yet (it fires at the
+          next :meth:`actions`), and the rules' run (hysteresis, whether it fired).
+
+        The phase is the caller's (DORMANT after a failure, RELEASING, ENDED).
+        """
+        if self.deciding and self.decision_mode == "on_request" and self.gate is not None:
+            self.gate.again(now)  # started for the pending change, which still needs a decision
         self.deciding = False
+        self._checking = _NOTHING
         self.held_since = None
         self.quiet_since = None
         self._offered = self._wanted = False
+        self._said_opening = False
 
     # ------------------------------------------------------------------ outputs
 
@@ -639,7 +662,7 @@ class SourceWatch:
                 if self._offered:
                     out.insert(0, Withdraw())
                 self._move(Phase.ENDED)
-                self._forget_stream()
+                self._stop_work(now)
                 return out
         # decide_when: a callable judges one change at a time (the newest against the last judged)
         self._check_next(out)
@@ -652,7 +675,7 @@ class SourceWatch:
             self._move(Phase.OPENING)
             if self.sent is not _NOTHING:
                 log.info("the source changed: opening a new stream to decide the new state")
-            self.sent, self.sent_gen = self.latest, self.latest_gen
+            self._hand_newest()
             # on_change, the stream's opening state is decided by the gateway
             self.deciding = self.decision_mode == "on_change"
             out.append(Open())
@@ -694,10 +717,16 @@ class SourceWatch:
         if self.phase is Phase.OPENING and not self._said_opening:
             self._said_opening = True
             log.info("the source changed while the stream waits to open: it opens with the newest state")
-        self.sent, self.sent_gen = self.latest, self.latest_gen
+        self._hand_newest()
         if self.decision_mode == "on_change":
             self.deciding = True  # the gateway decides every state sent
         out.append(Send(self.latest))
+
+    def _hand_newest(self) -> None:
+        """The newest read becomes the stream's state (sent, or the state a stream opens with): a
+        decision parked for the state it held before is about another state from now on."""
+        self.sent, self.sent_gen = self.latest, self.latest_gen
+        self._parked = None
 
     def _decide(self, now: float, out: list[Action]) -> None:
         if (
@@ -746,7 +775,7 @@ class SourceWatch:
         log.info("%s: giving the stream back until the state changes", reason)
         self._mark("stream_released", reason=reason)
         self._move(Phase.RELEASING)
-        self._forget_stream()
+        self._stop_work(now)
         out.append(Release(reason))
 
     def next_wakeup(self, now: float) -> float | None:

@@ -13,12 +13,15 @@ function on a daemon thread of :data:`THREADS`, **one call at a time**, and wait
 (:class:`CallTimedOut`) and keeps its thread until it returns; the caller's next call waits for
 that same call instead of starting another, so a hung function holds one thread, never more,
 and a triggerer whose triggers ended does not wait for it to exit (the threads are daemons).
+A source's next call takes that call's outcome (the state it read); a gate's, which is about the
+change it was asked about, drops it and then runs with its own arguments.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import queue
@@ -103,13 +106,18 @@ class UserCall:
 
     :param what: how messages name the function (``"the source my_pkg.f"``).
     :param timeout: seconds a call may take before it counts as failed.
+    :param own_outcome: each call's outcome is about its own arguments (a ``decide_when``
+        callable judging one change): when the last call is still running, it is waited for and
+        its outcome dropped, then this call runs, both within ``timeout``. ``False`` (a source,
+        whose outcome is the state now): the running call's outcome is this one's.
     """
 
-    __slots__ = ("_call", "timeout", "what")
+    __slots__ = ("_call", "own_outcome", "timeout", "what")
 
-    def __init__(self, what: str, timeout: float) -> None:
+    def __init__(self, what: str, timeout: float, *, own_outcome: bool = False) -> None:
         self.what = what
         self.timeout = timeout
+        self.own_outcome = own_outcome
         self._call: concurrent.futures.Future[Any] | None = None
 
     @property
@@ -120,19 +128,39 @@ class UserCall:
     async def __call__(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``function(*args, **kwargs)`` on a daemon thread, with the caller's context (as
         :func:`asyncio.to_thread` passes it). When the last call is still running (it timed out),
-        this waits for *that* call, and its outcome is this one's: no second call starts.
+        this waits for *that* call, and its outcome is this one's — or, with ``own_outcome``, is
+        dropped and this call runs after it: never two calls at once.
 
         :raises CallTimedOut: no outcome within ``timeout`` seconds.
         """
-        call = self._call
-        if call is None or call.done():
-            context = contextvars.copy_context()
-            call = self._call = THREADS.submit(functools.partial(context.run, function, *args, **kwargs))
         try:
             async with asyncio.timeout(self.timeout):
-                return await asyncio.shield(asyncio.wrap_future(call))
+                call = self._call
+                if call is not None and not call.done() and self.own_outcome:
+                    with contextlib.suppress(Exception):  # about the arguments it was called with
+                        await asyncio.shield(_outcome(call))
+                if call is None or call.done():
+                    context = contextvars.copy_context()
+                    call = self._call = THREADS.submit(
+                        functools.partial(context.run, function, *args, **kwargs)
+                    )
+                return await asyncio.shield(_outcome(call))
         except TimeoutError:
             raise CallTimedOut(
                 f"{self.what} did not return within {self.timeout:.3g} s (it still runs in its own "
                 "thread; no other call of it starts until it returns)"
             ) from None
+
+
+def _outcome(call: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:
+    """``call``'s outcome on the running loop. A failure that comes after its caller stopped
+    waiting (the call timed out, or the caller was cancelled) is taken here, so asyncio does not
+    report it as never retrieved."""
+    outcome = asyncio.wrap_future(call)
+    outcome.add_done_callback(_taken)
+    return outcome
+
+
+def _taken(outcome: asyncio.Future[Any]) -> None:
+    if not outcome.cancelled():
+        outcome.exception()

@@ -413,9 +413,12 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield an event each time the condition becomes true; runs until cancelled. A failure
-        is said, waited out and tried again (a watch has no task to fail); the watch — its source,
-        what it read, whether the current run of met decisions fired — is kept across tries."""
+        """Yield an event each time the condition becomes true; runs until cancelled. After an
+        event it goes on with what its watch was doing (a newer state held behind the decision
+        that fired is sent at once). A failure is said, waited out and tried again (a watch has no
+        task to fail): what was under way is undone and asked again — a decision that failed, a
+        ``decide_when`` call that raised or hung — while the watch's source, what it read and
+        whether the current run of met decisions fired are kept across tries."""
         streams = self._stream
         condition = DecisionCondition.from_dict(self.condition)
         self._source = source = build_source(self.source, self.state)

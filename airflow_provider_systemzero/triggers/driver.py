@@ -118,6 +118,7 @@ class WatchDriver:
 
     # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
     __slots__ = (
+        "_after_fire",
         "_asked_at",
         "_billed_noted",
         "_change",
@@ -157,11 +158,18 @@ class WatchDriver:
         self.stream_kwargs = stream_kwargs or None
         self.relevance = relevance
         self._checks = (
-            UserCall(f"decide_when.callable {relevance.spec['callable']!r}", DECIDE_WHEN_TIMEOUT)  # type: ignore[index]
+            UserCall(
+                f"decide_when.callable {relevance.spec['callable']!r}",  # type: ignore[index]
+                DECIDE_WHEN_TIMEOUT,
+                own_outcome=True,  # an answer is about the change it was asked about
+            )
             if relevance is not None and relevance.is_callable
             else None
         )
         self._wake = _Wakeup()
+        #: the actions the watch asked for after the verdict :meth:`next_verdict` returned last, carried
+        #: out when it is called again (an asset watch goes on; a sensor's wait ended with it)
+        self._after_fire: tuple[Action, ...] = ()
         #: the stream held now (being opened, open, or being closed)
         self.stream: DecisionStream | None = None
         #: the pieces of work under way (``None``: none)
@@ -202,9 +210,11 @@ class WatchDriver:
         if self._reading is None and self._change is None:
             self._reading = self._started(self.source.read())  # the first read, or a fresh one
         while True:
-            self._collect(loop.time())
-            for action in self.watch.actions(loop.time()):
+            # the actions a verdict came before (an asset watch's) first: each is carried out
+            actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
+            for index, action in enumerate(actions):
                 if isinstance(action, Fire):
+                    self._after_fire = actions[index + 1 :]
                     if self.watch.ended and self.stream is not None:
                         # the event goes out first; the close frame follows in the next loop turn
                         loop.call_soon(self.stream.close_soon)
@@ -217,6 +227,11 @@ class WatchDriver:
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
+
+    def _next_actions(self, now: float) -> tuple[Action, ...]:
+        """What completed, fed to the watch; then what the watch asks for now."""
+        self._collect(now)
+        return tuple(self.watch.actions(now))
 
     def _started(self, work: Awaitable[T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(work)
@@ -403,7 +418,9 @@ class WatchDriver:
 
     async def reset(self) -> None:
         """Stop everything under way and give the stream up (an asset watch after a failure): the
-        watch forgets its stream, and the next :meth:`next_verdict` starts reading afresh."""
+        watch undoes what it counted as under way and asks again what that was for
+        (:meth:`SourceWatch.lost <airflow_provider_systemzero.decisions.source_watch.SourceWatch.lost>`),
+        and the next :meth:`next_verdict` starts reading afresh."""
         await self._stop()
         self.watch.lost(asyncio.get_running_loop().time())
 
@@ -416,6 +433,9 @@ class WatchDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._after_fire = ()  # counted as under way by the watch, which a reset tells
+        self._slot_wanted = False
+        self._asked_at = None
         self._withdraw()
         change, self._change = self._change, None
         if change is not None:

@@ -188,5 +188,5 @@ def test_a_superseded_decision_makes_the_newest_state_due() -> None:
     gate.started()
     gate.changed(False, 1.0)  # arrived while the decision was in flight
     assert gate.due_at() is None
-    gate.superseded(1.2)
+    gate.again(1.2)
     assert gate.due_at() == 1.0  # at once: the newest state is decided, never the superseded one

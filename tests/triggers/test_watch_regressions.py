@@ -20,14 +20,12 @@ import gc
 import json
 import os
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
@@ -35,7 +33,7 @@ from airflow_provider_systemzero.triggers.decision import (
 )
 from tests import helpers
 from tests.dormant import channels
-from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, RecordingDecider, running_trigger, watching_events
+from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, watching_events
 from tests.triggers import callables
 
 rules_file = helpers.rules_file  # the fixture
@@ -59,13 +57,8 @@ READY = STARTED + "Job is ready.\n"
 FAILED = READY + "job failed\n"
 
 
-@contextlib.asynccontextmanager
-async def _emulator(
-    monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any
-) -> AsyncIterator[tuple[Emulator, RecordingDecider]]:
-    decider = RecordingDecider(RULES)
-    async with helpers.loopback_emulator(rules_file, monkeypatch, decider=decider, **kwargs) as emu:
-        yield emu, decider
+def _emulator(monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any) -> Any:
+    return helpers.recording_emulator(rules_file, monkeypatch, RULES, **kwargs)
 
 
 def _sensor(name: str, source: Any, **overrides: Any) -> SystemZeroDecisionTrigger:

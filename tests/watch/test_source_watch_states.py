@@ -16,7 +16,6 @@ owes a DAG author after every step.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +42,9 @@ from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 from airflow_provider_systemzero.protocol.state import same_json
+from tests.helpers import examples
 
-EXAMPLES = 4000 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 300
+EXAMPLES = examples(300, thorough=4000)
 
 #: Lines a source may gain: the decisive ones match decide_when.
 LINES = ("working\n", "heartbeat\n", "READY\n", "FAILED\n")
