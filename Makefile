@@ -15,7 +15,7 @@
 #                  playwright when missing)
 #   make demo      end-to-end demo against the embedded gateway emulator
 #   make review-demo  a person's review answered through Airflow's REST API (api-server on loopback)
-#   make emulator  run the gateway emulator in the foreground (API key "demo")
+#   make emulator  run the gateway emulator in the foreground (API key "emulator-key")
 #   make lock      regenerate constraints.txt from a throwaway venv
 #   make docs      build the documentation site (no tests)
 #   make dist      build the sdist and the wheel into dist/ and check them
@@ -68,7 +68,7 @@ help:
 	@echo "                 (needs Python 2.7: PYTHON27=/path/to/python2.7 when not found)"
 	@echo "  make demo      run the end-to-end demo against the embedded emulator (DEMO_ARGS=...)"
 	@echo "  make review-demo  answer a review through the REST API, as a script would (DEMO_ARGS=...)"
-	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key demo (EMULATOR_ARGS=...)"
+	@echo "  make emulator  run the gateway emulator: systemzero-emulator --api-key emulator-key (EMULATOR_ARGS=...)"
 	@echo "  make lint      ruff check and ruff format --check"
 	@echo "  make bench     run the benchmarks (BENCH_ARGS=...)"
 	@echo "  make lock      regenerate constraints.txt"
@@ -158,7 +158,7 @@ review-demo: $(STAMP)
 	SYSTEMZERO_DEMO_MAKE="make review-demo" $(BIN)/python -m airflow_provider_systemzero.review_demo $(DEMO_ARGS)
 
 emulator: $(STAMP)
-	$(BIN)/systemzero-emulator --api-key demo $(EMULATOR_ARGS)
+	$(BIN)/systemzero-emulator --api-key emulator-key $(EMULATOR_ARGS)
 
 bench: $(STAMP)
 	@if [ -d benchmarks ]; then \

@@ -66,6 +66,7 @@ __all__ = [
     "legacy_form_widgets",
     "legacy_ui_field_behaviour",
     "stats",
+    "tested_connection_id",
 ]
 
 _SDK_EXCEPTIONS = ("airflow.sdk.exceptions", "airflow.exceptions")
@@ -136,6 +137,45 @@ def supervisor_comms() -> Any:
     except ImportError:  # pragma: no cover - always present in Airflow 3
         return None
     return getattr(task_runner, "SUPERVISOR_COMMS", None)
+
+
+#: Where Airflow's API server tests a connection for the UI's Test button (3.1 to 3.3): the route
+#: function and its two locals the provider reads.
+_TEST_ROUTE = ("airflow.api_fastapi.core_api.routes.public.connections", "test_connection")
+_TEST_ROUTE_LOCALS = ("transient_conn_id", "test_body")
+
+
+def tested_connection_id(conn_id: str) -> str | None:
+    """The connection ID a person tested with the UI's Test button, when ``conn_id`` is the
+    temporary one Airflow's API server gave the copy it hands the hook; ``None`` otherwise.
+
+    Airflow 3.1–3.3 test a connection for the UI by storing a copy of it under a random ID (an
+    ``AIRFLOW_CONN_<random>`` variable) and building the hook on that ID, so a message naming the
+    hook's connection names an ID the person never saw. No public API tells the real one: the API
+    route's own frame holds it (``test_body.connection_id``, beside ``transient_conn_id``). This
+    is the one place the provider reads it, and only when that frame is the caller's and its
+    ``transient_conn_id`` is ``conn_id``; on any other Airflow, or called any other way (the CLI,
+    a worker's test, a task), it answers ``None`` and messages name ``conn_id``.
+
+    :param conn_id: the ID the hook was built on.
+    """
+    import inspect
+
+    module, function = _TEST_ROUTE
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == function and frame.f_globals.get("__name__") == module:
+                transient, body = (frame.f_locals.get(name) for name in _TEST_ROUTE_LOCALS)
+                tested = getattr(body, "connection_id", None)
+                if transient == conn_id and isinstance(tested, str) and tested:
+                    return tested
+                return None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame  # a frame holds its callers: never keep one past the call
 
 
 #: The first Airflow release whose providers manager reads ``conn-fields`` from provider info.

@@ -481,8 +481,9 @@ def airflow_cli(args: Sequence[str], env: dict[str, str], log_path: Path, *, tim
 
 
 def store_connection(env: dict[str, str], origin: str, key: str, model: str) -> None:
-    """Store ``systemzero_default`` in the metadata DB; the key travels in the child's environment,
-    never on a command line (where ``ps`` would show it).
+    """Store ``systemzero_default`` in the metadata DB, with its port (the Test button needs one:
+    see the connection docs); the key travels in the child's environment, never on a command line
+    (where ``ps`` would show it).
 
     :raises RuntimeError: ``env`` points Airflow at a home or a database the demo did not create.
     """
@@ -491,9 +492,11 @@ def store_connection(env: dict[str, str], origin: str, key: str, model: str) -> 
 import json, os
 from airflow.models import Connection
 from airflow.utils.session import create_session
+from airflow_provider_systemzero.hooks.systemzero import stored_port
+origin = os.environ["SZ_DEMO_ORIGIN"]
 with create_session() as s:
     s.query(Connection).filter(Connection.conn_id == "systemzero_default").delete()
-    s.add(Connection(conn_id="systemzero_default", conn_type="systemzero", host=os.environ["SZ_DEMO_ORIGIN"],
+    s.add(Connection(conn_id="systemzero_default", conn_type="systemzero", host=origin, port=stored_port(origin),
                      password=os.environ["SZ_DEMO_KEY"], extra=json.dumps({"model": os.environ["SZ_DEMO_MODEL"]})))
 """
     child = {**env, "SZ_DEMO_ORIGIN": origin, "SZ_DEMO_KEY": key, "SZ_DEMO_MODEL": model}

@@ -23,6 +23,12 @@ DOCS_URL = "https://github.com/systemzero/airflow-provider-systemzero/tree/main/
 VERSIONS = ["0.1.0"]
 
 
+#: The port field's label in the connection form: why a person stores a port the origin may hold.
+PORT_LABEL = "Port (store it: the Test button needs one)"
+#: The port field's placeholder: which port to store.
+PORT_PLACEHOLDER = "443 for wss:// and https://, else the origin's port"
+
+
 def connection_fields() -> tuple[str, ...]:
     """The names of a ``systemzero`` connection's extra fields (its form's ``conn-fields``)."""
     return tuple(get_provider_info()["connection-types"][0]["conn-fields"])
@@ -50,10 +56,20 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": CONN_TYPE,
                 "hook-class-name": HOOK_CLASS_NAME,
                 "hook-name": INTEGRATION_NAME,
+                # The port is shown although the origin may name one: Airflow 3.3.2's Test button
+                # refuses a connection that stores no port (apache/airflow#73298), and a person
+                # using the UI alone must be able to store it. The label says why.
                 "ui-field-behaviour": {
-                    "hidden-fields": ["port", "login", "schema"],
-                    "relabeling": {"host": "API origin", "password": "API key"},
-                    "placeholders": {"host": "wss://api.example.com or https://api.example.com"},
+                    "hidden-fields": ["login", "schema"],
+                    "relabeling": {
+                        "host": "API origin",
+                        "password": "API key",
+                        "port": PORT_LABEL,
+                    },
+                    "placeholders": {
+                        "host": "wss://api.example.com or https://api.example.com",
+                        "port": PORT_PLACEHOLDER,
+                    },
                 },
                 "conn-fields": {
                     "model": {

@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import json_size
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest, validate_attachment_tuple
 from airflow_provider_systemzero.protocol.validation import not_json_message, validate_state
@@ -82,7 +83,7 @@ def normalise_questions(
     for name, text in (instructions or {}).items():
         if name not in result:
             raise SystemZeroArgumentError(
-                f"instructions.{name} names no question (questions: {sorted(result)})",
+                f"instructions.{name} names no question (questions: {sorted(result)}){did_you_mean(name, result)}",
                 code="unknown_question",
                 field=f"instructions.{name}",
             )

@@ -363,7 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run.check_running()
 
             say(
-                "$ curl -s " + shlex.quote(f"{api}/auth/token") + "   # the token every call below carries",
+                "$ TOKEN=$(curl -s "
+                + shlex.quote(f"{api}/auth/token")
+                + """ | python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')"""
+                + "   # the token every call below carries",
                 step="log in",
             )
             rest.log_in()
@@ -383,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             body = json.dumps({"chosen_options": [args.answer], "params_input": {}})
             say(
-                "$ curl -s -X PATCH -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: application/json' "
+                # double quotes: the shell puts the token in; single quotes would send "$TOKEN"
+                "$ curl -s -X PATCH -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' "
                 f"-d {shlex.quote(body)} {shlex.quote(api + path)}",
                 step="answer",
             )

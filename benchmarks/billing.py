@@ -33,6 +33,7 @@ without. "Added" is billed decisions minus those of the uninterrupted run.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 import uuid
@@ -42,7 +43,7 @@ from typing import Any
 from benchmarks.common import Options
 from benchmarks.emulator_host import EmulatorProcess
 from benchmarks.fixtures import CONDITION, CONN_ID, READY, REQUEST, decision_trigger, publish, source_spec
-from benchmarks.runner import Triggerer, covered, dormant, rebuild
+from benchmarks.runner import Triggerer, rebuild
 
 __all__ = ["run"]
 
@@ -91,22 +92,14 @@ def _state_at(log: list[tuple[float, str]], at: float) -> str:
     return current
 
 
-def _stream(trigger: Any) -> Any:
-    # the trigger's stream (private, read only): to know a decision covers the state just sent
-    return trigger._stream.stream
-
-
-def _decided(trigger: Any, state: str) -> bool:
-    """Whether the trigger's stream holds ``state`` and has a decision that covers it."""
-    stream = _stream(trigger)
-    if stream is None or dormant(trigger):
-        # dormant (no stream): the trigger remembers the state its last decision covered
-        return bool(covered(trigger) == state)
-    return (
-        stream.last_decision is not None
-        and stream.state == state
-        and stream.session.current_decision is not None
-    )
+def _decided(trigger: Any, state: str, since: float = -math.inf) -> bool:
+    """Whether the trigger's newest current decision is about ``state`` (and, with ``since``, came
+    after that loop time, or the trigger holds no stream: nothing is owed), from its public
+    progress."""
+    progress = trigger.progress
+    if not progress.running or progress.decided_state != state:
+        return False
+    return progress.decided_at > since or progress.dormant
 
 
 async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
@@ -222,6 +215,8 @@ async def run(options: Options) -> dict[str, Any]:
     async with EmulatorProcess(limits=LIMITS, max_concurrent=64) as emulator:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
+        #: the streams the emulator restart closed (0: the trigger was dormant then, holding none)
+        restarted = {"streams": 0}
 
         async def triggerer_restart(triggers: list[Any], ids: list[int], state: str) -> None:
             await triggerer.cancel(ids[0])
@@ -230,13 +225,13 @@ async def run(options: Options) -> dict[str, Any]:
             await _until(lambda: _decided(triggers[0], state))
 
         async def emulator_restart(triggers: list[Any], ids: list[int], state: str) -> None:
-            stream = _stream(triggers[0])
-            before = len(stream.reconnects) if stream is not None else 0
+            # every open stream gets goodbye and close 1012, reconnects and replays; then the
+            # trigger's decision is about the state again (a dormant trigger lost nothing)
+            began = asyncio.get_running_loop().time()
+            before = (await emulator.stats())["closes_by_code"].get("1012", 0)
             await emulator.call("restart", retry_after_ms=200)
-            if stream is None:  # dormant: no connection to lose, and the last decision still covers state
-                await _until(lambda: _decided(triggers[0], state))
-                return
-            await _until(lambda: len(stream.reconnects) > before and _decided(triggers[0], state))
+            restarted["streams"] = (await emulator.stats())["closes_by_code"].get("1012", 0) - before
+            await _until(lambda: _decided(triggers[0], state, since=began))
 
         started = time.perf_counter()
         # everything but the emulator restart shares the emulator at once (namespaces keep them apart)
@@ -346,6 +341,7 @@ async def run(options: Options) -> dict[str, Any]:
             row["case"]: row["added"] for row in trigger_rows if row["case"] != "uninterrupted"
         },
         "met": all(row["added"] == 0 and row["billed_twice"] == 0 for row in trigger_rows),
+        "emulator_restart_closed_streams": restarted["streams"],
         "wall_s": wall,
         "decide_failures": stats["decide_failures"],
     }

@@ -51,7 +51,7 @@ LEASE_AFTER = 0.02
 
 
 def _dormant(trigger: Any) -> bool:
-    # private, read only: the trigger gave its stream back and awaits its source
+    # the trigger's public progress: it gave its stream back and awaits its source
     return dormant(trigger)
 
 

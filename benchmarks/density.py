@@ -109,12 +109,12 @@ def watching() -> dict[str, Any]:
 
 
 def _settled(trigger: Any) -> bool:
-    # private, read only: the first decision arrived and the trigger gave its stream back (dormant)
+    # the trigger's public progress: the first decision arrived and it gave its stream back
     return dormant(trigger)
 
 
 def _decided(trigger: Any) -> bool:
-    # private, read only: the trigger's lease saw its first decision (it may still hold the stream)
+    # the trigger's public progress: its first decision arrived (it may still hold the stream)
     return math.isfinite(decided_at(trigger))
 
 
@@ -151,14 +151,8 @@ async def _wait_all(
 
 
 def _describe(trigger: Any) -> str:
-    stream = trigger._stream.stream  # the open DecisionStream, if any
-    if stream is None:
-        return f"no stream (dormant={dormant(trigger)})"
-    return (
-        f"{stream!r} decided={stream.last_decision is not None} dormant={stream.dormant} "
-        f"in_sync={stream.in_sync} has_work={stream.has_work()} failure={stream.failure!r} "
-        f"reconnects={stream.reconnects[-3:]}"
-    )
+    """What a stuck trigger's public progress says."""
+    return repr(trigger.progress)
 
 
 async def _idle_cpu(seconds: float) -> tuple[float, StallWatchdog]:

@@ -229,7 +229,8 @@ class Feed:
         self._directory = tempfile.mkdtemp(prefix="sz-bench-") if kind not in PUSH_FEEDS else ""
         self._written: dict[str, str] = {}
 
-    def _path(self, channel: str) -> str:
+    def path_of(self, channel: str) -> str:
+        """The file a channel of a file feed writes."""
         return os.path.join(self._directory, channel, "job.log")
 
     def start(self, channel: str, state: str = "waiting\n") -> dict[str, Any]:
@@ -237,11 +238,11 @@ class Feed:
         if self.kind in PUSH_FEEDS:
             publish(channel, state)
             return source_spec(channel, self.kind)
-        os.makedirs(os.path.dirname(self._path(channel)), exist_ok=True)
+        os.makedirs(os.path.dirname(self.path_of(channel)), exist_ok=True)
         self.publish(channel, state)
         spec: dict[str, Any] = {
             "type": "file",
-            "path": self._path(channel),
+            "path": self.path_of(channel),
             "poll_interval": self.poll_interval,
         }
         if self.kind == "file-poll":
@@ -257,10 +258,10 @@ class Feed:
             return publish(channel, state)
         written = self._written.get(channel)
         if written is not None and state.startswith(written):
-            with open(self._path(channel), "a", encoding="utf-8") as handle:
+            with open(self.path_of(channel), "a", encoding="utf-8") as handle:
                 handle.write(state[len(written) :])
         else:
-            with open(self._path(channel), "w", encoding="utf-8") as handle:
+            with open(self.path_of(channel), "w", encoding="utf-8") as handle:
                 handle.write(state)
         stamp = time.perf_counter()
         self._written[channel] = state

@@ -155,7 +155,7 @@ async def _triggerer(config: dict[str, Any]) -> dict[str, Any]:
         ids[index], triggers[index] = triggerer.start(trigger), trigger
 
     def decided(trigger: Any) -> bool:
-        # private, read only: each decision is stamped (the stream itself may be gone: dormant)
+        # the trigger's public progress: its first decision arrived (its stream may be gone: dormant)
         return math.isfinite(decided_at(trigger))
 
     started = time.perf_counter()

@@ -41,6 +41,8 @@ __all__ = ["run"]
 LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minute": 10_000_000}
 LINES_PER_SECOND = 10_000
 LINE = "{:08d}\n"
+#: The log's first line, there before the trigger starts.
+HEADER = "job started\n"
 POLL_INTERVAL = 0.1
 
 
@@ -106,7 +108,9 @@ async def run(options: Options) -> dict[str, Any]:
     seconds = 5.0 if options.quick else 30.0
     workdir = Path(tempfile.mkdtemp(prefix="systemzero-bench-ingest-"))
     path = workdir / "job.log"
-    path.write_text("")
+    # a first line: a file with no content yet is not a state (nothing is sent until it has some),
+    # and the trigger's start must be accepted before the writer begins
+    path.write_text(HEADER)
     namespace = task_namespace("bench_ingest", "tail", uuid.uuid4().hex[:8], -1)
     async with EmulatorProcess(limits=LIMITS) as emulator:
         os.environ.update(emulator.connection_env())

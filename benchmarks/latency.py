@@ -61,7 +61,7 @@ from benchmarks.fixtures import (
     state_of,
 )
 from benchmarks.report_format import latency_figure
-from benchmarks.runner import Triggerer, decided_at, rebuild
+from benchmarks.runner import Triggerer, decided_at, dormant, rebuild
 
 __all__ = ["run"]
 
@@ -99,14 +99,6 @@ async def _until(condition: Callable[[], bool], within: float = 30.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def _stream(trigger: Any) -> Any:
-    # The trigger's stream (a private attribute, read only): how the benchmark knows the first
-    # decision settled, and for the cold case that the stream was given back. Newer triggers hold
-    # it in a TriggerStream (``.stream``); older ones held the stream itself.
-    holder = trigger._stream
-    return getattr(holder, "stream", holder)
-
-
 async def _trigger_sample(
     triggerer: Triggerer,
     tag: str,
@@ -131,10 +123,11 @@ async def _trigger_sample(
         )
     )
     trigger_id = triggerer.start(trigger)
-    # each decision is stamped (private, read only): a cold trigger's stream may be gone already
+    # the trigger's public progress: its first decision arrived (a cold trigger's stream may be
+    # gone already), and for the cold case that it gave its stream back
     await _until(lambda: math.isfinite(decided_at(trigger)))
     if cold:
-        await _until(lambda: _stream(trigger) is None or _stream(trigger).dormant)
+        await _until(lambda: dormant(trigger))
     # the change comes at some moment, not in lockstep (with a polled file: anywhere in a poll interval)
     await asyncio.sleep(rng.uniform(0.0, feed.poll_interval if polled else gap))
     produced = feed.publish(channel, f"waiting\n{READY}\n")

@@ -20,7 +20,6 @@ import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import time
 from collections import deque
@@ -33,6 +32,7 @@ __all__ = [
     "count_sockets",
     "covered",
     "decided_at",
+    "dormant",
     "rebuild",
     "rss_kb",
 ]
@@ -88,46 +88,21 @@ class SocketSampler:
                 await task
 
 
-def _watch(trigger: Any) -> Any:
-    """The trigger's watch, if it runs one (private, read only; an older provider had none)."""
-    driver = getattr(trigger, "_driver", None)
-    return None if driver is None else driver.watch
-
-
-def _last_lease(trigger: Any) -> Any:
-    """An older provider's lease, if it stamped a decision (private, read only: a lease lived as
-    long as its stream; an older provider still kept one for the trigger's whole run)."""
-    lease = getattr(trigger, "_lease", None)
-    return lease if lease is not None and math.isfinite(lease.decided_at) else None
-
-
 def decided_at(trigger: Any) -> float:
-    """The loop time of a decision trigger's last current decision (``-inf`` before the first)."""
-    watch = _watch(trigger)
-    if watch is not None:
-        return float(watch.decided_at)
-    lease = _last_lease(trigger)
-    return lease.decided_at if lease is not None else getattr(trigger._stream, "decided_at", -math.inf)
+    """The loop time of a decision trigger's newest current decision (``-inf`` before the first),
+    from its public :attr:`~airflow_provider_systemzero.triggers.decision.SystemZeroDecisionTrigger.progress`."""
+    return float(trigger.progress.decided_at)
 
 
 def covered(trigger: Any) -> Any:
-    """The state a decision trigger's last current decision covered (``None`` before the first)."""
-    watch = _watch(trigger)
-    if watch is not None:
-        return watch.decided_state
-    lease = _last_lease(trigger)
-    if lease is not None:
-        return lease.covered
-    return getattr(trigger._stream, "covered", None) if math.isfinite(decided_at(trigger)) else None
+    """The state a decision trigger's newest current decision was about (``None`` before the first)."""
+    return trigger.progress.decided_state
 
 
 def dormant(trigger: Any) -> bool:
-    """Whether a decision trigger holds no stream and waits for its source (private, read only)."""
-    driver = getattr(trigger, "_driver", None)
-    if driver is not None:
-        return bool(driver.dormant)
-    holder = trigger._stream
-    return bool(getattr(holder, "dormant", False)) and getattr(holder, "stream", None) is None
+    """Whether a decision trigger's running wait holds no stream and waits for its source."""
+    progress = trigger.progress
+    return bool(progress.running and progress.dormant)
 
 
 def rebuild(trigger: Any) -> Any:

@@ -7,6 +7,8 @@ billed once and never collides with another.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pendulum
 from airflow.sdk import DAG, task
 
@@ -33,8 +35,12 @@ with DAG(
     ).expand(state=TICKETS)
 
     @task
-    def summarise(answers: list[dict]) -> dict:
-        urgent = [ticket for ticket, answer in zip(TICKETS, answers, strict=True) if answer["urgent"]]
+    def summarise(answers: Sequence[dict]) -> dict:
+        # read by index up to its length: iterating the mapped outputs reads one past the last,
+        # and Airflow's client logs that read's miss as an error
+        if len(answers) != len(TICKETS):
+            raise ValueError(f"{len(answers)} answers for {len(TICKETS)} tickets")
+        urgent = [ticket for index, ticket in enumerate(TICKETS) if answers[index]["urgent"]]
         return {"urgent": len(urgent), "total": len(TICKETS)}
 
     summarise(triage.output)

@@ -499,6 +499,24 @@ def trigger_kwargs(**overrides: Any) -> dict[str, Any]:
     }
 
 
+def channel_trigger(task: str, channel: str, **overrides: Any) -> Any:
+    """A ``SystemZeroDecisionTrigger`` of task ``task`` reading the push channel ``channel`` of
+    :mod:`tests.dormant.channels` (giving its stream back after 0.05 s of quiet), as the triggerer
+    runs it: serialized, then built again from its kwargs."""
+    from airflow_provider_systemzero.identity import task_namespace
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+    from tests.dormant import channels
+
+    kwargs = trigger_kwargs(
+        key_namespace=task_namespace("d", task, channel, -1),
+        source=channels.source(channel),
+        lease_after=0.05,
+        **overrides,
+    )
+    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
+    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
+
+
 @asynccontextmanager
 async def running_trigger(trigger: Any) -> AsyncIterator[asyncio.Future[Any]]:
     """Run ``trigger`` as the triggerer does (its first event is the task's result); on exit cancel
@@ -547,7 +565,10 @@ async def until_read(trigger: Any, state: Any, within: float = 10.0) -> None:
 
 def dormant(trigger: Any) -> bool:
     """Whether ``trigger`` runs its watch and holds no stream (waiting for its source, or for time)."""
-    return trigger._driver is not None and trigger._driver.dormant
+    from airflow_provider_systemzero.triggers.watching import watch_progress
+
+    progress = watch_progress(trigger)  # a decision trigger's ``progress``; an asset watcher's too
+    return progress.running and progress.dormant
 
 
 #: What every process of an :func:`audited_python` runs first: an audit hook that writes down the

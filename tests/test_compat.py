@@ -87,7 +87,8 @@ def test_the_connection_form_is_complete_on_this_airflow() -> None:
     assert standard["host"]["title"] == behaviour["relabeling"]["host"]
     assert standard["password"]["title"] == behaviour["relabeling"]["password"]
     assert standard["host"]["placeholder"] == behaviour["placeholders"]["host"]
-    assert all(standard[name]["hidden"] for name in ("port", "login"))
+    assert standard["login"]["hidden"]
+    assert not standard["port"]["hidden"] and standard["port"]["title"] == behaviour["relabeling"]["port"]
     assert standard["url_schema"]["hidden"]
 
 
@@ -400,3 +401,8 @@ def test_the_supervisor_comms_are_read_in_one_place(monkeypatch: pytest.MonkeyPa
         if 'getattr(task_runner, "SUPERVISOR_COMMS"' in path.read_text(encoding="utf-8")
     )
     assert readers == ["compat.py"]
+
+
+def test_outside_the_test_buttons_route_the_hooks_own_connection_is_named() -> None:
+    # the CLI's test, a worker's test and a task build the hook on the ID the person gave
+    assert compat.tested_connection_id("systemzero_default") is None

@@ -74,8 +74,12 @@ def test_connection_type_declaration():
     assert conn["connection-type"] == "systemzero"
     assert conn["hook-class-name"] == "airflow_provider_systemzero.hooks.systemzero.SystemZeroHook"
     assert conn["hook-name"] == "System Zero"
-    assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"port", "login", "schema"}
-    assert conn["ui-field-behaviour"]["relabeling"] == {"host": "API origin", "password": "API key"}
+    assert set(conn["ui-field-behaviour"]["hidden-fields"]) == {"login", "schema"}
+    assert conn["ui-field-behaviour"]["relabeling"] == {
+        "host": "API origin",
+        "password": "API key",
+        "port": "Port (store it: the Test button needs one)",
+    }
     fields = conn["conn-fields"]
     assert set(fields) == {
         "model",

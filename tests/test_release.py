@@ -253,7 +253,17 @@ def test_the_review_demo_answers_a_review_through_the_rest_api_from_the_installe
     assert result.returncode == 0, out + result.stderr
     _left_alone(deployment, before, out + result.stderr)
     assert "==> review System Zero is unsure: team" in out and "**Why you are asked:** confidence 0.6" in out
-    assert re.search(r"curl -s http://127\.0\.0\.1:\d+/auth/token", out)
+    assert re.search(r"\$ TOKEN=\$\(curl -s http://127\.0\.0\.1:\d+/auth/token \| python3 -c ", out)
+    # the PATCH as printed, pasted into a shell: the token is put into its header
+    (patch,) = [line.split("$ ", 1)[1] for line in out.splitlines() if "curl -s -X PATCH" in line]
+    shell = subprocess.run(
+        ["bash", "-c", "printf '%s\\n' " + patch.removeprefix("curl ")],
+        env={"PATH": os.environ["PATH"], "TOKEN": "t0ken"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "Authorization: Bearer t0ken" in shell.stdout.splitlines(), shell.stdout
     # the run ID URL-encoded in the path a script PATCHes
     assert re.search(
         r"/dagRuns/manual__\d{4}-\d\d-\d\dT\d\d%3A\d\d%3A[\d.]+%2B00%3A00/taskInstances/route/-1/", out

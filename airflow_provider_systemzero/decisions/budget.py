@@ -388,6 +388,10 @@ class DecisionBudget:
     :param scope: what the caps cover, for messages (e.g. ``task 'dag.task' (all tries)``).
     :param hint: where to raise them, for messages.
     :param windows: per-connection window budgets that apply too.
+    :param carried: what the task that set the budget carries through this run, unread here (plain
+        JSON: the task try's usage so far): it travels in the trigger's kwargs and comes back in the
+        event's usage report (:func:`event_usage`), so a try that defers again after a review
+        resumes knowing what it spent before.
     """
 
     def __init__(
@@ -399,6 +403,7 @@ class DecisionBudget:
         scope: str = "this stream",
         hint: str = "Raise max_decisions / max_input_tokens where the budget is set.",
         windows: Iterable[WindowBudget] = (),
+        carried: Mapping[str, Any] | None = None,
     ) -> None:
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
         self.max_input_tokens = parse_limit(max_input_tokens, "max_input_tokens")
@@ -406,6 +411,7 @@ class DecisionBudget:
         self.scope = scope
         self.hint = hint
         self.windows: list[WindowBudget] = [w for w in windows if w is not None]
+        self.carried = dict(carried) if isinstance(carried, Mapping) else None
         self.usage = Usage()
         self.exceeded: BudgetExceeded | None = None
         #: names this run in the task's ledger (a trigger event recorded twice counts once)
@@ -417,13 +423,16 @@ class DecisionBudget:
 
     def to_kwargs(self) -> dict[str, Any]:
         """The budget as plain JSON for a trigger's kwargs (what the trigger needs to go on)."""
-        return {
+        kwargs = {
             "max_decisions": self.max_decisions,
             "max_input_tokens": self.max_input_tokens,
             "spent": self.total.to_dict(),
             "scope": self.scope,
             "hint": self.hint,
         }
+        if self.carried is not None:
+            kwargs["carried"] = self.carried
+        return kwargs
 
     @classmethod
     def from_kwargs(cls, data: Mapping[str, Any] | None) -> DecisionBudget | None:
@@ -436,6 +445,7 @@ class DecisionBudget:
             spent=data.get("spent"),
             scope=data.get("scope") or "this stream",
             hint=data.get("hint") or "",
+            carried=data.get("carried"),
         )
 
     # ------------------------------------------------------------------ views
@@ -588,8 +598,12 @@ class DecisionBudget:
 
 
 def event_usage(budget: DecisionBudget | None) -> dict[str, Any]:
-    """What a trigger adds to its event: ``{EVENT_USAGE_KEY: {"run", "run_id", "refusal"}}``."""
+    """What a trigger adds to its event: ``{EVENT_USAGE_KEY: {"run", "run_id", "refusal"}}``, and
+    ``"carried"`` when the budget carries something back to its task."""
     if budget is None:
         return {}
     refusal = budget.exceeded.to_dict() if budget.exceeded is not None else None
-    return {EVENT_USAGE_KEY: {"run": budget.usage.to_dict(), "run_id": budget.run_id, "refusal": refusal}}
+    report = {"run": budget.usage.to_dict(), "run_id": budget.run_id, "refusal": refusal}
+    if budget.carried is not None:
+        report["carried"] = budget.carried
+    return {EVENT_USAGE_KEY: report}

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_provider_systemzero.decisions.policy import check_bar
 from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult, share
 from airflow_provider_systemzero.protocol.validation import validate_question_name
 
@@ -131,8 +132,8 @@ class DecisionCondition:
         """
         if self.question not in questions:
             raise SystemZeroArgumentError(
-                f"question {self.question!r} is not among the questions asked ({sorted(questions)}): "
-                "name one of them in the condition, or ask it",
+                f"question {self.question!r} is not among the questions asked ({sorted(questions)})"
+                f"{did_you_mean(self.question, questions)}: name one of them in the condition, or ask it",
                 code="unknown_question",
                 field="question",
             )
@@ -151,7 +152,7 @@ class DecisionCondition:
             if missing:
                 raise SystemZeroArgumentError(
                     f"expect {missing[0]!r} is not an option of choice question "
-                    f"{self.question!r} (options: {list(options or ())})",
+                    f"{self.question!r} (options: {list(options or ())}){did_you_mean(missing[0], options or ())}",
                     code="invalid_expect",
                     field="expect",
                 )

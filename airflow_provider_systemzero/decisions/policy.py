@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.protocol.reply import share
 
 __all__ = [
@@ -184,6 +185,11 @@ class DecisionPolicy:
         "review_above"}}``; an option's own bar replaces the policy's.
     :param review_timeout: how long a person has to answer (seconds or a ``timedelta``; ``None``:
         no limit). When it passes, ``default`` applies, or ``below`` when there is no default.
+
+    A value that breaks a rule (a bar out of range, an unknown ``below``) is refused when the policy
+    is used, not when it is built: by the task it is given to, when the Dag is parsed, so the
+    message starts with that task's ID (``wait_until_ready: act_above 1.5 must be …``), and by any
+    of its methods. Its dict form is refused at once (:meth:`from_dict`).
     """
 
     act_above: float | None = None
@@ -195,14 +201,38 @@ class DecisionPolicy:
     review_timeout: float | None = None
 
     def __post_init__(self) -> None:
+        try:
+            self._settle()
+        except ValueError as exc:  # said when the policy is used: by its task, whose ID it can name
+            object.__setattr__(self, "_problem", exc)
+        else:
+            object.__setattr__(self, "_problem", None)
+
+    def _usable(self) -> None:
+        """Refuse a policy whose values break a rule (the same error each time, raised afresh)."""
+        problem = getattr(self, "_problem", None)
+        if problem is None:
+            return
+        if isinstance(problem, SystemZeroArgumentError):
+            raise SystemZeroArgumentError(problem.message, code=problem.code, field=problem.field) from None
+        raise ValueError(str(problem)) from None
+
+    def _settle(self) -> None:
+        """Check the values and put them in the form the policy keeps."""
         set_ = object.__setattr__
         set_(self, "act_above", check_bar(self.act_above, "act_above"))
         set_(self, "review_above", check_bar(self.review_above, "review_above"))
         set_(self, "review_timeout", _seconds(self.review_timeout, "review_timeout"))
         if self.below not in BELOW_ACTIONS:
-            raise ValueError(f"below must be one of {', '.join(BELOW_ACTIONS)}, got {self.below!r}")
+            raise ValueError(
+                f"below must be one of {', '.join(BELOW_ACTIONS)}, got {self.below!r}"
+                f"{did_you_mean(self.below, BELOW_ACTIONS)}"
+            )
         if self.measure not in MEASURES:
-            raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {self.measure!r}")
+            raise ValueError(
+                f"measure must be one of {', '.join(MEASURES)}, got {self.measure!r}"
+                f"{did_you_mean(self.measure, MEASURES)}"
+            )
         if self.below == "default" and self.default is None:
             raise ValueError("below='default' needs a default answer: DecisionPolicy(..., default=...)")
         if self.default is not None:
@@ -217,7 +247,8 @@ class DecisionPolicy:
                 unknown = sorted(set(bars) - {"act_above", "review_above"})
                 if unknown:
                     raise ValueError(
-                        f"options[{name!r}] has unknown key {unknown[0]!r} (use act_above, review_above)"
+                        f"options[{name!r}] has unknown key {unknown[0]!r}"
+                        f"{did_you_mean(unknown[0], ('act_above', 'review_above'))} (use act_above, review_above)"
                     )
                 try:
                     bars = OptionBars(**bars)
@@ -243,9 +274,12 @@ class DecisionPolicy:
     def coerce(cls, value: Any) -> DecisionPolicy | None:
         """A policy from a :class:`DecisionPolicy`, its dict form, or ``None``.
 
-        :raises ValueError: the value is not a policy.
+        :raises ValueError: the value is not a policy, or breaks a rule.
         """
-        if value is None or isinstance(value, DecisionPolicy):
+        if isinstance(value, DecisionPolicy):
+            value._usable()
+            return value
+        if value is None:
             return value
         if isinstance(value, Mapping):
             return cls.from_dict(value)
@@ -260,17 +294,23 @@ class DecisionPolicy:
         known = {"act_above", "review_above", "below", "default", "measure", "options", "review_timeout"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown policy key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"unknown policy key {unknown[0]!r}{did_you_mean(unknown[0], known)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         values = dict(data)
         values["options"] = dict(values.get("options") or {})
         if values.get("below") is None:
             values.pop("below", None)
         if values.get("measure") is None:
             values.pop("measure", None)
-        return cls(**values)
+        policy = cls(**values)
+        policy._usable()
+        return policy
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form (travels in trigger kwargs and the ``decision`` record)."""
+        self._usable()
         default = list(self.default) if isinstance(self.default, tuple) else self.default
         return {
             "act_above": self.act_above,
@@ -284,6 +324,7 @@ class DecisionPolicy:
 
     def bars_for(self, option: Any = None) -> tuple[float | None, float | None]:
         """``(act_above, review_above)`` for an answer (an option's own bars replace the policy's)."""
+        self._usable()
         bars = self.options.get(option) if isinstance(option, str) else None
         if bars is None:
             return self.act_above, self.review_above
@@ -294,15 +335,18 @@ class DecisionPolicy:
     @property
     def review_timedelta(self) -> timedelta | None:
         """``review_timeout`` as a ``timedelta``."""
+        self._usable()
         return None if self.review_timeout is None else timedelta(seconds=self.review_timeout)
 
     @property
     def has_review(self) -> bool:
         """Whether any answer can be sent to a person."""
+        self._usable()
         return any(review is not None for _, review in (self.bars_for(o) for o in (None, *self.options)))
 
     def measure_of(self, answer: Any) -> float | None:
         """The number the bars compare for an answer (``None`` when it is missing)."""
+        self._usable()
         _, probability, confidence, _ = answer_numbers(answer)
         if self.measure == "confidence":
             return confidence
@@ -332,6 +376,7 @@ class DecisionPolicy:
         :param where: how to name the policy in errors.
         :raises ValueError: naming what does not fit.
         """
+        self._usable()
         if self.below == "wait" and not allow_wait:
             raise ValueError(
                 f"{where}: below='wait' only applies to the sensor (it keeps waiting for more "
@@ -342,7 +387,9 @@ class DecisionPolicy:
             raise ValueError(f"{where}: per-option bars need a choice question")
         for name in self.options:
             if name not in known:
-                raise ValueError(f"{where}: options names {name!r}, which is not an option ({known})")
+                raise ValueError(
+                    f"{where}: options names {name!r}, which is not an option ({known}){did_you_mean(name, known)}"
+                )
         if self.default is None:
             return
         if multiple:
@@ -355,7 +402,9 @@ class DecisionPolicy:
                     f"{where}: default {self.default!r} must be true or false for a boolean question"
                 )
         elif self.default not in known:
-            raise ValueError(f"{where}: default {self.default!r} is not an option ({known})")
+            raise ValueError(
+                f"{where}: default {self.default!r} is not an option ({known}){did_you_mean(self.default, known)}"
+            )
 
     # ------------------------------------------------------------------ evaluating
 
@@ -364,6 +413,7 @@ class DecisionPolicy:
 
         :param answer: an ``Answer`` or its dict form (``decision``, ``probability``, ``confidence``).
         """
+        self._usable()
         decision = answer_numbers(answer)[0]
         act, review = self.bars_for(decision)
         measured = self.measure_of(answer)
@@ -417,6 +467,7 @@ class DecisionPolicy:
 
         :param answers: option → its (boolean) answer.
         """
+        self._usable()
         outcomes = {}
         for option, answer in answers.items():
             act, review = self.bars_for(option)

@@ -213,8 +213,11 @@ class Rules(Protocol):
     :class:`FirstDecision` an operator's.
     """
 
-    def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> Any:
-        """Take a current decision; return the verdict when the wait ends, else ``None``."""
+    def observe(
+        self, decision: DecisionResult, state_key: str, state: Any, now: float, *, generation: int
+    ) -> Any:
+        """Take a current decision (about the state of ``generation``); return the verdict when the
+        wait ends, else ``None``."""
 
     def due(self, now: float) -> Any:
         """The verdict when only time was missing and it passed, else ``None``."""
@@ -226,7 +229,9 @@ class Rules(Protocol):
 class FirstDecision:
     """An operator's rules: the first current decision is the answer."""
 
-    def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> Any:
+    def observe(
+        self, decision: DecisionResult, state_key: str, state: Any, now: float, *, generation: int
+    ) -> Any:
         return decision
 
     def due(self, now: float) -> Any:
@@ -569,7 +574,7 @@ class SourceWatch:
         """A current decision about the state the stream holds: the rules judge it."""
         self._parked = None
         self.judged_gen, self.decided_state, self.decided_at = self.sent_gen, self.sent, now
-        verdict = self.rules.observe(decision, state_hash, self.sent, now)
+        verdict = self.rules.observe(decision, state_hash, self.sent, now, generation=self.sent_gen)
         if verdict is not None:
             self._verdict = verdict
         elif self.relevance is not None and self.rules.wait_time(now) is None:
@@ -585,6 +590,8 @@ class SourceWatch:
                 disposition="ignored",
                 state_key=state_hash,
                 current=False,
+                generation=self.sent_gen if state_hash is not None else None,
+                reason="the source changed since: a decision about a state it no longer holds",
             )
 
     def _mark(self, kind: str, **fields: Any) -> None:

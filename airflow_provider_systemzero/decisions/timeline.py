@@ -4,9 +4,12 @@ A sensor that waited three hours and then fired (or timed out) leaves one ``deci
 :class:`DecisionTimeline` keeps the story that led to it, for one task try (or one asset event):
 
 * **decisions** (:meth:`DecisionTimeline.decision`) — when the watch received each one (UTC),
-  the state version, the state's size and hash, the answer with its probability and confidence,
-  whether it was billed or a replay, whether it was about the current state or an outdated one,
-  and what the watch did with it (its *disposition*, :data:`DISPOSITIONS`);
+  the state it was about (its *generation*: the wait's own count of the different states its
+  source gave, which goes on across streams; and the stream's ``state_version``, which starts
+  again with each stream), the state's size and hash, the answer with its probability and
+  confidence, whether it was billed or a replay, whether it was about the current state or an
+  outdated one, what the watch did with it (its *disposition*, :data:`DISPOSITIONS`) and why, in
+  the words of the task's log (``confidence 0.55 is below 0.9``);
 * **markers** (:meth:`DecisionTimeline.mark`) — what happened around them: a state change, a
   billed start, a reconnect, a stream opened or given back, a hold rule met (:data:`MARKS`);
 * **the condition** it watched for (:meth:`DecisionTimeline.watching`), so the condition's bars
@@ -31,11 +34,18 @@ A watch records with three calls::
 
 Rows are kept as tuples of plain values, so a long history is a few objects for the collector,
 and a short one costs what it holds (the lists grow with it; the condition is kept as its JSON text).
+
+**Order.** Rows are listed in time order, and rows of the same millisecond in the order they were
+recorded, before and after a round trip through JSON (each row keeps its place in the sequence of
+recording). A billed start is never placed before the stream it started on was opened: the
+gateway's own figures back-date it, and a clock read a millisecond apart must not put a decision's
+start before its stream.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -103,10 +113,16 @@ _DECISION_FIELDS = (
     "current",
     "disposition",
     "state",
+    "generation",
+    "reason",
+    "seq",
 )
-_AT, _DISPOSITION, _REPLY, _VERSION, _BILLED = (
-    _DECISION_FIELDS.index(name) for name in ("at", "disposition", "reply_id", "state_version", "billed")
+_AT, _DISPOSITION, _REPLY, _VERSION, _BILLED, _SEQ = (
+    _DECISION_FIELDS.index(name)
+    for name in ("at", "disposition", "reply_id", "state_version", "billed", "seq")
 )
+#: The fields of a decision row that its plain JSON form leaves out when they are ``None``.
+_OPTIONAL = ("state", "generation", "reason")
 #: A marker field's value: plain JSON scalars only (a marker is a point in time, not a record).
 _SCALARS = (str, int, float, bool, type(None))
 #: The characters of a decided state a history keeps when content capture is on: its newest end.
@@ -158,7 +174,7 @@ class DecisionTimeline:
     :param limit: the most decisions kept (and the most markers): the newest.
     """
 
-    __slots__ = ("_condition", "_decisions", "_limit", "_markers", "capture_content")
+    __slots__ = ("_condition", "_decisions", "_limit", "_markers", "_opened_at", "_seq", "capture_content")
 
     def __init__(self, *, capture_content: bool = False, limit: int = HISTORY_LIMIT) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -169,8 +185,12 @@ class DecisionTimeline:
         self._condition: str | None = None
         #: the newest ``limit`` decisions and markers, oldest first
         self._decisions: list[tuple[Any, ...]] = []
-        #: a marker is one flat tuple: ``(kind, at, name, value, name, value, …)``
+        #: a marker is one flat tuple: ``(kind, at, seq, name, value, name, value, …)``
         self._markers: list[tuple[Any, ...]] = []
+        #: the place of the next row recorded, in the order of recording (ties of time keep it)
+        self._seq = 0
+        #: when the newest stream was opened (a billed start is not placed before it)
+        self._opened_at = -math.inf
 
     # ------------------------------------------------------------------ recording
 
@@ -195,6 +215,8 @@ class DecisionTimeline:
         state: Any = None,
         billed: bool | None = None,
         current: bool = True,
+        generation: int | None = None,
+        reason: str | None = None,
     ) -> None:
         """Record a decision the watch received.
 
@@ -207,6 +229,9 @@ class DecisionTimeline:
         :param state: the decided state: its newest end is kept only with ``capture_content``.
         :param billed: ``True`` billed, ``False`` a replay of an earlier reply, ``None`` not known here.
         :param current: about the current state (``False``: an outdated one).
+        :param generation: the decided state's generation (the wait's count of its source's states),
+            ``None`` when not known.
+        :param reason: why the watch did what it did, in the words of the task's log.
         :raises ValueError: an unknown disposition.
         """
         if disposition not in DISPOSITIONS:
@@ -229,8 +254,15 @@ class DecisionTimeline:
                 bool(current),
                 disposition,
                 preview,
+                generation,
+                reason,
+                self._next_seq(),
             ),
         )
+
+    def _next_seq(self) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
 
     def settle(self, decision: DecisionResult, disposition: str) -> bool:
         """A decision recorded earlier ended the wait later (a hold rule met once time passed):
@@ -261,9 +293,19 @@ class DecisionTimeline:
         """
         if kind not in MARKS:
             raise ValueError(f"a marker's kind must be one of {sorted(MARKS)}, got {kind!r}")
+        at = float(at)
+        if kind == "stream_opened":
+            self._opened_at = at
+        elif kind == "billed_start":
+            at = max(at, self._opened_at)  # started on the stream opened then, not before it
         self._keep(
             self._markers,
-            (kind, float(at), *(item for key, value in fields.items() for item in (key, _scalar(value)))),
+            (
+                kind,
+                at,
+                self._next_seq(),
+                *(item for key, value in fields.items() for item in (key, _scalar(value))),
+            ),
         )
 
     def _keep(self, rows: list[Any], row: Any) -> None:
@@ -277,6 +319,7 @@ class DecisionTimeline:
         the condition stays."""
         self._decisions.clear()
         self._markers.clear()
+        self._opened_at = -math.inf
 
     # ------------------------------------------------------------------ reading
 
@@ -296,15 +339,18 @@ class DecisionTimeline:
         rows: list[tuple[float, int, dict[str, Any]]] = []
         decisions = [dict(zip(_DECISION_FIELDS, row, strict=True)) for row in self._decisions]
         oldest = decisions[0]["at"] if decisions and len(decisions) == self.limit else None
-        for order, row in enumerate(decisions):
-            if row["state"] is None:
-                del row["state"]
-            rows.append((row["at"], order, {"kind": "decision", **row, "at": iso_time(row["at"])}))
-        for order, (kind, at, *fields) in enumerate(self._markers, start=len(rows)):
+        for row in decisions:
+            seq = row.pop("seq")
+            for name in _OPTIONAL:
+                if row[name] is None:
+                    del row[name]
+            rows.append((row["at"], seq, {"kind": "decision", **row, "at": iso_time(row["at"])}))
+        for kind, at, seq, *fields in self._markers:
             if oldest is None or at >= oldest:
                 details = dict(zip(fields[::2], fields[1::2], strict=True))
-                rows.append((at, order, {"kind": kind, "at": iso_time(at), **details}))
-        rows.sort(key=lambda item: (item[0], item[1]))
+                rows.append((at, seq, {"kind": kind, "at": iso_time(at), **details}))
+        # in time order; a tie (the same millisecond once written out) in the order of recording
+        rows.sort(key=lambda item: (round(item[0], 3), item[1]))
         head = [{"kind": "condition", **json.loads(self._condition)}] if self._condition is not None else []
         return head + [row for _, _, row in rows]
 
@@ -329,8 +375,9 @@ class DecisionTimeline:
                 timeline.watching({key: value for key, value in row.items() if key != "kind"})
                 continue
             at = _epoch(row.get("at"), where)
+            seq = timeline._next_seq()  # the rows' order, ties of time included, is kept
             if kind == "decision":
-                values = {**{name: row.get(name) for name in _DECISION_FIELDS}, "at": at}
+                values = {**{name: row.get(name) for name in _DECISION_FIELDS}, "at": at, "seq": seq}
                 values["current"] = row.get("current", True) is not False
                 if values["disposition"] not in DISPOSITIONS:
                     raise ValueError(f"{where}.disposition {values['disposition']!r} is not a disposition")
@@ -342,7 +389,7 @@ class DecisionTimeline:
                     if key not in ("kind", "at")
                     for item in (key, _scalar(value))
                 )
-                timeline._keep(timeline._markers, (kind, at, *fields))
+                timeline._keep(timeline._markers, (kind, at, seq, *fields))
         return timeline
 
 

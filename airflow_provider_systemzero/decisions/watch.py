@@ -319,8 +319,16 @@ class DecisionWatch:
         self.last_reason = f"the last decision (state version {decision.state_version}): {result.reason}"
         return result, declined
 
-    def _record(self, decision: DecisionResult, state_key: str, state: Any, disposition: str) -> None:
-        """Note a current decision in the history, with what the watch did with it."""
+    def _record(
+        self,
+        decision: DecisionResult,
+        state_key: str,
+        state: Any,
+        disposition: str,
+        reason: str,
+        generation: int | None,
+    ) -> None:
+        """Note a current decision in the history, with what the watch did with it and why."""
         self.timeline.decision(
             decision,
             question=self.condition.question,
@@ -329,25 +337,40 @@ class DecisionWatch:
             state_key=state_key,
             state_bytes=None if state is None else json_size(state),
             state=state,
+            generation=generation,
+            reason=reason,
         )
 
-    def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> _Verdict | None:
+    def observe(
+        self,
+        decision: DecisionResult,
+        state_key: str,
+        state: Any,
+        now: float,
+        *,
+        generation: int | None = None,
+    ) -> _Verdict | None:
         """Take a current decision about the state ``state`` (hash ``state_key``) at time ``now``.
 
+        :param generation: the state's generation in the watch of its source (for the history).
         :return: the verdict when the wait ends (or a person is asked), else ``None``.
         """
         result, declined = self._checked(decision, state_key)
+
+        def record(disposition: str) -> None:
+            self._record(decision, state_key, state, disposition, result.reason, generation)
+
         if self.reviews and result.action in ("fail", "skip"):
-            self._record(decision, state_key, state, "failed" if result.action == "fail" else "skipped")
+            record("failed" if result.action == "fail" else "skipped")
             return _Verdict("policy", decision, result, state_key, state, self.streak.to_dict(now))
         qualifies = result.candidate if self.reviews else result.met
         if self.end_when_unmet and not qualifies:
-            self._record(decision, state_key, state, "unmet")
+            record("unmet")
             return _Verdict("unmet", decision, result, state_key, state, self.streak.to_dict(now))
         if qualifies:  # fired below when the run is long and old enough
-            self._record(decision, state_key, state, "held" if self.fired else "hysteresis")
+            record("held" if self.fired else "hysteresis")
         else:
-            self._record(decision, state_key, state, "declined" if declined else "waiting")
+            record("declined" if declined else "waiting")
         self.streak.observe(qualifies, now, state_key)
         if qualifies:
             self._last = (decision, result, state_key, state)
@@ -487,6 +510,7 @@ def answers_payload(
             state_key=info["state_hash"],
             state_bytes=info["state_bytes"],
             state=state,
+            generation=1,  # an operator decides one state
         )
     return {
         "status": "success",

@@ -69,7 +69,9 @@ __all__ = [
     "answer_text",
     "backoff_config",
     "check_connection_before_deferring",
+    "no_port_note",
     "reconnect_backoff",
+    "stored_port",
 ]
 
 #: Seconds :meth:`SystemZeroHook.decide` waits by default, opening included: a gateway that never
@@ -334,6 +336,14 @@ class SystemZeroHook(BaseHook):
                 port = None
             if port is None and not parts.path.strip("/") and parts.hostname:
                 host = f"{host.rstrip('/')}:{conn.port}"
+            elif port is not None and port != conn.port:
+                # which of the two would the person mean? neither is taken: both are shown
+                raise SystemZeroValidationError(
+                    f"connection {conn_id!r}: its port {conn.port} differs from the port of its API "
+                    f"origin {host!r} ({port}): store {port} as the port, or take the port out of the origin",
+                    code="invalid_port",
+                    field="port",
+                )
         _check_extra_names(extra, conn_id)
         key = conn.password
         if not key or not str(key).strip():
@@ -552,8 +562,42 @@ class SystemZeroHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Open a stream, read ``hello`` and close with 1000 (the UI's Test button, and
-        ``airflow connections test``). Every answer passes through the one gate for a person's eyes
-        (:func:`answer_text`): the key removed, the gateway's text escaped and bounded."""
+        ``airflow connections test``): no decision is asked, nothing is billed.
+
+        The message names the connection the person tested (the UI's Test button hands the hook
+        a copy under a temporary ID: :func:`~airflow_provider_systemzero.compat.tested_connection_id`).
+        A connection that stores no port is named as the cause of the bare "Bad Request" Airflow
+        3.3.2's Test button answers for it (apache/airflow#73298, before the provider is asked):
+        a warning in the log, and a note after a success.
+        """
+        ok, message = self._test_stream()
+        from airflow_provider_systemzero.compat import tested_connection_id
+
+        tested = tested_connection_id(self.systemzero_conn_id)
+        if tested is not None:
+            message = message.replace(repr(self.systemzero_conn_id), repr(tested))
+        note = self._no_port_note(tested or self.systemzero_conn_id)
+        if note is not None:
+            log.warning("%s", note)
+            if ok:
+                message = f"{message}; {note}"
+        return ok, message
+
+    def _no_port_note(self, name: str) -> str | None:
+        """Why the Test button may refuse this connection when it stores no port, and the fix
+        (``None``: it stores one, or it cannot be read: the test says why)."""
+        try:
+            conn = self._get_connection()
+        except Exception:
+            return None
+        if conn.port:
+            return None
+        return no_port_note(name, conn.host)
+
+    def _test_stream(self) -> tuple[bool, str]:
+        """:meth:`test_connection`'s stream: ``hello`` read and the stream closed, or why not.
+        Every answer passes through the one gate for a person's eyes (:func:`answer_text`): the key
+        removed, the gateway's text escaped and bounded."""
         settings: StreamSettings | None = None
         try:
             settings = self.get_settings()
@@ -603,6 +647,38 @@ def answer_text(text: str, settings: StreamSettings | None) -> str:
 
     secret = settings.api_key.strip() if settings is not None else None
     return server_text(escape(scrub(text, secret)), secret, limit=ANSWER_LIMIT, quote=False)
+
+
+def stored_port(host: str | None) -> int:
+    """The port to store on a connection whose API origin is ``host``: the origin's own port, else
+    443 (``wss://``, ``https://`` and a bare host) or 80 (``ws://``, ``http://``).
+
+    :param host: the connection's host (its API origin).
+    """
+    text = (host or "").strip()
+    parts = urlsplit(text if "://" in text else f"wss://{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port:
+        return port
+    return 80 if parts.scheme in ("ws", "http") else 443
+
+
+def no_port_note(conn_id: str, host: str | None) -> str:
+    """What a connection that stores no port says about the Test button: the cause and the fix.
+
+    :param conn_id: the connection's ID.
+    :param host: its host (its API origin), for the port to store.
+    """
+    port = stored_port(host)
+    return (
+        f"connection {conn_id!r} stores no port: Airflow 3.3.2's Test button refuses such a connection "
+        "with a bare 'Bad Request' before the provider is asked (apache/airflow#73298); store the "
+        f"gateway's port, {port}, in the form's Port field or with `airflow connections add ... "
+        f"--conn-port {port}` (tasks do not need it)"
+    )
 
 
 def check_connection_before_deferring(task_id: str, conn_id: str, model: Any) -> None:

@@ -23,6 +23,7 @@ from airflow_provider_systemzero.compat import BranchMixIn, SkipMixin
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.questions import build_request_dict
 from airflow_provider_systemzero.utils.checks import (
     check_flag,
@@ -75,7 +76,11 @@ def _as_option(value: Any, option: str) -> BranchOption:
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - {"tasks", "description", "act_above", "review_above"})
         if unknown:
-            raise ValueError(f"branches[{option!r}] has unknown key {unknown[0]!r}")
+            keys = ("tasks", "description", "act_above", "review_above")
+            raise ValueError(
+                f"branches[{option!r}] has unknown key {unknown[0]!r}{did_you_mean(unknown[0], keys)} "
+                f"(keys: {', '.join(keys)})"
+            )
         return BranchOption(**value)
     if value is None:
         return BranchOption()
@@ -229,7 +234,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
                 if target not in downstream and target not in groups:
                     raise SystemZeroArgumentError(
                         f"branches[{name!r}] names {target!r}, which is not a task directly "
-                        f"downstream (downstream: {sorted(downstream)})",
+                        f"downstream (downstream: {sorted(downstream)}){did_you_mean(target, downstream)}",
                         code="invalid_branches",
                         field=f"branches.{name}",
                     )
@@ -254,8 +259,8 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
         unknown = sorted(set(self.descriptions) - set(options))
         if unknown:
             raise SystemZeroArgumentError(
-                f"descriptions names no branch: {unknown[0]!r} (branches: {list(options)}): fix the "
-                "name, or drop its description",
+                f"descriptions names no branch: {unknown[0]!r} (branches: {list(options)})"
+                f"{did_you_mean(unknown[0], options)}: fix the name, or drop its description",
                 code="invalid_branches",
                 field=f"descriptions.{unknown[0]}",
             )

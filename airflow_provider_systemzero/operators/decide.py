@@ -20,6 +20,7 @@ from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroAr
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook, check_connection_before_deferring
 from airflow_provider_systemzero.identity import context_namespace, state_hash
 from airflow_provider_systemzero.protocol.body import json_size
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import not_json_message, validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
@@ -394,8 +395,9 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         for task_id in self.replay_task_ids or ():
             if task_id not in dag.task_dict:
                 raise SystemZeroArgumentError(
-                    f"upstream_task_ids names {task_id!r}, which is not a task of Dag {dag.dag_id!r}: "
-                    f"check the spelling (its tasks: {sorted(dag.task_dict)[:20]})",
+                    f"upstream_task_ids names {task_id!r}, which is not a task of Dag {dag.dag_id!r}"
+                    f"{did_you_mean(task_id, dag.task_dict)}: check the spelling (its tasks: "
+                    f"{sorted(dag.task_dict)[:20]})",
                     code="invalid_state",
                     field="upstream_task_ids",
                 )
@@ -425,7 +427,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             if self.policy_question not in questions:
                 raise SystemZeroArgumentError(
                     f"policy_question {self.policy_question!r} is not among the questions "
-                    f"({sorted(questions)})",
+                    f"({sorted(questions)}){did_you_mean(self.policy_question, questions)}",
                     code="unknown_question",
                     field="policy_question",
                 )
@@ -557,7 +559,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _publish(self, context: Context, event: WatchEvent) -> Any:
         answers = event.answers
         ti = context["ti"]
-        push_history(self, context, event)
+        push_history(self, context, event, condition=self._policy_drawn(answers))
         ti.xcom_push(key="answers", value=answers)
         ti.xcom_push(key="reply", value=event.reply)
         ti.xcom_push(key="decision_id", value=event.reply_id)
@@ -573,6 +575,14 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
         except ARGUMENT_ERRORS as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
         return self._gate(context, self._make_gate(request, event))
+
+    def _policy_drawn(self, answers: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The policy the decision history is drawn against: its bars across the gated question's
+        chart (``None`` without a policy)."""
+        if self.policy is None:
+            return None
+        question = self.policy_question or (next(iter(answers)) if len(answers) == 1 else None)
+        return None if question is None else {"question": question, "policy": self.policy.to_dict()}
 
     def _make_gate(self, request: Mapping[str, Any], event: WatchEvent) -> Gate:
         """The gated question's decision, for the policy and the ``decision`` record."""

@@ -111,8 +111,17 @@ def _task_xcoms(dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple
         return exists is not None, {}
 
 
-def _record_facts(record: Any, usage: Any) -> list[str]:
-    """What the task's ``decision`` record and ``usage`` say, in a line each."""
+def _parts(usage: Any) -> int:
+    """How many parts of the try the ``usage`` XCom counts (each deferral's resume, or each poke)."""
+    resumes = usage.get("resumes") if isinstance(usage, Mapping) else None
+    return len(resumes) if isinstance(resumes, list) else 1
+
+
+def _record_facts(record: Any, usage: Any, parts: int = 1) -> list[str]:
+    """What the task's ``decision`` record and ``usage`` say, in a line each.
+
+    :param parts: how many parts of the try ``usage`` counts (:func:`_parts` of the stored one).
+    """
     facts = []
     if isinstance(record, Mapping):
         who = record.get("decided_by") or "nobody yet"
@@ -121,10 +130,12 @@ def _record_facts(record: Any, usage: Any) -> list[str]:
             f"The task's decision record ({status}): {record.get('question')} = "
             f"{record.get('decision')!r}, action {record.get('action')}, decided by {who}: {record.get('reason')}"
         )
-    if isinstance(usage, Mapping):
+    if isinstance(usage, Mapping):  # the whole try: every part of it (each resume, each poke)
         facts.append(
-            f"Usage of try {usage.get('try_number')}: {usage.get('billed', 0)} decision(s) billed, "
-            f"{usage.get('replayed', 0)} replayed unbilled."
+            f"Usage of try {usage.get('try_number')}"
+            + (f", all {parts} parts (each deferral's resume, or each poke)" if parts > 1 else "")
+            + f": {usage.get('billed', 0)} decision(s) billed, {usage.get('replayed', 0)} replayed unbilled, "
+            f"{usage.get('dispatched', 0)} dispatched."
         )
     return facts
 
@@ -162,7 +173,8 @@ def task_page(dag_id: str, run_id: str, task_id: str, map_index: str) -> HTMLRes
             "leaves only a reference in Airflow's database, which this view does not follow."
         )
         return HTMLResponse(render_page(heading=heading, subtitle=subtitle, stories=[], notes=[note]))
-    story = Story(None, rows, _record_facts(plain(values.get("decision")), plain(values.get("usage"))))
+    usage = values.get("usage")
+    story = Story(None, rows, _record_facts(plain(values.get("decision")), plain(usage), _parts(usage)))
     return HTMLResponse(render_page(heading=heading, subtitle=subtitle, stories=[story]))
 
 

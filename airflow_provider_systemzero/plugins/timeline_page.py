@@ -4,9 +4,13 @@ Given the rows of a ``decisions`` XCom (or of an asset event), :func:`render_pag
 question, a chart of the probability (circles) and the confidence (diamonds) of every decision
 over time, with the condition's bars across it, the markers (state changes, billed starts,
 reconnects, the stream given back …) as vertical lines and the decision that ended the wait
-ringed; then the table of the same rows. The chart is inline SVG built here, so the page works in
-the sandboxed frame Airflow's UI shows plugin views in (no script runs there), and each point and
-row carries its numbers as ``data-`` attributes.
+ringed; then the table of the same rows, in the order they happened, each with why, in the words
+of the task's log, and the state it was about as a person can follow it: its number in the wait
+(``State #``, the state's generation, which goes on across streams) beside the gateway's
+``state_version`` (which starts again with each stream). The chart is inline SVG built here, so
+the page works in the sandboxed frame Airflow's UI shows plugin views in (no script runs there),
+and each point and row carries its numbers as ``data-`` attributes. Every word it shows is
+explained in the sensor's documentation (*Decision timeline*).
 
 Pure: no Airflow, no FastAPI, no I/O; every text shown is escaped (answers and replies come from
 the gateway).
@@ -195,10 +199,10 @@ def _bars(condition: Mapping[str, Any] | None, question: str) -> list[tuple[str,
 def _tooltip(row: Mapping[str, Any]) -> str:
     parts = [
         f"{row.get('at')}",
-        f"state version {_shown(row.get('state_version'))}",
+        f"state #{_shown(row.get('generation'))} (stream version {_shown(row.get('state_version'))})",
         f"{row.get('question')} = {_shown(row.get('answer'))}",
         f"probability {_shown(row.get('probability'))}, confidence {_shown(row.get('confidence'))}",
-        f"{row.get('disposition')}: {DISPOSITIONS.get(str(row.get('disposition')), '')}",
+        f"{row.get('disposition')}: {row.get('reason') or DISPOSITIONS.get(str(row.get('disposition')), '')}",
     ]
     return "\n".join(parts)
 
@@ -214,7 +218,8 @@ def _chart(
     decisions = [(at, row) for at, row in _timed(rows) if row.get("kind") == "decision"]
     decisions = [(at, row) for at, row in decisions if row.get("question") == question]
     markers = [(at, row) for at, row in _timed(rows) if row.get("kind") not in ("decision", "condition")]
-    watched = condition is not None and condition.get("question") == question
+    # an answer other than the one waited for is hollow; an operator's policy waits for none
+    watched = condition is not None and condition.get("question") == question and "expect" in condition
     expect = condition.get("expect") if condition is not None and watched else None
     out = [
         f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
@@ -333,28 +338,91 @@ def _timed(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, Mapping[str, 
     return sorted(timed, key=lambda item: item[0])
 
 
+#: The table's columns: (heading, what it means, shown on hover).
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Time (UTC)", "when the wait recorded it, to the millisecond"),
+    ("Event", "a decision, or what happened around the decisions"),
+    ("Question", "the question the decision answered"),
+    (
+        "State #",
+        "the state's number in this wait: each different state the source gave counts one more (its "
+        "generation), across the streams the wait opened and gave back",
+    ),
+    ("Stream version", "the gateway's state version: it starts again at 1 with each stream"),
+    ("State", "the state's size and the start of its SHA-256 (its content only with capture_content)"),
+    ("Answer", "the model's answer"),
+    ("Probability", "the model's probability for the answer"),
+    ("Confidence", "the model's confidence in the answer"),
+    ("Billed", "billed, or replayed: the original reply again, at no cost"),
+    ("Current", "current: about the state the source held then; superseded: about one it had left"),
+    ("Watch did", "what the wait did with the decision"),
+    ("Why", "why, in the words of the task's log"),
+)
+
+
+def _marker_why(row: Mapping[str, Any]) -> str:
+    """A marker's row in words: what happened, with its details."""
+    kind = str(row.get("kind"))
+    rest = {
+        key: value for key, value in row.items() if key not in ("kind", "at", "generation", "state_version")
+    }
+    if kind == "state_change":
+        text = "the source gave a new state"
+        if rest.pop("withheld", None) is True:
+            text += "; withheld: it holds nothing to decide yet (a file without content), so it was not sent"
+    elif kind == "reconnect":
+        reason, code = rest.pop("reason", None), rest.pop("close_code", None)
+        text = "the stream reconnected" + (f" after {_shown(reason)}" if reason is not None else "")
+        text += (f" (close code {_shown(code)})" if code is not None else "") + " and replayed the state"
+    elif kind == "stream_released":
+        reason = rest.pop("reason", None)
+        text = "the stream was given back" + (f": {_shown(reason)}" if reason is not None else "")
+    else:
+        text = MARKS.get(kind, kind)
+    details = ", ".join(f"{key} {_shown(value)}" for key, value in rest.items())
+    return text + (f" ({details})" if details else "")
+
+
+def _numbered(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Any]:
+    """Each row's State #: a decision's and a state change's own generation; a billed start's is
+    the one of the decision it started (the next decision of its stream version), a hold rule's
+    the one of the decision it ended (the last of its stream version)."""
+    numbers: list[Any] = [row.get("generation") for _, row in rows]
+    for index, (_, row) in enumerate(rows):
+        kind, version = row.get("kind"), row.get("state_version")
+        if numbers[index] is not None or version is None:
+            continue
+        if kind == "billed_start":
+            later = range(index + 1, len(rows))
+        elif kind == "hold_met":
+            later = range(index - 1, -1, -1)
+        else:
+            continue
+        for other in later:
+            found = rows[other][1]
+            if found.get("kind") == "decision" and found.get("state_version") == version:
+                numbers[index] = found.get("generation")
+                break
+    return numbers
+
+
 def _table(rows: Sequence[tuple[float, Mapping[str, Any]]], questions: Sequence[str], with_date: bool) -> str:
-    """The table of the same rows."""
+    """The table of the same rows, in the order they happened."""
     many = len(questions) > 1
-    head = ["Time (UTC)", "Event", *(["Question"] if many else [])]
-    head += [
-        "State version",
-        "State",
-        "Answer",
-        "Probability",
-        "Confidence",
-        "Billed",
-        "Current",
-        "Watch did",
-    ]
+    columns = [column for column in _COLUMNS if many or column[0] != "Question"]
     out = [
         '<table class="rows"><thead><tr>',
-        *(f"<th>{escape(h)}</th>" for h in head),
+        *(
+            f'<th title="{escape(meaning, quote=True)}">{escape(heading)}</th>'
+            for heading, meaning in columns
+        ),
         "</tr></thead><tbody>",
     ]
-    for at, row in rows:
+    numbers = _numbered(rows)
+    for (at, row), number in zip(rows, numbers, strict=True):
         kind = str(row.get("kind"))
         when = escape(_clock(at, with_date=with_date, millis=True))
+        state_number = "—" if number is None else f"#{escape(_shown(number))}"
         if kind == "decision":
             disposition = str(row.get("disposition"))
             css = "decision ending" if disposition in ENDING_DISPOSITIONS else "decision"
@@ -367,10 +435,12 @@ def _table(rows: Sequence[tuple[float, Mapping[str, Any]]], questions: Sequence[
             billed = {True: "billed", False: "replayed", None: "not known"}.get(
                 row.get("billed"), "not known"
             )
+            why = row.get("reason") or DISPOSITIONS.get(disposition, "")
             cells = [
                 when,
                 "decision",
                 *([escape(str(row.get("question")))] if many else []),
+                state_number,
                 escape(_shown(row.get("state_version"))),
                 state or "—",
                 escape(_shown(row.get("answer"))),
@@ -379,34 +449,38 @@ def _table(rows: Sequence[tuple[float, Mapping[str, Any]]], questions: Sequence[
                 billed,
                 "current" if row.get("current", True) else "superseded",
                 f'<span title="{escape(DISPOSITIONS.get(disposition, ""), quote=True)}">{escape(disposition)}</span>',
+                escape(str(why)),
             ]
-            numbers = {2 + many, 5 + many, 6 + many}  # version, probability, confidence
+            figures = {3 + many, 4 + many, 7 + many, 8 + many}  # state #, version, probability, confidence
             attributes = (
                 f' data-version="{_attr(row.get("state_version"))}" data-answer="{_attr(row.get("answer"))}"'
+                f' data-generation="{_attr(number)}"'
                 f' data-probability="{_attr(row.get("probability"))}"'
                 f' data-confidence="{_attr(row.get("confidence"))}"'
                 f' data-disposition="{escape(disposition, quote=True)}"'
             )
         else:
             css = "mark"
-            details = ", ".join(
-                f"{escape(str(key))} {escape(_shown(value))}"
-                for key, value in row.items()
-                if key not in ("kind", "at")
-            )
             cells = [when, escape(_MARK_LABELS.get(kind, kind)), *([""] if many else [])]
-            cells += [escape(_shown(row.get("state_version"))), details, "", "", "", "", "", ""]
-            numbers = set()
-            attributes = ""
+            cells += [state_number, escape(_shown(row.get("state_version"))), "", "", "", "", "", "", ""]
+            cells.append(escape(_marker_why(row)))
+            figures = {3 + many, 4 + many}
+            attributes = f' data-generation="{_attr(number)}"'
         out.append(
             f'<tr class="{css}" data-kind="{escape(kind, quote=True)}" data-at="{_attr(row.get("at"))}"{attributes}>'
         )
         out.extend(
-            f'<td class="num">{cell}</td>' if index in numbers else f"<td>{cell}</td>"
+            f'<td class="num">{cell}</td>' if index in figures else f"<td>{cell}</td>"
             for index, cell in enumerate(cells)
         )
         out.append("</tr>")
     out.append("</tbody></table>")
+    out.append(
+        '<p class="sub">State # counts the different states the source gave during the wait, across '
+        "streams; Stream version is the gateway's own count, which starts again with each stream. "
+        "Rows of the same millisecond are in the order they happened. Hover a heading for what it "
+        "means; the sensor's documentation (Decision timeline) explains every word here.</p>"
+    )
     return "".join(out)
 
 
@@ -420,9 +494,12 @@ def _summary(rows: Sequence[tuple[float, Mapping[str, Any]]]) -> str:
     count = f"{len(decisions)} decision{'s' if len(decisions) != 1 else ''} ({billed} billed, {replayed} replayed)"
     ending = [row for row in decisions if row.get("disposition") in ENDING_DISPOSITIONS]
     row = ending[-1] if ending else decisions[-1]
+    state = f"state #{_shown(row.get('generation'))} (stream version {_shown(row.get('state_version'))})"
+    if row.get("generation") is None:
+        state = f"stream version {_shown(row.get('state_version'))}"
     said = (
         f"{row.get('question')} = {_shown(row.get('answer'))} (probability {_shown(row.get('probability'))}, "
-        f"confidence {_shown(row.get('confidence'))}) about state version {_shown(row.get('state_version'))}"
+        f"confidence {_shown(row.get('confidence'))}) about {state}"
     )
     if ending:
         lead = f"{row.get('at')}: {said} — {DISPOSITIONS.get(str(row.get('disposition')), 'ended the wait')}."
@@ -446,10 +523,15 @@ def _story(story: Story) -> str:
     ]
     out.append(f'<p class="summary">{_summary(timed)}</p>')
     out.extend(f'<p class="summary">{escape(fact)}</p>' for fact in story.facts)
-    if condition is not None:
+    if condition is not None and "expect" in condition:
         waited = _shown(condition.get("expect"))
         out.append(
             f'<p class="sub">Waiting for <code>{escape(str(condition.get("question")))}</code> = {escape(waited)}</p>'
+        )
+    elif condition is not None:  # an operator's: the policy that acted on its answer
+        out.append(
+            f'<p class="sub">The policy of <code>{escape(str(condition.get("question")))}</code>: its bars '
+            "are drawn across the chart</p>"
         )
     if timed:
         scale = _Scale(timed[0][0], timed[-1][0])

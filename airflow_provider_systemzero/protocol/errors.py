@@ -20,8 +20,9 @@ Two value types travel with decision failures and refusals:
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "RetryHint",
+    "did_you_mean",
     "refuse",
 ]
 
@@ -219,3 +221,20 @@ class RetryHint:
         :param retryable: whether the status permits a retry.
         """
         return cls(retryable=retryable, retry_after_ms=cls.delay_from_headers(headers))
+
+
+def did_you_mean(value: Any, choices: Iterable[Any]) -> str:
+    """``"; did you mean 'x'?"`` when ``value`` is a near miss of one of ``choices`` (a typo such
+    as ``choise`` or ``files``), else ``""``: the words every refusal of a closed set of words ends
+    with, so a message names the word that was meant.
+
+    :param value: the word given.
+    :param choices: the words allowed.
+    """
+    if not isinstance(value, str):
+        return ""
+    words = [choice for choice in choices if isinstance(choice, str)]
+    close = difflib.get_close_matches(value, words, n=1, cutoff=0.6) or difflib.get_close_matches(
+        value.lower(), words, n=1, cutoff=0.6
+    )
+    return f"; did you mean {close[0]!r}?" if close else ""

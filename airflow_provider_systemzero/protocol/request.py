@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.protocol.body import synthesize_decide_body
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError, did_you_mean
 from airflow_provider_systemzero.protocol.validation import (
     QUESTION_TYPES,
     validate_attachments,
@@ -117,7 +117,10 @@ class Question:
             )
 
         if self.type not in QUESTION_TYPES:
-            raise fail("type", f"{self.type!r} is not one of {list(QUESTION_TYPES)}")
+            raise fail(
+                "type",
+                f"{self.type!r} is not one of {list(QUESTION_TYPES)}{did_you_mean(self.type, QUESTION_TYPES)}",
+            )
         if not isinstance(self.instructions, str) or not self.instructions.strip():
             raise fail("instructions", "must be a non-empty string: every question says what to decide")
         if self.type == "boolean":

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_systemzero.protocol.errors import LocalProtocolError
+from airflow_provider_systemzero.protocol.errors import LocalProtocolError, did_you_mean
 
 __all__ = [
     "DECISION_MODES",
@@ -248,13 +248,15 @@ def validate_route_and_mode(
     """
     if route is not None and route not in ROUTES:
         raise LocalProtocolError(
-            f"{route_field} {route!r} is not one of {list(ROUTES)}",
+            f"{route_field} {route!r} is not one of {list(ROUTES)}{did_you_mean(route, ROUTES)}",
             code="invalid_route",
             field=route_field,
         )
     if mode is not None and mode not in MODES:
         raise LocalProtocolError(
-            f"{mode_field} {mode!r} is not one of {list(MODES)}", code="invalid_mode", field=mode_field
+            f"{mode_field} {mode!r} is not one of {list(MODES)}{did_you_mean(mode, MODES)}",
+            code="invalid_mode",
+            field=mode_field,
         )
     if route == "committee" and mode == "deliberate":
         raise LocalProtocolError(
@@ -291,7 +293,7 @@ def validate_decision_mode(value: Any) -> str:
     """Check ``decision_mode``: ``on_change`` or ``on_request``."""
     if value not in DECISION_MODES:
         raise LocalProtocolError(
-            f"decision_mode {value!r} is not one of {list(DECISION_MODES)}",
+            f"decision_mode {value!r} is not one of {list(DECISION_MODES)}{did_you_mean(value, DECISION_MODES)}",
             code="invalid_decision_mode",
             field="decision_mode",
         )

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_systemzero.protocol.errors import RemoteProtocolError, refuse
+from airflow_provider_systemzero.protocol.errors import RemoteProtocolError, did_you_mean, refuse
 from airflow_provider_systemzero.protocol.untrusted import safe_text
 
 __all__ = [
@@ -142,7 +142,9 @@ class Reader:
             return
         if self.unknown is None:
             raise self.fail(
-                f"{self.where} has unknown field {unknown[0]!r}", unknown[0], self._at(unknown[0])
+                f"{self.where} has unknown field {unknown[0]!r}{did_you_mean(unknown[0], allowed)}",
+                unknown[0],
+                self._at(unknown[0]),
             )
         self.unknown.append((f"{self.where}.{unknown[0]}", code))
 

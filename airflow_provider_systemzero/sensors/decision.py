@@ -280,6 +280,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _wait_again(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
         """Push ``record`` (not fired) and keep waiting, ignoring the states a person answered about."""
+        self.resume_try(gate.extra.get("this_try"))  # after a review: a process that counted nothing yet
         self._push_record(context, {**record, "effect": {"fired": False, "waiting": True}})
         skip = [*gate.extra.get("skip_states", []), *([gate.state_hash] if gate.state_hash else [])]
         self.log.info("keep waiting for a new state (%d state(s) already answered)", len(skip))

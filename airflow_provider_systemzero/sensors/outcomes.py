@@ -60,6 +60,8 @@ def gate_of(sensor: DecisionSensorTask, event: WatchEvent) -> Gate:
         "deadline": event.extra.get("deadline"),
         "skip_states": list(event.extra.get("skip_states") or []),
         "streak": event.verdict.get("streak"),
+        # what the try spent so far: a wait after a person's "no" goes on counting from it
+        "this_try": sensor.this_try,
     }
     spec = request["questions"].get(question, {})
     return Gate.of_event(question, spec, event, answer=answer, extra=extra)

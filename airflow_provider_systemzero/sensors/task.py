@@ -91,6 +91,15 @@ class DecisionSensorTask(Protocol):
         """The trigger's kwargs (the one place the sensor builds its trigger)."""
         ...
 
+    @property
+    def this_try(self) -> dict[str, Any] | None:
+        """What this try spent so far (carried through a review)."""
+        ...
+
+    def resume_try(self, carried: Any) -> None:
+        """Take the try's record an earlier part carried here."""
+        ...
+
     def start_trigger_budget(self) -> dict[str, Any]:
         """The task's budget, for a trigger started before any worker runs."""
         ...

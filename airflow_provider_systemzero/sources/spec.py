@@ -41,6 +41,7 @@ from typing import Any
 
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.sources.base import DEFAULT_POLL_INTERVAL, StateSource, StaticSource
 from airflow_provider_systemzero.sources.callable import (
@@ -179,7 +180,7 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     kind = spec.get("type")
     if kind not in SOURCE_TYPES:
         raise SystemZeroArgumentError(
-            f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}",
+            f"source.type {kind!r} is not one of {list(SOURCE_TYPES)}{did_you_mean(kind, SOURCE_TYPES)}",
             code="invalid_source",
             field="source.type",
         )
@@ -191,7 +192,8 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
     unknown = sorted(set(spec) - allowed)
     if unknown:
         raise SystemZeroArgumentError(
-            f"source has unknown field {unknown[0]!r} for type {kind!r}; allowed: {sorted(allowed)}",
+            f"source has unknown field {unknown[0]!r} for type {kind!r}{did_you_mean(unknown[0], allowed)} "
+            f"(allowed: {sorted(allowed)})",
             code="invalid_source",
             field=f"source.{unknown[0]}",
         )
@@ -212,7 +214,8 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         )
     if spec.get("watch", "auto") not in file_watch.WATCH_MODES:
         raise SystemZeroArgumentError(
-            f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}",
+            f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}"
+            f"{did_you_mean(spec.get('watch'), file_watch.WATCH_MODES)}",
             code="invalid_source",
             field="source.watch",
         )

@@ -56,12 +56,14 @@ from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import checked_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
+    WatchProgress,
     announce_wait,
     close_watching,
     failures_in_a_row,
     new_timeline,
     start_watch,
     wait_to_watch_again,
+    watch_progress,
     watch_source,
 )
 
@@ -156,6 +158,13 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
+
+    @property
+    def progress(self) -> WatchProgress:
+        """Where the wait stands while the trigger runs: whether it holds a stream, and the newest
+        current decision's time and state (a snapshot; see
+        :class:`~airflow_provider_systemzero.triggers.watching.WatchProgress`)."""
+        return watch_progress(self)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""

@@ -90,7 +90,8 @@ class TriggerStream:
 
         if self._budget is not None and self.stream is not None:
             self.stream.settle_usage()
-        return {**payload, **event_usage(self._budget)}
+        # the budget as given, even when no stream was built: what it carries goes back to the task
+        return {**payload, **event_usage(self.budget)}
 
     async def resolve_settings(self) -> None:
         """Look the connection up (once per run): a stream built afterwards has its session at once,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
@@ -25,6 +27,7 @@ __all__ = [
     "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
+    "WatchProgress",
     "WatchingTrigger",
     "announce_wait",
     "close_watching",
@@ -32,6 +35,7 @@ __all__ = [
     "new_timeline",
     "start_watch",
     "wait_to_watch_again",
+    "watch_progress",
     "watch_source",
 ]
 
@@ -75,6 +79,41 @@ def watch_source(trigger: WatchingTrigger, given: Mapping[str, Any]) -> None:
     trigger.max_staleness = validate_max_staleness(given["max_staleness"])
     trigger._source = None
     trigger._driver = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchProgress:
+    """Where a running trigger's wait stands, seen from outside its run: a snapshot.
+
+    The seam the benchmarks read a trigger through (and a debugger may): it says what the wait has
+    reached, not how the trigger gets there, so it stays the same whatever the trigger's parts.
+
+    :param running: the wait has started (its source built, its watch running) and not ended.
+    :param dormant: the wait holds no stream: it gave its stream back (or has not opened one) and
+        waits for its source, or for time.
+    :param decided_at: when the newest current decision arrived, on the event loop's clock
+        (``loop.time()``); ``-inf`` before the first.
+    :param decided_state: the state that decision was about (``None`` before the first).
+    """
+
+    running: bool = False
+    dormant: bool = False
+    decided_at: float = -math.inf
+    decided_state: Any = None
+
+
+def watch_progress(trigger: WatchingTrigger) -> WatchProgress:
+    """Where ``trigger``'s wait stands now (:class:`WatchProgress`).
+
+    :param trigger: a decision or an event trigger.
+    """
+    driver = trigger._driver
+    if driver is None:
+        return WatchProgress()
+    watch = driver.watch
+    return WatchProgress(
+        running=True, dormant=driver.dormant, decided_at=watch.decided_at, decided_state=watch.decided_state
+    )
 
 
 def new_timeline() -> DecisionTimeline:

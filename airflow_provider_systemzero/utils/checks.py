@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import inspect
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from airflow_provider_systemzero.durations import is_seconds
@@ -76,13 +79,44 @@ def is_literal(value: Any) -> bool:
     return False  # an XComArg, a template object or anything resolved when the task runs
 
 
+def _library_directories() -> tuple[str, ...]:
+    """Where the code that is not the Dag author's lives: this package, Airflow, Python's own library."""
+    import importlib.util
+    import sysconfig
+
+    places = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the package
+    spec = importlib.util.find_spec("airflow")
+    places += list(spec.submodule_search_locations or ()) if spec is not None else []
+    places += [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]]
+    return tuple(os.path.join(os.path.abspath(place), "") for place in places)
+
+
+def _authors_line() -> TracebackType | None:
+    """A traceback entry of the nearest caller that is the Dag author's code (the Dag file's line
+    that built the task), or ``None`` when no caller is (a task running: Airflow calls it)."""
+    libraries = _library_directories()
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if not filename.startswith(libraries) and not filename.startswith("<"):
+                return TracebackType(None, frame, frame.f_lasti, frame.f_lineno)
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
 @contextmanager
 def parse_time(task_id: str | None) -> Iterator[None]:
     """Turn a rule broken by a literal argument into the ``ValueError`` that fails the DAG's import,
     its message starting with the task ID (``<task_id>: …``) once, however the checks nest.
 
     Any ``ValueError`` raised inside gets the prefix (this package's checks, a policy's, Airflow's
-    own where it raises one); an argument error keeps its class, code and field.
+    own where it raises one); an argument error keeps its class, code and field. Its traceback ends
+    at the Dag author's line that built the task: Airflow shows the last lines of an import
+    error's traceback (``[core] dagbag_import_error_traceback_depth``, 2 by default), which would
+    otherwise be this package's.
     """
     try:
         yield
@@ -92,10 +126,12 @@ def parse_time(task_id: str | None) -> Iterator[None]:
             raise
         message = f"{prefix}{exc}"
         if isinstance(exc, SystemZeroArgumentError):
-            raise SystemZeroArgumentError(message, code=exc.code, field=exc.field) from None
-        if isinstance(exc, LocalProtocolError):
-            raise LocalProtocolError(message, code=exc.code, field=exc.field) from None
-        raise ValueError(message) from None
+            error: ValueError = SystemZeroArgumentError(message, code=exc.code, field=exc.field)
+        elif isinstance(exc, LocalProtocolError):
+            error = LocalProtocolError(message, code=exc.code, field=exc.field)
+        else:
+            error = ValueError(message)
+        raise error.with_traceback(_authors_line()) from None
 
 
 def check_flag(name: str, value: Any, meaning: str) -> None:

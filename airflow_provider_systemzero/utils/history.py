@@ -12,6 +12,11 @@ the worker can do:
 * **one story per try**: a sensor that asked a person, heard "no" and waited again resumes in the
   same try (Airflow keeps a deferred task's XComs), so the history pushed before is merged with the
   new one — each row once (the same event delivered twice adds nothing), the newest 200 decisions.
+  The earlier history is read only when the task knows this try pushed one (its try's record,
+  :attr:`UsageBudgetMixin.histories_pushed
+  <airflow_provider_systemzero.utils.usage.UsageBudgetMixin.histories_pushed>`): Airflow's client
+  logs an error for an XCom asked for by map index that does not exist, and a try's first
+  history has nothing before it.
 
 The ``decisions`` XCom follows ``do_xcom_push`` as the ``usage`` XCom does. What the UI's
 "Decision timeline" shows is this XCom.
@@ -49,8 +54,11 @@ def _counted(event: WatchEvent) -> list[str] | None:
     return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else None
 
 
-def _earlier(ti: Any) -> list[dict[str, Any]]:
-    """What this try pushed before (a wait that went on after a person said "no")."""
+def _earlier(task: BaseOperator, ti: Any) -> list[dict[str, Any]]:
+    """What this try pushed before (a wait that went on after a person said "no"); nothing, without
+    a read, when the task knows it pushed none."""
+    if not getattr(task, "histories_pushed", 0):
+        return []
     try:
         value = ti.xcom_pull(
             task_ids=ti.task_id, key=DECISIONS_XCOM_KEY, map_indexes=getattr(ti, "map_index", -1)
@@ -62,26 +70,37 @@ def _earlier(ti: Any) -> list[dict[str, Any]]:
 
 
 def push_history(
-    task: BaseOperator, context: Mapping[str, Any], event: WatchEvent
+    task: BaseOperator,
+    context: Mapping[str, Any],
+    event: WatchEvent,
+    *,
+    condition: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]] | None:
     """Push ``event``'s decision history as the ``decisions`` XCom (see the module docstring).
 
     :param task: the sensor or operator (its ``do_xcom_push`` and ``billed_by_reply``, and its log).
     :param context: the task's context.
     :param event: the event that ended the wait (or the operator's decision).
+    :param condition: what the rows are drawn against when they carry no condition of their own
+        (an operator's policy: ``{"question", "policy"}``), the history's first row.
     :return: the history pushed (``None``: the event carries none).
     """
     rows = event.decisions
     if rows is None:
         return None
+    if condition is not None and not any(row.get("kind") == "condition" for row in rows):
+        rows = [{"kind": "condition", **condition}, *rows]
     rows = settle_billed(rows, getattr(task, "billed_by_reply", None), _counted(event))
     ti = context.get("ti")
     if ti is None or not getattr(task, "do_xcom_push", True):
         return rows
     try:
-        history = merge_histories(_earlier(ti), rows)
+        history = merge_histories(_earlier(task, ti), rows)
         ti.xcom_push(key=DECISIONS_XCOM_KEY, value=history)
     except Exception as exc:  # the history explains the decision; it never fails the task
         getattr(task, "log", log).warning("could not push the System Zero decision history: %s", exc)
         return rows
+    noted = getattr(task, "history_pushed", None)
+    if callable(noted):
+        noted(context)
     return history

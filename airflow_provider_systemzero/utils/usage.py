@@ -4,8 +4,17 @@ The arithmetic (:class:`~airflow_provider_systemzero.decisions.budget.DecisionBu
 per-connection :class:`~airflow_provider_systemzero.decisions.budget.WindowBudget`, the usage
 record) lives in :mod:`airflow_provider_systemzero.decisions.budget`, which imports no Airflow.
 This module keeps what needs a task: :class:`TaskUsageLedger` (the Airflow 3.3 task state store,
-AIP-103, under :data:`~airflow_provider_systemzero.decisions.budget.TASK_STATE_KEY`) and
+AIP-103, under :data:`~airflow_provider_systemzero.decisions.budget.TASK_STATE_KEY`),
+:class:`TryRecord` (what one try spent so far, however many times it resumed) and
 :class:`UsageBudgetMixin` (the operators' and the sensor's caps, the usage XCom).
+
+**One try, many parts.** A try can run in several parts: a sensor that defers, asks a person, hears
+"no" and defers again resumes once per deferral, in a new worker process each time; a poking
+sensor decides once per poke. The ``usage`` XCom, the log line and the decision timeline count the
+whole try at their top level, with each part's own figures beside them (``resumes``). Between
+parts the try's record travels with the task: in the trigger's budget kwargs (the event brings it
+back), through a person's review in the review's own resume data, and in the task state store where
+there is one (Airflow 3.3: a rescheduled poke finds it there too).
 
 Importing this module does not import Airflow.
 """
@@ -30,7 +39,7 @@ from airflow_provider_systemzero.decisions.budget import (
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
 
-__all__ = ["TaskUsageLedger", "UsageBudgetMixin"]
+__all__ = ["TaskUsageLedger", "TryRecord", "UsageBudgetMixin"]
 
 #: What a budgeted decide returns (the hook's ``DecisionResult``, or what a caller's call makes of it).
 _Result = TypeVar("_Result")
@@ -76,6 +85,75 @@ def _refused(task_id: str, refusal: BudgetExceeded | Mapping[str, Any]) -> Excep
     )
 
 
+#: The most parts of a try whose figures a try's record keeps (the newest; the totals count all).
+MAX_PARTS = 50
+#: The most tries whose records the task state store keeps (the newest).
+MAX_TRIES_KEPT = 10
+
+
+class TryRecord:
+    """What one try of a task spent so far, part by part, and whether it pushed a decision history.
+
+    Plain JSON between the parts of a try (:meth:`to_dict`, :meth:`from_dict`); the module
+    docstring says where it travels.
+
+    :param try_number: the try it belongs to (a record of another try is not taken).
+    """
+
+    __slots__ = ("histories", "resumes", "run_ids", "try_number", "usage")
+
+    def __init__(self, try_number: int) -> None:
+        self.try_number = try_number
+        #: the try's usage so far (its reply ids tell a later part's replays)
+        self.usage = Usage()
+        #: each part's figures and how it ended, oldest first (the newest :data:`MAX_PARTS`)
+        self.resumes: list[dict[str, Any]] = []
+        #: the runs counted, so a trigger event handed to the task twice counts once
+        self.run_ids: list[str] = []
+        #: decision histories (``decisions`` XComs) this try pushed
+        self.histories = 0
+
+    @classmethod
+    def from_dict(cls, data: Any, try_number: int) -> TryRecord | None:
+        """Read :meth:`to_dict` output of ``try_number`` leniently (``None``: none, or another try's)."""
+        if not isinstance(data, Mapping) or data.get("try_number") != try_number:
+            return None
+        record = cls(try_number)
+        record.usage = Usage.from_dict(data.get("usage"))
+        resumes = data.get("resumes")
+        record.resumes = (
+            [dict(r) for r in resumes if isinstance(r, Mapping)] if isinstance(resumes, list) else []
+        )
+        ids = data.get("run_ids")
+        record.run_ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+        histories = data.get("histories")
+        record.histories = histories if isinstance(histories, int) and not isinstance(histories, bool) else 0
+        return record
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (trigger kwargs, a review's resume data, the task state store)."""
+        return {
+            "try_number": self.try_number,
+            "usage": self.usage.to_dict(),
+            "resumes": [dict(r) for r in self.resumes],
+            "run_ids": list(self.run_ids),
+            "histories": self.histories,
+        }
+
+    def add(self, run: Usage, run_id: str | None, outcome: str) -> bool:
+        """Count a part of the try; a run already counted is not counted again.
+
+        :return: whether it was counted.
+        """
+        if run_id is not None and run_id in self.run_ids:
+            return False
+        self.usage = self.usage.plus(run)
+        self.resumes = [*self.resumes, {"outcome": outcome, **run.to_dict(reply_ids=False)}][-MAX_PARTS:]
+        if run_id is not None:
+            self.run_ids = [*self.run_ids, run_id][-MAX_PARTS:]
+        return True
+
+
 class TaskUsageLedger:
     """A task's usage across all its tries, on the worker (the trigger cannot reach the store).
 
@@ -92,12 +170,18 @@ class TaskUsageLedger:
     the reservation with what the trigger reports. A try that never resumes (killed, marked
     failed, worker lost while deferred) leaves its reservation, which later tries count as spent.
 
+    The try's own record (:class:`TryRecord`) is kept beside the total, under ``"tries"`` (the
+    newest :data:`MAX_TRIES_KEPT`); without a store it is the one the task carried here, and the
+    budget then covers this try's parts so far.
+
     :param context: the task context.
     :param max_decisions: the task's ``max_decisions`` (``None``: no cap).
     :param max_input_tokens: the task's ``max_input_tokens`` (``None``: no cap).
     :param task_label: names the task in messages.
     :param do_xcom_push: push the ``usage`` XCom.
     :param logger: where the summary goes (the task log).
+    :param carried: the try's record as the task carried it to this part (:meth:`TryRecord.to_dict`;
+        ``None``: none, a try's first part).
     """
 
     def __init__(
@@ -109,6 +193,7 @@ class TaskUsageLedger:
         task_label: str = "this task",
         do_xcom_push: bool = True,
         logger: logging.Logger | logging.LoggerAdapter | None = None,
+        carried: Mapping[str, Any] | None = None,
     ) -> None:  # type: ignore[type-arg]
         self.context = context
         self.max_decisions = parse_limit(max_decisions, "max_decisions")
@@ -119,6 +204,14 @@ class TaskUsageLedger:
         self.store = context.get("task_state_store")
         self.try_number = _try_number(context)
         self._document = self._load()
+        #: this try's record: the store's, else the one carried here, else a new one
+        self.this_try = (
+            TryRecord.from_dict(self._document["tries"].get(str(self.try_number)), self.try_number)
+            or TryRecord.from_dict(carried, self.try_number)
+            or TryRecord(self.try_number)
+        )
+        if self.store is None:  # no total across tries: the budget covers this try's parts so far
+            self._document["total"] = self.this_try.usage.to_dict()
         self._warned = False
         if self.store is None and (self.max_decisions is not None or self.max_input_tokens is not None):
             from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
@@ -157,7 +250,7 @@ class TaskUsageLedger:
 
     def _load(self) -> dict[str, Any]:
         if self.store is None:
-            return {"version": 1, "total": Usage().to_dict(), "reservations": {}, "runs": []}
+            return {"version": 1, "total": Usage().to_dict(), "reservations": {}, "runs": [], "tries": {}}
         try:
             raw = self.store.get(TASK_STATE_KEY, default=None)
         except Exception as exc:  # an unreachable store must not hide the decision: count this try only
@@ -171,12 +264,20 @@ class TaskUsageLedger:
         document = raw if isinstance(raw, dict) else {}
         reservations = document.get("reservations")
         runs = document.get("runs")
+        tries = document.get("tries")
         return {
             "version": 1,
             "total": Usage.from_dict(document.get("total")).to_dict(),
             "reservations": dict(reservations) if isinstance(reservations, dict) else {},
             "runs": [r for r in runs if isinstance(r, str)] if isinstance(runs, list) else [],
+            "tries": dict(tries) if isinstance(tries, dict) else {},
         }
+
+    def _keep_this_try(self) -> None:
+        """Put this try's record into the document (the newest :data:`MAX_TRIES_KEPT` tries)."""
+        tries = {key: value for key, value in self._document["tries"].items() if key != str(self.try_number)}
+        tries[str(self.try_number)] = self.this_try.to_dict()
+        self._document["tries"] = dict(list(tries.items())[-MAX_TRIES_KEPT:])
 
     def _save(self) -> None:
         if self.store is None:
@@ -222,7 +323,8 @@ class TaskUsageLedger:
         return spent
 
     def budget(self, *, windows: Iterable[WindowBudget] = ()) -> DecisionBudget:
-        """The budget for this try: the caps, minus what earlier tries spent or reserved."""
+        """The budget for this part of the try: the caps, minus what earlier tries (and this try's
+        earlier parts) spent or reserved; it carries this try's record to a trigger and back."""
         return DecisionBudget(
             self.max_decisions,
             self.max_input_tokens,
@@ -230,6 +332,7 @@ class TaskUsageLedger:
             scope=self.scope,
             hint=self.hint,
             windows=windows,
+            carried=self.this_try.to_dict(),
         )
 
     def check(self) -> BudgetExceeded | None:
@@ -262,45 +365,55 @@ class TaskUsageLedger:
         refusal: BudgetExceeded | Mapping[str, Any] | None = None,
         outcome: str = "decided",
     ) -> dict[str, Any]:
-        """Add a run's usage to the total, persist it, push the ``usage`` XCom and log a summary.
+        """Add a part's usage to the try and to the total, persist them, push the ``usage`` XCom
+        and log a summary of the try.
 
-        :param usage: what the run spent (:class:`Usage` or its dict).
-        :param run_id: the run's id; a run already recorded (the same trigger event handed to
+        :param usage: what the part spent (:class:`Usage` or its dict).
+        :param run_id: the part's run id; a run already recorded (the same trigger event handed to
             ``execute_complete`` twice) is not added again.
-        :param refusal: the budget refusal that ended the run, if any.
-        :param outcome: how the run ended (for the log line).
-        :return: the XCom record.
+        :param refusal: the budget refusal that ended the part, if any.
+        :param outcome: how the part ended (for the record and the log line).
+        :return: the XCom record: the whole try's figures at the top level, each part's in
+            ``resumes``, all tries' in ``total``.
         """
         run = usage if isinstance(usage, Usage) else Usage.from_dict(usage)
         recorded = [r for r in self._document.get("runs", []) if isinstance(r, str)]
         total = self.total
-        if run_id is None or run_id not in recorded:
+        counted = self.this_try.add(run, run_id, outcome)
+        if self.store is None:
+            total = self.this_try.usage  # no store: the total is this try's
+        elif counted and (run_id is None or run_id not in recorded):
             total = total.plus(run)
             if run_id is not None:
                 recorded = [*recorded, run_id][-20:]
         self._document["total"] = total.to_dict()
         self._document["runs"] = recorded
         self._document["reservations"].pop(str(self.try_number), None)
+        self._keep_this_try()
         self._save()
         refused = (
             refusal.to_dict()
             if isinstance(refusal, BudgetExceeded)
             else (dict(refusal) if isinstance(refusal, Mapping) else None)
         )
+        this_try = self.this_try
         record = {
-            **run.to_dict(reply_ids=False),
+            **this_try.usage.to_dict(reply_ids=False),
             "try_number": self.try_number,
+            "resumes": [dict(part) for part in this_try.resumes],
             "total": total.to_dict(reply_ids=False),
             "limits": {"max_decisions": self.max_decisions, "max_input_tokens": self.max_input_tokens},
             "refused_by": refused.get("limit") if refused else None,
             "persistent": self.persistent,
         }
+        parts = len(this_try.resumes)
         self.log.info(
-            "System Zero usage of %s, try %s (%s): %s",
+            "System Zero usage of %s, try %s (%s): %s%s",
             self.task_label,
             self.try_number,
             outcome,
-            run.describe(),
+            this_try.usage.describe(),
+            f" (in {parts} parts; this one: {run.describe()})" if parts > 1 else "",
         )
         self.log.info(
             "System Zero usage of %s across tries: %d decision(s) counted (max_decisions=%s), %d input "
@@ -320,6 +433,13 @@ class TaskUsageLedger:
                 self.log.warning("could not push the System Zero usage XCom: %s", exc)
         return record
 
+    def history_pushed(self) -> None:
+        """Note that this try pushed a decision history (a later part merges its own into it)."""
+        self.this_try.histories += 1
+        if self.store is not None:
+            self._keep_this_try()
+            self._save()
+
 
 class UsageBudgetMixin:
     """Adds ``max_decisions`` / ``max_input_tokens`` to an operator (put it before ``BaseOperator``).
@@ -337,9 +457,48 @@ class UsageBudgetMixin:
         #: reply id → billed (``True``) or replayed (``False``) of each decision this task made on the
         #: worker (:meth:`decide_with_budget`), for its decision history
         self.billed_by_reply: dict[str, bool] = {}
+        #: this try's record in this process (:meth:`TryRecord.to_dict`): ``None`` until a part of
+        #: the try is counted here, or until one carried here is taken (:meth:`resume_try`)
+        self._this_try: dict[str, Any] | None = None
+
+    @property
+    def this_try(self) -> dict[str, Any] | None:
+        """This try's record as it stands in this process, for the task to carry to its next part
+        (through a person's review); ``None`` before any part was counted here."""
+        return self._this_try
+
+    def resume_try(self, carried: Any) -> None:
+        """Take the try's record a part of the try carried here (a review's resume data, a
+        trigger's event); a record that is not one is ignored.
+
+        :param carried: :attr:`this_try` as an earlier part left it.
+        """
+        if isinstance(carried, Mapping):
+            self._this_try = dict(carried)
+
+    @property
+    def histories_pushed(self) -> int:
+        """How many decision histories this try pushed before (as far as this process knows)."""
+        histories = (self._this_try or {}).get("histories")
+        return histories if isinstance(histories, int) and not isinstance(histories, bool) else 0
+
+    def history_pushed(self, context: Mapping[str, Any]) -> None:
+        """Note that this try pushed a decision history: the next part merges its own into it."""
+        if context.get("task_state_store") is not None:  # kept there too, for a rescheduled part
+            ledger = self.usage_ledger(context)
+            ledger.history_pushed()
+            self._this_try = ledger.this_try.to_dict()
+        else:
+            self._this_try = {**(self._this_try or {}), "histories": self.histories_pushed + 1}
+
+    def _finish_usage(self, ledger: TaskUsageLedger, budget_usage: Any, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`TaskUsageLedger.finish`, keeping the try's record for the next part."""
+        record = ledger.finish(budget_usage, **kwargs)
+        self._this_try = ledger.this_try.to_dict()
+        return record
 
     def usage_ledger(self, context: Mapping[str, Any]) -> TaskUsageLedger:
-        """This try's :class:`TaskUsageLedger`."""
+        """This try's :class:`TaskUsageLedger` (with the try's record this process holds)."""
         ti = context.get("ti")
         label = f"{getattr(ti, 'dag_id', '?')}.{getattr(self, 'task_id', '?')}"
         map_index = getattr(ti, "map_index", -1)
@@ -352,6 +511,7 @@ class UsageBudgetMixin:
             task_label=repr(label),
             do_xcom_push=getattr(self, "do_xcom_push", True),
             logger=getattr(self, "log", None),
+            carried=self._this_try,
         )
 
     def budget_before_dispatch(
@@ -367,8 +527,8 @@ class UsageBudgetMixin:
         refused = budget.check(1, body_bytes)
         if refused is not None:
             budget.record_exceeded(refused)
-            ledger.finish(
-                budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
+            self._finish_usage(
+                ledger, budget.usage, run_id=budget.run_id, refusal=refused, outcome="refused before dispatch"
             )
             raise _refused(getattr(self, "task_id", "?"), refused)
         return ledger, budget
@@ -385,7 +545,9 @@ class UsageBudgetMixin:
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
         ok = event.status == "success"
-        record = self.usage_ledger(context).finish(
+        self.resume_try(report.get("carried"))  # what the try spent before it deferred
+        record = self._finish_usage(
+            self.usage_ledger(context),
             report.get("run"),
             run_id=report.get("run_id"),
             refusal=refusal,
@@ -415,15 +577,17 @@ class UsageBudgetMixin:
         try:
             result = call(budget)
         except BudgetExceeded as exc:
-            ledger.finish(budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
+            self._finish_usage(ledger, budget.usage, run_id=budget.run_id, refusal=exc, outcome="refused")
             raise _refused(getattr(self, "task_id", "?"), exc) from None
         except BaseException as exc:
-            ledger.finish(budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed")
+            self._finish_usage(
+                ledger, budget.usage, run_id=budget.run_id, refusal=budget.exceeded, outcome="failed"
+            )
             final = _final_failure(getattr(self, "task_id", "?"), exc)
             if final is not None:
                 raise final from None
             raise
-        ledger.finish(budget.usage, run_id=budget.run_id, outcome="decided")
+        self._finish_usage(ledger, budget.usage, run_id=budget.run_id, outcome="decided")
         reply_id = getattr(result, "reply_id", None)
         if isinstance(reply_id, str):  # the budget lists the replies it billed, never a replay
             self.billed_by_reply[reply_id] = reply_id in budget.usage.reply_ids

@@ -410,11 +410,15 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
         raise AssertionError("unreachable")
 
     def rest(self, method: str, path: str, body: Any = None) -> Any:
-        """Call the REST API (the simple auth manager's all-admins mode needs no token)."""
+        """Call the REST API with the token the simple auth manager's all-admins mode hands out
+        (Airflow 3.3 takes a call without one; 3.1 does not)."""
+        token = getattr(self, "_api_token", None)
+        if token is None:
+            with urllib.request.urlopen(self.api + "/auth/token", timeout=30) as response:
+                token = self._api_token = json.loads(response.read())["access_token"]
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        request = urllib.request.Request(self.api + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"null")
 

@@ -107,5 +107,16 @@ def threaded_emu(server_context: None) -> Iterator[ThreadedEmulator]:
 
 
 @pytest.fixture
+def sync_threaded_emu(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Iterator[ThreadedEmulator]:
+    """A :class:`ThreadedEmulator` with :data:`CONN_ID` pointing at it, for what reads the
+    connection synchronously as a server process does (the Test button, ``airflow connections
+    test``): every supported Airflow finds it in the metadata DB that way."""
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")
+    with ThreadedEmulator(limits=TEST_LIMITS, api_keys={SECRET_KEY: 8}) as threaded:
+        store_connection(host=threaded.emulator.origin)
+        yield threaded
+
+
+@pytest.fixture
 def fast_backoff() -> Backoff:
     return Backoff(base=0.02, cap=0.1)

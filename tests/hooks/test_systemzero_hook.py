@@ -124,9 +124,9 @@ def test_the_hook_matches_the_declared_connection_form() -> None:
     assert SystemZeroHook.default_conn_name == "systemzero_default"
     behaviour = conn_type["ui-field-behaviour"]
     assert behaviour["relabeling"]["password"] == "API key" and "password" not in behaviour["hidden-fields"]
-    assert {"login", "schema", "port"} <= set(behaviour["hidden-fields"]) and "host" not in behaviour[
-        "hidden-fields"
-    ]
+    assert {"login", "schema"} <= set(behaviour["hidden-fields"]) and "host" not in behaviour["hidden-fields"]
+    # the port is shown, its label saying why it is stored (Airflow 3.3.2's Test button needs it)
+    assert "port" not in behaviour["hidden-fields"] and "Test button" in behaviour["relabeling"]["port"]
     # the fields themselves: tests/test_packaging.py::test_connection_type_declaration
 
 
@@ -427,6 +427,90 @@ def test_test_connection_reports_an_unreachable_gateway(server_context: None) ->
     store_connection(host=origin)
     ok, message = SystemZeroHook(CONN_ID).test_connection()
     assert not ok and message
+
+
+def test_a_connection_that_stores_no_port_is_named_as_the_test_buttons_cause(
+    sync_threaded_emu: ThreadedEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Airflow 3.3.2's Test button refuses such a connection before the hook is asked
+    # (apache/airflow#73298): where the hook is asked (the CLI, another Airflow) it says so
+    origin = sync_threaded_emu.emulator.origin
+    port = int(origin.rsplit(":", 1)[1])
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_systemzero.hooks.systemzero"):
+        ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert ok, message
+    note = f"connection {CONN_ID!r} stores no port: Airflow 3.3.2's Test button refuses such a connection"
+    assert note in message and f"--conn-port {port}" in message
+    assert [r.getMessage() for r in caplog.records if note in r.getMessage()], caplog.text
+
+    caplog.clear()
+    store_connection(host=origin, port=port)  # as the README creates it
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_systemzero.hooks.systemzero"):
+        ok, message = SystemZeroHook(CONN_ID).test_connection()
+    assert ok and "stores no port" not in message and "stores no port" not in caplog.text, message
+
+
+@pytest.mark.parametrize(
+    ("host", "port"),
+    [
+        ("wss://api.example.com", 443),
+        ("api.example.com", 443),
+        ("https://gw.example:8443", 8443),
+        ("ws://127.0.0.1:8765", 8765),
+        ("ws://localhost", 80),
+    ],
+)
+def test_the_port_to_store_is_the_origins(host: str, port: int) -> None:
+    from airflow_provider_systemzero.hooks.systemzero import stored_port
+
+    assert stored_port(host) == port
+
+
+def test_a_stored_port_that_contradicts_the_origins_is_refused() -> None:
+    # both would be a guess: the message shows the two, and the fix
+    conn = sdk_connection(host="wss://api.example.com:8443", port=443)
+    with pytest.raises(
+        SystemZeroValidationError, match=r"its port 443 differs from the port of its API origin"
+    ) as info:
+        SystemZeroHook.settings_from_connection(conn, {})
+    assert info.value.field == "port" and "store 8443 as the port" in str(info.value)
+    same = SystemZeroHook.settings_from_connection(
+        sdk_connection(host="wss://api.example.com:8443", port=8443), {}
+    )
+    assert same.url == "wss://api.example.com:8443/v1/system-zero/stream"
+
+
+@pytest.mark.filterwarnings("ignore:The HMAC key is:Warning", "ignore:ProvidersManager.hooks is deprecated")
+def test_the_test_button_names_the_persons_connection_not_airflows_temporary_one(
+    sync_threaded_emu: ThreadedEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Airflow's own API route (the Test button's request) tests a copy stored under a random ID
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("AIRFLOW__CORE__TEST_CONNECTION", "Enabled")
+    api = TestClient(create_app(apps="core"))
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+
+    def press(conn_id: str) -> dict[str, Any]:
+        response = api.post(
+            "/api/v2/connections/test",
+            json={"connection_id": conn_id, "conn_type": "systemzero"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    origin = sync_threaded_emu.emulator.origin
+    store_connection("systemzero_named", host=origin, extra={"modle": "m-1"})  # a misspelt extra
+    answer = press("systemzero_named")
+    assert answer["status"] is False
+    assert "connection 'systemzero_named': extra 'modle'" in answer["message"], answer
+    store_connection("systemzero_named", host=origin)  # and without a port
+    answer = press("systemzero_named")
+    assert answer["status"] is True, answer
+    assert "connection 'systemzero_named' stores no port" in answer["message"], answer
 
 
 # ------------------------------------------------------------------ secrecy

@@ -193,7 +193,8 @@ def test_a_question_mistake_names_the_condition_and_the_fix() -> None:
         watcher(condition=DecisionCondition("redy", True))
     assert str(error.value) == (
         "SystemZeroDecisionEventTrigger(watch_id='nightly'): condition: question 'redy' is "
-        "not among the questions asked (['ready']): name one of them in the condition, or ask it"
+        "not among the questions asked (['ready']); did you mean 'ready'?: name one of them in the "
+        "condition, or ask it"
     )
 
 

@@ -234,6 +234,47 @@ def test_a_broken_dag_file_is_an_import_error(airflow_db: None, tmp_path: Path) 
     assert "wait: min_confidence 80 must be a number from 0 to 1" in error
 
 
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        # a policy built on its own line names the task it is given to
+        ("policy=DecisionPolicy(act_above=1.5)", "wait: act_above 1.5 must be a number from 0 to 1"),
+        # a word of a closed set says which word was meant
+        ("source={'type': 'files', 'path': '/tmp/x.log'}", "; did you mean 'file'?"),
+        (
+            "policy={'act_above': 0.8, 'below': 'wiat'}",
+            "wait: below must be one of fail, skip, wait, default",
+        ),
+    ],
+)
+def test_an_import_error_ends_at_the_dag_files_line_and_names_the_task(
+    airflow_db: None, tmp_path: Path, argument: str, message: str
+) -> None:
+    """Airflow shows the last two lines of an import error's traceback: they are the Dag file's
+    line that built the task, not the provider's code."""
+    DagBag = dagbag_module().DagBag
+
+    dag_file = tmp_path / "mistaken_dag.py"
+    dag_file.write_text(
+        textwrap.dedent(f"""
+        import pendulum
+        from airflow.sdk import DAG
+        from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+        from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
+
+        with DAG("mistaken", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+            SystemZeroDecisionSensor(task_id="wait", instructions="Ready?", {argument})
+    """)
+    )
+    bag = DagBag(dag_folder=str(tmp_path))
+    [error] = bag.import_errors.values()
+    assert message in error and error.rstrip().splitlines()[-1].startswith(
+        ("airflow_provider_systemzero", "ValueError")
+    ), error
+    frames = [line.strip() for line in error.splitlines() if line.strip().startswith("File ")]
+    assert frames[-1].startswith(f'File "{dag_file}", line 8'), error
+
+
 def test_templated_values_are_checked_when_the_task_runs(
     emulator: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

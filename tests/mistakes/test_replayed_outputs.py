@@ -67,8 +67,8 @@ def _returns(value: Any) -> Any:
     [
         (
             lambda decide: _returns("Job is ready.") >> decide(["fecth"]),
-            "upstream_task_ids names 'fecth', which is not a task of Dag 'replay_mistake': check "
-            "the spelling (its tasks: ['decide', 'fetch'])",
+            "upstream_task_ids names 'fecth', which is not a task of Dag 'replay_mistake'; did you "
+            "mean 'fetch'?: check the spelling (its tasks: ['decide', 'fetch'])",
         ),
         (
             lambda decide: (_returns("Job is ready."), decide(["fetch"])),

@@ -258,7 +258,11 @@ def test_a_policy_on_several_questions_names_the_gated_one() -> None:
             {"billing": BranchOption(act_above=0.5, review_above=0.8)},
             "route: option 'billing': review_above (0.8) must not be above act_above (0.5)",
         ),
-        ({"billing": {"act_abov": 0.5}}, "route: branches['billing'] has unknown key 'act_abov'"),
+        (
+            {"billing": {"act_abov": 0.5}},
+            "route: branches['billing'] has unknown key 'act_abov'; did you mean 'act_above'? (keys: "
+            "tasks, description, act_above, review_above)",
+        ),
     ],
 )
 def test_a_bad_branch_option_names_the_task_and_the_option(branches: dict[str, Any], message: str) -> None:
@@ -269,7 +273,7 @@ def test_a_bad_branch_option_names_the_task_and_the_option(branches: dict[str, A
 
 def test_a_bad_option_bar_in_a_policy_names_the_option() -> None:
     with pytest.raises(ValueError) as raised:
-        DecisionPolicy(act_above=0.8, options={"refund": {"act_above": 95}})
+        DecisionPolicy.coerce(DecisionPolicy(act_above=0.8, options={"refund": {"act_above": 95}}))
     assert str(raised.value) == (
         "option 'refund': act_above 95 must be a number from 0 to 1, or None for no bar (a percentage: 95 % is 0.95)"
     )

@@ -27,8 +27,9 @@ def answer(decision: object = True, probability: float | None = 0.9, confidence:
 BAR_FIELDS = {
     "min_confidence": lambda v: DecisionCondition(question="ready", min_confidence=v),
     "min_probability": lambda v: DecisionCondition(question="ready", min_probability=v),
-    "act_above": lambda v: DecisionPolicy(act_above=v),
-    "review_above": lambda v: DecisionPolicy(act_above=1, review_above=v),
+    # a policy refuses a bad bar when it is used (a task takes it), so the message can name the task
+    "act_above": lambda v: DecisionPolicy.coerce(DecisionPolicy(act_above=v)),
+    "review_above": lambda v: DecisionPolicy.coerce(DecisionPolicy(act_above=1, review_above=v)),
     "option act_above": lambda v: OptionBars(act_above=v),
 }
 
@@ -140,8 +141,14 @@ def test_options_least_certain_answer_decides() -> None:
     ],
 )
 def test_invalid_policies(kwargs: dict, message: str) -> None:
+    # refused when it is used (a task takes it: coerce), so the message can name the task
+    policy = DecisionPolicy(**kwargs)
     with pytest.raises(ValueError, match=message):
-        DecisionPolicy(**kwargs)
+        DecisionPolicy.coerce(policy)
+    with pytest.raises(ValueError, match=message):
+        policy.evaluate({"decision": True, "probability": 0.9, "confidence": 0.9})
+    with pytest.raises(ValueError, match=message):
+        DecisionPolicy.from_dict(kwargs)  # the dict form at once
 
 
 def test_check_against_the_question() -> None:

@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 from airflow.sdk import DAG
 
-from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import (
     append_once,
     append_once_logged,
-    needs_task_state_store,
     run_dag,
     run_dag_while,
     task_states,
@@ -165,7 +163,11 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any, tmp_pa
     assert record["confidence"] == pytest.approx(0.6) and record["state_version"] == 2
 
 
-def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: Any, tmp_path: Path) -> None:
+def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_try(
+    emulator: Any, core_api: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A review answered "no", then a state that fires: one try in two waits. The ``usage`` XCom,
+    the task's log line and the decision timeline count both waits, the same figures in each."""
     log = tmp_path / "service.log"
     log.write_text("tick 1: unsure ready\n")
     before = emulator.stats
@@ -191,17 +193,31 @@ def test_a_person_saying_no_keeps_the_sensor_waiting(emulator: Any, core_api: An
     assert (record["action"], record["decided_by"], record["decision"]) == ("act", "model", True)
     assert record["confidence"] == pytest.approx(0.92)
     # one history for the try: the wait that asked the person, then the one that fired, where the
-    # state already answered came back as a replay of its reply and was declined. Without a task
-    # state store (Airflow 3.1, 3.2) the second wait's budget does not know the first one's reply
-    # IDs, so it counts the replay as billed; the gateway billed it once, as checked above.
-    replay_counted = airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE
+    # state already answered came back as a replay of its reply and was declined: the second
+    # wait's budget knows the first one's reply IDs (the try's record travels with the task, with
+    # or without a task state store), so the replay is not counted as billed
     history = [row for row in xcoms[("wait", "decisions", -1)] if row["kind"] == "decision"]
     assert [(row["disposition"], row["billed"]) for row in history] == [
         ("review", True),
-        ("declined", replay_counted),
+        ("declined", False),
         ("fired", True),
     ]
     assert [row["at"] for row in history] == sorted(row["at"] for row in history)
+    # the usage of the whole try, both waits, at the top of the XCom; each wait's own beside it
+    usage = xcoms[("wait", "usage", -1)]
+    assert (usage["dispatched"], usage["billed"], usage["replayed"]) == (3, 2, 1), usage
+    assert [(r["dispatched"], r["billed"], r["replayed"]) for r in usage["resumes"]] == [(1, 1, 0), (2, 1, 1)]
+    # the same figures in the task's last usage line and on the timeline
+    lines = [line for line in capfd.readouterr().out.splitlines() if "System Zero usage of" in line]
+    assert "try 1 (decided): 3 dispatched, 2 billed, 1 replayed unbilled" in lines[-2], lines
+    assert "(in 2 parts; this one: 2 dispatched, 1 billed, 1 replayed unbilled" in lines[-2], lines
+    from airflow_provider_systemzero.plugins.timeline_app import task_page
+
+    page = task_page(dag.dag_id, dag_run.run_id, "wait", "-1").body.decode()
+    assert (
+        "Usage of try 1, all 2 parts (each deferral&#x27;s resume, or each poke): 2 decision(s) billed, 1 replayed unbilled, 3 dispatched."
+        in page
+    )
 
 
 def test_below_the_bars_fails_the_sensor(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,10 +287,10 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
     assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
 
 
-@needs_task_state_store  # without a store (3.1, 3.2) the next deferral's budget starts from zero
 def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
     """The trigger the sensor defers to after a person says "no" carries the task's budget: with
-    one decision allowed and spent on the reviewed state, the next state is not decided."""
+    one decision allowed and spent on the reviewed state, the next state is not decided. On every
+    release: without a task state store (3.1, 3.2) the try's record travels with the task."""
     dag = _sensor(
         "sensor_review_no_budget",
         ["tick 1: unsure ready", "tick 2: ready"],

@@ -47,6 +47,13 @@ def test_a_sensor_pushes_every_decision_of_its_wait_beside_decision_and_usage(se
         (0.72, 0.64),
         (0.96, 0.92),
     ]
+    # the state each was about, numbered in the wait, and why, in the words of the task's log
+    assert [row["generation"] for row in decisions] == [1, 2, 3]
+    assert [row["reason"] for row in decisions] == [
+        "ready = False, waiting for True",
+        "ready = True but confidence 0.64 is below 0.8",
+        "ready = True (probability 0.96, confidence 0.92)",
+    ]
     assert [row["state_hash"] for row in decisions] == [state_hash(state) for state in STATES]
     assert [row["state_bytes"] for row in decisions] == [len(json.dumps(state)) for state in STATES]
     assert all(

@@ -109,9 +109,11 @@ class RecordingRules:
         self.rules = DecisionWatch(DecisionCondition("ready", True, min_confidence=0.5), reviews=False)
         self.machine = machine
 
-    def observe(self, decision: DecisionResult, state_key: str, state: Any, now: float) -> Any:
+    def observe(
+        self, decision: DecisionResult, state_key: str, state: Any, now: float, *, generation: int
+    ) -> Any:
         self.machine.judging(decision, state, now)
-        return self.rules.observe(decision, state_key, state, now)
+        return self.rules.observe(decision, state_key, state, now, generation=generation)
 
     def due(self, now: float) -> Any:
         return self.rules.due(now)
