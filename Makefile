@@ -48,6 +48,10 @@ MATRIX_WORKERS ?= 2
 MATRIX_JOBS ?= 1
 
 LOCK_VENV := .cache/lock-venv
+# What production deployments install beside the provider (the FAB auth manager, the Celery executor,
+# the PostgreSQL and Redis drivers): every lock resolves them with the project (the list is
+# scripts/matrix.py's, which locks the corners' files with it).
+PRODUCTION = $(shell $(PYTHON) scripts/matrix.py production)
 
 # Quieter, reproducible pip runs.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -173,9 +177,11 @@ lock: check-python
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]" $(PRODUCTION)
 	{ \
-	  echo "# Reproducible lock of every package the project installs: runtime plus the test and docs extras."; \
+	  echo "# Reproducible lock of every package the project installs: runtime plus the test and docs extras,"; \
+	  echo "# resolved together with the production stack ($(PRODUCTION)),"; \
+	  echo "# which the deployment test installs from it and 'make install' does not."; \
 	  echo "# Used as 'pip install -c constraints.txt -e \".[$(EXTRAS)]\"' by 'make install'."; \
 	  echo "# Regenerate with 'make lock' (resolves pyproject.toml unconstrained in a throwaway venv, then"; \
 	  echo "# 'pip freeze --exclude-editable'). Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')."; \

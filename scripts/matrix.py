@@ -1,15 +1,19 @@
 """The support matrix: Airflow 3.1, 3.2 and 3.3 (newest patch of each) × Python 3.11, 3.12 and 3.13.
 
-Two commands, both driven by ``make``:
+Two commands, both driven by ``make`` (a third, ``production``, prints :data:`PRODUCTION`):
 
 ``lock``
     Airflow's own constraints approach, once per corner: a throwaway venv on that Python installs
-    the newest patch of that Airflow minor together with the project and all its extras, unpinned;
-    ``pip freeze`` of the result becomes ``constraints/airflow-<minor>-py<python>.txt``. The oldest
-    corner also pins the lowest ``websockets`` the package declares, so that bound is tested too.
+    the newest patch of that Airflow minor together with the project, all its extras and the
+    production stack (:data:`PRODUCTION`: the FAB auth manager, the Celery executor, the PostgreSQL
+    and Redis drivers), unpinned; ``pip freeze`` of the result becomes
+    ``constraints/airflow-<minor>-py<python>.txt``, so that one file installs the provider beside
+    them. The oldest corner also pins the lowest ``websockets`` the package declares, so that bound
+    is tested too.
 ``run``
     Once per corner: a fresh venv installs the built wheel (never the source tree, never editable)
-    with the ``test`` extra, pinned by the corner's constraints file; a copy of ``tests/`` and
+    with the ``test`` extra and the production stack, pinned by the corner's constraints file
+    (``pip check`` must then pass); a copy of ``tests/`` and
     ``example_dags/`` outside the checkout then runs the whole suite against the installed package.
     A summary table (corner, versions, result, time) is printed and written to
     ``.cache/matrix/summary.md``.
@@ -45,6 +49,17 @@ LOWEST_PINS = ("websockets==17.0",)
 #: the newest: Airflow 3.2.2's in-process execution API (``dag.test()``) fails with FastAPI 0.137+
 #: (its route models no longer build) and with svcs 26 (the API's service registry is never set).
 MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
+#: What production deployments install beside the provider, resolved into every corner's lock and
+#: installed with the wheel in every corner's run: the FAB auth manager, the Celery executor, and the
+#: PostgreSQL (psycopg2 for the components' sessions, asyncpg for the async engine) and Redis
+#: (Celery's broker) drivers.
+PRODUCTION = (
+    "apache-airflow-providers-fab",
+    "apache-airflow-providers-celery",
+    "psycopg2-binary",
+    "asyncpg",
+    "redis",
+)
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
 #: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target);
@@ -150,7 +165,7 @@ def lock(corner: Corner) -> None:
     python = _venv(corner, venv)
     pins = list(LOWEST_PINS) if (corner.airflow, corner.python) == OLDEST else []
     pins += MINOR_PINS.get(corner.airflow, ())
-    _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, "-e", f"{REPO}[{LOCK_EXTRAS}]")
+    _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, *PRODUCTION, "-e", f"{REPO}[{LOCK_EXTRAS}]")
     frozen = subprocess.run(
         [str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
     ).stdout
@@ -164,7 +179,8 @@ def lock(corner: Corner) -> None:
     header = [
         f"# Constraints of the Airflow {corner.airflow} x Python {corner.python} corner of the support matrix.",
         f"# Resolved by 'make lock-matrix' on Python {version}: the newest Airflow {corner.airflow}.x with the",
-        f"# project and its [{LOCK_EXTRAS}] extras, unpinned, in a throwaway venv, then 'pip freeze'.",
+        f"# project and its [{LOCK_EXTRAS}] extras and the production stack ({', '.join(PRODUCTION)}),",
+        "# unpinned, in a throwaway venv, then 'pip freeze'.",
     ]
     if pins:
         header.append(f"# Pinned or capped for this corner (see scripts/matrix.py): {', '.join(pins)}.")
@@ -208,7 +224,8 @@ def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool,
     root.mkdir(parents=True)
     log = root / "run.log"
     python = _venv(corner, root / "venv")
-    _pip(python, "-c", str(corner.constraints), f"{_wheel()}[{SUITE_EXTRAS}]", log=log)
+    _pip(python, "-c", str(corner.constraints), f"{_wheel()}[{SUITE_EXTRAS}]", *PRODUCTION, log=log)
+    _run([str(python), "-m", "pip", "check"], log=log)
     tree = root / "tree"
     tree.mkdir()
     for name in COPIED:
@@ -251,7 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     :param argv: the arguments after the script's name (``None``: ``sys.argv``).
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("lock", "run"))
+    parser.add_argument("command", choices=("lock", "run", "production"))
     parser.add_argument("corners", nargs="*", help="AIRFLOW:PYTHON corners (default: all nine)")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     parser.add_argument("--jobs", type=int, default=1, help="corners run side by side (run only; default 1)")
@@ -267,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python scripts/matrix.py {lock,run} [CORNER ...]``."""
     args = parse_args(argv)
+    if args.command == "production":  # the list, for 'make lock' and the deployment test
+        print(" ".join(PRODUCTION))
+        return 0
     corners = [Corner.parse(c) for c in args.corners] or all_corners()
     if args.command == "lock":
         for corner in corners:
