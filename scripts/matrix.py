@@ -56,6 +56,9 @@ MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
 PRODUCTION = (
     "apache-airflow-providers-fab",
     "apache-airflow-providers-celery",
+    # the Celery provider (3.26) imports celery.backends.database.retry, which Celery 5.7 removed:
+    # every worker fails at start with 5.7 (the version Airflow's own constraints pin is below it)
+    "celery<5.7",
     "psycopg2-binary",
     "asyncpg",
     "redis",
