@@ -37,6 +37,7 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.starts import StartQueue
+from benchmarks.report_format import DASH, md_table
 
 __all__ = ["TARGETS", "Account", "Member", "conforms", "fair_shares", "scale"]
 
@@ -515,7 +516,7 @@ def run_all(
             started = time.perf_counter()
             results = [scale(n, seed=seed, queue=_factory(policy)) for seed in seeds]
             figures = {
-                key: (worst.get(key, max))(r[key] for r in results)
+                key: (worst.get(key, max))((r[key] for r in results if r[key] is not None), default=None)
                 for key in results[0]
                 if key != "processes"
             }
@@ -525,22 +526,108 @@ def run_all(
     return {"runs": runs, "targets": TARGETS}
 
 
+#: A run of this scenario's pacing against earlier code: the report's 'before'.
+BEFORE = Path(__file__).resolve().parent / "results" / "before-sharing.json"
+
+
 async def run(options: Any) -> dict[str, Any]:
     """The scenario for ``python -m benchmarks`` (``--quick``: 1 and 16 processes, one seed)."""
-    if options.quick:
-        return run_all(QUICK_PROCESSES, QUICK_SEEDS)
-    return run_all()
+    result = run_all(QUICK_PROCESSES, QUICK_SEEDS) if options.quick else run_all()
+    if BEFORE.exists():
+        before = json.loads(BEFORE.read_text(encoding="utf-8"))
+        result["before"], result["before_commit"] = before.get("runs", {}), before.get("commit")
+    return result
+
+
+def _figure(value: Any, kind: str) -> str:
+    if value is None:
+        return DASH
+    if kind == "share":
+        return f"{value:.0%}"
+    if kind == "ratio":
+        return f"{value:.2f}"
+    return "never" if value == math.inf else f"{value:,.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def section(result: dict[str, Any]) -> list[str]:
+    """The results page's table: per process count, the provider's pacing (before → after), a local
+    token bucket and one shared budget, each figure against its target.
+
+    :param result: :func:`run`'s result.
+    """
+    runs, before, targets = result["runs"], result.get("before") or {}, result["targets"]
+    commit = result.get("before_commit")
+    columns = (
+        ("ceiling used", "ceiling_used", "share", f"≥ {targets['ceiling_used']:.0%}"),
+        ("worst process ÷ fair share", "worst_fair_share", "share", f"≥ {targets['worst_fair_share']:.0%}"),
+        ("429s per accepted start", "refused_per_accepted", "ratio", f"≤ {targets['refused_per_accepted']}"),
+        ("back to 90 % after the hiccup", "back_to_90_s", "time", f"≤ {targets['back_to_90_s']:.0f} s"),
+        (
+            "slowest process back to 90 %",
+            "slowest_process_back_to_90_s",
+            "time",
+            f"≤ {targets['back_to_90_s']:.0f} s",
+        ),
+        ("longest wait of a light process's start", "longest_wait_light_s", "time", DASH),
+        ("longest wait of any start", "longest_wait_s", "time", DASH),
+    )
+    header = ["processes", "policy", *(label for label, *_ in columns)]
+    rows = [["", "target", *(target for *_, target in columns)]]
+    for n in PROCESSES:
+        for policy in POLICIES:
+            now = runs.get(f"{policy}_{n}")
+            if now is None:
+                continue
+            then = before.get(f"{policy}_{n}") if policy == "pacing" else None
+            cells = []
+            for _, key, kind, _target in columns:
+                shown = _figure(now.get(key), kind)
+                if then is not None and _figure(then.get(key), kind) != shown:
+                    shown = f"{_figure(then.get(key), kind)} → {shown}"
+                cells.append(shown)
+            rows.append([str(n), policy.replace("_", " "), *cells])
+    lines = [
+        "### The account's ceiling shared by 16 and 64 processes (simulation)",
+        "",
+        "The provider's start pacing (`protocol/starts.py`, the code that runs) on a simulated clock, "
+        "each process with its own queue, against one simulated account bucket at the published limits "
+        "(burst 5, 60 starts a minute, 429 with the Retry-After of its next token): three in four "
+        "processes busy (2 to 6 streams that always have a newer line), one in four light (three streams "
+        "asking about a tenth of a fair share); an eighth of the processes leave after an hour and as "
+        "many join an hour later; in the last hour the gateway refuses every start for 10 s (a hiccup, "
+        "each 429 naming a second). Figures over the three hours less 300 s after each change and the "
+        "two minutes after the hiccup; each the worst of seeds "
+        f"{', '.join(map(str, result['runs'][next(iter(result['runs']))]['seeds']))}. "
+        "*Local bucket*: each process a token bucket at the account's limits that honours the "
+        "Retry-After and nothing else (`StartQueue(adapt=False)`). *Shared budget*: one queue for "
+        "every process, as a store they all reach would keep it (its round trip not counted); it "
+        "divides the account by stream, not by process."
+        + (f" 'Before' is the pacing of commit `{commit}` on the same simulation." if commit else ""),
+        "",
+        *md_table(header, rows),
+        "",
+    ]
+    return lines
 
 
 def main() -> None:
-    """``python -m benchmarks.sharing``: every policy at 1–64 processes, as JSON."""
+    """``python -m benchmarks.sharing``: every policy at 1 to 64 processes, as JSON (``--table``:
+    the results page's table)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sharing")
     parser.add_argument("--processes", type=int, nargs="*", default=list(PROCESSES))
     parser.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
     parser.add_argument("--policy", choices=POLICIES, nargs="*", default=list(POLICIES))
     parser.add_argument("--quick", action="store_true", help="1 and 16 processes, one seed")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here (with the commit)")
+    parser.add_argument("--table", type=Path, default=None, help="print the table of this JSON file")
     args = parser.parse_args()
+    if args.table is not None:
+        result = json.loads(args.table.read_text(encoding="utf-8"))
+        if BEFORE.exists() and "before" not in result:
+            before = json.loads(BEFORE.read_text(encoding="utf-8"))
+            result["before"], result["before_commit"] = before.get("runs", {}), before.get("commit")
+        print("\n".join(section(result)))
+        return
     if args.quick:
         args.processes, args.seeds = list(QUICK_PROCESSES), list(QUICK_SEEDS)
     result = run_all(args.processes, args.seeds, args.policy)
