@@ -452,7 +452,7 @@ def scale(
         "worst_fair_share": min(worst, default=1.0),
         "refused_per_accepted": refused / max(1, accepted),
         "longest_wait_s": max(q.longest_wait for q in account.queues),
-        "longest_wait_light_s": max((account.queues[p].longest_wait for p in light), default=0.0),
+        "longest_wait_light_s": max((account.queues[p].longest_wait for p in light), default=None),
         "back_to_90_s": back,
         "slowest_process_back_to_90_s": slowest,
         "closes_1013": account.closed(),
@@ -481,27 +481,16 @@ def _back_to_90(account: Account, hiccup: tuple[float, float], process: int | No
 
 
 #: How each process's queue is made, by policy: the provider's pacing; a local token bucket that
-#: honours Retry-After (the mirror alone, no pace of its own); one budget shared by every process
-#: of the account, as a store all processes reach would keep it (no time to reach it counted).
-POLICIES = ("pacing", "local_bucket", "shared_budget")
+#: honours Retry-After (the mirror alone, no pace of its own).
+POLICIES = ("pacing", "local_bucket")
 #: Processes on the account at once, and the seeds of each run.
 PROCESSES, QUICK_PROCESSES = (1, 2, 4, 16, 64), (1, 16)
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 
 
 def _factory(policy: str) -> Callable[[int, int, float, random.Random], StartQueue]:
-    if policy == "pacing":
-        return lambda burst, ceiling, now, rng: StartQueue(burst, ceiling, now=now, rng=rng)
-    if policy == "local_bucket":
-        return lambda burst, ceiling, now, rng: StartQueue(burst, ceiling, now=now, rng=rng, adapt=False)
-    shared: list[StartQueue] = []
-
-    def one(burst: int, ceiling: int, now: float, rng: random.Random) -> StartQueue:
-        if not shared:
-            shared.append(StartQueue(burst, ceiling, now=now, rng=rng))
-        return shared[0]
-
-    return one
+    adapt = policy == "pacing"
+    return lambda burst, ceiling, now, rng: StartQueue(burst, ceiling, now=now, rng=rng, adapt=adapt)
 
 
 def run_all(
@@ -551,7 +540,7 @@ def _figure(value: Any, kind: str) -> str:
 
 def section(result: dict[str, Any]) -> list[str]:
     """The results page's table: per process count, the provider's pacing (before → after), a local
-    token bucket and one shared budget, each figure against its target.
+    token bucket, each figure against its target.
 
     :param result: :func:`run`'s result.
     """
@@ -599,9 +588,7 @@ def section(result: dict[str, Any]) -> list[str]:
         "two minutes after the hiccup; each the worst of seeds "
         f"{', '.join(map(str, result['runs'][next(iter(result['runs']))]['seeds']))}. "
         "*Local bucket*: each process a token bucket at the account's limits that honours the "
-        "Retry-After and nothing else (`StartQueue(adapt=False)`). *Shared budget*: one queue for "
-        "every process, as a store they all reach would keep it (its round trip not counted); it "
-        "divides the account by stream, not by process."
+        "Retry-After and nothing else (`StartQueue(adapt=False)`)."
         + (f" 'Before' is the pacing of commit `{commit}` on the same simulation." if commit else ""),
         "",
         *md_table(header, rows),
