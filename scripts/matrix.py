@@ -237,7 +237,12 @@ def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool,
             shutil.copytree(source, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, tree / name)
-    env = {**os.environ, "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name),
+        "SYSTEMZERO_CONSTRAINTS": str(corner.constraints),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.pop("PYTHONPATH", None)
     # A corner installs its own Airflow into a cold venv; its first Dag runs are slower than in .venv.
     command = [
