@@ -539,14 +539,14 @@ def _figure(value: Any, kind: str) -> str:
 
 
 def section(result: dict[str, Any]) -> list[str]:
-    """The results page's table: per process count, the provider's pacing (before → after), a local
-    token bucket, each figure against its target.
+    """The results page's table: a row per figure and policy (the provider's pacing before and after,
+    a local token bucket), a column per count of processes, each figure beside its target.
 
     :param result: :func:`run`'s result.
     """
     runs, before, targets = result["runs"], result.get("before") or {}, result["targets"]
     commit = result.get("before_commit")
-    columns = (
+    figures = (
         ("ceiling used", "ceiling_used", "share", f"≥ {targets['ceiling_used']:.0%}"),
         ("worst process ÷ fair share", "worst_fair_share", "share", f"≥ {targets['worst_fair_share']:.0%}"),
         ("429s per accepted start", "refused_per_accepted", "ratio", f"≤ {targets['refused_per_accepted']}"),
@@ -557,25 +557,23 @@ def section(result: dict[str, Any]) -> list[str]:
             "time",
             f"≤ {targets['back_to_90_s']:.0f} s",
         ),
-        ("longest wait of a light process's start", "longest_wait_light_s", "time", DASH),
-        ("longest wait of any start", "longest_wait_s", "time", DASH),
+        ("longest wait, light process", "longest_wait_light_s", "time", DASH),
+        ("longest wait, any start", "longest_wait_s", "time", DASH),
     )
-    header = ["processes", "policy", *(label for label, *_ in columns)]
-    rows = [["", "target", *(target for *_, target in columns)]]
-    for n in PROCESSES:
-        for policy in POLICIES:
-            now = runs.get(f"{policy}_{n}")
-            if now is None:
+    counts = [n for n in PROCESSES if any(f"{policy}_{n}" in runs for policy in POLICIES)]
+    sources = [
+        ("before", before, "pacing"),
+        ("after", runs, "pacing"),
+        ("local bucket", runs, "local_bucket"),
+    ]
+    rows = []
+    for label, key, kind, target in figures:
+        for name, source, policy in sources:
+            if not any(f"{policy}_{n}" in source for n in counts):
                 continue
-            then = before.get(f"{policy}_{n}") if policy == "pacing" else None
-            cells = []
-            for _, key, kind, _target in columns:
-                shown = _figure(now.get(key), kind)
-                if then is not None and _figure(then.get(key), kind) != shown:
-                    shown = f"{_figure(then.get(key), kind)} → {shown}"
-                cells.append(shown)
-            rows.append([str(n), policy.replace("_", " "), *cells])
-    lines = [
+            cells = [_figure((source.get(f"{policy}_{n}") or {}).get(key), kind) for n in counts]
+            rows.append([f"{label}: {name}", target if name == "before" or not before else "", *cells])
+    return [
         "### The account's ceiling shared by 16 and 64 processes (simulation)",
         "",
         "The provider's start pacing (`protocol/starts.py`, the code that runs) on a simulated clock, "
@@ -586,15 +584,13 @@ def section(result: dict[str, Any]) -> list[str]:
         "many join an hour later; in the last hour the gateway refuses every start for 10 s (a hiccup, "
         "each 429 naming a second). Figures over the three hours less 300 s after each change and the "
         "two minutes after the hiccup; each the worst of seeds "
-        f"{', '.join(map(str, result['runs'][next(iter(result['runs']))]['seeds']))}. "
+        f"{', '.join(map(str, runs[next(iter(runs))]['seeds']))}. "
         "*Local bucket*: each process a token bucket at the account's limits that honours the "
         "Retry-After and nothing else (`StartQueue(adapt=False)`)."
         + (f" 'Before' is the pacing of commit `{commit}` on the same simulation." if commit else ""),
         "",
-        *md_table(header, rows),
-        "",
+        *md_table(["figure (processes →)", "target", *map(str, counts)], rows),
     ]
-    return lines
 
 
 def main() -> None:
