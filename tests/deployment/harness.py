@@ -79,15 +79,20 @@ RESULTS: list[str] = []
 TRIGGERER_HEALTH_THRESHOLD = 20
 
 
-def database() -> str:
-    """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
-    chosen = os.environ.get("SZ_DEPLOYMENT_DB", "sqlite") or "sqlite"
-    if chosen not in DATABASES:
+def _chosen(variable: str, choices: Sequence[str], unset: str) -> str:
+    """The value of ``variable`` (``choices[0]`` when unset), refused unless one of ``choices``."""
+    chosen = os.environ.get(variable, choices[0]) or choices[0]
+    if chosen not in choices:
         raise ValueError(
-            f"SZ_DEPLOYMENT_DB={chosen!r} is not one of {DATABASES}: unset it for SQLite, or set "
-            "it to 'postgres'"
+            f"{variable}={chosen!r} is not one of {tuple(choices)}: unset it for {unset}, or set it to "
+            + " or ".join(repr(c) for c in choices[1:])
         )
     return chosen
+
+
+def database() -> str:
+    """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
+    return _chosen("SZ_DEPLOYMENT_DB", DATABASES, "SQLite")
 
 
 #: The executors the deployment runs (``SZ_DEPLOYMENT_EXECUTOR``; the LocalExecutor by default).
@@ -97,13 +102,7 @@ EXECUTORS = ("local", "celery")
 def executor() -> str:
     """The executor chosen with ``SZ_DEPLOYMENT_EXECUTOR`` (``local`` when unset; ``celery`` runs
     :mod:`tests.deployment.test_celery` on PostgreSQL and Redis)."""
-    chosen = os.environ.get("SZ_DEPLOYMENT_EXECUTOR", "local") or "local"
-    if chosen not in EXECUTORS:
-        raise ValueError(
-            f"SZ_DEPLOYMENT_EXECUTOR={chosen!r} is not one of {EXECUTORS}: unset it for the "
-            "LocalExecutor, or set it to 'celery'"
-        )
-    return chosen
+    return _chosen("SZ_DEPLOYMENT_EXECUTOR", EXECUTORS, "the LocalExecutor")
 
 
 def free_port() -> int:
