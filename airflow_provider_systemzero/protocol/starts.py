@@ -500,14 +500,14 @@ class StartQueue:
         :data:`HICCUP_KEEPS` of what it was when the run began. Then the gateway refuses every
         start, whoever takes what: the rate goes back to what it was, and the rest of the run
         cuts nothing (the Retry-After alone keeps the process waiting)."""
+        if not self._adapt:
+            return
         if self.refused_in_a_row == 1:  # a run begins: what a hiccup gives back
             share = self.share(now)
             self._run_from = (
                 0.0 if share < HICCUP_SHARE else self.rate if self._shared else share * self.ceiling
             )
             self._hiccup = False
-        if not self._adapt:
-            return
         if not self._shared and not self._doubted:
             self._doubted = True
             return
