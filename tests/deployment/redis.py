@@ -47,7 +47,9 @@ class RedisInstance:
         """Install what is missing, start the server and wait (bounded) until it answers a PING."""
         if shutil.which("redis-server") is None:
             apt_install(["redis-server"])
-        ensure_python_packages(REQUIREMENTS, ["redis", "celery", "airflow.providers.celery"])
+        ensure_python_packages(
+            REQUIREMENTS, ["redis", "celery", "airflow.providers.celery", "airflow.providers.fab"]
+        )
         server = shutil.which("redis-server")
         if server is None:
             raise RuntimeError("no redis-server on PATH after installing Debian's 'redis-server'")
