@@ -47,8 +47,10 @@ OLDEST = ("3.1", "3.11")
 LOWEST_PINS = ("websockets==17.0",)
 #: Caps a minor's lock needs because that Airflow release does not cap them itself and breaks with
 #: the newest: Airflow 3.2.2's in-process execution API (``dag.test()``) fails with FastAPI 0.137+
-#: (its route models no longer build) and with svcs 26 (the API's service registry is never set).
-MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
+#: (its route models no longer build) and with svcs 26 (the API's service registry is never set);
+#: Airflow 3.1.8 marks its Fernet by setting an attribute on cryptography's ``MultiFernet``, which
+#: cryptography 51 no longer allows (every connection with a password fails to save).
+MINOR_PINS = {"3.1": ("cryptography<51",), "3.2": ("fastapi<0.137", "svcs<26")}
 #: What production deployments install beside the provider, resolved into every corner's lock and
 #: installed with the wheel in every corner's run: the FAB auth manager, the Celery executor, and the
 #: PostgreSQL (psycopg2 for the components' sessions, asyncpg for the async engine) and Redis
