@@ -5,7 +5,9 @@
 #   make test-deployment  end-to-end test against real Airflow components (scheduler, two
 #                  triggerers, LocalExecutor workers, api-server) and the emulator, ~3 minutes;
 #                  DEPLOYMENT_DB=postgres runs it on a PostgreSQL cluster of its own, with the
-#                  50-sensor failover scenario (installs postgresql and its drivers when missing)
+#                  50-sensor failover scenario (installs postgresql and its drivers when missing);
+#                  EXECUTOR=celery runs Airflow's CeleryExecutor on PostgreSQL and Redis with two
+#                  Celery workers and the FAB auth manager (installs redis-server and the providers)
 #   make test-conformance  RFC 6455 as the Autobahn|Testsuite fuzzing server sees it: an echo client
 #                  on GatewaySocket held to one on websockets' own client, on the oldest and the
 #                  newest websockets the package allows (installs the server, which runs on
@@ -37,6 +39,8 @@ PYTEST_ARGS ?=
 # suite in one process.
 TEST_WORKERS ?= 2
 DEPLOYMENT_DB ?= sqlite
+# The deployment test's executor: local (LocalExecutor) or celery (CeleryExecutor, two workers).
+EXECUTOR ?= local
 DEMO_ARGS ?=
 EMULATOR_ARGS ?=
 BENCH_ARGS ?=
@@ -48,6 +52,10 @@ MATRIX_WORKERS ?= 2
 MATRIX_JOBS ?= 1
 
 LOCK_VENV := .cache/lock-venv
+# What production deployments install beside the provider (the FAB auth manager, the Celery executor,
+# the PostgreSQL and Redis drivers): every lock resolves them with the project (the list is
+# scripts/matrix.py's, which locks the corners' files with it).
+PRODUCTION = $(shell $(PYTHON) scripts/matrix.py production)
 
 # Quieter, reproducible pip runs.
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -63,6 +71,7 @@ help:
 	@echo "  make test      create $(VENV), install from constraints.txt, lint, run the tests, build the docs"
 	@echo "  make test-deployment  end-to-end test with a real scheduler, two triggerers and workers (~3 min)"
 	@echo "                 DEPLOYMENT_DB=postgres: on PostgreSQL, plus a 50-sensor triggerer failover"
+	@echo "                 EXECUTOR=celery: CeleryExecutor, PostgreSQL, Redis, two workers, FAB auth"
 	@echo "  make test-ui   drive the Airflow UI in Chromium; writes the screenshots in docs/images"
 	@echo "  make test-conformance  the Autobahn|Testsuite RFC 6455 cases against the client's socket"
 	@echo "                 (needs Python 2.7: PYTHON27=/path/to/python2.7 when not found)"
@@ -136,8 +145,11 @@ lock-matrix: check-python
 
 # The deployment test (tests/deployment): only the tests marked 'deployment', which plain
 # 'make test' collects and skips. Component logs of a failure are printed with the report.
+# EXECUTOR=celery runs the Celery deployment instead (tests/deployment/test_celery.py: PostgreSQL,
+# Redis, two Celery workers; installs redis-server and the Celery provider when missing).
 test-deployment: $(STAMP)
-	SZ_DEPLOYMENT_DB=$(DEPLOYMENT_DB) $(BIN)/pytest -q -m deployment tests/deployment $(PYTEST_ARGS)
+	SZ_DEPLOYMENT_DB=$(DEPLOYMENT_DB) SZ_DEPLOYMENT_EXECUTOR=$(EXECUTOR) $(BIN)/pytest -q -m deployment \
+	  $(if $(filter celery,$(EXECUTOR)),tests/deployment/test_celery.py,tests/deployment) $(PYTEST_ARGS)
 
 # The UI test (tests/ui): only the tests marked 'ui'; 'make test' collects and skips them.
 test-ui: $(STAMP)
@@ -173,9 +185,11 @@ lock: check-python
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]" $(foreach p,$(PRODUCTION),'$(p)')
 	{ \
-	  echo "# Reproducible lock of every package the project installs: runtime plus the test and docs extras."; \
+	  echo "# Reproducible lock of every package the project installs: runtime plus the test and docs extras,"; \
+	  echo "# resolved together with the production stack ($(PRODUCTION)),"; \
+	  echo "# which the deployment test installs from it and 'make install' does not."; \
 	  echo "# Used as 'pip install -c constraints.txt -e \".[$(EXTRAS)]\"' by 'make install'."; \
 	  echo "# Regenerate with 'make lock' (resolves pyproject.toml unconstrained in a throwaway venv, then"; \
 	  echo "# 'pip freeze --exclude-editable'). Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')."; \

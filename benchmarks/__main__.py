@@ -23,7 +23,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import billing, ceiling, cold_cost, core, density, fleet, ingest, latency, report, waiting
+from benchmarks import (
+    billing,
+    ceiling,
+    cold_cost,
+    core,
+    density,
+    fleet,
+    ingest,
+    latency,
+    report,
+    sharing,
+    waiting,
+)
 from benchmarks.common import Options, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +54,7 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "waiting": waiting.run,
     "fleet": fleet.run,
     "ceiling": ceiling.run,
+    "sharing": sharing.run,
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from benchmarks import sharing
 from benchmarks.report_format import (
     DASH,
     TIMES,
@@ -383,6 +384,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         ("waiting", waiting_section),
         ("fleet", fleet_section),
         ("ceiling", ceiling_section),
+        ("sharing", sharing.section),
     ):
         data = res.get(name)
         if data is None:

@@ -1,15 +1,19 @@
 """The support matrix: Airflow 3.1, 3.2 and 3.3 (newest patch of each) × Python 3.11, 3.12 and 3.13.
 
-Two commands, both driven by ``make``:
+Two commands, both driven by ``make`` (a third, ``production``, prints :data:`PRODUCTION`):
 
 ``lock``
     Airflow's own constraints approach, once per corner: a throwaway venv on that Python installs
-    the newest patch of that Airflow minor together with the project and all its extras, unpinned;
-    ``pip freeze`` of the result becomes ``constraints/airflow-<minor>-py<python>.txt``. The oldest
-    corner also pins the lowest ``websockets`` the package declares, so that bound is tested too.
+    the newest patch of that Airflow minor together with the project, all its extras and the
+    production stack (:data:`PRODUCTION`: the FAB auth manager, the Celery executor, the PostgreSQL
+    and Redis drivers), unpinned; ``pip freeze`` of the result becomes
+    ``constraints/airflow-<minor>-py<python>.txt``, so that one file installs the provider beside
+    them. The oldest corner also pins the lowest ``websockets`` the package declares, so that bound
+    is tested too.
 ``run``
     Once per corner: a fresh venv installs the built wheel (never the source tree, never editable)
-    with the ``test`` extra, pinned by the corner's constraints file; a copy of ``tests/`` and
+    with the ``test`` extra and the production stack, pinned by the corner's constraints file
+    (``pip check`` must then pass); a copy of ``tests/`` and
     ``example_dags/`` outside the checkout then runs the whole suite against the installed package.
     A summary table (corner, versions, result, time) is printed and written to
     ``.cache/matrix/summary.md``.
@@ -43,8 +47,24 @@ OLDEST = ("3.1", "3.11")
 LOWEST_PINS = ("websockets==17.0",)
 #: Caps a minor's lock needs because that Airflow release does not cap them itself and breaks with
 #: the newest: Airflow 3.2.2's in-process execution API (``dag.test()``) fails with FastAPI 0.137+
-#: (its route models no longer build) and with svcs 26 (the API's service registry is never set).
-MINOR_PINS = {"3.2": ("fastapi<0.137", "svcs<26")}
+#: (its route models no longer build) and with svcs 26 (the API's service registry is never set);
+#: Airflow 3.1.8 marks its Fernet by setting an attribute on cryptography's ``MultiFernet``, which
+#: cryptography 51 no longer allows (every connection with a password fails to save).
+MINOR_PINS = {"3.1": ("cryptography<51",), "3.2": ("fastapi<0.137", "svcs<26")}
+#: What production deployments install beside the provider, resolved into every corner's lock and
+#: installed with the wheel in every corner's run: the FAB auth manager, the Celery executor, and the
+#: PostgreSQL (psycopg2 for the components' sessions, asyncpg for the async engine) and Redis
+#: (Celery's broker) drivers.
+PRODUCTION = (
+    "apache-airflow-providers-fab",
+    "apache-airflow-providers-celery",
+    # the Celery provider (3.26) imports celery.backends.database.retry, which Celery 5.7 removed:
+    # every worker fails at start with 5.7 (the version Airflow's own constraints pin is below it)
+    "celery<5.7",
+    "psycopg2-binary",
+    "asyncpg",
+    "redis",
+)
 LOCK_EXTRAS = "test,docs,release"
 SUITE_EXTRAS = "test"
 #: What the suite of a corner runs: everything ``make test`` runs (the deployment test is its own target);
@@ -150,7 +170,7 @@ def lock(corner: Corner) -> None:
     python = _venv(corner, venv)
     pins = list(LOWEST_PINS) if (corner.airflow, corner.python) == OLDEST else []
     pins += MINOR_PINS.get(corner.airflow, ())
-    _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, "-e", f"{REPO}[{LOCK_EXTRAS}]")
+    _pip(python, f"apache-airflow~={corner.airflow}.0", *pins, *PRODUCTION, "-e", f"{REPO}[{LOCK_EXTRAS}]")
     frozen = subprocess.run(
         [str(python), "-m", "pip", "freeze", "--exclude-editable"], check=True, capture_output=True, text=True
     ).stdout
@@ -164,7 +184,8 @@ def lock(corner: Corner) -> None:
     header = [
         f"# Constraints of the Airflow {corner.airflow} x Python {corner.python} corner of the support matrix.",
         f"# Resolved by 'make lock-matrix' on Python {version}: the newest Airflow {corner.airflow}.x with the",
-        f"# project and its [{LOCK_EXTRAS}] extras, unpinned, in a throwaway venv, then 'pip freeze'.",
+        f"# project and its [{LOCK_EXTRAS}] extras and the production stack ({', '.join(PRODUCTION)}),",
+        "# unpinned, in a throwaway venv, then 'pip freeze'.",
     ]
     if pins:
         header.append(f"# Pinned or capped for this corner (see scripts/matrix.py): {', '.join(pins)}.")
@@ -208,7 +229,8 @@ def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool,
     root.mkdir(parents=True)
     log = root / "run.log"
     python = _venv(corner, root / "venv")
-    _pip(python, "-c", str(corner.constraints), f"{_wheel()}[{SUITE_EXTRAS}]", log=log)
+    _pip(python, "-c", str(corner.constraints), f"{_wheel()}[{SUITE_EXTRAS}]", *PRODUCTION, log=log)
+    _run([str(python), "-m", "pip", "check"], log=log)
     tree = root / "tree"
     tree.mkdir()
     for name in COPIED:
@@ -217,7 +239,12 @@ def run(corner: Corner, pytest_args: list[str], workers: int = 0) -> tuple[bool,
             shutil.copytree(source, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, tree / name)
-    env = {**os.environ, "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "SYSTEMZERO_INSTALLED_WHEEL": str(_wheel().name),
+        "SYSTEMZERO_CONSTRAINTS": str(corner.constraints),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.pop("PYTHONPATH", None)
     # A corner installs its own Airflow into a cold venv; its first Dag runs are slower than in .venv.
     command = [
@@ -251,7 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     :param argv: the arguments after the script's name (``None``: ``sys.argv``).
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("lock", "run"))
+    parser.add_argument("command", choices=("lock", "run", "production"))
     parser.add_argument("corners", nargs="*", help="AIRFLOW:PYTHON corners (default: all nine)")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     parser.add_argument("--jobs", type=int, default=1, help="corners run side by side (run only; default 1)")
@@ -267,6 +294,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python scripts/matrix.py {lock,run} [CORNER ...]``."""
     args = parse_args(argv)
+    if args.command == "production":  # the list, for 'make lock' and the deployment test
+        print(" ".join(PRODUCTION))
+        return 0
     corners = [Corner.parse(c) for c in args.corners] or all_corners()
     if args.command == "lock":
         for corner in corners:

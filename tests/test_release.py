@@ -49,6 +49,39 @@ def _editable() -> bool:
     return bool(direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"))
 
 
+@pytest.mark.skipif(
+    INSTALLED_WHEEL is None or not os.environ.get("SYSTEMZERO_CONSTRAINTS"),
+    reason="the support matrix installs the wheel with the production stack (make test-matrix)",
+)
+def test_the_wheel_installs_beside_the_production_stack_of_its_constraints() -> None:
+    """The corner's constraints file resolves the provider with the FAB auth manager, the Celery
+    executor and the PostgreSQL and Redis drivers, and the corner installed them with the wheel:
+    each is there at the version the file pins, and imports as a deployment imports it."""
+    pins = {}
+    for line in Path(os.environ["SYSTEMZERO_CONSTRAINTS"]).read_text(encoding="utf-8").splitlines():
+        name, _, version = line.partition("==")
+        if version:
+            pins[re.sub(r"[-_.]+", "-", name.strip().lower())] = version.strip()
+    for dist in (
+        "apache-airflow-providers-fab",
+        "apache-airflow-providers-celery",
+        "celery",
+        "psycopg2-binary",
+        "asyncpg",
+        "redis",
+        "python-dateutil",
+    ):
+        assert metadata.version(dist) == pins[dist], dist
+    assert int(metadata.version("python-dateutil").split(".")[0]) < 3  # Flask-AppBuilder's bound
+    import asyncpg  # noqa: F401
+    import psycopg2  # noqa: F401
+    import redis  # noqa: F401
+    from airflow.providers.celery.executors import celery_executor  # a Celery worker's first import
+    from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
+
+    assert celery_executor.app.main and FabAuthManager.__name__
+
+
 def test_license_is_apache_2_with_its_spdx_expression() -> None:
     assert DIST.metadata["License-Expression"] == "Apache-2.0"
     (license_file,) = [f for f in DIST.files or [] if f.name == "LICENSE"]

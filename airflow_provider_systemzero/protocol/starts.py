@@ -27,12 +27,24 @@ shares a link — at random moments (each start takes between 1 − :data:`SPREA
 1 + :data:`SPREAD` of its pace), so that which process a 429 hits does not depend on who happened
 to start right as the gateway made a token. A 429 cuts the rate by up to a third
 (:data:`PACE_BACKOFF`), weighted by the share of the account the process takes: at
-:data:`SHARE_FULL` of the ceiling or more the whole third, below it (share ÷ :data:`SHARE_FULL`)²
-of it, so the processes above their share back off more than those below and they meet at equal
+:data:`SHARE_FULL` of the ceiling or more the whole third, below it share ÷ :data:`SHARE_FULL` of
+it, so the processes above their share back off more than those below and they meet at equal
 shares. The rate grows by :data:`PACE_RECOVERY` of a start per gap, every gap, whatever the share
 (a process that got few starts recovers as fast as one that got many). The 429s of starts already
 on their way when the first was heard cut nothing more. After :data:`QUIET_UNITS` gaps without a
-429 the process is alone again. Alone, a start waits a little past its token (up to
+429 the process is alone again.
+
+**A hiccup.** A gateway may refuse every start for a while, whoever takes what (a *hiccup*); the
+429s say nothing about the process's share then, and its rate must not stay cut once the gateway
+is back. A *run* is the 429s heard in a row, with no accepted start between them. A process alone
+that the second 429 of one run made shared is alone again after :data:`BRIEF_QUIET_UNITS` gaps
+without a 429 (not :data:`QUIET_UNITS`). A run of :data:`HICCUP_RUN` refusals or more that cut the
+rate below :data:`HICCUP_KEEPS` of what it was when the run began is a hiccup: the rate goes back
+to that (alone: to the share it took), and the rest of the run cuts nothing — the Retry-After
+alone keeps the process waiting. A process below :data:`HICCUP_SHARE` of the account gets nothing
+back: refusals in a row are its competitors' doing there, and its cuts are small.
+
+Alone, a start waits a little past its token (up to
 :data:`JITTER` of a gap): a process that took every token the moment the gateway made it would
 leave another process nothing to start with, and never hear that it is not alone.
 
@@ -72,10 +84,12 @@ a 429 (:meth:`~StartQueue.refused`)                no more tokens than the Retry
                                                    new one (not of a start on its way) makes a       (the gateway retries it) its
                                                    process alone doubt, a doubting one shared,       token is owed
                                                    and cuts a shared one's rate by the
-                                                   share-weighted third
+                                                   share-weighted third; a hiccup gives the
+                                                   run's cuts back
 time passing                                       refills at the ceiling (shared: the pace, at the  —
                                                    rate, which grows by :data:`PACE_RECOVERY`);
-                                                   :data:`QUIET_UNITS` gaps without a 429: alone
+                                                   :data:`QUIET_UNITS` gaps without a 429 (after
+                                                   one run: :data:`BRIEF_QUIET_UNITS`): alone
 =================================================  ================================================  ==============================
 
 The asyncio adapter (:mod:`airflow_provider_systemzero.stream.starts`) holds one queue per gateway
@@ -113,10 +127,23 @@ SPREAD = 0.5
 #: count ÷ this (1: one start a gap, the whole ceiling).
 SHARE_UNITS = 10
 #: The share at and above which a 429 cuts the rate by the whole :data:`PACE_BACKOFF`; below it,
-#: by (share ÷ this)² of it.
+#: by (share ÷ this) of it.
 SHARE_FULL = 0.3
 #: Gaps without a 429 after which a shared process counts as alone on the account again.
 QUIET_UNITS = 100
+#: The same, for a process that became shared within one *run* of 429s (refusals in a row, no
+#: accepted start between them): the gateway may have refused every start for a while (a
+#: hiccup), and a process alone takes its whole ceiling back this soon.
+BRIEF_QUIET_UNITS = 10
+#: Refusals in a row after which a run that cut the rate below :data:`HICCUP_KEEPS` of what it
+#: was is a *hiccup*: the gateway refuses every start, whoever takes what.
+HICCUP_RUN = 2
+#: The part of its rate a run may cut before it can count as a hiccup (a smaller cut stands: the
+#: process keeps 90 % of its pace through any run).
+HICCUP_KEEPS = 0.9
+#: The share below which a hiccup gives nothing back: a process that takes so little of the
+#: account is refused in a row by its competitors, and its cuts are small.
+HICCUP_SHARE = 0.15
 #: The slowest a shared process paces itself, in starts per gap.
 MIN_RATE = 0.001
 #: Seconds a start waits for the first ``hello`` of the account (which may advertise a smaller
@@ -167,6 +194,9 @@ class StartQueue:
     :param ceiling_per_minute: the account's ``account_decision_ceiling`` (default: the published 60).
     :param now: the time the mirror starts from (full, as an account nobody used).
     :param rng: the random source of the jitter and the shared pace (tests pass a seeded one).
+    :param adapt: ``False`` keeps the mirror alone: a local token bucket at the account's limits
+        that honours each Retry-After and never paces itself below them (what the pacing is
+        measured against: ``python -m benchmarks.sharing``).
     """
 
     def __init__(
@@ -175,8 +205,11 @@ class StartQueue:
         ceiling_per_minute: int = DOCUMENT_LIMITS.account_decision_ceiling_per_minute,
         now: float = 0.0,
         rng: random.Random | None = None,
+        *,
+        adapt: bool = True,
     ) -> None:
         self._rng = rng or random.Random()
+        self._adapt = adapt
         self._waiting: dict[Hashable, _Waiting] = {}  # insertion order: arrival order
         self._granted: dict[Hashable, tuple[_Waiting, float]] = {}  # stream → (its wait, granted at)
         #: The account's burst (starts at once).
@@ -197,6 +230,9 @@ class StartQueue:
         self.blocked_until = -math.inf
         self._recover_from = math.inf  # the rate grows from this time on
         self._quiet_from = -math.inf  # alone again QUIET_UNITS gaps after this
+        self._quiet_units = QUIET_UNITS  # BRIEF_QUIET_UNITS while sharing rests on one run of 429s
+        self._run_from = self.rate  # the rate when the current run of 429s began
+        self._hiccup = False  # the current run of 429s is a hiccup: it cuts nothing more
         self._accepted: deque[float] = deque()  # this process's accepted starts of the share window
         #: 429 ``rate_limited`` answers heard.
         self.rate_limited = 0
@@ -261,12 +297,13 @@ class StartQueue:
         """Bring the mirror, the pace and the rate to ``now``."""
         if now <= self._at:
             return
-        alone_at = self._quiet_from + QUIET_UNITS * self.unit
+        alone_at = self._quiet_from + self._quiet_units * self.unit
         if self._shared and now >= alone_at:  # no 429 for long: alone again, at the account's rate
             self._refill(alone_at)
             self._shared, self.rate, self._recover_from, self._paced = False, self.ceiling, math.inf, 1.0
             # but it shared the account lately: the next 429 means company again
             self._quiet_from, alone_at = alone_at, alone_at + QUIET_UNITS * self.unit
+            self._quiet_units = QUIET_UNITS
         if self._doubted and now >= alone_at:
             self._doubted = False
         self._refill(now)
@@ -452,17 +489,40 @@ class StartQueue:
             self._tokens -= 1  # the gateway's own retry takes the token it makes
 
     def _cut(self, delay: float, now: float) -> None:
-        """A new 429: another process spends the account, and this one slows down. The first one
-        heard alone only makes it doubt: one start slow to reach the gateway can be refused with
-        nobody else on the account (the mirror counted it when it left)."""
+        """A new 429 (one that names a new Retry-After).
+
+        Alone, the first 429 only makes it doubt: one start slow to reach the gateway can be
+        refused with nobody else on the account (the mirror counted it when it left). A second
+        one makes it shared; when both came in one run (no accepted start between them), the
+        sharing rests on that run alone and lapses after :data:`BRIEF_QUIET_UNITS` gaps without a
+        429. Shared, each 429 cuts the rate by the share-weighted third, until the run is a
+        *hiccup*: :data:`HICCUP_RUN` refusals in a row that took the rate below
+        :data:`HICCUP_KEEPS` of what it was when the run began. Then the gateway refuses every
+        start, whoever takes what: the rate goes back to what it was, and the rest of the run
+        cuts nothing (the Retry-After alone keeps the process waiting)."""
+        if not self._adapt:
+            return
+        if self.refused_in_a_row == 1:  # a run begins: what a hiccup gives back
+            share = self.share(now)
+            self._run_from = (
+                0.0 if share < HICCUP_SHARE else self.rate if self._shared else share * self.ceiling
+            )
+            self._hiccup = False
         if not self._shared and not self._doubted:
             self._doubted = True
             return
         if not self._shared:
             self._shared, self._doubted, self.rate = True, True, self.ceiling / PACE_BACKOFF
-        else:
-            weight = min(1.0, self.share(now) / SHARE_FULL) ** 2
+            self._quiet_units = QUIET_UNITS if self.refused_in_a_row == 1 else BRIEF_QUIET_UNITS
+        elif not self._hiccup:
+            weight = min(1.0, self.share(now) / SHARE_FULL)
             self.rate = max(MIN_RATE * self.ceiling, self.rate / (1 + (PACE_BACKOFF - 1) * weight))
+        if (
+            not self._hiccup
+            and self.refused_in_a_row >= HICCUP_RUN
+            and self.rate < HICCUP_KEEPS * self._run_from
+        ):
+            self._hiccup, self.rate = True, max(self.rate, self._run_from)
         if delay > 0:  # never faster than the gap the gateway named
             self.rate = min(self.rate, 1 / delay)
         self._paced = min(self._paced, 1 - self._spacing())

@@ -1,6 +1,6 @@
 """The account's decision starts as one process sees them (protocol/starts.py), on a simulated clock.
 
-The rules one at a time, then properties over a simulated account (tests/ceiling/accounts.py):
+The rules one at a time, then properties over a simulated account (benchmarks/sharing.py):
 alone, the mirror never lets a process start more than the published burst and ceiling allow (so
 the gateway never refuses it); a 429 with a Retry-After still slows it; over one to four
 processes and random lines every undecided line gets a start and none goes to a superseded
@@ -27,9 +27,10 @@ from airflow_provider_systemzero.protocol.starts import (
     PATIENCE_UNITS,
     QUIET_UNITS,
     RETRY_HEADSTART,
+    SHARE_FULL,
     StartQueue,
 )
-from tests.ceiling.accounts import Account, conforms, fair_shares
+from benchmarks.sharing import Account, conforms, fair_shares
 
 
 def _heard(burst: int = 5, ceiling_per_minute: int = 60, *, rng: random.Random) -> StartQueue:
@@ -124,6 +125,7 @@ def test_a_429_with_retry_after_still_slows_it(
     if not requeue:
         assert start >= heard + retry_after + 1.0 - 1e-9
     assert not queue.limited  # one 429 alone may be its own start, slow to reach the gateway
+    queue.accepted(start)  # another start got through: the next 429 is not the same run of them
     queue.refused("a" if requeue else "b", 2, retry_after, start + 0.01, requeue=requeue)
     assert queue.limited and queue.rate < queue.ceiling
     second = start + 0.01
@@ -154,11 +156,13 @@ def test_each_retry_after_slows_the_process_once() -> None:
 
 
 def test_a_429_cuts_a_process_by_the_share_it_takes() -> None:
-    """The process taking most of the account slows down by a third; one far below its share barely."""
+    """The process taking most of the account slows down by a third; one far below its share by
+    that part of the third (its share ÷ SHARE_FULL)."""
     big, small = _heard(5, 60, rng=random.Random(1)), _heard(5, 60, rng=random.Random(2))
     for queue in (big, small):
         queue.refused("x", 1, 1.0, 0.0)
-        queue.refused("x", 1, 1.0, 2.0)  # a second 429: shared from now on
+        queue.accepted(1.0)
+        queue.refused("x", 1, 1.0, 2.0)  # a second 429, after an accepted start: shared from now on
         queue.withdraw("x")
         assert queue.limited
     for k in range(10):
@@ -171,7 +175,23 @@ def test_a_429_cuts_a_process_by_the_share_it_takes() -> None:
     big.refused("x", 2, 0.5, 20.0, requeue=False)
     small.refused("x", 2, 0.5, 20.0, requeue=False)
     assert big.rate == pytest.approx(before / 1.5)
-    assert small.rate > before / 1.1
+    assert small.rate == pytest.approx(before / (1 + 0.5 * 0.1 / SHARE_FULL))
+
+
+def test_a_local_bucket_honours_retry_after_and_never_paces_itself() -> None:
+    """``adapt=False``, the mirror alone: a 429 holds the next start until its Retry-After is
+    over, and however many 429s come the process keeps the ceiling's pace."""
+    queue = StartQueue(5, 60, rng=random.Random(6), adapt=False)
+    queue.adopt(5, 60, 0.0)
+    now = 0.0
+    for k in range(6):
+        assert queue.request(("s", k), 1, now) or _next_start(queue, ("s", k), 1, now) >= now
+        queue.refused(("s", k), 1, 1.0, now + 0.01)
+        queue.withdraw(("s", k))
+        assert _next_start(queue, ("t", k), 1, now + 0.01) >= now + 1.01 - 1e-9
+        queue.accepted(now + 1.2)
+        now += 2.0
+    assert not queue.limited and queue.rate == queue.ceiling
 
 
 def test_429s_naming_no_delay_are_asked_again_ever_more_slowly() -> None:
@@ -397,3 +417,30 @@ def test_processes_share_the_ceiling(
     used = account.accepted(since=since) / (1500 - 100)
     assert used >= 0.9, f"the ceiling was {used:.0%} used"
     assert account.refused() <= 0.25 * account.accepted(), "a retry storm"
+
+
+# ------------------------------------------------------------------ a hiccup: every start refused a while
+
+
+def test_a_process_alone_has_its_whole_ceiling_back_right_after_a_hiccup() -> None:
+    """20 streams of one process always have a newer line; the gateway refuses every start for ten
+    seconds (each 429 naming a gap). From ten seconds after the hiccup's end the process starts at
+    90 % of the ceiling or more again, and is not refused: it never had company."""
+    account = Account(1, seed=3, hiccups=[(600.0, 610.0)])
+    account.keep_busy(20, until=700.0)
+    account.run(until=700.0)
+    assert account.refused(600.0, 610.5) >= 6  # the hiccup refused it six times or more
+    assert account.accepted(since=620.0, until=680.0) >= 0.9 * 60
+    assert account.refused(since=611.0) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_processes_sharing_the_account_take_it_back_right_after_a_hiccup(seed: int) -> None:
+    """Two busy processes share the account; the gateway refuses every start for ten seconds. From
+    ten seconds after the hiccup's end the account is used at 90 % of its ceiling or more, and each
+    process has a fair part of it: the hiccup cut neither for good."""
+    account = Account(2, seed=seed, hiccups=[(1200.0, 1210.0)])
+    account.keep_busy(4, until=1300.0)
+    account.run(until=1300.0)
+    assert account.accepted(since=1220.0, until=1280.0) >= 0.9 * 60
+    assert min(fair_shares(account, 1220.0, 1280.0)) >= 0.6

@@ -79,15 +79,30 @@ RESULTS: list[str] = []
 TRIGGERER_HEALTH_THRESHOLD = 20
 
 
-def database() -> str:
-    """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
-    chosen = os.environ.get("SZ_DEPLOYMENT_DB", "sqlite") or "sqlite"
-    if chosen not in DATABASES:
+def _chosen(variable: str, choices: Sequence[str], unset: str) -> str:
+    """The value of ``variable`` (``choices[0]`` when unset), refused unless one of ``choices``."""
+    chosen = os.environ.get(variable, choices[0]) or choices[0]
+    if chosen not in choices:
         raise ValueError(
-            f"SZ_DEPLOYMENT_DB={chosen!r} is not one of {DATABASES}: unset it for SQLite, or set "
-            "it to 'postgres'"
+            f"{variable}={chosen!r} is not one of {tuple(choices)}: unset it for {unset}, or set it to "
+            + " or ".join(repr(c) for c in choices[1:])
         )
     return chosen
+
+
+def database() -> str:
+    """The metadata database chosen with ``SZ_DEPLOYMENT_DB`` (``sqlite`` when unset)."""
+    return _chosen("SZ_DEPLOYMENT_DB", DATABASES, "SQLite")
+
+
+#: The executors the deployment runs (``SZ_DEPLOYMENT_EXECUTOR``; the LocalExecutor by default).
+EXECUTORS = ("local", "celery")
+
+
+def executor() -> str:
+    """The executor chosen with ``SZ_DEPLOYMENT_EXECUTOR`` (``local`` when unset; ``celery`` runs
+    :mod:`tests.deployment.test_celery` on PostgreSQL and Redis)."""
+    return _chosen("SZ_DEPLOYMENT_EXECUTOR", EXECUTORS, "the LocalExecutor")
 
 
 def free_port() -> int:
@@ -226,6 +241,7 @@ class Deployment:
             if self.database == "postgres":
                 self.postgres = PostgresInstance(free_port())
                 self.postgres.start()
+            self._start_services()
             self.cli("db", "migrate", timeout=300)
             if self.postgres is None:
                 # WAL: the test's read-only queries never block a component's write (persists in the file)
@@ -237,8 +253,10 @@ class Deployment:
             self._start("dag-processor", ["dag-processor"])
             for name in self.triggerer_names:
                 self.start_triggerer(name)
+            self._start_workers()
             wait_for(self._api_healthy, 90, "the api-server to answer")
             wait_for(self._dags_serialized, 120, "the deployment Dags to be parsed")
+            self._ready()
         except BaseException:
             self.stop()
             raise
@@ -248,23 +266,35 @@ class Deployment:
         self.stop()
         raise KeyboardInterrupt(f"signal {signum}")
 
-    def _start_emulator(self) -> None:
+    def _start_services(self) -> None:
+        """Services the executor needs beside the metadata DB (none for the LocalExecutor)."""
+
+    def _start_workers(self) -> None:
+        """Worker processes of the executor (the LocalExecutor's are the scheduler's children)."""
+
+    def _ready(self) -> None:
+        """What needs the running components and parsed Dags before a scenario starts."""
+
+    def emulator_options(self) -> dict[str, Any]:
+        """The emulator's accounts, decider and limits: here no account decision ceiling binds."""
         from airflow_provider_systemzero.protocol.limits import Limits
 
-        limits = Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000)
-        self.emulator_thread = EmulatorThread(
-            api_keys={MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT},
-            decider=f"rules:{self.rules}",
-            limits=limits,
-            decide_latency_ms=100,
-        )
+        return {
+            "api_keys": {MAIN_KEY: MAIN_MAX_CONCURRENT, SMALL_KEY: SMALL_MAX_CONCURRENT},
+            "decider": f"rules:{self.rules}",
+            "limits": Limits(account_decision_burst=10_000, account_decision_ceiling_per_minute=1_000_000),
+            "decide_latency_ms": 100,
+        }
+
+    def _start_emulator(self) -> None:
+        self.emulator_thread = EmulatorThread(**self.emulator_options())
         self.emulator = self.emulator_thread.__enter__()
         self.sampler = SocketSampler(self.emulator.port)
         self.sampler.start()
 
-    def _start(self, name: str, args: Sequence[str]) -> Component:
+    def _start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Component:
         component = Component(name, list(args), self.logs / f"{name}.log")
-        component.start(self.env())
+        component.start({**self.env(), **(env or {})})
         self.components[name] = component
         return component
 
@@ -409,18 +439,24 @@ Pool.create_or_update_pool(os.environ["SZ_POOL"], int(os.environ["SZ_POOL_SLOTS"
                 time.sleep(0.1)
         raise AssertionError("unreachable")
 
-    def rest(self, method: str, path: str, body: Any = None) -> Any:
-        """Call the REST API with the token the simple auth manager's all-admins mode hands out
-        (Airflow 3.3 takes a call without one; 3.1 does not)."""
-        token = getattr(self, "_api_token", None)
-        if token is None:
-            with urllib.request.urlopen(self.api + "/auth/token", timeout=30) as response:
-                token = self._api_token = json.loads(response.read())["access_token"]
+    def rest(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        """Call the REST API as the deployment's own user (``token``: as that user)."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        headers = {"Content-Type": "application/json", **self.auth_headers(token)}
         request = urllib.request.Request(self.api + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"null")
+
+    def auth_headers(self, token: str | None = None) -> dict[str, str]:
+        """The headers of a REST call as the user of ``token`` (none: the deployment's own user, whose
+        token the simple auth manager's all-admins mode hands out — Airflow 3.3 takes a call without
+        one, 3.1 does not)."""
+        if token is None:
+            token = getattr(self, "_api_token", None)
+        if token is None:
+            with urllib.request.urlopen(self.api + "/auth/token", timeout=30) as response:
+                token = self._api_token = json.loads(response.read())["access_token"]
+        return {"Authorization": f"Bearer {token}"}
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any], run_id: str | None = None) -> str:
         """Create a manual run through the REST API; returns its run ID.

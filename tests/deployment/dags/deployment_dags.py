@@ -14,18 +14,15 @@ deferral, exposed to the same race. The test accepts a retry only when the sched
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow.sdk import DAG, task
 
-from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+from tests.deployment.dag_parts import released_on_ready
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 DEFAULTS: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=2)}
@@ -119,37 +116,4 @@ with _dag("sz_deploy_failover", max_active_tasks=64):
 
 # (7) an asset watcher on a file the test writes (until then it has no content: no stream, nothing
 # billed), and the Dag its events schedule; the test kills the triggerer running the watcher
-WATCH_FILE = Path(os.environ.get("AIRFLOW_HOME", "/nonexistent")) / "watch" / "release.log"
-release = Asset(
-    name="sz_deploy_release",
-    uri="systemzero://deployment/release",
-    watchers=[
-        AssetWatcher(
-            name="sz_deploy_release_watch",
-            trigger=SystemZeroDecisionEventTrigger(
-                systemzero_conn_id="systemzero_default",
-                request={"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}},
-                condition=DecisionCondition("ready", True, min_confidence=0.8),
-                state="",
-                watch_id="deploy-release",
-                source={"type": "file", "path": str(WATCH_FILE), "poll_interval": 0.5},
-                lease_after=1.0,
-            ),
-        )
-    ],
-)
-
-with DAG(
-    "sz_deploy_on_release",
-    schedule=[release],
-    start_date=START,
-    catchup=False,
-    default_args=DEFAULTS,
-    tags=["systemzero", "deployment-test"],
-):
-
-    @task
-    def released() -> str:
-        return "released"
-
-    released()
+on_release = released_on_ready("sz_deploy", "deploy-release", "systemzero://deployment/release", DEFAULTS)
