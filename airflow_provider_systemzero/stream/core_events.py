@@ -419,7 +419,7 @@ class CoreEvents:
     def _ask(self) -> None:
         """Let the session ask for its decision start again (a new connection asks anew)."""
         if self.refused is None:
-            self._stream.session.dispatch_held = False
+            self._stream.session.retry_admission()
             self._kick()
 
     def _budget_exceeded(self, exc: BudgetExceeded) -> None:

@@ -351,10 +351,10 @@ class DecisionStream:
                 min_interval_ms=self._min_interval_ms,
                 idempotency_key=self._idempotency_key,
                 key_namespace=namespace,
+                admission=True,
             )
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
-        session.dispatch_admission = self._events.admit
         return session
 
     async def __aenter__(self) -> DecisionStream:
@@ -454,8 +454,6 @@ class DecisionStream:
         """The stream is closed: its parts let go of it (the session's admission callback, the
         observer's stream), so that reference counting frees a closed stream at once instead of
         leaving a cycle for the collector's next full pass (which visits every waiting trigger)."""
-        if self._session is not None:
-            self._session.dispatch_admission = None
         self._observations.flush()  # what it was to hear later, it hears before it lets go
         self.observer.unbind()
 

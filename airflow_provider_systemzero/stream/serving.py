@@ -485,8 +485,13 @@ class ConnectionServer:
             return
         session = self._stream.session
         now = time.monotonic()
-        if not socket.paused and (frames := session.data_to_send(now)):
-            socket.send_texts(frames)
+        if not socket.paused:
+            frames = session.data_to_send(now)
+            if (asked := session.admission_wanted) is not None:  # one dispatch a turn, one question
+                session.admit(self._events.admit(asked.message))
+                frames += session.data_to_send(now)
+            if frames:
+                socket.send_texts(frames)
         if self._life.ending or self.facts.release:
             self._close_connection(socket)
             return

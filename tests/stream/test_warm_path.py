@@ -53,19 +53,25 @@ async def held(make_emulator: EmulatorFactory, fast_backoff: Backoff) -> AsyncIt
 
 
 async def test_frames_that_leave_nothing_to_send_do_not_wake_the_writer(held: DecisionStream) -> None:
-    stream, session = held, held.session
+    stream = held
     decisions = stream.decisions()
     await decision_for(decisions, stream)
     sent = {"frames": 0, "wake_ups": 0}
-    data_to_send = session.data_to_send
+    connection = stream._connection
+    socket = connection.socket
+    assert socket is not None
+    flush, send_texts = connection.flush, socket.send_texts
 
-    def counting(now: float) -> list[str]:
-        frames = data_to_send(now)
+    def counting_turn() -> None:  # the writer's turn: a wake-up of the writer
         sent["wake_ups"] += 1
-        sent["frames"] += len(frames)
-        return frames
+        flush()
 
-    session.data_to_send = counting  # type: ignore[method-assign]
+    def counting_frames(texts: list[str]) -> None:
+        sent["frames"] += len(texts)
+        send_texts(texts)
+
+    connection.flush = counting_turn  # type: ignore[method-assign]
+    socket.send_texts = counting_frames  # type: ignore[method-assign]
     for index in range(CHANGES):
         await stream.append_text(f"line {index}\n")
         await decision_for(decisions, stream)
