@@ -1,51 +1,21 @@
-"""Where a :class:`~airflow_provider_systemzero.stream.DecisionStream` is in its life, and the one set of signals its parts wake each other with.
+"""Where a :class:`~airflow_provider_systemzero.stream.DecisionStream` is in its life, and the pulse its waits wait on.
 
-A stream is made of parts, each with its own state (:mod:`~airflow_provider_systemzero.stream.decision_stream`
-lists them). What they all read — whether the stream is entered, ready, closing, closed or failed —
-is one :class:`StreamLife`, and so is the *pulse*, the one signal that says "the stream changed:
-look again". Every other wake-up belongs to the part that sets it. This table is the complete set
-(``tests/stream/test_stream_parts.py`` checks it against the parts of an open stream):
-
-| signal (`part.attribute`) | set by | means | what happens on it |
-|---|---|---|---|
-| `StreamLife.pulse_event` | `StreamLife.pulse()`: the events of a frame were handled, a connection closed, a `kick` (a change, a `decide()`, a decision start granted), the stream failed or closed | the stream changed | every waiter looks at its condition again: entering, `wait_in_sync`, `release`, a `decide()` retry's sleep, the run loop waiting for work or for its backoff |
-| `ConnectionServer.turn_soon` | `ConnectionServer.kick()`, for what does not run in a socket callback or the caller's own task | the writer has something to look at | one writer's turn in the next loop iteration, however often it was asked |
-| `ConnectionServer.alarm` | the writer's turn, and a frame that made something due later | something falls due at a time | a writer's turn then: the earliest of the session's `next_wakeup`, the receipt deadline and the next decision-wait report |
-| `ConnectionServer.pong_turn` | a native ping received | pongs are owed | a writer's turn, at most every 1/40 s however fast pings come |
-| `DecisionDelivery.waiter` | the `decisions()` consumer (`wake_on_decision`) | it waits for what `take_decision()` returns | resolved when a decision or a failure is queued, or the stream fails or closes: the consumer is the next task to run |
-| `DecisionDelivery.intents` | `decide()`, one future per decide intent | the gateway's answer to that intent | resolved by the decision or failure that covers it, the budget's refusal, the stream's failure or close |
-| `CoreEvents.opening_turn` | the account's decision starts (`DecisionStarts`), when they grant this stream its turn | on_change: the connection whose `start` starts a decision may open | the run loop takes a slot of `max_streams_per_process` and connects; while no slot is free, the turn goes back and the stream stays first in line |
-| `GatewaySocket.lost` | the socket, once its TCP connection is gone | the connection ended | the run loop plans the next connection |
-
-The run loop has no signal of its own: it waits for work on the pulse, since a change that needs
-a connection kicks, and a kick pulses; on_change, it waits for the opening turn of the stream's
-core events before it connects.
+:class:`StreamLife` is the stream's own state, read and written by the stream alone: whether it
+is entered, ready, closing, closed or failed, its last retryable failure, and the *pulse*, the
+one signal that says "the stream changed: look again" to the stream's waits (entering,
+``wait_in_sync``, ``release``, a ``decide()`` retry's sleep). The stream pulses after it handled
+what its connection told it. Every other wake-up belongs to the part that sets it, and is
+described there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
 
-from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
-from airflow_provider_systemzero.stream.settings import StreamSettings
 
-__all__ = ["StreamLife", "StreamView"]
-
-
-class StreamView(Protocol):
-    """What a part reads of its stream: the stream's public, read-only view."""
-
-    @property
-    def settings(self) -> StreamSettings | None: ...
-
-    @property
-    def session(self) -> ClientSession: ...
-
-    @property
-    def last_error_text(self) -> str | None: ...
+__all__ = ["StreamLife"]
 
 
 class StreamLife:
@@ -57,7 +27,7 @@ class StreamLife:
     def __init__(self) -> None:
         #: The stream was entered (``DecisionStream.__aenter__``; once).
         self.entered = False
-        #: The gateway acknowledged a ``start`` (set by the core's events; entering waits for it).
+        #: The gateway acknowledged a ``start`` (set by the stream's events; entering waits for it).
         self.ready = False
         #: The stream is closing: the close goes out at the next writer's turn and the run loop
         #: stops (``close_soon``, ``aclose`` and the exit of ``async with``).
@@ -66,10 +36,10 @@ class StreamLife:
         self.closed = False
         #: The error that ended the stream (set once, by ``DecisionStream._fail``).
         self.failure: BaseException | None = None
-        #: The last retryable failure: set by the run loop when a connection ends with one and by
-        #: a failed decision; cleared by a decision (it was overcome).
+        #: The last retryable failure: set when a connection ends with one and by a failed
+        #: decision; cleared by a decision (it was overcome).
         self.last_error: BaseException | None = None
-        #: The pulse (see the module's table): replaced by a fresh event each time it fires, and
+        #: The pulse (see the module): replaced by a fresh event each time it fires, and
         #: only when someone waits (``pulse_waiting``).
         self.pulse_event: asyncio.Event | None = None
         #: Tasks waiting for the pulse now.
