@@ -31,7 +31,7 @@ import threading
 from collections import deque
 from typing import Any
 
-__all__ = ["MAX_LOOKUP_THREADS", "Address", "ResolutionTimedOut", "resolve"]
+__all__ = ["MAX_LOOKUP_THREADS", "Address", "ResolutionTimedOut", "lookups_in_flight", "resolve"]
 
 #: Threads resolving names at once, at most, in this process.
 MAX_LOOKUP_THREADS = 4
@@ -56,6 +56,13 @@ _lock = threading.Lock()
 _in_flight: dict[tuple[str, int], concurrent.futures.Future[list[Address]]] = {}
 _queued: deque[tuple[str, int]] = deque()
 _threads = 0
+
+
+def lookups_in_flight() -> int:
+    """Lookups asked for and not answered yet, running or waiting for a thread (a lookup a caller
+    gave up on runs to its end: this says when it has)."""
+    with _lock:
+        return len(_in_flight)
 
 
 def _numeric(host: str, port: int) -> list[Address] | None:

@@ -1,44 +1,30 @@
 """May this stream start a decision now? The whole rule, on the asyncio side of :mod:`~airflow_provider_systemzero.protocol.starts`.
 
 An account may start so many decisions at once and so many a minute, over all its streams and
-processes (the public document's ``account_decision_burst`` and ``account_decision_ceiling``).
-Two classes hold what a process does about it:
+processes (``account_decision_burst``, ``account_decision_ceiling``). Two classes hold what a
+process does about it:
 
-* :class:`AccountStarts` — one per account (gateway URL and API key) and event loop, shared by
-  every stream of the process that talks to that account (looked up with
-  :func:`decision_starts`): the pure :class:`~airflow_provider_systemzero.protocol.starts.StartQueue`
-  (the mirror of the account's bucket, who goes next, what a 429 changes — its rule lives there)
-  and the one timer that grants the waiting streams their turns. It holds no reference to its
-  loop, so a sync ``SystemZeroHook.decide()`` leaves its own loop to the collector.
-* :class:`StreamStarts` — one per :class:`~airflow_provider_systemzero.stream.DecisionStream`:
-  everything the stream does about its starts, asked from two places only. The stream's
-  connection takes its turn before it opens (:meth:`StreamStarts.turn`: the turn, then a slot of
-  ``max_streams_per_process``); the stream asks it before the session writes what starts a
-  decision (:meth:`StreamStarts.admit`) and tells it how each start ended
-  (:meth:`StreamStarts.ended`).
+* :class:`AccountStarts` — one per account (gateway URL and API key) and event loop, shared by the
+  process's streams to it (:func:`decision_starts`): the pure
+  :class:`~airflow_provider_systemzero.protocol.starts.StartQueue` (the mirror of the account's
+  bucket, who goes next, what a 429 changes) and the one timer that grants turns. It holds no
+  reference to its loop, so a sync ``SystemZeroHook.decide()`` leaves its loop to the collector.
+* :class:`StreamStarts` — one per stream: everything the stream does about its starts. Its
+  connection takes the stream's turn in one place before it opens (:meth:`StreamStarts.turn`);
+  the stream asks in one place before its session writes what starts a decision
+  (:meth:`StreamStarts.admit`), and says how each start ended (:meth:`StreamStarts.ended`).
 
-The rule, as :class:`StreamStarts` carries it out:
-
-* **on_change, a connection's** ``start`` **starts a decision** (unless it replays a state
-  already decided: the gateway's ledger answers that with the original reply) and cannot wait
-  once the connection is open; so the stream waits for its turn *before* the connection takes a
-  slot, and its ``start`` spends that turn. When no slot is free, the turn goes back and the
-  stream waits for a slot first in line, then for its turn again (at most the next token): a
-  token is spent when the ``start`` can go out, so the starts reach the gateway as the mirror
-  spaced them.
-* **On an open connection**, what starts a decision (on_change a mutation, on_request a
-  ``decide``) is written only when the queue lets it. A stream that waits for its turn after it
-  already had a decision on its connection *offers* its slot (:meth:`StreamCapacity.offer
-  <airflow_provider_systemzero.stream.capacity.StreamCapacity.offer>`): a stream whose turn came
-  and found no slot is first in line, so a slot kept by a stream waiting for its own turn would
-  stall every start of the process. The capacity asks one holder per waiter; an offer it asked
-  ends once the slot is free, one it did not ends when the turn comes.
-* **A 429** (another process spends the account) adapts the mirror. on_change, the gateway
-  would retry it by itself and close the stream with 1013 at the third refusal in a row: the
-  stream gives its connection back instead and opens again on its turn. on_request the queue puts
-  the stream first again and its ``decide`` is asked again without spending ``decide_retries``.
-* A change of the caller's while the stream waits makes its start about the newest state; a
-  stream stopped by its budget asks for no start again; a closed stream leaves the queue.
+The rule: on_change a connection's ``start`` starts a decision (unless it replays a state already
+decided) and cannot wait once the connection is open, so the turn comes *before* the connection
+takes a slot of ``max_streams_per_process``; with no slot free, the turn goes back and the stream
+waits for a slot first in line, then for the next token. On an open connection, what starts a
+decision waits for a turn; a stream that waits after its connection had a decision offers its slot
+to a stream waiting for one (a stream whose turn came and found no slot is first in line, so a
+slot kept by a stream waiting for its own turn would stall every start of the process). A 429 —
+another process spends the account — adapts the mirror: on_change the stream gives its connection
+back instead of letting the gateway retry (and close it with 1013 at the third refusal), and opens
+again on its turn; on_request the stream is first in line again, its ``decide`` asked again
+without spending ``decide_retries``.
 """
 
 from __future__ import annotations
@@ -374,14 +360,17 @@ class StreamStarts:
 
         :param message: what the session would write.
         """
-        if not self._starts_a_decision(message):
-            return True
         version = self._session.generation
         if isinstance(message, Start):
-            if not self._opening_counted:
-                self.account.start_sent(self, version)
-            self._opening_counted = False
+            # on_change: a start replaying a state already decided starts none (the gateway's
+            # idempotency ledger answers it with the original reply)
+            if self._start_decides():
+                if not self._opening_counted:
+                    self.account.start_sent(self, version)
+                self._opening_counted = False
             return True
+        # a mutation counts even when a decision is pending behind the one in flight: by the time
+        # it arrives, that one may have been dispatched, and the mutation makes the next
         if self.account.may_start(self, version, self._turn_came):
             return True
         if self._left:
@@ -394,16 +383,6 @@ class StreamStarts:
             # not all give their slots back for one stream waiting for a slot
             self._slot_offer = self._capacity.offer(self._slot_wanted)
         return False
-
-    def _starts_a_decision(self, message: ClientMessage) -> bool:
-        """Whether ``message`` may make the gateway start a decision, so it spends a start of the
-        account: not an on_change ``start`` replaying a state already decided (the gateway's
-        idempotency ledger answers it with the original reply). An on_change mutation counts
-        even when a decision is pending behind the one in flight: by the time it arrives, that
-        one may have been dispatched, and the mutation makes the next."""
-        if isinstance(message, Start):
-            return self._start_decides()
-        return True
 
     def _start_decides(self) -> bool:
         """on_change: whether the next ``start`` starts a decision (its state was not decided)."""
