@@ -5,17 +5,64 @@ is entered, ready, closing, closed or failed, its last retryable failure, and th
 one signal that says "the stream changed: look again" to the stream's waits (entering,
 ``wait_in_sync``, ``release``, a ``decide()`` retry's sleep). The stream pulses after it handled
 what its connection told it. Every other wake-up belongs to the part that sets it, and is
-described there.
+described there; the stream's connection waits on a :class:`Pulse` of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
 
-__all__ = ["StreamLife"]
+__all__ = ["Pulse", "StreamLife"]
+
+
+class Pulse:
+    """A signal that says "look again" to whoever waits on it now: fired while nobody waits, it
+    does nothing (no flag stays set), so a waiter always looks at its condition before it waits."""
+
+    def __init__(self) -> None:
+        #: What the waiters of now wait on (made by the first, dropped when it fires).
+        self._event: asyncio.Event | None = None
+        #: Tasks waiting now.
+        self.waiting = 0
+
+    def fire(self) -> None:
+        """Wake whoever waits now."""
+        if self.waiting and self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, seconds: float | None) -> None:
+        """Wait for the next :meth:`fire`, at most ``seconds`` (``None``: no limit).
+
+        :raises TimeoutError: it did not fire in time.
+        """
+        event = self._event
+        if event is None:
+            event = self._event = asyncio.Event()
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        finally:
+            self.waiting -= 1
+
+    async def sleep(self, seconds: float, *, until: Callable[[], bool]) -> None:
+        """Sleep ``seconds``, but end early once ``until()`` holds (looked at on each fire).
+
+        :param until: the condition that ends the sleep.
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while not until():
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await self.wait(remaining)
 
 
 class StreamLife:
@@ -39,11 +86,8 @@ class StreamLife:
         #: The last retryable failure: set when a connection ends with one and by a failed
         #: decision; cleared by a decision (it was overcome).
         self.last_error: BaseException | None = None
-        #: The pulse (see the module): replaced by a fresh event each time it fires, and
-        #: only when someone waits (``pulse_waiting``).
-        self.pulse_event: asyncio.Event | None = None
-        #: Tasks waiting for the pulse now.
-        self.pulse_waiting = 0
+        #: The pulse (see the module).
+        self._pulse = Pulse()
 
     @property
     def ending(self) -> bool:
@@ -61,37 +105,20 @@ class StreamLife:
             raise RuntimeError("use the stream inside 'async with' first")
 
     def start(self) -> None:
-        """The stream is entered: the pulse exists from now on (it needs the running loop)."""
+        """The stream is entered."""
         self.entered = True
-        self.pulse_event = asyncio.Event()
 
     def pulse(self) -> None:
         """Wake whoever waits for the stream to change; nothing is done when nobody waits."""
-        if self.pulse_waiting and self.pulse_event is not None:
-            self.pulse_event.set()
-            self.pulse_event = asyncio.Event()
+        self._pulse.fire()
 
     async def wait_pulse(self, seconds: float | None) -> None:
         """Wait for the next pulse, at most ``seconds`` (``None``: no limit).
 
         :raises TimeoutError: no pulse in time.
         """
-        assert self.pulse_event is not None
-        event = self.pulse_event
-        self.pulse_waiting += 1
-        try:
-            async with asyncio.timeout(seconds):
-                await event.wait()
-        finally:
-            self.pulse_waiting -= 1
+        await self._pulse.wait(seconds)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake early when the stream closes or fails."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while not self.ending:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await self.wait_pulse(remaining)
+        await self._pulse.sleep(seconds, until=lambda: self.ending)

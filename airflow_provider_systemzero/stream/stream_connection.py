@@ -43,9 +43,10 @@ state byte-identically. What it says about failed attempts is
 **Its wake-ups**, each held by this class: ``turn_soon`` (a writer's turn in the next loop
 iteration, however often it was asked: :meth:`~StreamConnection.kick`), ``alarm`` (the writer's
 one timer: the earliest of the session's ``next_wakeup``, the receipt deadline and the next
-report of a decision owed), ``pong_turn`` (pongs owed, at most every 1/40 s) and ``waiting`` (the
-run loop waiting for work or out its backoff, woken by :meth:`~StreamConnection.kick` and
-:meth:`~StreamConnection.close`); the socket's own ``lost`` future ends the serving.
+report of a decision owed), ``pong_turn`` (pongs owed, at most every 1/40 s) and ``wakeup`` (a
+:class:`~airflow_provider_systemzero.stream.life.Pulse`: the run loop waiting for work or out its
+backoff, woken by :meth:`~StreamConnection.kick` and :meth:`~StreamConnection.close`); the
+socket's own ``lost`` future ends the serving.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ from airflow_provider_systemzero.stream.exceptions import (
     UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
+from airflow_provider_systemzero.stream.life import Pulse
 from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, ObserverRelay
 from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.tls import TLSContexts
@@ -258,9 +260,9 @@ class StreamConnection:
         #: The stream closes or failed: the open connection closes at the writer's next turn and
         #: no other opens (set by :meth:`close` and :meth:`stop`).
         self._closing = False
-        #: The run loop's wake-up while it waits for work or out its backoff (made while it
-        #: waits; resolved by :meth:`kick` and :meth:`close`).
-        self.waiting: asyncio.Future[None] | None = None
+        #: The run loop's wake-up while it waits for work or out its backoff (fired by
+        #: :meth:`kick` and :meth:`close`).
+        self.wakeup = Pulse()
         #: The open connection, serving the session (set in :meth:`socket_opened`, cleared when it
         #: is gone); ``None`` between connections.
         self.socket: GatewaySocket | None = None
@@ -343,7 +345,7 @@ class StreamConnection:
         :param grace: seconds the close handshake may take at most (``None``: its own timeout).
         """
         self._closing = True
-        self._wake()
+        self.wakeup.fire()
         runner = self._task
         if runner is None or runner.done():
             return
@@ -384,7 +386,7 @@ class StreamConnection:
         """The stream closes or failed: the open connection closes (1000) at the writer's next turn,
         and no other opens."""
         self._closing = True
-        self._wake()
+        self.wakeup.fire()
         self._turn_soon()
 
     def give_back(self) -> None:
@@ -430,7 +432,7 @@ class StreamConnection:
                             return
                     remaining = plan.delay - (time.monotonic() - pending.failed_at)
                     if remaining > 0:
-                        await self._sleep(remaining)
+                        await self.wakeup.sleep(remaining, until=lambda: self._closing)
                         if self._closing:
                             return
                     waited = time.monotonic() - pending.failed_at
@@ -509,34 +511,9 @@ class StreamConnection:
         self.dormant = True
         try:
             while not self._closing and not (session.has_work() or self._needed):
-                await self._wait(None)
+                await self.wakeup.wait(None)
         finally:
             self.dormant = False
-
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake early when the stream closes."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while not self._closing:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                return
-            await self._wait(remaining)
-
-    async def _wait(self, seconds: float | None) -> None:
-        """Wait for :meth:`kick` or :meth:`close`, at most ``seconds`` (``None``: no limit)."""
-        waiting = self.waiting = asyncio.get_running_loop().create_future()
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await waiting
-        finally:
-            self.waiting = None
-
-    def _wake(self) -> None:
-        waiting = self.waiting
-        if waiting is not None and not waiting.done():
-            waiting.set_result(None)
 
     # ------------------------------------------------------------------ one connection
 
@@ -974,7 +951,7 @@ class StreamConnection:
         backoff) and, on an open connection, a writer's turn runs in the next loop iteration (once,
         however often it is asked): for what does not run from the caller's own task or a socket
         callback."""
-        self._wake()
+        self.wakeup.fire()
         self._turn_soon()
 
     def _turn_soon(self) -> None:
