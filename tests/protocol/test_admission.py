@@ -30,6 +30,17 @@ def _types(pair: Pair) -> list[str]:
     return [json.loads(frame)["type"] for frame in pair.client_frames]
 
 
+def _asked_about_a_change() -> tuple[ClientSession, Pair]:
+    """An on_change session whose ``start`` went out, asking about the change after it."""
+    client = _client("on_change")
+    pair = Pair(client)
+    pair.pump()
+    _answer(pair, True)
+    client.append_text("a\n")
+    pair.pump()
+    return client, pair
+
+
 def _answer(pair: Pair, admitted: bool) -> Any:
     """The adapter's turn: answer the open question, then write what the session has."""
     asked = pair.client.admission_wanted
@@ -54,12 +65,7 @@ def test_on_change_the_start_and_each_mutation_wait_for_their_answer() -> None:
 
 
 def test_a_refusal_holds_every_mutation_until_asked_again_and_the_newest_state_is_asked_about() -> None:
-    client = _client("on_change")
-    pair = Pair(client)
-    pair.pump()
-    _answer(pair, True)
-    client.append_text("a\n")
-    pair.pump()
+    client, pair = _asked_about_a_change()
     _answer(pair, False)
     assert client.admission_held and client.admission_wanted is None
     client.append_text("b\n")
@@ -95,12 +101,7 @@ def test_on_request_a_refused_decide_is_held_while_changes_still_go_out() -> Non
 
 
 def test_only_the_message_admitted_is_written_without_asking_again() -> None:
-    client = _client("on_change")
-    pair = Pair(client)
-    pair.pump()
-    _answer(pair, True)
-    client.append_text("a\n")
-    pair.pump()
+    client, pair = _asked_about_a_change()
     asked = client.admission_wanted
     assert asked is not None
     client.admit(True)

@@ -580,17 +580,16 @@ class ClientLivenessUnderAdmission(ClientLiveness):
             assert w.client.admission_wanted is None  # every question was answered in its turn
 
 
+def _machine_settings(examples: int) -> settings:
+    return settings(
+        max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", str(examples))),
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 TestClientLiveness = ClientLiveness.TestCase
-TestClientLiveness.settings = settings(
-    max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", "60")),
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestClientLiveness.settings = _machine_settings(60)
 TestClientLivenessUnderAdmission = ClientLivenessUnderAdmission.TestCase
-TestClientLivenessUnderAdmission.settings = settings(
-    max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", "40")),
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestClientLivenessUnderAdmission.settings = _machine_settings(40)
