@@ -653,7 +653,7 @@ class DecisionStream:
 
     async def _decisions(self) -> AsyncIterator[DecisionResult]:
         self._life.check_usable()
-        self._delivery.queues = True
+        self._delivery.read_from_now()
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -748,7 +748,7 @@ class DecisionStream:
                 if not event.repeated:  # a repeated one was counted and queued when it arrived
                     self._on_decision(event.result)
                 self._delivery.answer(event.intents, event.result)
-                if self._delivery.queues and not event.repeated:
+                if not event.repeated:
                     self._delivery.queue(event.result)
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
@@ -905,15 +905,14 @@ class DecisionStream:
                 server_token(error.envelope.code),
             )
             return
-        if self._delivery.queues:
-            self._delivery.queue(error)
+        self._delivery.queue(error)
 
     def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
         """The caller returned to a state whose dispatch failed for good (counted when it arrived):
         its waiters hear the failure, and ``decisions()`` does if it has not yet."""
         error = decision_error(event.error)
         self._delivery.answer(event.intents, error)
-        if event.current and self._delivery.queues:
+        if event.current:
             self._delivery.queue(error)
 
     def _budget_exceeded(self, exc: BudgetExceeded) -> None:

@@ -64,8 +64,8 @@ class DecisionDelivery:
         #: (added by :meth:`queue`, taken by :meth:`take`).
         self._queued: deque[DecisionResult | BaseException] = deque(maxlen=MAX_QUEUED_DECISIONS)
         #: Whether decisions are queued for ``decisions()``: always on_change, and from the first
-        #: ``decisions()`` call on_request (set by the stream then).
-        self.queues = decision_mode == "on_change"
+        #: ``decisions()`` call on_request (:meth:`read_from_now`).
+        self._queues = decision_mode == "on_change"
         #: The one consumer's future, resolved the moment there is something to take (set by
         #: :meth:`wait`, resolved and cleared by :meth:`ready`).
         self.waiter: asyncio.Future[Any] | None = None
@@ -89,6 +89,11 @@ class DecisionDelivery:
         self.intents.pop(intent, None)
 
     # ------------------------------------------------------------------ decisions()
+
+    def read_from_now(self) -> None:
+        """``decisions()`` is read from now on: what arrives is queued for it (on_request; on_change
+        it always is)."""
+        self._queues = True
 
     def take(self) -> DecisionResult | BaseException | None:
         """The oldest decision (or error ending a state's wait) not taken yet, or ``None``."""
@@ -128,12 +133,14 @@ class DecisionDelivery:
                 future.set_result(outcome)
 
     def queue(self, outcome: DecisionResult | BaseException) -> None:
-        """Hand a decision, or the error that ends the state's wait, to ``decisions()``.
+        """Hand a decision, or the error that ends the state's wait, to ``decisions()`` (when it is
+        read: see :meth:`read_from_now`).
 
         :param outcome: the decision or the error.
         """
-        self._queued.append(outcome)
-        self.ready()
+        if self._queues:
+            self._queued.append(outcome)
+            self.ready()
 
     def refuse_all(self, exc: BaseException) -> list[int]:
         """Nothing was sent for the ``decide()`` calls waiting (the budget refused): each hears
