@@ -17,7 +17,12 @@ A connection goes through the phases of :class:`Phase`; the legal moves are the 
   the messages to write now, paced under the gateway's event and message buckets so that fast
   local changes coalesce into the next mutation instead of being rejected;
 * :meth:`~ClientSession.recycle_due`: the session wants the connection closed and the state
-  replayed on a new one (a decide failure the gateway will not retry on this connection).
+  replayed on a new one (a decide failure the gateway will not retry on this connection);
+* :attr:`~ClientSession.admission_wanted` (a session made with ``admission=True``): before it
+  writes what can start a dispatch at the gateway, the session stops and asks (an
+  :class:`~.client_events.AdmissionWanted`); the adapter answers :meth:`~ClientSession.admit`
+  and, when a refusal no longer holds, :meth:`~ClientSession.retry_admission` — as h11 hands its
+  caller an event to act on rather than calling out.
 
 One function, :meth:`~ClientSession._wanted`, answers "what would be sent next, and from when";
 ``outgoing`` sends it when its time has come and ``next_wakeup`` reports that time, so the two
@@ -41,11 +46,12 @@ from a namespace and the hash of the decide body so the same state always carrie
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_systemzero.protocol.client_events import (
     Acknowledged,
+    AdmissionWanted,
     ClientEvent,
     DecisionFailedEvent,
     DecisionReceived,
@@ -85,6 +91,7 @@ from airflow_provider_systemzero.protocol.validation import (
 __all__ = [
     "TRANSITIONS",
     "Acknowledged",
+    "AdmissionWanted",
     "ClientEvent",
     "ClientSession",
     "DecisionFailedEvent",
@@ -114,6 +121,9 @@ class ClientSession(SessionInput):
         :func:`derive_state_key` of its resulting body (the request must then name its
         ``prompt_cache_key``).
     :param limits: limits to assume before ``hello`` (the public document's by default).
+    :param admission: ask before writing what can start a dispatch at the gateway (on_change every
+        mutation, ``start`` included; on_request a ``decide``): the session stops there and says
+        so in :attr:`admission_wanted` until :meth:`admit` answers. ``False``: everything is written.
     """
 
     def __init__(
@@ -127,6 +137,7 @@ class ClientSession(SessionInput):
         idempotency_key: str | None = None,
         key_namespace: str | None = None,
         limits: Limits | None = None,
+        admission: bool = False,
     ) -> None:
         request.validate()
         if key_namespace is not None and request.prompt_cache_key is None:
@@ -166,13 +177,17 @@ class ClientSession(SessionInput):
         #: its arrival; it outlives the connection.
         self.retry_not_before = 0.0
         self._stream_failure: Error | None = None
-        #: Asked before writing a message that can start a dispatch at the gateway (on_change: every
-        #: mutation, ``start`` included; on_request: ``decide``); returning ``False`` holds it and
-        #: everything after it (see :attr:`dispatch_held`). ``None``: nothing is held.
-        self.dispatch_admission: Callable[[ClientMessage], bool] | None = None
-        #: Whether admission was refused: on_change then sends no more mutations; on_request no more
-        #: ``decide`` until the waiting intents are gone.
-        self.dispatch_held = False
+        #: Whether a message that can start a dispatch waits for the adapter's answer (the parameter).
+        self.admission = admission
+        #: The message the session asked about and waits for :meth:`admit` to answer (set by
+        #: :meth:`outgoing`; cleared by the answer and by the connection's end).
+        self._asking: ClientMessage | None = None
+        #: The message :meth:`admit` let through, written by the next :meth:`outgoing` that plans it
+        #: (cleared then, and by the connection's end).
+        self._admitted: ClientMessage | None = None
+        #: A refusal holds: on_change no mutation is written, on_request no ``decide``, until
+        #: :meth:`retry_admission` (or, on_request, until no intent waits: :meth:`cancel_intent`).
+        self._held = False
         self.desired.accept(
             self.desired.with_state(state, tuple(attachments)),
             idempotency_key,
@@ -351,13 +366,54 @@ class ClientSession(SessionInput):
         may be asked again (admission is decided anew)."""
         self.outcomes.cancel(intent_id)
         if not self.outcomes.intents and self.decision_mode == "on_request":
-            self.dispatch_held = False
+            self._held = False
+
+    # ------------------------------------------------------------------ admission
+
+    @property
+    def admission_wanted(self) -> AdmissionWanted | None:
+        """The session's open question, if it asked one: it would write this message, which can
+        start a dispatch, and writes nothing more until :meth:`admit` answers."""
+        asking = self._asking
+        return None if asking is None else AdmissionWanted(asking)
+
+    @property
+    def admission_held(self) -> bool:
+        """Whether the last answer was a refusal that still holds (see :meth:`retry_admission`)."""
+        return self._held
+
+    def admit(self, admitted: bool) -> None:
+        """Answer :attr:`admission_wanted`.
+
+        :param admitted: ``True``: the message is written by the next :meth:`outgoing` (and what
+            follows it); ``False``: it is held — on_change no mutation is written, on_request no
+            ``decide`` (mutations still are) — until :meth:`retry_admission`.
+        :raises RuntimeError: no question is open (a bug of the adapter).
+        """
+        asking, self._asking = self._asking, None
+        if asking is None:
+            raise RuntimeError(
+                "admit() answers the session's open question (admission_wanted), and none is open"
+            )
+        if admitted:
+            self._admitted = asking
+        else:
+            self._held = True
+
+    def retry_admission(self) -> None:
+        """A refusal no longer holds (the caller's reason for it changed): the next message that
+        can start a dispatch is asked about again."""
+        self._held = False
 
     def _may_dispatch(self, message: ClientMessage) -> bool:
-        admit = self.dispatch_admission
-        if admit is None or admit(message):
+        """Whether ``message`` may be written now: without admission, always; else once the
+        adapter admitted this very message (a newer plan is asked about anew)."""
+        if not self.admission:
             return True
-        self.dispatch_held = True
+        if self._admitted is not None and self._admitted == message:
+            self._admitted = None
+            return True
+        self._asking = message
         return False
 
     @property
@@ -422,8 +478,10 @@ class ClientSession(SessionInput):
         self.server_delay_ms = None
 
     def connection_lost(self) -> None:
-        """The connection ended; everything not acknowledged stays desired and is replayed."""
+        """The connection ended; everything not acknowledged stays desired and is replayed (a
+        question about admission is dropped with it: the next connection asks its own)."""
         self._conn = None
+        self._asking = self._admitted = None
         if self.phase is not Phase.FAILED:
             self._move(Phase.DISCONNECTED)
 
@@ -478,7 +536,7 @@ class ClientSession(SessionInput):
         on_change = self.decision_mode == "on_change"
         decide_possible = (
             not on_change
-            and not self.dispatch_held
+            and not self._held
             and conn.decide_outstanding is None
             and self.phase is Phase.STREAMING
             and conn.blocked_until != math.inf
@@ -494,7 +552,7 @@ class ClientSession(SessionInput):
             # asked about. The decide goes before the next change, or a caller who keeps
             # changing the state faster than a round trip would never have it sent.
             return Decide(conn.acked_version), False
-        if not (on_change and self.dispatch_held):
+        if not (on_change and self._held):
             mutation = self._plan(conn)
             if mutation is not None:
                 return mutation, True

@@ -4,6 +4,11 @@
 returns them for each server frame; a caller change that settles something at once (a change back
 to the acknowledged state) returns them too. The adapter acts on each: it resolves waiters,
 counts usage and logs.
+
+One event asks for an answer: :class:`AdmissionWanted` (from
+:attr:`ClientSession.admission_wanted <airflow_provider_systemzero.protocol.client.ClientSession.admission_wanted>`),
+the session's question before it writes what can start a dispatch, which the adapter answers with
+:meth:`ClientSession.admit <airflow_provider_systemzero.protocol.client.ClientSession.admit>`.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from airflow_provider_systemzero.protocol.messages import Ack, Error, Goodbye, Hello
+from airflow_provider_systemzero.protocol.messages import Ack, ClientMessage, Error, Goodbye, Hello
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 
 __all__ = [
     "Acknowledged",
+    "AdmissionWanted",
     "ClientEvent",
     "DecisionFailedEvent",
     "DecisionReceived",
@@ -119,6 +125,22 @@ class DecisionRepeated:
     state_version: int
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionWanted:
+    """The session would write ``message``, which can start a dispatch at the gateway (on_change
+    every mutation, ``start`` included; on_request a ``decide``), and waits for the adapter's
+    answer before it writes it or anything after it: :meth:`ClientSession.admit
+    <airflow_provider_systemzero.protocol.client.ClientSession.admit>` (``True``: written at the
+    next :meth:`~airflow_provider_systemzero.protocol.client.ClientSession.outgoing`; ``False``:
+    held until the adapter asks it again with :meth:`~airflow_provider_systemzero.protocol.client.ClientSession.retry_admission`).
+
+    Asked only of a session made with ``admission=True``; the adapter answers in the turn it was
+    asked (what it answers with — the account's decision starts, a budget — is the adapter's).
+    """
+
+    message: ClientMessage
+
+
 ClientEvent: TypeAlias = (
     HelloReceived
     | Acknowledged
@@ -129,4 +151,5 @@ ClientEvent: TypeAlias = (
     | ServerError
     | StreamFailed
     | GoodbyeReceived
+    | AdmissionWanted
 )

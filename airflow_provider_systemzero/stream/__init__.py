@@ -4,14 +4,15 @@
 * :class:`StreamSettings` — where and how to connect (the API key is never shown or serialised);
 * :class:`StreamCapacity` — the process-wide cap of open streams; :class:`Backoff` — reconnect delays;
 * the modules by job: :mod:`.settings`, :mod:`.request` (the request and its cache key),
-  :mod:`.connection` (the upgrade, refusals, :func:`probe`), :mod:`.decision_stream` (the stream's
-  public API, and the parts it owns), :mod:`.life` (where a stream is in its life, and every signal
-  its parts wake each other with), :mod:`.delivery` (``decide()`` and ``decisions()``),
-  :mod:`.run_loop` (its reconnect loop), :mod:`.serving` (one connection served),
-  :mod:`.core_events` (what the core's events do), :mod:`.accounting` (what a stream's dispatches
-  cost the budget), :mod:`.diagnosis` (which failures are the network's, in words to act on), :mod:`.gateway_socket` (the WebSocket on its transport; what it reads of
-  websockets' and asyncio's undocumented state is in
-  :mod:`airflow_provider_systemzero.dependency_internals`);
+  :mod:`.decision_stream` (the stream: its public API, and what every event means for the caller),
+  :mod:`.stream_connection` (its connection: the socket, the writer, the reconnect loop),
+  :mod:`.connection` (opening one: the upgrade, proxies, refusals, :func:`probe`),
+  :mod:`.starts` (may the stream start a decision now, under the account's ceiling),
+  :mod:`.delivery` (what ``decide()`` and ``decisions()`` wait for), :mod:`.accounting` (what a
+  stream's dispatches cost the budget), :mod:`.life` (where a stream is in its life),
+  :mod:`.diagnosis` (which failures are the network's, in words to act on), :mod:`.gateway_socket`
+  (the WebSocket on its transport; what it reads of websockets' and asyncio's undocumented state
+  is in :mod:`airflow_provider_systemzero.dependency_internals`);
 * :mod:`.exceptions` — the error tree rooted at :class:`SystemZeroError`.
 """
 

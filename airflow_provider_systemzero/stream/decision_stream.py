@@ -1,23 +1,26 @@
-"""The resilient asyncio client of a System Zero stream: a thin I/O adapter over the sans-I/O core.
+"""The resilient asyncio client of a System Zero stream: the session that decides, over the connection that does the I/O.
 
-:class:`DecisionStream` owns one :class:`~airflow_provider_systemzero.protocol.client.ClientSession`
-(the desired state, pacing, replay, decide intents — every protocol rule lives there); this module
-is its public API: construction, the read-only view, entering and closing, changes and decisions.
-The stream owns its parts, each a class with its own state, documented where it is declared:
+:class:`DecisionStream` is a tree, as httpcore's pool is over its connections and websockets'
+connection over its protocol::
 
-| part | module | what it holds |
-|---|---|---|
-| ``_life`` | :class:`~airflow_provider_systemzero.stream.life.StreamLife` | entered, ready, closing, closed, failed; the pulse every waiter waits on |
-| ``_delivery`` | :class:`~airflow_provider_systemzero.stream.delivery.DecisionDelivery` | the ``decide()`` futures, the ``decisions()`` queue and its waiter |
-| ``_accounting`` | :class:`~airflow_provider_systemzero.stream.accounting.DispatchAccounting` | what the gateway may still dispatch, against the budget |
-| ``_events`` | :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents` | what the core's events do; the acknowledged version; the budget's refusal; the connection's facts; the turn under the account's decision ceiling |
-| ``_connection`` | :class:`~airflow_provider_systemzero.stream.serving.ConnectionServer` | the open socket, the writer's timers, why the connection ends |
-| ``_loop`` | :class:`~airflow_provider_systemzero.stream.run_loop.RunLoop` | the task that connects and reconnects, the reconnects made, dormancy |
-| ``_observations`` | :class:`~airflow_provider_systemzero.stream.observer.ObserverRelay` | what the observer hears, in order |
+    DecisionStream        the public API, and what every event means for the caller
+    ├── ClientSession     the sans-I/O core: desired state, pacing, replay, decide intents
+    ├── StreamLife        entered, ready, closing, closed, failed; the pulse the stream's waits wait on
+    ├── DecisionDelivery  the decide() futures, the decisions() queue and its one waiter
+    ├── DispatchAccounting  what the dispatches cost the budget
+    ├── StreamStarts      may the stream start a decision now (the account's ceiling)
+    ├── ObserverRelay     what the observer hears, in order
+    └── StreamConnection  the socket, the writer, the task that connects and reconnects
 
-The parts reach the stream only through its public view (``settings``, ``session``,
-``last_error_text``) and each other through the methods named in their constructors; the signals
-they wake each other with are the table of :mod:`~airflow_provider_systemzero.stream.life`.
+The stream decides; its parts hold state and do what they are told. The connection drives the
+session's I/O side and hands everything else up through one entry, ``DecisionStream._handle``
+(given to :meth:`StreamConnection.start
+<airflow_provider_systemzero.stream.stream_connection.StreamConnection.start>`): the session's
+events of each frame, the session's question before a dispatch
+(:class:`~airflow_provider_systemzero.protocol.client_events.AdmissionWanted`, answered here with
+the account's decision starts and the budget), and the connection's own end. No part holds the
+stream but the connection, and only while its loop runs: a closed stream is freed by reference
+counting.
 
 No Airflow imports here: the benchmarks and the emulator tests use this module directly.
 """
@@ -28,44 +31,67 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from airflow_provider_systemzero.decisions.budget import (
+    BudgetExceeded,
     DecisionBudget,
     Usage,
     connection_window,
 )
 from airflow_provider_systemzero.protocol import keys
 from airflow_provider_systemzero.protocol.client import ClientSession
-from airflow_provider_systemzero.protocol.client_events import ClientEvent
+from airflow_provider_systemzero.protocol.client_events import (
+    Acknowledged,
+    AdmissionWanted,
+    ClientEvent,
+    DecisionFailedEvent,
+    DecisionReceived,
+    DecisionRepeated,
+    HelloReceived,
+    MutationRejected,
+    ServerError,
+    StreamFailed,
+)
+from airflow_provider_systemzero.protocol.client_input import DECIDE_REFUSALS
 from airflow_provider_systemzero.protocol.errors import LocalProtocolError
-from airflow_provider_systemzero.protocol.messages import Attachment, StreamRequest
+from airflow_provider_systemzero.protocol.messages import Attachment, ClientMessage, Hello, StreamRequest
+from airflow_provider_systemzero.protocol.reconnect import DecideRetry, classify_decide_failure
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
 from airflow_provider_systemzero.stream.capacity import Backoff, StreamCapacity, default_capacity
-from airflow_provider_systemzero.stream.core_events import CoreEvents
-from airflow_provider_systemzero.stream.delivery import DecisionDelivery
+from airflow_provider_systemzero.stream.delivery import DecisionDelivery, decision_error
 from airflow_provider_systemzero.stream.exceptions import (
     DeadlineExceeded,
+    DecisionFailed,
     StreamClosed,
+    StreamRejected,
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.life import StreamLife
 from airflow_provider_systemzero.stream.observer import ObserverRelay, StreamObserver
 from airflow_provider_systemzero.stream.request import build_request
-from airflow_provider_systemzero.stream.run_loop import Reconnect, RunLoop
-from airflow_provider_systemzero.stream.serving import ConnectionServer
 from airflow_provider_systemzero.stream.settings import StreamSettings
-from airflow_provider_systemzero.stream.starts import DecisionStarts, decision_starts
+from airflow_provider_systemzero.stream.starts import AccountStarts, StreamStarts, decision_starts
+from airflow_provider_systemzero.stream.stream_connection import (
+    ConnectionFailed,
+    ConnectionLost,
+    ConnectionStopped,
+    Reconnect,
+    StreamConnection,
+    StreamEvent,
+)
 from airflow_provider_systemzero.stream.tls import load_tls
+from airflow_provider_systemzero.stream.untrusted import server_text, server_token
 
 __all__ = ["DecisionResult", "DecisionStream", "Reconnect"]
 
 log = logging.getLogger(__name__)
 
 _Source: TypeAlias = StreamSettings | Callable[[], Awaitable[StreamSettings]]
+#: 409 ``idempotency_conflict`` answers waited out by one ``decide()`` (the original call is still running).
+_MAX_CONFLICT_RETRIES = 600
 
 
 class DecisionStream:
@@ -127,10 +153,10 @@ class DecisionStream:
         capacity: StreamCapacity | None = None,
         budget: DecisionBudget | None = None,
         observer: StreamObserver | None = None,
-        starts: DecisionStarts | None = None,
+        starts: AccountStarts | None = None,
     ) -> None:
-        #: The account's decision starts (given, or looked up on entering).
-        self._starts = starts
+        #: The account's decision starts shared in this process (given, or looked up on entering).
+        self._account = starts
         #: The settings, or the resolver that gives them on entering.
         self._source = settings
         #: The resolved settings (``None`` until a resolver gave them).
@@ -145,6 +171,8 @@ class DecisionStream:
         self._key_namespace = key_namespace
         self._identity = identity
         self._open_deadline = open_deadline
+        self._decide_retries = decide_retries
+        self._reached = reached
         #: The reconnect backoff (also the delays between ``decide()`` retries).
         self.backoff = backoff or Backoff()
         #: The stream cap this stream holds a slot of while connected.
@@ -156,20 +184,8 @@ class DecisionStream:
         self.observer = observer or StreamObserver()
         #: The sans-I/O session (built with the settings: at once, or on entering).
         self._session: ClientSession | None = None
-        # The parts (see the module's table), each with its own state. They hold the stream weakly
-        # (its running loop's task holds it while it runs), so that a closed stream leaves no
-        # reference cycle and is freed by reference counting, not by the collector's next pass.
-        me = weakref.proxy(self)
-
-        def kick() -> None:
-            me._kick()
-
-        def fail(exc: BaseException) -> None:
-            me._fail(exc)
-
-        def wake_all() -> None:
-            me._wake_all()
-
+        # The parts (see the module), each with its own state; none holds the stream (the
+        # connection holds its entry, `_handle`, only while its loop runs).
         #: entered, ready, closing, closed, failed; the pulse
         self._life = StreamLife()
         #: what the observer hears, in order
@@ -177,44 +193,15 @@ class DecisionStream:
         #: what the dispatches cost the budget
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
         #: the decide() futures, the decisions() queue and its waiter
-        self._delivery = DecisionDelivery(
-            me,
-            self._life,
-            kick,
-            decision_mode=decision_mode,
-            decide_retries=decide_retries,
-            backoff=self.backoff,
-        )
-        #: what the core's events do; the acknowledged version; the connection's facts
-        self._events = CoreEvents(
-            me,
-            weakref.ref(self),
-            self._life,
-            self._delivery,
-            self._accounting,
-            self._observations,
-            self.capacity,
-            fail=fail,
-            kick=kick,
-            decision_mode=decision_mode,
-        )
-        #: the open socket, the writer and its timers, why a connection ends
-        self._connection = ConnectionServer(
-            me, self._life, self._events, self._accounting, self._observations
-        )
-        #: the task that connects and reconnects; the reconnects made; dormancy
-        self._loop = RunLoop(
-            me,
-            self._life,
-            self._connection,
-            self._events,
-            self._observations,
-            self.capacity,
-            self.backoff,
-            fail=fail,
-            wake_all=wake_all,
-            reached=reached,
-        )
+        self._delivery = DecisionDelivery(decision_mode)
+        #: may the stream start a decision now (made on entering, with the account's starts)
+        self._starts: StreamStarts | None = None
+        #: the socket, the writer, the task that connects and reconnects (made on entering)
+        self._connection: StreamConnection | None = None
+        #: The latest state version the gateway acknowledged (numbering restarts per connection).
+        self._state_version = 0
+        #: What the budget refused, holding this stream (set once, by :meth:`_budget_exceeded`).
+        self._refused: BudgetExceeded | None = None
         if self._settings is not None:
             self._session = self._build_session(self._settings)
         with contextlib.suppress(Exception):
@@ -263,7 +250,7 @@ class DecisionStream:
     @property
     def state_version(self) -> int:
         """The latest version the gateway acknowledged (numbering restarts on every connection)."""
-        return self._events.state_version
+        return self._state_version
 
     @property
     def last_decision(self) -> DecisionResult | None:
@@ -278,13 +265,25 @@ class DecisionStream:
     @property
     def connected(self) -> bool:
         """Whether a WebSocket connection is open now."""
-        return self._connection.socket is not None
+        return self._connection is not None and self._connection.open
 
     @property
     def dormant(self) -> bool:
         """Whether the stream is disconnected on purpose, waiting for work (after :meth:`release`
         or an ``idle_timeout`` / ``max_duration`` goodbye)."""
-        return self._loop.dormant
+        return self._connection is not None and self._connection.dormant
+
+    @property
+    def waiting_for_turn(self) -> bool:
+        """Whether a decision start of the stream waits for its turn under the account's decision
+        ceiling (see :mod:`~airflow_provider_systemzero.stream.starts`)."""
+        return self._starts is not None and self._starts.waiting
+
+    @property
+    def connection(self) -> StreamConnection | None:
+        """The stream's connection (advanced use and tests): its socket while one is open, its
+        writer's turn; ``None`` before entering."""
+        return self._connection
 
     @property
     def in_sync(self) -> bool:
@@ -308,7 +307,7 @@ class DecisionStream:
     def last_error_text(self) -> str | None:
         """The last retryable failure, with its cause and fix (``None`` if there was none)."""
         last_error = self._life.last_error
-        network = self._loop.network
+        network = self._connection.network if self._connection is not None else None
         if network is None:
             return None if last_error is None else str(last_error)
         return network.describe(last_error)
@@ -316,7 +315,7 @@ class DecisionStream:
     @property
     def reconnects(self) -> list[Reconnect]:
         """Every reconnect so far, in order."""
-        return self._loop.reconnects
+        return self._connection.reconnects if self._connection is not None else []
 
     @property
     def decision_mode(self) -> str:
@@ -351,10 +350,10 @@ class DecisionStream:
                 min_interval_ms=self._min_interval_ms,
                 idempotency_key=self._idempotency_key,
                 key_namespace=namespace,
+                admission=True,
             )
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
-        session.dispatch_admission = self._events.admit
         return session
 
     async def __aenter__(self) -> DecisionStream:
@@ -373,11 +372,11 @@ class DecisionStream:
                 self._settings = settings
             if self._session is None:
                 self._session = self._build_session(self._settings)
-            settings = self._settings
-            self._starts = self._starts or decision_starts(settings.url, settings.api_key)
-            self._events.starts = self._starts
-            self._events.origin = settings.url
-            self._delivery.shares_starts = True
+            settings, session = self._settings, self._session
+            self._account = self._account or decision_starts(settings.url, settings.api_key)
+            self._starts = StreamStarts(
+                self._account, session, self.capacity, origin=settings.url, decision_mode=self._decision_mode
+            )
             self.budget.attach_window(
                 connection_window(
                     settings.conn_id or settings.url,
@@ -385,9 +384,18 @@ class DecisionStream:
                     settings.budget_input_tokens_per_hour,
                 )
             )
-            # refused here, before any connect
-            self._connection.tls = await asyncio.to_thread(load_tls, settings)
-            self._loop.start(self, f"systemzero-stream-{id(self):x}")
+            tls = await asyncio.to_thread(load_tls, settings)  # refused here, before any connect
+            self._connection = StreamConnection(
+                session,
+                settings,
+                tls,
+                self._starts.turn,
+                self._accounting,
+                self._observations,
+                backoff=self.backoff,
+                reached=self._reached,
+            )
+            self._connection.start(self._handle, f"systemzero-stream-{id(self):x}")
             await self._wait_until(
                 lambda: self._life.ready,
                 self._open_deadline,
@@ -429,7 +437,10 @@ class DecisionStream:
         if life.closing or life.closed or not life.entered:
             return
         life.closing = True
-        self._connection.turn_now()  # the close frame goes out now
+        connection = self._connection
+        if connection is not None:
+            connection.close()
+            connection.turn_now()  # the close frame goes out now
 
     async def release(self) -> None:
         """Close the connection (1000) but keep the stream; it reconnects when there is work.
@@ -439,23 +450,20 @@ class DecisionStream:
         """
         self._life.check_usable()
         connection = self._connection
-        ws = connection.socket
-        if ws is None:
+        ws = connection.socket if connection is not None else None
+        if connection is None or ws is None:
             return
-        # The release is about this connection only (its facts): when it ends for another reason
-        # first (a drop, a goodbye) or before its start was acknowledged, the next one starts afresh.
-        connection.facts.release = True
-        self._kick()
+        # The release is about this connection only: when it ends for another reason first (a
+        # drop, a goodbye) or before its start was acknowledged, the next one starts afresh.
+        connection.give_back()
         await self._wait_until(
             lambda: connection.socket is not ws, connection.close_timeout() + 1, lambda: "release timed out"
         )
 
     def _unlink(self) -> None:
-        """The stream is closed: its parts let go of it (the session's admission callback, the
-        observer's stream), so that reference counting frees a closed stream at once instead of
-        leaving a cycle for the collector's next full pass (which visits every waiting trigger)."""
-        if self._session is not None:
-            self._session.dispatch_admission = None
+        """The stream is closed: the observer lets go of it, so that reference counting frees a
+        closed stream at once instead of leaving a cycle for the collector's next full pass
+        (which visits every waiting trigger)."""
         self._observations.flush()  # what it was to hear later, it hears before it lets go
         self.observer.unbind()
 
@@ -472,9 +480,12 @@ class DecisionStream:
         except LocalProtocolError as exc:
             raise SystemZeroValidationError.from_local(exc) from None
         if events:
-            self._events.dispatch(events)
-        self._events.changed()  # waiting for its start: the start is for this state
-        self._connection.turn_now()  # from the caller's task: one loop turn less between a change and the wire
+            self._handle(events)
+        if self._starts is not None:
+            self._starts.changed()  # waiting for its start: the start is for this state
+        if self._connection is not None:
+            # from the caller's task: one loop turn less between a change and the wire
+            self._connection.turn_now()
         await asyncio.sleep(0)
 
     async def append_text(self, text: str, *, idempotency_key: str | None = None) -> None:
@@ -547,17 +558,13 @@ class DecisionStream:
         self._life.check_usable()
         # a stream left disconnected with nothing to do (everything acknowledged and decided, or
         # given back) reconnects for this caller: being in sync needs an open connection
-        loop = self._loop
-        loop.sync_waiters += 1
-        self._kick()
-        try:
+        connection = self._connection
+        with connection.needed() if connection is not None else contextlib.nullcontext():
             await self._wait_until(
                 lambda: self.in_sync,
                 timeout,
                 lambda: f"the gateway did not acknowledge the desired state within {timeout} s",
             )
-        finally:
-            loop.sync_waiters -= 1
 
     # ------------------------------------------------------------------ decisions
 
@@ -576,7 +583,64 @@ class DecisionStream:
         :raises DecisionFailed: a non-retryable failure, or retries exhausted.
         :raises DeadlineExceeded: no decision in time.
         """
-        return await self._delivery.decide(timeout)
+        life = self._life
+        life.check_usable()
+        session = self.session
+        if self._decision_mode == "on_change":
+            if session.current_decision is not None:
+                return session.current_decision  # already decided: on_change dispatches nothing new for it
+            if session.current_failure is not None:
+                # the gateway will not dispatch this state again: its final failure is the answer
+                raise decision_error(session.current_failure)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        failures = conflicts = 0
+        while True:
+            intent = session.request_decision()
+            future = self._delivery.expect(intent)
+            self._kick()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await future
+            except DecisionFailed as exc:
+                if self._starts is not None and self._starts.asks_again(exc.http_status):
+                    continue  # asked again: the account's queue waits out the Retry-After, once
+                conflict = exc.http_status == 409 and exc.envelope.code == "idempotency_conflict"
+                if conflict:
+                    # the same state's call still runs (a decide re-sent after a reconnect): it will
+                    # finish, so wait for it without spending the retry budget
+                    conflicts += 1
+                else:
+                    failures += 1
+                if not exc.retryable or failures > self._decide_retries or conflicts > _MAX_CONFLICT_RETRIES:
+                    raise
+                server = exc.retry.retry_after_ms / 1000 if exc.retry.retry_after_ms is not None else None
+                delay = self.backoff.delay(0 if conflict else failures - 1, server)
+                if deadline is not None and loop.time() + delay >= deadline:
+                    raise DeadlineExceeded(
+                        f"no decision within {round(timeout, 1):g} s (the server asked to wait "
+                        f"{delay:.3f} s before retrying)",
+                        last_error=exc,
+                    ) from exc
+                log.info(
+                    "decision failed with HTTP %s (%s); retrying in %.3f s",
+                    exc.http_status,
+                    server_token(exc.envelope.code),
+                    delay,
+                )
+                await life.sleep(delay)
+                life.check_usable()
+            except TimeoutError:
+                if life.failure is not None:
+                    raise life.failure from None
+                raise DeadlineExceeded(
+                    f"no decision within {round(timeout, 1):g} s",
+                    last_error=life.last_error,
+                    detail=self.last_error_text,
+                ) from None
+            finally:
+                self._delivery.forget(intent)
+                session.cancel_intent(intent)
 
     def decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions as they arrive (on_change), in order; ends when the stream closes.
@@ -585,7 +649,26 @@ class DecisionStream:
 
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
         """
-        return self._delivery.decisions()
+        return self._decisions()
+
+    async def _decisions(self) -> AsyncIterator[DecisionResult]:
+        self._life.check_usable()
+        self._delivery.read_from_now()
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                decision = self.take_decision()
+            except StreamClosed:
+                if self._life.failure is None:
+                    return
+                raise
+            if decision is not None:
+                yield decision
+                continue
+            # woken by a queued decision, a failure or the end, not by every frame
+            waiter = loop.create_future()
+            self.wake_on_decision(waiter)
+            await waiter
 
     def take_decision(self) -> DecisionResult | None:
         """The oldest on_change decision not taken yet, or ``None`` when there is none now.
@@ -596,7 +679,17 @@ class DecisionStream:
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it (in order).
         :raises StreamClosed: the stream closed (or the error that ended it).
         """
-        return self._delivery.take_decision()
+        item = self._delivery.take()
+        if item is not None:
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        life = self._life
+        if life.failure is not None:
+            raise life.failure
+        if life.closed:
+            raise StreamClosed(None, "closed", message="the stream closed: no further decision")
+        return None
 
     def wake_on_decision(self, waiter: asyncio.Future[Any]) -> None:
         """Resolve ``waiter`` (with ``None``) the moment :meth:`take_decision` has something new:
@@ -608,7 +701,8 @@ class DecisionStream:
 
         :param waiter: a future of the running loop.
         """
-        self._delivery.wake_on_decision(waiter)
+        life = self._life
+        self._delivery.wait(waiter, ended=life.failure is not None or life.closed)
 
     def settle_usage(self) -> None:
         """Count a dispatch the gateway may still make for this connection as one unconfirmed
@@ -616,14 +710,249 @@ class DecisionStream:
         stream spent before it closes the stream (a trigger's event goes out before its cleanup).
         Once the connection ends, nothing is counted twice, and a decision that still arrives
         takes the unconfirmed one's place."""
-        self._events.settle_usage()
+        if self._accounting.settle():
+            _said_unconfirmed("the stream's usage was reported")
+
+    # ------------------------------------------------------------------ what the connection tells
+
+    def _handle(self, events: Sequence[StreamEvent]) -> None:
+        """The stream's one entry for what its connection tells it, and for the events of a change
+        of the caller's that settles something at once; then the stream pulses.
+
+        * the session's events: acknowledgements and decisions resolve ``decide()`` waiters and
+          feed ``decisions()`` (through :class:`DecisionDelivery`); every decision is counted
+          (billed, or replayed under a reply id it already holds) and the account's starts hear
+          how each start ended; a :class:`StreamObserver` hears acks, decisions, refusals and
+          rate-limit waits; the INFO log lines say the same for a person reading the task log —
+          never the state's content or the key;
+        * the session's question before it writes what can start a dispatch
+          (:class:`AdmissionWanted`): the account's decision starts, then the budget, answer it;
+        * the connection's own: a connection lost, a retryable failure, the end of connecting.
+
+        :param events: what the session or the connection returned.
+        """
+        for event in events:
+            if isinstance(event, AdmissionWanted):
+                self.session.admit(self._admits(event.message))
+            elif isinstance(event, HelloReceived):
+                self.capacity.adopt_advertised(
+                    event.hello.limits.max_streams_per_process, self._settings.url if self._settings else None
+                )
+                if self._starts is not None:
+                    self._starts.adopt(event.hello.limits)
+                _log_hello(event.hello)
+                self._observations.later("hello", event.hello)  # after the start it makes due is written
+            elif isinstance(event, Acknowledged):
+                self._on_ack(event)
+            elif isinstance(event, DecisionReceived):
+                if not event.repeated:  # a repeated one was counted and queued when it arrived
+                    self._on_decision(event.result)
+                self._delivery.answer(event.intents, event.result)
+                if not event.repeated:
+                    self._delivery.queue(event.result)
+                self._settle_exceeded()
+            elif isinstance(event, DecisionFailedEvent):
+                if event.repeated:
+                    self._on_failure_inherited(event)
+                else:
+                    self._on_decision_failed(event)
+                self._settle_exceeded()
+            elif isinstance(event, MutationRejected):
+                self._accounting.refused(event.error)
+                self._settle_exceeded()
+                log.debug(
+                    "change %s deferred by the gateway (%s); it is sent again",
+                    server_token(event.error.event_id),
+                    server_token(event.error.code),
+                )
+                if event.error.code == "event_rate_limited":
+                    delay = event.error.retry.retry_after_ms
+                    self._observations.now("rate_limited", "event", None if delay is None else delay / 1000)
+            elif isinstance(event, StreamFailed):
+                self._fail(StreamRejected(event.error.envelope, event.error.event_id))
+            elif isinstance(event, ServerError):
+                if (
+                    not event.error.fatal
+                    and event.error.event_id is None
+                    and event.error.code in DECIDE_REFUSALS
+                ):
+                    self._accounting.refused(event.error)  # no dispatch follows the decide
+                log.info(
+                    "gateway error %s (fatal=%s): %s",
+                    server_token(event.error.code),
+                    event.error.fatal,
+                    server_text(event.error.envelope.message),
+                )
+            elif isinstance(event, DecisionRepeated):
+                log.warning(
+                    "the System Zero gateway repeated the decision for state version %d: ignored",
+                    event.state_version,
+                )
+            elif isinstance(event, ConnectionLost):
+                # what the lost connection may leave behind: a dispatch billed, its reply never seen
+                if self._accounting.connection_ended():
+                    _said_unconfirmed("the connection ended")
+            elif isinstance(event, ConnectionFailed):
+                self._life.last_error = event.error
+            elif isinstance(event, ConnectionStopped):
+                if event.error is not None:
+                    self._fail(event.error)
+                self._wake_all()
+            # a goodbye is the connection's to plan from
+        self._life.pulse()
+
+    def _admits(self, message: ClientMessage) -> bool:
+        """The answer to the session's question before it writes ``message``, which can start a
+        dispatch: the account's decision starts let it go now (else the session is asked again
+        when the stream's turn comes), and the budget lets what it may cost through.
+
+        :param message: the message about to be written.
+        """
+        if self._starts is not None and not self._starts.admit(message):
+            return False
+        refused = self._accounting.admit(message, self.session.desired_body_bytes())
+        if refused is not None:
+            self._budget_exceeded(refused)
+            return False
+        return True
+
+    def _on_ack(self, event: Acknowledged) -> None:
+        ack = event.ack
+        self._state_version = ack.state_version
+        self._accounting.acknowledged(ack)
+        if event.message_type == "start":
+            self._life.ready = True
+        log.info(
+            "state version %d acknowledged (%s%s): state %d bytes, decide body %d bytes%s",
+            ack.state_version,
+            event.message_type,
+            ", replayed" if event.replayed else "",
+            ack.state_bytes,
+            ack.synthesized_body_bytes,
+            ", decision scheduled" if ack.scheduled else "",
+        )
+        self._observations.later("acknowledged", ack, event.message_type, event.replayed)
+
+    def _on_decision(self, result: DecisionResult) -> None:
+        version = result.state_version
+        self._life.last_error = None  # overcome: a later timeout does not blame a failure of before
+        if self._starts is not None:
+            self._starts.ended(None)
+        billed = self._accounting.decided(result)
+        self._observations.later("decided", result, billed=billed)
+        if not log.isEnabledFor(logging.INFO):
+            return  # the line below is built only for a log that shows it
+        answers = "; ".join(
+            f"{name}={answer.decision!r} (probability {_fmt(answer.probability)}, confidence "
+            f"{_fmt(answer.confidence)})"
+            for name, answer in result.answers.items()
+        )
+        usage = result.usage
+        log.info(
+            "decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
+            "decide %s ms",
+            version,
+            ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
+            answers or "no answers",
+            server_token(result.reply_id),
+            "a new reply, counted as billed"
+            if billed
+            else "a reply already counted: replayed, not billed again",
+            usage.get("input_tokens", 0),
+            _fmt(result.queue_ms, 0),
+            _fmt(result.decide_ms, 0),
+        )
+
+    def _on_decision_failed(self, event: DecisionFailedEvent) -> None:
+        error = decision_error(event.error)
+        self._life.last_error = error
+        self._accounting.failed(event.error, retryable=error.retryable)
+        self._observations.now(
+            "decision_failed",
+            error.http_status,
+            error.envelope.code,
+            error.retryable,
+            event.error.state_version,
+        )
+        if error.http_status == 429:
+            delay = error.retry.retry_after_ms
+            self._observations.now("rate_limited", "decide", None if delay is None else delay / 1000)
+        # the account's starts hear it (a 429 adapts the mirror; on_change the connection is given back)
+        gave_back = self._starts.ended(event.error) if self._starts is not None else False
+        self._delivery.answer(event.intents, error)
+        if self._decision_mode != "on_change" or gave_back:
+            return
+        if error.retryable:
+            if classify_decide_failure(error.http_status, error.envelope, error.retry) is DecideRetry.CLIENT:
+                log.info(
+                    "decision failed with HTTP 503 (maintenance): the gateway is going away; the state is "
+                    "decided again on the next connection"
+                )
+            else:
+                log.info(
+                    "decision failed with HTTP %s (%s); the gateway retries it",
+                    error.http_status,
+                    server_token(error.envelope.code),
+                )
+            return
+        # the gateway will not retry: whoever waited for this state's decision heard it above
+        if not event.current:
+            log.info(
+                "decision for state version %s failed with HTTP %s (%s), not retried; the state has "
+                "changed since, and the newer one is decided on its own",
+                event.error.state_version,
+                error.http_status,
+                server_token(error.envelope.code),
+            )
+            return
+        self._delivery.queue(error)
+
+    def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
+        """The caller returned to a state whose dispatch failed for good (counted when it arrived):
+        its waiters hear the failure, and ``decisions()`` does if it has not yet."""
+        error = decision_error(event.error)
+        self._delivery.answer(event.intents, error)
+        if event.current:
+            self._delivery.queue(error)
+
+    def _budget_exceeded(self, exc: BudgetExceeded) -> None:
+        """The budget refused a dispatch: said once; on_request whoever waits hears why at once,
+        on_change the stream holds its changes and fails once what was scheduled settled."""
+        first = self._refused is None
+        self._refused = exc
+        if self._starts is not None:
+            self._starts.budget_exceeded()
+        if first:
+            log.warning("%s", exc)
+            self._observations.now("budget_exceeded", exc)
+        if self._decision_mode == "on_request":
+            # nothing was sent: whoever waits for this decision hears why at once
+            for intent in self._delivery.refuse_all(exc):
+                self.session.cancel_intent(intent)
+            return
+        if first:
+            log.info(
+                "holding further changes locally; %d dispatch(es) already scheduled settle first",
+                self._accounting.outstanding(),
+            )
+        self._settle_exceeded()
+
+    def _settle_exceeded(self) -> None:
+        """on_change: once nothing scheduled is outstanding, a refused stream fails (and closes)."""
+        if (
+            self._refused is not None
+            and self._decision_mode == "on_change"
+            and self._accounting.outstanding() == 0
+        ):
+            self._fail(self._refused)
 
     # ------------------------------------------------------------------ the parts, together
 
     def _kick(self) -> None:
-        """Something to send or to look at: the stream pulses, and an open connection gets a
-        writer's turn soon."""
-        self._connection.kick()
+        """Something to send or to look at: an open connection gets a writer's turn soon, and a
+        connection waiting for work looks again."""
+        if self._connection is not None:
+            self._connection.kick()
 
     def _wake_all(self) -> None:
         """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
@@ -631,14 +960,16 @@ class DecisionStream:
         self._delivery.ready()
 
     def _fail(self, exc: BaseException) -> None:
-        """End the stream with ``exc`` (the first error stays): every waiter raises it."""
+        """End the stream with ``exc`` (the first error stays): every waiter raises it, and the
+        connection closes."""
         life = self._life
         if life.failure is None:
             life.failure = exc
             # every waiter raises it, so the caller reports it: said once, by the caller
             log.debug("System Zero stream failed: %s", exc)
         self._delivery.fail_all(exc)
-        self._kick()
+        if self._connection is not None:
+            self._connection.close()
         self._wake_all()
 
     async def _shutdown(self, grace: float | None = None) -> None:
@@ -649,9 +980,11 @@ class DecisionStream:
             return
         life.closing = True
         life.closed = True
-        self._events.withdraw_start()
+        if self._starts is not None:
+            self._starts.leave()
         try:
-            await self._loop.stop(grace)
+            if self._connection is not None:
+                await self._connection.stop(grace)
         finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
             self._delivery.fail_all(
                 StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
@@ -670,10 +1003,43 @@ class DecisionStream:
         while not condition():
             if life.failure is not None:
                 raise life.failure
-            if life.closed and self._loop.finished:
+            if life.closed and (self._connection is None or self._connection.finished):
                 raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(describe(), last_error=life.last_error, detail=self.last_error_text)
             with contextlib.suppress(TimeoutError):
                 await life.wait_pulse(remaining)
+
+
+def _said_unconfirmed(why: str) -> None:
+    log.info(
+        "%s with a dispatch possibly in flight: counted as one unconfirmed decision against the budget",
+        why,
+    )
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _log_hello(hello: Hello) -> None:
+    lim = hello.limits
+    log.info(
+        "System Zero stream %s open (%s): max_message_bytes=%d, max_decide_body_bytes=%d, "
+        "max_events_per_second=%s (burst %d), max_pending_events=%d, heartbeat every %d ms, idle timeout "
+        "%d ms, max duration %d ms, max_streams_per_process=%d",
+        server_token(hello.stream_id),
+        hello.protocol,
+        lim.max_message_bytes,
+        lim.max_decide_body_bytes,
+        lim.max_events_per_second,
+        lim.event_burst,
+        lim.max_pending_events,
+        lim.heartbeat_interval_ms,
+        lim.idle_timeout_ms,
+        lim.max_duration_ms,
+        lim.max_streams_per_process,
+    )

@@ -42,6 +42,7 @@ __all__ = [
     "Address",
     "PlaintextBeyondLoopback",
     "ResolutionTimedOut",
+    "lookups_in_flight",
     "loopback_only",
     "resolve",
 ]
@@ -98,6 +99,13 @@ _lock = threading.Lock()
 _in_flight: dict[tuple[str, int], concurrent.futures.Future[list[Address]]] = {}
 _queued: deque[tuple[str, int]] = deque()
 _threads = 0
+
+
+def lookups_in_flight() -> int:
+    """Lookups asked for and not answered yet, running or waiting for a thread (a lookup a caller
+    gave up on runs to its end: this says when it has)."""
+    with _lock:
+        return len(_in_flight)
 
 
 def _numeric(host: str, port: int) -> list[Address] | None:

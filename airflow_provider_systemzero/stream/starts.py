@@ -1,16 +1,30 @@
-"""The process's decision starts per account: the asyncio side of :mod:`~airflow_provider_systemzero.protocol.starts`.
+"""May this stream start a decision now? The whole rule, on the asyncio side of :mod:`~airflow_provider_systemzero.protocol.starts`.
 
-Every :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` of a process that
-talks to one gateway with one API key shares one :class:`DecisionStarts` (looked up with
-:func:`decision_starts`, keyed by the stream URL and a non-secret fingerprint of the key, per event
-loop). The stream asks it before it writes anything that starts a decision (its dispatch gate), and
-before it opens a connection whose ``start`` will (on_change), and tells it how each start ended;
-the shared :class:`~airflow_provider_systemzero.protocol.starts.StartQueue` — the mirror of the
-account's bucket — decides who goes next, and this adapter wakes that stream when its time comes:
-one timer per account, never a loop per stream.
+An account may start so many decisions at once and so many a minute, over all its streams and
+processes (``account_decision_burst``, ``account_decision_ceiling``). Two classes hold what a
+process does about it:
 
-Nothing here keeps the event loop: a sync ``SystemZeroHook.decide()`` runs each call on a loop of
-its own, and once that loop is closed and dropped, it is collected with what it held here.
+* :class:`AccountStarts` — one per account (gateway URL and API key) and event loop, shared by the
+  process's streams to it (:func:`decision_starts`): the pure
+  :class:`~airflow_provider_systemzero.protocol.starts.StartQueue` (the mirror of the account's
+  bucket, who goes next, what a 429 changes) and the one timer that grants turns. It holds no
+  reference to its loop, so a sync ``SystemZeroHook.decide()`` leaves its loop to the collector.
+* :class:`StreamStarts` — one per stream: everything the stream does about its starts. Its
+  connection takes the stream's turn in one place before it opens (:meth:`StreamStarts.turn`);
+  the stream asks in one place before its session writes what starts a decision
+  (:meth:`StreamStarts.admit`), and says how each start ended (:meth:`StreamStarts.ended`).
+
+The rule: on_change a connection's ``start`` starts a decision (unless it replays a state already
+decided) and cannot wait once the connection is open, so the turn comes *before* the connection
+takes a slot of ``max_streams_per_process``; with no slot free, the turn goes back and the stream
+waits for a slot first in line, then for the next token. On an open connection, what starts a
+decision waits for a turn; a stream that waits after its connection had a decision offers its slot
+to a stream waiting for one (a stream whose turn came and found no slot is first in line, so a
+slot kept by a stream waiting for its own turn would stall every start of the process). A 429 —
+another process spends the account — adapts the mirror: on_change the stream gives its connection
+back instead of letting the gateway retry (and close it with 1013 at the third refusal), and opens
+again on its turn; on_request the stream is first in line again, its ``decide`` asked again
+without spending ``decide_retries``.
 """
 
 from __future__ import annotations
@@ -19,14 +33,27 @@ import asyncio
 import hashlib
 import logging
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.protocol.limits import Limits
-from airflow_provider_systemzero.protocol.messages import Error
+from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
 from airflow_provider_systemzero.protocol.starts import StartQueue
+from airflow_provider_systemzero.stream.capacity import SlotOffer, StreamCapacity
 
-__all__ = ["DecisionStarts", "decision_starts", "key_fingerprint", "running_starts"]
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.protocol.client import ClientSession
+    from airflow_provider_systemzero.stream.stream_connection import StreamConnection
+
+__all__ = [
+    "AccountStarts",
+    "DecisionStarts",
+    "StreamStarts",
+    "decision_starts",
+    "key_fingerprint",
+    "running_starts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +68,9 @@ def _now() -> float:
     return asyncio.get_running_loop().time()
 
 
-class DecisionStarts:
-    """One account's decision starts in this process (on the running event loop).
+class AccountStarts:
+    """One account's decision starts in this process (on the running event loop): the shared
+    queue and the one timer that grants turns.
 
     It holds no reference to its loop (the loop's time is read when asked), so a loop that ends is
     collected even while this object is kept for it.
@@ -53,9 +81,11 @@ class DecisionStarts:
 
     def __init__(self, label: str, now: float) -> None:
         self.label = label
+        #: The mirror of the account's bucket and the streams waiting for a start (pure).
         self.queue = StartQueue(now=now)
+        #: What wakes each waiting stream when its turn comes (keyed as the queue keys it).
         self._wake: dict[Any, Callable[[], None]] = {}
-        #: the one timer, weakly: the loop holds it while it is scheduled, and a timer holds its loop
+        #: The one timer, weakly: the loop holds it while it is scheduled, and a timer holds its loop.
         self._timer: weakref.ref[asyncio.TimerHandle] | None = None
 
     def adopt(self, limits: Limits) -> None:
@@ -79,6 +109,7 @@ class DecisionStarts:
         """Asked before ``stream`` writes what starts a decision about ``version`` (or opens the
         connection whose ``start`` will).
 
+        :param stream: the waiting stream's key in the queue.
         :param version: the stream's newest version (its session's generation: it grows across
             connections).
         :param wake: called (no arguments) when the stream's turn comes.
@@ -131,8 +162,8 @@ class DecisionStarts:
         """A start of ``stream`` ended: a decision arrived (``error`` ``None``) or it failed.
 
         :param version: the stream's newest version now.
-        :param requeue: on a 429, put the stream back at the front (on_request: the client asks
-            again); ``False`` when the gateway retries it itself (on_change).
+        :param requeue: on a 429, put the stream back at the front (the client asks again);
+            ``False`` when the gateway retries it itself.
         """
         now = _now()
         if error is None or error.http_status != 429:
@@ -182,13 +213,298 @@ class DecisionStarts:
         self._schedule()
 
 
-_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], DecisionStarts]] = (
+#: The name :class:`AccountStarts` had before :class:`StreamStarts` carried the rule for a stream
+#: (``DecisionStream(starts=...)`` takes either name).
+DecisionStarts = AccountStarts
+
+
+class StreamStarts:
+    """One stream's decision starts under its account's ceiling: the whole rule of "may this
+    stream start a decision now?" (see the module).
+
+    The stream's connection takes its turn with :meth:`turn` before each connection; the stream
+    asks :meth:`admit` when its session would write what starts a decision, and tells
+    :meth:`ended` (a decision, a failure), :meth:`changed` (a change of the caller's),
+    :meth:`budget_exceeded` and, when it closes, :meth:`leave`. The stream is known to the
+    account's queue by this object.
+
+    :param account: the account's starts shared in this process.
+    :param session: the stream's session (its generation; whether its ``start`` starts a decision;
+        asked again when a held start's turn comes).
+    :param capacity: the stream cap whose slot each connection holds.
+    :param origin: the gateway, as the stream cap counts it.
+    :param decision_mode: the stream's decision mode.
+    """
+
+    def __init__(
+        self,
+        account: AccountStarts,
+        session: ClientSession,
+        capacity: StreamCapacity,
+        *,
+        origin: str,
+        decision_mode: str,
+    ) -> None:
+        self.account = account
+        self._session = session
+        self._capacity = capacity
+        self._origin = origin
+        self._on_change = decision_mode == "on_change"
+        #: The connection that holds this stream's slot now (set and cleared by :meth:`turn`):
+        #: the one whose start is held, whose slot is offered and which a 429 gives back.
+        self._connection: StreamConnection | None = None
+        #: on_change: the opening's turn counted the start its connection sends (set by
+        #: :meth:`_turn_to_open`, cleared when that ``start`` is admitted).
+        self._opening_counted = False
+        #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
+        #: :meth:`_turn_to_open`, cleared by :meth:`_postpone`).
+        self._turn_taken = False
+        #: on_change: the turn the connection waits for before it opens (made by
+        #: :meth:`_turn_to_open` while it waits, resolved when the account grants it).
+        self.opening_turn: asyncio.Future[None] | None = None
+        #: The offer of the connection's slot while its next start waits for its turn (made by
+        #: :meth:`admit`; it ends when the turn comes unasked, else once the slot is free).
+        self._slot_offer: SlotOffer | None = None
+        #: The budget stopped the stream: no held start is asked again (set by :meth:`budget_exceeded`).
+        self._stopped = False
+        #: The stream closed: it waits in no queue any more (set by :meth:`leave`).
+        self._left = False
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the stream waits for its turn (queued, or granted and not started yet)."""
+        return self.account.queue.is_waiting(self)
+
+    # ------------------------------------------------------------------ the connection's turn
+
+    @asynccontextmanager
+    async def turn(self, connection: StreamConnection) -> AsyncIterator[None]:
+        """``async with starts.turn(connection):`` open and serve ``connection`` in the block: it
+        is entered once this stream's turn came (on_change, when the connection's ``start`` starts
+        a decision) and the connection holds a slot of ``max_streams_per_process``; the slot is
+        given back when the block ends, and an offer of it with it.
+
+        :param connection: the stream's connection, which holds the slot for the block.
+        """
+        await self._turn_to_open()
+        await self._slot_after_turn()
+        self._connection = connection
+        try:
+            yield
+        finally:
+            self._connection = None
+            self._capacity.release(self._origin)
+            # an offer of the slot ends with it: not before, so that an offer the capacity asked
+            # counts as the hand-over to a waiting stream until the slot is free
+            self._withdraw_slot_offer()
+            if not self._on_change:
+                self._withdraw()  # a decide is granted to a connected stream only
+            # (on_change keeps its place: its next connection waits for its turn before it opens)
+            self._ask_again()  # a held start is asked anew on the next connection
+
+    async def _turn_to_open(self) -> None:
+        """on_change: wait for this stream's turn before a connection whose ``start`` starts a
+        decision takes a slot (once open, the ``start`` cannot wait)."""
+        self._opening_counted = False
+        self._turn_taken = False
+        if not self._on_change or self._left or not self._start_decides():
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not turn.done():
+                turn.set_result(None)
+
+        if self.account.may_start(self, self._session.generation, wake):
+            self._opening_counted = True  # counted now: its start is not counted again
+        else:
+            self.opening_turn = turn
+            try:
+                await turn  # granted: the start spends the grant
+            finally:
+                self.opening_turn = None
+        self._turn_taken = True
+
+    async def _slot_after_turn(self) -> None:
+        """Take a slot for the connection whose turn came. When none is free, the turn goes back
+        (the stream stays first in line) while it waits for one, and is taken again once it holds
+        the slot: a start's token is spent when its ``start`` can go out, not a socket's wait
+        earlier, so the starts reach the gateway as the mirror spaced them."""
+        capacity, origin = self._capacity, self._origin
+        if capacity.try_acquire(origin):
+            return
+        self._postpone()
+        await capacity.acquire(origin)
+        try:
+            await self._turn_to_open()  # first in line: at most the wait for the next token
+        except BaseException:
+            capacity.release(origin)
+            raise
+
+    def _postpone(self) -> None:
+        """on_change: the turn taken cannot be used yet (no slot is free): its token goes back and
+        the stream stays first in line for the next one."""
+        if self._turn_taken:
+            self.account.postpone(self, self._session.generation, counted=self._opening_counted)
+        self._opening_counted = self._turn_taken = False
+
+    # ------------------------------------------------------------------ the stream's starts
+
+    def admit(self, message: ClientMessage) -> bool:
+        """Whether the stream's session may write ``message``, which can start a dispatch, now.
+
+        An on_change ``start`` spends the turn its connection took before opening (it cannot
+        wait); anything else waits for a turn of the account's queue when it has none: the
+        session is asked again when the turn comes, and a connection that had its decision offers
+        its slot meanwhile.
+
+        :param message: what the session would write.
+        """
+        version = self._session.generation
+        if isinstance(message, Start):
+            # on_change: a start replaying a state already decided starts none (the gateway's
+            # idempotency ledger answers it with the original reply)
+            if self._start_decides():
+                if not self._opening_counted:
+                    self.account.start_sent(self, version)
+                self._opening_counted = False
+            return True
+        # a mutation counts even when a decision is pending behind the one in flight: by the time
+        # it arrives, that one may have been dispatched, and the mutation makes the next
+        if self.account.may_start(self, version, self._turn_came):
+            return True
+        if self._left:
+            self.account.withdraw(self)  # a closed stream's last write waits in no queue
+            return False
+        connection = self._connection
+        if connection is not None and connection.open and connection.decided and self._slot_offer is None:
+            # its slot goes to a stream waiting for one: now, or as soon as one waits. The
+            # capacity asks one holder per waiter, so several streams waiting for their turns do
+            # not all give their slots back for one stream waiting for a slot
+            self._slot_offer = self._capacity.offer(self._slot_wanted)
+        return False
+
+    def _start_decides(self) -> bool:
+        """on_change: whether the next ``start`` starts a decision (its state was not decided)."""
+        return self._session.current_decision is None
+
+    def _turn_came(self) -> None:
+        """The account granted the start the session holds: it is asked again on its newest state,
+        on the connection it has; an offer of the slot ends — unless the capacity already asked
+        for the slot: then it ends once the slot is given back."""
+        connection = self._connection
+        if connection is None or not connection.giving_back:
+            self._withdraw_slot_offer()
+        self._ask_again()
+        if connection is not None:
+            connection.kick()
+
+    def _ask_again(self) -> None:
+        """Let the session ask for its start again (unless the budget stopped the stream)."""
+        if not self._stopped:
+            self._session.retry_admission()
+
+    def _slot_wanted(self) -> None:
+        """A stream waits for a slot while this one waits for its turn: the connection is given
+        back (the next one opens when the turn comes)."""
+        connection = self._connection
+        if (
+            self._slot_offer is not None
+            and connection is not None
+            and connection.open
+            and not connection.giving_back
+        ):
+            log.info(
+                "another stream waits for a socket while this one waits for its turn under the "
+                "account's decision ceiling: the connection is given back, and the newest state is "
+                "decided on a new one"
+            )
+            connection.give_back()
+
+    def _withdraw_slot_offer(self) -> None:
+        offer, self._slot_offer = self._slot_offer, None
+        self._capacity.withdraw(offer)
+
+    def ended(self, error: Error | None) -> bool:
+        """A start of this stream ended: a decision arrived (``error`` ``None``) or its dispatch
+        failed. Returns whether the stream gives its connection back for it: on_change, a 429 the
+        gateway would retry by itself, closing the stream with 1013 at its third refusal in a row
+        for the version (WIRE.md §5) — the stream does not wait for that: with the connection
+        closed, its start waits for its turn under the account's ceiling, and its newest state is
+        decided on a new connection.
+
+        :param error: the dispatch's failure, or ``None`` for a decision.
+        """
+        version = self._session.generation
+        if error is None:
+            self.account.ended(self, None, version, requeue=False)
+            return False
+        connection = self._connection
+        give_back = (
+            self._on_change
+            and error.http_status == 429
+            and not error.fatal
+            and connection is not None
+            and connection.open
+        )
+        self.account.ended(self, error, version, requeue=not self._on_change or give_back)
+        if self._left:
+            self._withdraw()  # a 429 heard while the stream closes requeues nothing
+            return False
+        if give_back and connection is not None:
+            log.info(
+                "decision refused with HTTP 429 (another process spends the account too): the "
+                "connection is given back before the gateway retries it, and the state is decided "
+                "again on a new one when this process's turn comes"
+            )
+            connection.give_back()
+        return give_back
+
+    def asks_again(self, http_status: int | None) -> bool:
+        """on_request: whether a ``decide()`` that failed with ``http_status`` is asked again
+        through the account's queue rather than retried by the caller: a 429 puts the stream first
+        in line, and the queue waits out its Retry-After once for every stream of the process
+        (``decide_retries`` is not spent).
+
+        :param http_status: the failure's status.
+        """
+        return http_status == 429 and not self._left
+
+    def changed(self) -> None:
+        """The caller changed the state: if the stream waits for its start, the start is for the
+        newest state, and its newest change counts from now."""
+        if not self._left:
+            self.account.changed(self, self._session.generation)
+
+    def adopt(self, limits: Limits) -> None:
+        """A ``hello`` of the stream's connection: the account's limits it advertises.
+
+        :param limits: the connection's limits.
+        """
+        self.account.adopt(limits)
+
+    def budget_exceeded(self) -> None:
+        """The budget refused a dispatch of the stream: a held start is not asked again (its turn
+        coming, or a new connection, lifts no hold)."""
+        self._stopped = True
+
+    def leave(self) -> None:
+        """The stream closes: it wants no start any more (an offer of its slot ends when the
+        connection gives the slot back)."""
+        self._left = True
+        self._withdraw()
+
+    def _withdraw(self) -> None:
+        self.account.withdraw(self)
+
+
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AccountStarts]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def decision_starts(url: str, api_key: str) -> DecisionStarts:
-    """The running loop's :class:`DecisionStarts` for the account behind ``api_key`` at ``url``.
+def decision_starts(url: str, api_key: str) -> AccountStarts:
+    """The running loop's :class:`AccountStarts` for the account behind ``api_key`` at ``url``.
 
     :param url: the gateway's stream URL.
     :param api_key: the account's key (only its fingerprint is kept).
@@ -198,10 +514,10 @@ def decision_starts(url: str, api_key: str) -> DecisionStarts:
     per_loop = _BY_LOOP.setdefault(loop, {})
     starts = per_loop.get((url, fingerprint))
     if starts is None:
-        starts = per_loop[(url, fingerprint)] = DecisionStarts(f"{url} key {fingerprint}", loop.time())
+        starts = per_loop[(url, fingerprint)] = AccountStarts(f"{url} key {fingerprint}", loop.time())
     return starts
 
 
-def running_starts() -> list[DecisionStarts]:
-    """Every account's :class:`DecisionStarts` on the running loop (what a process reports)."""
+def running_starts() -> list[AccountStarts]:
+    """Every account's :class:`AccountStarts` on the running loop (what a process reports)."""
     return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())

@@ -118,10 +118,9 @@ async def test_a_start_waiting_its_turn_decides_the_newest_state() -> None:
         first, *others = [
             await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(4)
         ]
-        starts = decision_starts(emu.url, KEY)
         await first.decide()  # the account's one token
         pending = [asyncio.ensure_future(s.decide()) for s in others]
-        await _until(lambda: all(starts.queue.is_waiting(s) for s in others), 10, "the others queued")
+        await _until(lambda: all(s.waiting_for_turn for s in others), 10, "the others queued")
         for s in others:  # their states change while they wait for their turn
             await s.append_text("READY\n")
         decisions = await asyncio.wait_for(asyncio.gather(*pending), 60)
@@ -144,10 +143,9 @@ async def test_a_stream_waiting_its_turn_asks_again_on_its_next_connection() -> 
         first, second = [
             await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(2)
         ]
-        starts = decision_starts(emu.url, KEY)
         await first.decide()
         waiting = asyncio.ensure_future(second.decide())
-        await _until(lambda: starts.queue.is_waiting(second), 10, "the second stream queued")
+        await _until(lambda: second.waiting_for_turn, 10, "the second stream queued")
         await emu.restart(retry_after_ms=50)  # its connection ends while it waits for its turn
         decision = await asyncio.wait_for(waiting, 30)
         assert decision.state_version == second.state_version
@@ -190,11 +188,11 @@ async def test_a_turn_that_finds_every_socket_held_waits_first_in_line_for_one()
         waiter = _stream(emu, 1, capacity, mode="on_change")
         entering = _entering(stack, waiter)
         await _until(lambda: capacity.waiting == 1, 10, "the stream whose turn came waits for a socket")
-        assert starts.queue.is_waiting(waiter) and not waiter.connected
+        assert waiter.waiting_for_turn and not waiter.connected
         # another stream (sockets of its own) asks for a decision while the first waits for a socket
         other = await stack.enter_async_context(_stream(emu, 2, StreamCapacity(4)))
         asked = asyncio.ensure_future(other.decide())
-        await _until(lambda: starts.queue.is_waiting(other), 10, "the other stream's decide queued")
+        await _until(lambda: other.waiting_for_turn, 10, "the other stream's decide queued")
         await holder.release()  # the socket is free
         await asyncio.wait_for(entering, 10)
         decision = await asyncio.wait_for(waiter.decide(), 10)
@@ -215,19 +213,18 @@ async def test_a_stream_waiting_for_its_turn_gives_its_socket_to_one_whose_turn_
     connection back, so the first in line starts — instead of both waiting for the other until
     the gateway's idle timeout closes the holder. The holder's newest state is decided on its own
     turn, on a new connection."""
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.starts")
     decider = _Recording()
     async with _emulator(20, decider, burst=2) as emu, contextlib.AsyncExitStack() as stack:
         capacity = StreamCapacity(1)
         holder = await stack.enter_async_context(_stream(emu, 0, capacity, mode="on_change"))
         await asyncio.wait_for(holder.decide(), 10)  # it holds the socket
-        starts = decision_starts(emu.url, KEY)
         waiter = _stream(emu, 1, capacity, mode="on_change")
         entering = _entering(stack, waiter)  # the mirror keeps half a token: its turn is 1.5 s away
-        await _until(lambda: starts.queue.is_waiting(waiter), 10, "the second stream waits for its turn")
+        await _until(lambda: waiter.waiting_for_turn, 10, "the second stream waits for its turn")
         assert capacity.waiting == 0  # for its turn, not for a socket
         await holder.append_text("more\n")  # its next start waits for its turn too, behind the other
-        await _until(lambda: starts.queue.is_waiting(holder), 10, "the holder's change waits for its turn")
+        await _until(lambda: holder.waiting_for_turn, 10, "the holder's change waits for its turn")
         assert holder.connected
         await asyncio.wait_for(entering, 10)  # the gateway's idle timeout is 30 s
         decision = await asyncio.wait_for(waiter.decide(), 10)
@@ -292,7 +289,7 @@ async def test_an_on_change_stream_refused_gives_its_connection_back_before_the_
     """on_change, the gateway retries a 429'd dispatch by itself and closes the stream with 1013 at
     the third refusal in a row: the stream does not wait for that, it gives the connection back
     (close 1000) and opens again on its turn, so a second process's spending never closes it."""
-    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.core_events")
+    caplog.set_level(logging.INFO, logger="airflow_provider_systemzero.stream.starts")
     async with _emulator(60, _Recording()) as emu:
         async with _stream(emu, 0, StreamCapacity(4), mode="on_change", state="mine\n") as mine:
             await asyncio.wait_for(mine.decide(), 10)  # the account's token of this second
@@ -367,7 +364,6 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
         other, stream = [
             await stack.enter_async_context(_stream(emu, i, StreamCapacity(4))) for i in range(2)
         ]
-        starts = decision_starts(emu.url, KEY)
         await other.decide()  # the account's one token: the next start waits a second for its turn
         source = _PushedSource(stream.state)
         watch = SourceWatch(
@@ -378,7 +374,7 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
         driver = WatchDriver(watch, source, _OpenStream(stream))  # type: ignore[arg-type]
         verdict = asyncio.ensure_future(driver.next_verdict())
         try:
-            await _until(lambda: starts.queue.is_waiting(stream), 10, "the trigger's start queued")
+            await _until(lambda: stream.waiting_for_turn, 10, "the trigger's start queued")
             source.set(stream.state + "READY\n")  # the source changes while the start waits its turn
             decision = (await asyncio.wait_for(verdict, 30)).decision
         finally:

@@ -54,7 +54,8 @@ async def test_a_native_ping_flood_while_reading_nothing_ends_as_a_breach_not_a_
     async def watch_the_write_buffer() -> None:
         nonlocal largest
         while True:
-            socket = stream_ref[0]._ws if stream_ref else None
+            connection = stream_ref[0].connection if stream_ref else None
+            socket = connection.socket if connection is not None else None
             transport = getattr(socket, "transport", None)
             if transport is not None and not transport.is_closing():
                 largest = max(largest, transport.get_write_buffer_size())

@@ -152,12 +152,13 @@ async def test_complete_frames_are_handled_as_they_are_parsed(
     async with asyncio.timeout(20):
         async with hook.stream(REQUEST, decision_mode="on_request", state="log\n", open_deadline=20) as s:
             await s.decide(timeout=20)
-            socket = s._connection.socket
+            connection = s.connection
+            socket = connection.socket
             tasks = {getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()}
             seen += [
                 type(socket),
-                socket.handler is s._connection,
-                sorted(n for n in tasks if "ConnectionServer" in n or "_read" in n),
+                socket.handler is connection,
+                sorted(n for n in tasks if "_serve" in n or "_read" in n),
             ]
     assert seen == [GatewaySocket, True, []]
 

@@ -3,7 +3,7 @@
 :class:`~tests.protocol.pair.Pair` joins the two sessions with no delay, so the client always
 hears an ack before it can change the state again. Over a real network a change can land during
 every round trip; :class:`LatentPair` lets a test say so. It plays the I/O adapter's part the way
-``stream/serving.py`` does: after every input the client writes ``data_to_send(now)`` and is woken
+``stream/stream_connection.py`` does: after every input the client writes ``data_to_send(now)`` and is woken
 at ``next_wakeup(now)``; a dispatch finishes ``decide_s`` after the gateway starts it.
 
 Each time it writes, it checks the liveness rule: a wake-up is never due now (``outgoing`` sends

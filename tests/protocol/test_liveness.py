@@ -19,6 +19,11 @@ as stale although it named the acknowledged version. After every step:
 and the ``settle`` rule checks that once the gateway behaves, within bounded simulated time,
 (b) the client is in sync and has a decision (or the state's final failure) about the current
 desired state, and (c) the gateway holds the desired state byte for byte.
+
+The same machine runs with the session asking before each dispatch (``admission=True``), as the
+stream client runs it: the adapter answers every question from a gate the rules open and close
+(the account's decision starts, a budget), asks again when the gate opens and when a connection
+ends, and (a) to (e) hold all the same — a held dispatch is never "due now".
 """
 
 from __future__ import annotations
@@ -114,11 +119,17 @@ FAILURES = {
 class World:
     """The client session, the gateway of its current connection, and an adapter in between."""
 
-    def __init__(self, mode: str, initial: Any) -> None:
+    def __init__(self, mode: str, initial: Any, *, admission: bool = False) -> None:
         self.now = 0.0
         self.mode = mode
         request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
-        self.client = ClientSession(request=request, state=initial, decision_mode=mode, key_namespace="ns")
+        self.client = ClientSession(
+            request=request, state=initial, decision_mode=mode, key_namespace="ns", admission=admission
+        )
+        #: The adapter's answer to the session's questions before a dispatch (with ``admission``).
+        self.gate_open = True
+        #: Questions the session asked so far.
+        self.asked = 0
         self.planner = ReconnectPlanner(Backoff(base=0.5, cap=8.0, rng=random.Random(7)))
         self.gateway: GatewaySession | None = None
         self.connections = 0
@@ -244,6 +255,7 @@ class World:
         self.gateway = None
         self.pending = []
         self.client.connection_lost()
+        self.client.retry_admission()  # a new connection asks anew, as the stream client does
         plan = self.planner.plan(
             ConnectionOutcome(
                 code,
@@ -268,6 +280,14 @@ class World:
             if self.gateway is None:
                 return
             frames = self.client.data_to_send(self.now)
+            asked = self.client.admission_wanted
+            if asked is not None:  # at most one dispatch per turn, so at most one question
+                assert self.client.admission, f"asked without admission: {asked}"
+                self.asked += 1
+                self.client.admit(self.gate_open)
+                frames += self.client.data_to_send(self.now)
+                again = self.client.admission_wanted
+                assert again is None, f"asked again in the same turn ({again}) after answering {asked}"
             if not frames:
                 return
             for text in frames:
@@ -368,9 +388,26 @@ STATES = [
 
 
 class ClientLiveness(RuleBasedStateMachine):
+    #: Whether the session asks before each dispatch (and the gate rules run).
+    ADMISSION = False
+
     @initialize(mode=st.sampled_from(["on_change", "on_request"]), initial=st.sampled_from(STATES))
     def open(self, mode: str, initial: Any) -> None:
-        self.w = World(mode, initial)
+        self.w = World(mode, initial, admission=self.ADMISSION)
+
+    # ---- the adapter's answers before a dispatch (admission)
+    @precondition(lambda self: self.ADMISSION)
+    @rule()
+    def close_the_gate(self) -> None:
+        self.w.gate_open = False
+        self.w.step()
+
+    @precondition(lambda self: self.ADMISSION)
+    @rule()
+    def open_the_gate(self) -> None:
+        self.w.gate_open = True
+        self.w.client.retry_admission()  # the held dispatch is asked about again
+        self.w.step()
 
     # ---- caller changes
     @rule(state=st.sampled_from(STATES))
@@ -493,6 +530,9 @@ class ClientLiveness(RuleBasedStateMachine):
             return
         w.auto = True
         w.refuse_next = None
+        if not w.gate_open:
+            w.gate_open = True
+            w.client.retry_admission()
         for action in list(w.pending):
             w.finish(action, reply_for(action.body))
         if w.silent:
@@ -530,10 +570,26 @@ class ClientLiveness(RuleBasedStateMachine):
             assert wakeup is None or wakeup > w.now or w.client.recycle_due(w.now)
 
 
+class ClientLivenessUnderAdmission(ClientLiveness):
+    ADMISSION = True
+
+    @invariant()
+    def asks_only_when_a_dispatch_is_due(self) -> None:
+        w = getattr(self, "w", None)
+        if w is not None:
+            assert w.client.admission_wanted is None  # every question was answered in its turn
+
+
+def _machine_settings(examples: int) -> settings:
+    return settings(
+        max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", str(examples))),
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 TestClientLiveness = ClientLiveness.TestCase
-TestClientLiveness.settings = settings(
-    max_examples=int(__import__("os").environ.get("LIVENESS_EXAMPLES", "60")),
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestClientLiveness.settings = _machine_settings(60)
+TestClientLivenessUnderAdmission = ClientLivenessUnderAdmission.TestCase
+TestClientLivenessUnderAdmission.settings = _machine_settings(40)

@@ -66,3 +66,31 @@ def loopback_stream(
         backoff=backoff,
         open_deadline=10,
     )
+
+
+def make_stream(
+    emu: Emulator,
+    backoff: Backoff,
+    *,
+    identity: str = "test-stream",
+    state: Any = "Initial log\n",
+    mode: str = "on_request",
+    **kwargs: Any,
+) -> DecisionStream:
+    """A stream to ``emu`` with :data:`REQUEST` and ``backoff`` (opening within 15 s unless
+    ``open_deadline`` says otherwise); ``kwargs`` go to :class:`DecisionStream`.
+
+    :param identity: the stream's identity (its derived ``prompt_cache_key``).
+    :param state: its initial state.
+    :param mode: its decision mode.
+    """
+    kwargs.setdefault("open_deadline", 15)
+    return DecisionStream(
+        settings_for(emu),
+        REQUEST,
+        state=state,
+        decision_mode=mode,
+        identity=identity,
+        backoff=backoff,
+        **kwargs,
+    )

@@ -195,9 +195,9 @@ async def test_a_decision_the_gateway_owes_for_long_is_said_in_the_log(
     """A slow gateway is a visible wait: while a decision is owed the log says so, ever less often
     (the first report after DECISION_WAIT_REPORT_S, then twice as long each time); once it
     arrives, nothing more is said."""
-    from airflow_provider_systemzero.stream import serving
+    from airflow_provider_systemzero.stream import stream_connection
 
-    monkeypatch.setattr(serving, "DECISION_WAIT_REPORT_S", 0.2)
+    monkeypatch.setattr(stream_connection, "DECISION_WAIT_REPORT_S", 0.2)
     emu = await make_emulator()
     emu.faults.delay_decisions_ms = 1_500
     said = "waiting for the System Zero gateway's decision for"

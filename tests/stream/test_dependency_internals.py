@@ -23,8 +23,7 @@ from airflow_provider_systemzero import dependency_internals
 from airflow_provider_systemzero.emulator import connection as emulator_connection
 from airflow_provider_systemzero.emulator import websocket as emulator_websocket
 from airflow_provider_systemzero.stream import Backoff
-from tests.stream.support import EmulatorFactory
-from tests.stream.test_stream import make_stream
+from tests.stream.support import EmulatorFactory, make_stream
 
 
 def test_every_shortcut_passes_its_check_on_the_releases_the_package_is_tested_on() -> None:

@@ -80,7 +80,7 @@ async def test_a_caller_that_gives_up_leaves_at_once_and_takes_no_executor_threa
             await resolver.resolve("slow.example", 443)
     await asyncio.wait_for(loop.run_in_executor(None, lambda: None), 1)  # the loop's executor is free
     dns.answer()
-    await until(lambda: not resolver._in_flight)  # the abandoned lookup ended alone
+    await until(lambda: resolver.lookups_in_flight() == 0)  # the abandoned lookup ended alone
 
 
 async def test_a_numeric_address_needs_no_thread(dns: SlowDNS) -> None:

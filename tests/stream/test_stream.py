@@ -22,36 +22,12 @@ from airflow_provider_systemzero.stream import (
     default_capacity,
 )
 from tests.stream.support import (
-    QUESTIONS,
     SECRET_KEY,
     SHORT_PONG,
     TEST_LIMITS,
     EmulatorFactory,
-    settings_for,
+    make_stream,
 )
-
-REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
-
-
-def make_stream(
-    emu: Emulator,
-    backoff: Backoff,
-    *,
-    identity: str = "test-stream",
-    state: Any = "Initial log\n",
-    mode: str = "on_request",
-    **kwargs: Any,
-) -> DecisionStream:
-    kwargs.setdefault("open_deadline", 15)
-    return DecisionStream(
-        settings_for(emu),
-        REQUEST,
-        state=state,
-        decision_mode=mode,
-        identity=identity,
-        backoff=backoff,
-        **kwargs,
-    )
 
 
 def billed_for(emu: Emulator) -> list[Any]:
@@ -221,7 +197,8 @@ async def test_a_write_that_fails_on_a_lost_connection_leads_to_a_replay(
 ) -> None:
     emu = await make_emulator()
     async with make_stream(emu, fast_backoff) as stream:
-        ws = stream._connection.socket
+        assert stream.connection is not None
+        ws = stream.connection.socket
         assert ws is not None
 
         write = ws.transport.write

@@ -19,8 +19,14 @@ import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
-from tests.airflow.test_triggers import emulator, rebuilt, rules_file, sensor_trigger  # noqa: F401 - fixtures
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from tests import helpers
+from tests.helpers import trigger_kwargs
 from tests.stream.support import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
+
+#: The trigger test's fixtures (an emulator serving the trigger's connection, and its rules).
+rules_file = helpers.rules_file
+emulator = helpers.emulator
 
 CHANGES = 5
 #: No heartbeat or watchdog timer fires while the test runs: every wake-up counted is a frame's.
@@ -53,19 +59,25 @@ async def held(make_emulator: EmulatorFactory, fast_backoff: Backoff) -> AsyncIt
 
 
 async def test_frames_that_leave_nothing_to_send_do_not_wake_the_writer(held: DecisionStream) -> None:
-    stream, session = held, held.session
+    stream = held
     decisions = stream.decisions()
     await decision_for(decisions, stream)
     sent = {"frames": 0, "wake_ups": 0}
-    data_to_send = session.data_to_send
+    connection = stream.connection
+    assert connection is not None and connection.socket is not None
+    socket = connection.socket
+    flush, send_texts = connection.flush, socket.send_texts
 
-    def counting(now: float) -> list[str]:
-        frames = data_to_send(now)
+    def counting_turn() -> None:  # the writer's turn: a wake-up of the writer
         sent["wake_ups"] += 1
-        sent["frames"] += len(frames)
-        return frames
+        flush()
 
-    session.data_to_send = counting  # type: ignore[method-assign]
+    def counting_frames(texts: list[str]) -> None:
+        sent["frames"] += len(texts)
+        send_texts(texts)
+
+    connection.flush = counting_turn  # type: ignore[method-assign]
+    socket.send_texts = counting_frames  # type: ignore[method-assign]
     for index in range(CHANGES):
         await stream.append_text(f"line {index}\n")
         await decision_for(decisions, stream)
@@ -80,8 +92,9 @@ async def test_a_change_goes_out_from_the_callers_task_without_a_scheduled_turn(
     stream = held
     decisions = stream.decisions()
     await decision_for(decisions, stream)
-    socket = stream._connection.socket
-    assert socket is not None
+    connection = stream.connection
+    assert connection is not None and connection.socket is not None
+    socket = connection.socket
     written: list[str] = []
     send_texts = socket.send_texts
 
@@ -91,13 +104,14 @@ async def test_a_change_goes_out_from_the_callers_task_without_a_scheduled_turn(
 
     socket.send_texts = counting  # type: ignore[method-assign]
     turns = {"scheduled": 0}
-    flush_now = stream._connection._turn_soon_fired
+    flush_now = connection.flush
 
     def counting_turn() -> None:
-        turns["scheduled"] += 1
+        if asyncio.current_task() is None:  # run by the loop (a callback or a timer), not a task
+            turns["scheduled"] += 1
         flush_now()
 
-    stream._connection._turn_soon_fired = counting_turn  # type: ignore[method-assign]
+    connection.flush = counting_turn  # type: ignore[method-assign]
     caller = asyncio.current_task()
     assert caller is not None
     for index in range(CHANGES):
@@ -124,14 +138,13 @@ async def test_an_acknowledgement_does_not_wake_the_decisions_consumer(
     )
     async with stream:
         waits: list[asyncio.Future[Any]] = []  # each wait of the consumer is one wake-up after
-        delivery = stream._delivery  # where decisions() waits
-        wake_on_decision = delivery.wake_on_decision
+        wake_on_decision = stream.wake_on_decision  # where decisions() waits
 
         def counting(waiter: asyncio.Future[Any]) -> None:
             waits.append(waiter)
             wake_on_decision(waiter)
 
-        delivery.wake_on_decision = counting  # type: ignore[method-assign]
+        stream.wake_on_decision = counting  # type: ignore[method-assign]
         decisions = stream.decisions()
         consumer = asyncio.ensure_future(anext(decisions))
         await stream.wait_in_sync(timeout=10)  # the consumer is waiting by now
@@ -146,23 +159,23 @@ async def test_an_acknowledgement_does_not_wake_the_decisions_consumer(
 
 
 async def test_the_sensor_trigger_hands_over_its_event_before_closing_the_stream(
-    emulator: Emulator,  # noqa: F811 - the fixture imported above
+    emulator: Emulator,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "job.log"
     log.write_text("Job is ready.\n")
     source = {"type": "file", "path": str(log), "poll_interval": 3600.0}
-    trigger = rebuilt(sensor_trigger(source=source, lease_after=30.0))  # a warm stream: held
+    made = SystemZeroDecisionTrigger(**trigger_kwargs(source=source, lease_after=30.0))  # a warm stream: held
+    trigger = SystemZeroDecisionTrigger(**made.serialize()[1])  # as the triggerer rebuilds it
     run = trigger.run()
     try:
         async with asyncio.timeout(20):
             event = await anext(run)
         assert event.payload["status"] == "success"
-        stream = trigger._stream.stream
         # the event is out while the connection is still open: it did not wait for the close
-        assert stream is not None and stream.connected
+        assert emulator.stats.streams_open == 1
         with pytest.raises(StopAsyncIteration):
             await anext(run)  # after the event, the trigger closes its stream and returns
-        assert trigger._stream.stream is None and not stream.connected
+        await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
     finally:
         await run.aclose()

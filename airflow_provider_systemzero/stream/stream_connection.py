@@ -1,61 +1,116 @@
-"""One connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`: open it, serve it, close it.
+"""The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`: one at a time, opened, served, and opened again.
 
-* the upgrade follows WIRE.md §1: the exact URL from the origin, ``Authorization: Bearer``, only
-  the ``system-zero.stream.v1`` subprotocol (checked after connecting), no compression, no
-  ``Origin``, no cookies, no proxy from the environment, ``max_size`` from the limits;
-* no task serves a connection: the :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`
-  hands each message to the session in the transport's callback, and the *writer's turn*
-  (:meth:`ConnectionServer.flush`) writes ``session.data_to_send(now)`` at once — after a
-  message that made something due, after a change, and at ``session.next_wakeup(now)`` (one
-  timer per connection); a peer silent past ``session.receipt_deadline()`` is treated as dead
-  (native pings run too); the run loop's task only opens the connection and waits for its end;
-* nothing waits on the peer without a bound: a peer that reads nothing for
-  ``write_progress_timeout`` while frames wait drops the connection, a close takes at most the
-  close-handshake timeout, a redirect of the upgrade is refused, and pongs are coalesced and
-  rate-bounded;
-* the gateway's words are untrusted: a key echoed back is scrubbed from every frame, and server
-  text is escaped and bounded before it is logged or raised (:mod:`~airflow_provider_systemzero.stream.untrusted`);
-* how the connection ended is described in an :class:`Ended` for the run loop
-  (:mod:`~airflow_provider_systemzero.stream.run_loop`) to plan from.
+:class:`StreamConnection` is the I/O under the stream, as websockets' ``Connection`` is under its
+protocol and httpcore's connection under its pool. It owns the socket, the writer and the task
+that connects and reconnects, and drives the stream's sans-I/O
+:class:`~airflow_provider_systemzero.protocol.client.ClientSession`; it decides nothing about the
+caller's decisions: everything the session's events mean, and the answer to the session's
+question before a dispatch, goes up to the stream through the one entry the stream gave it
+(:meth:`StreamConnection.start`'s ``handle``), together with the connection's own
+:class:`ConnectionLost`, :class:`ConnectionFailed` and :class:`ConnectionStopped`.
 
-:class:`ConnectionServer` is the part of a :class:`~airflow_provider_systemzero.stream.DecisionStream`
-that holds its connection: the socket, the writer's timers (see the table of
-:mod:`~airflow_provider_systemzero.stream.life`) and why the connection ends. It hands the core's
-events to the stream's :class:`~airflow_provider_systemzero.stream.core_events.CoreEvents`.
+**Opening.** Before each connection the stream's turn is taken: :meth:`StreamStarts.turn
+<airflow_provider_systemzero.stream.starts.StreamStarts.turn>` waits, on_change, for the
+account's decision start the connection's ``start`` will spend, then for a slot of the
+process-wide :class:`~airflow_provider_systemzero.stream.capacity.StreamCapacity`, which the
+connection holds until it ends. The upgrade follows WIRE.md §1
+(:mod:`~airflow_provider_systemzero.stream.connection`): the exact URL from the origin,
+``Authorization: Bearer``, only the ``system-zero.stream.v1`` subprotocol (checked after
+connecting), no compression, no ``Origin``, no cookies, no proxy from the environment,
+``max_size`` from the limits.
+
+**Serving.** No task serves a connection: the
+:class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket` hands each message to
+the session in the transport's callback, and the *writer's turn* (:meth:`StreamConnection.flush`)
+writes ``session.data_to_send(now)`` at once — after a message that made something due, after a
+change (from the caller's task), and at ``session.next_wakeup(now)`` (one timer per connection);
+a peer silent past ``session.receipt_deadline()`` is treated as dead (native pings run too). The
+run loop's task only opens the connection and waits for its end. Nothing waits on the peer
+without a bound: a peer that reads nothing for ``write_progress_timeout`` while frames wait drops
+the connection, a close takes at most the close-handshake timeout, a redirect of the upgrade is
+refused, and pongs are coalesced and rate-bounded. The gateway's words are untrusted: a key echoed
+back is scrubbed from every frame, and server text is escaped and bounded before it is logged or
+raised (:mod:`~airflow_provider_systemzero.stream.untrusted`).
+
+**Reconnecting.** When a connection ends, how it ended (an :class:`Ended`) goes to the core's
+:class:`~airflow_provider_systemzero.protocol.reconnect.ReconnectPlanner`, and the loop does what
+it says: reconnect after the planned delay (backoff that never undercuts the server's delay and
+grows across unproductive connections), reconnect only once there is work, or stop with one of
+:mod:`~airflow_provider_systemzero.stream.exceptions`; every reconnect replays the full desired
+state byte-identically. What it says about failed attempts is
+:class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`'.
+
+**Its wake-ups**, each held by this class: ``turn_soon`` (a writer's turn in the next loop
+iteration, however often it was asked: :meth:`~StreamConnection.kick`), ``alarm`` (the writer's
+one timer: the earliest of the session's ``next_wakeup``, the receipt deadline and the next
+report of a decision owed), ``pong_turn`` (pongs owed, at most every 1/40 s) and ``wakeup`` (a
+:class:`~airflow_provider_systemzero.stream.life.Pulse`: the run loop waiting for work or out its
+backoff, woken by :meth:`~StreamConnection.kick` and :meth:`~StreamConnection.close`); the
+socket's own ``lost`` future ends the serving.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from airflow_provider_systemzero.protocol.client import ClientSession
+from airflow_provider_systemzero.protocol.client_events import (
+    Acknowledged,
+    ClientEvent,
+    DecisionFailedEvent,
+    DecisionReceived,
+    GoodbyeReceived,
+    ServerError,
+)
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
-from airflow_provider_systemzero.protocol.reconnect import CloseCode, ConnectionOutcome
+from airflow_provider_systemzero.protocol.messages import Error, Goodbye
+from airflow_provider_systemzero.protocol.reconnect import (
+    Backoff,
+    CloseCode,
+    ConnectionOutcome,
+    PlanKind,
+    ReconnectPlan,
+    ReconnectPlanner,
+)
 from airflow_provider_systemzero.stream.accounting import DispatchAccounting
 from airflow_provider_systemzero.stream.connection import (
     open_socket,
     subprotocol_violation,
     upgrade_refusal_error,
 )
-from airflow_provider_systemzero.stream.core_events import ConnectionFacts, CoreEvents
-from airflow_provider_systemzero.stream.diagnosis import is_network_error
+from airflow_provider_systemzero.stream.diagnosis import NetworkFailures, is_network_error
 from airflow_provider_systemzero.stream.exceptions import (
     ProtocolViolation,
     StreamClosed,
     SystemZeroValidationError,
+    UpgradeRefused,
 )
 from airflow_provider_systemzero.stream.gateway_socket import CONTROL_REPLY_BUDGET, GatewaySocket
-from airflow_provider_systemzero.stream.life import StreamLife, StreamView
+from airflow_provider_systemzero.stream.life import Pulse
 from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, ObserverRelay
+from airflow_provider_systemzero.stream.settings import StreamSettings
 from airflow_provider_systemzero.stream.tls import TLSContexts
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
 
-__all__ = ["ConnectionServer", "Ended"]
+__all__ = [
+    "ConnectionFailed",
+    "ConnectionLost",
+    "ConnectionStopped",
+    "Reconnect",
+    "StreamConnection",
+    "StreamEvent",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +123,60 @@ _PONG_FLUSH_INTERVAL = 1 / 40
 #: after twice as long each time, up to the cap: a slow gateway is a visible wait, not a silent one.
 DECISION_WAIT_REPORT_S = 10.0
 DECISION_WAIT_REPORT_CAP_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLost:
+    """The connection the session was served on is gone (the session replays what was not
+    acknowledged on the next one): what it may have left behind is the stream's to settle."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionFailed:
+    """A connection, or an attempt at one, ended with a retryable failure and the next is planned:
+    the stream's last error until a decision overcomes it.
+
+    :param error: the failure.
+    """
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStopped:
+    """No connection follows: the stream closed (``error`` ``None``), or cannot go on.
+
+    :param error: why the stream cannot go on (a final refusal, a violation, a bug), or ``None``.
+    """
+
+    error: BaseException | None
+
+
+#: What a stream's connection tells the stream: the session's events (a frame's, and its question
+#: before a dispatch) and the connection's own.
+StreamEvent: TypeAlias = ClientEvent | ConnectionLost | ConnectionFailed | ConnectionStopped
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """One reconnect, as the tests and operators see it.
+
+    :param reason: why the previous connection ended (``goodbye:shutdown`` — ``goodbye:other`` for a
+        reason the document does not name —, ``close``, ``network``, ``upgrade_refused``,
+        ``receipt_timeout``, ``write_timeout``, ``protocol_violation``, ``released`` …).
+    :param close_code: the close code seen (1006 for an abrupt loss; ``None`` if there was no connection).
+    :param server_delay: the server's minimum delay in seconds, if it named one.
+    :param planned_delay: the delay chosen (backoff, never below ``server_delay``).
+    :param waited: seconds actually waited between the end of the previous attempt and this one.
+    :param attempt: the backoff attempt (0 after a connection that got its ``start`` acknowledged).
+    """
+
+    reason: str
+    close_code: int | None
+    server_delay: float | None
+    planned_delay: float
+    waited: float
+    attempt: int
 
 
 @dataclass(slots=True)
@@ -83,39 +192,91 @@ class Ended:
     final: bool = False
 
 
-class ConnectionServer:
-    """The part of a :class:`~airflow_provider_systemzero.stream.DecisionStream` that serves its
-    connections, one at a time: the
-    :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler` of its sockets, and
-    the writer.
+@dataclass(slots=True)
+class _Pending:
+    """A connection that ended, and the plan for the next."""
 
-    :param stream: the stream (its settings and session).
-    :param life: the stream's life (closing, failed; the pulse).
-    :param events: what acts on the core's events (and keeps the connection's facts).
-    :param accounting: what the dispatches cost (how long a decision has been owed).
-    :param observations: what the observer hears.
+    plan: ReconnectPlan
+    close_code: int | None
+    failed_at: float
+
+
+def _ignore(events: Sequence[StreamEvent]) -> None:
+    """Where the connection's events go while no stream runs it."""
+
+
+class StreamConnection:
+    """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`, one at a
+    time (see the module): the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler`
+    of its sockets, the writer, and the task that connects and reconnects.
+
+    :param session: the stream's session, whose I/O side this connection drives.
+    :param settings: where and how to connect.
+    :param tls: the connection's TLS files (read and checked before the first connection).
+    :param take_turn: the stream's turn before each connection
+        (:meth:`StreamStarts.turn <airflow_provider_systemzero.stream.starts.StreamStarts.turn>`):
+        the connection opens and is served inside it, holding a slot of the stream cap.
+    :param accounting: what the stream's dispatches cost (how long a decision has been owed, for
+        the log).
+    :param observations: what the stream's observer hears.
+    :param backoff: the reconnect backoff.
+    :param reached: an earlier stream of the same caller reached this gateway (see
+        :class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`).
     """
 
     def __init__(
         self,
-        stream: StreamView,
-        life: StreamLife,
-        events: CoreEvents,
+        session: ClientSession,
+        settings: StreamSettings,
+        tls: TLSContexts,
+        take_turn: Callable[[StreamConnection], AbstractAsyncContextManager[None]],
         accounting: DispatchAccounting,
         observations: ObserverRelay,
+        *,
+        backoff: Backoff,
+        reached: bool,
     ) -> None:
-        self._stream = stream
-        self._life = life
-        self._events = events
+        self._session = session
+        self._settings = settings
+        self._tls = tls
+        self._take_turn = take_turn
         self._accounting = accounting
         self._observations = observations
-        #: The connection's TLS files (set by the stream on entering, before the first connection).
-        self.tls: TLSContexts | None = None
+        self._backoff = backoff
+        self._reached = reached
+        #: The stream's one entry for what this connection tells it (given by :meth:`start`,
+        #: dropped when the loop ends, so that a closed stream and its connection hold no cycle).
+        self._handle: Callable[[Sequence[StreamEvent]], None] = _ignore
+        #: The run loop's task (made by :meth:`start`).
+        self._task: asyncio.Task[None] | None = None
+        #: Every reconnect made, in order (appended by the run loop).
+        self.reconnects: list[Reconnect] = []
+        #: What the stream says about failed attempts (made when the loop starts).
+        self.network: NetworkFailures | None = None
+        #: Disconnected on purpose, waiting for work (set while the run loop waits for it).
+        self.dormant = False
+        #: Callers that need a connection whatever the session's work (:meth:`needed`).
+        self._needed = 0
+        #: The stream closes or failed: the open connection closes at the writer's next turn and
+        #: no other opens (set by :meth:`close` and :meth:`stop`).
+        self._closing = False
+        #: The run loop's wake-up while it waits for work or out its backoff (fired by
+        #: :meth:`kick` and :meth:`close`).
+        self.wakeup = Pulse()
         #: The open connection, serving the session (set in :meth:`socket_opened`, cleared when it
         #: is gone); ``None`` between connections.
         self.socket: GatewaySocket | None = None
-        #: What the current connection's events told (a new one per attempt, from the events).
-        self.facts = ConnectionFacts()
+        # What the current connection told about itself (reset when an attempt begins):
+        #: the gateway acknowledged ``start`` on it
+        self._started = False
+        #: a decision arrived on it
+        self._decided = False
+        #: the gateway's goodbye, if it said one
+        self._goodbye: Goodbye | None = None
+        #: the last fatal error the gateway sent on it
+        self._last_fatal: Error | None = None
+        #: this side gives the connection back once nothing is due (:meth:`give_back`)
+        self._giving_back = False
         # Why the current connection ends, set by whoever ends it and read by _ended:
         #: a message broke the protocol, or handling it failed (a bug)
         self._frame_error: BaseException | None = None
@@ -125,13 +286,13 @@ class ConnectionServer:
         self._silent = False
         #: a failed dispatch the gateway does not retry on this connection: it is replayed on a new one
         self._recycle = False
-        #: this side began the close (the stream closes, fails, is released or replays)
+        #: this side began the close (the stream closes, fails, gives the connection back or replays)
         self._closed_by_us = False
         #: monotonic time the current connection opened
         self._opened_at = 0.0
         #: the key, as removed from every frame of the connection
         self._scrub_secret: str | None = None
-        # The writer's signals (see the table of stream.life):
+        # The writer's signals (see the module):
         #: a writer's turn asked for in the next loop iteration (:meth:`kick`)
         self.turn_soon: asyncio.Handle | None = None
         #: the writer's one timer: a turn when something falls due (:meth:`_set_alarm`)
@@ -143,20 +304,231 @@ class ConnectionServer:
         #: the decision wait last said in the log: (since, next report, gap); see _report_decision_wait
         self._decision_wait_report: tuple[float | None, float, float] = (None, 0.0, 0.0)
 
-    # ------------------------------------------------------------------ opening and the end
+    # ------------------------------------------------------------------ what the stream reads
 
-    async def connect_and_serve(self) -> Ended:
+    @property
+    def open(self) -> bool:
+        """Whether a connection is open and serves the session."""
+        return self.socket is not None
+
+    @property
+    def decided(self) -> bool:
+        """Whether a decision arrived on the current connection."""
+        return self._decided
+
+    @property
+    def giving_back(self) -> bool:
+        """Whether the current connection is being given back (:meth:`give_back`)."""
+        return self._giving_back
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run loop ran and ended."""
+        return self._task is not None and self._task.done()
+
+    # ------------------------------------------------------------------ what the stream asks
+
+    def start(self, handle: Callable[[Sequence[StreamEvent]], None], name: str) -> None:
+        """Start the run loop.
+
+        :param handle: the stream's one entry for what the connection tells it (held while the
+            loop runs: the stream is kept by its running loop).
+        :param name: the task's name.
+        """
+        self._handle = handle
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    async def stop(self, grace: float | None) -> None:
+        """End the loop's task: the close handshake in its time (at most ``grace``), then an
+        abort; a cancellation of the caller meanwhile propagates once the task has ended.
+
+        :param grace: seconds the close handshake may take at most (``None``: its own timeout).
+        """
+        self._closing = True
+        self.wakeup.fire()
+        runner = self._task
+        if runner is None or runner.done():
+            return
+        socket = self.socket
+        if socket is not None and socket.paused:
+            # the peer is not reading: a close frame would queue behind the held-up write
+            log.warning(
+                "the System Zero gateway is not reading: closing the connection without a close handshake"
+            )
+            socket.abort()
+        elif socket is not None:
+            # serving: the writer's turn closes with 1000 and the run loop releases everything
+            self.flush()
+        if socket is not None:
+            try:
+                # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for swallows a
+                # cancellation that arrives as the runner ends, and the caller would never see it
+                limit = self.close_timeout() + 1
+                await asyncio.wait((runner,), timeout=limit if grace is None else min(limit, grace))
+            except asyncio.CancelledError:
+                runner.cancel()
+                raise
+        if runner.done():
+            return
+        if self.socket is not None:
+            self.socket.abort()  # the graceful close had its time
+        runner.cancel()
+        try:
+            await runner
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller's own cancellation, not only the runner's
+        except Exception:
+            pass  # the runner's own failure: the stream is closing anyway
+
+    def close(self) -> None:
+        """The stream closes or failed: the open connection closes (1000) at the writer's next turn,
+        and no other opens."""
+        self._closing = True
+        self.wakeup.fire()
+        self._turn_soon()
+
+    def give_back(self) -> None:
+        """Give the current connection back (1000) once nothing is due; the next one opens when
+        the stream has work (a lease given back, a socket for a stream that waits for one, a 429
+        the gateway would retry). About this connection only: one that ends first for another
+        reason takes it with it."""
+        self._giving_back = True
+        self.kick()
+
+    @contextlib.contextmanager
+    def needed(self) -> Iterator[None]:
+        """``with connection.needed():`` a connection is work for the block, whatever the
+        session's (a caller waiting to be in sync reconnects a stream left disconnected)."""
+        self._needed += 1
+        self.kick()
+        try:
+            yield
+        finally:
+            self._needed -= 1
+
+    # ------------------------------------------------------------------ the run loop
+
+    async def _run(self) -> None:
+        settings = self._settings
+        network = self.network = NetworkFailures(
+            settings.url,
+            open_timeout=settings.open_timeout,
+            proxy=settings.proxy,
+            reached=self._reached,
+        )
+        planner = ReconnectPlanner(self._backoff)
+        pending: _Pending | None = None
+        error: BaseException | None = None
+        try:
+            while not self._closing:
+                attempt_number = planner.attempt
+                if pending is not None:
+                    plan = pending.plan
+                    if plan.kind is PlanKind.WHEN_NEEDED:
+                        await self._wait_for_work()
+                        if self._closing:
+                            return
+                    remaining = plan.delay - (time.monotonic() - pending.failed_at)
+                    if remaining > 0:
+                        await self.wakeup.sleep(remaining, until=lambda: self._closing)
+                        if self._closing:
+                            return
+                    waited = time.monotonic() - pending.failed_at
+                    self.reconnects.append(
+                        Reconnect(
+                            plan.reason,
+                            pending.close_code,
+                            plan.server_delay,
+                            plan.delay,
+                            waited,
+                            plan.attempt,
+                        )
+                    )
+                    log.info(
+                        "reconnecting the System Zero stream after %s (close %s, waited %.3f s)",
+                        plan.reason,
+                        pending.close_code,
+                        waited,
+                    )
+                    self._observations.now("reconnecting", plan.reason, pending.close_code, plan.delay)
+                    attempt_number = plan.attempt
+                    pending = None
+                async with self._take_turn(self):  # the stream's turn, and a slot for the connection
+                    self._observations.now("connecting", settings.url, attempt_number)
+                    ended = await self._serve()
+                outcome = ended.outcome
+                if ended.final:
+                    if ended.error is not None:
+                        error = ended.error
+                    elif not self._closing:  # never leave waiters hanging
+                        error = StreamClosed(outcome.close_code, outcome.label)
+                    return
+                plan = planner.plan(outcome)
+                if plan.kind is PlanKind.STOP:
+                    error = self._stop_error(ended, plan)
+                    return
+                if ended.error is not None:
+                    self._handle([ConnectionFailed(ended.error)])
+                if outcome.kind == "network" and ended.error is not None:
+                    network.record(ended.error)
+                    if (unreachable := network.give_up()) is not None:
+                        error = unreachable
+                        return
+                else:
+                    network.answered()
+                if plan.kind is PlanKind.RECONNECT:
+                    plan = dataclasses.replace(plan, delay=network.bound_delay(plan.delay))
+                pending = _Pending(plan, outcome.close_code, time.monotonic())
+                if plan.kind is PlanKind.WHEN_NEEDED:
+                    log.info(
+                        "System Zero stream connection ended (%s, close %s); reconnecting when there is "
+                        "something to send or to wait for, not before %.3f s",
+                        plan.reason,
+                        outcome.close_code,
+                        plan.delay,
+                    )
+                else:
+                    log.info(
+                        "System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
+                        plan.reason,
+                        outcome.close_code,
+                        plan.delay,
+                    )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: never leave waiters hanging
+            log.exception("System Zero stream loop crashed")
+            error = exc
+        finally:
+            handle, self._handle = self._handle, _ignore
+            handle([ConnectionStopped(error)])
+
+    async def _wait_for_work(self) -> None:
+        """Wait until the session needs a connection, or a caller does (or the stream closes)."""
+        session = self._session
+        self.dormant = True
+        try:
+            while not self._closing and not (session.has_work() or self._needed):
+                await self.wakeup.wait(None)
+        finally:
+            self.dormant = False
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _serve(self) -> Ended:
         """Open a connection, serve it until it is gone, and say how it ended."""
-        settings = self._stream.settings
-        assert settings is not None
+        settings = self._settings
         url = settings.url
-        self.facts = self._events.new_connection()
+        self._started = self._decided = self._giving_back = False
+        self._goodbye = self._last_fatal = None
         self._frame_error = None
         self._violation = None
         self._silent = self._recycle = self._closed_by_us = False
         self._opened_at = time.monotonic()
         try:
-            socket = await open_socket(settings, self._stream.session.limits, self, self.tls)
+            socket = await open_socket(settings, self._session.limits, self, self._tls)
         except BaseException as exc:
             adopted = self.socket
             if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
@@ -178,7 +550,7 @@ class ConnectionServer:
         if isinstance(exc, InvalidStatus):
             return self._upgrade_refused(exc, url)
         if is_network_error(exc):
-            delay_ms = self._stream.session.next_connection_delay_ms(time.monotonic())
+            delay_ms = self._session.next_connection_delay_ms(time.monotonic())
             return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
         if isinstance(exc, InvalidURI):
             return Ended(
@@ -207,16 +579,14 @@ class ConnectionServer:
         self._set_alarm(None)
         if self.socket is not socket:
             return  # never opened for the session (refused subprotocol)
-        self._stream.session.connection_lost()
-        self._events.connection_ended()
-        self.facts.open = False
+        self._session.connection_lost()
         self.socket = None
+        self._handle([ConnectionLost()])
         self._observations.now(
             "closed",
             socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
             server_text(socket.close_reason or "", self.secret()),
         )
-        self._life.pulse()
 
     def _ended(self, socket: GatewaySocket) -> Ended:
         """How the connection ended, for the run loop to plan from."""
@@ -260,19 +630,19 @@ class ConnectionServer:
             )
         if error is not None:
             raise error  # handling a message failed: a bug, which ends the stream
-        final = self._life.ending
+        final = self._closing
         if self._closed_by_us:
             if final:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
             if self._recycle:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "recycled"))
-            if self.facts.release:
+            if self._giving_back:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "released"))
             return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
         breach = None if final else self._frame_breach(socket)
         if breach is not None:
             return breach
-        goodbye = self.facts.goodbye
+        goodbye = self._goodbye
         if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
             log.info(
                 "the System Zero gateway said goodbye for an unknown reason %s",
@@ -302,7 +672,7 @@ class ConnectionServer:
             return None
         code = CloseCode(sent.code)
         if code == CloseCode.MESSAGE_TOO_BIG:
-            limit = self._stream.session.limits.max_message_bytes
+            limit = self._session.limits.max_message_bytes
             log.warning(
                 "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
                 limit,
@@ -332,20 +702,19 @@ class ConnectionServer:
         )
 
     def _outcome(self, socket: GatewaySocket, code: int | None, kind: str = "closed") -> ConnectionOutcome:
-        facts = self.facts
-        goodbye, fatal = facts.goodbye, facts.last_fatal
-        session = self._stream.session
+        goodbye, fatal = self._goodbye, self._last_fatal
+        session = self._session
         return ConnectionOutcome(
             code,
             server_text(socket.close_reason or "", self.secret()),
             goodbye.reason if goodbye else None,
             session.next_connection_delay_ms(time.monotonic()),
             fatal.code if fatal else None,
-            facts.started,
-            facts.decided,
+            self._started,
+            self._decided,
             time.monotonic() - self._opened_at,
             kind,
-            released=facts.release,
+            released=self._giving_back,
             work_left=session.has_work(),
         )
 
@@ -368,7 +737,7 @@ class ConnectionServer:
                     "upgrade",
                     None if error.retry_after_ms is None else error.retry_after_ms / 1000,
                 )
-        named = self._stream.session.next_connection_delay_ms(time.monotonic())
+        named = self._session.next_connection_delay_ms(time.monotonic())
         delays = [delay for delay in (error.retry_after_ms, named) if delay is not None]
         return Ended(
             ConnectionOutcome(
@@ -384,13 +753,13 @@ class ConnectionServer:
 
     def socket_opened(self, socket: GatewaySocket) -> None:
         """The upgrade succeeded (in the transport's callback; ``hello`` may follow at once)."""
-        url = self._url()
+        url = self._settings.url
         violation = subprotocol_violation(socket, url)
         if violation is not None:
             self._violation = violation
             socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
             return
-        session = self._stream.session
+        session = self._session
         self._opened_at = now = time.monotonic()
         try:
             session.connection_opened(now)
@@ -398,7 +767,6 @@ class ConnectionServer:
             self._broke(socket, exc)
             return
         self.socket = socket
-        self.facts.open = True
         socket.write_timeout = self.write_timeout()
         self._scrub_secret = self.secret()
         replay = session.connections > 1
@@ -414,7 +782,7 @@ class ConnectionServer:
         if socket is None or self._frame_error is not None:
             return  # not served (yet), or after a broken rule: a message changes nothing
         try:
-            due = self._handle(message)
+            due = self._handle_frame(message)
         except Exception as exc:
             if self._closed_by_us and isinstance(exc, RemoteProtocolError):
                 # a peer may send until it sees our close: a bad message then changes nothing
@@ -455,16 +823,31 @@ class ConnectionServer:
                 raise
             self._broke(socket, exc)
 
-    def _handle(self, frame: str | bytes) -> bool:
-        """Feed one frame to the session and act on its events; whether the session has
+    def _handle_frame(self, frame: str | bytes) -> bool:
+        """Feed one frame to the session and its events to the stream; whether the session has
         something to write now (this frame gave the writer something to do)."""
         if isinstance(frame, str):
             frame = scrub(
                 frame, self._scrub_secret
             )  # a key echoed back never reaches a message, log or error
         now = time.monotonic()
-        events = self._stream.session.receive_text(frame, now)
-        self._events.dispatch(events)
+        events = self._session.receive_text(frame, now)
+        for event in events:  # what the connection's end is described from
+            if isinstance(event, Acknowledged):
+                if event.message_type == "start":
+                    self._started = True
+            elif isinstance(event, DecisionReceived):
+                if not event.repeated:
+                    self._decided = True
+            elif isinstance(event, ServerError):
+                if event.error.fatal:
+                    self._last_fatal = event.error
+            elif isinstance(event, DecisionFailedEvent):
+                if event.error.fatal and not event.repeated:
+                    self._last_fatal = event.error
+            elif isinstance(event, GoodbyeReceived):
+                self._goodbye = event.goodbye
+        self._handle(events)
         if not events:  # a ping (or scheduled): pongs go out at a bounded rate, coalesced
             self._pongs_owed()
             return False
@@ -483,11 +866,16 @@ class ConnectionServer:
         socket = self.socket
         if socket is None or not socket.open:
             return
-        session = self._stream.session
+        session = self._session
         now = time.monotonic()
-        if not socket.paused and (frames := session.data_to_send(now)):
-            socket.send_texts(frames)
-        if self._life.ending or self.facts.release:
+        if not socket.paused:
+            frames = session.data_to_send(now)
+            if (asked := session.admission_wanted) is not None:  # one dispatch a turn, one question
+                self._handle([asked])  # the stream answers it: session.admit(...)
+                frames += session.data_to_send(now)
+            if frames:
+                socket.send_texts(frames)
+        if self._closing or self._giving_back:
             self._close_connection(socket)
             return
         if session.recycle_due(now):
@@ -524,8 +912,8 @@ class ConnectionServer:
             log.info(
                 "waiting for the System Zero gateway's decision for %.0f s (state version %d acknowledged%s)",
                 now - since,
-                self._events.state_version,
-                "" if self._stream.session.in_sync else "; a newer change waits to be sent",
+                self._session.state_version,
+                "" if self._session.in_sync else "; a newer change waits to be sent",
             )
             gap = min(gap * 2, DECISION_WAIT_REPORT_CAP_S)
             at = now + gap
@@ -542,7 +930,7 @@ class ConnectionServer:
         """Whether the session has something to write now; if it will later, sooner than the
         writer's timer rings, the timer is moved (a frame that leaves nothing to send, such as
         most acks and decisions, costs no writer's turn)."""
-        due = self._stream.session.next_wakeup(now)
+        due = self._session.next_wakeup(now)
         if due is None:
             return False
         if due <= now:
@@ -559,11 +947,11 @@ class ConnectionServer:
             self.kick()
 
     def kick(self) -> None:
-        """Something to send or to look at: the stream pulses (the run loop wakes if it waits for
-        work) and, on an open connection, a writer's turn runs in the next loop iteration (once,
+        """Something to send or to look at: the run loop wakes if it waits (for work, or out its
+        backoff) and, on an open connection, a writer's turn runs in the next loop iteration (once,
         however often it is asked): for what does not run from the caller's own task or a socket
         callback."""
-        self._life.pulse()
+        self.wakeup.fire()
         self._turn_soon()
 
     def _turn_soon(self) -> None:
@@ -619,21 +1007,30 @@ class ConnectionServer:
 
     def write_timeout(self) -> float:
         """Seconds a peer may read nothing while frames wait (``write_progress_timeout``)."""
-        return self._stream.session.limits.write_progress_timeout_ms / 1000
+        return self._session.limits.write_progress_timeout_ms / 1000
 
     def close_timeout(self) -> float:
-        """Seconds the close handshake may take (5 before the limits are known)."""
-        try:
-            limits = self._stream.session.limits
-        except RuntimeError:  # the settings are not resolved yet
-            return 5.0
-        return limits.close_handshake_timeout_ms / 1000
+        """Seconds the close handshake may take."""
+        return self._session.limits.close_handshake_timeout_ms / 1000
 
-    def _url(self) -> str:
-        settings = self._stream.settings
-        return settings.url if settings else "the gateway"
+    def secret(self) -> str:
+        """The API key as it is removed from the gateway's text."""
+        return self._settings.api_key.strip()
 
-    def secret(self) -> str | None:
-        """The API key as it is removed from the gateway's text (``None`` before the settings)."""
-        settings = self._stream.settings
-        return settings.api_key.strip() if settings else None
+    @staticmethod
+    def _stop_error(ended: Ended, plan: ReconnectPlan) -> BaseException:
+        """The error a stopped stream raises: the connection's own, or why its close is final."""
+        error = ended.error
+        if isinstance(error, ProtocolViolation | UpgradeRefused):
+            return error
+        outcome = ended.outcome
+        detail = f" after error {server_token(outcome.fatal_code)}" if outcome.fatal_code else ""
+        return StreamClosed(
+            outcome.close_code,
+            outcome.close_reason,
+            message=(
+                f"the System Zero gateway closed the stream with code {outcome.close_code} "
+                f"({outcome.close_reason or 'no reason'}){detail}: {plan.final}; check the request and the "
+                "gateway's limits"
+            ),
+        )

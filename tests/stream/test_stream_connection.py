@@ -1,5 +1,5 @@
-"""Serving a connection from the transport's callbacks (``stream/serving.py``): what happens at
-the edges of that, where no task of the stream's is there to catch it.
+"""Serving a connection from the transport's callbacks (``stream/stream_connection.py``): what
+happens at the edges of that, where no task of the stream's is there to catch it.
 
 An upgrade answered in the very loop turn in which ``open_timeout`` ends the opening leaves no
 half-adopted connection behind; and a failure inside a writer's turn run by a callback or a
@@ -24,9 +24,9 @@ async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_ne
     """The upgrade's answer (and its ``hello``) may reach the stream in the very loop turn in which
     ``open_timeout`` ends the opening: the stream lets go of that socket as of any lost connection
     (the session replays on the next one) rather than keeping it as its connection."""
-    from airflow_provider_systemzero.stream import serving
+    from airflow_provider_systemzero.stream import stream_connection
 
-    real_open = serving.open_socket
+    real_open = stream_connection.open_socket
     attempts: list[Any] = []
 
     async def open_then_time_out(*args: Any, **kwargs: Any) -> Any:
@@ -37,11 +37,12 @@ async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_ne
             raise TimeoutError("timed out during opening handshake")
         return socket
 
-    monkeypatch.setattr(serving, "open_socket", open_then_time_out)
+    monkeypatch.setattr(stream_connection, "open_socket", open_then_time_out)
     emu = await make_emulator()
     async with loopback_stream(emu, fast_backoff, "answered-as-timed-out") as stream:
         decision = await stream.decide(timeout=10)
-        assert stream._connection.socket is attempts[-1] and len(attempts) == 2
+        assert stream.connection is not None and stream.connection.socket is attempts[-1]
+        assert len(attempts) == 2
         assert [r.reason for r in stream.reconnects] == ["network"]
     assert decision.state_version == stream.state_version
 
@@ -57,7 +58,8 @@ async def test_a_failure_in_a_writers_turn_run_by_a_timer_fails_the_stream(
             raise RuntimeError("a bug in the writer's turn")
 
         stream.session.data_to_send = broken  # type: ignore[method-assign]
-        stream._connection.kick()  # a turn run by the loop, as a timer or a callback runs one
+        assert stream.connection is not None
+        stream.connection.kick()  # a turn run by the loop, as a timer or a callback runs one
         await until(lambda: stream.failure is not None, 10, what="the stream to fail")
         assert isinstance(stream.failure, RuntimeError) and "a bug" in str(stream.failure)
         with pytest.raises(RuntimeError, match="a bug in the writer's turn"):
