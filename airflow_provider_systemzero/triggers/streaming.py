@@ -102,8 +102,10 @@ class TriggerStream:
         """
         if self._settings is None:
             from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+            from airflow_provider_systemzero.stream.settings import shared_settings
 
-            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            self._settings = shared_settings(settings)  # the waits on one connection keep one copy
 
     def forget_settings(self) -> None:
         """Look the connection up again for the next stream (an asset watch trying again after a
