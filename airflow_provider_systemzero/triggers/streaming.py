@@ -66,8 +66,6 @@ class TriggerStream:
         self._budget: DecisionBudget | None = None
         #: the connection's settings, looked up once per trigger run
         self._settings: StreamSettings | None = None
-        #: what the streams take from Airflow's configuration: backoff base and cap, spans, content
-        self._options: tuple[float, float, bool, bool] | None = None
         #: one of the trigger's streams opened: the gateway exists, and a loopback one that refuses
         #: a later stream is restarting (that stream keeps reconnecting, see ``reached`` of
         #: :class:`~airflow_provider_systemzero.stream.DecisionStream`)
@@ -133,11 +131,10 @@ class TriggerStream:
             spans_enabled,
         )
 
-        if self._options is None:
-            base, cap = backoff_config()
-            spans = spans_enabled()
-            self._options = base, cap, spans, capture_content_enabled() if spans else False
-        base, cap, spans, capture = self._options
+        # read from Airflow's configuration for each stream, not kept across the waits between them
+        base, cap = backoff_config()
+        spans = spans_enabled()
+        capture = capture_content_enabled() if spans else False
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id, backoff=Backoff(base=base, cap=cap))
         mode = kwargs.get("decision_mode", "on_change")
         self.stream = hook.stream(
