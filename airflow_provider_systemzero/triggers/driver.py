@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.relevance import Relevance
     from airflow_provider_systemzero.protocol.reply import DecisionResult
     from airflow_provider_systemzero.sources.base import StateSource
-    from airflow_provider_systemzero.stream.capacity import SlotOffer
+    from airflow_provider_systemzero.stream.capacity import OpeningPlace, SlotOffer
     from airflow_provider_systemzero.stream.decision_stream import DecisionStream
     from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
@@ -129,6 +129,7 @@ class WatchDriver:
         "_deciding",
         "_offer",
         "_opening",
+        "_place",
         "_reading",
         "_reconnects_noted",
         "_slot_wanted",
@@ -177,7 +178,12 @@ class WatchDriver:
         #: the wake-up is among the callbacks of :attr:`_change` (it is awaited itself otherwise)
         self._change_linked = False
         self._reading: asyncio.Task[Any] | None = None
+        #: opening a stream: the connection's lookup, then (with :attr:`_place` held) the stream
+        #: built and entered
         self._opening: asyncio.Task[None] | None = None
+        #: the place among the streams being built and opened: asked for once the connection is
+        #: known, waited for through its future alone, held until the stream is open
+        self._place: OpeningPlace | None = None
         self._closing: asyncio.Task[None] | None = None
         self._deciding: asyncio.Task[DecisionResult] | None = None
         self._checking: asyncio.Task[bool] | None = None
@@ -268,7 +274,7 @@ class WatchDriver:
 
     def _under_way(self) -> bool:
         """Whether a piece of work besides the wait on the source is under way."""
-        return any(task is not None for task in self._tasks())
+        return self._place is not None or any(task is not None for task in self._tasks())
 
     def _tasks(self) -> tuple[asyncio.Task[Any] | None, ...]:
         """The pieces of work besides the wait on the source, each ``None`` when none is under way."""
@@ -288,8 +294,19 @@ class WatchDriver:
             watch.read(state, now, withheld=self.source.withheld(state))
         if self._opening is not None and self._opening.done():
             opening, self._opening = self._opening, None
-            opening.result()  # a stream that cannot open ends the run
-            watch.opened(now)
+            place, self._place = self._place, None  # given back already, if it was held
+            opening.result()  # a connection that cannot be looked up, or a stream that cannot open, ends the run
+            if place is None:  # the connection is known: wait for a place to build the stream in
+                self._place = place = self.streams.ask_opening()
+                place.future.add_done_callback(self._wake)
+            else:
+                watch.opened(now)
+        place = self._place
+        if place is not None and self._opening is None and place.future.done():
+            # the slot is near: build the stream now; the place goes back the moment it is open
+            # (or its opening failed), before the run looks at it
+            self._opening = opening = self._started(self._open())
+            opening.add_done_callback(lambda _: self.streams.leave_opening(place))
         if self._closing is not None and self._closing.done():
             self._closing = None
             watch.released(now)
@@ -371,7 +388,9 @@ class WatchDriver:
         elif isinstance(action, Open):
             if self.watch.decision_mode == "on_change":
                 self._asked_at = loop.time()
-            self._opening = self._started(self._open())
+            # the connection first (once per run); then the run waits for a place holding nothing
+            # of the stream (:meth:`_collect`), and builds it only there
+            self._opening = self._started(self.streams.resolve_settings())
         elif isinstance(action, Release):
             stream, self.stream = self.stream, None
             self._withdraw()
@@ -393,17 +412,16 @@ class WatchDriver:
             self._withdraw()
 
     async def _open(self) -> None:
-        """Build the stream about the watch's state once its slot is near, and enter it; what the
-        source gives meanwhile is sent into it (:class:`Send`), or it is built with it, so it
-        opens with the newest state."""
-        await self.streams.resolve_settings()
-        async with self.streams.opening():
-            stream = self.stream = self.streams.build(
-                self.watch.sent, decision_mode=self.watch.decision_mode, **(self.stream_kwargs or {})
-            )
-            self._reconnects_noted = 0
-            self._billed_noted = None
-            await self.streams.enter(stream)
+        """Build the stream about the watch's state, its place among the streams being opened
+        held (its slot is near), and enter it; what the source gave while the run waited for the
+        place is in the watch's state it is built with, and what it gives meanwhile is sent into
+        it (:class:`Send`), so it opens with the newest state."""
+        stream = self.stream = self.streams.build(
+            self.watch.sent, decision_mode=self.watch.decision_mode, **(self.stream_kwargs or {})
+        )
+        self._reconnects_noted = 0
+        self._billed_noted = None
+        await self.streams.enter(stream)
 
     def _on_offer(self) -> None:
         self._slot_wanted = True
@@ -445,12 +463,15 @@ class WatchDriver:
         for task in tasks:
             task.cancel()
         stream, self.stream = self.stream, None
+        place, self._place = self._place, None
         try:
             if tasks:
                 await asyncio.wait(tasks)
         finally:
             for task in tasks:
                 _retrieved(task)
+            if place is not None:  # after the task that built a stream in it ended
+                self.streams.leave_opening(place)
             if stream is not None:
                 await self.streams.close(stream)
 

@@ -25,6 +25,7 @@ from airflow_provider_systemzero.triggers.payloads import timeout_payload
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import DecisionBudget
     from airflow_provider_systemzero.sources.base import StateSource
+    from airflow_provider_systemzero.stream.capacity import OpeningPlace
     from airflow_provider_systemzero.stream.decision_stream import DecisionStream
     from airflow_provider_systemzero.stream.settings import StreamSettings
 
@@ -112,13 +113,23 @@ class TriggerStream:
         self._settings = None
         self.reached = False
 
-    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
+    def ask_opening(self) -> OpeningPlace:
         """A place among the streams being built and opened to this connection's gateway
-        (:meth:`StreamCapacity.opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.opening>`):
-        the next stream is built and entered in it, once its slot is near."""
+        (:meth:`StreamCapacity.ask_opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.ask_opening>`):
+        the next stream is built and entered once its future completes (its slot is near), and the
+        place goes back through :meth:`leave_opening`. The connection is looked up first
+        (:meth:`resolve_settings`)."""
         from airflow_provider_systemzero.stream.capacity import default_capacity
 
-        return default_capacity().opening(self._settings.url if self._settings is not None else None)
+        return default_capacity().ask_opening(self._settings.url if self._settings is not None else None)
+
+    @staticmethod
+    def leave_opening(place: OpeningPlace) -> None:
+        """Give up a place :meth:`ask_opening` gave (the stream is open, its opening failed, or the
+        run no longer waits for it)."""
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        default_capacity().leave_opening(place)
 
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         """Build the next stream about ``state`` (``kwargs`` go to the hook's ``stream()``); it is
