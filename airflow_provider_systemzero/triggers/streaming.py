@@ -48,6 +48,19 @@ class TriggerStream:
         the task (``None``: no budget, no usage report).
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_budget",
+        "_budget_kwargs",
+        "_settings",
+        "deadline",
+        "key_namespace",
+        "reached",
+        "request",
+        "stream",
+        "systemzero_conn_id",
+    )
+
     def __init__(
         self,
         systemzero_conn_id: str,
