@@ -216,16 +216,9 @@ class WatchDriver:
         if self._reading is None and self._change is None:
             self._reading = self._started(self.source.read())  # the first read, or a fresh one
         while True:
-            # the actions a verdict came before (an asset watch's) first: each is carried out
-            actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
-            for index, action in enumerate(actions):
-                if isinstance(action, Fire):
-                    self._after_fire = actions[index + 1 :]
-                    if self.watch.ended and self.stream is not None:
-                        # the event goes out first; the close frame follows in the next loop turn
-                        loop.call_soon(self.stream.close_soon)
-                    return action.verdict
-                await self._do(action)
+            fire = await self._carry_out(loop)
+            if fire is not None:
+                return fire.verdict
             self._listen(loop)
             try:
                 await self._waited()
@@ -233,6 +226,22 @@ class WatchDriver:
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
+
+    async def _carry_out(self, loop: asyncio.AbstractEventLoop) -> Fire | None:
+        """Carry out what the watch asks for now — the actions a verdict came before (an asset
+        watch's) first — up to a :class:`Fire`, which is returned (the actions after it wait for
+        the next :meth:`next_verdict`); ``None`` once every action is carried out. The actions
+        are this call's alone: none stays with the run while it waits."""
+        actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
+        for index, action in enumerate(actions):
+            if isinstance(action, Fire):
+                self._after_fire = actions[index + 1 :]
+                if self.watch.ended and self.stream is not None:
+                    # the event goes out first; the close frame follows in the next loop turn
+                    loop.call_soon(self.stream.close_soon)
+                return action
+            await self._do(action)
+        return None
 
     def _next_actions(self, now: float) -> tuple[Action, ...]:
         """What completed, fed to the watch; then what the watch asks for now."""
