@@ -16,10 +16,12 @@ A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that c
 streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
 never for the streams to other gateways, and never above the process's own limit.
 
-A stream is built only once its slot is near (:meth:`StreamCapacity.opening`): a caller with many
-streams to open — a triggerer where a thousand triggers start, or wake on one change, together —
-builds at most twice a gateway's cap of them at once, first come first served, and each place
-is held until the stream is open. A stream waiting for a slot holds its session, tasks and
+A stream is built only once its slot is near (:meth:`StreamCapacity.ask_opening`, or
+:meth:`StreamCapacity.opening` around a block): a caller with many streams to open — a triggerer
+where a thousand triggers start, or wake on one change, together — builds at most twice a
+gateway's cap of them at once, first come first served, and each place is held until the stream
+is open. A caller waiting for its place holds the place and its future only (a trigger's run
+links its wake-up to that future: no task waits). A stream waiting for a slot holds its session, tasks and
 buffers; built all at once and opened four at a time, a thousand of them would only be freed
 one slot at a time, and the allocator keeps the memory they took between what stays (the
 waiting triggers' own objects). Twice the cap keeps a built stream queued for every slot, so an
