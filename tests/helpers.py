@@ -680,6 +680,24 @@ def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", ar
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def stream_kinds() -> tuple[type, ...]:
+    """What a trigger waiting without a stream must not keep: anything of a stream — the stream, its
+    session, its socket, transport, reader and writer."""
+    import socket
+
+    from airflow_provider_systemzero.protocol.client import ClientSession
+    from airflow_provider_systemzero.stream.decision_stream import DecisionStream
+
+    return (
+        DecisionStream,
+        ClientSession,
+        socket.socket,
+        asyncio.BaseTransport,
+        asyncio.StreamReader,
+        asyncio.StreamWriter,
+    )
+
+
 #: Shared objects :func:`kept_objects` never enters: what they reach existed before a trigger and is
 #: not its own (a task's context is what the trigger runner sets in it).
 _SHARED_KINDS = (

@@ -36,15 +36,7 @@ from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
 )
 
 #: What a dormant trigger must not keep: the stream, its session and connection, and any timer.
-FORBIDDEN = (
-    DecisionStream,
-    ClientSession,
-    socket.socket,
-    asyncio.BaseTransport,
-    asyncio.StreamReader,
-    asyncio.StreamWriter,
-    asyncio.TimerHandle,
-)
+FORBIDDEN = (*helpers.stream_kinds(), asyncio.TimerHandle)
 
 
 async def _dormant(

@@ -11,13 +11,11 @@ import asyncio
 import contextlib
 import gc
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from airflow_provider_systemzero.emulator.server import Emulator
-from airflow_provider_systemzero.protocol.client import ClientSession
-from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, default_capacity
+from airflow_provider_systemzero.stream import StreamSettings, default_capacity
 from airflow_provider_systemzero.stream.capacity import OpeningPlace
 from tests import helpers
 
@@ -25,14 +23,7 @@ emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
 
 #: What a trigger waiting for its place must not hold: anything of a stream.
-OF_A_STREAM = (
-    DecisionStream,
-    ClientSession,
-    socket.socket,
-    asyncio.BaseTransport,
-    asyncio.StreamReader,
-    asyncio.StreamWriter,
-)
+OF_A_STREAM = helpers.stream_kinds()
 
 #: Collector-tracked objects a trigger waiting for its place may hold beyond one that waits for its
 #: source: the place, its future, and the future the run's driver wakes on.
