@@ -6,7 +6,10 @@ piece of work under way — the read of the source, the stream being opened or c
 on_request decide, a ``decide_when`` check — each a future whose completion wakes the driver's one
 task; between wake-ups it awaits one future. A waiting trigger with no stream and no timer awaits
 its source's own future (a notified file's, a push generator's read), and holds nothing else of
-its wait; when the watch also waits on time, one timer and the driver's wake-up future.
+its wait; when the watch also waits on time, one timer and the driver's wake-up future. A run
+that wants a stream while every place among the streams being opened is taken holds its place
+(:meth:`StreamCapacity.ask_opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.ask_opening>`)
+and the wake-up future its grant completes, and builds the stream only once the place is its own.
 
 What is read next, and on which thread, is decided here once:
 
