@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
 import json
 import threading
+import types
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -675,3 +678,52 @@ def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", ar
             pytest.skip(f"network and mount namespaces are refused here: {done.stderr.strip()[-300:]}")
         raise AssertionError(f"the scenario failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def stream_kinds() -> tuple[type, ...]:
+    """What a trigger waiting without a stream must not keep: anything of a stream — the stream, its
+    session, its socket, transport, reader and writer."""
+    import socket
+
+    from airflow_provider_systemzero.protocol.client import ClientSession
+    from airflow_provider_systemzero.stream.decision_stream import DecisionStream
+
+    return (
+        DecisionStream,
+        ClientSession,
+        socket.socket,
+        asyncio.BaseTransport,
+        asyncio.StreamReader,
+        asyncio.StreamWriter,
+    )
+
+
+#: Shared objects :func:`kept_objects` never enters: what they reach existed before a trigger and is
+#: not its own (a task's context is what the trigger runner sets in it).
+_SHARED_KINDS = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.CodeType,
+    asyncio.AbstractEventLoop,
+    contextvars.Context,
+)
+
+
+def kept_objects(root: Any, existing: set[int], shared: tuple[type, ...] = ()) -> list[Any]:
+    """The collector-tracked objects reachable from ``root`` (a trigger's task) that did not exist
+    in ``existing`` (ids of ``gc.get_objects()`` taken before, kept alive meanwhile so that no new
+    object reuses one); ``shared``: more types the walk does not enter, such as the process's file
+    watcher."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in existing or isinstance(obj, _SHARED_KINDS + shared):
+            continue
+        seen.add(id(obj))
+        if gc.is_tracked(obj):
+            found.append(obj)
+        todo.extend(gc.get_referents(obj))
+    return found

@@ -249,6 +249,10 @@ class _Verdict:
     streak: dict[str, Any]
 
 
+#: The skip states of a watch that has none: one empty set for all of them.
+_NO_STATES: frozenset[str] = frozenset()
+
+
 class DecisionWatch:
     """Says, decision by decision, when a wait for a condition ends.
 
@@ -284,7 +288,7 @@ class DecisionWatch:
     ) -> None:
         self.condition = condition
         self.reviews = reviews
-        self.skip_states = frozenset(skip_states)
+        self.skip_states = frozenset(skip_states) if skip_states else _NO_STATES
         self.end_when_unmet = end_when_unmet
         self.streak = Streak(condition.consecutive, condition.min_true_for)
         self._last: tuple[DecisionResult, ConditionResult, str, Any] | None = None

@@ -25,7 +25,6 @@ gives (a test checks random sequences of appends, replaces and attachment change
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -377,12 +376,13 @@ class DesiredState:
         return self._start_overhead_for[1]
 
 
-@functools.lru_cache(maxsize=1024)
 def _start_overhead(
     request: StreamRequest, decision_mode: str, min_interval_ms: int | None, stream_id: str
 ) -> int:
-    """:meth:`DesiredState._start_overhead`, measured: the streams a trigger reopens about the same
-    request measure it once."""
+    """:meth:`DesiredState._start_overhead`, measured (once per desired state, some microseconds).
+
+    Not kept across streams: a process-wide cache keyed by the request held one request per
+    trigger — thousands in a triggerer, each kept while its trigger waited with no stream."""
     start = Start(event_id(1), request, "", decision_mode, (), min_interval_ms, "k" * 255)
     body = request.decide_body("", (), stream_id=stream_id)
     return json_size(start.to_dict()) - len(body.encode("utf-8"))

@@ -16,10 +16,12 @@ A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that c
 streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
 never for the streams to other gateways, and never above the process's own limit.
 
-A stream is built only once its slot is near (:meth:`StreamCapacity.opening`): a caller with many
-streams to open — a triggerer where a thousand triggers start, or wake on one change, together —
-builds at most twice a gateway's cap of them at once, first come first served, and each place
-is held until the stream is open. A stream waiting for a slot holds its session, tasks and
+A stream is built only once its slot is near (:meth:`StreamCapacity.ask_opening`, or
+:meth:`StreamCapacity.opening` around a block): a caller with many streams to open — a triggerer
+where a thousand triggers start, or wake on one change, together — builds at most twice a
+gateway's cap of them at once, first come first served, and each place is held until the stream
+is open. A caller waiting for its place holds the place and its future only (a trigger's run
+links its wake-up to that future: no task waits). A stream waiting for a slot holds its session, tasks and
 buffers; built all at once and opened four at a time, a thousand of them would only be freed
 one slot at a time, and the allocator keeps the memory they took between what stays (the
 waiting triggers' own objects). Twice the cap keeps a built stream queued for every slot, so an
@@ -40,7 +42,7 @@ from typing import Any
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.reconnect import Backoff
 
-__all__ = ["Backoff", "SlotOffer", "StreamCapacity", "default_capacity"]
+__all__ = ["Backoff", "OpeningPlace", "SlotOffer", "StreamCapacity", "default_capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,21 @@ class _Waiter:
         self.origin = origin
         self.future: asyncio.Future[None] = loop.create_future()
         self.granted = False
+
+
+class OpeningPlace(_Waiter):
+    """A caller's place among the streams being built and opened to one gateway
+    (:meth:`StreamCapacity.ask_opening`): :attr:`future` completes once the place is the caller's.
+
+    While it waits, it is all the caller holds of the stream it will build: one small object and
+    its future, which the caller may link a callback to (no task waits on it).
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, origin: str) -> None:
+        super().__init__(loop, origin)
+        self.left = False
 
 
 class SlotOffer:
@@ -286,6 +303,53 @@ class StreamCapacity:
         """
         return 2 * self.limit_for(origin)
 
+    def ask_opening(self, origin: str | None = None) -> OpeningPlace:
+        """Ask for one of the :meth:`opening_room` places to ``origin`` (first come first served),
+        to build and open one stream in: the place's future completes once it is the caller's —
+        at once when one is free. Whatever happens next (the stream opened, its opening failed, or
+        the caller no longer waits), the caller hands it to :meth:`leave_opening`.
+
+        A caller that queues says so in the log (the wait's reason).
+
+        :param origin: the gateway the stream is for (its stream URL).
+        """
+        key = origin or ""
+        place = OpeningPlace(asyncio.get_running_loop(), key)
+        with self._lock:
+            if key not in self._openers and self._opening.get(key, 0) < self.opening_room(key):
+                self._count_opening_locked(key, 1)
+                place.granted = True
+                place.future.set_result(None)
+                return place
+            queue = self._openers.setdefault(key, deque())
+            queue.append(place)
+            log.info(
+                "waiting to build a stream: %d streams to this gateway are being opened (at most "
+                "%d at once, twice max_streams_per_process), %d callers waiting; first come first served",
+                self._opening.get(key, 0),
+                self.opening_room(key),
+                len(queue),
+            )
+        return place
+
+    def leave_opening(self, place: OpeningPlace) -> None:
+        """Give ``place`` up (safe to call twice): a place held goes to the next caller in line; a
+        caller still queued leaves the queue (a place granted to it at that very moment is passed
+        on, never lost); its future is cancelled if it had not completed.
+
+        :param place: what :meth:`ask_opening` returned.
+        """
+        with self._lock:
+            if place.left:
+                return
+            place.left = True
+            if place.granted:
+                self._count_opening_locked(place.origin, -1)
+                self._grant_openers_locked(place.origin)
+            else:
+                self._leave_openers(place)
+        place.future.cancel()
+
     @asynccontextmanager
     async def opening(self, origin: str | None = None) -> AsyncIterator[None]:
         """``async with capacity.opening(url):`` build and open one stream to ``origin`` in the
@@ -297,29 +361,12 @@ class StreamCapacity:
 
         :param origin: the gateway the stream is for (its stream URL).
         """
-        loop = asyncio.get_running_loop()
-        key = origin or ""
-        with self._lock:
-            if key not in self._openers and self._opening.get(key, 0) < self.opening_room(key):
-                self._count_opening_locked(key, 1)
-                waiter = None
-            else:
-                waiter = _Waiter(loop, key)
-                queue = self._openers.setdefault(key, deque())
-                queue.append(waiter)
-                log.info(
-                    "waiting to build a stream: %d streams to this gateway are being opened (at most "
-                    "%d at once, twice max_streams_per_process), %d callers waiting; first come first served",
-                    self._opening.get(key, 0),
-                    self.opening_room(key),
-                    len(queue),
-                )
-        if waiter is not None:
-            await self._granted(waiter, lambda: self._leave_openers(waiter), lambda: self._leave_opening(key))
+        place = self.ask_opening(origin)
         try:
+            await place.future
             yield
         finally:
-            self._leave_opening(key)
+            self.leave_opening(place)
 
     async def _granted(
         self, waiter: _Waiter, leave: Callable[[], object], give_back: Callable[[], None]
@@ -339,15 +386,12 @@ class StreamCapacity:
             raise
 
     def _leave_openers(self, waiter: _Waiter) -> None:
-        queue = self._openers[waiter.origin]
+        queue = self._openers.get(waiter.origin)
+        if queue is None or waiter not in queue:  # its loop closed as it was granted: it left already
+            return
         queue.remove(waiter)
         if not queue:
             del self._openers[waiter.origin]
-
-    def _leave_opening(self, key: str) -> None:
-        with self._lock:
-            self._count_opening_locked(key, -1)
-            self._grant_openers_locked(key)
 
     def _count_opening_locked(self, key: str, change: int) -> None:
         """Count a place of :meth:`opening` taken (``1``) or given back (``-1``) for ``key``."""

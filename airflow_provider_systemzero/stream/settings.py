@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -29,7 +30,14 @@ from airflow_provider_systemzero.stream.exceptions import (
     SystemZeroValidationError,
 )
 
-__all__ = ["SOCKS_PACKAGE", "ProxyParts", "StreamSettings", "proxy_parts", "socks_available"]
+__all__ = [
+    "SOCKS_PACKAGE",
+    "ProxyParts",
+    "StreamSettings",
+    "proxy_parts",
+    "shared_settings",
+    "socks_available",
+]
 
 #: Proxy schemes and their default ports (those websockets knows).
 _PROXY_PORTS = {"http": 80, "https": 443, "socks5": 1080, "socks5h": 1080, "socks4": 1080, "socks4a": 1080}
@@ -140,7 +148,7 @@ def _user_agent() -> str:
     return f"airflow-provider-systemzero/{version}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class StreamSettings:
     """Where and how to connect. The API key is never shown (``repr``) nor serialised (pickle).
 
@@ -252,3 +260,24 @@ class StreamSettings:
 
     def __str__(self) -> str:
         return repr(self)
+
+
+#: Settings in use in this process, by hash: one object for equal settings (:func:`shared_settings`).
+_IN_USE: weakref.WeakValueDictionary[int, StreamSettings] = weakref.WeakValueDictionary()
+
+
+def shared_settings(settings: StreamSettings) -> StreamSettings:
+    """An object equal to ``settings`` that this process already holds, else ``settings`` (held
+    from now on for the next caller): the waits on one connection keep one copy of its settings,
+    not one each. Equal settings are interchangeable (frozen, compared field by field, the key
+    included), and a connection that changed gives unequal settings, so nothing is shared with them.
+
+    :param settings: settings just read from a connection.
+    """
+    key = hash(settings)
+    held = _IN_USE.get(key)
+    if held is not None and held == settings:
+        return held
+    if held is None:  # another with the same hash is in use: this one is simply not shared
+        _IN_USE[key] = settings
+    return settings

@@ -6,7 +6,10 @@ piece of work under way — the read of the source, the stream being opened or c
 on_request decide, a ``decide_when`` check — each a future whose completion wakes the driver's one
 task; between wake-ups it awaits one future. A waiting trigger with no stream and no timer awaits
 its source's own future (a notified file's, a push generator's read), and holds nothing else of
-its wait; when the watch also waits on time, one timer and the driver's wake-up future.
+its wait; when the watch also waits on time, one timer and the driver's wake-up future. A run
+that wants a stream while every place among the streams being opened is taken holds its place
+(:meth:`StreamCapacity.ask_opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.ask_opening>`)
+and the wake-up future its grant completes, and builds the stream only once the place is its own.
 
 What is read next, and on which thread, is decided here once:
 
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.relevance import Relevance
     from airflow_provider_systemzero.protocol.reply import DecisionResult
     from airflow_provider_systemzero.sources.base import StateSource
-    from airflow_provider_systemzero.stream.capacity import SlotOffer
+    from airflow_provider_systemzero.stream.capacity import OpeningPlace, SlotOffer
     from airflow_provider_systemzero.stream.decision_stream import DecisionStream
     from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
@@ -129,6 +132,7 @@ class WatchDriver:
         "_deciding",
         "_offer",
         "_opening",
+        "_place",
         "_reading",
         "_reconnects_noted",
         "_slot_wanted",
@@ -177,7 +181,12 @@ class WatchDriver:
         #: the wake-up is among the callbacks of :attr:`_change` (it is awaited itself otherwise)
         self._change_linked = False
         self._reading: asyncio.Task[Any] | None = None
+        #: opening a stream: the connection's lookup, then (with :attr:`_place` held) the stream
+        #: built and entered
         self._opening: asyncio.Task[None] | None = None
+        #: the place among the streams being built and opened: asked for once the connection is
+        #: known, waited for through its future alone, held until the stream is open
+        self._place: OpeningPlace | None = None
         self._closing: asyncio.Task[None] | None = None
         self._deciding: asyncio.Task[DecisionResult] | None = None
         self._checking: asyncio.Task[bool] | None = None
@@ -210,16 +219,9 @@ class WatchDriver:
         if self._reading is None and self._change is None:
             self._reading = self._started(self.source.read())  # the first read, or a fresh one
         while True:
-            # the actions a verdict came before (an asset watch's) first: each is carried out
-            actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
-            for index, action in enumerate(actions):
-                if isinstance(action, Fire):
-                    self._after_fire = actions[index + 1 :]
-                    if self.watch.ended and self.stream is not None:
-                        # the event goes out first; the close frame follows in the next loop turn
-                        loop.call_soon(self.stream.close_soon)
-                    return action.verdict
-                await self._do(action)
+            fire = await self._carry_out(loop)
+            if fire is not None:
+                return fire.verdict
             self._listen(loop)
             try:
                 await self._waited()
@@ -227,6 +229,22 @@ class WatchDriver:
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
+
+    async def _carry_out(self, loop: asyncio.AbstractEventLoop) -> Fire | None:
+        """Carry out what the watch asks for now — the actions a verdict came before (an asset
+        watch's) first — up to a :class:`Fire`, which is returned (the actions after it wait for
+        the next :meth:`next_verdict`); ``None`` once every action is carried out. The actions
+        are this call's alone: none stays with the run while it waits."""
+        actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
+        for index, action in enumerate(actions):
+            if isinstance(action, Fire):
+                self._after_fire = actions[index + 1 :]
+                if self.watch.ended and self.stream is not None:
+                    # the event goes out first; the close frame follows in the next loop turn
+                    loop.call_soon(self.stream.close_soon)
+                return action
+            await self._do(action)
+        return None
 
     def _next_actions(self, now: float) -> tuple[Action, ...]:
         """What completed, fed to the watch; then what the watch asks for now."""
@@ -268,7 +286,7 @@ class WatchDriver:
 
     def _under_way(self) -> bool:
         """Whether a piece of work besides the wait on the source is under way."""
-        return any(task is not None for task in self._tasks())
+        return self._place is not None or any(task is not None for task in self._tasks())
 
     def _tasks(self) -> tuple[asyncio.Task[Any] | None, ...]:
         """The pieces of work besides the wait on the source, each ``None`` when none is under way."""
@@ -288,8 +306,19 @@ class WatchDriver:
             watch.read(state, now, withheld=self.source.withheld(state))
         if self._opening is not None and self._opening.done():
             opening, self._opening = self._opening, None
-            opening.result()  # a stream that cannot open ends the run
-            watch.opened(now)
+            place, self._place = self._place, None  # given back already, if it was held
+            opening.result()  # a connection that cannot be looked up, or a stream that cannot open, ends the run
+            if place is None:  # the connection is known: wait for a place to build the stream in
+                self._place = place = self.streams.ask_opening()
+                place.future.add_done_callback(self._wake)
+            else:
+                watch.opened(now)
+        place = self._place
+        if place is not None and self._opening is None and place.future.done():
+            # the slot is near: build the stream now; the place goes back the moment it is open
+            # (or its opening failed), before the run looks at it
+            self._opening = opening = self._started(self._open())
+            opening.add_done_callback(lambda _: self.streams.leave_opening(place))
         if self._closing is not None and self._closing.done():
             self._closing = None
             watch.released(now)
@@ -371,7 +400,9 @@ class WatchDriver:
         elif isinstance(action, Open):
             if self.watch.decision_mode == "on_change":
                 self._asked_at = loop.time()
-            self._opening = self._started(self._open())
+            # the connection first (once per run); then the run waits for a place holding nothing
+            # of the stream (:meth:`_collect`), and builds it only there
+            self._opening = self._started(self.streams.resolve_settings())
         elif isinstance(action, Release):
             stream, self.stream = self.stream, None
             self._withdraw()
@@ -393,17 +424,16 @@ class WatchDriver:
             self._withdraw()
 
     async def _open(self) -> None:
-        """Build the stream about the watch's state once its slot is near, and enter it; what the
-        source gives meanwhile is sent into it (:class:`Send`), or it is built with it, so it
-        opens with the newest state."""
-        await self.streams.resolve_settings()
-        async with self.streams.opening():
-            stream = self.stream = self.streams.build(
-                self.watch.sent, decision_mode=self.watch.decision_mode, **(self.stream_kwargs or {})
-            )
-            self._reconnects_noted = 0
-            self._billed_noted = None
-            await self.streams.enter(stream)
+        """Build the stream about the watch's state, its place among the streams being opened
+        held (its slot is near), and enter it; what the source gave while the run waited for the
+        place is in the watch's state it is built with, and what it gives meanwhile is sent into
+        it (:class:`Send`), so it opens with the newest state."""
+        stream = self.stream = self.streams.build(
+            self.watch.sent, decision_mode=self.watch.decision_mode, **(self.stream_kwargs or {})
+        )
+        self._reconnects_noted = 0
+        self._billed_noted = None
+        await self.streams.enter(stream)
 
     def _on_offer(self) -> None:
         self._slot_wanted = True
@@ -445,12 +475,15 @@ class WatchDriver:
         for task in tasks:
             task.cancel()
         stream, self.stream = self.stream, None
+        place, self._place = self._place, None
         try:
             if tasks:
                 await asyncio.wait(tasks)
         finally:
             for task in tasks:
                 _retrieved(task)
+            if place is not None:  # after the task that built a stream in it ended
+                self.streams.leave_opening(place)
             if stream is not None:
                 await self.streams.close(stream)
 

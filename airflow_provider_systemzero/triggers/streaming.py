@@ -25,6 +25,7 @@ from airflow_provider_systemzero.triggers.payloads import timeout_payload
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import DecisionBudget
     from airflow_provider_systemzero.sources.base import StateSource
+    from airflow_provider_systemzero.stream.capacity import OpeningPlace
     from airflow_provider_systemzero.stream.decision_stream import DecisionStream
     from airflow_provider_systemzero.stream.settings import StreamSettings
 
@@ -47,6 +48,19 @@ class TriggerStream:
         the task (``None``: no budget, no usage report).
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_budget",
+        "_budget_kwargs",
+        "_settings",
+        "deadline",
+        "key_namespace",
+        "reached",
+        "request",
+        "stream",
+        "systemzero_conn_id",
+    )
+
     def __init__(
         self,
         systemzero_conn_id: str,
@@ -66,8 +80,6 @@ class TriggerStream:
         self._budget: DecisionBudget | None = None
         #: the connection's settings, looked up once per trigger run
         self._settings: StreamSettings | None = None
-        #: what the streams take from Airflow's configuration: backoff base and cap, spans, content
-        self._options: tuple[float, float, bool, bool] | None = None
         #: one of the trigger's streams opened: the gateway exists, and a loopback one that refuses
         #: a later stream is restarting (that stream keeps reconnecting, see ``reached`` of
         #: :class:`~airflow_provider_systemzero.stream.DecisionStream`)
@@ -102,8 +114,10 @@ class TriggerStream:
         """
         if self._settings is None:
             from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
+            from airflow_provider_systemzero.stream.settings import shared_settings
 
-            self._settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            settings = await SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id).aget_settings()
+            self._settings = shared_settings(settings)  # the waits on one connection keep one copy
 
     def forget_settings(self) -> None:
         """Look the connection up again for the next stream (an asset watch trying again after a
@@ -112,13 +126,23 @@ class TriggerStream:
         self._settings = None
         self.reached = False
 
-    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
+    def ask_opening(self) -> OpeningPlace:
         """A place among the streams being built and opened to this connection's gateway
-        (:meth:`StreamCapacity.opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.opening>`):
-        the next stream is built and entered in it, once its slot is near."""
+        (:meth:`StreamCapacity.ask_opening <airflow_provider_systemzero.stream.capacity.StreamCapacity.ask_opening>`):
+        the next stream is built and entered once its future completes (its slot is near), and the
+        place goes back through :meth:`leave_opening`. The connection is looked up first
+        (:meth:`resolve_settings`)."""
         from airflow_provider_systemzero.stream.capacity import default_capacity
 
-        return default_capacity().opening(self._settings.url if self._settings is not None else None)
+        return default_capacity().ask_opening(self._settings.url if self._settings is not None else None)
+
+    @staticmethod
+    def leave_opening(place: OpeningPlace) -> None:
+        """Give up a place :meth:`ask_opening` gave (the stream is open, its opening failed, or the
+        run no longer waits for it)."""
+        from airflow_provider_systemzero.stream.capacity import default_capacity
+
+        default_capacity().leave_opening(place)
 
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         """Build the next stream about ``state`` (``kwargs`` go to the hook's ``stream()``); it is
@@ -131,11 +155,10 @@ class TriggerStream:
             spans_enabled,
         )
 
-        if self._options is None:
-            base, cap = backoff_config()
-            spans = spans_enabled()
-            self._options = base, cap, spans, capture_content_enabled() if spans else False
-        base, cap, spans, capture = self._options
+        # read from Airflow's configuration for each stream, not kept across the waits between them
+        base, cap = backoff_config()
+        spans = spans_enabled()
+        capture = capture_content_enabled() if spans else False
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id, backoff=Backoff(base=base, cap=cap))
         mode = kwargs.get("decision_mode", "on_change")
         self.stream = hook.stream(

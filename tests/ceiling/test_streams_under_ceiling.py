@@ -21,6 +21,7 @@ import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamCapacity, StreamSettings
+from airflow_provider_systemzero.stream.capacity import OpeningPlace
 from airflow_provider_systemzero.stream.starts import decision_starts
 from tests.emulator.wire import FAST, decide_once
 
@@ -336,12 +337,16 @@ class _OpenStream:
 
     def __init__(self, stream: DecisionStream) -> None:
         self.stream = stream
+        self.places = StreamCapacity(4)  # the stream is open already: a place is free at once
 
     async def resolve_settings(self) -> None:
         return None
 
-    def opening(self) -> contextlib.AbstractAsyncContextManager[None]:
-        return contextlib.nullcontext()  # the stream is open already
+    def ask_opening(self) -> OpeningPlace:
+        return self.places.ask_opening()
+
+    def leave_opening(self, place: OpeningPlace) -> None:
+        self.places.leave_opening(place)
 
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         return self.stream

@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import gc
 import os
 import socket
 import time
-import types
 import weakref
 from pathlib import Path
 from typing import Any
@@ -38,43 +36,7 @@ from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
 )
 
 #: What a dormant trigger must not keep: the stream, its session and connection, and any timer.
-FORBIDDEN = (
-    DecisionStream,
-    ClientSession,
-    socket.socket,
-    asyncio.BaseTransport,
-    asyncio.StreamReader,
-    asyncio.StreamWriter,
-    asyncio.TimerHandle,
-)
-
-#: Shared objects a walk never enters: what they reach existed before the trigger and is not its own
-#: (the task's context is what the trigger runner sets in it).
-_SHARED = (
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.CodeType,
-    asyncio.AbstractEventLoop,
-    contextvars.Context,
-)
-
-
-def _kept(root: Any, existing: set[int], shared: tuple[type, ...] = ()) -> list[Any]:
-    """The collector-tracked objects reachable from ``root`` that did not exist in ``existing``
-    (``shared``: more types the walk does not enter, such as the process's file watcher)."""
-    found: list[Any] = []
-    seen: set[int] = set()
-    todo = [root]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or id(obj) in existing or isinstance(obj, _SHARED + shared):
-            continue
-        seen.add(id(obj))
-        if gc.is_tracked(obj):
-            found.append(obj)
-        todo.extend(gc.get_referents(obj))
-    return found
+FORBIDDEN = (*helpers.stream_kinds(), asyncio.TimerHandle)
 
 
 async def _dormant(
@@ -109,7 +71,7 @@ async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
     trigger, task, gen = await _dormant(emulator, "footprint")
     try:
         gc.collect()
-        kept = _kept(task, existing)
+        kept = helpers.kept_objects(task, existing)
         assert trigger in kept and gen in kept  # the walk reaches the trigger through its task
         forbidden = [o for o in kept if isinstance(o, FORBIDDEN)]
         assert forbidden == [], f"a dormant trigger keeps {forbidden}"
@@ -133,7 +95,7 @@ async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emu
     trigger, task, gen = await _dormant(emulator, "deadline", deadline=time.time() + 3600)
     try:
         gc.collect()
-        kept = _kept(task, existing)
+        kept = helpers.kept_objects(task, existing)
         timers = [o for o in kept if isinstance(o, asyncio.TimerHandle)]
         assert len(timers) == 1 and timers[0].when() > asyncio.get_running_loop().time() + 3000
         assert [o for o in kept if isinstance(o, FORBIDDEN) and o not in timers] == []
@@ -161,7 +123,7 @@ async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
         gc.collect()
-        kept = _kept(task, set())
+        kept = helpers.kept_objects(task, set())
         assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
         assert trigger._driver.stream is None and trigger._stream.stream is None
     finally:
@@ -194,7 +156,7 @@ async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one
         watcher = file_watch.current_watcher()
         assert watcher is not None
         for trigger, task, _ in running:
-            kept = _kept(task, existing, shared=(file_watch.FileWatcher,))
+            kept = helpers.kept_objects(task, existing, shared=(file_watch.FileWatcher,))
             assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
             assert (
                 os.path.dirname(trigger._source.path) in watcher._directories
@@ -219,7 +181,7 @@ def test_the_walk_finds_a_stream_object_a_trigger_would_keep(kind: type) -> None
     existing = {id(o) for o in before}
     holder: dict[str, Any] = {"kept": kind.__new__(kind)}  # no __init__: no socket is opened
     try:
-        assert any(isinstance(o, kind) for o in _kept(holder, existing))
+        assert any(isinstance(o, kind) for o in helpers.kept_objects(holder, existing))
     finally:
         del before
         if isinstance(holder["kept"], socket.socket):

@@ -313,6 +313,31 @@ async def test_a_place_granted_to_a_cancelled_caller_is_passed_on() -> None:
     assert entered == ["a", "b", "next"] and capacity.building == 0
 
 
+async def test_a_place_is_waited_for_through_its_future_alone_and_given_up_in_any_state() -> None:
+    """A caller with no task to spare asks for a place and links to its future: a place held that is
+    given up goes to the oldest caller queued; a caller that gives up while queued leaves the queue;
+    giving a place up twice changes nothing."""
+    capacity = StreamCapacity(1)
+    held = [capacity.ask_opening() for _ in range(capacity.opening_room())]
+    assert all(place.future.done() for place in held) and capacity.building == 2
+    gone, queued = capacity.ask_opening(), capacity.ask_opening()
+    woken: list[str] = []
+    queued.future.add_done_callback(lambda _: woken.append("queued"))
+    assert not gone.future.done() and capacity.waiting_to_build == 2
+    capacity.leave_opening(gone)  # it no longer waits: out of the queue, its future cancelled
+    assert gone.future.cancelled() and capacity.waiting_to_build == 1 and capacity.building == 2
+    capacity.leave_opening(held[0])  # a stream open: its place goes to the next caller queued
+    await _settle()
+    assert woken == ["queued"] and queued.future.done() and not queued.future.cancelled()
+    assert capacity.building == 2 and capacity.waiting_to_build == 0
+    capacity.leave_opening(held[0])  # twice: nothing changes
+    capacity.leave_opening(gone)
+    assert capacity.building == 2
+    for place in (held[1], queued):
+        capacity.leave_opening(place)
+    assert capacity.building == capacity.waiting_to_build == 0
+
+
 async def test_a_caller_on_another_thread_and_loop_is_let_in() -> None:
     capacity = StreamCapacity(1)
     entered: list[str] = []

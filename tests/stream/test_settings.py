@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import pickle
+import weakref
 
 import pytest
 
@@ -183,3 +184,16 @@ def test_every_error_is_a_system_zero_error_with_a_helpful_message() -> None:
     assert errors[1].retryable and not errors[2].retryable
     assert "retry after 1000 ms" in str(errors[1])
     assert "after 50 ms" in str(errors[3]) and errors[3].retryable
+
+
+def test_equal_settings_read_by_many_waits_are_one_object_and_a_changed_connection_is_not_shared() -> None:
+    from airflow_provider_systemzero.stream.settings import shared_settings
+
+    first = shared_settings(StreamSettings("ws://127.0.0.1:9", "key-one", conn_id="shared"))
+    again = shared_settings(StreamSettings("ws://127.0.0.1:9", "key-one", conn_id="shared"))
+    assert again is first  # the waits on one connection keep one copy
+    rotated = shared_settings(StreamSettings("ws://127.0.0.1:9", "key-two", conn_id="shared"))
+    assert rotated is not first and rotated.api_key == "key-two"  # a new key is never swapped for the old
+    gone = weakref.ref(first)
+    del first, again
+    assert gone() is None  # the process keeps none once no wait holds it (and no key with it)

@@ -384,8 +384,11 @@ class ScriptedStreams:
     async def resolve_settings(self) -> None:
         return None
 
-    def opening(self) -> Any:
-        return self.capacity.opening()
+    def ask_opening(self) -> Any:
+        return self.capacity.ask_opening()
+
+    def leave_opening(self, place: Any) -> None:
+        self.capacity.leave_opening(place)
 
     def build(self, state: Any, **kwargs: Any) -> ScriptedStream:
         stream = ScriptedStream(
