@@ -1,8 +1,8 @@
 """Poke mode and deferred mode give the same verdict on the same sequence of states and decisions.
 
 A differential test through both paths a sensor's wait can take: the poke path
-(:class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`, one on_request decide per poke, of
-a real ``SystemZeroDecisionSensor``) and the deferred path (the trigger's watch as
+(:meth:`~airflow_provider_systemzero.sensors.decision.SystemZeroDecisionSensor.poke_event`, one
+on_request decide per poke, of a real ``SystemZeroDecisionSensor``) and the deferred path (the trigger's watch as
 :func:`~airflow_provider_systemzero.triggers.watching.start_watch` builds it, run by the real
 :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver` against a scripted stream on a
 clock the test moves, on_change or on_request, holding its stream or giving it back between
@@ -25,7 +25,6 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.sensors.inputs import build_inputs
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.watching import new_timeline, start_watch, watch_source
@@ -102,13 +101,12 @@ def _summary(event: WatchEvent | None, step: int | None) -> tuple[Any, ...] | No
 def _poked(sensor: ScriptedSensor, steps: list[tuple[str, str, float]], skip: list[str]) -> Any:
     """The poke path: one poke per step, each deciding (when the watch wants a decision) with the
     step's decision."""
-    pokes = PokeWatch(skip)
-    inputs = build_inputs(sensor)
+    sensor.poke_watch = PokeWatch(skip)
     for index, (state, answer, confidence) in enumerate(steps):
         callables.VALUE["state"] = state
         sensor.answers = [(answer, confidence)]
         try:
-            event = pokes.poke(sensor, _CONTEXT, inputs)  # type: ignore[arg-type]
+            event = sensor.poke_event(_CONTEXT)  # type: ignore[arg-type]
         except DecisionFailed:
             return ("error", index)
         if event is not None:
@@ -137,7 +135,7 @@ def _deferred(
 ) -> Any:
     """The deferred path: the trigger's watch and driver; each step the source holds the step's
     state, and the stream's decision about it (when one is asked for) is the step's."""
-    _, condition, _ = build_inputs(sensor)
+    condition = sensor.parse_inputs().condition
     rules = DecisionWatch(condition, reviews=True, skip_states=skip, timeline=new_timeline())
     loop = ClockLoop()
     try:
