@@ -568,9 +568,7 @@ async def until_read(trigger: Any, state: Any, within: float = 10.0) -> None:
 
 def dormant(trigger: Any) -> bool:
     """Whether ``trigger`` runs its watch and holds no stream (waiting for its source, or for time)."""
-    from airflow_provider_systemzero.triggers.watching import watch_progress
-
-    progress = watch_progress(trigger)  # a decision trigger's ``progress``; an asset watcher's too
+    progress = trigger.progress  # a decision trigger's; an asset watcher's too
     return progress.running and progress.dormant
 
 

@@ -1,48 +1,106 @@
 """A deferrable sensor that waits for a System Zero decision about a changing state.
 
-The sensor is its arguments and the Airflow paths (defer, poke, resume); what it builds from its
-arguments is in :mod:`~airflow_provider_systemzero.sensors.inputs`, its poke path in
-:mod:`~airflow_provider_systemzero.sensors.poking`, and how a wait ends in
-:mod:`~airflow_provider_systemzero.sensors.outcomes`. What "this decision ends the wait" means is
+The sensor is one class: its arguments, parsed into
+:class:`~airflow_provider_systemzero.sensors.inputs.SensorInputs` and checked (at parse time where
+they are literal, else when the task runs), and the Airflow paths (defer, poke, resume) and how a
+wait ends, as its methods. What "this decision ends the wait" means is
 :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`, the same for the trigger and
-the poke; acting on a decision is :class:`~airflow_provider_systemzero.utils.review.PolicyGateMixin`,
-the same for the operators.
+the poke (whose state across pokes is :class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`);
+acting on a decision is :class:`~airflow_provider_systemzero.utils.review.PolicyGateMixin`, the same
+for the operators.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.triggers.base import StartTriggerArgs
 
+from airflow_provider_systemzero.compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    AirflowTaskTimeout,
+    has_trigger_templates,
+)
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
+from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
 from airflow_provider_systemzero.decisions.watch import WatchEvent
-from airflow_provider_systemzero.hooks.systemzero import check_connection_before_deferring
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.hooks.systemzero import (
+    DEFAULT_DECIDE_TIMEOUT,
+    SystemZeroHook,
+    check_connection_before_deferring,
+)
 from airflow_provider_systemzero.identity import context_namespace
-from airflow_provider_systemzero.sensors import inputs as sz_inputs
-from airflow_provider_systemzero.sensors.inputs import START_FROM_TRIGGER_NAMESPACE, Inputs
-from airflow_provider_systemzero.sensors.outcomes import (
-    decided,
-    end_without_decision,
-    fired_summary,
-    gate_of,
-    outcome_of,
+from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_route_and_mode
+from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
+from airflow_provider_systemzero.sensors.inputs import (
+    FLAGS,
+    REQUEST_FIELDS,
+    RUN_ID_ROOM,
+    START_FROM_TRIGGER_NAMESPACE,
+    TEMPLATE_FIELDS,
+    TEMPLATED_QUESTION,
+    SensorInputs,
+    check_min_true_for,
+    min_true_for_seconds,
+    pacing,
+    source_name,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
-from airflow_provider_systemzero.sources.spec import plain_source
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.utils.checks import (
-    parse_time,
+from airflow_provider_systemzero.sources.spec import (
+    check_changes_possible,
+    is_static,
+    plain_source,
+    refuse_rendered_state,
+    state_templates,
+    validate_source_spec,
 )
-from airflow_provider_systemzero.utils.deadlines import defer_timeout
+from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
+from airflow_provider_systemzero.triggers.payloads import task_failure
+from airflow_provider_systemzero.utils.checks import (
+    check_conn_id,
+    check_flag,
+    check_key_salt,
+    check_lease_after,
+    has_template,
+    instruction_templates,
+    is_literal,
+    option_templates,
+    parse_time,
+    refuse_empty_state,
+    refuse_rendered_none,
+    refuse_rendered_none_instructions,
+    refuse_rendered_none_options,
+    template_of,
+)
+from airflow_provider_systemzero.utils.deadlines import (
+    bound_by_execution_timeout,
+    deadline_in,
+    defer_timeout,
+    in_seconds,
+    timeout_reason,
+    wait_bound,
+)
+from airflow_provider_systemzero.utils.history import push_history
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_systemzero.protocol.body import JSONValue
+    from airflow_provider_systemzero.protocol.reply import DecisionResult
 
 __all__ = ["START_FROM_TRIGGER_NAMESPACE", "SystemZeroDecisionSensor"]
 
@@ -140,7 +198,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     UI's "Decision timeline", see :mod:`~airflow_provider_systemzero.utils.history`).
     """
 
-    template_fields: Sequence[str] = sz_inputs.TEMPLATE_FIELDS
+    template_fields: Sequence[str] = TEMPLATE_FIELDS
     ui_color = "#e8f0ff"
 
     def __init__(
@@ -187,29 +245,339 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.question, self.instructions, self.questions = question, instructions, questions
             self.state, self.source, self.allow_empty = state, plain_source(source), allow_empty
             self.expect, self.min_confidence, self.min_probability = expect, min_confidence, min_probability
-            self.consecutive, self.min_true_for = consecutive, sz_inputs.min_true_for_seconds(min_true_for)
+            self.consecutive, self.min_true_for = consecutive, min_true_for_seconds(min_true_for)
             self.model, self.route, self.request_mode = model, route, request_mode
             self.decision_mode, self.prompt_cache_key = decision_mode, prompt_cache_key
             self.systemzero_conn_id, self.deferrable, self.key_salt = systemzero_conn_id, deferrable, key_salt
             self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
-            sz_inputs.check_plain(self)
+            self._check_plain()
             self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
-            self.min_interval_ms, self.max_staleness = sz_inputs.pacing(min_interval_ms, max_staleness)
-            self.decision_filter = sz_inputs.decision_filter(self, decide_when, debounce_ms, decide_initial)
+            self.min_interval_ms, self.max_staleness = pacing(min_interval_ms, max_staleness)
+            self.decision_filter = self._decision_filter(decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
-            self._templates, self._poke_watch = sz_inputs.templates_of(self), PokeWatch()
-            sz_inputs.check_literals(self)
-            sz_inputs.start_in_triggerer(self, start_from_trigger)
+            self._templates = self._templates_of()
+            #: the poke's watch, kept across the pokes of one process (a poking sensor's)
+            self.poke_watch = PokeWatch()
+            #: the inputs as parsed from the rendered arguments, once per process (``None``: not yet)
+            self._inputs: SensorInputs | None = None
+            self._check_literals()
+            self._start_in_triggerer(start_from_trigger)
+
+    # -- the inputs: the arguments parsed and checked -------------------------------------------
+
+    def parse_inputs(self, *, running: bool = False) -> SensorInputs:
+        """The request, the condition and the source, parsed from the arguments as they stand
+        (rendered, once the task runs); fails the task (no retry) on bad input.
+
+        :param running: the task starts: a static state must not be empty, nor a value rendered
+            as ``'None'`` (a template may fill them, so this is checked only now).
+        :raises AirflowFailException: naming the argument, the problem and the fix.
+        """
+        try:
+            if running:  # the watched question's name, asked as 'None' with no questions=
+                refuse_rendered_none(
+                    self.question, self._templates["question"], field="question", code="invalid_question"
+                )
+            request = self._request()
+            if running:
+                refuse_rendered_none_instructions(request["questions"], self._templates["questions"])
+                refuse_rendered_none_options(request["questions"], self._templates["options"])
+            condition = self._condition()
+            condition.check_questions(request["questions"])
+            validate_decision_mode(self.decision_mode)
+            if running:  # before _checked_source: a path rendered as 'None' is named so, not as relative
+                refuse_rendered_state(
+                    self.state, self.source, self._templates["state"], allow_empty=self.allow_empty
+                )
+            source = self._checked_source(request)
+        except ARGUMENT_ERRORS as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        return SensorInputs(request, condition, source)
+
+    @property
+    def inputs(self) -> SensorInputs:
+        """The inputs, parsed once per process from the rendered arguments (:meth:`parse_inputs`)."""
+        if self._inputs is None:
+            self._inputs = self.parse_inputs()
+        return self._inputs
+
+    def _request(self) -> dict[str, Any]:
+        """The decide request (questions, model, route, mode, cache key).
+
+        :raises SystemZeroArgumentError: naming the field.
+        """
+        questions = self.questions
+        if questions is None:
+            if not self.instructions:
+                raise SystemZeroArgumentError(
+                    "instructions is required when questions is not given: say what to "
+                    "decide, e.g. 'Is the job ready?'",
+                    code="invalid_question",
+                    field="instructions",
+                )
+            questions = {self.question: {"type": "boolean", "instructions": self.instructions}}
+        return build_request_dict(
+            questions=questions,
+            model=self.model,
+            route=self.route,
+            mode=self.request_mode,
+            prompt_cache_key=self.prompt_cache_key,
+        )
+
+    def _condition(self, question: str | None = None) -> DecisionCondition:
+        """The condition: the expected answer, its bars, the policy and the hysteresis.
+
+        :param question: the watched question in place of ``self.question`` (``None``: that one).
+        """
+        return DecisionCondition(
+            self.question if question is None else question,
+            self.expect,
+            self.min_confidence,
+            self.min_probability,
+            policy=self.policy.to_dict() if self.policy is not None else None,
+            consecutive=self.consecutive,
+            min_true_for=self.min_true_for,
+        )
+
+    def _checked_source(self, request: dict[str, Any] | None) -> dict[str, Any]:
+        """The normalised source, once the state and source are known to be usable.
+
+        :param request: the request, to check the state against (``None``: not known yet).
+        """
+        source = validate_source_spec(self.source, self.state)
+        if request is not None:
+            validate_state_for_request(request, self.state, templated="state" in self.template_fields)
+        if not self.wait_on_static_state:  # the author asked to wait until the timeout
+            check_changes_possible(source, consecutive=self.consecutive)
+        return source
+
+    def _ends_when_unmet(self, source: dict[str, Any] | None) -> bool:
+        """Whether a decision that does not meet the condition ends the wait (a static state)."""
+        return is_static(source) and not self.wait_on_static_state
+
+    def _is_expected(self, decision: Any) -> bool:
+        """Whether ``decision`` is the answer the sensor waits for (``True`` is not ``1``)."""
+        wanted = self.expect if isinstance(self.expect, list) else [self.expect]
+        return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
+
+    def _check_plain(self) -> None:
+        """Parse time: check the arguments that are not templated (so always plain values) and that
+        nothing else checks before the task runs: the flags, ``lease_after``, ``key_salt``, the
+        connection, ``route`` and ``request_mode`` (the review settings: ``_init_review``).
+
+        :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
+            :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for the route and mode).
+        """
+        for name, meaning in FLAGS.items():
+            check_flag(name, getattr(self, name), meaning)
+        check_lease_after(self.lease_after)
+        check_key_salt(self.key_salt)
+        check_conn_id(self.systemzero_conn_id)
+        validate_route_and_mode(self.route, self.request_mode, route_field="route", mode_field="request_mode")
+
+    def _check_literals(self) -> None:
+        """Parse time: check every argument that no template or XComArg can still change.
+
+        A templated ``question`` is checked when the task runs (:meth:`parse_inputs`); until then the
+        rest of the condition is checked about a stand-in question.
+        """
+        self._check_hysteresis()
+        if not self.deferrable and in_seconds(self.poke_interval) == 0:
+            # each poke opens a stream and asks a decision: no pause between them hammers the gateway
+            raise ValueError(
+                f"{self.task_id}: poke_interval=0 would open a stream and ask a decision in a tight "
+                "loop: pass the seconds between pokes (e.g. poke_interval=60), or deferrable=True to be "
+                "told of each change as it happens"
+            )
+        if self.deferrable and in_seconds(self.timeout) == 0:
+            raise ValueError(
+                f"{self.task_id}: timeout=0 leaves a deferred sensor no time to decide (its deadline "
+                "passes before the trigger starts): pass the seconds the wait may take, e.g. timeout=3600"
+            )
+        literal = {name: is_literal(getattr(self, name)) for name in self.template_fields}
+        with parse_time(self.task_id):
+            condition = self._condition(None if literal["question"] else TEMPLATED_QUESTION)
+            check_min_true_for(
+                condition.min_true_for, in_seconds(self.timeout), in_seconds(self.execution_timeout)
+            )
+            validate_decision_mode(self.decision_mode)
+            request = None
+            if all(literal[name] for name in REQUEST_FIELDS):
+                request = self._request()
+                condition.check_questions(request["questions"])
+            if literal["state"] and literal["source"] and is_static(self._checked_source(request)):
+                refuse_empty_state(self.state, allow_empty=self.allow_empty)
+
+    def _check_hysteresis(self) -> None:
+        """A rescheduled poke forgets the run of decisions that hysteresis counts: refuse it."""
+        if (self.consecutive != 1 or self.min_true_for) and not self.deferrable and self.mode == "reschedule":
+            raise ValueError(
+                f"{self.task_id}: consecutive/min_true_for need a deferrable sensor or mode='poke' "
+                "(a rescheduled poke forgets the run of decisions)"
+            )
+
+    def _decision_filter(
+        self, decide_when: str | dict[str, str] | None, debounce_ms: int | None, decide_initial: bool
+    ) -> DecisionFilter:
+        """The sensor's ``decide_when`` / ``debounce_ms`` / ``decide_initial``, checked at parse time.
+
+        A bad regular expression, callable path or debounce is an import error naming the field, and
+        so is any of them in a sensor that pokes, where nothing would apply them.
+        """
+        check_changes_possible(self.source, decide_initial=decide_initial)
+        decision_filter = DecisionFilter(
+            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+        )
+        if decision_filter.active and not self.deferrable:
+            # the arguments that made the filter active (DecisionFilter.active), as the author wrote them
+            given = [
+                name
+                for name, makes_active in (
+                    ("decide_when", decide_when is not None),
+                    ("debounce_ms", bool(debounce_ms)),
+                    ("decide_initial=False", not decide_initial),
+                )
+                if makes_active
+            ]
+            raise SystemZeroArgumentError(
+                f"{', '.join(given)} take{'s' if len(given) == 1 else ''} effect only while the sensor waits "
+                "in the triggerer, and this one pokes (deferrable=False, or [operators] default_deferrable "
+                "off): pass deferrable=True, or drop "
+                f"{'it' if len(given) == 1 else 'them'}",
+                code="invalid_decision_filter",
+                field=given[0].split("=")[0],
+            )
+        return decision_filter
+
+    def _templates_of(self) -> dict[str, Any]:
+        """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
+        kept so that a value rendered as the text ``'None'`` is named with its template when the task
+        runs: ``state`` and the source's path (``"state"``:
+        :func:`~airflow_provider_systemzero.sources.spec.state_templates`), the watched
+        ``question``'s name, the asked questions' texts
+        (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
+        that of ``instructions`` when it is the one question's text) and their options (``"options"``:
+        :func:`~airflow_provider_systemzero.utils.checks.option_templates`)."""
+        if self.questions is not None:
+            questions = instruction_templates(self.questions)
+        else:
+            template = template_of(self.instructions)
+            questions = {} if template is None else {self.question: ("instructions", template)}
+        return {
+            "state": state_templates(self.state, self.source),
+            "question": template_of(self.question),
+            "questions": questions,
+            "options": option_templates(self.questions),
+        }
+
+    # -- the wait's bounds and the trigger ------------------------------------------------------
+
+    def _timeout(self) -> timedelta:
+        """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
+        when that is shorter (Airflow applies it only to the time on a worker)."""
+        bound = wait_bound(self, self.timeout)
+        assert bound is not None  # a sensor always has a timeout (Airflow's default: 7 days)
+        return timedelta(seconds=bound)
+
+    def _deadline(self) -> float | None:
+        """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
+        or its ``execution_timeout`` when that is shorter
+        (:func:`~airflow_provider_systemzero.utils.deadlines.deadline_in`)."""
+        return deadline_in(self, self.timeout)
+
+    def _start_in_triggerer(self, start_from_trigger: Any) -> None:
+        """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
+        Airflow can start the sensor in the triggerer."""
+        check_flag("start_from_trigger", start_from_trigger, "start the wait in the triggerer")
+        self.start_from_trigger = start_from_trigger and self._can_start_from_trigger()
+        if self.start_from_trigger:
+            self.start_trigger_args = self._start_trigger_args()
+
+    def _can_start_from_trigger(self) -> bool:
+        """Whether this Airflow can start the sensor in the triggerer (a warning says why not)."""
+        if not has_trigger_templates():
+            self.log.warning(
+                "%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
+                "this Airflow starts the task on a worker, which defers at once",
+                self.task_id,
+            )
+        return has_trigger_templates()
+
+    def _start_trigger_args(self) -> StartTriggerArgs:
+        """Parse time: the ``start_trigger_args`` of a sensor that starts in the triggerer.
+
+        :raises ValueError: what the triggerer could not render, or IDs too long for the key namespace.
+        """
+        if not self.deferrable:
+            raise ValueError(f"{self.task_id}: start_from_trigger=True needs deferrable=True")
+        templated = [name for name in REQUEST_FIELDS if has_template(repr(getattr(self, name)))]
+        if templated:
+            raise ValueError(
+                f"{self.task_id}: with start_from_trigger=True the triggerer renders only state and "
+                f"source; {', '.join(templated)} must not be templated"
+            )
+        namespace = START_FROM_TRIGGER_NAMESPACE
+        if self.key_salt is not None:
+            if has_template(self.key_salt):
+                raise ValueError(
+                    f"{self.task_id}: key_salt must not be templated with start_from_trigger=True"
+                )
+            namespace += f".{self.key_salt}"
+        if self.has_dag():
+            fixed = len(namespace.split("{{", 1)[0]) + len(self.dag_id) + len(self.task_id) + len("...-1")
+            if fixed + RUN_ID_ROOM > MAX_KEY_NAMESPACE_LENGTH:
+                raise ValueError(
+                    f"{self.task_id}: the Dag and task IDs (and key_salt) are too long for a "
+                    f"start_from_trigger key namespace (at most {MAX_KEY_NAMESPACE_LENGTH} characters with "
+                    f"the run ID); use shorter IDs or start_from_trigger=False"
+                )
+        try:
+            inputs = self.parse_inputs()
+        except AirflowFailException as exc:
+            raise ValueError(str(exc)) from None
+        self.key_namespace = namespace
+        kwargs = self._trigger_kwargs(
+            inputs, namespace=namespace, deadline=None, budget=self.start_trigger_budget(), skip=[]
+        )
+        return StartTriggerArgs(
+            trigger_cls=f"{SystemZeroDecisionTrigger.__module__}.{SystemZeroDecisionTrigger.__qualname__}",
+            trigger_kwargs=kwargs,
+            next_method="execute_complete",
+            next_kwargs=None,
+            timeout=self._timeout(),
+        )
+
+    def _own_namespaces(self, context: Context) -> set[str]:
+        """The key namespaces a resumed sensor accepts an event for.
+
+        Started from the triggerer, the trigger's namespace is the template rendered there; the task's
+        own copy was rendered the same way before the resume. A mapped sensor still defers from a
+        worker with the derived namespace.
+        """
+        accepted = {context_namespace(context, salt=self.key_salt)}
+        if self.start_from_trigger and self.key_namespace:
+            accepted.add(self.key_namespace)
+        return accepted
 
     def _trigger_kwargs(
-        self, inputs: Inputs, namespace: str, deadline: float | None, budget: dict[str, Any], skip: list[str]
+        self,
+        inputs: SensorInputs,
+        namespace: str,
+        deadline: float | None,
+        budget: dict[str, Any],
+        skip: list[str],
     ) -> dict[str, Any]:
-        """The trigger's kwargs: the one place the sensor builds its trigger (defer, start, wait again)."""
-        request, condition, source = inputs
+        """The trigger's kwargs: the one place the sensor builds its trigger (defer, start, wait again).
+
+        A static state adds ``end_when_unmet`` (a decision that does not meet the condition ends the
+        wait) and ``allow_empty`` (a state the triggerer renders may be empty or ``'None'``), each
+        only when it applies.
+        """
+        source = inputs.source
         return {
             "systemzero_conn_id": self.systemzero_conn_id,
-            "request": request,
-            "condition": condition.to_dict(),
+            "request": inputs.request,
+            "condition": inputs.condition.to_dict(),
             "state": self.state,
             "source": source,
             "key_namespace": namespace,
@@ -222,12 +590,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "max_staleness": self.max_staleness,
             **self.decision_filter.to_kwargs(),
             **({"skip_states": skip} if skip else {}),
-            **sz_inputs.static_state_kwargs(self, source),
+            **({"end_when_unmet": True} if self._ends_when_unmet(source) else {}),
+            **({"allow_empty": True} if self.allow_empty and is_static(source) else {}),
         }
 
-    def _defer(self, context: Context, inputs: Inputs, deadline: float | None, skip: list[str]) -> None:
+    def _defer(self, context: Context, inputs: SensorInputs, deadline: float | None, skip: list[str]) -> None:
         """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``."""
-        deadline = deadline or sz_inputs.deadline_of(self)
+        deadline = deadline or self._deadline()
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
         kwargs = self._trigger_kwargs(inputs, namespace, deadline, budget, skip)
         timeout = defer_timeout(deadline)
@@ -235,22 +604,91 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             trigger=SystemZeroDecisionTrigger(**kwargs), method_name="execute_complete", timeout=timeout
         )
 
+    # -- the Airflow paths ----------------------------------------------------------------------
+
     def execute(self, context: Context) -> Any:
         """Defer at once (deferrable) or poke."""
-        inputs = sz_inputs.build_inputs(self, running=True)
-        check_connection_before_deferring(self.task_id, self.systemzero_conn_id, inputs[0].get("model"))
+        self._inputs = inputs = self.parse_inputs(running=True)
+        check_connection_before_deferring(self.task_id, self.systemzero_conn_id, inputs.request.get("model"))
         if not self.deferrable:
-            with self._poke_watch.explaining_timeout():
+            with self.poke_watch.explaining_timeout():
                 return super().execute(context)
         self._defer(context, inputs, None, [])
 
     def poke(self, context: Context) -> PokeReturnValue:
         """One on_request decision about the source's current state."""
-        event = self._poke_watch.poke(self, context, sz_inputs.build_inputs(self))
+        event = self.poke_event(context)
         if event is None:
             return PokeReturnValue(is_done=False)
+        if event.status == "unmet":
+            self._static_unmet(str(event.reason))
         result = self._finish(context, event)
         return result if event.status == "policy" else PokeReturnValue(is_done=True, xcom_value=result)
+
+    def poke_event(self, context: Context) -> WatchEvent | None:
+        """One poke's read of the source, and its decision when the watch wants one
+        (:class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`).
+
+        :return: the event that ends the wait (or asks a person), else ``None``.
+        :raises AirflowFailException: the source's state cannot be sent.
+        """
+        if self.mode == "poke" and not self.poke_watch.started:
+            self.log.warning(
+                "poke mode: this sensor holds a worker slot for its whole wait (timeout %s s); pass "
+                "deferrable=True (or set [operators] default_deferrable = True) to wait in the "
+                "triggerer instead",
+                self.timeout,
+            )
+        inputs = self.inputs
+        namespace = context_namespace(context, salt=self.key_salt)
+        return self.poke_watch.poke(
+            inputs,
+            state=self.state,
+            end_when_unmet=self._ends_when_unmet(inputs.source),
+            max_staleness=self.max_staleness,
+            namespace=namespace,
+            decide=lambda state: self._decide_poke(context, inputs.request, state, namespace),
+            task_id=self.task_id,
+            log=self.log,
+        )
+
+    def _decide_poke(
+        self, context: Context, request: dict[str, Any], state: JSONValue, namespace: str
+    ) -> DecisionResult:
+        """One on_request decision about ``state``, under the task's spending cap, ended by the
+        sensor's timeout at the latest.
+
+        :raises AirflowFailException: the state cannot be sent.
+        :raises AirflowSensorTimeout: the sensor's timeout passed during the decision.
+        """
+        try:
+            body_bytes = validate_state_for_request(request, state, field=source_name(self.source))
+        except ARGUMENT_ERRORS as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
+        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
+        # a poke's decide ends by the sensor's timeout (Airflow checks it only between pokes)
+        time_left = self.poke_watch.time_left(self.timeout)
+        limit = min(DEFAULT_DECIDE_TIMEOUT, time_left)
+        try:
+            return self.decide_with_budget(
+                context,
+                lambda budget: hook.decide(
+                    request,
+                    state=state,
+                    key_namespace=namespace,
+                    identity=namespace,
+                    budget=budget,
+                    timeout=limit,
+                ),
+                body_bytes,
+            )
+        except DeadlineExceeded as exc:
+            if limit < time_left:
+                raise  # the decide's own limit, not the sensor's timeout: Airflow's retries apply
+            raise AirflowSensorTimeout(
+                f"{self.task_id}: the sensor's timeout ({self.timeout} s) passed during a poke's "
+                f"decision ({exc})"
+            ) from None
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume after the trigger fired; idempotent (an event may be delivered more than once).
@@ -258,25 +696,69 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         :param event: the trigger's payload.
         :return: the decision summary (pushed to XCom as ``return_value``).
         """
-        own = sz_inputs.own_namespaces(self, context)
+        own = self._own_namespaces(context)
         ended = WatchEvent.from_payload(owned_event(self.task_id, event, own))
         self.usage_from_event(context, ended)  # the usage XCom; fails the task when the budget stopped it
         if ended.status not in ("success", "policy"):
-            end_without_decision(self, context, ended)
+            self._end_without_decision(context, ended)
         return self._finish(context, ended)
 
+    # -- how a wait ends ------------------------------------------------------------------------
+
     def _finish(self, context: Context, event: WatchEvent) -> Any:
-        """Act on a decision that ended the wait (or wants a person) under the policy."""
-        decided(self, context, event)
-        return self._gate(context, gate_of(self, event), outcome_of(event))
+        """Act on a decision that ended the wait (or wants a person) under the policy: push the
+        wait's ``decisions`` history, log the decision, and gate it."""
+        push_history(self, context, event)
+        self.log.info(
+            "System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
+            event.question,
+            event.decision,
+            event.probability,
+            event.confidence,
+            event.state_version,
+        )
+        return self._gate(context, self._gate_of(event), _outcome_of(event))
+
+    def _gate_of(self, event: WatchEvent) -> Gate:
+        """The gate of the watched question, carrying what the sensor needs after a review: the
+        summary it returns, and the deadline, the skip states and the run of decisions to wait again.
+
+        :param event: the event that ended the wait.
+        """
+        question = self.question
+        answer = {
+            "decision": event.decision,
+            "probability": event.probability,
+            "confidence": event.confidence,
+            "alternatives": event.verdict.get("alternatives") or [],
+        }
+        extra = {
+            "summary": event.summary(),
+            "deadline": event.extra.get("deadline"),
+            "skip_states": list(event.extra.get("skip_states") or []),
+            "streak": event.verdict.get("streak"),
+            # what the try spent so far: a wait after a person's "no" goes on counting from it
+            "this_try": self.this_try,
+        }
+        spec = self.inputs.request["questions"].get(question, {})
+        return Gate.of_event(question, spec, event, answer=answer, extra=extra)
 
     def _apply(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
-        """Fire with the decision that took effect, or — when a person said no — keep waiting."""
-        if not sz_inputs.is_expected(self, record["decision"]):
+        """Fire with the decision that took effect, or — when a person said no — keep waiting.
+
+        A sensor that fired returns (its ``return_value`` XCom) the decision's summary, with the
+        decision that took effect, who decided and the policy's action when there is a policy.
+        """
+        if not self._is_expected(record["decision"]):
             return self._wait_again(context, gate, record)
         record["effect"] = {"fired": True}
         self._push_record(context, record)
-        return fired_summary(gate, record, with_policy=self.policy is not None)
+        summary = dict(gate.extra.get("summary") or {})
+        if self.policy is not None:
+            summary.update(
+                decision=record["decision"], decided_by=record["decided_by"], action=record["action"]
+            )
+        return summary
 
     def _wait_again(self, context: Context, gate: Gate, record: dict[str, Any]) -> Any:
         """Push ``record`` (not fired) and keep waiting, ignoring the states a person answered about."""
@@ -285,6 +767,73 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         skip = [*gate.extra.get("skip_states", []), *([gate.state_hash] if gate.state_hash else [])]
         self.log.info("keep waiting for a new state (%d state(s) already answered)", len(skip))
         if not self.deferrable:
-            self._poke_watch = PokeWatch(skip)
+            self.poke_watch = PokeWatch(skip)
             return BaseSensorOperator.execute(self, context)
-        self._defer(context, sz_inputs.build_inputs(self), gate.extra.get("deadline"), skip)
+        self._defer(context, self.inputs, gate.extra.get("deadline"), skip)
+
+    def _static_unmet(self, reason: str) -> NoReturn:
+        """A static state was decided and did not meet the condition: nothing can change that."""
+        message = (
+            f"{self.task_id}: the state has no source, so it never changes and no later decision can "
+            f"differ, and this one did not meet the condition ({reason}): give a source that changes "
+            "(source={'type': 'file', ...}), or pass wait_on_static_state=True to wait until the timeout"
+        )
+        if self.soft_fail:
+            raise AirflowSkipException(message)
+        raise AirflowFailException(message)
+
+    def _end_without_decision(self, context: Context, event: WatchEvent) -> NoReturn:
+        """End a wait that no decision ended: a static state unmet, the deadline, or an error.
+
+        :raises AirflowSensorTimeout: the deadline passed (``AirflowSkipException`` with ``soft_fail``).
+        :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.triggers.payloads.task_failure`).
+        :raises AirflowException: Airflow's retries may.
+        """
+        push_history(self, context, event)  # why nothing fired, when the event tells it
+        if event.status == "unmet":
+            self._static_unmet(str(event.reason))
+        fix = ""
+        if event.error_code == "decide_body_too_large":
+            fix = (
+                f" (the state comes from {source_name(self.source)}: send less, e.g. a callable "
+                "source that returns the last part of the log, or a summary)"
+            )
+        if event.status == "timeout":
+            reason = timeout_reason(
+                self,
+                "timeout",
+                self.timeout,
+                {
+                    **event.extra,
+                    "message": event.message or "no decision met the condition before the deadline",
+                },
+                needs="the time the state takes to meet the condition, and a decision after that",
+            )
+            message = f"{self.task_id}: {reason}"
+            effect = {"fired": False, "timed_out": True, "soft_fail": bool(self.soft_fail)}
+            record = decision_record(
+                question=self.question,
+                answer=None,
+                decision=None,
+                action="wait",
+                decided_by=None,
+                reason=reason,
+                policy=self.policy,
+                effect=effect,
+            )
+            self._push_record(context, record)
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            if bound_by_execution_timeout(self, self.timeout):
+                # the wait was cut by execution_timeout, as Airflow would cut a running task: retried
+                raise AirflowTaskTimeout(message)
+            raise AirflowSensorTimeout(message)
+        raise task_failure(self.task_id, event, fix=fix)
+
+
+def _outcome_of(event: WatchEvent) -> PolicyOutcome:
+    """The policy's outcome the watch reached, with the watch's reason (it names the answer)."""
+    outcome = event.verdict.get("outcome")
+    if not isinstance(outcome, Mapping):
+        return PolicyOutcome(event.action, event.reason or "", "no_bar")
+    return dataclasses.replace(PolicyOutcome(**outcome), action=event.action, reason=event.reason or "")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -48,23 +49,18 @@ from airflow_provider_systemzero.decisions.source_watch import (
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
 from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.sources.base import StaticSource
-from airflow_provider_systemzero.sources.spec import build_source, refuse_rendered_state, state_templates
+from airflow_provider_systemzero.sources.spec import refuse_rendered_state, state_templates
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
-from airflow_provider_systemzero.triggers.watch_checks import checked_watch
+from airflow_provider_systemzero.triggers.watch_checks import check_watch_id, checked_watch, naming_the_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
-    WatchProgress,
-    announce_wait,
-    close_watching,
+    WatchingTrigger,
     failures_in_a_row,
     new_timeline,
-    start_watch,
     wait_to_watch_again,
-    watch_progress,
-    watch_source,
 )
 
 __all__ = [
@@ -76,7 +72,7 @@ __all__ = [
 ]
 
 
-class SystemZeroDecisionTrigger(BaseTrigger):
+class SystemZeroDecisionTrigger(WatchingTrigger):
     """Waits until System Zero decides the watched question as expected about a changing state.
 
     Fires once: a ``success`` event with the watched answer, or an ``error``/``timeout`` event
@@ -148,27 +144,29 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         decide_initial: bool = True,
         allow_empty: bool = False,
     ) -> None:
-        super().__init__()
-        self._kwargs.keep(self, locals())
-        watch_source(self, locals())
+        super().__init__(
+            systemzero_conn_id=systemzero_conn_id,
+            request=request,
+            key_namespace=key_namespace,
+            deadline=deadline,
+            budget=budget,
+            decide_when=decide_when,
+            debounce_ms=debounce_ms,
+            decide_initial=decide_initial,
+            max_staleness=max_staleness,
+        )
+        self.systemzero_conn_id, self.request, self.condition = systemzero_conn_id, request, condition
+        self.state, self.source, self.key_namespace = state, source, key_namespace
+        self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
+        self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
+        self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
+        self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
         #: started in the triggerer, state and source are templates it renders: checked once rendered
         self._templates = state_templates(state, source)
-        self.end_when_unmet = bool(end_when_unmet)
-        self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
-        self._stream = TriggerStream(
-            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
-        )
-
-    @property
-    def progress(self) -> WatchProgress:
-        """Where the wait stands while the trigger runs: whether it holds a stream, and the newest
-        current decision's time and state (a snapshot; see
-        :class:`~airflow_provider_systemzero.triggers.watching.WatchProgress`)."""
-        return watch_progress(self)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
-        path, kwargs = self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        path, kwargs = super().serialize()
         if "skip_states" in kwargs:
             kwargs["skip_states"] = list(self.skip_states)  # plain JSON
         return path, kwargs
@@ -187,10 +185,9 @@ class SystemZeroDecisionTrigger(BaseTrigger):
                         refuse_rendered_state(
                             self.state, self.source, self._templates, allow_empty=self.allow_empty
                         )
-                    self._source = source = build_source(self.source, self.state)
-                    announce_wait(self.condition, source, streams.deadline)
+                    self._open_source()
                     rules = self._rules()
-                    driver = start_watch(self, source, rules, once=True, min_interval_ms=self.min_interval_ms)
+                    driver = self._start_watch(rules, once=True, min_interval_ms=self.min_interval_ms)
                     verdict = await driver.next_verdict()
                     payload = rules.sensor_event(
                         verdict, key_namespace=self.key_namespace, deadline=self.deadline
@@ -248,10 +245,6 @@ class SystemZeroDecisionTrigger(BaseTrigger):
         self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
         return error_payload(exc, **extra)
 
-    async def cleanup(self) -> None:
-        """Close the run, the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        await close_watching(self)
-
 
 class SystemZeroDecideTrigger(BaseTrigger):
     """One on_request decision about a fixed state, with every answer (the deferrable operator).
@@ -284,7 +277,9 @@ class SystemZeroDecideTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self._kwargs.keep(self, locals())
+        self.systemzero_conn_id, self.request, self.state = systemzero_conn_id, request, state
+        self.key_namespace, self.idempotency_key, self.deadline = key_namespace, idempotency_key, deadline
+        self.budget = budget
         self.attachments = attachments or []
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
@@ -353,7 +348,7 @@ class SystemZeroDecideTrigger(BaseTrigger):
         await self._stream.aclose()
 
 
-class SystemZeroDecisionEventTrigger(BaseEventTrigger):
+class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
     """Schedules Dags on a decision: an asset event each time the condition becomes true.
 
     Use it in an ``AssetWatcher``. Its kwargs are its identity, so ``watch_id`` names the
@@ -400,17 +395,36 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         debounce_ms: int | None = None,
         decide_initial: bool = True,
     ) -> None:
-        super().__init__()
         from airflow_provider_systemzero.identity import task_namespace
 
-        given = checked_watch(self, locals())  # in the Dag file: a mistake is an import error there
-        self._kwargs.keep(self, given)
-        self.key_namespace = task_namespace("asset-watch", watch_id, "", -1)
-        self._stream = TriggerStream(systemzero_conn_id, request, key_namespace=self.key_namespace)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Class path and plain-JSON kwargs (no secret); they are the watcher's identity."""
-        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+        # checked in the Dag file: a mistake is an import error there, naming the watch
+        check_watch_id(watch_id)
+        key_namespace = task_namespace("asset-watch", watch_id, "", -1)
+        with naming_the_watch(watch_id, _EVENT_TRIGGER_ARGUMENTS):
+            condition, source = checked_watch(
+                systemzero_conn_id=systemzero_conn_id,
+                request=request,
+                condition=condition,
+                state=state,
+                source=source,
+                decision_mode=decision_mode,
+                lease=lease,
+                lease_after=lease_after,
+                decide_initial=decide_initial,
+            )
+            super().__init__(
+                systemzero_conn_id=systemzero_conn_id,
+                request=request,
+                key_namespace=key_namespace,
+                decide_when=decide_when,
+                debounce_ms=debounce_ms,
+                decide_initial=decide_initial,
+                max_staleness=max_staleness,
+            )
+        self.systemzero_conn_id, self.request, self.condition = systemzero_conn_id, request, condition
+        self.state, self.watch_id, self.source = state, watch_id, source
+        self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
+        self.key_namespace = key_namespace
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled. After an
@@ -421,8 +435,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
         whether the current run of met decisions fired are kept across tries."""
         streams = self._stream
         condition = DecisionCondition.from_dict(self.condition)
-        self._source = source = build_source(self.source, self.state)
-        announce_wait(self.condition, source)
+        self._open_source()
         # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
         # can review an asset event, so only a met decision counts; whether the current run of met
         # decisions already fired outlives a triggerer restart where Airflow keeps it (3.3)
@@ -449,7 +462,7 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
                     # the connection is looked up now: a missing one is reported at the start, not
                     # when the source first has something to decide
                     await streams.resolve_settings()
-                    driver = self._driver or start_watch(self, source, rules, once=False)
+                    driver = self._driver or self._start_watch(rules, once=False)
                     while True:
                         verdict = await driver.next_verdict()
                         yield TriggerEvent(self._event(rules, verdict, policy_fields))
@@ -472,6 +485,6 @@ class SystemZeroDecisionEventTrigger(BaseEventTrigger):
             verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
         ).to_payload()
 
-    async def cleanup(self) -> None:
-        """Close the stream and the source (runs on every exit; exceptions are ignored by Airflow)."""
-        await close_watching(self)
+
+#: The event trigger's arguments: an error about a field inside one of them names the argument.
+_EVENT_TRIGGER_ARGUMENTS = frozenset(inspect.signature(SystemZeroDecisionEventTrigger.__init__).parameters)

@@ -19,7 +19,7 @@ __all__ = ["TriggerKwargs"]
 @dataclass(frozen=True)
 class TriggerKwargs:
     """A trigger's kwargs, declared once: each is the trigger's attribute of the same name, kept by
-    ``__init__`` (:meth:`keep`) and given back by ``serialize()`` (:meth:`serialized`).
+    its ``__init__`` and given back by ``serialize()`` (:meth:`serialized`).
 
     :param names: the kwargs, space-separated, in their serialized order (the order is part of an
         asset watcher's identity, ``BaseEventTrigger.hash``; tests/airflow/test_trigger_kwargs.py pins it).
@@ -30,11 +30,6 @@ class TriggerKwargs:
     names: str
     when_set: frozenset[str] = frozenset()
     unless: Mapping[str, Any] = field(default_factory=dict)
-
-    def keep(self, trigger: BaseTrigger, given: Mapping[str, Any]) -> None:
-        """Set each declared kwarg in ``given`` (the ``__init__``'s ``locals()``) on ``trigger``."""
-        for name in self.names.split():
-            setattr(trigger, name, given[name])
 
     def serialized(
         self, trigger: BaseTrigger, tail: Mapping[str, Any] | None = None

@@ -10,12 +10,14 @@ is sent or billed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
+from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.protocol.validation import validate_decision_mode
 from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sources.spec import (
@@ -23,10 +25,9 @@ from airflow_provider_systemzero.sources.spec import (
     plain_source,
     validate_source_spec,
 )
-from airflow_provider_systemzero.triggers.watching import WatchingTrigger, watch_source
 from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
 
-__all__ = ["checked_watch", "condition_dict"]
+__all__ = ["check_watch_id", "checked_watch", "condition_dict", "naming_the_watch"]
 
 
 def condition_dict(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
@@ -57,18 +58,12 @@ def condition_dict(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
     return dict(condition), built
 
 
-def checked_watch(trigger: WatchingTrigger, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Check an asset watcher trigger's kwargs, and build what it watches with (the
-    ``decide_when`` filter and ``max_staleness``, which check themselves:
-    :func:`~airflow_provider_systemzero.triggers.watching.watch_source`).
+def check_watch_id(watch_id: Any) -> None:
+    """An asset watcher trigger's ``watch_id`` is a non-empty string (checked first: the other
+    errors name the watch by it).
 
-    :param trigger: the trigger being built.
-    :param given: the trigger's ``__init__``'s ``locals()``.
-    :return: ``given`` with the condition in its plain-JSON form (:func:`condition_dict`).
-    :raises SystemZeroArgumentError: naming the watch, the argument, the problem and the fix (the
-        traceback of an import error shows only the provider's frames: the message says where).
+    :raises SystemZeroArgumentError: naming the argument and the fix.
     """
-    watch_id = given["watch_id"]
     if not isinstance(watch_id, str) or not watch_id.strip():
         raise SystemZeroArgumentError(
             f"SystemZeroDecisionEventTrigger: watch_id must be a non-empty string, got {watch_id!r}: a "
@@ -76,14 +71,25 @@ def checked_watch(trigger: WatchingTrigger, given: Mapping[str, Any]) -> dict[st
             code="invalid_watch_id",
             field="watch_id",
         )
+
+
+@contextlib.contextmanager
+def naming_the_watch(watch_id: str, arguments: Collection[str]) -> Iterator[None]:
+    """Around an asset watcher trigger's checks: an argument error raised inside names the watch,
+    and the argument a field belongs to (the traceback of an import error shows only the
+    provider's frames: the message says where).
+
+    :param watch_id: the watch's name (checked: :func:`check_watch_id`).
+    :param arguments: the trigger's argument names (a field that is none of them is inside the
+        ``condition`` or the ``request``).
+    :raises SystemZeroArgumentError: naming the watch, the argument, the problem and the fix.
+    """
     try:
-        checked = _checked(given)
-        watch_source(trigger, checked)
-        return checked
+        yield
     except ARGUMENT_ERRORS as exc:
         field = exc.field or ""
         argument = field.split(".")[0]
-        if argument and argument not in given:  # a field inside an argument: name the argument
+        if argument and argument not in arguments:  # a field inside an argument: name the argument
             where = "condition" if argument in _CONDITION_FIELDS else "request"
             # and the field, unless the message starts with it
             where += ": " if exc.message.startswith(field) else f": {field}: "
@@ -102,10 +108,27 @@ def checked_watch(trigger: WatchingTrigger, given: Mapping[str, Any]) -> dict[st
 _CONDITION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecisionCondition))
 
 
-def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
-    kept, condition = condition_dict(given["condition"])
-    checked = {**given, "condition": kept, "source": plain_source(given["source"])}
-    systemzero_conn_id, request, state = checked["systemzero_conn_id"], checked["request"], checked["state"]
+def checked_watch(
+    *,
+    systemzero_conn_id: str,
+    request: dict[str, Any],
+    condition: dict[str, Any] | DecisionCondition,
+    state: JSONValue,
+    source: dict[str, Any] | None,
+    decision_mode: str,
+    lease: bool,
+    lease_after: float,
+    decide_initial: bool,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Check an asset watcher trigger's kwargs, as the author gave them (the ``decide_when``
+    filter and ``max_staleness`` check themselves:
+    :class:`~airflow_provider_systemzero.triggers.watching.WatchingTrigger`).
+
+    :return: the condition in its plain-JSON form (:func:`condition_dict`) and the plain source.
+    :raises SystemZeroArgumentError: naming the argument, the problem and the fix.
+    """
+    kept, built = condition_dict(condition)
+    source = plain_source(source)
     check_conn_id(systemzero_conn_id)
     if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):
         raise SystemZeroArgumentError(
@@ -114,13 +137,11 @@ def _checked(given: Mapping[str, Any]) -> dict[str, Any]:
             code="invalid_request",
             field="request",
         )
-    condition.check_questions(request["questions"], reviews=False)  # nobody reviews an asset event
-    validate_decision_mode(checked["decision_mode"])
-    check_flag("lease", checked["lease"], "give the stream back while the source is quiet")
-    check_lease_after(checked["lease_after"])
-    validate_source_spec(checked["source"], state)
-    check_changes_possible(
-        checked["source"], consecutive=condition.consecutive, decide_initial=checked["decide_initial"]
-    )
+    built.check_questions(request["questions"], reviews=False)  # nobody reviews an asset event
+    validate_decision_mode(decision_mode)
+    check_flag("lease", lease, "give the stream back while the source is quiet")
+    check_lease_after(lease_after)
+    validate_source_spec(source, state)
+    check_changes_possible(source, consecutive=built.consecutive, decide_initial=decide_initial)
     validate_state_for_request(request, state)
-    return checked
+    return kept, source

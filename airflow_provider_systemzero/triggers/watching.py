@@ -1,6 +1,7 @@
-"""What a trigger that watches a source (the decision trigger, the event trigger) builds from its
-kwargs, runs its watch with, and tears down; and how an asset watch, which has no task to fail,
-goes on after a failure (:func:`wait_to_watch_again`)."""
+"""The base class of a trigger that watches a source (:class:`WatchingTrigger`: the decision
+trigger, the event trigger): what it builds from its kwargs, its serialized form, the watch its
+run starts, where that wait stands, and its cleanup; and how an asset watch, which has no task to
+fail, goes on after a failure (:func:`wait_to_watch_again`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
+
+from airflow.triggers.base import BaseTrigger
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import SourceWatch, validate_max_staleness
@@ -19,8 +22,10 @@ from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
+from airflow_provider_systemzero.sources.spec import build_source
 from airflow_provider_systemzero.timestamps import iso_time
 from airflow_provider_systemzero.triggers.driver import WatchDriver
+from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 
 __all__ = [
@@ -30,13 +35,9 @@ __all__ = [
     "WatchProgress",
     "WatchingTrigger",
     "announce_wait",
-    "close_watching",
     "failures_in_a_row",
     "new_timeline",
-    "start_watch",
     "wait_to_watch_again",
-    "watch_progress",
-    "watch_source",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,34 +52,6 @@ WATCH_RETRY_MAX_S = 60.0
 #: A try that lasted this long was healthy: its failure counts as the first in a row again (a
 #: watch that ran for days without a transition does not start its next outage at the cap).
 WATCH_HEALTHY_S = 120.0
-
-
-class WatchingTrigger(Protocol):
-    """What a trigger that watches a source has, for the functions here: its kwargs that shape the
-    watch (built by :func:`watch_source`), its streams, and its run's driver and source."""
-
-    decision_filter: DecisionFilter
-    decision_mode: str
-    lease: bool
-    lease_after: float
-    max_staleness: float
-    _stream: TriggerStream
-    _driver: WatchDriver | None
-    _source: StateSource | None
-
-
-def watch_source(trigger: WatchingTrigger, given: Mapping[str, Any]) -> None:
-    """What a trigger that watches a source (a decision or an event trigger) builds from its kwargs
-    (``given``, its ``__init__``'s ``locals()``): the checked ``decide_when`` filter and
-    ``max_staleness``; the source and the watch are built when the trigger runs (:func:`start_watch`)."""
-    trigger.decision_filter = DecisionFilter(
-        decide_when=given["decide_when"],
-        debounce_ms=given["debounce_ms"],
-        decide_initial=given["decide_initial"],
-    )
-    trigger.max_staleness = validate_max_staleness(given["max_staleness"])
-    trigger._source = None
-    trigger._driver = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +75,149 @@ class WatchProgress:
     decided_state: Any = None
 
 
-def watch_progress(trigger: WatchingTrigger) -> WatchProgress:
-    """Where ``trigger``'s wait stands now (:class:`WatchProgress`).
+class WatchingTrigger(BaseTrigger):
+    """A trigger that watches a source: the decision trigger and the event trigger.
 
-    :param trigger: a decision or an event trigger.
+    It carries what both do over their watch: the kwargs that shape it (the ``decide_when`` filter
+    and ``max_staleness``, checked here), ``serialize()``, the watch a run starts over the source
+    (:meth:`watch_driver`), where the wait stands (:attr:`progress`) and ``cleanup()``, which
+    closes the run, the stream and the source on every exit. A subclass declares its kwargs
+    (``_kwargs``), keeps them, and runs: ``run()`` builds the source (:meth:`_open_source`), starts
+    the watch (:meth:`_start_watch`) and turns its verdicts into events.
+
+    :param systemzero_conn_id: the System Zero connection.
+    :param request: the decide request (plain JSON).
+    :param key_namespace: the namespace of the watch's keys and cache key.
+    :param deadline: absolute deadline in epoch seconds, or ``None``.
+    :param budget: the task's spend caps and what it spent so far (``None``: none).
+    :param decide_when: start a decision only for a change that matches (``None``: every change).
+    :param debounce_ms: decide once the source has been quiet this many milliseconds.
+    :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
+    :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
-    driver = trigger._driver
-    if driver is None:
-        return WatchProgress()
-    watch = driver.watch
-    return WatchProgress(
-        running=True, dormant=driver.dormant, decided_at=watch.decided_at, decided_state=watch.decided_state
-    )
+
+    #: the subclass's kwargs, in their serialized order
+    _kwargs: ClassVar[TriggerKwargs]
+    # the kwargs every watching trigger keeps (a subclass sets them)
+    condition: dict[str, Any]
+    state: Any
+    source: dict[str, Any] | None
+    decision_mode: str
+    lease: bool
+    lease_after: float
+
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        key_namespace: str,
+        deadline: float | None = None,
+        budget: dict[str, Any] | None = None,
+        decide_when: str | dict[str, str] | None,
+        debounce_ms: int | None,
+        decide_initial: bool,
+        max_staleness: float,
+    ) -> None:
+        super().__init__()
+        self.decision_filter = DecisionFilter(
+            decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
+        )
+        self.max_staleness = validate_max_staleness(max_staleness)
+        self._stream = TriggerStream(
+            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
+        )
+        #: the run's source and the driver of its watch (``None`` outside a run)
+        self._source: StateSource | None = None
+        self._driver: WatchDriver | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
+        ``decide_when`` filter's."""
+        return self._kwargs.serialized(self, self.decision_filter.to_kwargs())
+
+    @property
+    def progress(self) -> WatchProgress:
+        """Where the wait stands while the trigger runs: whether it holds a stream, and the newest
+        current decision's time and state (a snapshot: :class:`WatchProgress`)."""
+        driver = self._driver
+        if driver is None:
+            return WatchProgress()
+        watch = driver.watch
+        return WatchProgress(
+            running=True,
+            dormant=driver.dormant,
+            decided_at=watch.decided_at,
+            decided_state=watch.decided_state,
+        )
+
+    def watch_driver(
+        self,
+        source: StateSource,
+        rules: DecisionWatch,
+        streams: TriggerStream,
+        *,
+        once: bool,
+        min_interval_ms: int | None = None,
+    ) -> WatchDriver:
+        """A watch over ``source`` shaped by this trigger's kwargs (``decision_mode``, ``lease``,
+        ``lease_after``, ``max_staleness`` and the ``decide_when`` filter), and its driver on ``streams``.
+
+        :param source: the source, built.
+        :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`).
+        :param streams: the streams the driver opens (the trigger's own in its run).
+        :param once: the first verdict ends the watch (a sensor); ``False``: an asset watch.
+        :param min_interval_ms: the trigger's ``min_interval_ms`` (between dispatch starts, and between
+            the last decision and the next stream).
+        :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
+        """
+        decision_filter = self.decision_filter
+        relevance = decision_filter.relevance()  # a callable that cannot be imported ends the wait here
+        watch = SourceWatch(
+            rules,
+            decision_mode=decision_filter.stream_mode(self.decision_mode),
+            gate=decision_filter.gate(asyncio.get_running_loop().time()),
+            relevance=relevance,
+            lease=self.lease,
+            lease_after=self.lease_after,
+            max_staleness=self.max_staleness,
+            min_interval=(min_interval_ms or 0) / 1000,
+            once=once,
+            timeline=rules.timeline,
+            question=rules.condition.question,
+        )
+        stream_kwargs = None if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
+        return WatchDriver(watch, source, streams, stream_kwargs=stream_kwargs, relevance=relevance)
+
+    def _open_source(self) -> StateSource:
+        """Build the run's source (kept for ``cleanup()``) and say what the wait waits for."""
+        self._source = source = build_source(self.source, self.state)
+        announce_wait(self.condition, source, self._stream.deadline)
+        return source
+
+    def _start_watch(
+        self, rules: DecisionWatch, *, once: bool, min_interval_ms: int | None = None
+    ) -> WatchDriver:
+        """Start the run's watch over its source (:meth:`watch_driver`), kept for ``cleanup()``."""
+        assert self._source is not None, "the run builds its source first (_open_source)"
+        self._driver = self.watch_driver(
+            self._source, rules, self._stream, once=once, min_interval_ms=min_interval_ms
+        )
+        return self._driver
+
+    async def cleanup(self) -> None:
+        """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
+        safe to run twice)."""
+        driver, self._driver = self._driver, None
+        source, self._source = self._source, None
+        try:
+            if driver is not None:
+                await driver.aclose()
+            await self._stream.aclose()
+        finally:  # also when cancelled during the close handshake: a push source's read stops
+            if source is not None:
+                with contextlib.suppress(Exception):
+                    await source.aclose()
 
 
 def new_timeline() -> DecisionTimeline:
@@ -121,47 +225,6 @@ def new_timeline() -> DecisionTimeline:
     from airflow_provider_systemzero.utils.observability import capture_content_enabled
 
     return DecisionTimeline(capture_content=capture_content_enabled())
-
-
-def start_watch(
-    trigger: WatchingTrigger,
-    source: StateSource,
-    rules: DecisionWatch,
-    *,
-    once: bool,
-    min_interval_ms: int | None = None,
-) -> WatchDriver:
-    """The watch of ``trigger``'s run and its driver (kept as ``trigger._driver`` for its cleanup).
-
-    :param trigger: a decision or an event trigger (its kwargs: ``decision_mode``, ``lease``,
-        ``lease_after``, ``max_staleness`` and the ``decide_when`` filter).
-    :param source: the trigger's source, built.
-    :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`).
-    :param once: the first verdict ends the watch (a sensor); ``False``: an asset watch.
-    :param min_interval_ms: the trigger's ``min_interval_ms`` (between dispatch starts, and between
-        the last decision and the next stream).
-    :raises SystemZeroArgumentError: the ``decide_when`` callable cannot be imported.
-    """
-    decision_filter: DecisionFilter = trigger.decision_filter
-    relevance = decision_filter.relevance()  # a callable that cannot be imported ends the wait here
-    watch = SourceWatch(
-        rules,
-        decision_mode=decision_filter.stream_mode(trigger.decision_mode),
-        gate=decision_filter.gate(asyncio.get_running_loop().time()),
-        relevance=relevance,
-        lease=trigger.lease,
-        lease_after=trigger.lease_after,
-        max_staleness=trigger.max_staleness,
-        min_interval=(min_interval_ms or 0) / 1000,
-        once=once,
-        timeline=rules.timeline,
-        question=rules.condition.question,
-    )
-    stream_kwargs = None if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
-    trigger._driver = driver = WatchDriver(
-        watch, source, trigger._stream, stream_kwargs=stream_kwargs, relevance=relevance
-    )
-    return driver
 
 
 def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: float | None = None) -> None:
@@ -183,21 +246,6 @@ def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: f
         source.describe(),
         until,
     )
-
-
-async def close_watching(trigger: WatchingTrigger) -> None:
-    """Close a watching trigger's run, stream and source (its ``cleanup()``: every exit, errors
-    ignored; safe to run twice)."""
-    driver, trigger._driver = trigger._driver, None
-    source, trigger._source = trigger._source, None
-    try:
-        if driver is not None:
-            await driver.aclose()
-        await trigger._stream.aclose()
-    finally:  # also when cancelled during the close handshake: a push source's read stops
-        if source is not None:
-            with contextlib.suppress(Exception):
-                await source.aclose()
 
 
 def failures_in_a_row(failures: int, lasted: float) -> int:

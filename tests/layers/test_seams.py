@@ -1,6 +1,5 @@
 """The protocols that keep the import graph acyclic where a module must name the class that imports it.
 
-``sensors/task.py`` (``DecisionSensorTask``) stands for the sensor in its plain modules;
 ``emulator/host.py`` (``EmulatorHost``, ``FrameReceiver``) stands for the emulator and a stream in
 the emulator's parts. Each protocol must list what those modules use of the other side, and the real
 class must have every member the protocol lists.
@@ -12,17 +11,12 @@ import ast
 from pathlib import Path
 from types import ModuleType
 
-import pendulum
 import pytest
-from airflow.sdk import DAG
 
 from airflow_provider_systemzero.emulator import connection, control, websocket
 from airflow_provider_systemzero.emulator.connection import StreamLoop
 from airflow_provider_systemzero.emulator.host import EmulatorHost, FrameReceiver
 from airflow_provider_systemzero.emulator.server import Emulator
-from airflow_provider_systemzero.sensors import inputs, outcomes, poking
-from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.sensors.task import DecisionSensorTask
 
 
 def members(protocol: type) -> set[str]:
@@ -43,20 +37,6 @@ def used_through(modules: tuple[ModuleType, ...], *chains: str) -> set[str]:
             if isinstance(node, ast.Attribute) and ast.unparse(node.value) in chains:
                 used.add(node.attr)
     return used
-
-
-def test_the_sensor_protocol_names_what_the_plain_modules_use() -> None:
-    used = used_through((inputs, outcomes, poking), "sensor")
-    assert {"task_id", "question", "decide_with_budget"} <= used, "the walk reads nothing"
-    assert used <= members(DecisionSensorTask), sorted(used - members(DecisionSensorTask))
-
-
-def test_the_sensor_has_every_member_of_its_protocol() -> None:
-    with DAG("sensor_task", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
-        sensor = SystemZeroDecisionSensor(
-            task_id="t", question="ready", instructions="Is the job ready?", state="Job is ready.", timeout=60
-        )
-    assert not [name for name in members(DecisionSensorTask) if not hasattr(sensor, name)]
 
 
 def test_the_emulator_protocols_name_what_its_parts_use() -> None:

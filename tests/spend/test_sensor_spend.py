@@ -13,7 +13,6 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.sensors.inputs import build_inputs
 from tests.helpers import (
     READY_RULES,
     file_sensor,
@@ -64,7 +63,7 @@ def test_decide_initial_false_needs_a_source() -> None:
 
 def test_the_knobs_reach_the_trigger(tmp_path: Path) -> None:
     sensor = _sensor(tmp_path / "job.log", decide_when=r"(?i)job is ready", debounce_ms=250)
-    inputs = build_inputs(sensor)
+    inputs = sensor.parse_inputs()
     kwargs = sensor._trigger_kwargs(
         inputs, namespace="ns", deadline=None, budget=sensor.start_trigger_budget(), skip=[]
     )

@@ -1,9 +1,9 @@
 """Poke mode and deferred mode give the same verdict on the same sequence of states and decisions.
 
 A differential test through both paths a sensor's wait can take: the poke path
-(:class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`, one on_request decide per poke, of
-a real ``SystemZeroDecisionSensor``) and the deferred path (the trigger's watch as
-:func:`~airflow_provider_systemzero.triggers.watching.start_watch` builds it, run by the real
+(:meth:`~airflow_provider_systemzero.sensors.decision.SystemZeroDecisionSensor.poke_event`, one
+on_request decide per poke, of a real ``SystemZeroDecisionSensor``) and the deferred path (the trigger's watch as
+:meth:`~airflow_provider_systemzero.triggers.watching.WatchingTrigger.watch_driver` builds it, run by the real
 :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver` against a scripted stream on a
 clock the test moves, on_change or on_request, holding its stream or giving it back between
 decisions). Hypothesis draws the condition (hysteresis, a policy, states a person said no about)
@@ -25,10 +25,10 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from airflow_provider_systemzero.sensors.inputs import build_inputs
 from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
-from airflow_provider_systemzero.triggers.watching import new_timeline, start_watch, watch_source
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+from airflow_provider_systemzero.triggers.watching import new_timeline
 from tests.triggers import callables
 from tests.triggers.scripted import (
     ClockLoop,
@@ -102,29 +102,17 @@ def _summary(event: WatchEvent | None, step: int | None) -> tuple[Any, ...] | No
 def _poked(sensor: ScriptedSensor, steps: list[tuple[str, str, float]], skip: list[str]) -> Any:
     """The poke path: one poke per step, each deciding (when the watch wants a decision) with the
     step's decision."""
-    pokes = PokeWatch(skip)
-    inputs = build_inputs(sensor)
+    sensor.poke_watch = PokeWatch(skip)
     for index, (state, answer, confidence) in enumerate(steps):
         callables.VALUE["state"] = state
         sensor.answers = [(answer, confidence)]
         try:
-            event = pokes.poke(sensor, _CONTEXT, inputs)  # type: ignore[arg-type]
+            event = sensor.poke_event(_CONTEXT)  # type: ignore[arg-type]
         except DecisionFailed:
             return ("error", index)
         if event is not None:
             return _summary(event, index)
     return None
-
-
-class _Deferred:
-    """What :func:`start_watch` takes of a sensor's trigger (its kwargs and its streams)."""
-
-    def __init__(self, streams: ScriptedStreams, decision_mode: str, lease: bool, lease_after: float) -> None:
-        watch_source(
-            self, {"decide_when": None, "debounce_ms": None, "decide_initial": True, "max_staleness": 30.0}
-        )
-        self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
-        self._stream = streams
 
 
 def _deferred(
@@ -137,15 +125,24 @@ def _deferred(
 ) -> Any:
     """The deferred path: the trigger's watch and driver; each step the source holds the step's
     state, and the stream's decision about it (when one is asked for) is the step's."""
-    _, condition, _ = build_inputs(sensor)
-    rules = DecisionWatch(condition, reviews=True, skip_states=skip, timeline=new_timeline())
+    inputs = sensor.parse_inputs()
+    trigger = SystemZeroDecisionTrigger(
+        systemzero_conn_id=sensor.systemzero_conn_id,
+        request=inputs.request,
+        condition=inputs.condition.to_dict(),
+        state=steps[0][0],
+        key_namespace="k",
+        decision_mode=decision_mode,
+        lease=lease,
+        lease_after=lease_after,
+    )
+    rules = DecisionWatch(inputs.condition, reviews=True, skip_states=skip, timeline=new_timeline())
     loop = ClockLoop()
     try:
         source, streams = ScriptedSource(steps[0][0]), ScriptedStreams()
-        holder = _Deferred(streams, decision_mode, lease, lease_after)
 
         async def started() -> asyncio.Task[Any]:
-            driver = start_watch(holder, source, rules, once=True)  # type: ignore[arg-type]
+            driver = trigger.watch_driver(source, rules, streams, once=True)  # type: ignore[arg-type]
             return asyncio.ensure_future(driver.next_verdict())
 
         run = loop.run_until_complete(started())
