@@ -725,3 +725,33 @@ def kept_objects(root: Any, existing: set[int], shared: tuple[type, ...] = ()) -
             found.append(obj)
         todo.extend(gc.get_referents(obj))
     return found
+
+
+#: The ``reply`` of the public document's example ``decision`` (its example exchange), as it
+#: stands there.
+EXAMPLE_REPLY: dict[str, Any] = {
+    "id": "szd_0123456789abcdef0123456789abcdef",
+    "model": "MODEL_ID",
+    "served_by": "SERVED_BY",
+    "created": 1790000000,
+    "context": {"route": "direct", "tokens": 32},
+    "answers": {
+        "ready": {
+            "type": "boolean",
+            "probability": 0.9,
+            "confidence": 0.9,
+            "calibration_version": "unpublished",
+            "decision": True,
+            "alternatives": [{"decision": False, "confidence": 0.1}],
+            "calibrated": False,
+        }
+    },
+    "usage": {
+        "input_tokens": 32,
+        "cached_input_tokens": 0,
+        "media_tokens": 0,
+        "long_input_tokens": 0,
+        "media_items": 0,
+        "thought_tokens": 0,
+    },
+}

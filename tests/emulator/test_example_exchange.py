@@ -11,6 +11,7 @@ from typing import Any
 from airflow_provider_systemzero.emulator import Emulator, KeywordDecider
 from airflow_provider_systemzero.protocol import Limits, compact_json
 from tests.emulator.wire import close_of, recv, send, stream
+from tests.helpers import EXAMPLE_REPLY
 
 # The example messages of the public document, verbatim (only their whitespace differs).
 EXAMPLE_HELLO = {
@@ -101,32 +102,7 @@ EXAMPLE_DECISION = {
     "seq": 6,
     "state_version": 2,
     "covered_event_ids": ["evt_1", "evt_2"],
-    "reply": {
-        "id": "szd_0123456789abcdef0123456789abcdef",
-        "model": "MODEL_ID",
-        "served_by": "SERVED_BY",
-        "created": 1790000000,
-        "context": {"route": "direct", "tokens": 32},
-        "answers": {
-            "ready": {
-                "type": "boolean",
-                "probability": 0.9,
-                "confidence": 0.9,
-                "calibration_version": "unpublished",
-                "decision": True,
-                "alternatives": [{"decision": False, "confidence": 0.1}],
-                "calibrated": False,
-            }
-        },
-        "usage": {
-            "input_tokens": 32,
-            "cached_input_tokens": 0,
-            "media_tokens": 0,
-            "long_input_tokens": 0,
-            "media_items": 0,
-            "thought_tokens": 0,
-        },
-    },
+    "reply": EXAMPLE_REPLY,
     "request_id": "example-decision",
     "http_status": 200,
     "server_timing": None,

@@ -30,6 +30,7 @@ from airflow_provider_systemzero.protocol.limits import ADVERTISED_BOUNDS, Limit
 from airflow_provider_systemzero.protocol.messages import MAX_DISPATCH_MS, MAX_SAFE_INTEGER, PROTOCOL
 from airflow_provider_systemzero.protocol.reply import MAX_CREATED, USAGE_FIELDS
 from airflow_provider_systemzero.timestamps import EARLIEST, LATEST, back_dated, utc_iso
+from tests.helpers import EXAMPLE_REPLY
 
 STREAM_ID = "szws_0123456789abcdef0123456789abcdef"
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
@@ -37,32 +38,7 @@ NOW = 1_790_000_000.0
 
 #: The server messages of the public example exchange (and an error of each kind), each as it
 #: arrives third on a connection: after ``hello`` (1) and the ``start``'s ``ack`` (2).
-REPLY = {
-    "id": "szd_0123456789abcdef0123456789abcdef",
-    "model": "MODEL_ID",
-    "served_by": "SERVED_BY",
-    "created": 1790000000,
-    "context": {"route": "direct", "tokens": 32},
-    "answers": {
-        "ready": {
-            "type": "boolean",
-            "probability": 0.9,
-            "confidence": 0.9,
-            "calibration_version": "unpublished",
-            "decision": True,
-            "alternatives": [{"decision": False, "confidence": 0.1}],
-            "calibrated": False,
-        }
-    },
-    "usage": {
-        "input_tokens": 32,
-        "cached_input_tokens": 0,
-        "media_tokens": 0,
-        "long_input_tokens": 0,
-        "media_items": 0,
-        "thought_tokens": 0,
-    },
-}
+REPLY = EXAMPLE_REPLY
 HELLO = {
     "type": "hello",
     "stream_id": STREAM_ID,
