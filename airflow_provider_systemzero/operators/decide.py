@@ -26,7 +26,6 @@ from airflow_provider_systemzero.protocol.validation import not_json_message, va
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.stream.untrusted import server_token
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
-from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
@@ -42,6 +41,7 @@ from airflow_provider_systemzero.utils.checks import (
 )
 from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout, timeout_reason
 from airflow_provider_systemzero.utils.history import push_history
+from airflow_provider_systemzero.utils.payloads import task_failure
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 

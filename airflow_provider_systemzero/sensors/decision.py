@@ -67,7 +67,6 @@ from airflow_provider_systemzero.sources.spec import (
 )
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.triggers.payloads import task_failure
 from airflow_provider_systemzero.utils.checks import (
     check_conn_id,
     check_flag,
@@ -93,6 +92,7 @@ from airflow_provider_systemzero.utils.deadlines import (
     wait_bound,
 )
 from airflow_provider_systemzero.utils.history import push_history
+from airflow_provider_systemzero.utils.payloads import task_failure
 from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
 
@@ -786,7 +786,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """End a wait that no decision ended: a static state unmet, the deadline, or an error.
 
         :raises AirflowSensorTimeout: the deadline passed (``AirflowSkipException`` with ``soft_fail``).
-        :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.triggers.payloads.task_failure`).
+        :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.utils.payloads.task_failure`).
         :raises AirflowException: Airflow's retries may.
         """
         push_history(self, context, event)  # why nothing fired, when the event tells it

@@ -52,7 +52,6 @@ from airflow_provider_systemzero.sources.base import StaticSource
 from airflow_provider_systemzero.sources.spec import refuse_rendered_state, state_templates
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
-from airflow_provider_systemzero.triggers.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import check_watch_id, checked_watch, naming_the_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
@@ -62,6 +61,7 @@ from airflow_provider_systemzero.triggers.watching import (
     new_timeline,
     wait_to_watch_again,
 )
+from airflow_provider_systemzero.utils.payloads import error_payload, owned_event
 
 __all__ = [
     "SystemZeroDecideTrigger",

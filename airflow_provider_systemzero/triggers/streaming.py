@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_systemzero.triggers.payloads import timeout_payload
+from airflow_provider_systemzero.utils.payloads import timeout_payload
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import DecisionBudget

@@ -35,6 +35,7 @@ from airflow_provider_systemzero.decisions.budget import (
     WindowBudget,
     parse_limit,
 )
+from airflow_provider_systemzero.utils.payloads import error_payload, task_failure
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
@@ -60,7 +61,6 @@ def _final_failure(task_id: str, exc: BaseException) -> Exception | None:
     """The ``AirflowFailException`` for a worker's decide error retrying cannot fix, else ``None``."""
     from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
     from airflow_provider_systemzero.decisions.watch import WatchEvent
-    from airflow_provider_systemzero.triggers.payloads import error_payload, task_failure
 
     if not isinstance(exc, Exception) or isinstance(exc, AirflowException):
         return None  # cancelled or interrupted; or already the task's own error
@@ -570,7 +570,7 @@ class UsageBudgetMixin:
         :raises AirflowFailException: the task's budget refused the dispatch (``AirflowException``,
             which Airflow retries, for a time window's), or the decide failed in a way retrying
             cannot fix (read as a trigger's failed event is:
-            :func:`~airflow_provider_systemzero.triggers.payloads.task_failure`); any other error
+            :func:`~airflow_provider_systemzero.utils.payloads.task_failure`); any other error
             is raised as it is, for Airflow's retries.
         """
         ledger, budget = self.budget_before_dispatch(context, body_bytes)

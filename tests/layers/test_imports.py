@@ -359,3 +359,25 @@ def test_the_glue_imports_no_hook() -> None:
         if _short(target).split(".")[0] == "hooks"
     )
     assert not upward, "the glue imports the hook: " + ", ".join(upward)
+
+
+def _part(name: str) -> str:
+    """The part a module belongs to: its folder under the package (a top-level module is a part)."""
+    return name.removeprefix(f"{PACKAGE}.").split(".")[0]
+
+
+def test_the_parts_import_no_cycle() -> None:
+    """No two parts (``hooks/``, ``triggers/``, ``utils/``, ``timestamps.py``…) import each other,
+    through any chain and with deferred imports counted: each part builds on the ones below it."""
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        if name == PACKAGE:
+            continue
+        edges = graph.setdefault(_part(name), set())
+        edges.update(
+            _part(target)
+            for target in module_level_imports(name, deferred=True)
+            if target != PACKAGE and _part(target) != _part(name)
+        )
+    assert graph["triggers"] >= {"sources", "hooks"}, "the part graph reads nothing"
+    assert not find_cycles(graph), "cycles between parts:\n" + describe_tangles(graph)
