@@ -2,7 +2,7 @@
 
 The observer interface lives with the stream
 (:mod:`airflow_provider_systemzero.stream.observer`), the Airflow metrics and spans observer next to
-the Airflow classes (:mod:`airflow_provider_systemzero.utils.observability`); this module names
+the Airflow classes (:mod:`airflow_provider_systemzero.tasks.observability`); this module names
 both where the documentation has always named them. Nothing in the package imports it: the stream
 imports :mod:`~airflow_provider_systemzero.stream.observer` itself, so this path sits above both
 sides of the graph. Importing it loads no Airflow (the Airflow observer imports Airflow on first use).
@@ -11,7 +11,7 @@ sides of the graph. Importing it loads no Airflow (the Airflow observer imports 
 from __future__ import annotations
 
 from airflow_provider_systemzero.stream.observer import GOODBYE_REASONS, StreamObserver
-from airflow_provider_systemzero.utils.observability import (
+from airflow_provider_systemzero.tasks.observability import (
     CLOSE_CODES,
     METRICS,
     RECONNECT_REASONS,

@@ -113,7 +113,7 @@ class _Store:
 
 
 def _budget_warnings(caplog: pytest.LogCaptureFixture, context: dict[str, Any]) -> list[str]:
-    from airflow_provider_systemzero.utils.usage import TaskUsageLedger
+    from airflow_provider_systemzero.tasks.usage import TaskUsageLedger
 
     logger = logging.getLogger("tests.compat.budget")
     with caplog.at_level(logging.WARNING, logger=logger.name):
@@ -161,7 +161,7 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
 
     from airflow_provider_systemzero.decisions.policy import DecisionPolicy, PolicyOutcome
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-    from airflow_provider_systemzero.utils.review import Gate
+    from airflow_provider_systemzero.tasks.review import Gate
 
     written: list[dict[str, Any]] = []
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: written.append(kwargs))
@@ -195,7 +195,7 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
         assert deferred.method_name == "execute_review_complete" and deferred.kwargs == resume
         assert isinstance(deferred.trigger, HITLTrigger)
         classpath, kwargs = deferred.trigger.serialize()
-        assert classpath == "airflow_provider_systemzero.utils.review_wait.ReviewTrigger"
+        assert classpath == "airflow_provider_systemzero.tasks.review_wait.ReviewTrigger"
         assert (kwargs["ti_id"], kwargs["options"], kwargs["defaults"]) == (ti.id, ["Yes", "No"], ["No"])
         assert kwargs["timeout_datetime"] is not None
         # what the task resumes with travels in the trigger too: dag.test() resumes with the event alone
@@ -213,7 +213,7 @@ def test_a_review_trigger_is_hitl_trigger_with_what_the_task_resumes_with(
 
     from airflow.triggers.base import TriggerEvent
 
-    from airflow_provider_systemzero.utils import review_wait
+    from airflow_provider_systemzero.tasks import review_wait
 
     resume = {"gate": {"question": "publish"}, "outcome": {"action": "review"}}
     trigger = review_wait.ReviewTrigger(
@@ -253,7 +253,7 @@ def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
     from airflow.sdk.execution_time.comms import GetConnection, GetHITLDetailResponse, UpdateHITLDetail
     from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
 
-    from airflow_provider_systemzero.utils import review_wait
+    from airflow_provider_systemzero.tasks import review_wait
 
     calls: list[tuple[str, Any]] = []
 
@@ -300,7 +300,7 @@ def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
 
     from airflow_provider_systemzero.decisions.policy import DecisionPolicy, PolicyOutcome
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-    from airflow_provider_systemzero.utils.review import Gate
+    from airflow_provider_systemzero.tasks.review import Gate
 
     operator = SystemZeroDecideOperator(
         task_id="decide",

@@ -251,7 +251,7 @@ def test_the_scan_finds_the_names_the_pages_use() -> None:
     ("name", "missing"),
     [
         ("stream.gateway_socket.GatewaySocket", False),
-        ("utils.usage.UsageBudgetMixin.billed_by_reply", False),  # set in __init__
+        ("tasks.usage.UsageBudgetMixin.billed_by_reply", False),  # set in __init__
         ("triggers.reading.SourceReading", True),
         ("budget", True),
         ("decisions.budget.NoSuchBudget", True),

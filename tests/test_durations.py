@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_systemzero.durations import readable
-from airflow_provider_systemzero.utils.deadlines import decision_times, timeout_reason
+from airflow_provider_systemzero.tasks.deadlines import decision_times, timeout_reason
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ Three scopes:
 * :class:`DecisionBudget` — one stream (or one task try); pure, no I/O;
 * :class:`WindowBudget` — per connection and time window (connection extras
   ``budget_decisions_per_hour`` / ``budget_input_tokens_per_hour``), held **in this process**;
-* :class:`~airflow_provider_systemzero.utils.usage.TaskUsageLedger` — per task across all its tries,
+* :class:`~airflow_provider_systemzero.tasks.usage.TaskUsageLedger` — per task across all its tries,
   kept in the Airflow 3.3 task state store (AIP-103) under :data:`TASK_STATE_KEY` (the Airflow
-  side lives in :mod:`~airflow_provider_systemzero.utils.usage`).
+  side lives in :mod:`~airflow_provider_systemzero.tasks.usage`).
 
 This module is the arithmetic alone: it imports no Airflow.
 """

@@ -9,10 +9,10 @@ The connection (``conn_type = "systemzero"``):
   ``ca_bundle`` (a PEM path), ``client_cert`` / ``client_key`` (PEM paths: mutual TLS), ``proxy``
   (an explicit proxy URL; environment proxies are never used),
   ``budget_decisions_per_hour`` / ``budget_input_tokens_per_hour`` (caps per connection and hour,
-  checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.utils.usage`).
+  checked before each dispatch and counted **per process**: see :mod:`~airflow_provider_systemzero.tasks.usage`).
 
 Every stream the hook opens reports metrics and (opt-in) spans through
-:class:`~airflow_provider_systemzero.utils.observability.AirflowStreamObserver`.
+:class:`~airflow_provider_systemzero.tasks.observability.AirflowStreamObserver`.
 
 Reconnect backoff (full jitter) is read from Airflow's configuration, section ``[systemzero]``:
 ``reconnect_backoff_base`` (seconds, default 0.5) and ``reconnect_backoff_cap`` (seconds, default
@@ -55,7 +55,7 @@ from airflow_provider_systemzero.stream.exceptions import SystemZeroError, Syste
 from airflow_provider_systemzero.stream.observer import StreamObserver
 from airflow_provider_systemzero.stream.tls import load_tls
 from airflow_provider_systemzero.stream.untrusted import scrub, server_text, server_token
-from airflow_provider_systemzero.utils.observability import AirflowStreamObserver
+from airflow_provider_systemzero.tasks.observability import AirflowStreamObserver
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

@@ -25,14 +25,14 @@ from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.protocol.errors import did_you_mean
 from airflow_provider_systemzero.questions import build_request_dict
-from airflow_provider_systemzero.utils.checks import (
+from airflow_provider_systemzero.tasks.checks import (
     check_flag,
     is_literal,
     parse_time,
     refuse_rendered_none,
     template_of,
 )
-from airflow_provider_systemzero.utils.review import Gate
+from airflow_provider_systemzero.tasks.review import Gate
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

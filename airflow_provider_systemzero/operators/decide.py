@@ -25,8 +25,7 @@ from airflow_provider_systemzero.protocol.messages import Attachment
 from airflow_provider_systemzero.protocol.validation import not_json_message, validate_attachment_name
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.stream.untrusted import server_token
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
-from airflow_provider_systemzero.utils.checks import (
+from airflow_provider_systemzero.tasks.checks import (
     check_conn_id,
     check_flag,
     check_key_salt,
@@ -39,11 +38,12 @@ from airflow_provider_systemzero.utils.checks import (
     refuse_rendered_none_options,
     template_of,
 )
-from airflow_provider_systemzero.utils.deadlines import deadline_in, defer_timeout, timeout_reason
-from airflow_provider_systemzero.utils.history import push_history
-from airflow_provider_systemzero.utils.payloads import task_failure
-from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
-from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
+from airflow_provider_systemzero.tasks.deadlines import deadline_in, defer_timeout, timeout_reason
+from airflow_provider_systemzero.tasks.history import push_history
+from airflow_provider_systemzero.tasks.payloads import task_failure
+from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -143,7 +143,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     :param decision_timeout: seconds allowed for the decision.
     :param key_salt: mixed into the key namespace (e.g. to force a fresh decision).
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
-        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.utils.usage`.
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.tasks.usage`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param policy: a :class:`~airflow_provider_systemzero.decisions.policy.DecisionPolicy` (or its dict form)
         for ``policy_question``; ``None`` uses the model's answers as they are.
@@ -528,7 +528,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
             ),
             body_bytes,
         )
-        from airflow_provider_systemzero.utils.observability import capture_content_enabled
+        from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
         payload = answers_payload(
             decision, state, key_namespace=namespace, capture_content=capture_content_enabled()

@@ -32,7 +32,7 @@ from sqlalchemy import select
 
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
 from airflow_provider_systemzero.plugins.timeline_rows import plain
-from airflow_provider_systemzero.utils.history import DECISIONS_XCOM_KEY
+from airflow_provider_systemzero.tasks.history import DECISIONS_XCOM_KEY
 
 __all__ = ["CONTENT_SECURITY_POLICY", "create_app"]
 

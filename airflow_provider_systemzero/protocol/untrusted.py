@@ -16,7 +16,7 @@ them, and text passed through twice comes out as it did the first time.
 
 A reply passes through it string by string, keys included, when the client reads it
 (``protocol/reply.py``). Markdown is the review body's own concern (code spans that no value can
-close, in ``utils/review.py``); removing the API key is the stream's, which knows the key
+close, in ``tasks/review.py``); removing the API key is the stream's, which knows the key
 (``stream/untrusted.py``).
 """
 

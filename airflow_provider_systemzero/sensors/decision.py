@@ -6,7 +6,7 @@ they are literal, else when the task runs), and the Airflow paths (defer, poke, 
 wait ends, as its methods. What "this decision ends the wait" means is
 :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`, the same for the trigger and
 the poke (whose state across pokes is :class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`);
-acting on a decision is :class:`~airflow_provider_systemzero.utils.review.PolicyGateMixin`, the same
+acting on a decision is :class:`~airflow_provider_systemzero.tasks.review.PolicyGateMixin`, the same
 for the operators.
 """
 
@@ -66,8 +66,7 @@ from airflow_provider_systemzero.sources.spec import (
     validate_source_spec,
 )
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
-from airflow_provider_systemzero.utils.checks import (
+from airflow_provider_systemzero.tasks.checks import (
     check_conn_id,
     check_flag,
     check_key_salt,
@@ -83,7 +82,7 @@ from airflow_provider_systemzero.utils.checks import (
     refuse_rendered_none_options,
     template_of,
 )
-from airflow_provider_systemzero.utils.deadlines import (
+from airflow_provider_systemzero.tasks.deadlines import (
     bound_by_execution_timeout,
     deadline_in,
     defer_timeout,
@@ -91,10 +90,11 @@ from airflow_provider_systemzero.utils.deadlines import (
     timeout_reason,
     wait_bound,
 )
-from airflow_provider_systemzero.utils.history import push_history
-from airflow_provider_systemzero.utils.payloads import task_failure
-from airflow_provider_systemzero.utils.review import Gate, PolicyGateMixin
-from airflow_provider_systemzero.utils.usage import UsageBudgetMixin
+from airflow_provider_systemzero.tasks.history import push_history
+from airflow_provider_systemzero.tasks.payloads import task_failure
+from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -178,7 +178,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     :param allow_empty: accept an empty state (``""``, ``[]``, ``{}``) when there is no source
         (refused by default: the decision about nothing is billed).
     :param max_decisions: billed decisions allowed for this task across all its tries, checked
-        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.utils.usage`.
+        before each dispatch (``None``: no cap); see :mod:`~airflow_provider_systemzero.tasks.usage`.
     :param max_input_tokens: input tokens allowed for this task across all its tries (``None``: no cap).
     :param start_from_trigger: start in the triggerer: the scheduler creates the trigger from
         ``start_trigger_args`` and no worker runs until the decision arrives. ``state`` and ``source``
@@ -195,7 +195,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     Every decision that ends the wait pushes the ``decision`` audit record to XCom, and beside it the
     ``decisions`` history its event carries: each decision the wait saw and what it did with it (the
-    UI's "Decision timeline", see :mod:`~airflow_provider_systemzero.utils.history`).
+    UI's "Decision timeline", see :mod:`~airflow_provider_systemzero.tasks.history`).
     """
 
     template_fields: Sequence[str] = TEMPLATE_FIELDS
@@ -455,9 +455,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         runs: ``state`` and the source's path (``"state"``:
         :func:`~airflow_provider_systemzero.sources.spec.state_templates`), the watched
         ``question``'s name, the asked questions' texts
-        (``"questions"``: :func:`~airflow_provider_systemzero.utils.checks.instruction_templates`, or
+        (``"questions"``: :func:`~airflow_provider_systemzero.tasks.checks.instruction_templates`, or
         that of ``instructions`` when it is the one question's text) and their options (``"options"``:
-        :func:`~airflow_provider_systemzero.utils.checks.option_templates`)."""
+        :func:`~airflow_provider_systemzero.tasks.checks.option_templates`)."""
         if self.questions is not None:
             questions = instruction_templates(self.questions)
         else:
@@ -482,7 +482,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _deadline(self) -> float | None:
         """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
         or its ``execution_timeout`` when that is shorter
-        (:func:`~airflow_provider_systemzero.utils.deadlines.deadline_in`)."""
+        (:func:`~airflow_provider_systemzero.tasks.deadlines.deadline_in`)."""
         return deadline_in(self, self.timeout)
 
     def _start_in_triggerer(self, start_from_trigger: Any) -> None:
@@ -786,7 +786,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """End a wait that no decision ended: a static state unmet, the deadline, or an error.
 
         :raises AirflowSensorTimeout: the deadline passed (``AirflowSkipException`` with ``soft_fail``).
-        :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.utils.payloads.task_failure`).
+        :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.tasks.payloads.task_failure`).
         :raises AirflowException: Airflow's retries may.
         """
         push_history(self, context, event)  # why nothing fired, when the event tells it

@@ -109,7 +109,7 @@ def check_min_true_for(
     """A ``min_true_for`` not shorter than the bound of the sensor's wait can never be satisfied:
     the first qualifying decision comes after the wait starts, and the bound ends the wait first.
     The bound is ``timeout``, or ``execution_timeout`` when that is shorter
-    (:func:`~airflow_provider_systemzero.utils.deadlines.wait_bound`).
+    (:func:`~airflow_provider_systemzero.tasks.deadlines.wait_bound`).
 
     :param min_true_for: the condition's ``min_true_for`` (seconds, already checked).
     :param timeout: the sensor's ``timeout`` in seconds.

@@ -53,7 +53,7 @@ from airflow_provider_systemzero.sources.callable import (
     import_callable,
 )
 from airflow_provider_systemzero.sources.file import FileSource
-from airflow_provider_systemzero.utils.checks import (
+from airflow_provider_systemzero.tasks.checks import (
     has_template,
     refuse_empty_state,
     refuse_rendered_none,

@@ -2,7 +2,7 @@
 about itself: the stream's observer interface, with no Airflow.
 
 The Airflow metrics and spans observer
-(:class:`~airflow_provider_systemzero.utils.observability.AirflowStreamObserver`) implements it
+(:class:`~airflow_provider_systemzero.tasks.observability.AirflowStreamObserver`) implements it
 next to the Airflow classes. :class:`ObserverRelay` is how a stream tells it, in order.
 """
 

@@ -50,6 +50,7 @@ from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_p
 from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.sources.base import StaticSource
 from airflow_provider_systemzero.sources.spec import refuse_rendered_state, state_templates
+from airflow_provider_systemzero.tasks.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
@@ -61,7 +62,6 @@ from airflow_provider_systemzero.triggers.watching import (
     new_timeline,
     wait_to_watch_again,
 )
-from airflow_provider_systemzero.utils.payloads import error_payload, owned_event
 
 __all__ = [
     "SystemZeroDecideTrigger",

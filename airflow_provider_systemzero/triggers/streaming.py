@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_systemzero.utils.payloads import timeout_payload
+from airflow_provider_systemzero.tasks.payloads import timeout_payload
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.budget import DecisionBudget
@@ -149,7 +149,7 @@ class TriggerStream:
         :attr:`stream` from now on, entered with :meth:`enter`."""
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook, backoff_config
         from airflow_provider_systemzero.stream import Backoff
-        from airflow_provider_systemzero.utils.observability import (
+        from airflow_provider_systemzero.tasks.observability import (
             AirflowStreamObserver,
             capture_content_enabled,
             spans_enabled,

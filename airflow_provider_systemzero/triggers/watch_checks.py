@@ -25,7 +25,7 @@ from airflow_provider_systemzero.sources.spec import (
     plain_source,
     validate_source_spec,
 )
-from airflow_provider_systemzero.utils.checks import check_conn_id, check_flag, check_lease_after
+from airflow_provider_systemzero.tasks.checks import check_conn_id, check_flag, check_lease_after
 
 __all__ = ["check_watch_id", "checked_watch", "condition_dict", "naming_the_watch"]
 

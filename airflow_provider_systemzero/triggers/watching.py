@@ -222,7 +222,7 @@ class WatchingTrigger(BaseTrigger):
 
 def new_timeline() -> DecisionTimeline:
     """A wait's history, keeping state content only where ``[systemzero] capture_content`` says so."""
-    from airflow_provider_systemzero.utils.observability import capture_content_enabled
+    from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
     return DecisionTimeline(capture_content=capture_content_enabled())
 

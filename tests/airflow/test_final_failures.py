@@ -2,7 +2,7 @@
 
 The operator and the sensor decide in the triggerer (deferrable) or on their worker (the
 operator's ``deferrable=False``, the sensor's poke mode). Each path reads its error the same way
-(``utils.payloads.task_failure``): a client error (4xx) the gateway did not call retryable, or
+(``tasks.payloads.task_failure``): a client error (4xx) the gateway did not call retryable, or
 a wrong key, ends the task with no retry, while a server error (5xx) leaves Airflow's retries to
 act. Each case runs the real task with ``dag.test()`` against the emulator, with one retry
 allowed, and counts the tries.

@@ -320,12 +320,12 @@ def test_the_stream_imports_the_budget_one_way() -> None:
 def test_the_observer_modules_import_first() -> None:
     """The stream's observer interface, the Airflow observer and the documented path between them
     each load in a fresh interpreter (a cycle through a package's ``__init__`` would not)."""
-    for module in ("utils.observability", "stream.observer", "observability", "hooks.systemzero"):
+    for module in ("tasks.observability", "stream.observer", "observability", "hooks.systemzero"):
         subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{module}"], check=True, timeout=120)
 
 
 #: The layers, left to right (docs/architecture.md): each one imports only the layers to its left.
-LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|utils|plugins")
+LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|tasks|plugins")
 
 
 def _layer(name: str) -> int | None:
@@ -336,7 +336,7 @@ def _layer(name: str) -> int | None:
 def test_each_layer_imports_only_the_layers_to_its_left() -> None:
     """The protocol core, the pure decision logic and the stream client never import a layer to their
     right, not even inside a function (the stream asks the budget arithmetic; no budget asks the stream)."""
-    assert _layer(f"{PACKAGE}.stream.settings") == 2 and _layer(f"{PACKAGE}.utils.review") == 3
+    assert _layer(f"{PACKAGE}.stream.settings") == 2 and _layer(f"{PACKAGE}.tasks.review") == 3
     upward = sorted(
         f"{name} -> {target}"
         for name in MODULES
@@ -348,10 +348,10 @@ def test_each_layer_imports_only_the_layers_to_its_left() -> None:
 
 
 def test_the_glue_imports_no_hook() -> None:
-    """``utils/`` is what the hook and the tasks are built on (the hook imports its observer): a
+    """``tasks/`` (the Airflow glue the tasks share) is what the hook and the tasks are built on (the hook imports its observer): a
     function of the glue that builds a hook belongs with the hook, not behind a deferred import."""
-    glue = _package("utils")
-    assert f"{PACKAGE}.utils.checks" in glue, "the check reads nothing"
+    glue = _package("tasks")
+    assert f"{PACKAGE}.tasks.checks" in glue, "the check reads nothing"
     upward = sorted(
         f"{_short(name)} -> {_short(target)}"
         for name in glue
@@ -367,7 +367,7 @@ def _part(name: str) -> str:
 
 
 def test_the_parts_import_no_cycle() -> None:
-    """No two parts (``hooks/``, ``triggers/``, ``utils/``, ``timestamps.py``…) import each other,
+    """No two parts (``hooks/``, ``triggers/``, ``tasks/``, ``timestamps.py``…) import each other,
     through any chain and with deferred imports counted: each part builds on the ones below it."""
     graph: dict[str, set[str]] = {}
     for name in MODULES:

@@ -17,7 +17,7 @@ import pytest
 import airflow_provider_systemzero
 
 ROOT = Path(airflow_provider_systemzero.__file__).parent
-AIRFLOW_LAYER = ("triggers", "sensors", "operators", "utils", "decorators", "hooks")
+AIRFLOW_LAYER = ("triggers", "sensors", "operators", "tasks", "decorators", "hooks")
 #: Names that always carry one of the provider's objects, never arbitrary input.
 SEAMS = frozenset(
     {"stream", "trigger", "hook", "store", "budget", "source", "task", "log", "driver", "watch"}

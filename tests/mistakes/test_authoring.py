@@ -345,7 +345,7 @@ def test_a_description_of_no_downstream_branch_fails_the_task_before_any_connect
 
 
 def test_a_literal_none_text_is_still_decided() -> None:
-    from airflow_provider_systemzero.utils.checks import refuse_empty_state
+    from airflow_provider_systemzero.tasks.checks import refuse_empty_state
 
     refuse_empty_state("None", allow_empty=False)  # written by the author, not rendered: meant
     refuse_empty_state("None", allow_empty=True, template="{{ x }}")

@@ -10,7 +10,7 @@ import pytest
 from airflow_provider_systemzero.decisions.budget import reset_connection_windows
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, default_capacity
-from airflow_provider_systemzero.utils import observability
+from airflow_provider_systemzero.tasks import observability
 from tests.stream.support import SECRET_KEY, TEST_LIMITS
 
 

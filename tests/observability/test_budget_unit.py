@@ -16,7 +16,7 @@ from airflow_provider_systemzero.decisions.budget import (
     event_usage,
     parse_limit,
 )
-from airflow_provider_systemzero.utils.usage import TaskUsageLedger, UsageBudgetMixin
+from airflow_provider_systemzero.tasks.usage import TaskUsageLedger, UsageBudgetMixin
 
 USAGE = {"input_tokens": 40, "cached_input_tokens": 10, "media_tokens": 0}
 

@@ -18,8 +18,8 @@ from airflow_provider_systemzero.compat import airflow_version
 from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
-from airflow_provider_systemzero.utils import observability
-from airflow_provider_systemzero.utils.observability import METRICS, AirflowStreamObserver
+from airflow_provider_systemzero.tasks import observability
+from airflow_provider_systemzero.tasks.observability import METRICS, AirflowStreamObserver
 from tests.stream.support import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"

@@ -14,8 +14,8 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.decisions.timeline import HISTORY_LIMIT
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
+from airflow_provider_systemzero.tasks import observability
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
-from airflow_provider_systemzero.utils import observability
 from tests import helpers
 from tests.helpers import run_dag, task_states, xcoms_of
 from tests.timeline.conftest import CONN_ID, START, STATES, ready_sensor

@@ -4,7 +4,7 @@ they are, anyone else's (another library's, an author's source's) escaped and bo
 from __future__ import annotations
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.utils.payloads import error_payload
+from airflow_provider_systemzero.tasks.payloads import error_payload
 
 
 def test_a_foreign_message_is_escaped_and_bounded() -> None:

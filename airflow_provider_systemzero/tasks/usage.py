@@ -35,7 +35,7 @@ from airflow_provider_systemzero.decisions.budget import (
     WindowBudget,
     parse_limit,
 )
-from airflow_provider_systemzero.utils.payloads import error_payload, task_failure
+from airflow_provider_systemzero.tasks.payloads import error_payload, task_failure
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
@@ -570,7 +570,7 @@ class UsageBudgetMixin:
         :raises AirflowFailException: the task's budget refused the dispatch (``AirflowException``,
             which Airflow retries, for a time window's), or the decide failed in a way retrying
             cannot fix (read as a trigger's failed event is:
-            :func:`~airflow_provider_systemzero.utils.payloads.task_failure`); any other error
+            :func:`~airflow_provider_systemzero.tasks.payloads.task_failure`); any other error
             is raised as it is, for Airflow's retries.
         """
         ledger, budget = self.budget_before_dispatch(context, body_bytes)

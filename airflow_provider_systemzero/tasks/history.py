@@ -8,13 +8,13 @@ the worker can do:
 * **billed or replayed** is told by whoever counted the bill: the trigger's budget (the event's
   usage report lists the replies it billed; every other decision of its run was a replay) or, for
   a decision made on the worker, the task's own budget (:attr:`UsageBudgetMixin.billed_by_reply
-  <airflow_provider_systemzero.utils.usage.UsageBudgetMixin.billed_by_reply>`);
+  <airflow_provider_systemzero.tasks.usage.UsageBudgetMixin.billed_by_reply>`);
 * **one story per try**: a sensor that asked a person, heard "no" and waited again resumes in the
   same try (Airflow keeps a deferred task's XComs), so the history pushed before is merged with the
   new one — each row once (the same event delivered twice adds nothing), the newest 200 decisions.
   The earlier history is read only when the task knows this try pushed one (its try's record,
   :attr:`UsageBudgetMixin.histories_pushed
-  <airflow_provider_systemzero.utils.usage.UsageBudgetMixin.histories_pushed>`): Airflow's client
+  <airflow_provider_systemzero.tasks.usage.UsageBudgetMixin.histories_pushed>`): Airflow's client
   logs an error for an XCom asked for by map index that does not exist, and a try's first
   history has nothing before it.
 

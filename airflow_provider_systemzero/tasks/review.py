@@ -47,8 +47,8 @@ from airflow_provider_systemzero.decisions.policy import (
 )
 from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.protocol.untrusted import safe_text
+from airflow_provider_systemzero.tasks.checks import review_settings
 from airflow_provider_systemzero.timestamps import utc_iso
-from airflow_provider_systemzero.utils.checks import review_settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -568,7 +568,7 @@ class PolicyGateMixin:
         # Airflow 3.1 / 3.2: no awaiting_input state; wait in the triggerer, as HITLOperator does there.
         from airflow.sdk.timezone import utcnow
 
-        from airflow_provider_systemzero.utils.review_wait import ReviewTrigger
+        from airflow_provider_systemzero.tasks.review_wait import ReviewTrigger
 
         self.defer(
             trigger=ReviewTrigger(

@@ -1,1 +1,0 @@
-"""Airflow glue used by the operators and the sensor (human review of a decision)."""
