@@ -560,7 +560,7 @@ async def watching_events(trigger: Any) -> AsyncIterator[tuple[list[Any], asynci
 async def until_read(trigger: Any, state: Any, within: float = 10.0) -> None:
     """Wait (bounded) until ``trigger``'s watch has read ``state`` from its source."""
     await until(
-        lambda: trigger._driver is not None and trigger._driver.watch.latest == state,
+        lambda: trigger.progress.read_state == state,
         within,
         what=f"the trigger to read {state!r}",
     )

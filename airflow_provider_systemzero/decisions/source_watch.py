@@ -398,6 +398,11 @@ class SourceWatch:
         self.phase = phase
 
     @property
+    def read_state(self) -> Any:
+        """The newest state read from the source (``None`` before the first read)."""
+        return None if self.latest is _NOTHING else self.latest
+
+    @property
     def ended(self) -> bool:
         """Whether the wait ended (a verdict fired, and the watch fires once)."""
         return self.phase is Phase.ENDED

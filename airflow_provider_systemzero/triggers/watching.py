@@ -67,12 +67,15 @@ class WatchProgress:
     :param decided_at: when the newest current decision arrived, on the event loop's clock
         (``loop.time()``); ``-inf`` before the first.
     :param decided_state: the state that decision was about (``None`` before the first).
+    :param read_state: the newest state the watch read from its source (``None`` before the first
+        read).
     """
 
     running: bool = False
     dormant: bool = False
     decided_at: float = -math.inf
     decided_state: Any = None
+    read_state: Any = None
 
 
 class WatchingTrigger(BaseTrigger):
@@ -149,6 +152,7 @@ class WatchingTrigger(BaseTrigger):
             dormant=driver.dormant,
             decided_at=watch.decided_at,
             decided_state=watch.decided_state,
+            read_state=watch.read_state,
         )
 
     def watch_driver(

@@ -100,7 +100,7 @@ async def test_triggers_that_decide_nothing_initially_hold_no_slot_a_waiting_tri
     async with contextlib.AsyncExitStack() as stack:
         tasks = [await stack.enter_async_context(running_trigger(trigger)) for trigger in quiet]
         await helpers.until(
-            lambda: all(t._driver is not None and t._driver.watch.latest == "job started\n" for t in quiet),
+            lambda: all(t.progress.read_state == "job started\n" for t in quiet),
             10,
             what="the quiet triggers to read their files",
         )

@@ -20,7 +20,7 @@ from tests.airflow.test_triggers import (
     rebuilt,
     sensor_trigger,
 )
-from tests.helpers import loopback_emulator, until_read
+from tests.helpers import dormant, loopback_emulator, until_read
 from tests.spend.sources import publish
 
 LINES = [f"step {n} done\n" for n in range(1, 6)]
@@ -209,7 +209,7 @@ async def test_a_dormant_trigger_opens_no_stream_for_a_change_that_cannot_matter
     )
     task = asyncio.ensure_future(first_event(trigger))
     await emulator.wait_for(lambda emu: emu.stats.decisions_billed >= 1, timeout=10)  # the initial state
-    await emulator.wait_for(lambda _: trigger._driver is not None and trigger._driver.dormant, timeout=20)
+    await emulator.wait_for(lambda _: dormant(trigger), timeout=20)
     streams = emulator.stats.streams_total
     state = "starting\n" + LINES[0]
     publish("dormant", state)
@@ -217,7 +217,7 @@ async def test_a_dormant_trigger_opens_no_stream_for_a_change_that_cannot_matter
     def ignored() -> bool:
         return any("does not match decide_when" in r.getMessage() for r in caplog.records)
 
-    await emulator.wait_for(lambda _: ignored() and trigger._driver.dormant, timeout=10)
+    await emulator.wait_for(lambda _: ignored() and dormant(trigger), timeout=10)
     assert emulator.stats.streams_total == streams and emulator.stats.decisions_billed == 1
     state += "Job is ready.\n"
     publish("dormant", state)
