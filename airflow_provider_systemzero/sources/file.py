@@ -126,6 +126,12 @@ class FileSource(StateSource):
         self._watcher: file_watch.FileWatcher | None = None
         self._watched: tuple[str, ...] = ()
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether the source holds its subscriptions to the file notifications (from its first
+        read in ``notify`` mode until :meth:`aclose`, or until it falls back to polling)."""
+        return bool(self._watched)
+
     # ---------------------------------------------------------------- reading (in a worker thread)
 
     def _forget_file(self) -> None:

@@ -18,7 +18,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -86,13 +86,14 @@ class Peer:
         self.ws = ws
         self.number = number
         self.stream_id = f"szws_{number:032x}"
-        self._seq = itertools.count(1)
+        #: the server's next sequence numbers (a scenario may restart them: ``peer.seqs = iter(...)``)
+        self.seqs: Iterator[int] = itertools.count(1)
 
     async def send(self, message: dict[str, Any] | str) -> None:
         """Send a message (a dict gets ``stream_id`` and the next ``seq`` unless it has them; its
         :class:`Raw` values are spliced in verbatim) or raw text."""
         if isinstance(message, dict):
-            message = encode({"stream_id": self.stream_id, "seq": next(self._seq), **message})
+            message = encode({"stream_id": self.stream_id, "seq": next(self.seqs), **message})
         await self.ws.send(message)
 
     async def recv(self) -> dict[str, Any]:

@@ -52,7 +52,7 @@ async def take_nothing_in(peer: Peer) -> None:
         protocol.send_text(encode({"stream_id": peer.stream_id, "seq": seq, **message}).encode())
     peer.ws.transport.pause_reading()
     peer.ws.transport.write(b"".join(protocol.data_to_send()))
-    peer._seq = iter(range(3, 10**9))
+    peer.seqs = iter(range(3, 10**9))
     nonce = 0
     while True:
         nonce += 1

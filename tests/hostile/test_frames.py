@@ -28,7 +28,7 @@ def _fragments(text: str, size: int = 7) -> list[str]:
 
 async def _send_fragmented(peer: Peer, message: dict[str, Any]) -> None:
     """Send ``message`` as a fragmented text message (a websockets server sends an iterable so)."""
-    seq = next(peer._seq)
+    seq = next(peer.seqs)
     await peer.ws.send(_fragments(encode({"stream_id": peer.stream_id, "seq": seq, **message})))
 
 
@@ -86,12 +86,12 @@ async def test_a_frame_after_a_fragmented_one_is_handled_after_it(
         start = await peer.recv()
         ack = {
             "stream_id": peer.stream_id,
-            "seq": next(peer._seq),
+            "seq": next(peer.seqs),
             "type": "ack",
             "event_id": start["event_id"],
         }
         ack.update(state_version=1, state_bytes=5, synthesized_body_bytes=100, scheduled=True)
-        decision = {"stream_id": peer.stream_id, "seq": next(peer._seq), **_decision(1, "evt_1")}
+        decision = {"stream_id": peer.stream_id, "seq": next(peer.seqs), **_decision(1, "evt_1")}
         protocol = peer.ws.protocol
         parts = _fragments(json.dumps(ack))
         protocol.send_text(parts[0].encode(), fin=False)
@@ -225,7 +225,7 @@ async def test_frames_split_anywhere_are_read_whole_and_in_order(
         for offset in range(0, len(burst), chunk):
             peer.ws.transport.write(burst[offset : offset + chunk])
             await asyncio.sleep(0.001 if chunk >= 64 else 0)
-        peer._seq = iter(range(seq + 1, 10**6))
+        peer.seqs = iter(range(seq + 1, 10**6))
         decide = None
         while decide is None or not pongs or pongs[-1] != last:  # answered once the last ping was
             message = await peer.recv()
@@ -260,7 +260,7 @@ async def test_a_start_acknowledged_in_the_read_that_brought_hello_is_sent_first
         for frame in frames:
             protocol.send_text(frame.encode())
         peer.ws.transport.write(b"".join(protocol.data_to_send()))  # one write: one read
-        peer._seq = iter(range(3, 10**6))
+        peer.seqs = iter(range(3, 10**6))
         assert (await peer.recv())["type"] == "start"
         await peer.decide_then()
         await peer.drain()

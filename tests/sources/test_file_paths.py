@@ -182,7 +182,7 @@ async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp
             assert await source.read() == "new run\n"
             waiting = source.changed()
         assert not waiting.done()  # from here on, by notification (polling is an hour)
-        assert source._watched and not poll_timers()
+        assert source.subscribed and not poll_timers()
         await ready_is_heard(source, waiting, run / "job.log", "new run\n")
     finally:
         await source.aclose()
@@ -225,7 +225,7 @@ async def test_a_watcher_left_without_a_watch_closes(
     ):
         first = await anext(successive)
         if how == "removed":
-            assert first == "one\n" and source._watched
+            assert first == "one\n" and source.subscribed
             shutil.rmtree(directory)
             assert await value_where(successive, lambda v: v == "") == ""
         watcher = file_watch.current_watcher()

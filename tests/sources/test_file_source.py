@@ -123,12 +123,12 @@ async def test_a_wait_given_up_keeps_the_watch_and_the_next_wait_hears_a_write(t
     try:
         assert await source.read() == "one\n"
         watcher = file_watch.current_watcher()
-        assert watcher is not None and source.mode == "notify" and source._watched
+        assert watcher is not None and source.mode == "notify" and source.subscribed
         given_up = source.changed()
         given_up.cancel()
         older, waiting = source.changed(), source.changed()
         assert older.cancelled() and not waiting.done()  # one reader: the newer wait is the one
-        assert source._watched and watcher.stats()["subscriptions"] == 1
+        assert source.subscribed and watcher.stats()["subscriptions"] == 1
         with log.open("a") as handle:
             handle.write("two\n")
         await asyncio.wait_for(waiting, 10)
@@ -140,7 +140,7 @@ async def test_a_wait_given_up_keeps_the_watch_and_the_next_wait_hears_a_write(t
         assert await source.read() == "one\ntwo\nthree\n"
     finally:
         await source.aclose()
-    assert not source._watched and watcher.stats()["subscriptions"] == 0
+    assert not source.subscribed and watcher.stats()["subscriptions"] == 0
 
 
 async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ async def test_a_directory_that_appears_later_is_watched_once_it_exists(tmp_path
         log.parent.mkdir()
         log.write_text("one\n")
         assert await value_where(successive, lambda v: v == "one\n") == "one\n"
-        assert source.mode == "notify" and source._watched  # watching now, no longer polling
+        assert source.mode == "notify" and source.subscribed  # watching now, no longer polling
 
 
 async def test_n_triggers_on_n_files_hold_one_watcher(
@@ -502,7 +502,7 @@ async def test_a_directory_removed_and_made_again_is_watched_again(tmp_path: Pat
         log.write_text("second run\n")
         assert await value_where(successive, lambda v: v == "second run\n") == "second run\n"
         async with asyncio.timeout(10):
-            while not source._watched:  # noqa: ASYNC110 - the source resubscribes on its next check
+            while not source.subscribed:  # noqa: ASYNC110 - the source resubscribes on its next check
                 await asyncio.sleep(0.01)
         with log.open("a") as handle:
             handle.write("Job is ready.\n")
