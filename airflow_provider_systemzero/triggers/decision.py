@@ -155,8 +155,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             decide_initial=decide_initial,
             max_staleness=max_staleness,
         )
-        self.systemzero_conn_id, self.request, self.condition = systemzero_conn_id, request, condition
-        self.state, self.source, self.key_namespace = state, source, key_namespace
+        self.condition, self.state, self.source = condition, state, source
         self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
         self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
@@ -421,10 +420,8 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
                 decide_initial=decide_initial,
                 max_staleness=max_staleness,
             )
-        self.systemzero_conn_id, self.request, self.condition = systemzero_conn_id, request, condition
-        self.state, self.watch_id, self.source = state, watch_id, source
+        self.condition, self.state, self.watch_id, self.source = condition, state, watch_id, source
         self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
-        self.key_namespace = key_namespace
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled. After an

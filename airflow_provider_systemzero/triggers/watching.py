@@ -123,6 +123,7 @@ class WatchingTrigger(BaseTrigger):
         max_staleness: float,
     ) -> None:
         super().__init__()
+        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
         self.decision_filter = DecisionFilter(
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
