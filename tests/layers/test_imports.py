@@ -328,8 +328,13 @@ def test_the_observer_modules_import_first() -> None:
 LAYERS = ("protocol", "decisions", "stream", "hooks|triggers|sensors|operators|decorators|tasks|plugins")
 
 
+def _part(name: str) -> str:
+    """The part a module belongs to: its folder under the package (a top-level module is a part)."""
+    return name.removeprefix(f"{PACKAGE}.").split(".")[0]
+
+
 def _layer(name: str) -> int | None:
-    top = name.removeprefix(f"{PACKAGE}.").split(".")[0]
+    top = _part(name)
     return next((rank for rank, layer in enumerate(LAYERS) if top in layer.split("|")), None)
 
 
@@ -359,11 +364,6 @@ def test_the_glue_imports_no_hook() -> None:
         if _short(target).split(".")[0] == "hooks"
     )
     assert not upward, "the glue imports the hook: " + ", ".join(upward)
-
-
-def _part(name: str) -> str:
-    """The part a module belongs to: its folder under the package (a top-level module is a part)."""
-    return name.removeprefix(f"{PACKAGE}.").split(".")[0]
 
 
 def test_the_parts_import_no_cycle() -> None:
