@@ -100,7 +100,6 @@ MARKS: dict[str, str] = {
     "review_outdated": "a person answered the review after its state was replaced: recorded, decides nothing",
     "review_superseded": "a newer state was decided while a person was asked: the review was closed",
     "review_timed_out": "nobody answered the review in time",
-    "review_not_asked": "a newer state needed a person, but this try's review request was already used",
 }
 
 #: The fields of a decision row, in the order of the tuple that keeps it (``at`` is epoch seconds).

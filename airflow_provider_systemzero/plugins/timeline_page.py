@@ -66,7 +66,6 @@ _MARK_LABELS = {
     "review_outdated": "answer about a replaced state",
     "review_superseded": "review closed: state moved on",
     "review_timed_out": "review timed out",
-    "review_not_asked": "a person not asked (one request per try)",
 }
 
 _STYLE = """
