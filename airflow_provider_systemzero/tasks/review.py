@@ -14,7 +14,10 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   instead (as ``HITLOperator`` does there): the wait holds a triggerer slot, not a worker.
   The request shows the question, a summary of the state, the model's answer with its
   probability and confidence, the ranked alternatives, the bars and why a person is asked. The
-  Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
+  A deferrable sensor defers to its own trigger instead and goes on watching its source while
+  the person decides (:mod:`~airflow_provider_systemzero.triggers.review`): a review is about
+  the one state its request shows, and Airflow keeps one request per task try.
+  The Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
   :meth:`PolicyGateMixin.execute_review_complete`: the person's answer becomes the decision
   (``decided_by: human``). When ``review_timeout`` passes, the scheduler's timeout sweep answers
   with the policy's default (``decided_by: timeout_default``), or — with no default — the task
