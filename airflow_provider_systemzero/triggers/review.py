@@ -27,13 +27,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.tasks.review_wait import (
     IN_PROCESS_POKE_INTERVAL,
+    SYSTEMZERO_ANSWER,
     OpenReview,
+    closed_by_the_sensor,
     in_process_review_comms,
 )
 
@@ -42,23 +44,12 @@ if TYPE_CHECKING:
     from airflow_provider_systemzero.sources.base import StateSource
     from airflow_provider_systemzero.triggers.driver import WatchDriver
 
-__all__ = ["POKE_INTERVAL", "SYSTEMZERO_ANSWER", "ReviewWatch", "closed_by_the_sensor", "spent_review"]
+__all__ = ["POKE_INTERVAL", "ReviewWatch", "spent_review"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two reads of the open request in a triggerer (``HITLTrigger``'s default).
 POKE_INTERVAL = 5.0
-#: The key of ``params_input`` in an answer the sensor wrote itself (a request it closed).
-SYSTEMZERO_ANSWER = "systemzero"
-
-
-def closed_by_the_sensor(answer: Mapping[str, Any]) -> bool:
-    """Whether ``answer`` is one the sensor wrote to close its request (not a person's).
-
-    :param answer: a Human-in-the-loop answer (``params_input`` …).
-    """
-    params = answer.get("params_input")
-    return isinstance(params, Mapping) and SYSTEMZERO_ANSWER in params
 
 
 class ReviewWatch:
@@ -67,14 +58,30 @@ class ReviewWatch:
     :param review: the trigger's ``review`` kwarg.
     :param rules: the wait's rules (their history records what happened to the review).
     :param source: the wait's source (read to judge an answer against the state it holds now).
+    :param request: the channel to the request (:class:`OpenReview` of the review's task
+        instance when not given; a test passes its own).
+    :param clock: the wall clock ``review_timeout`` is measured on (epoch seconds).
+    :param interval: seconds between two reads of the request (``None``: :data:`POKE_INTERVAL`,
+        every second under ``dag.test()``).
     """
 
-    def __init__(self, review: Mapping[str, Any], rules: DecisionWatch, source: StateSource) -> None:
+    def __init__(
+        self,
+        review: Mapping[str, Any],
+        rules: DecisionWatch,
+        source: StateSource,
+        *,
+        request: OpenReview | None = None,
+        clock: Callable[[], float] = time.time,
+        interval: float | None = None,
+    ) -> None:
         self.review = dict(review)
         self.gate: dict[str, Any] = dict(review["gate"])
         self.rules = rules
         self.source = source
-        self.request = OpenReview(str(review["ti_id"]))
+        self.request = request if request is not None else OpenReview(str(review["ti_id"]))
+        self._clock = clock
+        self._interval = interval
 
     @staticmethod
     def reviewed_state(review: Mapping[str, Any] | None) -> str | None:
@@ -104,8 +111,10 @@ class ReviewWatch:
         :param extra: the fields every event of the trigger carries.
         :param deadline: the sensor's deadline (epoch seconds), for a verdict's event.
         """
-        with in_process_review_comms() as in_process:
-            interval = IN_PROCESS_POKE_INTERVAL if in_process else POKE_INTERVAL
+        interval = self._interval
+        if interval is None:
+            with in_process_review_comms() as in_process:
+                interval = IN_PROCESS_POKE_INTERVAL if in_process else POKE_INTERVAL
         answer = self.review.get("answer")
         reading = answer is None
         log.info(
@@ -116,7 +125,7 @@ class ReviewWatch:
         try:
             while True:
                 if reading:
-                    answer = await self.request.answer()
+                    answer = await self.request.read()
                     if answer is not None and closed_by_the_sensor(answer):
                         # closed by an earlier run of this trigger, whose event never reached the task
                         answer, reading = None, False
@@ -137,14 +146,14 @@ class ReviewWatch:
 
     def _timed_out(self) -> bool:
         timeout_at = self.review.get("timeout_at")
-        return timeout_at is not None and time.time() >= float(timeout_at)
+        return timeout_at is not None and self._clock() >= float(timeout_at)
 
     def _next_read(self, interval: float) -> float:
         """Seconds until the request is read again: the interval, or the review's timeout if sooner."""
         timeout_at = self.review.get("timeout_at")
         if timeout_at is None:
             return interval
-        return max(0.0, min(interval, float(timeout_at) - time.time()))
+        return max(0.0, min(interval, float(timeout_at) - self._clock()))
 
     # ------------------------------------------------------------------ how it ends
 
@@ -153,7 +162,7 @@ class ReviewWatch:
         return {**spent_review(self.review), "ended": how, **fields}
 
     def _mark(self, kind: str, **fields: Any) -> None:
-        self.rules.timeline.mark(kind, time.time(), state_version=self.gate.get("state_version"), **fields)
+        self.rules.timeline.mark(kind, self._clock(), state_version=self.gate.get("state_version"), **fields)
 
     async def _holds_the_reviewed_state(self) -> bool:
         """Whether the source holds the state the request shows, now."""
@@ -183,7 +192,9 @@ class ReviewWatch:
                 "timedout": True,
             }
         else:
-            person = await self.request.close(list(defaults), {SYSTEMZERO_ANSWER: "review_timeout"})
+            # written as Airflow's HITLTrigger writes it (nobody answered, no params): a run of this
+            # trigger that reads it back takes it as the timeout's default
+            person = await self.request.close(list(defaults), {})
             if person is not None:  # answered just before the timeout
                 return await self._answer_event(person, extra)
             answer = {

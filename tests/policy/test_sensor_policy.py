@@ -17,6 +17,7 @@ from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSenso
 from tests.helpers import (
     append_once,
     append_once_logged,
+    once_logged,
     run_dag,
     run_dag_while,
     task_states,
@@ -183,8 +184,17 @@ def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_
         "tick 2: ready",
         timeout=170,
     )
+    # the person answers once the watch that goes on meanwhile heard the reviewed state again
+    heard_again = once_logged(
+        "airflow_provider_systemzero.decisions.watch", "a person is being asked about this state", timeout=170
+    )
+
+    def no(request: dict[str, Any]) -> list[str]:
+        heard_again()
+        return ["No"]
+
     dag = _file_sensor("sensor_review_no", log, policy=POLICY, timeout=180)
-    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+    with Reviewer(core_api, dag.dag_id, no) as reviewer:
         dag_run = run_dag_while(dag, ready_once_the_answered_state_came_back, within=180)
     assert task_states(dag_run) == {"wait": "success"}
     assert len(reviewer.seen) == 1  # the answered state is not asked about again
