@@ -1,0 +1,128 @@
+"""Asset watches of one source share one stream on Airflow 3.3, through Airflow's own trigger runner
+(``TriggerRunner.run_trigger`` and its ``SharedStreamManager``) against the real emulator over
+loopback: ten watches of one file and one question open one stream and are billed one decision per
+change; each fires once per transition of its own condition (a low bar and a high bar fire at
+different changes); a watch cancelled mid-run leaves the others running; a watch that joins late
+starts from the current decision, billed nothing more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_systemzero import compat
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
+from benchmarks.runner import Triggerer
+from tests import helpers
+from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, until
+
+pytestmark = pytest.mark.skipif(
+    not compat.has_shared_streams(), reason="this Airflow has no shared streams (3.3+): each watch runs alone"
+)
+
+rules_file = helpers.rules_file  # the fixture
+
+#: "all done" is ready for sure (0.95), "half done" maybe (0.6), anything else not.
+LEVEL_RULES: dict[str, Any] = {
+    "rules": [
+        {
+            "question": "ready",
+            "pattern": "(?i)all done",
+            "answer": True,
+            "probability": 0.95,
+            "confidence": 0.9,
+        },
+        {
+            "question": "ready",
+            "pattern": "(?i)half done",
+            "answer": True,
+            "probability": 0.6,
+            "confidence": 0.9,
+        },
+    ],
+    "default": {"answer": False, "probability": 0.2, "confidence": 0.8},
+}
+LOW, HIGH = 0.5, 0.9
+
+
+def _watch(log: Path, name: str, bar: float) -> SystemZeroDecisionEventTrigger:
+    """An asset watch of ``log`` for ``ready`` with probability at least ``bar``, rebuilt from its
+    serialized kwargs as the triggerer does (the stream is kept a minute when quiet)."""
+    trigger = SystemZeroDecisionEventTrigger(
+        systemzero_conn_id=TRIGGER_CONN_ID,
+        request=TRIGGER_REQUEST,
+        condition=DecisionCondition("ready", True, min_probability=bar).to_dict(),
+        state="",
+        watch_id=name,
+        source={"type": "file", "path": str(log), "poll_interval": 0.05},
+        lease_after=60.0,
+    )
+    return SystemZeroDecisionEventTrigger(**trigger.serialize()[1])
+
+
+def _fired(triggerer: Triggerer, trigger_id: int) -> list[dict[str, Any]]:
+    return [entry.event.payload for entry in triggerer.events if entry.trigger_id == trigger_id]
+
+
+async def test_ten_watches_of_one_file_share_one_stream_and_one_decision_per_change(
+    tmp_path: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("job started\n")
+    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
+        triggerer = Triggerer()
+        low = [triggerer.start(_watch(log, f"low-{i}", LOW)) for i in range(5)]
+        high = [triggerer.start(_watch(log, f"high-{i}", HIGH)) for i in range(5)]
+        try:
+
+            def counts() -> tuple[list[int], list[int]]:
+                return [len(_fired(triggerer, t)) for t in low], [len(_fired(triggerer, t)) for t in high]
+
+            async def change(text: str, billed: int, low_fired: list[int], high_fired: list[int]) -> None:
+                log.write_text(text)
+                await until(
+                    lambda: emu.stats.decisions_billed == billed and counts() == (low_fired, high_fired),
+                    within=15,
+                    what=f"{billed} decisions billed and events {low_fired} {high_fired} after {text!r}",
+                )
+
+            await until(lambda: emu.stats.decisions_billed == 1, within=15, what="the first state decided")
+            await change("job half done\n", 2, [1] * 5, [0] * 5)  # only the low bar is met
+            await change("job all done\n", 3, [1] * 5, [1] * 5)  # the high bar now; the low stays met
+            await triggerer.cancel(low[0])  # leaves mid-run
+            await change("job restarted\n", 4, [1] * 5, [1] * 5)  # neither met: no event
+            await change("job all done again\n", 5, [1] + [2] * 4, [2] * 5)  # both again, once each
+            assert all(not triggerer.task(t).done() for t in [*low[1:], *high])
+            stats = emu.stats
+            assert stats.streams_total == 1 and stats.decisions_billed == 5
+            assert {p["watch_id"] for t in high for p in _fired(triggerer, t)} == {
+                f"high-{i}" for i in range(5)
+            }
+            assert all(p["probability"] == 0.95 for t in high for p in _fired(triggerer, t))
+            assert _fired(triggerer, low[1])[0]["probability"] == 0.6
+        finally:
+            await triggerer.finish()
+        # the last watch leaving closed the stream
+        await emu.wait_for(lambda e: e.stats.streams_open == 0, timeout=10)
+
+
+async def test_a_watch_that_joins_late_starts_from_the_current_decision(
+    tmp_path: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("job half done\n")
+    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
+        triggerer = Triggerer()
+        try:
+            first = triggerer.start(_watch(log, "first", HIGH))
+            await until(lambda: emu.stats.decisions_billed == 1, within=15, what="the first state decided")
+            late = triggerer.start(_watch(log, "late", LOW))
+            await until(lambda: len(_fired(triggerer, late)) == 1, within=10, what="the late watch's event")
+            assert _fired(triggerer, first) == [] and emu.stats.decisions_billed == 1
+            assert emu.stats.streams_total == 1
+        finally:
+            await triggerer.finish()
