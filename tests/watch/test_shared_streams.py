@@ -8,6 +8,9 @@ starts from the current decision, billed nothing more.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,65 +67,79 @@ def _watch(log: Path, name: str, bar: float) -> SystemZeroDecisionEventTrigger:
     return SystemZeroDecisionEventTrigger(**trigger.serialize()[1])
 
 
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    """The watched job log, as the job starts."""
+    path = tmp_path / "job.log"
+    path.write_text("job started\n")
+    return path
+
+
+@asynccontextmanager
+async def _triggerer(
+    rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Any, Triggerer]]:
+    """The emulator answering by :data:`LEVEL_RULES`, and Airflow's trigger runner; on exit every
+    trigger still running is cancelled."""
+    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
+        triggerer = Triggerer()
+        try:
+            yield emu, triggerer
+        finally:
+            await triggerer.finish()
+
+
+async def _first_decided(emu: Any) -> None:
+    await until(lambda: emu.stats.decisions_billed == 1, within=15, what="the first state decided")
+
+
 def _fired(triggerer: Triggerer, trigger_id: int) -> list[dict[str, Any]]:
     return [entry.event.payload for entry in triggerer.events if entry.trigger_id == trigger_id]
 
 
 async def test_ten_watches_of_one_file_share_one_stream_and_one_decision_per_change(
-    tmp_path: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("job started\n")
-    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
-        triggerer = Triggerer()
+    async with _triggerer(rules_file, monkeypatch) as (emu, triggerer):
         low = [triggerer.start(_watch(log, f"low-{i}", LOW)) for i in range(5)]
         high = [triggerer.start(_watch(log, f"high-{i}", HIGH)) for i in range(5)]
-        try:
 
-            def counts() -> tuple[list[int], list[int]]:
-                return [len(_fired(triggerer, t)) for t in low], [len(_fired(triggerer, t)) for t in high]
+        def counts() -> tuple[list[int], list[int]]:
+            return [len(_fired(triggerer, t)) for t in low], [len(_fired(triggerer, t)) for t in high]
 
-            async def change(text: str, billed: int, low_fired: list[int], high_fired: list[int]) -> None:
-                log.write_text(text)
-                await until(
-                    lambda: emu.stats.decisions_billed == billed and counts() == (low_fired, high_fired),
-                    within=15,
-                    what=f"{billed} decisions billed and events {low_fired} {high_fired} after {text!r}",
-                )
+        async def change(text: str, billed: int, low_fired: list[int], high_fired: list[int]) -> None:
+            await asyncio.to_thread(log.write_text, text)
+            await until(
+                lambda: emu.stats.decisions_billed == billed and counts() == (low_fired, high_fired),
+                within=15,
+                what=f"{billed} decisions billed and events {low_fired} {high_fired} after {text!r}",
+            )
 
-            await until(lambda: emu.stats.decisions_billed == 1, within=15, what="the first state decided")
-            await change("job half done\n", 2, [1] * 5, [0] * 5)  # only the low bar is met
-            await change("job all done\n", 3, [1] * 5, [1] * 5)  # the high bar now; the low stays met
-            await triggerer.cancel(low[0])  # leaves mid-run
-            await change("job restarted\n", 4, [1] * 5, [1] * 5)  # neither met: no event
-            await change("job all done again\n", 5, [1] + [2] * 4, [2] * 5)  # both again, once each
-            assert all(not triggerer.task(t).done() for t in [*low[1:], *high])
-            stats = emu.stats
-            assert stats.streams_total == 1 and stats.decisions_billed == 5
-            assert {p["watch_id"] for t in high for p in _fired(triggerer, t)} == {
-                f"high-{i}" for i in range(5)
-            }
-            assert all(p["probability"] == 0.95 for t in high for p in _fired(triggerer, t))
-            assert _fired(triggerer, low[1])[0]["probability"] == 0.6
-        finally:
-            await triggerer.finish()
+        await _first_decided(emu)
+        await change("job half done\n", 2, [1] * 5, [0] * 5)  # only the low bar is met
+        await change("job all done\n", 3, [1] * 5, [1] * 5)  # the high bar now; the low stays met
+        await triggerer.cancel(low[0])  # leaves mid-run
+        await change("job restarted\n", 4, [1] * 5, [1] * 5)  # neither met: no event
+        await change("job all done again\n", 5, [1] + [2] * 4, [2] * 5)  # both again, once each
+        assert all(not triggerer.task(t).done() for t in [*low[1:], *high])
+        stats = emu.stats
+        assert stats.streams_total == 1 and stats.decisions_billed == 5
+        assert {p["watch_id"] for t in high for p in _fired(triggerer, t)} == {f"high-{i}" for i in range(5)}
+        assert all(p["probability"] == 0.95 for t in high for p in _fired(triggerer, t))
+        assert _fired(triggerer, low[1])[0]["probability"] == 0.6
+        await triggerer.finish()
         # the last watch leaving closed the stream
         await emu.wait_for(lambda e: e.stats.streams_open == 0, timeout=10)
 
 
 async def test_a_watch_that_joins_late_starts_from_the_current_decision(
-    tmp_path: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("job half done\n")
-    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
-        triggerer = Triggerer()
-        try:
-            first = triggerer.start(_watch(log, "first", HIGH))
-            await until(lambda: emu.stats.decisions_billed == 1, within=15, what="the first state decided")
-            late = triggerer.start(_watch(log, "late", LOW))
-            await until(lambda: len(_fired(triggerer, late)) == 1, within=10, what="the late watch's event")
-            assert _fired(triggerer, first) == [] and emu.stats.decisions_billed == 1
-            assert emu.stats.streams_total == 1
-        finally:
-            await triggerer.finish()
+    await asyncio.to_thread(log.write_text, "job half done\n")
+    async with _triggerer(rules_file, monkeypatch) as (emu, triggerer):
+        first = triggerer.start(_watch(log, "first", HIGH))
+        await _first_decided(emu)
+        late = triggerer.start(_watch(log, "late", LOW))
+        await until(lambda: len(_fired(triggerer, late)) == 1, within=10, what="the late watch's event")
+        assert _fired(triggerer, first) == [] and emu.stats.decisions_billed == 1
+        assert emu.stats.streams_total == 1
