@@ -52,13 +52,14 @@ LEVEL_RULES: dict[str, Any] = {
 LOW, HIGH = 0.5, 0.9
 
 
-def _watch(log: Path, name: str, bar: float) -> SystemZeroDecisionEventTrigger:
-    """An asset watch of ``log`` for ``ready`` with probability at least ``bar``, rebuilt from its
-    serialized kwargs as the triggerer does (the stream is kept a minute when quiet)."""
+def _watch(log: Path, name: str, bar: float, min_true_for: float = 0.0) -> SystemZeroDecisionEventTrigger:
+    """An asset watch of ``log`` for ``ready`` with probability at least ``bar`` (for
+    ``min_true_for`` seconds), rebuilt from its serialized kwargs as the triggerer does (the
+    stream is kept a minute when quiet)."""
     trigger = SystemZeroDecisionEventTrigger(
         systemzero_conn_id=TRIGGER_CONN_ID,
         request=TRIGGER_REQUEST,
-        condition=DecisionCondition("ready", True, min_probability=bar).to_dict(),
+        condition=DecisionCondition("ready", True, min_probability=bar, min_true_for=min_true_for).to_dict(),
         state="",
         watch_id=name,
         source={"type": "file", "path": str(log), "poll_interval": 0.05},
@@ -143,3 +144,45 @@ async def test_a_watch_that_joins_late_starts_from_the_current_decision(
         await until(lambda: len(_fired(triggerer, late)) == 1, within=10, what="the late watch's event")
         assert _fired(triggerer, first) == [] and emu.stats.decisions_billed == 1
         assert emu.stats.streams_total == 1
+
+
+async def test_a_hold_ends_by_its_own_time_without_another_decision(
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two watches of one stream, one of them holding a met decision for 0.4 s (``min_true_for``):
+    the other fires with the decision, the holding one 0.4 s later, and nothing more is billed."""
+    async with _triggerer(rules_file, monkeypatch) as (emu, triggerer):
+        at_once = triggerer.start(_watch(log, "at-once", LOW))
+        held = triggerer.start(_watch(log, "held", LOW, min_true_for=0.4))
+        await _first_decided(emu)
+        await asyncio.to_thread(log.write_text, "job half done\n")
+        await until(lambda: len(_fired(triggerer, held)) == 1, within=15, what="the held watch's event")
+        assert len(_fired(triggerer, at_once)) == 1
+        assert triggerer.fired_at(held) - triggerer.fired_at(at_once) >= 0.35  # type: ignore[operator]
+        assert _fired(triggerer, held)[0]["streak"]["true_for"] >= 0.4
+        assert emu.stats.decisions_billed == 2
+
+
+async def _fired_once_each(log: Path, emu: Any) -> set[str]:
+    """Three watches of ``log`` in a new trigger runner, until each fired; the reply ids they fired
+    with (the runner stopped and the stream closed on return)."""
+    triggerer = Triggerer()
+    ids = [triggerer.start(_watch(log, f"w-{i}", bar)) for i, bar in enumerate((LOW, HIGH, HIGH))]
+    try:
+        await until(lambda: all(_fired(triggerer, t) for t in ids), within=15, what="every watch's event")
+        return {_fired(triggerer, t)[0]["reply_id"] for t in ids}
+    finally:
+        await triggerer.finish()
+        await emu.wait_for(lambda e: e.stats.streams_open == 0, timeout=10)
+
+
+async def test_a_restarted_triggerer_replays_the_group_decision_unbilled(
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's keys derive from what its watches share: a triggerer restarted (every watch
+    started again, in a new runner) replays the decision about the same state, billed once."""
+    await asyncio.to_thread(log.write_text, "job all done\n")
+    async with helpers.recording_emulator(rules_file, monkeypatch, LEVEL_RULES) as (emu, _):
+        replies = [await _fired_once_each(log, emu) for _ in range(2)]
+        assert replies[0] == replies[1] and len(replies[0]) == 1
+        assert emu.stats.decisions_billed == 1 and emu.stats.streams_total == 2
