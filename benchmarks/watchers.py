@@ -4,7 +4,8 @@ N ``SystemZeroDecisionEventTrigger`` s watch one push source with the same conne
 questions, each with a condition of its own (the same answer at different confidence bars, all met
 by a ``READY`` line), through Airflow's ``TriggerRunner.run_trigger`` (:class:`benchmarks.runner.Triggerer`)
 against the emulator in a process of its own. The source then changes ``rounds`` times to a state
-that meets no condition and back to one that meets all of them; every watch fires once per round.
+that meets no condition and back to one that meets all of them, a change every
+:data:`CHANGE_GAP_S` at most (the rate one stream may send at); every watch fires once per round.
 
 Each N runs twice: **shared** (the watches' ``shared_stream_key``, one stream for the group, as
 Airflow 3.3's triggerer runs them) and **alone** (the same watches with sharing off, one stream
@@ -39,6 +40,10 @@ QUICK_SIZES = (10,)
 ROUNDS = 10
 QUICK_ROUNDS = 2
 LIMITS = {"account_decision_burst": 100_000, "account_decision_ceiling_per_minute": 10_000_000}
+#: Seconds between two changes of the source: a stream sends at most ``max_events_per_second`` (5)
+#: changes a second once its burst is spent, and a source that changes faster is paced by the
+#: protocol, not measured here.
+CHANGE_GAP_S = 0.25
 #: Seconds a step may take before the run fails (a change decided and every event fired).
 STEP_BOUND_S = 60.0
 
@@ -135,6 +140,7 @@ async def _one(n: int, rounds: int, shared: bool) -> dict[str, Any]:
             start_billed = (await emulator.stats())["decisions_billed"]
             latencies = []
             for step in range(rounds):
+                await asyncio.sleep(CHANGE_GAP_S)
                 publish(channel, f"step {step}\n")
                 await _until(
                     lambda s, step=step: s["decisions_billed"] >= start_billed + (2 * step + 1) * per_change,
@@ -142,6 +148,7 @@ async def _one(n: int, rounds: int, shared: bool) -> dict[str, Any]:
                     f"the decisions of change {2 * step + 1}",
                 )
                 reached = events.expect((step + 1) * n)
+                await asyncio.sleep(CHANGE_GAP_S)
                 changed = publish(channel, f"step {step}\n{READY}\n")
                 await asyncio.wait_for(reached.wait(), STEP_BOUND_S)
                 latencies.append(events.last_at - changed)
