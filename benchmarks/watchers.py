@@ -80,11 +80,12 @@ def _sharing(on: bool) -> Iterator[None]:
     if on:
         yield
         return
+    own = SystemZeroDecisionEventTrigger.shared_stream_key
     SystemZeroDecisionEventTrigger.shared_stream_key = lambda self: None  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        del SystemZeroDecisionEventTrigger.shared_stream_key
+        SystemZeroDecisionEventTrigger.shared_stream_key = own  # type: ignore[method-assign]
 
 
 def watch_group(channel: str, n: int) -> list[Any]:
@@ -161,6 +162,8 @@ async def _one(n: int, rounds: int, shared: bool) -> dict[str, Any]:
         finally:
             await triggerer.finish()
             forget(channel)
+    if stats["streams_total"] > 1 and shared:
+        raise RuntimeError(f"{n} watches meant to share a stream opened {stats['streams_total']}")
     return {
         "n": n,
         "shared": shared,
