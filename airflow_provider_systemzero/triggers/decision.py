@@ -5,7 +5,8 @@
 * :class:`SystemZeroDecideTrigger` — the deferrable operator's trigger: one on_request decision
   about a fixed state, with every answer.
 * :class:`SystemZeroDecisionEventTrigger` — an :class:`~airflow.triggers.base.BaseEventTrigger`
-  for an ``AssetWatcher``: an asset event each time the condition becomes true.
+  for an ``AssetWatcher``: an asset event each time the condition becomes true. On Airflow 3.3 the
+  watches of one source share one stream (:mod:`~airflow_provider_systemzero.triggers.shared`).
 
 The rules they follow (the triggerer runs hundreds of them in one event loop):
 
@@ -370,6 +371,10 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
     from "not met" to "met" (the first decision counts as a transition); a decision that
     stays true does not fire again, also after a triggerer restart where Airflow keeps the
     watch's memory (3.3: :mod:`~airflow_provider_systemzero.triggers.watch_memory`).
+
+    On Airflow 3.3, watches whose kwargs are equal but for ``condition`` and ``watch_id`` share one
+    stream: each change is decided once for all of them, and each judges the decision by its own
+    condition (:meth:`shared_stream_key`, :mod:`~airflow_provider_systemzero.triggers.shared`).
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}``.
