@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from benchmarks.common import Options, summary_ms
@@ -110,13 +110,10 @@ def watch_group(channel: str, n: int) -> list[Any]:
     return watches
 
 
-async def _until(condition: Any, emulator: EmulatorProcess, what: str) -> dict[str, Any]:
-    """Poll the emulator's stats until ``condition(stats)`` holds (bounded); the stats."""
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` until it holds (bounded)."""
     deadline = time.monotonic() + STEP_BOUND_S
-    while True:
-        stats = await emulator.stats()
-        if condition(stats):
-            return stats
+    while not await check():
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {STEP_BOUND_S:.0f} s for {what}")
         await asyncio.sleep(0.01)
@@ -126,38 +123,44 @@ async def _one(n: int, rounds: int, shared: bool) -> dict[str, Any]:
     """One run: N watches of one source, shared or alone, through ``rounds`` met/unmet changes."""
     channel = f"watchers-{uuid.uuid4().hex[:8]}"
     publish(channel, "waiting\n")
-    per_change = 1 if shared else n
     async with EmulatorProcess(limits=LIMITS, max_concurrent=2 * n + 8) as emulator:
         os.environ.update(emulator.connection_env())
         triggerer = Triggerer()
         events = _TimedEvents()
         triggerer.runner.events = events
+        billed: list[int] = []  # the decisions billed once each state was decided for every watch
+
+        async def decided(state: str) -> None:
+            """Wait until every watch judged a decision about ``state`` (a watch alone may have had a
+            decision superseded, so the bill alone does not tell): the group's, or each its own."""
+
+            async def judged() -> bool:
+                if shared:
+                    return (await emulator.stats())["decisions_billed"] >= len(billed) + 1
+                return all(watch.progress.decided_state == state for watch in watches)
+
+            await _until(judged, f"the decisions about {state!r}")
+            billed.append((await emulator.stats())["decisions_billed"])
+
         try:
             with _sharing(shared):
-                for watch in watch_group(channel, n):
+                watches = watch_group(channel, n)
+                for watch in watches:
                     triggerer.start(watch)
                     await asyncio.sleep(0)
-                await _until(lambda s: s["decisions_billed"] >= per_change, emulator, "the first decisions")
-            start_billed = (await emulator.stats())["decisions_billed"]
+                await decided("waiting\n")
             latencies = []
             for step in range(rounds):
                 await asyncio.sleep(CHANGE_GAP_S)
                 publish(channel, f"step {step}\n")
-                await _until(
-                    lambda s, step=step: s["decisions_billed"] >= start_billed + (2 * step + 1) * per_change,
-                    emulator,
-                    f"the decisions of change {2 * step + 1}",
-                )
+                await decided(f"step {step}\n")
                 reached = events.expect((step + 1) * n)
                 await asyncio.sleep(CHANGE_GAP_S)
-                changed = publish(channel, f"step {step}\n{READY}\n")
+                met = f"step {step}\n{READY}\n"
+                changed = publish(channel, met)
                 await asyncio.wait_for(reached.wait(), STEP_BOUND_S)
                 latencies.append(events.last_at - changed)
-            await _until(
-                lambda s: s["decisions_billed"] >= start_billed + 2 * rounds * per_change,
-                emulator,
-                "the last decisions",
-            )
+                await decided(met)
             stats = await emulator.stats()
         finally:
             await triggerer.finish()
@@ -171,7 +174,7 @@ async def _one(n: int, rounds: int, shared: bool) -> dict[str, Any]:
         "events": len(events),
         "streams_opened": stats["streams_total"],
         "max_streams_open": stats["max_streams_open"],
-        "billed_per_change": (stats["decisions_billed"] - start_billed) / (2 * rounds),
+        "billed_per_change": (billed[-1] - billed[0]) / (2 * rounds),
         "last_event_latency": summary_ms(latencies),
     }
 
