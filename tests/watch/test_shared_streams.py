@@ -9,6 +9,8 @@ starts from the current decision, billed nothing more.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 
 from airflow_provider_systemzero import compat
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
+from airflow_provider_systemzero.triggers import watching
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from benchmarks.runner import Triggerer
 from tests import helpers
@@ -52,12 +55,14 @@ LEVEL_RULES: dict[str, Any] = {
 LOW, HIGH = 0.5, 0.9
 
 
-def _watch(log: Path, name: str, bar: float, min_true_for: float = 0.0) -> SystemZeroDecisionEventTrigger:
+def _watch(
+    log: Path, name: str, bar: float, min_true_for: float = 0.0, conn_id: str = TRIGGER_CONN_ID
+) -> SystemZeroDecisionEventTrigger:
     """An asset watch of ``log`` for ``ready`` with probability at least ``bar`` (for
     ``min_true_for`` seconds), rebuilt from its serialized kwargs as the triggerer does (the
     stream is kept a minute when quiet)."""
     trigger = SystemZeroDecisionEventTrigger(
-        systemzero_conn_id=TRIGGER_CONN_ID,
+        systemzero_conn_id=conn_id,
         request=TRIGGER_REQUEST,
         condition=DecisionCondition("ready", True, min_probability=bar, min_true_for=min_true_for).to_dict(),
         state="",
@@ -186,3 +191,27 @@ async def test_a_restarted_triggerer_replays_the_group_decision_unbilled(
         replies = [await _fired_once_each(log, emu) for _ in range(2)]
         assert replies[0] == replies[1] and len(replies[0]) == 1
         assert emu.stats.decisions_billed == 1 and emu.stats.streams_total == 2
+
+
+async def test_a_failing_shared_stream_fails_no_watch_and_recovers(
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The group's connection does not exist when the watches start: the shared stream says why and
+    tries again (a raise would fail every watch of the group), and once the connection is created
+    both watches fire."""
+    monkeypatch.setattr(watching, "WATCH_RETRY_FIRST_S", 0.2)
+    monkeypatch.setattr(watching, "WATCH_RETRY_MAX_S", 0.4)
+    caplog.set_level(logging.ERROR, logger=watching.__name__)
+    await asyncio.to_thread(log.write_text, "job all done\n")
+    async with _triggerer(rules_file, monkeypatch) as (emu, triggerer):
+        ids = [
+            triggerer.start(_watch(log, f"w-{bar}", bar, conn_id="systemzero_later")) for bar in (LOW, HIGH)
+        ]
+        await until(lambda: len(caplog.records) >= 2, within=20, what="two failures of the shared stream")
+        assert "connection 'systemzero_later'" in caplog.records[0].getMessage()
+        assert not any(triggerer.task(t).done() for t in ids)
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SYSTEMZERO_LATER", os.environ[f"AIRFLOW_CONN_{TRIGGER_CONN_ID.upper()}"]
+        )
+        await until(lambda: all(_fired(triggerer, t) for t in ids), within=20, what="both watches' events")
+        assert emu.stats.decisions_billed == 1 and emu.stats.streams_total == 1
