@@ -1,6 +1,6 @@
 """What the installed Airflow offers, and the documented fallback where it offers less.
 
-The provider supports Airflow 3.1, 3.2 and 3.3. Three features depend on the minor release:
+The provider supports Airflow 3.1, 3.2 and 3.3. Five features depend on the minor release:
 
 ================================  =======  ===========================================================
 feature                           Airflow  on older releases
@@ -13,6 +13,7 @@ task state store (budgets and     3.3      budgets count one try, with a notice 
 reviews across tries)                      retry asks its reviewer again
 trigger templates rendered in     3.3      ``start_from_trigger=True`` defers from a worker instead,
 the triggerer                              with a warning when the Dag is parsed
+shared streams of asset watchers  3.3      each asset watcher's trigger holds its own stream
 ================================  =======  ===========================================================
 
 Names that moved between releases (``AirflowFailException`` and its siblings, ``BranchMixIn``,
@@ -61,6 +62,7 @@ __all__ = [
     "conf",
     "has_awaiting_input",
     "has_conn_fields",
+    "has_shared_streams",
     "has_task_state_store",
     "has_trigger_templates",
     "legacy_form_widgets",
@@ -230,6 +232,22 @@ def has_trigger_templates() -> bool:
     except ImportError:
         return False
     return hasattr(BaseTrigger, "render_template_fields")
+
+
+@functools.cache
+def has_shared_streams() -> bool:
+    """Whether the triggerer lets event triggers share one stream (Airflow 3.3+:
+    ``BaseEventTrigger.shared_stream_key``, ``open_shared_stream`` and ``filter_shared_stream``,
+    driven by ``airflow.triggers.shared_stream``); older releases always call ``run()``."""
+    try:
+        from airflow.triggers.base import BaseEventTrigger
+        from airflow.triggers.shared_stream import SharedStreamManager  # noqa: F401
+    except ImportError:
+        return False
+    return all(
+        hasattr(BaseEventTrigger, name)
+        for name in ("shared_stream_key", "open_shared_stream", "filter_shared_stream")
+    )
 
 
 def has_task_state_store(context: Any) -> bool:

@@ -35,6 +35,7 @@ from benchmarks import (
     report,
     sharing,
     waiting,
+    watchers,
 )
 from benchmarks.common import Options, machine
 
@@ -55,6 +56,7 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[dict[str, Any]]]] = {
     "fleet": fleet.run,
     "ceiling": ceiling.run,
     "sharing": sharing.run,
+    "watchers": watchers.run,
 }
 
 

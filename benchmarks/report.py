@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from benchmarks import sharing
+from benchmarks import sharing, watchers
 from benchmarks.report_format import (
     DASH,
     TIMES,
@@ -385,6 +385,7 @@ def render(doc: dict[str, Any], source: str = "benchmarks/results/latest.json") 
         ("fleet", fleet_section),
         ("ceiling", ceiling_section),
         ("sharing", sharing.section),
+        ("watchers", watchers.section),
     ):
         data = res.get(name)
         if data is None:

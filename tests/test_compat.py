@@ -33,6 +33,7 @@ def test_version_detection_matches_the_installed_airflow() -> None:
     assert ".".join(map(str, compat.airflow_version())) == airflow.__version__.split("+")[0]
     assert compat.has_conn_fields() is (_installed_airflow() >= (3, 2))
     assert compat.has_awaiting_input() is (_installed_airflow() >= (3, 3))
+    assert compat.has_shared_streams() is (_installed_airflow() >= (3, 3))
 
 
 @pytest.fixture

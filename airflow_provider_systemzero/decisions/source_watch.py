@@ -66,8 +66,10 @@ __all__ = [
     "Action",
     "Check",
     "Decide",
+    "EveryDecision",
     "Fire",
     "FirstDecision",
+    "Judged",
     "Offer",
     "Open",
     "Phase",
@@ -233,6 +235,40 @@ class FirstDecision:
         self, decision: DecisionResult, state_key: str, state: Any, now: float, *, generation: int
     ) -> Any:
         return decision
+
+    def due(self, now: float) -> Any:
+        return None
+
+    def wait_time(self, now: float) -> float | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A current decision with what the rules of a wait judge it by (the arguments of
+    :meth:`Rules.observe`): the verdict of :class:`EveryDecision`.
+
+    :param decision: the decision.
+    :param state_key: the hash of the state it covers.
+    :param state: that state.
+    :param generation: the state's generation in the watch of its source.
+    """
+
+    decision: DecisionResult
+    state_key: str
+    state: Any
+    generation: int
+
+
+class EveryDecision:
+    """The rules of a watch that decides for other waits (the shared stream of several asset
+    watches): every current decision is a verdict, :class:`Judged`, which each wait judges by its
+    own rules; nothing waits on time here (a hold's time is each wait's own)."""
+
+    def observe(
+        self, decision: DecisionResult, state_key: str, state: Any, now: float, *, generation: int
+    ) -> Judged:
+        return Judged(decision, state_key, state, generation)
 
     def due(self, now: float) -> Any:
         return None

@@ -5,7 +5,8 @@
 * :class:`SystemZeroDecideTrigger` — the deferrable operator's trigger: one on_request decision
   about a fixed state, with every answer.
 * :class:`SystemZeroDecisionEventTrigger` — an :class:`~airflow.triggers.base.BaseEventTrigger`
-  for an ``AssetWatcher``: an asset event each time the condition becomes true.
+  for an ``AssetWatcher``: an asset event each time the condition becomes true. On Airflow 3.3 the
+  watches of one source share one stream (:mod:`~airflow_provider_systemzero.triggers.shared`).
 
 The rules they follow (the triggerer runs hundreds of them in one event loop):
 
@@ -34,16 +35,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
+from airflow_provider_systemzero.compat import has_shared_streams
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.source_watch import (
     DEFAULT_MAX_STALENESS,
+    EveryDecision,
     FirstDecision,
+    Rules,
     SourceWatch,
 )
 from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
@@ -54,6 +59,15 @@ from airflow_provider_systemzero.tasks.payloads import error_payload, owned_even
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.review import ReviewWatch
+from airflow_provider_systemzero.triggers.shared import (
+    DecisionBoard,
+    SharedDecision,
+    group_watch_id,
+    posted,
+    shared_digest,
+    shared_key,
+    shared_verdicts,
+)
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import check_watch_id, checked_watch, naming_the_watch
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
@@ -71,6 +85,8 @@ __all__ = [
     "error_payload",
     "owned_event",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class SystemZeroDecisionTrigger(WatchingTrigger):
@@ -373,6 +389,10 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
     stays true does not fire again, also after a triggerer restart where Airflow keeps the
     watch's memory (3.3: :mod:`~airflow_provider_systemzero.triggers.watch_memory`).
 
+    On Airflow 3.3, watches whose kwargs are equal but for ``condition`` and ``watch_id`` share one
+    stream: each change is decided once for all of them, and each judges the decision by its own
+    condition (:meth:`shared_stream_key`, :mod:`~airflow_provider_systemzero.triggers.shared`).
+
     :param systemzero_conn_id: the System Zero connection.
     :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}``.
     :param condition: :meth:`DecisionCondition.to_dict`.
@@ -447,54 +467,133 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
         task to fail): what was under way is undone and asked again — a decision that failed, a
         ``decide_when`` call that raised or hung — while the watch's source, what it read and
         whether the current run of met decisions fired are kept across tries."""
-        streams = self._stream
-        condition = DecisionCondition.from_dict(self.condition)
-        self._open_source()
-        # fires on each transition to "met" (after hysteresis, when the condition has it); nobody
-        # can review an asset event, so only a met decision counts; whether the current run of met
-        # decisions already fired outlives a triggerer restart where Airflow keeps it (3.3)
-        memory = WatchMemory(
-            getattr(self, "asset_state_store", None),
-            watch_id=self.watch_id,
-            identity=kwargs_identity(self.serialize()[1]),
-            stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
-        )
-        rules = DecisionWatch(
-            condition,
-            reviews=False,
-            fired=await memory.recall(),
-            on_fired=memory.note,
-            timeline=new_timeline(),
-        )
-        policy_fields = condition.policy is not None or condition.has_hysteresis
-        failures = 0
-        loop = asyncio.get_running_loop()
+        memory = self._memory()
         try:
-            while True:
-                started = loop.time()
-                try:
-                    # the connection is looked up now: a missing one is reported at the start, not
-                    # when the source first has something to decide
-                    await streams.resolve_settings()
-                    driver = self._driver or self._start_watch(rules, once=False)
-                    while True:
-                        verdict = await driver.next_verdict()
-                        yield TriggerEvent(self._event(rules, verdict, policy_fields))
-                        memory.handed_over()
-                        failures = 0  # it worked
-                except Exception as exc:  # a watch has no task to fail: it says why, waits, goes on
-                    failures = failures_in_a_row(failures, loop.time() - started)
-                    streams.forget_settings()  # a connection fixed meanwhile is used
-                    if self._driver is not None:
-                        await self._driver.reset()  # the stream goes; the watch and the source stay
-                    await wait_to_watch_again(self.watch_id, failures, exc)
+            rules = await self._rules(memory)
+            self._open_source()
+            async for verdict in self._verdicts(rules):
+                yield TriggerEvent(self._event(rules, verdict))
+                memory.handed_over()
         finally:
             with contextlib.suppress(Exception):
                 await memory.aclose()
             await self.cleanup()
 
-    def _event(self, watch: DecisionWatch, verdict: Any, policy_fields: bool) -> dict[str, Any]:
-        """The asset event payload of a verdict."""
+    # ------------------------------------------------------------------ shared streams (Airflow 3.3)
+
+    def shared_stream_key(self) -> tuple[str, str] | None:
+        """The stream this watch shares with the other asset watches of its source (Airflow 3.3):
+        equal for watches whose kwargs differ only in ``condition`` and ``watch_id``
+        (:func:`~airflow_provider_systemzero.triggers.shared.shared_key`, a digest: no secret);
+        ``None`` where the triggerer cannot share (the watch runs alone, as on 3.1 and 3.2)."""
+        return shared_key(self.serialize()[1]) if has_shared_streams() else None
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[SharedDecision]:
+        """The shared stream of a group of asset watches: one watch of their source, which decides
+        every change once, yielding each current decision (:class:`SharedDecision`). It never
+        raises: a failure is said, waited out and tried again, as a watch running alone does, so no
+        subscriber fails with it; it ends (its stream closed) when the last watch leaves.
+
+        :param kwargs: one member's serialized kwargs (only the shared ones are used).
+        """
+        digest = shared_digest(kwargs)
+        group = cls(**{**kwargs, "watch_id": group_watch_id(digest)})
+        log.info(
+            "asset watches of %s share one stream (group %s): each change is decided once for all",
+            group.source.get("type") if isinstance(group.source, dict) else "a static state",
+            digest,
+        )
+        board = DecisionBoard(group._current)
+        try:
+            with posted(shared_key(kwargs), board):
+                group._open_source(announce=False)
+                async for judged in group._verdicts(EveryDecision()):
+                    yield board.publish(judged)
+        finally:
+            await group.cleanup()
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """This watch's events from its group's decisions (Airflow 3.3): its own condition, policy,
+        hysteresis and memory judge each decision, as in :meth:`run`; a watch that joins a running
+        group starts from the group's newest decision.
+
+        :param shared_stream: the group's decisions (from :meth:`open_shared_stream`).
+        """
+        memory = self._memory()
+        try:
+            rules = await self._rules(memory)
+            self.log.info(
+                "asset watch %r judges the decisions of a stream it shares: waiting until %s = %r",
+                self.watch_id,
+                rules.condition.question,
+                rules.condition.expect,
+            )
+            async for verdict in shared_verdicts(rules, shared_key(self.serialize()[1]), shared_stream):
+                yield TriggerEvent(self._event(rules, verdict))
+                memory.handed_over()
+        finally:
+            with contextlib.suppress(Exception):
+                await memory.aclose()
+
+    # ------------------------------------------------------------------ the parts of both
+
+    def _memory(self) -> WatchMemory:
+        """Whether the current run of met decisions already fired, kept where Airflow keeps it (3.3:
+        the asset's state store), so it outlives a triggerer restart."""
+        return WatchMemory(
+            getattr(self, "asset_state_store", None),
+            watch_id=self.watch_id,
+            identity=kwargs_identity(self.serialize()[1]),
+            stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
+        )
+
+    async def _rules(self, memory: WatchMemory) -> DecisionWatch:
+        """What fires this watch: on each transition to "met" (after hysteresis, when the condition
+        has it); nobody can review an asset event, so only a met decision counts; whether the
+        current run already fired is recalled from ``memory``, which hears each change of it."""
+        return DecisionWatch(
+            DecisionCondition.from_dict(self.condition),
+            reviews=False,
+            fired=await memory.recall(),
+            on_fired=memory.note,
+            timeline=new_timeline(),
+        )
+
+    async def _verdicts(self, rules: Rules) -> AsyncIterator[Any]:
+        """The verdicts of this trigger's watch over its source (built: :meth:`_open_source`),
+        forever. A failure is said, waited out and tried again (:func:`wait_to_watch_again`): the
+        stream goes, the watch and the source stay."""
+        streams = self._stream
+        failures = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                # the connection is looked up now: a missing one is reported at the start, not
+                # when the source first has something to decide
+                await streams.resolve_settings()
+                driver = self._driver or self._start_watch(rules, once=False)
+                while True:
+                    yield await driver.next_verdict()
+                    failures = 0  # it worked
+            except Exception as exc:  # a watch has no task to fail: it says why, waits, goes on
+                failures = failures_in_a_row(failures, loop.time() - started)
+                streams.forget_settings()  # a connection fixed meanwhile is used
+                if self._driver is not None:
+                    await self._driver.reset()  # the stream goes; the watch and the source stay
+                await wait_to_watch_again(self.watch_id, failures, exc)
+
+    def _current(self, generation: int) -> bool:
+        """Whether a decision about the state of ``generation`` is about what the source holds now."""
+        driver = self._driver
+        return driver is not None and driver.watch.current(generation, asyncio.get_running_loop().time())
+
+    def _event(self, watch: DecisionWatch, verdict: Any) -> dict[str, Any]:
+        """The asset event payload of a verdict (with the verdict's fields under a policy or
+        hysteresis)."""
+        condition = watch.condition
+        policy_fields = condition.policy is not None or condition.has_hysteresis
         return watch.event(
             verdict, policy_fields=policy_fields, extra={"watch_id": self.watch_id}
         ).to_payload()

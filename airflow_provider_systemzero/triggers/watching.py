@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from airflow.triggers.base import BaseTrigger
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
-from airflow_provider_systemzero.decisions.source_watch import SourceWatch, validate_max_staleness
+from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.protocol.reconnect import doubled
@@ -159,7 +159,7 @@ class WatchingTrigger(BaseTrigger):
     def watch_driver(
         self,
         source: StateSource,
-        rules: DecisionWatch,
+        rules: Rules,
         streams: TriggerStream,
         *,
         once: bool,
@@ -169,7 +169,9 @@ class WatchingTrigger(BaseTrigger):
         ``lease_after``, ``max_staleness`` and the ``decide_when`` filter), and its driver on ``streams``.
 
         :param source: the source, built.
-        :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`).
+        :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`,
+            whose history the watch adds to; or the shared stream's
+            :class:`~airflow_provider_systemzero.decisions.source_watch.EveryDecision`, which keeps none).
         :param streams: the streams the driver opens (the trigger's own in its run).
         :param once: the first verdict ends the watch (a sensor); ``False``: an asset watch.
         :param min_interval_ms: the trigger's ``min_interval_ms`` (between dispatch starts, and between
@@ -188,21 +190,21 @@ class WatchingTrigger(BaseTrigger):
             max_staleness=self.max_staleness,
             min_interval=(min_interval_ms or 0) / 1000,
             once=once,
-            timeline=rules.timeline,
-            question=rules.condition.question,
+            timeline=rules.timeline if isinstance(rules, DecisionWatch) else None,
+            question=rules.condition.question if isinstance(rules, DecisionWatch) else None,
         )
         stream_kwargs = None if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
         return WatchDriver(watch, source, streams, stream_kwargs=stream_kwargs, relevance=relevance)
 
-    def _open_source(self) -> StateSource:
-        """Build the run's source (kept for ``cleanup()``) and say what the wait waits for."""
+    def _open_source(self, *, announce: bool = True) -> StateSource:
+        """Build the run's source (kept for ``cleanup()``) and say what the wait waits for
+        (``announce``; a shared stream waits for no condition of its own)."""
         self._source = source = build_source(self.source, self.state)
-        announce_wait(self.condition, source, self._stream.deadline)
+        if announce:
+            announce_wait(self.condition, source, self._stream.deadline)
         return source
 
-    def _start_watch(
-        self, rules: DecisionWatch, *, once: bool, min_interval_ms: int | None = None
-    ) -> WatchDriver:
+    def _start_watch(self, rules: Rules, *, once: bool, min_interval_ms: int | None = None) -> WatchDriver:
         """Start the run's watch over its source (:meth:`watch_driver`), kept for ``cleanup()``."""
         assert self._source is not None, "the run builds its source first (_open_source)"
         self._driver = self.watch_driver(

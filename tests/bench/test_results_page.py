@@ -106,3 +106,16 @@ def test_the_billing_figures_are_the_runs_of_record() -> None:
     assert f"`poke_interval` 60 s | {pokes[60.0]} |" in section
     assert set(billing["restart_added"].values()) == {0} and "each added 0 billed decisions" in section
     assert f"at commit `{_commit(document, 'billing')}`" in section
+
+
+def test_the_asset_watch_figures_are_the_runs_of_record() -> None:
+    document, section = _section("### Many asset watches of one source")
+    for run in document["results"]["watchers"]["runs"]:
+        mode = "one stream shared (Airflow 3.3)" if run["shared"] else "one stream each (Airflow 3.1, 3.2)"
+        latency = run["last_event_latency"]
+        row = (
+            f"| {run['n']}, {mode} | {run['streams_opened']:,} ({run['max_streams_open']}) | "
+            f"{run['billed_per_change']:.1f} | {latency['p50_ms']:.1f} ms / {latency['max_ms']:.1f} ms |"
+        )
+        assert row in section, row
+    assert f"{_date(document, 'watchers')} at\ncommit `{_commit(document, 'watchers')}`" in section
