@@ -765,7 +765,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         resume = event.extra["resume"]
         answer = review.pop("answer")
         gate = dict(resume["gate"])
-        gate["extra"] = {**(gate.get("extra") or {}), "review": review}
+        # the try so far, this wait included: without a task state store (3.1, 3.2) it travels here
+        gate["extra"] = {**(gate.get("extra") or {}), "review": review, "this_try": self.this_try}
         if review.get("counted"):
             return self.execute_review_complete(context, event=answer, gate=gate, outcome=resume["outcome"])
         the_gate = Gate.from_dict(gate)
