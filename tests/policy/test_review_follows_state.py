@@ -33,7 +33,7 @@ WATCHING_ON = "the sensor goes on watching meanwhile"
 REVIEW_LOGGER = "airflow_provider_systemzero.triggers.review"
 
 
-def _file_sensor(dag_id: str, log: Path, **kwargs: Any) -> DAG:
+def _file_sensor(dag_id: str, log: Path, policy: DecisionPolicy = POLICY, **kwargs: Any) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START) as dag:
         SystemZeroDecisionSensor(
             task_id="wait",
@@ -41,7 +41,7 @@ def _file_sensor(dag_id: str, log: Path, **kwargs: Any) -> DAG:
             systemzero_conn_id=CONN_ID,
             source={"type": "file", "path": str(log)},
             lease=False,
-            policy=POLICY,
+            policy=policy,
             timeout=180,
             **kwargs,
         )
@@ -194,16 +194,7 @@ def test_review_timeout_applies_the_default_while_the_sensor_watches(emulator: A
     policy = DecisionPolicy(
         act_above=0.8, review_above=0.5, below="wait", default=True, review_timeout=timedelta(seconds=2)
     )
-    with DAG("review_timeout_watching", schedule=None, start_date=START) as dag:
-        SystemZeroDecisionSensor(
-            task_id="wait",
-            instructions="Is the service ready?",
-            systemzero_conn_id=CONN_ID,
-            source={"type": "file", "path": str(log)},
-            lease=False,
-            policy=policy,
-            timeout=180,
-        )
+    dag = _file_sensor("review_timeout_watching", log, policy)
     dag_run = run_dag_while(dag, lambda: None, within=180)  # nobody answers
     assert task_states(dag_run) == {"wait": "success"}
     xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
