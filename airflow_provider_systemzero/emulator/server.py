@@ -367,6 +367,29 @@ class Emulator:
         return None if state is None else _accepted(state)
 
     @property
+    def open_streams(self) -> list[StreamLoop]:
+        """The streams open now (a snapshot), each with its websocket connection (``ws``)."""
+        return list(self._streams.values())
+
+    @property
+    def reserved_streams(self) -> dict[str, int]:
+        """Streams reserved per account at the upgrade and not yet released (a snapshot): the
+        account's cap counts them."""
+        return {account: n for account, n in self._reserved.items() if n}
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether :meth:`stop` (or :meth:`restart`) began the shutdown sequence: a new connection
+        is refused with 503 until it ends."""
+        return self._shutting_down
+
+    @property
+    def prompt_cache_keys(self) -> set[str]:
+        """The keys :meth:`latest_state` knows: the ``prompt_cache_key`` of every stream that
+        accepted a ``start`` (its ``stream_id`` for a stream without one); a snapshot."""
+        return set(self._latest_by_cache_key)
+
+    @property
     def final_states(self) -> dict[str, AcceptedState]:
         """The last accepted state of every stream that accepted a ``start``, by ``stream_id``
         (a snapshot)."""

@@ -522,6 +522,12 @@ class GatewaySession:
         self._seq += 1
         return self._seq
 
+    def next_seq(self) -> int:
+        """Take the stream's next ``seq`` for a server message the session does not build itself
+        (a peer that misbehaves on purpose, in a test or a fault): the session's own next message
+        follows it."""
+        return self._next_seq()
+
     def _request_id(self, seq: int) -> str:
         return f"req_{self.stream_id.removeprefix('szws_')}_{seq}"
 
