@@ -20,13 +20,13 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
-from tests.dormant import channels
 from tests.helpers import (
     TRIGGER_CONDITION,
     TRIGGER_CONN_ID,
     TRIGGER_LIMITS,
     TRIGGER_REQUEST,
     RecordingDecider,
+    channels,
     running_trigger,
 )
 

@@ -18,7 +18,7 @@ from airflow_provider_systemzero.emulator.connection import EmulatorConnection, 
 from airflow_provider_systemzero.protocol import GatewaySession, Limits
 from airflow_provider_systemzero.protocol.gateway import SendMessage
 from airflow_provider_systemzero.protocol.messages import Hello, encode_message
-from tests.emulator.wire import FAST, close_of, recv, recv_type, start_message, stream, until_closed
+from tests.helpers.wire import FAST, close_of, recv, recv_type, start_message, stream, until_closed
 
 
 def append(n: int) -> dict[str, Any]:
@@ -151,7 +151,7 @@ async def test_the_stream_keeps_one_timer_while_changes_come(emu: Emulator) -> N
         await recv(ws)  # hello
         await ws.send(json.dumps(start_message(mode="on_request")))
         await _acks(ws, 1)
-        (loop,) = emu._streams.values()
+        (loop,) = emu.open_streams
         timer = loop._timer
         assert timer is not None
         for n in range(2, 7):

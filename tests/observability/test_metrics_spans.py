@@ -20,7 +20,7 @@ from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.tasks import observability
 from airflow_provider_systemzero.tasks.observability import METRICS, AirflowStreamObserver
-from tests.stream.support import SECRET_KEY, settings_for
+from tests.helpers.stream import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"
 REQUEST = {

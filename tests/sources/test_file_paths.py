@@ -28,7 +28,7 @@ from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES
 from airflow_provider_systemzero.sources.spec import build_source
 from tests.helpers import until, wait_until
-from tests.sources.conftest import inotify_descriptors, poll_timers, spec, tailing, value_where
+from tests.helpers.sources import inotify_descriptors, poll_timers, spec, tailing, value_where
 
 
 def releases(tmp_path: Path) -> Path:
@@ -174,7 +174,7 @@ async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp
         waiting = source.changed()  # as a trigger with no stream waits
         watcher = file_watch.current_watcher()
         assert watcher is not None
-        watcher._recheck_all()  # what the re-check timer runs
+        watcher.recheck_now()  # what the re-check timer runs
         await asyncio.wait_for(waiting, 10)
         assert await source.read() == "new run\n"
         waiting = source.changed()

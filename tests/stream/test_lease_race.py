@@ -18,7 +18,7 @@ from airflow_provider_systemzero.emulator import server as emulator_server
 from airflow_provider_systemzero.protocol.gateway import SendMessage
 from airflow_provider_systemzero.protocol.messages import Ack
 from airflow_provider_systemzero.stream import Backoff
-from tests.stream.support import EmulatorFactory, loopback_stream
+from tests.helpers.stream import EmulatorFactory, loopback_stream
 
 
 async def test_releasing_a_connection_whose_start_was_never_acknowledged(

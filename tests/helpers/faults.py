@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,8 @@ from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye, ServerMessage
 from airflow_provider_systemzero.stream import DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
-from tests.faults import sources
+from tests.helpers import fault_sources as sources
+from tests.helpers import first_event, rebuilt
 
 #: The test account's key (long enough for Airflow's secrets masker).
 KEY = "sz-fault-matrix-0123456789abcdef"
@@ -247,7 +248,7 @@ class Harness:
             "state": "",
             "source": {
                 "type": "callable",
-                "path": "tests.faults.sources.state",
+                "path": "tests.helpers.fault_sources.state",
                 "kwargs": {"name": source_name},
                 "poll_interval": 0.02,
             },
@@ -409,30 +410,6 @@ def task_of(namespace: str) -> str:
     raise AssertionError(f"unknown namespace {namespace}")
 
 
-def rebuilt(trigger: Any) -> Any:
-    """What the triggerer does: rebuild a trigger from its JSON-only serialized form."""
-    classpath, kwargs = trigger.serialize()
-    assert json.loads(json.dumps(kwargs)) == kwargs
-    module, _, name = classpath.rpartition(".")
-    cls = getattr(__import__(module, fromlist=[name]), name)
-    clone = cls(**kwargs)
-    assert clone.serialize() == (classpath, kwargs)
-    return clone
-
-
-async def first_event(trigger: Any, within: float = 30) -> dict[str, Any]:
-    """The one event of a single-event trigger (it must return right after yielding it)."""
-    gen = trigger.run()
-    try:
-        async with asyncio.timeout(within):
-            event = await anext(gen)
-            with pytest.raises(StopAsyncIteration):
-                await anext(gen)
-        return dict(event.payload)
-    finally:
-        await gen.aclose()
-
-
 def _context(ti: FakeTI) -> dict[str, Any]:
     return {"ti": ti}
 
@@ -477,3 +454,19 @@ def spying(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DecisionStream]]:
 def set_source(name: str, state: Any) -> None:
     """Change what the callable source ``name`` returns (the trigger polls it every 20 ms)."""
     sources.STATES[name] = state
+
+
+#: ``await make_harness(limits=..., **emulator_kwargs)`` (the fixture of ``tests/faults``).
+HarnessFactory = Callable[..., Awaitable[Harness]]
+
+WORKING = "build 7 started\n"
+READY = "build 7 started\nREADY\n"
+#: the operator's fixed state: the outputs of upstream tasks, replayed as an array
+OUTPUTS = [{"task_id": "build", "output": "artifact built"}, {"task_id": "verify", "output": "READY"}]
+
+
+def only_reconnect(h: Harness) -> Any:
+    """The case's one reconnect."""
+    records = h.reconnects()
+    assert len(records) == 1, records
+    return records[0]
