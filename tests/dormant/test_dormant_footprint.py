@@ -117,7 +117,7 @@ async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator
         gc.collect()
         kept = helpers.kept_objects(task, set())
         assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
-        assert trigger._driver.stream is None and trigger._stream.stream is None
+        assert trigger.progress.dormant and trigger.open_stream is None
     finally:
         await _stop(trigger, task, gen)
 
@@ -151,7 +151,7 @@ async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one
             kept = helpers.kept_objects(task, existing, shared=(file_watch.FileWatcher,))
             assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
             assert (
-                os.path.dirname(trigger._source.path) in watcher._directories
+                os.path.dirname(trigger.source["path"]) in watcher._directories
             )  # watched, by the one watcher
         # one descriptor, one watch per directory, one re-check timer, and no timer of any source's
         assert watcher.stats()["descriptors"] == 1 and watcher.stats()["subscriptions"] == n

@@ -50,7 +50,7 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
         assert len(reads) == 1
         assert set(asyncio.all_tasks()) - others == {task, *reads}
         # no stream object, session or connection is left, and no slot is held or offered
-        assert trigger._stream.stream is None and trigger._driver.stream is None
+        assert trigger.open_stream is None and trigger.progress.dormant
         assert new_since(earlier, alive(DecisionStream, ClientSession)) == []
         assert (capacity.in_use, capacity.offered) == (in_use, offered)
         # no timer of the trigger's (a lease, a heartbeat, a poll) will wake it without a change

@@ -292,7 +292,9 @@ class Harness:
 
     def stream_of(self, namespace: str) -> DecisionStream:
         """The newest client stream a trigger with this key namespace opened."""
-        matching = [s for s in self.streams if s._key_namespace == namespace]
+        matching = [
+            s for s in self.streams if s.settings is not None and s.session.key_namespace == namespace
+        ]
         assert matching, f"no stream was opened for {namespace}"
         return matching[-1]
 
