@@ -17,7 +17,6 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     SystemZeroDecisionEventTrigger,
 )
-from tests import helpers
 from tests.helpers import (
     TRIGGER_CONDITION,
     TRIGGER_LIMITS,
@@ -33,8 +32,6 @@ from tests.helpers import flag_sources as sources_for_tests
 REQUEST = TRIGGER_REQUEST
 CONDITION = TRIGGER_CONDITION
 LIMITS = TRIGGER_LIMITS
-rules_file = helpers.rules_file
-emulator = helpers.emulator
 
 
 async def test_serialized_kwargs_carry_no_secret(emulator: Emulator) -> None:
