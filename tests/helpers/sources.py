@@ -32,8 +32,9 @@ def scheduled_callbacks() -> list[Any]:
 
 
 def poll_timers() -> int:
-    """Live timers of sources' polls (:func:`~airflow_provider_systemzero.sources.base.after`)."""
-    return sum(callback is base._complete for callback in scheduled_callbacks())
+    """Live timers of sources' polls: those :func:`~airflow_provider_systemzero.sources.base.after`
+    sets, the one timer its module schedules."""
+    return sum(getattr(callback, "__module__", None) == base.__name__ for callback in scheduled_callbacks())
 
 
 #: A file source's ``poll_interval`` in the tests: a change that arrives at all arrived by notification.

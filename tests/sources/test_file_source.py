@@ -23,7 +23,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, base, build_source, file_watch
+from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, build_source, file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES, FileSource
 from tests.helpers import TRIGGER_CONN_ID, first_event, rebuilt, sensor_trigger, until, wait_until
 from tests.helpers.sources import (
@@ -310,7 +310,7 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         callbacks = scheduled_callbacks()
         owners = [getattr(c, "__self__", c) for c in callbacks]
         assert not any(isinstance(o, FileSource) for o in owners)  # no timer of a source's
-        assert base._complete not in callbacks  # and no poll
+        assert poll_timers() == 0  # and no poll
         assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
         assert watcher.stats()["recheck_timers"] == 1
         # the re-check of unchanged files wakes nobody
