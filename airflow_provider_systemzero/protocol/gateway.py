@@ -171,6 +171,12 @@ class GatewaySession:
         return self._dispatches.started
 
     @property
+    def body_frame(self) -> admission.BodyFrame | None:
+        """The decide body around the accepted state (``None`` before ``start``): built once per
+        attachment list and kept, the same object, while only the state changes."""
+        return self._frame
+
+    @property
     def body(self) -> str | None:
         """The synthesized decide body of the accepted state (``None`` before ``start``)."""
         return None if self._frame is None else self._frame.body(self._state_json)
