@@ -15,7 +15,7 @@ from tests.helpers.stream import SECRET_KEY, TEST_LIMITS
 
 
 @pytest.fixture(autouse=True)
-def _isolated() -> Iterator[None]:
+def isolated() -> Iterator[None]:
     """Each test starts with no connection windows, the default stream cap and configured spans."""
     reset_connection_windows()
     default_capacity().set_limit(4)

@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-from tests.helpers.observability import _isolated, emu, fast_backoff  # noqa: F401 - fixtures
+from tests.helpers.observability import emu, fast_backoff, isolated  # noqa: F401 - fixtures
