@@ -68,6 +68,7 @@ from airflow_provider_systemzero.emulator.faults import Faults
 from airflow_provider_systemzero.emulator.redaction import RedactingLogger, mask_secret, masked_header
 from airflow_provider_systemzero.emulator.stats import AcceptedState, EmulatorStats, session_totals
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
+from airflow_provider_systemzero.protocol.gateway import GatewayAction
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
@@ -193,6 +194,10 @@ class Emulator:
         self._states: dict[str, StreamState] = {}
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
+        #: What each stream's gateway session decided to do passes through this first (``None``:
+        #: nothing does): ``tap(stream, actions)`` returns the actions the stream then performs,
+        #: so a test or a fault scenario can watch them, or drop some. It runs on the event loop.
+        self.action_tap: Callable[[StreamLoop, list[GatewayAction]], list[GatewayAction]] | None = None
         self._latest_by_cache_key: dict[str, str] = {}
         self._server: Server | None = None
         self._port: int | None = None

@@ -41,7 +41,12 @@ from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.body import body_hash, compact_json
 from airflow_provider_systemzero.protocol.errors import RetryHint
-from airflow_provider_systemzero.protocol.gateway import CloseConnection, DecideFailure, SendMessage
+from airflow_provider_systemzero.protocol.gateway import (
+    CloseConnection,
+    DecideFailure,
+    GatewayAction,
+    SendMessage,
+)
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye, ServerMessage
 from airflow_provider_systemzero.stream import DecisionStream
@@ -140,6 +145,7 @@ class SpiedEmulator(Emulator):
         #: every decide call as it starts: (time, idempotency key, body SHA-256)
         self.started: list[tuple[float, str | None, str]] = []
         self.drop_before: Callable[[ServerMessage], bool] | None = None
+        self.action_tap = self.tap
         backend_decide = self.backend.decide
 
         async def decide(account: str, body: str, idempotency_key: str | None) -> Any:
@@ -176,34 +182,29 @@ class SpiedEmulator(Emulator):
             )
         return response
 
+    def tap(self, stream: Any, actions: list[GatewayAction]) -> list[GatewayAction]:
+        """The emulator's ``action_tap``: record what a stream sends and closes, and carry out
+        :attr:`drop_before`."""
+        now = time.monotonic()
+        if self.drop_before is not None:
+            for index, action in enumerate(actions):
+                if isinstance(action, SendMessage) and self.drop_before(action.message):
+                    self.drop_before = None
+                    stream.ws.transport.abort()
+                    actions = actions[:index] + [
+                        a for a in actions[index + 1 :] if not isinstance(a, SendMessage)
+                    ]
+                    break
+        for action in actions:
+            if isinstance(action, SendMessage):
+                self.sent.append(Sent(now, stream.stream_id, action.message))
+            elif isinstance(action, CloseConnection):
+                self.closes.append((now, stream.stream_id, action.code))
+        return actions
+
     def messages(self, kind: type[ServerMessage]) -> list[Any]:
         """Every queued server message of one type, in order."""
         return [s.message for s in self.sent if isinstance(s.message, kind)]
-
-
-def _spied_perform(original: Callable[..., None]) -> Callable[..., None]:
-    def perform(self: Any, actions: Any) -> None:
-        actions = list(actions)
-        emu = self.emulator
-        if isinstance(emu, SpiedEmulator):
-            now = time.monotonic()
-            if emu.drop_before is not None:
-                for index, action in enumerate(actions):
-                    if isinstance(action, SendMessage) and emu.drop_before(action.message):
-                        emu.drop_before = None
-                        self.ws.transport.abort()
-                        actions = actions[:index] + [
-                            a for a in actions[index + 1 :] if not isinstance(a, SendMessage)
-                        ]
-                        break
-            for action in actions:
-                if isinstance(action, SendMessage):
-                    emu.sent.append(Sent(now, self.stream_id, action.message))
-                elif isinstance(action, CloseConnection):
-                    emu.closes.append((now, self.stream_id, action.code))
-        original(self, actions)
-
-    return perform
 
 
 # ------------------------------------------------------------------------------------ the harness
@@ -439,8 +440,8 @@ def operator_outcome(payload: dict[str, Any], ti: FakeTI | None = None) -> dict[
 
 @contextlib.contextmanager
 def spying(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DecisionStream]]:
-    """Install the spies that live outside the emulator: stream messages and client streams."""
-    monkeypatch.setattr(emulator_server._Stream, "_perform", _spied_perform(emulator_server._Stream._perform))
+    """Install the spy that lives outside the emulator: the client streams the hook opens (the
+    emulator records what its streams send through its action tap, :meth:`SpiedEmulator.tap`)."""
     streams: list[DecisionStream] = []
     original = SystemZeroHook.stream
 
