@@ -118,7 +118,7 @@ def _decided(trigger: Any) -> bool:
     return math.isfinite(decided_at(trigger))
 
 
-async def _wait_all(
+async def wait_all(
     triggerer: Triggerer, ids: list[int], triggers: list[Any], within: float, settled: Any = _settled
 ) -> float:
     """Wait until every trigger has ``settled``, polling every 50 ms without scanning all N each time.
@@ -226,7 +226,7 @@ async def _start_all(
 async def _warm_up(triggerer: Triggerer, feed: Feed = _PUSH) -> None:
     pairs = [_new_trigger("warmup", i, feed=feed) for i in range(4)]
     ids = [triggerer.start(t) for _, t in pairs]
-    await _wait_all(triggerer, ids, [t for _, t in pairs], 60)
+    await wait_all(triggerer, ids, [t for _, t in pairs], 60)
     for channel, _ in pairs:
         feed.publish(channel, f"waiting\n{READY}\n")
     await asyncio.gather(*(triggerer.task(i) for i in ids))
@@ -302,7 +302,7 @@ async def _measure(
         sockets.start()
         started = time.perf_counter()
         channels, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, LEASE_AFTER, feed)
-        await _wait_all(triggerer, ids, triggers, 600)
+        await wait_all(triggerer, ids, triggers, 600)
         startup_s = time.perf_counter() - started
         await start_watch.stop()
         await sockets.stop()
@@ -459,7 +459,7 @@ async def breakdown(n: int) -> dict[str, Any]:
             _, triggers, ids = await _start_all(
                 triggerer, f"{uuid.uuid4().hex[:8]}{batch}", half, LEASE_AFTER
             )
-            await _wait_all(triggerer, ids, triggers, 600)
+            await wait_all(triggerer, ids, triggers, 600)
             gc.collect()
             objects.append(len(gc.get_objects()))
             snapshots.append(charge(tracemalloc.take_snapshot()))
@@ -492,7 +492,7 @@ async def lease_probe(n: int, lease_after: float) -> dict[str, Any]:
         await _warm_up(triggerer)
         started = time.perf_counter()
         _, triggers, ids = await _start_all(triggerer, uuid.uuid4().hex[:8], n, lease_after)
-        await _wait_all(triggerer, ids, triggers, 600, settled=_decided)
+        await wait_all(triggerer, ids, triggers, 600, settled=_decided)
         elapsed = time.perf_counter() - started
         await triggerer.finish()
     return {"n": n, "lease_after_s": lease_after, "seconds": elapsed, "first_decisions_per_s": n / elapsed}

@@ -25,7 +25,7 @@ twice. A trigger's fair share of the ceiling is what it would get if its process
 the account's: the processes know nothing of each other but the 429s) were dealt evenly, at every
 moment, over the triggers of the process that *compete* for a start then — those with a line no
 start has covered yet (a trigger with nothing new to decide asks for nothing): its fair wait is
-the time its share takes to add up to one start (:func:`_fair_waits`), and the figure is the
+the time its share takes to add up to one start (:func:`fair_waits`), and the figure is the
 largest wait ÷ fair wait. The same ratio against the whole fleet (the account's starts dealt over
 the competing triggers of both processes) is reported beside it, and so is the earlier, looser
 reading (the fair share at the moment of the line over every trigger of the process not yet
@@ -313,7 +313,7 @@ def _figures(
             own_waiting = len(mine) - bisect.bisect_right(mine, at) + own_never.get(process, 0)
             # the process's share of the ceiling is 1 / PROCESSES of it: its seconds per start
             own_ratios.append(wait / max(seconds_per_start, own_waiting * seconds_per_start * PROCESSES))
-    fair = _fair_waits(waited, process_of, seconds_per_start)
+    fair = fair_waits(waited, process_of, seconds_per_start)
     latencies = [
         (fired[c] - decisive[c]) * factor
         for c in decisive
@@ -353,7 +353,7 @@ def _figures(
     return figures
 
 
-def _fair_waits(
+def fair_waits(
     waited: Mapping[str, list[tuple[float, float]]],
     process_of: Callable[[str], int],
     seconds_per_start: float,

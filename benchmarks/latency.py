@@ -152,7 +152,7 @@ async def _trigger_latency(
 
     :param gap: the longest idle gap before each change (a polled file's is its poll interval).
     :param emulator: the emulator, to report the part of each sample spent in its handling of the
-        change (:func:`_gateway_share`); ``None``: not reported.
+        change (:func:`gateway_share`); ``None``: not reported.
     """
     triggerer = Triggerer()
     tag = uuid.uuid4().hex[:8]
@@ -185,14 +185,14 @@ async def _trigger_latency(
         "source": feed,
         "wall_s": time.perf_counter() - started,
         "state_version_of_event": sorted(set(versions)),
-        "blocks": {"samples": BLOCK, "p50_ms": _blocks_p50_ms(samples)},
+        "blocks": {"samples": BLOCK, "p50_ms": blocks_p50_ms(samples)},
     }
     if emulator is not None:
-        result["gateway"] = _gateway_share(windows, await emulator.call("frames", since=started))
+        result["gateway"] = gateway_share(windows, await emulator.call("frames", since=started))
     return result
 
 
-def _blocks_p50_ms(samples: list[float], size: int = BLOCK) -> list[float]:
+def blocks_p50_ms(samples: list[float], size: int = BLOCK) -> list[float]:
     """The p50 of each whole ``size`` samples in turn (a shorter rest is left out): how much the
     figure moves within one run."""
     return [
@@ -201,7 +201,7 @@ def _blocks_p50_ms(samples: list[float], size: int = BLOCK) -> list[float]:
     ]
 
 
-def _gateway_share(
+def gateway_share(
     windows: list[tuple[float, float]], frames: list[tuple[float, float, float]]
 ) -> dict[str, Any]:
     """The emulator's handling of each sample's change: the frames it timed between the change
@@ -337,7 +337,7 @@ def _step(value: int) -> int:
     return value + 1
 
 
-def _fixed_work() -> float:
+def fixed_work() -> float:
     """Seconds a fixed piece of Python takes now: one frame decoded and 100 small calls, the kind
     of work a client does on a change (without the I/O)."""
     started = time.perf_counter()
@@ -354,7 +354,7 @@ def _wake_cost(woken: list[float], hot: list[float]) -> dict[str, Any]:
     return {"n": len(woken), "woken_p50_us": after, "hot_p50_us": warm, "ratio": after / warm}
 
 
-async def _loopback_floor(
+async def loopback_floor(
     count: int,
     rng: random.Random,
     cpu: int | None = None,
@@ -369,7 +369,7 @@ async def _loopback_floor(
 
     :param cpu: the CPU of the echo server (the emulator's), or ``None``: any.
     :param gap: the longest idle gap before each round trip, as before a warm change.
-    :param probe: also time :func:`_fixed_work` right after each reply woke this process (outside
+    :param probe: also time :func:`fixed_work` right after each reply woke this process (outside
         the round trip), and as many times back to back at the end (``python_after_wake``): how
         much slower the machine runs the same Python just after a wake, which is when a client
         handles a change and its decision.
@@ -395,10 +395,10 @@ async def _loopback_floor(
                 await ws.recv()
                 samples.append(time.perf_counter() - started)
                 if probe:
-                    woken.append(_fixed_work())
+                    woken.append(fixed_work())
         result = {**summary_ms(samples), "what": "websockets echo round trip to another process"}
         if probe:
-            result["python_after_wake"] = _wake_cost(woken, [_fixed_work() for _ in range(count)])
+            result["python_after_wake"] = _wake_cost(woken, [fixed_work() for _ in range(count)])
         return result
     finally:
         server.terminate()
@@ -442,7 +442,7 @@ async def _shared_cores(options: Options, warm_n: int, rng: random.Random) -> di
     async with EmulatorProcess(limits=LIMITS, max_concurrent=16) as emulator:
         os.environ.update(emulator.connection_env())
         warm = await _trigger_latency(warm_n, cold=False, rng=rng)
-        floor = await _loopback_floor(warm_n, rng)
+        floor = await loopback_floor(warm_n, rng)
     crowd = None
     if not options.sources or "push" in options.sources:
         crowd = await density.child(*_crowd_args(options, "push"))
@@ -476,9 +476,9 @@ async def run(options: Options) -> dict[str, Any]:
         # the floor right after the warm case, and both again back to back (no idle gap): what
         # the idle gap costs on this machine, with the same code, minutes apart at most
         warm = await _trigger_latency(warm_n, cold=False, rng=rng, emulator=emulator)
-        floor = await _loopback_floor(warm_n, rng, echo_cpu, probe=True)
+        floor = await loopback_floor(warm_n, rng, echo_cpu, probe=True)
         warm_back_to_back = await _trigger_latency(warm_n, cold=False, rng=rng, gap=0.0, emulator=emulator)
-        floor_back_to_back = await _loopback_floor(warm_n, rng, echo_cpu, gap=0.0)
+        floor_back_to_back = await loopback_floor(warm_n, rng, echo_cpu, gap=0.0)
         cold = await _trigger_latency(cold_n, cold=True, rng=rng)
         if files:
             file_warm = await _trigger_latency(

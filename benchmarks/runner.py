@@ -212,13 +212,13 @@ class EndedTasks:
 class LoopWatch:
     """A watch that runs one task on the event loop and hears every collection.
 
-    Subclasses define :meth:`_watch` (the task) and :meth:`_on_gc` (registered in
+    Subclasses define :meth:`_watch` (the task) and :meth:`on_gc` (registered in
     ``gc.callbacks`` while the watch runs).
     """
 
     _task: asyncio.Task[None] | None = None
 
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         raise NotImplementedError
 
     async def _watch(self) -> None:
@@ -226,13 +226,13 @@ class LoopWatch:
 
     def start(self) -> None:
         """Start watching (the loop must be running)."""
-        gc.callbacks.append(self._on_gc)
+        gc.callbacks.append(self.on_gc)
         self._task = asyncio.ensure_future(self._watch())
 
     async def stop(self) -> None:
         """Stop watching."""
         with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._on_gc)
+            gc.callbacks.remove(self.on_gc)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -258,7 +258,7 @@ class StallWatchdog(LoopWatch):
         self._gc_spans: list[tuple[float, float]] = []
         self._gc_started: float | None = None
 
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         now = time.perf_counter()
         if phase == "start":
             self._gc_started = now

@@ -94,7 +94,7 @@ class LoopSampler(LoopWatch):
             self._stamp = time.perf_counter()
             await asyncio.sleep(self.step)
 
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._gc_started = (time.perf_counter(), time.thread_time())
             return

@@ -34,8 +34,7 @@ from airflow_provider_systemzero.demo import (
     example_dags_folder,
     log_tail,
 )
-from tests.conftest import REPO
-from tests.helpers import audited_python, network_peers
+from tests.helpers import REPO, audited_python, network_peers
 
 DIST = metadata.distribution("airflow-provider-systemzero")
 PACKAGE_DIR = Path(airflow_provider_systemzero.__file__).resolve().parent

@@ -474,6 +474,15 @@ class SourceWatch:
             and not self._wants_decision(now, soon=True)
         )
 
+    def wants_decision(self, now: float, *, soon: bool = False) -> bool:
+        """Whether the newest state needs a decision now (``soon``: or once its gate's quiet time
+        ends): the liveness question a driver's next step answers.
+
+        :param now: the loop's time.
+        :param soon: count a relevant change still inside its quiet time as due.
+        """
+        return self._wants_decision(now, soon=soon)
+
     def _wants_decision(self, now: float, *, soon: bool = False) -> bool:
         """Whether the newest state needs a decision: it holds something to decide, no current
         decision is about it, and — with a gate — one is due (a relevant change, after the quiet

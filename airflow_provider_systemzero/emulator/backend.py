@@ -431,6 +431,19 @@ class DecideBackend:
             )
         return bucket
 
+    def account_bucket(self, account: str) -> TokenBucket | None:
+        """The account's decision-start bucket (``None`` before its first start): when its next
+        token is there (``tokens(now)``).
+
+        :param account: the account, as the API key names it.
+        """
+        return self._buckets.get(account)
+
+    @property
+    def last_refusal_at(self) -> float | None:
+        """The ``time.monotonic()`` of the newest start refused in the last minute, or ``None``."""
+        return self._refused_at[-1] if self._refused_at else None
+
     def starts_refused_per_minute(self, now: float | None = None) -> int:
         """Decision starts the account buckets refused (429 ``rate_limited``) in the last minute.
 

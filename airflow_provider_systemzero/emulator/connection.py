@@ -371,6 +371,9 @@ class StreamLoop:
         self._flush()
 
     def _perform(self, actions: Iterable[GatewayAction]) -> None:
+        tap = self.emulator.action_tap
+        if tap is not None:
+            actions = tap(self, list(actions))
         for action in actions:
             if isinstance(action, SendMessage):
                 message = action.message

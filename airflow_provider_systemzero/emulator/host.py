@@ -10,13 +10,14 @@ by its class, so the server imports them and none of them imports the server (or
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.emulator.backend import DecideBackend
     from airflow_provider_systemzero.emulator.faults import Faults
     from airflow_provider_systemzero.emulator.stats import EmulatorStats
+    from airflow_provider_systemzero.protocol.gateway import GatewayAction
     from airflow_provider_systemzero.protocol.limits import Limits
     from airflow_provider_systemzero.protocol.state import StreamState
 
@@ -32,6 +33,7 @@ class EmulatorHost(Protocol):
     faults: Faults
     backend: DecideBackend
     admin_token: str
+    action_tap: Callable[[Any, list[GatewayAction]], list[GatewayAction]] | None
     #: Native ping and pong counts, control floods.
     _counters: Counter[str]
     #: Open streams per account, reserved at the upgrade.

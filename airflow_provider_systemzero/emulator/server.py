@@ -68,6 +68,7 @@ from airflow_provider_systemzero.emulator.faults import Faults
 from airflow_provider_systemzero.emulator.redaction import RedactingLogger, mask_secret, masked_header
 from airflow_provider_systemzero.emulator.stats import AcceptedState, EmulatorStats, session_totals
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
+from airflow_provider_systemzero.protocol.gateway import GatewayAction
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
@@ -193,6 +194,10 @@ class Emulator:
         self._states: dict[str, StreamState] = {}
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
+        #: What each stream's gateway session decided to do passes through this first (``None``:
+        #: nothing does): ``tap(stream, actions)`` returns the actions the stream then performs,
+        #: so a test or a fault scenario can watch them, or drop some. It runs on the event loop.
+        self.action_tap: Callable[[StreamLoop, list[GatewayAction]], list[GatewayAction]] | None = None
         self._latest_by_cache_key: dict[str, str] = {}
         self._server: Server | None = None
         self._port: int | None = None
@@ -365,6 +370,29 @@ class Emulator:
         stream_id = self._latest_by_cache_key.get(prompt_cache_key)
         state = None if stream_id is None else self._states.get(stream_id)
         return None if state is None else _accepted(state)
+
+    @property
+    def open_streams(self) -> list[StreamLoop]:
+        """The streams open now (a snapshot), each with its websocket connection (``ws``)."""
+        return list(self._streams.values())
+
+    @property
+    def reserved_streams(self) -> dict[str, int]:
+        """Streams reserved per account at the upgrade and not yet released (a snapshot): the
+        account's cap counts them."""
+        return {account: n for account, n in self._reserved.items() if n}
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether :meth:`stop` (or :meth:`restart`) began the shutdown sequence: a new connection
+        is refused with 503 until it ends."""
+        return self._shutting_down
+
+    @property
+    def prompt_cache_keys(self) -> set[str]:
+        """The keys :meth:`latest_state` knows: the ``prompt_cache_key`` of every stream that
+        accepted a ``start`` (its ``stream_id`` for a stream without one); a snapshot."""
+        return set(self._latest_by_cache_key)
 
     @property
     def final_states(self) -> dict[str, AcceptedState]:

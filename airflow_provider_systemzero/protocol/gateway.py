@@ -171,6 +171,12 @@ class GatewaySession:
         return self._dispatches.started
 
     @property
+    def body_frame(self) -> admission.BodyFrame | None:
+        """The decide body around the accepted state (``None`` before ``start``): built once per
+        attachment list and kept, the same object, while only the state changes."""
+        return self._frame
+
+    @property
     def body(self) -> str | None:
         """The synthesized decide body of the accepted state (``None`` before ``start``)."""
         return None if self._frame is None else self._frame.body(self._state_json)
@@ -521,6 +527,12 @@ class GatewaySession:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def next_seq(self) -> int:
+        """Take the stream's next ``seq`` for a server message the session does not build itself
+        (a peer that misbehaves on purpose, in a test or a fault): the session's own next message
+        follows it."""
+        return self._next_seq()
 
     def _request_id(self, seq: int) -> str:
         return f"req_{self.stream_id.removeprefix('szws_')}_{seq}"

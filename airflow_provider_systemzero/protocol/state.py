@@ -84,6 +84,13 @@ class StreamState:
         return self._state
 
     @property
+    def pieces(self) -> int:
+        """Appended texts kept as pieces, not yet joined into one string (0: the text is one
+        string). A grown text is joined when it is first read, or as soon as its pieces would cost
+        more than a quarter of it."""
+        return self._depth
+
+    @property
     def is_text(self) -> bool:
         """Whether the state is a string (known without joining it)."""
         return self._length >= 0

@@ -109,6 +109,24 @@ class CallableSource(StateSource):
         #: the generator returned: the state stays as it was last yielded
         self._ended = False
 
+    @property
+    def reading_ahead(self) -> asyncio.Future[Any] | None:
+        """A push source: the read of its generator's next value while one is in progress, else
+        ``None``. It completes when the generator yields (or fails, or returns); the value is
+        taken with :meth:`read`."""
+        return self._pending
+
+    @property
+    def calling(self) -> bool:
+        """A function that is not async: whether a call of it runs in its thread now (one that
+        timed out runs on until it returns, and no other call starts meanwhile)."""
+        return self._calls is not None and self._calls.running
+
+    @property
+    def failures(self) -> int:
+        """Calls or reads that failed in a row, since the last value the function gave."""
+        return self._failures
+
     # ---------------------------------------------------------------- values and failures
 
     def _checked(self, value: Any) -> Any:

@@ -331,6 +331,16 @@ class FileWatcher:
         if self._sweep is None and not self._closed:
             self._sweep = self._loop.call_later(IDLE_SECONDS, self._remove_idle)
 
+    def recheck_now(self) -> None:
+        """Run the safety re-check now instead of when its timer is due (the same pass: every
+        watched file is checked, and a change found wakes its subscribers)."""
+        self._recheck_all()
+
+    def remove_idle_now(self) -> None:
+        """Run the idle sweep now instead of when its timer is due (idle watches go, and the
+        watcher closes when none is left)."""
+        self._remove_idle()
+
     def _recheck_all(self) -> None:
         """The safety re-check: call every subscriber with :data:`RECHECK`, a slice per loop
         iteration, and arm the next pass (while anything is subscribed)."""

@@ -208,6 +208,8 @@ class AirflowStreamObserver(StreamObserver):
     :param decision_mode: the stream's decision mode (a metric tag).
     :param spans: emit spans (``None``: :func:`spans_enabled` when the stream is bound).
     :param capture_content: put state and instructions in spans (``None``: :func:`capture_content_enabled`).
+    :param stats: where the metrics go, an object with ``incr``, ``gauge`` and ``timing`` as
+        ``airflow.sdk.observability.stats.Stats`` has them (``None``: that one, found at the first metric).
     """
 
     def __init__(
@@ -216,6 +218,7 @@ class AirflowStreamObserver(StreamObserver):
         *,
         spans: bool | None = None,
         capture_content: bool | None = None,
+        stats: Any = None,
     ) -> None:
         self.decision_mode = decision_mode
         self._spans = spans
@@ -224,7 +227,7 @@ class AirflowStreamObserver(StreamObserver):
         self._tracer: Any = None
         self._conn_span: Any = None
         self._open = False
-        self._stats: Any = None
+        self._stats: Any = stats
 
     # ------------------------------------------------------------------ plumbing
 

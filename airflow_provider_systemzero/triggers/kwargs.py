@@ -2,7 +2,7 @@
 
 The kwargs are what Airflow stores and what a triggerer rebuilds the trigger from, and for an
 asset watcher's trigger they are its identity (``BaseEventTrigger.hash``): plain JSON, no secret,
-in a fixed order. ``tests/airflow/test_trigger_kwargs.py`` pins each class's.
+in a fixed order. ``tests/triggers/test_trigger_kwargs.py`` pins each class's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class TriggerKwargs:
     its ``__init__`` and given back by ``serialize()`` (:meth:`serialized`).
 
     :param names: the kwargs, space-separated, in their serialized order (the order is part of an
-        asset watcher's identity, ``BaseEventTrigger.hash``; tests/airflow/test_trigger_kwargs.py pins it).
+        asset watcher's identity, ``BaseEventTrigger.hash``; tests/triggers/test_trigger_kwargs.py pins it).
     :param when_set: kwargs left out while empty (``None``, ``[]``, ``False``).
     :param unless: kwargs left out while at the given value (their default).
     """

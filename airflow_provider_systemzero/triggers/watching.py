@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger
 
@@ -27,6 +27,9 @@ from airflow_provider_systemzero.timestamps import iso_time
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
+
+if TYPE_CHECKING:
+    from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 
 __all__ = [
     "WATCH_HEALTHY_S",
@@ -155,6 +158,12 @@ class WatchingTrigger(BaseTrigger):
             decided_state=watch.decided_state,
             read_state=watch.read_state,
         )
+
+    @property
+    def open_stream(self) -> DecisionStream | None:
+        """The stream the run holds open now: ``None`` outside a run and while the watch is
+        dormant (it waits for its source with no stream)."""
+        return self._stream.stream
 
     def watch_driver(
         self,

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
-from tests.conftest import REPO
 from tests.helpers import (
+    REPO,
     EmulatorThread,
     dagbag_module,
     systemzero_connection,

@@ -115,8 +115,8 @@ async def test_the_floor_back_to_back_leaves_no_gap() -> None:
             return super().uniform(a, b)
 
     gaps = Gaps()
-    floor = await latency._loopback_floor(5, gaps, gap=0.0)
+    floor = await latency.loopback_floor(5, gaps, gap=0.0)
     assert floor["n"] == 5 and gaps.bounds == [(0.0, 0.0)] * 5
     gaps.bounds.clear()
-    await latency._loopback_floor(5, gaps)
+    await latency.loopback_floor(5, gaps)
     assert gaps.bounds == [(0.0, latency.IDLE_GAP_S)] * 5

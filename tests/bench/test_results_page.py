@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PAGE = REPO / "docs" / "benchmarks-results.md"
 RESULTS = REPO / "benchmarks" / "results" / "latest.json"

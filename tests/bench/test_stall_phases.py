@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from benchmarks.density import _wait_all
+from benchmarks.density import wait_all
 from benchmarks.runner import StallWatchdog
 from benchmarks.stalls import LoopSampler, phase_stalls, waiting_stalls
 
@@ -37,7 +37,7 @@ class _Trigger:
 
 
 class _Triggerer:
-    """The part of :class:`benchmarks.runner.Triggerer` ``_wait_all`` uses, counting task look-ups."""
+    """The part of :class:`benchmarks.runner.Triggerer` ``wait_all`` uses, counting task look-ups."""
 
     def __init__(self, tasks: dict[int, asyncio.Future[None]]) -> None:
         self.tasks = tasks
@@ -66,7 +66,7 @@ async def test_waiting_for_n_triggers_does_not_look_at_all_n_at_every_poll() -> 
                 trigger.settled = True
 
     settling = asyncio.ensure_future(settle())
-    await _wait_all(triggerer, list(range(n)), triggers, within=30, settled=lambda t: t.settled)
+    await wait_all(triggerer, list(range(n)), triggers, within=30, settled=lambda t: t.settled)
     await settling
     assert triggerer.lookups <= n  # once each, to be told when one ends
     for future in triggerer.tasks.values():
@@ -79,7 +79,7 @@ async def test_a_trigger_that_ends_while_the_others_settle_is_reported() -> None
     triggerer = _Triggerer({i: loop.create_future() for i in range(3)})
     loop.call_later(0.06, triggerer.tasks[1].set_result, None)
     try:
-        await _wait_all(triggerer, [0, 1, 2], triggers, within=30, settled=lambda t: t.settled)
+        await wait_all(triggerer, [0, 1, 2], triggers, within=30, settled=lambda t: t.settled)
     except RuntimeError as exc:
         assert "trigger 1 ended while waiting" in str(exc)
     else:
@@ -91,11 +91,11 @@ async def test_a_trigger_that_ends_while_the_others_settle_is_reported() -> None
 def test_the_sampler_tags_each_collection_with_the_phase() -> None:
     sampler = LoopSampler()
     sampler.phase = "waiting"
-    sampler._on_gc("start", {"generation": 2})
-    sampler._on_gc("stop", {"generation": 2, "collected": 7})
+    sampler.on_gc("start", {"generation": 2})
+    sampler.on_gc("stop", {"generation": 2, "collected": 7})
     sampler.phase = "start"
-    sampler._on_gc("start", {"generation": 0})
-    sampler._on_gc("stop", {"generation": 0, "collected": 0})
+    sampler.on_gc("start", {"generation": 0})
+    sampler.on_gc("stop", {"generation": 0, "collected": 0})
     passes = sampler.full_collections()
     assert list(passes) == ["waiting"]
     assert passes["waiting"][0]["collected"] == 7

@@ -26,7 +26,7 @@ def test_each_samples_frames_are_the_ones_inside_its_window() -> None:
         (20.001, 0.25, 0.2),
         (30.5, 9.0, 9.0),  # after the last event
     ]
-    share = latency._gateway_share(windows, frames)
+    share = latency.gateway_share(windows, frames)
     assert share["n"] == 2 and share["frames_per_sample"] == [0, 1, 2]
     assert share["p50_ms"] == pytest.approx((0.7 + 0.75) / 2)
     assert share["max_ms"] == pytest.approx(0.75)
@@ -35,10 +35,10 @@ def test_each_samples_frames_are_the_ones_inside_its_window() -> None:
 
 def test_the_blocks_p50_are_of_whole_blocks_only() -> None:
     samples = [0.001] * 100 + [0.002] * 100 + [0.009] * 99
-    assert latency._blocks_p50_ms(samples) == pytest.approx([1.0, 2.0])  # the 99 left are no block
-    assert latency._blocks_p50_ms([*samples, 0.009]) == pytest.approx([1.0, 2.0, 9.0])
-    assert latency._blocks_p50_ms([0.003] * 20, size=10) == pytest.approx([3.0, 3.0])
-    assert latency._blocks_p50_ms([0.003] * 60) == []
+    assert latency.blocks_p50_ms(samples) == pytest.approx([1.0, 2.0])  # the 99 left are no block
+    assert latency.blocks_p50_ms([*samples, 0.009]) == pytest.approx([1.0, 2.0, 9.0])
+    assert latency.blocks_p50_ms([0.003] * 20, size=10) == pytest.approx([3.0, 3.0])
+    assert latency.blocks_p50_ms([0.003] * 60) == []
 
 
 def _quiet(doc: dict) -> dict:
@@ -126,10 +126,10 @@ async def test_the_fixed_work_is_timed_after_each_wake_and_then_back_to_back(
         calls.append(len(calls))
         return 0.000009 if len(calls) <= 5 else 0.000003
 
-    monkeypatch.setattr(latency, "_fixed_work", fixed_work)
-    floor = await latency._loopback_floor(5, random.Random(1), gap=0.0)
+    monkeypatch.setattr(latency, "fixed_work", fixed_work)
+    floor = await latency.loopback_floor(5, random.Random(1), gap=0.0)
     assert "python_after_wake" not in floor and calls == []
-    floor = await latency._loopback_floor(5, random.Random(1), gap=0.0, probe=True)
+    floor = await latency.loopback_floor(5, random.Random(1), gap=0.0, probe=True)
     wake = floor["python_after_wake"]
     assert floor["n"] == 5 and wake["n"] == 5 and len(calls) == 10
     assert wake["woken_p50_us"] == pytest.approx(9.0)
@@ -138,7 +138,7 @@ async def test_the_fixed_work_is_timed_after_each_wake_and_then_back_to_back(
 
 
 def test_the_fixed_work_takes_time_and_returns_it() -> None:
-    assert 0 < latency._fixed_work() < 1.0
+    assert 0 < latency.fixed_work() < 1.0
 
 
 def test_the_page_and_a_missed_warm_p50_quote_the_slowdown_after_a_wake() -> None:

@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-from tests.hooks.conftest import server_context, threaded_emu  # noqa: F401 - fixtures
+from tests.helpers.hooks import server_context, threaded_emu  # noqa: F401 - fixtures

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from airflow_provider_systemzero.emulator import Emulator
-from tests.emulator.wire import FAST, decide_once
+from tests.helpers.wire import FAST, decide_once
 
 
 async def _decide_once(emu: Emulator, key: str, state: str) -> dict:
@@ -51,7 +51,8 @@ async def test_refusals_leave_the_per_minute_figure_after_a_minute() -> None:
         refused = await _decide_once(emu, "fleet", "two\n")
         assert refused["http_status"] == 429
         backend = emu.backend
-        now = backend._refused_at[-1]
+        now = backend.last_refusal_at
+        assert now is not None
         assert backend.starts_refused_per_minute(now + 59.999) == 1
         # a millisecond past the minute: exactly 60 s sits on the boundary, where now + 60.0 - 60.0
         # may round to just below the refusal's own time

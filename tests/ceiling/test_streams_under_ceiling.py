@@ -23,7 +23,7 @@ from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamCapacity, StreamSettings
 from airflow_provider_systemzero.stream.capacity import OpeningPlace
 from airflow_provider_systemzero.stream.starts import decision_starts
-from tests.emulator.wire import FAST, decide_once
+from tests.helpers.wire import FAST, decide_once
 
 KEY = "fleet-key-0001"
 REQUEST = {"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
@@ -294,7 +294,8 @@ async def test_an_on_change_stream_refused_gives_its_connection_back_before_the_
     async with _emulator(60, _Recording()) as emu:
         async with _stream(emu, 0, StreamCapacity(4), mode="on_change", state="mine\n") as mine:
             await asyncio.wait_for(mine.decide(), 10)  # the account's token of this second
-            bucket = emu.backend._buckets[KEY]  # private, read only: when the next token is there
+            bucket = emu.backend.account_bucket(KEY)  # when the next token is there
+            assert bucket is not None
             await _until(lambda: bucket.tokens(time.monotonic()) >= 1, 5, "the account's next token")
             assert (await _spend(emu, "theirs\n"))["type"] == "decision"  # another process takes it
             await mine.append_text("more\n")  # its mirror had that token: refused

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.stream import Backoff
-from tests.hooks.conftest import CONN_ID, ThreadedEmulator
+from tests.helpers.hooks import CONN_ID, ThreadedEmulator
 
 REQUEST = {"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
 CALLS = 5

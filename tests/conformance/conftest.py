@@ -8,10 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.reporting import skip_unless_marked
-
-#: Lines of the run's summary (verdicts and timings per client), shown after the tests.
-SUMMARY: list[str] = []
+from tests.helpers.autobahn import SUMMARY
+from tests.helpers.deployment.reporting import skip_unless_marked
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conformance.autobahn import (
+from tests.helpers.autobahn import (
     REPO,
+    SUMMARY,
     FuzzingServer,
     Outcome,
     find_python27,
@@ -31,8 +32,7 @@ from tests.conformance.autobahn import (
     results,
     websockets_env,
 )
-from tests.conformance.conftest import SUMMARY
-from tests.deployment.system import run_command
+from tests.helpers.deployment.system import run_command
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(1800)]
 

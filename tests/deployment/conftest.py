@@ -4,7 +4,7 @@ tests/deployment``). Under plain ``make test`` it is collected and skipped, with
 ``SZ_DEPLOYMENT_DB=postgres`` (``make test-deployment DEPLOYMENT_DB=postgres``) runs it on a
 PostgreSQL cluster of its own instead of SQLite.
 
-It starts the emulator and real Airflow components (see :mod:`tests.deployment.harness`) once
+It starts the emulator and real Airflow components (see :mod:`tests.helpers.deployment.harness`) once
 for the module; the component logs of a failed scenario are attached to its report, and a
 summary of what each scenario measured is printed at the end of the run.
 """
@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import (
+from tests.helpers.deployment.harness import (
     Deployment,
     database,
     running,
 )
-from tests.deployment.reporting import skip_unless_marked, with_logs_section, write_results
+from tests.helpers.deployment.reporting import skip_unless_marked, with_logs_section, write_results
 
 
 def pytest_configure(config: pytest.Config) -> None:

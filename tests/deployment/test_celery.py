@@ -1,6 +1,6 @@
 """End to end on Airflow's distributed engine: the CeleryExecutor, two Celery workers, two
 triggerers, PostgreSQL and Redis, every component a process of its own on loopback, one System
-Zero account at the published limits (:mod:`tests.deployment.celery`).
+Zero account at the published limits (:mod:`tests.helpers.deployment.celery`).
 
 Run with ``make test-deployment EXECUTOR=celery``. The scenarios, in the order they run:
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.celery import ADMIN, READABLE_DAG, READER, UNREADABLE_DAG, CeleryDeployment
-from tests.deployment.harness import RESULTS, executor, running, wait_for
+from tests.helpers.deployment.celery import ADMIN, READABLE_DAG, READER, UNREADABLE_DAG, CeleryDeployment
+from tests.helpers.deployment.harness import RESULTS, executor, running, wait_for
 
 pytestmark = [
     pytest.mark.deployment,

@@ -17,7 +17,7 @@ scenarios, in the order they run:
    succeed, and every billed decision is a distinct state (the replays are not billed);
 7. an asset watcher fires once; its triggerer is killed; the other triggerer adopts it and does
    not fire again for the same run of met decisions, and fires once for the next run
-   (:mod:`tests.deployment.watcher`);
+   (:mod:`tests.helpers.deployment.watcher`);
 6. (PostgreSQL mode only) the same with 50 sensors while their states keep changing: no trigger runs in both triggerers at once, every sensor succeeds once.
 
 A task may be retried, but only for apache/airflow#71580 (see :func:`_assert_retries_explained`).
@@ -25,13 +25,10 @@ A task may be retried, but only for apache/airflow#71580 (see :func:`_assert_ret
 
 from __future__ import annotations
 
-import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +36,7 @@ import airflow.sdk.execution_time.context
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
-from tests.deployment.harness import (
+from tests.helpers.deployment.harness import (
     ACCOUNT_POOL_SLOTS,
     RESULTS,
     SMALL_KEY,
@@ -48,7 +45,8 @@ from tests.deployment.harness import (
     database,
     wait_for,
 )
-from tests.deployment.watcher import run_watcher_restart
+from tests.helpers.deployment.reporting import double_runs, trigger_spans
+from tests.helpers.deployment.watcher import run_watcher_restart
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(600)]
 
@@ -460,43 +458,6 @@ def test_killed_triggerer_does_not_make_a_watcher_fire_again(deployment: Deploym
     RESULTS.append(run_watcher_restart(deployment))
 
 
-def _trigger_spans(
-    deployment: Deployment, dag_id: str, run_id: str
-) -> dict[str, dict[int, tuple[float, float]]]:
-    """Task ID -> triggerer job ID -> (first, last) epoch seconds of the lines that triggerer wrote
-    to the task's trigger log (``attempt=N.log.trigger.<job ID>.log``, JSON lines with a timestamp):
-    when each triggerer ran the task's trigger."""
-    spans: dict[str, dict[int, tuple[float, float]]] = {}
-    base = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
-    for path in base.glob("task_id=*/attempt=*.log.trigger.*.log"):
-        task = path.parent.name.removeprefix("task_id=")
-        job = int(path.name.rsplit(".", 2)[-2])
-        stamps = []
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                stamps.append(
-                    datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp()
-                )
-        if stamps:
-            first, last = spans.setdefault(task, {}).get(job, (min(stamps), max(stamps)))
-            spans[task][job] = (min(first, *stamps), max(last, *stamps))
-    return spans
-
-
-def _double_runs(spans: dict[str, dict[int, tuple[float, float]]]) -> dict[str, float]:
-    """Task ID -> seconds during which two triggerers both ran its trigger (only tasks with any)."""
-    out = {}
-    for task, by_job in spans.items():
-        ranges = sorted(by_job.values())
-        overlap = max(
-            (min(a[1], b[1]) - max(a[0], b[0]) for i, a in enumerate(ranges) for b in ranges[i + 1 :]),
-            default=0.0,
-        )
-        if overlap > 0:
-            out[task] = overlap
-    return out
-
-
 @pytest.mark.skipif(
     database() != "postgres",
     reason="the 50-sensor failover runs on PostgreSQL: make test-deployment DEPLOYMENT_DB=postgres",
@@ -546,7 +507,7 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
     mismatches, billed, replayed, sockets = _assert_handed_over_run(
         deployment, dag_id, run_id, state, count, since
     )
-    spans = _trigger_spans(deployment, dag_id, run_id)
+    spans = trigger_spans(deployment, dag_id, run_id)
     assert len(spans) == count, f"trigger logs for {len(spans)} of {count} tasks"
     survivor_job, victim_job = deployment.triggerer_jobs[survivor], deployment.triggerer_jobs[victim]
     # each orphan ran in the survivor, and only after the kill (no copy started while the victim lived)
@@ -564,7 +525,7 @@ def test_postgres_failover_of_fifty_waiting_sensors(deployment: Deployment, tmp_
         if victim_job in by_job and by_job[victim_job][1] > killed_epoch + 1
     }
     assert not late, f"{victim} wrote trigger logs after it was killed: {late}"
-    double = _double_runs(spans)
+    double = double_runs(spans)
     assert not double, f"triggers run by both triggerers at once (seconds): {double}"
     stayed = [task for task in spans if task not in orphans and set(spans[task]) != {survivor_job}]
     assert not stayed, f"triggers of {survivor} that ran elsewhere too: {stayed}"

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tests.deployment.test_deployment import _double_runs, _trigger_spans
+from tests.helpers.deployment.reporting import double_runs, trigger_spans
 
 
 def _log(home: Path, task: str, job: int, seconds: list[int]) -> None:
@@ -26,10 +26,10 @@ def test_spans_per_triggerer_job_and_overlaps(tmp_path: Path) -> None:
     _log(tmp_path, "ran_twice", 2, [15, 25])  # both wrote lines from 15 to 20 s
     _log(tmp_path, "stayed", 2, [3])
 
-    spans = _trigger_spans(home, "d", "r")
+    spans = trigger_spans(home, "d", "r")
 
     assert sorted(spans) == ["handed_over", "ran_twice", "stayed"]
     assert sorted(spans["handed_over"]) == [1, 2]
     first, last = spans["handed_over"][1]
     assert last - first == 10
-    assert _double_runs(spans) == {"ran_twice": 5.0}
+    assert double_runs(spans) == {"ran_twice": 5.0}

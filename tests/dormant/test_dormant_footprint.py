@@ -25,26 +25,18 @@ from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from tests import helpers
-from tests.dormant import channels
-from tests.dormant.test_dormant_trigger import (  # noqa: F401 (fixtures)
-    _alive,
-    _new_since,
-    _provider_timers,
-    _trigger,
-    emulator,
-    rules_file,
-)
+from tests.helpers import alive, channel_trigger, channels, live_timers, new_since, provider_timers
 
 #: What a dormant trigger must not keep: the stream, its session and connection, and any timer.
 FORBIDDEN = (*helpers.stream_kinds(), asyncio.TimerHandle)
 
 
 async def _dormant(
-    emulator: Emulator,  # noqa: F811
+    emulator: Emulator,
     channel: str,
     **overrides: Any,
 ) -> tuple[Any, asyncio.Future[Any], Any]:
-    trigger = _trigger(channel, **overrides)
+    trigger = channel_trigger("dormant", channel, **overrides)
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))
     await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
@@ -61,7 +53,7 @@ async def _stop(trigger: Any, task: asyncio.Future[Any], gen: Any) -> None:
 
 
 async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
-    emulator: Emulator,  # noqa: F811
+    emulator: Emulator,
 ) -> None:
     # a first trigger loads everything a trigger loads once per process (modules, caches)
     await _stop(*await _dormant(emulator, "footprint-warm-up"))
@@ -85,7 +77,7 @@ async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
         await _stop(trigger, task, gen)
 
 
-async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emulator) -> None:  # noqa: F811
+async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emulator) -> None:
     """With a deadline (a sensor's ``timeout``), the wait's scope is the one timer a dormant trigger
     keeps."""
     await _stop(*await _dormant(emulator, "deadline-warm-up", deadline=time.time() + 3600))
@@ -104,14 +96,14 @@ async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emu
         await _stop(trigger, task, gen)
 
 
-async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator: Emulator) -> None:  # noqa: F811
+async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator: Emulator) -> None:
     """The asset watcher's trigger goes dormant the same way: nothing of its stream is left."""
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 
     trigger = SystemZeroDecisionEventTrigger(
-        systemzero_conn_id=_trigger("watch-footprint").systemzero_conn_id,
-        request=_trigger("watch-footprint").request,
-        condition=_trigger("watch-footprint").condition,
+        systemzero_conn_id=channel_trigger("dormant", "watch-footprint").systemzero_conn_id,
+        request=channel_trigger("dormant", "watch-footprint").request,
+        condition=channel_trigger("dormant", "watch-footprint").condition,
         state="",
         watch_id="watch-footprint",
         source=channels.source("watch-footprint"),
@@ -125,13 +117,13 @@ async def test_a_dormant_asset_watch_awaits_its_source_from_its_own_run(emulator
         gc.collect()
         kept = helpers.kept_objects(task, set())
         assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
-        assert trigger._driver.stream is None and trigger._stream.stream is None
+        assert trigger.progress.dormant and trigger.open_stream is None
     finally:
         await _stop(trigger, task, gen)
 
 
 async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one_recheck(
-    emulator: Emulator,  # noqa: F811
+    emulator: Emulator,
     tmp_path: Path,
 ) -> None:
     """N triggers tailing N files (each in a directory of its own) on notifications: none keeps a
@@ -159,14 +151,17 @@ async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one
             kept = helpers.kept_objects(task, existing, shared=(file_watch.FileWatcher,))
             assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
             assert (
-                os.path.dirname(trigger._source.path) in watcher._directories
+                os.path.dirname(trigger.source["path"]) in watcher._directories
             )  # watched, by the one watcher
         # one descriptor, one watch per directory, one re-check timer, and no timer of any source's
         assert watcher.stats()["descriptors"] == 1 and watcher.stats()["subscriptions"] == n
-        timers = _provider_timers()
-        owners = [getattr(t._callback, "__self__", None) for t in timers]  # type: ignore[attr-defined]
+        timers = provider_timers()
+        callbacks = [callback for handle, callback in live_timers() if handle in timers]
+        owners = [getattr(callback, "__self__", None) for callback in callbacks]
         assert all(owner is watcher for owner in owners), timers  # none of a source or a trigger
-        rechecks = [t for t in timers if t._callback.__func__ is file_watch.FileWatcher._recheck_all]  # type: ignore[attr-defined]
+        rechecks = [
+            c for c in callbacks if getattr(c, "__func__", None) is file_watch.FileWatcher._recheck_all
+        ]
         assert len(rechecks) == 1 and watcher.stats()["recheck_timers"] == 1
     finally:
         del before
@@ -188,19 +183,19 @@ def test_the_walk_finds_a_stream_object_a_trigger_would_keep(kind: type) -> None
             holder["kept"].detach()
 
 
-async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emulator) -> None:  # noqa: F811
+async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emulator) -> None:
     """A closed stream leaves no cycle of ours behind: reference counting frees the stream, its
     session and its budget when the trigger goes dormant, so the collector's full passes (which
     visit every waiting trigger) have none of it to find."""
     ours = (DecisionStream, ClientSession, DecisionBudget)
-    earlier = _alive(*ours)  # what earlier tests of this process left is not this test's
+    earlier = alive(*ours)  # what earlier tests of this process left is not this test's
     await _stop(*await _dormant(emulator, "freed-warm-up"))
-    assert _new_since(earlier, _alive(*ours)) == []
+    assert new_since(earlier, alive(*ours)) == []
     gc.disable()
     try:
         trigger, task, gen = await _dormant(emulator, "freed")
         left = collections.Counter(
-            type(o).__qualname__ for o in _new_since(earlier, _alive(*ours, collect=False))
+            type(o).__qualname__ for o in new_since(earlier, alive(*ours, collect=False))
         )
     finally:
         gc.enable()
@@ -211,7 +206,7 @@ async def test_a_stream_given_back_is_freed_without_the_collector(emulator: Emul
 
 
 async def test_a_closed_connection_leaves_no_transport_for_the_collector(
-    emulator: Emulator,  # noqa: F811
+    emulator: Emulator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """asyncio's socket transport keeps bound methods of itself (a reference cycle CPython breaks

@@ -4,7 +4,6 @@ it: the real trigger against the real emulator over loopback (serialize → rebu
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from typing import Any
 
@@ -20,70 +19,24 @@ from airflow_provider_systemzero.stream import default_capacity
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import running_trigger, trigger_kwargs
-
-emulator = helpers.emulator  # the fixture
-rules_file = helpers.rules_file  # … and the one it takes
-
-
-def _trigger(channel: str, **overrides: Any) -> SystemZeroDecisionTrigger:
-    kwargs = trigger_kwargs(
-        **{
-            "key_namespace": task_namespace("d", "dormant", channel, -1),
-            "source": channels.source(channel),
-            "lease_after": 0.05,
-            **overrides,
-        }
-    )
-    _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
-    return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))  # what the triggerer runs
-
-
-def _provider_timers() -> list[asyncio.TimerHandle]:
-    """Live timers whose callback belongs to the provider's triggers or streams (not the emulator)."""
-    loop = asyncio.get_running_loop()
-    found = []
-    for handle in loop._scheduled:  # type: ignore[attr-defined]
-        callback = handle._callback  # type: ignore[attr-defined]
-        owner = getattr(callback, "__self__", callback)
-        module = (
-            type(owner).__module__ if hasattr(callback, "__self__") else getattr(callback, "__module__", "")
-        )
-        if (
-            not handle.cancelled()
-            and module.startswith("airflow_provider_systemzero")
-            and ".emulator" not in module
-        ):
-            found.append(handle)
-    return found
-
-
-def _alive(*kinds: type, collect: bool = True) -> list[object]:
-    """The objects of ``kinds`` alive now (after a collection unless ``collect`` is false).
-
-    What earlier tests of this process left alive is not the test's own (a Dag run by dag.test() can
-    leave its task's frames, and with them its trigger, alive after the test): a test takes this list
-    first and keeps it, so that no new object reuses an id of theirs, then asks :func:`_new_since`.
-    """
-    if collect:
-        gc.collect()
-    return [o for o in gc.get_objects() if type(o) in kinds]  # type(): no lazy proxy resolves
-
-
-def _new_since(earlier: list[object], now: list[object]) -> list[object]:
-    """The objects of ``now`` that are not in ``earlier`` (both from :func:`_alive`)."""
-    known = {id(o) for o in earlier}
-    return [o for o in now if id(o) not in known]
+from tests.helpers import (
+    alive,
+    channel_trigger,
+    channels,
+    new_since,
+    provider_timers,
+    running_trigger,
+    trigger_kwargs,
+)
 
 
 async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulator) -> None:
     others = set(asyncio.all_tasks())
     # what earlier tests of this process may have left is not this trigger's
-    earlier = _alive(DecisionStream, ClientSession)
+    earlier = alive(DecisionStream, ClientSession)
     capacity = default_capacity()
     in_use, offered = capacity.in_use, capacity.offered
-    trigger = _trigger("quiet")
+    trigger = channel_trigger("dormant", "quiet")
     async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
@@ -97,11 +50,11 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
         assert len(reads) == 1
         assert set(asyncio.all_tasks()) - others == {task, *reads}
         # no stream object, session or connection is left, and no slot is held or offered
-        assert trigger._stream.stream is None and trigger._driver.stream is None
-        assert _new_since(earlier, _alive(DecisionStream, ClientSession)) == []
+        assert trigger.open_stream is None and trigger.progress.dormant
+        assert new_since(earlier, alive(DecisionStream, ClientSession)) == []
         assert (capacity.in_use, capacity.offered) == (in_use, offered)
         # no timer of the trigger's (a lease, a heartbeat, a poll) will wake it without a change
-        assert _provider_timers() == []
+        assert provider_timers() == []
         # what it waits on is the source: one reader of the channel
         assert channels.readers("quiet") == 1
 
@@ -109,7 +62,7 @@ async def test_a_dormant_trigger_holds_no_stream_task_or_timer(emulator: Emulato
 async def test_a_change_wakes_the_trigger_which_rebuilds_its_stream_and_decides_the_newest_state(
     emulator: Emulator,
 ) -> None:
-    trigger = _trigger("wake")
+    trigger = channel_trigger("dormant", "wake")
     async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
@@ -125,7 +78,7 @@ async def test_a_change_wakes_the_trigger_which_rebuilds_its_stream_and_decides_
 
 
 async def test_a_trigger_cancelled_while_dormant_ends_and_releases_the_source(emulator: Emulator) -> None:
-    trigger = _trigger("cancel")
+    trigger = channel_trigger("dormant", "cancel")
     gen = trigger.run()
     task = asyncio.ensure_future(anext(gen))
     await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
@@ -139,7 +92,7 @@ async def test_a_trigger_cancelled_while_dormant_ends_and_releases_the_source(em
 async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(emulator: Emulator) -> None:
     channels.publish("steady", "waiting\nJob is ready.\n")
     condition = DecisionCondition("ready", True, min_confidence=0.5, min_true_for=1.0).to_dict()
-    trigger = _trigger("steady", condition=condition)
+    trigger = channel_trigger("dormant", "steady", condition=condition)
     async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         assert not task.done()  # qualifying, but not for long enough yet
@@ -153,7 +106,7 @@ async def test_a_condition_waiting_on_time_fires_while_dormant_without_a_change(
 def _flaky(channel: str, **extra: Any) -> dict[str, Any]:
     return {
         "type": "callable",
-        "path": "tests.dormant.channels.flaky",
+        "path": "tests.helpers.channels.flaky",
         "kwargs": {"channel": channel},
         **extra,
     }
@@ -162,7 +115,7 @@ def _flaky(channel: str, **extra: Any) -> dict[str, Any]:
 async def test_a_push_source_failing_while_dormant_is_called_again_and_the_trigger_fires(
     emulator: Emulator,
 ) -> None:
-    trigger = _trigger("flaky-dormant", source=_flaky("flaky-dormant", retry_delay=0.01))
+    trigger = channel_trigger("dormant", "flaky-dormant", source=_flaky("flaky-dormant", retry_delay=0.01))
     async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
@@ -178,7 +131,7 @@ async def test_a_push_source_failing_while_dormant_is_called_again_and_the_trigg
 async def test_a_push_source_that_fails_while_dormant_with_no_retry_left_ends_with_an_error_event(
     emulator: Emulator,
 ) -> None:
-    trigger = _trigger("flaky-dormant-out", source=_flaky("flaky-dormant-out", retries=0))
+    trigger = channel_trigger("dormant", "flaky-dormant-out", source=_flaky("flaky-dormant-out", retries=0))
     async with running_trigger(trigger) as task:
         await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
         channels.publish("flaky-dormant-out", "FAIL\n")
@@ -194,7 +147,7 @@ async def test_a_push_sources_generator_outlives_the_streams_given_back(emulator
     called once, keeps what it built up, and the trigger decides its newest state — not a restart's
     first value (a generator that accumulates a log would go backwards)."""
     channel = "leased-generator"
-    trigger = _trigger(channel, source=_flaky(channel))
+    trigger = channel_trigger("dormant", channel, source=_flaky(channel))
     async with running_trigger(trigger) as task:
         for step in range(3):  # held, given back, woken: three times over
             await emulator.wait_for(lambda _: helpers.dormant(trigger), timeout=20)
@@ -222,7 +175,7 @@ async def test_a_loopback_gateway_restarting_while_the_trigger_is_dormant_is_wai
     monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_SECONDS", 0.5)
     monkeypatch.setattr(diagnosis, "LOOPBACK_GIVE_UP_ATTEMPTS", 2)
     channel = "restarting-gateway"
-    trigger = _trigger(channel)
+    trigger = channel_trigger("dormant", channel)
     first_run = helpers.loopback_emulator(rules_file, monkeypatch)
     first = await first_run.__aenter__()
     port = first.port

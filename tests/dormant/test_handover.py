@@ -17,15 +17,14 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.stream import StreamCapacity, default_capacity
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
-from tests.helpers import running_trigger, trigger_kwargs
+from tests.helpers import live_timers, running_trigger, trigger_kwargs
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes
 
 
 def _live_timers() -> list[asyncio.TimerHandle]:
-    loop = asyncio.get_running_loop()
-    return [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+    return [handle for handle, _ in live_timers()]
 
 
 async def test_a_queued_waiter_asks_the_idle_holder_and_gets_the_slot_without_polling(

@@ -20,13 +20,13 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
-from tests.dormant import channels
 from tests.helpers import (
     TRIGGER_CONDITION,
     TRIGGER_CONN_ID,
     TRIGGER_LIMITS,
     TRIGGER_REQUEST,
     RecordingDecider,
+    channels,
     running_trigger,
 )
 
@@ -122,7 +122,7 @@ async def test_a_woken_trigger_waiting_for_a_slot_first_decides_the_newest_state
         lease_after=0.05,
     )
     event, after = await _woken_while_the_slot_is_held(
-        emu, decider, channel, trigger, lambda: trigger._stream.stream
+        emu, decider, channel, trigger, lambda: trigger.open_stream
     )
     assert event.payload["status"] == "success" and event.payload["decision"] is True
     _assert_first_decision_about_newest(decider, after)
@@ -147,7 +147,7 @@ async def test_an_asset_watch_woken_while_waiting_for_a_slot_first_decides_the_n
         lease_after=0.05,
     )
     event, after = await _woken_while_the_slot_is_held(
-        emu, decider, channel, trigger, lambda: trigger._stream.stream
+        emu, decider, channel, trigger, lambda: trigger.open_stream
     )
     assert event.payload["decision"] is True
     _assert_first_decision_about_newest(decider, after)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
-from tests.emulator.wire import FAST
+from tests.helpers.wire import FAST
 
 
 @pytest.fixture

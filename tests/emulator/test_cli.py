@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from airflow_provider_systemzero.emulator.cli import build_parser
 from airflow_provider_systemzero.protocol import PROTOCOL
-from tests.emulator.wire import close_of, recv, send, start_message, until_closed
+from tests.helpers.wire import close_of, recv, send, start_message, until_closed
 
 READY = re.compile(
     r"System Zero emulator listening on (ws://127\.0\.0\.1:(\d+)) "
@@ -129,7 +129,7 @@ def test_parser_covers_every_limit_and_rejects_bad_keys(capsys: pytest.CaptureFi
     args = parser.parse_args(["--api-key", "demo:8", "--api-key", "other", "--max-message-bytes", "1024"])
     assert args.api_keys == [("demo", 8), ("other", 8)]
     assert args.limit_max_message_bytes == 1024
-    options = {a for action in parser._actions for a in action.option_strings}
+    options = set(re.findall(r"--[a-z0-9-]+", parser.format_help()))
     assert {"--" + f.name.replace("_", "-") for f in fields(Limits)} <= options
     with pytest.raises(SystemExit):
         parser.parse_args(["--api-key", "has space"])

@@ -10,8 +10,8 @@ from typing import Any
 
 from airflow_provider_systemzero.emulator import Emulator, KeywordDecider
 from airflow_provider_systemzero.protocol import Limits, compact_json
-from tests.emulator.wire import close_of, recv, send, stream
 from tests.helpers import EXAMPLE_REPLY
+from tests.helpers.wire import close_of, recv, send, stream
 
 # The example messages of the public document, verbatim (only their whitespace differs).
 EXAMPLE_HELLO = {

@@ -9,7 +9,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 from airflow_provider_systemzero.emulator import Emulator, mask_secret
-from tests.emulator.wire import (
+from tests.helpers.wire import (
     FAST,
     close_of,
     http,

@@ -18,7 +18,8 @@ from airflow_provider_systemzero.emulator.connection import EmulatorConnection, 
 from airflow_provider_systemzero.protocol import GatewaySession, Limits
 from airflow_provider_systemzero.protocol.gateway import SendMessage
 from airflow_provider_systemzero.protocol.messages import Hello, encode_message
-from tests.emulator.wire import FAST, close_of, recv, recv_type, start_message, stream, until_closed
+from tests.helpers import live_timers
+from tests.helpers.wire import FAST, close_of, recv, recv_type, start_message, stream, until_closed
 
 
 def append(n: int) -> dict[str, Any]:
@@ -146,19 +147,23 @@ async def test_a_text_frame_that_is_not_utf8_closes_1007(emu: Emulator) -> None:
     assert emu.stats.protocol_refusals == 0  # websockets closed it: no JSON error was sent
 
 
+def _timers_of(stream: StreamLoop) -> list[asyncio.TimerHandle]:
+    """The live timers whose callback is a method of ``stream``."""
+    return [handle for handle, callback in live_timers() if getattr(callback, "__self__", None) is stream]
+
+
 async def test_the_stream_keeps_one_timer_while_changes_come(emu: Emulator) -> None:
     async with stream(emu) as ws:
         await recv(ws)  # hello
         await ws.send(json.dumps(start_message(mode="on_request")))
         await _acks(ws, 1)
-        (loop,) = emu._streams.values()
-        timer = loop._timer
-        assert timer is not None
+        (loop,) = emu.open_streams
+        (timer,) = _timers_of(loop)
         for n in range(2, 7):
             await ws.send(json.dumps(append(n)))
             await _acks(ws, 1)
         # each change moved the idle deadline later; the timer set for the first one stays
-        assert loop._timer is timer
+        assert _timers_of(loop) == [timer]
 
 
 @pytest.mark.parametrize("limits", [Limits(), FAST])

@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 
 from airflow_provider_systemzero.emulator import Emulator
-from tests.emulator.wire import FAST, recv, recv_type, send, start_message, stream
+from tests.helpers.wire import FAST, recv, recv_type, send, start_message, stream
 
 STATE = "Initial log\nJob is ready.\n"
 

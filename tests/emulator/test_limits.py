@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import PROTOCOL, Limits
-from tests.emulator.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
+from tests.helpers.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
 
 
 def append(n: int, text: str = "x", **extra: Any) -> dict[str, Any]:
@@ -231,7 +231,7 @@ async def test_a_reader_that_stops_reading_is_closed_as_slow_reader(limit: str) 
             additional_headers={"Authorization": "Bearer demo"},
         )
         await emu.wait_for(lambda e: e.stats.streams_open == 1)
-        (server_side,) = emu._streams.values()
+        (server_side,) = emu.open_streams
         server_side.ws.transport.get_extra_info("socket").setsockopt(
             socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
         )

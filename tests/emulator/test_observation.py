@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_systemzero.emulator import AcceptedState, Emulator
-from tests.emulator.wire import recv, send, start_message, stream
+from tests.helpers.wire import recv, send, start_message, stream
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 

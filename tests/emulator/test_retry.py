@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_systemzero.emulator import Emulator
-from tests.emulator.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
+from tests.helpers.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
 
 
 def envelope(message: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from websockets.exceptions import InvalidStatus
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.protocol import PROTOCOL
-from tests.emulator.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
+from tests.helpers.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
 
 AUTH = {"Authorization": "Bearer demo"}
 
@@ -136,7 +136,7 @@ async def test_shutting_down_refuses_with_503_maintenance() -> None:
         await recv_type(ws, "scheduled")
         # The decide is in flight, so the shutdown waits for it to settle; meanwhile: 503.
         stopping = asyncio.create_task(emu.stop(retry_after_ms=1500))
-        await emu.wait_for(lambda e: e._shutting_down)
+        await emu.wait_for(lambda e: e.shutting_down)
         status, headers, body = await refused(emu.url)
         assert (status, body["error"]["code"], headers["Retry-After"]) == (503, "maintenance", "2")
         # A mutation during shutdown is still acknowledged, with scheduled: false.

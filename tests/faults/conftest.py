@@ -4,16 +4,23 @@ variable, and the reconnect backoff shrunk through its configuration (server del
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.stream import default_capacity
-from tests.faults import sources
-from tests.faults.harness import CONN_ID, KEY, LIMITS, Harness, ReadyDecider, SpiedEmulator, spying
-
-HarnessFactory = Callable[..., Awaitable[Harness]]
+from tests.helpers import fault_sources as sources
+from tests.helpers.faults import (
+    CONN_ID,
+    KEY,
+    LIMITS,
+    Harness,
+    HarnessFactory,
+    ReadyDecider,
+    SpiedEmulator,
+    spying,
+)
 
 
 @pytest.fixture(autouse=True)

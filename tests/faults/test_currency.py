@@ -19,8 +19,7 @@ import pytest
 from airflow_provider_systemzero.decisions.source_watch import STARVED_AFTER
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.stream import DecisionStream
-from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import set_source
+from tests.helpers.faults import HarnessFactory, set_source
 
 READY = "build 7 started\nREADY\n"
 

@@ -11,9 +11,16 @@ still meet:
 from __future__ import annotations
 
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye
-from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import LIMITS, Harness, set_source
-from tests.faults.test_matrix import OUTPUTS, READY, WORKING, only_reconnect
+from tests.helpers.faults import (
+    LIMITS,
+    OUTPUTS,
+    READY,
+    WORKING,
+    Harness,
+    HarnessFactory,
+    only_reconnect,
+    set_source,
+)
 
 
 async def stalled_first_start(h: Harness) -> None:

@@ -9,9 +9,16 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_systemzero.compat import AirflowException, AirflowFailException
-from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import Harness, operator_outcome, set_source
-from tests.faults.test_matrix import OUTPUTS, READY, WORKING, only_reconnect
+from tests.helpers.faults import (
+    OUTPUTS,
+    READY,
+    WORKING,
+    Harness,
+    HarnessFactory,
+    only_reconnect,
+    operator_outcome,
+    set_source,
+)
 
 
 def maintenance(h: Harness, count: int = 1) -> None:

@@ -19,28 +19,20 @@ from airflow_provider_systemzero.compat import AirflowException, AirflowFailExce
 from airflow_provider_systemzero.protocol.body import body_hash
 from airflow_provider_systemzero.protocol.messages import Ack, Decision, Error, Goodbye, Pong
 from airflow_provider_systemzero.stream import DecisionStream
-from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import (
+from tests.helpers.faults import (
     KEY,
     LIMITS,
+    OUTPUTS,
+    READY,
     SHORT_PONG,
+    WORKING,
     Harness,
+    HarnessFactory,
+    only_reconnect,
     operator_outcome,
     sensor_outcome,
     set_source,
 )
-
-WORKING = "build 7 started\n"
-READY = "build 7 started\nREADY\n"
-#: the operator's fixed state: the outputs of upstream tasks, replayed as an array
-OUTPUTS = [{"task_id": "build", "output": "artifact built"}, {"task_id": "verify", "output": "READY"}]
-
-
-def only_reconnect(h: Harness) -> Any:
-    """The case's one reconnect."""
-    records = h.reconnects()
-    assert len(records) == 1, records
-    return records[0]
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamCapacity, StreamSettings
-from tests.faults.harness import KEY, REQUEST, SpiedEmulator, spying
+from tests.helpers.faults import KEY, REQUEST, SpiedEmulator, spying
 
 CLIENTS = 100
 #: The product's default first jitter window (attempt 0: every client had its start acknowledged).

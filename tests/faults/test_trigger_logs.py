@@ -10,8 +10,7 @@ import pytest
 
 from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from tests.faults.conftest import HarnessFactory
-from tests.faults.harness import set_source
+from tests.helpers.faults import HarnessFactory, set_source
 
 
 async def test_a_budget_refusal_is_logged_once(

@@ -17,7 +17,7 @@ from websockets.server import ServerProtocol
 
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream import Backoff, DecisionStream, StreamSettings
-from tests.stream.mini_gateway import serve_session
+from tests.helpers.mini_gateway import serve_session
 
 KEY = "sz-close-race-0123456789"
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}

@@ -18,8 +18,8 @@ from websockets.exceptions import ConnectionClosed
 from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL, decode_server_message
-from tests.fuzz.strategies import client_frames
 from tests.helpers import EmulatorThread
+from tests.helpers.strategies import client_frames
 
 KEY = "sz-emulator-fuzz-0123456789"
 LIMITS = Limits(max_message_bytes=4_096, start_timeout_ms=300, account_decision_burst=1_000)

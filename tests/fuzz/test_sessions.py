@@ -39,7 +39,7 @@ from airflow_provider_systemzero.protocol.messages import (
     decode_server_message,
     encode_message,
 )
-from tests.fuzz.strategies import QUESTIONS, REPLY, STREAM_ID, client_frames, server_frames, text_values
+from tests.helpers.strategies import QUESTIONS, REPLY, STREAM_ID, client_frames, server_frames, text_values
 
 #: ``SZ_FUZZ=5000`` runs a longer campaign locally.
 FUZZ = settings(

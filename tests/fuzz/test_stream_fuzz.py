@@ -37,7 +37,7 @@ from airflow_provider_systemzero.protocol.gateway import (
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL, encode_message
 from airflow_provider_systemzero.stream import SystemZeroError, default_capacity
-from tests.fuzz.strategies import QUESTIONS, REPLY, server_frames
+from tests.helpers.strategies import QUESTIONS, REPLY, server_frames
 
 KEY = "sz-fuzz-0123456789abcdef"
 CONN_ID = "systemzero_fuzz"

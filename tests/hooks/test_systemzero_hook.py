@@ -24,8 +24,8 @@ from airflow_provider_systemzero.stream import (
     default_capacity,
     derive_prompt_cache_key,
 )
-from tests.hooks.conftest import CONN_ID, EXTRA, ThreadedEmulator, store_connection
-from tests.stream.support import QUESTIONS, SECRET_KEY
+from tests.helpers.hooks import CONN_ID, EXTRA, ThreadedEmulator, store_connection
+from tests.helpers.stream import QUESTIONS, SECRET_KEY
 
 REQUEST = {"questions": QUESTIONS}  # the model comes from the connection's extra
 

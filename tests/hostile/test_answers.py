@@ -32,8 +32,8 @@ from airflow_provider_systemzero.hooks.systemzero import ANSWER_LIMIT, SystemZer
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError
-from tests.hostile.conftest import CONN_ID
-from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer
+from tests.helpers.hostile import CONN_ID
+from tests.helpers.hostile_gateway import KEY, REQUEST, HostileGateway, Peer
 
 #: What a forged line of a log looks like, escapes, markup, the key, and a run no answer may hold.
 FORGED = "\n[1999-01-01T00:00:00.000+0000] {taskinstance.py:1} INFO - Marking task as SUCCESS"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, ProtocolViolation
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer
 
 #: The gateways' receive buffer: a peer that stops reading stops the client's writes within a few KiB.
 BUFFER = 4096

@@ -3,7 +3,7 @@
 The client runs in a network namespace and a mount namespace of its own, where
 ``/etc/resolv.conf`` names ``127.0.0.1`` and a UDP socket there reads every query and answers
 none: ``getaddrinfo`` meets exactly what it meets when the DNS server is down (glibc's defaults,
-5 s per attempt, two attempts). The scenarios are in :mod:`tests.hostile.dead_resolver`.
+5 s per attempt, two attempts). The scenarios are in :mod:`tests.helpers.dead_resolver`.
 
 Before, ``decide(timeout=2)`` took 10 s: the cancelled opening left ``getaddrinfo`` running on
 the loop's default executor, and ``asyncio.run`` waited for it at exit. In a triggerer such
@@ -24,7 +24,7 @@ SLACK = 3.5
 
 
 def _run_without_dns(scenario: str, tmp_path: Path) -> dict[str, Any]:
-    return run_in_network_namespace(tmp_path, "tests.hostile.dead_resolver", arguments=scenario)
+    return run_in_network_namespace(tmp_path, "tests.helpers.dead_resolver", arguments=scenario)
 
 
 def test_hook_decide_timeout_holds_when_dns_does_not_answer(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded, SystemZeroError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.hostile.conftest import CONN_ID
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode
+from tests.helpers.hostile import CONN_ID
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer, encode
 
 #: Closing a connection whose peer stopped reading, at most (the document's close handshake).
 CLOSING = Limits().close_handshake_timeout_ms / 1000

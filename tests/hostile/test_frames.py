@@ -19,7 +19,7 @@ import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream.gateway_socket import GatewaySocket
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer, encode, reply
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer, encode, reply
 
 
 def _fragments(text: str, size: int = 7) -> list[str]:

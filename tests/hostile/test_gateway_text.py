@@ -26,8 +26,8 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
 from tests.helpers import event_read_back, run_dag, task_states, xcoms_of
-from tests.hostile.conftest import decide_dag, sensor_dag
-from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, decide_and_fail
+from tests.helpers.hostile import decide_dag, sensor_dag
+from tests.helpers.hostile_gateway import ANSWER, REQUEST, HostileGateway, Peer, decide_and_fail
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 
@@ -370,7 +370,7 @@ def _markdown_leaks(body: str) -> tuple[list[str], str]:
 def test_gateway_text_in_a_review_body_stays_inside_code_spans(run_against: Callable[..., Sinks]) -> None:
     """Item 3: the model, the reply ID and an alternative's answer reach the person asked only as
     code: no tracking image, no link, no HTML, no line of their own."""
-    from tests.policy.conftest import CoreApi, Reviewer
+    from tests.helpers.policy import CoreApi, Reviewer
 
     dag = decide_dag(
         "hostile_text_review", policy=DecisionPolicy(act_above=0.8, review_above=0.5, below="skip")

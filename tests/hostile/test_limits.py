@@ -19,7 +19,7 @@ from airflow_provider_systemzero.protocol.limits import ADVERTISED_BOUNDS, ADVER
 from airflow_provider_systemzero.stream import StreamSettings, default_capacity
 from airflow_provider_systemzero.stream.connection import connect_options
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
-from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer
+from tests.helpers.hostile_gateway import KEY, REQUEST, HostileGateway, Peer
 
 DOCUMENT = Limits()
 

@@ -19,9 +19,9 @@ import pytest
 
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-from tests.faults.harness import first_event, rebuilt
-from tests.hostile.conftest import CONN_ID
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer, Raw
+from tests.helpers import first_event, rebuilt
+from tests.helpers.hostile import CONN_ID
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer, Raw
 
 
 def _sensor_trigger() -> SystemZeroDecisionTrigger:

@@ -5,7 +5,7 @@ whose DNS answer is not a loopback address (resolvers do forward ``*.localhost``
 the upgrade with ``Authorization: Bearer <key>`` in clear. Here the client runs in a network
 namespace and a mount namespace of its own, where ``/etc/resolv.conf`` names ``127.0.0.1`` and a
 DNS server there answers ``gateway.localhost`` with ``10.255.0.1``, an address of the namespace
-that is not loopback, where a gateway listens (:mod:`tests.hostile.plaintext_resolver`). The real
+that is not loopback, where a gateway listens (:mod:`tests.helpers.plaintext_resolver`). The real
 resolver, a real socket: nothing replaced.
 
 Skipped, with the reason, where the machine refuses the namespaces (``unshare``).
@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from tests.helpers import run_in_network_namespace
-from tests.hostile.plaintext_resolver import ELSEWHERE, KEY, NAME
+from tests.helpers.plaintext_resolver import ELSEWHERE, KEY, NAME
 
 
 def _run_with_a_resolver_that_answers_elsewhere(tmp_path: Path) -> dict[str, Any]:
     return run_in_network_namespace(
-        tmp_path, "tests.hostile.plaintext_resolver", setup=f"ip addr add {ELSEWHERE}/32 dev lo"
+        tmp_path, "tests.helpers.plaintext_resolver", setup=f"ip addr add {ELSEWHERE}/32 dev lo"
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_systemzero.hooks.systemzero import DEFAULT_DECIDE_TIMEOUT, SystemZeroHook
 from airflow_provider_systemzero.stream import Backoff
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer, decide_and_fail
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer, decide_and_fail
 
 #: The measurement window (seconds) and the most connections a growing backoff allows in it: with
 #: this seeded backoff (0.2 s doubling to 5 s) a storm or a backoff stuck at its first step opens

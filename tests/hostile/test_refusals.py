@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_systemzero.stream import Backoff
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer
 
 
 async def _refuse_the_decide_then_restart(peer: Peer) -> None:

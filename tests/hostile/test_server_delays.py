@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from airflow_provider_systemzero.protocol import Limits
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer
 
 #: How long the client gives a gateway that said goodbye (or sent a fatal error) to close: the
 #: close handshake timeout (not advertised by the gateway).

@@ -28,8 +28,8 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.stream import StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.faults.harness import first_event, rebuilt
-from tests.hostile.gateway import HostileGateway, Peer
+from tests.helpers import first_event, rebuilt
+from tests.helpers.hostile_gateway import HostileGateway, Peer
 
 KEY = "sz-settings-test-0123456789abcdef"
 PASSWORD = "pw-S3CRET-proxy-9f8e7d"

@@ -25,10 +25,9 @@ from airflow_provider_systemzero.protocol.errors import RemoteProtocolError
 from airflow_provider_systemzero.protocol.messages import Decision, Question
 from airflow_provider_systemzero.protocol.reply import MAX_REPLY_DEPTH, RESERVED_KEYS, DecisionResult
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
-from tests.helpers import event_read_back, run_dag, task_states
-from tests.hostile.conftest import decide_dag
-from tests.hostile.gateway import ANSWER, HostileGateway, Peer, Raw, decide_and_fail, reply
-from tests.protocol.test_untrusted import nested
+from tests.helpers import event_read_back, nested, run_dag, task_states
+from tests.helpers.hostile import decide_dag
+from tests.helpers.hostile_gateway import ANSWER, HostileGateway, Peer, Raw, decide_and_fail, reply
 
 QUESTIONS = (("ready", Question("boolean", "Is the job ready?")),)
 

@@ -18,7 +18,16 @@ import pytest
 
 from airflow_provider_systemzero.observability import AirflowStreamObserver, reason_tag
 from airflow_provider_systemzero.stream.exceptions import SystemZeroError, UpgradeRefused
-from tests.hostile.gateway import KEY, REQUEST, HostileGateway, Peer, Raw, decide_and_fail, encode, reply
+from tests.helpers.hostile_gateway import (
+    KEY,
+    REQUEST,
+    HostileGateway,
+    Peer,
+    Raw,
+    decide_and_fail,
+    encode,
+    reply,
+)
 
 FORGED = "\n2026-01-01 00:00:00 [error] forged line"
 
@@ -71,8 +80,7 @@ async def test_a_key_echoed_back_appears_in_no_log_exception_or_tag(
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="websockets")
     stats = RecordingStats()
-    observer = AirflowStreamObserver("on_request")
-    observer._stats = stats
+    observer = AirflowStreamObserver("on_request", stats=stats)
     with pytest.raises(SystemZeroError) as caught:
         async with asyncio.timeout(20):
             async with connect(gateway(echo_the_key)).stream(

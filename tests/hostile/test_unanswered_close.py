@@ -24,8 +24,8 @@ from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.stream.exceptions import DeadlineExceeded
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
 from tests.helpers import TRIGGER_CONDITION
-from tests.hostile.conftest import CONN_ID, sensor_dag
-from tests.hostile.gateway import REQUEST, HostileGateway, Peer
+from tests.helpers.hostile import CONN_ID, sensor_dag
+from tests.helpers.hostile_gateway import REQUEST, HostileGateway, Peer
 
 #: The close handshake the gateway never completes (the document's timeout).
 CLOSING = Limits().close_handshake_timeout_ms / 1000

@@ -20,7 +20,7 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.protocol.messages import Decision
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.stream.exceptions import ProtocolViolation
-from tests.hostile.gateway import ANSWER, REQUEST, HostileGateway, Peer, Raw, decide_and_fail
+from tests.helpers.hostile_gateway import ANSWER, REQUEST, HostileGateway, Peer, Raw, decide_and_fail
 
 HUGE = "9" * 400
 

@@ -15,21 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import airflow_provider_systemzero
+from tests.helpers.modules import MODULES, PACKAGE
 
-PACKAGE = "airflow_provider_systemzero"
-ROOT = Path(airflow_provider_systemzero.__file__).parent
 PURE = f"{PACKAGE}.decisions"
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
 
 
 def _is_type_checking(node: ast.If) -> bool:

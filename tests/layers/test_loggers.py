@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.layers.test_imports import MODULES, PACKAGE
+from tests.helpers.modules import MODULES, PACKAGE
 
 #: ``(module, the logger name it uses)``: why it is not the module's own.
 ELSEWHERE: dict[tuple[str, str], str] = {

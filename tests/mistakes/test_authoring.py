@@ -26,7 +26,7 @@ from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperato
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.sources import FileSource
 from tests.helpers import dagbag_module, run_dag, task_states, xcoms_of
-from tests.mistakes.conftest import CONN, START
+from tests.helpers.mistakes import CONN, START
 
 READY = "Is the job ready?"
 

@@ -20,7 +20,7 @@ from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperato
 from airflow_provider_systemzero.stream.diagnosis import LOOPBACK_GIVE_UP_SECONDS
 from airflow_provider_systemzero.stream.exceptions import GatewayUnreachable
 from tests.helpers import run_dag, systemzero_connection, task_states
-from tests.mistakes.conftest import CONN, START, emulator_port, env_connection
+from tests.helpers.mistakes import CONN, START, emulator_port, env_connection
 
 REFUSED = "is the gateway (or `systemzero-emulator`) running on port"
 QUESTIONS = {"ready": "Is the job ready?"}

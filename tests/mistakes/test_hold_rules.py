@@ -12,7 +12,7 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import append_once, ready_log, run_dag, run_dag_while, task_states
-from tests.mistakes.conftest import CONN, START
+from tests.helpers.mistakes import CONN, START
 
 
 def _sensor(**kwargs: Any) -> SystemZeroDecisionSensor:

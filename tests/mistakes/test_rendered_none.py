@@ -18,7 +18,7 @@ from airflow_provider_systemzero.operators.branch import (
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import run_dag, task_states
-from tests.mistakes.conftest import CONN, START
+from tests.helpers.mistakes import CONN, START
 
 MISSING = "{{ dag_run.conf.get('q') }}"  # no conf: Jinja renders None as the text 'None'
 

@@ -12,7 +12,7 @@ from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from tests.helpers import run_dag, task_states
-from tests.mistakes.conftest import CONN, START
+from tests.helpers.mistakes import CONN, START
 
 READY = "Is the job ready?"
 

@@ -17,7 +17,7 @@ from airflow_provider_systemzero.stream.diagnosis import (
     NetworkFailures,
     describe_connection_error,
 )
-from tests.mistakes.conftest import env_connection
+from tests.helpers.mistakes import env_connection
 
 URL = "ws://127.0.0.1:8765/v1/system-zero/stream"
 

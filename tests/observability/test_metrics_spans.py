@@ -20,7 +20,7 @@ from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.tasks import observability
 from airflow_provider_systemzero.tasks.observability import METRICS, AirflowStreamObserver
-from tests.stream.support import SECRET_KEY, settings_for
+from tests.helpers.stream import SECRET_KEY, settings_for
 
 STATE = "Initial log: PRIVATE-STATE-CONTENT\n"
 REQUEST = {
@@ -183,7 +183,8 @@ async def test_spans_carry_ids_and_no_content_by_default(
 async def test_content_capture_is_opt_in(
     emu: Emulator, fast_backoff: Backoff, spans: InMemorySpanExporter
 ) -> None:
-    provider = observability._overrides["tracer_provider"]
+    provider = TracerProvider()  # to the same exporter, now with content
+    provider.add_span_processor(SimpleSpanProcessor(spans))
     observability.configure(spans=True, capture_content=True, tracer_provider=provider)
     async with stream_for(emu, fast_backoff) as stream:
         await stream.decide(timeout=10)

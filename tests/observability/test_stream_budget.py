@@ -10,8 +10,8 @@ import pytest
 from airflow_provider_systemzero.decisions.budget import BudgetExceeded, DecisionBudget
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff, DecisionStream
-from tests.observability.conftest import ledger_of
-from tests.stream.support import QUESTIONS, settings_for
+from tests.helpers.observability import ledger_of
+from tests.helpers.stream import QUESTIONS, settings_for
 
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 

@@ -12,8 +12,8 @@ import pytest
 
 from airflow_provider_systemzero.compat import AIRFLOW_TASK_STATE_STORE, airflow_version
 from airflow_provider_systemzero.protocol.limits import Limits
-from tests.conftest import REPO
 from tests.helpers import (
+    REPO,
     EmulatorThread,
     needs_task_state_store,
     run_dag,
@@ -56,7 +56,7 @@ def sensor(task_id: str, **kwargs: Any) -> Any:
 
     source = {
         "type": "callable",
-        "path": "tests.observability.sources.ticking",
+        "path": "tests.helpers.observed_sources.ticking",
         "kwargs": {
             "name": kwargs.pop("name", task_id),
             "lines": LINES,

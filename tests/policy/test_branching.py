@@ -18,7 +18,7 @@ from airflow_provider_systemzero.operators.branch import (
     SystemZeroShortCircuitOperator,
 )
 from tests.helpers import run_dag, task_states, xcoms_of
-from tests.policy.conftest import CONN_ID, START, Reviewer
+from tests.helpers.policy import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 

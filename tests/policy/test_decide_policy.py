@@ -26,7 +26,7 @@ from tests.helpers import (
     task_tries,
     xcoms_of,
 )
-from tests.policy.conftest import CONN_ID, START, Reviewer, TimeoutSweep, billed
+from tests.helpers.policy import CONN_ID, START, Reviewer, TimeoutSweep, billed
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 

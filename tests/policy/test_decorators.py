@@ -10,7 +10,7 @@ from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from tests.helpers import run_dag, task_states, xcoms_of
-from tests.policy.conftest import CONN_ID, START
+from tests.helpers.policy import CONN_ID, START
 
 
 def test_the_decorators_are_registered() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.protocol.limits import Limits
-from tests.conftest import REPO
 from tests.helpers import (
+    REPO,
     EmulatorThread,
     dagbag_module,
     systemzero_connection,
     task_states,
     xcoms_of,
 )
-from tests.policy.conftest import Reviewer
+from tests.helpers.policy import Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 

@@ -23,7 +23,7 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import append_once_logged, run_dag_while, task_states, wait_until, xcoms_of
-from tests.policy.conftest import CONN_ID, START, Reviewer, pending_reviews
+from tests.helpers.policy import CONN_ID, START, Reviewer, pending_reviews
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 

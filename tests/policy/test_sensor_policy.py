@@ -23,7 +23,7 @@ from tests.helpers import (
     task_states,
     xcoms_of,
 )
-from tests.policy.conftest import CONN_ID, START, Reviewer
+from tests.helpers.policy import CONN_ID, START, Reviewer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 
@@ -32,7 +32,7 @@ FLAPPING = [f"tick {i}: {'ready' if i % 2 else 'down'}" for i in range(1, 13)]
 
 def _sensor(dag_id: str, states: list[str], interval: float = 0.3, **kwargs: Any) -> DAG:
     """The sensor on a paced source of ``states``, one every ``interval`` seconds."""
-    paced = {"type": "callable", "path": "tests.policy.sources.paced"}
+    paced = {"type": "callable", "path": "tests.helpers.policy_sources.paced"}
     return _sensor_on(dag_id, paced | {"kwargs": {"states": states, "interval": interval}}, **kwargs)
 
 
@@ -264,7 +264,7 @@ def test_poke_mode_hysteresis(emulator: Any) -> None:
             decision_mode="on_request",
             source={
                 "type": "callable",
-                "path": "tests.policy.sources.stepping",
+                "path": "tests.helpers.policy_sources.stepping",
                 "kwargs": {"name": "poke-consecutive", "states": states},
             },
         )
@@ -295,7 +295,7 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
             policy=POLICY,
             source={
                 "type": "callable",
-                "path": "tests.policy.sources.stepping",
+                "path": "tests.helpers.policy_sources.stepping",
                 "kwargs": {"name": "poke-review", "states": ["a: down", "b: unsure ready"]},
             },
         )

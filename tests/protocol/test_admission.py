@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_systemzero.protocol import ClientSession, StreamRequest
 from airflow_provider_systemzero.protocol.client_events import AdmissionWanted
 from airflow_provider_systemzero.protocol.messages import AppendText, Decide, Start
-from tests.protocol.pair import Pair
+from tests.helpers.pair import Pair
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 

@@ -101,6 +101,6 @@ def test_the_session_rebuilds_the_frame_when_the_attachments_change_and_only_the
         assert session.body == body
         assert ack.synthesized_body_bytes == len(body.encode())
         assert ack.state_bytes == len(compact_json(accepted.state).encode())
-        frames.append(session._frame)
+        frames.append(session.body_frame)
     # one frame per attachment list: the start's, the appended attachment's, the emptied list's
     assert [frames.index(f) for f in frames] == [0, 0, 2, 2, 2, 5]

@@ -18,15 +18,9 @@ from airflow_provider_systemzero.protocol import (
 )
 from airflow_provider_systemzero.protocol.client import DecisionReceived, MutationRejected, StreamFailed
 from airflow_provider_systemzero.protocol.state import StreamState, plan_mutation
-from tests.protocol.pair import Pair
+from tests.helpers.pair import QUESTIONS, Pair, make_client
 
-QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 DATA = "data:text/plain;base64,aGVsbG8="
-
-
-def make_client(state: Any = "log\n", mode: str = "on_change", **kwargs: Any) -> ClientSession:
-    request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
-    return ClientSession(request=request, state=state, decision_mode=mode, **kwargs)
 
 
 # ------------------------------------------------------------------ refusing bad input before sending
@@ -238,7 +232,7 @@ def test_changes_after_replay_are_appended() -> None:
     client.append_text("even later\n")  # … when the caller changes the state again
     assert json.loads(start)["request"]["state"] == "log\nlater\n"
     second.client_frames.append(start)
-    second._handle(second.gateway.receive_text(start, second.now))
+    second.handle(second.gateway.receive_text(start, second.now))
     second.pump()
     types = [json.loads(f)["type"] for f in second.client_frames]
     assert types == ["start", "append_text"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_provider_systemzero.protocol import ClientSession, ErrorEnvelope, RetryHint, StreamRequest
 from airflow_provider_systemzero.protocol.gateway import DecideFailure
-from tests.protocol.pair import Pair
+from tests.helpers.pair import Pair
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 

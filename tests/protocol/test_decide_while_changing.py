@@ -25,8 +25,8 @@ from airflow_provider_systemzero.protocol import (
 )
 from airflow_provider_systemzero.protocol.client_events import DecisionFailedEvent, DecisionReceived
 from airflow_provider_systemzero.protocol.gateway import DecideOutcome, DispatchDecide
-from tests.protocol.latent_pair import QUESTIONS, LatentPair, decided
-from tests.protocol.pair import Pair
+from tests.helpers.latent_pair import QUESTIONS, LatentPair, decided
+from tests.helpers.pair import Pair
 
 
 def busy_caller(one_way_s: float, every_s: float, horizon_s: float) -> tuple[LatentPair, int, str]:

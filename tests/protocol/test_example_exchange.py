@@ -6,7 +6,7 @@ import json
 
 from airflow_provider_systemzero.protocol import ClientSession, Limits, StreamRequest
 from airflow_provider_systemzero.protocol.client import Acknowledged, DecisionReceived, GoodbyeReceived
-from tests.protocol.pair import STREAM_ID, Pair, example_reply
+from tests.helpers.pair import STREAM_ID, Pair, example_reply
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 
@@ -34,7 +34,7 @@ def test_example_exchange_field_for_field() -> None:
     pair.advance(Limits().heartbeat_interval_ms / 1000)
     [dispatch] = pair.dispatches
     pair.finish(dispatch, example_reply(dispatch.body, dispatch.idempotency_key))
-    pair._handle(pair.gateway.begin_shutdown(pair.now, retry_after_ms=500))
+    pair.handle(pair.gateway.begin_shutdown(pair.now, retry_after_ms=500))
 
     client_frames = [json.loads(f) for f in pair.client_frames]
     server = [json.loads(f) for f in pair.server_frames]

@@ -37,9 +37,9 @@ class Driver:
         self.sent: list[dict[str, Any]] = []
         self.dispatches: list[DispatchDecide] = []
         self.close: CloseConnection | None = None
-        self._take(self.g.actions())
+        self.take(self.g.actions())
 
-    def _take(self, actions: list[Any]) -> list[dict[str, Any]]:
+    def take(self, actions: list[Any]) -> list[dict[str, Any]]:
         new = []
         for a in actions:
             if isinstance(a, SendMessage):
@@ -54,7 +54,7 @@ class Driver:
 
     def send(self, message: dict[str, Any] | str) -> list[dict[str, Any]]:
         text = message if isinstance(message, str) else json.dumps(message)
-        return self._take(self.g.receive_text(text, self.now))
+        return self.take(self.g.receive_text(text, self.now))
 
     def start(self, state: Any = "log\n", mode: str = "on_change", **extra: Any) -> list[dict[str, Any]]:
         request = {"model": "m", "state": state, "questions": QUESTIONS, "prompt_cache_key": "pck"}
@@ -64,11 +64,11 @@ class Driver:
         )
 
     def finish(self, outcome: Any = OK, index: int = -1) -> list[dict[str, Any]]:
-        return self._take(self.g.dispatch_finished(self.dispatches[index].dispatch_id, outcome, self.now))
+        return self.take(self.g.dispatch_finished(self.dispatches[index].dispatch_id, outcome, self.now))
 
     def at(self, t: float) -> list[dict[str, Any]]:
         self.now = t
-        return self._take(self.g.tick(t))
+        return self.take(self.g.tick(t))
 
 
 def only(msgs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -357,7 +357,7 @@ def test_three_refusals_in_the_window_are_fatal_1008() -> None:
 
 def test_binary_frame_is_a_refusal() -> None:
     d = Driver()
-    d._take(d.g.receive_binary(0))
+    d.take(d.g.receive_binary(0))
     assert code(only(d.sent[1:], "error")) == "invalid_message"
 
 
@@ -574,7 +574,7 @@ def test_max_duration_goodbye() -> None:
 def test_shutdown_settles_in_flight_then_goodbye_1012_and_acks_unscheduled() -> None:
     d = Driver(Limits(max_events_per_second=100, event_burst=100))
     d.start()
-    d._take(d.g.begin_shutdown(0, 500))
+    d.take(d.g.begin_shutdown(0, 500))
     assert d.close is None  # waits for the in-flight decide
     ack = only(d.send({"type": "append_text", "event_id": "evt_2", "text": "x"}), "ack")
     assert ack["scheduled"] is False
@@ -588,12 +588,12 @@ def test_shutdown_settles_in_flight_then_goodbye_1012_and_acks_unscheduled() -> 
 def test_shutdown_gives_up_on_a_slow_decide_after_settlement_timeout() -> None:
     d = Driver()
     d.start()
-    d._take(d.g.begin_shutdown(0, 500))
+    d.take(d.g.begin_shutdown(0, 500))
     d.at(5.0)
     assert only(d.sent, "goodbye")["reason"] == "shutdown" and d.close == CloseConnection(1012, "shutdown")
 
 
 def test_send_queue_limits_close_slow_reader() -> None:
     d = Driver(Limits(max_send_queue_frames=3))
-    d._take(d.g.send_queue_report(queued_bytes=10, queued_frames=4, write_stalled_for=0, now=0))
+    d.take(d.g.send_queue_report(queued_bytes=10, queued_frames=4, write_stalled_for=0, now=0))
     assert d.close == CloseConnection(1013, "slow_reader")

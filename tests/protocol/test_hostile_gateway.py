@@ -13,8 +13,7 @@ from typing import Any
 from airflow_provider_systemzero.protocol import ErrorEnvelope, Limits, RetryHint, encode_message
 from airflow_provider_systemzero.protocol.connection_state import ConnectionState, Recycle
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye
-from tests.protocol.pair import Pair
-from tests.protocol.test_client import make_client
+from tests.helpers.pair import Pair, make_client
 
 LIMITS = Limits(close_handshake_timeout_ms=5_000)
 
@@ -29,7 +28,7 @@ def started(mode: str = "on_change") -> Pair:
 
 def say(pair: Pair, message_type: type[Any], **fields: Any) -> None:
     """The gateway's next message, as the gateway core would not send it."""
-    message = message_type(stream_id=pair.gateway.stream_id, seq=pair.gateway._next_seq(), **fields)
+    message = message_type(stream_id=pair.gateway.stream_id, seq=pair.gateway.next_seq(), **fields)
     pair.client_events.extend(pair.client.receive_text(encode_message(message), pair.now))
 
 
@@ -158,7 +157,7 @@ def test_an_unnamed_refusal_cancelled_by_the_ack_that_follows() -> None:
     pair.client.append_text("x")
     [frame] = dropped(pair)
     error(pair, "message_rate_limited", retry_after_ms=300)  # about another message after all
-    pair._handle(pair.gateway.receive_text(frame, pair.now))  # the append's ack arrives
+    pair.handle(pair.gateway.receive_text(frame, pair.now))  # the append's ack arrives
     assert pair.client.in_sync and not pair.client.recycle_due(pair.now + 1.0)
 
 

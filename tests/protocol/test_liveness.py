@@ -196,7 +196,7 @@ class World:
     def inject(self, message_type: type, **fields: Any) -> None:
         """A message the gateway core would not send, numbered as the connection's next."""
         assert self.gateway is not None
-        self.deliver(message_type(stream_id=self.gateway.stream_id, seq=self.gateway._next_seq(), **fields))
+        self.deliver(message_type(stream_id=self.gateway.stream_id, seq=self.gateway.next_seq(), **fields))
 
     def handle(self, actions: list[Any]) -> None:
         finished: list[DispatchDecide] = []  # decided after the rest is delivered, as a real gateway does

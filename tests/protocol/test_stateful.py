@@ -22,7 +22,7 @@ from airflow_provider_systemzero.protocol import (
     synthesize_decide_body,
 )
 from airflow_provider_systemzero.protocol.gateway import DispatchDecide, SendMessage
-from tests.protocol.pair import Pair
+from tests.helpers.pair import Pair
 
 QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
 LIMITS = Limits(

@@ -19,6 +19,7 @@ from airflow_provider_systemzero.protocol.reply import (
     storable_reply,
 )
 from airflow_provider_systemzero.protocol.untrusted import MAX_TEXT, safe_text
+from tests.helpers import nested
 
 #: Any text, surrogates and unassigned code points included.
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=400)
@@ -69,16 +70,6 @@ def test_safe_text_cuts_on_whole_escapes_and_marks_the_cut() -> None:
 
 
 # ------------------------------------------------------------------------------------ storable
-
-
-def nested(depth: int) -> dict[str, Any]:
-    """A JSON object ``depth`` levels deep (itself level 1), built without recursion."""
-    value: dict[str, Any] = {"id": "szd_" + "0" * 32}
-    inner = value
-    for _ in range(depth - 1):
-        inner["context"] = {}
-        inner = inner["context"]
-    return value
 
 
 def test_a_reply_may_nest_as_deep_as_the_limit_and_no_deeper() -> None:

@@ -31,9 +31,9 @@ from airflow_provider_systemzero.stream import DeadlineExceeded, StreamSettings
 from airflow_provider_systemzero.stream.exceptions import SystemZeroValidationError
 from airflow_provider_systemzero.stream.tls import load_tls
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.faults.harness import first_event, rebuilt
-from tests.security.loopback_proxy import LoopbackProxy
-from tests.security.test_tls import KEY, REPLY, REQUEST, TLSGateway, make_ca, make_pki, stream_to
+from tests.helpers import first_event, rebuilt
+from tests.helpers.loopback_proxy import LoopbackProxy
+from tests.helpers.tls import KEY, REPLY, REQUEST, TLSGateway, make_ca, make_pki, stream_to
 
 CLIENT_NAME = "systemzero test client"
 

@@ -14,7 +14,7 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.stream import StreamSettings, SystemZeroValidationError
 from airflow_provider_systemzero.stream import connection as stream_connection
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.faults.harness import first_event, rebuilt
+from tests.helpers import first_event, rebuilt
 
 KEY = "sz-origin-test-0123456789"
 PASSWORD = "hunter2-in-the-url"

@@ -19,8 +19,9 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.stream import DecisionStream, StreamSettings, SystemZeroError
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.faults.harness import ReadyDecider, first_event, rebuilt
-from tests.security.loopback_proxy import LoopbackProxy
+from tests.helpers import first_event, rebuilt
+from tests.helpers.faults import ReadyDecider
+from tests.helpers.loopback_proxy import LoopbackProxy
 
 KEY = "sz-proxy-test-0123456789"
 REQUEST = {"model": "m", "questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}

@@ -32,8 +32,8 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionEventTrigger,
     SystemZeroDecisionTrigger,
 )
-from tests.faults.harness import ReadyDecider, first_event, rebuilt
-from tests.helpers import EmulatorThread, systemzero_connection
+from tests.helpers import EmulatorThread, first_event, rebuilt, systemzero_connection
+from tests.helpers.faults import ReadyDecider
 
 KEY = "sz-live-SECRET-4f9a0c2e7b1d"
 WRONG = "sz-live-WRONG-77aa0c2e7b1d"
@@ -139,14 +139,14 @@ async def test_full_runs_never_log_raise_or_emit_the_key(
         good = json.dumps({"conn_type": "systemzero", "host": emu.origin, "password": KEY})
         monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", good)
         # the sensor: a decision, a gateway restart (goodbye, 1012, reconnect, replay), the firing decision
-        from tests.faults import sources
+        from tests.helpers import fault_sources as sources
 
         sources.STATES["secret"] = "build started\n"
         trigger = rebuilt(
             sensor_trigger(
                 source={
                     "type": "callable",
-                    "path": "tests.faults.sources.state",
+                    "path": "tests.helpers.fault_sources.state",
                     "kwargs": {"name": "secret"},
                     "poll_interval": 0.02,
                 }
@@ -206,8 +206,7 @@ def test_a_dag_run_puts_no_key_in_xcom_or_task_logs(
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    from tests.conftest import REPO
-    from tests.helpers import dagbag_module
+    from tests.helpers import REPO, dagbag_module
 
     BundleDagBag = dagbag_module().BundleDagBag
 

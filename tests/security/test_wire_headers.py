@@ -18,7 +18,8 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
-from tests.faults.harness import ReadyDecider, first_event, rebuilt
+from tests.helpers import first_event, rebuilt
+from tests.helpers.faults import ReadyDecider
 
 KEY = "sz-wire-test-0123456789"
 FORBIDDEN = {"origin", "cookie", "cookie2", "sec-websocket-extensions", "proxy-authorization"}

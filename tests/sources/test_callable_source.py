@@ -21,15 +21,15 @@ import pytest
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
-from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
-from tests.sources import callables
-from tests.triggers import callables as trigger_callables
+from tests.helpers import first_event, rebuilt, sensor_trigger
+from tests.helpers import source_callables as callables
+from tests.helpers import trigger_callables as trigger_callables
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def callable_spec(function: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "callable", "path": f"tests.sources.callables.{function}", **extra}
+    return {"type": "callable", "path": f"tests.helpers.source_callables.{function}", **extra}
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ async def test_a_hung_call_times_out_and_is_never_run_twice_at_once(caplog: pyte
     with pytest.raises(
         Exception,
         match=r"failed 4 time\(s\) in a row; last: CallTimedOut: the source "
-        r"tests\.sources\.callables\.hang\(\) did not return within 0\.05 s",
+        r"tests\.helpers\.source_callables\.hang\(\) did not return within 0\.05 s",
     ) as info:
         async with asyncio.timeout(10):
             await source.read()
@@ -81,7 +81,10 @@ async def test_a_hung_call_times_out_and_is_never_run_twice_at_once(caplog: pyte
         callables.CALLS["stuck"] == 1 and callables.MOST_RUNNING["stuck"] == 1
     )  # waited for, not called again
     assert (
-        sum("tests.sources.callables.hang failed (CallTimedOut" in r.getMessage() for r in caplog.records)
+        sum(
+            "tests.helpers.source_callables.hang failed (CallTimedOut" in r.getMessage()
+            for r in caplog.records
+        )
         == 3
     )
 
@@ -92,7 +95,7 @@ def test_a_process_whose_trigger_ended_does_not_wait_for_a_hung_call() -> None:
         from airflow_provider_systemzero.sources.spec import build_source
 
         async def main():
-            source = build_source({"type": "callable", "path": "tests.sources.callables.sleep_for",
+            source = build_source({"type": "callable", "path": "tests.helpers.source_callables.sleep_for",
                                    "kwargs": {"seconds": 600}}, "")
             try:
                 await asyncio.wait_for(source.read(), 0.5)
@@ -191,7 +194,9 @@ async def test_a_list_changed_in_place_is_seen_to_change() -> None:
     growing = trigger_callables.GROWING
     growing[:] = ["line 0"]
     try:
-        source = build_source({"type": "callable", "path": "tests.triggers.callables.growing_list"}, [])
+        source = build_source(
+            {"type": "callable", "path": "tests.helpers.trigger_callables.growing_list"}, []
+        )
         first = await source.read()
         growing.append("line 1")
         second = await source.read()
@@ -204,7 +209,7 @@ async def test_a_list_changed_in_place_is_seen_to_change() -> None:
 
 def test_each_source_says_where_its_state_comes_from() -> None:
     polled = build_source(callable_spec("quick", poll_interval=2.5), "")
-    assert polled.describe() == "tests.sources.callables.quick(), every 2.5 s"
+    assert polled.describe() == "tests.helpers.source_callables.quick(), every 2.5 s"
     pushed = build_source(callable_spec("two_then_end"), "")
-    assert pushed.describe() == "tests.sources.callables.two_then_end(), as its generator yields"
+    assert pushed.describe() == "tests.helpers.source_callables.two_then_end(), as its generator yields"
     assert build_source(None, "Job started.").describe() == "the task (it never changes)"

@@ -9,6 +9,7 @@ against the emulator, open no stream about such a state and send none to a strea
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,27 @@ from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests import helpers
-from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, until
-from tests.sources.conftest import HOUR, spec, tailing
+from tests.helpers import (
+    TRIGGER_CONDITION,
+    TRIGGER_CONN_ID,
+    TRIGGER_REQUEST,
+    first_event,
+    rebuilt,
+    running_trigger,
+    sensor_trigger,
+    until,
+    until_read,
+)
+from tests.helpers.sources import HOUR, spec, tailing
+
+#: The file source's logger: it says when a file goes without content.
+FILE_LOGGER = "airflow_provider_systemzero.sources.file"
+
+
+def said_without_content(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether the file source said that its file has no content, so nothing is sent or decided."""
+    return any("until it has content" in record.getMessage() for record in caplog.records)
+
 
 READY = "Job is ready.\n"
 
@@ -55,8 +74,9 @@ async def test_a_file_without_content_opens_no_stream_until_it_has_some(
 
 
 async def test_a_truncation_mid_wait_sends_and_decides_nothing_until_new_content(
-    emulator: Emulator, tmp_path: Path
+    emulator: Emulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=FILE_LOGGER)
     log = tmp_path / "job.log"
     log.write_text("starting\n")
     trigger = rebuilt(sensor_trigger(source=spec(log), lease_after=HOUR))  # it holds its stream
@@ -64,8 +84,7 @@ async def test_a_truncation_mid_wait_sends_and_decides_nothing_until_new_content
         await emulator.wait_for(lambda emu: emu.stats.decisions_delivered == 1)
         accepted = emulator.stats.events_accepted
         log.write_text("")  # truncated (a job re-run with shell `>`, copytruncate)
-        source = trigger._source
-        await until(lambda: source._said_empty, within=10, what="the source to read the truncation")
+        await until(lambda: said_without_content(caplog), within=10, what="the source to read the truncation")
         assert emulator.stats.events_accepted == accepted and emulator.stats.decisions_dispatched == 1
         assert emulator.stats.streams_open == 1  # the stream is kept, with the last content
         log.write_text(READY)
@@ -76,8 +95,9 @@ async def test_a_truncation_mid_wait_sends_and_decides_nothing_until_new_content
 
 
 async def test_a_file_deleted_while_dormant_reopens_nothing_until_it_returns(
-    emulator: Emulator, tmp_path: Path
+    emulator: Emulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=FILE_LOGGER)
     log = tmp_path / "job.log"
     log.write_text("starting\n")
     trigger = rebuilt(sensor_trigger(source=spec(log)))  # lease_after 0: dormant between changes
@@ -87,8 +107,7 @@ async def test_a_file_deleted_while_dormant_reopens_nothing_until_it_returns(
         )
         await until_dormant(trigger)
         log.unlink()  # rotated away; the new file comes later
-        source = trigger._source
-        await until(lambda: source._said_empty, within=10, what="the source to read the deletion")
+        await until(lambda: said_without_content(caplog), within=10, what="the source to read the deletion")
         assert emulator.stats.streams_total == 1 and emulator.stats.decisions_dispatched == 1
         log.write_text(READY)
         async with asyncio.timeout(20):
@@ -105,7 +124,7 @@ async def test_decide_when_on_a_missing_file_decides_its_first_content(
     async with running_trigger(trigger) as task:
         await until_dormant(trigger)
         log.write_text("still working\n")  # content, but no decision is due for it
-        await until(lambda: trigger._source._text == "still working\n", within=10, what="the read")
+        await until_read(trigger, "still working\n")
         await until_dormant(trigger)
         assert emulator.stats.decisions_dispatched == 0
         with log.open("a") as handle:

@@ -28,7 +28,7 @@ from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES
 from airflow_provider_systemzero.sources.spec import build_source
 from tests.helpers import until, wait_until
-from tests.sources.conftest import inotify_descriptors, poll_timers, spec, tailing, value_where
+from tests.helpers.sources import inotify_descriptors, poll_timers, spec, tailing, value_where
 
 
 def releases(tmp_path: Path) -> Path:
@@ -102,6 +102,18 @@ async def test_a_file_replaced_by_a_link_follows_the_links_target(tmp_path: Path
         assert await value_where(successive, lambda v: v.endswith("ready.\n")) == "second\nJob is ready.\n"
 
 
+class CountingExecutor(ThreadPoolExecutor):
+    """A pool of one worker that counts the calls submitted to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
 def test_a_loop_that_ends_leaves_no_inotify_descriptor_behind(tmp_path: Path) -> None:
     """``asyncio.run`` per trigger (``dag.test()``, a test suite) ends each loop before the idle
     watch is removed: the loop's watcher must not outlive it, or every loop costs an inotify
@@ -132,7 +144,7 @@ async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wa
     log = tmp_path / "job.log"
     log.write_text("starting\n")
     loop = asyncio.get_running_loop()
-    executor = ThreadPoolExecutor(max_workers=1)
+    executor = CountingExecutor()
     loop.set_default_executor(executor)
     busy = threading.Event()
     source = build_source(spec(log), "")
@@ -145,7 +157,8 @@ async def test_a_read_cancelled_before_its_thread_started_is_done_by_the_next_wa
             handle.write(big)
         await asyncio.wait_for(waiting, 10)
         following = asyncio.ensure_future(source.read())
-        await until(lambda: executor._work_queue.qsize() == 1, what="the read to wait for a worker")
+        # the worker is busy with the blocker: the read's call is the second one, and waits
+        await until(lambda: executor.submitted == 2, what="the read to wait for a worker")
         following.cancel()  # the trigger stopped its read, with the queued read
         await asyncio.gather(following, return_exceptions=True)
         busy.set()
@@ -174,7 +187,7 @@ async def test_a_parent_directory_renamed_away_is_followed_after_the_recheck(tmp
         waiting = source.changed()  # as a trigger with no stream waits
         watcher = file_watch.current_watcher()
         assert watcher is not None
-        watcher._recheck_all()  # what the re-check timer runs
+        watcher.recheck_now()  # what the re-check timer runs
         await asyncio.wait_for(waiting, 10)
         assert await source.read() == "new run\n"
         waiting = source.changed()

@@ -23,11 +23,10 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
-from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, base, build_source, file_watch
+from airflow_provider_systemzero.sources import FINGERPRINT_BYTES, build_source, file_watch
 from airflow_provider_systemzero.sources.file import INLINE_READ_BYTES, FileSource
-from tests.airflow.test_triggers import first_event, rebuilt, sensor_trigger
-from tests.helpers import TRIGGER_CONN_ID, until, wait_until
-from tests.sources.conftest import (
+from tests.helpers import TRIGGER_CONN_ID, first_event, rebuilt, sensor_trigger, until, wait_until
+from tests.helpers.sources import (
     HOUR,
     inotify_descriptors,
     poll_timers,
@@ -311,11 +310,11 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         callbacks = scheduled_callbacks()
         owners = [getattr(c, "__self__", c) for c in callbacks]
         assert not any(isinstance(o, FileSource) for o in owners)  # no timer of a source's
-        assert base._complete not in callbacks  # and no poll
+        assert poll_timers() == 0  # and no poll
         assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
         assert watcher.stats()["recheck_timers"] == 1
         # the re-check of unchanged files wakes nobody
-        watcher._recheck_all()
+        watcher.recheck_now()
         await asyncio.sleep(0.05)
         assert not any(w.done() for w in waits) and watcher.stats()["recheck_timers"] == 1
     finally:
@@ -357,7 +356,7 @@ async def test_the_watchers_recheck_finds_a_change_no_notification_reported(
             handle.write("Job is ready.\n")
         await asyncio.sleep(0.05)
         assert waiting is None or not waiting.done()  # the write went unreported
-        watcher._recheck_all()  # what the re-check timer runs: one stat per watched file
+        watcher.recheck_now()  # what the re-check timer runs: one stat per watched file
         if waiting is None:
             waiting = source.changed()
             assert waiting.done()  # a change is known already: read at once
@@ -380,7 +379,7 @@ async def test_a_source_that_goes_tears_nothing_down_on_the_change_path(
     again = watcher.subscribe(str(tmp_path / "b.log"), lambda mask: None)
     assert again.directory is first.directory and again.active  # the same watch, not a new one
     watcher.unsubscribe(again)
-    watcher._remove_idle()  # what the idle timer runs: the idle watch goes, then the watcher
+    watcher.remove_idle_now()  # what the idle timer runs: the idle watch goes, then the watcher
     assert watcher.closed and watcher.stats()["directories"] == 0
     assert file_watch.current_watcher() is None
 

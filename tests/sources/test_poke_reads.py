@@ -17,7 +17,7 @@ import pytest
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.spec import build_source
-from tests.sources.conftest import spec
+from tests.helpers.sources import spec
 
 
 async def _tailed(path: Path, initial: str) -> Any:
@@ -88,7 +88,7 @@ def test_a_replaced_file_is_read_from_its_start(tmp_path: Path) -> None:
 
 
 def test_a_callable_and_a_static_state_read_now() -> None:
-    from tests.airflow.sources_for_tests import STATES
+    from tests.helpers.flag_sources import STATES
 
     assert build_source(None, {"status": "ready"}).read_now() == {"status": "ready"}
     STATES["poked"] = "Job is ready.\n"
@@ -97,7 +97,7 @@ def test_a_callable_and_a_static_state_read_now() -> None:
             source = build_source(
                 {
                     "type": "callable",
-                    "path": f"tests.airflow.sources_for_tests.{path}",
+                    "path": f"tests.helpers.flag_sources.{path}",
                     "kwargs": {"name": "poked"},
                 },
                 "",
@@ -105,16 +105,14 @@ def test_a_callable_and_a_static_state_read_now() -> None:
             assert source.read_now() == "Job is ready.\n"
     finally:
         del STATES["poked"]
-    generator = build_source(
-        {"type": "callable", "path": "tests.airflow.sources_for_tests.pushed_states"}, ""
-    )
+    generator = build_source({"type": "callable", "path": "tests.helpers.flag_sources.pushed_states"}, "")
     with pytest.raises(SystemZeroArgumentError, match="an async generator source needs deferrable=True"):
         generator.read_now()
 
 
 @pytest.mark.parametrize(
     "path",
-    ["tests.airflow.sources_for_tests.sync_flag_state", "tests.airflow.sources_for_tests:sync_flag_state"],
+    ["tests.helpers.flag_sources.sync_flag_state", "tests.helpers.flag_sources:sync_flag_state"],
 )
 def test_a_source_path_and_decide_when_read_a_dotted_path_alike(path: str) -> None:
     """One rule for both (``dotted``): what one accepts the other imports the same way."""

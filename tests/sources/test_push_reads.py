@@ -56,9 +56,9 @@ async def test_a_reader_cancelled_once_the_value_is_read_leaves_it_to_the_next_r
 
     reader = asyncio.ensure_future(wait_for_the_next_value())
     await _settle()
-    assert source._pending is not None
+    assert source.reading_ahead is not None
     # the read gets the value, and the reader is stopped before it resumes
-    source._pending.add_done_callback(lambda _: reader.cancel())
+    source.reading_ahead.add_done_callback(lambda _: reader.cancel())
     log.tick.set()
     with pytest.raises(asyncio.CancelledError):
         await reader
@@ -78,7 +78,7 @@ async def test_a_reader_that_stops_waiting_never_cancels_the_generator() -> None
         await _settle()
         waiting.cancel()
         await _settle()
-    pending = source._pending
+    pending = source.reading_ahead
     assert pending is not None and not pending.done()  # the read of the next value goes on
     log.tick.set()
     await asyncio.wait_for(source.changed(), 5)
@@ -96,9 +96,9 @@ async def test_a_read_that_failed_while_nobody_waited_is_one_failure_and_one_res
     waiting.cancel()  # the reader stopped waiting; the read goes on
     log.fail = True
     log.tick.set()  # the feed fails while nobody waits
-    await asyncio.wait({source._pending}, timeout=5)
+    await asyncio.wait({source.reading_ahead}, timeout=5)
     assert await source.read() == "call 2 line 0\n"  # the failure taken, the function called again
-    assert log.calls == 2 and source._failures == 0
+    assert log.calls == 2 and source.failures == 0
     await source.aclose()
 
 
@@ -118,5 +118,5 @@ async def test_cleanup_cancels_the_read_and_the_generator_ends() -> None:
     waiting = source.changed()  # the trigger waits on the read
     await _settle()
     await source.aclose()
-    assert ended == [True] and source._pending is None
+    assert ended == [True] and source.reading_ahead is None
     await asyncio.wait_for(waiting, 5)  # the wait does not outlive the source

@@ -12,22 +12,24 @@ import pytest
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
-from tests.airflow.test_triggers import (
-    CONDITION,
-    REQUEST,
+from tests.helpers import TRIGGER_CONDITION as CONDITION
+from tests.helpers import TRIGGER_REQUEST as REQUEST
+from tests.helpers import (
+    dormant,
     emulator_cache_keys,
     first_event,
+    loopback_emulator,
     rebuilt,
     sensor_trigger,
+    until_read,
 )
-from tests.helpers import dormant, loopback_emulator, until_read
-from tests.spend.sources import publish
+from tests.helpers.spend_sources import publish
 
 LINES = [f"step {n} done\n" for n in range(1, 6)]
 
 
 def pushed(name: str) -> dict[str, Any]:
-    return {"type": "callable", "path": "tests.spend.sources.channel", "kwargs": {"name": name}}
+    return {"type": "callable", "path": "tests.helpers.spend_sources.channel", "kwargs": {"name": name}}
 
 
 async def accepted(emulator: Emulator, count: int) -> None:
@@ -89,7 +91,7 @@ async def test_a_callable_decide_when_without_the_initial_decision_holds_no_stre
     trigger = rebuilt(
         sensor_trigger(
             source=pushed("callable"),
-            decide_when={"callable": "tests.spend.sources.says_ready"},
+            decide_when={"callable": "tests.helpers.spend_sources.says_ready"},
             decide_initial=False,
             lease_after=5.0,
         )

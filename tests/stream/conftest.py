@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff
-from tests.stream.support import SECRET_KEY, TEST_LIMITS, EmulatorFactory
+from tests.helpers.stream import SECRET_KEY, TEST_LIMITS, EmulatorFactory
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from airflow_provider_systemzero.stream import (
     SystemZeroValidationError,
 )
 from airflow_provider_systemzero.stream.connection import probe
-from tests.stream.support import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
+from tests.helpers.stream import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
 
 REQUEST = {"model": "MODEL_ID", "questions": QUESTIONS}
 #: A waiting stream (and the in-process emulator pinging it) must stay below this share of a core.

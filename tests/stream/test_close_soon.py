@@ -11,7 +11,7 @@ from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.stream.exceptions import StreamClosed
 from tests import helpers
-from tests.stream.support import QUESTIONS, EmulatorFactory, settings_for
+from tests.helpers.stream import QUESTIONS, EmulatorFactory, settings_for
 
 
 async def test_close_soon_closes_the_connection_before_aclose_is_awaited(

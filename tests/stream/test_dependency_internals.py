@@ -23,7 +23,7 @@ from airflow_provider_systemzero import dependency_internals
 from airflow_provider_systemzero.emulator import connection as emulator_connection
 from airflow_provider_systemzero.emulator import websocket as emulator_websocket
 from airflow_provider_systemzero.stream import Backoff
-from tests.stream.support import EmulatorFactory, make_stream
+from tests.helpers.stream import EmulatorFactory, make_stream
 
 
 def test_every_shortcut_passes_its_check_on_the_releases_the_package_is_tested_on() -> None:
@@ -89,7 +89,7 @@ async def test_the_emulator_counts_each_close_on_either_path(
         await stream.append_text("Job is ready.\n", idempotency_key="example-state-2")
         decision = await stream.decide(timeout=10)
         assert decision.answer("ready").decision is True and decision.state_version == 2
-    await emu.wait_for(lambda e: e.stats.streams_open == 0 and not any(e._reserved.values()), timeout=10)
+    await emu.wait_for(lambda e: e.stats.streams_open == 0 and not e.reserved_streams, timeout=10)
     assert emu.stats.closes_by_code == {1000: 1}
 
 

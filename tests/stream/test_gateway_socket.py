@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import until as _until
-from tests.stream.socket_support import frames_written, open_client
+from tests.helpers.sockets import frames_written, open_client
 
 
 def _pings(written: bytes) -> list[bytes]:

@@ -14,27 +14,26 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_systemzero.emulator import server as emulator_server
 from airflow_provider_systemzero.protocol.gateway import SendMessage
 from airflow_provider_systemzero.protocol.messages import Ack
 from airflow_provider_systemzero.stream import Backoff
-from tests.stream.support import EmulatorFactory, loopback_stream
+from tests.helpers.stream import EmulatorFactory, loopback_stream
 
 
 async def test_releasing_a_connection_whose_start_was_never_acknowledged(
-    make_emulator: EmulatorFactory, fast_backoff: Backoff, monkeypatch: pytest.MonkeyPatch
+    make_emulator: EmulatorFactory, fast_backoff: Backoff
 ) -> None:
     withhold_acks = False
-    original = emulator_server._Stream._perform
 
-    def perform(self: Any, actions: Any) -> None:  # the gateway keeps its acknowledgements while asked
-        actions = list(actions)
+    def tap(
+        stream: Any, actions: list[Any]
+    ) -> list[Any]:  # the gateway keeps its acknowledgements while asked
         if withhold_acks:
-            actions = [a for a in actions if not (isinstance(a, SendMessage) and isinstance(a.message, Ack))]
-        original(self, actions)
+            return [a for a in actions if not (isinstance(a, SendMessage) and isinstance(a.message, Ack))]
+        return actions
 
-    monkeypatch.setattr(emulator_server._Stream, "_perform", perform)
     emu = await make_emulator()
+    emu.action_tap = tap
     async with loopback_stream(emu, fast_backoff, "lease-unacked") as stream:
         withhold_acks = True
         await emu.drop_all()

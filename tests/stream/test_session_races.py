@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_systemzero.stream import Backoff, DecisionFailed, DecisionStream, StreamSettings
-from tests.stream.latency_proxy import LatencyProxy
-from tests.stream.support import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, loopback_stream
+from tests.helpers.latency_proxy import LatencyProxy
+from tests.helpers.stream import QUESTIONS, SECRET_KEY, TEST_LIMITS, EmulatorFactory, loopback_stream
 
 
 @pytest.mark.parametrize("mode", ["on_request", "on_change"])

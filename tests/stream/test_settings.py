@@ -26,7 +26,7 @@ from airflow_provider_systemzero.stream import (
     derive_prompt_cache_key,
 )
 from airflow_provider_systemzero.stream.connection import _RedactingLogger, connect_options
-from tests.stream.support import QUESTIONS, SECRET_KEY
+from tests.helpers.stream import QUESTIONS, SECRET_KEY
 
 
 def settings(**kwargs: object) -> StreamSettings:

@@ -15,7 +15,7 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from airflow_provider_systemzero.stream.gateway_socket import FRAMES_PER_TURN
-from tests.stream.socket_support import frames_written, open_client
+from tests.helpers.sockets import frames_written, open_client
 
 
 def _frame(payload: bytes, opcode: int = 1, *, fin: bool = True, mask: bytes | None = None) -> bytes:

@@ -14,7 +14,7 @@ from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.messages import Decide, Error
 from airflow_provider_systemzero.stream import StreamCapacity
 from airflow_provider_systemzero.stream.starts import AccountStarts, StreamStarts
-from tests.stream.support import QUESTIONS
+from tests.helpers.stream import QUESTIONS
 
 
 def _starts(mode: str = "on_request") -> tuple[AccountStarts, StreamStarts]:

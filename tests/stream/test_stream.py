@@ -21,7 +21,7 @@ from airflow_provider_systemzero.stream import (
     SystemZeroValidationError,
     default_capacity,
 )
-from tests.stream.support import (
+from tests.helpers.stream import (
     SECRET_KEY,
     SHORT_PONG,
     TEST_LIMITS,

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_systemzero.stream import Backoff
 from tests.helpers import until
-from tests.stream.support import EmulatorFactory, loopback_stream
+from tests.helpers.stream import EmulatorFactory, loopback_stream
 
 
 async def test_an_upgrade_answered_as_its_opening_times_out_is_let_go_and_the_next_one_serves(

@@ -19,8 +19,8 @@ from airflow_provider_systemzero.stream import (
     UpgradeRefused,
     probe,
 )
-from tests.stream.mini_gateway import MiniGateway
-from tests.stream.support import QUESTIONS, SECRET_KEY
+from tests.helpers.mini_gateway import MiniGateway
+from tests.helpers.stream import QUESTIONS, SECRET_KEY
 
 REQUEST = {"model": "m", "questions": QUESTIONS}
 

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_systemzero.stream import Backoff, StreamClosed
 from tests.helpers import until
-from tests.stream.support import EmulatorFactory, make_stream
+from tests.helpers.stream import EmulatorFactory, make_stream
 
 #: How soon a woken wait must have ended (seconds): far below every delay the tests set up.
 PROMPTLY = 3.0

@@ -22,7 +22,7 @@ from airflow_provider_systemzero.stream import Backoff, DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
 from tests.helpers import trigger_kwargs
-from tests.stream.support import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
+from tests.helpers.stream import QUESTIONS, TEST_LIMITS, EmulatorFactory, settings_for
 
 #: The trigger test's fixtures (an emulator serving the trigger's connection, and its rules).
 rules_file = helpers.rules_file

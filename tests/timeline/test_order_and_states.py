@@ -14,10 +14,17 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import channel_trigger, decision_result, run_dag, running_trigger, task_states, xcoms_of
-from tests.timeline.conftest import CONN_ID, START
-from tests.timeline.page import PageParts
+from tests.helpers import (
+    channel_trigger,
+    channels,
+    decision_result,
+    run_dag,
+    running_trigger,
+    task_states,
+    xcoms_of,
+)
+from tests.helpers.timeline import CONN_ID, START
+from tests.helpers.timeline_page import PageParts
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes

@@ -10,7 +10,7 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.timeline import MARKS, DecisionTimeline
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
 from tests.helpers import decision_result
-from tests.timeline.page import PageParts, check_chart_against
+from tests.helpers.timeline_page import PageParts, check_chart_against
 
 T0 = 1_790_000_000.0
 

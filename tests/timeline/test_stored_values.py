@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.plugins.timeline_page import Story, render_page
 from tests.helpers import decision_result
-from tests.timeline.page import PageParts, check_chart_against
+from tests.helpers.timeline_page import PageParts, check_chart_against
 
 T0 = 1_790_000_000.0
 #: What the page says when drawing a history failed anyway (it must never come to that).

@@ -12,9 +12,9 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.compat import airflow_version
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from tests.helpers import decision_result, run_dag
-from tests.timeline.conftest import CONN_ID, START
-from tests.timeline.conftest import decisions_of as _decisions
-from tests.timeline.page import PageParts, check_chart_against
+from tests.helpers.timeline import CONN_ID, START
+from tests.helpers.timeline import decisions_of as _decisions
+from tests.helpers.timeline_page import PageParts, check_chart_against
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 

@@ -18,8 +18,8 @@ from airflow_provider_systemzero.tasks import observability
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests import helpers
 from tests.helpers import run_dag, task_states, xcoms_of
-from tests.timeline.conftest import CONN_ID, START, STATES, ready_sensor
-from tests.timeline.conftest import decisions_of as _decisions
+from tests.helpers.timeline import CONN_ID, START, STATES, ready_sensor
+from tests.helpers.timeline import decisions_of as _decisions
 
 #: The fixtures of the asset watcher's trigger test (its own emulator on the test's loop).
 rules_file = helpers.rules_file
@@ -76,12 +76,12 @@ def test_with_content_capture_off_the_history_holds_no_state_text(sensor_run: An
 
 
 def test_a_poking_sensor_pushes_its_history_with_the_bill_its_own_budget_counted(gateway: Any) -> None:
-    from tests.policy import sources
+    from tests.helpers import policy_sources as sources
 
     sources.READS["timeline-poke"] = 0
     stepping = {
         "type": "callable",
-        "path": "tests.policy.sources.stepping",
+        "path": "tests.helpers.policy_sources.stepping",
         "kwargs": {"name": "timeline-poke", "states": STATES},
     }
     with DAG("timeline_poke", schedule=None, start_date=START) as dag:
@@ -137,7 +137,7 @@ def test_with_content_capture_on_an_operators_history_holds_the_newest_end_of_it
 
 
 async def test_each_asset_event_tells_the_decisions_since_the_one_before(emulator: Any) -> None:
-    from tests.airflow import sources_for_tests
+    from tests.helpers import flag_sources as sources_for_tests
 
     sources_for_tests.STATES["timeline-watch"] = "waiting\n"
     trigger = SystemZeroDecisionEventTrigger(
@@ -148,7 +148,7 @@ async def test_each_asset_event_tells_the_decisions_since_the_one_before(emulato
         watch_id="timeline",
         source={
             "type": "callable",
-            "path": "tests.airflow.sources_for_tests.flag_state",
+            "path": "tests.helpers.flag_sources.flag_state",
             "kwargs": {"name": "timeline-watch"},
             "poll_interval": 0.02,
         },

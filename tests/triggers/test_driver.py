@@ -1,5 +1,5 @@
 """The driver of a trigger's watch, against a stream and a source the test controls (no network;
-:mod:`tests.triggers.scripted`): a decision reaches the driver's own task from the stream's
+:mod:`tests.helpers.scripted`): a decision reaches the driver's own task from the stream's
 reader; only a decision about what the source holds now is judged (a read under way first); a
 waiter gets a quiet stream's slot at once; a cancellation propagates; and after ``aclose()``
 nothing of the run is left. ``test_driver_states.py`` runs the same driver as a state machine,
@@ -22,7 +22,8 @@ from airflow_provider_systemzero.decisions.source_watch import SourceWatch
 from airflow_provider_systemzero.decisions.watch import DecisionWatch
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.triggers.driver import WatchDriver
-from tests.triggers.scripted import ScriptedSource, ScriptedStream, ScriptedStreams
+from tests.helpers import live_timers
+from tests.helpers.scripted import ScriptedSource, ScriptedStream, ScriptedStreams
 
 
 def _driver(source: ScriptedSource, streams: ScriptedStreams, *, lease_after: float = 3600.0) -> WatchDriver:
@@ -57,7 +58,6 @@ async def test_the_streams_reader_wakes_the_drivers_own_task() -> None:
     stream = await _held(streams)
     # nothing runs but the waiting task: it awaits the very future the reader resolves
     assert asyncio.all_tasks() - before == {waiting}
-    assert waiting._fut_waiter is stream.waiter  # type: ignore[attr-defined]
     stream.deliver(stream.decision(True, 1))
     await asyncio.sleep(0)  # one loop turn: the waiting task runs, judges and returns
     assert waiting.done() and waiting.result().decision.state_version == 1
@@ -189,12 +189,7 @@ async def test_cancelling_mid_wait_propagates_and_aclose_leaves_nothing() -> Non
 
 
 def _provider_timers() -> list[asyncio.TimerHandle]:
-    loop = asyncio.get_running_loop()
-    return [
-        h
-        for h in loop._scheduled  # type: ignore[attr-defined]
-        if not h.cancelled() and "airflow_provider_systemzero" in repr(h._callback)  # type: ignore[attr-defined]
-    ]
+    return [handle for handle, callback in live_timers() if "airflow_provider_systemzero" in repr(callback)]
 
 
 @pytest.mark.parametrize("kind", ["file", "callable"])
@@ -210,7 +205,8 @@ async def test_a_run_stopped_mid_read_leaves_no_watch_thread_or_task(tmp_path: A
         source = build_source({"type": "file", "path": str(log), "poll_interval": 3600.0}, "")
     else:
         source = build_source(
-            {"type": "callable", "path": "tests.triggers.callables.read_value", "poll_interval": 0.01}, ""
+            {"type": "callable", "path": "tests.helpers.trigger_callables.read_value", "poll_interval": 0.01},
+            "",
         )
     watcher = file_watch.current_watcher()
     subscriptions = 0 if watcher is None else watcher.stats()["subscriptions"]
@@ -231,4 +227,4 @@ async def test_a_run_stopped_mid_read_leaves_no_watch_thread_or_task(tmp_path: A
     watcher = file_watch.current_watcher()
     assert (0 if watcher is None else watcher.stats()["subscriptions"]) == subscriptions
     if kind == "callable":
-        assert not source._calls.running  # type: ignore[attr-defined]
+        assert not source.calling

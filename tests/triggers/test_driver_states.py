@@ -1,7 +1,7 @@
 """The code a trigger runs — the real :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`
 and :class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch` — as a hypothesis state
 machine, against a scripted source, gateway and threads on a clock the test moves
-(:mod:`tests.triggers.scripted`).
+(:mod:`tests.helpers.scripted`).
 
 It runs the driver as the asset watcher's trigger does (``once=False``: fire, go on; a failure is
 said, waited out with the trigger's own :func:`~airflow_provider_systemzero.triggers.watching.wait_to_watch_again`,
@@ -54,14 +54,14 @@ from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.watching import failures_in_a_row, wait_to_watch_again
 from tests.helpers import examples
-from tests.triggers.callables import decisive
-from tests.triggers.scripted import (
+from tests.helpers.scripted import (
     ClockLoop,
     ScriptedSource,
     ScriptedStream,
     ScriptedStreams,
     ScriptedThreads,
 )
+from tests.helpers.trigger_callables import decisive
 
 EXAMPLES = examples(80, thorough=5000)
 
@@ -73,7 +73,7 @@ EXAMPLES = examples(80, thorough=5000)
 
 #: Lines a source may gain: the decisive ones match the decide_when callable (and the rules).
 LINES = ("working\n", "heartbeat\n", "READY\n", "FAILED\n")
-GATE = {"callable": "tests.triggers.callables.decisive"}
+GATE = {"callable": "tests.helpers.trigger_callables.decisive"}
 #: Loop iterations the machine lets run before it looks whether the driver is still busy.
 TURNS = 12
 #: Batches of :data:`TURNS` after which a driver still asking its watch for actions spins.

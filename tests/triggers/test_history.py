@@ -13,8 +13,7 @@ from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import running_trigger
+from tests.helpers import channels, running_trigger
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes

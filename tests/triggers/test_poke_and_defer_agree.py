@@ -29,8 +29,8 @@ from airflow_provider_systemzero.sensors.poking import PokeWatch
 from airflow_provider_systemzero.stream.exceptions import DecisionFailed
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 from airflow_provider_systemzero.triggers.watching import new_timeline
-from tests.triggers import callables
-from tests.triggers.scripted import (
+from tests.helpers import trigger_callables as callables
+from tests.helpers.scripted import (
     ClockLoop,
     ScriptedSource,
     ScriptedStreams,
@@ -73,7 +73,7 @@ def _sensor(consecutive: int, policy: str) -> ScriptedSensor:
         model="sz-test",
         question="ready",
         instructions="Is the job ready?",
-        source={"type": "callable", "path": "tests.triggers.callables.read_value"},
+        source={"type": "callable", "path": "tests.helpers.trigger_callables.read_value"},
         min_confidence=0.5,
         consecutive=consecutive,
         policy=POLICIES[policy],

@@ -8,8 +8,7 @@ import math
 
 from airflow_provider_systemzero.emulator.server import Emulator
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import channel_trigger, running_trigger
+from tests.helpers import channel_trigger, channels, running_trigger
 
 emulator = helpers.emulator  # the fixture
 rules_file = helpers.rules_file  # … and the one it takes

@@ -27,7 +27,7 @@ from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.tasks.review_wait import SYSTEMZERO_ANSWER, OpenReview, closed_by_the_sensor
 from airflow_provider_systemzero.triggers.review import ReviewWatch
 from tests.helpers import examples
-from tests.triggers.scripted import ready_decision
+from tests.helpers.scripted import ready_decision
 
 POLICY = {"act_above": 0.8, "review_above": 0.5, "below": "wait"}
 REVIEWED = "tick 1: unsure"

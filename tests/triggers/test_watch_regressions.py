@@ -32,9 +32,8 @@ from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecisionTrigger,
 )
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, running_trigger, watching_events
-from tests.triggers import callables
+from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, channels, running_trigger, watching_events
+from tests.helpers import trigger_callables as callables
 
 rules_file = helpers.rules_file  # the fixture
 
@@ -134,7 +133,7 @@ def _file_source(path: Path) -> dict[str, Any]:
 
 
 def _callable_source() -> dict[str, Any]:
-    return {"type": "callable", "path": "tests.triggers.callables.read_value", "poll_interval": 0.05}
+    return {"type": "callable", "path": "tests.helpers.trigger_callables.read_value", "poll_interval": 0.05}
 
 
 @pytest.mark.parametrize("source_kind", ["polled file", "sync callable"])
@@ -228,7 +227,7 @@ async def test_hung_decide_when_callables_do_not_starve_the_loops_executor(
     for name in names:
         channels.publish(name, STARTED)
     triggers = [
-        _sensor(name, channels.source(name), decide_when={"callable": "tests.triggers.callables.hang"})
+        _sensor(name, channels.source(name), decide_when={"callable": "tests.helpers.trigger_callables.hang"})
         for name in names
     ]
     try:
@@ -244,7 +243,7 @@ async def test_hung_decide_when_callables_do_not_starve_the_loops_executor(
         for event in events:
             assert event["status"] == "error"
             assert (
-                "tests.triggers.callables.hang" in event["message"]
+                "tests.helpers.trigger_callables.hang" in event["message"]
                 and "did not return within" in event["message"]
             )
     finally:
@@ -297,7 +296,7 @@ async def test_a_callable_source_returning_one_list_appended_in_place_is_seen_to
     }
     trigger = _sensor(
         "growing-list",
-        {"type": "callable", "path": "tests.triggers.callables.growing_list", "poll_interval": 0.05},
+        {"type": "callable", "path": "tests.helpers.trigger_callables.growing_list", "poll_interval": 0.05},
         request=request,
         state=[],
         lease=False,  # the stream is held: the change must be seen while it is open

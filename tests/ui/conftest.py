@@ -2,7 +2,7 @@
 ``make test`` it is collected and skipped, with the reason shown.
 
 It starts the emulator and real Airflow components (api-server, scheduler, dag-processor, one
-triggerer: :class:`tests.deployment.harness.Deployment` with the Dags of ``tests/ui/dags``) and
+triggerer: :class:`tests.helpers.deployment.harness.Deployment` with the Dags of ``tests/ui/dags``) and
 Debian's Chromium, driven by Playwright. Both are installed when missing: ``chromium`` with
 apt-get (as root), Playwright from PyPI with pip (``tests/ui/requirements.txt``); Playwright never
 downloads a browser here, it launches ``/usr/bin/chromium``.
@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.harness import (
+from tests.helpers.deployment.harness import (
     Deployment,
     running,
     wait_for,
 )
-from tests.deployment.reporting import skip_unless_marked, with_logs_section, write_results
-from tests.deployment.system import apt_install, ensure_python_packages
+from tests.helpers.deployment.reporting import skip_unless_marked, with_logs_section, write_results
+from tests.helpers.deployment.system import apt_install, ensure_python_packages
+from tests.helpers.ui import TIMELINE_DAG_ID, UI_DAG_ID
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -40,8 +41,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-UI_DAG_ID = "sz_ui_review"
-TIMELINE_DAG_ID = "sz_ui_timeline"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -34,9 +34,9 @@ import pytest
 
 from airflow_provider_systemzero.compat import has_awaiting_input
 from airflow_provider_systemzero.provider_info import PORT_LABEL, PORT_PLACEHOLDER
-from tests.deployment.harness import REPO, RESULTS, Deployment, wait_for
 from tests.helpers import EmulatorThread
-from tests.ui.conftest import TIMELINE_DAG_ID, UI_DAG_ID
+from tests.helpers.deployment.harness import REPO, RESULTS, Deployment, wait_for
+from tests.helpers.ui import TIMELINE_DAG_ID, UI_DAG_ID
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(900)]
 

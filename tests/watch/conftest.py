@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-from tests.airflow.test_triggers import emulator, rules_file  # noqa: F401 - fixtures
+from tests.helpers import emulator, rules_file  # noqa: F401 - fixtures

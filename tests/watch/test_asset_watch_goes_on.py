@@ -21,9 +21,8 @@ import pytest
 from airflow_provider_systemzero.triggers import driver, watching
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from tests import helpers
-from tests.dormant import channels
-from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, RecordingDecider, until, watching_events
-from tests.triggers import callables
+from tests.helpers import TRIGGER_CONN_ID, TRIGGER_REQUEST, RecordingDecider, channels, until, watching_events
+from tests.helpers import trigger_callables as callables
 
 rules_file = helpers.rules_file  # the fixture
 
@@ -43,7 +42,7 @@ LAST_LINE_RULES: dict[str, Any] = {
 STARTED = "job started\n"
 READY_LINE = "Job is ready.\n"
 FAILED_LINE = "job FAILED\n"
-GATE = {"callable": "tests.triggers.callables.flaky_gate"}
+GATE = {"callable": "tests.helpers.trigger_callables.flaky_gate"}
 
 
 def _emulator(monkeypatch: pytest.MonkeyPatch, rules_file: str, **kwargs: Any) -> Any:

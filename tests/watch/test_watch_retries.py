@@ -17,8 +17,7 @@ import pytest
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.triggers import watching
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
-from tests.airflow.test_triggers import rebuilt
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until, watching_events
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, rebuilt, until, watching_events
 
 READY = "Job is ready.\n"
 

@@ -4,14 +4,14 @@
 
 1. the gateway emulator, in a thread of the test process (its ledger and stats are read directly);
 2. ``airflow db migrate`` in a fresh ``AIRFLOW_HOME`` — on SQLite, or (``database="postgres"``)
-   on a PostgreSQL cluster of the test's own (:class:`tests.deployment.postgres.PostgresInstance`) —
+   on a PostgreSQL cluster of the test's own (:class:`tests.helpers.deployment.postgres.PostgresInstance`) —
    then the System Zero connections
    and the test pool written to the metadata DB by a child process (the API keys travel in that
    child's environment, never on a command line);
 3. the components, each its own process from the project's environment: ``api-server`` (the
    execution API the LocalExecutor's workers talk to, and the REST API the test triggers runs
    with), ``scheduler`` (LocalExecutor), ``dag-processor`` and two ``triggerer`` processes
-   (:class:`tests.deployment.components.Component`).
+   (:class:`tests.helpers.deployment.components.Component`).
 
 Every component is stopped by its own PID — SIGTERM, a bounded wait, then SIGKILL for whatever
 of its process tree is left — in :meth:`Deployment.stop`, which runs from the fixture's
@@ -43,14 +43,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.deployment.components import Component, SocketSampler
-from tests.deployment.postgres import PostgresInstance
 from tests.helpers import EmulatorThread, wait_until
+from tests.helpers.deployment.components import Component, SocketSampler
+from tests.helpers.deployment.postgres import PostgresInstance
 
 _T = TypeVar("_T")
 
-REPO = Path(__file__).resolve().parents[2]
-DAGS = Path(__file__).resolve().parent / "dags"
+REPO = Path(__file__).resolve().parents[3]
+DAGS = REPO / "tests" / "deployment" / "dags"
 RULES = REPO / "example_dags" / "emulator_rules.json"
 
 #: The emulator's accounts: the main one has room for every triggerer's streams; ``small`` is

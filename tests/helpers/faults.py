@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +41,18 @@ from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.body import body_hash, compact_json
 from airflow_provider_systemzero.protocol.errors import RetryHint
-from airflow_provider_systemzero.protocol.gateway import CloseConnection, DecideFailure, SendMessage
+from airflow_provider_systemzero.protocol.gateway import (
+    CloseConnection,
+    DecideFailure,
+    GatewayAction,
+    SendMessage,
+)
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Error, Goodbye, ServerMessage
 from airflow_provider_systemzero.stream import DecisionStream
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, SystemZeroDecisionTrigger
-from tests.faults import sources
+from tests.helpers import fault_sources as sources
+from tests.helpers import first_event, rebuilt
 
 #: The test account's key (long enough for Airflow's secrets masker).
 KEY = "sz-fault-matrix-0123456789abcdef"
@@ -139,6 +145,7 @@ class SpiedEmulator(Emulator):
         #: every decide call as it starts: (time, idempotency key, body SHA-256)
         self.started: list[tuple[float, str | None, str]] = []
         self.drop_before: Callable[[ServerMessage], bool] | None = None
+        self.action_tap = self.tap
         backend_decide = self.backend.decide
 
         async def decide(account: str, body: str, idempotency_key: str | None) -> Any:
@@ -175,34 +182,29 @@ class SpiedEmulator(Emulator):
             )
         return response
 
+    def tap(self, stream: Any, actions: list[GatewayAction]) -> list[GatewayAction]:
+        """The emulator's ``action_tap``: record what a stream sends and closes, and carry out
+        :attr:`drop_before`."""
+        now = time.monotonic()
+        if self.drop_before is not None:
+            for index, action in enumerate(actions):
+                if isinstance(action, SendMessage) and self.drop_before(action.message):
+                    self.drop_before = None
+                    stream.ws.transport.abort()
+                    actions = actions[:index] + [
+                        a for a in actions[index + 1 :] if not isinstance(a, SendMessage)
+                    ]
+                    break
+        for action in actions:
+            if isinstance(action, SendMessage):
+                self.sent.append(Sent(now, stream.stream_id, action.message))
+            elif isinstance(action, CloseConnection):
+                self.closes.append((now, stream.stream_id, action.code))
+        return actions
+
     def messages(self, kind: type[ServerMessage]) -> list[Any]:
         """Every queued server message of one type, in order."""
         return [s.message for s in self.sent if isinstance(s.message, kind)]
-
-
-def _spied_perform(original: Callable[..., None]) -> Callable[..., None]:
-    def perform(self: Any, actions: Any) -> None:
-        actions = list(actions)
-        emu = self.emulator
-        if isinstance(emu, SpiedEmulator):
-            now = time.monotonic()
-            if emu.drop_before is not None:
-                for index, action in enumerate(actions):
-                    if isinstance(action, SendMessage) and emu.drop_before(action.message):
-                        emu.drop_before = None
-                        self.ws.transport.abort()
-                        actions = actions[:index] + [
-                            a for a in actions[index + 1 :] if not isinstance(a, SendMessage)
-                        ]
-                        break
-            for action in actions:
-                if isinstance(action, SendMessage):
-                    emu.sent.append(Sent(now, self.stream_id, action.message))
-                elif isinstance(action, CloseConnection):
-                    emu.closes.append((now, self.stream_id, action.code))
-        original(self, actions)
-
-    return perform
 
 
 # ------------------------------------------------------------------------------------ the harness
@@ -247,7 +249,7 @@ class Harness:
             "state": "",
             "source": {
                 "type": "callable",
-                "path": "tests.faults.sources.state",
+                "path": "tests.helpers.fault_sources.state",
                 "kwargs": {"name": source_name},
                 "poll_interval": 0.02,
             },
@@ -291,7 +293,9 @@ class Harness:
 
     def stream_of(self, namespace: str) -> DecisionStream:
         """The newest client stream a trigger with this key namespace opened."""
-        matching = [s for s in self.streams if s._key_namespace == namespace]
+        matching = [
+            s for s in self.streams if s.settings is not None and s.session.key_namespace == namespace
+        ]
         assert matching, f"no stream was opened for {namespace}"
         return matching[-1]
 
@@ -409,30 +413,6 @@ def task_of(namespace: str) -> str:
     raise AssertionError(f"unknown namespace {namespace}")
 
 
-def rebuilt(trigger: Any) -> Any:
-    """What the triggerer does: rebuild a trigger from its JSON-only serialized form."""
-    classpath, kwargs = trigger.serialize()
-    assert json.loads(json.dumps(kwargs)) == kwargs
-    module, _, name = classpath.rpartition(".")
-    cls = getattr(__import__(module, fromlist=[name]), name)
-    clone = cls(**kwargs)
-    assert clone.serialize() == (classpath, kwargs)
-    return clone
-
-
-async def first_event(trigger: Any, within: float = 30) -> dict[str, Any]:
-    """The one event of a single-event trigger (it must return right after yielding it)."""
-    gen = trigger.run()
-    try:
-        async with asyncio.timeout(within):
-            event = await anext(gen)
-            with pytest.raises(StopAsyncIteration):
-                await anext(gen)
-        return dict(event.payload)
-    finally:
-        await gen.aclose()
-
-
 def _context(ti: FakeTI) -> dict[str, Any]:
     return {"ti": ti}
 
@@ -460,8 +440,8 @@ def operator_outcome(payload: dict[str, Any], ti: FakeTI | None = None) -> dict[
 
 @contextlib.contextmanager
 def spying(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DecisionStream]]:
-    """Install the spies that live outside the emulator: stream messages and client streams."""
-    monkeypatch.setattr(emulator_server._Stream, "_perform", _spied_perform(emulator_server._Stream._perform))
+    """Install the spy that lives outside the emulator: the client streams the hook opens (the
+    emulator records what its streams send through its action tap, :meth:`SpiedEmulator.tap`)."""
     streams: list[DecisionStream] = []
     original = SystemZeroHook.stream
 
@@ -477,3 +457,19 @@ def spying(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[DecisionStream]]:
 def set_source(name: str, state: Any) -> None:
     """Change what the callable source ``name`` returns (the trigger polls it every 20 ms)."""
     sources.STATES[name] = state
+
+
+#: ``await make_harness(limits=..., **emulator_kwargs)`` (the fixture of ``tests/faults``).
+HarnessFactory = Callable[..., Awaitable[Harness]]
+
+WORKING = "build 7 started\n"
+READY = "build 7 started\nREADY\n"
+#: the operator's fixed state: the outputs of upstream tasks, replayed as an array
+OUTPUTS = [{"task_id": "build", "output": "artifact built"}, {"task_id": "verify", "output": "READY"}]
+
+
+def only_reconnect(h: Harness) -> Any:
+    """The case's one reconnect."""
+    records = h.reconnects()
+    assert len(records) == 1, records
+    return records[0]

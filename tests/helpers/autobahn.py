@@ -10,7 +10,7 @@
 * :func:`results` — what its report says of each case, per agent.
 
 Everything is installed with pip from the package index, as a person would, through
-:func:`tests.deployment.system.run_command`: a failure names the command and shows its output.
+:func:`tests.helpers.deployment.system.run_command`: a failure names the command and shows its output.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.deployment.system import run_command
+from tests.helpers.deployment.system import run_command
 
 __all__ = [
     "CASES",
@@ -43,8 +43,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "tests" / "conformance"
 CACHE = REPO / ".cache" / "conformance"
 REQUIREMENTS = HERE / "requirements-py2.7.txt"
 #: The cases run: framing, pings and pongs, reserved bits and opcodes, fragmentation, UTF-8 and
@@ -244,3 +244,7 @@ def results(outdir: Path) -> dict[str, dict[str, Outcome]]:
         }
         for agent, cases in index.items()
     }
+
+
+#: Lines of the run's summary (verdicts and timings per client), shown after the tests.
+SUMMARY: list[str] = []

@@ -29,8 +29,7 @@ from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 from airflow_provider_systemzero.triggers import watch_memory
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEventTrigger
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory
-from tests.airflow.test_triggers import rebuilt
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, until, watching_events
+from tests.helpers import TRIGGER_CONDITION, TRIGGER_CONN_ID, TRIGGER_REQUEST, rebuilt, until, watching_events
 
 READY = "Job is ready.\n"
 WAITING = "Job is still waiting.\n"
@@ -228,14 +227,17 @@ async def kept(memory: WatchMemory) -> AsyncIterator[WatchMemory]:
 
 async def test_fired_is_written_only_once_the_event_was_handed_over_and_settled() -> None:
     store = Store()
+    before = asyncio.all_tasks()
     async with kept(WatchMemory(store, watch_id="w", identity="i", settle=0.05)) as memory:
         memory.note(True, _decision("szd_1"))  # the verdict: its event is not handed over yet
         await asyncio.sleep(0.1)
         assert store.writes == []
         memory.handed_over()
-        assert store.writes == [] and memory._writer is not None  # not before it settled
+        assert store.writes == [] and asyncio.all_tasks() - before  # its writer waits to settle
         await until(lambda: len(store.writes) == 1, what="the write")
-        await until(lambda: memory._writer is None, what="the writer gone: a dormant watch holds no task")
+        await until(
+            lambda: not asyncio.all_tasks() - before, what="the writer gone: a dormant watch holds no task"
+        )
     assert store.writes[0] | {"at": None} == {"fired": True, "identity": "i", "reply_id": "szd_1", "at": None}
 
 
@@ -264,11 +266,12 @@ async def test_a_graceful_stop_writes_a_pending_run_end_and_drops_a_pending_fire
 
 async def test_without_a_store_nothing_is_kept_and_the_log_says_why(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=watch_memory.__name__)
+    before = asyncio.all_tasks()
     memory = WatchMemory(None, watch_id="w", identity="i")
     assert await memory.recall() is False and not memory.kept
     memory.note(False, _decision("szd_1"))
     memory.handed_over()
-    assert memory._writer is None  # nothing to write, no task
+    assert asyncio.all_tasks() == before  # nothing to write, no task
     assert "asset watch 'w' keeps no memory" in caplog.text and "needs Airflow 3.3" in caplog.text
 
 

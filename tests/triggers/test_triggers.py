@@ -16,46 +16,22 @@ from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     SystemZeroDecisionEventTrigger,
-    SystemZeroDecisionTrigger,
 )
-from tests import helpers
-from tests.airflow import sources_for_tests
-from tests.dormant import channels
-from tests.helpers import TRIGGER_CONDITION, TRIGGER_LIMITS, TRIGGER_REQUEST, trigger_kwargs
+from tests.helpers import (
+    TRIGGER_CONDITION,
+    TRIGGER_LIMITS,
+    TRIGGER_REQUEST,
+    channels,
+    emulator_cache_keys,
+    first_event,
+    rebuilt,
+    sensor_trigger,
+)
+from tests.helpers import flag_sources as sources_for_tests
 
 REQUEST = TRIGGER_REQUEST
 CONDITION = TRIGGER_CONDITION
 LIMITS = TRIGGER_LIMITS
-#: The fixtures (tests/sources, tests/spend and tests/stream take them from here too).
-rules_file = helpers.rules_file
-emulator = helpers.emulator
-
-
-def rebuilt(trigger: Any) -> Any:
-    """What the triggerer does: rebuild the trigger from its serialized form."""
-    classpath, kwargs = trigger.serialize()
-    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON
-    module, _, name = classpath.rpartition(".")
-    cls = getattr(__import__(module, fromlist=[name]), name)
-    clone = cls(**kwargs)
-    assert clone.serialize() == (classpath, kwargs)
-    return clone
-
-
-def sensor_trigger(**overrides: Any) -> SystemZeroDecisionTrigger:
-    return SystemZeroDecisionTrigger(**trigger_kwargs(**{"lease_after": 0.0, **overrides}))
-
-
-async def first_event(trigger: Any, within: float = 20) -> dict[str, Any]:
-    gen = trigger.run()
-    try:
-        async with asyncio.timeout(within):
-            event = await anext(gen)
-        with pytest.raises(StopAsyncIteration):
-            await anext(gen)  # a single-event trigger yields once and returns
-        return event.payload
-    finally:
-        await gen.aclose()
 
 
 async def test_serialized_kwargs_carry_no_secret(emulator: Emulator) -> None:
@@ -84,15 +60,6 @@ async def test_file_source_grows_until_the_decision_flips(emulator: Emulator, tm
     latest = emulator.latest_state(next(iter(emulator_cache_keys(emulator))))
     assert latest is not None and latest.state == "starting\nstep 1 done\nJob is ready.\n"
     await emulator.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=10)
-
-
-def emulator_cache_keys(emulator: Emulator) -> set[str]:
-    return {
-        entry.prompt_cache_key
-        for entries in emulator.ledger.values()
-        for entry in entries
-        if getattr(entry, "prompt_cache_key", None)
-    } or set(emulator._latest_by_cache_key)
 
 
 async def test_static_state_already_true_fires_at_once(emulator: Emulator) -> None:
@@ -176,7 +143,7 @@ async def test_many_waiting_triggers_share_the_stream_cap(emulator: Emulator) ->
                 key_namespace=task_namespace("d", "t", name, -1),
                 source={
                     "type": "callable",
-                    "path": "tests.airflow.sources_for_tests.flag_state",
+                    "path": "tests.helpers.flag_sources.flag_state",
                     "kwargs": {"name": name},
                     "poll_interval": 0.05,
                 },
@@ -201,7 +168,7 @@ async def test_async_generator_source_pushes_states(emulator: Emulator) -> None:
         sensor_trigger(
             source={
                 "type": "callable",
-                "path": "tests.airflow.sources_for_tests.pushed_states",
+                "path": "tests.helpers.flag_sources.pushed_states",
                 "kwargs": {"steps": ["a\n", "a\nb\n", "a\nb\nJob is ready.\n"]},
             }
         )
@@ -235,7 +202,7 @@ async def test_event_trigger_fires_on_each_transition_to_true(emulator: Emulator
             watch_id="nightly",
             source={
                 "type": "callable",
-                "path": "tests.airflow.sources_for_tests.flag_state",
+                "path": "tests.helpers.flag_sources.flag_state",
                 "kwargs": {"name": "watch"},
                 "poll_interval": 0.02,
             },

@@ -1,4 +1,4 @@
-"""State sources for the sensor tests (importable in the triggerer: ``tests.policy.sources.…``)."""
+"""State sources for the sensor tests (importable in the triggerer: ``tests.helpers.policy_sources.…``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Scenarios run inside a network namespace whose DNS server never answers (``test_dead_resolver``).
 
-``python -m tests.hostile.dead_resolver SCENARIO`` expects ``/etc/resolv.conf`` to name
+``python -m tests.helpers.dead_resolver SCENARIO`` expects ``/etc/resolv.conf`` to name
 ``127.0.0.1`` (the test bind-mounts one over it in a mount namespace of its own) and listens there
 itself, on UDP port 53, reading every query and answering none: to ``getaddrinfo`` this is a DNS
 server that is down. It prints one JSON object with what it measured and the queries it swallowed.

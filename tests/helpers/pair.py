@@ -10,6 +10,7 @@ from airflow_provider_systemzero.protocol import (
     DecideSuccess,
     GatewaySession,
     Limits,
+    StreamRequest,
     encode_message,
 )
 from airflow_provider_systemzero.protocol.client import ClientEvent
@@ -21,6 +22,21 @@ from airflow_provider_systemzero.protocol.gateway import (
 )
 
 STREAM_ID = "szws_0123456789abcdef0123456789abcdef"
+
+
+#: The one question of a client built by :func:`make_client`.
+QUESTIONS = {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}
+
+
+def make_client(state: Any = "log\n", mode: str = "on_change", **kwargs: Any) -> ClientSession:
+    """A client session asking :data:`QUESTIONS` of model ``m`` from ``state`` in ``mode``.
+
+    :param state: the initial state.
+    :param mode: ``on_change`` or ``on_request``.
+    :param kwargs: more :class:`ClientSession` arguments.
+    """
+    request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
+    return ClientSession(request=request, state=state, decision_mode=mode, **kwargs)
 
 
 def example_reply(body: str, key: str | None) -> DecideOutcome:
@@ -63,9 +79,11 @@ class Pair:
         self.dispatches: list[DispatchDecide] = []
         self.closed: CloseConnection | None = None
         self.client.connection_opened(now)
-        self._handle(self.gateway.actions())
+        self.handle(self.gateway.actions())
 
-    def _handle(self, actions: list[Any]) -> None:
+    def handle(self, actions: list[Any]) -> None:
+        """Carry out the gateway's actions: deliver its messages to the client, answer its decide
+        dispatches (unless told not to), and end the connection where it closes."""
         for action in actions:
             if isinstance(action, SendMessage):
                 text = encode_message(action.message)
@@ -82,7 +100,7 @@ class Pair:
 
     def finish(self, action: DispatchDecide, outcome: DecideOutcome | None = None) -> None:
         result = outcome or self.decider(action.body, action.idempotency_key)
-        self._handle(self.gateway.dispatch_finished(action.dispatch_id, result, self.now))
+        self.handle(self.gateway.dispatch_finished(action.dispatch_id, result, self.now))
 
     def pump(self, rounds: int = 1000) -> None:
         for _ in range(rounds):
@@ -91,10 +109,10 @@ class Pair:
                 return
             for text in frames:
                 self.client_frames.append(text)
-                self._handle(self.gateway.receive_text(text, self.now))
+                self.handle(self.gateway.receive_text(text, self.now))
         raise AssertionError("pump did not settle")
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-        self._handle(self.gateway.tick(self.now))
+        self.handle(self.gateway.tick(self.now))
         self.pump()

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.deployment.system import apt_install, ensure_python_packages
+from tests.helpers.deployment.system import apt_install, ensure_python_packages
 
-REQUIREMENTS = Path(__file__).resolve().parent / "requirements-celery.txt"
+REQUIREMENTS = Path(__file__).resolve().parents[3] / "tests" / "deployment" / "requirements-celery.txt"
 
 
 class RedisInstance:

@@ -1,5 +1,5 @@
 """A push source the dormant-trigger tests change at will (``{"type": "callable", "path":
-"tests.dormant.channels.pushed", "kwargs": {"channel": ...}}``).
+"tests.helpers.channels.pushed", "kwargs": {"channel": ...}}``).
 
 The smallest correct push source: a waiting reader awaits one future of its own, resolved by
 :func:`publish`, and yields the channel's newest state (a state superseded meanwhile is skipped,
@@ -100,4 +100,4 @@ async def flaky(channel: str) -> AsyncIterator[Any]:
 
 def source(channel: str) -> dict[str, Any]:
     """The trigger's ``source`` kwarg for ``channel``."""
-    return {"type": "callable", "path": "tests.dormant.channels.pushed", "kwargs": {"channel": channel}}
+    return {"type": "callable", "path": "tests.helpers.channels.pushed", "kwargs": {"channel": channel}}

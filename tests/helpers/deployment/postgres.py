@@ -21,9 +21,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.deployment.system import apt_install, ensure_python_packages
+from tests.helpers.deployment.system import apt_install, ensure_python_packages
 
-REQUIREMENTS = Path(__file__).resolve().parent / "requirements-postgres.txt"
+REQUIREMENTS = Path(__file__).resolve().parents[3] / "tests" / "deployment" / "requirements-postgres.txt"
 USER = "airflow"
 DATABASE = "airflow"
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.deployment.harness import TRIGGERER_HEALTH_THRESHOLD, Deployment, wait_for
+from tests.helpers.deployment.harness import TRIGGERER_HEALTH_THRESHOLD, Deployment, wait_for
 
 ASSET = "sz_deploy_release"
 MEMORY_KEY = "systemzero.watch:deploy-release"

@@ -3,12 +3,15 @@ in the terminal summary, and the markers that must be asked for."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+from datetime import datetime
 from typing import Any
 
 import pytest
 
-from tests.deployment.harness import RESULTS, Deployment
+from tests.helpers.deployment.harness import RESULTS, Deployment
 
 
 def logs_section(item: Any) -> tuple[str, str] | None:
@@ -47,3 +50,40 @@ def skip_unless_marked(config: Any, items: list[Any], marker: str, reason: str) 
     for item in items:
         if item.get_closest_marker(marker):
             item.add_marker(skip)
+
+
+def trigger_spans(
+    deployment: Deployment, dag_id: str, run_id: str
+) -> dict[str, dict[int, tuple[float, float]]]:
+    """Task ID -> triggerer job ID -> (first, last) epoch seconds of the lines that triggerer wrote
+    to the task's trigger log (``attempt=N.log.trigger.<job ID>.log``, JSON lines with a timestamp):
+    when each triggerer ran the task's trigger."""
+    spans: dict[str, dict[int, tuple[float, float]]] = {}
+    base = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    for path in base.glob("task_id=*/attempt=*.log.trigger.*.log"):
+        task = path.parent.name.removeprefix("task_id=")
+        job = int(path.name.rsplit(".", 2)[-2])
+        stamps = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                stamps.append(
+                    datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp()
+                )
+        if stamps:
+            first, last = spans.setdefault(task, {}).get(job, (min(stamps), max(stamps)))
+            spans[task][job] = (min(first, *stamps), max(last, *stamps))
+    return spans
+
+
+def double_runs(spans: dict[str, dict[int, tuple[float, float]]]) -> dict[str, float]:
+    """Task ID -> seconds during which two triggerers both ran its trigger (only tasks with any)."""
+    out = {}
+    for task, by_job in spans.items():
+        ranges = sorted(by_job.values())
+        overlap = max(
+            (min(a[1], b[1]) - max(a[0], b[0]) for i, a in enumerate(ranges) for b in ranges[i + 1 :]),
+            default=0.0,
+        )
+        if overlap > 0:
+            out[task] = overlap
+    return out

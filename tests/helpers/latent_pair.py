@@ -1,6 +1,6 @@
 """A client and a gateway session joined by a link with latency, on a simulated clock.
 
-:class:`~tests.protocol.pair.Pair` joins the two sessions with no delay, so the client always
+:class:`~tests.helpers.pair.Pair` joins the two sessions with no delay, so the client always
 hears an ack before it can change the state again. Over a real network a change can land during
 every round trip; :class:`LatentPair` lets a test say so. It plays the I/O adapter's part the way
 ``stream/stream_connection.py`` does: after every input the client writes ``data_to_send(now)`` and is woken

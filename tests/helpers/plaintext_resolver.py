@@ -1,7 +1,7 @@
 """A scenario run inside a network namespace whose DNS answers ``gateway.localhost`` with an
 address that is not loopback (``test_plaintext_address``).
 
-``python -m tests.hostile.plaintext_resolver`` expects ``/etc/resolv.conf`` to name ``127.0.0.1``
+``python -m tests.helpers.plaintext_resolver`` expects ``/etc/resolv.conf`` to name ``127.0.0.1``
 (the test bind-mounts one over it in a mount namespace of its own) and the address
 :data:`ELSEWHERE` on the namespace's interface. It answers DNS itself on ``127.0.0.1``, UDP port 53:
 ``gateway.localhost`` is :data:`ELSEWHERE` — what a resolver that forwards ``*.localhost`` to DNS

@@ -1,4 +1,4 @@
-"""The processes of the throwaway deployment (:mod:`tests.deployment.harness`): one Airflow
+"""The processes of the throwaway deployment (:mod:`tests.helpers.deployment.harness`): one Airflow
 component started from the project's environment and stopped by its own PID, and a sampler of the
 TCP connections each triggerer holds to the emulator.
 """

@@ -24,6 +24,9 @@ from airflow_provider_systemzero.protocol.limits import Limits
 
 _T = TypeVar("_T")
 
+#: The directory that holds ``tests/`` (the checkout, or where a copy of ``tests/`` was put).
+REPO = Path(__file__).resolve().parents[2]
+
 #: For a test of what Airflow 3.3's task state store keeps across tries (budgets, reviews).
 needs_task_state_store = pytest.mark.skipif(
     airflow_version()[:2] < AIRFLOW_TASK_STATE_STORE,
@@ -518,19 +521,64 @@ def trigger_kwargs(**overrides: Any) -> dict[str, Any]:
     }
 
 
+def sensor_trigger(**overrides: Any) -> Any:
+    """A :class:`SystemZeroDecisionTrigger` from :func:`trigger_kwargs` that gives its stream back
+    at once when quiet (``lease_after=0``), with ``overrides``."""
+    from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
+
+    return SystemZeroDecisionTrigger(**trigger_kwargs(**{"lease_after": 0.0, **overrides}))
+
+
+def rebuilt(trigger: Any) -> Any:
+    """What the triggerer does: rebuild a trigger from its JSON-only serialized form."""
+    classpath, kwargs = trigger.serialize()
+    assert json.loads(json.dumps(kwargs)) == kwargs
+    module, _, name = classpath.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    clone = cls(**kwargs)
+    assert clone.serialize() == (classpath, kwargs)
+    return clone
+
+
+async def first_event(trigger: Any, within: float = 30) -> dict[str, Any]:
+    """The one event of a single-event trigger (it must return right after yielding it)."""
+    gen = trigger.run()
+    try:
+        async with asyncio.timeout(within):
+            event = await anext(gen)
+            with pytest.raises(StopAsyncIteration):
+                await anext(gen)
+        return dict(event.payload)
+    finally:
+        await gen.aclose()
+
+
+def emulator_cache_keys(emulator: Emulator) -> set[str]:
+    """The prompt cache keys the emulator saw: those of its ledger's decide calls, else those of
+    the streams that started."""
+    return {
+        entry.prompt_cache_key
+        for entries in emulator.ledger.values()
+        for entry in entries
+        if getattr(entry, "prompt_cache_key", None)
+    } or emulator.prompt_cache_keys
+
+
 def channel_trigger(task: str, channel: str, **overrides: Any) -> Any:
     """A ``SystemZeroDecisionTrigger`` of task ``task`` reading the push channel ``channel`` of
-    :mod:`tests.dormant.channels` (giving its stream back after 0.05 s of quiet), as the triggerer
+    :mod:`tests.helpers.channels` (giving its stream back after 0.05 s of quiet), as the triggerer
     runs it: serialized, then built again from its kwargs."""
     from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
-    from tests.dormant import channels
+    from tests.helpers import channels
 
     kwargs = trigger_kwargs(
-        key_namespace=task_namespace("d", task, channel, -1),
-        source=channels.source(channel),
-        lease_after=0.05,
-        **overrides,
+        **{
+            "key_namespace": task_namespace("d", task, channel, -1),
+            "source": channels.source(channel),
+            "lease_after": 0.05,
+            **overrides,
+        }
     )
     _, serialized = SystemZeroDecisionTrigger(**kwargs).serialize()
     return SystemZeroDecisionTrigger(**json.loads(json.dumps(serialized)))
@@ -657,7 +705,7 @@ def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", ar
 
     Skips the test, with the reason, where the machine refuses the namespaces (``unshare``).
 
-    :param module: the scenario's module (``tests.hostile.dead_resolver``).
+    :param module: the scenario's module (``tests.helpers.dead_resolver``).
     :param setup: shell commands run first, in the namespace (``ip addr add …``).
     :param arguments: the module's arguments.
     """
@@ -682,7 +730,7 @@ def run_in_network_namespace(tmp_path: Path, module: str, *, setup: str = "", ar
     )
     done = subprocess.run(
         ["unshare", "--net", "--mount", "--map-root-user", "sh", "-c", command],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         timeout=120,
@@ -771,3 +819,61 @@ EXAMPLE_REPLY: dict[str, Any] = {
         "thought_tokens": 0,
     },
 }
+
+
+def live_timers() -> list[tuple[asyncio.TimerHandle, Any]]:
+    """The running loop's timers not cancelled yet, each with the callback it will call.
+
+    asyncio has no public way to list a loop's timers: this is the one place the tests read its
+    private ``_scheduled`` (and each handle's ``_callback``) for it.
+    """
+    loop = asyncio.get_running_loop()
+    return [
+        (handle, handle._callback)  # type: ignore[attr-defined]
+        for handle in loop._scheduled  # type: ignore[attr-defined]
+        if not handle.cancelled()
+    ]
+
+
+def provider_timers() -> list[asyncio.TimerHandle]:
+    """Live timers whose callback belongs to the provider's triggers or streams (not the emulator)."""
+    found = []
+    for handle, callback in live_timers():
+        owner = getattr(callback, "__self__", callback)
+        module = (
+            type(owner).__module__ if hasattr(callback, "__self__") else getattr(callback, "__module__", "")
+        )
+        if module.startswith("airflow_provider_systemzero") and ".emulator" not in module:
+            found.append(handle)
+    return found
+
+
+def alive(*kinds: type, collect: bool = True) -> list[object]:
+    """The objects of ``kinds`` alive now (after a collection unless ``collect`` is false).
+
+    What earlier tests of this process left alive is not the test's own (a Dag run by dag.test() can
+    leave its task's frames, and with them its trigger, alive after the test): a test takes this list
+    first and keeps it, so that no new object reuses an id of theirs, then asks :func:`new_since`.
+    """
+    if collect:
+        gc.collect()
+    return [o for o in gc.get_objects() if type(o) in kinds]  # type(): no lazy proxy resolves
+
+
+def new_since(earlier: list[object], now: list[object]) -> list[object]:
+    """The objects of ``now`` that are not in ``earlier`` (both from :func:`alive`)."""
+    known = {id(o) for o in earlier}
+    return [o for o in now if id(o) not in known]
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A decision reply's JSON object ``depth`` levels deep (itself level 1), built without recursion.
+
+    :param depth: how deep the object nests.
+    """
+    value: dict[str, Any] = {"id": "szd_" + "0" * 32}
+    inner = value
+    for _ in range(depth - 1):
+        inner["context"] = {}
+        inner = inner["context"]
+    return value

@@ -368,7 +368,7 @@ class WatchMachine(RuleBasedStateMachine):
         if watch.phase is Phase.ENDED:
             return
         unsent = watch.phase is Phase.HOLDING and watch.latest_gen != watch.sent_gen
-        wants = watch._wants_decision(self.now, soon=True) or unsent
+        wants = watch.wants_decision(self.now, soon=True) or unsent
         under_way = (
             self.opening
             or self.closing
@@ -406,7 +406,7 @@ class WatchMachine(RuleBasedStateMachine):
         watch = self.watch
         if watch.latest_withheld:
             return
-        assert not watch._wants_decision(self.now, soon=True), "the newest state never got a current decision"
+        assert not watch.wants_decision(self.now, soon=True), "the newest state never got a current decision"
 
 
 TestSourceWatch = WatchMachine.TestCase

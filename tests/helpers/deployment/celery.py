@@ -1,8 +1,8 @@
 """The deployment on Airflow's distributed engine: the CeleryExecutor, as companies run it past one
 machine.
 
-:class:`CeleryDeployment` is :class:`~tests.deployment.harness.Deployment` on a PostgreSQL
-cluster of its own with a Redis broker of its own (:class:`~tests.deployment.redis.RedisInstance`),
+:class:`CeleryDeployment` is :class:`~tests.helpers.deployment.harness.Deployment` on a PostgreSQL
+cluster of its own with a Redis broker of its own (:class:`~tests.helpers.deployment.redis.RedisInstance`),
 the scheduler handing tasks to **two Celery worker processes** (``airflow celery worker``, four
 task slots each, each naming itself in the task instances it runs), the FAB auth manager in the
 api-server (an ``admin`` user for the test's REST calls, a ``reader`` who may read one Dag and
@@ -23,17 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_systemzero.emulator.deciders import RulesDecider
-from tests.deployment.harness import (
+from tests.helpers.deployment.harness import (
     MAIN_KEY,
+    REPO,
     SMALL_KEY,
     SMALL_MAX_CONCURRENT,
     Deployment,
     free_port,
     wait_for,
 )
-from tests.deployment.redis import RedisInstance
+from tests.helpers.deployment.redis import RedisInstance
 
-CELERY_DAGS = Path(__file__).resolve().parent / "celery_dags"
+CELERY_DAGS = REPO / "tests" / "deployment" / "celery_dags"
 CELERY_DAG_IDS = ("sz_celery_decide", "sz_celery_held", "sz_celery_on_release")
 #: The main account's max_concurrent: room for every process's four streams (2 triggerers and 8
 #: worker slots, two streams of capacity per max_concurrent).
