@@ -537,7 +537,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         except AirflowFailException as exc:
             raise ValueError(str(exc)) from None
         self.key_namespace = namespace
-        kwargs = self._trigger_kwargs(
+        kwargs = self.trigger_kwargs(
             inputs, namespace=namespace, deadline=None, budget=self.start_trigger_budget(), skip=[]
         )
         return StartTriggerArgs(
@@ -560,7 +560,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             accepted.add(self.key_namespace)
         return accepted
 
-    def _trigger_kwargs(
+    def trigger_kwargs(
         self,
         inputs: SensorInputs,
         namespace: str,
@@ -574,6 +574,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         A static state adds ``end_when_unmet`` (a decision that does not meet the condition ends the
         wait) and ``allow_empty`` (a state the triggerer renders may be empty or ``'None'``), each
         only when it applies.
+
+        :param inputs: the sensor's parsed inputs (:meth:`parse_inputs`).
+        :param namespace: the task instance's key namespace.
+        :param deadline: the wait's absolute deadline (epoch seconds), ``None`` for none.
+        :param budget: the task's spend caps and what the try spent so far.
+        :param skip: hashes of the states a person said "no" about.
+        :param review: this try's review request (:mod:`~airflow_provider_systemzero.triggers.review`).
         """
         source = inputs.source
         return {
@@ -613,7 +620,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """
         deadline = deadline or self._deadline()
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
-        kwargs = self._trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
+        kwargs = self.trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
         timeout = defer_timeout(deadline)
         self.defer(
             trigger=SystemZeroDecisionTrigger(**kwargs),
