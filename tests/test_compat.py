@@ -245,9 +245,10 @@ def test_a_review_trigger_is_hitl_trigger_with_what_the_task_resumes_with(
 def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Under ``dag.test()``'s in-process supervisor of 3.1 / 3.2 (which answers a task's requests
-    only), the two requests of ``HITLTrigger`` go to the supervisor's Execution API client; any other
-    request, and every request outside ``dag.test()`` or on 3.3, is left as it was."""
+    """Under ``dag.test()``'s in-process supervisor (which answers a task's requests only), the two
+    review requests a trigger makes (``HITLTrigger``'s on 3.1 / 3.2, a watching sensor's on every
+    release) go to the supervisor's Execution API client; any other request, and every request
+    outside ``dag.test()``, is left as it was."""
     import uuid
 
     from airflow.sdk.execution_time import task_runner
@@ -275,7 +276,6 @@ def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
     comms = Comms(supervisor=SimpleNamespace(client=SimpleNamespace(hitl=Hitl())))  # type: ignore[arg-type]
     ti_id = uuid.uuid4()
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
-    monkeypatch.setattr(compat, "has_awaiting_input", lambda: False)
     with review_wait.in_process_review_comms() as applied:
         assert applied
         served = task_runner.SUPERVISOR_COMMS
@@ -284,15 +284,11 @@ def test_under_dag_test_the_review_requests_go_to_the_execution_api_client(
         assert served.send(GetConnection(conn_id="c")) == "from the supervisor"
     assert task_runner.SUPERVISOR_COMMS is comms
     assert calls == [("get", ti_id), ("update", (ti_id, ["No"], {})), ("comms", "GetConnection")]
-    # a triggerer's comms (or a release with awaiting_input) are left alone
+    # a triggerer's comms are left alone
     other = SimpleNamespace(send=lambda msg: "triggerer")
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", other, raising=False)
     with review_wait.in_process_review_comms() as applied:
         assert not applied and task_runner.SUPERVISOR_COMMS is other
-    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", comms, raising=False)
-    monkeypatch.setattr(compat, "has_awaiting_input", lambda: True)
-    with review_wait.in_process_review_comms() as applied:
-        assert not applied and task_runner.SUPERVISOR_COMMS is comms
 
 
 def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:

@@ -74,7 +74,7 @@ HISTORY_LIMIT = 200
 #: What a watch did with a decision, and what each disposition means.
 DISPOSITIONS: dict[str, str] = {
     "waiting": "did not meet the condition: the wait went on",
-    "declined": "met the condition about a state a person had already said no about",
+    "declined": "met the condition about a state a person had already said no about, or is being asked about",
     "hysteresis": "met the condition while the hold rule (consecutive, min_true_for) was still running",
     "held": "met the condition, but this run of met decisions had already fired",
     "fired": "ended the wait",
@@ -96,6 +96,10 @@ MARKS: dict[str, str] = {
     "stream_opened": "the stream was opened",
     "stream_released": "the stream was given back until the state changes (lease)",
     "hold_met": "a run of met decisions became long and old enough: the wait ended",
+    "review_answered": "a person answered the review about the state it shows",
+    "review_outdated": "a person answered the review after its state was replaced: recorded, decides nothing",
+    "review_superseded": "a newer state was decided while a person was asked: the review was closed",
+    "review_timed_out": "nobody answered the review in time",
 }
 
 #: The fields of a decision row, in the order of the tuple that keeps it (``at`` is epoch seconds).

@@ -260,6 +260,8 @@ class DecisionWatch:
     :param reviews: a person can review a decision (the sensor): a ``review`` verdict qualifies and
         a ``fail``/``skip`` verdict ends the wait; without (an asset watcher) only a met decision counts.
     :param skip_states: hashes of states a person already said "no" about.
+    :param reviewing: the hash of the state a person is being asked about: a decision about it
+        that qualifies does not end the wait again (the person's answer decides it).
     :param end_when_unmet: a static state: a decision that does not qualify ends the wait too.
     :param fired: the current run of qualifying decisions already had its verdict (an asset
         watcher's memory of an event it produced before a restart): the next verdict needs a
@@ -280,6 +282,7 @@ class DecisionWatch:
         *,
         reviews: bool = True,
         skip_states: Collection[str] = (),
+        reviewing: str | None = None,
         end_when_unmet: bool = False,
         fired: bool = False,
         on_fired: Callable[[bool, DecisionResult], None] | None = None,
@@ -289,6 +292,7 @@ class DecisionWatch:
         self.condition = condition
         self.reviews = reviews
         self.skip_states = frozenset(skip_states) if skip_states else _NO_STATES
+        self.reviewing = reviewing
         self.end_when_unmet = end_when_unmet
         self.streak = Streak(condition.consecutive, condition.min_true_for)
         self._last: tuple[DecisionResult, ConditionResult, str, Any] | None = None
@@ -310,15 +314,14 @@ class DecisionWatch:
     def _checked(self, decision: DecisionResult, state_key: str) -> tuple[ConditionResult, bool]:
         """:meth:`check`, and whether the state's skip demoted a decision that qualified."""
         result = self.condition.evaluate(decision)
-        declined = state_key in self.skip_states and result.candidate
+        declined = result.candidate and (state_key in self.skip_states or state_key == self.reviewing)
         if declined:
-            result = ConditionResult(
-                False,
-                result.answer,
-                f"{result.reason}; a person already said no about this state",
-                "wait",
-                result.outcome,
+            why = (
+                "a person is being asked about this state"
+                if state_key == self.reviewing
+                else "a person already said no about this state"
             )
+            result = ConditionResult(False, result.answer, f"{result.reason}; {why}", "wait", result.outcome)
         log.info("decision at version %s: %s", decision.state_version, result.reason)
         self.last_reason = f"the last decision (state version {decision.state_version}): {result.reason}"
         return result, declined

@@ -62,6 +62,10 @@ _MARK_LABELS = {
     "stream_opened": "stream opened",
     "stream_released": "stream given back",
     "hold_met": "hold rule met",
+    "review_answered": "review answered",
+    "review_outdated": "answer about a replaced state",
+    "review_superseded": "review closed: state moved on",
+    "review_timed_out": "review timed out",
 }
 
 _STYLE = """

@@ -13,6 +13,7 @@ for the operators.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -536,7 +537,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         except AirflowFailException as exc:
             raise ValueError(str(exc)) from None
         self.key_namespace = namespace
-        kwargs = self._trigger_kwargs(
+        kwargs = self.trigger_kwargs(
             inputs, namespace=namespace, deadline=None, budget=self.start_trigger_budget(), skip=[]
         )
         return StartTriggerArgs(
@@ -559,19 +560,27 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             accepted.add(self.key_namespace)
         return accepted
 
-    def _trigger_kwargs(
+    def trigger_kwargs(
         self,
         inputs: SensorInputs,
         namespace: str,
         deadline: float | None,
         budget: dict[str, Any],
         skip: list[str],
+        review: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The trigger's kwargs: the one place the sensor builds its trigger (defer, start, wait again).
 
         A static state adds ``end_when_unmet`` (a decision that does not meet the condition ends the
         wait) and ``allow_empty`` (a state the triggerer renders may be empty or ``'None'``), each
         only when it applies.
+
+        :param inputs: the sensor's parsed inputs (:meth:`parse_inputs`).
+        :param namespace: the task instance's key namespace.
+        :param deadline: the wait's absolute deadline (epoch seconds), ``None`` for none.
+        :param budget: the task's spend caps and what the try spent so far.
+        :param skip: hashes of the states a person said "no" about.
+        :param review: this try's review request (:mod:`~airflow_provider_systemzero.triggers.review`).
         """
         source = inputs.source
         return {
@@ -592,16 +601,32 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             **({"skip_states": skip} if skip else {}),
             **({"end_when_unmet": True} if self._ends_when_unmet(source) else {}),
             **({"allow_empty": True} if self.allow_empty and is_static(source) else {}),
+            **({"review": review} if review else {}),
         }
 
-    def _defer(self, context: Context, inputs: SensorInputs, deadline: float | None, skip: list[str]) -> None:
-        """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``."""
+    def _defer(
+        self,
+        context: Context,
+        inputs: SensorInputs,
+        deadline: float | None,
+        skip: list[str],
+        review: dict[str, Any] | None = None,
+    ) -> None:
+        """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``.
+
+        :param review: this try's review request (open while a person is asked): the trigger
+            watches on and follows it; an open one also goes to ``execute_complete``, which Airflow
+            3.3 resumes with the person's answer directly.
+        """
         deadline = deadline or self._deadline()
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
-        kwargs = self._trigger_kwargs(inputs, namespace, deadline, budget, skip)
+        kwargs = self.trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
         timeout = defer_timeout(deadline)
         self.defer(
-            trigger=SystemZeroDecisionTrigger(**kwargs), method_name="execute_complete", timeout=timeout
+            trigger=SystemZeroDecisionTrigger(**kwargs),
+            method_name="execute_complete",
+            kwargs={"review": review} if review and review.get("open") else None,
+            timeout=timeout,
         )
 
     # -- the Airflow paths ----------------------------------------------------------------------
@@ -690,15 +715,34 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                 f"decision ({exc})"
             ) from None
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute_complete(
+        self, context: Context, event: dict[str, Any] | None = None, review: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Resume after the trigger fired; idempotent (an event may be delivered more than once).
 
-        :param event: the trigger's payload.
+        :param event: the trigger's payload, or — on Airflow 3.3, whose API resumes a deferred task
+            when a person answers its review — the person's answer.
+        :param review: the review request open when the task deferred.
         :return: the decision summary (pushed to XCom as ``return_value``).
         """
+        if review is not None and isinstance(event, Mapping) and "status" not in event:
+            # a person's answer, which only the trigger can judge against the state the source holds
+            # now: it watches on with the answer to judge
+            gate = review.get("gate") or {}
+            skip = list((gate.get("extra") or {}).get("skip_states") or [])
+            answer = {**event, "responded_at": _iso(event.get("responded_at"))}
+            self._defer(
+                context,
+                self.inputs,
+                (gate.get("extra") or {}).get("deadline"),
+                skip,
+                {**review, "answer": answer},
+            )
         own = self._own_namespaces(context)
         ended = WatchEvent.from_payload(owned_event(self.task_id, event, own))
         self.usage_from_event(context, ended)  # the usage XCom; fails the task when the budget stopped it
+        if ended.status == "review":
+            return self._reviewed(context, ended)
         if ended.status not in ("success", "policy"):
             self._end_without_decision(context, ended)
         return self._finish(context, ended)
@@ -718,6 +762,66 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             event.state_version,
         )
         return self._gate(context, self._gate_of(event), _outcome_of(event))
+
+    def _reviewed(self, context: Context, event: WatchEvent) -> Any:
+        """A person answered the review while the sensor watched, or it timed out: an answer about
+        the state the source still holds is taken ("Yes" fires, "No" waits again); one about a
+        state since replaced is recorded and decides nothing."""
+        push_history(self, context, event)
+        review = dict(event.extra["review"])
+        resume = event.extra["resume"]
+        answer = review.pop("answer")
+        gate = dict(resume["gate"])
+        # the try so far, this wait included: without a task state store (3.1, 3.2) it travels here
+        gate["extra"] = {**(gate.get("extra") or {}), "review": review, "this_try": self.this_try}
+        if review.get("counted"):
+            return self.execute_review_complete(context, event=answer, gate=gate, outcome=resume["outcome"])
+        the_gate = Gate.from_dict(gate)
+        chosen = list(answer.get("chosen_options") or [])
+        who = (answer.get("responded_by_user") or {}).get("name") or "a person"
+        reason = (
+            f"{who} answered {chosen} about state version {the_gate.state_version} after the source "
+            "moved on: the answer is recorded and decides nothing about the newer state"
+        )
+        self.log.info("%s", reason)
+        record = self._record(
+            the_gate,
+            PolicyOutcome(**resume["outcome"]),
+            decision=None,
+            decided_by=None,
+            reason=reason,
+            review={
+                "chosen_options": chosen,
+                "responded_by": answer.get("responded_by_user"),
+                "responded_at": answer.get("responded_at"),
+                "timedout": bool(answer.get("timedout")),
+            },
+        )
+        return self._wait_again(context, the_gate, record)
+
+    def _watches_while_asked(self) -> bool:
+        """A deferrable sensor goes on watching its source while a person decides."""
+        return bool(self.deferrable)
+
+    def _watch_while_asked(
+        self, context: Context, gate: Gate, outcome: PolicyOutcome, defaults: list[str] | None
+    ) -> None:
+        """Defer to the sensor's own trigger with the review open: it watches on, and follows the
+        review (:mod:`~airflow_provider_systemzero.triggers.review`). A poking sensor returns (it
+        waits for the answer alone)."""
+        if not self._watches_while_asked():
+            return
+        timeout = self.policy.review_timedelta if self.policy is not None else None
+        review = {
+            "ti_id": str(context["task_instance"].id),
+            "gate": gate.to_dict(),
+            "outcome": outcome.to_dict(),
+            "defaults": defaults,
+            "timeout_at": None if timeout is None else time.time() + timeout.total_seconds(),
+            "open": True,
+        }
+        skip = list(gate.extra.get("skip_states") or [])
+        self._defer(context, self.inputs, gate.extra.get("deadline"), skip, review)
 
     def _gate_of(self, event: WatchEvent) -> Gate:
         """The gate of the watched question, carrying what the sensor needs after a review: the
@@ -739,6 +843,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "streak": event.verdict.get("streak"),
             # what the try spent so far: a wait after a person's "no" goes on counting from it
             "this_try": self.this_try,
+            # this try's review request, once it was used (one per try)
+            **({"review": event.extra["review"]} if event.extra.get("review") else {}),
         }
         spec = self.inputs.request["questions"].get(question, {})
         return Gate.of_event(question, spec, event, answer=answer, extra=extra)
@@ -769,7 +875,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if not self.deferrable:
             self.poke_watch = PokeWatch(skip)
             return BaseSensorOperator.execute(self, context)
-        self._defer(context, self.inputs, gate.extra.get("deadline"), skip)
+        self._defer(context, self.inputs, gate.extra.get("deadline"), skip, gate.extra.get("review"))
 
     def _static_unmet(self, reason: str) -> NoReturn:
         """A static state was decided and did not meet the condition: nothing can change that."""
@@ -829,6 +935,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
                 raise AirflowTaskTimeout(message)
             raise AirflowSensorTimeout(message)
         raise task_failure(self.task_id, event, fix=fix)
+
+
+def _iso(value: Any) -> Any:
+    """A time Airflow resumed a task with (a ``datetime``) as ISO 8601, for the trigger's kwargs."""
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def _outcome_of(event: WatchEvent) -> PolicyOutcome:

@@ -14,7 +14,10 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   instead (as ``HITLOperator`` does there): the wait holds a triggerer slot, not a worker.
   The request shows the question, a summary of the state, the model's answer with its
   probability and confidence, the ranked alternatives, the bars and why a person is asked. The
-  Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
+  A deferrable sensor defers to its own trigger instead and goes on watching its source while
+  the person decides (:mod:`~airflow_provider_systemzero.triggers.review`): a review is about
+  the one state its request shows, and Airflow keeps one request per task try.
+  The Required Actions page (or ``PATCH .../hitlDetails``) resumes the task in
   :meth:`PolicyGateMixin.execute_review_complete`: the person's answer becomes the decision
   (``decided_by: human``). When ``review_timeout`` passes, the scheduler's timeout sweep answers
   with the policy's default (``decided_by: timeout_default``), or — with no default — the task
@@ -256,8 +259,13 @@ def review_endpoint(ti: Any, task_id: str) -> str:
     return f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{quote(task_id, safe='')}/{map_index}/hitlDetails"
 
 
-def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | None) -> str:
+def review_body(
+    gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | None, *, watching: bool = False
+) -> str:
     """The review request's Markdown body: question, state summary, answer, numbers, alternatives.
+
+    :param watching: the task goes on watching its source while the person decides (a deferrable
+        sensor): the body says that the answer counts only for the state it shows.
 
     Every value in it — above all the gateway's (model, reply ID, the alternatives' answers) — is
     a code span (:func:`_code`) no value can close, so no text a gateway chose becomes a link, an
@@ -304,6 +312,15 @@ def review_body(gate: Gate, outcome: PolicyOutcome, policy: DecisionPolicy | Non
         (gate.preview or "").replace("```", "'''"),
         "```",
     ]
+    if watching:
+        lines += [
+            "",
+            f"**While you decide** the sensor goes on watching its source. Your answer counts only "
+            f"for the state above (version {gate.state_version}) while the source still holds it. "
+            "If a newer state is decided first, this request is closed for you; an answer given "
+            "after the state moved on is recorded and decides nothing. The task's Decision timeline "
+            "shows every state and each review.",
+        ]
     if policy is not None and policy.review_timeout is not None:
         fallback = (
             f"the default answer {_code(policy.default)} applies"
@@ -434,6 +451,10 @@ class PolicyGateMixin:
         )
         if gate.extra.get("streak"):  # the sensor's run of decisions (hysteresis)
             record["streak"] = gate.extra["streak"]
+        if gate.extra.get("review"):  # the sensor's review request of this try, and how it ended
+            record["review_request"] = {
+                key: value for key, value in gate.extra["review"].items() if key not in ("ti_id", "answer")
+            }
         return record
 
     def _push_record(self, context: Context, record: dict[str, Any]) -> None:
@@ -473,6 +494,9 @@ class PolicyGateMixin:
                     record = self._review_timed_out(gate, outcome, stored["reason"], stored.get("review"))
                     return self._fallback(context, gate, record)
                 return self._apply(context, gate, record)
+            spent = gate.extra.get("review")
+            if spent:
+                return self._not_asked(context, gate, outcome, spent)
             self._request_review(context, gate, outcome)
         if outcome.action == "act":
             record = self._record(
@@ -491,6 +515,33 @@ class PolicyGateMixin:
             return self._apply(context, gate, record)
         record = self._record(gate, outcome, decision=None, decided_by="policy", reason=outcome.reason)
         return self._fallback(context, gate, record)
+
+    def _not_asked(
+        self, context: Context, gate: Gate, outcome: PolicyOutcome, spent: Mapping[str, Any]
+    ) -> Any:
+        """A state that needs a person after this try's review request was used: Airflow keeps one
+        request per task try and never changes its text, so no request can show this state. The
+        sensor says so and waits for a state the model decides on its own (or its timeout)."""
+        reason = (
+            f"{outcome.reason}; a person would be asked, but this try's review request showed state "
+            f"version {spent.get('state_version')} and Airflow keeps one request per task try, its "
+            "text fixed: the sensor waits for a state the model decides on its own (clear the task "
+            "to ask a person about the newest state)"
+        )
+        self.log.info("%s", reason)
+        record = self._record(gate, outcome, decision=None, decided_by=None, reason=reason)
+        return self._wait_again(context, gate, record)
+
+    def _watch_while_asked(
+        self, context: Context, gate: Gate, outcome: PolicyOutcome, defaults: list[str] | None
+    ) -> None:
+        """Go on watching while the person decides (a deferrable sensor defers to its own trigger
+        and never returns); a task that does not watch returns and waits for the answer alone."""
+        return None
+
+    def _watches_while_asked(self) -> bool:
+        """Whether this task goes on watching its source while a person decides."""
+        return False
 
     def _default(self, gate: Gate) -> Any:
         default = self.policy.default if self.policy is not None else None
@@ -534,7 +585,7 @@ class PolicyGateMixin:
             ti_id=context["task_instance"].id,
             options=gate.labels(),
             subject=subject,
-            body=review_body(gate, outcome, policy),
+            body=review_body(gate, outcome, policy, watching=self._watches_while_asked()),
             defaults=defaults,
             multiple=gate.multiple,
             params={},
@@ -552,13 +603,16 @@ class PolicyGateMixin:
             "page, or with PATCH %s (the steps: the provider's docs, Policies, Human review)",
             gate.question,
             outcome.reason,
-            "in awaiting_input"
+            "deferred, watching its source meanwhile"
+            if self._watches_while_asked()
+            else "in awaiting_input"
             if has_awaiting_input()
             else "deferred, while Airflow's HITLTrigger checks for an answer",
             review_endpoint(context.get("ti"), getattr(self, "task_id", "?")),
         )
         for notifier in self.review_notifiers:
             notifier(context)
+        self._watch_while_asked(context, gate, outcome, defaults)
         resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
         timeout = policy.review_timedelta if policy is not None else None
         if has_awaiting_input():

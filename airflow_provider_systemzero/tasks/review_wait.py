@@ -21,22 +21,31 @@ The shortcut reads private parts of the Task SDK (the supervisor comms, read thr
 :func:`~airflow_provider_systemzero.compat.supervisor_comms`, and the in-process comms'
 ``supervisor.client.hitl``) and swaps ``task_runner.SUPERVISOR_COMMS`` while a review waits;
 :func:`in_process_review_comms` is the one place that does, and it is checked against the
-installed release: it applies only where ``awaiting_input`` is missing (3.1, 3.2) and only to
-``InProcessSupervisorComms``.
+installed release: it applies only to ``InProcessSupervisorComms`` (a sensor's trigger reads its open review
+under ``dag.test()`` on 3.3 too).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from airflow.providers.standard.triggers.hitl import HITLTrigger
 
-__all__ = ["IN_PROCESS_POKE_INTERVAL", "ReviewTrigger", "in_process_review_comms"]
+__all__ = [
+    "IN_PROCESS_POKE_INTERVAL",
+    "SYSTEMZERO_ANSWER",
+    "OpenReview",
+    "ReviewTrigger",
+    "closed_by_the_sensor",
+    "in_process_review_comms",
+]
 
 #: Seconds between two checks for the answer under ``dag.test()``.
 IN_PROCESS_POKE_INTERVAL = 1.0
+#: The key of ``params_input`` in an answer a sensor wrote itself (a request it closed).
+SYSTEMZERO_ANSWER = "systemzero"
 
 
 class _ReviewComms:
@@ -69,13 +78,10 @@ class _ReviewComms:
 @contextlib.contextmanager
 def in_process_review_comms() -> Iterator[bool]:
     """While it is entered, a review's requests are answered under ``dag.test()``'s in-process
-    supervisor of Airflow 3.1 / 3.2; yields whether the shortcut applies (``False``: nothing changed).
+    supervisor; yields whether the shortcut applies (``False``: nothing changed).
     """
-    from airflow_provider_systemzero.compat import has_awaiting_input, supervisor_comms
+    from airflow_provider_systemzero.compat import supervisor_comms
 
-    if has_awaiting_input():  # 3.3+: a review never defers to a trigger
-        yield False
-        return
     try:
         from airflow.sdk.execution_time import task_runner
         from airflow.sdk.execution_time.comms import GetHITLDetailResponse, UpdateHITLDetail
@@ -124,3 +130,90 @@ class ReviewTrigger(HITLTrigger):
             async for event in super().run():
                 payload = event.payload
                 yield TriggerEvent({**payload, "resume": self.resume}) if isinstance(payload, dict) else event
+
+
+class OpenReview:
+    """The review request of a task instance, read and answered from its trigger through the
+    triggerer's channel (the calls ``HITLTrigger`` makes): a sensor's trigger watches its source
+    while a person is asked, and reads the answer, closes a request whose state was replaced, and
+    writes the timeout's default itself.
+
+    :meth:`read` and :meth:`write` are the channel (a test's world overrides them); :meth:`close`
+    is the rule on top of it.
+
+    :param ti_id: the task instance's ID (its one request per try).
+    """
+
+    def __init__(self, ti_id: str) -> None:
+        self.ti_id = ti_id
+
+    async def read(self) -> dict[str, Any] | None:
+        """The request's answer, in the form Airflow resumes a task with (``chosen_options``,
+        ``params_input``, ``responded_at`` in ISO 8601, ``responded_by_user``, ``timedout``: an
+        answer nobody gave is the timeout's default, as ``HITLTrigger`` reads it); ``None`` while
+        it has none."""
+        from airflow.sdk.execution_time.hitl import get_hitl_detail_content_detail
+        from asgiref.sync import sync_to_async
+
+        with in_process_review_comms():
+            detail = await sync_to_async(get_hitl_detail_content_detail)(ti_id=self.ti_id)
+        if not (detail.response_received and detail.chosen_options):
+            return None
+        return _answer_of(detail, timedout=getattr(detail, "responded_by_user", None) is None)
+
+    async def write(self, chosen: list[str], params: dict[str, Any]) -> None:
+        """Write an answer (Airflow refuses it once the request has one).
+
+        :param chosen: the options (at least one).
+        :param params: the answer's ``params_input``.
+        """
+        from airflow.sdk.execution_time.hitl import update_hitl_detail_response
+        from asgiref.sync import sync_to_async
+
+        with in_process_review_comms():
+            await sync_to_async(update_hitl_detail_response)(
+                ti_id=self.ti_id, chosen_options=chosen, params_input=params
+            )
+
+    async def close(self, chosen: list[str], why: dict[str, Any]) -> dict[str, Any] | None:
+        """Answer the request on Airflow's side so it no longer shows as required, unless it has an
+        answer already: one the sensor wrote stays (nothing is written twice); a person's is
+        returned, and is what the request keeps.
+
+        :param chosen: the options written (Airflow needs at least one).
+        :param why: written as the answer's ``params_input`` (what closed it).
+        :return: the person's answer, when one came first; ``None`` once the request is closed.
+        """
+        answered = await self.read()
+        if answered is None:
+            try:
+                await self.write(chosen, why)
+                return None
+            except Exception:
+                answered = await self.read()  # a person answered between the read and the write
+                if answered is None:
+                    raise
+        return None if closed_by_the_sensor(answered) else answered
+
+
+def closed_by_the_sensor(answer: Mapping[str, Any]) -> bool:
+    """Whether ``answer`` is one a sensor wrote to close its request (not a person's, nor the
+    timeout's default).
+
+    :param answer: a Human-in-the-loop answer (``params_input`` …).
+    """
+    params = answer.get("params_input")
+    return isinstance(params, Mapping) and SYSTEMZERO_ANSWER in params
+
+
+def _answer_of(detail: Any, *, timedout: bool) -> dict[str, Any]:
+    """A Human-in-the-loop detail's answer as plain JSON."""
+    responded_at = getattr(detail, "responded_at", None)
+    user = getattr(detail, "responded_by_user", None)
+    return {
+        "chosen_options": list(detail.chosen_options or []),
+        "params_input": dict(getattr(detail, "params_input", None) or {}),
+        "responded_at": responded_at.isoformat() if hasattr(responded_at, "isoformat") else responded_at,
+        "responded_by_user": None if user is None else {"id": user.id, "name": user.name},
+        "timedout": timedout,
+    }

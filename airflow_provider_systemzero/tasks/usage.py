@@ -544,7 +544,7 @@ class UsageBudgetMixin:
         report = event.extra.get(EVENT_USAGE_KEY)
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
-        ok = event.status == "success"
+        ok = event.status in ("success", "review")  # a review event ends a wait as a decision does
         self.resume_try(report.get("carried"))  # what the try spent before it deferred
         record = self._finish_usage(
             self.usage_ledger(context),

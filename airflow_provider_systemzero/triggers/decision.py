@@ -58,6 +58,7 @@ from airflow_provider_systemzero.sources.spec import refuse_rendered_state, stat
 from airflow_provider_systemzero.tasks.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
+from airflow_provider_systemzero.triggers.review import ReviewWatch
 from airflow_provider_systemzero.triggers.shared import (
     DecisionBoard,
     SharedDecision,
@@ -126,6 +127,11 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
     :param allow_empty: the sensor's ``allow_empty``: a static state a template rendered here (a
         sensor started in the triggerer) may be empty or ``'None'``.
+    :param review: this try's review request (:mod:`~airflow_provider_systemzero.triggers.review`):
+        ``ti_id``, the reviewed ``gate`` and the policy's ``outcome``, ``defaults``, ``timeout_at``
+        (epoch seconds), whether it is still ``open``, and an ``answer`` to judge. While it is open
+        the wait goes on: a person's answer about the state the source still holds ends it with a
+        ``review`` event, a newer state decided ends it as usual and closes the request.
 
     Under a policy the ``success`` event carries ``action``: ``act``/``default`` (fire), or
     ``review`` (the sensor asks a person); a ``fail``/``skip`` verdict is a ``policy`` event.
@@ -133,8 +139,8 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
 
     _kwargs = TriggerKwargs(
         "systemzero_conn_id request condition state source key_namespace decision_mode budget deadline "
-        "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness allow_empty",
-        when_set=frozenset({"budget", "skip_states", "end_when_unmet", "allow_empty"}),
+        "lease lease_after skip_states end_when_unmet min_interval_ms max_staleness allow_empty review",
+        when_set=frozenset({"budget", "skip_states", "end_when_unmet", "allow_empty", "review"}),
     )
 
     def __init__(
@@ -159,6 +165,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         debounce_ms: int | None = None,
         decide_initial: bool = True,
         allow_empty: bool = False,
+        review: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             systemzero_conn_id=systemzero_conn_id,
@@ -176,6 +183,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
         self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
         self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
+        self.review = review
         #: started in the triggerer, state and source are templates it renders: checked once rendered
         self._templates = state_templates(state, source)
 
@@ -200,13 +208,21 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
                         refuse_rendered_state(
                             self.state, self.source, self._templates, allow_empty=self.allow_empty
                         )
-                    self._open_source()
+                    source = self._open_source()
                     rules = self._rules()
-                    driver = self._start_watch(rules, once=True, min_interval_ms=self.min_interval_ms)
-                    verdict = await driver.next_verdict()
-                    payload = rules.sensor_event(
-                        verdict, key_namespace=self.key_namespace, deadline=self.deadline
-                    ).to_payload()
+                    asked = ReviewWatch.of(self.review, rules, source)
+                    driver = self._start_watch(
+                        rules, once=asked is None, min_interval_ms=self.min_interval_ms
+                    )
+                    if asked is None:
+                        verdict = await driver.next_verdict()
+                        payload = rules.sensor_event(
+                            verdict, key_namespace=self.key_namespace, deadline=self.deadline
+                        ).to_payload()
+                        if self.review:  # this try's review request, already answered or closed
+                            payload["review"] = self.review
+                    else:
+                        payload = await asked.next_event(driver, self._extra(), deadline=self.deadline)
             except TimeoutError as exc:
                 if not scope.expired():
                     payload = self._failure(exc, self._extra())
@@ -233,6 +249,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             DecisionCondition.from_dict(self.condition),
             reviews=True,
             skip_states=self.skip_states,
+            reviewing=ReviewWatch.reviewed_state(self.review),
             end_when_unmet=self.end_when_unmet,
             timeline=new_timeline(),
         )

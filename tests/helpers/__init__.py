@@ -211,13 +211,11 @@ def append_once(
     return append
 
 
-def append_once_logged(
-    logger: str, fragment: str, log: Path, line: str, *, timeout: float
-) -> Callable[[], None]:
-    """A step for :func:`run_dag_while` that appends ``line`` to ``log`` once ``logger`` logged a
-    message containing ``fragment``: for a point of the run the gateway cannot see (what a trigger
-    made of a decision). The listener is attached now, so a message logged before the step starts
-    counts; it is removed when the step ends.
+def once_logged(logger: str, fragment: str, *, timeout: float) -> Callable[[], None]:
+    """A wait, for a step of :func:`run_dag_while` (or a reviewer's answer), until ``logger``
+    logged a message containing ``fragment``: for a point of the run the gateway cannot see (what
+    a trigger made of a decision). The listener is attached now, so a message logged before the
+    wait starts counts; it is removed when the wait ends.
 
     :param logger: the name of the logger that says it (``airflow_provider_systemzero.decisions.watch``).
     :param fragment: a part of the formatted message.
@@ -239,7 +237,7 @@ def append_once_logged(
     if not target.isEnabledFor(logging.INFO):
         target.setLevel(logging.INFO)
 
-    def append() -> None:
+    def wait() -> None:
         try:
             if not seen.wait(timeout):
                 raise TimeoutError(
@@ -248,6 +246,24 @@ def append_once_logged(
         finally:
             target.removeHandler(listener)
             target.setLevel(level)
+
+    return wait
+
+
+def append_once_logged(
+    logger: str, fragment: str, log: Path, line: str, *, timeout: float
+) -> Callable[[], None]:
+    """A step for :func:`run_dag_while` that appends ``line`` to ``log`` once ``logger`` logged a
+    message containing ``fragment`` (:func:`once_logged`).
+
+    :param logger: the name of the logger that says it.
+    :param fragment: a part of the formatted message.
+    :param timeout: the bound on the wait.
+    """
+    logged = once_logged(logger, fragment, timeout=timeout)
+
+    def append() -> None:
+        logged()
         with log.open("a") as out:
             out.write(line + "\n")
 

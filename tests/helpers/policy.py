@@ -123,8 +123,9 @@ def core_api(airflow_db: None) -> CoreApi:
 
 
 def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
-    """Unanswered Human-in-the-loop requests of a Dag's tasks that wait in ``awaiting_input``
-    (deferred to ``HITLTrigger`` on Airflow 3.1 / 3.2, which have no such state)."""
+    """Unanswered Human-in-the-loop requests of a Dag's tasks that wait for them: in
+    ``awaiting_input``, or deferred (to ``HITLTrigger`` on Airflow 3.1 / 3.2, which have no such
+    state; a deferrable sensor to its own trigger, which watches on)."""
     from airflow.models.hitl import HITLDetail
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -138,7 +139,7 @@ def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
             .filter(
                 TaskInstance.dag_id == dag_id,
                 HITLDetail.responded_at.is_(None),
-                TaskInstance.state.in_(WAITING if has_awaiting_input() else ("deferred", "queued")),
+                TaskInstance.state.in_(WAITING if has_awaiting_input() else WATCHING),
             )
             .all()
         )
@@ -159,9 +160,13 @@ def pending_reviews(dag_id: str) -> list[dict[str, Any]]:
         ]
 
 
-#: Where a task waits for its review on Airflow 3.3; on 3.1 / 3.2 it is deferred, and queued while
-#: ``dag.test()`` runs its trigger in-process.
-WAITING = ("awaiting_input",)
+#: Where a task waits for its review on Airflow 3.1 / 3.2, and a deferrable sensor on every
+#: Airflow (it watches on meanwhile): deferred, and queued while ``dag.test()`` runs its trigger
+#: in-process.
+WATCHING = ("deferred", "queued")
+#: Where a task waits for its review on Airflow 3.3: an operator in ``awaiting_input``, a
+#: deferrable sensor deferred.
+WAITING = ("awaiting_input", *WATCHING)
 
 
 class Reviewer:

@@ -17,6 +17,7 @@ from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSenso
 from tests.helpers import (
     append_once,
     append_once_logged,
+    once_logged,
     run_dag,
     run_dag_while,
     task_states,
@@ -166,8 +167,9 @@ def test_a_person_confirms_an_unsure_answer(emulator: Any, core_api: Any, tmp_pa
 def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_try(
     emulator: Any, core_api: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A review answered "no", then a state that fires: one try in two waits. The ``usage`` XCom,
-    the task's log line and the decision timeline count both waits, the same figures in each."""
+    """A review answered "no", then a state that fires: one try in three waits (the first, the
+    watch while the person decides, the wait after the "no"). The ``usage`` XCom, the task's log
+    line and the decision timeline count them all, the same figures in each."""
     log = tmp_path / "service.log"
     log.write_text("tick 1: unsure ready\n")
     before = emulator.stats
@@ -182,8 +184,17 @@ def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_
         "tick 2: ready",
         timeout=170,
     )
+    # the person answers once the watch that goes on meanwhile heard the reviewed state again
+    heard_again = once_logged(
+        "airflow_provider_systemzero.decisions.watch", "a person is being asked about this state", timeout=170
+    )
+
+    def no(request: dict[str, Any]) -> list[str]:
+        heard_again()
+        return ["No"]
+
     dag = _file_sensor("sensor_review_no", log, policy=POLICY, timeout=180)
-    with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
+    with Reviewer(core_api, dag.dag_id, no) as reviewer:
         dag_run = run_dag_while(dag, ready_once_the_answered_state_came_back, within=180)
     assert task_states(dag_run) == {"wait": "success"}
     assert len(reviewer.seen) == 1  # the answered state is not asked about again
@@ -192,30 +203,38 @@ def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_
     record = xcoms[("wait", "decision", -1)]
     assert (record["action"], record["decided_by"], record["decision"]) == ("act", "model", True)
     assert record["confidence"] == pytest.approx(0.92)
-    # one history for the try: the wait that asked the person, then the one that fired, where the
-    # state already answered came back as a replay of its reply and was declined: the second
-    # wait's budget knows the first one's reply IDs (the try's record travels with the task, with
-    # or without a task state store), so the replay is not counted as billed
+    # one history for the try: the wait that asked the person; the watch while the person
+    # decided, where the reviewed state came back as a replay of its reply and was not asked about
+    # again; then the wait that fired, where the state answered "no" came back too and was
+    # declined. The later waits' budgets know the first one's reply IDs (the try's record travels
+    # with the task, with or without a task state store), so no replay is counted as billed.
     history = [row for row in xcoms[("wait", "decisions", -1)] if row["kind"] == "decision"]
     assert [(row["disposition"], row["billed"]) for row in history] == [
         ("review", True),
         ("declined", False),
+        ("declined", False),
         ("fired", True),
     ]
     assert [row["at"] for row in history] == sorted(row["at"] for row in history)
-    # the usage of the whole try, both waits, at the top of the XCom; each wait's own beside it
+    marks = [row["kind"] for row in xcoms[("wait", "decisions", -1)] if row["kind"].startswith("review_")]
+    assert marks == ["review_answered"]
+    # the usage of the whole try, all three waits, at the top of the XCom; each wait's own beside it
     usage = xcoms[("wait", "usage", -1)]
-    assert (usage["dispatched"], usage["billed"], usage["replayed"]) == (3, 2, 1), usage
-    assert [(r["dispatched"], r["billed"], r["replayed"]) for r in usage["resumes"]] == [(1, 1, 0), (2, 1, 1)]
+    assert (usage["dispatched"], usage["billed"], usage["replayed"]) == (4, 2, 2), usage
+    assert [(r["dispatched"], r["billed"], r["replayed"]) for r in usage["resumes"]] == [
+        (1, 1, 0),
+        (1, 0, 1),
+        (2, 1, 1),
+    ]
     # the same figures in the task's last usage line and on the timeline
     lines = [line for line in capfd.readouterr().out.splitlines() if "System Zero usage of" in line]
-    assert "try 1 (decided): 3 dispatched, 2 billed, 1 replayed unbilled" in lines[-2], lines
-    assert "(in 2 parts; this one: 2 dispatched, 1 billed, 1 replayed unbilled" in lines[-2], lines
+    assert "try 1 (decided): 4 dispatched, 2 billed, 2 replayed unbilled" in lines[-2], lines
+    assert "(in 3 parts; this one: 2 dispatched, 1 billed, 1 replayed unbilled" in lines[-2], lines
     from airflow_provider_systemzero.plugins.timeline_app import task_page
 
     page = task_page(dag.dag_id, dag_run.run_id, "wait", "-1").body.decode()
     assert (
-        "Usage of try 1, all 2 parts (each deferral&#x27;s resume, or each poke): 2 decision(s) billed, 1 replayed unbilled, 3 dispatched."
+        "Usage of try 1, all 3 parts (each deferral&#x27;s resume, or each poke): 2 decision(s) billed, 2 replayed unbilled, 4 dispatched."
         in page
     )
 
@@ -288,8 +307,8 @@ def test_poke_mode_review(emulator: Any, core_api: Any) -> None:
 
 
 def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api: Any) -> None:
-    """The trigger the sensor defers to after a person says "no" carries the task's budget: with
-    one decision allowed and spent on the reviewed state, the next state is not decided. On every
+    """The trigger that watches on while a person is asked carries the task's budget: with one
+    decision allowed and spent on the reviewed state, the next state is not decided. On every
     release: without a task state store (3.1, 3.2) the try's record travels with the task."""
     dag = _sensor(
         "sensor_review_no_budget",
@@ -302,7 +321,9 @@ def test_waiting_again_after_a_no_keeps_the_spending_cap(emulator: Any, core_api
     with Reviewer(core_api, dag.dag_id, lambda request: ["No"]) as reviewer:
         dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "failed"}
-    assert len(reviewer.seen) == 1
-    usage = xcoms_of(dag.dag_id, dag_run.run_id)[("wait", "usage", -1)]
+    assert len(reviewer.seen) <= 1  # the newer state came while the person was asked
+    xcoms = xcoms_of(dag.dag_id, dag_run.run_id)
+    assert xcoms[("wait", "decision", -1)]["status"] == "pending_review"  # a person was asked
+    usage = xcoms[("wait", "usage", -1)]
     # the second deferral was refused before it dispatched anything: one decision billed in all
     assert usage["refused_by"] == "max_decisions" and usage["total"]["billed"] == 1, usage

@@ -64,7 +64,7 @@ def test_decide_initial_false_needs_a_source() -> None:
 def test_the_knobs_reach_the_trigger(tmp_path: Path) -> None:
     sensor = _sensor(tmp_path / "job.log", decide_when=r"(?i)job is ready", debounce_ms=250)
     inputs = sensor.parse_inputs()
-    kwargs = sensor._trigger_kwargs(
+    kwargs = sensor.trigger_kwargs(
         inputs, namespace="ns", deadline=None, budget=sensor.start_trigger_budget(), skip=[]
     )
     assert kwargs["decide_when"] == r"(?i)job is ready" and kwargs["debounce_ms"] == 250

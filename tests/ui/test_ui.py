@@ -5,9 +5,11 @@ Airflow components and the emulator (see ``conftest.py``).
    and placeholders (the port's saying why it is stored), the unused ones are hidden, the key is a
    password input; saving stores it; the Test button reports success for it and for a connection
    made the README's way, and a wrong key and a stopped gateway by their cause.
-2. A sensor whose policy asks a person: the task shows as awaiting input and the page shows the
-   question, the state and the model's probability and confidence; "No" keeps the sensor waiting
-   for a new state, "Yes" lets it succeed.
+2. A sensor whose policy asks a person: the task stays deferred, watching its source, and its
+   Required Actions page shows the question, the state it asks about and the model's probability
+   and confidence; "No" keeps the sensor waiting for a new state, "Yes" lets it succeed, and a
+   decisive newer state lets it succeed with nobody answering and takes the request out of
+   Required Actions.
 3. The ``decision`` and ``usage`` XComs in the XCom view.
 4. The "Decision timeline" tab of a sensor that saw three states: its chart's points and its table
    match the ``decisions`` XCom.
@@ -15,8 +17,8 @@ Airflow components and the emulator (see ``conftest.py``).
 Each step's screenshot is written to ``docs/images/ui-*.png`` (the pictures of docs/connection.md,
 docs/policies.md and docs/sensor.md). ``make test-ui`` runs it on the installed Airflow (3.3 in
 ``.venv``); ``make test-matrix MATRIX=3.1:3.11 PYTEST_ARGS="-m ui tests/ui"`` runs it on the
-oldest corner, where 1 and 4 run as on 3.3 and 2 and 3 are skipped (a review waits deferred
-there, not in ``awaiting_input``).
+oldest corner, where 1 and 4 run as on 3.3 and 2 and 3 are skipped (Airflow 3.1's Required
+Actions pages differ).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -230,23 +233,39 @@ def _wait_state(deployment: Deployment, run_id: str, states: set[str], timeout: 
 
 def _pause_seen_by_scheduler(deployment: Deployment, run_id: str) -> bool:
     """Whether the scheduler has processed the exit of every worker that ran ``run_id``'s sensor,
-    the last of them while the task awaited a person's answer. An answer resumed before that makes
+    the last of them while the task was deferred with a person asked. An answer resumed before that makes
     the scheduler fail the resumed try on the stale exit event (apache/airflow#71580), and the
     next try asks again: a person takes seconds to answer; a browser, less than the scheduler's
-    next loop. One exit seen in ``awaiting_input`` is not enough: the worker that deferred before
-    the decision can exit after the next worker paused the task for the answer, and that worker's
-    exit is then still to come."""
+    next loop. One exit seen deferred is not enough: the worker that deferred before the decision
+    can exit after the next worker deferred the task with the review open, and that worker's exit
+    is then still to come."""
     log = (deployment.logs / "scheduler.log").read_text(errors="replace")
     mine = re.compile(rf"\brun_id={re.escape(run_id)}\b")
     lines = [line for line in log.splitlines() if mine.search(line)]
     workers = sum("Worker startup parse complete" in line for line in lines)
     exits = [line for line in lines if "TaskInstance Finished:" in line]
-    return workers > 0 and len(exits) >= workers and "state=awaiting_input," in exits[-1]
+    return workers > 0 and len(exits) >= workers and "state=deferred," in exits[-1]
+
+
+def _open_reviews(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
+    """The run's review requests nobody answered yet (what Required Actions lists)."""
+    path = f"/api/v2/dags/{UI_DAG_ID}/dagRuns/{quote(run_id, safe='')}/hitlDetails?response_received=false"
+    return list(deployment.rest("GET", path).get("hitl_details") or [])
+
+
+def _wait_review(deployment: Deployment, run_id: str) -> None:
+    """Wait until ``run_id``'s sensor asks a person: deferred (it watches on) with a request open."""
+
+    def asked() -> bool:
+        deployment.check_alive()
+        return _task_state(deployment, run_id) == "deferred" and bool(_open_reviews(deployment, run_id))
+
+    wait_for(asked, 420, f"{run_id} to ask a person", interval=0.5)
 
 
 def _review_page(page: Any, deployment: Deployment, run_id: str) -> Any:
     page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{run_id}/tasks/{TASK}/required_actions")
-    page.get_by_text("Awaiting Input").first.wait_for()
+    page.get_by_text("Deferred").first.wait_for()
     page.get_by_role("button", name="Yes").wait_for()
     return page
 
@@ -270,7 +289,7 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
         run_id = runs[answer] = deployment.trigger(
             UI_DAG_ID, {"dir": str(work)}, run_id=f"review_{answer.lower()}"
         )
-        _wait_state(deployment, run_id, {"awaiting_input"}, 420, f"{run_id} to await a person's answer")
+        _wait_review(deployment, run_id)
         _review_page(page, deployment, run_id)
         body = page.locator("body").inner_text()
         for expected in (
@@ -323,6 +342,26 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
     assert xcoms[(TASK, "usage")]["total"]["billed"] >= 1, xcoms[(TASK, "usage")]
     no_xcoms = deployment.xcoms(UI_DAG_ID, no_run)
     assert no_xcoms[(TASK, "decision")]["decided_by"] == "model", no_xcoms
+
+    # a decisive newer state while the person is asked: the sensor fires with nobody answering,
+    # and the request leaves Required Actions
+    work = tmp_path / "superseded"
+    work.mkdir()
+    (work / "build.log").write_text("compiling\nunit tests passed\nthe build looks ready\n")
+    later = deployment.trigger(UI_DAG_ID, {"dir": str(work)}, run_id="review_superseded")
+    _wait_review(deployment, later)
+    _review_page(page, deployment, later)
+    assert "While you decide" in page.locator("body").inner_text()
+    with (work / "build.log").open("a") as handle:
+        handle.write("Job is ready.\n")
+    assert deployment.wait_run(UI_DAG_ID, later, timeout=300) == "success"
+    assert _open_reviews(deployment, later) == []
+    page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{later}/tasks/{TASK}/required_actions")
+    page.get_by_text("Success").first.wait_for()
+    page.get_by_text(re.compile("Response received at")).wait_for()
+    _shot(page, "review-superseded")
+    record = deployment.xcoms(UI_DAG_ID, later)[(TASK, "decision")]
+    assert (record["decided_by"], record["review_request"]["ended"]) == ("model", "superseded"), record
 
     # (3) the XCom view, values expanded
     page.set_viewport_size({"width": 1600, "height": 1100})
