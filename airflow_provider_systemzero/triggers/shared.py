@@ -158,10 +158,10 @@ def posted(key: Hashable, board: DecisionBoard) -> Iterator[DecisionBoard]:
 async def shared_verdicts(
     rules: DecisionWatch, key: Hashable, shared_stream: AsyncIterator[Any]
 ) -> AsyncIterator[Any]:
-    """One member's verdicts from its group's decisions: ``rules`` judge each decision that is
-    still about what the source holds now — the group's newest first, when the group runs already
-    — and a run of met decisions whose only lack is time (``min_true_for``) ends when its time
-    passes, if no change came meanwhile. Runs until cancelled.
+    """One member's verdicts from its group's decisions: ``rules`` judge each decision the group
+    judged current, in order — the group's newest first, when the group runs already and it is
+    still about what the source holds now — and a run of met decisions whose only lack is time
+    (``min_true_for``) ends when its time passes, if no change came meanwhile. Runs until cancelled.
 
     :param rules: the member's rules (its condition, policy, hysteresis and memory).
     :param key: the group's shared stream key.
@@ -172,13 +172,18 @@ async def shared_verdicts(
     held: Judged | None = None  # the newest decision judged, while a hold may end on time
     upcoming: asyncio.Future[Any] | None = None  # the next decision, while waited for with a timer
 
-    def judge(shared: SharedDecision) -> Any:
+    def judge(shared: SharedDecision, *, joining: bool = False) -> Any:
+        """Judge a decision the group broadcast: each one, in order, as the group's watch judged it
+        current when it came (so this watch's rules see every transition the group saw, a
+        decision that did not qualify included, exactly as a watch alone would); the group's
+        newest decision when joining only while it is still current."""
         nonlocal seen, held
         seen = shared.number
-        board = _BOARDS.get(key)
         judged = shared.judged
-        if board is not None and not board.current(judged.generation):
-            return None  # the source changed since: the decision about its newer state is coming
+        if joining:
+            board = _BOARDS.get(key)
+            if board is not None and not board.current(judged.generation):
+                return None  # the source changed since: the decision about its newer state is coming
         held = judged
         return rules.observe(
             judged.decision, judged.state_key, judged.state, loop.time(), generation=judged.generation
@@ -187,7 +192,7 @@ async def shared_verdicts(
     board = _BOARDS.get(key)
     if board is not None and board.latest is not None:
         log.info("the shared stream decided before this watch joined: it starts from its newest decision")
-        if (verdict := judge(board.latest)) is not None:
+        if (verdict := judge(board.latest, joining=True)) is not None:
             yield verdict
     stream = aiter(shared_stream)
     try:

@@ -104,7 +104,7 @@ def _fired(triggerer: Triggerer, trigger_id: int) -> list[dict[str, Any]]:
 
 
 async def test_ten_watches_of_one_file_share_one_stream_and_one_decision_per_change(
-    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch
+    log: Path, rules_file: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with _triggerer(rules_file, monkeypatch) as (emu, triggerer):
         low = [triggerer.start(_watch(log, f"low-{i}", LOW)) for i in range(5)]
@@ -126,6 +126,14 @@ async def test_ten_watches_of_one_file_share_one_stream_and_one_decision_per_cha
         await change("job all done\n", 3, [1] * 5, [1] * 5)  # the high bar now; the low stays met
         await triggerer.cancel(low[0])  # leaves mid-run
         await change("job restarted\n", 4, [1] * 5, [1] * 5)  # neither met: no event
+        # no event tells when the nine watches judged it: the next change waits until they did (a
+        # change before would make this decision one about a state the source no longer holds,
+        # which no watch counts, so "all done again" would continue the run that fired)
+        await until(
+            lambda: sum("decision at version 4:" in record.getMessage() for record in caplog.records) >= 9,
+            within=15,
+            what="the nine watches to judge the decision about 'job restarted'",
+        )
         await change("job all done again\n", 5, [1] + [2] * 4, [2] * 5)  # both again, once each
         assert all(not triggerer.task(t).done() for t in [*low[1:], *high])
         stats = emu.stats
