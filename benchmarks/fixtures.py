@@ -246,7 +246,7 @@ class Feed:
             "poll_interval": self.poll_interval,
         }
         if self.kind == "file-poll":
-            spec["watch"] = "poll"
+            spec["notifications"] = "poll"
         return spec
 
     def publish(self, channel: str, state: str) -> float:

@@ -21,7 +21,7 @@ knobs, chosen by the DAG author, keep the decisions for the changes that can mat
 debounced: how long the source was quiet before the trigger started is unknown); ``False`` waits
 for the first relevant change.
 
-:class:`DecisionGate` holds the timing; time is passed in, so it is tested without a clock. Nothing
+:class:`DecisionDebounce` holds the timing; time is passed in, so it is tested without a clock. Nothing
 here imports Airflow; a trigger's :class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`
 asks it when a decision is due.
 """
@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_systemzero.deprecations import Renamed, warn_once
 from airflow_provider_systemzero.dotted import check_dotted, import_dotted
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.state import same_json
@@ -40,8 +41,8 @@ from airflow_provider_systemzero.protocol.state import same_json
 __all__ = [
     "MAX_DEBOUNCE_MS",
     "MAX_HOLD_FACTOR",
+    "DecisionDebounce",
     "DecisionFilter",
-    "DecisionGate",
     "Relevance",
     "validate_debounce_ms",
     "validate_decide_initial",
@@ -221,7 +222,7 @@ class Relevance:
         return result
 
 
-class DecisionGate:
+class DecisionDebounce:
     """When a trigger starts its next decision (time passed in, in seconds of one clock).
 
     A decision is *pending* once a relevant change (or, with ``decide_initial``, the initial state)
@@ -235,10 +236,11 @@ class DecisionGate:
     """
 
     def __init__(self, *, debounce_ms: int | None, decide_initial: bool, now: float) -> None:
-        self.debounce = (debounce_ms or 0) / 1000
+        #: seconds of quiet before a decision (0: none)
+        self.quiet = (debounce_ms or 0) / 1000
         self._pending = decide_initial
         self._first = now
-        self._last = now - self.debounce  # the initial state is due at once
+        self._last = now - self.quiet  # the initial state is due at once
         self.changes = 0
         self.relevant_changes = 0
 
@@ -265,9 +267,9 @@ class DecisionGate:
         """When the pending decision should start (``None``: nothing pending)."""
         if not self._pending:
             return None
-        if not self.debounce:
+        if not self.quiet:
             return self._last
-        return min(self._last + self.debounce, self._first + MAX_HOLD_FACTOR * self.debounce)
+        return min(self._last + self.quiet, self._first + MAX_HOLD_FACTOR * self.quiet)
 
     def started(self) -> None:
         """A decision about the newest state started: it covers every change so far."""
@@ -333,8 +335,20 @@ class DecisionFilter:
             self._relevance = relevance
         return self._relevance
 
-    def gate(self, now: float) -> DecisionGate | None:
-        """A fresh :class:`DecisionGate` starting ``now`` (``None`` when not active: every change is decided)."""
+    def debounce(self, now: float) -> DecisionDebounce | None:
+        """A fresh :class:`DecisionDebounce` starting ``now`` (``None`` when not active: every change is decided)."""
         if not self.active:
             return None
-        return DecisionGate(debounce_ms=self.debounce_ms, decide_initial=self.decide_initial, now=now)
+        return DecisionDebounce(debounce_ms=self.debounce_ms, decide_initial=self.decide_initial, now=now)
+
+    def gate(self, now: float) -> DecisionDebounce | None:
+        """Deprecated name of :meth:`debounce` (before 0.2).
+
+        :param now: the time the debounce starts.
+        """
+        warn_once("DecisionFilter.gate()", "DecisionFilter.debounce()")
+        return self.debounce(now)
+
+
+#: The names of this module before 0.2.
+__getattr__ = Renamed(__name__, {"DecisionGate": ("DecisionDebounce", lambda: DecisionDebounce)})

@@ -37,9 +37,9 @@ happened back in. The watch answers, in one place, the three questions a wait ke
 The phases of the stream a watch holds (:class:`Phase`) and their legal moves
 (:data:`TRANSITIONS`) are the whole lifecycle; every move is checked against the table. The
 verdict itself — the condition, its policy, skip states, hysteresis, once per run — is the
-:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` the watch is given (or
+:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules` the watch is given (or
 :class:`FirstDecision` for an operator); when a ``decide_when`` or ``debounce_ms`` decision is due is
-the :class:`~airflow_provider_systemzero.decisions.relevance.DecisionGate`'s.
+the :class:`~airflow_provider_systemzero.decisions.relevance.DecisionDebounce`'s.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_provider_systemzero.decisions.relevance import DecisionGate, Relevance
+from airflow_provider_systemzero.decisions.relevance import DecisionDebounce, Relevance
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
+from airflow_provider_systemzero.deprecations import warn_once
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reply import DecisionResult
@@ -112,7 +113,17 @@ def validate_max_staleness(value: Any) -> float:
 # ------------------------------------------------------------------------------------ phases
 
 
-class Phase(enum.Enum):
+class _PhaseType(enum.EnumType):
+    """Answers the phase's name before 0.2 (``HOLDING``), warning once."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name == "HOLDING":
+            warn_once("Phase.STREAMING", "Phase.STREAMING")
+            return cls.STREAMING  # type: ignore[attr-defined]
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+
+class Phase(enum.Enum, metaclass=_PhaseType):
     """Where a watch is with its stream."""
 
     #: The first read of the source is under way: nothing is known, nothing is wanted.
@@ -124,8 +135,8 @@ class Phase(enum.Enum):
     #: ``start``'s acknowledgement). What the source gives meanwhile becomes its desired state,
     #: so it opens with the newest state.
     OPENING = "opening"
-    #: The stream is open: states are sent, decisions asked for and judged.
-    HOLDING = "holding"
+    #: The stream is open: states are sent, decisions asked for and judged (``HOLDING`` before 0.2).
+    STREAMING = "streaming"
     #: The stream is being given back (closed with 1000); the next one opens once it is closed.
     RELEASING = "releasing"
     #: The wait ended with a verdict (a sensor's, an operator's). Terminal.
@@ -136,14 +147,14 @@ class Phase(enum.Enum):
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset({Phase.DORMANT}),
     Phase.DORMANT: frozenset({Phase.OPENING, Phase.ENDED}),
-    Phase.OPENING: frozenset({Phase.HOLDING, Phase.DORMANT, Phase.ENDED}),
-    Phase.HOLDING: frozenset({Phase.RELEASING, Phase.DORMANT, Phase.ENDED}),
+    Phase.OPENING: frozenset({Phase.STREAMING, Phase.DORMANT, Phase.ENDED}),
+    Phase.STREAMING: frozenset({Phase.RELEASING, Phase.DORMANT, Phase.ENDED}),
     Phase.RELEASING: frozenset({Phase.DORMANT, Phase.ENDED}),
     Phase.ENDED: frozenset(),
 }
 
 #: The phases in which the watch has a stream (being opened, or open).
-_WITH_STREAM = frozenset({Phase.OPENING, Phase.HOLDING})
+_WITH_STREAM = frozenset({Phase.OPENING, Phase.STREAMING})
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -211,7 +222,7 @@ Action = Open | Send | Decide | Check | Offer | Withdraw | Release | Fire
 class Rules(Protocol):
     """What ends a wait, decision by decision (the watch feeds it current decisions only).
 
-    :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` is the condition's;
+    :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules` is the condition's;
     :class:`FirstDecision` an operator's.
     """
 
@@ -283,13 +294,13 @@ class EveryDecision:
 class SourceWatch:
     """One wait's watch of a changing source (see the module docstring).
 
-    :param rules: what ends the wait (:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`,
+    :param rules: what ends the wait (:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`,
         or :class:`FirstDecision`); kept across the watch's streams.
     :param decision_mode: the stream's mode: ``on_change`` (every state sent is decided by the
-        gateway) or ``on_request`` (the watch asks, :class:`Decide`); with a ``gate`` always
+        gateway) or ``on_request`` (the watch asks, :class:`Decide`); with a ``debounce`` always
         ``on_request``.
-    :param gate: the ``decide_when`` / ``debounce_ms`` / ``decide_initial`` timing
-        (``None``: every new state is decided).
+    :param debounce: when the next decision starts: the ``decide_when`` / ``debounce_ms`` /
+        ``decide_initial`` timing (``None``: every new state is decided).
     :param relevance: the compiled ``decide_when`` (``None``: every change is relevant); a regular
         expression is matched here, a callable by the driver (:class:`Check`).
     :param lease: give a stream that owes nothing back (``False``: open one as soon as there is
@@ -322,7 +333,7 @@ class SourceWatch:
         "decided_state",
         "deciding",
         "decision_mode",
-        "gate",
+        "debounce",
         "held_since",
         "judged_gen",
         "latest",
@@ -349,7 +360,7 @@ class SourceWatch:
         rules: Rules,
         *,
         decision_mode: str = "on_change",
-        gate: DecisionGate | None = None,
+        debounce: DecisionDebounce | None = None,
         relevance: Relevance | None = None,
         lease: bool = True,
         lease_after: float = 5.0,
@@ -359,12 +370,16 @@ class SourceWatch:
         timeline: DecisionTimeline | None = None,
         question: str | None = None,
         clock: Callable[[], float] = time.time,
+        gate: DecisionDebounce | None = None,
     ) -> None:
-        if gate is not None and decision_mode != "on_request":
-            raise ValueError("a gate (decide_when, debounce_ms, decide_initial=False) decides on request")
+        if gate is not None:  # its name before 0.2
+            warn_once("SourceWatch(gate=...)", "SourceWatch(debounce=...)")
+            debounce = debounce or gate
+        if debounce is not None and decision_mode != "on_request":
+            raise ValueError("a debounce (decide_when, debounce_ms, decide_initial=False) decides on request")
         self.rules = rules
         self.decision_mode = decision_mode
-        self.gate = gate
+        self.debounce = debounce
         self.relevance = relevance
         self.lease = lease
         self.lease_after = lease_after
@@ -466,7 +481,7 @@ class SourceWatch:
         """Whether the open stream may be given back: no decision in flight or wanted (now or once
         a debounce ends), nothing read unsent or held, and no ``decide_when`` check under way."""
         return (
-            self.phase is Phase.HOLDING
+            self.phase is Phase.STREAMING
             and not self.deciding
             and self.held_since is None
             and (self.latest_gen == self.sent_gen or self.latest_withheld)
@@ -475,7 +490,7 @@ class SourceWatch:
         )
 
     def wants_decision(self, now: float, *, soon: bool = False) -> bool:
-        """Whether the newest state needs a decision now (``soon``: or once its gate's quiet time
+        """Whether the newest state needs a decision now (``soon``: or once its debounce's quiet time
         ends): the liveness question a driver's next step answers.
 
         :param now: the loop's time.
@@ -485,30 +500,30 @@ class SourceWatch:
 
     def _wants_decision(self, now: float, *, soon: bool = False) -> bool:
         """Whether the newest state needs a decision: it holds something to decide, no current
-        decision is about it, and — with a gate — one is due (a relevant change, after the quiet
+        decision is about it, and — with a debounce — one is due (a relevant change, after the quiet
         time; ``soon``: also before it ends), or a run of qualifying decisions waits on a state
         that has since changed (its last decision is no longer current, so the run can end only
         with a decision about the newest state)."""
         if self.latest is _NOTHING or self.latest_withheld or self.judged_gen == self.latest_gen:
             return False
-        gate = self.gate
-        if gate is None:
+        debounce = self.debounce
+        if debounce is None:
             return True
-        if gate.pending:
-            due = gate.due_at()
+        if debounce.pending:
+            due = debounce.due_at()
             return soon or (due is not None and due <= now)
         return self.rules.wait_time(now) is not None
 
     def _holds(self, now: float) -> bool:
         """Whether the newest read waits unsent behind the decision in flight (the hold)."""
-        if self.phase is not Phase.HOLDING or not self.deciding or self.max_staleness <= 0:
+        if self.phase is not Phase.STREAMING or not self.deciding or self.max_staleness <= 0:
             return False
         if self.held_since is not None and now - self.held_since >= self.max_staleness:
             return False  # held long enough: it goes, and the decision in flight will be superseded
         if self.stale_in_a_row >= STARVED_AFTER:
             return True  # the source changes faster than decisions take
-        if self.gate is not None and self.relevance is not None:
-            return not self.gate.pending  # no change that matches decide_when since the decide began
+        if self.debounce is not None and self.relevance is not None:
+            return not self.debounce.pending  # no change that matches decide_when since the decide began
         return False
 
     # ------------------------------------------------------------------ inputs
@@ -544,10 +559,10 @@ class SourceWatch:
             self._checked = state  # the first state: what the first change is matched against
         elif self.relevance is not None and not self.relevance.is_callable:
             self._judge_change(self.relevance.matches(self._checked, state), state, now)
-        elif self.relevance is None and self.gate is not None:
+        elif self.relevance is None and self.debounce is not None:
             self._judge_change(True, state, now)  # debounce_ms / decide_initial alone: every change counts
-        if self.gate is not None and self.gate.pending and self.latest_gen == self.judged_gen:
-            self.gate.started()  # back to a state already decided: nothing is due for it
+        if self.debounce is not None and self.debounce.pending and self.latest_gen == self.judged_gen:
+            self.debounce.started()  # back to a state already decided: nothing is due for it
         if not withheld and self.latest_gen != self.sent_gen and self.held_since is None and self._holds(now):
             # it waits behind the decision in flight from now (the one exception of current())
             self.held_since = now
@@ -566,20 +581,20 @@ class SourceWatch:
             self._judge_change(relevant, state, now)
 
     def _judge_change(self, relevant: bool, state: Any, now: float) -> None:
-        gate = self.gate
-        assert gate is not None
+        debounce = self.debounce
+        assert debounce is not None
         if not relevant:
             log.debug("a change does not match decide_when: no decision starts for it")
-        waiting = gate.pending
-        gate.changed(relevant, now)
+        waiting = debounce.pending
+        debounce.changed(relevant, now)
         self._checked = state
-        due = gate.due_at()
-        if gate.debounce and gate.pending and due is not None and due > now and not waiting:
+        due = debounce.due_at()
+        if debounce.quiet and debounce.pending and due is not None and due > now and not waiting:
             log.info("debounce: deciding once the source is quiet (in %.3f s at most)", due - now)
 
     def opened(self, now: float) -> None:
         """The stream opened (the gateway acknowledged its ``start``)."""
-        self._move(Phase.HOLDING)
+        self._move(Phase.STREAMING)
         self._said_opening = False
         self._mark("stream_opened")
 
@@ -591,7 +606,7 @@ class SourceWatch:
             connection, same version): it is about :attr:`sent`; otherwise about an older state.
         :param state_hash: the hash of the state it covers (when it ``covers``).
         """
-        if self.phase is not Phase.HOLDING:
+        if self.phase is not Phase.STREAMING:
             return  # a stream given back, or a wait that ended: nothing of it counts
         if self._verdict is not None and self.once:
             return  # the wait ends with the verdict judged before it
@@ -613,8 +628,8 @@ class SourceWatch:
                     self.stale_in_a_row,
                     self.max_staleness,
                 )
-            if self.gate is not None and self.decision_mode == "on_request":
-                self.gate.again(now)  # the relevant change it was for still needs a current decision
+            if self.debounce is not None and self.decision_mode == "on_request":
+                self.debounce.again(now)  # the relevant change it was for still needs a current decision
             return
         if self.held_since is None:
             self.stale_in_a_row = 0  # the source was quiet while it was decided
@@ -672,7 +687,7 @@ class SourceWatch:
         wanted again, so the newest state is decided as soon as the watch runs on.
 
         * a decision asked for (on_request) or owed by the gateway (on_change) will not come: no
-          decision is in flight; with a gate, the change it was asked for is pending again;
+          decision is in flight; with a debounce, the change it was asked for is pending again;
         * a ``decide_when`` check will not answer: the newest change is checked again;
         * a newer state held behind the decision in flight is held no longer, and the stream's
           quiet time, the offer of its slot and a waiter's ask for it end with the stream;
@@ -682,8 +697,8 @@ class SourceWatch:
 
         The phase is the caller's (DORMANT after a failure, RELEASING, ENDED).
         """
-        if self.deciding and self.decision_mode == "on_request" and self.gate is not None:
-            self.gate.again(now)  # started for the pending change, which still needs a decision
+        if self.deciding and self.decision_mode == "on_request" and self.debounce is not None:
+            self.debounce.again(now)  # started for the pending change, which still needs a decision
         self.deciding = False
         self._checking = _NOTHING
         self.held_since = None
@@ -718,7 +733,7 @@ class SourceWatch:
         self._check_next(out)
         if self.phase in _WITH_STREAM:
             self._send_newest(now, out)
-            if self.phase is Phase.HOLDING:
+            if self.phase is Phase.STREAMING:
                 self._decide(now, out)
                 self._lease(now, out)
         elif self.phase is Phase.DORMANT and self._should_open(now):
@@ -787,8 +802,8 @@ class SourceWatch:
         ):
             return
         self.deciding = True
-        if self.gate is not None:
-            self.gate.started()
+        if self.debounce is not None:
+            self.debounce.started()
         out.append(Decide())
 
     def _should_open(self, now: float) -> bool:
@@ -838,14 +853,14 @@ class SourceWatch:
         wait = self.rules.wait_time(now)
         if wait is not None and self.current(self.judged_gen, now):
             times.append(now + wait)
-        gate = self.gate
-        if gate is not None and gate.pending:
-            due = gate.due_at()
+        debounce = self.debounce
+        if debounce is not None and debounce.pending:
+            due = debounce.due_at()
             if due is not None:
                 times.append(due)
         if self.held_since is not None:
             times.append(self.held_since + self.max_staleness)
-        if self.phase is Phase.HOLDING and self.lease and self.quiet_since is not None:
+        if self.phase is Phase.STREAMING and self.lease and self.quiet_since is not None:
             times.append(self.quiet_since + self.lease_after)
         if self.phase is Phase.DORMANT and self.lease:
             times.append(self.decided_at + self.min_interval)

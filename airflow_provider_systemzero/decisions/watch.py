@@ -1,6 +1,6 @@
 """What "this decision ends the wait" means, in one place, with no Airflow and no I/O.
 
-A :class:`DecisionWatch` is fed the current decisions about a changing state, one at a time, and
+A :class:`VerdictRules` is fed the current decisions about a changing state, one at a time, and
 says when the wait ends. It owns the rules the deferrable trigger and the sensor's poke path share:
 
 * the condition and its policy bands
@@ -12,7 +12,7 @@ says when the wait ends. It owns the rules the deferrable trigger and the sensor
   later decision could differ;
 * **hysteresis** (:class:`~airflow_provider_systemzero.decisions.conditions.Streak`): the wait ends
   once a run of qualifying decisions about successive states is ``consecutive`` long and
-  ``min_true_for`` old, once per run; :meth:`DecisionWatch.wait_time` says when only time is missing;
+  ``min_true_for`` old, once per run; :meth:`VerdictRules.wait_time` says when only time is missing;
 * **once per run**: after the verdict of a run (``fired``), the next one needs a decision that does
   not qualify first; an asset watcher restores ``fired`` after a restart and hears each change of
   it (``on_fired``), so a restart does not fire again for the run it already fired for.
@@ -22,7 +22,7 @@ the plain JSON a trigger fires and :meth:`~WatchEvent.from_payload` reads it bac
 Every decision it judges is recorded in its
 :class:`~airflow_provider_systemzero.decisions.timeline.DecisionTimeline` with what it did with it
 (waiting, hysteresis, held, fired …); its events carry that history as ``decisions``.
-Every decision payload of the package is built here: :meth:`DecisionWatch.sensor_event` (a
+Every decision payload of the package is built here: :meth:`VerdictRules.sensor_event` (a
 sensor's wait) and :func:`answers_payload` (an operator's one decision with every answer); the
 worker reads either one, and a trigger's error or timeout payload, through
 :meth:`WatchEvent.from_payload`.
@@ -39,13 +39,14 @@ from typing import Any
 from airflow_provider_systemzero.decisions.conditions import ConditionResult, DecisionCondition, Streak
 from airflow_provider_systemzero.decisions.policy import state_info
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
+from airflow_provider_systemzero.deprecations import Renamed
 from airflow_provider_systemzero.durations import readable
 from airflow_provider_systemzero.protocol.body import json_size
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.untrusted import safe_text
 from airflow_provider_systemzero.timestamps import now_iso, utc_iso
 
-__all__ = ["ENDING_STATUSES", "DecisionWatch", "WatchEvent", "answers_payload", "decided_at"]
+__all__ = ["ENDING_STATUSES", "VerdictRules", "WatchEvent", "answers_payload", "decided_at"]
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ class _Verdict:
 _NO_STATES: frozenset[str] = frozenset()
 
 
-class DecisionWatch:
+class VerdictRules:
     """Says, decision by decision, when a wait for a condition ends.
 
     :param condition: the condition (with its policy and hysteresis).
@@ -534,3 +535,7 @@ def answers_payload(
         "decisions": timeline.to_list(),
         "decided_at": decided_at(decision),
     }
+
+
+#: The names of this module before 0.2.
+__getattr__ = Renamed(__name__, {"DecisionWatch": ("VerdictRules", lambda: VerdictRules)})

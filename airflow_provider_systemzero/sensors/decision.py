@@ -4,7 +4,7 @@ The sensor is one class: its arguments, parsed into
 :class:`~airflow_provider_systemzero.sensors.inputs.SensorInputs` and checked (at parse time where
 they are literal, else when the task runs), and the Airflow paths (defer, poke, resume) and how a
 wait ends, as its methods. What "this decision ends the wait" means is
-:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`, the same for the trigger and
+:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`, the same for the trigger and
 the poke (whose state across pokes is :class:`~airflow_provider_systemzero.sensors.poking.PokeWatch`);
 acting on a decision is :class:`~airflow_provider_systemzero.tasks.review.PolicyGateMixin`, the same
 for the operators.

@@ -9,7 +9,7 @@ Zero about it (one on_request decide, under the task's spending cap) and judges 
 trigger does with a polled source: against the newest read (a change during the decide is read,
 and decided, at the next poke), and the rules of the wait — the condition, its policy, the states a person already said
 "no" about, the run of decisions (hysteresis) — are the trigger's
-:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`. When the wait ends, the poke gets
+:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`. When the wait ends, the poke gets
 the same :class:`~airflow_provider_systemzero.decisions.watch.WatchEvent` the trigger would have fired.
 """
 
@@ -27,7 +27,7 @@ from airflow_provider_systemzero.compat import (
     AirflowTaskTimeout,
 )
 from airflow_provider_systemzero.decisions.source_watch import Decide, Fire, Open, Release, SourceWatch
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.decisions.watch import VerdictRules, WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.sources.spec import build_source
@@ -53,7 +53,7 @@ class PokeWatch:
         self.skip_states = list(skip_states)
         #: why the last poke did not end the wait (quoted when the sensor times out), ``None`` before one
         self.last_reason: str | None = None
-        self._rules: DecisionWatch | None = None
+        self._rules: VerdictRules | None = None
         self._watch: SourceWatch | None = None
         #: the source, built at the first poke and read at each (a file keeps its read position)
         self._source: StateSource | None = None
@@ -138,7 +138,7 @@ class PokeWatch:
         if self._watch is None:
             from airflow_provider_systemzero.triggers.watching import new_timeline
 
-            self._rules = DecisionWatch(
+            self._rules = VerdictRules(
                 inputs.condition,
                 skip_states=self.skip_states,
                 end_when_unmet=end_when_unmet,

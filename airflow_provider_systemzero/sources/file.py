@@ -18,6 +18,7 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from airflow_provider_systemzero.deprecations import warn_once
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources import file_watch
 from airflow_provider_systemzero.sources.base import DEFAULT_POLL_INTERVAL, StateSource, after
@@ -35,7 +36,7 @@ INLINE_READ_BYTES = 64 * 1024
 class FileSource(StateSource):
     """Tails a local regular text file (see the module docstring).
 
-    How it learns of a change (``watch``): ``notify`` waits for the operating system's file
+    How it learns of a change (``notifications``): ``notify`` waits for the operating system's file
     notifications through the process's one shared watcher
     (:mod:`~airflow_provider_systemzero.sources.file_watch`), whose one re-check timer also
     compares every watched file with what was read every :data:`~.file_watch.RECHECK_SECONDS`
@@ -67,7 +68,7 @@ class FileSource(StateSource):
     :param prefix: the initial state the file content is appended to.
     :param encoding: the file's text encoding.
     :param poll_interval: seconds between checks when polling.
-    :param watch: ``auto``, ``notify`` or ``poll``.
+    :param notifications: ``auto``, ``notify`` or ``poll`` (``watch`` before 0.2, still read).
     :param must_exist: fail when the file does not exist at the start (default: wait for it).
     :param decide_empty: decide a state that holds none of the file (it does not exist, or it is
         empty); by default such a state is withheld (:meth:`withheld`): nothing is decided or
@@ -81,10 +82,14 @@ class FileSource(StateSource):
         prefix: str = "",
         encoding: str = "utf-8",
         poll_interval: float = DEFAULT_POLL_INTERVAL,
-        watch: str = "auto",
+        notifications: str = "auto",
         must_exist: bool = False,
         decide_empty: bool = False,
+        watch: str | None = None,
     ) -> None:
+        if watch is not None:  # its name before 0.2
+            warn_once("FileSource(watch=...)", "FileSource(notifications=...)")
+            notifications = watch
         self.path = path
         self.must_exist = must_exist
         self.decide_empty = decide_empty
@@ -96,7 +101,7 @@ class FileSource(StateSource):
         self.prefix = prefix
         self.encoding = encoding
         self.poll_interval = poll_interval
-        self.watch = watch
+        self.notifications = notifications
         #: ``notify`` or ``poll`` once the source was first read or waited on.
         self.mode: str | None = None
         #: what :func:`~.file_watch.watch_mode` chose once the file's directory existed: the mount
@@ -400,7 +405,7 @@ class FileSource(StateSource):
     def _choose_mode(self) -> str:
         if self._chosen is not None:
             return self._chosen
-        mode = file_watch.watch_mode(self.path, self.watch)
+        mode = file_watch.watch_mode(self.path, self.notifications)
         if os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
             self._chosen = mode  # judged by the directory itself, not by a parent: final
         return mode

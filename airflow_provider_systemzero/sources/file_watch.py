@@ -76,7 +76,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``source.watch`` values: ``auto`` (notifications where they work, else polling), ``notify``
+#: ``source.notifications`` values: ``auto`` (notifications where they work, else polling), ``notify``
 #: (notifications; polling only when the directory cannot be watched) and ``poll``.
 WATCH_MODES = ("auto", "notify", "poll")
 

@@ -5,7 +5,7 @@ triggerer with :func:`build_source`. Three kinds:
 
 ``{"type": "static"}``
     The trigger's initial state never changes (the default).
-``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "watch": "auto", "poll_interval": 1.0}``
+``{"type": "file", "path": "/data/job.log", "encoding": "utf-8", "notifications": "auto", "poll_interval": 1.0}``
     Tails a local text file: the state is the initial state (a string, usually ``""``) followed by
     the file's content. A change is noticed through the operating system's file notifications
     (one watcher per process, :mod:`~airflow_provider_systemzero.sources.file_watch`) or, on
@@ -39,6 +39,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_systemzero.deprecations import warn_once
 from airflow_provider_systemzero.durations import is_seconds
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.errors import did_you_mean
@@ -186,7 +187,16 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
         )
     allowed = {
         "static": {"type"},
-        "file": {"type", "path", "encoding", "poll_interval", "watch", "must_exist", "decide_empty"},
+        "file": {
+            "type",
+            "path",
+            "encoding",
+            "poll_interval",
+            "notifications",
+            "watch",
+            "must_exist",
+            "decide_empty",
+        },
         "callable": {"type", "path", "kwargs", "poll_interval", "retries", "retry_delay", "timeout"},
     }[kind]
     unknown = sorted(set(spec) - allowed)
@@ -212,12 +222,21 @@ def validate_source_spec(spec: Any, initial_state: Any) -> dict[str, Any]:
             code="invalid_source",
             field="source.retries",
         )
-    if spec.get("watch", "auto") not in file_watch.WATCH_MODES:
+    if "watch" in spec and "notifications" in spec:
         raise SystemZeroArgumentError(
-            f"source.watch {spec.get('watch')!r} is not one of {list(file_watch.WATCH_MODES)}"
-            f"{did_you_mean(spec.get('watch'), file_watch.WATCH_MODES)}",
+            "source has both 'notifications' and 'watch' (its name before 0.2): give 'notifications' only",
             code="invalid_source",
             field="source.watch",
+        )
+    field = "watch" if "watch" in spec else "notifications"
+    if field == "watch":
+        warn_once("source field 'watch'", "'notifications' (the same values)")
+    if spec.get(field, "auto") not in file_watch.WATCH_MODES:
+        raise SystemZeroArgumentError(
+            f"source.{field} {spec.get(field)!r} is not one of {list(file_watch.WATCH_MODES)}"
+            f"{did_you_mean(spec.get(field), file_watch.WATCH_MODES)}",
+            code="invalid_source",
+            field=f"source.{field}",
         )
     if kind in ("file", "callable") and (not isinstance(spec.get("path"), str) or not spec["path"]):
         raise SystemZeroArgumentError(
@@ -277,7 +296,7 @@ def build_source(spec: Mapping[str, Any] | None, initial_state: Any) -> StateSou
             prefix=initial_state,
             encoding=spec.get("encoding", "utf-8"),
             poll_interval=poll,
-            watch=spec.get("watch", "auto"),
+            notifications=spec.get("notifications", spec.get("watch", "auto")),
             must_exist=spec.get("must_exist", False),
             decide_empty=spec.get("decide_empty", False),
         )

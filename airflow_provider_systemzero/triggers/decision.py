@@ -23,7 +23,7 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   which decision is about the state the source holds now (only such a decision fires), when to
   open a stream and when to give it back, and what is read next; ``run()`` is a short loop over
   its verdicts. The rules that end a wait are the pure
-  :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`.
+  :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`.
 * **Stream leasing**: a stream that owes nothing (no decision in flight or wanted) offers its slot
   to a trigger waiting for one and is given back (close 1000) after ``lease_after`` quiet seconds;
   the next change that wants a decision reconnects with a byte-identical replay, so a triggerer
@@ -51,7 +51,7 @@ from airflow_provider_systemzero.decisions.source_watch import (
     Rules,
     SourceWatch,
 )
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, answers_payload
+from airflow_provider_systemzero.decisions.watch import VerdictRules, answers_payload
 from airflow_provider_systemzero.protocol.body import JSONValue
 from airflow_provider_systemzero.sources.base import StaticSource
 from airflow_provider_systemzero.sources.spec import refuse_rendered_state, state_templates
@@ -199,7 +199,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         an error (the event goes out before the stream's close handshake)."""
         streams = self._stream  # the fields every event carries are made when one is (not held meanwhile)
         payload = streams.late(self._extra(), "the sensor's deadline passed before the trigger started")
-        rules: DecisionWatch | None = None
+        rules: VerdictRules | None = None
         if payload is None:
             scope = streams.deadline_scope()
             try:
@@ -242,10 +242,10 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         """The fields every event of this trigger carries."""
         return {"key_namespace": self.key_namespace}
 
-    def _rules(self) -> DecisionWatch:
+    def _rules(self) -> VerdictRules:
         """What ends this wait: the condition, its policy and hysteresis, the skip states; with the
         run's one history (what the wait saw, pushed as the ``decisions`` XCom)."""
-        return DecisionWatch(
+        return VerdictRules(
             DecisionCondition.from_dict(self.condition),
             reviews=True,
             skip_states=self.skip_states,
@@ -254,7 +254,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             timeline=new_timeline(),
         )
 
-    def _timed_out(self, rules: DecisionWatch | None, extra: dict[str, Any]) -> dict[str, Any]:
+    def _timed_out(self, rules: VerdictRules | None, extra: dict[str, Any]) -> dict[str, Any]:
         """The event of the deadline: what the wait was stuck on, and how long decisions took."""
         more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
         driver = self._driver
@@ -548,11 +548,11 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
             stores_given=hasattr(self, "asset_state_store"),  # 3.3: None until a triggerer sets it
         )
 
-    async def _rules(self, memory: WatchMemory) -> DecisionWatch:
+    async def _rules(self, memory: WatchMemory) -> VerdictRules:
         """What fires this watch: on each transition to "met" (after hysteresis, when the condition
         has it); nobody can review an asset event, so only a met decision counts; whether the
         current run already fired is recalled from ``memory``, which hears each change of it."""
-        return DecisionWatch(
+        return VerdictRules(
             DecisionCondition.from_dict(self.condition),
             reviews=False,
             fired=await memory.recall(),
@@ -589,7 +589,7 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
         driver = self._driver
         return driver is not None and driver.watch.current(generation, asyncio.get_running_loop().time())
 
-    def _event(self, watch: DecisionWatch, verdict: Any) -> dict[str, Any]:
+    def _event(self, watch: VerdictRules, verdict: Any) -> dict[str, Any]:
         """The asset event payload of a verdict (with the verdict's fields under a policy or
         hysteresis)."""
         condition = watch.condition

@@ -14,7 +14,7 @@ and the wake-up future its grant completes, and builds the stream only once the 
 What is read next, and on which thread, is decided here once:
 
 * the source is read whenever its :meth:`~airflow_provider_systemzero.sources.base.StateSource.changed`
-  future completes, in every phase (dormant, opening, holding, releasing), and each read goes to
+  future completes, in every phase (dormant, opening, streaming, releasing), and each read goes to
   the watch; a decision is judged only once no read is under way (reads first: a decision is
   judged against what the source holds now);
 * a ``decide_when`` callable runs on a daemon thread of the provider's with a timeout

@@ -40,7 +40,7 @@ from airflow_provider_systemzero.tasks.review_wait import (
 )
 
 if TYPE_CHECKING:
-    from airflow_provider_systemzero.decisions.watch import DecisionWatch
+    from airflow_provider_systemzero.decisions.watch import VerdictRules
     from airflow_provider_systemzero.sources.base import StateSource
     from airflow_provider_systemzero.triggers.driver import WatchDriver
 
@@ -68,7 +68,7 @@ class ReviewWatch:
     def __init__(
         self,
         review: Mapping[str, Any],
-        rules: DecisionWatch,
+        rules: VerdictRules,
         source: StateSource,
         *,
         request: OpenReview | None = None,
@@ -92,7 +92,7 @@ class ReviewWatch:
 
     @classmethod
     def of(
-        cls, review: Mapping[str, Any] | None, rules: DecisionWatch, source: StateSource
+        cls, review: Mapping[str, Any] | None, rules: VerdictRules, source: StateSource
     ) -> ReviewWatch | None:
         """The open review of a trigger's kwargs, ``None`` when none is open or to be judged."""
         if ReviewWatch.reviewed_state(review) is None:

@@ -25,7 +25,7 @@ into its own events (``filter_shared_stream``). Here:
   namespace derives from the digest (:func:`group_watch_id`), so a restarted triggerer, or a second
   one running the same group (HA), replays the same keys for the same state and is billed once.
 * **each member** judges every decision by its own
-  :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` (condition, policy,
+  :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules` (condition, policy,
   hysteresis, and its memory of whether it fired, kept per ``watch_id`` across restarts), exactly
   as it would alone (:func:`shared_verdicts`): one event per transition of its own rule.
 * **a member that joins late** gets no decision broadcast before it joined (Airflow's rule), so
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_systemzero.decisions.source_watch import Judged
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.triggers.watch_memory import kwargs_identity
 
 __all__ = [
@@ -156,7 +156,7 @@ def posted(key: Hashable, board: DecisionBoard) -> Iterator[DecisionBoard]:
 
 
 async def shared_verdicts(
-    rules: DecisionWatch, key: Hashable, shared_stream: AsyncIterator[Any]
+    rules: VerdictRules, key: Hashable, shared_stream: AsyncIterator[Any]
 ) -> AsyncIterator[Any]:
     """One member's verdicts from its group's decisions: ``rules`` judge each decision the group
     judged current, in order — the group's newest first, when the group runs already and it is

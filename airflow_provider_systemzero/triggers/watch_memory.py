@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 
 An asset watch fires on each transition from "not met" to "met"
-(:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`, ``fired``). Held only in
+(:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`, ``fired``). Held only in
 the triggerer's memory, that flag is lost when the triggerer restarts (a deploy, a failover, a
 trigger moved to another triggerer): the restarted trigger's first met decision looks like a
 transition, and the consuming Dags are scheduled once more for a run they were already
@@ -202,7 +202,7 @@ class WatchMemory:
         return fired
 
     def note(self, fired: bool, decision: DecisionResult) -> None:
-        """:class:`DecisionWatch`'s ``on_fired``: the flag changed with ``decision``."""
+        """:class:`VerdictRules`'s ``on_fired``: the flag changed with ``decision``."""
         if self._store is None:
             return
         if fired:

@@ -19,7 +19,7 @@ from airflow.triggers.base import BaseTrigger
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.sources.spec import build_source
@@ -178,7 +178,7 @@ class WatchingTrigger(BaseTrigger):
         ``lease_after``, ``max_staleness`` and the ``decide_when`` filter), and its driver on ``streams``.
 
         :param source: the source, built.
-        :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch`,
+        :param rules: what ends the wait (its condition's :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`,
             whose history the watch adds to; or the shared stream's
             :class:`~airflow_provider_systemzero.decisions.source_watch.EveryDecision`, which keeps none).
         :param streams: the streams the driver opens (the trigger's own in its run).
@@ -192,15 +192,15 @@ class WatchingTrigger(BaseTrigger):
         watch = SourceWatch(
             rules,
             decision_mode=decision_filter.stream_mode(self.decision_mode),
-            gate=decision_filter.gate(asyncio.get_running_loop().time()),
+            debounce=decision_filter.debounce(asyncio.get_running_loop().time()),
             relevance=relevance,
             lease=self.lease,
             lease_after=self.lease_after,
             max_staleness=self.max_staleness,
             min_interval=(min_interval_ms or 0) / 1000,
             once=once,
-            timeline=rules.timeline if isinstance(rules, DecisionWatch) else None,
-            question=rules.condition.question if isinstance(rules, DecisionWatch) else None,
+            timeline=rules.timeline if isinstance(rules, VerdictRules) else None,
+            question=rules.condition.question if isinstance(rules, VerdictRules) else None,
         )
         stream_kwargs = None if min_interval_ms is None else {"min_interval_ms": min_interval_ms}
         return WatchDriver(watch, source, streams, stream_kwargs=stream_kwargs, relevance=relevance)

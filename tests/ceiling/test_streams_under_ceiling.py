@@ -362,7 +362,7 @@ class _OpenStream:
 async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_current() -> None:
     from airflow_provider_systemzero.decisions.conditions import DecisionCondition
     from airflow_provider_systemzero.decisions.source_watch import SourceWatch
-    from airflow_provider_systemzero.decisions.watch import DecisionWatch
+    from airflow_provider_systemzero.decisions.watch import VerdictRules
     from airflow_provider_systemzero.triggers.driver import WatchDriver
 
     decider = _Recording()
@@ -373,7 +373,7 @@ async def test_a_trigger_decision_that_waited_its_turn_on_the_newest_state_is_cu
         await other.decide()  # the account's one token: the next start waits a second for its turn
         source = _PushedSource(stream.state)
         watch = SourceWatch(
-            DecisionWatch(DecisionCondition("ready", True), reviews=False),
+            VerdictRules(DecisionCondition("ready", True), reviews=False),
             decision_mode="on_request",
             lease=False,
         )

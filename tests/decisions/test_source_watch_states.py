@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.relevance import DecisionGate, Relevance
+from airflow_provider_systemzero.decisions.relevance import DecisionDebounce, Relevance
 from airflow_provider_systemzero.decisions.source_watch import (
     Check,
     Decide,
@@ -38,7 +38,7 @@ from airflow_provider_systemzero.decisions.source_watch import (
     SourceWatch,
     Withdraw,
 )
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 from airflow_provider_systemzero.protocol.state import same_json
@@ -125,19 +125,19 @@ class WatchMachine(RuleBasedStateMachine):
         once: bool,
         initial: str,
     ) -> None:
-        rules = DecisionWatch(
+        rules = VerdictRules(
             DecisionCondition("ready", True, consecutive=consecutive, min_true_for=min_true_for),
             reviews=False,
         )
         gate = relevance = None
         decision_mode = "on_request" if mode != "on_change" else "on_change"
         if mode in ("gate", "gate_callable"):
-            gate = DecisionGate(debounce_ms=None, decide_initial=True, now=self.now)
+            gate = DecisionDebounce(debounce_ms=None, decide_initial=True, now=self.now)
             relevance = Relevance(MATCH if mode == "gate" else {"callable": "re.search"})
         elif mode == "debounce":
-            gate = DecisionGate(debounce_ms=700, decide_initial=True, now=self.now)
+            gate = DecisionDebounce(debounce_ms=700, decide_initial=True, now=self.now)
         elif mode == "no_initial":
-            gate = DecisionGate(debounce_ms=None, decide_initial=False, now=self.now)
+            gate = DecisionDebounce(debounce_ms=None, decide_initial=False, now=self.now)
             relevance = Relevance(MATCH)
         self.mode = mode
         self.watch = SourceWatch(
@@ -367,7 +367,7 @@ class WatchMachine(RuleBasedStateMachine):
         watch = self.watch
         if watch.phase is Phase.ENDED:
             return
-        unsent = watch.phase is Phase.HOLDING and watch.latest_gen != watch.sent_gen
+        unsent = watch.phase is Phase.STREAMING and watch.latest_gen != watch.sent_gen
         wants = watch.wants_decision(self.now, soon=True) or unsent
         under_way = (
             self.opening

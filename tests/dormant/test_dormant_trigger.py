@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_systemzero.decisions import watch as watch_module
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.client import ClientSession
@@ -244,13 +244,13 @@ async def test_the_trigger_judges_each_decision_in_its_own_task(
     emulator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     judged_in: list[asyncio.Task[Any] | None] = []
-    observe = watch_module.DecisionWatch.observe
+    observe = watch_module.VerdictRules.observe
 
-    def recording(self: DecisionWatch, *args: Any, **kwargs: Any) -> Any:
+    def recording(self: VerdictRules, *args: Any, **kwargs: Any) -> Any:
         judged_in.append(asyncio.current_task())
         return observe(self, *args, **kwargs)
 
-    monkeypatch.setattr(watch_module.DecisionWatch, "observe", recording)
+    monkeypatch.setattr(watch_module.VerdictRules, "observe", recording)
     kwargs = trigger_kwargs(
         key_namespace=task_namespace("d", "direct", "r", -1),
         source=channels.source("direct"),

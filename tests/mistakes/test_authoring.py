@@ -456,7 +456,7 @@ async def test_a_missing_source_file_is_read_as_empty_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # polled: every read looks at the path again
-    source = FileSource(str(tmp_path / "not-yet.log"), poll_interval=0.01, watch="poll")
+    source = FileSource(str(tmp_path / "not-yet.log"), poll_interval=0.01, notifications="poll")
     try:
         with caplog.at_level(logging.WARNING):
             assert await source.read() == "" and await source.read() == ""

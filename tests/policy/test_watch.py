@@ -1,4 +1,4 @@
-"""DecisionWatch: the one place that says when a decision ends a wait (trigger and poke alike)."""
+"""VerdictRules: the one place that says when a decision ends a wait (trigger and poke alike)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.decisions.timeline import parse_time
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent, answers_payload
+from airflow_provider_systemzero.decisions.watch import VerdictRules, WatchEvent, answers_payload
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from tests.helpers import decision_result
 
@@ -21,7 +21,7 @@ POLICY = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail").to_dict()
 
 
 def test_a_met_decision_ends_the_wait_once_per_run() -> None:
-    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    watch = VerdictRules(DecisionCondition("ready"), reviews=False)
     verdict = watch.observe(_decision(True), "a", "state a", 0.0)
     assert verdict is not None and verdict.status == "success" and verdict.state == "state a"
     assert watch.observe(_decision(True, version=2), "b", "state b", 1.0) is None  # the same run
@@ -30,7 +30,7 @@ def test_a_met_decision_ends_the_wait_once_per_run() -> None:
 
 
 def test_hysteresis_needs_successive_states_and_time() -> None:
-    watch = DecisionWatch(DecisionCondition("ready", consecutive=2, min_true_for=5))
+    watch = VerdictRules(DecisionCondition("ready", consecutive=2, min_true_for=5))
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.observe(_decision(True, version=2), "a", "a", 1.0) is None  # the same state again
     assert watch.observe(_decision(True, version=3), "b", "b", 2.0) is None  # two states, but 2 s < 5 s
@@ -41,22 +41,22 @@ def test_hysteresis_needs_successive_states_and_time() -> None:
 
 
 def test_a_state_a_person_said_no_about_does_not_qualify() -> None:
-    watch = DecisionWatch(DecisionCondition("ready"), skip_states=["a"])
+    watch = VerdictRules(DecisionCondition("ready"), skip_states=["a"])
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.observe(_decision(True, version=2), "b", "b", 1.0) is not None
 
 
 def test_the_policy_can_end_the_wait_only_when_a_person_could_review() -> None:
     condition = DecisionCondition("ready", policy=POLICY)
-    verdict = DecisionWatch(condition).observe(_decision(True, 0.2), "a", "a", 0.0)
+    verdict = VerdictRules(condition).observe(_decision(True, 0.2), "a", "a", 0.0)
     assert verdict is not None and verdict.status == "policy" and verdict.result.action == "fail"
-    review = DecisionWatch(condition).observe(_decision(True, 0.6), "a", "a", 0.0)
+    review = VerdictRules(condition).observe(_decision(True, 0.6), "a", "a", 0.0)
     assert review is not None and review.status == "success" and review.result.action == "review"
-    assert DecisionWatch(condition, reviews=False).observe(_decision(True, 0.6), "a", "a", 0.0) is None
+    assert VerdictRules(condition, reviews=False).observe(_decision(True, 0.6), "a", "a", 0.0) is None
 
 
 def test_a_static_state_that_does_not_qualify_ends_the_wait_unmet() -> None:
-    watch = DecisionWatch(DecisionCondition("ready"), end_when_unmet=True)
+    watch = VerdictRules(DecisionCondition("ready"), end_when_unmet=True)
     verdict = watch.observe(_decision(False), "a", "a", 0.0)
     assert verdict is not None
     assert watch.event(verdict).status == "unmet"
@@ -64,7 +64,7 @@ def test_a_static_state_that_does_not_qualify_ends_the_wait_unmet() -> None:
 
 def test_the_event_round_trips_through_its_payload() -> None:
     condition = DecisionCondition("ready", policy=POLICY)
-    watch = DecisionWatch(condition)
+    watch = VerdictRules(condition)
     verdict = watch.observe(_decision(True, 0.6, version=7), "hash-a", "a", 0.0)
     assert verdict is not None
     event = watch.event(verdict, extra={"key_namespace": "ns", "deadline": 12.5})
@@ -80,7 +80,7 @@ def test_the_event_round_trips_through_its_payload() -> None:
 def test_every_decision_event_says_when_system_zero_decided_in_utc() -> None:
     created = 1_790_000_000  # reply.created, as the public example gives it
     decision = dataclasses.replace(_decision(True), reply={"id": "szd_1", "created": created})
-    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    watch = VerdictRules(DecisionCondition("ready"), reviews=False)
     verdict = watch.observe(decision, "a", "a", 0.0)
     assert verdict is not None
     payload = watch.event(verdict).to_payload()
@@ -94,7 +94,7 @@ def test_every_decision_event_says_when_system_zero_decided_in_utc() -> None:
 
 
 def test_without_policy_fields_the_event_is_the_decision_alone() -> None:
-    watch = DecisionWatch(DecisionCondition("ready"), reviews=False)
+    watch = VerdictRules(DecisionCondition("ready"), reviews=False)
     verdict = watch.observe(_decision(True), "a", "a", 0.0)
     assert verdict is not None
     payload = watch.event(verdict, policy_fields=False, extra={"watch_id": "w"}).to_payload()
@@ -106,7 +106,7 @@ def test_a_restored_fired_flag_waits_for_an_unmet_decision_and_reports_each_chan
     """An asset watch restored with ``fired`` (its memory of an event before a restart) does not
     fire for the run it fired for; ``on_fired`` hears each change of the flag."""
     heard: list[tuple[bool, str]] = []
-    watch = DecisionWatch(
+    watch = VerdictRules(
         DecisionCondition("ready"),
         reviews=False,
         fired=True,
@@ -122,13 +122,13 @@ def test_a_restored_fired_flag_waits_for_an_unmet_decision_and_reports_each_chan
 
 
 def test_a_restored_fired_flag_keeps_a_hysteresis_run_from_waiting_on_time() -> None:
-    watch = DecisionWatch(DecisionCondition("ready", min_true_for=5), reviews=False, fired=True)
+    watch = VerdictRules(DecisionCondition("ready", min_true_for=5), reviews=False, fired=True)
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.wait_time(1.0) is None and watch.due(10.0) is None
 
 
 def test_a_run_held_back_by_min_true_for_says_how_long_it_held_and_the_fix() -> None:
-    watch = DecisionWatch(DecisionCondition("ready", min_true_for=7200))
+    watch = VerdictRules(DecisionCondition("ready", min_true_for=7200))
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.held_back(20.0, more_time="raise the timeout") == (
         "min_true_for (2 h) needs the condition to hold longer (held 20 s): "
@@ -139,7 +139,7 @@ def test_a_run_held_back_by_min_true_for_says_how_long_it_held_and_the_fix() -> 
 
 
 def test_a_run_held_back_by_consecutive_says_how_many_decisions_it_had_and_the_fix() -> None:
-    watch = DecisionWatch(DecisionCondition("ready", consecutive=3, min_true_for=60))
+    watch = VerdictRules(DecisionCondition("ready", consecutive=3, min_true_for=60))
     assert watch.observe(_decision(True), "a", "a", 0.0) is None
     assert watch.observe(_decision(True, version=2), "a", "a", 5.0) is None  # the same state: not counted
     assert watch.held_back(10.0, more_time="raise the timeout") == (
@@ -149,6 +149,6 @@ def test_a_run_held_back_by_consecutive_says_how_many_decisions_it_had_and_the_f
         "min_true_for, or raise the timeout"
     )
     # a plain condition is never held back
-    plain = DecisionWatch(DecisionCondition("ready"))
+    plain = VerdictRules(DecisionCondition("ready"))
     assert plain.observe(_decision(False), "a", "a", 0.0) is None
     assert plain.held_back(1.0, more_time="raise the timeout") is None

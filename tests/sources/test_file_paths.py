@@ -320,7 +320,7 @@ async def test_a_path_that_is_not_a_regular_file_is_refused_naming_it(
     for a writer): a heartbeat on the loop keeps beating while the read is attempted — notified,
     the read runs on the loop; polled, in a thread."""
     path = not_regular(tmp_path, kind)
-    source = build_source(spec(path, watch=watch), "")
+    source = build_source(spec(path, notifications=watch), "")
     beats: list[float] = []
 
     async def heartbeat() -> None:

@@ -82,7 +82,7 @@ async def test_a_read_whose_reader_was_cancelled_meanwhile_loses_nothing(
     content = "progress\n" * (INLINE_READ_BYTES // 9 + 1) + "Job is ready.\n"
     log = tmp_path / "job.log"
     log.write_text(content)
-    source = build_source(spec(log, watch=watch), "")
+    source = build_source(spec(log, notifications=watch), "")
     started, release = threading.Event(), threading.Event()
     read_file = source._read_file
 
@@ -268,7 +268,7 @@ async def test_a_polled_source_keeps_one_timer_per_wait_and_none_once_the_wait_i
     when the reader gives it up."""
     log = tmp_path / "job.log"
     log.write_text("0\n")
-    source = build_source(spec(log, watch="poll", poll_interval=0.02), "")
+    source = build_source(spec(log, notifications="poll", poll_interval=0.02), "")
     try:
         assert await source.read() == "0\n"
         assert poll_timers() == 0  # no wait: no timer
@@ -440,7 +440,7 @@ async def test_every_rotation_style_is_read_again_from_the_start(
     log = tmp_path / "job.log"
     log.write_text(OLD)
     poll = HOUR if watch == "notify" else 0.02
-    async with tailing(spec(log, watch=watch, poll_interval=poll)) as (source, successive):
+    async with tailing(spec(log, notifications=watch, poll_interval=poll)) as (source, successive):
         assert await anext(successive) == OLD
         assert source.mode == watch
         rotate(log)
@@ -541,6 +541,8 @@ def test_the_filesystem_type_comes_from_the_mount_table() -> None:
 
 
 def test_a_bad_watch_mode_is_refused_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(SystemZeroArgumentError, match=r"source\.watch 'inotify' is not one of") as info:
-        build_source(spec(tmp_path / "x", watch="inotify"), "")
-    assert info.value.field == "source.watch"
+    with pytest.raises(
+        SystemZeroArgumentError, match=r"source\.notifications .inotify. is not one of"
+    ) as info:
+        build_source(spec(tmp_path / "x", notifications="inotify"), "")
+    assert info.value.field == "source.notifications"

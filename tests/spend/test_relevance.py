@@ -6,8 +6,8 @@ import pytest
 
 from airflow_provider_systemzero.decisions.relevance import (
     MAX_HOLD_FACTOR,
+    DecisionDebounce,
     DecisionFilter,
-    DecisionGate,
     Relevance,
     validate_debounce_ms,
     validate_decide_when,
@@ -141,12 +141,12 @@ def test_filter_kwargs_are_plain_json_and_absent_when_default() -> None:
 
 
 def test_initial_state_is_due_at_once_even_with_a_debounce() -> None:
-    gate = DecisionGate(debounce_ms=2000, decide_initial=True, now=100.0)
+    gate = DecisionDebounce(debounce_ms=2000, decide_initial=True, now=100.0)
     assert gate.pending and gate.due_at() is not None and gate.due_at() <= 100.0
 
 
 def test_without_decide_initial_nothing_is_due_until_a_relevant_change() -> None:
-    gate = DecisionGate(debounce_ms=None, decide_initial=False, now=0.0)
+    gate = DecisionDebounce(debounce_ms=None, decide_initial=False, now=0.0)
     assert gate.due_at() is None
     gate.changed(False, 1.0)
     assert gate.due_at() is None and gate.changes == 1 and gate.relevant_changes == 0
@@ -155,7 +155,7 @@ def test_without_decide_initial_nothing_is_due_until_a_relevant_change() -> None
 
 
 def test_a_burst_within_the_debounce_is_one_decision() -> None:
-    gate = DecisionGate(debounce_ms=500, decide_initial=False, now=0.0)
+    gate = DecisionDebounce(debounce_ms=500, decide_initial=False, now=0.0)
     decisions = []
     now = 0.0
     for line in range(20):  # 20 lines, 100 ms apart
@@ -170,21 +170,21 @@ def test_a_burst_within_the_debounce_is_one_decision() -> None:
 
 
 def test_irrelevant_changes_extend_the_quiet_time_but_start_nothing() -> None:
-    gate = DecisionGate(debounce_ms=1000, decide_initial=False, now=0.0)
+    gate = DecisionDebounce(debounce_ms=1000, decide_initial=False, now=0.0)
     gate.changed(True, 1.0)
     gate.changed(False, 1.5)
     assert gate.due_at() == pytest.approx(2.5)
 
 
 def test_a_source_that_never_goes_quiet_is_still_decided_about() -> None:
-    gate = DecisionGate(debounce_ms=1000, decide_initial=False, now=0.0)
+    gate = DecisionDebounce(debounce_ms=1000, decide_initial=False, now=0.0)
     for step in range(100):
         gate.changed(True, 5.0 + step * 0.5)  # a change every 500 ms, forever
     assert gate.due_at() == pytest.approx(5.0 + MAX_HOLD_FACTOR * 1.0)
 
 
 def test_a_superseded_decision_makes_the_newest_state_due() -> None:
-    gate = DecisionGate(debounce_ms=None, decide_initial=True, now=0.0)
+    gate = DecisionDebounce(debounce_ms=None, decide_initial=True, now=0.0)
     gate.started()
     gate.changed(False, 1.0)  # arrived while the decision was in flight
     assert gate.due_at() is None

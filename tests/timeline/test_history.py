@@ -1,4 +1,4 @@
-"""The decision history (:class:`DecisionTimeline`) and what a :class:`DecisionWatch` records in it:
+"""The decision history (:class:`DecisionTimeline`) and what a :class:`VerdictRules` records in it:
 the rows, their plain JSON form, the 200 bound across a long run, no state content unless content
 capture is on, and — as a hypothesis state machine — that each event tells exactly the story of the
 decisions since the one before, ending with the decision that fired."""
@@ -24,7 +24,7 @@ from airflow_provider_systemzero.decisions.timeline import (
     merge_histories,
     settle_billed,
 )
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent, answers_payload
+from airflow_provider_systemzero.decisions.watch import VerdictRules, WatchEvent, answers_payload
 from airflow_provider_systemzero.protocol.reply import Answer, DecisionResult
 from tests.helpers import decision_result
 
@@ -162,7 +162,7 @@ def test_a_mistaken_kind_or_disposition_is_refused_when_recorded() -> None:
 
 def test_the_watch_records_what_it_did_with_each_decision() -> None:
     clock = Clock()
-    watch = DecisionWatch(
+    watch = VerdictRules(
         DecisionCondition("ready", min_confidence=0.8, consecutive=2), reviews=False, clock=clock
     )
     steps = [
@@ -198,7 +198,7 @@ def test_the_watch_records_what_it_did_with_each_decision() -> None:
 
 def test_a_hold_rule_met_by_time_alone_marks_the_moment_and_fires_its_decision() -> None:
     clock = Clock()
-    watch = DecisionWatch(DecisionCondition("ready", min_true_for=30), clock=clock)
+    watch = VerdictRules(DecisionCondition("ready", min_true_for=30), clock=clock)
     assert watch.observe(_decision(True, version=1), "a", "a", 0.0) is None
     clock.at += 30
     verdict = watch.due(30.0)
@@ -214,30 +214,28 @@ def test_a_hold_rule_met_by_time_alone_marks_the_moment_and_fires_its_decision()
 def test_reviews_policies_skipped_states_and_static_states_each_have_their_disposition() -> None:
     policy = DecisionPolicy(act_above=0.8, review_above=0.5, below="fail").to_dict()
 
-    def disposition(watch: DecisionWatch, decision: DecisionResult, key: str = "a") -> str:
+    def disposition(watch: VerdictRules, decision: DecisionResult, key: str = "a") -> str:
         verdict = watch.observe(decision, key, key, 0.0)
         rows = watch.event(verdict).decisions if verdict is not None else watch.timeline.to_list()
         return _decisions(rows or [])[-1]["disposition"]
 
     assert disposition(
-        DecisionWatch(DecisionCondition("ready", policy=policy)), _decision(confidence=0.6)
+        VerdictRules(DecisionCondition("ready", policy=policy)), _decision(confidence=0.6)
     ) == ("review")
     assert disposition(
-        DecisionWatch(DecisionCondition("ready", policy=policy)), _decision(confidence=0.2)
+        VerdictRules(DecisionCondition("ready", policy=policy)), _decision(confidence=0.2)
     ) == ("failed")
     skipping = DecisionCondition("ready", policy={**policy, "below": "skip"})
-    assert disposition(DecisionWatch(skipping), _decision(confidence=0.2)) == "skipped"
+    assert disposition(VerdictRules(skipping), _decision(confidence=0.2)) == "skipped"
+    assert disposition(VerdictRules(DecisionCondition("ready"), skip_states=["a"]), _decision()) == "declined"
     assert (
-        disposition(DecisionWatch(DecisionCondition("ready"), skip_states=["a"]), _decision()) == "declined"
-    )
-    assert (
-        disposition(DecisionWatch(DecisionCondition("ready"), end_when_unmet=True), _decision(False))
+        disposition(VerdictRules(DecisionCondition("ready"), end_when_unmet=True), _decision(False))
         == "unmet"
     )
 
 
 def test_the_event_carries_the_history_through_its_payload() -> None:
-    watch = DecisionWatch(DecisionCondition("ready"), clock=Clock())
+    watch = VerdictRules(DecisionCondition("ready"), clock=Clock())
     verdict = watch.observe(_decision(version=7), "hash-a", "a", 0.0)
     assert verdict is not None
     payload = watch.sensor_event(verdict, key_namespace="ns", deadline=None).to_payload()
@@ -275,7 +273,7 @@ def test_the_history_stays_bounded_across_a_long_run() -> None:
     """A wait of 5,000 decisions (a flapping answer and a hold rule: every disposition but the ending
     ones) and 5,000 markers: the history holds the newest 200 of each, and its JSON stays small."""
     clock = Clock()
-    watch = DecisionWatch(DecisionCondition("ready", min_confidence=0.8, consecutive=3), clock=clock)
+    watch = VerdictRules(DecisionCondition("ready", min_confidence=0.8, consecutive=3), clock=clock)
     sizes = []
     for version in range(1, 5001):
         clock.at += 1
@@ -300,7 +298,7 @@ def test_the_history_stays_bounded_across_a_long_run() -> None:
 def test_with_content_capture_off_no_state_text_is_held_and_on_only_the_newest_end() -> None:
     state = f"{SECRET_STATE}\n" + "line\n" * 200 + "Job is ready.\n"
     for capture in (False, True):
-        watch = DecisionWatch(DecisionCondition("ready"), timeline=DecisionTimeline(capture_content=capture))
+        watch = VerdictRules(DecisionCondition("ready"), timeline=DecisionTimeline(capture_content=capture))
         verdict = watch.observe(_decision(), "h", state, 0.0)
         assert verdict is not None
         text = json.dumps(watch.sensor_event(verdict, key_namespace="ns", deadline=None).decisions)
@@ -357,7 +355,7 @@ class HistoryOfAWatch(RuleBasedStateMachine):
         super().__init__()
         self.clock = Clock()
         self.now = 0.0
-        self.watch = DecisionWatch(
+        self.watch = VerdictRules(
             DecisionCondition("ready", min_confidence=0.5, consecutive=2, min_true_for=3),
             reviews=False,
             timeline=DecisionTimeline(limit=LIMIT),

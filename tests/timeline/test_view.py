@@ -86,10 +86,10 @@ def test_the_view_says_why_it_has_nothing_to_draw(api: Any, sensor_run: Any) -> 
 def _watch_payloads() -> list[dict[str, Any]]:
     """Two asset events of a watch (the payloads the watcher trigger fires, built by its watch)."""
     from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-    from airflow_provider_systemzero.decisions.watch import DecisionWatch
+    from airflow_provider_systemzero.decisions.watch import VerdictRules
 
     clock = iter(range(1_790_000_000, 1_790_000_100, 5))
-    watch = DecisionWatch(
+    watch = VerdictRules(
         DecisionCondition("ready", min_confidence=0.5), reviews=False, clock=lambda: next(clock)
     )
     payloads = []

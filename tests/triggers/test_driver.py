@@ -19,7 +19,7 @@ import pytest
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.source_watch import SourceWatch
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from tests.helpers import live_timers
@@ -28,7 +28,7 @@ from tests.helpers.scripted import ScriptedSource, ScriptedStream, ScriptedStrea
 
 def _driver(source: ScriptedSource, streams: ScriptedStreams, *, lease_after: float = 3600.0) -> WatchDriver:
     watch = SourceWatch(
-        DecisionWatch(DecisionCondition("ready", True), reviews=False),
+        VerdictRules(DecisionCondition("ready", True), reviews=False),
         decision_mode="on_change",
         lease_after=lease_after,
     )
@@ -152,7 +152,7 @@ async def test_a_billed_start_comes_before_its_decision_in_the_history(
     would follow it."""
     ticks = itertools.count(1_800_000_000.0, 0.001)
     monkeypatch.setattr(time, "time", lambda: next(ticks))
-    rules = DecisionWatch(DecisionCondition("ready", True), reviews=False, clock=time.time)
+    rules = VerdictRules(DecisionCondition("ready", True), reviews=False, clock=time.time)
     watch = SourceWatch(rules, decision_mode="on_change", timeline=rules.timeline, question="ready")
     source, streams = ScriptedSource(), ScriptedStreams()
     driver = WatchDriver(watch, source, streams)  # type: ignore[arg-type]

@@ -44,9 +44,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.relevance import MAX_HOLD_FACTOR, DecisionGate, Relevance
+from airflow_provider_systemzero.decisions.relevance import MAX_HOLD_FACTOR, DecisionDebounce, Relevance
 from airflow_provider_systemzero.decisions.source_watch import Action, SourceWatch
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.protocol.reply import DecisionResult
 from airflow_provider_systemzero.protocol.state import same_json
 from airflow_provider_systemzero.sources import threads
@@ -106,7 +106,7 @@ class RecordingRules:
     every decision the watch judges current."""
 
     def __init__(self, machine: DriverMachine) -> None:
-        self.rules = DecisionWatch(DecisionCondition("ready", True, min_confidence=0.5), reviews=False)
+        self.rules = VerdictRules(DecisionCondition("ready", True, min_confidence=0.5), reviews=False)
         self.machine = machine
 
     def observe(
@@ -200,10 +200,10 @@ class DriverMachine(RuleBasedStateMachine):
         now = self.loop.time()
         gate = relevance = None
         if mode in ("gate", "no_initial"):
-            gate = DecisionGate(debounce_ms=None, decide_initial=mode == "gate", now=now)
+            gate = DecisionDebounce(debounce_ms=None, decide_initial=mode == "gate", now=now)
             relevance = Relevance(GATE)
         elif mode == "debounce":
-            gate = DecisionGate(debounce_ms=750, decide_initial=True, now=now)
+            gate = DecisionDebounce(debounce_ms=750, decide_initial=True, now=now)
         self.mode, self.once, self.min_interval, self.slow_handover = mode, once, min_interval, slow_handover
         self.may_cancel = may_cancel
         self.debounce = 0.75 if mode == "debounce" else 0.0

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
-from airflow_provider_systemzero.decisions.watch import DecisionWatch, WatchEvent
+from airflow_provider_systemzero.decisions.watch import VerdictRules, WatchEvent
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from airflow_provider_systemzero.sensors.poking import PokeWatch
@@ -136,7 +136,7 @@ def _deferred(
         lease=lease,
         lease_after=lease_after,
     )
-    rules = DecisionWatch(inputs.condition, reviews=True, skip_states=skip, timeline=new_timeline())
+    rules = VerdictRules(inputs.condition, reviews=True, skip_states=skip, timeline=new_timeline())
     loop = ClockLoop()
     try:
         source, streams = ScriptedSource(steps[0][0]), ScriptedStreams()

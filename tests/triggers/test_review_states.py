@@ -1,6 +1,6 @@
 """The wait of a sensor while a person is asked — the real
 :class:`~airflow_provider_systemzero.triggers.review.ReviewWatch` over the real
-:class:`~airflow_provider_systemzero.decisions.watch.DecisionWatch` — against a world hypothesis
+:class:`~airflow_provider_systemzero.decisions.watch.VerdictRules` — against a world hypothesis
 scripts: between two reads of the request the source may change, a person may answer, the watch
 may decide the state the source holds, and time may pass. Whatever the order, the wait ends, and:
 
@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.watch import DecisionWatch
+from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.identity import state_hash
 from airflow_provider_systemzero.tasks.review_wait import SYSTEMZERO_ANSWER, OpenReview, closed_by_the_sensor
 from airflow_provider_systemzero.triggers.review import ReviewWatch
@@ -48,7 +48,7 @@ class World:
     """The source, the person, the watch's decisions and the clock, moved one step per read."""
 
     script: list[tuple[str, Any]]
-    rules: DecisionWatch
+    rules: VerdictRules
     state: str = REVIEWED
     kind: str = "review"
     now: float = 1000.0
@@ -151,7 +151,7 @@ def test_the_review_follows_the_state_the_source_holds(
     """:param closed_before: an earlier run of the trigger closed the request (a newer state was
     decided) and its event never reached the task: this run watches on and fires again, writing
     nothing."""
-    rules = DecisionWatch(
+    rules = VerdictRules(
         DecisionCondition("ready", True, policy=POLICY), reviews=True, reviewing=state_hash(REVIEWED)
     )
     world = World(list(script), rules)
