@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import warnings
 import re
 import tomllib
 from collections.abc import Iterator
@@ -131,9 +132,12 @@ def mentions() -> Iterator[tuple[str, str, str]]:
 
 def _has(owner: Any, name: str) -> bool:
     """Whether ``owner`` has ``name``, counting a class's instance attributes (annotated in its
-    MRO, or set as ``self.<name>`` in its source)."""
-    if hasattr(owner, name):
-        return True
+    MRO, or set as ``self.<name>`` in its source). A deprecated name the docs list (changelog,
+    glossary) counts without its warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if hasattr(owner, name):
+            return True
     if not inspect.isclass(owner):
         return False
     for cls in owner.__mro__:

@@ -143,7 +143,7 @@ class WatchMachine(RuleBasedStateMachine):
         self.watch = SourceWatch(
             rules,
             decision_mode=decision_mode,
-            gate=gate,
+            debounce=gate,
             relevance=relevance,
             lease=lease,
             lease_after=lease_after,

@@ -215,7 +215,7 @@ class DriverMachine(RuleBasedStateMachine):
         self.watch = CountingWatch(
             self.rules,  # type: ignore[arg-type]
             decision_mode="on_change" if mode == "on_change" else "on_request",
-            gate=gate,
+            debounce=gate,
             relevance=relevance,
             lease=lease,
             lease_after=lease_after,

@@ -129,7 +129,7 @@ async def test_min_true_for_never_fires_on_a_state_the_source_already_replaced(
 
 
 def _file_source(path: Path) -> dict[str, Any]:
-    return {"type": "file", "path": str(path), "watch": "poll", "poll_interval": 0.05}
+    return {"type": "file", "path": str(path), "notifications": "poll", "poll_interval": 0.05}
 
 
 def _callable_source() -> dict[str, Any]:
