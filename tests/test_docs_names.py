@@ -23,9 +23,9 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import warnings
 import re
 import tomllib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
