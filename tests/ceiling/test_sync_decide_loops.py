@@ -12,14 +12,15 @@ import pytest
 
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.stream import Backoff
-from tests.helpers.hooks import CONN_ID, ThreadedEmulator
+from tests.helpers import EmulatorThread
+from tests.helpers.hooks import CONN_ID
 
 REQUEST = {"questions": {"ready": {"type": "boolean", "instructions": "Is the job ready?"}}}
 CALLS = 5
 
 
 def test_each_sync_decide_leaves_its_closed_loop_to_the_collector(
-    threaded_emu: ThreadedEmulator, monkeypatch: pytest.MonkeyPatch
+    threaded_emu: EmulatorThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
     new_event_loop = asyncio.events.new_event_loop

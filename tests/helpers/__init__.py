@@ -37,10 +37,16 @@ needs_task_state_store = pytest.mark.skipif(
 
 class EmulatorThread:
     """Runs an :class:`Emulator` on its own event loop in a thread, for synchronous code such as
-    ``dag.test()`` (which runs triggers with ``asyncio.run`` in the calling thread)."""
+    ``dag.test()`` (which runs triggers with ``asyncio.run`` in the calling thread).
 
-    def __init__(self, **kwargs: Any) -> None:
+    :param stop: the emulator's ``stop()`` arguments when the block ends (``retry_after_ms=0``:
+        clients may reconnect at once).
+    :param kwargs: the :class:`Emulator`'s.
+    """
+
+    def __init__(self, *, stop: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self.emulator = Emulator(**kwargs)
+        self._stop_kwargs = dict(stop or {})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="emulator", daemon=True)
 
@@ -70,7 +76,7 @@ class EmulatorThread:
 
     def __exit__(self, *exc_info: object) -> None:
         try:
-            self.call(lambda emu: emu.stop())
+            self.call(lambda emu: emu.stop(**self._stop_kwargs))
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)

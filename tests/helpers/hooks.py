@@ -3,16 +3,15 @@ conftest's throwaway AIRFLOW_HOME), emulators on the test's loop or on a thread 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff
+from tests.helpers import EmulatorThread
 from tests.helpers.stream import SECRET_KEY, TEST_LIMITS
 
 CONN_ID = "systemzero_test"
@@ -67,52 +66,21 @@ async def emu(server_context: None) -> AsyncIterator[Emulator]:
         yield emulator
 
 
-class ThreadedEmulator:
-    """An emulator on its own loop and thread, for sync callers that block their thread."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.emulator = Emulator(**kwargs)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="emulator", daemon=True)
-
-    def call(self, function: Callable[[Emulator], Any]) -> Any:
-        """Run ``function(emulator)`` on the emulator's loop, awaiting it if it is a coroutine."""
-
-        async def run() -> Any:
-            result = function(self.emulator)
-            return await result if asyncio.iscoroutine(result) else result
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
-
-    def __enter__(self) -> ThreadedEmulator:
-        self._thread.start()
-        self.call(lambda e: e.start())
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        try:
-            self.call(lambda e: e.stop(retry_after_ms=0))
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
-
-
 @pytest.fixture
-def threaded_emu(server_context: None) -> Iterator[ThreadedEmulator]:
-    """A :class:`ThreadedEmulator` with :data:`CONN_ID` pointing at it."""
-    with ThreadedEmulator(limits=TEST_LIMITS, api_keys={SECRET_KEY: 8}) as threaded:
+def threaded_emu(server_context: None) -> Iterator[EmulatorThread]:
+    """A :class:`EmulatorThread` with :data:`CONN_ID` pointing at it."""
+    with EmulatorThread(limits=TEST_LIMITS, api_keys={SECRET_KEY: 8}, stop={"retry_after_ms": 0}) as threaded:
         store_connection(host=threaded.emulator.origin)
         yield threaded
 
 
 @pytest.fixture
-def sync_threaded_emu(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Iterator[ThreadedEmulator]:
-    """A :class:`ThreadedEmulator` with :data:`CONN_ID` pointing at it, for what reads the
+def sync_threaded_emu(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Iterator[EmulatorThread]:
+    """A :class:`EmulatorThread` with :data:`CONN_ID` pointing at it, for what reads the
     connection synchronously as a server process does (the Test button, ``airflow connections
     test``): every supported Airflow finds it in the metadata DB that way."""
     monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")
-    with ThreadedEmulator(limits=TEST_LIMITS, api_keys={SECRET_KEY: 8}) as threaded:
+    with EmulatorThread(limits=TEST_LIMITS, api_keys={SECRET_KEY: 8}, stop={"retry_after_ms": 0}) as threaded:
         store_connection(host=threaded.emulator.origin)
         yield threaded
 

@@ -24,7 +24,8 @@ from airflow_provider_systemzero.stream import (
     default_capacity,
     derive_prompt_cache_key,
 )
-from tests.helpers.hooks import CONN_ID, EXTRA, ThreadedEmulator, store_connection
+from tests.helpers import EmulatorThread
+from tests.helpers.hooks import CONN_ID, EXTRA, store_connection
 from tests.helpers.stream import QUESTIONS, SECRET_KEY
 
 REQUEST = {"questions": QUESTIONS}  # the model comes from the connection's extra
@@ -363,7 +364,7 @@ async def test_a_wrong_key_fails_at_once_without_showing_it(
 # ------------------------------------------------------------------ sync helpers (workers, the UI)
 
 
-def test_sync_decide_runs_one_on_request_decision(threaded_emu: ThreadedEmulator) -> None:
+def test_sync_decide_runs_one_on_request_decision(threaded_emu: EmulatorThread) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
     decision = hook.decide(REQUEST, "Initial log\nJob is ready.\n", timeout=20, identity="sync")
     assert decision.decisions() == {"ready": True} and decision.covered_event_ids == ("evt_1",)
@@ -372,13 +373,13 @@ def test_sync_decide_runs_one_on_request_decision(threaded_emu: ThreadedEmulator
     assert stats.decisions_billed == 1 and stats.closes_by_code == {1000: 1}
 
 
-async def test_sync_decide_from_a_running_loop_uses_a_helper_thread(threaded_emu: ThreadedEmulator) -> None:
+async def test_sync_decide_from_a_running_loop_uses_a_helper_thread(threaded_emu: EmulatorThread) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
     decision = hook.decide(REQUEST, "Initial log\n", timeout=20)  # blocks this loop; runs on its own
     assert decision.decisions() == {"ready": False}
 
 
-def test_a_short_form_question_is_refused_with_the_wire_form_to_write(threaded_emu: ThreadedEmulator) -> None:
+def test_a_short_form_question_is_refused_with_the_wire_form_to_write(threaded_emu: EmulatorThread) -> None:
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
     with pytest.raises(ValueError) as raised:
         hook.decide({"questions": {"ready": "Is it ready?"}}, "Initial log\n", timeout=20)
@@ -390,7 +391,7 @@ def test_a_short_form_question_is_refused_with_the_wire_form_to_write(threaded_e
     assert threaded_emu.call(lambda e: e.stats).streams_total == 0  # refused before connecting
 
 
-def test_sync_decide_honours_its_timeout(threaded_emu: ThreadedEmulator) -> None:
+def test_sync_decide_honours_its_timeout(threaded_emu: EmulatorThread) -> None:
     threaded_emu.emulator.faults.delay_decisions_ms = 10_000
     hook = SystemZeroHook(CONN_ID, backoff=Backoff(base=0.02, cap=0.1))
     with pytest.raises(DeadlineExceeded, match=r"no decision within"):
@@ -398,7 +399,7 @@ def test_sync_decide_honours_its_timeout(threaded_emu: ThreadedEmulator) -> None
     threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.streams_open == 0, timeout=5))
 
 
-def test_test_connection_reads_hello_and_closes_normally(threaded_emu: ThreadedEmulator) -> None:
+def test_test_connection_reads_hello_and_closes_normally(threaded_emu: EmulatorThread) -> None:
     ok, message = SystemZeroHook(CONN_ID).test_connection()
     assert ok, message
     assert "system-zero.stream.v1" in message and "max_streams_per_process=4" in message
@@ -406,7 +407,7 @@ def test_test_connection_reads_hello_and_closes_normally(threaded_emu: ThreadedE
     threaded_emu.call(lambda e: e.wait_for(lambda emu: emu.stats.closes_by_code == {1000: 1}, timeout=5))
 
 
-def test_test_connection_says_when_no_default_model_is_set(threaded_emu: ThreadedEmulator) -> None:
+def test_test_connection_says_when_no_default_model_is_set(threaded_emu: EmulatorThread) -> None:
     # the connection works, but a task that names no model would fail: the Test button says so
     store_connection(host=threaded_emu.emulator.origin, extra={"open_timeout": "5"})
     ok, message = SystemZeroHook(CONN_ID).test_connection()
@@ -414,7 +415,7 @@ def test_test_connection_says_when_no_default_model_is_set(threaded_emu: Threade
     assert "no default model: every task must pass model=, or set the 'model' extra" in message
 
 
-def test_test_connection_reports_a_wrong_key_without_showing_it(threaded_emu: ThreadedEmulator) -> None:
+def test_test_connection_reports_a_wrong_key_without_showing_it(threaded_emu: EmulatorThread) -> None:
     wrong = "sz-wrong-key-9876543210"
     store_connection(host=threaded_emu.emulator.origin, password=wrong)
     ok, message = SystemZeroHook(CONN_ID).test_connection()
@@ -422,7 +423,7 @@ def test_test_connection_reports_a_wrong_key_without_showing_it(threaded_emu: Th
 
 
 def test_test_connection_reports_an_unreachable_gateway(server_context: None) -> None:
-    with ThreadedEmulator(api_keys={SECRET_KEY: 8}) as gone:
+    with EmulatorThread(api_keys={SECRET_KEY: 8}) as gone:
         origin = gone.emulator.origin
     store_connection(host=origin)
     ok, message = SystemZeroHook(CONN_ID).test_connection()
@@ -430,7 +431,7 @@ def test_test_connection_reports_an_unreachable_gateway(server_context: None) ->
 
 
 def test_a_connection_that_stores_no_port_is_named_as_the_test_buttons_cause(
-    sync_threaded_emu: ThreadedEmulator, caplog: pytest.LogCaptureFixture
+    sync_threaded_emu: EmulatorThread, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Airflow 3.3.2's Test button refuses such a connection before the hook is asked
     # (apache/airflow#73298): where the hook is asked (the CLI, another Airflow) it says so
@@ -482,7 +483,7 @@ def test_a_stored_port_that_contradicts_the_origins_is_refused() -> None:
 
 @pytest.mark.filterwarnings("ignore:The HMAC key is:Warning", "ignore:ProvidersManager.hooks is deprecated")
 def test_the_test_button_names_the_persons_connection_not_airflows_temporary_one(
-    sync_threaded_emu: ThreadedEmulator, monkeypatch: pytest.MonkeyPatch
+    sync_threaded_emu: EmulatorThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Airflow's own API route (the Test button's request) tests a copy stored under a random ID
     from airflow.api_fastapi.app import create_app, get_auth_manager
