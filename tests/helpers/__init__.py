@@ -83,9 +83,18 @@ class EmulatorThread:
             self._loop.close()
 
 
-@contextmanager
-def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra: Any) -> Iterator[None]:
-    """A ``systemzero`` connection stored in the metadata DB (not an env var) for the block."""
+def put_connection(
+    conn_id: str,
+    *,
+    host: str,
+    password: str | None,
+    extra: dict[str, Any] | None = None,
+    port: int | None = None,
+) -> None:
+    """Insert (or replace) a ``systemzero`` connection row in the metadata DB (not an env var).
+
+    :param extra: the connection's extras (``None``: none).
+    """
     import json
 
     from airflow.models import Connection
@@ -97,11 +106,21 @@ def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra:
             Connection(
                 conn_id=conn_id,
                 conn_type="systemzero",
-                host=origin,
-                password=key,
-                extra=json.dumps(extra) if extra else None,
+                host=host,
+                password=password,
+                port=port,
+                extra=None if extra is None else json.dumps(extra),
             )
         )
+
+
+@contextmanager
+def systemzero_connection(conn_id: str, origin: str, key: str = "demo", **extra: Any) -> Iterator[None]:
+    """A ``systemzero`` connection stored in the metadata DB (not an env var) for the block."""
+    from airflow.models import Connection
+    from airflow.utils.session import create_session
+
+    put_connection(conn_id, host=origin, password=key, extra=extra or None)
     try:
         yield
     finally:

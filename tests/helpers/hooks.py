@@ -3,7 +3,6 @@ conftest's throwaway AIRFLOW_HOME), emulators on the test's loop or on a thread 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 
 from airflow_provider_systemzero.emulator import Emulator
 from airflow_provider_systemzero.stream import Backoff
-from tests.helpers import EmulatorThread
+from tests.helpers import EmulatorThread, put_connection
 from tests.helpers.stream import SECRET_KEY, TEST_LIMITS
 
 CONN_ID = "systemzero_test"
@@ -40,22 +39,9 @@ def store_connection(
     extra: dict[str, Any] | None = None,
     port: int | None = None,
 ) -> None:
-    """Insert (or replace) a connection row in the metadata DB."""
-    from airflow.models import Connection
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        session.query(Connection).filter(Connection.conn_id == conn_id).delete()
-        session.add(
-            Connection(
-                conn_id=conn_id,
-                conn_type="systemzero",
-                host=host,
-                password=password,
-                port=port,
-                extra=json.dumps(EXTRA if extra is None else extra),
-            )
-        )
+    """Insert (or replace) a connection row in the metadata DB, with the hook tests' key and
+    extras unless given (:func:`~tests.helpers.put_connection`)."""
+    put_connection(conn_id, host=host, password=password, port=port, extra=EXTRA if extra is None else extra)
 
 
 @pytest.fixture
