@@ -93,7 +93,7 @@ from airflow_provider_systemzero.tasks.deadlines import (
 )
 from airflow_provider_systemzero.tasks.history import push_history
 from airflow_provider_systemzero.tasks.payloads import task_failure
-from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
+from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin, answer_record
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
 from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
 
@@ -728,16 +728,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if review is not None and isinstance(event, Mapping) and "status" not in event:
             # a person's answer, which only the trigger can judge against the state the source holds
             # now: it watches on with the answer to judge
-            gate = review.get("gate") or {}
-            skip = list((gate.get("extra") or {}).get("skip_states") or [])
             answer = {**event, "responded_at": _iso(event.get("responded_at"))}
-            self._defer(
-                context,
-                self.inputs,
-                (gate.get("extra") or {}).get("deadline"),
-                skip,
-                {**review, "answer": answer},
-            )
+            self._defer_reviewing(context, {**review, "answer": answer})
         own = self._own_namespaces(context)
         ended = WatchEvent.from_payload(owned_event(self.task_id, event, own))
         self.usage_from_event(context, ended)  # the usage XCom; fails the task when the budget stopped it
@@ -777,26 +769,17 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if review.get("counted"):
             return self.execute_review_complete(context, event=answer, gate=gate, outcome=resume["outcome"])
         the_gate = Gate.from_dict(gate)
-        chosen = list(answer.get("chosen_options") or [])
-        who = (answer.get("responded_by_user") or {}).get("name") or "a person"
-        reason = (
-            f"{who} answered {chosen} about state version {the_gate.state_version} after the source "
-            "moved on: the answer is recorded and decides nothing about the newer state"
-        )
+        kept = answer_record(answer)
+        about = f"about state version {the_gate.state_version} after the source moved on"
+        if kept["timedout"]:
+            what = f"the review timed out {about}: the policy's default is recorded"
+        else:
+            who = (kept["responded_by"] or {}).get("name") or "a person"
+            what = f"{who} answered {kept['chosen_options']} {about}: the answer is recorded"
+        reason = f"{what} and decides nothing about the newer state"
         self.log.info("%s", reason)
-        record = self._record(
-            the_gate,
-            PolicyOutcome(**resume["outcome"]),
-            decision=None,
-            decided_by=None,
-            reason=reason,
-            review={
-                "chosen_options": chosen,
-                "responded_by": answer.get("responded_by_user"),
-                "responded_at": answer.get("responded_at"),
-                "timedout": bool(answer.get("timedout")),
-            },
-        )
+        outcome = PolicyOutcome(**resume["outcome"])
+        record = self._record(the_gate, outcome, decision=None, decided_by=None, reason=reason, review=kept)
         return self._wait_again(context, the_gate, record)
 
     def _watches_while_asked(self) -> bool:
@@ -820,8 +803,13 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             "timeout_at": None if timeout is None else time.time() + timeout.total_seconds(),
             "open": True,
         }
-        skip = list(gate.extra.get("skip_states") or [])
-        self._defer(context, self.inputs, gate.extra.get("deadline"), skip, review)
+        self._defer_reviewing(context, review)
+
+    def _defer_reviewing(self, context: Context, review: dict[str, Any]) -> None:
+        """Defer to the trigger with ``review`` (open, or with an answer to judge), until the
+        reviewed wait's deadline and skipping the states it skipped."""
+        extra = review["gate"].get("extra") or {}
+        self._defer(context, self.inputs, extra.get("deadline"), list(extra.get("skip_states") or []), review)
 
     def _gate_of(self, event: WatchEvent) -> Gate:
         """The gate of the watched question, carrying what the sensor needs after a review: the

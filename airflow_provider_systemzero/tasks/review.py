@@ -58,7 +58,15 @@ if TYPE_CHECKING:
 
     from airflow_provider_systemzero.decisions.watch import WatchEvent
 
-__all__ = ["DECISION_XCOM_KEY", "Gate", "PolicyGateMixin", "review_body", "review_endpoint", "state_preview"]
+__all__ = [
+    "DECISION_XCOM_KEY",
+    "Gate",
+    "PolicyGateMixin",
+    "answer_record",
+    "review_body",
+    "review_endpoint",
+    "state_preview",
+]
 
 #: The XCom key of the audit record.
 DECISION_XCOM_KEY = "decision"
@@ -329,6 +337,24 @@ def review_body(
         )
         lines += ["", f"If nobody answers within {readable(policy.review_timeout)}, {fallback}."]
     return "\n".join(lines)
+
+
+def answer_record(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """What the ``decision`` record keeps of a review's answer: the options chosen, who answered
+    and when (ISO 8601 text), and whether it is the timeout's default.
+
+    :param answer: the Human-in-the-loop answer a task resumes with (``chosen_options``,
+        ``responded_by_user``, ``responded_at`` — a ``datetime`` in a 3.1 / 3.2 trigger's event —
+        and ``timedout``).
+    """
+    responded_by = answer.get("responded_by_user")
+    responded_at = answer.get("responded_at")
+    return {
+        "chosen_options": list(answer.get("chosen_options") or []),
+        "responded_by": dict(responded_by) if responded_by else None,
+        "responded_at": responded_at.isoformat() if hasattr(responded_at, "isoformat") else responded_at,
+        "timedout": bool(answer.get("timedout")),
+    }
 
 
 class TaskLog(Protocol):
@@ -675,17 +701,8 @@ class PolicyGateMixin:
             decision = the_gate.from_labels(chosen)
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
-        timedout = bool(event.get("timedout"))
-        responded_by = event.get("responded_by_user")
-        responded_at = event.get("responded_at")
-        if hasattr(responded_at, "isoformat"):  # the trigger's event (Airflow 3.1 / 3.2) carries a datetime
-            responded_at = responded_at.isoformat()
-        review = {
-            "chosen_options": chosen,
-            "responded_by": dict(responded_by) if responded_by else None,
-            "responded_at": responded_at,
-            "timedout": timedout,
-        }
+        review = answer_record(event)
+        timedout, responded_by = review["timedout"], review["responded_by"]
         if timedout:
             reason = f"{verdict.reason}; nobody answered the review in time, so the policy's default applies"
             decided_by = "timeout_default"
