@@ -317,10 +317,16 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
     page.get_by_text(re.compile("Response received at")).wait_for()
     _shot(page, "review-yes-succeeded")
 
-    # "No": back to waiting in the triggerer, for a state it has not been asked about
-    _wait_state(deployment, no_run, {"deferred"}, 300, f"{no_run}'s sensor to wait again after 'No'")
-    time.sleep(3)
-    assert _task_state(deployment, no_run) == "deferred"
+    # "No": back to waiting in the triggerer, for a state it has not been asked about. The answer
+    # resumes the task, which defers once more for its trigger to judge the answer against the
+    # state the source holds, and then again to wait: it waits once the "No" is recorded.
+    def waits_after_no() -> bool:
+        deployment.check_alive()
+        record = deployment.xcoms(UI_DAG_ID, no_run).get((TASK, "decision")) or {}
+        waiting = (record.get("effect") or {}).get("waiting") and record.get("decided_by") == "human"
+        return bool(waiting) and _task_state(deployment, no_run) == "deferred"
+
+    wait_for(waits_after_no, 300, f"{no_run}'s sensor to wait again after 'No'", interval=0.5)
     page.goto(f"{deployment.api}/dags/{UI_DAG_ID}/runs/{no_run}/tasks/{TASK}/required_actions")
     page.get_by_text("Deferred").first.wait_for()
     page.get_by_text(re.compile("Response received at")).wait_for()
