@@ -1,20 +1,24 @@
-"""One stream connection of the emulator: the I/O around the stream's
-:class:`~airflow_provider_systemzero.protocol.gateway.GatewaySession` (:class:`StreamLoop`), over
-the websockets connection class (:class:`~.websocket.EmulatorConnection`, re-exported here).
+"""One stream connection of the emulator: the websockets connection class
+(:class:`EmulatorConnection`) and the I/O around the stream's
+:class:`~airflow_provider_systemzero.protocol.gateway.GatewaySession` above it (:class:`StreamLoop`).
+
+The :class:`~airflow_provider_systemzero.emulator.server.Emulator` makes both for each client and
+owns them: each is given what it uses (the limits, the standing faults, the decide backend, the
+emulator's :class:`~airflow_provider_systemzero.emulator.stats.Tally`) when it is made, and knows
+nothing of the emulator.
 
 The stream feeds the session every frame, decide outcome, shutdown request and timer, and
 performs the actions it returns in order: a text frame per :class:`SendMessage` (written at once
 when nothing waits before it, else through a FIFO writer, so the stream never blocks on a slow
 reader and the send queue can be measured), a backend call per :class:`DispatchDecide`, a close
-per :class:`CloseConnection`. Both classes are parts of
-:class:`~airflow_provider_systemzero.emulator.server.Emulator` and keep its counters.
+per :class:`CloseConnection`.
 
 A complete text frame is handled where websockets hands it over
 (:meth:`EmulatorConnection.process_event`): decoded, fed to the session and answered in the same
 event-loop callback that read it. A frame that is not a complete, valid UTF-8 text frame — a
 fragment, a binary frame, a frame that arrives while an earlier message still waits in websockets'
-reader — takes websockets' own path (its reassembly, its close 1007 for invalid UTF-8) and reaches
-the stream through a reader task, in order.
+reader — takes websockets' own path (its reassembly, its close 1007 for invalid UTF-8, flow
+control) and reaches the stream through a reader task, in order.
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ import secrets
 import time
 import types
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
+from typing import Any
 
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from airflow_provider_systemzero.dependency_internals import close_frames
-from airflow_provider_systemzero.emulator.websocket import EmulatorConnection
+from airflow_provider_systemzero.emulator.backend import DecideBackend
+from airflow_provider_systemzero.emulator.faults import Faults
+from airflow_provider_systemzero.emulator.stats import Tally
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
 from airflow_provider_systemzero.protocol.gateway import (
     CloseConnection,
@@ -45,15 +54,184 @@ from airflow_provider_systemzero.protocol.gateway import (
     GatewaySession,
     SendMessage,
 )
+from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Hello, Ping, encode_message
+from airflow_provider_systemzero.protocol.ratelimit import TokenBucket
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
 
-if TYPE_CHECKING:
-    from airflow_provider_systemzero.emulator.host import EmulatorHost
-
-__all__ = ["EmulatorConnection", "StreamLoop"]
+__all__ = ["ActionTap", "EmulatorConnection", "StreamLoop"]
 
 log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# the websocket connection
+# --------------------------------------------------------------------------------------------
+
+_TEXT, _CONT, _BINARY = Opcode.TEXT, Opcode.CONT, Opcode.BINARY
+_PING, _PONG = Opcode.PING, Opcode.PONG
+
+
+class EmulatorConnection(ServerConnection):
+    """The websockets connection of one stream: hands each complete text frame to its stream as
+    it is parsed, counts the client's native pings and pongs against the advertised native
+    control limits (close 1008 over them), plays a silent peer when the faults say so, and
+    releases the account's stream reservation as soon as the stream ends.
+
+    :param protocol: websockets' server protocol.
+    :param server: websockets' server.
+    :param limits: the advertised limits (the native control limits are enforced here).
+    :param faults: the emulator's standing faults (a silent peer is played here).
+    :param tally: the emulator's counts: native pings and pongs, control floods, reservations.
+    :param kwargs: websockets' own connection arguments.
+    """
+
+    def __init__(
+        self,
+        protocol: ServerProtocol,
+        server: Server,
+        *,
+        limits: Limits,
+        faults: Faults,
+        tally: Tally,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(protocol, server, **kwargs)
+        self.faults = faults
+        self.tally = tally
+        self.account: str | None = None
+        self.reservation_released = True
+        #: The stream this connection feeds (``None`` before its handler runs and after it ends).
+        self.stream: StreamLoop | None = None
+        #: Messages handed to websockets' own reader and not yet delivered to the stream: while
+        #: any waits, every later frame takes the same path, so none overtakes it.
+        self.queued_messages = 0
+        #: The 101 response is held back, to leave in one write with the stream's hello: one
+        #: segment and one wake-up of the client fewer per stream. The next write of the
+        #: connection (the hello, or whatever comes first) carries it.
+        self._hold_response = True
+        self._held_response: bytes | None = None
+        # the client's native pings and pongs, against the advertised native control limits
+        lim, now = limits, time.monotonic()
+        self._control_frames = TokenBucket(
+            lim.max_native_control_frames_per_second, max(1, lim.native_control_frame_burst), now
+        )
+        self._control_bytes = TokenBucket(
+            lim.max_native_control_bytes_per_second, max(1, lim.native_control_byte_burst), now
+        )
+
+    def send_data(self) -> None:
+        # A silent peer: once open, every outgoing byte is dropped (pongs, pings, messages, the
+        # close frame). The protocol state still advances, so a close times out and aborts.
+        if not self.faults.answer_pings and self.protocol.state is not State.CONNECTING:
+            self.protocol.data_to_send()
+            return
+        # Frames sent together leave in one write (one segment, one wake-up of the client); an
+        # empty chunk is the end of the stream, as in the base class. The 101 response waits for
+        # the stream's hello, which follows it in the same callback (see hold_response).
+        pending: list[bytes] = []
+        if self._held_response is not None:
+            pending.append(self._held_response)
+            self._held_response = None
+        elif self._hold_response and self.protocol.state is State.OPEN:
+            self._hold_response = False
+            self._held_response = b"".join(self.protocol.data_to_send())
+            return
+        for chunk in self.protocol.data_to_send():
+            if chunk:
+                pending.append(chunk)
+                continue
+            if pending:
+                self.transport.write(b"".join(pending))
+                pending = []
+            if self.transport.can_write_eof():
+                with contextlib.suppress(Exception):
+                    self.transport.write_eof()
+            else:
+                self.transport.close()
+        if pending:
+            self.transport.write(b"".join(pending))
+
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        # Closed already (the usual end: the client closed, the TCP connection is gone): nothing
+        # to do. websockets would still wait for the lost connection under a close timeout and
+        # abort the transport again (its handler closes every connection it ran).
+        if self.protocol.state is State.CLOSED:
+            return
+        await super().close(code, reason)
+
+    async def ping(self, data: Any = None) -> Awaitable[float]:
+        self.tally.counters["native_pings_sent"] += 1
+        return await super().ping(data)
+
+    def process_event(self, event: Any) -> None:
+        if type(event) is not Frame:  # the handshake request
+            super().process_event(event)
+            return
+        opcode = event.opcode
+        if opcode is _TEXT and event.fin and not self.queued_messages:
+            stream = self.stream
+            if stream is not None:
+                data = event.data
+                try:
+                    text = data.decode()
+                except UnicodeDecodeError:
+                    pass  # websockets' reader closes 1007, as it does for any message
+                else:
+                    stream.receive_text(text, len(data))
+                    return
+        if opcode is _PING or opcode is _PONG:
+            if opcode is _PONG:
+                self.tally.counters["native_pongs_received"] += 1
+            now = time.monotonic()
+            size = max(1, len(event.data))  # an empty ping still costs a byte of the budget
+            if not (self._control_frames.try_take(now) and self._control_bytes.try_take(now, size)):
+                # over max_native_control_frames_per_second / _bytes_per_second (and their bursts):
+                # the public document names the limits, not the outcome; the emulator closes 1008
+                if self.protocol.state is State.OPEN:
+                    self.tally.counters["native_control_floods"] += 1
+                    self.protocol.fail(CloseCode.POLICY_VIOLATION, "native_control_rate_limited")
+                    self.send_data()
+                return
+        elif opcode is _TEXT or opcode is _BINARY or opcode is _CONT:
+            # websockets' own path: reassembly, UTF-8 check, flow control; the reader delivers it
+            if event.fin:
+                self.queued_messages += 1
+            super().process_event(event)
+            if self.stream is not None:
+                self.stream.start_reader()
+            return
+        super().process_event(event)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A close frame from the client ends the stream for capacity at once: the client can only
+        # see its connection closed (and open the next one) after this point.
+        if close_frames(self.protocol)[1] is not None:
+            self.release_reservation()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.release_reservation()
+        if self.stream is not None:
+            self.stream.transport_lost()
+
+    def reserve(self, account: str) -> None:
+        """Hold one of the account's stream places for this connection (its upgrade was accepted).
+        It is released once: when the client's close frame arrives, when the TCP connection is
+        lost (also before the stream started), or when the stream ends.
+
+        :param account: the account.
+        """
+        self.account = account
+        self.tally.reserved[account] += 1
+        self.reservation_released = False
+
+    def release_reservation(self) -> None:
+        """Give the account's stream place back (once; nothing when none is held)."""
+        if not self.reservation_released and self.account is not None:
+            self.reservation_released = True
+            self.tally.reserved[self.account] -= 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,6 +285,10 @@ def _resume(coroutine: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any,
                 return stop.value
 
 
+#: ``tap(stream, actions)``: sees what a stream's session decided, returns what the stream performs.
+ActionTap = Callable[["StreamLoop", list[GatewayAction]], list[GatewayAction]]
+
+
 class StreamLoop:
     """The I/O of one stream connection.
 
@@ -118,14 +300,38 @@ class StreamLoop:
     of the transport. One event is handled at a time (one that arrives during another waits for
     it). After each, the send queue is reported and the timer is set to the session's next
     deadline. :meth:`run` waits for the end and performs the close.
+
+    :param ws: its websocket connection.
+    :param account: the account whose key opened it.
+    :param limits: the limits its session enforces.
+    :param backend: the decide backend its decide calls go to.
+    :param tally: the emulator's counts: messages sent, closes, accepted states.
+    :param spawn: runs a coroutine as a task of the emulator's (awaited or cancelled when the
+        emulator stops): a decide call outlives the connection that made it, as on the real service.
+    :param action_tap: what the session decides to do passes through this first (``None``:
+        nothing does), so a test or a fault scenario can watch it, or drop some; it runs on the
+        event loop. The attribute of the same name may be set at any time.
     """
 
-    def __init__(self, emulator: EmulatorHost, ws: EmulatorConnection, account: str) -> None:
-        self.emulator = emulator
+    def __init__(
+        self,
+        ws: EmulatorConnection,
+        account: str,
+        *,
+        limits: Limits,
+        backend: DecideBackend,
+        tally: Tally,
+        spawn: Callable[[Awaitable[Any]], None],
+        action_tap: ActionTap | None = None,
+    ) -> None:
         self.ws = ws
         self.account = account
         self.stream_id = "szws_" + secrets.token_hex(16)
-        self.limits = emulator.limits
+        self.limits = limits
+        self.backend = backend
+        self.tally = tally
+        self.spawn = spawn
+        self.action_tap = action_tap
         self.session = GatewaySession(stream_id=self.stream_id, now=time.monotonic(), limits=self.limits)
         #: Frames waiting for the writer task (made when the first frame has to wait).
         self.outbox: asyncio.Queue[Any] | None = None
@@ -139,7 +345,8 @@ class StreamLoop:
         #: Resolved when the session closed or the transport was lost: no event is handled after.
         self._ended: asyncio.Future[None] = self._loop.create_future()
         self._done = False
-        self._busy = False
+        # an event that comes before run() (a shutdown) waits for the opening, as for any event
+        self._busy = True
         self._later: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -163,6 +370,7 @@ class StreamLoop:
     async def run(self) -> None:
         """Send ``hello``, handle the stream's events until it ends, then perform the close."""
         try:
+            self._busy = False
             self._event(self._on_open)
             self.ws.stream = self
             if self.ws.queued_messages:
@@ -192,7 +400,7 @@ class StreamLoop:
 
     def shutdown(self, retry_after_ms: int) -> None:
         """Start the shutdown sequence (goodbye ``shutdown`` and close 1012 once a decide in flight
-        settled).
+        settled). Asked before :meth:`run`, it follows the ``hello``.
 
         :param retry_after_ms: ``goodbye.resume.retry_after_ms``.
         """
@@ -234,7 +442,7 @@ class StreamLoop:
         session = self.session
         if not session.closed:
             self._report_send_queue(time.monotonic())
-        self.emulator._notify()
+        self.tally.on_change()
         if session.closed:
             self._end()
             return
@@ -247,10 +455,6 @@ class StreamLoop:
 
     def _on_open(self) -> None:
         self._handle(self.session.actions())
-        if self.emulator._shutting_down:
-            self._handle(
-                self.session.begin_shutdown(time.monotonic(), self.emulator._shutdown_retry_after_ms)
-            )
 
     def _on_text(self, text: str, size: int | None) -> None:
         self._handle(self.session.receive_text(text, time.monotonic(), size))
@@ -371,7 +575,7 @@ class StreamLoop:
         self._flush()
 
     def _perform(self, actions: Iterable[GatewayAction]) -> None:
-        tap = self.emulator.action_tap
+        tap = self.action_tap
         if tap is not None:
             actions = tap(self, list(actions))
         for action in actions:
@@ -382,7 +586,7 @@ class StreamLoop:
                 else:
                     data = encode_message(message).encode("utf-8")
                 self._frames.append((data, len(data), message.nonce if isinstance(message, Ping) else None))
-                self.emulator._messages_sent[message.TYPE] += 1
+                self.tally.messages_sent[message.TYPE] += 1
                 if message.TYPE == "decision" and log.isEnabledFor(logging.DEBUG):
                     log.debug(
                         "stream %s: decision for state version %s",
@@ -400,7 +604,7 @@ class StreamLoop:
                 # timeout): then that is the code on the wire.
                 sent, _ = close_frames(self.ws.protocol)
                 self.counted_close = sent.code if sent is not None else action.code
-                self.emulator._closes[self.counted_close] += 1
+                self.tally.closes[self.counted_close] += 1
 
     def _flush(self) -> None:
         """Write the frames of the event just handled: in one write, from here, when nothing is
@@ -432,15 +636,15 @@ class StreamLoop:
         # current actions, so the decision leaves in the same write as the ack. Otherwise the
         # rest runs as an emulator-owned task, which outlives a dropped connection.
         coroutine = self._decide(action)
-        if not self.emulator.backend.decides_at_once():
-            self.emulator._spawn(self._decided_later(coroutine, None, action.dispatch_id))
+        if not self.backend.decides_at_once():
+            self.spawn(self._decided_later(coroutine, None, action.dispatch_id))
             return
         try:
             pending = coroutine.send(None)
         except StopIteration as stop:
             self._settled.append((action.dispatch_id, stop.value))
             return
-        self.emulator._spawn(self._decided_later(coroutine, pending, action.dispatch_id))
+        self.spawn(self._decided_later(coroutine, pending, action.dispatch_id))
 
     async def _decided_later(
         self, coroutine: Coroutine[Any, Any, DecideOutcome], pending: Any, dispatch_id: int
@@ -450,7 +654,7 @@ class StreamLoop:
 
     async def _decide(self, action: DispatchDecide) -> DecideOutcome:
         try:
-            return await self.emulator.backend.decide(self.account, action.body, action.idempotency_key)
+            return await self.backend.decide(self.account, action.body, action.idempotency_key)
         except Exception as exc:  # keep the stream alive whatever the backend does
             log.exception("decide backend failed")
             return DecideFailure(
@@ -466,9 +670,9 @@ class StreamLoop:
             return
         if self._state_seen is None and self.session.request is not None:
             key = self.session.request.prompt_cache_key
-            self.emulator._latest_by_cache_key[key if key is not None else self.stream_id] = self.stream_id
+            self.tally.latest_by_cache_key[key if key is not None else self.stream_id] = self.stream_id
         self._state_seen = current
-        self.emulator._note_state(self.stream_id, current)
+        self.tally.states[self.stream_id] = current
 
     # ------------------------------------------------------------------ send queue
 

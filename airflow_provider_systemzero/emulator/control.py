@@ -1,13 +1,17 @@
 """The emulator's HTTP control surface: ``/_emulator/stats``, ``/_emulator/faults``,
 ``/_emulator/restart`` and ``/_emulator/drop`` on the stream port, behind the admin token (the
-table of endpoints and parameters is in :mod:`.server`)."""
+table of endpoints and parameters is in :mod:`.server`).
+
+:func:`read_control_request` checks a request (the token, the endpoint, the method) and says what
+it asks for; the emulator does it and answers with :func:`respond`."""
 
 from __future__ import annotations
 
 import contextlib
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
@@ -17,29 +21,68 @@ from airflow_provider_systemzero.emulator.faults import Faults
 from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
 
-if TYPE_CHECKING:
-    from airflow_provider_systemzero.emulator.host import EmulatorHost
-
-__all__ = ["CONTROL_PREFIX", "apply_fault_params", "control_response", "respond", "set_headers"]
+__all__ = [
+    "CONTROL_PREFIX",
+    "ControlRequest",
+    "apply_fault_params",
+    "read_control_request",
+    "respond",
+    "set_headers",
+]
 
 #: Path prefix of the HTTP control surface.
 CONTROL_PREFIX = "/_emulator/"
 
+#: Each endpoint and the methods it accepts.
+_ROUTES: dict[str, tuple[str, ...]] = {
+    "/_emulator/stats": ("GET",),
+    "/_emulator/faults": ("GET", "POST"),
+    "/_emulator/restart": ("POST",),
+    "/_emulator/drop": ("POST",),
+}
 
-def control_response(emulator: EmulatorHost, connection: ServerConnection, request: Request) -> Response:
-    """Answer one request to the control surface (any path under :data:`CONTROL_PREFIX`).
 
-    :param emulator: the emulator to observe or act on.
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    """What an admitted request to the control surface asks for.
+
+    :param endpoint: the endpoint's last path segment: ``stats``, ``faults``, ``restart`` or ``drop``.
+    :param method: ``GET`` or ``POST``, one the endpoint accepts.
+    :param params: the query parameters (the last value of each).
+    """
+
+    endpoint: str
+    method: str
+    params: dict[str, str]
+
+    def int_param(self, name: str, default: int) -> int:
+        """A non-negative integer parameter.
+
+        :param name: its name.
+        :param default: its value when absent or empty.
+        :raises ValueError: naming the parameter when it is not a non-negative integer.
+        """
+        value = _int_param(self.params, name, default)
+        assert value is not None
+        return value
+
+
+def read_control_request(
+    connection: ServerConnection, request: Request, admin_token: str
+) -> ControlRequest | Response:
+    """Check one request to the control surface (any path under :data:`CONTROL_PREFIX`).
+
     :param connection: the connection the request came on.
     :param request: the request (its parameters are in the query string).
-    :return: the response: 401 without the admin token, 404/405 for an unknown endpoint or
-        method, 400 naming a bad parameter, else 200 or 202 with a JSON body.
+    :param admin_token: the emulator's admin token.
+    :return: what it asks for, or the refusal to answer: 401 without the admin token, 404/405
+        for an unknown endpoint or method.
     """
     auth = request.headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         token = request.headers.get("X-Emulator-Token", "")
-    if not token or not secrets.compare_digest(token.strip().encode(), emulator.admin_token.encode()):
+    if not token or not secrets.compare_digest(token.strip().encode(), admin_token.encode()):
         return respond(
             connection,
             401,
@@ -54,53 +97,27 @@ def control_response(emulator: EmulatorHost, connection: ServerConnection, reque
     route = parts.path.rstrip("/")
     params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     method = request.method
-    routes: dict[str, tuple[str, ...]] = {
-        "/_emulator/stats": ("GET",),
-        "/_emulator/faults": ("GET", "POST"),
-        "/_emulator/restart": ("POST",),
-        "/_emulator/drop": ("POST",),
-    }
-    if route not in routes:
+    if route not in _ROUTES:
         return respond(
             connection,
             404,
             ErrorEnvelope(
                 "invalid_request_error",
                 "not_found",
-                f"no control endpoint {route!r}; endpoints: {sorted(routes)}",
+                f"no control endpoint {route!r}; endpoints: {sorted(_ROUTES)}",
             ).to_dict(),
         )
-    if method not in routes[route]:
+    if method not in _ROUTES[route]:
         return respond(
             connection,
             405,
             ErrorEnvelope(
                 "invalid_request_error",
                 "method_not_allowed",
-                f"{route} accepts {' or '.join(routes[route])}",
+                f"{route} accepts {' or '.join(_ROUTES[route])}",
             ).to_dict(),
         )
-    try:
-        if route == "/_emulator/stats":
-            return respond(connection, 200, emulator.stats.to_dict(mask_accounts=True))
-        if route == "/_emulator/faults":
-            if method == "POST":
-                apply_fault_params(emulator.faults, params)
-            return respond(connection, 200, emulator.faults.to_dict())
-        if route == "/_emulator/restart":
-            retry_after_ms = _int_param(params, "retry_after_ms", 500)
-            count = len(emulator._streams)
-            emulator._spawn(emulator.restart(retry_after_ms))
-            return respond(connection, 202, {"restarting_streams": count, "retry_after_ms": retry_after_ms})
-        count = len(emulator._streams)
-        emulator._spawn(emulator.drop_all())
-        return respond(connection, 202, {"dropping_streams": count})
-    except ValueError as exc:
-        return respond(
-            connection,
-            400,
-            ErrorEnvelope("invalid_request_error", "invalid_parameter", str(exc)).to_dict(),
-        )
+    return ControlRequest(route.removeprefix(CONTROL_PREFIX), method, params)
 
 
 def apply_fault_params(faults: Faults, params: dict[str, str]) -> None:

@@ -5,15 +5,11 @@ The I/O layer is thin. Every protocol rule lives in the sans-I/O core; this modu
 
 * answers the upgrade (WIRE.md §1) with the core's :func:`check_upgrade`, the account's stream
   capacity and the shutdown state, refusing with the core's status, envelope and ``Retry-After``;
-* per stream (:mod:`.connection`), feeds the session every frame (a complete text frame in the
-  callback that parsed it), decide outcome, shutdown request and timer (one per stream, set to
-  :meth:`GatewaySession.next_deadline` on ``time.monotonic()``) and performs the returned actions
-  in order: a text frame per :class:`SendMessage` (written at once when nothing waits before it,
-  else through a FIFO writer, so the stream never blocks on a slow reader and the send queue can
-  be measured), a backend call per :class:`DispatchDecide`, a close per :class:`CloseConnection`;
-* reports the send queue (queued bytes and frames, write progress) to the session, which decides
-  when that is a ``slow_reader``;
-* keeps stats, the billing ledger, the last accepted state of every stream, and fault controls.
+* makes and owns, per stream, its websocket connection and the loop that runs its session
+  (:mod:`.connection`: every frame, decide outcome, shutdown request and timer in, the session's
+  actions performed in order, the send queue reported for the session to judge a slow reader);
+* keeps stats, the billing ledger, the last accepted state of every stream (its
+  :class:`~.stats.Tally`), and fault controls.
 
 Native WebSocket pings are websockets' keepalive (``native_heartbeat_interval_ms``, with
 ``pong_timeout_ms`` to answer); frames over ``max_message_bytes`` are refused by websockets with
@@ -46,7 +42,6 @@ import contextlib
 import logging
 import math
 import secrets
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -56,23 +51,22 @@ from websockets.server import ServerProtocol
 
 import airflow_provider_systemzero
 from airflow_provider_systemzero.emulator.backend import DecideBackend, LedgerEntry
-from airflow_provider_systemzero.emulator.connection import EmulatorConnection, StreamLoop
+from airflow_provider_systemzero.emulator.connection import ActionTap, EmulatorConnection, StreamLoop
 from airflow_provider_systemzero.emulator.control import (
     CONTROL_PREFIX,
-    control_response,
+    apply_fault_params,
+    read_control_request,
     respond,
     set_headers,
 )
 from airflow_provider_systemzero.emulator.deciders import Decider, load_decider
 from airflow_provider_systemzero.emulator.faults import Faults
 from airflow_provider_systemzero.emulator.redaction import RedactingLogger, mask_secret, masked_header
-from airflow_provider_systemzero.emulator.stats import AcceptedState, EmulatorStats, session_totals
+from airflow_provider_systemzero.emulator.stats import AcceptedState, EmulatorStats, Tally, session_totals
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
-from airflow_provider_systemzero.protocol.gateway import GatewayAction
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
 from airflow_provider_systemzero.protocol.reconnect import CloseCode
-from airflow_provider_systemzero.protocol.state import StreamState
 from airflow_provider_systemzero.protocol.upgrade import (
     STREAM_PATH,
     UpgradeRefusal,
@@ -97,12 +91,6 @@ log = logging.getLogger(__name__)
 #: ``max_concurrent`` of an API key given without one (stream capacity 4).
 DEFAULT_MAX_CONCURRENT = 8
 _HANDSHAKE_LOG_SIZE = 10_000
-#: The stream loop under the name it had when it lived in this module (tests spy on its methods).
-_Stream = StreamLoop
-
-
-def _accepted(state: StreamState) -> AcceptedState:
-    return AcceptedState(state.state, [a.to_dict() for a in state.attachments])
 
 
 def parse_api_key(spec: str) -> tuple[str, int]:
@@ -190,31 +178,19 @@ class Emulator:
         self.admin_token = admin_token if admin_token is not None else secrets.token_urlsafe(24)
         self.shutdown_retry_after_ms = shutdown_retry_after_ms
         self.capacity_retry_after_s = capacity_retry_after_s
-        # the last accepted state of every stream that accepted a ``start`` (see final_states)
-        self._states: dict[str, StreamState] = {}
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
-        #: What each stream's gateway session decided to do passes through this first (``None``:
-        #: nothing does): ``tap(stream, actions)`` returns the actions the stream then performs,
-        #: so a test or a fault scenario can watch them, or drop some. It runs on the event loop.
-        self.action_tap: Callable[[StreamLoop, list[GatewayAction]], list[GatewayAction]] | None = None
-        self._latest_by_cache_key: dict[str, str] = {}
+        self._action_tap: ActionTap | None = None
+        # the counts, reservations and accepted states, kept by the emulator and its streams
+        self._tally = Tally(on_change=self._notify)
         self._server: Server | None = None
         self._port: int | None = None
         self._streams: dict[str, StreamLoop] = {}
-        self._reserved: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._shutting_down = False
         self._shutdown_retry_after_ms = shutdown_retry_after_ms
         self._changed: asyncio.Event | None = None
         self._waiting = 0  # wait_for calls waiting on _changed
-        self._counters: Counter[str] = Counter()
-        self._messages_sent: Counter[str] = Counter()
-        self._upgrade_refusals: Counter[int] = Counter()
-        self._closes: Counter[int] = Counter()
-        self._by_account: Counter[str] = Counter()
-        self._peak_by_account: Counter[str] = Counter()
-        self._finished_totals: Counter[str] = Counter()
 
     @staticmethod
     def _parse_keys(api_keys: Mapping[str, int] | Iterable[str] | None) -> dict[str, int]:
@@ -244,10 +220,11 @@ class Emulator:
             return
         self._changed = asyncio.Event()
         lim = self.limits
-        emulator = self
 
         def connection_factory(protocol: ServerProtocol, server: Server, **kwargs: Any) -> ServerConnection:
-            return EmulatorConnection(protocol, server, emulator=emulator, **kwargs)
+            return EmulatorConnection(
+                protocol, server, limits=lim, faults=self.faults, tally=self._tally, **kwargs
+            )
 
         self._server = await serve(
             self._handler,
@@ -324,33 +301,7 @@ class Emulator:
     @property
     def stats(self) -> EmulatorStats:
         """A snapshot of the counters."""
-        totals = Counter(self._finished_totals)
-        for stream in self._streams.values():
-            totals.update(session_totals(stream.session))
-        counters = self._counters
-        return EmulatorStats(
-            streams_open=len(self._streams),
-            streams_total=counters["streams_total"],
-            max_streams_open=counters["max_streams_open"],
-            events_accepted=totals["events_accepted"],
-            decisions_dispatched=totals["decisions_dispatched"],
-            decisions_delivered=self._messages_sent["decision"],
-            decisions_billed=self.backend.billed,
-            decisions_replayed=self.backend.replayed,
-            decide_failures=dict(self.backend.failures_by_status),
-            upgrade_refusals=dict(self._upgrade_refusals),
-            protocol_refusals=totals["protocol_refusals"],
-            rejections=totals["rejections"],
-            closes_by_code=dict(self._closes),
-            connections_by_account={a: n for a, n in self._by_account.items() if n},
-            peak_connections_by_account=dict(self._peak_by_account),
-            messages_sent=dict(self._messages_sent),
-            native_pings_sent=counters["native_pings_sent"],
-            native_pongs_received=counters["native_pongs_received"],
-            native_control_floods=counters["native_control_floods"],
-            decision_starts_refused=self.backend.starts_refused,
-            decision_starts_refused_per_minute=self.backend.starts_refused_per_minute(),
-        )
+        return self._tally.snapshot([stream.session for stream in self._streams.values()], self.backend)
 
     @property
     def ledger(self) -> dict[str, list[LedgerEntry]]:
@@ -367,9 +318,23 @@ class Emulator:
 
         :param prompt_cache_key: the key.
         """
-        stream_id = self._latest_by_cache_key.get(prompt_cache_key)
-        state = None if stream_id is None else self._states.get(stream_id)
-        return None if state is None else _accepted(state)
+        stream_id = self._tally.latest_by_cache_key.get(prompt_cache_key)
+        state = None if stream_id is None else self._tally.states.get(stream_id)
+        return None if state is None else AcceptedState.of(state)
+
+    @property
+    def action_tap(self) -> ActionTap | None:
+        """What each stream's gateway session decided to do passes through this first (``None``:
+        nothing does): ``tap(stream, actions)`` returns the actions the stream then performs, so a
+        test or a fault scenario can watch them, or drop some. It runs on the event loop; setting
+        it sets it on the streams open now too."""
+        return self._action_tap
+
+    @action_tap.setter
+    def action_tap(self, tap: ActionTap | None) -> None:
+        self._action_tap = tap
+        for stream in self._streams.values():
+            stream.action_tap = tap
 
     @property
     def open_streams(self) -> list[StreamLoop]:
@@ -380,7 +345,7 @@ class Emulator:
     def reserved_streams(self) -> dict[str, int]:
         """Streams reserved per account at the upgrade and not yet released (a snapshot): the
         account's cap counts them."""
-        return {account: n for account, n in self._reserved.items() if n}
+        return {account: n for account, n in self._tally.reserved.items() if n}
 
     @property
     def shutting_down(self) -> bool:
@@ -392,16 +357,13 @@ class Emulator:
     def prompt_cache_keys(self) -> set[str]:
         """The keys :meth:`latest_state` knows: the ``prompt_cache_key`` of every stream that
         accepted a ``start`` (its ``stream_id`` for a stream without one); a snapshot."""
-        return set(self._latest_by_cache_key)
+        return set(self._tally.latest_by_cache_key)
 
     @property
     def final_states(self) -> dict[str, AcceptedState]:
         """The last accepted state of every stream that accepted a ``start``, by ``stream_id``
         (a snapshot)."""
-        return {stream_id: _accepted(state) for stream_id, state in dict(self._states).items()}
-
-    def _note_state(self, stream_id: str, state: StreamState) -> None:
-        self._states[stream_id] = state
+        return {stream_id: AcceptedState.of(state) for stream_id, state in dict(self._tally.states).items()}
 
     async def wait_for(self, predicate: Callable[[Emulator], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109 (a helper for tests: the bound is the point)
         """Wait until ``predicate(self)`` is true; it is re-checked whenever a stream, the backend
@@ -485,7 +447,7 @@ class Emulator:
         try:
             path = request.path
             if path.startswith(CONTROL_PREFIX) or path == CONTROL_PREFIX.rstrip("/"):
-                return control_response(self, connection, request)
+                return self._control(connection, request)
             headers: dict[str, str] = {}
             for name, value in request.headers.raw_items():
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
@@ -513,16 +475,12 @@ class Emulator:
                     maintenance_refusal(retry_after_s=math.ceil(self._shutdown_retry_after_ms / 1000)),
                 )
             capacity = stream_capacity(self.accounts[account])
-            if self._reserved[account] >= capacity:
+            if self._tally.reserved[account] >= capacity:
                 return self._refuse(
                     connection, capacity_refusal(capacity, retry_after_s=self.capacity_retry_after_s)
                 )
             assert isinstance(connection, EmulatorConnection)
-            self._reserved[account] += 1
-            connection.account = account
-            # Released when the client's close frame arrives, when the TCP connection is lost
-            # (also before the stream started), or when the stream handler ends.
-            connection.reservation_released = False
+            connection.reserve(account)
             return None
         except Exception:  # never let one request break the server
             log.exception("upgrade handling failed")
@@ -534,6 +492,31 @@ class Emulator:
                 ).to_dict(),
             )
 
+    def _control(self, connection: ServerConnection, request: Request) -> Response:
+        """Answer a request to the control surface (:mod:`.control`)."""
+        call = read_control_request(connection, request, self.admin_token)
+        if isinstance(call, Response):
+            return call
+        try:
+            if call.endpoint == "stats":
+                return respond(connection, 200, self.stats.to_dict(mask_accounts=True))
+            if call.endpoint == "faults":
+                if call.method == "POST":
+                    apply_fault_params(self.faults, call.params)
+                return respond(connection, 200, self.faults.to_dict())
+            count = len(self._streams)
+            if call.endpoint == "restart":
+                retry_after_ms = call.int_param("retry_after_ms", 500)
+                self._spawn(self.restart(retry_after_ms))
+                return respond(
+                    connection, 202, {"restarting_streams": count, "retry_after_ms": retry_after_ms}
+                )
+            self._spawn(self.drop_all())
+            return respond(connection, 202, {"dropping_streams": count})
+        except ValueError as exc:
+            envelope = ErrorEnvelope("invalid_request_error", "invalid_parameter", str(exc))
+            return respond(connection, 400, envelope.to_dict())
+
     def _record_handshake(self, headers: dict[str, str]) -> None:
         masked = {name: masked_header(name, value) for name, value in headers.items()}
         self.handshakes.append(masked)
@@ -541,7 +524,7 @@ class Emulator:
             del self.handshakes[: len(self.handshakes) - _HANDSHAKE_LOG_SIZE]
 
     def _refuse(self, connection: ServerConnection, refusal: UpgradeRefusal) -> Response:
-        self._upgrade_refusals[refusal.status] += 1
+        self._tally.upgrade_refusals[refusal.status] += 1
         log.info("upgrade refused with HTTP %s (%s)", refusal.status, refusal.envelope.code)
         self._notify()
         response = connection.respond(refusal.status, refusal.body())
@@ -553,13 +536,23 @@ class Emulator:
     async def _handler(self, ws: ServerConnection) -> None:
         assert isinstance(ws, EmulatorConnection) and ws.account is not None
         account = ws.account
-        stream = StreamLoop(self, ws, account)
+        stream = StreamLoop(
+            ws,
+            account,
+            limits=self.limits,
+            backend=self.backend,
+            tally=self._tally,
+            spawn=self._spawn,
+            action_tap=self._action_tap,
+        )
+        if self._shutting_down:  # it says hello, then goodbye
+            stream.shutdown(self._shutdown_retry_after_ms)
         self._streams[stream.stream_id] = stream
-        counters = self._counters
-        counters["streams_total"] += 1
-        counters["max_streams_open"] = max(counters["max_streams_open"], len(self._streams))
-        self._by_account[account] += 1
-        self._peak_by_account[account] = max(self._peak_by_account[account], self._by_account[account])
+        tally = self._tally
+        tally.counters["streams_total"] += 1
+        tally.counters["max_streams_open"] = max(tally.counters["max_streams_open"], len(self._streams))
+        tally.by_account[account] += 1
+        tally.peak_by_account[account] = max(tally.peak_by_account[account], tally.by_account[account])
         if log.isEnabledFor(logging.INFO):  # the account's tag costs a hash: only when it is printed
             log.info("stream %s opened (account %s)", stream.stream_id, mask_secret(account))
         self._notify()
@@ -572,10 +565,10 @@ class Emulator:
             code = stream.counted_close
             if code is None:
                 code = stream.close_code()
-                self._closes[code] += 1
-            self._finished_totals.update(session_totals(stream.session))
+                tally.closes[code] += 1
+            tally.finished_totals.update(session_totals(stream.session))
             del self._streams[stream.stream_id]
-            self._by_account[account] -= 1
+            tally.by_account[account] -= 1
             ws.release_reservation()
             stream.finished.set()
             log.info("stream %s closed with %s", stream.stream_id, code)

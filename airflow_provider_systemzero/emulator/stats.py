@@ -1,15 +1,19 @@
-"""What the emulator reports: a snapshot of its counters (:class:`EmulatorStats`) and the last
-accepted state of a stream (:class:`AcceptedState`)."""
+"""What the emulator reports: the counts it keeps while it serves (:class:`Tally`), a snapshot of
+them (:class:`EmulatorStats`) and the last accepted state of a stream (:class:`AcceptedState`)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from airflow_provider_systemzero.emulator.backend import DecideBackend
 from airflow_provider_systemzero.emulator.redaction import mask_secret
 from airflow_provider_systemzero.protocol.gateway import GatewaySession
+from airflow_provider_systemzero.protocol.state import StreamState
 
-__all__ = ["AcceptedState", "EmulatorStats", "session_totals"]
+__all__ = ["AcceptedState", "EmulatorStats", "Tally", "session_totals"]
 
 
 class AcceptedState(NamedTuple):
@@ -21,6 +25,14 @@ class AcceptedState(NamedTuple):
 
     state: Any
     attachments: list[dict[str, str]]
+
+    @classmethod
+    def of(cls, state: StreamState) -> AcceptedState:
+        """What the emulator reports of a stream's state.
+
+        :param state: the gateway session's state.
+        """
+        return cls(state.state, [a.to_dict() for a in state.attachments])
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +112,72 @@ def session_totals(session: GatewaySession) -> dict[str, int]:
         "protocol_refusals": session.refusal_count,
         "rejections": session.rejections,
     }
+
+
+@dataclass(eq=False, slots=True)
+class Tally:
+    """The counts and records the emulator keeps while it serves. The emulator owns one and hands it
+    to each websocket connection and stream it makes; each writes what happens where it happens,
+    and :meth:`snapshot` reads it whole.
+
+    :param on_change: called (no arguments) by whoever changed something observable (a stream
+        after each event it handled): wakes the emulator's ``wait_for``.
+    :ivar counters: ``streams_total`` and ``max_streams_open`` (the emulator), ``native_pings_sent``,
+        ``native_pongs_received`` and ``native_control_floods`` (the websocket connections).
+    :ivar messages_sent: server messages sent, by ``type`` (the streams).
+    :ivar closes: finished streams by close code (the streams and the emulator).
+    :ivar upgrade_refusals: refused upgrades by HTTP status (the emulator).
+    :ivar reserved: open streams per account, reserved at the upgrade (the emulator) and released
+        when the stream ends (its websocket connection).
+    :ivar states: the last accepted state of every stream that accepted a ``start``, by stream ID.
+    :ivar latest_by_cache_key: ``prompt_cache_key`` (a stream's ID without one) → the ID of the
+        stream that most recently accepted a ``start`` with it.
+    """
+
+    on_change: Callable[[], None]
+    counters: Counter[str] = field(default_factory=Counter)
+    messages_sent: Counter[str] = field(default_factory=Counter)
+    closes: Counter[int] = field(default_factory=Counter)
+    upgrade_refusals: Counter[int] = field(default_factory=Counter)
+    reserved: Counter[str] = field(default_factory=Counter)
+    states: dict[str, StreamState] = field(default_factory=dict)
+    latest_by_cache_key: dict[str, str] = field(default_factory=dict)
+    #: Open streams per account, and the most each account held at once.
+    by_account: Counter[str] = field(default_factory=Counter)
+    peak_by_account: Counter[str] = field(default_factory=Counter)
+    #: :func:`session_totals` of the streams that finished.
+    finished_totals: Counter[str] = field(default_factory=Counter)
+
+    def snapshot(self, sessions: list[GatewaySession], backend: DecideBackend) -> EmulatorStats:
+        """The stats now.
+
+        :param sessions: the gateway sessions of the streams open now.
+        :param backend: the decide backend, for what it billed, replayed and refused.
+        """
+        totals = Counter(self.finished_totals)
+        for session in sessions:
+            totals.update(session_totals(session))
+        counters = self.counters
+        return EmulatorStats(
+            streams_open=len(sessions),
+            streams_total=counters["streams_total"],
+            max_streams_open=counters["max_streams_open"],
+            events_accepted=totals["events_accepted"],
+            decisions_dispatched=totals["decisions_dispatched"],
+            decisions_delivered=self.messages_sent["decision"],
+            decisions_billed=backend.billed,
+            decisions_replayed=backend.replayed,
+            decide_failures=dict(backend.failures_by_status),
+            upgrade_refusals=dict(self.upgrade_refusals),
+            protocol_refusals=totals["protocol_refusals"],
+            rejections=totals["rejections"],
+            closes_by_code=dict(self.closes),
+            connections_by_account={a: n for a, n in self.by_account.items() if n},
+            peak_connections_by_account=dict(self.peak_by_account),
+            messages_sent=dict(self.messages_sent),
+            native_pings_sent=counters["native_pings_sent"],
+            native_pongs_received=counters["native_pongs_received"],
+            native_control_floods=counters["native_control_floods"],
+            decision_starts_refused=backend.starts_refused,
+            decision_starts_refused_per_minute=backend.starts_refused_per_minute(),
+        )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_provider_systemzero.emulator import AcceptedState, Emulator
+from airflow_provider_systemzero.protocol.gateway import GatewayAction, SendMessage
 from tests.helpers.wire import recv, send, start_message, stream
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -70,3 +73,23 @@ async def test_addresses() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         Emulator(api_keys=["bad key"])
     assert Emulator(api_keys=["a:3", "b"]).accounts == {"a": 3, "b": 8}
+
+
+async def test_an_action_tap_set_while_a_stream_is_open_sees_its_actions_from_then_on(emu: Emulator) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def tap(stream: Any, actions: list[GatewayAction]) -> list[GatewayAction]:
+        seen.extend((stream.stream_id, a.message.TYPE) for a in actions if isinstance(a, SendMessage))
+        return actions
+
+    async with stream(emu) as ws:
+        stream_id = (await recv(ws))["stream_id"]
+        await send(ws, start_message(["a"]))
+        assert (await recv(ws))["type"] == "ack"
+        emu.action_tap = tap
+        await send(ws, {"type": "append_items", "event_id": "evt_2", "items": ["b"]})
+        assert (await recv(ws))["type"] == "ack"
+        emu.action_tap = None
+        await send(ws, {"type": "append_items", "event_id": "evt_3", "items": ["c"]})
+        assert (await recv(ws))["type"] == "ack"
+    assert seen == [(stream_id, "ack")]

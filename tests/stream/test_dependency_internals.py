@@ -21,7 +21,6 @@ from websockets.protocol import Protocol, Side, State
 
 from airflow_provider_systemzero import dependency_internals
 from airflow_provider_systemzero.emulator import connection as emulator_connection
-from airflow_provider_systemzero.emulator import websocket as emulator_websocket
 from airflow_provider_systemzero.stream import Backoff
 from tests.helpers.stream import EmulatorFactory, make_stream
 
@@ -39,7 +38,6 @@ def unchecked_websockets(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType
     monkeypatch.setattr(websockets, "__version__", "18.0")
     module = importlib.reload(dependency_internals)
     try:
-        monkeypatch.setattr(emulator_websocket, "close_frames", module.close_frames)
         monkeypatch.setattr(emulator_connection, "close_frames", module.close_frames)
         yield module
     finally:
