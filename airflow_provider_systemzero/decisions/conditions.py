@@ -299,6 +299,9 @@ class Streak:
     :param min_true_for: seconds the run must last.
     """
 
+    # one per waiting trigger's rules: no per-instance __dict__
+    __slots__ = ("_last_key", "consecutive", "count", "min_true_for", "since")
+
     def __init__(self, consecutive: int = 1, min_true_for: float = 0.0) -> None:
         self.consecutive = consecutive
         self.min_true_for = min_true_for

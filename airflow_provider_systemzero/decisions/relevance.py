@@ -293,6 +293,9 @@ class DecisionFilter:
     :raises SystemZeroArgumentError: naming the field.
     """
 
+    # one per watching trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = ("_relevance", "debounce_ms", "decide_initial", "decide_when")
+
     def __init__(
         self,
         *,

@@ -277,6 +277,22 @@ class VerdictRules:
         on the ``now`` each call is given.
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_clock",
+        "_last",
+        "_on_fired",
+        "condition",
+        "end_when_unmet",
+        "fired",
+        "last_reason",
+        "reviewing",
+        "reviews",
+        "skip_states",
+        "streak",
+        "timeline",
+    )
+
     def __init__(
         self,
         condition: DecisionCondition,

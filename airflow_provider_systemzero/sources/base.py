@@ -49,6 +49,9 @@ class StateSource:
     seconds and :meth:`read` asks again.
     """
 
+    # a subclass may keep a __dict__; the provider's own sources, one per waiting trigger, do not
+    __slots__ = ()
+
     #: seconds between polls (a push source ignores it).
     poll_interval: float = DEFAULT_POLL_INTERVAL
 

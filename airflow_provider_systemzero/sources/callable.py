@@ -76,6 +76,27 @@ class CallableSource(StateSource):
     :param timeout: seconds a sync call may take before it counts as failed.
     """
 
+    # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
+    __slots__ = (
+        "_calls",
+        "_changed",
+        "_ended",
+        "_failures",
+        "_generator",
+        "_has_last",
+        "_last",
+        "_name",
+        "_pending",
+        "_push",
+        "_sync",
+        "function",
+        "kwargs",
+        "poll_interval",
+        "retries",
+        "retry_delay",
+        "timeout",
+    )
+
     def __init__(
         self,
         function: Callable[..., Any],

@@ -69,7 +69,12 @@ from airflow_provider_systemzero.triggers.shared import (
     shared_verdicts,
 )
 from airflow_provider_systemzero.triggers.streaming import TriggerStream
-from airflow_provider_systemzero.triggers.watch_checks import check_watch_id, checked_watch, naming_the_watch
+from airflow_provider_systemzero.triggers.watch_checks import (
+    check_watch_id,
+    checked_watch,
+    condition_dict,
+    naming_the_watch,
+)
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
     WatchingTrigger,
@@ -97,8 +102,9 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
 
     :param systemzero_conn_id: the System Zero connection (origin and key are read in the triggerer).
     :param request: ``{"model", "questions", "route", "mode", "prompt_cache_key"}`` (plain JSON).
-    :param condition: :meth:`DecisionCondition.to_dict` — question, expect, min_confidence, min_probability,
-        and optionally a policy and hysteresis (``consecutive``, ``min_true_for``).
+    :param condition: a :class:`DecisionCondition` or its :meth:`DecisionCondition.to_dict` — question,
+        expect, min_confidence, min_probability, and optionally a policy and hysteresis
+        (``consecutive``, ``min_true_for``); kept parsed, and serialized in its ``to_dict()`` form.
     :param state: the initial state (string, array or object).
     :param source: where the state comes from (see :mod:`~airflow_provider_systemzero.sources.spec`).
     :param key_namespace: deterministic namespace of this task instance's keys and cache key.
@@ -148,7 +154,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         *,
         systemzero_conn_id: str,
         request: dict[str, Any],
-        condition: dict[str, Any],
+        condition: dict[str, Any] | DecisionCondition,
         state: JSONValue,
         key_namespace: str,
         source: dict[str, Any] | None = None,
@@ -178,7 +184,9 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             decide_initial=decide_initial,
             max_staleness=max_staleness,
         )
-        self.condition, self.state, self.source = condition, state, source
+        #: the condition, parsed once: what the run's rules use, and what ``condition`` gives back
+        _, self.decision_condition = condition_dict(condition)
+        self.state, self.source = state, source
         self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
         self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
@@ -186,6 +194,13 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         self.review = review
         #: started in the triggerer, state and source are templates it renders: checked once rendered
         self._templates = state_templates(state, source)
+
+    @property
+    def condition(self) -> dict[str, Any]:
+        """The ``condition`` kwarg: :meth:`DecisionCondition.to_dict` of :attr:`decision_condition`
+        (the sensor defers with that form; the trigger keeps only the parsed condition, not a second
+        copy of it for every waiting sensor)."""
+        return self.decision_condition.to_dict()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -246,7 +261,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         """What ends this wait: the condition, its policy and hysteresis, the skip states; with the
         run's one history (what the wait saw, pushed as the ``decisions`` XCom)."""
         return VerdictRules(
-            DecisionCondition.from_dict(self.condition),
+            self.decision_condition,
             reviews=True,
             skip_states=self.skip_states,
             reviewing=ReviewWatch.reviewed_state(self.review),

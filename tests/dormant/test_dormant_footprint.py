@@ -77,6 +77,22 @@ async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
         await _stop(trigger, task, gen)
 
 
+async def test_a_dormant_trigger_keeps_its_condition_once_parsed(emulator: Emulator) -> None:
+    """The condition a waiting sensor's rules use is the one its trigger parsed from its kwargs:
+    no plain-JSON copy of it is kept beside it (the trigger serializes it from the parsed one)."""
+    await _stop(*await _dormant(emulator, "condition-warm-up"))
+    trigger, task, gen = await _dormant(emulator, "condition")
+    try:
+        gc.collect()
+        kept = helpers.kept_objects(task, set())
+        condition = trigger.decision_condition
+        copies = [o for o in kept if isinstance(o, dict) and o.get("question") == condition.question]
+        assert copies == [], f"a dormant trigger keeps its condition again as {copies}"
+        assert trigger.serialize()[1]["condition"] == condition.to_dict()
+    finally:
+        await _stop(trigger, task, gen)
+
+
 async def test_a_deadline_is_the_one_timer_a_dormant_trigger_keeps(emulator: Emulator) -> None:
     """With a deadline (a sensor's ``timeout``), the wait's scope is the one timer a dormant trigger
     keeps."""

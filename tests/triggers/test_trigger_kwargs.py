@@ -19,6 +19,14 @@ from airflow_provider_systemzero.triggers.decision import (
 
 REQUEST = {"model": "sz-test", "questions": {"ready": {"type": "boolean", "instructions": "Ready?"}}}
 CONDITION = {"question": "ready", "expect": True}
+#: the sensor's trigger keeps its condition parsed and serializes it as ``DecisionCondition.to_dict()``
+#: does (what the sensor defers with): every field, the bars unset
+CONDITION_AS_SERIALIZED = {
+    "question": "ready",
+    "expect": True,
+    "min_confidence": None,
+    "min_probability": None,
+}
 SOURCE = {"type": "file", "path": "/tmp/job.log"}
 
 
@@ -36,7 +44,7 @@ def test_the_sensor_trigger_kwargs_at_their_defaults() -> None:
     assert items(trigger) == [
         ("systemzero_conn_id", "sz"),
         ("request", REQUEST),
-        ("condition", CONDITION),
+        ("condition", CONDITION_AS_SERIALIZED),
         ("state", "s"),
         ("source", None),
         ("key_namespace", "ns"),
@@ -74,7 +82,7 @@ def test_the_sensor_trigger_kwargs_all_set() -> None:
     assert items(trigger) == [
         ("systemzero_conn_id", "sz"),
         ("request", REQUEST),
-        ("condition", CONDITION),
+        ("condition", CONDITION_AS_SERIALIZED),
         ("state", ["a"]),
         ("source", SOURCE),
         ("key_namespace", "ns"),
