@@ -47,8 +47,6 @@ class DispatchAccounting:
         self._decide_in_flight = False
         #: version → decide body bytes (from acks), for token estimates.
         self._body_bytes: dict[int, int] = {}
-        #: What the budget refused, holding this stream (once it refused).
-        self.exceeded: BudgetExceeded | None = None
         #: Since when (``time.monotonic()``) the gateway owes this connection a decision: the
         #: first dispatch admitted while none was outstanding, or the last answer that left one
         #: outstanding; ``None`` when none is.
@@ -89,7 +87,6 @@ class DispatchAccounting:
         refused = budget.check(potential, body_bytes, holder=self.holder) if budget.limited else None
         if refused is not None:
             budget.record_exceeded(refused)
-            self.exceeded = refused
             return refused
         if isinstance(message, Decide):
             self._decide_in_flight = True

@@ -184,19 +184,12 @@ class DecisionStream:
         self.observer = observer or StreamObserver()
         #: The sans-I/O session (built with the settings: at once, or on entering).
         self._session: ClientSession | None = None
-        # The parts (see the module), each with its own state; none holds the stream (the
-        # connection holds its entry, `_handle`, only while its loop runs).
-        #: entered, ready, closing, closed, failed; the pulse
+        # The parts (see the module); the last two are made on entering.
         self._life = StreamLife()
-        #: what the observer hears, in order
         self._observations = ObserverRelay(self.observer)
-        #: what the dispatches cost the budget
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
-        #: the decide() futures, the decisions() queue and its waiter
         self._delivery = DecisionDelivery(decision_mode)
-        #: may the stream start a decision now (made on entering, with the account's starts)
         self._starts: StreamStarts | None = None
-        #: the socket, the writer, the task that connects and reconnects (made on entering)
         self._connection: StreamConnection | None = None
         #: The latest state version the gateway acknowledged (numbering restarts per connection).
         self._state_version = 0
@@ -359,7 +352,7 @@ class DecisionStream:
     async def __aenter__(self) -> DecisionStream:
         if self._life.entered:
             raise RuntimeError("a DecisionStream can be entered once; create a new one")
-        self._life.start()
+        self._life.entered = True
         try:
             if self._settings is None:
                 resolver = self._source
@@ -598,7 +591,8 @@ class DecisionStream:
         while True:
             intent = session.request_decision()
             future = self._delivery.expect(intent)
-            self._kick()
+            if self._connection is not None:
+                self._connection.kick()
             try:
                 async with asyncio.timeout_at(deadline):
                     return await future
@@ -628,7 +622,7 @@ class DecisionStream:
                     server_token(exc.envelope.code),
                     delay,
                 )
-                await life.sleep(delay)
+                await life.pulse.sleep(delay, until=lambda: life.ending)
                 life.check_usable()
             except TimeoutError:
                 if life.failure is not None:
@@ -716,18 +710,9 @@ class DecisionStream:
     # ------------------------------------------------------------------ what the connection tells
 
     def _handle(self, events: Sequence[StreamEvent]) -> None:
-        """The stream's one entry for what its connection tells it, and for the events of a change
-        of the caller's that settles something at once; then the stream pulses.
-
-        * the session's events: acknowledgements and decisions resolve ``decide()`` waiters and
-          feed ``decisions()`` (through :class:`DecisionDelivery`); every decision is counted
-          (billed, or replayed under a reply id it already holds) and the account's starts hear
-          how each start ended; a :class:`StreamObserver` hears acks, decisions, refusals and
-          rate-limit waits; the INFO log lines say the same for a person reading the task log —
-          never the state's content or the key;
-        * the session's question before it writes what can start a dispatch
-          (:class:`AdmissionWanted`): the account's decision starts, then the budget, answer it;
-        * the connection's own: a connection lost, a retryable failure, the end of connecting.
+        """The stream's one entry (see the module), also for the events of a change of the
+        caller's that settles something at once; then the stream pulses. The INFO log lines say
+        what happened for a person reading the task log — never the state's content or the key.
 
         :param events: what the session or the connection returned.
         """
@@ -738,8 +723,8 @@ class DecisionStream:
                 self.capacity.adopt_advertised(
                     event.hello.limits.max_streams_per_process, self._settings.url if self._settings else None
                 )
-                if self._starts is not None:
-                    self._starts.adopt(event.hello.limits)
+                if self._account is not None:
+                    self._account.adopt(event.hello.limits)
                 _log_hello(event.hello)
                 self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
@@ -799,7 +784,7 @@ class DecisionStream:
                     self._fail(event.error)
                 self._wake_all()
             # a goodbye is the connection's to plan from
-        self._life.pulse()
+        self._life.pulse.fire()
 
     def _admits(self, message: ClientMessage) -> bool:
         """The answer to the session's question before it writes ``message``, which can start a
@@ -948,15 +933,9 @@ class DecisionStream:
 
     # ------------------------------------------------------------------ the parts, together
 
-    def _kick(self) -> None:
-        """Something to send or to look at: an open connection gets a writer's turn soon, and a
-        connection waiting for work looks again."""
-        if self._connection is not None:
-            self._connection.kick()
-
     def _wake_all(self) -> None:
         """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
-        self._life.pulse()
+        self._life.pulse.fire()
         self._delivery.ready()
 
     def _fail(self, exc: BaseException) -> None:
@@ -1009,7 +988,7 @@ class DecisionStream:
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(describe(), last_error=life.last_error, detail=self.last_error_text)
             with contextlib.suppress(TimeoutError):
-                await life.wait_pulse(remaining)
+                await life.pulse.wait(remaining)
 
 
 def _said_unconfirmed(why: str) -> None:

@@ -52,7 +52,6 @@ __all__ = [
     "StreamStarts",
     "decision_starts",
     "key_fingerprint",
-    "running_starts",
 ]
 
 log = logging.getLogger(__name__)
@@ -259,9 +258,6 @@ class StreamStarts:
         #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
         #: :meth:`_turn_to_open`, cleared by :meth:`_postpone`).
         self._turn_taken = False
-        #: on_change: the turn the connection waits for before it opens (made by
-        #: :meth:`_turn_to_open` while it waits, resolved when the account grants it).
-        self.opening_turn: asyncio.Future[None] | None = None
         #: The offer of the connection's slot while its next start waits for its turn (made by
         #: :meth:`admit`; it ends when the turn comes unasked, else once the slot is free).
         self._slot_offer: SlotOffer | None = None
@@ -298,7 +294,7 @@ class StreamStarts:
             # counts as the hand-over to a waiting stream until the slot is free
             self._withdraw_slot_offer()
             if not self._on_change:
-                self._withdraw()  # a decide is granted to a connected stream only
+                self.account.withdraw(self)  # a decide is granted to a connected stream only
             # (on_change keeps its place: its next connection waits for its turn before it opens)
             self._ask_again()  # a held start is asked anew on the next connection
 
@@ -318,11 +314,7 @@ class StreamStarts:
         if self.account.may_start(self, self._session.generation, wake):
             self._opening_counted = True  # counted now: its start is not counted again
         else:
-            self.opening_turn = turn
-            try:
-                await turn  # granted: the start spends the grant
-            finally:
-                self.opening_turn = None
+            await turn  # granted: the start spends the grant
         self._turn_taken = True
 
     async def _slot_after_turn(self) -> None:
@@ -449,7 +441,7 @@ class StreamStarts:
         )
         self.account.ended(self, error, version, requeue=not self._on_change or give_back)
         if self._left:
-            self._withdraw()  # a 429 heard while the stream closes requeues nothing
+            self.account.withdraw(self)  # a 429 heard while the stream closes requeues nothing
             return False
         if give_back and connection is not None:
             log.info(
@@ -476,13 +468,6 @@ class StreamStarts:
         if not self._left:
             self.account.changed(self, self._session.generation)
 
-    def adopt(self, limits: Limits) -> None:
-        """A ``hello`` of the stream's connection: the account's limits it advertises.
-
-        :param limits: the connection's limits.
-        """
-        self.account.adopt(limits)
-
     def budget_exceeded(self) -> None:
         """The budget refused a dispatch of the stream: a held start is not asked again (its turn
         coming, or a new connection, lifts no hold)."""
@@ -492,9 +477,6 @@ class StreamStarts:
         """The stream closes: it wants no start any more (an offer of its slot ends when the
         connection gives the slot back)."""
         self._left = True
-        self._withdraw()
-
-    def _withdraw(self) -> None:
         self.account.withdraw(self)
 
 
@@ -516,8 +498,3 @@ def decision_starts(url: str, api_key: str) -> AccountStarts:
     if starts is None:
         starts = per_loop[(url, fingerprint)] = AccountStarts(f"{url} key {fingerprint}", loop.time())
     return starts
-
-
-def running_starts() -> list[AccountStarts]:
-    """Every account's :class:`AccountStarts` on the running loop (what a process reports)."""
-    return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())
