@@ -453,13 +453,6 @@ class DecisionStream:
             lambda: connection.socket is not ws, connection.close_timeout() + 1, lambda: "release timed out"
         )
 
-    def _unlink(self) -> None:
-        """The stream is closed: the observer lets go of it, so that reference counting frees a
-        closed stream at once instead of leaving a cycle for the collector's next full pass
-        (which visits every waiting trigger)."""
-        self._observations.flush()  # what it was to hear later, it hears before it lets go
-        self.observer.unbind()
-
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
         return self.session.has_work()
@@ -636,16 +629,13 @@ class DecisionStream:
                 self._delivery.forget(intent)
                 session.cancel_intent(intent)
 
-    def decisions(self) -> AsyncIterator[DecisionResult]:
+    async def decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions as they arrive (on_change), in order; ends when the stream closes.
 
         One consumer at a time. A non-retryable on_change decision failure is raised here.
 
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
         """
-        return self._decisions()
-
-    async def _decisions(self) -> AsyncIterator[DecisionResult]:
         self._life.check_usable()
         self._delivery.read_from_now()
         loop = asyncio.get_running_loop()
@@ -912,7 +902,7 @@ class DecisionStream:
             self._observations.now("budget_exceeded", exc)
         if self._decision_mode == "on_request":
             # nothing was sent: whoever waits for this decision hears why at once
-            for intent in self._delivery.refuse_all(exc):
+            for intent in self._delivery.fail_all(exc):
                 self.session.cancel_intent(intent)
             return
         if first:
@@ -969,7 +959,11 @@ class DecisionStream:
                 StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
             )
             self._wake_all()
-            self._unlink()
+            # the observer lets go of the stream, so that reference counting frees a closed stream
+            # at once instead of leaving a cycle for the collector's next full pass (which visits
+            # every waiting trigger); what it was to hear later, it hears before
+            self._observations.flush()
+            self.observer.unbind()
 
     async def _wait_until(
         self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
