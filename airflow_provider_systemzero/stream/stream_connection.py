@@ -462,21 +462,15 @@ class StreamConnection:
                 if plan.kind is PlanKind.RECONNECT:
                     plan = dataclasses.replace(plan, delay=network.bound_delay(plan.delay))
                 pending = _Pending(plan, outcome.close_code, time.monotonic())
-                if plan.kind is PlanKind.WHEN_NEEDED:
-                    log.info(
-                        "System Zero stream connection ended (%s, close %s); reconnecting when there is "
-                        "something to send or to wait for, not before %.3f s",
-                        plan.reason,
-                        outcome.close_code,
-                        plan.delay,
-                    )
-                else:
-                    log.info(
-                        "System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
-                        plan.reason,
-                        outcome.close_code,
-                        plan.delay,
-                    )
+                log.info(
+                    "System Zero stream connection ended (%s, close %s); reconnecting %s %.3f s",
+                    plan.reason,
+                    outcome.close_code,
+                    "when there is something to send or to wait for, not before"
+                    if plan.kind is PlanKind.WHEN_NEEDED
+                    else "in",
+                    plan.delay,
+                )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: never leave waiters hanging
