@@ -219,13 +219,8 @@ DecisionStarts = AccountStarts
 
 class StreamStarts:
     """One stream's decision starts under its account's ceiling: the whole rule of "may this
-    stream start a decision now?" (see the module).
-
-    The stream's connection takes its turn with :meth:`turn` before each connection; the stream
-    asks :meth:`admit` when its session would write what starts a decision, and tells
-    :meth:`ended` (a decision, a failure), :meth:`changed` (a change of the caller's),
-    :meth:`budget_exceeded` and, when it closes, :meth:`leave`. The stream is known to the
-    account's queue by this object.
+    stream start a decision now?" (see the module). The stream is known to the account's queue by
+    this object.
 
     :param account: the account's starts shared in this process.
     :param session: the stream's session (its generation; whether its ``start`` starts a decision;
