@@ -229,6 +229,8 @@ class StreamConnection:
     ) -> None:
         self._session = session
         self._settings = settings
+        #: the API key as it is removed from every frame and from the gateway's text
+        self._secret = settings.api_key.strip()
         self._tls = tls
         self._take_turn = take_turn
         self._accounting = accounting
@@ -281,8 +283,6 @@ class StreamConnection:
         self._closed_by_us = False
         #: monotonic time the current connection opened
         self._opened_at = 0.0
-        #: the key, as removed from every frame of the connection
-        self._scrub_secret: str | None = None
         # The writer's turns:
         #: a writer's turn asked for in the next loop iteration (:meth:`kick`)
         self.turn_soon: asyncio.Handle | None = None
@@ -539,7 +539,7 @@ class StreamConnection:
             return Ended(
                 ConnectionOutcome(kind="violation"),
                 ProtocolViolation(
-                    f"the opening handshake with {url} failed: {server_text(str(exc), self.secret())}: check that the "
+                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret)}: check that the "
                     "connection's host is a System Zero API origin",
                     code="invalid_handshake",
                 ),
@@ -560,7 +560,7 @@ class StreamConnection:
         self._observations.now(
             "closed",
             socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
-            server_text(socket.close_reason or "", self.secret()),
+            server_text(socket.close_reason or "", self._secret),
         )
 
     def _ended(self, socket: GatewaySocket) -> Ended:
@@ -608,14 +608,14 @@ class StreamConnection:
         if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
             log.info(
                 "the System Zero gateway said goodbye for an unknown reason %s",
-                server_text(goodbye.reason, self.secret()),
+                server_text(goodbye.reason, self._secret),
             )
         code = socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE
-        reason = server_text(socket.close_reason or "", self.secret())
+        reason = server_text(socket.close_reason or "", self._secret)
         sent = _sent_first(socket)
         if sent is not None:
             # this side closed first (a keepalive ping unanswered): the code it sent is the cause
-            ours = server_text(sent.reason or "no reason", self.secret())
+            ours = server_text(sent.reason or "no reason", self._secret)
             message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's code: {code}"
         else:
             message = f"connection closed with code {code} ({reason})"
@@ -638,7 +638,7 @@ class StreamConnection:
                 code="message_too_big",
             )
         else:
-            why = server_text(sent.reason or "no reason", self.secret())
+            why = server_text(sent.reason or "no reason", self._secret)
             breach = ProtocolViolation(
                 f"the System Zero gateway broke the WebSocket protocol ({why}): this client closed the "
                 f"connection with code {int(code)}",
@@ -652,7 +652,7 @@ class StreamConnection:
         session = self._session
         return ConnectionOutcome(
             code,
-            server_text(socket.close_reason or "", self.secret()),
+            server_text(socket.close_reason or "", self._secret),
             goodbye.reason if goodbye else None,
             session.next_connection_delay_ms(time.monotonic()),
             fatal.code if fatal else None,
@@ -665,11 +665,11 @@ class StreamConnection:
         )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = upgrade_refusal_error(exc, url, self.secret())
+        error = upgrade_refusal_error(exc, url, self._secret)
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",
-                server_text(exc.response.headers.get("Location", ""), self.secret()),
+                server_text(exc.response.headers.get("Location", ""), self._secret),
             )
         if error.retryable:  # a final refusal is raised to the caller, who reports it once
             log.info(
@@ -714,7 +714,6 @@ class StreamConnection:
             return
         self.socket = socket
         socket.write_timeout = self.write_timeout()
-        self._scrub_secret = self.secret()
         replay = session.connections > 1
         log.info("connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream")
         # heard once the frames of this read were handled: the start goes out before the metrics
@@ -740,7 +739,7 @@ class StreamConnection:
                 self._broke(socket, exc)
                 return
             # the message quotes the gateway's values: bounded, escaped, without the key
-            problem = server_text(exc.message, self.secret(), limit=400, quote=False)
+            problem = server_text(exc.message, self._secret, limit=400, quote=False)
             self._frame_error = violation = ProtocolViolation(
                 f"the System Zero gateway broke the stream protocol: {problem}", code=exc.code
             )
@@ -775,10 +774,8 @@ class StreamConnection:
     def _handle_frame(self, frame: str | bytes) -> bool:
         """Feed one frame to the session and its events to the stream; whether the session has
         something to write now (this frame gave the writer something to do)."""
-        if isinstance(frame, str):
-            frame = scrub(
-                frame, self._scrub_secret
-            )  # a key echoed back never reaches a message, log or error
+        if isinstance(frame, str):  # a key echoed back never reaches a message, log or error
+            frame = scrub(frame, self._secret)
         now = time.monotonic()
         events = self._session.receive_text(frame, now)
         for event in events:  # what the connection's end is described from
@@ -961,10 +958,6 @@ class StreamConnection:
     def close_timeout(self) -> float:
         """Seconds the close handshake may take."""
         return self._session.limits.close_handshake_timeout_ms / 1000
-
-    def secret(self) -> str:
-        """The API key as it is removed from the gateway's text."""
-        return self._settings.api_key.strip()
 
     @staticmethod
     def _stop_error(ended: Ended, plan: ReconnectPlan) -> BaseException:
