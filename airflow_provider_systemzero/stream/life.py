@@ -66,7 +66,7 @@ class Pulse:
 
 
 class StreamLife:
-    """Where a stream is in its life, read by all its parts, and the pulse that says it changed.
+    """Where a stream is in its life, and the pulse that says it changed (see the module).
 
     Each attribute says what it holds and who changes it; nothing else writes it.
     """
