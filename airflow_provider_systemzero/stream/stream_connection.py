@@ -29,7 +29,7 @@ rate-bounded. A key echoed back is scrubbed from every frame
 :class:`~airflow_provider_systemzero.protocol.reconnect.ReconnectPlanner`, and the loop does what
 it says: reconnect after the planned delay, reconnect only once there is work, or stop with one of
 :mod:`~airflow_provider_systemzero.stream.exceptions`; every reconnect replays the full desired
-state. What it says about failed attempts is
+state byte-identically. What it says about failed attempts is
 :class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`'.
 """
 
