@@ -4,13 +4,9 @@ A :class:`~airflow_provider_systemzero.stream.decision_stream.DecisionStream` as
 :class:`DispatchAccounting` before it writes anything that can start a dispatch at the gateway
 (on_change: every mutation; on_request: ``decide``) and tells it what the gateway answered. The
 accounting knows which dispatches the gateway may still make for this connection — at most one in
-flight plus one pending (WIRE.md §4) — and keeps the budget's holds and counts in step:
-
-* :meth:`~DispatchAccounting.admit` — ``None`` to send, or the :class:`BudgetExceeded` that holds it;
-* :meth:`~DispatchAccounting.acknowledged`, :meth:`~DispatchAccounting.decided`,
-  :meth:`~DispatchAccounting.failed`, :meth:`~DispatchAccounting.refused` — the gateway's answers;
-* :meth:`~DispatchAccounting.connection_ended` — a lost connection may leave a dispatch behind
-  that was billed but never seen: it is counted as one unconfirmed decision.
+flight plus one pending (WIRE.md §4) — and keeps the budget's holds and counts in step. A lost
+connection may leave a dispatch behind that was billed but never seen: it is counted as one
+unconfirmed decision.
 
 The budget is the pure :class:`~airflow_provider_systemzero.decisions.budget.DecisionBudget`,
 imported as it is: the decisions layer imports nothing of the stream, so the import goes one way.
@@ -47,8 +43,6 @@ class DispatchAccounting:
         self._decide_in_flight = False
         #: version → decide body bytes (from acks), for token estimates.
         self._body_bytes: dict[int, int] = {}
-        #: What the budget refused, holding this stream (once it refused).
-        self.exceeded: BudgetExceeded | None = None
         #: Since when (``time.monotonic()``) the gateway owes this connection a decision: the
         #: first dispatch admitted while none was outstanding, or the last answer that left one
         #: outstanding; ``None`` when none is.
@@ -89,7 +83,6 @@ class DispatchAccounting:
         refused = budget.check(potential, body_bytes, holder=self.holder) if budget.limited else None
         if refused is not None:
             budget.record_exceeded(refused)
-            self.exceeded = refused
             return refused
         if isinstance(message, Decide):
             self._decide_in_flight = True

@@ -258,7 +258,16 @@ class StreamCapacity:
                     len(self._waiters),
                 )
                 self._ask_locked()
-        await self._granted(waiter, lambda: self._waiters.remove(waiter), lambda: self.release(origin))
+        try:
+            await waiter.future
+        except BaseException:
+            with self._lock:
+                granted = waiter.granted
+                if not granted:
+                    self._waiters.remove(waiter)
+            if granted:
+                self.release(origin)
+            raise
 
     def try_acquire(self, origin: str | None = None) -> bool:
         """Take a slot if one is free and nobody waits for one, without waiting.
@@ -367,23 +376,6 @@ class StreamCapacity:
             yield
         finally:
             self.leave_opening(place)
-
-    async def _granted(
-        self, waiter: _Waiter, leave: Callable[[], object], give_back: Callable[[], None]
-    ) -> None:
-        """Wait until ``waiter`` is granted what it queued for. Cancelled meanwhile, it leaves its
-        queue (``leave``, under the lock); granted at that very moment, it gives what it got back
-        (``give_back``), so that it goes to the next in line and is never lost."""
-        try:
-            await waiter.future
-        except BaseException:
-            with self._lock:
-                granted = waiter.granted
-                if not granted:
-                    leave()
-            if granted:
-                give_back()
-            raise
 
     def _leave_openers(self, waiter: _Waiter) -> None:
         queue = self._openers.get(waiter.origin)

@@ -1,16 +1,12 @@
 """Connecting to a System Zero gateway: the upgrade options (WIRE.md §1), refusals and :func:`probe`.
 
-* :func:`connect_options` — the ``websockets`` options: only ``Authorization`` added to the
-  request, the one subprotocol offered, no compression, no ``Origin``, no proxy from the
-  environment, ``max_size`` from the limits, a logger that scrubs the key;
+* :func:`connect_options` — the ``websockets`` options, with a logger that scrubs the key;
 * :func:`open_socket` — the TCP connection (TLS, an explicit proxy) by websockets' opener, then
   the upgrade on a :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket`, all
-  within ``open_timeout``; redirects are never followed: a ``3xx`` answer is a refusal, so the
-  key goes to one URL only. The first hop's name (the gateway's, or the proxy's) is resolved by
-  :mod:`~airflow_provider_systemzero.stream.resolver`, never on the loop's default executor, and
-  each of its addresses is tried in turn; websockets then connects to an address, so asyncio
-  resolves nothing itself. A SOCKS proxy is spoken to with ``python-socks`` directly, the
-  gateway's name resolved here too unless the proxy resolves it (``socks5h``, ``socks4a``);
+  within ``open_timeout``; redirects are never followed, so the key goes to one URL only. The
+  first hop's name (the gateway's, or the proxy's) is resolved by
+  :mod:`~airflow_provider_systemzero.stream.resolver` and each of its addresses tried in turn, so
+  asyncio resolves nothing itself; a SOCKS proxy is spoken to with ``python-socks`` directly;
 * :func:`upgrade_refusal_error` — the typed error for an HTTP refusal of the upgrade;
 * :func:`probe` — open, read ``hello``, close (the connection test), holding a slot of the stream cap.
 """

@@ -184,19 +184,12 @@ class DecisionStream:
         self.observer = observer or StreamObserver()
         #: The sans-I/O session (built with the settings: at once, or on entering).
         self._session: ClientSession | None = None
-        # The parts (see the module), each with its own state; none holds the stream (the
-        # connection holds its entry, `_handle`, only while its loop runs).
-        #: entered, ready, closing, closed, failed; the pulse
+        # The parts (see the module); the last two are made on entering.
         self._life = StreamLife()
-        #: what the observer hears, in order
         self._observations = ObserverRelay(self.observer)
-        #: what the dispatches cost the budget
         self._accounting = DispatchAccounting(budget, decision_mode, id(self))
-        #: the decide() futures, the decisions() queue and its waiter
         self._delivery = DecisionDelivery(decision_mode)
-        #: may the stream start a decision now (made on entering, with the account's starts)
         self._starts: StreamStarts | None = None
-        #: the socket, the writer, the task that connects and reconnects (made on entering)
         self._connection: StreamConnection | None = None
         #: The latest state version the gateway acknowledged (numbering restarts per connection).
         self._state_version = 0
@@ -359,7 +352,7 @@ class DecisionStream:
     async def __aenter__(self) -> DecisionStream:
         if self._life.entered:
             raise RuntimeError("a DecisionStream can be entered once; create a new one")
-        self._life.start()
+        self._life.entered = True
         try:
             if self._settings is None:
                 resolver = self._source
@@ -459,13 +452,6 @@ class DecisionStream:
         await self._wait_until(
             lambda: connection.socket is not ws, connection.close_timeout() + 1, lambda: "release timed out"
         )
-
-    def _unlink(self) -> None:
-        """The stream is closed: the observer lets go of it, so that reference counting frees a
-        closed stream at once instead of leaving a cycle for the collector's next full pass
-        (which visits every waiting trigger)."""
-        self._observations.flush()  # what it was to hear later, it hears before it lets go
-        self.observer.unbind()
 
     def has_work(self) -> bool:
         """Whether the stream needs a connection (a change to send or a decision to wait for)."""
@@ -598,7 +584,8 @@ class DecisionStream:
         while True:
             intent = session.request_decision()
             future = self._delivery.expect(intent)
-            self._kick()
+            if self._connection is not None:
+                self._connection.kick()
             try:
                 async with asyncio.timeout_at(deadline):
                     return await future
@@ -628,7 +615,7 @@ class DecisionStream:
                     server_token(exc.envelope.code),
                     delay,
                 )
-                await life.sleep(delay)
+                await life.pulse.sleep(delay, until=lambda: life.ending)
                 life.check_usable()
             except TimeoutError:
                 if life.failure is not None:
@@ -642,16 +629,13 @@ class DecisionStream:
                 self._delivery.forget(intent)
                 session.cancel_intent(intent)
 
-    def decisions(self) -> AsyncIterator[DecisionResult]:
+    async def decisions(self) -> AsyncIterator[DecisionResult]:
         """Decisions as they arrive (on_change), in order; ends when the stream closes.
 
         One consumer at a time. A non-retryable on_change decision failure is raised here.
 
         :raises DecisionFailed: a dispatch failed and the gateway will not retry it.
         """
-        return self._decisions()
-
-    async def _decisions(self) -> AsyncIterator[DecisionResult]:
         self._life.check_usable()
         self._delivery.read_from_now()
         loop = asyncio.get_running_loop()
@@ -716,18 +700,9 @@ class DecisionStream:
     # ------------------------------------------------------------------ what the connection tells
 
     def _handle(self, events: Sequence[StreamEvent]) -> None:
-        """The stream's one entry for what its connection tells it, and for the events of a change
-        of the caller's that settles something at once; then the stream pulses.
-
-        * the session's events: acknowledgements and decisions resolve ``decide()`` waiters and
-          feed ``decisions()`` (through :class:`DecisionDelivery`); every decision is counted
-          (billed, or replayed under a reply id it already holds) and the account's starts hear
-          how each start ended; a :class:`StreamObserver` hears acks, decisions, refusals and
-          rate-limit waits; the INFO log lines say the same for a person reading the task log —
-          never the state's content or the key;
-        * the session's question before it writes what can start a dispatch
-          (:class:`AdmissionWanted`): the account's decision starts, then the budget, answer it;
-        * the connection's own: a connection lost, a retryable failure, the end of connecting.
+        """The stream's one entry (see the module), also for the events of a change of the
+        caller's that settles something at once; then the stream pulses. The INFO log lines say
+        what happened for a person reading the task log — never the state's content or the key.
 
         :param events: what the session or the connection returned.
         """
@@ -738,8 +713,8 @@ class DecisionStream:
                 self.capacity.adopt_advertised(
                     event.hello.limits.max_streams_per_process, self._settings.url if self._settings else None
                 )
-                if self._starts is not None:
-                    self._starts.adopt(event.hello.limits)
+                if self._account is not None:
+                    self._account.adopt(event.hello.limits)
                 _log_hello(event.hello)
                 self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
@@ -799,7 +774,7 @@ class DecisionStream:
                     self._fail(event.error)
                 self._wake_all()
             # a goodbye is the connection's to plan from
-        self._life.pulse()
+        self._life.pulse.fire()
 
     def _admits(self, message: ClientMessage) -> bool:
         """The answer to the session's question before it writes ``message``, which can start a
@@ -927,7 +902,7 @@ class DecisionStream:
             self._observations.now("budget_exceeded", exc)
         if self._decision_mode == "on_request":
             # nothing was sent: whoever waits for this decision hears why at once
-            for intent in self._delivery.refuse_all(exc):
+            for intent in self._delivery.fail_all(exc):
                 self.session.cancel_intent(intent)
             return
         if first:
@@ -948,15 +923,9 @@ class DecisionStream:
 
     # ------------------------------------------------------------------ the parts, together
 
-    def _kick(self) -> None:
-        """Something to send or to look at: an open connection gets a writer's turn soon, and a
-        connection waiting for work looks again."""
-        if self._connection is not None:
-            self._connection.kick()
-
     def _wake_all(self) -> None:
         """The stream failed or ended: every waiter, the decisions consumer included, looks again."""
-        self._life.pulse()
+        self._life.pulse.fire()
         self._delivery.ready()
 
     def _fail(self, exc: BaseException) -> None:
@@ -990,7 +959,11 @@ class DecisionStream:
                 StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
             )
             self._wake_all()
-            self._unlink()
+            # the observer lets go of the stream, so that reference counting frees a closed stream
+            # at once instead of leaving a cycle for the collector's next full pass (which visits
+            # every waiting trigger); what it was to hear later, it hears before
+            self._observations.flush()
+            self.observer.unbind()
 
     async def _wait_until(
         self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
@@ -1009,7 +982,7 @@ class DecisionStream:
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(describe(), last_error=life.last_error, detail=self.last_error_text)
             with contextlib.suppress(TimeoutError):
-                await life.wait_pulse(remaining)
+                await life.pulse.wait(remaining)
 
 
 def _said_unconfirmed(why: str) -> None:

@@ -1,16 +1,10 @@
 """What the callers of a :class:`~airflow_provider_systemzero.stream.DecisionStream` wait for, until its events settle it.
 
-* ``decide()`` waits on a future per decide intent of the session, settled by the decision or
-  failure that covers it (:meth:`DecisionDelivery.answer`), the budget's refusal
-  (:meth:`DecisionDelivery.refuse_all`), or the stream's end (:meth:`DecisionDelivery.fail_all`);
-* ``decisions()``, ``take_decision()`` and ``wake_on_decision()`` read the on_change decisions in
-  order from one queue (:meth:`DecisionDelivery.queue`, :meth:`DecisionDelivery.take`), whose one
-  consumer's future the stream's reader resolves itself (:meth:`DecisionDelivery.ready`), so the
-  consumer is the next task to run.
-
-:class:`DecisionDelivery` holds this and nothing else: what each answer means is the stream's
-(:mod:`~airflow_provider_systemzero.stream.decision_stream`), and so is ``decide()``'s retry of a
-retryable failure, with the core's classification (:func:`decision_error`).
+``decide()`` waits on a future per decide intent of the session; ``decisions()``,
+``take_decision()`` and ``wake_on_decision()`` read the on_change decisions in order from one
+queue, whose one consumer's future the stream's reader resolves itself, so the consumer is the
+next task to run. What each answer means is the stream's
+(:mod:`~airflow_provider_systemzero.stream.decision_stream`), and so is ``decide()``'s retry.
 """
 
 from __future__ import annotations
@@ -58,7 +52,7 @@ class DecisionDelivery:
 
     def __init__(self, decision_mode: str) -> None:
         #: The ``decide()`` calls waiting, by intent (added by :meth:`expect`, removed by
-        #: :meth:`forget`; settled by :meth:`answer`, :meth:`refuse_all` and :meth:`fail_all`).
+        #: :meth:`forget`; settled by :meth:`answer` and :meth:`fail_all`).
         self.intents: dict[int, asyncio.Future[DecisionResult]] = {}
         #: Decisions (and the errors that end a state's wait) not taken yet by ``decisions()``
         #: (added by :meth:`queue`, taken by :meth:`take`).
@@ -142,24 +136,15 @@ class DecisionDelivery:
             self._queued.append(outcome)
             self.ready()
 
-    def refuse_all(self, exc: BaseException) -> list[int]:
-        """Nothing was sent for the ``decide()`` calls waiting (the budget refused): each hears
-        ``exc`` at once. Returns their intents (the stream withdraws them from the session).
+    def fail_all(self, exc: BaseException) -> list[int]:
+        """Every ``decide()`` call waiting hears ``exc`` at once (the stream failed or closed, or the
+        budget refused and nothing was sent); returns their intents.
 
-        :param exc: the refusal.
+        :param exc: the error.
         """
-        refused = []
+        failed = []
         for intent, future in list(self.intents.items()):
             if not future.done():
                 future.set_exception(exc)
-                refused.append(intent)
-        return refused
-
-    def fail_all(self, exc: BaseException) -> None:
-        """The stream failed or closed: every ``decide()`` waiting hears ``exc``.
-
-        :param exc: the error that ended the stream.
-        """
-        for future in self.intents.values():
-            if not future.done():
-                future.set_exception(exc)
+                failed.append(intent)
+        return failed

@@ -66,7 +66,7 @@ class Pulse:
 
 
 class StreamLife:
-    """Where a stream is in its life, read by all its parts, and the pulse that says it changed.
+    """Where a stream is in its life, and the pulse that says it changed (see the module).
 
     Each attribute says what it holds and who changes it; nothing else writes it.
     """
@@ -87,7 +87,7 @@ class StreamLife:
         #: decision; cleared by a decision (it was overcome).
         self.last_error: BaseException | None = None
         #: The pulse (see the module).
-        self._pulse = Pulse()
+        self.pulse = Pulse()
 
     @property
     def ending(self) -> bool:
@@ -103,22 +103,3 @@ class StreamLife:
             raise StreamClosed(None, "closed", message="the stream is closed: open a new one")
         if not self.entered:
             raise RuntimeError("use the stream inside 'async with' first")
-
-    def start(self) -> None:
-        """The stream is entered."""
-        self.entered = True
-
-    def pulse(self) -> None:
-        """Wake whoever waits for the stream to change; nothing is done when nobody waits."""
-        self._pulse.fire()
-
-    async def wait_pulse(self, seconds: float | None) -> None:
-        """Wait for the next pulse, at most ``seconds`` (``None``: no limit).
-
-        :raises TimeoutError: no pulse in time.
-        """
-        await self._pulse.wait(seconds)
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, but wake early when the stream closes or fails."""
-        await self._pulse.sleep(seconds, until=lambda: self.ending)

@@ -13,6 +13,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_provider_systemzero.protocol.reconnect import GoodbyeReason
+
 if TYPE_CHECKING:
     from airflow_provider_systemzero.protocol.body import JSONValue
     from airflow_provider_systemzero.protocol.messages import Ack, Hello, StreamRequest
@@ -24,7 +26,7 @@ __all__ = ["GOODBYE_REASONS", "ObservedStream", "ObserverRelay", "StreamObserver
 log = logging.getLogger(__name__)
 
 #: Goodbye reasons of the public document; any other reason a gateway sends is ``other``.
-GOODBYE_REASONS = frozenset({"shutdown", "overload", "idle_timeout", "max_duration", "event_limit"})
+GOODBYE_REASONS = frozenset(GoodbyeReason)
 
 
 class ObservedStream(Protocol):

@@ -52,7 +52,6 @@ __all__ = [
     "StreamStarts",
     "decision_starts",
     "key_fingerprint",
-    "running_starts",
 ]
 
 log = logging.getLogger(__name__)
@@ -220,13 +219,8 @@ DecisionStarts = AccountStarts
 
 class StreamStarts:
     """One stream's decision starts under its account's ceiling: the whole rule of "may this
-    stream start a decision now?" (see the module).
-
-    The stream's connection takes its turn with :meth:`turn` before each connection; the stream
-    asks :meth:`admit` when its session would write what starts a decision, and tells
-    :meth:`ended` (a decision, a failure), :meth:`changed` (a change of the caller's),
-    :meth:`budget_exceeded` and, when it closes, :meth:`leave`. The stream is known to the
-    account's queue by this object.
+    stream start a decision now?" (see the module). The stream is known to the account's queue by
+    this object.
 
     :param account: the account's starts shared in this process.
     :param session: the stream's session (its generation; whether its ``start`` starts a decision;
@@ -259,9 +253,6 @@ class StreamStarts:
         #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
         #: :meth:`_turn_to_open`, cleared by :meth:`_postpone`).
         self._turn_taken = False
-        #: on_change: the turn the connection waits for before it opens (made by
-        #: :meth:`_turn_to_open` while it waits, resolved when the account grants it).
-        self.opening_turn: asyncio.Future[None] | None = None
         #: The offer of the connection's slot while its next start waits for its turn (made by
         #: :meth:`admit`; it ends when the turn comes unasked, else once the slot is free).
         self._slot_offer: SlotOffer | None = None
@@ -298,7 +289,7 @@ class StreamStarts:
             # counts as the hand-over to a waiting stream until the slot is free
             self._withdraw_slot_offer()
             if not self._on_change:
-                self._withdraw()  # a decide is granted to a connected stream only
+                self.account.withdraw(self)  # a decide is granted to a connected stream only
             # (on_change keeps its place: its next connection waits for its turn before it opens)
             self._ask_again()  # a held start is asked anew on the next connection
 
@@ -318,11 +309,7 @@ class StreamStarts:
         if self.account.may_start(self, self._session.generation, wake):
             self._opening_counted = True  # counted now: its start is not counted again
         else:
-            self.opening_turn = turn
-            try:
-                await turn  # granted: the start spends the grant
-            finally:
-                self.opening_turn = None
+            await turn  # granted: the start spends the grant
         self._turn_taken = True
 
     async def _slot_after_turn(self) -> None:
@@ -449,7 +436,7 @@ class StreamStarts:
         )
         self.account.ended(self, error, version, requeue=not self._on_change or give_back)
         if self._left:
-            self._withdraw()  # a 429 heard while the stream closes requeues nothing
+            self.account.withdraw(self)  # a 429 heard while the stream closes requeues nothing
             return False
         if give_back and connection is not None:
             log.info(
@@ -476,13 +463,6 @@ class StreamStarts:
         if not self._left:
             self.account.changed(self, self._session.generation)
 
-    def adopt(self, limits: Limits) -> None:
-        """A ``hello`` of the stream's connection: the account's limits it advertises.
-
-        :param limits: the connection's limits.
-        """
-        self.account.adopt(limits)
-
     def budget_exceeded(self) -> None:
         """The budget refused a dispatch of the stream: a held start is not asked again (its turn
         coming, or a new connection, lifts no hold)."""
@@ -492,9 +472,6 @@ class StreamStarts:
         """The stream closes: it wants no start any more (an offer of its slot ends when the
         connection gives the slot back)."""
         self._left = True
-        self._withdraw()
-
-    def _withdraw(self) -> None:
         self.account.withdraw(self)
 
 
@@ -516,8 +493,3 @@ def decision_starts(url: str, api_key: str) -> AccountStarts:
     if starts is None:
         starts = per_loop[(url, fingerprint)] = AccountStarts(f"{url} key {fingerprint}", loop.time())
     return starts
-
-
-def running_starts() -> list[AccountStarts]:
-    """Every account's :class:`AccountStarts` on the running loop (what a process reports)."""
-    return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())

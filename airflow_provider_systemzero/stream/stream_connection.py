@@ -9,15 +9,9 @@ question before a dispatch, goes up to the stream through the one entry the stre
 (:meth:`StreamConnection.start`'s ``handle``), together with the connection's own
 :class:`ConnectionLost`, :class:`ConnectionFailed` and :class:`ConnectionStopped`.
 
-**Opening.** Before each connection the stream's turn is taken: :meth:`StreamStarts.turn
-<airflow_provider_systemzero.stream.starts.StreamStarts.turn>` waits, on_change, for the
-account's decision start the connection's ``start`` will spend, then for a slot of the
-process-wide :class:`~airflow_provider_systemzero.stream.capacity.StreamCapacity`, which the
-connection holds until it ends. The upgrade follows WIRE.md §1
-(:mod:`~airflow_provider_systemzero.stream.connection`): the exact URL from the origin,
-``Authorization: Bearer``, only the ``system-zero.stream.v1`` subprotocol (checked after
-connecting), no compression, no ``Origin``, no cookies, no proxy from the environment,
-``max_size`` from the limits.
+**Opening.** Each connection opens inside the stream's turn (:meth:`StreamStarts.turn
+<airflow_provider_systemzero.stream.starts.StreamStarts.turn>`), holding a slot of the stream cap
+until it ends; the upgrade is :func:`~airflow_provider_systemzero.stream.connection.open_socket`'s.
 
 **Serving.** No task serves a connection: the
 :class:`~airflow_provider_systemzero.stream.gateway_socket.GatewaySocket` hands each message to
@@ -27,26 +21,16 @@ change (from the caller's task), and at ``session.next_wakeup(now)`` (one timer 
 a peer silent past ``session.receipt_deadline()`` is treated as dead (native pings run too). The
 run loop's task only opens the connection and waits for its end. Nothing waits on the peer
 without a bound: a peer that reads nothing for ``write_progress_timeout`` while frames wait drops
-the connection, a close takes at most the close-handshake timeout, a redirect of the upgrade is
-refused, and pongs are coalesced and rate-bounded. The gateway's words are untrusted: a key echoed
-back is scrubbed from every frame, and server text is escaped and bounded before it is logged or
-raised (:mod:`~airflow_provider_systemzero.stream.untrusted`).
+the connection, a close takes at most the close-handshake timeout, and pongs are coalesced and
+rate-bounded. A key echoed back is scrubbed from every frame
+(:mod:`~airflow_provider_systemzero.stream.untrusted`).
 
 **Reconnecting.** When a connection ends, how it ended (an :class:`Ended`) goes to the core's
 :class:`~airflow_provider_systemzero.protocol.reconnect.ReconnectPlanner`, and the loop does what
-it says: reconnect after the planned delay (backoff that never undercuts the server's delay and
-grows across unproductive connections), reconnect only once there is work, or stop with one of
+it says: reconnect after the planned delay, reconnect only once there is work, or stop with one of
 :mod:`~airflow_provider_systemzero.stream.exceptions`; every reconnect replays the full desired
 state byte-identically. What it says about failed attempts is
 :class:`~airflow_provider_systemzero.stream.diagnosis.NetworkFailures`'.
-
-**Its wake-ups**, each held by this class: ``turn_soon`` (a writer's turn in the next loop
-iteration, however often it was asked: :meth:`~StreamConnection.kick`), ``alarm`` (the writer's
-one timer: the earliest of the session's ``next_wakeup``, the receipt deadline and the next
-report of a decision owed), ``pong_turn`` (pongs owed, at most every 1/40 s) and ``wakeup`` (a
-:class:`~airflow_provider_systemzero.stream.life.Pulse`: the run loop waiting for work or out its
-backoff, woken by :meth:`~StreamConnection.kick` and :meth:`~StreamConnection.close`); the
-socket's own ``lost`` future ends the serving.
 """
 
 from __future__ import annotations
@@ -63,6 +47,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Close
 
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.protocol.client_events import (
@@ -205,6 +190,12 @@ def _ignore(events: Sequence[StreamEvent]) -> None:
     """Where the connection's events go while no stream runs it."""
 
 
+def _sent_first(socket: GatewaySocket) -> Close | None:
+    """The close frame this client sent, when it closed first (not its echo of the gateway's)."""
+    closed = socket.closed
+    return closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
+
+
 class StreamConnection:
     """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`, one at a
     time (see the module): the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler`
@@ -238,6 +229,8 @@ class StreamConnection:
     ) -> None:
         self._session = session
         self._settings = settings
+        #: the API key as it is removed from every frame and from the gateway's text
+        self._secret = settings.api_key.strip()
         self._tls = tls
         self._take_turn = take_turn
         self._accounting = accounting
@@ -270,13 +263,13 @@ class StreamConnection:
         #: the gateway acknowledged ``start`` on it
         self._started = False
         #: a decision arrived on it
-        self._decided = False
+        self.decided = False
         #: the gateway's goodbye, if it said one
         self._goodbye: Goodbye | None = None
         #: the last fatal error the gateway sent on it
         self._last_fatal: Error | None = None
         #: this side gives the connection back once nothing is due (:meth:`give_back`)
-        self._giving_back = False
+        self.giving_back = False
         # Why the current connection ends, set by whoever ends it and read by _ended:
         #: a message broke the protocol, or handling it failed (a bug)
         self._frame_error: BaseException | None = None
@@ -290,9 +283,7 @@ class StreamConnection:
         self._closed_by_us = False
         #: monotonic time the current connection opened
         self._opened_at = 0.0
-        #: the key, as removed from every frame of the connection
-        self._scrub_secret: str | None = None
-        # The writer's signals (see the module):
+        # The writer's turns:
         #: a writer's turn asked for in the next loop iteration (:meth:`kick`)
         self.turn_soon: asyncio.Handle | None = None
         #: the writer's one timer: a turn when something falls due (:meth:`_set_alarm`)
@@ -310,16 +301,6 @@ class StreamConnection:
     def open(self) -> bool:
         """Whether a connection is open and serves the session."""
         return self.socket is not None
-
-    @property
-    def decided(self) -> bool:
-        """Whether a decision arrived on the current connection."""
-        return self._decided
-
-    @property
-    def giving_back(self) -> bool:
-        """Whether the current connection is being given back (:meth:`give_back`)."""
-        return self._giving_back
 
     @property
     def finished(self) -> bool:
@@ -394,7 +375,7 @@ class StreamConnection:
         the stream has work (a lease given back, a socket for a stream that waits for one, a 429
         the gateway would retry). About this connection only: one that ends first for another
         reason takes it with it."""
-        self._giving_back = True
+        self.giving_back = True
         self.kick()
 
     @contextlib.contextmanager
@@ -481,21 +462,15 @@ class StreamConnection:
                 if plan.kind is PlanKind.RECONNECT:
                     plan = dataclasses.replace(plan, delay=network.bound_delay(plan.delay))
                 pending = _Pending(plan, outcome.close_code, time.monotonic())
-                if plan.kind is PlanKind.WHEN_NEEDED:
-                    log.info(
-                        "System Zero stream connection ended (%s, close %s); reconnecting when there is "
-                        "something to send or to wait for, not before %.3f s",
-                        plan.reason,
-                        outcome.close_code,
-                        plan.delay,
-                    )
-                else:
-                    log.info(
-                        "System Zero stream connection ended (%s, close %s); reconnecting in %.3f s",
-                        plan.reason,
-                        outcome.close_code,
-                        plan.delay,
-                    )
+                log.info(
+                    "System Zero stream connection ended (%s, close %s); reconnecting %s %.3f s",
+                    plan.reason,
+                    outcome.close_code,
+                    "when there is something to send or to wait for, not before"
+                    if plan.kind is PlanKind.WHEN_NEEDED
+                    else "in",
+                    plan.delay,
+                )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: never leave waiters hanging
@@ -521,7 +496,7 @@ class StreamConnection:
         """Open a connection, serve it until it is gone, and say how it ended."""
         settings = self._settings
         url = settings.url
-        self._started = self._decided = self._giving_back = False
+        self._started = self.decided = self.giving_back = False
         self._goodbye = self._last_fatal = None
         self._frame_error = None
         self._violation = None
@@ -564,7 +539,7 @@ class StreamConnection:
             return Ended(
                 ConnectionOutcome(kind="violation"),
                 ProtocolViolation(
-                    f"the opening handshake with {url} failed: {server_text(str(exc), self.secret())}: check that the "
+                    f"the opening handshake with {url} failed: {server_text(str(exc), self._secret)}: check that the "
                     "connection's host is a System Zero API origin",
                     code="invalid_handshake",
                 ),
@@ -585,7 +560,7 @@ class StreamConnection:
         self._observations.now(
             "closed",
             socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE,
-            server_text(socket.close_reason or "", self.secret()),
+            server_text(socket.close_reason or "", self._secret),
         )
 
     def _ended(self, socket: GatewaySocket) -> Ended:
@@ -595,20 +570,14 @@ class StreamConnection:
                 ConnectionOutcome(CloseCode.PROTOCOL_ERROR, kind="violation"), self._violation, final=True
             )
         if socket.flooded:
-            log.warning(
-                "the System Zero gateway sent native pings faster than it read their pongs (over %d "
-                "bytes owed): dropped the connection as a breach of the protocol",
-                CONTROL_REPLY_BUDGET,
+            flood = ProtocolViolation(
+                "the System Zero gateway flooded the connection with native pings while reading nothing "
+                f"this client sent (pongs owed past {CONTROL_REPLY_BUDGET} bytes): this client dropped "
+                "the connection without a close handshake",
+                code="native_ping_flood",
             )
-            return Ended(
-                self._outcome(socket, CloseCode.ABNORMAL_CLOSURE, "violation"),
-                ProtocolViolation(
-                    "the System Zero gateway flooded the connection with native pings while reading nothing "
-                    f"this client sent (pongs owed past {CONTROL_REPLY_BUDGET} bytes): this client dropped "
-                    "the connection without a close handshake",
-                    code="native_ping_flood",
-                ),
-            )
+            log.warning("%s", flood)
+            return Ended(self._outcome(socket, CloseCode.ABNORMAL_CLOSURE, "violation"), flood)
         if socket.stalled:
             log.warning(
                 "the System Zero gateway read nothing for %.1f s while this client had a frame to "
@@ -619,15 +588,8 @@ class StreamConnection:
         if self._silent:
             return Ended(self._outcome(socket, CloseCode.ABNORMAL_CLOSURE, "silent"))
         error = self._frame_error
-        if isinstance(error, RemoteProtocolError):
-            # the message quotes the gateway's values: bounded, escaped, without the key
-            problem = server_text(error.message, self.secret(), limit=400, quote=False)
-            return Ended(
-                self._outcome(socket, CloseCode.PROTOCOL_ERROR, "violation"),
-                ProtocolViolation(
-                    f"the System Zero gateway broke the stream protocol: {problem}", code=error.code
-                ),
-            )
+        if isinstance(error, ProtocolViolation):
+            return Ended(self._outcome(socket, CloseCode.PROTOCOL_ERROR, "violation"), error)
         if error is not None:
             raise error  # handling a message failed: a bug, which ends the stream
         final = self._closing
@@ -636,7 +598,7 @@ class StreamConnection:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
             if self._recycle:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "recycled"))
-            if self._giving_back:
+            if self.giving_back:
                 return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE, "released"))
             return Ended(self._outcome(socket, CloseCode.NORMAL_CLOSURE), final=True)
         breach = None if final else self._frame_breach(socket)
@@ -646,15 +608,14 @@ class StreamConnection:
         if goodbye is not None and goodbye.reason not in GOODBYE_REASONS:
             log.info(
                 "the System Zero gateway said goodbye for an unknown reason %s",
-                server_text(goodbye.reason, self.secret()),
+                server_text(goodbye.reason, self._secret),
             )
         code = socket.close_code if socket.close_code is not None else CloseCode.ABNORMAL_CLOSURE
-        reason = server_text(socket.close_reason or "", self.secret())
-        closed = socket.closed
-        sent = closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
+        reason = server_text(socket.close_reason or "", self._secret)
+        sent = _sent_first(socket)
         if sent is not None:
             # this side closed first (a keepalive ping unanswered): the code it sent is the cause
-            ours = server_text(sent.reason or "no reason", self.secret())
+            ours = server_text(sent.reason or "no reason", self._secret)
             message = f"this client closed the connection with code {sent.code} ({ours}); the gateway's code: {code}"
         else:
             message = f"connection closed with code {code} ({reason})"
@@ -665,65 +626,50 @@ class StreamConnection:
         with a reserved bit set, invalid UTF-8, an illegal close code: 1002 or 1007; a frame over
         ``max_message_bytes``: 1009), as a contract breach named by the code this client sent;
         ``None`` when this client did not close so first."""
-        closed = socket.closed
-        # not when the gateway closed first (its own close, echoed)
-        sent = closed.sent if closed is not None and closed.rcvd_then_sent is not True else None
+        sent = _sent_first(socket)
         if sent is None or sent.code not in _BREACH_CLOSE_CODES:
             return None
         code = CloseCode(sent.code)
         if code == CloseCode.MESSAGE_TOO_BIG:
-            limit = self._session.limits.max_message_bytes
-            log.warning(
-                "the System Zero gateway sent a frame over max_message_bytes (%d bytes): closed with 1009",
-                limit,
+            breach = ProtocolViolation(
+                "the System Zero gateway sent a frame over max_message_bytes "
+                f"({self._session.limits.max_message_bytes} bytes): this client closed the connection "
+                "with code 1009",
+                code="message_too_big",
             )
-            return Ended(
-                self._outcome(socket, code, "violation"),
-                ProtocolViolation(
-                    f"the System Zero gateway sent a frame over max_message_bytes ({limit} bytes): this "
-                    "client closed the connection with code 1009",
-                    code="message_too_big",
-                ),
-            )
-        why = server_text(sent.reason or "no reason", self.secret())
-        log.warning(
-            "the System Zero gateway broke the WebSocket protocol (%s): this client closed the connection "
-            "with code %d",
-            why,
-            code,
-        )
-        return Ended(
-            self._outcome(socket, code, "violation"),
-            ProtocolViolation(
+        else:
+            why = server_text(sent.reason or "no reason", self._secret)
+            breach = ProtocolViolation(
                 f"the System Zero gateway broke the WebSocket protocol ({why}): this client closed the "
                 f"connection with code {int(code)}",
                 code="invalid_utf8" if code == CloseCode.INVALID_DATA else "websocket_protocol_error",
-            ),
-        )
+            )
+        log.warning("%s", breach)
+        return Ended(self._outcome(socket, code, "violation"), breach)
 
     def _outcome(self, socket: GatewaySocket, code: int | None, kind: str = "closed") -> ConnectionOutcome:
         goodbye, fatal = self._goodbye, self._last_fatal
         session = self._session
         return ConnectionOutcome(
             code,
-            server_text(socket.close_reason or "", self.secret()),
+            server_text(socket.close_reason or "", self._secret),
             goodbye.reason if goodbye else None,
             session.next_connection_delay_ms(time.monotonic()),
             fatal.code if fatal else None,
             self._started,
-            self._decided,
+            self.decided,
             time.monotonic() - self._opened_at,
             kind,
-            released=self._giving_back,
+            released=self.giving_back,
             work_left=session.has_work(),
         )
 
     def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = upgrade_refusal_error(exc, url, self.secret())
+        error = upgrade_refusal_error(exc, url, self._secret)
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",
-                server_text(exc.response.headers.get("Location", ""), self.secret()),
+                server_text(exc.response.headers.get("Location", ""), self._secret),
             )
         if error.retryable:  # a final refusal is raised to the caller, who reports it once
             log.info(
@@ -768,7 +714,6 @@ class StreamConnection:
             return
         self.socket = socket
         socket.write_timeout = self.write_timeout()
-        self._scrub_secret = self.secret()
         replay = session.connections > 1
         log.info("connected to %s (%s)", url, "replaying the stream's state" if replay else "a new stream")
         # heard once the frames of this read were handled: the start goes out before the metrics
@@ -793,9 +738,12 @@ class StreamConnection:
             if not isinstance(exc, RemoteProtocolError):
                 self._broke(socket, exc)
                 return
-            self._frame_error = exc
-            problem = server_text(exc.message, self.secret(), limit=400, quote=False)
-            log.warning("the System Zero gateway broke the protocol: %s", problem)
+            # the message quotes the gateway's values: bounded, escaped, without the key
+            problem = server_text(exc.message, self._secret, limit=400, quote=False)
+            self._frame_error = violation = ProtocolViolation(
+                f"the System Zero gateway broke the stream protocol: {problem}", code=exc.code
+            )
+            log.warning("%s", violation)
             socket.close(CloseCode.PROTOCOL_ERROR, "protocol error")
             return
         if due:
@@ -826,10 +774,8 @@ class StreamConnection:
     def _handle_frame(self, frame: str | bytes) -> bool:
         """Feed one frame to the session and its events to the stream; whether the session has
         something to write now (this frame gave the writer something to do)."""
-        if isinstance(frame, str):
-            frame = scrub(
-                frame, self._scrub_secret
-            )  # a key echoed back never reaches a message, log or error
+        if isinstance(frame, str):  # a key echoed back never reaches a message, log or error
+            frame = scrub(frame, self._secret)
         now = time.monotonic()
         events = self._session.receive_text(frame, now)
         for event in events:  # what the connection's end is described from
@@ -838,7 +784,7 @@ class StreamConnection:
                     self._started = True
             elif isinstance(event, DecisionReceived):
                 if not event.repeated:
-                    self._decided = True
+                    self.decided = True
             elif isinstance(event, ServerError):
                 if event.error.fatal:
                     self._last_fatal = event.error
@@ -875,7 +821,7 @@ class StreamConnection:
                 frames += session.data_to_send(now)
             if frames:
                 socket.send_texts(frames)
-        if self._closing or self._giving_back:
+        if self._closing or self.giving_back:
             self._close_connection(socket)
             return
         if session.recycle_due(now):
@@ -1012,10 +958,6 @@ class StreamConnection:
     def close_timeout(self) -> float:
         """Seconds the close handshake may take."""
         return self._session.limits.close_handshake_timeout_ms / 1000
-
-    def secret(self) -> str:
-        """The API key as it is removed from the gateway's text."""
-        return self._settings.api_key.strip()
 
     @staticmethod
     def _stop_error(ended: Ended, plan: ReconnectPlan) -> BaseException:

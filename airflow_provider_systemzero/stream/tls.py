@@ -14,12 +14,8 @@ naming the field, the file and the fix — not retried as a network failure unti
 Verification is never switched off: the contexts are :func:`ssl.create_default_context`'s.
 Reading files blocks, so async callers run :func:`load_tls` in a thread.
 
-When the gateway refuses the TLS connection itself, what it said is named with the fix
-(:func:`tls_refusal_text`): a TLS alert (a client certificate required or refused, a TLS version
-refused, a handshake failure), or — what a TLS 1.3 gateway that requires a client certificate does
-when none is presented, its alert often lost to the reset that follows — a connection ended right
-after the TLS handshake, before any HTTP answer (:class:`EndedAfterTLSHandshake`, from
-:func:`ended_after_tls_handshake`).
+When the gateway refuses the TLS connection itself (a TLS alert, or
+:class:`EndedAfterTLSHandshake`), what it said is named with the fix (:func:`tls_refusal_text`).
 """
 
 from __future__ import annotations
