@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.compat import AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.decisions.policy import (
@@ -54,6 +54,8 @@ from airflow_provider_systemzero.tasks.checks import review_settings
 from airflow_provider_systemzero.timestamps import utc_iso
 
 if TYPE_CHECKING:
+    from logging import Logger
+
     from airflow.sdk import Context
 
     from airflow_provider_systemzero.decisions.watch import WatchEvent
@@ -357,18 +359,6 @@ def answer_record(answer: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class TaskLog(Protocol):
-    """What the provider writes to a task's log (Airflow's task logger has it)."""
-
-    def info(self, event: str, *args: Any) -> Any:
-        """Log ``event`` %-formatted with ``args``."""
-        ...
-
-    def warning(self, event: str, *args: Any) -> Any:
-        """Log ``event`` %-formatted with ``args``, as a warning."""
-        ...
-
-
 class PolicyGateMixin:
     """Acts on a :class:`Gate` under the task's policy (see the module docstring).
 
@@ -381,7 +371,7 @@ class PolicyGateMixin:
     review_notifiers: list[Any]
     review_subject: str | None
     task_id: str
-    log: TaskLog
+    log: Logger
 
     def _init_review(
         self,

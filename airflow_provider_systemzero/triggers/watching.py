@@ -1,6 +1,7 @@
-"""The base class of a trigger that watches a source (:class:`WatchingTrigger`: the decision
-trigger, the event trigger): what it builds from its kwargs, its serialized form, the watch its
-run starts, where that wait stands, and its cleanup; and how an asset watch, which has no task to
+"""The base classes of the provider's triggers: :class:`StreamTrigger` (every trigger over a System
+Zero stream: its kwargs, its streams, the run that ends in one event, and its cleanup) and
+:class:`WatchingTrigger` (the decision trigger, the event trigger: what it builds from its kwargs,
+the watch its run starts, where that wait stands); and how an asset watch, which has no task to
 fail, goes on after a failure (:func:`wait_to_watch_again`)."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.triggers.base import BaseTrigger
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
@@ -23,6 +24,7 @@ from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.sources.spec import build_source
+from airflow_provider_systemzero.tasks.payloads import error_payload
 from airflow_provider_systemzero.timestamps import iso_time
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
@@ -35,6 +37,7 @@ __all__ = [
     "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
+    "StreamTrigger",
     "WatchProgress",
     "WatchingTrigger",
     "announce_wait",
@@ -81,7 +84,99 @@ class WatchProgress:
     read_state: Any = None
 
 
-class WatchingTrigger(BaseTrigger):
+class StreamTrigger(BaseTrigger):
+    """A trigger over a System Zero stream: what every one of the provider's triggers does.
+
+    A subclass declares its kwargs once (``_kwargs``: ``serialize()`` gives them back) and keeps
+    them; the base holds the run's streams (one at a time) and the driver of its watch, which
+    ``cleanup()`` closes on every exit. A trigger that fires once runs :meth:`_run_once`.
+
+    :param systemzero_conn_id: the System Zero connection.
+    :param request: the decide request (plain JSON).
+    :param key_namespace: the namespace of the run's keys and cache key.
+    :param deadline: absolute deadline in epoch seconds, or ``None``.
+    :param budget: the task's spend caps and what it spent so far (``None``: none).
+    """
+
+    #: the subclass's kwargs, in their serialized order
+    _kwargs: ClassVar[TriggerKwargs]
+
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        key_namespace: str,
+        deadline: float | None = None,
+        budget: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
+        self._stream = TriggerStream(
+            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
+        )
+        #: the driver of the run's watch (``None`` outside a run)
+        self._driver: WatchDriver | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret)."""
+        return self._kwargs.serialized(self)
+
+    def _extra(self) -> dict[str, Any]:
+        """The fields every event of this trigger carries."""
+        return {"key_namespace": self.key_namespace}
+
+    async def _run_once(
+        self,
+        late: str,
+        work: Callable[[], Awaitable[dict[str, Any]]],
+        timed_out: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The payload of a run that fires once: ``work``'s, within the deadline; the ``timeout``
+        payload when the deadline passed (``timed_out``'s) or had passed before the run started
+        (saying ``late``); else the error's. A cancelled run closes everything and propagates.
+
+        :param late: what the event says when the deadline passed before the trigger started.
+        :param work: the run's work, returning its event's payload.
+        :param timed_out: the payload of the deadline reached, with what the wait was stuck on.
+        """
+        payload = self._stream.late(self._extra(), late)
+        if payload is not None:
+            return payload
+        scope = self._stream.deadline_scope()
+        try:
+            async with scope:
+                return await work()
+        except TimeoutError as exc:
+            return timed_out() if scope.expired() else self._failure(exc)
+        except Exception as exc:
+            return self._failure(exc)
+        except BaseException:  # cancelled: no event
+            await self.cleanup()
+            raise
+
+    async def _fire(self, payload: dict[str, Any]) -> AsyncIterator[TriggerEvent]:
+        """Yield the run's one event, with what it spent, then close the stream (the event goes out
+        before the close handshake: a gateway that does not answer the close frame must not turn a
+        decision in hand into a timeout)."""
+        yield TriggerEvent(self._stream.with_usage(payload))
+        await self.cleanup()
+
+    def _failure(self, exc: BaseException) -> dict[str, Any]:
+        # the event carries the message and the task raises it: said once, by the task
+        self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
+        return error_payload(exc, **self._extra())
+
+    async def cleanup(self) -> None:
+        """Close the run's watch and the stream (runs on every exit, errors ignored by Airflow;
+        safe to run twice)."""
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.aclose()
+        await self._stream.aclose()
+
+
+class WatchingTrigger(StreamTrigger):
     """A trigger that watches a source: the decision trigger and the event trigger.
 
     It carries what both do over their watch: the kwargs that shape it (the ``decide_when`` filter
@@ -102,8 +197,6 @@ class WatchingTrigger(BaseTrigger):
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
-    #: the subclass's kwargs, in their serialized order
-    _kwargs: ClassVar[TriggerKwargs]
     # the kwargs every watching trigger keeps (a subclass sets them)
     condition: dict[str, Any]
     state: Any
@@ -125,18 +218,19 @@ class WatchingTrigger(BaseTrigger):
         decide_initial: bool,
         max_staleness: float,
     ) -> None:
-        super().__init__()
-        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
+        super().__init__(
+            systemzero_conn_id=systemzero_conn_id,
+            request=request,
+            key_namespace=key_namespace,
+            deadline=deadline,
+            budget=budget,
+        )
         self.decision_filter = DecisionFilter(
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
         self.max_staleness = validate_max_staleness(max_staleness)
-        self._stream = TriggerStream(
-            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
-        )
-        #: the run's source and the driver of its watch (``None`` outside a run)
+        #: the run's source (``None`` outside a run)
         self._source: StateSource | None = None
-        self._driver: WatchDriver | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
@@ -224,12 +318,9 @@ class WatchingTrigger(BaseTrigger):
     async def cleanup(self) -> None:
         """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
         safe to run twice)."""
-        driver, self._driver = self._driver, None
         source, self._source = self._source, None
         try:
-            if driver is not None:
-                await driver.aclose()
-            await self._stream.aclose()
+            await super().cleanup()
         finally:  # also when cancelled during the close handshake: a push source's read stops
             if source is not None:
                 with contextlib.suppress(Exception):
