@@ -449,8 +449,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :raises SystemZeroArgumentError: naming the field.
         """
+        return self._request_for(self._request_questions(context))
+
+    def _request_for(self, questions: Any) -> dict[str, Any]:
+        """The request asking ``questions``, checked with the policy (also at parse time)."""
         request = build_request_dict(
-            questions=self._request_questions(context),
+            questions=questions,
             instructions=self.instructions,
             model=self.model,
             route=self.route,

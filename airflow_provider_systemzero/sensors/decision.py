@@ -473,19 +473,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     # -- the wait's bounds and the trigger ------------------------------------------------------
 
-    def _timeout(self) -> timedelta:
-        """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
-        when that is shorter (Airflow applies it only to the time on a worker)."""
-        bound = wait_bound(self, self.timeout)
-        assert bound is not None  # a sensor always has a timeout (Airflow's default: 7 days)
-        return timedelta(seconds=bound)
-
-    def _deadline(self) -> float | None:
-        """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
-        or its ``execution_timeout`` when that is shorter
-        (:func:`~airflow_provider_systemzero.tasks.deadlines.deadline_in`)."""
-        return deadline_in(self, self.timeout)
-
     def _start_in_triggerer(self, start_from_trigger: Any) -> None:
         """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
         Airflow can start the sensor in the triggerer."""
@@ -545,7 +532,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             trigger_kwargs=kwargs,
             next_method="execute_complete",
             next_kwargs=None,
-            timeout=self._timeout(),
+            # the sensor's timeout, or its execution_timeout when shorter (Airflow applies that only
+            # to the time on a worker); a sensor always has a timeout (Airflow's default: 7 days)
+            timeout=timedelta(seconds=wait_bound(self, self.timeout) or 0),
         )
 
     def _own_namespaces(self, context: Context) -> set[str]:
@@ -618,7 +607,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             watches on and follows it; an open one also goes to ``execute_complete``, which Airflow
             3.3 resumes with the person's answer directly.
         """
-        deadline = deadline or self._deadline()
+        deadline = deadline or deadline_in(self, self.timeout)  # execution_timeout, if shorter
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
         kwargs = self.trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
         timeout = defer_timeout(deadline)
