@@ -234,8 +234,8 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         payload = await self._run_once(late, work, lambda: self._timed_out(rules))
         if payload.get("status") in ("timeout", "error") and rules is not None:
             payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
-        async for event in self._fire(payload):
-            yield event
+        yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
+        await self.cleanup()
 
     def _rules(self) -> VerdictRules:
         """What ends this wait: the condition, its policy and hysteresis, the skip states; with the
@@ -346,8 +346,8 @@ class SystemZeroDecideTrigger(StreamTrigger):
         payload = await self._run_once(
             "the task's deadline passed before the trigger started", work, timed_out
         )
-        async for event in self._fire(payload):
-            yield event
+        yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
+        await self.cleanup()
 
 
 class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):

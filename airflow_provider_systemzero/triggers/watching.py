@@ -11,11 +11,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger
 
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
@@ -85,11 +85,9 @@ class WatchProgress:
 
 
 class StreamTrigger(BaseTrigger):
-    """A trigger over a System Zero stream: what every one of the provider's triggers does.
-
-    A subclass declares its kwargs once (``_kwargs``: ``serialize()`` gives them back) and keeps
-    them; the base holds the run's streams (one at a time) and the driver of its watch, which
-    ``cleanup()`` closes on every exit. A trigger that fires once runs :meth:`_run_once`.
+    """A trigger over a System Zero stream: its declared kwargs (``_kwargs``), its streams, and the
+    source and driver of its run's watch, closed by ``cleanup()``; a trigger that fires once runs
+    :meth:`_run_once`.
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: the decide request (plain JSON).
@@ -115,7 +113,8 @@ class StreamTrigger(BaseTrigger):
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
-        #: the driver of the run's watch (``None`` outside a run)
+        #: the run's source and the driver of its watch (``None`` outside a run)
+        self._source: StateSource | None = None
         self._driver: WatchDriver | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -132,14 +131,8 @@ class StreamTrigger(BaseTrigger):
         work: Callable[[], Awaitable[dict[str, Any]]],
         timed_out: Callable[[], dict[str, Any]],
     ) -> dict[str, Any]:
-        """The payload of a run that fires once: ``work``'s, within the deadline; the ``timeout``
-        payload when the deadline passed (``timed_out``'s) or had passed before the run started
-        (saying ``late``); else the error's. A cancelled run closes everything and propagates.
-
-        :param late: what the event says when the deadline passed before the trigger started.
-        :param work: the run's work, returning its event's payload.
-        :param timed_out: the payload of the deadline reached, with what the wait was stuck on.
-        """
+        """The payload of a run that fires once: ``work``'s, within the deadline; ``timed_out``'s at
+        the deadline, or saying ``late`` when it had passed before; else the error's."""
         payload = self._stream.late(self._extra(), late)
         if payload is not None:
             return payload
@@ -155,25 +148,24 @@ class StreamTrigger(BaseTrigger):
             await self.cleanup()
             raise
 
-    async def _fire(self, payload: dict[str, Any]) -> AsyncIterator[TriggerEvent]:
-        """Yield the run's one event, with what it spent, then close the stream (the event goes out
-        before the close handshake: a gateway that does not answer the close frame must not turn a
-        decision in hand into a timeout)."""
-        yield TriggerEvent(self._stream.with_usage(payload))
-        await self.cleanup()
-
     def _failure(self, exc: BaseException) -> dict[str, Any]:
         # the event carries the message and the task raises it: said once, by the task
         self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
         return error_payload(exc, **self._extra())
 
     async def cleanup(self) -> None:
-        """Close the run's watch and the stream (runs on every exit, errors ignored by Airflow;
+        """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
         safe to run twice)."""
         driver, self._driver = self._driver, None
-        if driver is not None:
-            await driver.aclose()
-        await self._stream.aclose()
+        source, self._source = self._source, None
+        try:
+            if driver is not None:
+                await driver.aclose()
+            await self._stream.aclose()
+        finally:  # also when cancelled during the close handshake: a push source's read stops
+            if source is not None:
+                with contextlib.suppress(Exception):
+                    await source.aclose()
 
 
 class WatchingTrigger(StreamTrigger):
@@ -181,16 +173,11 @@ class WatchingTrigger(StreamTrigger):
 
     It carries what both do over their watch: the kwargs that shape it (the ``decide_when`` filter
     and ``max_staleness``, checked here), ``serialize()``, the watch a run starts over the source
-    (:meth:`watch_driver`), where the wait stands (:attr:`progress`) and ``cleanup()``, which
-    closes the run, the stream and the source on every exit. A subclass declares its kwargs
-    (``_kwargs``), keeps them, and runs: ``run()`` builds the source (:meth:`_open_source`), starts
-    the watch (:meth:`_start_watch`) and turns its verdicts into events.
+    (:meth:`watch_driver`) and where the wait stands (:attr:`progress`). A subclass declares its
+    kwargs (``_kwargs``), keeps them, and runs: ``run()`` builds the source (:meth:`_open_source`),
+    starts the watch (:meth:`_start_watch`) and turns its verdicts into events.
 
-    :param systemzero_conn_id: the System Zero connection.
-    :param request: the decide request (plain JSON).
-    :param key_namespace: the namespace of the watch's keys and cache key.
-    :param deadline: absolute deadline in epoch seconds, or ``None``.
-    :param budget: the task's spend caps and what it spent so far (``None``: none).
+    :param stream: :class:`StreamTrigger`'s arguments.
     :param decide_when: start a decision only for a change that matches (``None``: every change).
     :param debounce_ms: decide once the source has been quiet this many milliseconds.
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
@@ -208,29 +195,17 @@ class WatchingTrigger(StreamTrigger):
     def __init__(
         self,
         *,
-        systemzero_conn_id: str,
-        request: dict[str, Any],
-        key_namespace: str,
-        deadline: float | None = None,
-        budget: dict[str, Any] | None = None,
         decide_when: str | dict[str, str] | None,
         debounce_ms: int | None,
         decide_initial: bool,
         max_staleness: float,
+        **stream: Any,
     ) -> None:
-        super().__init__(
-            systemzero_conn_id=systemzero_conn_id,
-            request=request,
-            key_namespace=key_namespace,
-            deadline=deadline,
-            budget=budget,
-        )
+        super().__init__(**stream)
         self.decision_filter = DecisionFilter(
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
         self.max_staleness = validate_max_staleness(max_staleness)
-        #: the run's source (``None`` outside a run)
-        self._source: StateSource | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
@@ -314,17 +289,6 @@ class WatchingTrigger(StreamTrigger):
             self._source, rules, self._stream, once=once, min_interval_ms=min_interval_ms
         )
         return self._driver
-
-    async def cleanup(self) -> None:
-        """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
-        safe to run twice)."""
-        source, self._source = self._source, None
-        try:
-            await super().cleanup()
-        finally:  # also when cancelled during the close handshake: a push source's read stops
-            if source is not None:
-                with contextlib.suppress(Exception):
-                    await source.aclose()
 
 
 def new_timeline() -> DecisionTimeline:
