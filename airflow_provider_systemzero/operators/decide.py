@@ -39,7 +39,6 @@ from airflow_provider_systemzero.tasks.checks import (
     template_of,
 )
 from airflow_provider_systemzero.tasks.deadlines import deadline_in, defer_timeout, timeout_reason
-from airflow_provider_systemzero.tasks.history import push_history
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
@@ -563,7 +562,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _publish(self, context: Context, event: WatchEvent) -> Any:
         answers = event.answers
         ti = context["ti"]
-        push_history(self, context, event, condition=self._policy_drawn(answers))
+        self.push_history(context, event, condition=self._policy_drawn(answers))
         ti.xcom_push(key="answers", value=answers)
         ti.xcom_push(key="reply", value=event.reply)
         ti.xcom_push(key="decision_id", value=event.reply_id)

@@ -32,7 +32,7 @@ from airflow_provider_systemzero.compat import (
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
-from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
+from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import (
@@ -42,7 +42,11 @@ from airflow_provider_systemzero.hooks.systemzero import (
 )
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
-from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_route_and_mode
+from airflow_provider_systemzero.protocol.validation import (
+    validate_decision_mode,
+    validate_min_interval_ms,
+    validate_route_and_mode,
+)
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import (
     FLAGS,
@@ -54,7 +58,6 @@ from airflow_provider_systemzero.sensors.inputs import (
     SensorInputs,
     check_min_true_for,
     min_true_for_seconds,
-    pacing,
     source_name,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
@@ -91,7 +94,6 @@ from airflow_provider_systemzero.tasks.deadlines import (
     timeout_reason,
     wait_bound,
 )
-from airflow_provider_systemzero.tasks.history import push_history
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin, answer_record
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
@@ -253,7 +255,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
             self._check_plain()
             self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
-            self.min_interval_ms, self.max_staleness = pacing(min_interval_ms, max_staleness)
+            self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
+            self.max_staleness = validate_max_staleness(max_staleness)
             self.decision_filter = self._decision_filter(decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
             self._templates = self._templates_of()
@@ -733,7 +736,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _finish(self, context: Context, event: WatchEvent) -> Any:
         """Act on a decision that ended the wait (or wants a person) under the policy: push the
         wait's ``decisions`` history, log the decision, and gate it."""
-        push_history(self, context, event)
+        self.push_history(context, event)
         self.log.info(
             "System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
             event.question,
@@ -748,7 +751,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """A person answered the review while the sensor watched, or it timed out: an answer about
         the state the source still holds is taken ("Yes" fires, "No" waits again); one about a
         state since replaced is recorded and decides nothing."""
-        push_history(self, context, event)
+        self.push_history(context, event)
         review = dict(event.extra["review"])
         resume = event.extra["resume"]
         answer = review.pop("answer")
@@ -872,7 +875,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.tasks.payloads.task_failure`).
         :raises AirflowException: Airflow's retries may.
         """
-        push_history(self, context, event)  # why nothing fired, when the event tells it
+        self.push_history(context, event)  # why nothing fired, when the event tells it
         if event.status == "unmet":
             self._static_unmet(str(event.reason))
         fix = ""
