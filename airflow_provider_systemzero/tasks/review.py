@@ -49,8 +49,8 @@ from airflow_provider_systemzero.decisions.policy import (
     state_preview,
 )
 from airflow_provider_systemzero.durations import readable
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.untrusted import safe_text
-from airflow_provider_systemzero.tasks.checks import review_settings
 from airflow_provider_systemzero.timestamps import utc_iso
 
 if TYPE_CHECKING:
@@ -380,10 +380,45 @@ class PolicyGateMixin:
         review_notifiers: Any = None,
         review_subject: str | None = None,
     ) -> None:
-        """Read the policy and review settings (raises ``ValueError`` on a bad policy or setting)."""
-        self.review_assigned_users, self.review_notifiers, self.review_subject = review_settings(
-            review_assigned_users, review_notifiers, review_subject
+        """Read the policy and the review settings, checked: ``review_assigned_users`` as a list of
+        ``{"id", "name"}`` (``None``: anyone), ``review_notifiers`` as a list of callables.
+
+        :raises ValueError: a bad policy or setting, naming it.
+        """
+        users = (
+            [review_assigned_users] if isinstance(review_assigned_users, Mapping) else review_assigned_users
         )
+        if users is not None and (
+            not isinstance(users, list | tuple)
+            or not all(
+                isinstance(user, Mapping) and all(isinstance(user.get(key), str) for key in ("id", "name"))
+                for user in users
+            )
+        ):
+            raise SystemZeroArgumentError(
+                f"review_assigned_users must be a user {{'id': …, 'name': …}} (two strings) or a list of "
+                f"them, got {review_assigned_users!r}",
+                code="invalid_review",
+                field="review_assigned_users",
+            )
+        notifiers = review_notifiers
+        if not isinstance(notifiers, list | tuple):
+            notifiers = [] if notifiers is None else [notifiers]
+        if not all(callable(notifier) for notifier in notifiers):
+            raise SystemZeroArgumentError(
+                f"review_notifiers must be a notifier (called with the task's context) or a list of them, "
+                f"got {review_notifiers!r}",
+                code="invalid_review",
+                field="review_notifiers",
+            )
+        if review_subject is not None and not isinstance(review_subject, str):
+            raise SystemZeroArgumentError(
+                f"review_subject must be a string or None, got {type(review_subject).__name__} {review_subject!r}",
+                code="invalid_review",
+                field="review_subject",
+            )
+        self.review_assigned_users = [dict(user) for user in users] if users else None
+        self.review_notifiers, self.review_subject = list(notifiers), review_subject
         self.policy = DecisionPolicy.coerce(policy)
 
     # ------------------------------------------------------------------ what the task does

@@ -19,15 +19,10 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   ``prompt_cache_key`` and the same per-state idempotency keys in every process, so a triggerer
   restart or two copies running at once (HA) replay byte-identically and are billed once.
 * One watch per run (:class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`, run
-  by :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`) decides, in one place,
-  which decision is about the state the source holds now (only such a decision fires), when to
-  open a stream and when to give it back, and what is read next; ``run()`` is a short loop over
-  its verdicts. The rules that end a wait are the pure
+  by :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`, which say when a stream
+  is opened and given back) decides which decision is about the state the source holds now: only
+  such a decision fires. The rules that end a wait are
   :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`.
-* **Stream leasing**: a stream that owes nothing (no decision in flight or wanted) offers its slot
-  to a trigger waiting for one and is given back (close 1000) after ``lease_after`` quiet seconds;
-  the next change that wants a decision reconnects with a byte-identical replay, so a triggerer
-  holds many waiting sensors within ``max_streams_per_process``.
 """
 
 from __future__ import annotations
