@@ -366,12 +366,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _check_plain(self) -> None:
         """Parse time: check the arguments that are not templated (so always plain values) and that
-        nothing else checks before the task runs: the flags, ``lease_after``, ``key_salt``, the
-        connection, ``route`` and ``request_mode`` (the review settings: ``_init_review``).
-
-        :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
-            :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for the route and mode).
-        """
+        nothing else checks before the task runs."""
         for name, meaning in FLAGS.items():
             check_flag(name, getattr(self, name), meaning)
         check_lease_after(self.lease_after)
@@ -456,12 +451,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _templates_of(self) -> dict[str, Any]:
         """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
         kept so that a value rendered as the text ``'None'`` is named with its template when the task
-        runs: ``state`` and the source's path (``"state"``:
-        :func:`~airflow_provider_systemzero.sources.spec.state_templates`), the watched
-        ``question``'s name, the asked questions' texts
-        (``"questions"``: :func:`~airflow_provider_systemzero.tasks.checks.instruction_templates`, or
-        that of ``instructions`` when it is the one question's text) and their options (``"options"``:
-        :func:`~airflow_provider_systemzero.tasks.checks.option_templates`)."""
+        runs."""
         if self.questions is not None:
             questions = instruction_templates(self.questions)
         else:

@@ -13,7 +13,7 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   On Airflow 3.1 and 3.2, which have no such state, the task defers to Airflow's ``HITLTrigger``
   instead (as ``HITLOperator`` does there): the wait holds a triggerer slot, not a worker.
   The request shows the question, a summary of the state, the model's answer with its
-  probability and confidence, the ranked alternatives, the bars and why a person is asked. The
+  probability and confidence, the ranked alternatives, the bars and why a person is asked.
   A deferrable sensor defers to its own trigger instead and goes on watching its source while
   the person decides (:mod:`~airflow_provider_systemzero.triggers.review`): a review is about
   the one state its request shows, and Airflow keeps one request per task try.
