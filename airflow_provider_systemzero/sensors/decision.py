@@ -589,12 +589,11 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _defer(
         self,
         context: Context,
-        inputs: SensorInputs,
         deadline: float | None,
         skip: list[str],
         review: dict[str, Any] | None = None,
     ) -> None:
-        """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``.
+        """Defer to the trigger (built from :attr:`inputs`) until ``deadline`` (``None``: the timeout from now), skipping ``skip``.
 
         :param review: this try's review request (open while a person is asked): the trigger
             watches on and follows it; an open one also goes to ``execute_complete``, which Airflow
@@ -602,7 +601,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """
         deadline = deadline or deadline_in(self, self.timeout)  # execution_timeout, if shorter
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
-        kwargs = self.trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
+        kwargs = self.trigger_kwargs(self.inputs, namespace, deadline, budget, skip, review)
         timeout = defer_timeout(deadline)
         self.defer(
             trigger=SystemZeroDecisionTrigger(**kwargs),
@@ -620,7 +619,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if not self.deferrable:
             with self.poke_watch.explaining_timeout():
                 return super().execute(context)
-        self._defer(context, inputs, None, [])
+        self._defer(context, None, [])
 
     def poke(self, context: Context) -> PokeReturnValue:
         """One on_request decision about the source's current state."""
@@ -791,7 +790,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Defer to the trigger with ``review`` (open, or with an answer to judge), until the
         reviewed wait's deadline and skipping the states it skipped."""
         extra = review["gate"].get("extra") or {}
-        self._defer(context, self.inputs, extra.get("deadline"), list(extra.get("skip_states") or []), review)
+        self._defer(context, extra.get("deadline"), list(extra.get("skip_states") or []), review)
 
     def _gate_of(self, event: WatchEvent) -> Gate:
         """The gate of the watched question, carrying what the sensor needs after a review: the
@@ -845,7 +844,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if not self.deferrable:
             self.poke_watch = PokeWatch(skip)
             return BaseSensorOperator.execute(self, context)
-        self._defer(context, self.inputs, gate.extra.get("deadline"), skip, gate.extra.get("review"))
+        self._defer(context, gate.extra.get("deadline"), skip, gate.extra.get("review"))
 
     def _static_unmet(self, reason: str) -> NoReturn:
         """A static state was decided and did not meet the condition: nothing can change that."""
