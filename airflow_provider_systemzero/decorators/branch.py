@@ -46,9 +46,6 @@ class _SystemZeroBranchDecoratedOperator(StateFunctionMixin, DecoratedOperator, 
         self._check_state_kwargs(kwargs)
         super().__init__(python_callable=python_callable, **kwargs)
 
-    inherits_from_skipmixin = True
-    _can_skip_downstream = True
-
 
 def systemzero_branch_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any

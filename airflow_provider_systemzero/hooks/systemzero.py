@@ -34,7 +34,7 @@ import logging
 import os
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from airflow.sdk import BaseHook
 
@@ -328,12 +328,7 @@ class SystemZeroHook(BaseHook):
                 field="host",
             )
         if conn.port:
-            has_scheme = "://" in host
-            parts = urlsplit(host if has_scheme else f"wss://{host}")
-            try:
-                port = parts.port
-            except ValueError:
-                port = None
+            parts, port = _origin(host)
             if port is None and not parts.path.strip("/") and parts.hostname:
                 host = f"{host.rstrip('/')}:{conn.port}"
             elif port is not None and port != conn.port:
@@ -655,15 +650,20 @@ def stored_port(host: str | None) -> int:
 
     :param host: the connection's host (its API origin).
     """
-    text = (host or "").strip()
-    parts = urlsplit(text if "://" in text else f"wss://{text}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
+    parts, port = _origin((host or "").strip())
     if port:
         return port
     return 80 if parts.scheme in ("ws", "http") else 443
+
+
+def _origin(host: str) -> tuple[SplitResult, int | None]:
+    """An API origin's parts (a bare host is read as ``wss://``) and its port (``None``: none, or
+    not a number)."""
+    parts = urlsplit(host if "://" in host else f"wss://{host}")
+    try:
+        return parts, parts.port
+    except ValueError:
+        return parts, None
 
 
 def no_port_note(conn_id: str, host: str | None) -> str:

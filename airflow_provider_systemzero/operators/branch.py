@@ -24,7 +24,6 @@ from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.protocol.errors import did_you_mean
-from airflow_provider_systemzero.questions import build_request_dict
 from airflow_provider_systemzero.tasks.checks import (
     check_flag,
     is_literal,
@@ -203,14 +202,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
         ):
             return
         with parse_time(self.task_id):
-            request = build_request_dict(
-                questions=self._questions_for(self.branches),
-                model=self.model,
-                route=self.route,
-                mode=self.mode,
-                prompt_cache_key=self.prompt_cache_key,
-            )
-            self._check_policy(request)
+            self._request_for(self._questions_for(self.branches))
 
     # ------------------------------------------------------------------ options and questions
 

@@ -39,7 +39,6 @@ from airflow_provider_systemzero.tasks.checks import (
     template_of,
 )
 from airflow_provider_systemzero.tasks.deadlines import deadline_in, defer_timeout, timeout_reason
-from airflow_provider_systemzero.tasks.history import push_history
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
@@ -449,8 +448,12 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :raises SystemZeroArgumentError: naming the field.
         """
+        return self._request_for(self._request_questions(context))
+
+    def _request_for(self, questions: Any) -> dict[str, Any]:
+        """The request asking ``questions``, checked with the policy (also at parse time)."""
         request = build_request_dict(
-            questions=self._request_questions(context),
+            questions=questions,
             instructions=self.instructions,
             model=self.model,
             route=self.route,
@@ -559,7 +562,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
     def _publish(self, context: Context, event: WatchEvent) -> Any:
         answers = event.answers
         ti = context["ti"]
-        push_history(self, context, event, condition=self._policy_drawn(answers))
+        self.push_history(context, event, condition=self._policy_drawn(answers))
         ti.xcom_push(key="answers", value=answers)
         ti.xcom_push(key="reply", value=event.reply)
         ti.xcom_push(key="decision_id", value=event.reply_id)

@@ -32,7 +32,7 @@ from airflow_provider_systemzero.compat import (
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.policy import PolicyOutcome, decision_record
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
-from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
+from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS, validate_max_staleness
 from airflow_provider_systemzero.decisions.watch import WatchEvent
 from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.hooks.systemzero import (
@@ -42,7 +42,11 @@ from airflow_provider_systemzero.hooks.systemzero import (
 )
 from airflow_provider_systemzero.identity import context_namespace
 from airflow_provider_systemzero.protocol.desired import MAX_KEY_NAMESPACE_LENGTH
-from airflow_provider_systemzero.protocol.validation import validate_decision_mode, validate_route_and_mode
+from airflow_provider_systemzero.protocol.validation import (
+    validate_decision_mode,
+    validate_min_interval_ms,
+    validate_route_and_mode,
+)
 from airflow_provider_systemzero.questions import build_request_dict, validate_state_for_request
 from airflow_provider_systemzero.sensors.inputs import (
     FLAGS,
@@ -54,7 +58,6 @@ from airflow_provider_systemzero.sensors.inputs import (
     SensorInputs,
     check_min_true_for,
     min_true_for_seconds,
-    pacing,
     source_name,
 )
 from airflow_provider_systemzero.sensors.poking import PokeWatch
@@ -91,7 +94,6 @@ from airflow_provider_systemzero.tasks.deadlines import (
     timeout_reason,
     wait_bound,
 )
-from airflow_provider_systemzero.tasks.history import push_history
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin, answer_record
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
@@ -253,7 +255,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             self.lease, self.lease_after, self.wait_on_static_state = lease, lease_after, wait_on_static_state
             self._check_plain()
             self._init_review(policy, review_assigned_users, review_notifiers, review_subject)
-            self.min_interval_ms, self.max_staleness = pacing(min_interval_ms, max_staleness)
+            self.min_interval_ms = validate_min_interval_ms(min_interval_ms)
+            self.max_staleness = validate_max_staleness(max_staleness)
             self.decision_filter = self._decision_filter(decide_when, debounce_ms, decide_initial)
             self.key_namespace: str | None = None  # the start-from-trigger namespace (a template)
             self._templates = self._templates_of()
@@ -363,12 +366,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
 
     def _check_plain(self) -> None:
         """Parse time: check the arguments that are not templated (so always plain values) and that
-        nothing else checks before the task runs: the flags, ``lease_after``, ``key_salt``, the
-        connection, ``route`` and ``request_mode`` (the review settings: ``_init_review``).
-
-        :raises SystemZeroArgumentError: naming the argument, the problem and the fix (a
-            :class:`~airflow_provider_systemzero.protocol.errors.LocalProtocolError` for the route and mode).
-        """
+        nothing else checks before the task runs."""
         for name, meaning in FLAGS.items():
             check_flag(name, getattr(self, name), meaning)
         check_lease_after(self.lease_after)
@@ -453,12 +451,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _templates_of(self) -> dict[str, Any]:
         """The templates the sensor's arguments are rendered from, as written (``None``: a literal),
         kept so that a value rendered as the text ``'None'`` is named with its template when the task
-        runs: ``state`` and the source's path (``"state"``:
-        :func:`~airflow_provider_systemzero.sources.spec.state_templates`), the watched
-        ``question``'s name, the asked questions' texts
-        (``"questions"``: :func:`~airflow_provider_systemzero.tasks.checks.instruction_templates`, or
-        that of ``instructions`` when it is the one question's text) and their options (``"options"``:
-        :func:`~airflow_provider_systemzero.tasks.checks.option_templates`)."""
+        runs."""
         if self.questions is not None:
             questions = instruction_templates(self.questions)
         else:
@@ -472,19 +465,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         }
 
     # -- the wait's bounds and the trigger ------------------------------------------------------
-
-    def _timeout(self) -> timedelta:
-        """The wait's bound as a ``timedelta``: the sensor's ``timeout``, or its ``execution_timeout``
-        when that is shorter (Airflow applies it only to the time on a worker)."""
-        bound = wait_bound(self, self.timeout)
-        assert bound is not None  # a sensor always has a timeout (Airflow's default: 7 days)
-        return timedelta(seconds=bound)
-
-    def _deadline(self) -> float | None:
-        """The absolute deadline (epoch seconds) of a wait that starts now: the sensor's ``timeout``,
-        or its ``execution_timeout`` when that is shorter
-        (:func:`~airflow_provider_systemzero.tasks.deadlines.deadline_in`)."""
-        return deadline_in(self, self.timeout)
 
     def _start_in_triggerer(self, start_from_trigger: Any) -> None:
         """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
@@ -545,7 +525,9 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             trigger_kwargs=kwargs,
             next_method="execute_complete",
             next_kwargs=None,
-            timeout=self._timeout(),
+            # the sensor's timeout, or its execution_timeout when shorter (Airflow applies that only
+            # to the time on a worker); a sensor always has a timeout (Airflow's default: 7 days)
+            timeout=timedelta(seconds=wait_bound(self, self.timeout) or 0),
         )
 
     def _own_namespaces(self, context: Context) -> set[str]:
@@ -607,20 +589,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _defer(
         self,
         context: Context,
-        inputs: SensorInputs,
         deadline: float | None,
         skip: list[str],
         review: dict[str, Any] | None = None,
     ) -> None:
-        """Defer to the trigger until ``deadline`` (``None``: the timeout from now), skipping ``skip``.
+        """Defer to the trigger (built from :attr:`inputs`) until ``deadline`` (``None``: the timeout from now), skipping ``skip``.
 
         :param review: this try's review request (open while a person is asked): the trigger
             watches on and follows it; an open one also goes to ``execute_complete``, which Airflow
             3.3 resumes with the person's answer directly.
         """
-        deadline = deadline or self._deadline()
+        deadline = deadline or deadline_in(self, self.timeout)  # execution_timeout, if shorter
         namespace, budget = context_namespace(context, salt=self.key_salt), self.trigger_budget(context)
-        kwargs = self.trigger_kwargs(inputs, namespace, deadline, budget, skip, review)
+        kwargs = self.trigger_kwargs(self.inputs, namespace, deadline, budget, skip, review)
         timeout = defer_timeout(deadline)
         self.defer(
             trigger=SystemZeroDecisionTrigger(**kwargs),
@@ -638,7 +619,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if not self.deferrable:
             with self.poke_watch.explaining_timeout():
                 return super().execute(context)
-        self._defer(context, inputs, None, [])
+        self._defer(context, None, [])
 
     def poke(self, context: Context) -> PokeReturnValue:
         """One on_request decision about the source's current state."""
@@ -744,7 +725,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
     def _finish(self, context: Context, event: WatchEvent) -> Any:
         """Act on a decision that ended the wait (or wants a person) under the policy: push the
         wait's ``decisions`` history, log the decision, and gate it."""
-        push_history(self, context, event)
+        self.push_history(context, event)
         self.log.info(
             "System Zero decided %s = %r (probability %s, confidence %s) at state version %s",
             event.question,
@@ -759,7 +740,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """A person answered the review while the sensor watched, or it timed out: an answer about
         the state the source still holds is taken ("Yes" fires, "No" waits again); one about a
         state since replaced is recorded and decides nothing."""
-        push_history(self, context, event)
+        self.push_history(context, event)
         review = dict(event.extra["review"])
         resume = event.extra["resume"]
         answer = review.pop("answer")
@@ -809,7 +790,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Defer to the trigger with ``review`` (open, or with an answer to judge), until the
         reviewed wait's deadline and skipping the states it skipped."""
         extra = review["gate"].get("extra") or {}
-        self._defer(context, self.inputs, extra.get("deadline"), list(extra.get("skip_states") or []), review)
+        self._defer(context, extra.get("deadline"), list(extra.get("skip_states") or []), review)
 
     def _gate_of(self, event: WatchEvent) -> Gate:
         """The gate of the watched question, carrying what the sensor needs after a review: the
@@ -863,7 +844,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if not self.deferrable:
             self.poke_watch = PokeWatch(skip)
             return BaseSensorOperator.execute(self, context)
-        self._defer(context, self.inputs, gate.extra.get("deadline"), skip, gate.extra.get("review"))
+        self._defer(context, gate.extra.get("deadline"), skip, gate.extra.get("review"))
 
     def _static_unmet(self, reason: str) -> NoReturn:
         """A static state was decided and did not meet the condition: nothing can change that."""
@@ -883,7 +864,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         :raises AirflowFailException: retrying cannot help (:func:`~airflow_provider_systemzero.tasks.payloads.task_failure`).
         :raises AirflowException: Airflow's retries may.
         """
-        push_history(self, context, event)  # why nothing fired, when the event tells it
+        self.push_history(context, event)  # why nothing fired, when the event tells it
         if event.status == "unmet":
             self._static_unmet(str(event.reason))
         fix = ""

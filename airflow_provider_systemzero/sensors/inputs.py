@@ -13,10 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.decisions.source_watch import validate_max_staleness
 from airflow_provider_systemzero.durations import is_seconds, readable
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
-from airflow_provider_systemzero.protocol.validation import validate_min_interval_ms
 
 __all__ = [
     "FLAGS",
@@ -28,7 +26,6 @@ __all__ = [
     "SensorInputs",
     "check_min_true_for",
     "min_true_for_seconds",
-    "pacing",
     "source_name",
 ]
 
@@ -77,12 +74,6 @@ class SensorInputs:
     request: dict[str, Any]
     condition: DecisionCondition
     source: dict[str, Any] | None
-
-
-def pacing(min_interval_ms: Any, max_staleness: Any) -> tuple[int | None, float]:
-    """Parse time: ``min_interval_ms`` and ``max_staleness`` (how often decisions start, how long a
-    newer state may wait for one), checked and normalised."""
-    return validate_min_interval_ms(min_interval_ms), validate_max_staleness(max_staleness)
 
 
 def min_true_for_seconds(value: Any) -> float:

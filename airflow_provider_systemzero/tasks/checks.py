@@ -38,7 +38,6 @@ __all__ = [
     "refuse_rendered_none",
     "refuse_rendered_none_instructions",
     "refuse_rendered_none_options",
-    "review_settings",
     "template_of",
 ]
 
@@ -146,46 +145,6 @@ def check_flag(name: str, value: Any, meaning: str) -> None:
             code="invalid_flag",
             field=name,
         )
-
-
-def review_settings(assigned_users: Any, notifiers: Any, subject: Any) -> tuple[Any, list[Any], Any]:
-    """The review settings, checked and in the form a task keeps them.
-
-    :param assigned_users: ``None``, a ``{"id", "name"}`` or a list of them (``None`` or empty: anyone).
-    :param notifiers: ``None``, a notifier or a list of them (each called with the context).
-    :param subject: ``None`` or a string.
-    :return: ``(users as a list of dicts or None, notifiers as a list, subject)``.
-    :raises SystemZeroArgumentError: naming the argument.
-    """
-    users = [assigned_users] if isinstance(assigned_users, Mapping) else assigned_users
-    if users is not None and (
-        not isinstance(users, list | tuple)
-        or not all(
-            isinstance(user, Mapping) and all(isinstance(user.get(key), str) for key in ("id", "name"))
-            for user in users
-        )
-    ):
-        raise SystemZeroArgumentError(
-            f"review_assigned_users must be a user {{'id': …, 'name': …}} (two strings) or a list of "
-            f"them, got {assigned_users!r}",
-            code="invalid_review",
-            field="review_assigned_users",
-        )
-    called = notifiers if isinstance(notifiers, list | tuple) else [] if notifiers is None else [notifiers]
-    if not all(callable(notifier) for notifier in called):
-        raise SystemZeroArgumentError(
-            f"review_notifiers must be a notifier (called with the task's context) or a list of them, "
-            f"got {notifiers!r}",
-            code="invalid_review",
-            field="review_notifiers",
-        )
-    if subject is not None and not isinstance(subject, str):
-        raise SystemZeroArgumentError(
-            f"review_subject must be a string or None, got {type(subject).__name__} {subject!r}",
-            code="invalid_review",
-            field="review_subject",
-        )
-    return ([dict(user) for user in users] if users else None), list(called), subject
 
 
 def check_key_salt(value: Any) -> None:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.durations import is_seconds, readable
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
 
 __all__ = [
     "DEFER_GRACE",
     "STILL_DECIDING",
-    "TimedTask",
     "bound_by_execution_timeout",
     "deadline_in",
     "decision_times",
@@ -43,15 +45,6 @@ STILL_DECIDING = "the gateway was still deciding"
 DEFER_GRACE = timedelta(seconds=60)
 
 
-class TimedTask(Protocol):
-    """What a deadline reads of a task: Airflow's ``execution_timeout`` (``None``: unbounded)."""
-
-    @property
-    def execution_timeout(self) -> timedelta | None:
-        """The task's ``execution_timeout``."""
-        ...
-
-
 def in_seconds(value: float | timedelta | None) -> float | None:
     """A duration argument (seconds or a ``timedelta``) in seconds (``None`` stays ``None``)."""
     if value is None:
@@ -59,7 +52,7 @@ def in_seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def wait_bound(task: TimedTask, wait: float | timedelta | None) -> float | None:
+def wait_bound(task: BaseOperator, wait: float | timedelta | None) -> float | None:
     """Seconds a wait of ``wait`` may last: the shorter of ``wait`` and the task's
     ``execution_timeout`` (``None``: neither bounds it).
 
@@ -70,13 +63,13 @@ def wait_bound(task: TimedTask, wait: float | timedelta | None) -> float | None:
     return min(bounds) if bounds else None
 
 
-def deadline_in(task: TimedTask, wait: float | timedelta | None) -> float | None:
+def deadline_in(task: BaseOperator, wait: float | timedelta | None) -> float | None:
     """The deadline (epoch seconds) of a wait that starts now (:func:`wait_bound`)."""
     bound = wait_bound(task, wait)
     return None if bound is None else time.time() + bound
 
 
-def bound_by_execution_timeout(task: TimedTask, wait: float | timedelta | None) -> bool:
+def bound_by_execution_timeout(task: BaseOperator, wait: float | timedelta | None) -> bool:
     """Whether the task's ``execution_timeout``, not its own bound ``wait``, set :func:`wait_bound`
     (a timeout then is Airflow's own kind: ``AirflowTaskTimeout``, retried)."""
     own = in_seconds(wait)
@@ -126,7 +119,12 @@ def decision_times(facts: Mapping[str, Any], *, owed: bool = True) -> str | None
 
 
 def timeout_reason(
-    task: TimedTask, wait_name: str, wait: float | timedelta | None, facts: Mapping[str, Any], *, needs: str
+    task: BaseOperator,
+    wait_name: str,
+    wait: float | timedelta | None,
+    facts: Mapping[str, Any],
+    *,
+    needs: str,
 ) -> str:
     """Why a deferred task's wait ended at its deadline: whose deadline it was (``wait_name`` or
     ``execution_timeout``, with its length), what the trigger saw, how long decisions took, and what
@@ -140,7 +138,7 @@ def timeout_reason(
     """
     own = in_seconds(wait)
     if bound_by_execution_timeout(task, wait):
-        name, bound = "execution_timeout", in_seconds(getattr(task, "execution_timeout", None))
+        name, bound = "execution_timeout", in_seconds(task.execution_timeout)
         fix = f"raise execution_timeout{_now(bound)}, which is shorter than {wait_name}"
         fix += f" ({readable(own)})" if own is not None else ""
     else:

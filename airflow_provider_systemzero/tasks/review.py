@@ -13,7 +13,7 @@ decision (a :class:`Gate`), it asks the policy what to do and then:
   On Airflow 3.1 and 3.2, which have no such state, the task defers to Airflow's ``HITLTrigger``
   instead (as ``HITLOperator`` does there): the wait holds a triggerer slot, not a worker.
   The request shows the question, a summary of the state, the model's answer with its
-  probability and confidence, the ranked alternatives, the bars and why a person is asked. The
+  probability and confidence, the ranked alternatives, the bars and why a person is asked.
   A deferrable sensor defers to its own trigger instead and goes on watching its source while
   the person decides (:mod:`~airflow_provider_systemzero.triggers.review`): a review is about
   the one state its request shows, and Airflow keeps one request per task try.
@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.compat import AirflowFailException, AirflowSkipException
 from airflow_provider_systemzero.decisions.policy import (
@@ -49,11 +49,13 @@ from airflow_provider_systemzero.decisions.policy import (
     state_preview,
 )
 from airflow_provider_systemzero.durations import readable
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.untrusted import safe_text
-from airflow_provider_systemzero.tasks.checks import review_settings
 from airflow_provider_systemzero.timestamps import utc_iso
 
 if TYPE_CHECKING:
+    from logging import Logger
+
     from airflow.sdk import Context
 
     from airflow_provider_systemzero.decisions.watch import WatchEvent
@@ -357,18 +359,6 @@ def answer_record(answer: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class TaskLog(Protocol):
-    """What the provider writes to a task's log (Airflow's task logger has it)."""
-
-    def info(self, event: str, *args: Any) -> Any:
-        """Log ``event`` %-formatted with ``args``."""
-        ...
-
-    def warning(self, event: str, *args: Any) -> Any:
-        """Log ``event`` %-formatted with ``args``, as a warning."""
-        ...
-
-
 class PolicyGateMixin:
     """Acts on a :class:`Gate` under the task's policy (see the module docstring).
 
@@ -381,7 +371,7 @@ class PolicyGateMixin:
     review_notifiers: list[Any]
     review_subject: str | None
     task_id: str
-    log: TaskLog
+    log: Logger
 
     def _init_review(
         self,
@@ -390,10 +380,45 @@ class PolicyGateMixin:
         review_notifiers: Any = None,
         review_subject: str | None = None,
     ) -> None:
-        """Read the policy and review settings (raises ``ValueError`` on a bad policy or setting)."""
-        self.review_assigned_users, self.review_notifiers, self.review_subject = review_settings(
-            review_assigned_users, review_notifiers, review_subject
+        """Read the policy and the review settings, checked: ``review_assigned_users`` as a list of
+        ``{"id", "name"}`` (``None``: anyone), ``review_notifiers`` as a list of callables.
+
+        :raises ValueError: a bad policy or setting, naming it.
+        """
+        users = (
+            [review_assigned_users] if isinstance(review_assigned_users, Mapping) else review_assigned_users
         )
+        if users is not None and (
+            not isinstance(users, list | tuple)
+            or not all(
+                isinstance(user, Mapping) and all(isinstance(user.get(key), str) for key in ("id", "name"))
+                for user in users
+            )
+        ):
+            raise SystemZeroArgumentError(
+                f"review_assigned_users must be a user {{'id': …, 'name': …}} (two strings) or a list of "
+                f"them, got {review_assigned_users!r}",
+                code="invalid_review",
+                field="review_assigned_users",
+            )
+        notifiers = review_notifiers
+        if not isinstance(notifiers, list | tuple):
+            notifiers = [] if notifiers is None else [notifiers]
+        if not all(callable(notifier) for notifier in notifiers):
+            raise SystemZeroArgumentError(
+                f"review_notifiers must be a notifier (called with the task's context) or a list of them, "
+                f"got {review_notifiers!r}",
+                code="invalid_review",
+                field="review_notifiers",
+            )
+        if review_subject is not None and not isinstance(review_subject, str):
+            raise SystemZeroArgumentError(
+                f"review_subject must be a string or None, got {type(review_subject).__name__} {review_subject!r}",
+                code="invalid_review",
+                field="review_subject",
+            )
+        self.review_assigned_users = [dict(user) for user in users] if users else None
+        self.review_notifiers, self.review_subject = list(notifiers), review_subject
         self.policy = DecisionPolicy.coerce(policy)
 
     # ------------------------------------------------------------------ what the task does

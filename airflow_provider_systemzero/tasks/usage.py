@@ -35,6 +35,8 @@ from airflow_provider_systemzero.decisions.budget import (
     WindowBudget,
     parse_limit,
 )
+from airflow_provider_systemzero.decisions.timeline import merge_histories, settle_billed
+from airflow_provider_systemzero.tasks.history import DECISIONS_XCOM_KEY, counted_replies
 from airflow_provider_systemzero.tasks.payloads import error_payload, task_failure
 
 if TYPE_CHECKING:
@@ -476,20 +478,54 @@ class UsageBudgetMixin:
         if isinstance(carried, Mapping):
             self._this_try = dict(carried)
 
-    @property
-    def histories_pushed(self) -> int:
-        """How many decision histories this try pushed before (as far as this process knows)."""
-        histories = (self._this_try or {}).get("histories")
-        return histories if isinstance(histories, int) and not isinstance(histories, bool) else 0
+    def push_history(
+        self, context: Mapping[str, Any], event: WatchEvent, *, condition: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]] | None:
+        """Push ``event``'s decision history as the ``decisions`` XCom, each decision told billed or
+        replayed, merged with what this try pushed before (:mod:`~airflow_provider_systemzero.tasks.history`).
 
-    def history_pushed(self, context: Mapping[str, Any]) -> None:
-        """Note that this try pushed a decision history: the next part merges its own into it."""
+        :param context: the task's context.
+        :param event: the event that ended the wait (or the operator's decision).
+        :param condition: what the rows are drawn against when they carry no condition of their own
+            (an operator's policy: ``{"question", "policy"}``), the history's first row.
+        :return: the history pushed (``None``: the event carries none).
+        """
+        rows = event.decisions
+        if rows is None:
+            return None
+        if condition is not None and not any(row.get("kind") == "condition" for row in rows):
+            rows = [{"kind": "condition", **condition}, *rows]
+        rows = settle_billed(rows, self.billed_by_reply, counted_replies(event))
+        ti = context.get("ti")
+        if ti is None or not getattr(self, "do_xcom_push", True):
+            return rows
+        histories = (self._this_try or {}).get("histories")
+        pushed = histories if isinstance(histories, int) and not isinstance(histories, bool) else 0
+        try:
+            history = merge_histories(self._earlier_history(ti) if pushed else [], rows)
+            ti.xcom_push(key=DECISIONS_XCOM_KEY, value=history)
+        except Exception as exc:  # the history explains the decision; it never fails the task
+            getattr(self, "log", log).warning("could not push the System Zero decision history: %s", exc)
+            return rows
+        # the next part of the try merges its own into it
         if context.get("task_state_store") is not None:  # kept there too, for a rescheduled part
             ledger = self.usage_ledger(context)
             ledger.history_pushed()
             self._this_try = ledger.this_try.to_dict()
         else:
-            self._this_try = {**(self._this_try or {}), "histories": self.histories_pushed + 1}
+            self._this_try = {**(self._this_try or {}), "histories": pushed + 1}
+        return history
+
+    def _earlier_history(self, ti: Any) -> list[dict[str, Any]]:
+        """What this try pushed before (a wait that went on after a person said "no")."""
+        try:
+            value = ti.xcom_pull(
+                task_ids=ti.task_id, key=DECISIONS_XCOM_KEY, map_indexes=getattr(ti, "map_index", -1)
+            )
+        except Exception as exc:  # the new history still goes out
+            getattr(self, "log", log).warning("could not read this try's earlier decision history: %s", exc)
+            return []
+        return [row for row in value if isinstance(row, Mapping)] if isinstance(value, list) else []
 
     def _finish_usage(self, ledger: TaskUsageLedger, budget_usage: Any, **kwargs: Any) -> dict[str, Any]:
         """:meth:`TaskUsageLedger.finish`, keeping the try's record for the next part."""

@@ -19,15 +19,10 @@ The rules they follow (the triggerer runs hundreds of them in one event loop):
   ``prompt_cache_key`` and the same per-state idempotency keys in every process, so a triggerer
   restart or two copies running at once (HA) replay byte-identically and are billed once.
 * One watch per run (:class:`~airflow_provider_systemzero.decisions.source_watch.SourceWatch`, run
-  by :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`) decides, in one place,
-  which decision is about the state the source holds now (only such a decision fires), when to
-  open a stream and when to give it back, and what is read next; ``run()`` is a short loop over
-  its verdicts. The rules that end a wait are the pure
+  by :class:`~airflow_provider_systemzero.triggers.driver.WatchDriver`, which say when a stream
+  is opened and given back) decides which decision is about the state the source holds now: only
+  such a decision fires. The rules that end a wait are
   :class:`~airflow_provider_systemzero.decisions.watch.VerdictRules`.
-* **Stream leasing**: a stream that owes nothing (no decision in flight or wanted) offers its slot
-  to a trigger waiting for one and is given back (close 1000) after ``lease_after`` quiet seconds;
-  the next change that wants a decision reconnects with a byte-identical replay, so a triggerer
-  holds many waiting sensors within ``max_streams_per_process``.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_systemzero.compat import has_shared_streams
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
@@ -68,7 +63,6 @@ from airflow_provider_systemzero.triggers.shared import (
     shared_key,
     shared_verdicts,
 )
-from airflow_provider_systemzero.triggers.streaming import TriggerStream
 from airflow_provider_systemzero.triggers.watch_checks import (
     check_watch_id,
     checked_watch,
@@ -77,6 +71,7 @@ from airflow_provider_systemzero.triggers.watch_checks import (
 )
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
+    StreamTrigger,
     WatchingTrigger,
     failures_in_a_row,
     new_timeline,
@@ -212,50 +207,30 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Watch the source and yield one event: the verdict of a current decision, a timeout, or
         an error (the event goes out before the stream's close handshake)."""
-        streams = self._stream  # the fields every event carries are made when one is (not held meanwhile)
-        payload = streams.late(self._extra(), "the sensor's deadline passed before the trigger started")
         rules: VerdictRules | None = None
-        if payload is None:
-            scope = streams.deadline_scope()
-            try:
-                async with scope:
-                    if self._templates is not None:  # as the worker checks what it rendered
-                        refuse_rendered_state(
-                            self.state, self.source, self._templates, allow_empty=self.allow_empty
-                        )
-                    source = self._open_source()
-                    rules = self._rules()
-                    asked = ReviewWatch.of(self.review, rules, source)
-                    driver = self._start_watch(
-                        rules, once=asked is None, min_interval_ms=self.min_interval_ms
-                    )
-                    if asked is None:
-                        verdict = await driver.next_verdict()
-                        payload = rules.sensor_event(
-                            verdict, key_namespace=self.key_namespace, deadline=self.deadline
-                        ).to_payload()
-                        if self.review:  # this try's review request, already answered or closed
-                            payload["review"] = self.review
-                    else:
-                        payload = await asked.next_event(driver, self._extra(), deadline=self.deadline)
-            except TimeoutError as exc:
-                if not scope.expired():
-                    payload = self._failure(exc, self._extra())
-                else:
-                    payload = self._timed_out(rules, self._extra())
-            except Exception as exc:
-                payload = self._failure(exc, self._extra())
-            except BaseException:  # cancelled: no event
-                await self.cleanup()
-                raise
-            if payload.get("status") in ("timeout", "error") and rules is not None:
-                payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
-        yield TriggerEvent(streams.with_usage(payload))
-        await self.cleanup()
 
-    def _extra(self) -> dict[str, Any]:
-        """The fields every event of this trigger carries."""
-        return {"key_namespace": self.key_namespace}
+        async def work() -> dict[str, Any]:
+            nonlocal rules
+            if self._templates is not None:  # as the worker checks what it rendered
+                refuse_rendered_state(self.state, self.source, self._templates, allow_empty=self.allow_empty)
+            source = self._open_source()
+            rules = self._rules()
+            asked = ReviewWatch.of(self.review, rules, source)
+            driver = self._start_watch(rules, once=asked is None, min_interval_ms=self.min_interval_ms)
+            if asked is not None:
+                return await asked.next_event(driver, self._extra(), deadline=self.deadline)
+            verdict = await driver.next_verdict()
+            payload = rules.sensor_event(verdict, key_namespace=self.key_namespace, deadline=self.deadline)
+            if self.review:  # this try's review request, already answered or closed
+                return {**payload.to_payload(), "review": self.review}
+            return payload.to_payload()
+
+        late = "the sensor's deadline passed before the trigger started"
+        payload = await self._run_once(late, work, lambda: self._timed_out(rules))
+        if payload.get("status") in ("timeout", "error") and rules is not None:
+            payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
+        yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
+        await self.cleanup()
 
     def _rules(self) -> VerdictRules:
         """What ends this wait: the condition, its policy and hysteresis, the skip states; with the
@@ -269,7 +244,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             timeline=new_timeline(),
         )
 
-    def _timed_out(self, rules: VerdictRules | None, extra: dict[str, Any]) -> dict[str, Any]:
+    def _timed_out(self, rules: VerdictRules | None) -> dict[str, Any]:
         """The event of the deadline: what the wait was stuck on, and how long decisions took."""
         more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
         driver = self._driver
@@ -277,7 +252,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         # a met decision that a hold rule (consecutive, min_true_for) kept from ending the wait
         held = None if rules is None else rules.held_back(now, more_time=more_time)
         return self._stream.timed_out(
-            extra,
+            self._extra(),
             "no decision met the condition before the deadline"
             if held is None
             else "a decision met the condition, but a hold rule kept it from ending the wait before the deadline",
@@ -287,13 +262,8 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             decision_seconds=None if driver is None else list(driver.decision_seconds),
         )
 
-    def _failure(self, exc: BaseException, extra: dict[str, Any]) -> dict[str, Any]:
-        # the event carries the message and the task raises it: said once, by the task
-        self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
-        return error_payload(exc, **extra)
 
-
-class SystemZeroDecideTrigger(BaseTrigger):
+class SystemZeroDecideTrigger(StreamTrigger):
     """One on_request decision about a fixed state, with every answer (the deferrable operator).
 
     :param systemzero_conn_id: the System Zero connection.
@@ -323,76 +293,56 @@ class SystemZeroDecideTrigger(BaseTrigger):
         deadline: float | None = None,
         budget: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.systemzero_conn_id, self.request, self.state = systemzero_conn_id, request, state
-        self.key_namespace, self.idempotency_key, self.deadline = key_namespace, idempotency_key, deadline
+        super().__init__(
+            systemzero_conn_id=systemzero_conn_id,
+            request=request,
+            key_namespace=key_namespace,
+            deadline=deadline,
+            budget=budget,
+        )
+        self.state, self.idempotency_key, self.deadline = state, idempotency_key, deadline
         self.budget = budget
         self.attachments = attachments or []
-        self._stream = TriggerStream(
-            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
-        )
-        self._driver: WatchDriver | None = None
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Class path and plain-JSON kwargs (no secret)."""
-        return self._kwargs.serialized(self)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Decide once and yield one event (before the stream's close handshake: a gateway that does
-        not answer the close frame must not turn a decision in hand into a timeout)."""
+        """Decide once and yield one event (before the stream's close handshake)."""
         from airflow_provider_systemzero.protocol.messages import Attachment
 
-        streams, extra = self._stream, {"key_namespace": self.key_namespace}
-        payload = streams.late(extra, "the task's deadline passed before the trigger started")
-        if payload is None:
-            scope = streams.deadline_scope()
-            try:
-                async with scope:
-                    # the same watch as a sensor's, about a state that never changes: its first
-                    # decision is the answer
-                    watch = SourceWatch(FirstDecision(), decision_mode="on_request", lease=False)
-                    self._driver = driver = WatchDriver(
-                        watch,
-                        StaticSource(self.state),
-                        streams,
-                        stream_kwargs={
-                            "attachments": [Attachment(**a) for a in self.attachments],
-                            "idempotency_key": self.idempotency_key,
-                        },
-                    )
-                    decision = await driver.next_verdict()
-                    payload = answers_payload(
-                        decision,
-                        self.state,
-                        key_namespace=self.key_namespace,
-                        at=time.time(),
-                        capture_content=new_timeline().capture_content,
-                    )
-            except TimeoutError as exc:
-                if scope.expired():
-                    payload = streams.timed_out(
-                        extra,
-                        "no decision before the task's deadline",
-                        more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
-                        decision_seconds=list(self._driver.decision_seconds) if self._driver else None,
-                    )
-                else:
-                    payload = error_payload(exc, **extra)
-            except Exception as exc:
-                self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
-                payload = error_payload(exc, **extra)
-            except BaseException:  # cancelled: no event
-                await self.cleanup()
-                raise
-        yield TriggerEvent(streams.with_usage(payload))
-        await self.cleanup()
+        async def work() -> dict[str, Any]:
+            # the same watch as a sensor's, about a state that never changes: its first decision
+            # is the answer
+            watch = SourceWatch(FirstDecision(), decision_mode="on_request", lease=False)
+            self._driver = driver = WatchDriver(
+                watch,
+                StaticSource(self.state),
+                self._stream,
+                stream_kwargs={
+                    "attachments": [Attachment(**a) for a in self.attachments],
+                    "idempotency_key": self.idempotency_key,
+                },
+            )
+            decision = await driver.next_verdict()
+            return answers_payload(
+                decision,
+                self.state,
+                key_namespace=self.key_namespace,
+                at=time.time(),
+                capture_content=new_timeline().capture_content,
+            )
 
-    async def cleanup(self) -> None:
-        """Close the run and the stream (runs on every exit; exceptions are ignored by Airflow)."""
-        driver, self._driver = self._driver, None
-        if driver is not None:
-            await driver.aclose()
-        await self._stream.aclose()
+        def timed_out() -> dict[str, Any]:
+            return self._stream.timed_out(
+                self._extra(),
+                "no decision before the task's deadline",
+                more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
+                decision_seconds=list(self._driver.decision_seconds) if self._driver else None,
+            )
+
+        payload = await self._run_once(
+            "the task's deadline passed before the trigger started", work, timed_out
+        )
+        yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
+        await self.cleanup()
 
 
 class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):

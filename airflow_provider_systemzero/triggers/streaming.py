@@ -147,19 +147,18 @@ class TriggerStream:
     def build(self, state: Any, **kwargs: Any) -> DecisionStream:
         """Build the next stream about ``state`` (``kwargs`` go to the hook's ``stream()``); it is
         :attr:`stream` from now on, entered with :meth:`enter`."""
-        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook, backoff_config
-        from airflow_provider_systemzero.stream import Backoff
+        from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
         from airflow_provider_systemzero.tasks.observability import (
             AirflowStreamObserver,
             capture_content_enabled,
             spans_enabled,
         )
 
-        # read from Airflow's configuration for each stream, not kept across the waits between them
-        base, cap = backoff_config()
+        # read from Airflow's configuration for each stream (the hook's backoff too), not kept
+        # across the waits between them
         spans = spans_enabled()
         capture = capture_content_enabled() if spans else False
-        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id, backoff=Backoff(base=base, cap=cap))
+        hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
         mode = kwargs.get("decision_mode", "on_change")
         self.stream = hook.stream(
             self.request,

@@ -1,6 +1,7 @@
-"""The base class of a trigger that watches a source (:class:`WatchingTrigger`: the decision
-trigger, the event trigger): what it builds from its kwargs, its serialized form, the watch its
-run starts, where that wait stands, and its cleanup; and how an asset watch, which has no task to
+"""The base classes of the provider's triggers: :class:`StreamTrigger` (every trigger over a System
+Zero stream: its kwargs, its streams, the run that ends in one event, and its cleanup) and
+:class:`WatchingTrigger` (the decision trigger, the event trigger: what it builds from its kwargs,
+the watch its run starts, where that wait stands); and how an asset watch, which has no task to
 fail, goes on after a failure (:func:`wait_to_watch_again`)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,6 +24,7 @@ from airflow_provider_systemzero.decisions.watch import VerdictRules
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.sources.spec import build_source
+from airflow_provider_systemzero.tasks.payloads import error_payload
 from airflow_provider_systemzero.timestamps import iso_time
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
@@ -35,6 +37,7 @@ __all__ = [
     "WATCH_HEALTHY_S",
     "WATCH_RETRY_FIRST_S",
     "WATCH_RETRY_MAX_S",
+    "StreamTrigger",
     "WatchProgress",
     "WatchingTrigger",
     "announce_wait",
@@ -81,29 +84,106 @@ class WatchProgress:
     read_state: Any = None
 
 
-class WatchingTrigger(BaseTrigger):
+class StreamTrigger(BaseTrigger):
+    """A trigger over a System Zero stream: its declared kwargs (``_kwargs``), its streams, and the
+    source and driver of its run's watch, closed by ``cleanup()``; a trigger that fires once runs
+    :meth:`_run_once`.
+
+    :param systemzero_conn_id: the System Zero connection.
+    :param request: the decide request (plain JSON).
+    :param key_namespace: the namespace of the run's keys and cache key.
+    :param deadline: absolute deadline in epoch seconds, or ``None``.
+    :param budget: the task's spend caps and what it spent so far (``None``: none).
+    """
+
+    #: the subclass's kwargs, in their serialized order
+    _kwargs: ClassVar[TriggerKwargs]
+
+    def __init__(
+        self,
+        *,
+        systemzero_conn_id: str,
+        request: dict[str, Any],
+        key_namespace: str,
+        deadline: float | None = None,
+        budget: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
+        self._stream = TriggerStream(
+            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
+        )
+        #: the run's source and the driver of its watch (``None`` outside a run)
+        self._source: StateSource | None = None
+        self._driver: WatchDriver | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and plain-JSON kwargs (no secret)."""
+        return self._kwargs.serialized(self)
+
+    def _extra(self) -> dict[str, Any]:
+        """The fields every event of this trigger carries."""
+        return {"key_namespace": self.key_namespace}
+
+    async def _run_once(
+        self,
+        late: str,
+        work: Callable[[], Awaitable[dict[str, Any]]],
+        timed_out: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The payload of a run that fires once: ``work``'s, within the deadline; ``timed_out``'s at
+        the deadline, or saying ``late`` when it had passed before; else the error's."""
+        payload = self._stream.late(self._extra(), late)
+        if payload is not None:
+            return payload
+        scope = self._stream.deadline_scope()
+        try:
+            async with scope:
+                return await work()
+        except TimeoutError as exc:
+            return timed_out() if scope.expired() else self._failure(exc)
+        except Exception as exc:
+            return self._failure(exc)
+        except BaseException:  # cancelled: no event
+            await self.cleanup()
+            raise
+
+    def _failure(self, exc: BaseException) -> dict[str, Any]:
+        # the event carries the message and the task raises it: said once, by the task
+        self.log.info("%s ends with an error event (%s)", type(self).__name__, type(exc).__name__)
+        return error_payload(exc, **self._extra())
+
+    async def cleanup(self) -> None:
+        """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
+        safe to run twice)."""
+        driver, self._driver = self._driver, None
+        source, self._source = self._source, None
+        try:
+            if driver is not None:
+                await driver.aclose()
+            await self._stream.aclose()
+        finally:  # also when cancelled during the close handshake: a push source's read stops
+            if source is not None:
+                with contextlib.suppress(Exception):
+                    await source.aclose()
+
+
+class WatchingTrigger(StreamTrigger):
     """A trigger that watches a source: the decision trigger and the event trigger.
 
     It carries what both do over their watch: the kwargs that shape it (the ``decide_when`` filter
     and ``max_staleness``, checked here), ``serialize()``, the watch a run starts over the source
-    (:meth:`watch_driver`), where the wait stands (:attr:`progress`) and ``cleanup()``, which
-    closes the run, the stream and the source on every exit. A subclass declares its kwargs
-    (``_kwargs``), keeps them, and runs: ``run()`` builds the source (:meth:`_open_source`), starts
-    the watch (:meth:`_start_watch`) and turns its verdicts into events.
+    (:meth:`watch_driver`) and where the wait stands (:attr:`progress`). A subclass declares its
+    kwargs (``_kwargs``), keeps them, and runs: ``run()`` builds the source (:meth:`_open_source`),
+    starts the watch (:meth:`_start_watch`) and turns its verdicts into events.
 
-    :param systemzero_conn_id: the System Zero connection.
-    :param request: the decide request (plain JSON).
-    :param key_namespace: the namespace of the watch's keys and cache key.
-    :param deadline: absolute deadline in epoch seconds, or ``None``.
-    :param budget: the task's spend caps and what it spent so far (``None``: none).
+    :param stream: :class:`StreamTrigger`'s arguments.
     :param decide_when: start a decision only for a change that matches (``None``: every change).
     :param debounce_ms: decide once the source has been quiet this many milliseconds.
     :param decide_initial: decide the initial state (``False``: wait for the first relevant change).
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
-    #: the subclass's kwargs, in their serialized order
-    _kwargs: ClassVar[TriggerKwargs]
     # the kwargs every watching trigger keeps (a subclass sets them)
     condition: dict[str, Any]
     state: Any
@@ -115,28 +195,17 @@ class WatchingTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        systemzero_conn_id: str,
-        request: dict[str, Any],
-        key_namespace: str,
-        deadline: float | None = None,
-        budget: dict[str, Any] | None = None,
         decide_when: str | dict[str, str] | None,
         debounce_ms: int | None,
         decide_initial: bool,
         max_staleness: float,
+        **stream: Any,
     ) -> None:
-        super().__init__()
-        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
+        super().__init__(**stream)
         self.decision_filter = DecisionFilter(
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
         self.max_staleness = validate_max_staleness(max_staleness)
-        self._stream = TriggerStream(
-            systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
-        )
-        #: the run's source and the driver of its watch (``None`` outside a run)
-        self._source: StateSource | None = None
-        self._driver: WatchDriver | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
@@ -220,20 +289,6 @@ class WatchingTrigger(BaseTrigger):
             self._source, rules, self._stream, once=once, min_interval_ms=min_interval_ms
         )
         return self._driver
-
-    async def cleanup(self) -> None:
-        """Close the run, the stream and the source (runs on every exit, errors ignored by Airflow;
-        safe to run twice)."""
-        driver, self._driver = self._driver, None
-        source, self._source = self._source, None
-        try:
-            if driver is not None:
-                await driver.aclose()
-            await self._stream.aclose()
-        finally:  # also when cancelled during the close handshake: a push source's read stops
-            if source is not None:
-                with contextlib.suppress(Exception):
-                    await source.aclose()
 
 
 def new_timeline() -> DecisionTimeline:
