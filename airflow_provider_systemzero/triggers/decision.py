@@ -208,27 +208,35 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         """Watch the source and yield one event: the verdict of a current decision, a timeout, or
         an error (the event goes out before the stream's close handshake)."""
         rules: VerdictRules | None = None
-
-        async def work() -> dict[str, Any]:
-            nonlocal rules
-            if self._templates is not None:  # as the worker checks what it rendered
-                refuse_rendered_state(self.state, self.source, self._templates, allow_empty=self.allow_empty)
-            source = self._open_source()
-            rules = self._rules()
-            asked = ReviewWatch.of(self.review, rules, source)
-            driver = self._start_watch(rules, once=asked is None, min_interval_ms=self.min_interval_ms)
-            if asked is not None:
-                return await asked.next_event(driver, self._extra(), deadline=self.deadline)
-            verdict = await driver.next_verdict()
-            payload = rules.sensor_event(verdict, key_namespace=self.key_namespace, deadline=self.deadline)
-            if self.review:  # this try's review request, already answered or closed
-                return {**payload.to_payload(), "review": self.review}
-            return payload.to_payload()
-
-        late = "the sensor's deadline passed before the trigger started"
-        payload = await self._run_once(late, work, lambda: self._timed_out(rules))
-        if payload.get("status") in ("timeout", "error") and rules is not None:
-            payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
+        payload = self._stream.late(self._extra(), "the sensor's deadline passed before the trigger started")
+        if payload is None:
+            scope = self._stream.deadline_scope()
+            try:
+                async with scope:
+                    if self._templates is not None:  # as the worker checks what it rendered
+                        refuse_rendered_state(
+                            self.state, self.source, self._templates, allow_empty=self.allow_empty
+                        )
+                    source = self._open_source()
+                    rules = self._rules()
+                    asked = ReviewWatch.of(self.review, rules, source)
+                    driver = self._start_watch(
+                        rules, once=asked is None, min_interval_ms=self.min_interval_ms
+                    )
+                    if asked is not None:
+                        payload = await asked.next_event(driver, self._extra(), deadline=self.deadline)
+                    else:
+                        verdict = await driver.next_verdict()
+                        event = rules.sensor_event(
+                            verdict, key_namespace=self.key_namespace, deadline=self.deadline
+                        )
+                        payload = event.to_payload()
+                        if self.review:  # this try's review request, already answered or closed
+                            payload["review"] = self.review
+            except BaseException as exc:
+                payload = await self._ended_early(exc, scope)
+            if payload.get("status") in ("timeout", "error") and rules is not None:
+                payload["decisions"] = rules.timeline.to_list()  # what the wait saw, up to its end
         yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
         await self.cleanup()
 
@@ -244,10 +252,11 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             timeline=new_timeline(),
         )
 
-    def _timed_out(self, rules: VerdictRules | None) -> dict[str, Any]:
+    def _timed_out(self) -> dict[str, Any]:
         """The event of the deadline: what the wait was stuck on, and how long decisions took."""
         more_time = "raise the sensor's timeout (or its execution_timeout, if shorter)"
         driver = self._driver
+        rules = driver.watch.rules if driver is not None else None
         now = asyncio.get_running_loop().time()
         # a met decision that a hold rule (consecutive, min_true_for) kept from ending the wait
         held = None if rules is None else rules.held_back(now, more_time=more_time)
@@ -308,41 +317,44 @@ class SystemZeroDecideTrigger(StreamTrigger):
         """Decide once and yield one event (before the stream's close handshake)."""
         from airflow_provider_systemzero.protocol.messages import Attachment
 
-        async def work() -> dict[str, Any]:
-            # the same watch as a sensor's, about a state that never changes: its first decision
-            # is the answer
-            watch = SourceWatch(FirstDecision(), decision_mode="on_request", lease=False)
-            self._driver = driver = WatchDriver(
-                watch,
-                StaticSource(self.state),
-                self._stream,
-                stream_kwargs={
-                    "attachments": [Attachment(**a) for a in self.attachments],
-                    "idempotency_key": self.idempotency_key,
-                },
-            )
-            decision = await driver.next_verdict()
-            return answers_payload(
-                decision,
-                self.state,
-                key_namespace=self.key_namespace,
-                at=time.time(),
-                capture_content=new_timeline().capture_content,
-            )
-
-        def timed_out() -> dict[str, Any]:
-            return self._stream.timed_out(
-                self._extra(),
-                "no decision before the task's deadline",
-                more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
-                decision_seconds=list(self._driver.decision_seconds) if self._driver else None,
-            )
-
-        payload = await self._run_once(
-            "the task's deadline passed before the trigger started", work, timed_out
-        )
+        payload = self._stream.late(self._extra(), "the task's deadline passed before the trigger started")
+        if payload is None:
+            scope = self._stream.deadline_scope()
+            try:
+                async with scope:
+                    # the same watch as a sensor's, about a state that never changes: its first
+                    # decision is the answer
+                    watch = SourceWatch(FirstDecision(), decision_mode="on_request", lease=False)
+                    self._driver = driver = WatchDriver(
+                        watch,
+                        StaticSource(self.state),
+                        self._stream,
+                        stream_kwargs={
+                            "attachments": [Attachment(**a) for a in self.attachments],
+                            "idempotency_key": self.idempotency_key,
+                        },
+                    )
+                    decision = await driver.next_verdict()
+                    payload = answers_payload(
+                        decision,
+                        self.state,
+                        key_namespace=self.key_namespace,
+                        at=time.time(),
+                        capture_content=new_timeline().capture_content,
+                    )
+            except BaseException as exc:
+                payload = await self._ended_early(exc, scope)
         yield TriggerEvent(self._stream.with_usage(payload))  # before the close handshake
         await self.cleanup()
+
+    def _timed_out(self) -> dict[str, Any]:
+        """The event of the deadline: no decision came, and how long decisions took."""
+        return self._stream.timed_out(
+            self._extra(),
+            "no decision before the task's deadline",
+            more_time="raise the operator's decision_timeout (or its execution_timeout, if shorter)",
+            decision_seconds=list(self._driver.decision_seconds) if self._driver else None,
+        )
 
 
 class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.tasks.payloads import timeout_payload
 
 if TYPE_CHECKING:
@@ -52,11 +54,11 @@ class TriggerStream:
     __slots__ = (
         "_budget",
         "_budget_kwargs",
+        "_request",
         "_settings",
         "deadline",
         "key_namespace",
         "reached",
-        "request",
         "stream",
         "systemzero_conn_id",
     )
@@ -71,7 +73,9 @@ class TriggerStream:
         budget: dict[str, Any] | None = None,
     ) -> None:
         self.systemzero_conn_id = systemzero_conn_id
-        self.request = request
+        #: the request as compact JSON text: what a trigger keeps of it between its streams (a
+        #: tree of dicts for every waiting trigger otherwise); each stream decodes it
+        self._request = compact_json(request)
         self.key_namespace = key_namespace
         self.deadline = deadline
         #: the stream held now (``None``: none)
@@ -84,6 +88,11 @@ class TriggerStream:
         #: a later stream is restarting (that stream keeps reconnecting, see ``reached`` of
         #: :class:`~airflow_provider_systemzero.stream.DecisionStream`)
         self.reached = False
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The request dict (decoded, a new copy each time)."""
+        return json.loads(self._request)
 
     @property
     def budget(self) -> DecisionBudget | None:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -86,8 +86,8 @@ class WatchProgress:
 
 class StreamTrigger(BaseTrigger):
     """A trigger over a System Zero stream: its declared kwargs (``_kwargs``), its streams, and the
-    source and driver of its run's watch, closed by ``cleanup()``; a trigger that fires once runs
-    :meth:`_run_once`.
+    source and driver of its run's watch, closed by ``cleanup()``; a trigger that fires once ends
+    early through :meth:`_ended_early`.
 
     :param systemzero_conn_id: the System Zero connection.
     :param request: the decide request (plain JSON).
@@ -109,13 +109,18 @@ class StreamTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.systemzero_conn_id, self.request, self.key_namespace = systemzero_conn_id, request, key_namespace
+        self.systemzero_conn_id, self.key_namespace = systemzero_conn_id, key_namespace
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
         #: the run's source and the driver of its watch (``None`` outside a run)
         self._source: StateSource | None = None
         self._driver: WatchDriver | None = None
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The ``request`` kwarg (kept as compact JSON text by the trigger's streams)."""
+        return self._stream.request
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
@@ -125,28 +130,25 @@ class StreamTrigger(BaseTrigger):
         """The fields every event of this trigger carries."""
         return {"key_namespace": self.key_namespace}
 
-    async def _run_once(
-        self,
-        late: str,
-        work: Callable[[], Awaitable[dict[str, Any]]],
-        timed_out: Callable[[], dict[str, Any]],
-    ) -> dict[str, Any]:
-        """The payload of a run that fires once: ``work``'s, within the deadline; ``timed_out``'s at
-        the deadline, or saying ``late`` when it had passed before; else the error's."""
-        payload = self._stream.late(self._extra(), late)
-        if payload is not None:
-            return payload
-        scope = self._stream.deadline_scope()
-        try:
-            async with scope:
-                return await work()
-        except TimeoutError as exc:
-            return timed_out() if scope.expired() else self._failure(exc)
-        except Exception as exc:
+    async def _ended_early(self, exc: BaseException, scope: asyncio.Timeout) -> dict[str, Any]:
+        """The payload of a run that fires once and ended before its work gave one, by ``exc``
+        raised within its deadline ``scope``: :meth:`_timed_out`'s at the deadline, else the
+        error's. A cancellation (or any other ``BaseException``) closes the run and propagates: no
+        event.
+
+        The run awaits its work in its own frame, in a ``try`` that hands what it raised to this
+        method: a waiting trigger, of which a triggerer holds thousands, keeps no frame or
+        closure for its skeleton."""
+        if isinstance(exc, TimeoutError):
+            return self._timed_out() if scope.expired() else self._failure(exc)
+        if isinstance(exc, Exception):
             return self._failure(exc)
-        except BaseException:  # cancelled: no event
-            await self.cleanup()
-            raise
+        await self.cleanup()
+        raise exc
+
+    def _timed_out(self) -> dict[str, Any]:
+        """The event of the deadline (a trigger that fires once says what it was waiting for)."""
+        raise NotImplementedError
 
     def _failure(self, exc: BaseException) -> dict[str, Any]:
         # the event carries the message and the task raises it: said once, by the task

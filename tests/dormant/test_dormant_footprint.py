@@ -77,9 +77,10 @@ async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
         await _stop(trigger, task, gen)
 
 
-async def test_a_dormant_trigger_keeps_its_condition_once_parsed(emulator: Emulator) -> None:
-    """The condition a waiting sensor's rules use is the one its trigger parsed from its kwargs:
-    no plain-JSON copy of it is kept beside it (the trigger serializes it from the parsed one)."""
+async def test_a_dormant_trigger_keeps_no_tree_of_its_condition_or_request(emulator: Emulator) -> None:
+    """The condition a waiting sensor's rules use is the one its trigger parsed from its kwargs,
+    and its request is kept as compact JSON text until a stream needs it: no plain-JSON tree of
+    either is kept (the trigger serializes both from what it keeps)."""
     await _stop(*await _dormant(emulator, "condition-warm-up"))
     trigger, task, gen = await _dormant(emulator, "condition")
     try:
@@ -88,7 +89,11 @@ async def test_a_dormant_trigger_keeps_its_condition_once_parsed(emulator: Emula
         condition = trigger.decision_condition
         copies = [o for o in kept if isinstance(o, dict) and o.get("question") == condition.question]
         assert copies == [], f"a dormant trigger keeps its condition again as {copies}"
-        assert trigger.serialize()[1]["condition"] == condition.to_dict()
+        requests = [o for o in kept if isinstance(o, dict) and "questions" in o]
+        assert requests == [], f"a dormant trigger keeps its request as {requests}"
+        kwargs = trigger.serialize()[1]
+        assert kwargs["condition"] == condition.to_dict()
+        assert kwargs["request"] == channel_trigger("dormant", "condition").request
     finally:
         await _stop(trigger, task, gen)
 
