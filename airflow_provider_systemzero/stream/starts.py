@@ -52,6 +52,7 @@ __all__ = [
     "StreamStarts",
     "decision_starts",
     "key_fingerprint",
+    "running_starts",
 ]
 
 log = logging.getLogger(__name__)
@@ -493,3 +494,9 @@ def decision_starts(url: str, api_key: str) -> AccountStarts:
     if starts is None:
         starts = per_loop[(url, fingerprint)] = AccountStarts(f"{url} key {fingerprint}", loop.time())
     return starts
+
+
+def running_starts() -> list[AccountStarts]:
+    """Every account's :class:`AccountStarts` on the running loop (what a process reports: the
+    fleet and ceiling benchmarks read each account's queue through it)."""
+    return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())
