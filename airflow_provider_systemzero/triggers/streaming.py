@@ -21,6 +21,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import compact_json
 from airflow_provider_systemzero.tasks.payloads import timeout_payload
 
@@ -48,6 +49,7 @@ class TriggerStream:
     :param deadline: absolute deadline in epoch seconds, or ``None``.
     :param budget: :meth:`~airflow_provider_systemzero.decisions.budget.DecisionBudget.to_kwargs` from
         the task (``None``: no budget, no usage report).
+    :raises SystemZeroArgumentError: the request is not plain JSON.
     """
 
     # one per waiting trigger, and a triggerer holds thousands: no per-instance __dict__
@@ -75,7 +77,16 @@ class TriggerStream:
         self.systemzero_conn_id = systemzero_conn_id
         #: the request as compact JSON text: what a trigger keeps of it between its streams (a
         #: tree of dicts for every waiting trigger otherwise); each stream decodes it
-        self._request = compact_json(request)
+        try:
+            self._request = compact_json(request)
+        except (TypeError, ValueError) as exc:
+            raise SystemZeroArgumentError(
+                f"request is not plain JSON ({exc}): a trigger's request holds dicts with string "
+                "keys, lists, strings, numbers, booleans and None, e.g. "
+                '{"model": "...", "questions": {"ready": {"type": "boolean", "instructions": "..."}}}',
+                code="invalid_request",
+                field="request",
+            ) from None
         self.key_namespace = key_namespace
         self.deadline = deadline
         #: the stream held now (``None``: none)

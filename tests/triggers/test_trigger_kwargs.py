@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from airflow_provider_systemzero.decisions.source_watch import DEFAULT_MAX_STALENESS
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.triggers.decision import (
     SystemZeroDecideTrigger,
     SystemZeroDecisionEventTrigger,
@@ -175,3 +178,14 @@ def test_the_asset_watcher_kwargs_are_its_identity() -> None:
     assert SystemZeroDecisionEventTrigger.hash(classpath, kwargs) == SystemZeroDecisionEventTrigger.hash(
         *SystemZeroDecisionEventTrigger(**kwargs).serialize()
     )
+
+
+def test_a_request_that_is_not_plain_json_is_refused_when_the_trigger_is_built() -> None:
+    """The trigger keeps its request as JSON text: a value JSON cannot hold is refused at once,
+    naming the request, not later in the triggerer."""
+    request = {"model": "sz-test", "questions": {"ready": {"type": "boolean", "instructions": {"a", "b"}}}}
+    with pytest.raises(SystemZeroArgumentError, match="request is not plain JSON") as refused:
+        SystemZeroDecisionTrigger(
+            systemzero_conn_id="sz", request=request, condition=CONDITION, state="s", key_namespace="ns"
+        )
+    assert refused.value.field == "request" and refused.value.code == "invalid_request"
