@@ -109,7 +109,7 @@ class StreamTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.systemzero_conn_id, self.key_namespace = systemzero_conn_id, key_namespace
+        self.systemzero_conn_id = systemzero_conn_id
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
@@ -121,6 +121,17 @@ class StreamTrigger(BaseTrigger):
     def request(self) -> dict[str, Any]:
         """The ``request`` kwarg (kept as compact JSON text by the trigger's streams)."""
         return self._stream.request
+
+    @property
+    def key_namespace(self) -> str:
+        """The namespace of the run's keys and cache key: the one its streams use. A sensor that
+        starts from the triggerer passes a template, which the triggerer renders by setting this
+        attribute before the run: the streams take the rendered value."""
+        return self._stream.key_namespace
+
+    @key_namespace.setter
+    def key_namespace(self, value: str) -> None:
+        self._stream.key_namespace = value
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret)."""
