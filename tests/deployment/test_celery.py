@@ -93,7 +93,7 @@ def _get(deployment: CeleryDeployment, path: str, token: str) -> tuple[int, str]
 def test_every_kind_of_system_zero_task_on_two_celery_workers(
     celery: CeleryDeployment, runs: dict[str, str], tmp_path: Path
 ) -> None:
-    from tests.deployment.celery_dags.celery_dags import BUILDS, TICKETS
+    from tests.helpers.deployment.dag_parts import BUILDS, TICKETS
 
     started = time.time()
     for name in ("poke.log", "deferred.log"):

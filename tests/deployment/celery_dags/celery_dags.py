@@ -20,19 +20,10 @@ from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.deployment.dag_parts import released_on_ready
+from tests.helpers.deployment.dag_parts import BUILDS, TICKETS, released_on_ready
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 DEFAULTS: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=2)}
-#: The states of the mapped operator: each is decided ready by the emulator's rules.
-BUILDS = [f"build {index}: compiling\ntests passed\nJob is ready.\n" for index in range(8)]
-#: The tickets of the mapped @task.systemzero calls, and whether the rules call each urgent.
-TICKETS = {
-    "checkout is down for everyone": True,
-    "I was charged twice this month": False,
-    "how do I export my data?": False,
-    "nobody can log in, outage since 9:00": True,
-}
 WAIT: dict[str, Any] = {
     "question": "ready",
     "instructions": "Is the job ready?",

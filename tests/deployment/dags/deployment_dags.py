@@ -22,7 +22,7 @@ from airflow.sdk import DAG, task
 
 from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.deployment.dag_parts import released_on_ready
+from tests.helpers.deployment.dag_parts import released_on_ready
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 DEFAULTS: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=2)}

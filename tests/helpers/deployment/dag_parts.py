@@ -1,5 +1,6 @@
 """What the deployment test's Dag files share: an asset watcher on a file the test writes, and the
-Dag its events schedule (imported by the Dag files through the components' ``PYTHONPATH``)."""
+Dag its events schedule; and the Celery Dags' mapped inputs, which the test checks the replies of
+(imported by the Dag files through the components' ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionEven
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 #: The watched file: ``$AIRFLOW_HOME/watch/release.log`` of the deployment that parses the Dag.
 WATCH_FILE = Path(os.environ.get("AIRFLOW_HOME", "/nonexistent")) / "watch" / "release.log"
+#: The states of the mapped operator: each is decided ready by the emulator's rules.
+BUILDS = [f"build {index}: compiling\ntests passed\nJob is ready.\n" for index in range(8)]
+#: The tickets of the mapped @task.systemzero calls, and whether the rules call each urgent.
+TICKETS = {
+    "checkout is down for everyone": True,
+    "I was charged twice this month": False,
+    "how do I export my data?": False,
+    "nobody can log in, outage since 9:00": True,
+}
 
 
 def released_on_ready(prefix: str, watch_id: str, uri: str, default_args: dict[str, Any]) -> DAG:
