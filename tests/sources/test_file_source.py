@@ -310,10 +310,12 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         assert poll_timers() == 0  # and no poll
         assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
         assert watcher.stats()["recheck_timers"] == 1
-        # the re-check of unchanged files wakes nobody
+        # the re-check of unchanged files wakes nobody; run early, it takes its timer's place
         watcher.recheck_now()
         await asyncio.sleep(0.05)
         assert not any(w.done() for w in waits) and watcher.stats()["recheck_timers"] == 1
+        owners = [getattr(c, "__self__", c) for c in scheduled_callbacks()]
+        assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # no second chain
     finally:
         for wait in waits:
             wait.cancel()
