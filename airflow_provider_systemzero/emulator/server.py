@@ -469,10 +469,11 @@ class Emulator:
             if refusal is None:
                 self._record_upgrade(UpgradeRecord(arrived, 101))
                 return None
+            response = self._refuse(connection, refusal)
             self._record_upgrade(
                 UpgradeRecord(arrived, refusal.status, refusal.envelope.code, refusal.retry_after_s)
             )
-            return self._refuse(connection, refusal)
+            return response
         except Exception:  # never let one request break the server
             log.exception("upgrade handling failed")
             envelope = ErrorEnvelope(
