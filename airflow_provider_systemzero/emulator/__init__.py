@@ -28,6 +28,7 @@ from airflow_provider_systemzero.emulator.server import (
     AcceptedState,
     Emulator,
     EmulatorStats,
+    UpgradeRecord,
     mask_secret,
     parse_api_key,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "KeywordDecider",
     "LedgerEntry",
     "RulesDecider",
+    "UpgradeRecord",
     "load_decider",
     "mask_secret",
     "parse_api_key",

@@ -9,7 +9,8 @@ The I/O layer is thin. Every protocol rule lives in the sans-I/O core; this modu
   (:mod:`.connection`: every frame, decide outcome, shutdown request and timer in, the session's
   actions performed in order, the send queue reported for the session to judge a slow reader);
 * keeps stats, the billing ledger, the last accepted state of every stream (its
-  :class:`~.stats.Tally`), and fault controls.
+  :class:`~.stats.Tally`), how it answered each upgrade (:attr:`Emulator.upgrades`), and fault
+  controls.
 
 Native WebSocket pings are websockets' keepalive (``native_heartbeat_interval_ms``, with
 ``pong_timeout_ms`` to answer); frames over ``max_message_bytes`` are refused by websockets with
@@ -42,6 +43,7 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -62,7 +64,13 @@ from airflow_provider_systemzero.emulator.control import (
 from airflow_provider_systemzero.emulator.deciders import Decider, load_decider
 from airflow_provider_systemzero.emulator.faults import Faults
 from airflow_provider_systemzero.emulator.redaction import RedactingLogger, mask_secret, masked_header
-from airflow_provider_systemzero.emulator.stats import AcceptedState, EmulatorStats, Tally, session_totals
+from airflow_provider_systemzero.emulator.stats import (
+    AcceptedState,
+    EmulatorStats,
+    Tally,
+    UpgradeRecord,
+    session_totals,
+)
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import PROTOCOL
@@ -82,6 +90,7 @@ __all__ = [
     "AcceptedState",
     "Emulator",
     "EmulatorStats",
+    "UpgradeRecord",
     "mask_secret",
     "parse_api_key",
 ]
@@ -90,7 +99,8 @@ log = logging.getLogger(__name__)
 
 #: ``max_concurrent`` of an API key given without one (stream capacity 4).
 DEFAULT_MAX_CONCURRENT = 8
-_HANDSHAKE_LOG_SIZE = 10_000
+#: How many handshakes and upgrade records the emulator keeps (the newest).
+_REQUEST_LOG_SIZE = 10_000
 
 
 def parse_api_key(spec: str) -> tuple[str, int]:
@@ -180,6 +190,11 @@ class Emulator:
         self.capacity_retry_after_s = capacity_retry_after_s
         #: Upgrade requests seen on the stream path: header name → value, secrets masked.
         self.handshakes: list[dict[str, str]] = []
+        #: How each upgrade request on the stream path was answered, in order of arrival: when it
+        #: came, the status (101: accepted), and a refusal's code and ``Retry-After`` (the newest
+        #: 10,000 are kept). Reconnect timing can be read here: how long after a refusal or a
+        #: goodbye the next upgrade came.
+        self.upgrades: list[UpgradeRecord] = []
         self._action_tap: ActionTap | None = None
         # the counts, reservations and accepted states, kept by the emulator and its streams
         self._tally = Tally(on_change=self._notify)
@@ -444,53 +459,59 @@ class Emulator:
     # ------------------------------------------------------------------ the upgrade
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        arrived = time.monotonic()
+        path = request.path
+        on_stream_path = not (path.startswith(CONTROL_PREFIX) or path == CONTROL_PREFIX.rstrip("/"))
         try:
-            path = request.path
-            if path.startswith(CONTROL_PREFIX) or path == CONTROL_PREFIX.rstrip("/"):
+            if not on_stream_path:
                 return self._control(connection, request)
-            headers: dict[str, str] = {}
-            for name, value in request.headers.raw_items():
-                headers[name] = f"{headers[name]}, {value}" if name in headers else value
-            self._record_handshake(headers)
-            if request.method != "GET":
-                return self._refuse(
-                    connection,
-                    UpgradeRefusal(
-                        405,
-                        ErrorEnvelope(
-                            "invalid_request_error", "method_not_allowed", "the upgrade request must use GET"
-                        ),
-                    ),
-                )
-            verdict = check_upgrade(path, headers, known_key=self.accounts.__contains__)
-            if isinstance(verdict, UpgradeRefusal):
-                return self._refuse(connection, verdict)
-            account = verdict
-            scripted = self.faults.take_upgrade_refusal()
-            if scripted is not None:
-                return self._refuse(connection, scripted.refusal())
-            if self._shutting_down:
-                return self._refuse(
-                    connection,
-                    maintenance_refusal(retry_after_s=math.ceil(self._shutdown_retry_after_ms / 1000)),
-                )
-            capacity = stream_capacity(self.accounts[account])
-            if self._tally.reserved[account] >= capacity:
-                return self._refuse(
-                    connection, capacity_refusal(capacity, retry_after_s=self.capacity_retry_after_s)
-                )
-            assert isinstance(connection, EmulatorConnection)
-            connection.reserve(account)
-            return None
+            refusal = self._judge_upgrade(connection, request)
+            if refusal is None:
+                self._record_upgrade(UpgradeRecord(arrived, 101))
+                return None
+            response = self._refuse(connection, refusal)
+            self._record_upgrade(
+                UpgradeRecord(arrived, refusal.status, refusal.envelope.code, refusal.retry_after_s)
+            )
+            return response
         except Exception:  # never let one request break the server
             log.exception("upgrade handling failed")
-            return respond(
-                connection,
-                500,
-                ErrorEnvelope(
-                    "api_error", "internal_error", "the emulator failed to handle the request"
-                ).to_dict(),
+            envelope = ErrorEnvelope(
+                "api_error", "internal_error", "the emulator failed to handle the request"
             )
+            if on_stream_path:
+                self._record_upgrade(UpgradeRecord(arrived, 500, envelope.code))
+            return respond(connection, 500, envelope.to_dict())
+
+    def _judge_upgrade(self, connection: ServerConnection, request: Request) -> UpgradeRefusal | None:
+        """The refusal of an upgrade request on the stream path, or ``None`` when it is accepted (its
+        stream then reserved on the account)."""
+        headers: dict[str, str] = {}
+        for name, value in request.headers.raw_items():
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        self._record_handshake(headers)
+        if request.method != "GET":
+            return UpgradeRefusal(
+                405,
+                ErrorEnvelope(
+                    "invalid_request_error", "method_not_allowed", "the upgrade request must use GET"
+                ),
+            )
+        verdict = check_upgrade(request.path, headers, known_key=self.accounts.__contains__)
+        if isinstance(verdict, UpgradeRefusal):
+            return verdict
+        account = verdict
+        scripted = self.faults.take_upgrade_refusal()
+        if scripted is not None:
+            return scripted.refusal()
+        if self._shutting_down:
+            return maintenance_refusal(retry_after_s=math.ceil(self._shutdown_retry_after_ms / 1000))
+        capacity = stream_capacity(self.accounts[account])
+        if self._tally.reserved[account] >= capacity:
+            return capacity_refusal(capacity, retry_after_s=self.capacity_retry_after_s)
+        assert isinstance(connection, EmulatorConnection)
+        connection.reserve(account)
+        return None
 
     def _control(self, connection: ServerConnection, request: Request) -> Response:
         """Answer a request to the control surface (:mod:`.control`)."""
@@ -520,13 +541,18 @@ class Emulator:
     def _record_handshake(self, headers: dict[str, str]) -> None:
         masked = {name: masked_header(name, value) for name, value in headers.items()}
         self.handshakes.append(masked)
-        if len(self.handshakes) > _HANDSHAKE_LOG_SIZE:
-            del self.handshakes[: len(self.handshakes) - _HANDSHAKE_LOG_SIZE]
+        if len(self.handshakes) > _REQUEST_LOG_SIZE:
+            del self.handshakes[: len(self.handshakes) - _REQUEST_LOG_SIZE]
+
+    def _record_upgrade(self, record: UpgradeRecord) -> None:
+        self.upgrades.append(record)
+        if len(self.upgrades) > _REQUEST_LOG_SIZE:
+            del self.upgrades[: len(self.upgrades) - _REQUEST_LOG_SIZE]
+        self._notify()
 
     def _refuse(self, connection: ServerConnection, refusal: UpgradeRefusal) -> Response:
         self._tally.upgrade_refusals[refusal.status] += 1
         log.info("upgrade refused with HTTP %s (%s)", refusal.status, refusal.envelope.code)
-        self._notify()
         response = connection.respond(refusal.status, refusal.body())
         set_headers(response, refusal.headers())
         return response

@@ -1,5 +1,6 @@
 """What the emulator reports: the counts it keeps while it serves (:class:`Tally`), a snapshot of
-them (:class:`EmulatorStats`) and the last accepted state of a stream (:class:`AcceptedState`)."""
+them (:class:`EmulatorStats`), the last accepted state of a stream (:class:`AcceptedState`) and how
+it answered each upgrade request (:class:`UpgradeRecord`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from airflow_provider_systemzero.emulator.redaction import mask_secret
 from airflow_provider_systemzero.protocol.gateway import GatewaySession
 from airflow_provider_systemzero.protocol.state import StreamState
 
-__all__ = ["AcceptedState", "EmulatorStats", "Tally", "session_totals"]
+__all__ = ["AcceptedState", "EmulatorStats", "Tally", "UpgradeRecord", "session_totals"]
 
 
 class AcceptedState(NamedTuple):
@@ -33,6 +34,31 @@ class AcceptedState(NamedTuple):
         :param state: the gateway session's state.
         """
         return cls(state.state, [a.to_dict() for a in state.attachments])
+
+
+@dataclass(frozen=True, slots=True)
+class UpgradeRecord:
+    """How the emulator answered one upgrade request on the stream path (see
+    :attr:`Emulator.upgrades <airflow_provider_systemzero.emulator.server.Emulator.upgrades>`).
+
+    :param at: when the request arrived, on the ``time.monotonic()`` clock (the event loop's), so
+        it compares with times a client records.
+    :param status: the HTTP status answered: 101 when the upgrade was accepted (handed to the
+        WebSocket handshake), else the refusal's status.
+    :param code: the refusal's error code (``invalid_api_key``, ``stream_capacity``,
+        ``maintenance`` …), or ``None`` for an accepted upgrade.
+    :param retry_after_s: the refusal's ``Retry-After`` in seconds, or ``None`` when it has none.
+    """
+
+    at: float
+    status: int
+    code: str | None = None
+    retry_after_s: int | None = None
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the upgrade was accepted (status 101)."""
+        return self.status == 101
 
 
 @dataclass(frozen=True, slots=True)

@@ -280,7 +280,7 @@ class FileWatcher:
         if callback not in callbacks:
             directory.names[name] = (*callbacks, callback)
         if self._recheck is None and not self._closed:
-            self._recheck = self._loop.call_later(RECHECK_SECONDS, self._recheck_all)
+            self._recheck = self._loop.call_later(RECHECK_SECONDS, self.recheck_now)
         return Subscription(self, directory, name, callback)
 
     def watching(self, subscription: Subscription) -> bool:
@@ -331,27 +331,26 @@ class FileWatcher:
         if self._sweep is None and not self._closed:
             self._sweep = self._loop.call_later(IDLE_SECONDS, self._remove_idle)
 
-    def recheck_now(self) -> None:
-        """Run the safety re-check now instead of when its timer is due (the same pass: every
-        watched file is checked, and a change found wakes its subscribers)."""
-        self._recheck_all()
-
     def remove_idle_now(self) -> None:
         """Run the idle sweep now instead of when its timer is due (idle watches go, and the
         watcher closes when none is left)."""
         self._remove_idle()
 
-    def _recheck_all(self) -> None:
-        """The safety re-check: call every subscriber with :data:`RECHECK`, a slice per loop
-        iteration, and arm the next pass (while anything is subscribed)."""
-        self._recheck = None
+    def recheck_now(self) -> None:
+        """The safety re-check, which its timer runs every :data:`RECHECK_SECONDS` while anything
+        is subscribed: call every subscriber with :data:`RECHECK` (each checks its file), a slice
+        per loop iteration, and arm the next pass. Run early, the pass takes the timer's place:
+        the next one is due :data:`RECHECK_SECONDS` later, and there is still one timer."""
+        recheck, self._recheck = self._recheck, None
+        if recheck is not None:
+            recheck.cancel()  # run early (a no-op for the timer that runs it)
         callbacks = list(
             dict.fromkeys(c for d in self._by_wd.values() for cs in d.names.values() for c in cs)
         )
         if self._closed or not callbacks:
             return  # the next subscribe arms it again
         self.rechecks += 1
-        self._recheck = self._loop.call_later(RECHECK_SECONDS, self._recheck_all)
+        self._recheck = self._loop.call_later(RECHECK_SECONDS, self.recheck_now)
         self._recheck_slice(callbacks, 0)
 
     def _recheck_slice(self, callbacks: list[Callback], start: int) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import collections
 import contextlib
 import gc
-import os
 import socket
 import time
 import weakref
@@ -23,6 +22,8 @@ from airflow_provider_systemzero.decisions.budget import DecisionBudget
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.protocol.client import ClientSession
 from airflow_provider_systemzero.sources import file_watch
+from airflow_provider_systemzero.sources.callable import CallableSource
+from airflow_provider_systemzero.sources.file import FileSource
 from airflow_provider_systemzero.stream.decision_stream import DecisionStream
 from tests import helpers
 from tests.helpers import alive, channel_trigger, channels, live_timers, new_since, provider_timers
@@ -68,10 +69,14 @@ async def test_a_dormant_trigger_keeps_nothing_of_its_stream(
         forbidden = [o for o in kept if isinstance(o, FORBIDDEN)]
         assert forbidden == [], f"a dormant trigger keeps {forbidden}"
         assert channels.readers("footprint") == 1  # still waiting on its source
-        # with no timer, the run awaits its source's own future: no wake-up future of the driver
-        driver = trigger._driver
-        assert driver._wake._future is None and not driver._change_linked
-        assert driver._change in kept
+        # with no timer, the run awaits its source's own future: no wake-up future of the driver's.
+        # What waits is the future the source's changed() gave (the same one until it completes)
+        # and the channel's waiter the source's generator awaits; nothing else.
+        [source] = [o for o in kept if isinstance(o, CallableSource)]
+        change = source.changed()
+        waiting = {id(o) for o in kept if isinstance(o, asyncio.Future) and not o.done()}
+        tasks = {id(o) for o in kept if isinstance(o, asyncio.Task)}
+        assert waiting - tasks == {id(change), *map(id, channels.waiters("footprint"))}
     finally:
         del before
         await _stop(trigger, task, gen)
@@ -171,18 +176,15 @@ async def test_dormant_file_triggers_keep_no_timer_and_share_one_watcher_and_one
         for trigger, task, _ in running:
             kept = helpers.kept_objects(task, existing, shared=(file_watch.FileWatcher,))
             assert [o for o in kept if isinstance(o, FORBIDDEN)] == []
-            assert (
-                os.path.dirname(trigger.source["path"]) in watcher._directories
-            )  # watched, by the one watcher
+            [source] = [o for o in kept if isinstance(o, FileSource)]
+            assert source.path == trigger.source["path"] and source.subscribed  # watched (one watcher)
         # one descriptor, one watch per directory, one re-check timer, and no timer of any source's
         assert watcher.stats()["descriptors"] == 1 and watcher.stats()["subscriptions"] == n
         timers = provider_timers()
         callbacks = [callback for handle, callback in live_timers() if handle in timers]
         owners = [getattr(callback, "__self__", None) for callback in callbacks]
         assert all(owner is watcher for owner in owners), timers  # none of a source or a trigger
-        rechecks = [
-            c for c in callbacks if getattr(c, "__func__", None) is file_watch.FileWatcher._recheck_all
-        ]
+        rechecks = [c for c in callbacks if c == watcher.recheck_now]
         assert len(rechecks) == 1 and watcher.stats()["recheck_timers"] == 1
     finally:
         del before

@@ -120,7 +120,7 @@ async def test_control_surface_requires_the_admin_token(emu: Emulator) -> None:
     for path in ("/_emulator/faults?fail=1", "/_emulator/restart", "/_emulator/drop", "/_emulator/nothing"):
         assert (await call(emu, "POST", path))[0] == 401
     assert emu.faults.pending_decide_failures == 0
-    assert emu.stats.upgrade_refusals == {} and emu.handshakes == []
+    assert emu.stats.upgrade_refusals == {} and emu.handshakes == [] and emu.upgrades == []
 
 
 async def test_control_surface_stats_and_faults(emu: Emulator) -> None:

@@ -5,15 +5,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from airflow_provider_systemzero.emulator import Emulator
+from airflow_provider_systemzero.emulator import Emulator, UpgradeRecord
 from airflow_provider_systemzero.protocol import PROTOCOL
-from tests.helpers.wire import FAST, close_of, recv, recv_type, send, start_message, stream, until_closed
+from tests.helpers.wire import (
+    FAST,
+    close_of,
+    http,
+    recv,
+    recv_type,
+    send,
+    start_message,
+    stream,
+    until_closed,
+)
 
 AUTH = {"Authorization": "Bearer demo"}
 
@@ -175,3 +186,27 @@ async def test_handshakes_are_recorded_with_secrets_masked(emu: Emulator) -> Non
     lowered = {k.lower() for k in headers}
     assert not lowered & {"origin", "cookie", "sec-websocket-extensions"}
     assert "demo" not in json.dumps(emu.handshakes)
+
+
+async def test_each_upgrade_is_recorded_with_when_it_came_and_how_it_was_answered() -> None:
+    solo = {"additional_headers": {"Authorization": "Bearer solo"}}
+    async with Emulator(api_keys=["solo:1"], limits=FAST) as emu:
+        before = time.monotonic()
+        async with stream(emu, key="solo") as ws:
+            assert (await recv(ws))["type"] == "hello"
+            await refused(emu.url, **solo)  # the account's one stream is taken
+        await refused(emu.url, additional_headers={"Authorization": "Bearer wrong"})
+        emu.faults.refuse_upgrades(1, status=503, retry_after_s=3)
+        await refused(emu.url, **solo)
+        after = time.monotonic()
+        status, _, _ = await asyncio.to_thread(http, emu, "GET", "/_emulator/stats", token=emu.admin_token)
+        assert status == 200  # the control surface is not the stream path: not recorded
+    assert [(u.status, u.code, u.retry_after_s, u.accepted) for u in emu.upgrades] == [
+        (101, None, None, True),
+        (429, "stream_capacity", 1, False),
+        (401, "invalid_api_key", None, False),
+        (503, "overloaded", 3, False),
+    ]
+    arrivals = [u.at for u in emu.upgrades]
+    assert before <= arrivals[0] and arrivals == sorted(arrivals) and arrivals[-1] <= after
+    assert all(isinstance(u, UpgradeRecord) for u in emu.upgrades)

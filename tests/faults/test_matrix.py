@@ -320,7 +320,7 @@ async def test_401_sensor(make_harness: HarnessFactory) -> None:
     await h.emu.restart(retry_after_ms=0)
     # decided and in sync: the restart alone opens nothing (it would only decide that state again)
     await h.until(lambda e: e.stats.streams_open == 0)
-    assert not task.done() and [u.status for u in h.emu.upgrades] == [None]
+    assert not task.done() and [u.status for u in h.emu.upgrades] == [101]
     set_source("s", READY)
     payload = await task
     assert (payload["status"], payload["error_type"]) == ("error", "authentication")
@@ -328,7 +328,7 @@ async def test_401_sensor(make_harness: HarnessFactory) -> None:
     assert KEY not in str(payload)
     with pytest.raises(AirflowFailException, match="HTTP 401"):  # no retry: a wrong key stays wrong
         sensor_outcome(payload)
-    assert [u.status for u in h.emu.upgrades] == [None, 401]  # refused once, never retried
+    assert [u.status for u in h.emu.upgrades] == [101, 401]  # refused once, never retried
     await h.settle()
     h.check_billing(1)
     h.check_delays()

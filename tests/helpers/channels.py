@@ -46,6 +46,12 @@ def publish(channel: str, state: Any) -> None:
             waiter.set_result(None)
 
 
+def waiters(channel: str) -> tuple[asyncio.Future[None], ...]:
+    """The futures the sources reading the channel wait on now (each resolved by :func:`publish`)."""
+    entry = _CHANNELS.get(channel)
+    return () if entry is None else entry.waiters
+
+
 def readers(channel: str) -> int:
     """How many sources read the channel now."""
     entry = _CHANNELS.get(channel)

@@ -3,8 +3,8 @@ them (serialize → rebuild → ``run()``), and the four invariants every case c
 
 The spies only observe (plus one scripted fault, :attr:`SpiedEmulator.drop_before`):
 
-* **upgrades** — every upgrade request on the stream path, with the time it arrived and, for a
-  refusal, the status and the delay the response asked for (``Retry-After-Ms`` / ``Retry-After``);
+* **upgrades** — the emulator's own :attr:`Emulator.upgrades`: every upgrade request on the stream
+  path, with the time it arrived, the status (101: accepted) and a refusal's ``Retry-After``;
 * **server messages** — every message a stream queued, with the time (goodbyes carry their delay);
 * **decide calls** — every call into the decide backend, with its start and end time and outcome;
 * **client streams** — every :class:`DecisionStream` a hook opened, so its ``reconnects`` records
@@ -35,12 +35,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_systemzero.decisions.conditions import DecisionCondition
-from airflow_provider_systemzero.emulator import server as emulator_server
 from airflow_provider_systemzero.emulator.server import Emulator
 from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
 from airflow_provider_systemzero.identity import task_namespace
 from airflow_provider_systemzero.protocol.body import body_hash, compact_json
-from airflow_provider_systemzero.protocol.errors import RetryHint
 from airflow_provider_systemzero.protocol.gateway import (
     CloseConnection,
     DecideFailure,
@@ -98,15 +96,6 @@ class ReadyDecider:
 
 
 @dataclass(frozen=True, slots=True)
-class Upgrade:
-    """One upgrade request: when, and for a refusal its status and asked delay (seconds)."""
-
-    at: float
-    status: int | None
-    delay: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class Sent:
     """One server message queued by a stream."""
 
@@ -138,7 +127,6 @@ class SpiedEmulator(Emulator):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.upgrades: list[Upgrade] = []
         self.sent: list[Sent] = []
         self.closes: list[tuple[float, str, int]] = []
         self.calls: list[Call] = []
@@ -166,21 +154,6 @@ class SpiedEmulator(Emulator):
             return outcome
 
         self.backend.decide = decide  # type: ignore[method-assign]
-
-    def _process_request(self, connection: Any, request: Any) -> Any:
-        at = time.monotonic()
-        response = super()._process_request(connection, request)
-        if request.path.startswith(emulator_server.CONTROL_PREFIX):
-            return response
-        if response is None:
-            self.upgrades.append(Upgrade(at, None, None))
-        else:
-            headers = {name: value for name, value in response.headers.raw_items()}
-            delay_ms = RetryHint.delay_from_headers(headers)
-            self.upgrades.append(
-                Upgrade(at, response.status_code, None if delay_ms is None else delay_ms / 1000)
-            )
-        return response
 
     def tap(self, stream: Any, actions: list[GatewayAction]) -> list[GatewayAction]:
         """The emulator's ``action_tap``: record what a stream sends and closes, and carry out
@@ -398,7 +371,7 @@ class Harness:
                 delays.append((sent.at, message.retry_after_ms / 1000))
             if isinstance(message, Error) and message.fatal and message.retry.retry_after_ms:
                 delays.append((sent.at, message.retry.retry_after_ms / 1000))
-        delays += [(u.at, u.delay) for u in self.emu.upgrades if u.status is not None and u.delay]
+        delays += [(u.at, u.retry_after_s) for u in self.emu.upgrades if not u.accepted and u.retry_after_s]
         for at, delay in delays:
             later = [u.at for u in self.emu.upgrades if u.at > at]
             if later:

@@ -67,6 +67,8 @@ class Pair:
         stream_id: str = STREAM_ID,
     ) -> None:
         self.now = now
+        #: how far the client's clock runs ahead of the gateway's (seconds; a skew a test sets)
+        self.client_ahead = 0.0
         self.client = client
         self.gateway = GatewaySession(
             stream_id=stream_id, now=now, limits=limits, request_id="example-opening"
@@ -81,6 +83,11 @@ class Pair:
         self.client.connection_opened(now)
         self.handle(self.gateway.actions())
 
+    @property
+    def client_now(self) -> float:
+        """The time on the client's clock: :attr:`now` plus :attr:`client_ahead`."""
+        return self.now + self.client_ahead
+
     def handle(self, actions: list[Any]) -> None:
         """Carry out the gateway's actions: deliver its messages to the client, answer its decide
         dispatches (unless told not to), and end the connection where it closes."""
@@ -89,7 +96,7 @@ class Pair:
                 text = encode_message(action.message)
                 self.server_frames.append(text)
                 if self.client.connected:
-                    self.client_events.extend(self.client.receive_text(text, self.now))
+                    self.client_events.extend(self.client.receive_text(text, self.client_now))
             elif isinstance(action, DispatchDecide):
                 self.dispatches.append(action)
                 if self.auto_decide:
@@ -104,7 +111,7 @@ class Pair:
 
     def pump(self, rounds: int = 1000) -> None:
         for _ in range(rounds):
-            frames = self.client.data_to_send(self.now) if self.client.connected else []
+            frames = self.client.data_to_send(self.client_now) if self.client.connected else []
             if not frames:
                 return
             for text in frames:

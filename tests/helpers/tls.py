@@ -119,7 +119,8 @@ class TLSGateway:
         assert self.server is not None
         return f"wss://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
-    async def _handler(self, ws: ServerConnection) -> None:
+    async def handler(self, ws: ServerConnection) -> None:
+        """Serve one connection (a subclass may look at it first)."""
         await serve_session(ws, "szws_" + "7" * 32, REPLY)
 
     async def __aenter__(self) -> TLSGateway:
@@ -127,7 +128,7 @@ class TLSGateway:
             self.requests.append(dict(request.headers.raw_items()))
 
         self.server = await serve(
-            self._handler,
+            self.handler,
             "127.0.0.1",
             0,
             ssl=self.context,

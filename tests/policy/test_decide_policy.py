@@ -180,26 +180,34 @@ def test_below_the_bars(emulator: Any, below: str, state: str, decision: Any) ->
         assert task_tries(dag_run)["decide"] == 1  # the same state would get the same answer: no retry
 
 
-#: every ``decision`` record a flaky task pushed, in order
-PUSHED: list[dict[str, Any]] = []
+@pytest.fixture
+def pushed(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every ``decision`` record a task pushes to XCom, in order, over all its tries (XCom keeps
+    only the last)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    records: list[dict[str, Any]] = []
+    push = RuntimeTaskInstance.xcom_push
+
+    def recording(ti: Any, key: str, value: Any) -> Any:
+        if key == "decision":
+            records.append(value)
+        return push(ti, key, value)
+
+    monkeypatch.setattr(RuntimeTaskInstance, "xcom_push", recording)
+    return records
 
 
 class _FailsOnceAfterDeciding(SystemZeroDecideOperator):
-    """Decides, pushes its record, then fails its first try (a crash after the decision)."""
+    """Decides and pushes its record, then fails its first try (a crash after the decision, before
+    the task ends)."""
 
-    def _push_record(self, context: Any, record: dict[str, Any]) -> None:
-        super()._push_record(context, record)
-        PUSHED.append(record)
-
-    def _apply(self, context: Any, gate: Any, record: dict[str, Any]) -> Any:
-        result = super()._apply(context, gate, record)
+    def post_execute(self, context: Any, result: Any = None) -> None:
         if context["ti"].try_number == 1:
             raise AirflowException("the worker crashed after the decision")
-        return result
 
 
-def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
-    PUSHED.clear()
+def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any, pushed: list[dict[str, Any]]) -> None:
     with DAG("policy_retry", schedule=None, start_date=START) as dag:
         _FailsOnceAfterDeciding(
             task_id="decide",
@@ -215,15 +223,14 @@ def test_a_retry_is_billed_once_with_the_same_decision(emulator: Any) -> None:
     assert dag_run.state == "success", task_states(dag_run)
     assert task_tries(dag_run)["decide"] == 2
     assert billed(emulator) == before + 1
-    first, second = PUSHED
+    first, second = pushed
     assert first == second == _record(dag, dag_run.run_id)
 
 
 @needs_task_state_store
 def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(
-    emulator: Any, core_api: Any
+    emulator: Any, core_api: Any, pushed: list[dict[str, Any]]
 ) -> None:
-    PUSHED.clear()
     with DAG("policy_retry_review", schedule=None, start_date=START) as dag:
         _FailsOnceAfterDeciding(
             task_id="decide",
@@ -241,7 +248,7 @@ def test_a_retry_after_a_review_takes_the_same_answer_without_asking_again(
     assert task_tries(dag_run)["decide"] == 2
     assert len(reviewer.seen) == 1  # the person was asked once, on the first try
     assert billed(emulator) == before + 1
-    pending, first, second = PUSHED
+    pending, first, second = pushed
     assert pending["status"] == "pending_review" and pending["decision"] is None
     assert pending["decided_by"] is None  # nothing is decided while a person is asked
     assert first == second == _record(dag, dag_run.run_id)

@@ -163,14 +163,22 @@ def test_rate_limited_mutation_is_resent_after_the_delay() -> None:
     client = make_client(mode="on_request")
     pair = Pair(client, limits=Limits(max_events_per_second=1, event_burst=10))
     pair.pump()
-    pair.gateway._event_bucket._tokens = 0  # the gateway's bucket ran dry (e.g. clock skew)
-    client.append_text("x")
+    for n in range(9):  # the client paces itself under the gateway's burst: the last change waits
+        client.append_text(str(n))
+        pair.pump()
+    assert not client.in_sync and pair.gateway.accepted_events == 9
+    # clock skew: the client's clock runs three seconds ahead of the gateway's, so its bucket refills
+    # where the gateway's does not; the waiting change takes the gateway's last token
+    pair.client_ahead = 3.0
+    pair.pump()
+    assert client.in_sync and pair.gateway.accepted_events == 10
+    client.append_text("x")  # the gateway's bucket ran dry
     pair.pump()
     [rejected] = [e for e in pair.client_events if isinstance(e, MutationRejected)]
     assert rejected.error.code == "event_rate_limited"
     assert not client.in_sync
     pair.advance(1.0)
-    assert client.in_sync and pair.gateway.stream_state.state == "log\nx"
+    assert client.in_sync and pair.gateway.stream_state.state == "log\n012345678x"
 
 
 def test_non_retryable_rejection_fails_the_stream() -> None:

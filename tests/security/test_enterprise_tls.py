@@ -78,12 +78,12 @@ class MutualTLSGateway(TLSGateway):
         self.context.load_verify_locations(client_ca)
         self.clients: list[str] = []
 
-    async def _handler(self, ws: ServerConnection) -> None:
+    async def handler(self, ws: ServerConnection) -> None:
         peer = ws.transport.get_extra_info("peercert") or {}
         self.clients += [
             value for rdn in peer.get("subject", ()) for name, value in rdn if name == "commonName"
         ]
-        await super()._handler(ws)
+        await super().handler(ws)
 
 
 @pytest.fixture

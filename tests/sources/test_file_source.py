@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +82,15 @@ async def test_a_read_whose_reader_was_cancelled_meanwhile_loses_nothing(
     log.write_text(content)
     source = build_source(spec(log, notifications=watch), "")
     started, release = threading.Event(), threading.Event()
-    read_file = source._read_file
+    pread = os.pread
 
-    def held_read_file(replaced: bool, limit: int | None) -> Any:
-        if limit is None:  # the read in a thread
+    def held_pread(fd: int, length: int, offset: int) -> bytes:
+        if threading.current_thread() is not threading.main_thread():  # the read in a thread
             started.set()
             release.wait(10)
-        return read_file(replaced, limit)
+        return pread(fd, length, offset)
 
-    monkeypatch.setattr(source, "_read_file", held_read_file)
+    monkeypatch.setattr(os, "pread", held_pread)
     first = asyncio.ensure_future(source.read())
     try:
         assert await asyncio.to_thread(started.wait, 10)
@@ -173,7 +171,6 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
         wait_until, lambda: all(t.name != file_watch.CLOSING_THREAD for t in threading.enumerate())
     )
     descriptors, threads = inotify_descriptors(), other_threads()
-    loop = asyncio.get_running_loop()
     triggers = [
         rebuilt(
             sensor_trigger(
@@ -204,7 +201,7 @@ async def test_n_triggers_on_n_files_hold_one_watcher(
     # the last source gone, the watcher stops (off the change path) and its descriptor is closed
     await asyncio.to_thread(
         wait_until,
-        lambda: file_watch._WATCHERS.get(loop) is None and inotify_descriptors() == descriptors,
+        lambda: watcher.closed and inotify_descriptors() == descriptors,
         what="the watcher to stop and its descriptor to close",
     )
 
@@ -216,19 +213,19 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
     descriptor (two writes each: at least a ``MODIFY`` and a ``CLOSE_WRITE`` apiece): each source
     is called once for all of them — two sources on one file, once each — and reads its file once."""
     woken: collections.Counter[int] = collections.Counter()
-    reads: collections.Counter[int] = collections.Counter()
-    on_event, read_file = FileSource._on_event, FileSource._read_file
+    reads: collections.Counter[str] = collections.Counter()
+    callback, open_file = FileSource.__call__, os.open
 
-    def counting_event(self: FileSource, mask: int) -> None:
+    def counting_callback(self: FileSource, mask: int) -> None:  # a source is the watcher's callback
         woken[id(self)] += 1
-        on_event(self, mask)
+        callback(self, mask)
 
-    def counting_read(self: FileSource, replaced: bool, limit: int | None) -> Any:
-        reads[id(self)] += 1
-        return read_file(self, replaced, limit)
+    def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:  # a read opens the file
+        reads[os.fspath(path)] += 1
+        return open_file(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(FileSource, "_on_event", counting_event)
-    monkeypatch.setattr(FileSource, "_read_file", counting_read)
+    monkeypatch.setattr(FileSource, "__call__", counting_callback)
+    monkeypatch.setattr(os, "open", counting_open)
     k = 6
     logs = []
     for index in range(k):
@@ -253,7 +250,7 @@ async def test_one_read_of_the_descriptor_wakes_each_source_once_and_each_reads_
         assert seen == ["starting\none\ntwo\n"] * (k + 1)
         assert watcher.events_read - events_before >= 4 * k
         assert woken == {id(source): 1 for source in sources}
-        assert reads == {id(source): 1 for source in sources}
+        assert reads == collections.Counter(source.path for source in sources)  # one read each
     finally:
         for successive in iterators:
             await successive.aclose()
@@ -313,10 +310,12 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
         assert poll_timers() == 0  # and no poll
         assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # the re-check
         assert watcher.stats()["recheck_timers"] == 1
-        # the re-check of unchanged files wakes nobody
+        # the re-check of unchanged files wakes nobody; run early, it takes its timer's place
         watcher.recheck_now()
         await asyncio.sleep(0.05)
         assert not any(w.done() for w in waits) and watcher.stats()["recheck_timers"] == 1
+        owners = [getattr(c, "__self__", c) for c in scheduled_callbacks()]
+        assert [o for o in owners if isinstance(o, file_watch.FileWatcher)] == [watcher]  # no second chain
     finally:
         for wait in waits:
             wait.cancel()
@@ -324,17 +323,19 @@ async def test_notified_sources_keep_no_timer_and_share_the_watchers_one_recheck
             await source.aclose()
 
 
-@contextlib.contextmanager
-def notifications_lost(watcher: file_watch.FileWatcher) -> Iterator[None]:
-    """Writes made inside are never reported: the watcher's reader is off, and the events they
-    queued are read and dropped before it is on again (what a missed notification looks like)."""
-    loop = asyncio.get_running_loop()
-    loop.remove_reader(watcher._fd)
+def append_unreported(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` through a hard link in another directory: inotify reports a
+    write to the watches of the directory of the name it was made through, so the watched
+    directory never hears of it (what a missed notification looks like)."""
+    elsewhere = path.parent.parent / f"{path.parent.name}-link"
+    elsewhere.mkdir(exist_ok=True)
+    link = elsewhere / path.name
+    os.link(path, link)
     try:
-        yield
+        with link.open("a") as handle:
+            handle.write(text)
     finally:
-        watcher._inotify.read(timeout=0)
-        loop.add_reader(watcher._fd, watcher._on_readable)
+        link.unlink()
 
 
 @pytest.mark.parametrize("when", ["waiting", "between waits"])
@@ -352,8 +353,7 @@ async def test_the_watchers_recheck_finds_a_change_no_notification_reported(
         assert watcher is not None
         waiting = source.changed() if when == "waiting" else None
         await asyncio.sleep(0.02)
-        with notifications_lost(watcher), log.open("a") as handle:
-            handle.write("Job is ready.\n")
+        append_unreported(log, "Job is ready.\n")
         await asyncio.sleep(0.05)
         assert waiting is None or not waiting.done()  # the write went unreported
         watcher.recheck_now()  # what the re-check timer runs: one stat per watched file

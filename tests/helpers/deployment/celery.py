@@ -162,10 +162,10 @@ class CeleryDeployment(Deployment):
             raise RuntimeError(f"{component.name} exited ({component.process.returncode})")
         return " ready." in component.log_path.read_text(errors="replace")
 
-    def _store_connections_and_pool(self) -> None:
+    def store_connections_and_pool(self) -> None:
         """The connections and the pool, then the FAB users: ``admin`` (Admin) and ``reader``
         (no role of its own yet)."""
-        super()._store_connections_and_pool()
+        super().store_connections_and_pool()
         for user, role in ((ADMIN, "Admin"), (READER, "Public")):
             self.cli(
                 "users",

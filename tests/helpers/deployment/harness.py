@@ -247,7 +247,7 @@ class Deployment:
                 # WAL: the test's read-only queries never block a component's write (persists in the file)
                 with contextlib.closing(sqlite3.connect(self.db_path)) as conn:
                     conn.execute("PRAGMA journal_mode=WAL")
-            self._store_connections_and_pool()
+            self.store_connections_and_pool()
             self._start("api-server", ["api-server"])
             self._start("scheduler", ["scheduler", "--skip-serve-logs"])
             self._start("dag-processor", ["dag-processor"])
@@ -370,7 +370,9 @@ class Deployment:
             raise RuntimeError(f"'airflow {' '.join(args)}' failed ({result.returncode}):\n{_tail(log, 30)}")
         return result.stdout
 
-    def _store_connections_and_pool(self) -> None:
+    def store_connections_and_pool(self) -> None:
+        """Store the test's connections and pool in the deployment's database, before any component
+        starts (a deployment that needs more, such as users, extends it)."""
         script = """
 import json, os
 from airflow.models import Connection
