@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger
 
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.decisions.watch import VerdictRules
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.sources.spec import build_source
@@ -219,6 +221,35 @@ class WatchingTrigger(StreamTrigger):
             decide_when=decide_when, debounce_ms=debounce_ms, decide_initial=decide_initial
         )
         self.max_staleness = validate_max_staleness(max_staleness)
+
+    @staticmethod
+    def parsed_condition(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
+        """The ``condition`` kwarg as the trigger keeps it (plain JSON), and as it is checked: from a
+        :class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition` or its
+        :meth:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict`.
+
+        :param condition: the kwarg, as the author or the sensor gave it.
+        :raises SystemZeroArgumentError: anything else, or a dict that is not a condition.
+        """
+        if isinstance(condition, DecisionCondition):
+            return condition.to_dict(), condition
+        if not isinstance(condition, Mapping):
+            raise SystemZeroArgumentError(
+                f"condition must be a DecisionCondition or its to_dict(), got {type(condition).__name__}: "
+                "pass e.g. condition=DecisionCondition('ready', True, min_confidence=0.8)",
+                code="invalid_condition",
+                field="condition",
+            )
+        try:
+            built = DecisionCondition.from_dict(condition)
+        except TypeError as exc:  # an unknown or a missing key
+            raise SystemZeroArgumentError(
+                f"condition {dict(condition)!r} is not a condition ({exc}): build it with "
+                "DecisionCondition(question, expect, ...).to_dict()",
+                code="invalid_condition",
+                field="condition",
+            ) from None
+        return dict(condition), built
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
