@@ -771,10 +771,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self, context: Context, gate: Gate, outcome: PolicyOutcome, defaults: list[str] | None
     ) -> None:
         """Defer to the sensor's own trigger with the review open: it watches on, and follows the
-        review (:mod:`~airflow_provider_systemzero.triggers.review`). A poking sensor returns (it
-        waits for the answer alone)."""
-        if not self._watches_while_asked():
-            return
+        review (:mod:`~airflow_provider_systemzero.triggers.review`)."""
         timeout = self.policy.review_timedelta if self.policy is not None else None
         review = {
             "ti_id": str(context["task_instance"].id),
