@@ -97,7 +97,7 @@ from airflow_provider_systemzero.tasks.deadlines import (
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin, answer_record
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -711,9 +711,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             # now: it watches on with the answer to judge
             answer = {**event, "responded_at": _iso(event.get("responded_at"))}
             self._defer_reviewing(context, {**review, "answer": answer})
-        own = self._own_namespaces(context)
-        ended = WatchEvent.from_payload(owned_event(self.task_id, event, own))
-        self.usage_from_event(context, ended)  # the usage XCom; fails the task when the budget stopped it
+        ended = self.resumed_event(context, event, self._own_namespaces(context))
         if ended.status == "review":
             return self._reviewed(context, ended)
         if ended.status not in ("success", "policy"):
