@@ -470,19 +470,15 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
         Airflow can start the sensor in the triggerer."""
         check_flag("start_from_trigger", start_from_trigger, "start the wait in the triggerer")
-        self.start_from_trigger = start_from_trigger and self._can_start_from_trigger()
-        if self.start_from_trigger:
-            self.start_trigger_args = self._start_trigger_args()
-
-    def _can_start_from_trigger(self) -> bool:
-        """Whether this Airflow can start the sensor in the triggerer (a warning says why not)."""
-        if not has_trigger_templates():
+        if start_from_trigger and not has_trigger_templates():
             self.log.warning(
                 "%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
                 "this Airflow starts the task on a worker, which defers at once",
                 self.task_id,
             )
-        return has_trigger_templates()
+        self.start_from_trigger = start_from_trigger and has_trigger_templates()
+        if self.start_from_trigger:
+            self.start_trigger_args = self._start_trigger_args()
 
     def _start_trigger_args(self) -> StartTriggerArgs:
         """Parse time: the ``start_trigger_args`` of a sensor that starts in the triggerer.
