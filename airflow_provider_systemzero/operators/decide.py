@@ -42,7 +42,7 @@ from airflow_provider_systemzero.tasks.deadlines import deadline_in, defer_timeo
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger, owned_event
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecideTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -543,9 +543,7 @@ class SystemZeroDecideOperator(UsageBudgetMixin, PolicyGateMixin, BaseOperator):
 
         :param event: the trigger's payload.
         """
-        namespaces = {context_namespace(context, salt=self.key_salt)}
-        event = WatchEvent.from_payload(owned_event(self.task_id, event, namespaces))
-        self.usage_from_event(context, event)  # the usage XCom; fails the task when the budget stopped it
+        event = self.resumed_event(context, event, {context_namespace(context, salt=self.key_salt)})
         if event.status == "timeout":  # whose deadline it was, how long decisions took, what to raise
             reason = timeout_reason(
                 self,

@@ -97,7 +97,7 @@ from airflow_provider_systemzero.tasks.deadlines import (
 from airflow_provider_systemzero.tasks.payloads import task_failure
 from airflow_provider_systemzero.tasks.review import Gate, PolicyGateMixin, answer_record
 from airflow_provider_systemzero.tasks.usage import UsageBudgetMixin
-from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger, owned_event
+from airflow_provider_systemzero.triggers.decision import SystemZeroDecisionTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -470,19 +470,15 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Parse time: set ``start_from_trigger`` (and the ``start_trigger_args`` it needs) when this
         Airflow can start the sensor in the triggerer."""
         check_flag("start_from_trigger", start_from_trigger, "start the wait in the triggerer")
-        self.start_from_trigger = start_from_trigger and self._can_start_from_trigger()
-        if self.start_from_trigger:
-            self.start_trigger_args = self._start_trigger_args()
-
-    def _can_start_from_trigger(self) -> bool:
-        """Whether this Airflow can start the sensor in the triggerer (a warning says why not)."""
-        if not has_trigger_templates():
+        if start_from_trigger and not has_trigger_templates():
             self.log.warning(
                 "%s: start_from_trigger needs Airflow 3.3, whose triggerer renders trigger templates; "
                 "this Airflow starts the task on a worker, which defers at once",
                 self.task_id,
             )
-        return has_trigger_templates()
+        self.start_from_trigger = start_from_trigger and has_trigger_templates()
+        if self.start_from_trigger:
+            self.start_trigger_args = self._start_trigger_args()
 
     def _start_trigger_args(self) -> StartTriggerArgs:
         """Parse time: the ``start_trigger_args`` of a sensor that starts in the triggerer.
@@ -711,9 +707,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             # now: it watches on with the answer to judge
             answer = {**event, "responded_at": _iso(event.get("responded_at"))}
             self._defer_reviewing(context, {**review, "answer": answer})
-        own = self._own_namespaces(context)
-        ended = WatchEvent.from_payload(owned_event(self.task_id, event, own))
-        self.usage_from_event(context, ended)  # the usage XCom; fails the task when the budget stopped it
+        ended = self.resumed_event(context, event, self._own_namespaces(context))
         if ended.status == "review":
             return self._reviewed(context, ended)
         if ended.status not in ("success", "policy"):
@@ -771,10 +765,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         self, context: Context, gate: Gate, outcome: PolicyOutcome, defaults: list[str] | None
     ) -> None:
         """Defer to the sensor's own trigger with the review open: it watches on, and follows the
-        review (:mod:`~airflow_provider_systemzero.triggers.review`). A poking sensor returns (it
-        waits for the answer alone)."""
-        if not self._watches_while_asked():
-            return
+        review (:mod:`~airflow_provider_systemzero.triggers.review`)."""
         timeout = self.policy.review_timedelta if self.policy is not None else None
         review = {
             "ti_id": str(context["task_instance"].id),

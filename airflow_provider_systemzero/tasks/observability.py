@@ -181,13 +181,6 @@ def capture_content_enabled() -> bool:
     return bool(_conf_boolean("systemzero", "capture_content"))
 
 
-def _tracer() -> Any:
-    from opentelemetry import trace
-
-    provider = _overrides.get("tracer_provider")
-    return trace.get_tracer(_TRACER_NAME, tracer_provider=provider)
-
-
 # ------------------------------------------------------------------------------------ observers
 
 
@@ -240,7 +233,10 @@ class AirflowStreamObserver(StreamObserver):
             self._capture = capture_content_enabled() if self._spans else False
         if self._spans:
             try:
-                self._tracer = _tracer()
+                from opentelemetry import trace
+
+                provider = _overrides.get("tracer_provider")
+                self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=provider)
             except Exception as exc:  # OpenTelemetry missing or broken: no spans, never a failure
                 log.debug("System Zero spans are off: %s", exc)
                 self._spans = False
@@ -395,9 +391,13 @@ class AirflowStreamObserver(StreamObserver):
             with self._guard():
                 self._decision_span(result, outcome)
 
-    def _decision_span(self, result: DecisionResult, outcome: str) -> None:
+    def _in_connection(self) -> Any:
+        """The context a decision's span starts in: its connection's span, when there is one."""
         from opentelemetry import trace
 
+        return trace.set_span_in_context(self._conn_span) if self._conn_span is not None else None
+
+    def _decision_span(self, result: DecisionResult, outcome: str) -> None:
         now = time.time_ns()
         took = result.latency_ms if result.latency_ms is not None else result.decide_ms
         start = now - int(max(0.0, took or 0.0) * 1_000_000)
@@ -431,9 +431,8 @@ class AirflowStreamObserver(StreamObserver):
             if answer.confidence is not None:
                 attributes[f"systemzero.answer.{name}.confidence"] = answer.confidence
         attributes.update(self._content())
-        context = trace.set_span_in_context(self._conn_span) if self._conn_span is not None else None
         span = self._tracer.start_span(
-            "systemzero.decision", context=context, attributes=attributes, start_time=start
+            "systemzero.decision", context=self._in_connection(), attributes=attributes, start_time=start
         )
         span.end(end_time=now)
 
@@ -443,13 +442,11 @@ class AirflowStreamObserver(StreamObserver):
         self._emit("counter", "systemzero.decisions", outcome="failed")
         if self._spans and self._tracer is not None:
             with self._guard():
-                from opentelemetry import trace
                 from opentelemetry.trace import Status, StatusCode
 
-                context = trace.set_span_in_context(self._conn_span) if self._conn_span is not None else None
                 span = self._tracer.start_span(
                     "systemzero.decision",
-                    context=context,
+                    context=self._in_connection(),
                     attributes={
                         "systemzero.outcome": "failed",
                         "systemzero.http_status": http_status or 0,

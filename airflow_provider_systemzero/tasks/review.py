@@ -583,16 +583,16 @@ class PolicyGateMixin:
         record = self._record(gate, outcome, decision=None, decided_by=None, reason=reason)
         return self._wait_again(context, gate, record)
 
+    def _watches_while_asked(self) -> bool:
+        """Whether this task goes on watching its source while a person decides: then, the request
+        written, :meth:`_watch_while_asked` defers to its own trigger (a deferrable sensor)."""
+        return False
+
     def _watch_while_asked(
         self, context: Context, gate: Gate, outcome: PolicyOutcome, defaults: list[str] | None
     ) -> None:
-        """Go on watching while the person decides (a deferrable sensor defers to its own trigger
-        and never returns); a task that does not watch returns and waits for the answer alone."""
-        return None
-
-    def _watches_while_asked(self) -> bool:
-        """Whether this task goes on watching its source while a person decides."""
-        return False
+        """Go on watching while the person decides (only when :meth:`_watches_while_asked`)."""
+        raise NotImplementedError
 
     def _default(self, gate: Gate) -> Any:
         default = self.policy.default if self.policy is not None else None
@@ -632,11 +632,12 @@ class PolicyGateMixin:
         if policy is not None and policy.default is not None:
             defaults = gate.to_labels(self._default(gate))
         subject = self.review_subject or f"System Zero is unsure: {gate.question}"
+        watching = self._watches_while_asked()
         upsert_hitl_detail(
             ti_id=context["task_instance"].id,
             options=gate.labels(),
             subject=subject,
-            body=review_body(gate, outcome, policy, watching=self._watches_while_asked()),
+            body=review_body(gate, outcome, policy, watching=watching),
             defaults=defaults,
             multiple=gate.multiple,
             params={},
@@ -655,7 +656,7 @@ class PolicyGateMixin:
             gate.question,
             outcome.reason,
             "deferred, watching its source meanwhile"
-            if self._watches_while_asked()
+            if watching
             else "in awaiting_input"
             if has_awaiting_input()
             else "deferred, while Airflow's HITLTrigger checks for an answer",
@@ -663,7 +664,8 @@ class PolicyGateMixin:
         )
         for notifier in self.review_notifiers:
             notifier(context)
-        self._watch_while_asked(context, gate, outcome, defaults)
+        if watching:
+            self._watch_while_asked(context, gate, outcome, defaults)
         resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
         timeout = policy.review_timedelta if policy is not None else None
         if has_awaiting_input():

@@ -6,7 +6,8 @@ record) lives in :mod:`airflow_provider_systemzero.decisions.budget`, which impo
 This module keeps what needs a task: :class:`TaskUsageLedger` (the Airflow 3.3 task state store,
 AIP-103, under :data:`~airflow_provider_systemzero.decisions.budget.TASK_STATE_KEY`),
 :class:`TryRecord` (what one try spent so far, however many times it resumed) and
-:class:`UsageBudgetMixin` (the operators' and the sensor's caps, the usage XCom).
+:class:`UsageBudgetMixin` (the operators' and the sensor's caps, the usage XCom, and the event they
+resume with: :meth:`UsageBudgetMixin.resumed_event`).
 
 **One try, many parts.** A try can run in several parts: a sensor that defers, asks a person, hears
 "no" and defers again resumes once per deferral, in a new worker process each time; a poking
@@ -22,7 +23,7 @@ Importing this module does not import Airflow.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_systemzero.decisions.budget import (
@@ -37,7 +38,7 @@ from airflow_provider_systemzero.decisions.budget import (
 )
 from airflow_provider_systemzero.decisions.timeline import merge_histories, settle_billed
 from airflow_provider_systemzero.tasks.history import DECISIONS_XCOM_KEY, counted_replies
-from airflow_provider_systemzero.tasks.payloads import error_payload, task_failure
+from airflow_provider_systemzero.tasks.payloads import error_payload, owned_event, task_failure
 
 if TYPE_CHECKING:
     from airflow_provider_systemzero.decisions.watch import WatchEvent
@@ -569,20 +570,27 @@ class UsageBudgetMixin:
             raise _refused(getattr(self, "task_id", "?"), refused)
         return ledger, budget
 
-    def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
-        """On resume: record the trigger's usage (pushes the ``usage`` XCom); fails the task when
-        the trigger's budget refused a dispatch.
+    def resumed_event(self, context: Mapping[str, Any], event: Any, accepted: Collection[str]) -> WatchEvent:
+        """On resume from a trigger: its event, once it is usable and this task's own (an event may
+        be redelivered, a misrouted one is never taken), read back; with the trigger's usage
+        recorded (pushes the ``usage`` XCom), which fails the task when the trigger's budget
+        refused a dispatch.
 
-        :param event: the trigger's event, read back.
+        :param event: the trigger's payload.
+        :param accepted: the key namespaces that identify this task's request.
+        :raises AirflowException: the event is unusable or belongs to another request.
         :raises AirflowFailException: the task's budget stopped the trigger (``AirflowException``,
             which Airflow retries, for a time window's).
         """
+        from airflow_provider_systemzero.decisions.watch import WatchEvent
+
+        event = WatchEvent.from_payload(owned_event(getattr(self, "task_id", "?"), event, accepted))
         report = event.extra.get(EVENT_USAGE_KEY)
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
         ok = event.status in ("success", "review")  # a review event ends a wait as a decision does
         self.resume_try(report.get("carried"))  # what the try spent before it deferred
-        record = self._finish_usage(
+        self._finish_usage(
             self.usage_ledger(context),
             report.get("run"),
             run_id=report.get("run_id"),
@@ -591,7 +599,7 @@ class UsageBudgetMixin:
         )
         if refusal is not None and not ok:
             raise _refused(getattr(self, "task_id", "?"), refusal)
-        return record
+        return event
 
     def decide_with_budget(
         self,

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -47,9 +48,19 @@ from airflow_provider_systemzero.decisions.source_watch import (
     SourceWatch,
 )
 from airflow_provider_systemzero.decisions.watch import VerdictRules, answers_payload
+from airflow_provider_systemzero.exceptions import ARGUMENT_ERRORS, SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import JSONValue
+from airflow_provider_systemzero.protocol.validation import validate_decision_mode
+from airflow_provider_systemzero.questions import validate_state_for_request
 from airflow_provider_systemzero.sources.base import StaticSource
-from airflow_provider_systemzero.sources.spec import refuse_rendered_state, state_templates
+from airflow_provider_systemzero.sources.spec import (
+    check_changes_possible,
+    plain_source,
+    refuse_rendered_state,
+    state_templates,
+    validate_source_spec,
+)
+from airflow_provider_systemzero.tasks.checks import check_conn_id, check_flag, check_lease_after
 from airflow_provider_systemzero.tasks.payloads import error_payload, owned_event
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.kwargs import TriggerKwargs
@@ -62,12 +73,6 @@ from airflow_provider_systemzero.triggers.shared import (
     shared_digest,
     shared_key,
     shared_verdicts,
-)
-from airflow_provider_systemzero.triggers.watch_checks import (
-    check_watch_id,
-    checked_watch,
-    condition_dict,
-    naming_the_watch,
 )
 from airflow_provider_systemzero.triggers.watch_memory import WatchMemory, kwargs_identity
 from airflow_provider_systemzero.triggers.watching import (
@@ -180,7 +185,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             max_staleness=max_staleness,
         )
         #: the condition, parsed once: what the run's rules use, and what ``condition`` gives back
-        _, self.decision_condition = condition_dict(condition)
+        _, self.decision_condition = self.parsed_condition(condition)
         self.state, self.source = state, source
         self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
@@ -410,21 +415,36 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
     ) -> None:
         from airflow_provider_systemzero.identity import task_namespace
 
-        # checked in the Dag file: a mistake is an import error there, naming the watch
-        check_watch_id(watch_id)
-        key_namespace = task_namespace("asset-watch", watch_id, "", -1)
-        with naming_the_watch(watch_id, _EVENT_TRIGGER_ARGUMENTS):
-            condition, source = checked_watch(
-                systemzero_conn_id=systemzero_conn_id,
-                request=request,
-                condition=condition,
-                state=state,
-                source=source,
-                decision_mode=decision_mode,
-                lease=lease,
-                lease_after=lease_after,
-                decide_initial=decide_initial,
+        # checked in the Dag file: a mistake is an import error there, naming the watch (by its
+        # watch_id, checked first) and the argument, before anything is sent or billed; in the
+        # triggerer it would restart the trigger every few seconds, or be billed and never fire
+        if not isinstance(watch_id, str) or not watch_id.strip():
+            raise SystemZeroArgumentError(
+                f"SystemZeroDecisionEventTrigger: watch_id must be a non-empty string, got {watch_id!r}: a "
+                "stable name for this watch (its keys and cache key derive from it), e.g. watch_id='nightly-job'",
+                code="invalid_watch_id",
+                field="watch_id",
             )
+        key_namespace = task_namespace("asset-watch", watch_id, "", -1)
+        with self._naming_the_watch(watch_id):
+            condition, built = self.parsed_condition(condition)
+            source = plain_source(source)
+            check_conn_id(systemzero_conn_id)
+            if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):
+                raise SystemZeroArgumentError(
+                    "request must be a dict with 'questions' ({name: {'type': ..., 'instructions': ...}}) and "
+                    "optionally 'model', 'route', 'mode' and 'prompt_cache_key'",
+                    code="invalid_request",
+                    field="request",
+                )
+            built.check_questions(request["questions"], reviews=False)  # nobody reviews an asset event
+            validate_decision_mode(decision_mode)
+            check_flag("lease", lease, "give the stream back while the source is quiet")
+            check_lease_after(lease_after)
+            validate_source_spec(source, state)
+            check_changes_possible(source, consecutive=built.consecutive, decide_initial=decide_initial)
+            validate_state_for_request(request, state)
+            # the decide_when filter and max_staleness check themselves (WatchingTrigger)
             super().__init__(
                 systemzero_conn_id=systemzero_conn_id,
                 request=request,
@@ -436,6 +456,31 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
             )
         self.condition, self.state, self.watch_id, self.source = condition, state, watch_id, source
         self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _naming_the_watch(watch_id: str) -> Iterator[None]:
+        """Around the checks of the kwargs: an argument error raised inside names the watch, and
+        the argument a field belongs to (the traceback of an import error shows only the
+        provider's frames: the message says where)."""
+        try:
+            yield
+        except ARGUMENT_ERRORS as exc:
+            field = exc.field or ""
+            argument = field.split(".")[0]
+            if argument and argument not in _EVENT_TRIGGER_ARGUMENTS:  # a field inside an argument
+                where = "condition" if argument in _CONDITION_FIELDS else "request"
+                # and the field, unless the message starts with it
+                where += ": " if exc.message.startswith(field) else f": {field}: "
+            elif not field or exc.message.startswith(field):
+                where = ""  # the message names it
+            else:
+                where = f"{field}: "
+            raise SystemZeroArgumentError(
+                f"SystemZeroDecisionEventTrigger(watch_id={watch_id!r}): {where}{exc.message}",
+                code=exc.code,
+                field=exc.field,
+            ) from None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield an event each time the condition becomes true; runs until cancelled. After an
@@ -578,3 +623,5 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
 
 #: The event trigger's arguments: an error about a field inside one of them names the argument.
 _EVENT_TRIGGER_ARGUMENTS = frozenset(inspect.signature(SystemZeroDecisionEventTrigger.__init__).parameters)
+#: The fields of the ``condition`` argument (any other field named inside an argument is the request's).
+_CONDITION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecisionCondition))

@@ -235,7 +235,11 @@ class WatchDriver:
         watch's) first — up to a :class:`Fire`, which is returned (the actions after it wait for
         the next :meth:`next_verdict`); ``None`` once every action is carried out. The actions
         are this call's alone: none stays with the run while it waits."""
-        actions, self._after_fire = self._after_fire or self._next_actions(loop.time()), ()
+        if not (actions := self._after_fire):  # what completed, fed to the watch; what it asks for now
+            now = loop.time()
+            self._collect(now)
+            actions = tuple(self.watch.actions(now))
+        self._after_fire = ()
         for index, action in enumerate(actions):
             if isinstance(action, Fire):
                 self._after_fire = actions[index + 1 :]
@@ -245,11 +249,6 @@ class WatchDriver:
                 return action
             await self._do(action)
         return None
-
-    def _next_actions(self, now: float) -> tuple[Action, ...]:
-        """What completed, fed to the watch; then what the watch asks for now."""
-        self._collect(now)
-        return tuple(self.watch.actions(now))
 
     def _started(self, work: Awaitable[T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(work)
@@ -451,15 +450,12 @@ class WatchDriver:
         watch undoes what it counted as under way and asks again what that was for
         (:meth:`SourceWatch.lost <airflow_provider_systemzero.decisions.source_watch.SourceWatch.lost>`),
         and the next :meth:`next_verdict` starts reading afresh."""
-        await self._stop()
+        await self.aclose()
         self.watch.lost(asyncio.get_running_loop().time())
 
     async def aclose(self) -> None:
         """Stop everything under way and close the stream (the trigger's cleanup): nothing of the
         run is left."""
-        await self._stop()
-
-    async def _stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger
 
+from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.decisions.relevance import DecisionFilter
 from airflow_provider_systemzero.decisions.source_watch import Rules, SourceWatch, validate_max_staleness
 from airflow_provider_systemzero.decisions.timeline import DecisionTimeline
 from airflow_provider_systemzero.decisions.watch import VerdictRules
+from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.reconnect import doubled
 from airflow_provider_systemzero.sources.base import StateSource
 from airflow_provider_systemzero.sources.spec import build_source
@@ -40,7 +42,6 @@ __all__ = [
     "StreamTrigger",
     "WatchProgress",
     "WatchingTrigger",
-    "announce_wait",
     "failures_in_a_row",
     "new_timeline",
     "wait_to_watch_again",
@@ -220,6 +221,35 @@ class WatchingTrigger(StreamTrigger):
         )
         self.max_staleness = validate_max_staleness(max_staleness)
 
+    @staticmethod
+    def parsed_condition(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
+        """The ``condition`` kwarg as the trigger keeps it (plain JSON), and as it is checked: from a
+        :class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition` or its
+        :meth:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict`.
+
+        :param condition: the kwarg, as the author or the sensor gave it.
+        :raises SystemZeroArgumentError: anything else, or a dict that is not a condition.
+        """
+        if isinstance(condition, DecisionCondition):
+            return condition.to_dict(), condition
+        if not isinstance(condition, Mapping):
+            raise SystemZeroArgumentError(
+                f"condition must be a DecisionCondition or its to_dict(), got {type(condition).__name__}: "
+                "pass e.g. condition=DecisionCondition('ready', True, min_confidence=0.8)",
+                code="invalid_condition",
+                field="condition",
+            )
+        try:
+            built = DecisionCondition.from_dict(condition)
+        except TypeError as exc:  # an unknown or a missing key
+            raise SystemZeroArgumentError(
+                f"condition {dict(condition)!r} is not a condition ({exc}): build it with "
+                "DecisionCondition(question, expect, ...).to_dict()",
+                code="invalid_condition",
+                field="condition",
+            ) from None
+        return dict(condition), built
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and plain-JSON kwargs (no secret): the declared kwargs, then the
         ``decide_when`` filter's."""
@@ -288,11 +318,22 @@ class WatchingTrigger(StreamTrigger):
         return WatchDriver(watch, source, streams, stream_kwargs=stream_kwargs, relevance=relevance)
 
     def _open_source(self, *, announce: bool = True) -> StateSource:
-        """Build the run's source (kept for ``cleanup()``) and say what the wait waits for
-        (``announce``; a shared stream waits for no condition of its own)."""
+        """Build the run's source (kept for ``cleanup()``) and, with ``announce`` (a shared stream
+        waits for no condition of its own), say in the line the wait starts with what it waits for,
+        where the state comes from, and until when."""
         self._source = source = build_source(self.source, self.state)
         if announce:
-            announce_wait(self.condition, source, self._stream.deadline)
+            deadline, until = self._stream.deadline, ""
+            if deadline is not None:  # an asset watch has none
+                at = iso_time(deadline)[:19].replace("T", " ") + " UTC"
+                until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
+            log.info(
+                "waiting until %s = %r; the state comes from %s%s",
+                self.condition.get("question"),
+                self.condition.get("expect"),
+                source.describe(),
+                until,
+            )
         return source
 
     def _start_watch(self, rules: Rules, *, once: bool, min_interval_ms: int | None = None) -> WatchDriver:
@@ -309,27 +350,6 @@ def new_timeline() -> DecisionTimeline:
     from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
     return DecisionTimeline(capture_content=capture_content_enabled())
-
-
-def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: float | None = None) -> None:
-    """The line a trigger's wait starts with: what it waits for, where the state comes from, and
-    until when.
-
-    :param condition: the trigger's condition (its dict form).
-    :param source: the trigger's source.
-    :param deadline: the task's deadline (epoch seconds; ``None``: an asset watch, which has none).
-    """
-    until = ""
-    if deadline is not None:
-        at = iso_time(deadline)[:19].replace("T", " ") + " UTC"
-        until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
-    log.info(
-        "waiting until %s = %r; the state comes from %s%s",
-        condition.get("question"),
-        condition.get("expect"),
-        source.describe(),
-        until,
-    )
 
 
 def failures_in_a_row(failures: int, lasted: float) -> int:
