@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_systemzero.deprecations import Renamed
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
 from airflow_provider_systemzero.protocol.starts import StartQueue
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AccountStarts",
-    "DecisionStarts",
     "StreamStarts",
     "decision_starts",
     "key_fingerprint",
@@ -211,11 +211,6 @@ class AccountStarts:
             if wake is not None:
                 wake()
         self._schedule()
-
-
-#: The name :class:`AccountStarts` had before :class:`StreamStarts` carried the rule for a stream
-#: (``DecisionStream(starts=...)`` takes either name).
-DecisionStarts = AccountStarts
 
 
 class StreamStarts:
@@ -500,3 +495,8 @@ def running_starts() -> list[AccountStarts]:
     """Every account's :class:`AccountStarts` on the running loop (what a process reports: the
     fleet and ceiling benchmarks read each account's queue through it)."""
     return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())
+
+
+#: ``DecisionStarts``, the name :class:`AccountStarts` had before :class:`StreamStarts` carried the
+#: rule for a stream, still imports (warning once per process).
+__getattr__ = Renamed(__name__, {"DecisionStarts": ("AccountStarts", lambda: AccountStarts)})
