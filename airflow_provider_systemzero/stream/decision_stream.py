@@ -155,7 +155,7 @@ class DecisionStream:
         observer: StreamObserver | None = None,
         starts: AccountStarts | None = None,
     ) -> None:
-        #: The account's decision starts shared in this process (given, or looked up on entering).
+        #: The account's decision starts shared in this process (``None``: looked up on entering).
         self._account = starts
         #: The settings, or the resolver that gives them on entering.
         self._source = settings
@@ -366,9 +366,12 @@ class DecisionStream:
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings, session = self._settings, self._session
-            self._account = self._account or decision_starts(settings.url, settings.api_key)
             self._starts = StreamStarts(
-                self._account, session, self.capacity, origin=settings.url, decision_mode=self._decision_mode
+                self._account or decision_starts(settings.url, settings.api_key),
+                session,
+                self.capacity,
+                origin=settings.url,
+                decision_mode=self._decision_mode,
             )
             self.budget.attach_window(
                 connection_window(
@@ -710,11 +713,8 @@ class DecisionStream:
             if isinstance(event, AdmissionWanted):
                 self.session.admit(self._admits(event.message))
             elif isinstance(event, HelloReceived):
-                self.capacity.adopt_advertised(
-                    event.hello.limits.max_streams_per_process, self._settings.url if self._settings else None
-                )
-                if self._account is not None:
-                    self._account.adopt(event.hello.limits)
+                if self._starts is not None:
+                    self._starts.hello(event.hello.limits)
                 _log_hello(event.hello)
                 self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):

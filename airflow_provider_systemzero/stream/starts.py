@@ -262,6 +262,15 @@ class StreamStarts:
         """Whether the stream waits for its turn (queued, or granted and not started yet)."""
         return self.account.queue.is_waiting(self)
 
+    def hello(self, limits: Limits) -> None:
+        """The gateway said ``hello``: its cap on the streams to it (``max_streams_per_process``)
+        bounds this stream's slots, and its account's decision limits the account's starts.
+
+        :param limits: the limits it advertised.
+        """
+        self._capacity.adopt_advertised(limits.max_streams_per_process, self._origin)
+        self.account.adopt(limits)
+
     # ------------------------------------------------------------------ the connection's turn
 
     @asynccontextmanager
