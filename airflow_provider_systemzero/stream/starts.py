@@ -7,8 +7,7 @@ process does about it:
 * :class:`AccountStarts` — one per account (gateway URL and API key) and event loop, shared by the
   process's streams to it (:func:`decision_starts`): the pure
   :class:`~airflow_provider_systemzero.protocol.starts.StartQueue` (the mirror of the account's
-  bucket, who goes next, what a 429 changes) and the one timer that grants turns. It holds no
-  reference to its loop, so a sync ``SystemZeroHook.decide()`` leaves its loop to the collector.
+  bucket, who goes next, what a 429 changes) and the one timer that grants turns.
 * :class:`StreamStarts` — one per stream: everything the stream does about its starts. Its
   connection takes the stream's turn in one place before it opens (:meth:`StreamStarts.turn`);
   the stream asks in one place before its session writes what starts a decision
@@ -69,11 +68,10 @@ def _now() -> float:
 
 
 class AccountStarts:
-    """One account's decision starts in this process (on the running event loop): the shared
-    queue and the one timer that grants turns.
+    """One account's decision starts in this process (on the running event loop; see the module).
 
-    It holds no reference to its loop (the loop's time is read when asked), so a loop that ends is
-    collected even while this object is kept for it.
+    It holds no reference to its loop (the loop's time is read when asked), so a loop that ends —
+    a sync ``SystemZeroHook.decide()``'s — is collected even while this object is kept for it.
 
     :param label: how the log names the account (the gateway URL and the key's fingerprint).
     :param now: the loop's time when it is made.
