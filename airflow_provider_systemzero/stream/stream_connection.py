@@ -367,8 +367,7 @@ class StreamConnection:
         """The stream closes or failed: the open connection closes (1000) at the writer's next turn,
         and no other opens."""
         self._closing = True
-        self.wakeup.fire()
-        self._turn_soon()
+        self.kick()
 
     def give_back(self) -> None:
         """Give the current connection back (1000) once nothing is due; the next one opens when
@@ -894,9 +893,8 @@ class StreamConnection:
 
     def kick(self) -> None:
         """Something to send or to look at: the run loop wakes if it waits (for work, or out its
-        backoff) and, on an open connection, a writer's turn runs in the next loop iteration (once,
-        however often it is asked): for what does not run from the caller's own task or a socket
-        callback."""
+        backoff), and :meth:`_turn_soon` — for what does not run from the caller's own task or a
+        socket callback."""
         self.wakeup.fire()
         self._turn_soon()
 
