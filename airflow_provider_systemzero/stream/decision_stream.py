@@ -727,10 +727,13 @@ class DecisionStream:
                     self._delivery.queue(event.result)
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
-                if event.repeated:
-                    self._on_failure_inherited(event)
-                else:
+                if not event.repeated:  # a repeated one was counted when it arrived
                     self._on_decision_failed(event)
+                else:  # the caller returned to a state whose dispatch failed for good
+                    error = decision_error(event.error)
+                    self._delivery.answer(event.intents, error)
+                    if event.current:
+                        self._delivery.queue(error)
                 self._settle_exceeded()
             elif isinstance(event, MutationRejected):
                 self._accounting.refused(event.error)
@@ -881,14 +884,6 @@ class DecisionStream:
             )
             return
         self._delivery.queue(error)
-
-    def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
-        """The caller returned to a state whose dispatch failed for good (counted when it arrived):
-        its waiters hear the failure, and ``decisions()`` does if it has not yet."""
-        error = decision_error(event.error)
-        self._delivery.answer(event.intents, error)
-        if event.current:
-            self._delivery.queue(error)
 
     def _budget_exceeded(self, exc: BudgetExceeded) -> None:
         """The budget refused a dispatch: said once; on_request whoever waits hears why at once,
