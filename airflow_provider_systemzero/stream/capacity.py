@@ -356,8 +356,11 @@ class StreamCapacity:
             if place.granted:
                 self._count_opening_locked(place.origin, -1)
                 self._grant_openers_locked(place.origin)
-            else:
-                self._leave_openers(place)
+            elif (queue := self._openers.get(place.origin)) is not None and place in queue:
+                # (not queued: its loop closed as it was granted, and it left already)
+                queue.remove(place)
+                if not queue:
+                    del self._openers[place.origin]
         place.future.cancel()
 
     def opening(self, origin: str | None = None) -> AbstractAsyncContextManager[None]:
@@ -381,14 +384,6 @@ class StreamCapacity:
             yield
         finally:
             self.leave_opening(place)
-
-    def _leave_openers(self, waiter: _Waiter) -> None:
-        queue = self._openers.get(waiter.origin)
-        if queue is None or waiter not in queue:  # its loop closed as it was granted: it left already
-            return
-        queue.remove(waiter)
-        if not queue:
-            del self._openers[waiter.origin]
 
     def _count_opening_locked(self, key: str, change: int) -> None:
         """Count a place of :meth:`ask_opening` taken (``1``) or given back (``-1``) for ``key``."""
