@@ -336,35 +336,31 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
     tls = await asyncio.to_thread(load_tls, settings)
     limits = Limits()
     async with (capacity or default_capacity()).slot(url):
-        return await _probe(settings, url, limits, tls)
-
-
-async def _probe(settings: StreamSettings, url: str, limits: Limits, tls: TLSContexts) -> Hello:
-    heard = _Hello()
-    try:
-        socket = await open_socket(settings, limits, heard, tls)
-    except InvalidStatus as exc:
-        raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
-    try:
-        violation = subprotocol_violation(socket, url)
-        if violation is not None:
-            socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-            raise violation
-        async with asyncio.timeout(limits.start_timeout_ms / 1000):
-            await asyncio.wait((heard.first, socket.lost), return_when=asyncio.FIRST_COMPLETED)
-        if not heard.first.done():
-            raise ConnectionError(f"{url} closed the connection before its hello")
+        heard = _Hello()
         try:
-            hello = check_hello(decode_server_message(heard.first.result()))
-        except RemoteProtocolError as exc:
-            raise ProtocolViolation(
-                f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
-                code=exc.code,
-            ) from None
-        return hello
-    finally:
-        socket.close(CloseCode.NORMAL_CLOSURE)
-        await asyncio.shield(socket.lost)  # the close completes, or close_timeout aborts it
+            socket = await open_socket(settings, limits, heard, tls)
+        except InvalidStatus as exc:
+            raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
+        try:
+            violation = subprotocol_violation(socket, url)
+            if violation is not None:
+                socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
+                raise violation
+            async with asyncio.timeout(limits.start_timeout_ms / 1000):
+                await asyncio.wait((heard.first, socket.lost), return_when=asyncio.FIRST_COMPLETED)
+            if not heard.first.done():
+                raise ConnectionError(f"{url} closed the connection before its hello")
+            try:
+                hello = check_hello(decode_server_message(heard.first.result()))
+            except RemoteProtocolError as exc:
+                raise ProtocolViolation(
+                    f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
+                    code=exc.code,
+                ) from None
+            return hello
+        finally:
+            socket.close(CloseCode.NORMAL_CLOSURE)
+            await asyncio.shield(socket.lost)  # the close completes, or close_timeout aborts it
 
 
 def subprotocol_violation(ws: GatewaySocket, url: str) -> ProtocolViolation | None:
