@@ -197,16 +197,14 @@ def _sent_first(socket: GatewaySocket) -> Close | None:
 
 
 class StreamConnection:
-    """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`, one at a
-    time (see the module): the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler`
-    of its sockets, the writer, and the task that connects and reconnects.
+    """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream` (see the
+    module), and the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler` of its sockets.
 
     :param session: the stream's session, whose I/O side this connection drives.
     :param settings: where and how to connect.
     :param tls: the connection's TLS files (read and checked before the first connection).
-    :param take_turn: the stream's turn before each connection
-        (:meth:`StreamStarts.turn <airflow_provider_systemzero.stream.starts.StreamStarts.turn>`):
-        the connection opens and is served inside it, holding a slot of the stream cap.
+    :param take_turn: the stream's turn, which each connection opens and is served in
+        (:meth:`StreamStarts.turn <airflow_provider_systemzero.stream.starts.StreamStarts.turn>`).
     :param accounting: what the stream's dispatches cost (how long a decision has been owed, for
         the log).
     :param observations: what the stream's observer hears.
@@ -801,13 +799,9 @@ class StreamConnection:
     # ------------------------------------------------------------------ the writer
 
     def flush(self) -> None:
-        """The writer's turn: write what the session has to send now (in one write), then end
-        the connection if it should end, else set the one timer for the next thing due.
-
-        Frames are held back while the transport is paused (the peer is slow to read): the
-        session coalesces what changes meanwhile, and the socket aborts a peer that reads
-        nothing for ``write_progress_timeout``.
-        """
+        """The writer's turn (see the module): write what the session has to send now (in one
+        write; nothing while the transport is paused: the session coalesces meanwhile), then end
+        the connection if it should end, else set the one timer for the next thing due."""
         socket = self.socket
         if socket is None or not socket.open:
             return
