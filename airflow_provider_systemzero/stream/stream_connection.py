@@ -491,8 +491,6 @@ class StreamConnection:
 
     async def _serve(self) -> Ended:
         """Open a connection, serve it until it is gone, and say how it ended."""
-        settings = self._settings
-        url = settings.url
         self._started = self.decided = self.giving_back = False
         self._goodbye = self._last_fatal = None
         self._frame_error = None
@@ -500,12 +498,12 @@ class StreamConnection:
         self._silent = self._recycle = self._closed_by_us = False
         self._opened_at = time.monotonic()
         try:
-            socket = await open_socket(settings, self._session.limits, self, self._tls)
+            socket = await open_socket(self._settings, self._session.limits, self, self._tls)
         except BaseException as exc:
             adopted = self.socket
             if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
                 self._connection_closed(adopted)
-            return self._opening_failed(exc, url)
+            return self._opening_failed(exc)
         try:
             # served in the socket's callbacks (socket_opened, socket_message, the writer's turns)
             # until the TCP connection is gone
@@ -517,10 +515,11 @@ class StreamConnection:
         finally:
             self._connection_closed(socket)
 
-    def _opening_failed(self, exc: BaseException, url: str) -> Ended:
+    def _opening_failed(self, exc: BaseException) -> Ended:
         """How an opening that raised ``exc`` ended (anything else is raised again)."""
+        url = self._settings.url
         if isinstance(exc, InvalidStatus):
-            return self._upgrade_refused(exc, url)
+            return self._upgrade_refused(exc)
         if is_network_error(exc):
             delay_ms = self._session.next_connection_delay_ms(time.monotonic())
             return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
@@ -661,8 +660,8 @@ class StreamConnection:
             work_left=session.has_work(),
         )
 
-    def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = upgrade_refusal_error(exc, url, self._secret)
+    def _upgrade_refused(self, exc: InvalidStatus) -> Ended:
+        error = upgrade_refusal_error(exc, self._settings.url, self._secret)
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",
