@@ -157,10 +157,12 @@ class DecisionStream:
     ) -> None:
         #: The account's decision starts shared in this process (``None``: looked up on entering).
         self._account = starts
-        #: The settings, or the resolver that gives them on entering.
-        self._source = settings
-        #: The resolved settings (``None`` until a resolver gave them).
+        #: The settings (``None`` until the resolver gave them on entering).
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
+        #: What gives the settings on entering, when they were not given (dropped once it did).
+        self._resolver: Callable[[], Awaitable[StreamSettings]] | None = (
+            None if isinstance(settings, StreamSettings) else settings
+        )
         # What the session is built from once the settings are known (the parameters):
         self._request_arg = request
         #: the initial state and attachments (the desired ones until there is a session)
@@ -354,15 +356,13 @@ class DecisionStream:
             raise RuntimeError("a DecisionStream can be entered once; create a new one")
         self._life.entered = True
         try:
-            if self._settings is None:
-                resolver = self._source
-                assert callable(resolver)
-                settings = await resolver()
+            if self._resolver is not None:
+                settings = await self._resolver()
                 if not isinstance(settings, StreamSettings):
                     raise TypeError(
                         f"the settings resolver returned {type(settings).__name__}, not StreamSettings"
                     )
-                self._settings = settings
+                self._settings, self._resolver = settings, None
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings, session = self._settings, self._session
