@@ -14,6 +14,8 @@ from airflow_provider_systemzero.decisions.conditions import DecisionCondition
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.sources.file import FileSource
 from airflow_provider_systemzero.sources.spec import build_source
+from airflow_provider_systemzero.stream import starts
+from airflow_provider_systemzero.stream.capacity import StreamCapacity
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +77,18 @@ def test_a_file_sources_watch_field_is_read_as_notifications(tmp_path: Path) -> 
     assert info.value.field == "source.watch"
     with pytest.raises(SystemZeroArgumentError, match=r"source\.watch 'inotify' is not one of"):
         build_source({"type": "file", "path": path, "watch": "inotify"}, "")
+
+
+def test_the_accounts_starts_answer_their_old_name() -> None:
+    (message,) = _warned(lambda: starts.DecisionStarts)
+    assert message.endswith("use airflow_provider_systemzero.stream.starts.AccountStarts")
+    assert starts.DecisionStarts is starts.AccountStarts
+
+
+async def test_a_place_held_for_a_block_answers_its_old_name() -> None:
+    capacity = StreamCapacity(1)
+    (message,) = _warned(lambda: capacity.opening())
+    assert message.endswith("use StreamCapacity.ask_opening() and StreamCapacity.leave_opening()")
+    async with capacity.opening():
+        assert capacity.building == 1
+    assert capacity.building == 0

@@ -16,8 +16,8 @@ A gateway may advertise a lower ``max_streams_per_process`` in ``hello``: that c
 streams to *that* gateway (its origin), from its ``hello`` on and until it advertises another —
 never for the streams to other gateways, and never above the process's own limit.
 
-A stream is built only once its slot is near (:meth:`StreamCapacity.ask_opening`, or
-:meth:`StreamCapacity.opening` around a block): a caller with many streams to open — a triggerer
+A stream is built only once its slot is near (:meth:`StreamCapacity.ask_opening`, given back
+with :meth:`StreamCapacity.leave_opening`): a caller with many streams to open — a triggerer
 where a thousand triggers start, or wake on one change, together — builds at most twice a
 gateway's cap of them at once, first come first served, and each place is held until the stream
 is open. A caller waiting for its place holds the place and its future only (a trigger's run
@@ -36,9 +36,10 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+from airflow_provider_systemzero.deprecations import warn_once
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.reconnect import Backoff
 
@@ -139,12 +140,12 @@ class StreamCapacity:
 
     @property
     def building(self) -> int:
-        """Streams being built and opened now (places of :meth:`opening` held)."""
+        """Streams being built and opened now (places of :meth:`ask_opening` held)."""
         return sum(self._opening.values())
 
     @property
     def waiting_to_build(self) -> int:
-        """Callers queued for a place of :meth:`opening`."""
+        """Callers queued for a place of :meth:`ask_opening`."""
         return sum(len(queue) for queue in self._openers.values())
 
     @property
@@ -355,21 +356,28 @@ class StreamCapacity:
             if place.granted:
                 self._count_opening_locked(place.origin, -1)
                 self._grant_openers_locked(place.origin)
-            else:
-                self._leave_openers(place)
+            elif (queue := self._openers.get(place.origin)) is not None and place in queue:
+                # (not queued: its loop closed as it was granted, and it left already)
+                queue.remove(place)
+                if not queue:
+                    del self._openers[place.origin]
         place.future.cancel()
 
-    @asynccontextmanager
-    async def opening(self, origin: str | None = None) -> AsyncIterator[None]:
-        """``async with capacity.opening(url):`` build and open one stream to ``origin`` in the
-        block, once one of the :meth:`opening_room` places is free (first come first served);
-        the place is given back when the block ends — the stream open, or its opening failed.
+    def opening(self, origin: str | None = None) -> AbstractAsyncContextManager[None]:
+        """``async with capacity.opening(url):`` a place of :meth:`ask_opening` held for the block.
 
-        Cancelling the wait leaves the queue (a place granted at that moment goes to the next
-        caller). The places of one gateway never hold up the streams to another.
+        .. deprecated:: 0.2.0
+            Use :meth:`ask_opening` and :meth:`leave_opening`, as the triggers do.
 
         :param origin: the gateway the stream is for (its stream URL).
         """
+        warn_once(
+            "StreamCapacity.opening()", "StreamCapacity.ask_opening() and StreamCapacity.leave_opening()"
+        )
+        return self._opening_block(origin)
+
+    @asynccontextmanager
+    async def _opening_block(self, origin: str | None) -> AsyncIterator[None]:
         place = self.ask_opening(origin)
         try:
             await place.future
@@ -377,16 +385,8 @@ class StreamCapacity:
         finally:
             self.leave_opening(place)
 
-    def _leave_openers(self, waiter: _Waiter) -> None:
-        queue = self._openers.get(waiter.origin)
-        if queue is None or waiter not in queue:  # its loop closed as it was granted: it left already
-            return
-        queue.remove(waiter)
-        if not queue:
-            del self._openers[waiter.origin]
-
     def _count_opening_locked(self, key: str, change: int) -> None:
-        """Count a place of :meth:`opening` taken (``1``) or given back (``-1``) for ``key``."""
+        """Count a place of :meth:`ask_opening` taken (``1``) or given back (``-1``) for ``key``."""
         count = self._opening.get(key, 0) + change
         if count:
             self._opening[key] = count

@@ -158,12 +158,13 @@ def _opener(
     return opener
 
 
-async def _resolved(host: str, port: int, resolving: list[str]) -> list[Any]:
-    """:func:`resolve`, with ``host`` in ``resolving`` meanwhile (what a timeout then names)."""
+async def _resolved(host: str, port: int, resolving: list[str], *, plaintext: bool = False) -> list[Any]:
+    """:func:`resolve`, with ``host`` in ``resolving`` meanwhile (what a timeout then names); for a
+    ``plaintext`` (``ws://``) connection its loopback addresses only: the key goes nowhere else."""
     resolving.append(host)
     addresses = await resolve(host, port)
     resolving.remove(host)
-    return addresses
+    return loopback_only(host, addresses) if plaintext else addresses
 
 
 async def _tcp_connection(
@@ -181,11 +182,10 @@ async def _tcp_connection(
     uri_host, uri_port = _host_and_port(settings.url)
     host, port = (proxy.host, proxy.port) if proxy is not None else (uri_host, uri_port)
     errors: list[OSError] = []
-    addresses = await _resolved(host, port, resolving)
-    if settings.url.startswith("ws://"):  # plaintext: the key goes to loopback only, by address
-        addresses = loopback_only(host, addresses)
-        if proxy is not None:  # the proxy connects to the gateway's name: it must be this machine's too
-            loopback_only(uri_host, await _resolved(uri_host, uri_port, resolving))
+    plaintext = settings.url.startswith("ws://")
+    addresses = await _resolved(host, port, resolving, plaintext=plaintext)
+    if plaintext and proxy is not None:  # the proxy connects to the gateway's name: this machine's too
+        await _resolved(uri_host, uri_port, resolving, plaintext=True)
     for address in addresses:
         try:
             return await _opener(settings, limits, tls, address[4][0]).open_tcp_connection()
@@ -212,14 +212,12 @@ async def _through_socks(
 
     remote_names = proxy.scheme in ("socks5h", "socks4a")
     host, port = _host_and_port(settings.url)
-    plaintext = settings.url.startswith("ws://")  # the key goes to loopback only, by address
+    plaintext = settings.url.startswith("ws://")
     destination = host
     if plaintext or not remote_names:  # a name the proxy resolves must be this machine's here too
-        addresses = await _resolved(host, port, resolving)
-        addresses = loopback_only(host, addresses) if plaintext else addresses
+        addresses = await _resolved(host, port, resolving, plaintext=plaintext)
         destination = host if remote_names else addresses[0][4][0]
-    proxy_addresses = await _resolved(proxy.host, proxy.port, resolving)
-    proxy_address = (loopback_only(proxy.host, proxy_addresses) if plaintext else proxy_addresses)[0][4][0]
+    proxy_address = (await _resolved(proxy.host, proxy.port, resolving, plaintext=plaintext))[0][4][0]
     socks = SocksProxy(
         ProxyType.SOCKS5 if proxy.scheme.startswith("socks5") else ProxyType.SOCKS4,
         proxy_address,
@@ -338,35 +336,31 @@ async def probe(settings: StreamSettings, capacity: StreamCapacity | None = None
     tls = await asyncio.to_thread(load_tls, settings)
     limits = Limits()
     async with (capacity or default_capacity()).slot(url):
-        return await _probe(settings, url, limits, tls)
-
-
-async def _probe(settings: StreamSettings, url: str, limits: Limits, tls: TLSContexts) -> Hello:
-    heard = _Hello()
-    try:
-        socket = await open_socket(settings, limits, heard, tls)
-    except InvalidStatus as exc:
-        raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
-    try:
-        violation = subprotocol_violation(socket, url)
-        if violation is not None:
-            socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
-            raise violation
-        async with asyncio.timeout(limits.start_timeout_ms / 1000):
-            await asyncio.wait((heard.first, socket.lost), return_when=asyncio.FIRST_COMPLETED)
-        if not heard.first.done():
-            raise ConnectionError(f"{url} closed the connection before its hello")
+        heard = _Hello()
         try:
-            hello = check_hello(decode_server_message(heard.first.result()))
-        except RemoteProtocolError as exc:
-            raise ProtocolViolation(
-                f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
-                code=exc.code,
-            ) from None
-        return hello
-    finally:
-        socket.close(CloseCode.NORMAL_CLOSURE)
-        await asyncio.shield(socket.lost)  # the close completes, or close_timeout aborts it
+            socket = await open_socket(settings, limits, heard, tls)
+        except InvalidStatus as exc:
+            raise upgrade_refusal_error(exc, url, settings.api_key.strip()) from None
+        try:
+            violation = subprotocol_violation(socket, url)
+            if violation is not None:
+                socket.close(CloseCode.PROTOCOL_ERROR, "subprotocol not selected")
+                raise violation
+            async with asyncio.timeout(limits.start_timeout_ms / 1000):
+                await asyncio.wait((heard.first, socket.lost), return_when=asyncio.FIRST_COMPLETED)
+            if not heard.first.done():
+                raise ConnectionError(f"{url} closed the connection before its hello")
+            try:
+                hello = check_hello(decode_server_message(heard.first.result()))
+            except RemoteProtocolError as exc:
+                raise ProtocolViolation(
+                    f"the server at {url} did not open with a valid {PROTOCOL} hello: {exc.message}",
+                    code=exc.code,
+                ) from None
+            return hello
+        finally:
+            socket.close(CloseCode.NORMAL_CLOSURE)
+            await asyncio.shield(socket.lost)  # the close completes, or close_timeout aborts it
 
 
 def subprotocol_violation(ws: GatewaySocket, url: str) -> ProtocolViolation | None:

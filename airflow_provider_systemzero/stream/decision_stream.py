@@ -155,12 +155,14 @@ class DecisionStream:
         observer: StreamObserver | None = None,
         starts: AccountStarts | None = None,
     ) -> None:
-        #: The account's decision starts shared in this process (given, or looked up on entering).
+        #: The account's decision starts shared in this process (``None``: looked up on entering).
         self._account = starts
-        #: The settings, or the resolver that gives them on entering.
-        self._source = settings
-        #: The resolved settings (``None`` until a resolver gave them).
+        #: The settings (``None`` until the resolver gave them on entering).
         self._settings: StreamSettings | None = settings if isinstance(settings, StreamSettings) else None
+        #: What gives the settings on entering, when they were not given (dropped once it did).
+        self._resolver: Callable[[], Awaitable[StreamSettings]] | None = (
+            None if isinstance(settings, StreamSettings) else settings
+        )
         # What the session is built from once the settings are known (the parameters):
         self._request_arg = request
         #: the initial state and attachments (the desired ones until there is a session)
@@ -354,21 +356,22 @@ class DecisionStream:
             raise RuntimeError("a DecisionStream can be entered once; create a new one")
         self._life.entered = True
         try:
-            if self._settings is None:
-                resolver = self._source
-                assert callable(resolver)
-                settings = await resolver()
+            if self._resolver is not None:
+                settings = await self._resolver()
                 if not isinstance(settings, StreamSettings):
                     raise TypeError(
                         f"the settings resolver returned {type(settings).__name__}, not StreamSettings"
                     )
-                self._settings = settings
+                self._settings, self._resolver = settings, None
             if self._session is None:
                 self._session = self._build_session(self._settings)
             settings, session = self._settings, self._session
-            self._account = self._account or decision_starts(settings.url, settings.api_key)
             self._starts = StreamStarts(
-                self._account, session, self.capacity, origin=settings.url, decision_mode=self._decision_mode
+                self._account or decision_starts(settings.url, settings.api_key),
+                session,
+                self.capacity,
+                origin=settings.url,
+                decision_mode=self._decision_mode,
             )
             self.budget.attach_window(
                 connection_window(
@@ -710,11 +713,8 @@ class DecisionStream:
             if isinstance(event, AdmissionWanted):
                 self.session.admit(self._admits(event.message))
             elif isinstance(event, HelloReceived):
-                self.capacity.adopt_advertised(
-                    event.hello.limits.max_streams_per_process, self._settings.url if self._settings else None
-                )
-                if self._account is not None:
-                    self._account.adopt(event.hello.limits)
+                if self._starts is not None:
+                    self._starts.hello(event.hello.limits)
                 _log_hello(event.hello)
                 self._observations.later("hello", event.hello)  # after the start it makes due is written
             elif isinstance(event, Acknowledged):
@@ -727,10 +727,13 @@ class DecisionStream:
                     self._delivery.queue(event.result)
                 self._settle_exceeded()
             elif isinstance(event, DecisionFailedEvent):
-                if event.repeated:
-                    self._on_failure_inherited(event)
-                else:
+                if not event.repeated:  # a repeated one was counted when it arrived
                     self._on_decision_failed(event)
+                else:  # the caller returned to a state whose dispatch failed for good
+                    error = decision_error(event.error)
+                    self._delivery.answer(event.intents, error)
+                    if event.current:
+                        self._delivery.queue(error)
                 self._settle_exceeded()
             elif isinstance(event, MutationRejected):
                 self._accounting.refused(event.error)
@@ -881,14 +884,6 @@ class DecisionStream:
             )
             return
         self._delivery.queue(error)
-
-    def _on_failure_inherited(self, event: DecisionFailedEvent) -> None:
-        """The caller returned to a state whose dispatch failed for good (counted when it arrived):
-        its waiters hear the failure, and ``decisions()`` does if it has not yet."""
-        error = decision_error(event.error)
-        self._delivery.answer(event.intents, error)
-        if event.current:
-            self._delivery.queue(error)
 
     def _budget_exceeded(self, exc: BudgetExceeded) -> None:
         """The budget refused a dispatch: said once; on_request whoever waits hears why at once,

@@ -7,8 +7,7 @@ process does about it:
 * :class:`AccountStarts` — one per account (gateway URL and API key) and event loop, shared by the
   process's streams to it (:func:`decision_starts`): the pure
   :class:`~airflow_provider_systemzero.protocol.starts.StartQueue` (the mirror of the account's
-  bucket, who goes next, what a 429 changes) and the one timer that grants turns. It holds no
-  reference to its loop, so a sync ``SystemZeroHook.decide()`` leaves its loop to the collector.
+  bucket, who goes next, what a 429 changes) and the one timer that grants turns.
 * :class:`StreamStarts` — one per stream: everything the stream does about its starts. Its
   connection takes the stream's turn in one place before it opens (:meth:`StreamStarts.turn`);
   the stream asks in one place before its session writes what starts a decision
@@ -37,6 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_systemzero.deprecations import Renamed
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
 from airflow_provider_systemzero.protocol.starts import StartQueue
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AccountStarts",
-    "DecisionStarts",
     "StreamStarts",
     "decision_starts",
     "key_fingerprint",
@@ -69,11 +68,10 @@ def _now() -> float:
 
 
 class AccountStarts:
-    """One account's decision starts in this process (on the running event loop): the shared
-    queue and the one timer that grants turns.
+    """One account's decision starts in this process (on the running event loop; see the module).
 
-    It holds no reference to its loop (the loop's time is read when asked), so a loop that ends is
-    collected even while this object is kept for it.
+    It holds no reference to its loop (the loop's time is read when asked), so a loop that ends —
+    a sync ``SystemZeroHook.decide()``'s — is collected even while this object is kept for it.
 
     :param label: how the log names the account (the gateway URL and the key's fingerprint).
     :param now: the loop's time when it is made.
@@ -213,11 +211,6 @@ class AccountStarts:
         self._schedule()
 
 
-#: The name :class:`AccountStarts` had before :class:`StreamStarts` carried the rule for a stream
-#: (``DecisionStream(starts=...)`` takes either name).
-DecisionStarts = AccountStarts
-
-
 class StreamStarts:
     """One stream's decision starts under its account's ceiling: the whole rule of "may this
     stream start a decision now?" (see the module). The stream is known to the account's queue by
@@ -266,6 +259,15 @@ class StreamStarts:
     def waiting(self) -> bool:
         """Whether the stream waits for its turn (queued, or granted and not started yet)."""
         return self.account.queue.is_waiting(self)
+
+    def hello(self, limits: Limits) -> None:
+        """The gateway said ``hello``: its cap on the streams to it (``max_streams_per_process``)
+        bounds this stream's slots, and its account's decision limits the account's starts.
+
+        :param limits: the limits it advertised.
+        """
+        self._capacity.adopt_advertised(limits.max_streams_per_process, self._origin)
+        self.account.adopt(limits)
 
     # ------------------------------------------------------------------ the connection's turn
 
@@ -500,3 +502,8 @@ def running_starts() -> list[AccountStarts]:
     """Every account's :class:`AccountStarts` on the running loop (what a process reports: the
     fleet and ceiling benchmarks read each account's queue through it)."""
     return list(_BY_LOOP.get(asyncio.get_running_loop(), {}).values())
+
+
+#: ``DecisionStarts``, the name :class:`AccountStarts` had before :class:`StreamStarts` carried the
+#: rule for a stream, still imports (warning once per process).
+__getattr__ = Renamed(__name__, {"DecisionStarts": ("AccountStarts", lambda: AccountStarts)})

@@ -197,16 +197,14 @@ def _sent_first(socket: GatewaySocket) -> Close | None:
 
 
 class StreamConnection:
-    """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream`, one at a
-    time (see the module): the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler`
-    of its sockets, the writer, and the task that connects and reconnects.
+    """The connection of a :class:`~airflow_provider_systemzero.stream.DecisionStream` (see the
+    module), and the :class:`~airflow_provider_systemzero.stream.gateway_socket.SocketHandler` of its sockets.
 
     :param session: the stream's session, whose I/O side this connection drives.
     :param settings: where and how to connect.
     :param tls: the connection's TLS files (read and checked before the first connection).
-    :param take_turn: the stream's turn before each connection
-        (:meth:`StreamStarts.turn <airflow_provider_systemzero.stream.starts.StreamStarts.turn>`):
-        the connection opens and is served inside it, holding a slot of the stream cap.
+    :param take_turn: the stream's turn, which each connection opens and is served in
+        (:meth:`StreamStarts.turn <airflow_provider_systemzero.stream.starts.StreamStarts.turn>`).
     :param accounting: what the stream's dispatches cost (how long a decision has been owed, for
         the log).
     :param observations: what the stream's observer hears.
@@ -367,8 +365,7 @@ class StreamConnection:
         """The stream closes or failed: the open connection closes (1000) at the writer's next turn,
         and no other opens."""
         self._closing = True
-        self.wakeup.fire()
-        self._turn_soon()
+        self.kick()
 
     def give_back(self) -> None:
         """Give the current connection back (1000) once nothing is due; the next one opens when
@@ -494,8 +491,6 @@ class StreamConnection:
 
     async def _serve(self) -> Ended:
         """Open a connection, serve it until it is gone, and say how it ended."""
-        settings = self._settings
-        url = settings.url
         self._started = self.decided = self.giving_back = False
         self._goodbye = self._last_fatal = None
         self._frame_error = None
@@ -503,12 +498,12 @@ class StreamConnection:
         self._silent = self._recycle = self._closed_by_us = False
         self._opened_at = time.monotonic()
         try:
-            socket = await open_socket(settings, self._session.limits, self, self._tls)
+            socket = await open_socket(self._settings, self._session.limits, self, self._tls)
         except BaseException as exc:
             adopted = self.socket
             if adopted is not None:  # the upgrade was answered as the opening ended (a timeout, a cancel)
                 self._connection_closed(adopted)
-            return self._opening_failed(exc, url)
+            return self._opening_failed(exc)
         try:
             # served in the socket's callbacks (socket_opened, socket_message, the writer's turns)
             # until the TCP connection is gone
@@ -520,10 +515,11 @@ class StreamConnection:
         finally:
             self._connection_closed(socket)
 
-    def _opening_failed(self, exc: BaseException, url: str) -> Ended:
+    def _opening_failed(self, exc: BaseException) -> Ended:
         """How an opening that raised ``exc`` ended (anything else is raised again)."""
+        url = self._settings.url
         if isinstance(exc, InvalidStatus):
-            return self._upgrade_refused(exc, url)
+            return self._upgrade_refused(exc)
         if is_network_error(exc):
             delay_ms = self._session.next_connection_delay_ms(time.monotonic())
             return Ended(ConnectionOutcome(server_delay_ms=delay_ms, kind="network"), exc)
@@ -664,8 +660,8 @@ class StreamConnection:
             work_left=session.has_work(),
         )
 
-    def _upgrade_refused(self, exc: InvalidStatus, url: str) -> Ended:
-        error = upgrade_refusal_error(exc, url, self._secret)
+    def _upgrade_refused(self, exc: InvalidStatus) -> Ended:
+        error = upgrade_refusal_error(exc, self._settings.url, self._secret)
         if 300 <= error.status < 400:
             log.warning(
                 "the System Zero gateway redirected the upgrade to %s: redirects are refused",
@@ -802,13 +798,9 @@ class StreamConnection:
     # ------------------------------------------------------------------ the writer
 
     def flush(self) -> None:
-        """The writer's turn: write what the session has to send now (in one write), then end
-        the connection if it should end, else set the one timer for the next thing due.
-
-        Frames are held back while the transport is paused (the peer is slow to read): the
-        session coalesces what changes meanwhile, and the socket aborts a peer that reads
-        nothing for ``write_progress_timeout``.
-        """
+        """The writer's turn (see the module): write what the session has to send now (in one
+        write; nothing while the transport is paused: the session coalesces meanwhile), then end
+        the connection if it should end, else set the one timer for the next thing due."""
         socket = self.socket
         if socket is None or not socket.open:
             return
@@ -894,9 +886,8 @@ class StreamConnection:
 
     def kick(self) -> None:
         """Something to send or to look at: the run loop wakes if it waits (for work, or out its
-        backoff) and, on an open connection, a writer's turn runs in the next loop iteration (once,
-        however often it is asked): for what does not run from the caller's own task or a socket
-        callback."""
+        backoff), and :meth:`_turn_soon` — for what does not run from the caller's own task or a
+        socket callback."""
         self.wakeup.fire()
         self._turn_soon()
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from airflow_provider_systemzero.stream import Backoff, StreamCapacity, default_capacity
+from tests.helpers.places import building
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -212,7 +213,7 @@ async def test_try_acquire_takes_a_slot_only_when_one_is_free() -> None:
 async def _enter_opening(
     capacity: StreamCapacity, origin: str | None, entered: list[str], name: str, release: asyncio.Event
 ) -> None:
-    async with capacity.opening(origin):
+    async with building(capacity, origin):
         entered.append(name)
         await release.wait()
 
@@ -347,7 +348,7 @@ async def test_a_caller_on_another_thread_and_loop_is_let_in() -> None:
 
     def other_loop() -> None:
         async def build() -> None:
-            async with capacity.opening():
+            async with building(capacity):
                 entered.append("thread")
 
         asyncio.run(build())

@@ -1,4 +1,5 @@
-"""A stream's decision starts once it closes: it waits in no queue of the account any more.
+"""A stream's decision starts: what a gateway's hello sets for them, and that once the stream
+closes it waits in no queue of the account any more.
 
 A closing stream may still write what starts a decision in its last writer's turn, and may still
 hear how an earlier start ended (a 429 that arrives during its close handshake). Neither may leave
@@ -11,21 +12,36 @@ from __future__ import annotations
 
 from airflow_provider_systemzero.protocol import ClientSession, StreamRequest
 from airflow_provider_systemzero.protocol.errors import ErrorEnvelope, RetryHint
+from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import Decide, Error
 from airflow_provider_systemzero.stream import StreamCapacity
 from airflow_provider_systemzero.stream.starts import AccountStarts, StreamStarts
 from tests.helpers.stream import QUESTIONS
 
+ORIGIN = "ws://127.0.0.1:1/v1/stream"
 
-def _starts(mode: str = "on_request") -> tuple[AccountStarts, StreamStarts]:
+
+def _starts(
+    mode: str = "on_request", capacity: StreamCapacity | None = None
+) -> tuple[AccountStarts, StreamStarts]:
     import asyncio
 
     account = AccountStarts("test account", asyncio.get_running_loop().time())
     request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
     session = ClientSession(request=request, state="log\n", decision_mode=mode, admission=True)
     return account, StreamStarts(
-        account, session, StreamCapacity(1), origin="ws://127.0.0.1:1/v1/stream", decision_mode=mode
+        account, session, capacity or StreamCapacity(1), origin=ORIGIN, decision_mode=mode
     )
+
+
+async def test_a_hello_bounds_the_streams_to_its_gateway_and_the_accounts_starts() -> None:
+    capacity = StreamCapacity(4)
+    account, starts = _starts(capacity=capacity)
+    starts.hello(
+        Limits(max_streams_per_process=2, account_decision_burst=3, account_decision_ceiling_per_minute=30)
+    )
+    assert capacity.limit_for(ORIGIN) == 2 and capacity.limit_for("ws://127.0.0.1:2/v1/stream") == 4
+    assert account.queue.burst == 3 and round(account.queue.ceiling * 60) == 30
 
 
 def _rate_limited() -> Error:

@@ -54,6 +54,7 @@ from airflow_provider_systemzero.stream.capacity import StreamCapacity
 from airflow_provider_systemzero.triggers.driver import WatchDriver
 from airflow_provider_systemzero.triggers.watching import failures_in_a_row, wait_to_watch_again
 from tests.helpers import examples
+from tests.helpers.places import building
 from tests.helpers.scripted import (
     ClockLoop,
     ScriptedSource,
@@ -129,7 +130,7 @@ def transitions(judged: list[Judged]) -> int:
 
 async def _building(capacity: StreamCapacity) -> None:
     """Another trigger building its stream: it holds a place among the streams being built."""
-    async with capacity.opening():
+    async with building(capacity):
         await asyncio.get_running_loop().create_future()  # until cancelled
 
 
