@@ -42,6 +42,7 @@ __all__ = [
     "StreamTrigger",
     "WatchProgress",
     "WatchingTrigger",
+    "announce_wait",
     "failures_in_a_row",
     "new_timeline",
     "wait_to_watch_again",
@@ -318,22 +319,11 @@ class WatchingTrigger(StreamTrigger):
         return WatchDriver(watch, source, streams, stream_kwargs=stream_kwargs, relevance=relevance)
 
     def _open_source(self, *, announce: bool = True) -> StateSource:
-        """Build the run's source (kept for ``cleanup()``) and, with ``announce`` (a shared stream
-        waits for no condition of its own), say in the line the wait starts with what it waits for,
-        where the state comes from, and until when."""
+        """Build the run's source (kept for ``cleanup()``) and say what the wait waits for
+        (``announce``; a shared stream waits for no condition of its own)."""
         self._source = source = build_source(self.source, self.state)
         if announce:
-            deadline, until = self._stream.deadline, ""
-            if deadline is not None:  # an asset watch has none
-                at = iso_time(deadline)[:19].replace("T", " ") + " UTC"
-                until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
-            log.info(
-                "waiting until %s = %r; the state comes from %s%s",
-                self.condition.get("question"),
-                self.condition.get("expect"),
-                source.describe(),
-                until,
-            )
+            announce_wait(self.condition, source, self._stream.deadline)
         return source
 
     def _start_watch(self, rules: Rules, *, once: bool, min_interval_ms: int | None = None) -> WatchDriver:
@@ -350,6 +340,27 @@ def new_timeline() -> DecisionTimeline:
     from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
     return DecisionTimeline(capture_content=capture_content_enabled())
+
+
+def announce_wait(condition: Mapping[str, Any], source: StateSource, deadline: float | None = None) -> None:
+    """The line a trigger's wait starts with: what it waits for, where the state comes from, and
+    until when.
+
+    :param condition: the trigger's condition (its dict form).
+    :param source: the trigger's source.
+    :param deadline: the task's deadline (epoch seconds; ``None``: an asset watch, which has none).
+    """
+    until = ""
+    if deadline is not None:
+        at = iso_time(deadline)[:19].replace("T", " ") + " UTC"
+        until = f"; the task's deadline is {at} (in {max(0.0, deadline - time.time()):.0f} s)"
+    log.info(
+        "waiting until %s = %r; the state comes from %s%s",
+        condition.get("question"),
+        condition.get("expect"),
+        source.describe(),
+        until,
+    )
 
 
 def failures_in_a_row(failures: int, lasted: float) -> int:
