@@ -585,12 +585,24 @@ class UsageBudgetMixin:
         from airflow_provider_systemzero.decisions.watch import WatchEvent
 
         event = WatchEvent.from_payload(owned_event(getattr(self, "task_id", "?"), event, accepted))
+        self.usage_from_event(context, event)
+        return event
+
+    def usage_from_event(self, context: Mapping[str, Any], event: WatchEvent) -> dict[str, Any]:
+        """On resume: record the trigger's usage (pushes the ``usage`` XCom); fails the task when
+        the trigger's budget refused a dispatch (:meth:`resumed_event` does this with the checks
+        before it).
+
+        :param event: the trigger's event, read back.
+        :raises AirflowFailException: the task's budget stopped the trigger (``AirflowException``,
+            which Airflow retries, for a time window's).
+        """
         report = event.extra.get(EVENT_USAGE_KEY)
         report = report if isinstance(report, Mapping) else {}
         refusal = report.get("refusal") if isinstance(report.get("refusal"), Mapping) else None
         ok = event.status in ("success", "review")  # a review event ends a wait as a decision does
         self.resume_try(report.get("carried"))  # what the try spent before it deferred
-        self._finish_usage(
+        record = self._finish_usage(
             self.usage_ledger(context),
             report.get("run"),
             run_id=report.get("run_id"),
@@ -599,7 +611,7 @@ class UsageBudgetMixin:
         )
         if refusal is not None and not ok:
             raise _refused(getattr(self, "task_id", "?"), refusal)
-        return event
+        return record
 
     def decide_with_budget(
         self,
