@@ -185,7 +185,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
             max_staleness=max_staleness,
         )
         #: the condition, parsed once: what the run's rules use, and what ``condition`` gives back
-        _, self.decision_condition = self.parsed_condition(condition)
+        _, self.decision_condition = self._parsed_condition(condition)
         self.state, self.source = state, source
         self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
@@ -427,7 +427,7 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
             )
         key_namespace = task_namespace("asset-watch", watch_id, "", -1)
         with self._naming_the_watch(watch_id):
-            condition, built = self.parsed_condition(condition)
+            condition, built = self._parsed_condition(condition)
             source = plain_source(source)
             check_conn_id(systemzero_conn_id)
             if not isinstance(request, Mapping) or not isinstance(request.get("questions"), Mapping):

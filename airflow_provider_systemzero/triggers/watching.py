@@ -223,7 +223,7 @@ class WatchingTrigger(StreamTrigger):
         self.max_staleness = validate_max_staleness(max_staleness)
 
     @staticmethod
-    def parsed_condition(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
+    def _parsed_condition(condition: Any) -> tuple[dict[str, Any], DecisionCondition]:
         """The ``condition`` kwarg as the trigger keeps it (plain JSON), and as it is checked: from a
         :class:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition` or its
         :meth:`~airflow_provider_systemzero.decisions.conditions.DecisionCondition.to_dict`.
