@@ -145,6 +145,10 @@ def test_has_task_state_store_reads_the_context() -> None:
 
 class _TI:
     id = "0199c0de-0000-7000-8000-000000000001"
+    dag_id = "d"
+    task_id = "decide"
+    run_id = "r"
+    map_index = -1
 
     def __init__(self) -> None:
         self.xcoms: dict[str, Any] = {}
@@ -154,15 +158,16 @@ class _TI:
 
 
 def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch) -> None:
-    """3.3: the task parks in ``awaiting_input``; 3.1 / 3.2: it defers to ``HITLTrigger`` with the same
-    request, and resumes in the same method with the same gate."""
+    """A decision in the review band, resumed from the operator's trigger: 3.3 parks the task in
+    ``awaiting_input``; 3.1 / 3.2 defer it to ``HITLTrigger`` with the same request, and it
+    resumes in the same method with the same gate."""
     from datetime import timedelta
 
     from airflow.sdk.execution_time import hitl
 
-    from airflow_provider_systemzero.decisions.policy import DecisionPolicy, PolicyOutcome
+    from airflow_provider_systemzero.decisions.policy import DecisionPolicy
+    from airflow_provider_systemzero.identity import task_namespace
     from airflow_provider_systemzero.operators.decide import SystemZeroDecideOperator
-    from airflow_provider_systemzero.tasks.review import Gate
 
     written: list[dict[str, Any]] = []
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kwargs: written.append(kwargs))
@@ -170,30 +175,36 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
     operator = SystemZeroDecideOperator(
         task_id="decide", questions={"publish": "Publish it?"}, state="x", policy=policy
     )
-    gate = Gate(
-        question="publish",
-        kind="boolean",
-        answer={"decision": True, "probability": 0.6, "confidence": 0.6},
-        state_hash="abc",
-    )
-    outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
+    answer = {"decision": True, "probability": 0.6, "confidence": 0.6}
+    event = {
+        "status": "success",
+        "key_namespace": task_namespace("d", "decide", "r", -1),
+        "question": "publish",
+        "decision": True,
+        "reply_id": "szd_review",
+        "state_version": 1,
+        "state_hash": "abc",
+        "answers": {"publish": answer},
+    }
     ti = _TI()
     with pytest.raises(BaseException) as raised:
-        operator._request_review({"task_instance": ti, "ti": ti}, gate, outcome)
+        operator.execute_complete({"task_instance": ti, "ti": ti}, event=event)
     (request,) = written
     assert request["ti_id"] == ti.id and request["options"] == ["Yes", "No"] and request["defaults"] == ["No"]
     assert ti.xcoms["decision"]["status"] == "pending_review"
-    resume = {"gate": gate.to_dict(), "outcome": outcome.to_dict()}
+    resume = raised.value.kwargs
+    assert resume["gate"]["question"] == "publish" and resume["gate"]["answer"] == answer
+    assert resume["gate"]["state_hash"] == "abc" and resume["outcome"]["action"] == "review"
     if compat.has_awaiting_input():
         assert type(raised.value).__name__ == "TaskAwaitingInput"
-        assert raised.value.method_name == "execute_review_complete" and raised.value.kwargs == resume
+        assert raised.value.method_name == "execute_review_complete"
         assert raised.value.timeout == timedelta(seconds=60)
     else:
         from airflow.providers.standard.triggers.hitl import HITLTrigger
 
         assert type(raised.value).__name__ == "TaskDeferred"
         deferred = raised.value
-        assert deferred.method_name == "execute_review_complete" and deferred.kwargs == resume
+        assert deferred.method_name == "execute_review_complete"
         assert isinstance(deferred.trigger, HITLTrigger)
         classpath, kwargs = deferred.trigger.serialize()
         assert classpath == "airflow_provider_systemzero.tasks.review_wait.ReviewTrigger"
