@@ -103,6 +103,14 @@ DEFAULT_MAX_CONCURRENT = 8
 _REQUEST_LOG_SIZE = 10_000
 
 
+def _keep_newest(log: list[Any], entry: Any) -> None:
+    """Append ``entry`` to one of the emulator's request logs, keeping the newest
+    :data:`_REQUEST_LOG_SIZE`."""
+    log.append(entry)
+    if len(log) > _REQUEST_LOG_SIZE:
+        del log[: len(log) - _REQUEST_LOG_SIZE]
+
+
 def parse_api_key(spec: str) -> tuple[str, int]:
     """Parse ``KEY`` or ``KEY:MAX_CONCURRENT`` (the CLI's ``--api-key``).
 
@@ -539,15 +547,10 @@ class Emulator:
             return respond(connection, 400, envelope.to_dict())
 
     def _record_handshake(self, headers: dict[str, str]) -> None:
-        masked = {name: masked_header(name, value) for name, value in headers.items()}
-        self.handshakes.append(masked)
-        if len(self.handshakes) > _REQUEST_LOG_SIZE:
-            del self.handshakes[: len(self.handshakes) - _REQUEST_LOG_SIZE]
+        _keep_newest(self.handshakes, {name: masked_header(name, value) for name, value in headers.items()})
 
     def _record_upgrade(self, record: UpgradeRecord) -> None:
-        self.upgrades.append(record)
-        if len(self.upgrades) > _REQUEST_LOG_SIZE:
-            del self.upgrades[: len(self.upgrades) - _REQUEST_LOG_SIZE]
+        _keep_newest(self.upgrades, record)
         self._notify()
 
     def _refuse(self, connection: ServerConnection, refusal: UpgradeRefusal) -> Response:
