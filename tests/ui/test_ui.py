@@ -247,6 +247,22 @@ def _pause_seen_by_scheduler(deployment: Deployment, run_id: str) -> bool:
     return workers > 0 and len(exits) >= workers and "state=deferred," in exits[-1]
 
 
+def _wait_pause_seen(deployment: Deployment, run_id: str) -> None:
+    """Wait (bounded) until :func:`_pause_seen_by_scheduler`: what an answer, or a newer state
+    that supersedes the review, must wait for."""
+    wait_for(
+        lambda: _pause_seen_by_scheduler(deployment, run_id),
+        60,
+        f"the scheduler to process the exit of {run_id}'s paused worker",
+    )
+
+
+def _answer(page: Any, answer: str) -> None:
+    """Click ``answer`` on the open review page and wait until Airflow says it received it."""
+    page.get_by_role("button", name=answer, exact=True).click()
+    page.get_by_text(re.compile("Response received at")).wait_for()
+
+
 def _open_reviews(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
     """The run's review requests nobody answered yet (what Required Actions lists)."""
     path = f"/api/v2/dags/{UI_DAG_ID}/dagRuns/{quote(run_id, safe='')}/hitlDetails?response_received=false"
@@ -302,14 +318,9 @@ def _answered(page: Any, deployment: Deployment, run_id: str, answer: str, done:
         assert again < 2, f"{run_id} asked again {again + 1} times"
         again += 1
         _wait_review(deployment, run_id)
-        wait_for(
-            lambda: _pause_seen_by_scheduler(deployment, run_id),
-            60,
-            f"the scheduler to process the exit of {run_id}'s paused worker",
-        )
+        _wait_pause_seen(deployment, run_id)
         _review_page(page, deployment, run_id)
-        page.get_by_role("button", name=answer, exact=True).click()
-        page.get_by_text(re.compile("Response received at")).wait_for()
+        _answer(page, answer)
     return again
 
 
@@ -339,13 +350,8 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
         ):
             assert expected in body, f"{expected!r} not on the review page:\n{body[-3000:]}"
         _shot(page, f"review-{answer.lower()}-asked")
-        wait_for(
-            lambda run_id=run_id: _pause_seen_by_scheduler(deployment, run_id),
-            60,
-            f"the scheduler to process the exit of {run_id}'s paused worker",
-        )
-        page.get_by_role("button", name=answer, exact=True).click()
-        page.get_by_text(re.compile("Response received at")).wait_for()
+        _wait_pause_seen(deployment, run_id)
+        _answer(page, answer)
 
     no_run, yes_run = runs["No"], runs["Yes"]
     _answered(
@@ -406,11 +412,7 @@ def test_a_person_answers_the_sensor(page: Any, ui_deployment: Deployment, tmp_p
     # the newer state comes as a person's answer would, once the scheduler has seen the workers
     # exit: a trigger that fires before makes the scheduler fail the resumed try on a stale exit
     # event (apache/airflow#71580), and the next try decides the newer state with nobody asked
-    wait_for(
-        lambda: _pause_seen_by_scheduler(deployment, later),
-        60,
-        f"the scheduler to process the exit of {later}'s paused worker",
-    )
+    _wait_pause_seen(deployment, later)
     with (work / "build.log").open("a") as handle:
         handle.write("Job is ready.\n")
     assert deployment.wait_run(UI_DAG_ID, later, timeout=300) == "success"
