@@ -704,8 +704,14 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """
         if review is not None and isinstance(event, Mapping) and "status" not in event:
             # a person's answer, which only the trigger can judge against the state the source holds
-            # now: it watches on with the answer to judge
+            # now: it watches on with the answer to judge. The answer is kept first, keyed by the
+            # state it is about: a try that fails before the trigger fires (a worker lost, or
+            # apache/airflow#71580's stale exit event) leaves a retry that takes it, not a person
+            # asked again
             answer = {**event, "responded_at": _iso(event.get("responded_at"))}
+            self._answer_kept(
+                context, Gate.from_dict(review["gate"]), PolicyOutcome(**review["outcome"]), answer
+            )
             self._defer_reviewing(context, {**review, "answer": answer})
         ended = self.resumed_event(context, event, self._own_namespaces(context))
         if ended.status == "review":
@@ -744,6 +750,8 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         if review.get("counted"):
             return self.execute_review_complete(context, event=answer, gate=gate, outcome=resume["outcome"])
         the_gate = Gate.from_dict(gate)
+        outcome = PolicyOutcome(**resume["outcome"])
+        self._answer_kept(context, the_gate, outcome, answer)  # for a retry that meets that state
         kept = answer_record(answer)
         about = f"about state version {the_gate.state_version} after the source moved on"
         if kept["timedout"]:
@@ -753,7 +761,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             what = f"{who} answered {kept['chosen_options']} {about}: the answer is recorded"
         reason = f"{what} and decides nothing about the newer state"
         self.log.info("%s", reason)
-        outcome = PolicyOutcome(**resume["outcome"])
         record = self._record(the_gate, outcome, decision=None, decided_by=None, reason=reason, review=kept)
         return self._wait_again(context, the_gate, record)
 

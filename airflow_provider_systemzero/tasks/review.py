@@ -713,33 +713,49 @@ class PolicyGateMixin:
                 f"{self.task_id}: resumed from a review without its decision ({event!r})"
             )
         the_gate = Gate.from_dict(gate)
-        verdict = PolicyOutcome(**outcome)
+        record = self._answer_kept(context, the_gate, PolicyOutcome(**outcome), event)
+        if "error" in event:  # timed out, and the policy has no default
+            return self._fallback(context, the_gate, record)
+        self.log.info(
+            "review of %s: %s (%s)", the_gate.question, _shown(record["decision"]), record["decided_by"]
+        )
+        return self._apply(context, the_gate, record)
+
+    def _answer_kept(
+        self, context: Context, gate: Gate, outcome: PolicyOutcome, event: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The record of a person's answer to the review of ``gate`` (or of its timeout), kept in
+        the task's state store: a retry about the same state takes it instead of asking again.
+
+        :param outcome: the policy's verdict that asked for the review.
+        :param event: the Human-in-the-loop response, or a timeout error (``error``).
+        :raises AirflowFailException: the answer names no option of the question.
+        """
         if "error" in event:
             record = self._review_timed_out(
-                the_gate,
-                verdict,
+                gate,
+                outcome,
                 f"nobody answered the review in time ({event.get('error')}) and the policy has no default",
                 {"timedout": True, "chosen_options": [], "responded_by": None, "responded_at": None},
             )
-            self._store_review(context, the_gate, record)
-            return self._fallback(context, the_gate, record)
-        chosen = list(event.get("chosen_options") or [])
-        try:
-            decision = the_gate.from_labels(chosen)
-        except ValueError as exc:
-            raise AirflowFailException(f"{self.task_id}: {exc}") from None
-        review = answer_record(event)
-        timedout, responded_by = review["timedout"], review["responded_by"]
-        if timedout:
-            reason = f"{verdict.reason}; nobody answered the review in time, so the policy's default applies"
-            decided_by = "timeout_default"
         else:
-            who = responded_by.get("name") if isinstance(responded_by, Mapping) else None
-            reason = f"{verdict.reason}; {who or 'a person'} answered {_shown(decision)}"
-            decided_by = "human"
-        record = self._record(
-            the_gate, verdict, decision=decision, decided_by=decided_by, reason=reason, review=review
-        )
-        self._store_review(context, the_gate, record)
-        self.log.info("review of %s: %s (%s)", the_gate.question, _shown(decision), decided_by)
-        return self._apply(context, the_gate, record)
+            try:
+                decision = gate.from_labels(list(event.get("chosen_options") or []))
+            except ValueError as exc:
+                raise AirflowFailException(f"{self.task_id}: {exc}") from None
+            review = answer_record(event)
+            if review["timedout"]:
+                reason = (
+                    f"{outcome.reason}; nobody answered the review in time, so the policy's default applies"
+                )
+                decided_by = "timeout_default"
+            else:
+                responded_by = review["responded_by"]
+                who = responded_by.get("name") if isinstance(responded_by, Mapping) else None
+                reason = f"{outcome.reason}; {who or 'a person'} answered {_shown(decision)}"
+                decided_by = "human"
+            record = self._record(
+                gate, outcome, decision=decision, decided_by=decided_by, reason=reason, review=review
+            )
+        self._store_review(context, gate, record)
+        return record

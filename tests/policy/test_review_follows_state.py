@@ -4,7 +4,9 @@
 * a newer state decided above the act bar while a person is asked fires the sensor with no answer
   (``decided_by: model``), and the request is closed on Airflow's side (it leaves Required Actions);
 * an answer given after the source moved on is recorded and fires nothing;
-* a newer state that needs a person in the same try is never shown in the first request.
+* a newer state that needs a person in the same try is never shown in the first request;
+* an answer is kept as soon as it resumes the task: a try lost while its trigger judges the answer
+  leaves a retry that takes it, not a person asked again (Airflow 3.3's task state store).
 
 Each step changes the log when the run gets there (a message of the trigger, a decision the
 gateway billed), not on a clock.
@@ -12,6 +14,8 @@ gateway billed), not on a clock.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +26,14 @@ from airflow.sdk import DAG
 
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
-from tests.helpers import append_once_logged, run_dag_while, task_states, wait_until, xcoms_of
+from tests.helpers import (
+    append_once_logged,
+    needs_task_state_store,
+    run_dag_while,
+    task_states,
+    wait_until,
+    xcoms_of,
+)
 from tests.helpers.policy import CONN_ID, START, Reviewer, pending_reviews
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
@@ -204,3 +215,93 @@ def test_review_timeout_applies_the_default_while_the_sensor_watches(emulator: A
     (request,) = _requests(dag.dag_id)
     assert request["answered"] and request["chosen_options"] == ["Yes"]
     assert _review_marks(xcoms) == ["review_timed_out"]
+
+
+class _TaskInstance:
+    """What a resumed task's context holds of its task instance: its identity and its XComs."""
+
+    dag_id, task_id, run_id, map_index = "review_kept", "wait", "manual", -1
+    id = "0199c0de-0000-7000-8000-000000000002"
+
+    def __init__(self, try_number: int) -> None:
+        self.try_number = try_number
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+class _TaskStateStore:
+    """Airflow 3.3's task state store, which outlives the task's tries."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.data[key] = value
+
+
+@needs_task_state_store
+def test_an_answer_is_kept_before_its_trigger_judges_it_and_a_retry_takes_it(
+    emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow 3.3's API resumes a deferred sensor with the person's answer; the sensor defers
+    again for its trigger to judge the answer against the source. A try lost then (a worker gone,
+    or the stale exit event of apache/airflow#71580) must not cost the answer: the retry, which
+    reaches the same state and the same verdict, takes it and asks nobody."""
+    from airflow.models.hitl import HITLDetail
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.sdk.execution_time import hitl
+    from airflow.sdk.timezone import utcnow
+
+    from tests.helpers import first_event
+
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **request: asked.append(request))
+    # outside a task the sensor reads its connection from the environment, as a worker can
+    connection = {"conn_type": "systemzero", "host": emulator.origin, "password": "policy-key"}
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(connection | {"extra": {"model": "sz-policy"}})
+    )
+    log = tmp_path / "service.log"
+    log.write_text("tick 1: unsure ready\n")
+    store = _TaskStateStore()
+
+    def a_try(number: int) -> tuple[SystemZeroDecisionSensor, dict[str, Any]]:
+        dag = _file_sensor(f"review_kept_{number}", log)
+        ti = _TaskInstance(number)
+        return dag.get_task("wait"), {"ti": ti, "task_instance": ti, "task_state_store": store}
+
+    def decided(sensor: SystemZeroDecisionSensor, context: dict[str, Any]) -> dict[str, Any]:
+        """The first decision of the sensor's trigger, as the triggerer runs it."""
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor.execute(context)
+        return asyncio.run(first_event(deferred.value.trigger, within=60))
+
+    sensor, context = a_try(1)
+    with pytest.raises(TaskDeferred) as watching:  # the request written, it watches on
+        sensor.execute_complete(context, event=decided(sensor, context))
+    (request,) = asked
+    assert request["options"] == ["Yes", "No"] and "tick 1: unsure ready" in request["body"]
+    answer = HITLDetail(
+        ti_id=request["ti_id"],
+        options=request["options"],
+        subject=request["subject"],
+        chosen_options=["Yes"],
+        responded_by={"id": "1", "name": "alice"},
+        responded_at=utcnow(),
+    ).as_resume_event_payload()
+    with pytest.raises(TaskDeferred) as judging:  # the answer resumes it, and its trigger judges it
+        sensor.execute_complete(context, event=answer, **watching.value.kwargs)
+    assert judging.value.trigger.serialize()[1]["review"]["answer"]["chosen_options"] == ["Yes"]
+    # ... and that try is lost before the trigger fires: the retry decides the same state again
+    sensor, context = a_try(2)
+    summary = sensor.execute_complete(context, event=decided(sensor, context))
+    assert len(asked) == 1  # nobody is asked again
+    assert (summary["decision"], summary["decided_by"]) == (True, "human")
+    record = context["ti"].xcoms["decision"]
+    assert (record["action"], record["decided_by"], record["decision"]) == ("review", "human", True)
+    assert record["review"]["chosen_options"] == ["Yes"] and record["effect"] == {"fired": True}
