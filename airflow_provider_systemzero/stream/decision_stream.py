@@ -302,10 +302,9 @@ class DecisionStream:
     def last_error_text(self) -> str | None:
         """The last retryable failure, with its cause and fix (``None`` if there was none)."""
         last_error = self._life.last_error
-        network = self._connection.network if self._connection is not None else None
-        if network is None:
+        if self._connection is None:
             return None if last_error is None else str(last_error)
-        return network.describe(last_error)
+        return self._connection.network.describe(last_error)
 
     @property
     def reconnects(self) -> list[Reconnect]:
@@ -404,12 +403,12 @@ class DecisionStream:
             # The stream never opened (its start was not acknowledged): nothing the gateway holds
             # needs a close handshake, and the caller's time to open is up (its deadline, or a
             # cancellation at one): the connection, if any, is aborted at once.
-            await self._shutdown(grace=0)
+            await self.aclose(grace=0)
             raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._shutdown()
+        await self.aclose()
 
     async def aclose(self, *, grace: float | None = None) -> None:
         """Close the stream: the connection ends with close code 1000; pending waits end.
@@ -419,7 +418,26 @@ class DecisionStream:
             passes the time it has left, so a gateway that never answers the close frame cannot
             hold the caller past it.
         """
-        await self._shutdown(grace)
+        life = self._life
+        if life.closed:
+            return
+        life.closing = True
+        life.closed = True
+        if self._starts is not None:
+            self._starts.leave()
+        try:
+            if self._connection is not None:
+                await self._connection.stop(grace)
+        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
+            self._delivery.fail_all(
+                StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
+            )
+            self._wake_all()
+            # the observer lets go of the stream, so that reference counting frees a closed stream
+            # at once instead of leaving a cycle for the collector's next full pass (which visits
+            # every waiting trigger); what it was to hear later, it hears before
+            self._observations.flush()
+            self.observer.unbind()
 
     def close_soon(self) -> None:
         """Begin closing the stream now, without waiting: the close (1000) goes out at once, and
@@ -935,30 +953,6 @@ class DecisionStream:
         if self._connection is not None:
             self._connection.close()
         self._wake_all()
-
-    async def _shutdown(self, grace: float | None = None) -> None:
-        """Close: the close handshake may take the gateway's close handshake timeout (or
-        ``grace`` seconds, when less: the caller's deadline), then the connection is aborted."""
-        life = self._life
-        if life.closed:
-            return
-        life.closing = True
-        life.closed = True
-        if self._starts is not None:
-            self._starts.leave()
-        try:
-            if self._connection is not None:
-                await self._connection.stop(grace)
-        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
-            self._delivery.fail_all(
-                StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
-            )
-            self._wake_all()
-            # the observer lets go of the stream, so that reference counting frees a closed stream
-            # at once instead of leaving a cycle for the collector's next full pass (which visits
-            # every waiting trigger); what it was to hear later, it hears before
-            self._observations.flush()
-            self.observer.unbind()
 
     async def _wait_until(
         self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]
