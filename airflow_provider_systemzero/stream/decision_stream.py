@@ -179,9 +179,7 @@ class DecisionStream:
         self.backoff = backoff or Backoff()
         #: The stream cap this stream holds a slot of while connected.
         self.capacity = capacity or default_capacity()
-        if budget is None:
-            budget = DecisionBudget()
-        self.budget = budget
+        self.budget = budget if budget is not None else DecisionBudget()
         #: Hears what the stream does (bound to the stream until it closes).
         self.observer = observer or StreamObserver()
         #: The sans-I/O session (built with the settings: at once, or on entering).
@@ -189,7 +187,7 @@ class DecisionStream:
         # The parts (see the module); the last two are made on entering.
         self._life = StreamLife()
         self._observations = ObserverRelay(self.observer)
-        self._accounting = DispatchAccounting(budget, decision_mode, id(self))
+        self._accounting = DispatchAccounting(self.budget, decision_mode, id(self))
         self._delivery = DecisionDelivery(decision_mode)
         self._starts: StreamStarts | None = None
         self._connection: StreamConnection | None = None
@@ -394,10 +392,7 @@ class DecisionStream:
             await self._wait_until(
                 lambda: self._life.ready,
                 self._open_deadline,
-                lambda: (
-                    f"the stream to {self._settings.url if self._settings else '?'} did not "
-                    f"open within {self._open_deadline} s"
-                ),
+                lambda: f"the stream to {settings.url} did not open within {self._open_deadline} s",
             )
         except BaseException:
             # The stream never opened (its start was not acknowledged): nothing the gateway holds
