@@ -443,7 +443,7 @@ class DecisionStream:
         handshake runs meanwhile instead of after.
         """
         life = self._life
-        if life.closing or life.closed or not life.entered:
+        if life.closing or not life.entered:
             return
         life.closing = True
         connection = self._connection
