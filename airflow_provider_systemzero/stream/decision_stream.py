@@ -825,7 +825,6 @@ class DecisionStream:
         self._observations.later("acknowledged", ack, event.message_type, event.replayed)
 
     def _on_decision(self, result: DecisionResult) -> None:
-        version = result.state_version
         self._life.last_error = None  # overcome: a later timeout does not blame a failure of before
         if self._starts is not None:
             self._starts.ended(None)
@@ -838,18 +837,17 @@ class DecisionStream:
             f"{_fmt(answer.confidence)})"
             for name, answer in result.answers.items()
         )
-        usage = result.usage
         log.info(
             "decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
             "decide %s ms",
-            version,
+            result.state_version,
             ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
             answers or "no answers",
             server_token(result.reply_id),
             "a new reply, counted as billed"
             if billed
             else "a reply already counted: replayed, not billed again",
-            usage.get("input_tokens", 0),
+            result.usage.get("input_tokens", 0),
             _fmt(result.queue_ms, 0),
             _fmt(result.decide_ms, 0),
         )
