@@ -289,9 +289,7 @@ class StreamCapacity:
             if self._in_use <= 0 or self._origin_use.get(key, 0) <= 0:
                 raise RuntimeError("StreamCapacity.release() without a matching acquire()")
             self._in_use -= 1
-            self._origin_use[key] -= 1
-            if not self._origin_use[key]:
-                del self._origin_use[key]
+            _count(self._origin_use, key, -1)
             self._grant_locked()
 
     @asynccontextmanager
@@ -327,7 +325,7 @@ class StreamCapacity:
         place = OpeningPlace(asyncio.get_running_loop(), key)
         with self._lock:
             if key not in self._openers and self._opening.get(key, 0) < self.opening_room(key):
-                self._count_opening_locked(key, 1)
+                _count(self._opening, key, 1)
                 place.granted = True
                 place.future.set_result(None)
                 return place
@@ -354,7 +352,7 @@ class StreamCapacity:
                 return
             place.left = True
             if place.granted:
-                self._count_opening_locked(place.origin, -1)
+                _count(self._opening, place.origin, -1)
                 self._grant_openers_locked(place.origin)
             elif (queue := self._openers.get(place.origin)) is not None and place in queue:
                 # (not queued: its loop closed as it was granted, and it left already)
@@ -385,25 +383,17 @@ class StreamCapacity:
         finally:
             self.leave_opening(place)
 
-    def _count_opening_locked(self, key: str, change: int) -> None:
-        """Count a place of :meth:`ask_opening` taken (``1``) or given back (``-1``) for ``key``."""
-        count = self._opening.get(key, 0) + change
-        if count:
-            self._opening[key] = count
-        else:
-            del self._opening[key]
-
     def _grant_openers_locked(self, key: str) -> None:
         queue = self._openers.get(key)
         while queue and self._opening.get(key, 0) < self.opening_room(key):
             waiter = queue.popleft()
             waiter.granted = True
-            self._count_opening_locked(key, 1)
+            _count(self._opening, key, 1)
             try:
                 _schedule(waiter.loop, _wake, waiter.future)
             except RuntimeError:  # the caller's loop is closed: it will never build
                 waiter.granted = False
-                self._count_opening_locked(key, -1)
+                _count(self._opening, key, -1)
         if queue is not None and not queue:
             del self._openers[key]
 
@@ -420,7 +410,7 @@ class StreamCapacity:
 
     def _take_locked(self, key: str) -> None:
         self._in_use += 1
-        self._origin_use[key] = self._origin_use.get(key, 0) + 1
+        _count(self._origin_use, key, 1)
         self._max_in_use = max(self._max_in_use, self._in_use)
 
     def _grant_locked(self) -> None:
@@ -439,7 +429,17 @@ class StreamCapacity:
             except RuntimeError:  # the waiter's loop is closed: it will never take the slot
                 waiter.granted = False
                 self._in_use -= 1
-                self._origin_use[waiter.origin] -= 1
+                _count(self._origin_use, waiter.origin, -1)
+
+
+def _count(counts: dict[str, int], key: str, change: int) -> None:
+    """Add ``change`` to ``key``'s count (slots held, places of ``ask_opening`` held); a count
+    back at 0 is dropped."""
+    count = counts.get(key, 0) + change
+    if count:
+        counts[key] = count
+    else:
+        del counts[key]
 
 
 def _nothing() -> None:

@@ -141,13 +141,11 @@ def _proxy_url(proxy: ProxyParts, host: str) -> str:
 #: websockets' openers by what they are built from (settings, limits, TLS contexts, first hop); at
 #: most :data:`_OPENERS_KEPT`. An opener keeps only its options (each TCP connection gets a protocol
 #: and a socket of its own), so every stream to a gateway shares one.
-_OPENERS: dict[tuple[StreamSettings, Limits, TLSContexts | None, str | None], connect] = {}
+_OPENERS: dict[tuple[StreamSettings, Limits, TLSContexts | None, str], connect] = {}
 _OPENERS_KEPT = 64
 
 
-def _opener(
-    settings: StreamSettings, limits: Limits, tls: TLSContexts | None, first_hop: str | None = None
-) -> connect:
+def _opener(settings: StreamSettings, limits: Limits, tls: TLSContexts | None, first_hop: str) -> connect:
     """websockets' opener for :func:`connect_options` (made once per settings, limits, contexts and hop)."""
     key = (settings, limits, tls, first_hop)
     opener = _OPENERS.get(key)
@@ -158,7 +156,7 @@ def _opener(
     return opener
 
 
-async def _resolved(host: str, port: int, resolving: list[str], *, plaintext: bool = False) -> list[Any]:
+async def _resolved(host: str, port: int, resolving: list[str], *, plaintext: bool) -> list[Any]:
     """:func:`resolve`, with ``host`` in ``resolving`` meanwhile (what a timeout then names); for a
     ``plaintext`` (``ws://``) connection its loopback addresses only: the key goes nowhere else."""
     resolving.append(host)

@@ -179,9 +179,7 @@ class DecisionStream:
         self.backoff = backoff or Backoff()
         #: The stream cap this stream holds a slot of while connected.
         self.capacity = capacity or default_capacity()
-        if budget is None:
-            budget = DecisionBudget()
-        self.budget = budget
+        self.budget = budget if budget is not None else DecisionBudget()
         #: Hears what the stream does (bound to the stream until it closes).
         self.observer = observer or StreamObserver()
         #: The sans-I/O session (built with the settings: at once, or on entering).
@@ -189,7 +187,7 @@ class DecisionStream:
         # The parts (see the module); the last two are made on entering.
         self._life = StreamLife()
         self._observations = ObserverRelay(self.observer)
-        self._accounting = DispatchAccounting(budget, decision_mode, id(self))
+        self._accounting = DispatchAccounting(self.budget, decision_mode, id(self))
         self._delivery = DecisionDelivery(decision_mode)
         self._starts: StreamStarts | None = None
         self._connection: StreamConnection | None = None
@@ -302,10 +300,9 @@ class DecisionStream:
     def last_error_text(self) -> str | None:
         """The last retryable failure, with its cause and fix (``None`` if there was none)."""
         last_error = self._life.last_error
-        network = self._connection.network if self._connection is not None else None
-        if network is None:
+        if self._connection is None:
             return None if last_error is None else str(last_error)
-        return network.describe(last_error)
+        return self._connection.network.describe(last_error)
 
     @property
     def reconnects(self) -> list[Reconnect]:
@@ -395,21 +392,18 @@ class DecisionStream:
             await self._wait_until(
                 lambda: self._life.ready,
                 self._open_deadline,
-                lambda: (
-                    f"the stream to {self._settings.url if self._settings else '?'} did not "
-                    f"open within {self._open_deadline} s"
-                ),
+                lambda: f"the stream to {settings.url} did not open within {self._open_deadline} s",
             )
         except BaseException:
             # The stream never opened (its start was not acknowledged): nothing the gateway holds
             # needs a close handshake, and the caller's time to open is up (its deadline, or a
             # cancellation at one): the connection, if any, is aborted at once.
-            await self._shutdown(grace=0)
+            await self.aclose(grace=0)
             raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._shutdown()
+        await self.aclose()
 
     async def aclose(self, *, grace: float | None = None) -> None:
         """Close the stream: the connection ends with close code 1000; pending waits end.
@@ -419,7 +413,26 @@ class DecisionStream:
             passes the time it has left, so a gateway that never answers the close frame cannot
             hold the caller past it.
         """
-        await self._shutdown(grace)
+        life = self._life
+        if life.closed:
+            return
+        life.closing = True
+        life.closed = True
+        if self._starts is not None:
+            self._starts.leave()
+        try:
+            if self._connection is not None:
+                await self._connection.stop(grace)
+        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
+            self._delivery.fail_all(
+                StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
+            )
+            self._wake_all()
+            # the observer lets go of the stream, so that reference counting frees a closed stream
+            # at once instead of leaving a cycle for the collector's next full pass (which visits
+            # every waiting trigger); what it was to hear later, it hears before
+            self._observations.flush()
+            self.observer.unbind()
 
     def close_soon(self) -> None:
         """Begin closing the stream now, without waiting: the close (1000) goes out at once, and
@@ -430,7 +443,7 @@ class DecisionStream:
         handshake runs meanwhile instead of after.
         """
         life = self._life
-        if life.closing or life.closed or not life.entered:
+        if life.closing or not life.entered:
             return
         life.closing = True
         connection = self._connection
@@ -812,7 +825,6 @@ class DecisionStream:
         self._observations.later("acknowledged", ack, event.message_type, event.replayed)
 
     def _on_decision(self, result: DecisionResult) -> None:
-        version = result.state_version
         self._life.last_error = None  # overcome: a later timeout does not blame a failure of before
         if self._starts is not None:
             self._starts.ended(None)
@@ -825,18 +837,17 @@ class DecisionStream:
             f"{_fmt(answer.confidence)})"
             for name, answer in result.answers.items()
         )
-        usage = result.usage
         log.info(
             "decision for state version %d (covers %s): %s — reply %s, %s; %d input tokens; queue %s ms, "
             "decide %s ms",
-            version,
+            result.state_version,
             ", ".join(map(server_token, result.covered_event_ids)) or "nothing new",
             answers or "no answers",
             server_token(result.reply_id),
             "a new reply, counted as billed"
             if billed
             else "a reply already counted: replayed, not billed again",
-            usage.get("input_tokens", 0),
+            result.usage.get("input_tokens", 0),
             _fmt(result.queue_ms, 0),
             _fmt(result.decide_ms, 0),
         )
@@ -935,30 +946,6 @@ class DecisionStream:
         if self._connection is not None:
             self._connection.close()
         self._wake_all()
-
-    async def _shutdown(self, grace: float | None = None) -> None:
-        """Close: the close handshake may take the gateway's close handshake timeout (or
-        ``grace`` seconds, when less: the caller's deadline), then the connection is aborted."""
-        life = self._life
-        if life.closed:
-            return
-        life.closing = True
-        life.closed = True
-        if self._starts is not None:
-            self._starts.leave()
-        try:
-            if self._connection is not None:
-                await self._connection.stop(grace)
-        finally:  # also when the caller is cancelled meanwhile: its cancellation propagates
-            self._delivery.fail_all(
-                StreamClosed(None, "closed", message="the stream was closed before the decision arrived")
-            )
-            self._wake_all()
-            # the observer lets go of the stream, so that reference counting frees a closed stream
-            # at once instead of leaving a cycle for the collector's next full pass (which visits
-            # every waiting trigger); what it was to hear later, it hears before
-            self._observations.flush()
-            self.observer.unbind()
 
     async def _wait_until(
         self, condition: Callable[[], bool], seconds: float | None, describe: Callable[[], str]

@@ -308,9 +308,7 @@ class NetworkFailures:
     def record(self, exc: BaseException) -> None:
         """A connection attempt failed below HTTP: log it when it is news (first, changed, every Nth)."""
         kind = _kind(exc, self.url)
-        self.last_text = text = describe_connection_error(
-            exc, self.url, open_timeout=self.open_timeout, proxy=self.proxy
-        )
+        self.last_text = text = self.describe(exc)
         if kind == self._kind:
             self._repeats += 1
         else:

@@ -258,9 +258,6 @@ class StreamSettings:
             "ID and resolve the settings where they are used"
         )
 
-    def __str__(self) -> str:
-        return repr(self)
-
 
 #: Settings in use in this process, by hash: one object for equal settings (:func:`shared_settings`).
 _IN_USE: weakref.WeakValueDictionary[int, StreamSettings] = weakref.WeakValueDictionary()

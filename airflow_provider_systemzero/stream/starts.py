@@ -242,11 +242,8 @@ class StreamStarts:
         #: the one whose start is held, whose slot is offered and which a 429 gives back.
         self._connection: StreamConnection | None = None
         #: on_change: the opening's turn counted the start its connection sends (set by
-        #: :meth:`_turn_to_open`, cleared when that ``start`` is admitted).
+        #: :meth:`_turn_to_open`, cleared when that ``start`` is admitted or the turn goes back).
         self._opening_counted = False
-        #: on_change: the opening's turn came (counted or granted) and is not used yet (set by
-        #: :meth:`_turn_to_open`, cleared by :meth:`_postpone`).
-        self._turn_taken = False
         #: The offer of the connection's slot while its next start waits for its turn (made by
         #: :meth:`admit`; it ends when the turn comes unasked, else once the slot is free).
         self._slot_offer: SlotOffer | None = None
@@ -280,8 +277,7 @@ class StreamStarts:
 
         :param connection: the stream's connection, which holds the slot for the block.
         """
-        await self._turn_to_open()
-        await self._slot_after_turn()
+        await self._slot_after_turn(await self._turn_to_open())
         self._connection = connection
         try:
             yield
@@ -296,13 +292,13 @@ class StreamStarts:
             # (on_change keeps its place: its next connection waits for its turn before it opens)
             self._ask_again()  # a held start is asked anew on the next connection
 
-    async def _turn_to_open(self) -> None:
+    async def _turn_to_open(self) -> bool:
         """on_change: wait for this stream's turn before a connection whose ``start`` starts a
-        decision takes a slot (once open, the ``start`` cannot wait)."""
+        decision takes a slot (once open, the ``start`` cannot wait); returns whether a turn came
+        (counted or granted)."""
         self._opening_counted = False
-        self._turn_taken = False
         if not self._on_change or self._left or not self._start_decides():
-            return
+            return False
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake() -> None:
@@ -313,30 +309,26 @@ class StreamStarts:
             self._opening_counted = True  # counted now: its start is not counted again
         else:
             await turn  # granted: the start spends the grant
-        self._turn_taken = True
+        return True
 
-    async def _slot_after_turn(self) -> None:
-        """Take a slot for the connection whose turn came. When none is free, the turn goes back
-        (the stream stays first in line) while it waits for one, and is taken again once it holds
-        the slot: a start's token is spent when its ``start`` can go out, not a socket's wait
-        earlier, so the starts reach the gateway as the mirror spaced them."""
+    async def _slot_after_turn(self, turn_taken: bool) -> None:
+        """Take a slot for the connection whose turn came (``turn_taken``: on_change, a turn its
+        ``start`` would spend). When none is free, the turn goes back (its token returns, and the
+        stream stays first in line) while it waits for one, and is taken again once it holds the
+        slot: a start's token is spent when its ``start`` can go out, not a socket's wait earlier,
+        so the starts reach the gateway as the mirror spaced them."""
         capacity, origin = self._capacity, self._origin
         if capacity.try_acquire(origin):
             return
-        self._postpone()
+        if turn_taken:
+            self.account.postpone(self, self._session.generation, counted=self._opening_counted)
+        self._opening_counted = False
         await capacity.acquire(origin)
         try:
             await self._turn_to_open()  # first in line: at most the wait for the next token
         except BaseException:
             capacity.release(origin)
             raise
-
-    def _postpone(self) -> None:
-        """on_change: the turn taken cannot be used yet (no slot is free): its token goes back and
-        the stream stays first in line for the next one."""
-        if self._turn_taken:
-            self.account.postpone(self, self._session.generation, counted=self._opening_counted)
-        self._opening_counted = self._turn_taken = False
 
     # ------------------------------------------------------------------ the stream's starts
 

@@ -234,7 +234,6 @@ class StreamConnection:
         self._accounting = accounting
         self._observations = observations
         self._backoff = backoff
-        self._reached = reached
         #: The stream's one entry for what this connection tells it (given by :meth:`start`,
         #: dropped when the loop ends, so that a closed stream and its connection hold no cycle).
         self._handle: Callable[[Sequence[StreamEvent]], None] = _ignore
@@ -242,8 +241,10 @@ class StreamConnection:
         self._task: asyncio.Task[None] | None = None
         #: Every reconnect made, in order (appended by the run loop).
         self.reconnects: list[Reconnect] = []
-        #: What the stream says about failed attempts (made when the loop starts).
-        self.network: NetworkFailures | None = None
+        #: What the stream says about failed attempts.
+        self.network = NetworkFailures(
+            settings.url, open_timeout=settings.open_timeout, proxy=settings.proxy, reached=reached
+        )
         #: Disconnected on purpose, waiting for work (set while the run loop waits for it).
         self.dormant = False
         #: Callers that need a connection whatever the session's work (:meth:`needed`).
@@ -389,13 +390,7 @@ class StreamConnection:
     # ------------------------------------------------------------------ the run loop
 
     async def _run(self) -> None:
-        settings = self._settings
-        network = self.network = NetworkFailures(
-            settings.url,
-            open_timeout=settings.open_timeout,
-            proxy=settings.proxy,
-            reached=self._reached,
-        )
+        settings, network = self._settings, self.network
         planner = ReconnectPlanner(self._backoff)
         pending: _Pending | None = None
         error: BaseException | None = None
