@@ -92,3 +92,25 @@ async def test_a_place_held_for_a_block_answers_its_old_name() -> None:
     async with capacity.opening():
         assert capacity.building == 1
     assert capacity.building == 0
+
+
+def test_a_streams_starts_read_the_decision_mode_of_their_session() -> None:
+    from airflow_provider_systemzero.protocol.client import ClientSession
+    from airflow_provider_systemzero.stream.request import StreamRequest
+
+    request = StreamRequest.build(
+        model="m", questions={"ready": {"type": "boolean", "instructions": "Ready?"}}, prompt_cache_key="pck"
+    )
+    session = ClientSession(request=request, state="log\n", decision_mode="on_request", admission=True)
+    account = starts.AccountStarts("test account", 0.0)
+    origin = "ws://127.0.0.1:1/v1/stream"
+    (message,) = _warned(
+        lambda: starts.StreamStarts(
+            account, session, StreamCapacity(1), origin=origin, decision_mode="on_request"
+        )
+    )
+    assert "StreamStarts(decision_mode=...)" in message and message.endswith(
+        "use the session's decision_mode, which it reads"
+    )
+    with pytest.raises(ValueError, match="differs from its session's 'on_request'"):
+        starts.StreamStarts(account, session, StreamCapacity(1), origin=origin, decision_mode="on_change")

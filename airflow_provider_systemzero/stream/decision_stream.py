@@ -368,7 +368,6 @@ class DecisionStream:
                 session,
                 self.capacity,
                 origin=settings.url,
-                decision_mode=self._decision_mode,
             )
             self.budget.attach_window(
                 connection_window(

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_systemzero.deprecations import Renamed
+from airflow_provider_systemzero.deprecations import Renamed, warn_once
 from airflow_provider_systemzero.protocol.limits import Limits
 from airflow_provider_systemzero.protocol.messages import ClientMessage, Error, Start
 from airflow_provider_systemzero.protocol.starts import StartQueue
@@ -217,11 +217,12 @@ class StreamStarts:
     this object.
 
     :param account: the account's starts shared in this process.
-    :param session: the stream's session (its generation; whether its ``start`` starts a decision;
-        asked again when a held start's turn comes).
+    :param session: the stream's session (its decision mode and generation; whether its
+        ``start`` starts a decision; asked again when a held start's turn comes).
     :param capacity: the stream cap whose slot each connection holds.
     :param origin: the gateway, as the stream cap counts it.
-    :param decision_mode: the stream's decision mode.
+    :param decision_mode: deprecated: the session's mode is the stream's (a different one is
+        refused).
     """
 
     def __init__(
@@ -231,13 +232,20 @@ class StreamStarts:
         capacity: StreamCapacity,
         *,
         origin: str,
-        decision_mode: str,
+        decision_mode: str | None = None,
     ) -> None:
+        if decision_mode is not None:
+            warn_once("StreamStarts(decision_mode=...)", "the session's decision_mode, which it reads")
+            if decision_mode != session.decision_mode:
+                raise ValueError(
+                    f"StreamStarts(decision_mode={decision_mode!r}) differs from its session's "
+                    f"{session.decision_mode!r}: a stream's starts follow its session; leave it out"
+                )
         self.account = account
         self._session = session
         self._capacity = capacity
         self._origin = origin
-        self._on_change = decision_mode == "on_change"
+        self._on_change = session.decision_mode == "on_change"
         #: The connection that holds this stream's slot now (set and cleared by :meth:`turn`):
         #: the one whose start is held, whose slot is offered and which a 429 gives back.
         self._connection: StreamConnection | None = None

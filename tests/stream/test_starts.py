@@ -29,9 +29,7 @@ def _starts(
     account = AccountStarts("test account", asyncio.get_running_loop().time())
     request = StreamRequest.build(model="m", questions=QUESTIONS, prompt_cache_key="pck")
     session = ClientSession(request=request, state="log\n", decision_mode=mode, admission=True)
-    return account, StreamStarts(
-        account, session, capacity or StreamCapacity(1), origin=ORIGIN, decision_mode=mode
-    )
+    return account, StreamStarts(account, session, capacity or StreamCapacity(1), origin=ORIGIN)
 
 
 async def test_a_hello_bounds_the_streams_to_its_gateway_and_the_accounts_starts() -> None:
