@@ -456,6 +456,9 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
             )
         self.condition, self.state, self.watch_id, self.source = condition, state, watch_id, source
         self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
+        #: the condition, parsed once: what the rules of each run use (``condition`` is the kwarg as
+        #: given, part of the watch's identity)
+        self.decision_condition = built
 
     @staticmethod
     @contextlib.contextmanager
@@ -575,7 +578,7 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
         has it); nobody can review an asset event, so only a met decision counts; whether the
         current run already fired is recalled from ``memory``, which hears each change of it."""
         return VerdictRules(
-            DecisionCondition.from_dict(self.condition),
+            self.decision_condition,
             reviews=False,
             fired=await memory.recall(),
             on_fired=memory.note,

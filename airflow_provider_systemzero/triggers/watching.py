@@ -199,8 +199,9 @@ class WatchingTrigger(StreamTrigger):
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
-    # the kwargs every watching trigger keeps (a subclass sets them)
+    # the kwargs every watching trigger keeps (a subclass sets them), and its condition parsed
     condition: dict[str, Any]
+    decision_condition: DecisionCondition
     state: Any
     source: dict[str, Any] | None
     decision_mode: str
