@@ -316,7 +316,7 @@ class AirflowStreamObserver(StreamObserver):
                     attributes["systemzero.questions.names"] = [name for name, _ in request.questions]
                     if request.prompt_cache_key:
                         attributes["systemzero.prompt_cache_key"] = request.prompt_cache_key
-                attributes.update(self._content() if self._capture else {})
+                attributes.update(self._content())
                 self._conn_span = self._tracer.start_span(
                     "systemzero.stream.connection", attributes=attributes
                 )
