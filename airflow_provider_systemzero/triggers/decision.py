@@ -187,7 +187,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         #: the condition, parsed once: what the run's rules use, and what ``condition`` gives back
         _, self.decision_condition = self._parsed_condition(condition)
         self.state, self.source = state, source
-        self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
+        self.decision_mode, self.budget = decision_mode, budget
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
         self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
         self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
@@ -314,8 +314,7 @@ class SystemZeroDecideTrigger(StreamTrigger):
             deadline=deadline,
             budget=budget,
         )
-        self.state, self.idempotency_key, self.deadline = state, idempotency_key, deadline
-        self.budget = budget
+        self.state, self.idempotency_key, self.budget = state, idempotency_key, budget
         self.attachments = attachments or []
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

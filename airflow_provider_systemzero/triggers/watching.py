@@ -125,6 +125,11 @@ class StreamTrigger(BaseTrigger):
         return self._stream.request
 
     @property
+    def deadline(self) -> float | None:
+        """The ``deadline`` kwarg (epoch seconds, or ``None``): the one its streams keep."""
+        return self._stream.deadline
+
+    @property
     def key_namespace(self) -> str:
         """The namespace of the run's keys and cache key: the one its streams use. A sensor that
         starts from the triggerer passes a template, which the triggerer renders by setting this
@@ -324,7 +329,7 @@ class WatchingTrigger(StreamTrigger):
         (``announce``; a shared stream waits for no condition of its own)."""
         self._source = source = build_source(self.source, self.state)
         if announce:
-            announce_wait(self.condition, source, self._stream.deadline)
+            announce_wait(self.condition, source, self.deadline)
         return source
 
     def _start_watch(self, rules: Rules, *, once: bool, min_interval_ms: int | None = None) -> WatchDriver:
