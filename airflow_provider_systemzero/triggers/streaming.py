@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import compact_json
+from airflow_provider_systemzero.tasks.deadlines import STILL_DECIDING
 from airflow_provider_systemzero.tasks.payloads import timeout_payload
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class TriggerStream:
         deciding = stream.deciding_for if stream is not None else None
         if deciding is not None:
             causes.append(
-                f"the gateway was still deciding (for {deciding:.1f} s): {more_time}, or find out "
+                f"{STILL_DECIDING} (for {deciding:.1f} s): {more_time}, or find out "
                 "why its decisions take this long"
             )
         last = stream.last_error_text if stream is not None else None  # why the wait had no decision
