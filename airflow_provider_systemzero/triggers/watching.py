@@ -111,13 +111,17 @@ class StreamTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.systemzero_conn_id = systemzero_conn_id
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
         #: the run's source and the driver of its watch (``None`` outside a run)
         self._source: StateSource | None = None
         self._driver: WatchDriver | None = None
+
+    @property
+    def systemzero_conn_id(self) -> str:
+        """The ``systemzero_conn_id`` kwarg: the connection its streams are built on."""
+        return self._stream.systemzero_conn_id
 
     @property
     def request(self) -> dict[str, Any]:
