@@ -379,7 +379,7 @@ class TaskUsageLedger:
             ``resumes``, all tries' in ``total``.
         """
         run = usage if isinstance(usage, Usage) else Usage.from_dict(usage)
-        recorded = [r for r in self._document.get("runs", []) if isinstance(r, str)]
+        recorded = self._document["runs"]  # checked when the document was loaded
         total = self.total
         counted = self.this_try.add(run, run_id, outcome)
         if self.store is None:
