@@ -320,6 +320,7 @@ class SystemZeroDecideTrigger(StreamTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event (before the stream's close handshake)."""
         from airflow_provider_systemzero.protocol.messages import Attachment
+        from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
         payload = self._stream.late(self._extra(), "the task's deadline passed before the trigger started")
         if payload is None:
@@ -344,7 +345,7 @@ class SystemZeroDecideTrigger(StreamTrigger):
                         self.state,
                         key_namespace=self.key_namespace,
                         at=time.time(),
-                        capture_content=new_timeline().capture_content,
+                        capture_content=capture_content_enabled(),
                     )
             except BaseException as exc:
                 payload = await self._ended_early(exc, scope)
