@@ -139,7 +139,9 @@ def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _seconds(value: Any, *, field: str, conn_id: str, default: float) -> float:
+def _seconds(extra: Mapping[str, Any], field: str, conn_id: str, *, default: float) -> float:
+    """The extra ``field``, a positive number of seconds (``default`` when unset)."""
+    value = extra.get(field)
     number = parse_seconds(value, default)
     if number is None or not is_seconds(number, positive=True):
         raise SystemZeroValidationError(
@@ -150,7 +152,9 @@ def _seconds(value: Any, *, field: str, conn_id: str, default: float) -> float:
     return number
 
 
-def _text(value: Any, *, field: str, conn_id: str) -> str | None:
+def _text(extra: Mapping[str, Any], field: str, conn_id: str) -> str | None:
+    """The extra ``field``, a string (``None`` when unset or blank)."""
+    value = extra.get(field)
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str):
@@ -350,17 +354,13 @@ class SystemZeroHook(BaseHook):
         return StreamSettings(
             origin=host,
             api_key=str(key).strip(),
-            open_timeout=_seconds(
-                extra.get("open_timeout"), field="open_timeout", conn_id=conn_id, default=10.0
-            ),
-            ca_bundle=_text(extra.get("ca_bundle"), field="ca_bundle", conn_id=conn_id),
-            proxy=_text(extra.get("proxy"), field="proxy", conn_id=conn_id),
-            client_cert=_text(extra.get("client_cert"), field="client_cert", conn_id=conn_id),
-            client_key=_text(extra.get("client_key"), field="client_key", conn_id=conn_id),
-            default_model=_text(extra.get("model"), field="model", conn_id=conn_id),
-            prompt_cache_key_prefix=_text(
-                extra.get("prompt_cache_key_prefix"), field="prompt_cache_key_prefix", conn_id=conn_id
-            ),
+            open_timeout=_seconds(extra, "open_timeout", conn_id, default=10.0),
+            ca_bundle=_text(extra, "ca_bundle", conn_id),
+            proxy=_text(extra, "proxy", conn_id),
+            client_cert=_text(extra, "client_cert", conn_id),
+            client_key=_text(extra, "client_key", conn_id),
+            default_model=_text(extra, "model", conn_id),
+            prompt_cache_key_prefix=_text(extra, "prompt_cache_key_prefix", conn_id),
             conn_id=conn_id,
             budget_decisions_per_hour=extra.get("budget_decisions_per_hour"),
             budget_input_tokens_per_hour=extra.get("budget_input_tokens_per_hour"),

@@ -14,7 +14,7 @@ extend — decide each state once: a retry replays the same answer unbilled.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -179,15 +179,7 @@ class SystemZeroBranchOperator(_GateOperator, BranchMixIn):
                 }
                 if bars:
                     base = self.policy or DecisionPolicy()
-                    self.policy = DecisionPolicy(
-                        act_above=base.act_above,
-                        review_above=base.review_above,
-                        below=base.below,
-                        default=base.default,
-                        measure=base.measure,
-                        options={**base.options, **bars},
-                        review_timeout=base.review_timeout,
-                    )
+                    self.policy = replace(base, options={**base.options, **bars})
         self._check_branch_literals()
 
     def _check_literals(self) -> None:

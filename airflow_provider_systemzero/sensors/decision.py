@@ -649,20 +649,19 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
             end_when_unmet=self._ends_when_unmet(inputs.source),
             max_staleness=self.max_staleness,
             namespace=namespace,
-            decide=lambda state: self._decide_poke(context, inputs.request, state, namespace),
+            decide=lambda state: self._decide_poke(context, state, namespace),
             task_id=self.task_id,
             log=self.log,
         )
 
-    def _decide_poke(
-        self, context: Context, request: dict[str, Any], state: JSONValue, namespace: str
-    ) -> DecisionResult:
-        """One on_request decision about ``state``, under the task's spending cap, ended by the
-        sensor's timeout at the latest.
+    def _decide_poke(self, context: Context, state: JSONValue, namespace: str) -> DecisionResult:
+        """One on_request decision about ``state`` (the request of :attr:`inputs`), under the task's
+        spending cap, ended by the sensor's timeout at the latest.
 
         :raises AirflowFailException: the state cannot be sent.
         :raises AirflowSensorTimeout: the sensor's timeout passed during the decision.
         """
+        request = self.inputs.request
         try:
             body_bytes = validate_state_for_request(request, state, field=source_name(self.source))
         except ARGUMENT_ERRORS as exc:

@@ -217,6 +217,7 @@ class AirflowStreamObserver(StreamObserver):
         self._spans = spans
         self._capture = capture_content
         self._stream: ObservedStream | None = None
+        #: what spans start from: found when the stream is bound, only while spans are on
         self._tracer: Any = None
         self._conn_span: Any = None
         self._open = False
@@ -301,7 +302,7 @@ class AirflowStreamObserver(StreamObserver):
             self._open = True
             self._emit("gauge", "systemzero.streams.open", _adjust_open(1))
         self._emit("counter", "systemzero.connects", replay=str(replay).lower())
-        if self._spans and self._tracer is not None:
+        if self._tracer is not None:
             with self._guard():
                 from urllib.parse import urlsplit
 
@@ -316,7 +317,7 @@ class AirflowStreamObserver(StreamObserver):
                     attributes["systemzero.questions.names"] = [name for name, _ in request.questions]
                     if request.prompt_cache_key:
                         attributes["systemzero.prompt_cache_key"] = request.prompt_cache_key
-                attributes.update(self._content() if self._capture else {})
+                attributes.update(self._content())
                 self._conn_span = self._tracer.start_span(
                     "systemzero.stream.connection", attributes=attributes
                 )
@@ -387,7 +388,7 @@ class AirflowStreamObserver(StreamObserver):
         ):
             if value is not None:
                 self._emit("timer", metric, value)
-        if self._spans and self._tracer is not None:
+        if self._tracer is not None:
             with self._guard():
                 self._decision_span(result, outcome)
 
@@ -440,7 +441,7 @@ class AirflowStreamObserver(StreamObserver):
         self, http_status: int | None, code: str, retryable: bool, state_version: int | None
     ) -> None:
         self._emit("counter", "systemzero.decisions", outcome="failed")
-        if self._spans and self._tracer is not None:
+        if self._tracer is not None:
             with self._guard():
                 from opentelemetry.trace import Status, StatusCode
 

@@ -159,7 +159,7 @@ class OpenReview:
             detail = await sync_to_async(get_hitl_detail_content_detail)(ti_id=self.ti_id)
         if not (detail.response_received and detail.chosen_options):
             return None
-        return _answer_of(detail, timedout=getattr(detail, "responded_by_user", None) is None)
+        return _answer_of(detail)
 
     async def write(self, chosen: list[str], params: dict[str, Any]) -> None:
         """Write an answer (Airflow refuses it once the request has one).
@@ -206,8 +206,8 @@ def closed_by_the_sensor(answer: Mapping[str, Any]) -> bool:
     return isinstance(params, Mapping) and SYSTEMZERO_ANSWER in params
 
 
-def _answer_of(detail: Any, *, timedout: bool) -> dict[str, Any]:
-    """A Human-in-the-loop detail's answer as plain JSON."""
+def _answer_of(detail: Any) -> dict[str, Any]:
+    """A Human-in-the-loop detail's answer as plain JSON (one nobody gave is the timeout's)."""
     responded_at = getattr(detail, "responded_at", None)
     user = getattr(detail, "responded_by_user", None)
     return {
@@ -215,5 +215,5 @@ def _answer_of(detail: Any, *, timedout: bool) -> dict[str, Any]:
         "params_input": dict(getattr(detail, "params_input", None) or {}),
         "responded_at": responded_at.isoformat() if hasattr(responded_at, "isoformat") else responded_at,
         "responded_by_user": None if user is None else {"id": user.id, "name": user.name},
-        "timedout": timedout,
+        "timedout": user is None,
     }

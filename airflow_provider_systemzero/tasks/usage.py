@@ -299,12 +299,11 @@ class TaskUsageLedger:
         """Every try's usage recorded so far (reservations not included)."""
         return Usage.from_dict(self._document["total"])
 
-    def _reserved(self, *, exclude_this_try: bool = True) -> tuple[int, int]:
+    def _reserved(self) -> tuple[int, int]:
+        """The allowance the other tries reserved and have not reported on: decisions, input tokens."""
         decisions = tokens = 0
         for key, value in self._document["reservations"].items():
-            if exclude_this_try and key == str(self.try_number):
-                continue
-            if isinstance(value, dict):
+            if key != str(self.try_number) and isinstance(value, dict):
                 decisions += int(value.get("decisions") or 0)
                 tokens += int(value.get("input_tokens") or 0)
         return decisions, tokens
@@ -380,7 +379,7 @@ class TaskUsageLedger:
             ``resumes``, all tries' in ``total``.
         """
         run = usage if isinstance(usage, Usage) else Usage.from_dict(usage)
-        recorded = [r for r in self._document.get("runs", []) if isinstance(r, str)]
+        recorded = self._document["runs"]  # checked when the document was loaded
         total = self.total
         counted = self.this_try.add(run, run_id, outcome)
         if self.store is None:

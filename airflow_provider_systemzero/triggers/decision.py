@@ -187,7 +187,7 @@ class SystemZeroDecisionTrigger(WatchingTrigger):
         #: the condition, parsed once: what the run's rules use, and what ``condition`` gives back
         _, self.decision_condition = self._parsed_condition(condition)
         self.state, self.source = state, source
-        self.decision_mode, self.budget, self.deadline = decision_mode, budget, deadline
+        self.decision_mode, self.budget = decision_mode, budget
         self.lease, self.lease_after, self.min_interval_ms = lease, lease_after, min_interval_ms
         self.end_when_unmet, self.allow_empty = bool(end_when_unmet), allow_empty
         self.skip_states = tuple(skip_states or ())  # a tuple: no object for the collector to track
@@ -314,13 +314,13 @@ class SystemZeroDecideTrigger(StreamTrigger):
             deadline=deadline,
             budget=budget,
         )
-        self.state, self.idempotency_key, self.deadline = state, idempotency_key, deadline
-        self.budget = budget
+        self.state, self.idempotency_key, self.budget = state, idempotency_key, budget
         self.attachments = attachments or []
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Decide once and yield one event (before the stream's close handshake)."""
         from airflow_provider_systemzero.protocol.messages import Attachment
+        from airflow_provider_systemzero.tasks.observability import capture_content_enabled
 
         payload = self._stream.late(self._extra(), "the task's deadline passed before the trigger started")
         if payload is None:
@@ -345,7 +345,7 @@ class SystemZeroDecideTrigger(StreamTrigger):
                         self.state,
                         key_namespace=self.key_namespace,
                         at=time.time(),
-                        capture_content=new_timeline().capture_content,
+                        capture_content=capture_content_enabled(),
                     )
             except BaseException as exc:
                 payload = await self._ended_early(exc, scope)
@@ -456,6 +456,9 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
             )
         self.condition, self.state, self.watch_id, self.source = condition, state, watch_id, source
         self.decision_mode, self.lease, self.lease_after = decision_mode, lease, lease_after
+        #: the condition, parsed once: what the rules of each run use (``condition`` is the kwarg as
+        #: given, part of the watch's identity)
+        self.decision_condition = built
 
     @staticmethod
     @contextlib.contextmanager
@@ -575,7 +578,7 @@ class SystemZeroDecisionEventTrigger(WatchingTrigger, BaseEventTrigger):
         has it); nobody can review an asset event, so only a met decision counts; whether the
         current run already fired is recalled from ``memory``, which hears each change of it."""
         return VerdictRules(
-            DecisionCondition.from_dict(self.condition),
+            self.decision_condition,
             reviews=False,
             fired=await memory.recall(),
             on_fired=memory.note,

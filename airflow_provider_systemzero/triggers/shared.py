@@ -119,10 +119,10 @@ class DecisionBoard:
     :param current: whether a decision about a generation of the group's watch is current.
     """
 
-    __slots__ = ("_current", "latest")
+    __slots__ = ("current", "latest")
 
     def __init__(self, current: Callable[[int], bool]) -> None:
-        self._current = current
+        self.current = current
         #: the newest decision broadcast (``None`` before the first)
         self.latest: SharedDecision | None = None
 
@@ -130,10 +130,6 @@ class DecisionBoard:
         """Number a current decision and post it as the newest; what the stream broadcasts."""
         self.latest = shared = SharedDecision(next(_NUMBERS), judged)
         return shared
-
-    def current(self, generation: int) -> bool:
-        """Whether a decision about ``generation`` is about the state the source holds now."""
-        return self._current(generation)
 
 
 #: The boards of the groups running in this process, by shared stream key.

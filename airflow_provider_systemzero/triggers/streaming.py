@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_systemzero.exceptions import SystemZeroArgumentError
 from airflow_provider_systemzero.protocol.body import compact_json
+from airflow_provider_systemzero.tasks.deadlines import STILL_DECIDING
 from airflow_provider_systemzero.tasks.payloads import timeout_payload
 
 if TYPE_CHECKING:
@@ -168,18 +169,10 @@ class TriggerStream:
         """Build the next stream about ``state`` (``kwargs`` go to the hook's ``stream()``); it is
         :attr:`stream` from now on, entered with :meth:`enter`."""
         from airflow_provider_systemzero.hooks.systemzero import SystemZeroHook
-        from airflow_provider_systemzero.tasks.observability import (
-            AirflowStreamObserver,
-            capture_content_enabled,
-            spans_enabled,
-        )
 
-        # read from Airflow's configuration for each stream (the hook's backoff too), not kept
-        # across the waits between them
-        spans = spans_enabled()
-        capture = capture_content_enabled() if spans else False
+        # the hook reads the backoff, and the stream's observer spans and content capture, from
+        # Airflow's configuration for each stream: nothing is kept across the waits between them
         hook = SystemZeroHook(systemzero_conn_id=self.systemzero_conn_id)
-        mode = kwargs.get("decision_mode", "on_change")
         self.stream = hook.stream(
             self.request,
             state=state,
@@ -188,7 +181,6 @@ class TriggerStream:
             identity=self.key_namespace,
             budget=self.budget,
             settings=self._settings,
-            observer=AirflowStreamObserver(mode, spans=spans, capture_content=capture),
             **kwargs,
         )
         return self.stream
@@ -255,7 +247,7 @@ class TriggerStream:
         deciding = stream.deciding_for if stream is not None else None
         if deciding is not None:
             causes.append(
-                f"the gateway was still deciding (for {deciding:.1f} s): {more_time}, or find out "
+                f"{STILL_DECIDING} (for {deciding:.1f} s): {more_time}, or find out "
                 "why its decisions take this long"
             )
         last = stream.last_error_text if stream is not None else None  # why the wait had no decision

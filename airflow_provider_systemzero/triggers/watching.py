@@ -111,7 +111,6 @@ class StreamTrigger(BaseTrigger):
         budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.systemzero_conn_id = systemzero_conn_id
         self._stream = TriggerStream(
             systemzero_conn_id, request, key_namespace=key_namespace, deadline=deadline, budget=budget
         )
@@ -120,9 +119,19 @@ class StreamTrigger(BaseTrigger):
         self._driver: WatchDriver | None = None
 
     @property
+    def systemzero_conn_id(self) -> str:
+        """The ``systemzero_conn_id`` kwarg: the connection its streams are built on."""
+        return self._stream.systemzero_conn_id
+
+    @property
     def request(self) -> dict[str, Any]:
         """The ``request`` kwarg (kept as compact JSON text by the trigger's streams)."""
         return self._stream.request
+
+    @property
+    def deadline(self) -> float | None:
+        """The ``deadline`` kwarg (epoch seconds, or ``None``): the one its streams keep."""
+        return self._stream.deadline
 
     @property
     def key_namespace(self) -> str:
@@ -199,8 +208,9 @@ class WatchingTrigger(StreamTrigger):
     :param max_staleness: seconds the source's newer state may be held back while a decision is in flight.
     """
 
-    # the kwargs every watching trigger keeps (a subclass sets them)
+    # the kwargs every watching trigger keeps (a subclass sets them), and its condition parsed
     condition: dict[str, Any]
+    decision_condition: DecisionCondition
     state: Any
     source: dict[str, Any] | None
     decision_mode: str
@@ -323,7 +333,7 @@ class WatchingTrigger(StreamTrigger):
         (``announce``; a shared stream waits for no condition of its own)."""
         self._source = source = build_source(self.source, self.state)
         if announce:
-            announce_wait(self.condition, source, self._stream.deadline)
+            announce_wait(self.condition, source, self.deadline)
         return source
 
     def _start_watch(self, rules: Rules, *, once: bool, min_interval_ms: int | None = None) -> WatchDriver:
