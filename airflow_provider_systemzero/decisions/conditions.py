@@ -121,6 +121,15 @@ class DecisionCondition:
                 field="expect",
             )
 
+    def expects(self, decision: Any) -> bool:
+        """Whether ``decision`` is the answer the condition waits for: ``expect``, or one of its
+        options (a boolean is not a number: ``True`` is not ``1``).
+
+        :param decision: an answer's decision, a policy's default or a person's answer.
+        """
+        wanted = self.expect if isinstance(self.expect, list) else [self.expect]
+        return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
+
     def check_questions(self, questions: Mapping[str, Any], *, reviews: bool = True) -> None:
         """Check that the watched question is asked and ``expect`` fits its type, and the policy fits.
 
@@ -182,10 +191,7 @@ class DecisionCondition:
         answer = result.answers.get(self.question)
         if answer is None:
             return ConditionResult(False, None, f"the reply has no answer for {self.question!r}", "wait")
-        wanted = self.expect if isinstance(self.expect, list) else [self.expect]
-        if answer.decision not in wanted or (
-            isinstance(answer.decision, bool) != isinstance(wanted[0], bool)
-        ):
+        if not self.expects(answer.decision):
             return ConditionResult(
                 False, answer, f"{self.question} = {answer.decision!r}, waiting for {self.expect!r}", "wait"
             )
@@ -227,8 +233,7 @@ class DecisionCondition:
         if outcome.action == "act":
             return ConditionResult(True, answer, reason, "act", outcome.to_dict())
         if outcome.action == "default":
-            wanted = self.expect if isinstance(self.expect, list) else [self.expect]
-            met = policy.default in wanted and isinstance(policy.default, bool) == isinstance(wanted[0], bool)
+            met = self.expects(policy.default)
             return ConditionResult(
                 met,
                 answer,

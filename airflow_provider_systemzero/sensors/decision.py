@@ -359,11 +359,6 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         """Whether a decision that does not meet the condition ends the wait (a static state)."""
         return is_static(source) and not self.wait_on_static_state
 
-    def _is_expected(self, decision: Any) -> bool:
-        """Whether ``decision`` is the answer the sensor waits for (``True`` is not ``1``)."""
-        wanted = self.expect if isinstance(self.expect, list) else [self.expect]
-        return decision in wanted and isinstance(decision, bool) == isinstance(wanted[0], bool)
-
     def _check_plain(self) -> None:
         """Parse time: check the arguments that are not templated (so always plain values) and that
         nothing else checks before the task runs."""
@@ -821,7 +816,7 @@ class SystemZeroDecisionSensor(UsageBudgetMixin, PolicyGateMixin, BaseSensorOper
         A sensor that fired returns (its ``return_value`` XCom) the decision's summary, with the
         decision that took effect, who decided and the policy's action when there is a policy.
         """
-        if not self._is_expected(record["decision"]):
+        if not self.inputs.condition.expects(record["decision"]):
             return self._wait_again(context, gate, record)
         record["effect"] = {"fired": True}
         self._push_record(context, record)

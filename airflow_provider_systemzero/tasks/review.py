@@ -533,17 +533,17 @@ class PolicyGateMixin:
                     stored.get("decided_by"),
                     _shown(stored.get("decision")),
                 )
+                if stored.get("decision") is None:  # the review timed out, with no default
+                    record = self._review_timed_out(gate, outcome, stored["reason"], stored.get("review"))
+                    return self._fallback(context, gate, record)
                 record = self._record(
                     gate,
                     outcome,
-                    decision=stored.get("decision"),
+                    decision=stored["decision"],
                     decided_by=stored["decided_by"],
                     reason=stored["reason"],
                     review=stored.get("review"),
                 )
-                if stored.get("decision") is None:
-                    record = self._review_timed_out(gate, outcome, stored["reason"], stored.get("review"))
-                    return self._fallback(context, gate, record)
                 return self._apply(context, gate, record)
             spent = gate.extra.get("review")
             if spent:

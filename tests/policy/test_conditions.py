@@ -50,6 +50,27 @@ def test_a_default_answer_counts_only_when_it_is_the_expected_one() -> None:
     assert DecisionCondition("ready", policy=no).evaluate(_decision(True, 0.2)).action == "wait"
 
 
+@pytest.mark.parametrize(
+    ("expect", "decision", "expected"),
+    [
+        (True, True, True),
+        (True, False, False),
+        (True, 1, False),  # a number is not a boolean, though 1 == True
+        ("deploy", "deploy", True),
+        (["deploy", "wait"], "wait", True),
+        (["deploy", "wait"], "rollback", False),
+        (["deploy"], True, False),
+    ],
+)
+def test_the_expected_answer_is_one_rule_for_a_decision_a_default_and_a_person(
+    expect: object, decision: object, expected: bool
+) -> None:
+    condition = DecisionCondition("ready", expect)
+    assert condition.expects(decision) is expected
+    # the same rule says whether a decision meets the condition
+    assert condition.evaluate(_decision(decision, 0.9)).met is expected
+
+
 def test_legacy_bars_still_apply_before_the_policy() -> None:
     condition = DecisionCondition("ready", min_probability=0.95, policy=POLICY)
     assert condition.evaluate(_decision(True, 0.99)).action == "wait"  # probability 0.9 < 0.95
