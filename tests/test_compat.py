@@ -18,6 +18,7 @@ import pytest
 
 from airflow_provider_systemzero import compat
 from airflow_provider_systemzero.provider_info import get_provider_info
+from tests.helpers import ResumedTaskInstance, TaskStateStore
 
 CONNECTION = get_provider_info()["connection-types"][0]
 
@@ -102,17 +103,6 @@ def test_the_hook_methods_mirror_the_provider_info() -> None:
     assert behaviour["placeholders"] == CONNECTION["ui-field-behaviour"]["placeholders"]
 
 
-class _Store:
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def set(self, key: str, value: Any, **_: Any) -> None:
-        self.data[key] = value
-
-
 def _budget_warnings(caplog: pytest.LogCaptureFixture, context: dict[str, Any]) -> list[str]:
     from airflow_provider_systemzero.tasks.usage import TaskUsageLedger
 
@@ -133,28 +123,14 @@ def test_a_budget_without_a_task_state_store_says_it_covers_one_try(caplog: pyte
 
 
 def test_a_budget_with_a_task_state_store_gives_no_notice(caplog: pytest.LogCaptureFixture) -> None:
-    assert _budget_warnings(caplog, {"ti": None, "task_state_store": _Store()}) == []
+    assert _budget_warnings(caplog, {"ti": None, "task_state_store": TaskStateStore()}) == []
 
 
 def test_has_task_state_store_reads_the_context() -> None:
-    assert compat.has_task_state_store({"task_state_store": _Store()})
+    assert compat.has_task_state_store({"task_state_store": TaskStateStore()})
     assert not compat.has_task_state_store({"task_state_store": None})
     assert not compat.has_task_state_store({})
     assert not compat.has_task_state_store(None)
-
-
-class _TI:
-    id = "0199c0de-0000-7000-8000-000000000001"
-    dag_id = "d"
-    task_id = "decide"
-    run_id = "r"
-    map_index = -1
-
-    def __init__(self) -> None:
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
 
 
 def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +162,7 @@ def test_a_review_waits_the_way_this_airflow_can(monkeypatch: pytest.MonkeyPatch
         "state_hash": "abc",
         "answers": {"publish": answer},
     }
-    ti = _TI()
+    ti = ResumedTaskInstance()
     with pytest.raises(BaseException) as raised:
         operator.execute_complete({"task_instance": ti, "ti": ti}, event=event)
     (request,) = written
@@ -320,7 +296,7 @@ def test_a_review_answer_from_the_trigger_is_recorded_as_json() -> None:
         question="publish", kind="boolean", answer={"decision": True, "probability": 0.6, "confidence": 0.6}
     )
     outcome = PolicyOutcome("review", "in the band", "in_review_band", 0.6, 0.8, 0.5)
-    ti = _TI()
+    ti = ResumedTaskInstance()
     at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     event = {
         "chosen_options": ["No"],

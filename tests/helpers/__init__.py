@@ -35,6 +35,37 @@ needs_task_state_store = pytest.mark.skipif(
 )
 
 
+class TaskStateStore:
+    """Airflow 3.3's task state store (``context["task_state_store"]``), in memory: what a task
+    keeps across its tries, for a test that resumes a task by hand."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.data[key] = value
+
+
+class ResumedTaskInstance:
+    """What the context of a task resumed by hand holds of its task instance: its ID and
+    identity, its try, and the XComs it pushes (``xcoms``)."""
+
+    id = "0199c0de-0000-7000-8000-000000000001"
+
+    def __init__(
+        self, dag_id: str = "d", task_id: str = "decide", run_id: str = "r", try_number: int = 1
+    ) -> None:
+        self.dag_id, self.task_id, self.run_id, self.map_index = dag_id, task_id, run_id, -1
+        self.try_number = try_number
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
 class EmulatorThread:
     """Runs an :class:`Emulator` on its own event loop in a thread, for synchronous code such as
     ``dag.test()`` (which runs triggers with ``asyncio.run`` in the calling thread).

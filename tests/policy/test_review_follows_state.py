@@ -27,6 +27,8 @@ from airflow.sdk import DAG
 from airflow_provider_systemzero.decisions.policy import DecisionPolicy
 from airflow_provider_systemzero.sensors.decision import SystemZeroDecisionSensor
 from tests.helpers import (
+    ResumedTaskInstance,
+    TaskStateStore,
     append_once_logged,
     needs_task_state_store,
     run_dag_while,
@@ -217,33 +219,6 @@ def test_review_timeout_applies_the_default_while_the_sensor_watches(emulator: A
     assert _review_marks(xcoms) == ["review_timed_out"]
 
 
-class _TaskInstance:
-    """What a resumed task's context holds of its task instance: its identity and its XComs."""
-
-    dag_id, task_id, run_id, map_index = "review_kept", "wait", "manual", -1
-    id = "0199c0de-0000-7000-8000-000000000002"
-
-    def __init__(self, try_number: int) -> None:
-        self.try_number = try_number
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
-
-
-class _TaskStateStore:
-    """Airflow 3.3's task state store, which outlives the task's tries."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def set(self, key: str, value: Any, **_: Any) -> None:
-        self.data[key] = value
-
-
 @needs_task_state_store
 def test_an_answer_is_kept_before_its_trigger_judges_it_and_a_retry_takes_it(
     emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -268,11 +243,11 @@ def test_an_answer_is_kept_before_its_trigger_judges_it_and_a_retry_takes_it(
     )
     log = tmp_path / "service.log"
     log.write_text("tick 1: unsure ready\n")
-    store = _TaskStateStore()
+    store = TaskStateStore()
 
     def a_try(number: int) -> tuple[SystemZeroDecisionSensor, dict[str, Any]]:
         dag = _file_sensor(f"review_kept_{number}", log)
-        ti = _TaskInstance(number)
+        ti = ResumedTaskInstance("review_kept", "wait", "manual", try_number=number)
         return dag.get_task("wait"), {"ti": ti, "task_instance": ti, "task_state_store": store}
 
     def decided(sensor: SystemZeroDecisionSensor, context: dict[str, Any]) -> dict[str, Any]:
