@@ -15,7 +15,6 @@ gateway billed), not on a clock.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +35,7 @@ from tests.helpers import (
     wait_until,
     xcoms_of,
 )
-from tests.helpers.policy import CONN_ID, START, Reviewer, pending_reviews
+from tests.helpers.policy import CONN_ID, START, Reviewer, connection_from_the_environment, pending_reviews
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 
@@ -236,11 +235,7 @@ def test_an_answer_is_kept_before_its_trigger_judges_it_and_a_retry_takes_it(
 
     asked: list[dict[str, Any]] = []
     monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **request: asked.append(request))
-    # outside a task the sensor reads its connection from the environment, as a worker can
-    connection = {"conn_type": "systemzero", "host": emulator.origin, "password": "policy-key"}
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(connection | {"extra": {"model": "sz-policy"}})
-    )
+    connection_from_the_environment(monkeypatch, emulator)  # outside a task, as a worker can
     log = tmp_path / "service.log"
     log.write_text("tick 1: unsure ready\n")
     store = TaskStateStore()

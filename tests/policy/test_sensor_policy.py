@@ -4,7 +4,6 @@ bars below fail it."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from tests.helpers import (
     task_states,
     xcoms_of,
 )
-from tests.helpers.policy import CONN_ID, START, Reviewer
+from tests.helpers.policy import CONN_ID, START, Reviewer, connection_from_the_environment
 
 pytestmark = pytest.mark.filterwarnings("ignore:The HMAC key is:Warning")
 
@@ -49,26 +48,9 @@ def _sensor_on(dag_id: str, source: dict[str, Any], **kwargs: Any) -> DAG:
     return dag
 
 
-def _connection_from_the_environment(monkeypatch: pytest.MonkeyPatch, emulator: Any) -> None:
-    """The same connection, read from the environment: under ``dag.test()`` on Airflow 3.1 the
-    trigger looks a metadata-DB connection up on a worker thread, which took 11 s on a loaded
-    machine (0.75 s from the environment) and used up a 10 s timeout before the first decision."""
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{CONN_ID.upper()}",
-        json.dumps(
-            {
-                "conn_type": "systemzero",
-                "host": emulator.origin,
-                "password": "policy-key",
-                "extra": {"model": "sz-policy"},
-            }
-        ),
-    )
-
-
 def test_without_hysteresis_the_first_ready_fires(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # fires at the first "ready"; the timeout only has to outlast the trigger's start
-    _connection_from_the_environment(monkeypatch, emulator)
+    connection_from_the_environment(monkeypatch, emulator)
     dag = _sensor("sensor_flap_plain", FLAPPING, interval=0.25, timeout=10)
     dag_run = run_dag(dag)
     assert task_states(dag_run) == {"wait": "success"}
@@ -240,7 +222,7 @@ def test_a_person_saying_no_keeps_the_sensor_waiting_and_usage_counts_the_whole_
 
 
 def test_below_the_bars_fails_the_sensor(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    _connection_from_the_environment(monkeypatch, emulator)  # the policy fails it, not the timeout
+    connection_from_the_environment(monkeypatch, emulator)  # the policy fails it, not the timeout
     policy = DecisionPolicy(act_above=0.8, below="fail")
     dag = _sensor("sensor_below_fail", ["tick 1: unsure ready"], policy=policy, timeout=10)
     dag_run = run_dag(dag)
